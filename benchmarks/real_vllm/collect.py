@@ -1,0 +1,160 @@
+"""Run real ``vllm serve`` with several flag sets and keep the raw evidence (GPU host only).
+
+For each flag set of a plan (JSON): launch ``vllm serve`` in its own process group on 127.0.0.1,
+wait for ``/health``, scrape ``/metrics``, send the workload with servetune's load generator
+(sampling the gauges every 0.5 s), scrape again, stop the process group and wait for the GPU
+memory to come back. Everything lands in ``OUT/real/<name>/``: ``server.log``,
+``metrics_before.txt``, ``metrics_after.txt``, ``gauges.json``, ``requests.json``,
+``summary.json``; the folder is packed into ``OUT/real.tar.gz`` after every set, so a run cut
+short still returns what it finished.
+
+Usage on the host (see ../shared/gpu/README.md)::
+
+    PYTHONPATH=platform python3 benchmarks/real_vllm/collect.py benchmarks/real_vllm/plan_a.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+from servetune.loadgen import run_workload
+from servetune.metrics import gauge, parse_prometheus
+from servetune.result import summarize
+from servetune.workload import Workload
+
+MODEL = os.environ.get("SERVETUNE_REAL_MODEL", "/root/model")
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
+        return 0, str(exc)
+
+
+def _gpu_used_mib() -> list[int]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=False).stdout
+    except FileNotFoundError:
+        return []
+    return [int(x) for x in out.split()] if out.strip() else []
+
+
+def _argv(flags: dict) -> list[str]:
+    argv = ["vllm", "serve", MODEL, "--host", "127.0.0.1", "--port", "8011"]
+    for key, value in flags.items():
+        opt = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(opt)
+        elif value is False:
+            argv.append("--no-" + key.replace("_", "-"))
+        else:
+            argv += [opt, str(value)]
+    return argv
+
+
+def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: float, bench: bool) -> dict:
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+    argv = _argv(flags)
+    log = open(d / "server.log", "w")
+    t_launch = time.time()
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    summary: dict = {"name": name, "flags": flags, "workload": workload_dict, "argv": argv}
+    base = "http://127.0.0.1:8011"
+    try:
+        healthy = False
+        while time.time() < min(deadline, t_launch + 300):
+            if proc.poll() is not None:
+                break
+            if _get(base + "/health", 2)[0] == 200:
+                healthy = True
+                break
+            time.sleep(1)
+        summary["startup_s"] = time.time() - t_launch
+        summary["healthy"] = healthy
+        summary["exit_code"] = proc.poll()
+        if not healthy:
+            return summary
+        (d / "metrics_before.txt").write_text(_get(base + "/metrics")[1])
+        workload = Workload.from_dict(workload_dict)
+        samples: list[dict] = []
+
+        async def sample() -> None:
+            loop = asyncio.get_running_loop()
+            status, text = await loop.run_in_executor(None, _get, base + "/metrics", 2.0)
+            if status == 200:
+                m = parse_prometheus(text)
+                samples.append({"t": time.time(), "kv": gauge(m, "vllm:kv_cache_usage_perc"),
+                                "running": gauge(m, "vllm:num_requests_running"),
+                                "waiting": gauge(m, "vllm:num_requests_waiting")})
+
+        records, duration = asyncio.run(run_workload(base, MODEL, workload, on_tick=sample))
+        (d / "metrics_after.txt").write_text(_get(base + "/metrics")[1])
+        (d / "gauges.json").write_text(json.dumps(samples))
+        (d / "requests.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
+        s = summarize(records, duration)
+        summary.update({k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in s.items()})
+        if bench:
+            wl = workload_dict
+            bench_argv = ["vllm", "bench", "serve", "--backend", "openai", "--base-url", base, "--model", MODEL,
+                          "--dataset-name", "random", "--random-input-len", str(wl["input_len"]),
+                          "--random-output-len", str(wl["output_len"]), "--num-prompts", str(wl["num_requests"]),
+                          "--max-concurrency", str(wl["concurrency"]), "--ignore-eos", "--save-result",
+                          "--result-dir", str(d), "--result-filename", "bench.json",
+                          "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"]
+            with open(d / "bench.log", "w") as blog:
+                subprocess.run(bench_argv, stdout=blog, stderr=subprocess.STDOUT, timeout=max(10, deadline - time.time()))
+    except Exception as exc:  # noqa: BLE001 - keep what we have
+        summary["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        t_stop = time.time()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        for _ in range(30):
+            used = _gpu_used_mib()
+            if not used or max(used) < 1024:
+                break
+            time.sleep(0.5)
+        summary["stop_s"] = time.time() - t_stop
+        summary["gpu_used_mib_after_stop"] = _gpu_used_mib()
+        log.close()
+        (d / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def main() -> None:
+    plan = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(os.environ.get("OUT", "/tmp/out")) / "real"
+    out.mkdir(parents=True, exist_ok=True)
+    deadline = time.time() + float(plan.get("budget_s", 540))
+    for item in plan["runs"]:
+        if time.time() > deadline - 60:
+            print("skipping", item["name"], "(budget)", flush=True)
+            continue
+        s = run_one(item["name"], item["flags"], item["workload"], out, deadline, item.get("bench", False))
+        print(json.dumps({k: s.get(k) for k in ("name", "healthy", "startup_s", "output_throughput", "completed")},
+                         default=str), flush=True)
+        with tarfile.open(out.parent / "real.tar.gz", "w:gz") as tar:
+            tar.add(out, arcname="real")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Errors that name the field at fault and the fix, raised before any GPU time is spent."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = ["SpecError", "did_you_mean"]
+
+
+class SpecError(ValueError):
+    """A bad study spec, search space, workload, flag or CLI value.
+
+    ``field`` is a dotted path into the input (``search_space.max_num_seqs.high``); ``fix`` says
+    what to change. The CLI prints ``str(err)`` and exits with code 2.
+
+    Example:
+        >>> str(SpecError("budget.trials", "must be >= 1, got 0", "set budget.trials to a positive integer"))
+        'budget.trials: must be >= 1, got 0 (fix: set budget.trials to a positive integer)'
+    """
+
+    def __init__(self, field: str, message: str, fix: str | None = None) -> None:
+        self.field = field
+        self.message = message
+        self.fix = fix
+        text = f"{field}: {message}" if field else message
+        if fix:
+            text += f" (fix: {fix})"
+        super().__init__(text)
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` for the closest known word, or ``""``."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

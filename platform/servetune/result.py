@@ -1,0 +1,209 @@
+"""The result of one trial, the same type for the simulated and the real engine.
+
+A :class:`TrialResult` is what every engine returns and what the study driver, MLflow tracking
+and the Parquet dataset consume. Its ``status`` says how the trial ended; the figures that the
+trial could not produce (a server that never started has no throughput) are ``None``.
+
+Example:
+    >>> from servetune.result import TrialResult, TrialStatus
+    >>> r = TrialResult(status=TrialStatus.STARTUP_OOM, cause="No available memory for the cache blocks")
+    >>> r.ok, r.preemptions
+    (False, None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["TrialStatus", "MemoryBreakdown", "LatencySummary", "RequestRecord", "TrialResult", "summarize"]
+
+
+class TrialStatus(str, enum.Enum):
+    """How a trial ended. The words are a contract (MLflow tags, Parquet, ``diagnose --json``)."""
+
+    OK = "ok"
+    STARTUP_OOM = "startup_oom"  # weights do not fit, or no memory left for KV cache blocks
+    KV_TOO_SMALL = "kv_too_small"  # one max_model_len sequence does not fit the KV cache
+    CUDAGRAPH_OOM = "cudagraph_oom"
+    RUNTIME_OOM = "runtime_oom"
+    CRASHED = "crashed"
+    TIMEOUT = "timeout"
+    INVALID_CONFIG = "invalid_config"
+    PRUNED = "pruned"  # skipped before launch because the planner predicted a startup failure
+
+    @property
+    def is_startup_failure(self) -> bool:
+        return self in (TrialStatus.STARTUP_OOM, TrialStatus.KV_TOO_SMALL, TrialStatus.CUDAGRAPH_OOM)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryBreakdown:
+    """Per-GPU startup memory in GiB, as vLLM accounts it (see docs/architecture.md)."""
+
+    total: float
+    budget: float
+    weights: float
+    activation_peak: float
+    non_torch: float
+    cudagraph: float
+    kv_cache: float
+
+    def as_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencySummary:
+    """Mean and percentiles of one latency figure, in milliseconds."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+
+    @classmethod
+    def of(cls, values_ms: Sequence[float]) -> LatencySummary | None:
+        vals = sorted(v for v in values_ms if not math.isnan(v))
+        if not vals:
+            return None
+        return cls(
+            mean=sum(vals) / len(vals),
+            p50=_percentile(vals, 50),
+            p90=_percentile(vals, 90),
+            p99=_percentile(vals, 99),
+        )
+
+
+def _percentile(sorted_vals: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile, numpy's default method (the one ``vllm bench serve`` uses)."""
+    if len(sorted_vals) == 1:
+        return float(sorted_vals[0])
+    pos = (len(sorted_vals) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_vals) - 1)
+    return float(sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (pos - lo))
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestRecord:
+    """One measured request. Times in seconds from the start of the measured window."""
+
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int
+    arrival_s: float
+    first_token_s: float | None
+    finish_s: float | None
+    itl_s: tuple[float, ...] = ()
+    preemptions: int = 0
+    error: str | None = None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        return None if self.first_token_s is None else (self.first_token_s - self.arrival_s) * 1e3
+
+    @property
+    def e2e_ms(self) -> float | None:
+        return None if self.finish_s is None else (self.finish_s - self.arrival_s) * 1e3
+
+    @property
+    def tpot_ms(self) -> float | None:
+        """(latency - ttft) / (output - 1), as ``vllm bench serve`` defines it."""
+        if self.finish_s is None or self.first_token_s is None or self.output_tokens < 2:
+            return None
+        return (self.finish_s - self.first_token_s) * 1e3 / (self.output_tokens - 1)
+
+
+@dataclasses.dataclass
+class TrialResult:
+    """Everything one trial measured. Engines fill it; nothing downstream recomputes it."""
+
+    status: TrialStatus
+    cause: str | None = None
+    evidence: list[str] = dataclasses.field(default_factory=list)
+    backend: str = "sim"
+    vllm_version: str | None = None
+    # Throughput over the measured window.
+    duration_s: float | None = None
+    completed: int | None = None
+    failed: int | None = None
+    output_throughput: float | None = None  # output tokens/s
+    total_token_throughput: float | None = None  # (prompt + output) tokens/s
+    request_throughput: float | None = None  # requests/s
+    ttft_ms: LatencySummary | None = None
+    itl_ms: LatencySummary | None = None
+    tpot_ms: LatencySummary | None = None
+    e2e_ms: LatencySummary | None = None
+    preemptions: int | None = None
+    kv_cache_usage_peak: float | None = None  # 0..1
+    kv_cache_usage_mean: float | None = None
+    memory: MemoryBreakdown | None = None
+    kv_cache_tokens: int | None = None
+    num_gpu_blocks: int | None = None
+    max_concurrency: float | None = None
+    startup_s: float | None = None
+    wall_s: float | None = None
+    requests: list[RequestRecord] = dataclasses.field(default_factory=list)
+    log_text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is TrialStatus.OK
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numeric metrics, named as in MLflow and the Parquet dataset."""
+        out: dict[str, float] = {}
+        for name in (
+            "output_throughput", "total_token_throughput", "request_throughput", "duration_s",
+            "completed", "failed", "preemptions", "kv_cache_usage_peak", "kv_cache_usage_mean",
+            "kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "startup_s", "wall_s",
+        ):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = float(value)
+        for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            summary: LatencySummary | None = getattr(self, name)
+            if summary is not None:
+                stem = name[: -len("_ms")]
+                for stat in ("mean", "p50", "p90", "p99"):
+                    out[f"{stem}_{stat}_ms"] = float(getattr(summary, stat))
+        if self.memory is not None:
+            for key, value in self.memory.as_dict().items():
+                out[f"mem_{key}_gib"] = float(value)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"status": self.status.value, "cause": self.cause, "backend": self.backend,
+             "vllm_version": self.vllm_version}
+        d.update(self.metrics())
+        return d
+
+
+def summarize(
+    records: Sequence[RequestRecord], duration_s: float
+) -> dict[str, Any]:
+    """Throughput and latency figures from per-request records, as ``vllm bench serve`` computes them.
+
+    Output throughput counts the output tokens of completed requests over the whole window;
+    TPOT is per request, ITL pools every inter-token gap.
+    """
+    done = [r for r in records if r.error is None and r.finish_s is not None]
+    out_tokens = sum(r.output_tokens for r in done)
+    in_tokens = sum(r.prompt_tokens for r in done)
+    dur = max(duration_s, 1e-9)
+    return {
+        "duration_s": duration_s,
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "output_throughput": out_tokens / dur,
+        "total_token_throughput": (out_tokens + in_tokens) / dur,
+        "request_throughput": len(done) / dur,
+        "ttft_ms": LatencySummary.of([r.ttft_ms for r in done if r.ttft_ms is not None]),
+        "tpot_ms": LatencySummary.of([r.tpot_ms for r in done if r.tpot_ms is not None]),
+        "itl_ms": LatencySummary.of([g * 1e3 for r in done for g in r.itl_s]),
+        "e2e_ms": LatencySummary.of([r.e2e_ms for r in done if r.e2e_ms is not None]),
+    }

@@ -1,0 +1,301 @@
+"""Workloads: which requests a trial sends, and when. Pure and seeded; no I/O but file reading.
+
+A workload is a list of requests (prompt length, output length, optional arrival time) sent at a
+fixed concurrency or at a Poisson rate, or replayed from a recorded trace. The same
+:class:`Workload` drives the simulated engine and the HTTP load generator, so a simulated and a
+real trial of one spec see the same requests.
+
+Example:
+    >>> w = Workload.from_dict({"input_len": 1024, "output_len": {"dist": "uniform", "min": 128, "max": 384},
+    ...                         "num_requests": 4, "concurrency": 2, "seed": 1})
+    >>> [r.prompt_tokens for r in w.requests()]
+    [1024, 1024, 1024, 1024]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from servetune.errors import SpecError, did_you_mean
+
+__all__ = ["LengthDist", "RequestSpec", "Workload"]
+
+_DISTS = ("fixed", "uniform", "normal", "lognormal")
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthDist:
+    """A token-length distribution, clipped to ``[min, max]``.
+
+    YAML forms: ``1024`` (fixed), ``{dist: uniform, min: 512, max: 1536}``,
+    ``{dist: normal, mean: 1024, std: 256}``, ``{dist: lognormal, mean: 1024, sigma: 0.6, max: 8192}``,
+    and ``vllm bench serve``'s ``{mean: 1024, range_ratio: 0.5}`` (uniform in mean*(1 +/- r)).
+    """
+
+    dist: str
+    mean: float
+    min: int
+    max: int
+    spread: float = 0.0  # std for normal, sigma for lognormal
+
+    def sample(self, rng: random.Random) -> int:
+        if self.dist == "fixed":
+            return int(self.mean)
+        if self.dist == "uniform":
+            return rng.randint(self.min, self.max)
+        if self.dist == "normal":
+            value = rng.gauss(self.mean, self.spread)
+        else:  # lognormal with the given arithmetic mean
+            mu = math.log(self.mean) - self.spread**2 / 2
+            value = rng.lognormvariate(mu, self.spread)
+        return int(min(self.max, max(self.min, round(value))))
+
+    @property
+    def upper(self) -> int:
+        return int(self.mean) if self.dist == "fixed" else self.max
+
+    @classmethod
+    def parse(cls, value: Any, field: str) -> LengthDist:
+        if isinstance(value, bool):
+            raise SpecError(field, f"expected a token count or a distribution, got {value!r}",
+                            "write e.g. 1024 or {dist: uniform, min: 512, max: 1536}")
+        if isinstance(value, int):
+            if value < 1:
+                raise SpecError(field, f"must be >= 1 token, got {value}", "use a positive token count")
+            return cls("fixed", float(value), value, value)
+        if not isinstance(value, Mapping):
+            raise SpecError(field, f"expected a token count or a mapping, got {type(value).__name__}",
+                            "write e.g. 1024 or {dist: uniform, min: 512, max: 1536}")
+        data = dict(value)
+        if "range_ratio" in data:
+            mean, ratio = _num(data, "mean", field), _num(data, "range_ratio", field)
+            if not 0 <= ratio < 1:
+                raise SpecError(f"{field}.range_ratio", f"must be in [0, 1), got {ratio}", "use e.g. 0.5")
+            lo, hi = max(1, int(mean * (1 - ratio))), max(1, int(mean * (1 + ratio)))
+            return cls("uniform" if hi > lo else "fixed", mean, lo, hi)
+        dist = data.get("dist", "fixed")
+        if dist not in _DISTS:
+            raise SpecError(f"{field}.dist", f"unknown distribution {dist!r}{did_you_mean(str(dist), _DISTS)}",
+                            f"use one of {', '.join(_DISTS)}")
+        allowed = {"fixed": {"dist", "mean", "value"}, "uniform": {"dist", "min", "max"},
+                   "normal": {"dist", "mean", "std", "min", "max"},
+                   "lognormal": {"dist", "mean", "sigma", "min", "max"}}[dist]
+        for key in data:
+            if key not in allowed:
+                raise SpecError(f"{field}.{key}", f"unknown key for dist {dist}{did_you_mean(key, allowed)}",
+                                f"allowed keys: {', '.join(sorted(allowed))}")
+        if dist == "fixed":
+            n = int(_num(data, "value" if "value" in data else "mean", field))
+            return cls.parse(n, field)
+        if dist == "uniform":
+            lo, hi = int(_num(data, "min", field)), int(_num(data, "max", field))
+            if not 1 <= lo <= hi:
+                raise SpecError(field, f"needs 1 <= min <= max, got min={lo} max={hi}", "swap or fix the bounds")
+            return cls("uniform", (lo + hi) / 2, lo, hi)
+        mean = _num(data, "mean", field)
+        spread = _num(data, "std" if dist == "normal" else "sigma", field)
+        lo = int(data.get("min", 1))
+        hi = int(data.get("max", max(lo, int(mean * 8))))
+        if mean < 1 or spread < 0 or not 1 <= lo <= hi:
+            raise SpecError(field, "needs mean >= 1, a non-negative spread and 1 <= min <= max",
+                            "check mean, std/sigma, min and max")
+        return cls(dist, mean, lo, hi, spread)
+
+
+def _num(data: Mapping[str, Any], key: str, field: str) -> float:
+    if key not in data:
+        raise SpecError(f"{field}.{key}", "is required", f"add {key}: <number>")
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"{field}.{key}", f"expected a number, got {value!r}", "write a plain number")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSpec:
+    """One request: its lengths, and its arrival time in seconds when the workload is timed."""
+
+    prompt_tokens: int
+    output_tokens: int
+    arrival_s: float | None = None
+    prefix_group: int | None = None  # requests of one group share their first ``prefix_tokens``
+    prefix_tokens: int = 0
+    prompt: str | None = None  # text from a prompt file; the length is then an estimate
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What a trial sends: lengths, count, and pacing (``concurrency`` or ``request_rate``)."""
+
+    input_len: LengthDist
+    output_len: LengthDist
+    num_requests: int
+    concurrency: int | None = None
+    request_rate: float | None = None  # requests/s, Poisson arrivals
+    warmup_requests: int = 0
+    seed: int = 0
+    prefix_len: int = 0  # shared prefix tokens per group (exercises prefix caching)
+    num_prefix_groups: int = 1
+    prompt_file: Path | None = None  # JSONL: {"prompt": str, "output_len": int?} or {"prompt_len": int, ...}
+    trace_file: Path | None = None  # JSONL: {"timestamp": s, "input_length": n, "output_length": m}
+
+    KEYS = ("input_len", "output_len", "num_requests", "concurrency", "request_rate", "warmup_requests",
+            "seed", "prefix_len", "num_prefix_groups", "prompt_file", "trace_file")
+
+    @classmethod
+    def from_dict(cls, data: Any, field: str = "workload", base_dir: Path | None = None) -> Workload:
+        if not isinstance(data, Mapping):
+            raise SpecError(field, f"expected a mapping, got {type(data).__name__}",
+                            "give input_len, output_len, num_requests and concurrency or request_rate")
+        for key in data:
+            if key not in cls.KEYS:
+                raise SpecError(f"{field}.{key}", f"unknown key{did_you_mean(str(key), cls.KEYS)}",
+                                f"allowed keys: {', '.join(cls.KEYS)}")
+
+        def path(key: str) -> Path | None:
+            if data.get(key) is None:
+                return None
+            p = Path(str(data[key]))
+            p = p if p.is_absolute() or base_dir is None else base_dir / p
+            if not p.is_file():
+                raise SpecError(f"{field}.{key}", f"file not found: {p}", "paths resolve relative to the spec file")
+            return p
+
+        prompt_file, trace_file = path("prompt_file"), path("trace_file")
+        if trace_file is None and prompt_file is None and "input_len" not in data:
+            raise SpecError(f"{field}.input_len", "is required", "add input_len: 1024 (or a prompt_file/trace_file)")
+        if trace_file is None and "output_len" not in data:
+            raise SpecError(f"{field}.output_len", "is required", "add output_len: 256")
+        input_len = LengthDist.parse(data.get("input_len", 1), f"{field}.input_len")
+        output_len = LengthDist.parse(data.get("output_len", 1), f"{field}.output_len")
+        num_requests = _int(data, "num_requests", field, 1, default=None if trace_file is None else 0)
+        concurrency = data.get("concurrency")
+        rate = data.get("request_rate")
+        if trace_file is None:
+            if (concurrency is None) == (rate is None):
+                raise SpecError(field, "set exactly one of concurrency and request_rate",
+                                "e.g. concurrency: 64 (closed loop) or request_rate: 10 (Poisson, req/s)")
+        if concurrency is not None:
+            concurrency = _int(data, "concurrency", field, 1)
+        if rate is not None:
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+                raise SpecError(f"{field}.request_rate", f"must be a positive number, got {rate!r}",
+                                "requests per second, e.g. 10")
+            rate = float(rate)
+        w = cls(input_len=input_len, output_len=output_len, num_requests=num_requests,
+                concurrency=concurrency, request_rate=rate,
+                warmup_requests=_int(data, "warmup_requests", field, 0, default=0),
+                seed=_int(data, "seed", field, 0, default=0),
+                prefix_len=_int(data, "prefix_len", field, 0, default=0),
+                num_prefix_groups=_int(data, "num_prefix_groups", field, 1, default=1),
+                prompt_file=prompt_file, trace_file=trace_file)
+        w.requests()  # read the files now, so a broken line is an error before any trial starts
+        return w
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        return max((r.prompt_tokens for r in self.requests()), default=self.input_len.upper)
+
+    @property
+    def max_output_tokens(self) -> int:
+        return max((r.output_tokens for r in self.requests()), default=self.output_len.upper)
+
+    def requests(self, include_warmup: bool = False) -> list[RequestSpec]:
+        """The measured requests (after any warm-up ones), deterministic for the seed."""
+        if self.trace_file is not None:
+            reqs = _read_trace(self.trace_file)
+        elif self.prompt_file is not None:
+            reqs = _read_prompts(self.prompt_file, self.output_len, self.seed)
+            if self.num_requests:
+                reqs = [reqs[i % len(reqs)] for i in range(self.num_requests + self.warmup_requests)]
+        else:
+            rng = random.Random(self.seed)
+            reqs = []
+            for i in range(self.num_requests + self.warmup_requests):
+                plen = max(self.input_len.sample(rng), self.prefix_len + 1)
+                group = (i % self.num_prefix_groups) if self.prefix_len else None
+                reqs.append(RequestSpec(plen, self.output_len.sample(rng), None, group, self.prefix_len))
+        if self.request_rate is not None and self.trace_file is None:
+            rng = random.Random(self.seed + 7919)
+            t = 0.0
+            timed = []
+            for r in reqs:
+                timed.append(dataclasses.replace(r, arrival_s=t))
+                t += rng.expovariate(self.request_rate)
+            reqs = timed
+        return reqs if include_warmup else reqs[self.warmup_requests:]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A flat description for MLflow params and the Parquet dataset."""
+        return {
+            "input_len_mean": self.input_len.mean, "input_len_max": self.input_len.upper,
+            "output_len_mean": self.output_len.mean, "output_len_max": self.output_len.upper,
+            "num_requests": self.num_requests, "concurrency": self.concurrency,
+            "request_rate": self.request_rate, "seed": self.seed, "prefix_len": self.prefix_len,
+        }
+
+
+def _int(data: Mapping[str, Any], key: str, field: str, minimum: int, default: int | None = None) -> int:
+    if key not in data or data[key] is None:
+        if default is None:
+            raise SpecError(f"{field}.{key}", "is required", f"add {key}: <integer >= {minimum}>")
+        return default
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{field}.{key}", f"expected an integer, got {value!r}", "write a whole number")
+    if value < minimum:
+        raise SpecError(f"{field}.{key}", f"must be >= {minimum}, got {value}", f"use a value >= {minimum}")
+    return value
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"{path}:{lineno}", f"not valid JSON ({exc.msg})", "one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise SpecError(f"{path}:{lineno}", "expected a JSON object", "one JSON object per line")
+        rows.append(row)
+    if not rows:
+        raise SpecError(str(path), "holds no requests", "add at least one JSON line")
+    return rows
+
+
+def _read_trace(path: Path) -> list[RequestSpec]:
+    reqs = []
+    for i, row in enumerate(_jsonl(path), start=1):
+        try:
+            reqs.append(RequestSpec(int(row["input_length"]), int(row["output_length"]), float(row["timestamp"])))
+        except (KeyError, TypeError, ValueError):
+            raise SpecError(f"{path}:{i}", "needs numeric timestamp, input_length and output_length",
+                            'e.g. {"timestamp": 0.5, "input_length": 812, "output_length": 190}') from None
+    t0 = min(r.arrival_s or 0.0 for r in reqs)
+    return sorted((dataclasses.replace(r, arrival_s=(r.arrival_s or 0.0) - t0) for r in reqs),
+                  key=lambda r: r.arrival_s or 0.0)
+
+
+def _read_prompts(path: Path, output_len: LengthDist, seed: int) -> list[RequestSpec]:
+    rng = random.Random(seed)
+    reqs = []
+    for i, row in enumerate(_jsonl(path), start=1):
+        prompt = row.get("prompt")
+        if not isinstance(prompt, str) and not isinstance(row.get("prompt_len"), int):
+            raise SpecError(f"{path}:{i}", "needs a string 'prompt' or an integer 'prompt_len'",
+                            'e.g. {"prompt": "Summarize ...", "output_len": 200}')
+        out = row.get("output_len", output_len.sample(rng))
+        if not isinstance(out, int) or out < 1:
+            raise SpecError(f"{path}:{i}", f"output_len must be a positive integer, got {out!r}", "fix the line")
+        # Without the model's tokenizer, about 4 characters per token (the usual BPE average).
+        plen = row["prompt_len"] if isinstance(row.get("prompt_len"), int) else max(1, len(prompt) // 4)
+        reqs.append(RequestSpec(plen, out, None, prompt=prompt if isinstance(prompt, str) else None))
+    return reqs
