@@ -1,0 +1,105 @@
+"""Engines: one interface, the thing that turns a flag set into a :class:`TrialResult`.
+
+An engine runs one trial on the GPUs it was given and returns a ``TrialResult`` whatever happens:
+bad flags are ``invalid_config``, a startup the planner or vLLM refuses is ``startup_oom`` /
+``kv_too_small``, and an unexpected exception becomes ``crashed`` with its text as the cause.
+Engines never raise for a trial's own failure, so one failing trial never stops a study.
+
+``sim`` is the simulated vLLM V1 engine (:mod:`servetune.sim`), the embedded default where no GPU
+is visible. ``vllm`` (real ``vllm serve`` subprocesses) is selected with ``backend: vllm``.
+
+Example:
+    >>> from servetune.engines import TrialTask, run_trial
+    >>> from servetune.workload import Workload
+    >>> task = TrialTask(model="servetune-test-850m", gpu="H200",
+    ...                  flags={"gpu_memory_utilization": 0.5, "max_num_seqs": 64},
+    ...                  workload=Workload.from_dict({"input_len": 256, "output_len": 64,
+    ...                                               "num_requests": 32, "concurrency": 8}))
+    >>> run_trial(task, backend="sim").status.value
+    'ok'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+from servetune.errors import SpecError
+from servetune.result import TrialResult, TrialStatus
+from servetune.workload import Workload
+
+__all__ = ["TrialTask", "run_trial", "resolve_backend", "gpu_visible", "BACKENDS"]
+
+BACKENDS = ("auto", "sim", "vllm")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialTask:
+    """Everything a trial needs, picklable so it can travel to a Ray actor."""
+
+    model: str
+    gpu: str
+    flags: Mapping[str, Any]
+    workload: Workload
+    vllm_version: str | None = None
+    seed: int = 0
+    gpu_file: str | None = None  # a user GPU table (YAML) to register on the worker
+
+
+def gpu_visible() -> bool:
+    """True when an NVIDIA GPU is visible to this process (nvidia-smi present and listing one)."""
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return False
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` means ``vllm`` where a GPU is visible and vLLM is installed, else ``sim``."""
+    if backend not in BACKENDS:
+        raise SpecError("backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    return "vllm" if gpu_visible() and shutil.which("vllm") else "sim"
+
+
+def run_trial(task: TrialTask, backend: str = "sim") -> TrialResult:
+    """Run one trial; never raises for the trial's own failure (see module docstring)."""
+    started = time.perf_counter()
+    try:
+        if backend == "sim":
+            result = _run_sim(task)
+        elif backend == "vllm":
+            raise SpecError("backend", "the real-vLLM engine is not part of this build yet",
+                            "use backend: sim (or auto on a machine without a GPU)")
+        else:
+            raise SpecError("backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    except SpecError as exc:
+        result = TrialResult(status=TrialStatus.INVALID_CONFIG, cause=str(exc), backend=backend)
+    except Exception as exc:  # noqa: BLE001 - a trial's crash is a result, not a study failure
+        result = TrialResult(status=TrialStatus.CRASHED, cause=f"{type(exc).__name__}: {exc}",
+                             evidence=traceback.format_exc().splitlines()[-8:], backend=backend)
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def _run_sim(task: TrialTask) -> TrialResult:
+    from servetune import gpus, memory, modelinfo
+    from servetune.sim.engine import simulate
+
+    if task.gpu_file:
+        gpus.register_gpus_from_yaml(task.gpu_file)
+    model = modelinfo.load_model(task.model)
+    gpu = gpus.get_gpu(task.gpu)
+    config = memory.resolve_engine_config(task.flags, model, gpu, task.vllm_version or memory.DEFAULT_VLLM_VERSION)
+    return simulate(model, gpu, config, task.workload, seed=task.seed)

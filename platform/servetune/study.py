@@ -1,0 +1,339 @@
+"""The Optuna ask-and-tell driver: proposes flag sets, runs them on Ray, tells the results.
+
+One driver process owns the Optuna storage, the MLflow runs and the Parquet dataset (it is their
+only writer, which keeps SQLite safe). Trials run in Ray actors, as many at once as free GPUs and
+``budget.parallel`` allow. Every result is told with the same constraint keys on every trial, as
+Optuna 5 requires (``trial.set_constraint``; a value <= 0 is feasible):
+
+- ``preemptions``: preemptions minus the allowed count;
+- ``startup``: 1 when the engine did not serve (startup OOM, KV cache too small, crash, invalid
+  flags), else -1. A failed startup is told as COMPLETE with this constraint violated, so the
+  sampler learns where the OOM region is (a FAIL trial would be ignored by the samplers);
+- ``p99_ttft_ms`` / ``p99_itl_ms``: the measured p99 minus the limit, when the spec sets one.
+
+Example::
+
+    from servetune.spec import load_spec
+    from servetune.study import run_study
+    outcome = run_study(load_spec("jobs/quickstart.yaml"))
+    print(outcome.best_command)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import optuna
+
+from servetune import dataset, report
+from servetune.cluster import TrialPool
+from servetune.engines import TrialTask, resolve_backend
+from servetune.flags import to_cli_args, to_config_yaml
+from servetune.result import TrialResult, TrialStatus
+from servetune.spec import StudySpec
+from servetune.tracking import StudyTracker
+
+__all__ = ["StudyOutcome", "run_study", "make_sampler", "constraint_values", "objective_values", "best_trial"]
+
+INFEASIBLE = 1.0
+FEASIBLE = -1.0
+
+
+@dataclasses.dataclass
+class StudyOutcome:
+    """What a finished (or interrupted) study leaves: counts, the best trial, where things are."""
+
+    study_name: str
+    trials_done: int = 0
+    ok: int = 0
+    preempting: int = 0
+    startup_failed: int = 0
+    other_failed: int = 0
+    best_number: int | None = None
+    best_flags: dict[str, Any] | None = None
+    best_metrics: dict[str, float] | None = None
+    best_command: str | None = None
+    wall_s: float = 0.0
+    mlflow_uri: str | None = None
+    parent_run_id: str | None = None
+
+
+# -- pure pieces: what Optuna is told --------------------------------------------------------------
+
+def constraint_values(spec: StudySpec, result: TrialResult) -> dict[str, float]:
+    """The constraint vector of one result; the same keys for every trial of a study."""
+    served = result.ok
+    out = {
+        "startup": FEASIBLE if served else INFEASIBLE,
+        "preemptions": float(result.preemptions or 0) - spec.constraints.max_preemptions if served else INFEASIBLE,
+    }
+    for key, summary_name in (("p99_ttft_ms", "ttft_ms"), ("p99_itl_ms", "itl_ms")):
+        limit = getattr(spec.constraints, key, None)
+        if limit is None:
+            continue
+        summary = getattr(result, summary_name)
+        out[key] = (summary.p99 - limit) if served and summary is not None else INFEASIBLE
+    return out
+
+
+def objective_values(spec: StudySpec, result: TrialResult) -> list[float]:
+    """The objective(s): throughput, maximised; latency figures, minimised. Failures get the worst."""
+    metrics = result.metrics()
+    values = []
+    for name, direction in zip(spec.objective.metrics, spec.objective.directions):
+        v = metrics.get(name)
+        if v is None or not result.ok or math.isnan(v):
+            v = 0.0 if direction == "maximize" else 1e12
+        values.append(float(v))
+    return values
+
+
+def make_sampler(name: str, seed: int, n_objectives: int) -> optuna.samplers.BaseSampler:
+    """TPE (default), NSGA-II, GP or random; all read constraints from ``trial.set_constraint``."""
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=6)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=6)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The best feasible completed trial (first objective), or None when none is feasible."""
+    feasible = [t for t in study.get_trials(deep=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.constraints and all(c <= 0 for c in t.constraints)]
+    if not feasible:
+        return None
+    sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    return max(feasible, key=lambda t: sign * (t.values or [0.0])[0])
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+class _Progress:
+    """One status line: trials done, running, failed, preempting; best so far."""
+
+    def __init__(self, out: TextIO, total: int) -> None:
+        self.out, self.total, self.tty = out, total, out.isatty()
+        self._last = 0.0
+
+    def show(self, o: StudyOutcome, running: int, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and not self.tty and now - self._last < 5:
+            return
+        self._last = now
+        best = "-" if o.best_metrics is None else f"{o.best_metrics.get('output_throughput', 0):,.0f} tok/s (#{o.best_number})"
+        line = (f"trials {o.trials_done}/{self.total} | running {running} | ok {o.ok} | preempting {o.preempting}"
+                f" | startup failed {o.startup_failed} | other failed {o.other_failed} | best {best}")
+        self.out.write(("\r" + line + "\033[K") if self.tty else line + "\n")
+        self.out.flush()
+
+    def note(self, text: str) -> None:
+        self.out.write(("\r\033[K" if self.tty else "") + text + "\n")
+        self.out.flush()
+
+
+def _recover_interrupted(study: optuna.Study, tracker: StudyTracker | None) -> int:
+    """Trials left RUNNING by a killed driver: mark FAIL and enqueue their params again."""
+    n = 0
+    for t in study.get_trials(deep=False, states=(optuna.trial.TrialState.RUNNING,)):
+        study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        study.enqueue_trial(t.params, skip_if_exists=True)
+        n += 1
+    return n
+
+
+def run_study(
+    spec: StudySpec,
+    *,
+    resume: bool = False,
+    out: TextIO | None = None,
+    on_result: Callable[[int, dict[str, Any], TrialResult], None] | None = None,
+) -> StudyOutcome:
+    """Run (or resume) the study the spec describes; returns its outcome.
+
+    Trials dispatch to Ray while ``budget.parallel`` and free GPUs allow; the loop ends when
+    ``budget.trials`` are told or ``budget.time_limit_s`` is spent. Ctrl-C kills the running
+    trials, ends their MLflow runs as KILLED and keeps every finished trial.
+    """
+    out = out or sys.stdout
+    started = time.monotonic()
+    backend = resolve_backend(spec.backend)
+    runs_dir = Path(spec.output.runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    storage = spec.storage.optuna_url
+    n_obj = len(spec.objective.metrics)
+    study = optuna.create_study(
+        study_name=spec.name, storage=storage, load_if_exists=True,
+        directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj),
+    )
+    existing = [t for t in study.get_trials(deep=False) if t.state.is_finished()]
+    if existing and not resume:
+        raise SystemExit(
+            f"error: study {spec.name!r} already has {len(existing)} trials in {storage}; "
+            "pass --resume to continue it, or give the study a new name")
+    study.set_user_attr("model", spec.model_ref)
+    study.set_user_attr("gpu_type", spec.gpu.type)
+    study.set_user_attr("serve_model", spec.serve_model)
+
+    tracker = StudyTracker(spec.tracking.mlflow_uri, spec.tracking.experiment)
+    parent = tracker.start_study(spec.name, spec.to_dict(), {
+        "model": spec.model_ref, "gpu_type": spec.gpu.type, "backend": backend,
+        "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)
+    recovered = _recover_interrupted(study, tracker) if resume else 0
+
+    outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=parent)
+    _count_existing(study, outcome)
+    progress = _Progress(out, spec.budget.trials)
+    progress.note(f"servetune: study {spec.name!r}: {spec.model_ref} on {spec.gpu.count} x {spec.gpu.type} "
+                  f"({backend} backend), {spec.budget.trials} trials, {spec.budget.parallel} at a time"
+                  + (f"; resumed, {recovered} interrupted trials re-queued" if recovered else ""))
+    progress.note(f"servetune: MLflow {spec.tracking.mlflow_uri} (experiment {spec.tracking.experiment!r}), "
+                  f"Optuna {storage}")
+
+    pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+    queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
+    inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
+    status = "FINISHED"
+    try:
+        while True:
+            out_of_time = spec.budget.time_limit_s is not None and time.monotonic() - started > spec.budget.time_limit_s
+            while (not out_of_time and outcome.trials_done + len(inflight) + len(queued) < spec.budget.trials
+                   and len(inflight) + len(queued) < spec.budget.parallel):
+                trial = study.ask()
+                flags = {**spec.fixed_flags, **spec.search_space.suggest(trial)}
+                trial.set_user_attr("flags", flags)
+                need = int(flags.get("tensor_parallel_size", 1)) * int(flags.get("pipeline_parallel_size", 1))
+                problems = spec.search_space.check(flags, spec.model_profile, spec.gpu.count, spec.workload)
+                if not problems and need > pool.total_gpus:
+                    problems = [f"needs {need} GPUs, the cluster has {pool.total_gpus}"]
+                if problems:  # refused before launch: no GPU time spent, the sampler still learns
+                    result = TrialResult(status=TrialStatus.INVALID_CONFIG, cause="; ".join(problems), backend=backend)
+                    _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
+                    continue
+                queued.append((trial, flags, need))
+            while queued and queued[0][2] <= pool.free_gpus:  # first come, first served
+                trial, flags, need = queued.pop(0)
+                task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, workload=spec.workload,
+                                 vllm_version=spec.vllm_version, seed=spec.seed, gpu_file=spec.gpu.file)
+                pool.submit(trial.number, task, backend, gpus=need)
+                inflight[trial.number] = (trial, flags)
+            if not inflight and not queued:
+                break
+            progress.show(outcome, len(inflight))
+            for number, result in pool.wait(timeout_s=0.5):
+                trial, flags = inflight.pop(number)
+                _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
+                progress.show(outcome, len(inflight), force=True)
+    except KeyboardInterrupt:
+        status = "KILLED"
+        killed = pool.cancel_all()
+        for trial, _ in [*inflight.values(), *((t, f) for t, f, _ in queued)]:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        progress.note(f"\nservetune: interrupted; {len(killed)} running trials stopped, "
+                      f"{outcome.trials_done} finished trials kept (resume with --resume)")
+    finally:
+        outcome.wall_s = time.monotonic() - started
+        progress.show(outcome, 0, force=True)
+        if out.isatty():
+            out.write("\n")
+        _finish_study(spec, study, tracker, outcome, status)
+    return outcome
+
+
+def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
+    for t in study.get_trials(deep=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        _count(outcome, TrialStatus(t.user_attrs.get("status", "ok")), int(t.user_attrs.get("preemptions", 0) or 0))
+    _update_best(study, outcome)
+
+
+def _count(outcome: StudyOutcome, status: TrialStatus, preemptions: int) -> None:
+    outcome.trials_done += 1
+    if status is TrialStatus.OK:
+        outcome.ok += 1
+        if preemptions > 0:
+            outcome.preempting += 1
+    elif status.is_startup_failure:
+        outcome.startup_failed += 1
+    else:
+        outcome.other_failed += 1
+
+
+def _update_best(study: optuna.Study, outcome: StudyOutcome) -> None:
+    best = best_trial(study)
+    if best is not None:
+        outcome.best_number = best.number
+        outcome.best_flags = dict(best.user_attrs.get("flags", best.params))
+        outcome.best_metrics = dict(best.user_attrs.get("metrics", {}))
+
+
+def _finish(
+    spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, flags: dict[str, Any], result: TrialResult,
+    tracker: StudyTracker, outcome: StudyOutcome, backend: str,
+    on_result: Callable[[int, dict[str, Any], TrialResult], None] | None,
+) -> None:
+    """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the record."""
+    for key, value in constraint_values(spec, result).items():
+        trial.set_constraint(key, value)
+    metrics = result.metrics()
+    trial.set_user_attr("status", result.status.value)
+    trial.set_user_attr("cause", (result.cause or "")[:1000])
+    trial.set_user_attr("metrics", metrics)
+    trial.set_user_attr("preemptions", result.preemptions or 0)
+    study.tell(trial, objective_values(spec, result))
+    tags = {"gpu_type": spec.gpu.type, "model": spec.model_ref, "backend": result.backend or backend,
+            "vllm_version": result.vllm_version or spec.vllm_version, "optuna.trial_number": str(trial.number),
+            "servetune.study": spec.name}
+    with tempfile.TemporaryDirectory() as tmp:
+        tracker.log_trial(trial.number, flags, result, tags, Path(tmp), params_extra=_workload_params(spec))
+    row = dataset.trial_row(spec.name, trial.number, flags, result, spec.gpu.type, spec.model_ref,
+                            {"backend": result.backend or backend, "vllm_version": result.vllm_version or spec.vllm_version,
+                             "objective": objective_values(spec, result)[0]})
+    dataset.append_trials(Path(spec.output.dataset_dir), [row])
+    _count(outcome, result.status, result.preemptions or 0)
+    _update_best(study, outcome)
+    if on_result is not None:
+        on_result(trial.number, flags, result)
+
+
+def _workload_params(spec: StudySpec) -> dict[str, Any]:
+    return {f"workload.{k}": v for k, v in spec.workload.to_dict().items() if v is not None}
+
+
+def serve_command(model: str, flags: Mapping[str, Any]) -> str:
+    """The full ``vllm serve`` command line for a flag set, shell-quoted for display."""
+    return shlex.join(["vllm", "serve", model, *to_cli_args(flags)])
+
+
+def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, outcome: StudyOutcome,
+                  status: str) -> None:
+    df = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
+    plots: dict[str, Any] = {}
+    if not df.empty:
+        plots["optimization_history.png"] = report.plot_history(df)
+        if "flag_max_num_seqs" in df.columns:
+            plots["throughput_vs_max_num_seqs.png"] = report.plot_throughput_vs(df, x="flag_max_num_seqs")
+        if len(spec.objective.metrics) > 1:
+            plots["pareto_front.png"] = report.plot_pareto(df, spec.objective.metrics[0], spec.objective.metrics[1])
+        plots["memory_breakdown_top.png"] = report.plot_memory_breakdown(df, top_n=5)
+    if outcome.best_flags is not None:
+        outcome.best_command = serve_command(spec.serve_model, outcome.best_flags)
+    tracker.finish_study(outcome.best_flags, spec.serve_model, df, plots, outcome.best_metrics or {})
+    tracker.end(status)
+    study.set_user_attr("finished_at", dt.datetime.now(dt.timezone.utc).isoformat())
+
+
+def best_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
+    return to_config_yaml(model, flags)
