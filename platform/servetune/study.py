@@ -26,7 +26,6 @@ import datetime as dt
 import math
 import shlex
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -112,8 +111,8 @@ def make_sampler(name: str, seed: int, n_objectives: int) -> optuna.samplers.Bas
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     """The best feasible completed trial (first objective), or None when none is feasible."""
-    feasible = [t for t in study.get_trials(deep=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if t.constraints and all(c <= 0 for c in t.constraints)]
+    feasible = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.constraints and all(c <= 0 for c in t.constraints.values())]
     if not feasible:
         return None
     sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
@@ -148,7 +147,7 @@ class _Progress:
 def _recover_interrupted(study: optuna.Study, tracker: StudyTracker | None) -> int:
     """Trials left RUNNING by a killed driver: mark FAIL and enqueue their params again."""
     n = 0
-    for t in study.get_trials(deep=False, states=(optuna.trial.TrialState.RUNNING,)):
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         study.enqueue_trial(t.params, skip_if_exists=True)
         n += 1
@@ -179,7 +178,7 @@ def run_study(
         study_name=spec.name, storage=storage, load_if_exists=True,
         directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj),
     )
-    existing = [t for t in study.get_trials(deep=False) if t.state.is_finished()]
+    existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     if existing and not resume:
         raise SystemExit(
             f"error: study {spec.name!r} already has {len(existing)} trials in {storage}; "
@@ -254,7 +253,7 @@ def run_study(
 
 
 def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
-    for t in study.get_trials(deep=False, states=(optuna.trial.TrialState.COMPLETE,)):
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         _count(outcome, TrialStatus(t.user_attrs.get("status", "ok")), int(t.user_attrs.get("preemptions", 0) or 0))
     _update_best(study, outcome)
 
@@ -296,8 +295,7 @@ def _finish(
     tags = {"gpu_type": spec.gpu.type, "model": spec.model_ref, "backend": result.backend or backend,
             "vllm_version": result.vllm_version or spec.vllm_version, "optuna.trial_number": str(trial.number),
             "servetune.study": spec.name}
-    with tempfile.TemporaryDirectory() as tmp:
-        tracker.log_trial(trial.number, flags, result, tags, Path(tmp), params_extra=_workload_params(spec))
+    tracker.log_trial(trial.number, flags, result, tags, workload=spec.workload.to_dict())
     row = dataset.trial_row(spec.name, trial.number, flags, result, spec.gpu.type, spec.model_ref,
                             {"backend": result.backend or backend, "vllm_version": result.vllm_version or spec.vllm_version,
                              "objective": objective_values(spec, result)[0]})
@@ -306,10 +304,6 @@ def _finish(
     _update_best(study, outcome)
     if on_result is not None:
         on_result(trial.number, flags, result)
-
-
-def _workload_params(spec: StudySpec) -> dict[str, Any]:
-    return {f"workload.{k}": v for k, v in spec.workload.to_dict().items() if v is not None}
 
 
 def serve_command(model: str, flags: Mapping[str, Any]) -> str:

@@ -1,0 +1,162 @@
+"""The study driver end to end: real local Ray (logical GPUs), real `mlflow server`, real Optuna SQLite.
+
+The landscape is Llama-3.1-8B on a simulated A100-40GB with long outputs, where low
+gpu_memory_utilization fails at startup and high max_num_seqs preempts; the driver must tell both
+to Optuna as infeasible, record every trial in MLflow and the dataset, and pick a feasible best.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from servetune import dataset
+from servetune.result import LatencySummary, TrialResult, TrialStatus
+from servetune.spec import StudySpec
+from servetune.study import constraint_values, objective_values, run_study
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _spec_dict(tmp: Path, mlflow_uri: str, name: str, trials: int = 8, **extra: Any) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": name,
+        "model": "llama-3.1-8b",
+        "gpu": {"type": "A100-40GB", "count": 2},
+        "workload": {"input_len": 512, "output_len": 1024, "num_requests": 96, "concurrency": 96, "seed": 1},
+        "objective": {"metric": "output_throughput"},
+        "constraints": {"max_preemptions": 0},
+        "search_space": {"params": {
+            "gpu_memory_utilization": {"type": "float", "low": 0.2, "high": 0.95, "step": 0.05},
+            "max_num_seqs": {"type": "categorical", "choices": [16, 32, 64, 128, 256]},
+        }},
+        "fixed_flags": {"max_model_len": 4096},
+        "budget": {"trials": trials, "parallel": 2},
+        "backend": "sim",
+        "sampler": "tpe",
+        "seed": 3,
+        "tracking": {"mlflow_uri": mlflow_uri, "experiment": f"exp-{name}"},
+        "storage": {"optuna_url": f"sqlite:///{tmp}/optuna.db"},
+        "output": {"runs_dir": str(tmp), "dataset_dir": str(tmp / "dataset")},
+    }
+    data.update(extra)
+    return data
+
+
+def test_constraints_have_the_same_keys_for_every_outcome(tmp_path: Path) -> None:
+    spec = StudySpec.from_dict(_spec_dict(tmp_path, "http://127.0.0.1:1", "keys",
+                                          constraints={"max_preemptions": 2, "p99_ttft_ms": 500}))
+    ok = TrialResult(TrialStatus.OK, preemptions=5, output_throughput=100.0,
+                     ttft_ms=LatencySummary(100, 100, 200, 400), itl_ms=LatencySummary(5, 5, 6, 9))
+    oom = TrialResult(TrialStatus.STARTUP_OOM, cause="No available memory for the cache blocks")
+    c_ok, c_oom = constraint_values(spec, ok), constraint_values(spec, oom)
+    assert set(c_ok) == set(c_oom) == {"startup", "preemptions", "p99_ttft_ms"}
+    assert c_ok == {"startup": -1.0, "preemptions": 3.0, "p99_ttft_ms": -100.0}
+    assert all(v > 0 for v in c_oom.values())
+    assert objective_values(spec, ok) == [100.0] and objective_values(spec, oom) == [0.0]
+
+
+@pytest.mark.slow
+def test_study_runs_trials_on_ray_and_records_everything(tmp_path: Path, mlflow_server: str) -> None:
+    spec = StudySpec.from_dict(_spec_dict(tmp_path, mlflow_server, "landscape", trials=10))
+    seen: list[tuple[int, dict[str, Any], TrialResult]] = []
+    outcome = run_study(spec, out=io.StringIO(), on_result=lambda n, f, r: seen.append((n, f, r)))
+
+    # Every trial told, the OOM region and the preempting region both visited and told infeasible.
+    study = optuna.load_study(study_name="landscape", storage=spec.storage.optuna_url)
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 10 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    assert all(set(t.constraints) == {"startup", "preemptions"} for t in trials)
+    statuses = [r.status for _, _, r in seen]
+    assert outcome.trials_done == 10
+    assert outcome.ok + outcome.startup_failed + outcome.other_failed == 10
+    for t in trials:
+        infeasible = any(c > 0 for c in t.constraints.values())
+        status = t.user_attrs["status"]
+        assert infeasible == (status != "ok" or t.user_attrs["preemptions"] > 0)
+    # Each trial ran in its own Ray actor holding one (logical) GPU.
+    assert all("ray_gpu_ids=[" in " ".join(r.evidence) for _, _, r in seen if r.status is not TrialStatus.INVALID_CONFIG)
+
+    # The best is feasible and is the best feasible value.
+    if outcome.best_number is not None:
+        best = study.trials[outcome.best_number]
+        assert all(c <= 0 for c in best.constraints.values())
+        feasible = [t.values[0] for t in trials if all(c <= 0 for c in t.constraints.values())]
+        assert best.values[0] == max(feasible)
+        assert outcome.best_command and outcome.best_command.startswith("vllm serve meta-llama/Llama-3.1-8B")
+
+    # MLflow: one parent, one child per trial with flags as params and status tags.
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("exp-landscape")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == outcome.parent_run_id]
+    assert len(parents) == 1 and parents[0].info.run_id == outcome.parent_run_id
+    assert len(children) == 10
+    for child in children:
+        assert "gpu_memory_utilization" in child.data.params and "max_num_seqs" in child.data.params
+        assert child.data.tags["gpu_type"] == "A100-40GB" and child.data.tags["backend"] == "sim"
+        assert child.data.tags["servetune.status"] in {s.value for s in TrialStatus}
+    served = [c for c in children if c.data.tags["servetune.status"] == "ok"]
+    assert served, "no trial served at all"
+    assert {"output_throughput", "ttft_p99_ms", "preemptions", "mem_kv_cache_gib"} <= set(served[0].data.metrics)
+    parent_files = {a.path for a in client.list_artifacts(outcome.parent_run_id)}
+    assert "trials.csv" in parent_files or any(p.startswith("trials") for p in parent_files)
+
+    # Parquet: one row per trial, partitioned by GPU type / model / study.
+    df = dataset.read_trials(tmp_path / "dataset", study="landscape")
+    assert len(df) == 10 and set(df["status"]) == {s.value for s in statuses}
+
+
+@pytest.mark.slow
+def test_cli_tune_then_best_then_resume(tmp_path: Path, mlflow_server: str) -> None:
+    spec_path = tmp_path / "study.yaml"
+    spec_path.write_text(yaml.safe_dump(_spec_dict(tmp_path, mlflow_server, "cli-study", trials=4)))
+    cmd = [sys.executable, "-m", "servetune"]
+    env = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"}
+    tune = subprocess.run([*cmd, "tune", str(spec_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert tune.returncode in (0, 1), tune.stderr[-2000:]
+    assert "trials 4/4" in tune.stdout
+
+    again = subprocess.run([*cmd, "tune", str(spec_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode != 0 and "--resume" in (again.stdout + again.stderr)
+
+    resumed = subprocess.run([*cmd, "tune", str(spec_path), "--resume", "--trials", "6"],
+                             capture_output=True, text=True, env=env, timeout=600)
+    assert resumed.returncode in (0, 1), resumed.stderr[-2000:]
+    study = optuna.load_study(study_name="cli-study", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert len(study.get_trials(deepcopy=False)) == 6
+    children = MlflowClient(mlflow_server).search_runs(
+        [MlflowClient(mlflow_server).get_experiment_by_name("exp-cli-study").experiment_id],
+        filter_string="tags.`servetune.role` = 'trial'")
+    assert len(children) == 6  # the resumed run added two trials under the same parent
+    if tune.returncode == 0:
+        best = subprocess.run([*cmd, "best", str(spec_path), "--format", "json"], capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert best.returncode == 0, best.stderr
+        flags = json.loads(best.stdout)
+        assert {"gpu_memory_utilization", "max_num_seqs", "max_model_len"} <= set(flags)
+        cmdline = subprocess.run([*cmd, "best", "cli-study", "--storage", f"sqlite:///{tmp_path}/optuna.db"],
+                                 capture_output=True, text=True, env=env, timeout=120)
+        assert cmdline.stdout.startswith("vllm serve ") and "--max-num-seqs" in cmdline.stdout
+
+
+def test_cli_refuses_a_bad_spec_with_exit_code_2(tmp_path: Path) -> None:
+    bad = _spec_dict(tmp_path, "http://127.0.0.1:1", "bad")
+    bad["budget"] = {"trials": 0, "parallel": 2}
+    spec_path = tmp_path / "bad.yaml"
+    spec_path.write_text(yaml.safe_dump(bad))
+    proc = subprocess.run([sys.executable, "-m", "servetune", "tune", str(spec_path)], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"}, timeout=120)
+    assert proc.returncode == 2
+    assert "budget.trials" in proc.stderr
+    assert not (tmp_path / "optuna.db").exists()
