@@ -1,0 +1,99 @@
+"""Shared fixtures. Keep each fixture small and documented; real services only, no mocks.
+
+* ``mlflow_server`` (session): a real ``mlflow server`` on 127.0.0.1, SQLite backend, proxied
+  artifact store in a tmp dir; yields the tracking URI. About 5-6 s to start on 2 cores.
+* ``tmp_runs_dir``: an empty directory for one test's trial run outputs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Telemetry would try to reach the internet from every MlflowClient call; tests stay offline.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+_MLFLOW_START_TIMEOUT_S = 90.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server's process group (mlflow CLI + uvicorn worker), SIGKILL if it lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server; yields ``http://127.0.0.1:PORT``.
+
+    One uvicorn worker and no job runner (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: it would
+    otherwise fork seven huey consumers this machine cannot spare). Artifacts go through the
+    server (``--serve-artifacts``), as they do for a remote study driver.
+    """
+    root = tmp_path_factory.mktemp("mlflow")
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    log_path = root / "server.log"
+    cmd = [
+        sys.executable, "-m", "mlflow", "server",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--serve-artifacts", "--artifacts-destination", str(root / "artifacts"),
+    ]
+    started = time.monotonic()
+    with open(log_path, "wb") as log:
+        # Own session: the teardown can signal the CLI and its uvicorn child as one group.
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(uri + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() - started > _MLFLOW_START_TIMEOUT_S:
+                raise RuntimeError(f"mlflow server not healthy after {_MLFLOW_START_TIMEOUT_S:.0f} s:\n"
+                                   f"{log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+        startup_s = time.monotonic() - started
+        print(f"\nmlflow server ready at {uri} in {startup_s:.1f} s")
+        yield uri
+    finally:
+        _stop_group(proc)
+
+
+@pytest.fixture
+def tmp_runs_dir(tmp_path: Path) -> Path:
+    """An empty directory for the outputs of one test's trials (engine logs, per-trial files)."""
+    path = tmp_path / "runs"
+    path.mkdir()
+    return path
