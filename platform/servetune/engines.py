@@ -48,6 +48,10 @@ class TrialTask:
     vllm_version: str | None = None
     seed: int = 0
     gpu_file: str | None = None  # a user GPU table (YAML) to register on the worker
+    serve_model: str | None = None  # what `vllm serve` is given (vllm backend); default: ``model``
+    serve_command: tuple[str, ...] = ("vllm", "serve")  # argv before MODEL; the sim stand-in in tests
+    startup_timeout_s: float = 600.0
+    log_dir: str | None = None
 
 
 def gpu_visible() -> bool:
@@ -80,8 +84,7 @@ def run_trial(task: TrialTask, backend: str = "sim") -> TrialResult:
         if backend == "sim":
             result = _run_sim(task)
         elif backend == "vllm":
-            raise SpecError("backend", "the real-vLLM engine is not part of this build yet",
-                            "use backend: sim (or auto on a machine without a GPU)")
+            result = _run_vllm(task)
         else:
             raise SpecError("backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     except SpecError as exc:
@@ -103,3 +106,14 @@ def _run_sim(task: TrialTask) -> TrialResult:
     gpu = gpus.get_gpu(task.gpu)
     config = memory.resolve_engine_config(task.flags, model, gpu, task.vllm_version or memory.DEFAULT_VLLM_VERSION)
     return simulate(model, gpu, config, task.workload, seed=task.seed)
+
+
+def _run_vllm(task: TrialTask) -> TrialResult:
+    from pathlib import Path
+
+    from servetune.vllm_engine import VllmLaunch, run_vllm_trial
+
+    launch = VllmLaunch(model=task.serve_model or task.model, flags=dict(task.flags),
+                        serve_command=task.serve_command, startup_timeout_s=task.startup_timeout_s,
+                        log_dir=Path(task.log_dir) if task.log_dir else None)
+    return run_vllm_trial(launch, task.workload)

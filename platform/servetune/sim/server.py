@@ -1,0 +1,911 @@
+"""A ``vllm serve`` stand-in over the simulated engine: the real-engine path, end to end, without a GPU.
+
+Contract: ``python -m servetune.sim.server MODEL [vLLM serve flags]`` behaves like
+``vllm serve`` as seen from outside the process, which is all a launcher sees:
+
+* the command line is vLLM's (``--gpu-memory-utilization``, ``--no-enable-prefix-caching``,
+  ``--cudagraph-capture-sizes 1 2 4``, ``--config file.yaml`` with CLI > file, underscores accepted)
+  and an unknown argument ends in argparse's ``vllm serve: error: unrecognized arguments`` (exit 2);
+* stdout carries vLLM 0.26's startup log (:mod:`servetune.sim.vllm_log`) with the planner's figures
+  (:func:`servetune.memory.plan_memory`), then the periodic ``Engine 000:`` stats line every 10 s
+  of virtual time; a startup the planner predicts to fail prints vLLM's traceback and exits 1;
+* the HTTP socket listens only once "startup" is done (``GET /health`` -> 200 means ready, as in
+  vLLM); ``/v1/models``, ``/v1/completions`` (streaming SSE or not, token-id or text prompts),
+  ``/metrics`` (vLLM's Prometheus names), ``/version``, ``/ping`` are served;
+* one asyncio loop drives :class:`servetune.sim.engine.SimScheduler`: each step sleeps
+  ``duration / speedup`` wall seconds, then its tokens go to the waiting HTTP streams;
+* SIGTERM/SIGINT stop it within a second and it leaves no process or file behind.
+
+Stand-in-only options: ``--sim-gpu`` (env ``SERVETUNE_SIM_GPU``, default H200), ``--sim-speedup``
+(virtual seconds per wall second), ``--sim-vllm-version``, ``--sim-fail MODE`` (fault injection,
+see :data:`servetune.sim.vllm_log.FAIL_MODES`), ``--sim-fail-after-tokens`` (when the runtime
+faults strike) and ``--sim-ignore-sigterm``. Env ``SERVETUNE_SIM_STARTUP_S`` replaces the predicted
+startup (virtual seconds, still divided by the speedup); ``SERVETUNE_SIM_DEATH_LINGER_S`` is how
+long a server whose engine died keeps answering 503 before it exits.
+
+Text prompts count ~4 characters per token; token-id prompts count exactly. Requests always run
+to ``max_tokens`` (the simulated model never emits EOS), so ``finish_reason`` is ``length``.
+
+Example::
+
+    PYTHONPATH=platform python -m servetune.sim.server servetune-test-850m --port 8011 \\
+        --gpu-memory-utilization 0.5 --max-num-seqs 64 --sim-speedup 20
+    curl -s localhost:8011/v1/completions -d '{"prompt": [1, 2, 3], "max_tokens": 4}' \\
+        -H 'content-type: application/json'
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import dataclasses
+import datetime
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from aiohttp import web
+
+from servetune.errors import SpecError
+from servetune.flags import FLAGS, validate_flag
+from servetune.sim import vllm_log
+from servetune.sim.vllm_log import LogRecord
+
+__all__ = ["build_parser", "parse_args", "given_flags", "SimServer", "main"]
+
+PROG = "vllm serve"
+_CHARS_PER_TOKEN = 4
+_STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL, virtual seconds
+_RESYNC_SLACK_S = 0.02  # wall seconds the engine may fall behind before it stops trying to catch up
+_WORDS = (" the", " of", " and", " to", " in", " a", " is", " that", " for", " it", " as", " was", " with",
+          " be", " by", " on", " not", " he", " this", " are")
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def _human_int(text: str) -> int:
+    """vLLM's human-readable sizes: ``8G`` = 8*2**30, ``8g`` = 8*10**9, ``32k`` = 32000, plain ints."""
+    text = text.strip()
+    units = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+_HUMAN_INT_FLAGS = ("kv_cache_memory_bytes", "max_model_len", "max_num_batched_tokens")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse's own shape, with vLLM's prog name
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``vllm serve``'s arguments that servetune uses, plus the stand-in's ``--sim-*`` options."""
+    p = _Parser(prog=PROG, description="Simulated vLLM OpenAI-compatible server (servetune stand-in).")
+    p.add_argument("model_tag", nargs="?", default=None, help="model: a shipped name, a directory or a config.json")
+    p.add_argument("--model", dest="model_opt", default=None, help="the model, as an option")
+    p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--config", default=None, help="YAML file of flags (dashed keys); the command line wins")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--disable-log-stats", action="store_true")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    p.add_argument("--trust-remote-code", action="store_true")
+    for spec in FLAGS.values():
+        dest = spec.name
+        if spec.kind is bool:
+            p.add_argument(spec.cli, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=spec.help)
+        elif spec.kind is list:
+            p.add_argument(spec.cli, dest=dest, nargs="+", type=int, default=None, help=spec.help)
+        elif spec.name in _HUMAN_INT_FLAGS:
+            p.add_argument(spec.cli, dest=dest, type=_human_int, default=None, help=spec.help)
+        else:
+            p.add_argument(spec.cli, dest=dest, type=spec.kind, default=None, choices=spec.choices, help=spec.help)
+    sim = p.add_argument_group("stand-in options")
+    sim.add_argument("--sim-gpu", default=os.environ.get("SERVETUNE_SIM_GPU", "H200"), help="GPU to simulate")
+    sim.add_argument("--sim-speedup", type=float, default=1.0, help="virtual seconds per wall second")
+    sim.add_argument("--sim-vllm-version", default=None, help="vLLM version to imitate (default 0.26.0)")
+    sim.add_argument("--sim-fail", choices=vllm_log.FAIL_MODES, default=None, help="inject a failure")
+    sim.add_argument("--sim-fail-after-tokens", type=int, default=32,
+                     help="generated tokens before runtime_crash/stall strike")
+    sim.add_argument("--sim-ignore-sigterm", action="store_true", help="ignore SIGTERM/SIGINT (needs SIGKILL)")
+    return p
+
+
+def _config_argv(path: str, parser: argparse.ArgumentParser) -> tuple[list[str], str | None]:
+    """vLLM's ``--config`` file as argv tokens (dashed keys; true -> --k, false -> --no-k) and its model."""
+    ext = Path(path).suffix
+    if ext not in (".yaml", ".yml"):
+        parser.error(f"Config file must be of a yaml/yml type. {ext} supplied")
+    try:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        parser.error(f"cannot read --config {path}: {exc}")
+    if not isinstance(doc, Mapping):
+        parser.error(f"--config {path}: expected a mapping of flags")
+    argv: list[str] = []
+    model: str | None = None
+    for key, value in doc.items():
+        name = str(key).replace("_", "-")
+        if name == "model":
+            model = str(value)
+        elif value is True:
+            argv.append(f"--{name}")
+        elif value is False:
+            argv.append(f"--no-{name}")
+        elif isinstance(value, list):
+            argv += [f"--{name}", *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            argv += [f"--{name}", json.dumps(value)]
+        elif value is not None:
+            argv += [f"--{name}", str(value)]
+    return argv, model
+
+
+def _dashed(argv: Sequence[str]) -> list[str]:
+    """vLLM accepts ``--max_num_seqs`` as well as ``--max-num-seqs``."""
+    out = []
+    for tok in argv:
+        if tok.startswith("--") and len(tok) > 2:
+            name, eq, value = tok[2:].partition("=")
+            tok = "--" + name.replace("_", "-") + eq + value
+        out.append(tok)
+    return out
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse a ``vllm serve`` command line (``--config`` expanded first, so the CLI wins)."""
+    parser = build_parser()
+    argv = _dashed(sys.argv[1:] if argv is None else argv)
+    config_path, rest, i = None, [], 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--config" and i + 1 < len(argv):
+            config_path, i = argv[i + 1], i + 2
+            continue
+        if tok.startswith("--config="):
+            config_path = tok.split("=", 1)[1]
+        else:
+            rest.append(tok)
+        i += 1
+    config_model = None
+    if config_path is not None:
+        file_argv, config_model = _config_argv(config_path, parser)
+        # argparse lets a later occurrence win, so the file's tokens go first (vLLM: CLI > file).
+        rest = file_argv + rest
+    ns = parser.parse_args(rest)
+    ns.model = ns.model_tag or ns.model_opt or config_model
+    if ns.model is None:
+        parser.error("the following arguments are required: model_tag")
+    if ns.sim_speedup <= 0:
+        parser.error(f"argument --sim-speedup: must be > 0, got {ns.sim_speedup}")
+    return ns
+
+
+def given_flags(ns: argparse.Namespace) -> dict[str, Any]:
+    """The servetune engine flags present on the command line (or in ``--config``), by vLLM name."""
+    return {name: getattr(ns, name) for name in FLAGS if getattr(ns, name, None) is not None}
+
+
+# --------------------------------------------------------------------------------------------
+# Prometheus text
+
+
+_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+_ITERATION_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
+
+
+def _buckets_1_2_5(limit: int) -> tuple[float, ...]:
+    """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, 20, 50, ... up to ``limit``."""
+    out, exp = [], 0
+    while True:
+        for m in (1, 2, 5):
+            v = m * 10**exp
+            if v > limit:
+                return tuple(float(x) for x in out)
+            out.append(v)
+        exp += 1
+
+
+class _Histogram:
+    def __init__(self, buckets: Iterable[float]) -> None:
+        self.bounds = tuple(buckets)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def lines(self, name: str, labels: Mapping[str, str]) -> list[str]:
+        out, total = [], 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts):
+            total += count
+            le = "+Inf" if bound == math.inf else repr(float(bound))
+            out.append(f"{name}_bucket{_labels({**labels, 'le': le})} {float(total)!r}")
+        out.append(f"{name}_count{_labels(labels)} {float(total)!r}")
+        out.append(f"{name}_sum{_labels(labels)} {float(self.sum)!r}")
+        return out
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(labels.items()))
+    return "{" + inner + "}"
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+# --------------------------------------------------------------------------------------------
+# The server
+
+
+@dataclasses.dataclass
+class _Live:
+    """One engine request (one prompt of one HTTP request) while the server tracks it."""
+
+    rid: str
+    index: int  # choice index inside its HTTP request
+    prompt_tokens: int
+    max_tokens: int
+    arrival_v: float
+    queue: asyncio.Queue[tuple[str, int, Any]]
+    first_scheduled_v: float | None = None
+    first_token_v: float | None = None
+    last_token_v: float | None = None
+    generated: int = 0
+
+
+class _PrefixIndex:
+    """Maps prompts to simulator prefix groups: prompts sharing leading full KV blocks share a group.
+
+    The first prompt seen with a given first block becomes the group's reference; a later prompt's
+    shared prefix is its common prefix with that reference, in whole blocks. Bounded (LRU).
+    """
+
+    def __init__(self, block_size: int, capacity: int = 2048, keep_tokens: int = 8192) -> None:
+        self.block_size = block_size
+        self.capacity = capacity
+        self.keep_tokens = keep_tokens
+        self.groups: OrderedDict[tuple[Any, ...], tuple[int, tuple[Any, ...]]] = OrderedDict()
+        self.next_group = 0
+
+    def lookup(self, tokens: Sequence[Any]) -> tuple[int | None, int]:
+        bs = self.block_size
+        if len(tokens) < bs:
+            return None, 0
+        head = tuple(tokens[:bs])
+        entry = self.groups.get(head)
+        if entry is None:
+            gid = self.next_group
+            self.next_group += 1
+            self.groups[head] = (gid, tuple(tokens[: self.keep_tokens]))
+            if len(self.groups) > self.capacity:
+                self.groups.popitem(last=False)
+            return gid, len(tokens)  # all of its full blocks may serve later prompts of the group
+        self.groups.move_to_end(head)
+        gid, ref = entry
+        n = 0
+        for a, b in zip(ref, tokens):
+            if a != b:
+                break
+            n += 1
+        return gid, (n // bs) * bs
+
+
+class SimServer:
+    """The stand-in's state: the simulated engine, live requests, counters, and the HTTP app.
+
+    Example (inside a running event loop; :func:`main` is the usual entry point)::
+
+        server = SimServer(ns)          # ns from parse_args([...])
+        code = await server.run()       # returns the process exit code
+    """
+
+    def __init__(self, ns: argparse.Namespace) -> None:
+        self.ns = ns
+        self.host: str = ns.host or "127.0.0.1"
+        self.port: int = ns.port
+        self.speedup: float = ns.sim_speedup
+        self.model_ref: str = ns.model
+        self.served_name: str = (ns.served_model_name or [ns.model])[0]
+        self.fail: str | None = ns.sim_fail
+        self.pid = os.getpid()
+        self.pids = {"APIServer": self.pid, "EngineCore": self.pid + 1}
+        self.stop_event = asyncio.Event()
+        self.stop_signal = "SIGTERM"
+        self.wake = asyncio.Event()
+        self.ready = False
+        self.dead = False
+        self.stalled = False
+        self.warned_behind = False
+        self.exit_code = 0
+        self.live: dict[str, _Live] = {}
+        self.sched: Any = None
+        self.created = int(time.time())
+        # Virtual clock: virt = virt_anchor + (monotonic - wall_anchor) * speedup.
+        self.wall_anchor = time.monotonic()
+        self.virt_anchor = 0.0
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def emit(self, records: Iterable[LogRecord]) -> None:
+        now = datetime.datetime.now()
+        for rec in records:
+            print(vllm_log.format_record(rec, self.pids, now), flush=False)
+        sys.stdout.flush()
+
+    async def _sleep_or_stop(self, wall_s: float) -> bool:
+        """Sleep ``wall_s``; True if a stop was requested meanwhile."""
+        if wall_s <= 0:
+            return self.stop_event.is_set()
+        try:
+            await asyncio.wait_for(self.stop_event.wait(), wall_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def vnow(self) -> float:
+        return self.virt_anchor + (time.monotonic() - self.wall_anchor) * self.speedup
+
+    # -- setup ----------------------------------------------------------------------------------
+
+    def _resolve(self) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        from servetune import gpus, memory, modelinfo
+
+        model = modelinfo.load_model(self.model_ref)
+        gpu = gpus.get_gpu(self.ns.sim_gpu)
+        flags = given_flags(self.ns)
+        checked = {name: validate_flag(name, value, f"--{name.replace('_', '-')}") for name, value in flags.items()}
+        version = self.ns.sim_vllm_version or memory.DEFAULT_VLLM_VERSION
+        config = memory.resolve_engine_config(checked, model, gpu, version)
+        plan = memory.plan_memory(model, gpu, config)
+        return model, gpu, config, plan, flags
+
+    def _bind(self) -> socket.socket:
+        """Reserve the port early, as vLLM does (bind now, listen once the engine is up)."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        return sock
+
+    async def run(self) -> int:
+        """Start up (printing vLLM's log), serve until stopped or dead; the process exit code."""
+        loop = asyncio.get_running_loop()
+        if self.ns.sim_ignore_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        else:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            model, gpu, config, plan, flags = self._resolve()
+        except (SpecError, ValueError, OSError) as exc:
+            self.emit(vllm_log.config_error_records(0.0, "ValueError", str(exc)))
+            return 1
+        try:
+            sock = self._bind()
+        except OSError as exc:
+            self.emit(vllm_log.config_error_records(0.0, "OSError", f"[Errno {exc.errno}] {exc.strerror}"))
+            return 1
+        self.model, self.gpu, self.config, self.plan = model, gpu, config, plan
+        for i, proc in enumerate(vllm_log.worker_procs(config)):
+            self.pids.setdefault(proc, self.pid + 2 + i)
+        try:
+            return await self._run_bound(sock, flags)
+        finally:
+            sock.close()
+
+    async def _run_bound(self, sock: socket.socket, flags: Mapping[str, Any]) -> int:
+        script = vllm_log.startup_script(
+            self.model, self.gpu, self.config, self.plan, model_ref=self.model_ref,
+            served_model_name=self.served_name, host=self.host, port=self.port, given_flags=flags,
+            api_pid=self.pid, fail=self.fail)
+        override = os.environ.get("SERVETUNE_SIM_STARTUP_S")
+        scale = 1.0 / self.speedup
+        if override is not None and script.startup_s > 0:
+            scale = float(override) / script.startup_s / self.speedup
+        at = 0.0
+        for rec in script.before_listen:
+            if await self._sleep_or_stop((rec.at_s - at) * scale):
+                return 0
+            at = rec.at_s
+            self.emit([rec])
+        if script.exit_code is not None:
+            return script.exit_code
+        if not script.healthy:  # hang: alive, silent, never listening
+            await self.stop_event.wait()
+            return 0
+        app = self._app()
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=0.2)
+        await runner.setup()
+        site = web.SockSite(runner, sock, shutdown_timeout=0.2)
+        await site.start()
+        self.emit(script.after_listen)
+        self.ready = True
+        self.wall_anchor, self.virt_anchor = time.monotonic(), 0.0
+        self._init_engine()
+        tasks = [asyncio.create_task(self._engine_loop())]
+        if not self.ns.disable_log_stats:
+            tasks.append(asyncio.create_task(self._stats_loop()))
+        await self.stop_event.wait()
+        if not self.dead:
+            self.emit(vllm_log.shutdown_records(self.vnow(), self.stop_signal))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._fail_all("server shutting down")
+        await asyncio.wait_for(runner.cleanup(), 1.0)
+        return self.exit_code
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self.stop_signal = signal.Signals(sig).name
+        self.stop_event.set()
+
+    # -- engine ---------------------------------------------------------------------------------
+
+    def _init_engine(self) -> None:
+        from servetune.sim.engine import SimScheduler
+
+        self.sched = SimScheduler(self.model, self.gpu, self.config, self.plan.num_gpu_blocks,
+                                  seed=self.ns.seed or 0)
+        self.prefix_index = _PrefixIndex(self.config.block_size)
+        mml = self.config.max_model_len
+        self.h = {
+            "vllm:time_to_first_token_seconds": _Histogram(_TTFT_BUCKETS),
+            "vllm:inter_token_latency_seconds": _Histogram(_ITL_BUCKETS),
+            "vllm:request_time_per_output_token_seconds": _Histogram(_ITL_BUCKETS),
+            "vllm:e2e_request_latency_seconds": _Histogram(_LATENCY_BUCKETS),
+            "vllm:request_queue_time_seconds": _Histogram(_LATENCY_BUCKETS),
+            "vllm:request_inference_time_seconds": _Histogram(_LATENCY_BUCKETS),
+            "vllm:request_prefill_time_seconds": _Histogram(_LATENCY_BUCKETS),
+            "vllm:request_decode_time_seconds": _Histogram(_LATENCY_BUCKETS),
+            "vllm:request_prompt_tokens": _Histogram(_buckets_1_2_5(mml)),
+            "vllm:request_generation_tokens": _Histogram(_buckets_1_2_5(mml)),
+            "vllm:request_max_num_generation_tokens": _Histogram(_buckets_1_2_5(mml)),
+            "vllm:request_params_max_tokens": _Histogram(_buckets_1_2_5(mml)),
+            "vllm:request_params_n": _Histogram((1.0, 2.0, 5.0, 10.0, 20.0)),
+            "vllm:iteration_tokens_total": _Histogram(_ITERATION_BUCKETS),
+        }
+        self.c_prompt_tokens = 0
+        self.c_generation_tokens = 0
+        self.c_success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0}
+
+    def _request(self, index: int, prompt: Sequence[Any], max_tokens: int,
+                 queue: asyncio.Queue[tuple[str, int, Any]]) -> _Live:
+        """Hand one prompt to the engine (ValueError: vLLM would refuse it)."""
+        sched = self.sched
+        # A busy engine's own clock is "now" (the wall-derived clock may run ahead of it when the
+        # host cannot keep up with the speedup); an idle engine catches up with the wall clock.
+        if sched.has_work():
+            arrival = sched.now_s
+        else:
+            arrival = sched.now_s = max(sched.now_s, self.vnow())
+        group, prefix = (None, 0)
+        if self.config.enable_prefix_caching:
+            group, prefix = self.prefix_index.lookup(prompt)
+        rid = f"cmpl-{uuid.uuid4().hex}-{index}"
+        sched.add_request(rid, len(prompt), max_tokens, arrival, prefix_group=group, prefix_tokens=prefix)
+        live = _Live(rid, index, len(prompt), max_tokens, arrival, queue)
+        self.live[rid] = live
+        self.h["vllm:request_params_max_tokens"].observe(max_tokens)
+        self.h["vllm:request_max_num_generation_tokens"].observe(max_tokens)
+        self.h["vllm:request_params_n"].observe(1)
+        self.wake.set()
+        return live
+
+    async def _engine_loop(self) -> None:
+        sched = self.sched
+        after = max(1, self.ns.sim_fail_after_tokens)
+        while True:
+            if self.stalled or self.dead:
+                await asyncio.Event().wait()  # parked for good; cancelled at shutdown
+            if not sched.has_work():
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            try:
+                step = sched.step()
+            except Exception as exc:  # noqa: BLE001 - the simulated engine core dying is a result
+                self._die(f"{type(exc).__name__}: {exc}")
+                continue
+            end_v = step.start_s + step.duration_s
+            target = self.wall_anchor + (end_v - self.virt_anchor) / self.speedup
+            delay = target - time.monotonic()
+            if delay < -_RESYNC_SLACK_S:  # too far behind: stop owing time rather than burst
+                self.wall_anchor, self.virt_anchor = time.monotonic(), end_v
+                if not self.warned_behind:
+                    self.warned_behind = True
+                    self.emit([LogRecord(end_v, "APIServer", "WARNING", "sim_server.py:1",
+                                         f"[servetune sim] the host cannot keep up with --sim-speedup "
+                                         f"{self.speedup:g}; client-side latencies are stretched from here on")])
+            elif delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)
+            self._deliver(step, end_v)
+            if self.fail in ("runtime_crash", "stall") and sched.generation_tokens >= after:
+                if self.fail == "stall":
+                    self.stalled = True
+                else:
+                    self._die("CUDA error: an illegal memory access was encountered")
+
+    def _deliver(self, step: Any, end_v: float) -> None:
+        if step.prefill_tokens + step.decode_tokens:
+            self.h["vllm:iteration_tokens_total"].observe(step.prefill_tokens + step.decode_tokens)
+        finishing = set(step.finished)
+        for rid, n in step.new_tokens.items():
+            live = self.live.get(rid)
+            if live is None:
+                continue
+            if live.first_scheduled_v is None:
+                live.first_scheduled_v = step.start_s
+                self.h["vllm:request_queue_time_seconds"].observe(max(0.0, step.start_s - live.arrival_v))
+            if n <= 0:
+                continue
+            if live.first_token_v is None:
+                live.first_token_v = end_v
+                self.h["vllm:time_to_first_token_seconds"].observe(max(0.0, end_v - live.arrival_v))
+                self.c_prompt_tokens += live.prompt_tokens
+            else:
+                self.h["vllm:inter_token_latency_seconds"].observe(max(0.0, end_v - (live.last_token_v or end_v)))
+            live.last_token_v = end_v
+            live.generated += n
+            self.c_generation_tokens += n
+            # The last token travels with its finish_reason, in the same chunk, as in vLLM.
+            live.queue.put_nowait(("tokens", live.index, (n, "length" if rid in finishing else None)))
+            if rid in finishing:
+                finishing.discard(rid)
+                self.live.pop(rid, None)
+                self._observe_finished(live, end_v)
+        for rid in finishing:  # finished without a token this step (not expected; kept for safety)
+            live = self.live.pop(rid, None)
+            if live is not None:
+                self._observe_finished(live, end_v)
+                live.queue.put_nowait(("tokens", live.index, (0, "length")))
+
+    def _observe_finished(self, live: _Live, end_v: float) -> None:
+        h = self.h
+        first = live.first_token_v if live.first_token_v is not None else end_v
+        sched_v = live.first_scheduled_v if live.first_scheduled_v is not None else live.arrival_v
+        h["vllm:e2e_request_latency_seconds"].observe(max(0.0, end_v - live.arrival_v))
+        h["vllm:request_inference_time_seconds"].observe(max(0.0, end_v - sched_v))
+        h["vllm:request_prefill_time_seconds"].observe(max(0.0, first - sched_v))
+        h["vllm:request_decode_time_seconds"].observe(max(0.0, end_v - first))
+        if live.generated > 1:
+            h["vllm:request_time_per_output_token_seconds"].observe((end_v - first) / (live.generated - 1))
+        h["vllm:request_prompt_tokens"].observe(live.prompt_tokens)
+        h["vllm:request_generation_tokens"].observe(live.generated)
+        self.c_success["length"] += 1
+
+    def _die(self, reason: str) -> None:
+        """The engine core died: log it, fail every live request, answer 503, exit after a linger."""
+        if self.dead:
+            return
+        self.dead = True
+        self.emit(vllm_log.runtime_crash_records(self.vnow()))
+        self._fail_all("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+        linger = float(os.environ.get("SERVETUNE_SIM_DEATH_LINGER_S", "1.0"))
+        self.exit_code = 1
+        asyncio.get_running_loop().call_later(linger, self.stop_event.set)
+
+    def _fail_all(self, message: str) -> None:
+        for live in list(self.live.values()):
+            live.queue.put_nowait(("error", live.index, message))
+        self.live.clear()
+
+    async def _stats_loop(self) -> None:
+        sched = self.sched
+        last_prompt, last_gen, was_active = 0, 0, False
+        while True:
+            await asyncio.sleep(_STATS_INTERVAL_S / self.speedup)
+            prompt, gen = sched.prompt_tokens_computed, sched.generation_tokens
+            active = prompt != last_prompt or gen != last_gen or sched.num_running or sched.num_waiting
+            if active or was_active:
+                queries = sched.prefix_cache_queries
+                hit_rate = sched.prefix_cache_hits / queries if queries else 0.0
+                msg = vllm_log.stats_message((prompt - last_prompt) / _STATS_INTERVAL_S,
+                                             (gen - last_gen) / _STATS_INTERVAL_S, sched.num_running,
+                                             sched.num_waiting, sched.kv_usage, hit_rate)
+                self.emit([LogRecord(self.vnow(), "APIServer", "INFO", "loggers.py:310", msg)])
+            last_prompt, last_gen, was_active = prompt, gen, bool(active)
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    def _app(self) -> web.Application:
+        app = web.Application(middlewares=[self._access_log])
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/ping", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/load", self._load)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._completions)
+        return app
+
+    @web.middleware
+    async def _access_log(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        status = 500
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            if not self.ns.disable_uvicorn_access_log:
+                peer = request.transport.get_extra_info("peername") if request.transport else None
+                where = f"{peer[0]}:{peer[1]}" if peer else "unknown"
+                self.emit([vllm_log.access_record(0.0, where, request.method, request.path_qs, status)])
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=503 if self.dead else 200)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.config.vllm_version})
+
+    async def _load(self, request: web.Request) -> web.Response:
+        return web.json_response({"server_load": len(self.live)})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": self.served_name, "object": "model", "created": self.created, "owned_by": "vllm",
+            "root": self.model_ref, "parent": None, "max_model_len": self.config.max_model_len,
+            "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                            "created": self.created, "allow_create_engine": False, "allow_sampling": True,
+                            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                            "allow_fine_tuning": False, "organization": "*", "group": None,
+                            "is_blocking": False}]}]})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.render_metrics(), content_type="text/plain", charset="utf-8")
+
+    def render_metrics(self) -> str:
+        """vLLM's ``/metrics`` in Prometheus text format (the V1 names, 0.26 help texts)."""
+        sched, config, plan = self.sched, self.config, self.plan
+        base = {"engine": "0", "model_name": self.served_name}
+        out: list[str] = []
+
+        def scalar(name: str, kind: str, help_text: str, value: float, extra: Mapping[str, str] | None = None) -> None:
+            out.append(f"# HELP {name} {help_text}")
+            out.append(f"# TYPE {name} {kind}")
+            out.append(f"{name}{_labels({**base, **(extra or {})})} {float(value)!r}")
+
+        scalar("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
+               0 if self.dead else sched.num_running)
+        scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+               0 if self.dead else sched.num_waiting)
+        scalar("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", sched.kv_usage)
+        scalar("vllm:prefix_cache_queries_total", "counter",
+               "Prefix cache queries, in terms of number of queried tokens.", sched.prefix_cache_queries)
+        scalar("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+               sched.prefix_cache_hits)
+        scalar("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
+               sched.num_preemptions)
+        scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.c_prompt_tokens)
+        scalar("vllm:prompt_tokens_cached_total", "counter", "Number of cached prompt tokens (local + external).",
+               sched.prefix_cache_hits)
+        scalar("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
+               self.c_generation_tokens)
+        out.append("# HELP vllm:request_success_total Count of successfully processed requests.")
+        out.append("# TYPE vllm:request_success_total counter")
+        for reason, count in self.c_success.items():
+            out.append(f"vllm:request_success_total{_labels({**base, 'finished_reason': reason})} {float(count)!r}")
+        helps = {
+            "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
+            "vllm:request_generation_tokens": "Number of generation tokens processed.",
+            "vllm:iteration_tokens_total": "Histogram of number of tokens per engine_step.",
+            "vllm:request_max_num_generation_tokens": "Histogram of maximum number of requested generation tokens.",
+            "vllm:request_params_n": "Histogram of the n request parameter.",
+            "vllm:request_params_max_tokens": "Histogram of the max_tokens request parameter.",
+            "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+            "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
+            "vllm:request_time_per_output_token_seconds": "Histogram of time_per_output_token_seconds per request.",
+            "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
+            "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+            "vllm:request_inference_time_seconds": "Histogram of time spent in RUNNING phase for request.",
+            "vllm:request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
+            "vllm:request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
+        }
+        for name, hist in self.h.items():
+            out.append(f"# HELP {name} {helps[name]}")
+            out.append(f"# TYPE {name} histogram")
+            out += hist.lines(name, base)
+        info = {
+            "block_size": str(config.block_size), "cache_dtype": config.kv_cache_dtype,
+            "calculate_kv_scales": "False", "enable_prefix_caching": str(config.enable_prefix_caching),
+            "engine": "0", "gpu_memory_utilization": str(config.gpu_memory_utilization),
+            "is_attention_free": "False", "kv_cache_max_concurrency": str(float(plan.max_concurrency)),
+            "kv_cache_memory_bytes": str(config.kv_cache_memory_bytes),
+            "kv_cache_size_tokens": str(plan.kv_cache_tokens), "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(plan.num_gpu_blocks), "num_gpu_blocks_override": str(config.num_gpu_blocks_override),
+            "prefix_caching_hash_algo": "sha256", "sliding_window": "None",
+        }
+        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
+        out.append("# TYPE vllm:cache_config_info gauge")
+        out.append(f"vllm:cache_config_info{_labels(info)} 1.0")
+        return "\n".join(out) + "\n"
+
+    def _error(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> web.Response:
+        return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                                 status=status)
+
+    def _prompts(self, prompt: Any) -> list[Sequence[Any]] | None:
+        """Prompt(s) as token sequences: token-id lists exactly, strings as ~4-character tokens."""
+        def one(p: Any) -> Sequence[Any] | None:
+            if isinstance(p, str):
+                return [p[i:i + _CHARS_PER_TOKEN] for i in range(0, len(p), _CHARS_PER_TOKEN)] or [""]
+            if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+                return p
+            return None
+
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            single = one(prompt)
+            return None if single is None else [single]
+        if isinstance(prompt, list) and prompt:
+            many = [one(p) for p in prompt]
+            return None if any(m is None for m in many) else many  # type: ignore[return-value]
+        return None
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        if self.dead:
+            return self._error(500, "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                               "InternalServerError")
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return self._error(400, "Invalid JSON body")
+        if not isinstance(body, dict):
+            return self._error(400, "Invalid request body")
+        model = body.get("model")
+        if model is not None and model != self.served_name:
+            return self._error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        prompts = self._prompts(body.get("prompt"))
+        if prompts is None:
+            return self._error(400, "prompt must be a string, a list of token ids, or a list of either")
+        mml = self.config.max_model_len
+        max_tokens_raw = body.get("max_tokens")
+        budgets: list[int] = []
+        for p in prompts:
+            n = len(p)
+            if n >= mml:
+                return self._error(400, f"This model's maximum context length is {mml} tokens. However, your prompt "
+                                        f"contains {n} input tokens, which exceeds this limit even without any output "
+                                        "tokens. Please reduce the length of the input prompt.")
+            if max_tokens_raw is None:
+                budgets.append(mml - n)
+                continue
+            if isinstance(max_tokens_raw, bool) or not isinstance(max_tokens_raw, int) or max_tokens_raw < 1:
+                return self._error(400, f"max_tokens must be at least 1, got {max_tokens_raw}.", param="max_tokens")
+            if n + max_tokens_raw > mml:
+                return self._error(400, f"This model's maximum context length is {mml} tokens. However, you "
+                                        f"requested {n + max_tokens_raw} tokens ({n} in the messages, "
+                                        f"{max_tokens_raw} in the completion). Please reduce the length of the "
+                                        "messages or completion.")
+            budgets.append(max_tokens_raw)
+        queue: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
+        lives: list[_Live] = []
+        try:
+            for i, (p, mt) in enumerate(zip(prompts, budgets)):
+                lives.append(self._request(i, p, mt, queue))
+        except ValueError as exc:
+            if not lives:
+                return self._error(400, str(exc))
+            raise
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        stream = bool(body.get("stream", False))
+        usage_wanted = bool((body.get("stream_options") or {}).get("include_usage", False)) if stream else True
+        if stream:
+            return await self._stream(request, cid, lives, queue, usage_wanted)
+        return await self._unary(cid, lives, queue)
+
+    def _text(self, start: int, n: int) -> str:
+        return "".join(_WORDS[(start + k) % len(_WORDS)] for k in range(n))
+
+    def _usage(self, lives: Sequence[_Live]) -> dict[str, int]:
+        p = sum(x.prompt_tokens for x in lives)
+        c = sum(x.generated for x in lives)
+        return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}
+
+    async def _unary(self, cid: str, lives: list[_Live], queue: asyncio.Queue[tuple[str, int, Any]]) -> web.Response:
+        texts = [""] * len(lives)
+        produced = [0] * len(lives)
+        done = 0
+        while done < len(lives):
+            kind, idx, value = await queue.get()
+            if kind != "tokens":
+                return self._error(500, str(value), "InternalServerError")
+            n, finish = value
+            texts[idx] += self._text(produced[idx], n)
+            produced[idx] += n
+            if finish is not None:
+                done += 1
+        choices = [{"index": i, "text": texts[i], "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                    "prompt_logprobs": None} for i in range(len(lives))]
+        return web.json_response({"id": cid, "object": "text_completion", "created": int(time.time()),
+                                  "model": self.served_name, "choices": choices, "usage": self._usage(lives)})
+
+    async def _stream(self, request: web.Request, cid: str, lives: list[_Live],
+                      queue: asyncio.Queue[tuple[str, int, Any]], usage_wanted: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                                       "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        created = int(time.time())
+        produced = [0] * len(lives)
+        finished = [False] * len(lives)
+
+        def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+            data = {"id": cid, "object": "text_completion", "created": created, "model": self.served_name,
+                    "choices": choices, "usage": usage}
+            return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+        while not all(finished):
+            kind, idx, value = await queue.get()
+            if kind != "tokens":
+                err = {"error": {"message": str(value), "type": "InternalServerError", "param": None, "code": 500}}
+                await resp.write(b"data: " + json.dumps(err).encode() + b"\n\n")
+                # The engine died mid-stream: drop the connection without the final chunk, as a
+                # crashed server does, so clients see an incomplete response.
+                if request.transport is not None:
+                    request.transport.close()
+                return resp
+            n, finish = value
+            await resp.write(chunk([self._choice(idx, self._text(produced[idx], n), finish)]))
+            produced[idx] += n
+            if finish is not None:
+                finished[idx] = True
+        if usage_wanted:
+            await resp.write(chunk([], self._usage(lives)))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    @staticmethod
+    def _choice(index: int, text: str, finish: str | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m servetune.sim.server``; returns the exit code.
+
+    Example::
+
+        python -m servetune.sim.server servetune-test-850m --port 8011 --sim-speedup 50
+    """
+    ns = parse_args(argv)
+    try:
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        pass
+    return asyncio.run(SimServer(ns).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

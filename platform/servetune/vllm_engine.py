@@ -1,0 +1,271 @@
+"""The real engine: one ``vllm serve`` per trial, measured, classified, and cleaned up.
+
+A trial launches the server in its own process group on 127.0.0.1 with an explicit free port and
+a distinct internal port base (``VLLM_PORT``), ``CUDA_VISIBLE_DEVICES`` set to the GPUs Ray gave
+the trial, and the log streamed to a file. It waits for ``/health`` (startup timeout), scrapes
+``/metrics``, sends the workload with :mod:`servetune.loadgen` while sampling the KV-usage and
+queue gauges, scrapes again (counter deltas: preemptions, tokens), then stops the process group
+(SIGTERM, SIGKILL after a grace period) and checks that the GPU memory came back. Whatever goes
+wrong becomes a status with its evidence (:func:`servetune.vllm_logs.classify`), never an
+exception.
+
+The server command is configurable (``serve_command``), so the same path runs against
+``python -m servetune.sim.server`` on a machine without a GPU.
+
+Example::
+
+    result = run_vllm_trial(VllmLaunch(model="/models/llama", flags={"max_num_seqs": 64}), workload)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from servetune.flags import to_cli_args
+from servetune.loadgen import run_workload
+from servetune.metrics import counter, gauge, parse_prometheus
+from servetune.result import TrialResult, TrialStatus, summarize
+from servetune.workload import Workload
+
+__all__ = ["VllmLaunch", "run_vllm_trial", "free_port", "gpu_memory_used_mib", "SAFE_ENV"]
+
+#: Set in every vLLM environment: NVLink multicast can take a host's GPUs out of service for
+#: everyone (shared/gpu/README.md), and the flashinfer sampler is not in every install.
+SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+}
+#: Environment settings a candidate may never turn on (they enable NVLink multicast).
+FORBIDDEN_ENV = ("VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_USE_NCCL_SYMM_MEM")
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmLaunch:
+    """How to start one server. ``serve_command`` is the argv before MODEL (``vllm serve``)."""
+
+    model: str
+    flags: Mapping[str, Any]
+    serve_command: Sequence[str] = ("vllm", "serve")
+    extra_args: Sequence[str] = ()
+    gpu_ids: Sequence[str] | None = None  # CUDA_VISIBLE_DEVICES; None keeps the inherited value
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    stop_grace_s: float = 15.0
+    log_dir: Path | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def gpu_memory_used_mib(gpu_ids: Sequence[str] | None) -> dict[str, int]:
+    """Used memory per GPU from NVML (pynvml) or nvidia-smi; {} where neither exists."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            ids = [str(i) for i in range(count)] if gpu_ids is None else list(gpu_ids)
+            return {i: int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(int(i))).used // 2**20)
+                    for i in ids if i.isdigit() and int(i) < count}
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - fall back to nvidia-smi
+        pass
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    out = subprocess.run([exe, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=20, check=False).stdout
+    used = {}
+    for line in out.splitlines():
+        idx, _, mib = line.partition(",")
+        if idx.strip() and (gpu_ids is None or idx.strip() in gpu_ids):
+            used[idx.strip()] = int(mib.strip() or 0)
+    return used
+
+
+def _get(url: str, timeout: float) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (OSError, ValueError):
+        return 0, ""
+
+
+def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> list[str]:
+    """SIGTERM the process group, SIGKILL after ``grace_s``; returns what happened."""
+    notes: list[str] = []
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            notes.append(f"server ignored SIGTERM for {grace_s:.0f} s; sent SIGKILL to its process group")
+    # Kill stragglers of the group too (vLLM's EngineCore and workers survive a parent's death).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    return notes
+
+
+def _wait_gpu_free(gpu_ids: Sequence[str] | None, baseline: Mapping[str, int], timeout_s: float = 30.0) -> list[str]:
+    """Wait until each GPU is back to its memory before launch (+256 MiB); report any that is not."""
+    if not baseline:
+        return []
+    deadline = time.monotonic() + timeout_s
+    used = baseline
+    while time.monotonic() < deadline:
+        used = gpu_memory_used_mib(gpu_ids)
+        if all(used.get(i, 0) <= baseline.get(i, 0) + 256 for i in used):
+            return []
+        time.sleep(0.5)
+    return [f"GPU {i} still holds {used[i]} MiB ({baseline.get(i, 0)} MiB before launch): slot quarantined"
+            for i in used if used[i] > baseline.get(i, 0) + 256]
+
+
+def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
+    """Run one real (or stand-in) server trial end to end; see the module docstring."""
+    from servetune.vllm_logs import classify, parse_log
+
+    for key in FORBIDDEN_ENV:
+        if launch.env.get(key) not in (None, "", "0"):
+            return TrialResult(TrialStatus.INVALID_CONFIG, cause=f"{key} would enable NVLink multicast; refused",
+                               backend="vllm")
+    log_dir = Path(launch.log_dir or tempfile.mkdtemp(prefix="servetune-trial-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / "server.log"
+    port = free_port(launch.host)
+    argv = [*launch.serve_command, launch.model, "--host", launch.host, "--port", str(port),
+            *to_cli_args(launch.flags), *launch.extra_args]
+    world = int(launch.flags.get("tensor_parallel_size", 1) or 1) * int(launch.flags.get("pipeline_parallel_size", 1) or 1)
+    if world > 1 and "--distributed-executor-backend" not in argv:
+        argv += ["--distributed-executor-backend", "mp"]
+    env = {**os.environ, **SAFE_ENV, **launch.env, "VLLM_PORT": str(free_port(launch.host))}
+    if launch.gpu_ids is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(launch.gpu_ids)
+    baseline = gpu_memory_used_mib(launch.gpu_ids)
+    base = f"http://{launch.host}:{port}"
+    started = time.monotonic()
+    result = TrialResult(TrialStatus.CRASHED, backend="vllm")
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as exc:
+            return TrialResult(TrialStatus.CRASHED, cause=f"cannot start {argv[0]}: {exc}", backend="vllm")
+        try:
+            healthy, timed_out = _wait_healthy(proc, base, launch.startup_timeout_s)
+            startup_s = time.monotonic() - started
+            if healthy:
+                result = _measure(base, launch, workload)
+            else:
+                result = TrialResult(TrialStatus.TIMEOUT if timed_out else TrialStatus.CRASHED, backend="vllm")
+            result.startup_s = startup_s
+            result.evidence.append(f"argv={argv!r}")
+            exit_code = proc.poll()
+        finally:
+            notes = _stop(proc, launch.stop_grace_s)
+    notes += _wait_gpu_free(launch.gpu_ids, baseline)
+    text = log_path.read_text(errors="replace")
+    parsed = parse_log(text)
+    verdict = classify(text, exit_code=exit_code, healthy=result.status is TrialStatus.OK or healthy,
+                       timed_out=result.status is TrialStatus.TIMEOUT)
+    if result.status is not TrialStatus.OK or verdict.status is not TrialStatus.OK:
+        result.status = verdict.status if verdict.status is not TrialStatus.OK else result.status
+        result.cause = result.cause or verdict.cause
+        result.evidence = [*verdict.evidence, *result.evidence]
+    result.evidence += notes
+    _fill_from_log(result, parsed)
+    result.log_text = text
+    return result
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], base: str, timeout_s: float) -> tuple[bool, bool]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False, False
+        if _get(base + "/health", 2.0)[0] == 200:
+            return True, False
+        time.sleep(0.5)
+    return False, True
+
+
+def _measure(base: str, launch: VllmLaunch, workload: Workload) -> TrialResult:
+    before = parse_prometheus(_get(base + "/metrics", 10.0)[1])
+    samples: list[tuple[float | None, float | None, float | None]] = []
+
+    async def sample() -> None:
+        loop = asyncio.get_running_loop()
+        status, text = await loop.run_in_executor(None, _get, base + "/metrics", 2.0)
+        if status == 200:
+            m = parse_prometheus(text)
+            samples.append((gauge(m, "vllm:kv_cache_usage_perc"), gauge(m, "vllm:num_requests_running"),
+                            gauge(m, "vllm:num_requests_waiting")))
+
+    served_name = _served_model_name(launch)
+    records, duration = asyncio.run(run_workload(base, served_name, workload, on_tick=sample,
+                                                 request_timeout_s=launch.request_timeout_s))
+    after = parse_prometheus(_get(base + "/metrics", 10.0)[1])
+    figures = summarize(records, duration)
+    result = TrialResult(TrialStatus.OK, backend="vllm", requests=records, **figures)
+    pre_before, pre_after = counter(before, "vllm:num_preemptions"), counter(after, "vllm:num_preemptions")
+    result.preemptions = int(pre_after - (pre_before or 0)) if pre_after is not None else None
+    kv = [s[0] for s in samples if s[0] is not None]
+    if kv:
+        result.kv_cache_usage_peak, result.kv_cache_usage_mean = max(kv), sum(kv) / len(kv)
+    if figures["failed"]:
+        errors = {r.error for r in records if r.error}
+        result.evidence.append(f"{figures['failed']} requests failed: {sorted(errors)[:3]}")
+        if figures["completed"] == 0:
+            result.status, result.cause = TrialStatus.CRASHED, "every request failed"
+    return result
+
+
+def _served_model_name(launch: VllmLaunch) -> str:
+    args = list(launch.extra_args)
+    if "--served-model-name" in args:
+        return args[args.index("--served-model-name") + 1]
+    return launch.model
+
+
+def _fill_from_log(result: TrialResult, parsed: Any) -> None:
+    from servetune.result import MemoryBreakdown
+
+    result.vllm_version = getattr(parsed, "vllm_version", None) or result.vllm_version
+    result.kv_cache_tokens = getattr(parsed, "kv_cache_tokens", None)
+    result.num_gpu_blocks = getattr(parsed, "num_gpu_blocks", None)
+    result.max_concurrency = getattr(parsed, "max_concurrency", None)
+    parts = {k: getattr(parsed, f"{k}_gib", None) for k in ("weights", "activation_peak", "non_torch", "cudagraph")}
+    kv = getattr(parsed, "available_kv_gib", None)
+    total = getattr(parsed, "total_gib", None)
+    budget = getattr(parsed, "budget_gib", None)
+    if any(v is not None for v in parts.values()) or kv is not None:
+        result.memory = MemoryBreakdown(
+            total=float(total or 0.0), budget=float(budget or 0.0),
+            weights=float(parts["weights"] or 0.0), activation_peak=float(parts["activation_peak"] or 0.0),
+            non_torch=float(parts["non_torch"] or 0.0), cudagraph=float(parts["cudagraph"] or 0.0),
+            kv_cache=float(kv or 0.0))
