@@ -1,4 +1,4 @@
-"""``servetune``: tune | best | report | plan | simulate.
+"""``servetune``: tune | best | report | plan | simulate | diagnose.
 
 Every command validates its input before any trial starts; bad input prints ``error: FIELD: what
 is wrong (fix: ...)`` on stderr and exits with code 2.
@@ -26,7 +26,7 @@ DEFAULT_RUNS_DIR = "servetune-runs"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from servetune import _cli_plan, _cli_simulate
+    from servetune import _cli_diagnose, _cli_plan, _cli_simulate
 
     parser = argparse.ArgumentParser(prog="servetune", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _cli_plan.add_parser(sub)
     _cli_simulate.add_parser(sub)
+    _cli_diagnose.add_parser(sub)
     return parser
 
 
@@ -70,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             from servetune import _cli_simulate
 
             return _cli_simulate.run(args)
+        if args.command == "diagnose":
+            from servetune import _cli_diagnose
+
+            return _cli_diagnose.run(args)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

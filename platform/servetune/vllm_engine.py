@@ -261,8 +261,8 @@ def _fill_from_log(result: TrialResult, parsed: Any) -> None:
     result.max_concurrency = getattr(parsed, "max_concurrency", None)
     parts = {k: getattr(parsed, f"{k}_gib", None) for k in ("weights", "activation_peak", "non_torch", "cudagraph")}
     kv = getattr(parsed, "available_kv_gib", None)
-    total = getattr(parsed, "total_gib", None)
-    budget = getattr(parsed, "budget_gib", None)
+    total = getattr(parsed, "total_gpu_gib", None)
+    budget = getattr(parsed, "requested_gib", None)
     if any(v is not None for v in parts.values()) or kv is not None:
         result.memory = MemoryBreakdown(
             total=float(total or 0.0), budget=float(budget or 0.0),
