@@ -66,6 +66,7 @@ class VllmLaunch:
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
     stop_grace_s: float = 15.0
+    sample_interval_s: float = 0.5  # how often the KV-usage / queue gauges are read during the load
     log_dir: Path | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -228,6 +229,7 @@ def _measure(base: str, launch: VllmLaunch, workload: Workload) -> TrialResult:
 
     served_name = _served_model_name(launch)
     records, duration = asyncio.run(run_workload(base, served_name, workload, on_tick=sample,
+                                                 tick_interval_s=launch.sample_interval_s,
                                                  request_timeout_s=launch.request_timeout_s))
     after = parse_prometheus(_get(base + "/metrics", 10.0)[1])
     figures = summarize(records, duration)
