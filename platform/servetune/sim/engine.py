@@ -1,0 +1,787 @@
+"""The simulated vLLM V1 engine: the real scheduler's decisions, in virtual time.
+
+Contract (shared with the real engine): :func:`simulate` takes a model, a GPU, a resolved
+:class:`~servetune.memory.EngineConfig` and a :class:`~servetune.workload.Workload` and returns a
+:class:`~servetune.result.TrialResult` with ``backend="sim"``. A configuration that cannot start
+returns the memory plan's failure status and vLLM's own error text, without running anything.
+
+:class:`SimScheduler` is one engine core, stepping the way vLLM's V1 ``Scheduler.schedule()`` does
+(vllm-internals.md §4; 0.26 behaviour):
+
+* RUNNING requests first, in admission order, each taking ``total - computed`` tokens (1 for a
+  decode, the rest of the prompt for a partial prefill), capped by ``long_prefill_token_threshold``
+  and the step's token budget ``max_num_batched_tokens``.
+* A running request that cannot get the KV blocks it needs preempts the LAST running request
+  (recompute: its blocks are freed, its progress reset so prompt + generated tokens become the new
+  prefill, and it goes to the FRONT of the waiting queue); if it is itself the last, it stops the
+  running loop.
+* WAITING requests are admitted, in order, only when nothing was preempted this step, while the
+  budget lasts and fewer than ``max_num_seqs`` run; with ``scheduler_reserve_full_isl`` (vLLM
+  >= 0.19) a request is admitted only if blocks for its whole current sequence are free.
+  Head-of-line blocking: the first one that does not fit stops admission.
+* KV blocks of ``block_size`` tokens; block 0 is vLLM's null block, so ``num_gpu_blocks - 1`` are
+  usable and KV usage is ``1 - free / (num_gpu_blocks - 1)``.
+* Prefix caching: full blocks of a prefix group's shared prefix are cached by content; a new
+  request hits the longest chain of cached full blocks, at
+  most ``num_tokens - 1`` tokens (the last token is always recomputed). Hit blocks are shared and
+  ref-counted; cached blocks no request holds stay evictable in a FIFO free queue and count as free.
+* The step that computes the last prompt token samples the first output token (TTFT); every later
+  step that schedules a request gives it one token; requests stop at ``max_tokens`` (ignore_eos).
+
+Step durations come from :class:`servetune.sim.perf.PerfModel`.
+
+Example:
+    >>> from servetune.gpus import get_gpu
+    >>> from servetune.memory import resolve_engine_config
+    >>> from servetune.modelinfo import load_model
+    >>> from servetune.workload import Workload
+    >>> model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
+    >>> config = resolve_engine_config({"gpu_memory_utilization": 0.5, "max_num_seqs": 64}, model, gpu)
+    >>> w = Workload.from_dict({"input_len": 1024, "output_len": 256, "num_requests": 128, "concurrency": 64})
+    >>> r = simulate(model, gpu, config, w)
+    >>> r.status.value, r.completed, r.preemptions
+    ('ok', 128, 0)
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from servetune.result import RequestRecord, TrialResult, TrialStatus, summarize
+from servetune.sim.perf import PerfModel
+
+if TYPE_CHECKING:
+    from servetune.gpus import GpuSpec
+    from servetune.memory import EngineConfig, MemoryPlan
+    from servetune.modelinfo import ModelProfile
+    from servetune.workload import Workload
+
+__all__ = ["StepResult", "RequestState", "SimScheduler", "simulate"]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one engine step did."""
+
+    start_s: float
+    duration_s: float
+    new_tokens: dict[str, int]  # request id -> output tokens produced in this step (0/1 without spec decoding)
+    finished: list[str]
+    preempted: list[str]
+    prefill_tokens: int
+    decode_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestState:
+    """A snapshot of one request inside the scheduler (for tests and debugging)."""
+
+    request_id: str
+    status: str  # "pending" (not sent yet) | "frontend" (in the API server) | "waiting" | "running" | "finished"
+    num_computed_tokens: int
+    num_output_tokens: int
+    num_blocks: int
+    num_preemptions: int
+    first_token_s: float | None
+    finish_s: float | None
+
+
+class _Req:
+    """Mutable per-request state; ``__slots__`` because the hot loop touches it every step."""
+
+    __slots__ = ("rid", "prompt", "max_tokens", "arrival", "computed", "total", "output", "nblk",
+                 "shared", "group", "npb", "token_steps", "preemptions", "finish_step", "status",
+                 "order")
+
+    def __init__(self, rid: str, prompt: int, max_tokens: int, arrival: float, group: int | None,
+                 prefix_blocks: int, order: int) -> None:
+        self.rid = rid
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.arrival = arrival
+        self.computed = 0  # tokens whose KV is computed
+        self.total = prompt  # prompt + generated tokens (vLLM's num_tokens)
+        self.output = 0
+        self.nblk = 0  # KV blocks held (shared + private)
+        self.shared: list[tuple[int, int, int]] = []  # cache keys of the first len(shared) blocks
+        self.group = group
+        self.npb = prefix_blocks  # full blocks of the group's shared prefix
+        self.token_steps: list[int] = []  # index of the step that produced each output token
+        self.preemptions = 0
+        self.finish_step = -1
+        self.status = "pending"
+        self.order = order
+
+
+class _BlockPool:
+    """vLLM's BlockPool, by counts: a FIFO free queue whose entries are anonymous runs or cached blocks.
+
+    Cache keys: ``(0, group, index)`` for a prefix group's shared blocks (other blocks hold random
+    tokens nobody else asks for, so they are anonymous). ``cache[key] = [ref, gen]``;
+    a queue entry ``(key, gen)`` is stale once the block was touched again (lazy deletion).
+    """
+
+    __slots__ = ("num_free", "usable", "fresh", "queue", "cache", "caching")
+
+    def __init__(self, usable: int, caching: bool) -> None:
+        self.usable = usable
+        self.num_free = usable  # fresh + anonymous queued + evictable cached
+        self.fresh = usable  # never-used blocks sit at the head of the free queue
+        self.queue: collections.deque[Any] = collections.deque()
+        self.cache: dict[tuple[int, int, int], list[int]] = {}
+        self.caching = caching
+
+    def take(self, n: int) -> None:
+        """Allocate ``n`` blocks (caller checked ``n <= num_free``), evicting cached ones FIFO."""
+        self.num_free -= n
+        if not self.caching:
+            return
+        if self.fresh >= n:
+            self.fresh -= n
+            return
+        n -= self.fresh
+        self.fresh = 0
+        queue, cache = self.queue, self.cache
+        while n:
+            entry = queue[0]
+            if entry.__class__ is int:  # an anonymous run
+                if entry <= n:
+                    queue.popleft()
+                    n -= entry
+                else:
+                    queue[0] = entry - n
+                    n = 0
+            else:
+                queue.popleft()
+                key, gen = entry
+                state = cache.get(key)
+                if state is not None and state[0] == 0 and state[1] == gen:
+                    del cache[key]  # evicted
+                    n -= 1
+
+    def give_anonymous(self, n: int) -> None:
+        if n <= 0:
+            return
+        self.num_free += n
+        if self.caching:
+            queue = self.queue
+            if queue and queue[-1].__class__ is int:
+                queue[-1] += n
+            else:
+                queue.append(n)
+
+    def release_key(self, key: tuple[int, int, int]) -> None:
+        """Drop one reference to a cached block; at zero it becomes evictable (still a hit)."""
+        state = self.cache[key]
+        state[0] -= 1
+        if state[0] == 0:
+            state[1] += 1
+            self.queue.append((key, state[1]))
+            self.num_free += 1
+
+    def offer_if_new(self, key: tuple[int, int, int]) -> bool:
+        """Cache a block being freed under ``key`` (evictable); False if an equal one is cached."""
+        if key in self.cache:
+            return False
+        self.cache[key] = [0, 0]
+        self.queue.append((key, 0))
+        self.num_free += 1
+        return True
+
+    def touch(self, key: tuple[int, int, int]) -> None:
+        """Take a reference to a cached block (a prefix-cache hit)."""
+        state = self.cache[key]
+        if state[0] == 0:
+            self.num_free -= 1
+            state[1] += 1  # its queue entry is now stale
+        state[0] += 1
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+class SimScheduler:
+    """One vLLM V1 engine core in virtual time (see the module docstring for the rules).
+
+    Example:
+        >>> # s = SimScheduler(model, gpu, config, num_gpu_blocks=1024)
+        >>> # s.add_request("r0", prompt_tokens=512, max_tokens=64, arrival_s=0.0)
+        >>> # while s.has_work(): step = s.step()
+    """
+
+    def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, num_gpu_blocks: int,
+                 seed: int = 0, perf: PerfModel | None = None) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be >= 2 (one is vLLM's null block), got {num_gpu_blocks}")
+        self.config = config
+        self.seed = seed  # the simulator is deterministic; kept for the contract and the log
+        self.perf = perf if perf is not None else PerfModel(model, gpu, config)
+        self.num_gpu_blocks = num_gpu_blocks
+        self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.long_prefill_threshold = config.long_prefill_token_threshold or 0
+        self.chunked_prefill = config.enable_chunked_prefill
+        self.prefix_caching = config.enable_prefix_caching
+        self.reserve_full_isl = _version_tuple(config.vllm_version) >= (0, 19)
+        self.pool = _BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching)
+        self.now_s = 0.0
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.prompt_tokens_computed = 0
+        self.generation_tokens = 0
+        self.kv_usage_peak = 0.0
+        self._kv_area = 0.0  # integral of usage over time, for the time-weighted mean
+        self._kv_time = 0.0
+        self.step_end_s: list[float] = []  # end time of every step, by index
+        self.deliver_s: list[float] = []  # when clients receive each step's tokens (API-server FIFO)
+        self._frontend_free = 0.0
+        self._token_cost = self.perf.token_overhead_s
+        self._request_cost = self.perf.request_overhead_s
+        self._running: list[_Req] = []
+        self._waiting: collections.deque[_Req] = collections.deque()
+        self._pending: list[tuple[float, int, _Req]] = []  # heap of future arrivals
+        self._requests: dict[str, _Req] = {}
+        self._next_key = 0
+
+    # -- public state -------------------------------------------------------------------------
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.pool.num_free / self.pool.usable
+
+    @property
+    def kv_usage_mean(self) -> float:
+        return self._kv_area / self._kv_time if self._kv_time > 0 else 0.0
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def running_ids(self) -> list[str]:
+        return [r.rid for r in self._running]
+
+    def waiting_ids(self) -> list[str]:
+        return [r.rid for r in self._waiting]
+
+    def request_state(self, request_id: str) -> RequestState:
+        r = self._requests[request_id]
+        first = self.deliver_s[r.token_steps[0]] if r.token_steps else None
+        finish = self.deliver_s[r.finish_step] if r.finish_step >= 0 else None
+        return RequestState(r.rid, r.status, r.computed, r.output, r.nblk, r.preemptions, first, finish)
+
+    def token_times(self, request_id: str) -> list[float]:
+        """When the client receives each output token of the request (after the API server)."""
+        ends = self.deliver_s
+        return [ends[s] for s in self._requests[request_id].token_steps]
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting or self._pending)
+
+    # -- input --------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_tokens: int, max_tokens: int, arrival_s: float,
+                    prefix_group: int | None = None, prefix_tokens: int = 0) -> None:
+        """Queue a request; it joins WAITING at ``arrival_s`` (now, if that has passed).
+
+        ``max_tokens`` is capped so prompt + output fits ``max_model_len`` (vLLM's "length" finish);
+        a prompt of ``max_model_len`` tokens or more is refused with ``ValueError`` (vLLM's HTTP 400).
+        """
+        if request_id in self._requests:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        if prompt_tokens < 1 or max_tokens < 1:
+            raise ValueError("prompt_tokens and max_tokens must be >= 1")
+        if prompt_tokens >= self.max_model_len:
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                             f"your prompt contains {prompt_tokens} input tokens")
+        max_tokens = min(max_tokens, self.max_model_len - prompt_tokens)
+        bs = self.block_size
+        if -(-(prompt_tokens + max_tokens) // bs) > self.pool.usable:
+            raise ValueError(f"request needs {-(-(prompt_tokens + max_tokens) // bs)} KV blocks; the cache has "
+                             f"{self.pool.usable}")
+        prefix_blocks = min(prefix_tokens, prompt_tokens) // bs if prefix_group is not None else 0
+        req = _Req(request_id, prompt_tokens, max_tokens, arrival_s, prefix_group, prefix_blocks, self._next_key)
+        self._next_key += 1
+        self._requests[request_id] = req
+        heapq.heappush(self._pending, (arrival_s, req.order, req))
+
+    def _admit_arrivals(self) -> None:
+        """Move arrived requests to WAITING once the API server has processed them (FIFO)."""
+        pending, now = self._pending, self.now_s
+        while pending and pending[0][0] <= now:
+            at, order, req = heapq.heappop(pending)
+            if req.status == "pending":  # sent by the client; the API server takes it next
+                fe = self._frontend_free
+                entry = (at if at > fe else fe) + self._request_cost
+                self._frontend_free = entry
+                req.status = "frontend"
+                if entry > now:
+                    heapq.heappush(pending, (entry, order, req))
+                    continue
+            req.status = "waiting"
+            self._waiting.append(req)
+
+    # -- block bookkeeping ----------------------------------------------------------------------
+
+    def _free(self, req: _Req) -> None:
+        """Return a request's blocks, tail first (vLLM's order: the tail is evicted first).
+
+        Full blocks of a prefix group's shared prefix stay cached (evictable). A request's own
+        blocks are freed uncached: the real vLLM 0.26 runs show no prefix-cache hits when
+        preempted requests resume (496 hit tokens over 192 preemptions in b3), so the simulator
+        does not let a resumed request skip its recompute.
+        """
+        pool = self.pool
+        nshared = len(req.shared)
+        if pool.caching:
+            full = min(req.computed // self.block_size, req.npb)
+            anon = 0
+            for idx in range(req.nblk - 1, nshared - 1, -1):  # private blocks, tail first
+                if idx < full and (0, req.group, idx) not in pool.cache:
+                    pool.give_anonymous(anon)  # keep the queue order: what was freed before goes first
+                    anon = 0
+                    pool.offer_if_new((0, req.group, idx))  # type: ignore[arg-type]
+                else:
+                    anon += 1
+            pool.give_anonymous(anon)
+            for key in reversed(req.shared):
+                pool.release_key(key)
+            req.shared = []
+        else:
+            pool.num_free += req.nblk - nshared
+        req.nblk = 0
+
+    def _register_prefix(self, req: _Req) -> None:
+        """Cache the prefix-group blocks this request just filled, so others of its group hit them."""
+        full = min(req.computed // self.block_size, req.npb)
+        pool = self.pool
+        idx = len(req.shared)
+        while idx < full:
+            key = (0, req.group, idx)
+            if key in pool.cache:  # an equal block was computed by someone else meanwhile
+                return
+            pool.cache[key] = [1, 0]
+            req.shared.append(key)  # type: ignore[arg-type]
+            idx += 1
+
+    def _cache_hits(self, req: _Req) -> tuple[list[tuple[int, int, int]], int]:
+        """Longest chain of cached full prefix blocks (at most total - 1 tokens), and how many are evictable."""
+        cache = self.pool.cache
+        limit = min((req.total - 1) // self.block_size, req.npb)
+        hits: list[tuple[int, int, int]] = []
+        evictable = 0
+        for idx in range(limit):
+            key = (0, req.group, idx)
+            state = cache.get(key)  # type: ignore[arg-type]
+            if state is None:
+                break
+            hits.append(key)  # type: ignore[arg-type]
+            if state[0] == 0:
+                evictable += 1
+        return hits, evictable
+
+    def _preempt(self, victim: _Req) -> None:
+        self._free(victim)
+        victim.computed = 0
+        victim.status = "waiting"
+        victim.preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.appendleft(victim)
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        """Run one engine step (or jump the clock to the next arrival when idle) and report it."""
+        start = self.now_s
+        info = self._step(collect=True)
+        if info is None:
+            return StepResult(start, 0.0, {}, [], [], 0, 0)
+        return info
+
+    def _step(self, collect: bool) -> Any:
+        """One step. Returns a StepResult (``collect``), else the list of finished requests; None when idle."""
+        self._admit_arrivals()
+        if not self._running and not self._waiting:
+            if self._pending:
+                self.now_s = max(self.now_s, self._pending[0][0])
+                self._admit_arrivals()
+            else:
+                return None
+        bs = self.block_size
+        bsm1 = bs - 1
+        pool = self.pool
+        running = self._running
+        step_no = len(self.step_end_s)
+        budget = self.max_num_batched_tokens
+        threshold = self.long_prefill_threshold
+        num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = sampled = 0
+        finished: list[_Req] = []
+        preempted: list[_Req] = []
+        scheduled: list[tuple[_Req, int]] | None = [] if collect else None
+        caching = pool.caching
+
+        # 1) RUNNING requests, in admission order.
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.computed
+            n = req.total - computed
+            if threshold and n > threshold:
+                n = threshold
+            if n > budget:
+                n = budget
+            end = computed + n
+            need = (end + bsm1) // bs - req.nblk
+            if need > 0:
+                if need > pool.num_free:
+                    # Preempt from the back until the blocks fit or this request is the victim.
+                    while need > pool.num_free:
+                        victim = running.pop()
+                        self._preempt(victim)
+                        preempted.append(victim)
+                        if victim is req:
+                            break
+                    if req.status == "waiting":
+                        break
+                pool.take(need)
+                req.nblk += need
+            budget -= n
+            num_reqs += 1
+            num_tokens += n
+            kv_context += end
+            attn_work += n * computed + (n * (n + 1) >> 1)
+            if computed < req.total - 1:
+                prefill_tokens += n
+            req.computed = end
+            if caching and req.group is not None and len(req.shared) < req.npb:
+                self._register_prefix(req)
+            if scheduled is not None:
+                scheduled.append((req, n))
+            if end == req.total:  # the whole sequence is computed: sample one token
+                req.token_steps.append(step_no)
+                req.total += 1
+                req.output += 1
+                sampled += 1
+                if req.output >= req.max_tokens:
+                    finished.append(req)
+            i += 1
+
+        # 2) WAITING requests, only when nothing was preempted this step.
+        if not preempted:
+            waiting = self._waiting
+            max_seqs = self.max_num_seqs
+            while waiting and budget > 0 and len(running) < max_seqs:
+                req = waiting[0]
+                hits: list[tuple[int, int, int]] = []
+                evictable_hits = 0
+                if caching and req.npb:
+                    hits, evictable_hits = self._cache_hits(req)
+                cached = len(hits) * bs
+                n = req.total - cached
+                if not self.chunked_prefill and n > budget:
+                    break
+                if threshold and n > threshold:
+                    n = threshold
+                if n > budget:
+                    n = budget
+                end = cached + n
+                free_after_hits = pool.num_free - evictable_hits
+                if self.reserve_full_isl:
+                    if (req.total + bsm1) // bs - len(hits) > free_after_hits:
+                        break
+                need = (end + bsm1) // bs - len(hits)
+                if need > free_after_hits:
+                    break
+                waiting.popleft()
+                if caching:  # vLLM records the query once the request is admitted
+                    self.prefix_cache_queries += req.total
+                    self.prefix_cache_hits += cached
+                for key in hits:
+                    pool.touch(key)
+                req.shared = hits
+                req.nblk = len(hits)
+                pool.take(need)
+                req.nblk += need
+                req.status = "running"
+                running.append(req)
+                computed = cached
+                budget -= n
+                num_reqs += 1
+                num_tokens += n
+                kv_context += end
+                attn_work += n * computed + (n * (n + 1) >> 1)
+                prefill_tokens += n
+                req.computed = end
+                if caching and req.group is not None and len(req.shared) < req.npb:
+                    self._register_prefix(req)
+                if scheduled is not None:
+                    scheduled.append((req, n))
+                if end == req.total:
+                    req.token_steps.append(step_no)
+                    req.total += 1
+                    req.output += 1
+                    sampled += 1
+                    if req.output >= req.max_tokens:
+                        finished.append(req)
+
+        usage = 1.0 - pool.num_free / pool.usable
+        if num_tokens == 0:
+            # Nothing could be scheduled (every waiting request blocked on KV space that no running
+            # request will free): vLLM would idle too. Jump to the next arrival, or stop.
+            if self._pending:
+                self.now_s = max(self.now_s, self._pending[0][0])
+                return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in preempted], 0, 0) if collect else []
+            raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
+
+        decode_tokens = num_tokens - prefill_tokens
+        duration = self.perf.step_time(num_reqs, num_tokens, kv_context, attn_work,
+                                       decode_only=prefill_tokens == 0)
+        start = self.now_s
+        self.now_s = end_s = start + duration
+        self.step_end_s.append(end_s)
+        # The API server streams this step's tokens when it gets to them (a FIFO, see perf.py).
+        fe = self._frontend_free
+        if fe < end_s:
+            fe = end_s
+        fe += sampled * self._token_cost
+        self._frontend_free = fe
+        self.deliver_s.append(fe)
+        self.num_steps += 1
+        self.prompt_tokens_computed += prefill_tokens
+        self.generation_tokens += sampled
+        if usage > self.kv_usage_peak:
+            self.kv_usage_peak = usage
+        self._kv_area += usage * duration
+        self._kv_time += duration
+
+        if finished:
+            for req in finished:
+                req.status = "finished"
+                req.finish_step = step_no
+                self._free(req)
+            self._running = [r for r in running if r.status == "running"]
+        if not collect:
+            return finished
+        finished_ids = [r.rid for r in finished]
+        new_tokens = {r.rid: (1 if r.token_steps and r.token_steps[-1] == step_no else 0) for r, _ in scheduled or ()}
+        return StepResult(start, duration, new_tokens, finished_ids, [r.rid for r in preempted],
+                          prefill_tokens, decode_tokens)
+
+    def run_until_idle(self, on_finish: Callable[[str, float], None] | None = None) -> None:
+        """Step until no work is left (fast path: no per-step report).
+
+        ``on_finish(request_id, finish_s)`` is called for every finished request and may add new
+        requests (a closed-loop client sends the next one when one completes).
+        """
+        while self._running or self._waiting or self._pending:
+            finished = self._step(collect=False)
+            if finished and on_finish is not None:
+                delivered = self.deliver_s[-1]
+                for req in finished:
+                    on_finish(req.rid, delivered)
+
+
+# -- one trial -----------------------------------------------------------------------------------
+
+
+def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: Workload, *,
+             plan: MemoryPlan | None = None, seed: int = 0) -> TrialResult:
+    """Run ``workload`` on one simulated engine and measure it the way the load generator does.
+
+    Warm-up requests run first, one at a time, and are excluded. Closed loop (``concurrency``):
+    ``concurrency`` clients each send the next request as soon as theirs completes. Timed
+    (``request_rate`` or a trace): requests arrive at their ``arrival_s``, at most ``concurrency``
+    at once when that is set too. The measured window runs from the first measured send to the
+    last completion. Deterministic: the same inputs give the same result.
+
+    Example:
+        >>> from servetune.gpus import get_gpu
+        >>> from servetune.memory import resolve_engine_config
+        >>> from servetune.modelinfo import load_model
+        >>> from servetune.workload import Workload
+        >>> model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
+        >>> cfg = resolve_engine_config({"max_num_seqs": 32}, model, gpu)
+        >>> w = Workload.from_dict({"input_len": 512, "output_len": 64, "num_requests": 64, "concurrency": 16})
+        >>> simulate(model, gpu, cfg, w).completed
+        64
+    """
+    if plan is None:
+        from servetune.memory import plan_memory
+
+        plan = plan_memory(model, gpu, config)
+    base = dict(backend="sim", vllm_version=config.vllm_version, memory=plan.memory,
+                kv_cache_tokens=plan.kv_cache_tokens, num_gpu_blocks=plan.num_gpu_blocks,
+                max_concurrency=plan.max_concurrency, startup_s=plan.startup_s)
+    if not plan.fits:
+        status = plan.failure or TrialStatus.STARTUP_OOM
+        return TrialResult(status=status, cause=plan.cause, evidence=[plan.cause] if plan.cause else [],
+                           log_text=_startup_log(model, config, plan, failed=True), **base)  # type: ignore[arg-type]
+
+    perf = PerfModel(model, gpu, config)
+    sched = SimScheduler(model, gpu, config, plan.num_gpu_blocks, seed=seed, perf=perf)
+    specs = workload.requests(include_warmup=True)
+    n_warm = workload.warmup_requests if workload.trace_file is None else 0
+    warm, measured = specs[:n_warm], specs[n_warm:]
+
+    # Warm-up: sequential, excluded (the load generator awaits each one before the window opens).
+    for i, spec in enumerate(warm):
+        rid = f"warmup-{i}"
+        try:
+            sched.add_request(rid, spec.prompt_tokens, spec.output_tokens, sched.now_s,
+                              spec.prefix_group, spec.prefix_tokens)
+        except ValueError:
+            continue
+        sched.run_until_idle()
+    t0 = max(sched.now_s, sched._frontend_free)  # the client has the warm-up's last token then
+
+    errors: dict[int, str] = {}
+    index_of: dict[str, int] = {}
+    arrival_of: dict[int, float] = {}
+
+    def send(i: int, at: float) -> bool:
+        spec = measured[i]
+        rid = str(i)
+        arrival_of[i] = at
+        try:
+            sched.add_request(rid, spec.prompt_tokens, spec.output_tokens, at,
+                              spec.prefix_group, spec.prefix_tokens)
+        except ValueError as exc:  # vLLM answers 400; the client records a failed request
+            errors[i] = str(exc)
+            return False
+        index_of[rid] = i
+        return True
+
+    timed = bool(measured) and measured[0].arrival_s is not None
+    limit = workload.concurrency if workload.concurrency else None
+    next_i = 0
+    if timed and limit is None:
+        for i, spec in enumerate(measured):
+            send(i, t0 + (spec.arrival_s or 0.0))
+        sched.run_until_idle()
+    else:
+        slots = min(limit or 1, len(measured))
+
+        def refill(now: float) -> None:
+            nonlocal next_i
+            while next_i < len(measured):
+                i = next_i
+                next_i += 1
+                at = now if not timed else max(now, t0 + (measured[i].arrival_s or 0.0))
+                if send(i, at):
+                    return  # one slot taken; a refused request frees its slot at once
+
+        for _ in range(slots):
+            refill(t0)
+
+        def on_finish(rid: str, now: float) -> None:
+            if not rid.startswith("warmup-"):
+                refill(now)
+
+        sched.run_until_idle(on_finish)
+
+    records = _records(sched, measured, index_of, arrival_of, errors, t0, n_warm)
+    finish_times = [r.finish_s for r in records if r.finish_s is not None]
+    duration = max(finish_times) if finish_times else 0.0
+    fig = summarize(records, duration)
+    result = TrialResult(
+        status=TrialStatus.OK, **base,  # type: ignore[arg-type]
+        duration_s=fig["duration_s"], completed=fig["completed"], failed=fig["failed"],
+        output_throughput=fig["output_throughput"], total_token_throughput=fig["total_token_throughput"],
+        request_throughput=fig["request_throughput"], ttft_ms=fig["ttft_ms"], itl_ms=fig["itl_ms"],
+        tpot_ms=fig["tpot_ms"], e2e_ms=fig["e2e_ms"], preemptions=sched.num_preemptions,
+        kv_cache_usage_peak=sched.kv_usage_peak, kv_cache_usage_mean=sched.kv_usage_mean,
+        requests=records,
+    )
+    result.log_text = _startup_log(model, config, plan, failed=False) + _run_log(sched, result, seed)
+    return result
+
+
+def _records(sched: SimScheduler, measured: list[Any], index_of: dict[str, int], arrival_of: dict[int, float],
+             errors: dict[int, str], t0: float, offset: int) -> list[RequestRecord]:
+    ends = sched.deliver_s
+    out: list[RequestRecord] = []
+    for i, spec in enumerate(measured):
+        arrival = arrival_of.get(i, t0) - t0
+        if i in errors:
+            out.append(RequestRecord(i + offset, spec.prompt_tokens, 0, arrival, None, None, error=errors[i]))
+            continue
+        req = sched._requests[str(i)]
+        times = [ends[s] - t0 for s in req.token_steps]
+        gaps = tuple(b - a for a, b in zip(times, times[1:]))
+        out.append(RequestRecord(
+            request_id=i + offset, prompt_tokens=req.prompt, output_tokens=req.output, arrival_s=arrival,
+            first_token_s=times[0] if times else None,
+            finish_s=ends[req.finish_step] - t0 if req.finish_step >= 0 else None,
+            itl_s=gaps, preemptions=req.preemptions))
+    return out
+
+
+def _gib(x: float) -> str:
+    return str(round(x, 2))
+
+
+def _startup_log(model: ModelProfile, config: EngineConfig, plan: MemoryPlan, failed: bool) -> str:
+    """A few vLLM-shaped startup lines (formats as in vLLM 0.26), so log parsers work on sim trials."""
+    ts = "01-01 00:00:00"
+    pre = f"(EngineCore pid=0) INFO {ts} "
+    lines = [
+        f"{pre}[core.py:116] Initializing a V1 LLM engine (v{config.vllm_version}) with config: model='{model.name}', "
+        f"max_seq_len={config.max_model_len}, tensor_parallel_size={config.tensor_parallel_size}, "
+        f"pipeline_parallel_size={config.pipeline_parallel_size}, enforce_eager={config.enforce_eager}, "
+        f"kv_cache_dtype={config.kv_cache_dtype}, enable_prefix_caching={config.enable_prefix_caching}, "
+        f"enable_chunked_prefill={config.enable_chunked_prefill}, "
+        f"compilation_config={{'cudagraph_capture_sizes': {list(config.cudagraph_capture_sizes)}}}",
+        f"{pre}[gpu_model_runner.py:1] Model loading took {_gib(plan.memory.weights)} GiB memory and 1.0 seconds",
+    ]
+    if failed:
+        lines.append(f"(EngineCore pid=0) ERROR {ts} [core.py:1] EngineCore failed to start.")
+        cause = plan.cause or "engine startup failed"
+        # vLLM's traceback ends with the exception type; OOM texts already carry theirs.
+        lines.append(cause if cause.split(":", 1)[0].endswith("Error") else f"ValueError: {cause}")
+        lines.append("RuntimeError: Engine core initialization failed. See root cause above. "
+                     "Failed core proc(s): {'EngineCore': 1}")
+        return "\n".join(lines) + "\n"
+    lines += [
+        f"{pre}[gpu_worker.py:560] Available KV cache memory: {_gib(plan.memory.kv_cache)} GiB",
+        f"{pre}[kv_cache_utils.py:2177] GPU KV cache size: {plan.kv_cache_tokens:,} tokens",
+        f"{pre}[kv_cache_utils.py:2178] Maximum concurrency for {config.max_model_len:,} tokens per request: "
+        f"{plan.max_concurrency:.2f}x",
+        f"{pre}[core.py:340] init engine (profile, create kv cache, warmup model) took {plan.startup_s:.2f} s",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _run_log(sched: SimScheduler, result: TrialResult, seed: int) -> str:
+    """One vLLM-style stats line for the whole run, plus a simulator summary line."""
+    dur = max(result.duration_s or 0.0, 1e-9)
+    line = (f"(APIServer pid=0) INFO 01-01 00:00:10 [loggers.py:1] Engine 000: Avg prompt throughput: "
+            f"{sched.prompt_tokens_computed / max(sched.now_s, 1e-9):.1f} tokens/s, Avg generation throughput: "
+            f"{sched.generation_tokens / max(sched.now_s, 1e-9):.1f} tokens/s, Running: 0 reqs, Waiting: 0 reqs, ")
+    if sched.num_preemptions:
+        line += f"Preemptions: {sched.num_preemptions}, "
+    hit_rate = 100.0 * sched.prefix_cache_hits / sched.prefix_cache_queries if sched.prefix_cache_queries else 0.0
+    line += f"GPU KV cache usage: {100 * sched.kv_usage_peak:.1f}%, Prefix cache hit rate: {hit_rate:.1f}%"
+    summary = (f"servetune-sim: seed={seed} steps={sched.num_steps} completed={result.completed} "
+               f"duration={dur:.3f}s output_throughput={result.output_throughput or 0:.1f} tok/s "
+               f"preemptions={sched.num_preemptions}")
+    return line + "\n" + summary + "\n"

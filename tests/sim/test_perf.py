@@ -1,0 +1,111 @@
+"""The step-time model: roofline shape, CUDA graphs vs eager, TP/PP costs, calibration lookup."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+
+from servetune.errors import SpecError
+from servetune.gpus import get_gpu
+from servetune.memory import resolve_engine_config
+from servetune.modelinfo import load_model
+from servetune.sim.perf import GPU_CALIBRATION, Calibration, PerfModel, calibration_for
+
+LLAMA8B = load_model("llama-3.1-8b")
+TINY = load_model("servetune-test-850m")
+H100 = get_gpu("H100-80GB")
+H200 = get_gpu("H200")
+
+
+def perf(model=LLAMA8B, gpu=H100, **flags: object) -> PerfModel:
+    return PerfModel(model, gpu, resolve_engine_config(flags, model, gpu))
+
+
+def decode(p: PerfModel, batch: int, context: int) -> float:
+    return p.step_time(batch, batch, batch * context, batch * context, decode_only=True)
+
+
+def test_decode_is_memory_bound_and_grows_with_context() -> None:
+    p = perf()
+    cal = p.calibration
+    one = p.gpu_time(1, 1, 100, 100, decode_only=True)
+    weights_s = LLAMA8B.weight_bytes_per_gpu(1, 1) / (H100.hbm_gbps * 1e9 * cal.mem_efficiency)
+    assert one == pytest.approx(weights_s, rel=0.05)  # one token: streaming the weights dominates
+    assert decode(p, 64, 4000) > decode(p, 64, 1000) > decode(p, 64, 100)
+    # Doubling a small batch costs far less than double: the weights are read once per step.
+    assert decode(p, 16, 1000) < 1.3 * decode(p, 8, 1000)
+
+
+def test_prefill_is_compute_bound_and_scales_with_tokens() -> None:
+    p = perf()
+    t1 = p.gpu_time(1, 4096, 4096, 4096 * 4097 // 2, decode_only=False)
+    t2 = p.gpu_time(2, 8192, 8192, 2 * 4096 * 4097 // 2, decode_only=False)
+    flops = 2 * LLAMA8B.active_param_count * 4096
+    assert t1 > flops / (H100.bf16_tflops * 1e12)  # never faster than the dense peak
+    assert t2 == pytest.approx(2 * t1, rel=0.1)
+
+
+def test_enforce_eager_pays_launch_overhead_per_layer() -> None:
+    graphs = perf(model=TINY, gpu=H200, max_num_seqs=64)
+    eager = perf(model=TINY, gpu=H200, max_num_seqs=64, enforce_eager=True)
+    g, e = decode(graphs, 64, 1100), decode(eager, 64, 1100)
+    assert e - g == pytest.approx(TINY.num_layers * eager.calibration.eager_layer_overhead_s
+                                  - graphs.calibration.graph_launch_s, rel=0.2)
+    assert e > 2 * g  # the small model is launch-bound without graphs (real H200: 10.6 vs 2.96 ms TPOT)
+
+
+def test_cuda_graph_padding_and_largest_capture_size() -> None:
+    p = perf(model=TINY, gpu=H200, max_num_seqs=64)  # capture sizes 1..128
+    assert p.padded(65) == 72 and p.padded(64) == 64 and p.padded(129) == 129
+    assert p.max_capture == 128
+    within = p.gpu_time(128, 128, 128 * 500, 128 * 500, decode_only=True)
+    above = p.gpu_time(129, 129, 129 * 500, 129 * 500, decode_only=True)
+    # Above the largest capture size the batch runs without a graph: a per-layer launch cost.
+    assert above - within > 0.5 * TINY.num_layers * p.calibration.compiled_layer_overhead_s
+
+
+def test_tensor_parallel_adds_all_reduce_but_splits_the_work() -> None:
+    tp1 = perf()
+    tp2 = perf(tensor_parallel_size=2)
+    # Decode: half the weights per GPU, plus 2 all-reduces per layer.
+    assert decode(tp2, 32, 1000) < decode(tp1, 32, 1000)
+    comm = tp2.gpu_time(32, 32, 32000, 32000, True) - PerfModel(
+        LLAMA8B, H100, resolve_engine_config({"tensor_parallel_size": 2}, LLAMA8B, H100),
+        dataclasses.replace(tp2.calibration, allreduce_latency_s=0.0, interconnect_efficiency=1e9),
+    ).gpu_time(32, 32, 32000, 32000, True)
+    cal = tp2.calibration
+    act_bytes = 32 * LLAMA8B.hidden_size * 2  # 32 tokens of bf16 activations
+    per_all_reduce = cal.allreduce_latency_s + 2 * (2 - 1) / 2 * act_bytes / (
+        H100.interconnect_gbps * 1e9 * cal.interconnect_efficiency)
+    assert comm == pytest.approx(2 * LLAMA8B.num_layers * per_all_reduce, rel=0.02)
+
+
+def test_pipeline_parallel_bubble_for_a_lone_request() -> None:
+    pp1 = perf()
+    pp2 = perf(pipeline_parallel_size=2)
+    # One request crosses both stages one after the other: no faster than one GPU.
+    assert pp2.gpu_time(1, 1, 1000, 1000, True) >= 0.95 * pp1.gpu_time(1, 1, 1000, 1000, True)
+    # A full pipeline of prefill work is split over two GPUs.
+    big = (2, 8192, 8192, 2 * 4096 * 4097 // 2)
+    assert pp2.gpu_time(*big, decode_only=False) < 0.7 * pp1.gpu_time(*big, decode_only=False)
+
+
+def test_async_scheduling_hides_engine_cpu() -> None:
+    on = perf(async_scheduling=True)
+    off = perf(async_scheduling=False)
+    # The GPU step (8B weights, ~6 ms) is longer than the engine CPU: async hides more of it.
+    assert decode(off, 64, 1000) > decode(on, 64, 1000)
+    assert decode(on, 64, 1000) - on.gpu_time(64, 64, 64000, 64000, True) < 0.5 * on.calibration.step_overhead_s
+
+
+def test_calibration_lookup_and_overrides() -> None:
+    assert calibration_for(H100) == Calibration().with_overrides(GPU_CALIBRATION.get("H100-80GB", {}))
+    h200 = calibration_for(H200)
+    for key, value in GPU_CALIBRATION["H200"].items():
+        assert getattr(h200, key) == pytest.approx(value)
+    custom = dataclasses.replace(H200, calibration=types.MappingProxyType({"step_overhead_s": 0.01}))
+    assert calibration_for(custom).step_overhead_s == 0.01
+    with pytest.raises(SpecError, match="calibration.step_overhead_ms"):
+        Calibration().with_overrides({"step_overhead_ms": 1.0})
