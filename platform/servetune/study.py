@@ -33,6 +33,8 @@ from typing import Any, TextIO
 
 import optuna
 
+from servetune import envs
+
 from servetune import dataset, report
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
@@ -226,7 +228,10 @@ def run_study(
             while queued and queued[0][2] <= pool.free_gpus:  # first come, first served
                 trial, flags, need = queued.pop(0)
                 task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, workload=spec.workload,
-                                 vllm_version=spec.vllm_version, seed=spec.seed, gpu_file=spec.gpu.file)
+                                 vllm_version=spec.vllm_version, seed=spec.seed, gpu_file=spec.gpu.file,
+                                 serve_model=spec.serve_model, serve_command=envs.serve_command(),
+                                 startup_timeout_s=envs.startup_timeout_s(),
+                                 log_dir=str(runs_dir / "trials" / spec.name / f"{trial.number:04d}"))
                 pool.submit(trial.number, task, backend, gpus=need)
                 inflight[trial.number] = (trial, flags)
             if not inflight and not queued:
