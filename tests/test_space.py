@@ -54,9 +54,9 @@ def test_memory_pair_shape():
     s = SearchSpace.load(REPO / "search_spaces" / "memory-pair.yaml")
     assert s.names == ("gpu_memory_utilization", "max_num_seqs")
     gmu = s["gpu_memory_utilization"].values()
-    assert gmu[0] == 0.5 and gmu[-1] == 0.95 and len(gmu) == 10
+    assert gmu[0] == 0.3 and gmu[-1] == 0.95 and len(gmu) == 14
     assert s["max_num_seqs"].low == 16 and s["max_num_seqs"].high == 512 and s["max_num_seqs"].log
-    assert s.size() == 10 * 497
+    assert s.size() == 14 * 497
 
 
 def test_joint_has_conditional_cudagraph_and_rules():
@@ -199,7 +199,7 @@ def test_suggest_reads_pinned_flags():
     for _ in range(10):
         flags = s.suggest(study.ask())
         assert "max_cudagraph_capture_size" not in flags and "enforce_eager" not in flags
-    assert s.size() == 10 * 497 * 2  # the conditional param never exists
+    assert s.size() == 14 * 497 * 2  # the conditional param never exists
     unpinned = SearchSpace.from_dict({"params": {"max_cudagraph_capture_size": {
         "type": "int", "low": 64, "high": 128, "step": 64, "when": {"enforce_eager": False}}}})
     assert unpinned.suggest(study.ask()).keys() == {"max_cudagraph_capture_size"}  # vLLM's default: not eager

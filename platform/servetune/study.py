@@ -71,18 +71,19 @@ class StudyOutcome:
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
 
 def constraint_values(spec: StudySpec, result: TrialResult) -> dict[str, float]:
-    """The constraint vector of one result; the same keys for every trial of a study."""
+    """The constraint vector of one result; the same keys for every trial of a study.
+
+    ``startup`` is violated when the engine did not serve; every limit of the spec
+    (``constraints.limits()``: preemptions, p99 TTFT/ITL/E2E) is "measured minus allowed", and
+    violated outright for a trial that did not serve.
+    """
     served = result.ok
-    out = {
-        "startup": FEASIBLE if served else INFEASIBLE,
-        "preemptions": float(result.preemptions or 0) - spec.constraints.max_preemptions if served else INFEASIBLE,
-    }
-    for key, summary_name in (("p99_ttft_ms", "ttft_ms"), ("p99_itl_ms", "itl_ms")):
-        limit = getattr(spec.constraints, key, None)
-        if limit is None:
-            continue
-        summary = getattr(result, summary_name)
-        out[key] = (summary.p99 - limit) if served and summary is not None else INFEASIBLE
+    metrics = result.metrics()
+    out = {"startup": FEASIBLE if served else INFEASIBLE}
+    for metric, limit in spec.constraints.limits().items():
+        key = "preemptions" if metric == "preemptions" else metric.replace("_p99_ms", "").join(("p99_", "_ms"))
+        value = metrics.get(metric, 0.0 if metric == "preemptions" else None)
+        out[key] = (float(value) - limit) if served and value is not None else INFEASIBLE
     return out
 
 
