@@ -190,7 +190,9 @@ def run_study(
     study.set_user_attr("gpu_type", spec.gpu.type)
     study.set_user_attr("serve_model", spec.serve_model)
 
-    tracker = StudyTracker(spec.tracking.mlflow_uri, spec.tracking.experiment)
+    local_store = not spec.tracking.mlflow_uri.startswith(("http://", "https://"))
+    tracker = StudyTracker(spec.tracking.mlflow_uri, spec.tracking.experiment,
+                           artifact_location=(runs_dir / "mlartifacts").resolve().as_uri() if local_store else None)
     parent = tracker.start_study(spec.name, spec.to_dict(), {
         "model": spec.model_ref, "gpu_type": spec.gpu.type, "backend": backend,
         "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)

@@ -239,7 +239,12 @@ class StudyTracker:
         >>> run_id = tracker.start_study("s1", {"budget.trials": 20}, {"gpu_type": "H200"})  # doctest: +SKIP
     """
 
-    def __init__(self, tracking_uri: str, experiment: str, *, connect_timeout_s: float = 10.0) -> None:
+    def __init__(self, tracking_uri: str, experiment: str, *, connect_timeout_s: float = 10.0,
+                 artifact_location: str | None = None) -> None:
+        # ``artifact_location``: where a NEW experiment keeps its artifacts. For a local store
+        # (sqlite:) the driver passes a folder beside the database, so `mlflow ui` finds them
+        # whatever directory it is started from (MLflow's default is ./mlruns of the cwd).
+        self.artifact_location = artifact_location
         if not experiment:
             raise SpecError("tracking.experiment", "empty experiment name", "name the MLflow experiment")
         self.tracking_uri = tracking_uri.rstrip("/")
@@ -296,7 +301,7 @@ class StudyTracker:
                 self._client.restore_experiment(exp.experiment_id)
             return str(exp.experiment_id)
         try:
-            return str(self._client.create_experiment(self.experiment))
+            return str(self._client.create_experiment(self.experiment, artifact_location=self.artifact_location))
         except MlflowException:
             exp = self._client.get_experiment_by_name(self.experiment)  # lost a creation race
             if exp is None:
