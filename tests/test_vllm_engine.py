@@ -102,3 +102,12 @@ def _assert_group_gone(evidence: list[str]) -> None:
             continue
         assert not ("servetune.sim.server" in cmdline and f"--port {port}" in cmdline), \
             f"stand-in on port {port} still alive: pid {pid}"
+
+
+def test_a_flag_the_installed_vllm_does_not_know_is_refused_before_launch(tmp_path: Path) -> None:
+    help_text = (Path(__file__).parent / "fixtures" / "real_h200" / "examples" / "help_all.txt").read_text()
+    launch = _launch(tmp_path, {"max_num_seqs": 8}, "--swap-space", "4")
+    launch = type(launch)(**{**launch.__dict__, "serve_help": help_text})
+    r = run_vllm_trial(launch, WORKLOAD)
+    assert r.status is TrialStatus.INVALID_CONFIG and "--swap-space" in (r.cause or "")
+    assert not (tmp_path / "server.log").exists()  # nothing was launched

@@ -111,9 +111,10 @@ def _run_sim(task: TrialTask) -> TrialResult:
 def _run_vllm(task: TrialTask) -> TrialResult:
     from pathlib import Path
 
-    from servetune.vllm_engine import VllmLaunch, run_vllm_trial
+    from servetune.vllm_engine import VllmLaunch, read_serve_help, run_vllm_trial
 
     launch = VllmLaunch(model=task.serve_model or task.model, flags=dict(task.flags),
                         serve_command=task.serve_command, startup_timeout_s=task.startup_timeout_s,
-                        log_dir=Path(task.log_dir) if task.log_dir else None)
+                        log_dir=Path(task.log_dir) if task.log_dir else None,
+                        serve_help=read_serve_help(tuple(task.serve_command)))
     return run_vllm_trial(launch, task.workload)

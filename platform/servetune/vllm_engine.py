@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import os
 import shutil
 import signal
@@ -41,7 +42,7 @@ from servetune.metrics import counter, gauge, parse_prometheus
 from servetune.result import TrialResult, TrialStatus, summarize
 from servetune.workload import Workload
 
-__all__ = ["VllmLaunch", "run_vllm_trial", "free_port", "gpu_memory_used_mib", "SAFE_ENV"]
+__all__ = ["VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_memory_used_mib", "SAFE_ENV"]
 
 #: Set in every vLLM environment: NVLink multicast can take a host's GPUs out of service for
 #: everyone (shared/gpu/README.md), and the flashinfer sampler is not in every install.
@@ -69,6 +70,7 @@ class VllmLaunch:
     sample_interval_s: float = 0.5  # how often the KV-usage / queue gauges are read during the load
     log_dir: Path | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    serve_help: str | None = None  # `vllm serve --help=all` of the installed vLLM: flags checked before launch
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -156,6 +158,13 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
         if launch.env.get(key) not in (None, "", "0"):
             return TrialResult(TrialStatus.INVALID_CONFIG, cause=f"{key} would enable NVLink multicast; refused",
                                backend="vllm")
+    if launch.serve_help:
+        from servetune.vllm_cli import check_argv, parse_serve_help
+
+        problems = check_argv([*to_cli_args(launch.flags), *launch.extra_args], parse_serve_help(launch.serve_help))
+        if problems:
+            return TrialResult(TrialStatus.INVALID_CONFIG, cause="; ".join(problems), backend="vllm",
+                               evidence=["checked before launch against `vllm serve --help=all`"])
     log_dir = Path(launch.log_dir or tempfile.mkdtemp(prefix="servetune-trial-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "server.log"
@@ -202,6 +211,24 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
     _fill_from_log(result, parsed)
     result.log_text = text
     return result
+
+
+@functools.lru_cache(maxsize=4)
+def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0) -> str | None:
+    """``SERVE_COMMAND --help=all`` (vLLM >= 0.10), else ``--help``; None when neither answers.
+
+    Cached per process: a Ray actor process reads it once for all its trials.
+    """
+    env = {**os.environ, **SAFE_ENV}
+    for flag in ("--help=all", "--help"):
+        try:
+            out = subprocess.run([*serve_command, flag], capture_output=True, text=True, timeout=timeout_s,
+                                 env=env, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if out.returncode == 0 and "--max-num-seqs" in out.stdout:
+            return out.stdout
+    return None
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], base: str, timeout_s: float) -> tuple[bool, bool]:
