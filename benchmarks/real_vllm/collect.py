@@ -65,7 +65,8 @@ def _argv(flags: dict) -> list[str]:
     return argv
 
 
-def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: float, bench: bool) -> dict:
+def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: float, bench: bool,
+            repeats: int = 1) -> dict:
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
     argv = _argv(flags)
@@ -90,33 +91,41 @@ def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: fl
             return summary
         (d / "metrics_before.txt").write_text(_get(base + "/metrics")[1])
         workload = Workload.from_dict(workload_dict)
-        samples: list[dict] = []
+        # repeats > 1 alternates servetune's load generator and `vllm bench serve` on one server,
+        # so neither gets the warmer server: the agreement check of the two clients.
+        for rep in range(int(repeats)):
+            sfx = "" if rep == 0 else f"_{rep}"
+            samples: list[dict] = []
 
-        async def sample() -> None:
-            loop = asyncio.get_running_loop()
-            status, text = await loop.run_in_executor(None, _get, base + "/metrics", 2.0)
-            if status == 200:
-                m = parse_prometheus(text)
-                samples.append({"t": time.time(), "kv": gauge(m, "vllm:kv_cache_usage_perc"),
-                                "running": gauge(m, "vllm:num_requests_running"),
-                                "waiting": gauge(m, "vllm:num_requests_waiting")})
+            async def sample() -> None:
+                loop = asyncio.get_running_loop()
+                status, text = await loop.run_in_executor(None, _get, base + "/metrics", 2.0)
+                if status == 200:
+                    m = parse_prometheus(text)
+                    samples.append({"t": time.time(), "kv": gauge(m, "vllm:kv_cache_usage_perc"),
+                                    "running": gauge(m, "vllm:num_requests_running"),
+                                    "waiting": gauge(m, "vllm:num_requests_waiting")})
 
-        records, duration = asyncio.run(run_workload(base, MODEL, workload, on_tick=sample))
-        (d / "metrics_after.txt").write_text(_get(base + "/metrics")[1])
-        (d / "gauges.json").write_text(json.dumps(samples))
-        (d / "requests.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
-        s = summarize(records, duration)
-        summary.update({k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in s.items()})
-        if bench:
-            wl = workload_dict
-            bench_argv = ["vllm", "bench", "serve", "--backend", "openai", "--base-url", base, "--model", MODEL,
-                          "--dataset-name", "random", "--random-input-len", str(wl["input_len"]),
-                          "--random-output-len", str(wl["output_len"]), "--num-prompts", str(wl["num_requests"]),
-                          "--max-concurrency", str(wl["concurrency"]), "--ignore-eos", "--save-result",
-                          "--result-dir", str(d), "--result-filename", "bench.json",
-                          "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"]
-            with open(d / "bench.log", "w") as blog:
-                subprocess.run(bench_argv, stdout=blog, stderr=subprocess.STDOUT, timeout=max(10, deadline - time.time()))
+            records, duration = asyncio.run(run_workload(base, MODEL, workload, on_tick=sample))
+            (d / f"metrics_after{sfx}.txt").write_text(_get(base + "/metrics")[1])
+            (d / f"gauges{sfx}.json").write_text(json.dumps(samples))
+            (d / f"requests{sfx}.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
+            s = summarize(records, duration)
+            figures = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in s.items()}
+            if rep == 0:
+                summary.update(figures)
+            summary.setdefault("ours", []).append(figures)
+            if bench:
+                wl = workload_dict
+                bench_argv = ["vllm", "bench", "serve", "--backend", "openai", "--base-url", base, "--model", MODEL,
+                              "--dataset-name", "random", "--random-input-len", str(wl["input_len"]),
+                              "--random-output-len", str(wl["output_len"]), "--num-prompts", str(wl["num_requests"]),
+                              "--max-concurrency", str(wl["concurrency"]), "--ignore-eos", "--save-result",
+                              "--result-dir", str(d), "--result-filename", f"bench{sfx}.json", "--seed", str(rep),
+                              "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"]
+                with open(d / f"bench{sfx}.log", "w") as blog:
+                    subprocess.run(bench_argv, stdout=blog, stderr=subprocess.STDOUT,
+                                   timeout=max(10, deadline - time.time()))
     except Exception as exc:  # noqa: BLE001 - keep what we have
         summary["error"] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -149,7 +158,8 @@ def main() -> None:
         if time.time() > deadline - 60:
             print("skipping", item["name"], "(budget)", flush=True)
             continue
-        s = run_one(item["name"], item["flags"], item["workload"], out, deadline, item.get("bench", False))
+        s = run_one(item["name"], item["flags"], item["workload"], out, deadline, item.get("bench", False),
+                    item.get("repeats", 1))
         print(json.dumps({k: s.get(k) for k in ("name", "healthy", "startup_s", "output_throughput", "completed")},
                          default=str), flush=True)
         with tarfile.open(out.parent / "real.tar.gz", "w:gz") as tar:
