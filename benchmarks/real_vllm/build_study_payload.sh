@@ -14,7 +14,8 @@
 #     echo /.gpuwheels/ >> .git/info/exclude
 #     bash benchmarks/real_vllm/build_study_payload.sh            # -> .gpuwheels/studysite.tar.xz
 #     PY=/path/to/python3.12 bash benchmarks/real_vllm/build_study_payload.sh .gpuwheels
-# Wheels are cached in DEST/whl, so a re-run downloads nothing.
+# Wheels are cached outside the tree (WHEEL_CACHE, default ~/.cache/servetune/study-wheels), so a
+# re-run downloads nothing and DEST holds only the archive (DEST travels whole with `carry`).
 set -euo pipefail
 DEST=${1:-.gpuwheels}
 PY=${PY:-/root/.pyenv/versions/3.12.1/bin/python}
@@ -46,11 +47,12 @@ PKGS="ray==2.60.0 optuna==5.0.0 mlflow-skinny==3.17.2 sqlalchemy==2.1.9 alembic=
  smmap==5.0.3 importlib-metadata==9.1.0 opentelemetry-api==1.45.2 opentelemetry-proto==1.45.2
  opentelemetry-sdk==1.45.2 opentelemetry-semantic-conventions==0.66b2 python-dotenv==1.2.4 sqlparse==0.6.1"
 
-mkdir -p "$DEST/whl"
+WHEEL_CACHE=${WHEEL_CACHE:-$HOME/.cache/servetune/study-wheels}
+mkdir -p "$WHEEL_CACHE"
 # shellcheck disable=SC2086
-$PY -m pip download -q --no-deps $PLAT -d "$DEST/whl" $PKGS 2>&1 | grep -v "is ignored" || true
+$PY -m pip download -q --no-deps $PLAT -d "$WHEEL_CACHE" $PKGS 2>&1 | grep -v "is ignored" || true
 # shellcheck disable=SC2086
-$PY -m pip install -q --no-index --find-links "$DEST/whl" --no-deps --no-compile --target "$SITE" $PKGS 2>&1 \
+$PY -m pip install -q --no-index --find-links "$WHEEL_CACHE" --no-deps --no-compile --target "$SITE" $PKGS 2>&1 \
   | grep -v "Running pip as the 'root' user" || true
 [ -f "$SITE/ray/_raylet.so" ] && [ -d "$SITE/optuna" ] && [ -d "$SITE/mlflow" ] || { echo "install failed"; exit 1; }
 
@@ -73,10 +75,13 @@ if command -v strip >/dev/null; then
 fi
 printf '%s\n' $PKGS > "$SITE/STUDYSITE_PACKAGES.txt"
 
-# Smoke test here before packing: everything imports from the bundle alone (plus this Python's
-# stdlib and the packages the host has, which this machine's .venv stands in for is not assumed).
-PYTHONPATH="$SITE" $PY -c "import ray._raylet, optuna, sqlalchemy, alembic, mlflow.store.tracking.sqlalchemy_store" 2>/dev/null \
-  || echo "note: smoke import needs host packages this python lacks (numpy, pandas, ...); test in a host-like venv"
+# The pieces the study needs must have survived the trim (imports are tested on the host by
+# run_study_on_gpu.sh before the study starts, and here in a host-like venv, see the report).
+for f in ray/_raylet.so ray/core/src/ray/gcs/gcs_server ray/core/src/ray/raylet/raylet ray/dashboard/agent.py \
+         ray/_private/runtime_env/agent/main.py optuna/storages/_rdb/alembic.ini \
+         mlflow/store/tracking/sqlalchemy_store.py mlflow/store/db_migrations/alembic.ini alembic/__init__.py; do
+  [ -e "$SITE/$f" ] || { echo "missing after the trim: $f"; exit 1; }
+done
 
 mkdir -p "$DEST"
 tar -C "$W" -cf - studysite | xz -9 -T2 > "$DEST/studysite.tar.xz"

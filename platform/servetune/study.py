@@ -182,6 +182,10 @@ def run_study(
         directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj),
     )
     existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    if existing:
+        # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
+        # the pairs it has already measured again. Offset the seed by the trials already told.
+        study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj)
     if existing and not resume:
         raise SystemExit(
             f"error: study {spec.name!r} already has {len(existing)} trials in {storage}; "
