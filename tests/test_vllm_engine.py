@@ -111,3 +111,17 @@ def test_a_flag_the_installed_vllm_does_not_know_is_refused_before_launch(tmp_pa
     r = run_vllm_trial(launch, WORKLOAD)
     assert r.status is TrialStatus.INVALID_CONFIG and "--swap-space" in (r.cause or "")
     assert not (tmp_path / "server.log").exists()  # nothing was launched
+
+
+def test_serve_help_is_read_once_and_cached_on_disk(tmp_path: Path) -> None:
+    from servetune.vllm_engine import read_serve_help
+
+    fake = tmp_path / "fake-vllm"
+    counter = tmp_path / "calls"
+    fake.write_text(f"#!/bin/sh\necho x >> {counter}\necho '  --max-num-seqs MAX_NUM_SEQS'\n")
+    fake.chmod(0o755)
+    first = read_serve_help((str(fake), "serve"), cache_dir=tmp_path / "cache")
+    read_serve_help.cache_clear()  # a new Ray actor process: only the disk cache is left
+    second = read_serve_help((str(fake), "serve"), cache_dir=tmp_path / "cache")
+    assert first == second and first is not None and "--max-num-seqs" in first
+    assert counter.read_text().count("x") == 1

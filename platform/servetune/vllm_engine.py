@@ -214,11 +214,27 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
 
 
 @functools.lru_cache(maxsize=4)
-def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0) -> str | None:
+def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0,
+                    cache_dir: Path | None = None) -> str | None:
     """``SERVE_COMMAND --help=all`` (vLLM >= 0.10), else ``--help``; None when neither answers.
 
-    Cached per process: a Ray actor process reads it once for all its trials.
+    Reading it imports vLLM (~20 s on the H200 host), and every trial runs in a fresh Ray actor, so
+    the text is cached on disk, keyed by the command and the executable's path and mtime (a new
+    vLLM install invalidates it), as well as in the process.
     """
+    import hashlib
+    import json as _json
+
+    exe = shutil.which(serve_command[0]) or serve_command[0]
+    try:
+        stamp = os.stat(exe).st_mtime_ns
+    except OSError:
+        stamp = 0
+    key = hashlib.sha256(_json.dumps([list(serve_command), exe, stamp, os.environ.get("PYTHONPATH", "")]).encode())
+    cache = (cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "servetune" / "serve-help")
+    cached = cache / f"{key.hexdigest()[:24]}.txt"
+    if cached.is_file():
+        return cached.read_text()
     env = {**os.environ, **SAFE_ENV}
     for flag in ("--help=all", "--help"):
         try:
@@ -227,6 +243,11 @@ def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0) ->
         except (OSError, subprocess.TimeoutExpired):
             return None
         if out.returncode == 0 and "--max-num-seqs" in out.stdout:
+            with contextlib.suppress(OSError):
+                cache.mkdir(parents=True, exist_ok=True)
+                tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(out.stdout)
+                tmp.replace(cached)
             return out.stdout
     return None
 
