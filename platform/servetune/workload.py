@@ -27,6 +27,7 @@ from servetune.errors import SpecError, did_you_mean
 __all__ = ["LengthDist", "RequestSpec", "Workload"]
 
 _DISTS = ("fixed", "uniform", "normal", "lognormal")
+MAX_REQUESTS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +113,8 @@ def _num(data: Mapping[str, Any], key: str, field: str) -> float:
     if key not in data:
         raise SpecError(f"{field}.{key}", "is required", f"add {key}: <number>")
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(f"{field}.{key}", f"expected a number, got {value!r}", "write a plain number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpecError(f"{field}.{key}", f"expected a finite number, got {value!r}", "write a plain number")
     return float(value)
 
 
@@ -175,6 +176,9 @@ class Workload:
         input_len = LengthDist.parse(data.get("input_len", 1), f"{field}.input_len")
         output_len = LengthDist.parse(data.get("output_len", 1), f"{field}.output_len")
         num_requests = _int(data, "num_requests", field, 1, default=None if trace_file is None else 0)
+        if num_requests > MAX_REQUESTS:
+            raise SpecError(f"{field}.num_requests", f"must be <= {MAX_REQUESTS:,}, got {num_requests:,}",
+                            "a trial measures a steady state; a few thousand requests are plenty")
         concurrency = data.get("concurrency")
         rate = data.get("request_rate")
         if trace_file is None:
