@@ -6,25 +6,35 @@ TTFT (send to first streamed token), every inter-chunk gap (ITL) and E2E, exactl
 ``vllm bench serve`` measures them, so :func:`servetune.result.summarize` gives figures with the
 same meaning. Warm-up requests run first and are excluded.
 
+A request fails (its record carries ``error``) on an HTTP error, a dropped connection, an error
+chunk in the stream (vLLM's answer when the engine dies mid-stream) or a stream that ends without
+``[DONE]``. The load stops early, and :class:`LoadRun` says why, when no token arrives on any
+in-flight stream for ``stall_timeout_s`` (a stalled engine: the requests left are recorded as
+failed) or when ``should_stop`` gives a reason (the server process exited).
+
 Example (against a running server)::
 
     records, duration = asyncio.run(run_workload("http://127.0.0.1:8000", "model", workload))
+    run = asyncio.run(run_load("http://127.0.0.1:8000", "model", workload, stall_timeout_s=60))
+    run.stalled, run.duration_s
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import aiohttp
 
 from servetune.result import RequestRecord
 from servetune.workload import RequestSpec, Workload
 
-__all__ = ["run_workload", "prompt_token_ids"]
+__all__ = ["LoadRun", "run_load", "run_workload", "prompt_token_ids"]
 
 # Token ids drawn from the middle of the vocabulary: clear of special tokens at either end.
 _TOKEN_LO, _TOKEN_HI = 100, 30000
@@ -41,9 +51,46 @@ def prompt_token_ids(spec: RequestSpec, index: int, seed: int) -> list[int]:
     return ids
 
 
+class _Activity:
+    """When the server last showed progress, and how many requests are in flight (stall detection).
+
+    Progress is a streamed chunk or a request's end. The clock also restarts when a request goes
+    out while none was in flight (an idle gap between Poisson arrivals is not a stall), but not on
+    every send: arrivals into a stalled server must not hide the stall.
+    """
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.last_progress = time.perf_counter()
+
+    def sent(self) -> None:
+        if self.inflight == 0:
+            self.last_progress = time.perf_counter()
+        self.inflight += 1
+
+    def progressed(self) -> None:
+        self.last_progress = time.perf_counter()
+
+    def ended(self) -> None:
+        self.inflight -= 1
+        self.last_progress = time.perf_counter()
+
+
 async def _one_request(
     session: aiohttp.ClientSession, url: str, model: str, spec: RequestSpec, index: int, seed: int,
-    t0: float, timeout_s: float,
+    t0: float, timeout_s: float, activity: _Activity | None = None,
+) -> RequestRecord:
+    activity = activity or _Activity()
+    activity.sent()
+    try:
+        return await _stream_request(session, url, model, spec, index, seed, t0, timeout_s, activity)
+    finally:
+        activity.ended()
+
+
+async def _stream_request(
+    session: aiohttp.ClientSession, url: str, model: str, spec: RequestSpec, index: int, seed: int,
+    t0: float, timeout_s: float, activity: _Activity,
 ) -> RequestRecord:
     body = {
         "model": model,
@@ -61,6 +108,12 @@ async def _one_request(
     chunks = 0
     completion_tokens: int | None = None
     prompt_tokens = spec.prompt_tokens
+    done = False
+
+    def failed(error: str) -> RequestRecord:
+        return RequestRecord(index, prompt_tokens, chunks, sent - t0, None if first is None else first - t0,
+                             None, tuple(gaps), error=error[:300])
+
     try:
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             if resp.status != 200:
@@ -72,8 +125,15 @@ async def _one_request(
                     continue
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
+                    done = True
                     break
                 data = json.loads(payload)
+                activity.progressed()
+                if isinstance(data, dict) and data.get("error"):
+                    # vLLM streams the engine's failure as an error chunk (then [DONE]).
+                    err = data["error"]
+                    message = err.get("message", err) if isinstance(err, dict) else err
+                    return failed(f"stream error: {message}")
                 usage = data.get("usage")
                 if usage:
                     completion_tokens = usage.get("completion_tokens", completion_tokens)
@@ -88,8 +148,9 @@ async def _one_request(
                     last = now
                     chunks += 1
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
-        return RequestRecord(index, prompt_tokens, chunks, sent - t0, None if first is None else first - t0,
-                             None, tuple(gaps), error=f"{type(exc).__name__}: {exc}"[:300])
+        return failed(f"{type(exc).__name__}: {exc}")
+    if not done:
+        return failed("the stream ended without [DONE] (the server closed the connection)")
     end = time.perf_counter()
     return RequestRecord(
         request_id=index, prompt_tokens=prompt_tokens,
@@ -97,6 +158,16 @@ async def _one_request(
         arrival_s=sent - t0, first_token_s=None if first is None else first - t0, finish_s=end - t0,
         itl_s=tuple(gaps),
     )
+
+
+@dataclasses.dataclass
+class LoadRun:
+    """The measured requests (sorted by id), the measured window, and why the load stopped early."""
+
+    records: list[RequestRecord]
+    duration_s: float
+    stopped: str | None = None  # None: every request was sent and answered
+    stalled: bool = False  # stopped because no token arrived on any in-flight stream for the stall timeout
 
 
 async def run_workload(
@@ -111,62 +182,133 @@ async def run_workload(
     """Send the workload; return the measured records and the measured window in seconds.
 
     ``on_tick`` is awaited every ``tick_interval_s`` during the measured window (the metrics
-    sampler hooks in here to read the KV-usage and queue gauges).
+    sampler hooks in here to read the KV-usage and queue gauges). :func:`run_load` is the same with
+    stall detection and an early stop.
+    """
+    run = await run_load(base_url, model, workload, request_timeout_s=request_timeout_s, on_tick=on_tick,
+                         tick_interval_s=tick_interval_s)
+    return run.records, run.duration_s
+
+
+async def run_load(
+    base_url: str,
+    model: str,
+    workload: Workload,
+    *,
+    request_timeout_s: float = 600.0,
+    stall_timeout_s: float | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+    on_tick: Callable[[], Awaitable[None]] | None = None,
+    tick_interval_s: float = 0.5,
+) -> LoadRun:
+    """Send the workload (warm-up first); stop early on a stall or when ``should_stop`` says why.
+
+    The stall is server-wide, not per request: a request may legitimately wait in vLLM's queue far
+    longer than ``stall_timeout_s`` while others stream, but a healthy engine that has work emits a
+    token every step. Requests not answered when the load stops are recorded as failed with the
+    reason. Example::
+
+        run = asyncio.run(run_load(url, "model", workload, stall_timeout_s=60))
     """
     url = base_url.rstrip("/") + "/v1/completions"
     all_specs = workload.requests(include_warmup=True)
     warm, specs = all_specs[: workload.warmup_requests], all_specs[workload.warmup_requests:]
+    activity = _Activity()
+    out: list[RequestRecord] = []
+    t0 = time.perf_counter()
+    measuring = False
+    early: dict[str, Any] = {}  # why the load stopped early ("reason"), and whether it was a stall
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for i, spec in enumerate(warm):
-            await _one_request(session, url, model, spec, -1 - i, workload.seed, time.perf_counter(), request_timeout_s)
-        t0 = time.perf_counter()
+
+        async def send_all() -> None:
+            nonlocal t0, measuring
+            for i, spec in enumerate(warm):
+                await _one_request(session, url, model, spec, -1 - i, workload.seed, time.perf_counter(),
+                                   request_timeout_s, activity)
+            t0, measuring = time.perf_counter(), True
+            await _dispatch(session, url, model, specs, workload, t0, request_timeout_s, activity, out)
+
+        load = asyncio.create_task(send_all())
         stop = asyncio.Event()
 
         async def ticker() -> None:
             while not stop.is_set() and on_tick is not None:
-                await on_tick()
+                if measuring:
+                    await on_tick()
                 try:
                     await asyncio.wait_for(stop.wait(), tick_interval_s)
                 except asyncio.TimeoutError:
                     pass
 
+        async def watchdog() -> None:
+            check_s = min(0.5, stall_timeout_s / 4) if stall_timeout_s else 0.5
+            while not load.done():
+                await asyncio.sleep(check_s)
+                idle = time.perf_counter() - activity.last_progress
+                why = should_stop() if should_stop is not None else None
+                stalled = why is None and bool(stall_timeout_s) and activity.inflight > 0 and idle > stall_timeout_s
+                if stalled:
+                    why = (f"stalled: no token on any of {activity.inflight} in-flight streams for "
+                           f"{idle:.1f} s (stall timeout {stall_timeout_s:g} s)")
+                if why is not None:
+                    early.update(reason=why, stalled=stalled)
+                    load.cancel()
+                    return
+
         tick_task = asyncio.create_task(ticker())
-        records = await _dispatch(session, url, model, specs, workload, t0, request_timeout_s)
-        duration = time.perf_counter() - t0
-        stop.set()
-        await tick_task
-    records.sort(key=lambda r: r.request_id)
-    return records, duration
+        dog = asyncio.create_task(watchdog()) if (stall_timeout_s or should_stop) else None
+        try:
+            await load
+        except asyncio.CancelledError:
+            if not early:  # cancelled from outside, not by the watchdog
+                raise
+        finally:
+            duration = time.perf_counter() - t0 if measuring else 0.0
+            stop.set()
+            await tick_task
+            if dog is not None:
+                dog.cancel()
+                await asyncio.gather(dog, return_exceptions=True)
+    if early:  # the requests left unanswered fail with the reason, so every request has a record
+        seen = {r.request_id for r in out}
+        offset = workload.warmup_requests
+        out += [RequestRecord(i + offset, spec.prompt_tokens, 0, spec.arrival_s or 0.0, None, None,
+                              error=f"not answered: {early['reason']}"[:300])
+                for i, spec in enumerate(specs) if i + offset not in seen]
+    out.sort(key=lambda r: r.request_id)
+    return LoadRun(out, duration, early.get("reason"), stalled=bool(early.get("stalled")))
 
 
 async def _dispatch(
     session: aiohttp.ClientSession, url: str, model: str, specs: Sequence[RequestSpec], workload: Workload,
-    t0: float, timeout_s: float,
-) -> list[RequestRecord]:
+    t0: float, timeout_s: float, activity: _Activity, out: list[RequestRecord],
+) -> None:
+    """Send ``specs``; each record is appended to ``out`` as it ends (an early stop keeps them)."""
     offset = workload.warmup_requests
     if specs and specs[0].arrival_s is not None:  # timed: Poisson rate or a trace
         limit = asyncio.Semaphore(workload.concurrency) if workload.concurrency else None
 
-        async def timed(i: int, spec: RequestSpec) -> RequestRecord:
+        async def timed(i: int, spec: RequestSpec) -> None:
             delay = (spec.arrival_s or 0.0) - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
             if limit is None:
-                return await _one_request(session, url, model, spec, i, workload.seed, t0, timeout_s)
+                out.append(await _one_request(session, url, model, spec, i, workload.seed, t0, timeout_s, activity))
+                return
             async with limit:
-                return await _one_request(session, url, model, spec, i, workload.seed, t0, timeout_s)
+                out.append(await _one_request(session, url, model, spec, i, workload.seed, t0, timeout_s, activity))
 
-        return list(await asyncio.gather(*(timed(i + offset, s) for i, s in enumerate(specs))))
+        await asyncio.gather(*(timed(i + offset, s) for i, s in enumerate(specs)))
+        return
     # Closed loop: ``concurrency`` workers each take the next request as soon as one finishes.
     queue = list(enumerate(specs))
     queue.reverse()
-    out: list[RequestRecord] = []
 
     async def worker() -> None:
         while queue:
             i, spec = queue.pop()
-            out.append(await _one_request(session, url, model, spec, i + offset, workload.seed, t0, timeout_s))
+            out.append(await _one_request(session, url, model, spec, i + offset, workload.seed, t0, timeout_s,
+                                          activity))
 
     await asyncio.gather(*(worker() for _ in range(min(workload.concurrency or 1, len(specs)))))
-    return out

@@ -149,6 +149,10 @@ class TrialResult:
     wall_s: float | None = None
     requests: list[RequestRecord] = dataclasses.field(default_factory=list)
     log_text: str = ""
+    # The GPUs the trial ran on (Ray's ids, recorded by the actor) and those whose memory did not
+    # come back after the server stopped: the pool takes a quarantined slot out of service.
+    gpu_ids: list[str] = dataclasses.field(default_factory=list)
+    quarantined_gpus: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -3,11 +3,19 @@
 A trial launches the server in its own process group on 127.0.0.1 with an explicit free port and
 a distinct internal port base (``VLLM_PORT``), ``CUDA_VISIBLE_DEVICES`` set to the GPUs Ray gave
 the trial, and the log streamed to a file. It waits for ``/health`` (startup timeout), scrapes
-``/metrics``, sends the workload with :mod:`servetune.loadgen` while sampling the KV-usage and
+``/metrics``, sends the workload with :mod:`servetune.loadgen` (or ``vllm bench serve``, with
+``load_generator="vllm-bench"``, :mod:`servetune.bench_client`) while sampling the KV-usage and
 queue gauges, scrapes again (counter deltas: preemptions, tokens), then stops the process group
 (SIGTERM, SIGKILL after a grace period) and checks that the GPU memory came back. Whatever goes
 wrong becomes a status with its evidence (:func:`servetune.vllm_logs.classify`), never an
-exception.
+exception:
+
+- the server exits during the measured window: the load stops at once, and the log decides
+  (``crashed`` with the engine's root exception, ``runtime_oom`` for a CUDA OOM after startup);
+- no token on any in-flight stream for ``stall_timeout_s`` (a stalled engine): the load stops and
+  the trial is a ``timeout`` (with ``vllm bench serve``, from the server's token counters);
+- a GPU whose memory does not come back after the stop is listed in
+  ``TrialResult.quarantined_gpus``; the Ray pool then takes that slot out of service.
 
 The server command is configurable (``serve_command``), so the same path runs against
 ``python -m servetune.sim.server`` on a machine without a GPU.
@@ -36,13 +44,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servetune.bench_client import BENCH_COMMAND, bench_argv, run_bench
+from servetune.errors import SpecError
 from servetune.flags import to_cli_args
-from servetune.loadgen import run_workload
+from servetune.loadgen import run_load
 from servetune.metrics import counter, gauge, parse_prometheus
 from servetune.result import TrialResult, TrialStatus, summarize
 from servetune.workload import Workload
 
-__all__ = ["VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_memory_used_mib", "SAFE_ENV"]
+__all__ = ["VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_memory_used_mib", "SAFE_ENV",
+           "LOAD_GENERATORS"]
+
+#: ``servetune``: :mod:`servetune.loadgen` (per-request records); ``vllm-bench``: ``vllm bench serve``.
+LOAD_GENERATORS = ("servetune", "vllm-bench")
 
 #: Set in every vLLM environment: NVLink multicast can take a host's GPUs out of service for
 #: everyone (shared/gpu/README.md), and the flashinfer sampler is not in every install.
@@ -71,6 +85,12 @@ class VllmLaunch:
     log_dir: Path | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     serve_help: str | None = None  # `vllm serve --help=all` of the installed vLLM: flags checked before launch
+    load_generator: str = "servetune"  # one of LOAD_GENERATORS
+    bench_command: Sequence[str] = BENCH_COMMAND  # argv before the options of `vllm bench serve`
+    # No token on any in-flight stream for this long: the engine is stalled; stop and call it a
+    # timeout. One engine step takes well under a second, so minutes leave a wide margin.
+    stall_timeout_s: float | None = 180.0
+    gpu_free_timeout_s: float = 30.0  # how long the GPU memory may take to come back after the stop
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -135,29 +155,60 @@ def _stop(proc: subprocess.Popen[bytes], grace_s: float) -> list[str]:
     return notes
 
 
-def _wait_gpu_free(gpu_ids: Sequence[str] | None, baseline: Mapping[str, int], timeout_s: float = 30.0) -> list[str]:
-    """Wait until each GPU is back to its memory before launch (+256 MiB); report any that is not."""
+def _wait_gpu_free(gpu_ids: Sequence[str] | None, baseline: Mapping[str, int],
+                   timeout_s: float = 30.0) -> tuple[list[str], list[str]]:
+    """Wait until each GPU is back to its memory before launch (+256 MiB).
+
+    Returns the notes and the ids of the GPUs that are not: those are quarantined (another
+    trial there would start with less memory than the planner assumes, or fail outright).
+    """
     if not baseline:
-        return []
+        return [], []
     deadline = time.monotonic() + timeout_s
-    used = baseline
-    while time.monotonic() < deadline:
+    used = dict(baseline)
+    while True:
         used = gpu_memory_used_mib(gpu_ids)
-        if all(used.get(i, 0) <= baseline.get(i, 0) + 256 for i in used):
-            return []
+        held = [i for i in used if used[i] > baseline.get(i, 0) + 256]
+        if not held or time.monotonic() >= deadline:
+            break
         time.sleep(0.5)
-    return [f"GPU {i} still holds {used[i]} MiB ({baseline.get(i, 0)} MiB before launch): slot quarantined"
-            for i in used if used[i] > baseline.get(i, 0) + 256]
+    return ([f"GPU {i} still holds {used[i]} MiB ({baseline.get(i, 0)} MiB before launch): slot quarantined"
+             for i in held], held)
+
+
+def _trial_gpu_ids(launch: VllmLaunch) -> list[str] | None:
+    """The GPUs this trial's server sees: the launch's, else the inherited CUDA_VISIBLE_DEVICES.
+
+    Ray sets CUDA_VISIBLE_DEVICES in a trial's actor, so the memory check looks only at the
+    trial's own GPUs, not at a neighbouring trial starting up on another one.
+    """
+    if launch.gpu_ids is not None:
+        return [str(i) for i in launch.gpu_ids]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    return ids if ids and all(i.isdigit() for i in ids) else None
 
 
 def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
-    """Run one real (or stand-in) server trial end to end; see the module docstring."""
+    """Run one real (or stand-in) server trial end to end; see the module docstring.
+
+    Example::
+
+        r = run_vllm_trial(VllmLaunch(model="/models/llama", flags={"max_num_seqs": 64},
+                                      load_generator="vllm-bench"), workload)
+        r.status, r.output_throughput, r.quarantined_gpus
+    """
     from servetune.vllm_logs import classify, parse_log
 
     for key in FORBIDDEN_ENV:
         if launch.env.get(key) not in (None, "", "0"):
             return TrialResult(TrialStatus.INVALID_CONFIG, cause=f"{key} would enable NVLink multicast; refused",
                                backend="vllm")
+    try:
+        _check_load_generator(launch, workload)
+    except SpecError as exc:
+        return TrialResult(TrialStatus.INVALID_CONFIG, cause=str(exc), backend="vllm",
+                           evidence=["refused before launch: the load generator cannot send this workload"])
     if launch.serve_help:
         from servetune.vllm_cli import check_argv, parse_serve_help
 
@@ -177,10 +228,12 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
     env = {**os.environ, **SAFE_ENV, **launch.env, "VLLM_PORT": str(free_port(launch.host))}
     if launch.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(launch.gpu_ids)
-    baseline = gpu_memory_used_mib(launch.gpu_ids)
+    gpu_ids = _trial_gpu_ids(launch)
+    baseline = gpu_memory_used_mib(gpu_ids)
     base = f"http://{launch.host}:{port}"
     started = time.monotonic()
     result = TrialResult(TrialStatus.CRASHED, backend="vllm")
+    healthy = False
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -190,7 +243,11 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
             healthy, timed_out = _wait_healthy(proc, base, launch.startup_timeout_s)
             startup_s = time.monotonic() - started
             if healthy:
-                result = _measure(base, launch, workload)
+                try:
+                    result = _measure(base, launch, workload, proc, log_dir)
+                except Exception as exc:  # noqa: BLE001 - a client-side failure is evidence, not a crash of the study
+                    result = TrialResult(TrialStatus.CRASHED, backend="vllm",
+                                         cause=f"the load failed: {type(exc).__name__}: {exc}"[:500])
             else:
                 result = TrialResult(TrialStatus.TIMEOUT if timed_out else TrialStatus.CRASHED, backend="vllm")
             result.startup_s = startup_s
@@ -198,19 +255,49 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
             exit_code = proc.poll()
         finally:
             notes = _stop(proc, launch.stop_grace_s)
-    notes += _wait_gpu_free(launch.gpu_ids, baseline)
+    gpu_notes, quarantined = _wait_gpu_free(gpu_ids, baseline, launch.gpu_free_timeout_s)
+    notes += gpu_notes
+    result.quarantined_gpus = quarantined
     text = log_path.read_text(errors="replace")
     parsed = parse_log(text)
     verdict = classify(text, exit_code=exit_code, healthy=result.status is TrialStatus.OK or healthy,
                        timed_out=result.status is TrialStatus.TIMEOUT)
-    if result.status is not TrialStatus.OK or verdict.status is not TrialStatus.OK:
-        result.status = verdict.status if verdict.status is not TrialStatus.OK else result.status
-        result.cause = result.cause or verdict.cause
-        result.evidence = [*verdict.evidence, *result.evidence]
+    _merge_verdict(result, verdict)
     result.evidence += notes
     _fill_from_log(result, parsed)
     result.log_text = text
     return result
+
+
+def _merge_verdict(result: TrialResult, verdict: Any) -> None:
+    """What the log says overrides what the client saw, except where the client knows better.
+
+    A death or OOM in the log is the root cause of failed requests or a stall, so it wins. A stall
+    the client detected keeps its own cause (which stream went quiet, for how long): the log's
+    timeout verdict only says the run did not finish.
+    """
+    if verdict.status is TrialStatus.OK:
+        return
+    if result.status is TrialStatus.TIMEOUT and verdict.status is TrialStatus.TIMEOUT and result.cause:
+        result.evidence = [*result.evidence, *verdict.evidence]
+        return
+    if result.cause and result.cause != verdict.cause:
+        result.evidence = [*verdict.evidence, f"client side: {result.cause}", *result.evidence]
+    else:
+        result.evidence = [*verdict.evidence, *result.evidence]
+    result.status, result.cause = verdict.status, verdict.cause or result.cause
+
+
+def _check_load_generator(launch: VllmLaunch, workload: Workload) -> None:
+    """SpecError before launch when the chosen load generator cannot send ``workload``."""
+    if launch.load_generator not in LOAD_GENERATORS:
+        from servetune.errors import did_you_mean
+
+        raise SpecError("load_generator", f"unknown load generator {launch.load_generator!r}"
+                        f"{did_you_mean(launch.load_generator, LOAD_GENERATORS)}",
+                        f"use one of {', '.join(LOAD_GENERATORS)}")
+    if launch.load_generator == "vllm-bench":
+        bench_argv(workload, base_url="http://127.0.0.1:1", model=launch.model, result_dir=".")
 
 
 @functools.lru_cache(maxsize=4)
@@ -263,35 +350,114 @@ def _wait_healthy(proc: subprocess.Popen[bytes], base: str, timeout_s: float) ->
     return False, True
 
 
-def _measure(base: str, launch: VllmLaunch, workload: Workload) -> TrialResult:
-    before = parse_prometheus(_get(base + "/metrics", 10.0)[1])
-    samples: list[tuple[float | None, float | None, float | None]] = []
+class _ServerWatch:
+    """Reads the server's gauges during the load, and notices a stall from its token counters.
 
-    async def sample() -> None:
-        loop = asyncio.get_running_loop()
-        status, text = await loop.run_in_executor(None, _get, base + "/metrics", 2.0)
+    A stall is work on the server (running or waiting requests) with neither the prompt nor the
+    generation token counter moving for ``stall_timeout_s``; an idle server never stalls.
+    """
+
+    def __init__(self, base: str, stall_timeout_s: float | None) -> None:
+        self.base, self.stall_timeout_s = base, stall_timeout_s
+        self.samples: list[tuple[float | None, float | None, float | None]] = []
+        self._tokens: tuple[float | None, float | None] | None = None
+        self._since = time.monotonic()
+
+    def sample(self) -> str | None:
+        status, text = _get(self.base + "/metrics", 2.0)
+        now = time.monotonic()
         if status == 200:
             m = parse_prometheus(text)
-            samples.append((gauge(m, "vllm:kv_cache_usage_perc"), gauge(m, "vllm:num_requests_running"),
-                            gauge(m, "vllm:num_requests_waiting")))
+            kv, running, waiting = (gauge(m, "vllm:kv_cache_usage_perc"), gauge(m, "vllm:num_requests_running"),
+                                    gauge(m, "vllm:num_requests_waiting"))
+            self.samples.append((kv, running, waiting))
+            tokens = (counter(m, "vllm:prompt_tokens"), counter(m, "vllm:generation_tokens"))
+            if tokens != self._tokens or not (running or waiting):
+                self._tokens, self._since = tokens, now
+        idle = now - self._since
+        if self.stall_timeout_s and idle > self.stall_timeout_s:
+            return (f"stalled: requests on the server but no token counted for {idle:.1f} s "
+                    f"(stall timeout {self.stall_timeout_s:g} s)")
+        return None
 
-    served_name = _served_model_name(launch)
-    records, duration = asyncio.run(run_workload(base, served_name, workload, on_tick=sample,
-                                                 tick_interval_s=launch.sample_interval_s,
-                                                 request_timeout_s=launch.request_timeout_s))
+
+def _server_exit(proc: subprocess.Popen[bytes]) -> str | None:
+    code = proc.poll()
+    return None if code is None else f"the server exited with code {code} during the measured window"
+
+
+def _measure(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess.Popen[bytes],
+             log_dir: Path) -> TrialResult:
+    before = parse_prometheus(_get(base + "/metrics", 10.0)[1])
+    watch = _ServerWatch(base, launch.stall_timeout_s)
+    if launch.load_generator == "vllm-bench":
+        result = _load_with_bench(base, launch, workload, proc, log_dir, watch)
+    else:
+        result = _load_with_servetune(base, launch, workload, proc, watch)
     after = parse_prometheus(_get(base + "/metrics", 10.0)[1])
-    figures = summarize(records, duration)
-    result = TrialResult(TrialStatus.OK, backend="vllm", requests=records, **figures)
     pre_before, pre_after = counter(before, "vllm:num_preemptions"), counter(after, "vllm:num_preemptions")
     result.preemptions = int(pre_after - (pre_before or 0)) if pre_after is not None else None
-    kv = [s[0] for s in samples if s[0] is not None]
+    kv = [s[0] for s in watch.samples if s[0] is not None]
     if kv:
         result.kv_cache_usage_peak, result.kv_cache_usage_mean = max(kv), sum(kv) / len(kv)
-    if figures["failed"]:
-        errors = {r.error for r in records if r.error}
-        result.evidence.append(f"{figures['failed']} requests failed: {sorted(errors)[:3]}")
-        if figures["completed"] == 0:
+    if result.failed and result.status is TrialStatus.OK:
+        if result.completed == 0:
             result.status, result.cause = TrialStatus.CRASHED, "every request failed"
+    return result
+
+
+def _load_with_servetune(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess.Popen[bytes],
+                         watch: _ServerWatch) -> TrialResult:
+    async def sample() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, watch.sample)
+
+    # The client sees a stall first (and per stream); the server's counters are only sampled here.
+    run = asyncio.run(run_load(base, _served_model_name(launch), workload, on_tick=sample,
+                               tick_interval_s=launch.sample_interval_s, request_timeout_s=launch.request_timeout_s,
+                               stall_timeout_s=launch.stall_timeout_s, should_stop=lambda: _server_exit(proc)))
+    figures = summarize(run.records, run.duration_s)
+    result = TrialResult(TrialStatus.OK, backend="vllm", requests=run.records, **figures)
+    if figures["failed"]:
+        errors = {r.error for r in run.records if r.error}
+        result.evidence.append(f"{figures['failed']} requests failed: {sorted(errors)[:3]}")
+    if run.stalled:
+        result.status, result.cause = TrialStatus.TIMEOUT, run.stopped
+    elif run.stopped:
+        result.status, result.cause = TrialStatus.CRASHED, run.stopped
+    return result
+
+
+def _load_with_bench(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess.Popen[bytes],
+                     log_dir: Path, watch: _ServerWatch) -> TrialResult:
+    stall: list[str] = []
+
+    def on_poll() -> str | None:
+        exited = _server_exit(proc)
+        if exited:
+            return exited
+        why = watch.sample()
+        if why:
+            stall.append(why)
+        return why
+
+    argv = bench_argv(workload, base_url=base, model=launch.model, result_dir=log_dir,
+                      result_filename="bench.json", served_model_name=_served_model_name(launch),
+                      command=launch.bench_command)
+    run = run_bench(argv, log_dir / "bench.json", log_dir / "bench.log", on_poll=on_poll,
+                    poll_interval_s=launch.sample_interval_s, env={**os.environ, **SAFE_ENV, **launch.env},
+                    stop_grace_s=min(5.0, launch.stop_grace_s))
+    evidence = [f"load generator: vllm bench serve, argv={argv!r}"]
+    if run.stopped is not None:
+        status = TrialStatus.TIMEOUT if stall else TrialStatus.CRASHED
+        return TrialResult(status, cause=run.stopped, backend="vllm", evidence=[*evidence, *(
+            [run.error] if run.error else [])])
+    if run.figures is None:
+        return TrialResult(TrialStatus.CRASHED, cause=run.error, backend="vllm", evidence=evidence)
+    result = TrialResult(TrialStatus.OK, backend="vllm", evidence=evidence, **run.figures)
+    if run.returncode not in (0, None):
+        result.evidence.append(f"vllm bench serve exited with code {run.returncode}")
+    if result.failed:
+        result.evidence.append(f"{result.failed} requests failed (vllm bench serve; see bench.log)")
     return result
 
 

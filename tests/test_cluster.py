@@ -1,0 +1,92 @@
+"""The Ray trial pool on a real local Ray with two logical GPUs.
+
+A trial's actor records the GPUs Ray gave it; a trial whose result says its GPU memory did not
+come back (``quarantined_gpus``) takes its slot out of service: Ray never places another trial
+there, the pool plans with fewer GPUs and lists the lost ones.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from servetune.cluster import TrialPool
+from servetune.engines import TrialTask
+from servetune.result import TrialResult, TrialStatus
+from servetune.workload import Workload
+
+TASK = TrialTask(model="servetune-test-850m", gpu="H200", flags={"gpu_memory_utilization": 0.5, "max_num_seqs": 16},
+                 workload=Workload.from_dict({"input_len": 128, "output_len": 16, "num_requests": 8,
+                                              "concurrency": 4}))
+
+
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    if ray.is_initialized():  # another test's cluster may have a different GPU count
+        ray.shutdown()
+    yield
+    TrialPool.shutdown()
+
+
+def _wait_all(pool: TrialPool, n: int, timeout_s: float = 120.0) -> dict[int, TrialResult]:
+    done: dict[int, TrialResult] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(done) < n and time.monotonic() < deadline:
+        done.update(pool.wait(timeout_s=1.0))
+    assert len(done) == n, f"only {sorted(done)} of {n} trials finished"
+    return done
+
+
+def _available_gpus(expected: float, timeout_s: float = 30.0) -> float:
+    """Ray's free GPUs once they settle at ``expected`` (``ray.kill`` releases them asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("GPU", 0.0) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return ray.available_resources().get("GPU", 0.0)
+
+
+def test_a_trial_records_its_gpus_and_a_quarantined_slot_leaves_service(local_ray: None) -> None:
+    def runner(task: TrialTask, backend: str) -> TrialResult:
+        # The trial with seed 1 leaves its GPU memory behind, as a leaked vLLM EngineCore does.
+        result = TrialResult(TrialStatus.OK, backend=backend, output_throughput=1.0)
+        if task.seed == 1:
+            result.quarantined_gpus = [str(g) for g in ray.get_gpu_ids()]
+        return result
+
+    pool = TrialPool.start(num_gpus=2, num_cpus=2, runner=runner)
+    assert (pool.total_gpus, pool.free_gpus, pool.quarantined) == (2, 2, [])
+
+    pool.submit(0, TASK, "sim", gpus=1)  # a normal trial: its GPU goes back to Ray
+    first = _wait_all(pool, 1)[0]
+    assert len(first.gpu_ids) == 1 and "ray_gpu_ids=" in " ".join(first.evidence)
+    assert pool.total_gpus == 2 and _available_gpus(2) == 2
+
+    pool.submit(1, TrialTask(**{**TASK.__dict__, "seed": 1}), "sim", gpus=1)
+    bad = _wait_all(pool, 1)[1]
+    assert bad.quarantined_gpus == bad.gpu_ids and len(bad.gpu_ids) == 1
+    assert pool.quarantined == bad.gpu_ids
+    assert (pool.total_gpus, pool.cluster_gpus, pool.free_gpus) == (1, 2, 1)
+    assert pool.quarantine_notes and f"trial 1: GPU(s) {bad.gpu_ids[0]} out of service" in pool.quarantine_notes[0]
+    assert _available_gpus(1) == 1  # the held actor keeps the slot from Ray
+
+    # Every later trial lands on the GPU that is left, never on the quarantined one.
+    for n in (2, 3):
+        pool.submit(n, TASK, "sim", gpus=1)
+    later = _wait_all(pool, 2)
+    assert all(r.gpu_ids and r.gpu_ids[0] not in pool.quarantined for r in later.values())
+    assert pool.free_gpus == 1 and pool.running == []
+
+    assert pool.release_quarantined() == bad.gpu_ids
+    assert (pool.total_gpus, pool.quarantined) == (2, [])
+    assert _available_gpus(2) == 2
+
+
+def test_the_default_runner_runs_the_sim_engine_in_the_actor(local_ray: None) -> None:
+    pool = TrialPool.start(num_gpus=2, num_cpus=2)
+    pool.submit(5, TASK, "sim", gpus=2)
+    result = _wait_all(pool, 1)[5]
+    assert result.status is TrialStatus.OK and result.completed == 8
+    assert len(result.gpu_ids) == 2 and result.quarantined_gpus == []
