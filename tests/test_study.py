@@ -78,13 +78,15 @@ def test_study_runs_trials_on_ray_and_records_everything(tmp_path: Path, mlflow_
     assert all(set(t.constraints) == {"startup", "preemptions"} for t in trials)
     statuses = [r.status for _, _, r in seen]
     assert outcome.trials_done == 10
-    assert outcome.ok + outcome.startup_failed + outcome.other_failed == 10
+    assert outcome.ok + outcome.startup_failed + outcome.pruned + outcome.other_failed == 10
     for t in trials:
         infeasible = any(c > 0 for c in t.constraints.values())
         status = t.user_attrs["status"]
         assert infeasible == (status != "ok" or t.user_attrs["preemptions"] > 0)
     # Each trial ran in its own Ray actor holding one (logical) GPU.
-    assert all("ray_gpu_ids=[" in " ".join(r.evidence) for _, _, r in seen if r.status is not TrialStatus.INVALID_CONFIG)
+    # (refused and pruned trials are told before launch and never reach Ray)
+    assert all("ray_gpu_ids=[" in " ".join(r.evidence) for _, _, r in seen
+               if r.status not in (TrialStatus.INVALID_CONFIG, TrialStatus.PRUNED))
 
     # The best is feasible and is the best feasible value.
     if outcome.best_number is not None:

@@ -90,6 +90,7 @@ def _tune(args: argparse.Namespace) -> int:
     outcome = run_study(spec, resume=args.resume)
     print(f"\nservetune: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served "
           f"({outcome.preempting} of them preempted), {outcome.startup_failed} failed at startup, "
+          f"{outcome.pruned} pruned before launch (predicted startup failures), "
           f"{outcome.other_failed} other failures")
     if outcome.best_flags is None:
         print("servetune: no trial met the constraints; widen the search space or relax the constraints")

@@ -7,6 +7,8 @@ Engines never raise for a trial's own failure, so one failing trial never stops 
 
 ``sim`` is the simulated vLLM V1 engine (:mod:`servetune.sim`), the embedded default where no GPU
 is visible. ``vllm`` (real ``vllm serve`` subprocesses) is selected with ``backend: vllm``.
+``replay`` answers a trial from a recorded landscape (:mod:`servetune.replay`, the task's
+``replay_file``); its ``wall_s`` is the recorded GPU cost of the trial, not the lookup's time.
 
 Example:
     >>> from servetune.engines import TrialTask, run_trial
@@ -34,7 +36,7 @@ from servetune.workload import Workload
 
 __all__ = ["TrialTask", "run_trial", "resolve_backend", "gpu_visible", "BACKENDS"]
 
-BACKENDS = ("auto", "sim", "vllm")
+BACKENDS = ("auto", "sim", "vllm", "replay")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +54,7 @@ class TrialTask:
     serve_command: tuple[str, ...] = ("vllm", "serve")  # argv before MODEL; the sim stand-in in tests
     startup_timeout_s: float = 600.0
     log_dir: str | None = None
+    replay_file: str | None = None  # the recorded landscape (backend "replay")
 
 
 def gpu_visible() -> bool:
@@ -85,6 +88,8 @@ def run_trial(task: TrialTask, backend: str = "sim") -> TrialResult:
             result = _run_sim(task)
         elif backend == "vllm":
             result = _run_vllm(task)
+        elif backend == "replay":
+            result = _run_replay(task)
         else:
             raise SpecError("backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
     except SpecError as exc:
@@ -92,7 +97,8 @@ def run_trial(task: TrialTask, backend: str = "sim") -> TrialResult:
     except Exception as exc:  # noqa: BLE001 - a trial's crash is a result, not a study failure
         result = TrialResult(status=TrialStatus.CRASHED, cause=f"{type(exc).__name__}: {exc}",
                              evidence=traceback.format_exc().splitlines()[-8:], backend=backend)
-    result.wall_s = time.perf_counter() - started
+    if backend != "replay" or result.wall_s is None:  # a replayed trial keeps its recorded GPU cost
+        result.wall_s = time.perf_counter() - started
     return result
 
 
@@ -106,6 +112,14 @@ def _run_sim(task: TrialTask) -> TrialResult:
     gpu = gpus.get_gpu(task.gpu)
     config = memory.resolve_engine_config(task.flags, model, gpu, task.vllm_version or memory.DEFAULT_VLLM_VERSION)
     return simulate(model, gpu, config, task.workload, seed=task.seed)
+
+
+def _run_replay(task: TrialTask) -> TrialResult:
+    from servetune.replay import Landscape
+
+    if not task.replay_file:
+        raise SpecError("replay_file", "backend replay needs a recorded landscape", "set replay_file: in the spec")
+    return Landscape.load(task.replay_file).result(task.flags)
 
 
 def _run_vllm(task: TrialTask) -> TrialResult:

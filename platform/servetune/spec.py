@@ -19,7 +19,9 @@ The shape (only ``name``, ``model``, ``gpu``, ``workload`` and ``search_space`` 
     search_space: memory-pair        # a file (relative to this file), a bare name in search_spaces/, or inline
     fixed_flags: {max_model_len: 4096}   # pinned for every trial
     budget: {trials: 24, parallel: 2, time_limit_s: 600}
-    backend: auto                    # auto (vllm where a GPU is visible, else sim) | vllm | sim
+    backend: auto                    # auto (vllm where a GPU is visible, else sim) | vllm | sim | replay
+    replay_file: landscape.csv       # backend replay only: recorded trials (flag_* + metric columns)
+    prescreen: true                  # memory planner: prune predicted startup failures, informed starts
     sampler: tpe                     # tpe | nsga2 | gp | random
     seed: 0
     vllm_version: "0.26.0"           # quote it: YAML reads 0.26 as a number
@@ -65,9 +67,9 @@ __all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Tracki
 
 SPEC_KEYS = ("name", "description", "model", "serve_model", "gpu", "workload", "objective", "constraints",
              "search_space", "fixed_flags", "budget", "backend", "sampler", "seed", "vllm_version", "tracking",
-             "storage", "output")
+             "storage", "output", "prescreen", "replay_file")
 REQUIRED_KEYS = ("name", "model", "gpu", "workload", "search_space")
-BACKENDS = ("auto", "vllm", "sim")
+BACKENDS = ("auto", "vllm", "sim", "replay")
 SAMPLERS = ("tpe", "nsga2", "gp", "random")
 _THROUGHPUT = ("output_throughput", "total_token_throughput", "request_throughput")
 _LATENCY = tuple(f"{stem}_{stat}_ms" for stem in ("ttft", "itl", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99"))
@@ -449,6 +451,38 @@ def _parse_search_space(raw: Any, base_dir: Path | None, cwd: Path) -> tuple[Sea
                     "write search_space: memory-pair, a path, or {params: {...}, rules: [...]}")
 
 
+def _parse_replay_file(raw: Any, backend: str, base_dir: Path | None, space: SearchSpace, fixed: Mapping[str, Any],
+                       objective: Objective, constraints: Constraints) -> Path | None:
+    """``replay_file``: required by ``backend: replay``; the file must exist and hold the columns
+    the study reads (status, ``flag_<name>`` for every searched and pinned flag, the objective and
+    constraint metrics)."""
+    if raw is None:
+        if backend == "replay":
+            raise SpecError("replay_file", "backend replay needs a recorded landscape",
+                            "add replay_file: landscape.csv (a CSV/Parquet of trials, e.g. a servetune dataset export)")
+        return None
+    path = _relative(base_dir, _text(raw, "replay_file", "landscape.csv"))
+    if not path.exists():
+        raise SpecError("replay_file", f"file not found: {path}", "paths resolve relative to the spec file")
+    if backend != "replay":
+        raise SpecError("replay_file", f"applies to backend: replay only (backend is {backend})",
+                        "set backend: replay, or remove replay_file")
+    from servetune.replay import missing_columns, read_landscape
+
+    try:
+        frame = read_landscape(path)
+    except SpecError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise SpecError("replay_file", f"cannot read {path}: {exc}", "give a CSV or Parquet file of trials") from None
+    metrics = list(dict.fromkeys([*objective.metrics, *constraints.limits()]))
+    missing = missing_columns(frame, [*space.names, *fixed], metrics)
+    if missing:
+        raise SpecError("replay_file", f"{path} lacks the column(s) {', '.join(missing)}",
+                        "record a landscape over the same flags and metrics (servetune's dataset has them all)")
+    return path.resolve()
+
+
 def _parse_output(raw: Any, cwd: Path) -> Output:
     data = _section(raw, "output", ("runs_dir", "dataset_dir"), "{runs_dir: servetune-runs}")
     runs = _relative(cwd, _text(data.get("runs_dir", _DEFAULT_RUNS_DIR), "output.runs_dir", _DEFAULT_RUNS_DIR))
@@ -490,6 +524,10 @@ class StudySpec:
     base_dir: Path | None = dataclasses.field(default=None, compare=False, repr=False)
     cwd: Path | None = dataclasses.field(default=None, compare=False, repr=False)
     source: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    #: Run the memory planner before each launch: a predicted startup failure is told as ``pruned``
+    #: without using a GPU, and a fresh study starts from the preemption prior's informed points.
+    prescreen: bool = True
+    replay_file: Path | None = None  # backend replay: the recorded landscape
 
     @classmethod
     def from_dict(cls, data: Any, base_dir: str | Path | None = None, *, cwd: str | Path | None = None) -> StudySpec:
@@ -559,13 +597,18 @@ class StudySpec:
                                 'e.g. "sqlite:///servetune-runs/optuna.db" or "postgresql://user:pass@host/db"')
             optuna_url = None if url == "memory" else url
 
+        prescreen = data.get("prescreen", True)
+        if not isinstance(prescreen, bool):
+            raise SpecError("prescreen", f"expected true or false, got {prescreen!r}",
+                            "write prescreen: true (skip predicted startup failures) or prescreen: false")
         space, warnings = _combine(space, fixed, profile, gpu, workload, budget)
+        replay_file = _parse_replay_file(data.get("replay_file"), backend, base, space, fixed, objective, constraints)
         return cls(name=name, model_ref=model_ref, serve_model=serve_model, gpu=gpu, workload=workload,
                    objective=objective, constraints=constraints, search_space=space, fixed_flags=fixed,
                    budget=budget, backend=backend, sampler=sampler, seed=seed, vllm_version=vllm_version,
                    tracking=tracking, storage=Storage(optuna_url), output=output, description=description,
                    search_space_file=space_file, warnings=tuple(warnings), model_profile=profile, base_dir=base,
-                   cwd=here, source=copy.deepcopy(dict(data)))
+                   cwd=here, source=copy.deepcopy(dict(data)), prescreen=prescreen, replay_file=replay_file)
 
     # -- use ----------------------------------------------------------------------------------
 
@@ -588,6 +631,8 @@ class StudySpec:
         data = copy.deepcopy(dict(self.source))
         if backend is not None:
             data["backend"] = backend
+            if backend != "replay":  # a recorded landscape means nothing to the other backends
+                data.pop("replay_file", None)
         if seed is not None:
             data["seed"] = seed
         if trials is not None or parallel is not None:
@@ -616,6 +661,7 @@ class StudySpec:
             "constraints": dataclasses.asdict(self.constraints), "search_space": space,
             "fixed_flags": dict(self.fixed_flags), "budget": dataclasses.asdict(self.budget),
             "backend": self.backend, "sampler": self.sampler, "seed": self.seed, "vllm_version": self.vllm_version,
+            "prescreen": self.prescreen, "replay_file": None if self.replay_file is None else str(self.replay_file),
             "tracking": {"mlflow_uri": redact_url(self.tracking.mlflow_uri), "experiment": self.tracking.experiment},
             "storage": {"optuna_url": "memory" if self.storage.optuna_url is None else redact_url(self.storage.optuna_url)},
             "output": {"runs_dir": str(self.output.runs_dir), "dataset_dir": str(self.output.dataset_dir)},

@@ -11,6 +11,12 @@ Optuna 5 requires (``trial.set_constraint``; a value <= 0 is feasible):
   sampler learns where the OOM region is (a FAIL trial would be ignored by the samplers);
 - ``p99_ttft_ms`` / ``p99_itl_ms``: the measured p99 minus the limit, when the spec sets one.
 
+With ``prescreen`` on (the default), each proposal first goes through the memory planner
+(:func:`servetune.search.prescreen`): a predicted startup failure is told as a ``pruned`` trial
+(infeasible, the prediction in MLflow and the dataset) without being dispatched to Ray, and a
+fresh study starts from the preemption prior's informed points. The ask / pre-screen / tell logic
+lives in :mod:`servetune.search`, shared with the search-efficiency benchmark.
+
 Example::
 
     from servetune.spec import load_spec
@@ -23,13 +29,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import math
 import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
@@ -40,13 +45,16 @@ from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
 from servetune.flags import to_cli_args, to_config_yaml
 from servetune.result import TrialResult, TrialStatus
+from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
+from servetune.search import enqueue_informed_starts, prediction_tags, propose, tell
 from servetune.spec import StudySpec
 from servetune.tracking import StudyTracker
 
-__all__ = ["StudyOutcome", "run_study", "make_sampler", "constraint_values", "objective_values", "best_trial"]
+if TYPE_CHECKING:
+    from servetune.memory import MemoryPlan
 
-INFEASIBLE = 1.0
-FEASIBLE = -1.0
+__all__ = ["StudyOutcome", "run_study", "make_sampler", "constraint_values", "objective_values", "best_trial",
+           "INFEASIBLE", "FEASIBLE"]
 
 
 @dataclasses.dataclass
@@ -59,6 +67,7 @@ class StudyOutcome:
     preempting: int = 0
     startup_failed: int = 0
     other_failed: int = 0
+    pruned: int = 0  # predicted startup failures, told without a launch
     best_number: int | None = None
     best_flags: dict[str, Any] | None = None
     best_metrics: dict[str, float] | None = None
@@ -69,35 +78,6 @@ class StudyOutcome:
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
-
-def constraint_values(spec: StudySpec, result: TrialResult) -> dict[str, float]:
-    """The constraint vector of one result; the same keys for every trial of a study.
-
-    ``startup`` is violated when the engine did not serve; every limit of the spec
-    (``constraints.limits()``: preemptions, p99 TTFT/ITL/E2E) is "measured minus allowed", and
-    violated outright for a trial that did not serve.
-    """
-    served = result.ok
-    metrics = result.metrics()
-    out = {"startup": FEASIBLE if served else INFEASIBLE}
-    for metric, limit in spec.constraints.limits().items():
-        key = "preemptions" if metric == "preemptions" else metric.replace("_p99_ms", "").join(("p99_", "_ms"))
-        value = metrics.get(metric, 0.0 if metric == "preemptions" else None)
-        out[key] = (float(value) - limit) if served and value is not None else INFEASIBLE
-    return out
-
-
-def objective_values(spec: StudySpec, result: TrialResult) -> list[float]:
-    """The objective(s): throughput, maximised; latency figures, minimised. Failures get the worst."""
-    metrics = result.metrics()
-    values = []
-    for name, direction in zip(spec.objective.metrics, spec.objective.directions):
-        v = metrics.get(name)
-        if v is None or not result.ok or math.isnan(v):
-            v = 0.0 if direction == "maximize" else 1e12
-        values.append(float(v))
-    return values
-
 
 def make_sampler(name: str, seed: int, n_objectives: int) -> optuna.samplers.BaseSampler:
     """TPE (default), NSGA-II, GP or random; all read constraints from ``trial.set_constraint``."""
@@ -138,7 +118,8 @@ class _Progress:
         self._last = now
         best = "-" if o.best_metrics is None else f"{o.best_metrics.get('output_throughput', 0):,.0f} tok/s (#{o.best_number})"
         line = (f"trials {o.trials_done}/{self.total} | running {running} | ok {o.ok} | preempting {o.preempting}"
-                f" | startup failed {o.startup_failed} | other failed {o.other_failed} | best {best}")
+                f" | startup failed {o.startup_failed} | pruned {o.pruned} | other failed {o.other_failed}"
+                f" | best {best}")
         self.out.write(("\r" + line + "\033[K") if self.tty else line + "\n")
         self.out.flush()
 
@@ -201,6 +182,7 @@ def run_study(
         "model": spec.model_ref, "gpu_type": spec.gpu.type, "backend": backend,
         "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)
     recovered = _recover_interrupted(study, tracker) if resume else 0
+    starts = enqueue_informed_starts(spec, study) if not existing else []
 
     outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=parent)
     _count_existing(study, outcome)
@@ -208,6 +190,9 @@ def run_study(
     progress.note(f"servetune: study {spec.name!r}: {spec.model_ref} on {spec.gpu.count} x {spec.gpu.type} "
                   f"({backend} backend), {spec.budget.trials} trials, {spec.budget.parallel} at a time"
                   + (f"; resumed, {recovered} interrupted trials re-queued" if recovered else ""))
+    if starts:
+        progress.note("servetune: informed starts (highest utilization that starts, max_num_seqs under the "
+                      f"preemption bound): {', '.join(str(p) for p in starts)}")
     progress.note(f"servetune: MLflow {spec.tracking.mlflow_uri} (experiment {spec.tracking.experiment!r}), "
                   f"Optuna {storage}")
 
@@ -220,16 +205,11 @@ def run_study(
             out_of_time = spec.budget.time_limit_s is not None and time.monotonic() - started > spec.budget.time_limit_s
             while (not out_of_time and outcome.trials_done + len(inflight) + len(queued) < spec.budget.trials
                    and len(inflight) + len(queued) < spec.budget.parallel):
-                trial = study.ask()
-                flags = {**spec.fixed_flags, **spec.search_space.suggest(trial)}
-                trial.set_user_attr("flags", flags)
-                need = int(flags.get("tensor_parallel_size", 1)) * int(flags.get("pipeline_parallel_size", 1))
-                problems = spec.search_space.check(flags, spec.model_profile, spec.gpu.count, spec.workload)
-                if not problems and need > pool.total_gpus:
-                    problems = [f"needs {need} GPUs, the cluster has {pool.total_gpus}"]
-                if problems:  # refused before launch: no GPU time spent, the sampler still learns
-                    result = TrialResult(status=TrialStatus.INVALID_CONFIG, cause="; ".join(problems), backend=backend)
-                    _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
+                proposal = propose(spec, study, pool.total_gpus, backend)
+                trial, flags, need = proposal.trial, proposal.flags, proposal.gpus
+                if proposal.refused is not None:  # invalid or predicted to fail: no GPU time spent
+                    _finish(spec, study, trial, flags, proposal.refused, tracker, outcome, backend, on_result,
+                            prediction=proposal.plan)
                     continue
                 queued.append((trial, flags, need))
             while queued and queued[0][2] <= pool.free_gpus:  # first come, first served
@@ -238,7 +218,8 @@ def run_study(
                                  vllm_version=spec.vllm_version, seed=spec.seed, gpu_file=spec.gpu.file,
                                  serve_model=spec.serve_model, serve_command=envs.serve_command(),
                                  startup_timeout_s=envs.startup_timeout_s(),
-                                 log_dir=str(runs_dir / "trials" / spec.name / f"{trial.number:04d}"))
+                                 log_dir=str(runs_dir / "trials" / spec.name / f"{trial.number:04d}"),
+                                 replay_file=None if spec.replay_file is None else str(spec.replay_file))
                 pool.submit(trial.number, task, backend, gpus=need)
                 inflight[trial.number] = (trial, flags)
             if not inflight and not queued:
@@ -278,6 +259,8 @@ def _count(outcome: StudyOutcome, status: TrialStatus, preemptions: int) -> None
             outcome.preempting += 1
     elif status.is_startup_failure:
         outcome.startup_failed += 1
+    elif status is TrialStatus.PRUNED:
+        outcome.pruned += 1
     else:
         outcome.other_failed += 1
 
@@ -293,24 +276,25 @@ def _update_best(study: optuna.Study, outcome: StudyOutcome) -> None:
 def _finish(
     spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, flags: dict[str, Any], result: TrialResult,
     tracker: StudyTracker, outcome: StudyOutcome, backend: str,
-    on_result: Callable[[int, dict[str, Any], TrialResult], None] | None,
+    on_result: Callable[[int, dict[str, Any], TrialResult], None] | None, *,
+    prediction: MemoryPlan | None = None,
 ) -> None:
-    """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the record."""
-    for key, value in constraint_values(spec, result).items():
-        trial.set_constraint(key, value)
-    metrics = result.metrics()
-    trial.set_user_attr("status", result.status.value)
-    trial.set_user_attr("cause", (result.cause or "")[:1000])
-    trial.set_user_attr("metrics", metrics)
-    trial.set_user_attr("preemptions", result.preemptions or 0)
-    study.tell(trial, objective_values(spec, result))
+    """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the record.
+
+    ``prediction`` is the planner's verdict of a pruned trial: its tags go to MLflow and its
+    predicted failure to the dataset (``predicted_failure``).
+    """
+    objective = tell(spec, study, trial, result)
     tags = {"gpu_type": spec.gpu.type, "model": spec.model_ref, "backend": result.backend or backend,
             "vllm_version": result.vllm_version or spec.vllm_version, "optuna.trial_number": str(trial.number),
             "servetune.study": spec.name}
+    extra: dict[str, Any] = {"backend": result.backend or backend,
+                             "vllm_version": result.vllm_version or spec.vllm_version, "objective": objective[0]}
+    if result.status is TrialStatus.PRUNED and prediction is not None:
+        tags.update(prediction_tags(prediction))
+        extra["predicted_failure"] = tags["servetune.predicted_failure"]
     tracker.log_trial(trial.number, flags, result, tags, workload=spec.workload.to_dict())
-    row = dataset.trial_row(spec.name, trial.number, flags, result, spec.gpu.type, spec.model_ref,
-                            {"backend": result.backend or backend, "vllm_version": result.vllm_version or spec.vllm_version,
-                             "objective": objective_values(spec, result)[0]})
+    row = dataset.trial_row(spec.name, trial.number, flags, result, spec.gpu.type, spec.model_ref, extra)
     dataset.append_trials(Path(spec.output.dataset_dir), [row])
     _count(outcome, result.status, result.preemptions or 0)
     _update_best(study, outcome)

@@ -1,0 +1,236 @@
+"""Ask, pre-screen, evaluate, tell: the search logic of a study, without Ray, MLflow or files.
+
+The study driver (:mod:`servetune.study`) and the search-efficiency benchmark
+(``benchmarks/search_efficiency.py``) share these pieces, so the benchmark measures the logic the
+driver runs:
+
+* :func:`prescreen` (pure): resolve a flag set the way vLLM would and run the memory planner.
+  A predicted startup failure becomes a ``pruned`` :class:`TrialResult` (the predicted failure
+  and vLLM's error text as the cause, the predicted memory breakdown); flags vLLM would refuse
+  become ``invalid_config``. Neither uses a GPU.
+* :func:`propose`: ``study.ask()``, the flags (fixed + suggested), the space's rules, the GPU count,
+  then :func:`prescreen` when the spec's ``prescreen`` is on. A refused proposal carries its result.
+* :func:`tell`: the Optuna half of finishing a trial: the constraint vector (the same keys for
+  every trial, :func:`constraint_values`), the user attributes, the objective values.
+* :func:`enqueue_informed_starts`: the preemption prior's starting points
+  (:func:`servetune.prior.informed_starts`) enqueued in a fresh study (``skip_if_exists``).
+* :func:`run_local`: the whole loop in process, one trial at a time, with a caller's ``evaluate``
+  (the replay backend, in the benchmark).
+
+A pruned trial is told COMPLETE with every constraint violated (like a real startup failure), so
+TPE / NSGA-II / GP learn the infeasible region from it exactly as from a failed launch.
+
+Example:
+    >>> import optuna
+    >>> from servetune.spec import StudySpec
+    >>> spec = StudySpec.from_dict({"name": "demo", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB"},
+    ...     "workload": {"input_len": 512, "output_len": 1024, "num_requests": 64, "concurrency": 64},
+    ...     "search_space": {"params": {"gpu_memory_utilization": [0.3, 0.9], "max_num_seqs": [32, 64]}},
+    ...     "fixed_flags": {"max_model_len": 4096}, "storage": {"optuna_url": "memory"}}, cwd="/tmp")
+    >>> prescreen(spec, {"gpu_memory_utilization": 0.3, "max_num_seqs": 32, "max_model_len": 4096})[0].status.value
+    'pruned'
+    >>> study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    >>> evaluate = lambda flags: TrialResult(TrialStatus.OK, output_throughput=flags["max_num_seqs"], preemptions=0)
+    >>> told = run_local(spec, study, evaluate, max_dispatched=2)
+    >>> told[0].flags["gpu_memory_utilization"], sum(t.dispatched for t in told)   # the informed start first
+    (0.9, 2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from servetune.errors import SpecError
+from servetune.result import TrialResult, TrialStatus
+
+if TYPE_CHECKING:
+    from servetune.memory import MemoryPlan
+    from servetune.spec import StudySpec
+
+__all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
+           "objective_values", "enqueue_informed_starts", "prediction_tags", "run_local"]
+
+INFEASIBLE = 1.0
+FEASIBLE = -1.0
+
+
+# -- what Optuna is told (pure) --------------------------------------------------------------------
+
+def constraint_values(spec: StudySpec, result: TrialResult) -> dict[str, float]:
+    """The constraint vector of one result; the same keys for every trial of a study.
+
+    ``startup`` is violated when the engine did not serve; every limit of the spec
+    (``constraints.limits()``: preemptions, p99 TTFT/ITL/E2E) is "measured minus allowed", and
+    violated outright for a trial that did not serve.
+    """
+    served = result.ok
+    metrics = result.metrics()
+    out = {"startup": FEASIBLE if served else INFEASIBLE}
+    for metric, limit in spec.constraints.limits().items():
+        key = "preemptions" if metric == "preemptions" else metric.replace("_p99_ms", "").join(("p99_", "_ms"))
+        value = metrics.get(metric, 0.0 if metric == "preemptions" else None)
+        out[key] = (float(value) - limit) if served and value is not None else INFEASIBLE
+    return out
+
+
+def objective_values(spec: StudySpec, result: TrialResult) -> list[float]:
+    """The objective(s): throughput, maximised; latency figures, minimised. Failures get the worst."""
+    metrics = result.metrics()
+    values = []
+    for name, direction in zip(spec.objective.metrics, spec.objective.directions):
+        v = metrics.get(name)
+        if v is None or not result.ok or math.isnan(v):
+            v = 0.0 if direction == "maximize" else 1e12
+        values.append(float(v))
+    return values
+
+
+# -- the pre-screen ---------------------------------------------------------------------------------
+
+def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = None
+              ) -> tuple[TrialResult | None, MemoryPlan | None]:
+    """``(refusal, plan)``: a ``pruned`` / ``invalid_config`` result when the flags cannot start.
+
+    ``refusal`` is None when the planner predicts a healthy start (``plan`` is then that
+    prediction), or when the spec has no model profile to plan with (``plan`` None).
+    """
+    from servetune.memory import plan_memory, resolve_engine_config
+
+    backend = backend or spec.backend
+    model = spec.model_profile
+    if model is None:
+        return None, None
+    gpu = spec.gpu_spec()
+    try:
+        config = resolve_engine_config(flags, model, gpu, spec.vllm_version)
+    except SpecError as exc:  # vLLM itself would refuse these flags
+        return TrialResult(status=TrialStatus.INVALID_CONFIG, cause=str(exc), backend=backend,
+                           vllm_version=spec.vllm_version), None
+    plan = plan_memory(model, gpu, config)
+    if plan.fits:
+        return None, plan
+    failure = (plan.failure or TrialStatus.STARTUP_OOM).value
+    evidence = [f"prescreen: the memory planner predicts {failure}"]
+    if plan.fix:
+        evidence.append(f"fix: {plan.fix}")
+    return TrialResult(status=TrialStatus.PRUNED, cause=f"predicted {failure}: {plan.cause}", evidence=evidence,
+                       backend=backend, vllm_version=config.vllm_version, memory=plan.memory), plan
+
+
+def prediction_tags(plan: MemoryPlan) -> dict[str, str]:
+    """MLflow tags of a pruned trial's prediction (its memory breakdown is logged as metrics)."""
+    tags = {"servetune.prescreen": "pruned",
+            "servetune.predicted_failure": (plan.failure or TrialStatus.STARTUP_OOM).value,
+            "servetune.predicted_startup_s": f"{plan.startup_s:.1f}"}
+    if plan.fix:
+        tags["servetune.predicted_fix"] = plan.fix
+    return tags
+
+
+# -- ask and tell -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Proposal:
+    """One asked trial: its full flag set, the GPUs it needs, and a refusal when it must not launch."""
+
+    trial: optuna.trial.Trial
+    flags: dict[str, Any]
+    gpus: int
+    refused: TrialResult | None = None
+    plan: MemoryPlan | None = None  # the planner's prediction (pruned or healthy); None without pre-screen
+
+
+def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str | None = None) -> Proposal:
+    """Ask Optuna for a trial and decide whether it may launch (rules, GPU count, pre-screen)."""
+    backend = backend or spec.backend
+    trial = study.ask()
+    flags = {**spec.fixed_flags, **spec.search_space.suggest(trial)}
+    trial.set_user_attr("flags", flags)
+    need = int(flags.get("tensor_parallel_size", 1)) * int(flags.get("pipeline_parallel_size", 1))
+    problems = spec.search_space.check(flags, spec.model_profile, spec.gpu.count, spec.workload)
+    if not problems and need > total_gpus:
+        problems = [f"needs {need} GPUs, the cluster has {total_gpus}"]
+    if problems:  # refused before launch: no GPU time spent, the sampler still learns
+        return Proposal(trial, flags, need, TrialResult(status=TrialStatus.INVALID_CONFIG, cause="; ".join(problems),
+                                                        backend=backend))
+    if not spec.prescreen:
+        return Proposal(trial, flags, need)
+    refused, plan = prescreen(spec, flags, backend)
+    if plan is not None:
+        trial.set_user_attr("predicted_kv_cache_tokens", plan.kv_cache_tokens)
+    if refused is not None and plan is not None:
+        trial.set_user_attr("predicted_failure", (plan.failure or TrialStatus.STARTUP_OOM).value)
+    return Proposal(trial, flags, need, refused, plan)
+
+
+def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult) -> list[float]:
+    """Tell Optuna one result: constraints, user attributes, objective values (returned)."""
+    for key, value in constraint_values(spec, result).items():
+        trial.set_constraint(key, value)
+    trial.set_user_attr("status", result.status.value)
+    trial.set_user_attr("cause", (result.cause or "")[:1000])
+    trial.set_user_attr("metrics", result.metrics())
+    trial.set_user_attr("preemptions", result.preemptions or 0)
+    values = objective_values(spec, result)
+    study.tell(trial, values)
+    return values
+
+
+def enqueue_informed_starts(spec: StudySpec, study: optuna.Study) -> list[dict[str, Any]]:
+    """Enqueue the preemption prior's starting points in a study with no trials yet; returns them."""
+    from servetune.prior import informed_starts
+
+    if not spec.prescreen or spec.model_profile is None or study.get_trials(deepcopy=False):
+        return []
+    starts = informed_starts(spec.search_space, spec.fixed_flags, spec.model_profile, spec.gpu_spec(),
+                             spec.workload, spec.vllm_version)
+    for params in starts:
+        study.enqueue_trial(params, user_attrs={"informed_start": True}, skip_if_exists=True)
+    return starts
+
+
+# -- the loop in process ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Told:
+    """One told trial of :func:`run_local`; ``dispatched`` is False for a refusal (no GPU used)."""
+
+    number: int
+    flags: dict[str, Any]
+    result: TrialResult
+    dispatched: bool
+
+
+def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str, Any]], TrialResult], *,
+              max_dispatched: int, max_told: int | None = None, total_gpus: int | None = None,
+              stop: Callable[[list[Told]], bool] | None = None, informed: bool = True) -> list[Told]:
+    """Ask, pre-screen, evaluate and tell, one trial at a time, in this process.
+
+    Ends after ``max_dispatched`` evaluated trials, ``max_told`` told ones (default 10x the
+    former: a space the planner rejects almost everywhere must still end), or when ``stop``
+    returns True. Informed starts are enqueued first in a fresh study (when ``spec.prescreen`` and
+    ``informed``; the benchmark turns them off to measure the pre-screen alone).
+    """
+    if informed:
+        enqueue_informed_starts(spec, study)
+    limit = max_told if max_told is not None else 10 * max_dispatched
+    gpus = total_gpus if total_gpus is not None else spec.gpu.count
+    told: list[Told] = []
+    dispatched = 0
+    while dispatched < max_dispatched and len(told) < limit:
+        p = propose(spec, study, gpus)
+        if p.refused is not None:
+            result, ran = p.refused, False
+        else:
+            result, ran = evaluate(p.flags), True
+            dispatched += 1
+        tell(spec, study, p.trial, result)
+        told.append(Told(p.trial.number, p.flags, result, ran))
+        if stop is not None and stop(told):
+            break
+    return told

@@ -1,0 +1,109 @@
+"""Ask / pre-screen / tell in process, and the search-efficiency benchmark's core on a tiny landscape."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+
+from servetune.replay import Landscape
+from servetune.result import TrialResult, TrialStatus
+from servetune.search import prescreen, run_local
+from servetune.spec import StudySpec
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _spec(**extra: Any) -> StudySpec:
+    return StudySpec.from_dict({
+        "name": "search", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB"},
+        "workload": {"input_len": 512, "output_len": 1024, "num_requests": 64, "concurrency": 192},
+        "search_space": {"params": {"gpu_memory_utilization": [0.3, 0.35, 0.6, 0.95],
+                                    "max_num_seqs": [16, 64, 256]}},
+        "fixed_flags": {"max_model_len": 4096}, "storage": {"optuna_url": "memory"},
+        "constraints": {"max_preemptions": 0, "p99_ttft_ms": 5000}, **extra}, cwd="/tmp")
+
+
+def test_prescreen_prunes_predicted_failures_with_the_prediction() -> None:
+    spec = _spec()
+    refused, plan = prescreen(spec, {"gpu_memory_utilization": 0.3, "max_num_seqs": 16, "max_model_len": 4096})
+    assert refused is not None and plan is not None and not plan.fits
+    assert refused.status is TrialStatus.PRUNED and refused.cause.startswith("predicted startup_oom: ")
+    assert refused.memory is not None and refused.memory.kv_cache < 0 and refused.metrics()["mem_weights_gib"] > 14
+    ok, plan = prescreen(spec, {"gpu_memory_utilization": 0.95, "max_num_seqs": 16, "max_model_len": 4096})
+    assert ok is None and plan is not None and plan.kv_cache_tokens > 100_000
+    bad, _ = prescreen(spec, {"max_num_seqs": 512, "max_num_batched_tokens": 256, "max_model_len": 4096})
+    assert bad is not None and bad.status is TrialStatus.INVALID_CONFIG
+
+
+def _evaluate(flags: dict[str, Any]) -> TrialResult:
+    if flags["gpu_memory_utilization"] < 0.5:
+        raise AssertionError(f"a doomed configuration reached the engine: {flags}")
+    preempts = flags["max_num_seqs"] > 64
+    return TrialResult(TrialStatus.OK, output_throughput=float(flags["max_num_seqs"]), preemptions=int(preempts) * 5,
+                       ttft_ms=None, wall_s=100.0)
+
+
+def test_run_local_prunes_without_evaluating_and_tells_the_same_constraints() -> None:
+    spec = _spec()
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
+    told = run_local(spec, study, _evaluate, max_dispatched=8)
+    assert sum(t.dispatched for t in told) == 8
+    assert told[0].flags["gpu_memory_utilization"] == 0.95 and told[0].flags["max_num_seqs"] == 64  # informed start
+    pruned = [t for t in told if t.result.status is TrialStatus.PRUNED]
+    assert pruned and not any(t.dispatched for t in pruned)
+    trials = study.get_trials(deepcopy=False)
+    assert all(set(t.constraints) == {"startup", "preemptions", "p99_ttft_ms"} for t in trials)
+    for t, r in zip(trials, told):
+        assert t.user_attrs["status"] == r.result.status.value
+        if r.result.status is TrialStatus.PRUNED:
+            assert all(c > 0 for c in t.constraints.values()) and t.values == [0.0]
+            assert t.user_attrs["predicted_failure"] == "startup_oom"
+
+
+def test_prescreen_off_launches_everything() -> None:
+    spec = _spec(prescreen=False)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
+    seen: list[dict[str, Any]] = []
+    told = run_local(spec, study, lambda f: seen.append(f) or TrialResult(TrialStatus.STARTUP_OOM, wall_s=60.0),
+                     max_dispatched=6)
+    assert len(told) == len(seen) == 6 and all(t.dispatched for t in told)
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("search_efficiency", REPO / "benchmarks" / "search_efficiency.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["search_efficiency"] = module
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_benchmark_core_loop_on_a_tiny_landscape() -> None:
+    bench = _bench()
+    cell = bench.CELLS[0]
+    spec = bench.cell_spec(cell, prescreen=False)
+    model_spec = _spec()
+    rows = []
+    for point in spec.search_space.grid():  # a synthetic landscape over the benchmark's grid
+        u, s = point["gpu_memory_utilization"], point["max_num_seqs"]
+        fits = prescreen(model_spec, {**point, "max_model_len": 4096})[0] is None
+        rows.append({"flag_gpu_memory_utilization": u, "flag_max_num_seqs": s, "flag_max_model_len": 4096,
+                     "status": "ok" if fits else "startup_oom", "output_throughput": float(s) if fits else None,
+                     "preemptions": float(s > 64) if fits else None, "startup_s": 75.0 if fits else 60.0,
+                     "duration_s": 25.0 if fits else None})
+    land = Landscape(pd.DataFrame(rows), "tiny")
+    assert bench.grid_best(land.frame) == 64.0
+    grid = bench.search_grid(land, spec, seed=0)
+    assert grid.launched == len(rows) and grid.best[-1] == 64.0 and grid.failure_share(len(rows)) > 0
+    full_cost = grid.cost_s[-1]
+    servetune = bench.search_optuna(land, bench.cell_spec(cell, seed=0), seed=0, max_trials=12, stop_at=64.0)
+    tpe = bench.search_optuna(land, bench.cell_spec(cell, prescreen=False, seed=0), seed=0, max_trials=12,
+                              informed=False)
+    assert servetune.failed_s[-1] == 0.0 and servetune.pruned >= 0
+    reach = servetune.cost_to_reach(64.0)
+    assert reach is not None and reach < 0.25 * full_cost
+    assert tpe.launched == 12 and tpe.pruned == 0

@@ -1,0 +1,77 @@
+"""The driver's pre-screen end to end: real local Ray, real `mlflow server`, real Optuna SQLite.
+
+A flag set the memory planner predicts to fail at startup must be told to Optuna as infeasible
+without ever reaching Ray, and recorded in MLflow (a ``pruned`` child run with the prediction)
+and in the dataset; a fresh study starts from the preemption prior's informed point.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from servetune import dataset
+from servetune.result import TrialResult, TrialStatus
+from servetune.spec import StudySpec
+from servetune.study import run_study
+
+
+@pytest.mark.slow
+def test_pruned_trials_never_reach_ray_and_are_recorded(tmp_path: Path, mlflow_server: str) -> None:
+    spec = StudySpec.from_dict({
+        "name": "prescreened", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB", "count": 2},
+        "workload": {"input_len": 512, "output_len": 256, "num_requests": 24, "concurrency": 24, "seed": 1},
+        "objective": {"metric": "output_throughput"}, "constraints": {"max_preemptions": 0},
+        # 0.2-0.35 cannot hold Llama-3.1-8B's 15 GiB of weights plus the KV cache on a 40 GB card.
+        "search_space": {"params": {"gpu_memory_utilization": [0.2, 0.25, 0.3, 0.35, 0.9],
+                                    "max_num_seqs": [16, 64]}},
+        "fixed_flags": {"max_model_len": 4096}, "budget": {"trials": 5, "parallel": 2},
+        "backend": "sim", "sampler": "tpe", "seed": 0,
+        "tracking": {"mlflow_uri": mlflow_server, "experiment": "exp-prescreened"},
+        "storage": {"optuna_url": f"sqlite:///{tmp_path}/optuna.db"},
+        "output": {"runs_dir": str(tmp_path), "dataset_dir": str(tmp_path / "dataset")},
+    }, cwd=tmp_path)
+    seen: dict[int, TrialResult] = {}
+    outcome = run_study(spec, out=io.StringIO(), on_result=lambda n, f, r: seen.__setitem__(n, r))
+
+    study = optuna.load_study(study_name="prescreened", storage=spec.storage.optuna_url)
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 5 and outcome.trials_done == 5
+    # The informed start comes first: the highest utilization that starts, max_num_seqs capped by
+    # the 24 requests in flight and snapped down to the space's choices.
+    assert trials[0].params == {"gpu_memory_utilization": 0.9, "max_num_seqs": 16}
+    assert trials[0].user_attrs.get("informed_start") is True
+    pruned = [t for t in trials if t.user_attrs["status"] == "pruned"]
+    assert pruned and outcome.pruned == len(pruned) and outcome.startup_failed == 0
+    for t in pruned:
+        assert t.params["gpu_memory_utilization"] <= 0.35
+        assert set(t.constraints) == {"startup", "preemptions"} and all(c > 0 for c in t.constraints.values())
+        assert t.values == [0.0] and t.user_attrs["predicted_failure"] == "startup_oom"
+        result = seen[t.number]
+        # Never dispatched: a Ray actor would have appended its GPU ids to the evidence.
+        assert not any("ray_gpu_ids" in e for e in result.evidence)
+        assert result.evidence[0].startswith("prescreen: the memory planner predicts startup_oom")
+    launched = [t for t in trials if t.user_attrs["status"] != "pruned"]
+    assert launched and all(any("ray_gpu_ids" in e for e in seen[t.number].evidence) for t in launched)
+    assert all(t.params["gpu_memory_utilization"] == 0.9 for t in launched)
+
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("exp-prescreened")
+    children = client.search_runs([exp.experiment_id], filter_string="tags.`servetune.status` = 'pruned'")
+    assert len(children) == len(pruned)
+    for child in children:
+        tags: dict[str, Any] = child.data.tags
+        assert tags["servetune.prescreen"] == "pruned" and tags["servetune.predicted_failure"] == "startup_oom"
+        assert tags["servetune.cause"].startswith("predicted startup_oom: No available memory for the cache blocks")
+        assert "raise gpu_memory_utilization" in tags["servetune.predicted_fix"]
+        assert child.data.metrics["mem_kv_cache_gib"] < 0 < child.data.metrics["mem_weights_gib"]
+        assert "output_throughput" not in child.data.metrics
+
+    df = dataset.read_trials(tmp_path / "dataset", study="prescreened")
+    rows = df[df["status"] == TrialStatus.PRUNED.value]
+    assert len(rows) == len(pruned) and set(rows["predicted_failure"]) == {"startup_oom"}
