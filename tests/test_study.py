@@ -162,3 +162,40 @@ def test_cli_refuses_a_bad_spec_with_exit_code_2(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "budget.trials" in proc.stderr
     assert not (tmp_path / "optuna.db").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_study_keeping_finished_trials(tmp_path: Path, mlflow_server: str) -> None:
+    import signal
+    import time
+
+    spec_path = tmp_path / "study.yaml"
+    spec_path.write_text(yaml.safe_dump(_spec_dict(tmp_path, mlflow_server, "term-study", trials=500)))
+    env = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-m", "servetune", "tune", str(spec_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    study_db = f"sqlite:///{tmp_path}/optuna.db"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # wait until some trials are told
+        time.sleep(1)
+        try:
+            if len(optuna.load_study(study_name="term-study", storage=study_db).get_trials(
+                    deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))) >= 3:
+                break
+        except KeyError:
+            continue
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert "interrupted" in out, out[-2000:]
+    study = optuna.load_study(study_name="term-study", storage=study_db)
+    states = {t.state for t in study.get_trials(deepcopy=False)}
+    assert optuna.trial.TrialState.RUNNING not in states
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert 3 <= len(done) < 500
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("exp-term-study")
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parent = [r for r in runs if r.data.tags.get("servetune.role") == "study"]
+    assert len(parent) == 1 and parent[0].info.status == "KILLED"
+    children = [r for r in runs if r.data.tags.get("servetune.role") == "trial"]
+    assert len(children) == len(done) and all(c.info.status != "RUNNING" for c in children)

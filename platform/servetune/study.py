@@ -30,7 +30,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import shlex
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -38,11 +40,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import envs
-
-from servetune import dataset, report
+from servetune import dataset, envs, report
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
+from servetune.errors import SpecError
 from servetune.flags import to_cli_args, to_config_yaml
 from servetune.result import TrialResult, TrialStatus
 from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
@@ -128,7 +129,7 @@ class _Progress:
         self.out.flush()
 
 
-def _recover_interrupted(study: optuna.Study, tracker: StudyTracker | None) -> int:
+def _recover_interrupted(study: optuna.Study) -> int:
     """Trials left RUNNING by a killed driver: mark FAIL and enqueue their params again."""
     n = 0
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -168,9 +169,8 @@ def run_study(
         # the pairs it has already measured again. Offset the seed by the trials already told.
         study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj)
     if existing and not resume:
-        raise SystemExit(
-            f"error: study {spec.name!r} already has {len(existing)} trials in {storage}; "
-            "pass --resume to continue it, or give the study a new name")
+        raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
+                        "pass --resume to continue it, or give the study a new name")
     study.set_user_attr("model", spec.model_ref)
     study.set_user_attr("gpu_type", spec.gpu.type)
     study.set_user_attr("serve_model", spec.serve_model)
@@ -181,7 +181,7 @@ def run_study(
     parent = tracker.start_study(spec.name, spec.to_dict(), {
         "model": spec.model_ref, "gpu_type": spec.gpu.type, "backend": backend,
         "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)
-    recovered = _recover_interrupted(study, tracker) if resume else 0
+    recovered = _recover_interrupted(study) if resume else 0
     starts = enqueue_informed_starts(spec, study) if not existing else []
 
     outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=parent)
@@ -200,6 +200,7 @@ def run_study(
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
+    previous_sigterm = _sigterm_as_interrupt()
     try:
         while True:
             out_of_time = spec.budget.time_limit_s is not None and time.monotonic() - started > spec.budget.time_limit_s
@@ -222,12 +223,28 @@ def run_study(
                                  replay_file=None if spec.replay_file is None else str(spec.replay_file))
                 pool.submit(trial.number, task, backend, gpus=need)
                 inflight[trial.number] = (trial, flags)
+            # A quarantined slot shrinks the pool: a queued trial that can no longer fit is told as
+            # failed (an infrastructure failure, not a bad configuration) instead of waiting forever.
+            while queued and queued[0][2] > pool.total_gpus:
+                trial, flags, need = queued.pop(0)
+                result = TrialResult(status=TrialStatus.CRASHED, backend=backend,
+                                     cause=f"needs {need} GPUs; {pool.total_gpus} healthy GPUs left after quarantine "
+                                           f"of {', '.join(pool.quarantined) or 'none'}")
+                _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
             if not inflight and not queued:
-                break
+                if pool.total_gpus == 0:
+                    progress.note("servetune: every GPU slot is quarantined; stopping the study")
+                    break
+                if outcome.trials_done >= spec.budget.trials or out_of_time:
+                    break
+                continue
             progress.show(outcome, len(inflight))
             for number, result in pool.wait(timeout_s=0.5):
                 trial, flags = inflight.pop(number)
                 _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
+                if result.quarantined_gpus:
+                    progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
+                                  f"GPUs {', '.join(result.quarantined_gpus)} quarantined")
                 progress.show(outcome, len(inflight), force=True)
     except KeyboardInterrupt:
         status = "KILLED"
@@ -237,12 +254,26 @@ def run_study(
         progress.note(f"\nservetune: interrupted; {len(killed)} running trials stopped, "
                       f"{outcome.trials_done} finished trials kept (resume with --resume)")
     finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
         outcome.wall_s = time.monotonic() - started
         progress.show(outcome, 0, force=True)
         if out.isatty():
             out.write("\n")
         _finish_study(spec, study, tracker, outcome, status)
     return outcome
+
+
+def _sigterm_as_interrupt() -> Any:
+    """SIGTERM (``ray job stop``, a scheduler) ends the study like Ctrl-C: finished trials kept,
+    running ones stopped, MLflow runs closed. Only the main thread may install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, handler)
 
 
 def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
