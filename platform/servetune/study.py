@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import optuna
 
 from servetune import dataset, envs, report
+from servetune._retry import retry_call
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
 from servetune.errors import SpecError
@@ -49,7 +50,7 @@ from servetune.result import TrialResult, TrialStatus
 from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
 from servetune.search import enqueue_informed_starts, prediction_tags, propose, tell
 from servetune.spec import StudySpec
-from servetune.tracking import StudyTracker
+from servetune.tracking import StudyTracker, redact_text
 
 if TYPE_CHECKING:
     from servetune.memory import MemoryPlan
@@ -159,10 +160,12 @@ def run_study(
     runs_dir.mkdir(parents=True, exist_ok=True)
     storage = spec.storage.optuna_url
     n_obj = len(spec.objective.metrics)
-    study = optuna.create_study(
+    # Storage calls are retried with backoff (servetune._retry): a briefly locked SQLite file or a
+    # restarting database delays the driver instead of ending the study.
+    study = retry_call(lambda: optuna.create_study(
         study_name=spec.name, storage=storage, load_if_exists=True,
         directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj),
-    )
+    ), what="open the Optuna study")
     existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     if existing:
         # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
@@ -171,13 +174,17 @@ def run_study(
     if existing and not resume:
         raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
                         "pass --resume to continue it, or give the study a new name")
-    study.set_user_attr("model", spec.model_ref)
+    # Optuna's storage is a file anyone with the runs dir can read: no credentials in it.
+    study.set_user_attr("model", redact_text(spec.model_ref))
     study.set_user_attr("gpu_type", spec.gpu.type)
-    study.set_user_attr("serve_model", spec.serve_model)
+    study.set_user_attr("serve_model", redact_text(spec.serve_model))
 
     local_store = not spec.tracking.mlflow_uri.startswith(("http://", "https://"))
+    # An unreachable server at the start fails fast (TrackingError, nothing run yet); one that goes
+    # away later has its writes buffered under <runs_dir>/mlflow-buffer/ and delivered on return.
     tracker = StudyTracker(spec.tracking.mlflow_uri, spec.tracking.experiment,
-                           artifact_location=(runs_dir / "mlartifacts").resolve().as_uri() if local_store else None)
+                           artifact_location=(runs_dir / "mlartifacts").resolve().as_uri() if local_store else None,
+                           buffer_dir=runs_dir / "mlflow-buffer")
     parent = tracker.start_study(spec.name, spec.to_dict(), {
         "model": spec.model_ref, "gpu_type": spec.gpu.type, "backend": backend,
         "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)
@@ -200,13 +207,15 @@ def run_study(
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
-    previous_sigterm = _sigterm_as_interrupt()
+    stop = _StopRequest()
     try:
         while True:
+            stop.check()
             out_of_time = spec.budget.time_limit_s is not None and time.monotonic() - started > spec.budget.time_limit_s
             while (not out_of_time and outcome.trials_done + len(inflight) + len(queued) < spec.budget.trials
                    and len(inflight) + len(queued) < spec.budget.parallel):
-                proposal = propose(spec, study, pool.total_gpus, backend)
+                proposal = _propose_with_retry(spec, study, pool.total_gpus, backend,
+                                               {*inflight, *(t.number for t, _, _ in queued)})
                 trial, flags, need = proposal.trial, proposal.flags, proposal.gpus
                 if proposal.refused is not None:  # invalid or predicted to fail: no GPU time spent
                     _finish(spec, study, trial, flags, proposal.refused, tracker, outcome, backend, on_result,
@@ -246,16 +255,18 @@ def run_study(
                     progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
                                   f"GPUs {', '.join(result.quarantined_gpus)} quarantined")
                 progress.show(outcome, len(inflight), force=True)
+                stop.check()
     except KeyboardInterrupt:
         status = "KILLED"
         killed = pool.cancel_all()
-        for trial, _ in [*inflight.values(), *((t, f) for t, f, _ in queued)]:
-            study.tell(trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        # Every RUNNING trial is this driver's (it is the only writer), including one asked a
+        # moment before the signal and not yet tracked in ``inflight``: fail them all.
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         progress.note(f"\nservetune: interrupted; {len(killed)} running trials stopped, "
                       f"{outcome.trials_done} finished trials kept (resume with --resume)")
     finally:
-        if previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, previous_sigterm)
+        stop.restore()
         outcome.wall_s = time.monotonic() - started
         progress.show(outcome, 0, force=True)
         if out.isatty():
@@ -264,16 +275,52 @@ def run_study(
     return outcome
 
 
-def _sigterm_as_interrupt() -> Any:
-    """SIGTERM (``ray job stop``, a scheduler) ends the study like Ctrl-C: finished trials kept,
-    running ones stopped, MLflow runs closed. Only the main thread may install handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
+def _propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str,
+                        known_running: set[int]) -> Any:
+    """``propose`` retried on storage outages. An attempt that failed after ``study.ask`` leaves an
+    asked trial nobody owns: before the next attempt it is told FAIL (samplers ignore FAIL trials
+    and the budget counts told results only), so a retry never leaves a RUNNING orphan behind."""
+    failed = False
 
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
+    def attempt() -> Any:
+        if failed:
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                if t.number not in known_running:
+                    study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        return propose(spec, study, total_gpus, backend)
 
-    return signal.signal(signal.SIGTERM, handler)
+    def mark(_: BaseException) -> None:
+        nonlocal failed
+        failed = True
+
+    return retry_call(attempt, what="ask Optuna for a trial", on_retry=mark)
+
+
+class _StopRequest:
+    """SIGTERM (``ray job stop``, a scheduler) and Ctrl-C end a study at the next safe point: the
+    trial being told finishes its Optuna/MLflow/dataset writes, running trials are stopped,
+    finished ones kept. A second signal interrupts at once. Only the main thread may install
+    handlers; elsewhere the study simply runs to its budget."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
@@ -315,7 +362,7 @@ def _finish(
     ``prediction`` is the planner's verdict of a pruned trial: its tags go to MLflow and its
     predicted failure to the dataset (``predicted_failure``).
     """
-    objective = tell(spec, study, trial, result)
+    objective = retry_call(lambda: tell(spec, study, trial, result), what=f"tell trial #{trial.number}")
     tags = {"gpu_type": spec.gpu.type, "model": spec.model_ref, "backend": result.backend or backend,
             "vllm_version": result.vllm_version or spec.vllm_version, "optuna.trial_number": str(trial.number),
             "servetune.study": spec.name}
@@ -353,7 +400,12 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
         outcome.best_command = serve_command(spec.serve_model, outcome.best_flags)
     tracker.finish_study(outcome.best_flags, spec.serve_model, df, plots, outcome.best_metrics or {})
     tracker.end(status)
-    study.set_user_attr("finished_at", dt.datetime.now(dt.timezone.utc).isoformat())
+    left = tracker.flush(wait_s=tracker.flush_wait_s)  # bounded wait for a server that went away
+    if left:
+        print(f"servetune: MLflow unreachable; {left} buffered operations kept in {tracker.buffer_dir} "
+              "(delivered by the next run of this study, e.g. --resume)", file=sys.stderr)
+    retry_call(lambda: study.set_user_attr("finished_at", dt.datetime.now(dt.timezone.utc).isoformat()),
+               what="mark the study finished")
 
 
 def best_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
