@@ -48,7 +48,7 @@ from servetune.errors import SpecError
 from servetune.flags import to_cli_args, to_config_yaml
 from servetune.result import TrialResult, TrialStatus
 from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
-from servetune.search import enqueue_informed_starts, prediction_tags, propose, tell
+from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, tell
 from servetune.spec import StudySpec
 from servetune.tracking import StudyTracker, redact_text
 
@@ -276,13 +276,13 @@ def run_study(
 
 
 def _propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str,
-                        known_running: set[int]) -> Any:
+                        known_running: set[int]) -> Proposal:
     """``propose`` retried on storage outages. An attempt that failed after ``study.ask`` leaves an
     asked trial nobody owns: before the next attempt it is told FAIL (samplers ignore FAIL trials
     and the budget counts told results only), so a retry never leaves a RUNNING orphan behind."""
     failed = False
 
-    def attempt() -> Any:
+    def attempt() -> Proposal:
         if failed:
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
                 if t.number not in known_running:

@@ -24,7 +24,17 @@ Contract:
   ``*_TOKEN``, ``*_KEY``, ``*SECRET*``, ``*PASSWORD*``...) and, in every value, URL credentials,
   token-shaped strings and the values of secret-named environment variables. It is applied to
   params, tags, text artifacts, per-request errors and the trials table.
-* An unreachable server raises :class:`TrackingError` naming the URI (no buffering yet).
+* An unreachable server at construction raises :class:`TrackingError` naming the URI: the study
+  fails fast, before any trial runs. A server that goes away LATER loses nothing when the tracker
+  has a ``buffer_dir``: a ``log_trial`` / ``finish_study`` / ``end`` that fails while ``/health``
+  does not answer is written to ``buffer_dir`` as one folder per operation (``op.json`` with the
+  already redacted params, metrics and tags, plus the artifact files), and the driver carries on.
+  Before each later call, and in :meth:`StudyTracker.flush` (a bounded wait at the end of a
+  study), buffered operations are delivered oldest first and removed. Each trial operation carries
+  a ``servetune.delivery_id`` tag; a delivery first deletes any run a half-finished earlier attempt
+  left with that id, so every trial appears exactly once. A write the server refuses while it is
+  up is not a transport error: it raises :class:`TrackingError` (a buffered one is moved to
+  ``<buffer_dir>/rejected/``).
 
 Example:
     >>> tracker = StudyTracker("http://127.0.0.1:5000", "servetune")  # doctest: +SKIP
@@ -42,8 +52,10 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import tempfile
 import time
+import uuid
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
@@ -73,6 +85,7 @@ __all__ = [
     "TAG_BACKEND",
     "TAG_VLLM_VERSION",
     "TAG_PARENT",
+    "TAG_DELIVERY",
 ]
 
 _log = logging.getLogger(__name__)
@@ -85,6 +98,7 @@ TAG_TRIAL_NUMBER = "servetune.trial_number"  # the Optuna trial number
 TAG_BACKEND = "servetune.backend"
 TAG_VLLM_VERSION = "servetune.vllm_version"
 TAG_PARENT = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI groups children under it
+TAG_DELIVERY = "servetune.delivery_id"  # one id per trial operation: redelivery replaces, never duplicates
 _TAG_RUN_NAME = "mlflow.runName"
 
 # MLflow's server-side limits (mlflow.utils.validation); fixed here so a server upgrade that
@@ -240,7 +254,19 @@ class StudyTracker:
     """
 
     def __init__(self, tracking_uri: str, experiment: str, *, connect_timeout_s: float = 10.0,
-                 artifact_location: str | None = None) -> None:
+                 artifact_location: str | None = None, buffer_dir: str | Path | None = None,
+                 flush_wait_s: float = 120.0) -> None:
+        # ``buffer_dir``: where writes wait while the server is unreachable (None: no buffering,
+        # a failed write raises). ``flush_wait_s``: how long the end of a study waits for it.
+        self.buffer_dir = None if buffer_dir is None else Path(buffer_dir)
+        self.flush_wait_s = flush_wait_s
+        self._seq = 0
+        if self.buffer_dir is not None:
+            # MLflow's client retries a refused connection 7 times with exponential backoff (minutes)
+            # before failing; with a buffer the driver should fail over in seconds instead. Only a
+            # default: an explicit setting in the environment wins.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
         # ``artifact_location``: where a NEW experiment keeps its artifacts. For a local store
         # (sqlite:) the driver passes a folder beside the database, so `mlflow ui` finds them
         # whatever directory it is started from (MLflow's default is ./mlruns of the cwd).
@@ -274,6 +300,16 @@ class StudyTracker:
                 f"MLflow tracking server at {self._safe_uri} is unreachable ({exc}); start it "
                 f"(`mlflow server --host 127.0.0.1 --port PORT`) or point tracking.uri at a running one"
             ) from None
+
+    def _server_up(self, timeout_s: float = 3.0) -> bool:
+        """Whether the server answers ``/health`` now (a local store is always up)."""
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return True
+        try:
+            with urllib.request.urlopen(self.tracking_uri + "/health", timeout=timeout_s) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
 
     @property
     def _safe_uri(self) -> str:
@@ -364,6 +400,7 @@ class StudyTracker:
             >>> tracker.start_study("s1", {"objective": "output_throughput"}, {"gpu_type": "H200"})  # doctest: +SKIP
             '3f2a...'
         """
+        self.flush()  # an earlier submission's buffered writes go first
         existing = self.find_study_run(study_name)
         safe_params = redact(_flatten(params))
         self._study_tags = {k: str(v) for k, v in redact(tags).items()}
@@ -405,7 +442,8 @@ class StudyTracker:
         """Record one finished trial as a nested child run; returns the child run id.
 
         ``workload`` (the workload description) is logged as ``workload.*`` params; files in
-        ``artifacts_dir`` are uploaded under ``files/`` (text files redacted).
+        ``artifacts_dir`` are uploaded under ``files/`` (text files redacted). While the server is
+        unreachable the trial is buffered on disk and ``""`` is returned (no run id yet).
 
         Example:
             >>> tracker.log_trial(7, {"max_num_seqs": 64}, result, {"sampler": "tpe"})  # doctest: +SKIP
@@ -429,36 +467,138 @@ class StudyTracker:
             run_tags[TAG_VLLM_VERSION] = result.vllm_version
         if result.cause:
             run_tags[TAG_CAUSE] = redact_text(result.cause)
+        run_tags[TAG_DELIVERY] = uuid.uuid4().hex
         run_tags = {k: _tag_value(v) for k, v in run_tags.items()}
-        run = self._call("create the trial run", lambda: self._client.create_run(
-            self.experiment_id, tags=run_tags, run_name=f"trial-{trial_number:03d}"))
+        op_dir = self._new_op_dir("trial")
+        try:
+            _write_trial_files(op_dir / "artifacts", result, artifacts_dir)
+        except BaseException:
+            shutil.rmtree(op_dir, ignore_errors=True)
+            raise
+        _write_op(op_dir, {"kind": "trial", "experiment_id": self.experiment_id, "run_name": f"trial-{trial_number:03d}",
+                           "tags": run_tags, "params": {k: _param_value(v) for k, v in params.items()},
+                           "metrics": {k: float(v) for k, v in result.metrics().items()},
+                           "status": _child_status(status)})
+        return self._submit(op_dir) or ""
+
+    # -- delivery and the on-disk buffer -----------------------------------------------------
+
+    def _new_op_dir(self, kind: str) -> Path:
+        """A fresh folder for one operation: staged inside the buffer (so enqueueing is a rename)."""
+        self._seq += 1
+        name = f"{time.time_ns():020d}-{self._seq:04d}-{kind}"
+        if self.buffer_dir is None:
+            return Path(tempfile.mkdtemp(prefix=f"servetune-{kind}-"))
+        staging = self.buffer_dir / ".staging"
+        staging.mkdir(parents=True, exist_ok=True)
+        path = staging / name
+        path.mkdir()
+        return path
+
+    def pending(self) -> list[Path]:
+        """The buffered operations, oldest first (empty without a buffer)."""
+        if self.buffer_dir is None or not self.buffer_dir.is_dir():
+            return []
+        return sorted(p for p in self.buffer_dir.iterdir() if p.is_dir() and (p / "op.json").is_file())
+
+    def _submit(self, op_dir: Path) -> str | None:
+        """Deliver one operation now, or buffer it when the server is unreachable; the run id or None."""
+        try:
+            if self.pending():
+                self.flush()
+            if self.pending():  # still down: queue behind the older operations, keeping the order
+                return self._enqueue(op_dir)
+            try:
+                return self._deliver(op_dir)
+            except TrackingError:
+                if self.buffer_dir is None or self._server_up():
+                    raise  # refused by a live server (or no buffer): a real error
+                return self._enqueue(op_dir)
+        finally:
+            if op_dir.exists():  # delivered or refused; an enqueued folder has moved away
+                shutil.rmtree(op_dir, ignore_errors=True)
+
+    def _enqueue(self, op_dir: Path) -> None:
+        assert self.buffer_dir is not None
+        target = self.buffer_dir / op_dir.name
+        op_dir.rename(target)
+        _log.warning("MLflow at %s is unreachable: %s buffered in %s (%d waiting)", self._safe_uri,
+                     op_dir.name.split("-", 2)[-1], target, len(self.pending()))
+        return None
+
+    def flush(self, wait_s: float = 0.0) -> int:
+        """Deliver buffered operations, oldest first; wait up to ``wait_s`` for the server to return.
+
+        Returns how many are still buffered (0: all delivered).
+
+        Example:
+            >>> tracker.flush(wait_s=60)  # doctest: +SKIP
+            0
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            entries = self.pending()
+            if not entries:
+                return 0
+            if self._server_up():
+                for entry in entries:
+                    try:
+                        self._deliver(entry)
+                    except TrackingError as exc:
+                        if self._server_up():  # refused, not unreachable: set it aside, do not block the queue
+                            assert self.buffer_dir is not None
+                            rejected = self.buffer_dir / "rejected"
+                            rejected.mkdir(exist_ok=True)
+                            entry.rename(rejected / entry.name)
+                            _log.error("MLflow refused buffered operation %s (kept in %s): %s", entry.name, rejected, exc)
+                            continue
+                        break
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    continue
+            if time.monotonic() >= deadline:
+                return len(self.pending())
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    def _deliver(self, op_dir: Path) -> str | None:
+        """Write one operation to MLflow (idempotent: a redelivery replaces a half-written run)."""
+        op = json.loads((op_dir / "op.json").read_text(encoding="utf-8"))
+        artifacts = op_dir / "artifacts"
+        kind = op["kind"]
+        if kind == "trial":
+            return self._call("log the trial", lambda: self._deliver_trial(op, artifacts))
+        if kind == "finish":
+            self._call("log the study outcome", lambda: self._deliver_finish(op, artifacts))
+        elif kind == "end":
+            self._call("close the study run", lambda: self._client.set_terminated(op["parent"], status=op["status"]))
+        else:
+            raise TrackingError(f"unknown buffered operation {kind!r} in {op_dir}")
+        return None
+
+    def _deliver_trial(self, op: Mapping[str, Any], artifacts: Path) -> str:
+        delivery = op["tags"][TAG_DELIVERY]
+        page = self._client.search_runs([op["experiment_id"]], filter_string=f"tags.`{TAG_DELIVERY}` = '{delivery}'")
+        for partial in page:  # an earlier attempt died half-way: replace its run
+            self._client.delete_run(partial.info.run_id)
+        run = self._client.create_run(op["experiment_id"], tags=op["tags"], run_name=op["run_name"])
         run_id = run.info.run_id
         try:
-            self._call("log the trial", lambda: self._log_trial_body(run_id, params, result, artifacts_dir))
-            self._call("close the trial run", lambda: self._client.set_terminated(run_id, _child_status(status)))
-        except TrackingError:
-            try:  # leave no RUNNING child behind if the server is still there
+            self._log(run_id, params=op["params"], metrics=op["metrics"])
+            if artifacts.is_dir():
+                self._client.log_artifacts(run_id, str(artifacts))
+            self._client.set_terminated(run_id, op["status"])
+        except Exception:
+            try:  # leave no RUNNING child behind if the server is still there (a redelivery deletes it)
                 self._client.set_terminated(run_id, "FAILED")
             except Exception:  # noqa: BLE001 - best effort; the first error is the one to report
                 pass
             raise
-        return run_id
+        return str(run_id)
 
-    def _log_trial_body(self, run_id: str, params: Mapping[str, Any], result: TrialResult,
-                        artifacts_dir: Path | None) -> None:
-        self._log(run_id, params=params, metrics=result.metrics())
-        self._client.log_text(run_id, redact_text(result.log_text), "engine.log")
-        summary = {**result.to_dict(), "cause": redact_text(result.cause or "") or None,
-                   "evidence": [redact_text(e) for e in result.evidence]}
-        self._client.log_text(run_id, json.dumps(summary, indent=2, sort_keys=True), "result.json")
-        with tempfile.TemporaryDirectory(prefix="servetune-trial-") as tmp:
-            path = Path(tmp) / "requests.parquet"
-            pq.write_table(requests_table(result.requests, redact=redact_text), path)
-            self._client.log_artifact(run_id, str(path))
-            if artifacts_dir is not None:
-                staged = Path(tmp) / "files"
-                _stage_redacted(Path(artifacts_dir), staged)
-                self._client.log_artifacts(run_id, str(staged), artifact_path="files")
+    def _deliver_finish(self, op: Mapping[str, Any], artifacts: Path) -> None:
+        self._log(op["parent"], metrics=op["metrics"], tags=op["tags"])
+        if artifacts.is_dir() and any(artifacts.iterdir()):
+            self._client.log_artifacts(op["parent"], str(artifacts))
 
     # -- end of study ------------------------------------------------------------------------
 
@@ -475,38 +615,14 @@ class StudyTracker:
             ...                      {"best_output_throughput": 10500.0})  # doctest: +SKIP
         """
         parent = self._require_study()
-        self._call("log the study outcome",
-                   lambda: self._finish_body(parent, best_flags, model, trials, plots, summary_metrics))
-
-    def _finish_body(self, parent: str, best_flags: Mapping[str, Any] | None, model: str,
-                     trials: pd.DataFrame, plots: Mapping[str, Any], summary_metrics: Mapping[str, float]) -> None:
-        model = redact_text(model)
-        tags: dict[str, Any] = {}
-        if best_flags is not None:
-            flags = redact(best_flags)
-            command = render_command(model, flags)
-            self._client.log_text(parent, to_config_yaml(model, flags), "best_config.yaml")
-            self._client.log_text(parent, command + "\n", "best_command.txt")
-            tags["servetune.best_command"] = command
-        metrics = {k: float(v) for k, v in summary_metrics.items() if v is not None}
-        self._log(parent, metrics=metrics, tags=tags)
-        with tempfile.TemporaryDirectory(prefix="servetune-study-") as tmp:
-            table = _redact_frame(trials)
-            csv_path, parquet_path = Path(tmp) / "trials.csv", Path(tmp) / "trials.parquet"
-            table.to_csv(csv_path, index=False)
-            table.to_parquet(parquet_path, index=False)
-            self._client.log_artifact(parent, str(csv_path))
-            self._client.log_artifact(parent, str(parquet_path))
-            plot_dir = Path(tmp) / "plots"
-            plot_dir.mkdir()
-            for name, plot in plots.items():
-                target = plot_dir / (name if name.lower().endswith(".png") else f"{name}.png")
-                if hasattr(plot, "savefig"):
-                    plot.savefig(target, format="png", dpi=110, bbox_inches="tight")
-                else:
-                    target.write_bytes(Path(plot).read_bytes())
-            if plots:
-                self._client.log_artifacts(parent, str(plot_dir), artifact_path="plots")
+        op_dir = self._new_op_dir("finish")
+        try:
+            tags, metrics = _write_finish_files(op_dir / "artifacts", best_flags, model, trials, plots, summary_metrics)
+        except BaseException:
+            shutil.rmtree(op_dir, ignore_errors=True)
+            raise
+        _write_op(op_dir, {"kind": "finish", "parent": parent, "tags": tags, "metrics": metrics})
+        self._submit(op_dir)
 
     def end(self, status: str = "FINISHED") -> None:
         """Close the parent run: ``FINISHED``, ``FAILED`` or ``KILLED``.
@@ -518,7 +634,57 @@ class StudyTracker:
         word = status.upper()
         if word not in ("FINISHED", "FAILED", "KILLED"):
             raise SpecError("status", f"unknown run status {status!r}", "use FINISHED, FAILED or KILLED")
-        self._call("close the study run", lambda: self._client.set_terminated(parent, status=word))
+        op_dir = self._new_op_dir("end")
+        _write_op(op_dir, {"kind": "end", "parent": parent, "status": word})
+        self._submit(op_dir)
+
+
+def _write_op(op_dir: Path, op: Mapping[str, Any]) -> None:
+    """``op.json`` is written last, through a rename: a folder without it is not an operation yet."""
+    tmp = op_dir / "op.json.tmp"
+    tmp.write_text(json.dumps(op, sort_keys=True), encoding="utf-8")
+    tmp.rename(op_dir / "op.json")
+
+
+def _write_trial_files(target: Path, result: TrialResult, artifacts_dir: Path | None) -> None:
+    """A trial's artifacts, redacted: engine.log, result.json, requests.parquet, files/..."""
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "engine.log").write_text(redact_text(result.log_text), encoding="utf-8")
+    summary = {**result.to_dict(), "cause": redact_text(result.cause or "") or None,
+               "evidence": [redact_text(e) for e in result.evidence]}
+    (target / "result.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
+    pq.write_table(requests_table(result.requests, redact=redact_text), target / "requests.parquet")
+    if artifacts_dir is not None:
+        _stage_redacted(Path(artifacts_dir), target / "files")
+
+
+def _write_finish_files(target: Path, best_flags: Mapping[str, Any] | None, model: str, trials: pd.DataFrame,
+                        plots: Mapping[str, Any], summary_metrics: Mapping[str, float]
+                        ) -> tuple[dict[str, str], dict[str, float]]:
+    """The study outcome's artifacts (redacted) under ``target``; returns the parent's tags and metrics."""
+    target.mkdir(parents=True, exist_ok=True)
+    model = redact_text(model)
+    tags: dict[str, str] = {}
+    if best_flags is not None:
+        flags = redact(best_flags)
+        command = render_command(model, flags)
+        (target / "best_config.yaml").write_text(to_config_yaml(model, flags), encoding="utf-8")
+        (target / "best_command.txt").write_text(command + "\n", encoding="utf-8")
+        tags["servetune.best_command"] = _tag_value(command)
+    metrics = {k: float(v) for k, v in summary_metrics.items() if v is not None}
+    table = _redact_frame(trials)
+    table.to_csv(target / "trials.csv", index=False)
+    table.to_parquet(target / "trials.parquet", index=False)
+    if plots:
+        plot_dir = target / "plots"
+        plot_dir.mkdir()
+        for name, plot in plots.items():
+            dest = plot_dir / (name if name.lower().endswith(".png") else f"{name}.png")
+            if hasattr(plot, "savefig"):
+                plot.savefig(dest, format="png", dpi=110, bbox_inches="tight")
+            else:
+                dest.write_bytes(Path(plot).read_bytes())
+    return tags, metrics
 
 
 def _redact_frame(df: pd.DataFrame) -> pd.DataFrame:
