@@ -1,0 +1,109 @@
+"""Ray job entrypoint: run one servetune study on an existing Ray cluster.
+
+Submit it from the repository root (the working dir is the repo, so ``platform/`` travels with it)::
+
+    ray job submit --working-dir . --runtime-env-json '{"py_modules": ["platform/servetune"]}' \\
+        -- python jobs/tune.py jobs/quickstart.yaml --trials 20 [--resume]
+
+or run it as a plain driver next to a cluster: ``RAY_ADDRESS=10.0.0.1:6379 python jobs/tune.py S.yaml``.
+It joins the running cluster (``RAY_ADDRESS``, the job's own cluster, or one started on this host
+with ``ray start``; a fresh local Ray with logical GPUs when there is none), runs the study with
+:func:`servetune.study.run_study`, and prints one progress line at a time (``ray job logs`` shows
+them). Trials run only on the nodes of the spec's GPU type (``accelerator_type:<TYPE>``).
+
+Exit codes, as ``servetune tune``: 0 a best configuration was found, 1 none met the constraints
+(or the study was interrupted with none), 2 a bad spec or option (the message names the field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# The working dir is the repository root; py_modules may already provide servetune, but a plain
+# `python jobs/tune.py` (or a job without py_modules) needs platform/ on the path.
+_PLATFORM = Path(__file__).resolve().parent.parent / "platform"
+if _PLATFORM.is_dir() and str(_PLATFORM) not in sys.path:
+    sys.path.insert(0, str(_PLATFORM))
+
+__all__ = ["main", "connect"]
+
+
+def _cluster_running() -> bool:
+    """True when a Ray cluster seems to run on this host (``ray start`` leaves its address file in
+    Ray's default temp dir; the file may be stale, so the caller still handles a failed connect)."""
+    import tempfile
+
+    return Path(tempfile.gettempdir() if os.name == "nt" else "/tmp", "ray", "ray_current_cluster").is_file()
+
+
+def connect() -> str:
+    """Join the existing cluster when there is one; returns how (for the log).
+
+    ``RAY_ADDRESS`` (set by ``ray job submit`` for the job's driver) wins; else a cluster started on
+    this host; else nothing is started here and :func:`run_study` starts a local Ray itself.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return "already connected"
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(_PLATFORM), os.environ.get("PYTHONPATH")) if p)}
+    kwargs: dict[str, Any] = {"log_to_driver": False, "runtime_env": {"env_vars": env}, "configure_logging": False}
+    if os.environ.get("RAY_ADDRESS") or _cluster_running():
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"], **kwargs)
+        else:
+            try:
+                ray.init(address="auto", **kwargs)
+            except ConnectionError:  # a stale address file: nothing is running after all
+                return "no running cluster (stale address file): a local Ray with logical GPUs"
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        return f"joined the Ray cluster at {os.environ.get('RAY_ADDRESS') or 'auto'} ({len(nodes)} nodes, " \
+               f"{int(ray.cluster_resources().get('GPU', 0))} GPUs)"
+    return "no running cluster: a local Ray with logical GPUs"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the options, join the cluster, run the study; returns the exit code.
+
+    Example:
+        >>> main(["jobs/quickstart.yaml", "--trials", "4"])   # doctest: +SKIP
+        0
+    """
+    parser = argparse.ArgumentParser(prog="jobs/tune.py", description="Run a servetune study as a Ray job.")
+    parser.add_argument("spec", help="the study spec (YAML)")
+    parser.add_argument("--trials", type=int, default=None, help="override budget.trials")
+    parser.add_argument("--parallel", type=int, default=None, help="override budget.parallel")
+    parser.add_argument("--backend", choices=("auto", "vllm", "sim", "replay"), default=None)
+    parser.add_argument("--resume", action="store_true", help="continue the study of the same name")
+    args = parser.parse_args(argv)
+
+    from servetune.errors import SpecError
+    from servetune.spec import load_spec
+    from servetune.study import run_study
+
+    try:
+        spec = load_spec(args.spec).with_overrides(backend=args.backend, trials=args.trials, parallel=args.parallel)
+        print(f"servetune job: {connect()}", flush=True)
+        outcome = run_study(spec, resume=args.resume, out=sys.stdout)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    print(f"servetune job: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served, "
+          f"{outcome.startup_failed} failed at startup, {outcome.pruned} pruned, {outcome.other_failed} other failures",
+          flush=True)
+    if outcome.best_flags is None:
+        print("servetune job: no trial met the constraints", flush=True)
+        return 1
+    m = outcome.best_metrics or {}
+    print(f"servetune job: best trial #{outcome.best_number}: {m.get('output_throughput', 0):,.0f} output tok/s",
+          flush=True)
+    print(f"servetune job: run it with:\n  {outcome.best_command}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,550 @@
+"""Nightly tuning: a matrix of models x GPU types x workloads, one study per cell and night.
+
+The contract:
+
+- A matrix file (``jobs/nightly.yaml``) holds a spec ``template`` (any study-spec section but
+  ``name``), the axes ``models``, ``gpus`` and ``workloads`` (a name -> workload mapping), and
+  optional per-cell ``overrides`` (cell name -> spec sections, deep-merged last). Each cell becomes
+  one study spec named ``<cell>-<YYYYMMDD>``; cell names are ``<model>.<gpu>.<workload>``.
+- Warm start: the best feasible flags found on earlier nights for the cell (read from the Parquet
+  dataset) are enqueued as the night's first trial, so a night starts where the last one ended.
+- Noise: tonight's best configuration is measured again ``noise.repeats`` times with other seeds;
+  the spread (sample stdev) of those measurements, or of earlier nights' bests where larger, is
+  the measurement noise. A regression is tonight's best below the previous night's best by more
+  than ``max(noise.sigmas x noise, noise.min_relative x previous)`` (throughputs; the sign flips
+  for latency objectives).
+- Outputs: ``<output.dir>/nightly_history.parquet`` (one row per cell and night), and beside it
+  ``reports/<YYYYMMDD>/report.md`` with a table and one plot per cell; both the report and the
+  plots are logged to MLflow as artifacts of a run named ``nightly-<YYYYMMDD>``
+  (tag ``servetune.role=nightly``). :func:`run_nightly` returns the cells' verdicts; the job exits
+  1 when any cell regressed.
+
+Pure pieces (no I/O): :func:`expand_matrix`, :func:`deep_merge`, :func:`noise_of`, :func:`compare`,
+:func:`warm_start_flags`, :func:`scaled_calibration`, :func:`render_report`. The rest does I/O.
+
+Example:
+    >>> from servetune.nightly import compare
+    >>> compare(700.0, [1000.0], noise=5.0, direction="maximize").regressed
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime as dt
+import io
+import json
+import math
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import pandas as pd
+import yaml
+
+from servetune.errors import SpecError, did_you_mean
+
+__all__ = ["Cell", "NoiseSettings", "Verdict", "CellNight", "NightlyOutcome", "load_matrix", "expand_matrix",
+           "deep_merge", "noise_of", "compare", "warm_start_flags", "scaled_calibration", "render_report",
+           "run_nightly", "today", "MATRIX_KEYS"]
+
+MATRIX_KEYS = ("name", "template", "models", "gpus", "workloads", "overrides", "noise", "output", "tracking")
+_DATE_RE = re.compile(r"^\d{8}$")
+_EFFICIENCY_KNOBS = ("mem_efficiency", "kv_read_efficiency", "compute_efficiency", "interconnect_efficiency")
+_TIME_KNOBS = ("step_overhead_s", "seq_overhead_s", "request_overhead_s", "token_overhead_s", "graph_launch_s",
+               "compiled_layer_overhead_s", "eager_layer_overhead_s", "allreduce_latency_s")
+
+
+# -- the matrix (pure) --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NoiseSettings:
+    repeats: int = 3  # re-measurements of tonight's best, with other seeds
+    sigmas: float = 3.0  # a regression is a drop beyond this many noise stdevs...
+    min_relative: float = 0.03  # ...and beyond this share of the previous best (a floor for zero noise)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One model x GPU type x workload: its name and its full study spec data (without the date)."""
+
+    name: str
+    model: str
+    gpu_type: str
+    workload: str
+    spec_data: Mapping[str, Any]
+
+    def study_name(self, date: str) -> str:
+        return f"{self.name}-{date}"
+
+
+def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, mappings merged key by key (lists and scalars replaced).
+
+    Example:
+        >>> deep_merge({"budget": {"trials": 4, "parallel": 1}}, {"budget": {"trials": 8}})
+        {'budget': {'trials': 8, 'parallel': 1}}
+    """
+    out = copy.deepcopy(dict(base))
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-")
+
+
+def expand_matrix(matrix: Mapping[str, Any]) -> list[Cell]:
+    """Every cell of the matrix with its spec data (template, axes, then the cell's overrides).
+
+    Example:
+        >>> cells = expand_matrix({"template": {"budget": {"trials": 4}}, "models": ["m"],
+        ...     "gpus": [{"type": "H200"}, "L4"], "workloads": {"chat": {"input_len": 10}},
+        ...     "overrides": {"m.L4.chat": {"budget": {"trials": 2}}}})
+        >>> [(c.name, c.spec_data["gpu"], c.spec_data["budget"]) for c in cells]
+        [('m.H200.chat', {'type': 'H200'}, {'trials': 4}), ('m.L4.chat', {'type': 'L4'}, {'trials': 2})]
+    """
+    if not isinstance(matrix, Mapping):
+        raise SpecError("matrix", f"expected a mapping, got {type(matrix).__name__}", "start from jobs/nightly.yaml")
+    for key in matrix:
+        if key not in MATRIX_KEYS:
+            raise SpecError(str(key), f"unknown key{did_you_mean(str(key), MATRIX_KEYS)}",
+                            f"allowed keys: {', '.join(MATRIX_KEYS)}")
+    template = matrix.get("template") or {}
+    if not isinstance(template, Mapping) or "name" in template:
+        raise SpecError("template", "expected a spec mapping without name", "the cell names its studies itself")
+    models, gpu_list, workloads = matrix.get("models"), matrix.get("gpus"), matrix.get("workloads")
+    if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
+        raise SpecError("models", f"expected a non-empty list of model names, got {models!r}", "models: [llama-3.1-8b]")
+    if not isinstance(gpu_list, list) or not gpu_list:
+        raise SpecError("gpus", f"expected a non-empty list, got {gpu_list!r}", "gpus: [{type: H200, count: 1}]")
+    if not isinstance(workloads, Mapping) or not workloads:
+        raise SpecError("workloads", f"expected a mapping of names to workloads, got {workloads!r}",
+                        "workloads: {chat: {input_len: 512, output_len: 256, num_requests: 200, concurrency: 64}}")
+    gpus_norm: list[dict[str, Any]] = []
+    for i, g in enumerate(gpu_list):
+        entry = {"type": g} if isinstance(g, str) else g
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("type"), str):
+            raise SpecError(f"gpus[{i}]", f"expected a GPU type or {{type: ..., count: ...}}, got {g!r}",
+                            "gpus: [H200, {type: A100-40GB, count: 2}]")
+        gpus_norm.append(dict(entry))
+    overrides = matrix.get("overrides") or {}
+    cells: list[Cell] = []
+    for model in models:
+        for gpu in gpus_norm:
+            for wname, workload in workloads.items():
+                name = f"{_slug(model)}.{_slug(gpu['type'])}.{_slug(str(wname))}"
+                data = deep_merge(template, {"model": model, "gpu": gpu, "workload": workload})
+                data = deep_merge(data, overrides.get(name) or {})
+                cells.append(Cell(name, model, gpu["type"], str(wname), data))
+    unknown = set(overrides) - {c.name for c in cells}
+    if unknown:
+        bad = sorted(unknown)[0]
+        raise SpecError(f"overrides.{bad}", f"no such cell{did_you_mean(bad, [c.name for c in cells])}",
+                        "cell names are <model>.<gpu type>.<workload>")
+    return cells
+
+
+def _noise_settings(raw: Any) -> NoiseSettings:
+    if raw is None:
+        return NoiseSettings()
+    if not isinstance(raw, Mapping):
+        raise SpecError("noise", f"expected a mapping, got {raw!r}", "noise: {repeats: 3, sigmas: 3, min_relative: 0.03}")
+    try:
+        settings = NoiseSettings(**{k: raw[k] for k in raw})
+    except TypeError:
+        bad = sorted(set(raw) - {f.name for f in dataclasses.fields(NoiseSettings)})[0]
+        raise SpecError(f"noise.{bad}", "unknown key", "use repeats, sigmas, min_relative") from None
+    if not isinstance(settings.repeats, int) or settings.repeats < 2:
+        raise SpecError("noise.repeats", f"must be an integer >= 2, got {settings.repeats!r}", "noise: {repeats: 3}")
+    return settings
+
+
+# -- comparison (pure) --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    regressed: bool
+    baseline: float | None  # the previous night's best (None: the first night)
+    change: float | None  # relative change against the baseline, in the objective's good direction
+    threshold: float  # the largest tolerated drop, in objective units
+    reason: str
+
+
+def noise_of(samples: Sequence[float]) -> float:
+    """The sample standard deviation of repeated measurements (0 with fewer than two).
+
+    Example:
+        >>> round(noise_of([100.0, 102.0, 98.0]), 3)
+        2.0
+    """
+    values = [float(v) for v in samples if v is not None and math.isfinite(v)]
+    return statistics.stdev(values) if len(values) >= 2 else 0.0
+
+
+def compare(tonight: float | None, earlier: Sequence[float], noise: float, direction: str = "maximize",
+            settings: NoiseSettings | None = None) -> Verdict:
+    """Tonight's best against the previous night's (the last of ``earlier``).
+
+    A regression is a move in the bad direction larger than ``max(sigmas x noise, min_relative x
+    baseline)``; ``noise`` is the larger of tonight's re-measurement spread and the spread of the
+    earlier nights' bests (computed here from ``earlier``).
+
+    Example:
+        >>> compare(990.0, [1000.0], noise=5.0).regressed, compare(900.0, [1000.0], noise=5.0).regressed
+        (False, True)
+    """
+    s = settings or NoiseSettings()
+    if tonight is None:
+        base = earlier[-1] if earlier else None
+        return Verdict(base is not None, base, None, math.nan,
+                       "no feasible configuration tonight" + ("" if base is None else f" (previous best {base:,.1f})"))
+    if not earlier:
+        return Verdict(False, None, None, math.nan, "first night: nothing to compare with")
+    base = float(earlier[-1])
+    spread = max(noise, noise_of(earlier))
+    threshold = max(s.sigmas * spread, s.min_relative * abs(base))
+    sign = 1.0 if direction == "maximize" else -1.0
+    gain = sign * (tonight - base)
+    change = gain / abs(base) if base else None
+    if gain < -threshold:
+        return Verdict(True, base, change, threshold,
+                       f"{-gain:,.1f} worse than the previous best {base:,.1f} (tolerance {threshold:,.1f}: "
+                       f"{s.sigmas:g} x noise {spread:,.1f} or {s.min_relative:.0%})")
+    return Verdict(False, base, change, threshold, f"within the tolerance {threshold:,.1f} of the previous best {base:,.1f}")
+
+
+def warm_start_flags(history: pd.DataFrame, names: Sequence[str], objective: str, direction: str,
+                     max_preemptions: int = 0) -> dict[str, Any] | None:
+    """The searched flags of the best feasible trial in ``history`` (dataset rows), or None.
+
+    Example:
+        >>> df = pd.DataFrame({"status": ["ok", "ok", "startup_oom"], "preemptions": [0, 3, None],
+        ...     "output_throughput": [10.0, 50.0, None], "flag_max_num_seqs": [32, 256, 512]})
+        >>> warm_start_flags(df, ["max_num_seqs"], "output_throughput", "maximize")
+        {'max_num_seqs': 32}
+    """
+    if history.empty or objective not in history.columns:
+        return None
+    ok = history[(history["status"] == "ok") & history[objective].notna()]
+    if "preemptions" in ok.columns:
+        ok = ok[ok["preemptions"].fillna(0) <= max_preemptions]
+    cols = [f"flag_{n}" for n in names]
+    if ok.empty or any(c not in ok.columns for c in cols):
+        return None
+    row = ok.sort_values(objective, ascending=direction != "maximize").iloc[0]
+    out: dict[str, Any] = {}
+    for name, col in zip(names, cols, strict=True):
+        value = row[col]
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        out[name] = value.item() if hasattr(value, "item") else value
+    return out or None
+
+
+def scaled_calibration(base: Mapping[str, float], factor: float) -> dict[str, float]:
+    """Simulator knobs for an engine ``factor`` times as fast: efficiencies scaled by ``factor``,
+    per-step/per-token overhead times by ``1/factor`` (so every step takes ``1/factor`` as long).
+
+    Example:
+        >>> scaled_calibration({"mem_efficiency": 0.6, "step_overhead_s": 0.002}, 0.5)
+        {'mem_efficiency': 0.3, 'step_overhead_s': 0.004}
+    """
+    if not factor > 0:
+        raise SpecError("--inject-regression", f"factor must be > 0, got {factor}", "e.g. CELL:0.7 (30% slower)")
+    out = {}
+    for key, value in base.items():
+        if key in _EFFICIENCY_KNOBS:
+            out[key] = value * factor
+        elif key in _TIME_KNOBS:
+            out[key] = value / factor
+        else:
+            out[key] = value
+    return out
+
+
+# -- one night ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class CellNight:
+    """One cell's result tonight."""
+
+    cell: str
+    study: str
+    date: str
+    objective: str
+    direction: str
+    best: float | None
+    repeats: list[float]
+    noise: float
+    flags: dict[str, Any] | None
+    warm_start: dict[str, Any] | None
+    verdict: Verdict
+    injected: float | None = None  # the speed factor planted for a test, if any
+
+
+@dataclasses.dataclass
+class NightlyOutcome:
+    date: str
+    cells: list[CellNight]
+    report: Path
+    history: Path
+    mlflow_run_id: str | None = None
+
+    @property
+    def regressions(self) -> list[CellNight]:
+        return [c for c in self.cells if c.verdict.regressed]
+
+
+def render_report(date: str, nights: Sequence[CellNight], history: pd.DataFrame, plots: Mapping[str, str]) -> str:
+    """The Markdown report: a summary table, then per cell its nights and its plot. Pure.
+
+    Example:
+        >>> v = Verdict(False, None, None, math.nan, "first night: nothing to compare with")
+        >>> n = CellNight("m.H200.chat", "m.H200.chat-20260101", "20260101", "output_throughput", "maximize",
+        ...               1000.0, [1000.0, 1001.0], 0.7, {"max_num_seqs": 64}, None, v)
+        >>> "| m.H200.chat | 1,000.0 |" in render_report("20260101", [n], pd.DataFrame(), {})
+        True
+    """
+    lines = [f"# servetune nightly {date}", ""]
+    bad = [n for n in nights if n.verdict.regressed]
+    lines.append(f"**{len(bad)} regression(s)** in {len(nights)} cell(s)." if bad else
+                 f"No regression in {len(nights)} cell(s).")
+    lines += ["", "| cell | best | previous | change | noise (stdev) | tolerance | verdict |",
+              "|---|---|---|---|---|---|---|"]
+    for n in nights:
+        prev = "-" if n.verdict.baseline is None else f"{n.verdict.baseline:,.1f}"
+        change = "-" if n.verdict.change is None else f"{n.verdict.change:+.1%}"
+        tol = "-" if math.isnan(n.verdict.threshold) else f"{n.verdict.threshold:,.1f}"
+        best = "-" if n.best is None else f"{n.best:,.1f}"
+        word = "REGRESSION" if n.verdict.regressed else "ok"
+        lines.append(f"| {n.cell} | {best} | {prev} | {change} | {n.noise:,.1f} | {tol} | {word} |")
+    for n in nights:
+        lines += ["", f"## {n.cell}", "",
+                  f"Study `{n.study}`, objective `{n.objective}` ({n.direction}). {n.verdict.reason}."]
+        if n.injected is not None:
+            lines.append(f"Planted regression: the simulated engine ran at {n.injected:g} x its speed.")
+        if n.warm_start:
+            lines.append(f"Warm start from earlier nights: `{json.dumps(n.warm_start, sort_keys=True)}`.")
+        if n.flags:
+            lines.append(f"Best flags: `{json.dumps(n.flags, sort_keys=True)}`; re-measured "
+                         f"{', '.join(f'{r:,.1f}' for r in n.repeats)}.")
+        rows = history[history["cell"] == n.cell] if not history.empty else history
+        if not rows.empty:
+            lines += ["", "| night | best | noise | verdict |", "|---|---|---|---|"]
+            for _, r in rows.sort_values("date").iterrows():
+                best = "-" if pd.isna(r["best"]) else f"{r['best']:,.1f}"
+                lines.append(f"| {r['date']} | {best} | {r['noise']:,.1f} | "
+                             f"{'REGRESSION' if r['regressed'] else 'ok'} |")
+        if n.cell in plots:
+            lines += ["", f"![{n.cell}]({plots[n.cell]})"]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(rows: pd.DataFrame, cell: str, objective: str, path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    # Figure() directly, not pyplot: no global figure registry across cells.
+    fig = Figure(figsize=(6.5, 3.8), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    rows = rows.sort_values("date")
+    x = list(range(len(rows)))
+    best = rows["best"].astype(float).to_numpy()
+    noise = rows["noise"].astype(float).to_numpy()
+    ax.errorbar(x, best, yerr=noise, marker="o", capsize=4, label="best (+/- noise)")
+    flagged = rows["regressed"].to_numpy(dtype=bool)
+    if flagged.any():
+        ax.scatter([xi for xi, f in zip(x, flagged, strict=True) if f], best[flagged], color="red", zorder=3,
+                   s=80, label="regression")
+    ax.set_xticks(x, list(rows["date"]), rotation=30)
+    ax.set_ylabel(objective)
+    ax.set_title(cell)
+    ax.legend(loc="best")
+    fig.savefig(path, dpi=90)
+
+
+def load_matrix(path: str | Path) -> dict[str, Any]:
+    from servetune.space import read_yaml
+
+    data = read_yaml(Path(path), "matrix")
+    if not isinstance(data, dict):
+        raise SpecError("matrix", f"{path} is empty or not a mapping", "start from jobs/nightly.yaml")
+    return data
+
+
+def _inject_gpu_file(gpu_type: str, factor: float, out_dir: Path) -> Path:
+    """A GPU table re-declaring ``gpu_type`` with the simulator ``factor`` times as fast."""
+    from servetune.gpus import get_gpu
+    from servetune.sim.perf import calibration_for
+
+    gpu = get_gpu(gpu_type)
+    knobs = scaled_calibration(dataclasses.asdict(calibration_for(gpu)), factor)
+    entry = {"name": gpu.name, "memory_gib": gpu.memory_gib, "hbm_gbps": gpu.hbm_gbps,
+             "bf16_tflops": gpu.bf16_tflops, "fp8_tflops": gpu.fp8_tflops,
+             "interconnect_gbps": gpu.interconnect_gbps, "compute_capability": gpu.compute_capability,
+             "calibration": knobs}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"gpu-{_slug(gpu.name)}-x{factor:g}.yaml"
+    path.write_text(yaml.safe_dump({"gpus": [entry]}, sort_keys=False))
+    return path
+
+
+def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, float] | None = None,
+                out: TextIO | None = None, cwd: str | Path | None = None) -> NightlyOutcome:
+    """Run tonight's study for every cell, compare with earlier nights, write and log the report.
+
+    ``inject`` maps cell names to a simulated-engine speed factor (a planted regression, for tests
+    and demos). Output paths resolve from ``cwd`` (default: the working directory).
+
+    Example:
+        >>> outcome = run_nightly("jobs/nightly.yaml", "20260101")    # doctest: +SKIP
+        >>> [c.verdict.regressed for c in outcome.cells]              # doctest: +SKIP
+        [False, False]
+    """
+    import optuna
+
+    from servetune import dataset, gpus
+    from servetune.cluster import TrialPool
+    from servetune.engines import TrialTask, resolve_backend, run_trial
+    from servetune.spec import StudySpec
+    from servetune.study import run_study
+
+    out = out or io.StringIO()
+    if not _DATE_RE.match(date):
+        raise SpecError("--date", f"expected YYYYMMDD, got {date!r}", "e.g. --date 20260101")
+    matrix_file = Path(matrix_path).resolve()
+    matrix = load_matrix(matrix_file)
+    cells = expand_matrix(matrix)
+    names = [c.name for c in cells]
+    for cell in inject or {}:
+        if cell not in names:
+            raise SpecError("--inject-regression", f"no cell {cell!r}{did_you_mean(cell, names)}",
+                            f"cells: {', '.join(names)}")
+    settings = _noise_settings(matrix.get("noise"))
+    here = Path(cwd) if cwd is not None else Path.cwd()
+    odata = matrix.get("output") or {}
+    root = Path(odata.get("dir", "servetune-nightly"))
+    root = root if root.is_absolute() else here / root
+    dataset_dir = root / "dataset"
+    history_path = root / "nightly_history.parquet"
+    report_dir = root / "reports" / date
+    report_dir.mkdir(parents=True, exist_ok=True)
+    tdata = matrix.get("tracking") or {}
+    mlflow_uri = tdata.get("mlflow_uri", f"sqlite:///{root}/mlflow.db")
+    experiment = tdata.get("experiment", str(matrix.get("name", "servetune-nightly")))
+    history = pd.read_parquet(history_path) if history_path.exists() else pd.DataFrame()
+    if not history.empty:  # a night run again replaces its rows
+        history = history[history["date"] != date]
+
+    # One Ray for the night, with the largest GPU count any cell asks for (logical GPUs locally).
+    TrialPool.start(num_gpus=max(int(c.spec_data.get("gpu", {}).get("count", 1)) for c in cells))
+    nights: list[CellNight] = []
+    for cell in cells:
+        data = deep_merge(cell.spec_data, {
+            "name": cell.study_name(date),
+            "tracking": {"mlflow_uri": mlflow_uri, "experiment": experiment},
+            "storage": {"optuna_url": f"sqlite:///{root}/optuna.db"},
+            "output": {"runs_dir": str(root / "runs"), "dataset_dir": str(dataset_dir)}})
+        factor = (inject or {}).get(cell.name)
+        original = gpus.get_gpu(cell.gpu_type) if factor is not None else None
+        if factor is not None:
+            data["gpu"] = {**data["gpu"], "file": str(_inject_gpu_file(cell.gpu_type, factor, report_dir))}
+        try:
+            spec = StudySpec.from_dict(data, matrix_file.parent, cwd=here)
+            objective, direction = spec.objective.metrics[0], spec.objective.directions[0]
+            earlier_rows = dataset.read_trials(dataset_dir, gpu_type=spec.gpu.type) if dataset_dir.exists() else pd.DataFrame()
+            if not earlier_rows.empty:
+                earlier_rows = earlier_rows[earlier_rows["study"].astype(str).str.startswith(f"{cell.name}-")
+                                            & (earlier_rows["study"] != spec.name)]
+            warm = warm_start_flags(earlier_rows, spec.search_space.names, objective, direction,
+                                    spec.constraints.max_preemptions)
+            study = optuna.create_study(study_name=spec.name, storage=spec.storage.optuna_url, load_if_exists=True,
+                                        directions=list(spec.objective.directions))
+            if warm and not study.get_trials(deepcopy=False):
+                study.enqueue_trial(warm, skip_if_exists=True)
+            out.write(f"nightly {date}: cell {cell.name}: study {spec.name}"
+                      + (f", warm start {warm}" if warm else "") + (f", planted speed x{factor:g}" if factor else "")
+                      + "\n")
+            outcome = run_study(spec, out=out)
+            best = None if outcome.best_metrics is None else outcome.best_metrics.get(objective)
+            repeats: list[float] = []
+            if outcome.best_flags is not None:
+                backend = resolve_backend(spec.backend)
+                for k in range(1, settings.repeats + 1):
+                    task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=outcome.best_flags,
+                                     workload=spec.workload, vllm_version=spec.vllm_version, seed=spec.seed + 1000 + k,
+                                     gpu_file=spec.gpu.file, serve_model=spec.serve_model)
+                    value = run_trial(task, backend).metrics().get(objective)
+                    if value is not None:
+                        repeats.append(float(value))
+        finally:
+            if original is not None:  # the planted GPU table must not leak into the next cells
+                gpus.register_gpu(original)
+        noise = noise_of(repeats)
+        prev = history[history["cell"] == cell.name].sort_values("date") if not history.empty else history
+        prev = prev[(prev["date"] < date) & prev["best"].notna()] if not prev.empty else prev
+        earlier = [float(v) for v in prev["best"]] if not prev.empty else []
+        earlier_noise = max([float(v) for v in prev["noise"]], default=0.0) if not prev.empty else 0.0
+        verdict = compare(best, earlier, max(noise, earlier_noise), direction, settings)
+        nights.append(CellNight(cell.name, spec.name, date, objective, direction, best, repeats, noise,
+                                outcome.best_flags, warm, verdict, factor))
+        out.write(f"nightly {date}: cell {cell.name}: best {best}, noise {noise:.2f}: "
+                  f"{'REGRESSION' if verdict.regressed else 'ok'} ({verdict.reason})\n")
+
+    rows = pd.DataFrame([{"date": n.date, "cell": n.cell, "study": n.study, "objective": n.objective,
+                          "best": n.best, "noise": n.noise, "repeats": json.dumps(n.repeats),
+                          "flags": json.dumps(n.flags, sort_keys=True), "regressed": n.verdict.regressed,
+                          "baseline": n.verdict.baseline, "injected": n.injected} for n in nights])
+    history = pd.concat([history, rows], ignore_index=True) if not history.empty else rows
+    history = history.sort_values(["cell", "date"]).reset_index(drop=True)
+    history.to_parquet(history_path, index=False)
+    plots = {}
+    for n in nights:
+        name = re.sub(r"[^A-Za-z0-9._-]+", "-", n.cell) + ".png"
+        _plot(history[history["cell"] == n.cell], n.cell, n.objective, report_dir / name)
+        plots[n.cell] = name
+    report = report_dir / "report.md"
+    report.write_text(render_report(date, nights, history, plots))
+    result = NightlyOutcome(date, nights, report, history_path)
+    result.mlflow_run_id = _log_to_mlflow(mlflow_uri, experiment, root, date, nights, report_dir)
+    return result
+
+
+def _log_to_mlflow(uri: str, experiment: str, root: Path, date: str, nights: Sequence[CellNight],
+                   report_dir: Path) -> str:
+    """One run ``nightly-<date>`` (tag ``servetune.role=nightly``): per-cell metrics, the report."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        local = not uri.startswith(("http://", "https://"))
+        exp_id = client.create_experiment(
+            experiment, artifact_location=(root / "mlartifacts").resolve().as_uri() if local else None)
+    else:
+        exp_id = exp.experiment_id
+    run = client.create_run(exp_id, run_name=f"nightly-{date}",
+                            tags={"servetune.role": "nightly", "servetune.nightly_date": date,
+                                  "servetune.regressions": str(sum(n.verdict.regressed for n in nights))})
+    run_id = run.info.run_id
+    for n in nights:
+        key = re.sub(r"[^A-Za-z0-9_.-]", "_", n.cell)
+        if n.best is not None:
+            client.log_metric(run_id, f"{key}.best", n.best)
+        client.log_metric(run_id, f"{key}.noise", n.noise)
+        client.log_metric(run_id, f"{key}.regressed", float(n.verdict.regressed))
+    client.log_artifacts(run_id, str(report_dir), artifact_path="report")
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def today() -> str:
+    """Today's date (UTC) as YYYYMMDD."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")

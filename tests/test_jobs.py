@@ -1,0 +1,55 @@
+"""The Ray job entrypoints (jobs/tune.py, jobs/nightly.py) as processes: options, exit codes, messages.
+
+The successful paths run in tests/test_cluster_multinode.py (tune.py on a real multi-node cluster)
+and tests/test_nightly.py (nightly.py with a planted regression, exit code 1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+# No PYTHONPATH: the scripts must find platform/ from their own location, as under `ray job submit`.
+_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RAY_ADDRESS")}
+
+
+def _run(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / "jobs" / script), *args], cwd=cwd, env=_ENV,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_tune_job_exits_2_naming_the_field_of_a_bad_spec(tmp_path: Path) -> None:
+    spec = yaml.safe_load((REPO / "jobs" / "quickstart.yaml").read_text())
+    spec["budget"] = {"trials": 4, "paralel": 2}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    proc = _run("tune.py", str(path), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "budget.paralel" in proc.stderr and "parallel" in proc.stderr
+    assert not (tmp_path / "servetune-runs").exists()  # refused before any study was created
+
+
+def test_nightly_job_exits_2_on_a_bad_injection_or_matrix(tmp_path: Path) -> None:
+    proc = _run("nightly.py", str(REPO / "jobs" / "nightly.yaml"), "--inject-regression", "nocolon", cwd=tmp_path)
+    assert proc.returncode == 2 and "--inject-regression" in proc.stderr and "CELL:FACTOR" in proc.stderr
+    proc = _run("nightly.py", str(REPO / "jobs" / "nightly.yaml"), "--date", "2026-01-01", cwd=tmp_path)
+    assert proc.returncode == 2 and "--date" in proc.stderr and "YYYYMMDD" in proc.stderr
+    proc = _run("nightly.py", str(REPO / "jobs" / "nightly.yaml"), "--inject-regression",
+                "servetune-test-850m.H100.chat:0.5", cwd=tmp_path)
+    assert proc.returncode == 2 and "servetune-test-850m.H200.chat" in proc.stderr  # did you mean
+
+
+def test_shipped_nightly_matrix_expands_to_valid_specs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "platform"))
+    from servetune.nightly import expand_matrix, load_matrix
+    from servetune.spec import StudySpec
+
+    cells = expand_matrix(load_matrix(REPO / "jobs" / "nightly.yaml"))
+    assert [c.name for c in cells] == ["servetune-test-850m.H200.chat", "servetune-test-850m.A100-40GB.chat"]
+    for cell in cells:
+        spec = StudySpec.from_dict({**cell.spec_data, "name": cell.study_name("20260101")}, REPO / "jobs", cwd=tmp_path)
+        assert spec.gpu.type == cell.gpu_type and spec.name.endswith("-20260101")

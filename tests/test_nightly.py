@@ -1,0 +1,140 @@
+"""Nightly matrix: pure comparison logic, then two nights on the simulated engine, the second with a
+planted regression in one cell (real local Ray, real ``mlflow server``, real Optuna SQLite)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from servetune import dataset
+from servetune.errors import SpecError
+from servetune.nightly import NoiseSettings, compare, expand_matrix, noise_of, run_nightly, scaled_calibration
+from servetune.nightly import warm_start_flags
+
+REPO = Path(__file__).resolve().parent.parent
+H200_CELL, A100_CELL = "servetune-test-850m.H200.chat", "servetune-test-850m.A100-40GB.chat"
+
+
+def test_compare_flags_only_drops_beyond_noise_and_floor() -> None:
+    s = NoiseSettings(repeats=3, sigmas=3.0, min_relative=0.03)
+    assert not compare(980.0, [1000.0], noise=0.0, settings=s).regressed  # 2% < 3% floor
+    assert compare(960.0, [1000.0], noise=0.0, settings=s).regressed  # 4% > floor, no noise
+    assert not compare(960.0, [1000.0], noise=20.0, settings=s).regressed  # 40 < 3 x 20
+    v = compare(900.0, [1000.0], noise=20.0, settings=s)
+    assert v.regressed and v.threshold == 60.0 and math.isclose(v.change, -0.1)
+    # Latency objectives: higher is worse.
+    assert compare(120.0, [100.0], noise=1.0, direction="minimize", settings=s).regressed
+    assert not compare(80.0, [100.0], noise=1.0, direction="minimize", settings=s).regressed
+    # The first night compares with nothing; a night with no feasible config after good ones regressed.
+    assert not compare(1.0, [], noise=0.0).regressed
+    assert compare(None, [1000.0], noise=0.0).regressed
+    # Earlier nights' spread widens the tolerance.
+    assert not compare(900.0, [1000.0, 1100.0, 1000.0], noise=0.0).regressed
+    assert noise_of([1.0]) == 0.0
+
+
+def test_matrix_expands_cells_with_overrides_and_names_bad_keys() -> None:
+    cells = expand_matrix({"template": {"budget": {"trials": 4, "parallel": 1}}, "models": ["m"],
+                           "gpus": ["H200", {"type": "A100-40GB", "count": 2}], "workloads": {"a": {}, "b": {}},
+                           "overrides": {"m.A100-40GB.b": {"budget": {"trials": 9}}}})
+    assert [c.name for c in cells] == ["m.H200.a", "m.H200.b", "m.A100-40GB.a", "m.A100-40GB.b"]
+    assert cells[3].spec_data["budget"] == {"trials": 9, "parallel": 1} and cells[3].spec_data["gpu"]["count"] == 2
+    assert cells[0].study_name("20260101") == "m.H200.a-20260101"
+    with pytest.raises(SpecError) as err:
+        expand_matrix({"models": ["m"], "gpus": ["H200"], "workloads": {"a": {}}, "overides": {}})
+    assert err.value.field == "overides" and "overrides" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        expand_matrix({"models": ["m"], "gpus": ["H200"], "workloads": {"a": {}}, "overrides": {"m.H100.a": {}}})
+    assert err.value.field == "overrides.m.H100.a"
+
+
+def test_warm_start_and_scaled_calibration() -> None:
+    df = pd.DataFrame({"status": ["ok", "ok", "ok"], "preemptions": [0.0, 0.0, 2.0],
+                       "output_throughput": [100.0, 300.0, 900.0],
+                       "flag_max_num_seqs": [16, 64, 256], "flag_gpu_memory_utilization": [0.5, 0.9, 0.9]})
+    assert warm_start_flags(df, ["max_num_seqs", "gpu_memory_utilization"], "output_throughput", "maximize") == \
+        {"max_num_seqs": 64, "gpu_memory_utilization": 0.9}
+    knobs = scaled_calibration({"compute_efficiency": 0.4, "token_overhead_s": 4e-5, "async_overlap": 0.9}, 0.5)
+    assert knobs == {"compute_efficiency": 0.2, "token_overhead_s": 8e-5, "async_overlap": 0.9}
+
+
+def _matrix(tmp: Path, mlflow_uri: str) -> Path:
+    data = {
+        "name": "nightly-test",
+        "template": {
+            "objective": {"metric": "output_throughput"},
+            "constraints": {"max_preemptions": 0},
+            "search_space": {"params": {"max_num_seqs": [8, 16, 32, 64]}},
+            "fixed_flags": {"max_model_len": 1024, "gpu_memory_utilization": 0.9},
+            "budget": {"trials": 4, "parallel": 1}, "backend": "sim", "seed": 0, "prescreen": False,
+        },
+        "models": ["servetune-test-850m"],
+        "gpus": [{"type": "H200", "count": 1}, {"type": "A100-40GB", "count": 1}],
+        "workloads": {"chat": {"input_len": 256, "output_len": 64, "num_requests": 64, "concurrency": 32, "seed": 0}},
+        "noise": {"repeats": 3, "sigmas": 3, "min_relative": 0.03},
+        "output": {"dir": str(tmp / "nightly")},
+        "tracking": {"mlflow_uri": mlflow_uri, "experiment": "nightly-test"},
+    }
+    path = tmp / "nightly.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_nights_detect_a_planted_regression(tmp_path: Path, mlflow_server: str) -> None:
+    matrix = _matrix(tmp_path, mlflow_server)
+    first = run_nightly(matrix, "20261101", out=io.StringIO(), cwd=tmp_path)
+    assert [c.cell for c in first.cells] == [H200_CELL, A100_CELL]
+    assert not first.regressions and all(c.best and c.best > 0 for c in first.cells)
+    assert all(len(c.repeats) == 3 for c in first.cells)
+
+    # Night two, as the job runs it, with the H200 cell's engine at half speed.
+    env = {**os.environ, "PYTHONPATH": str(REPO / "platform"), "RAY_ADDRESS": "", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    env.pop("RAY_ADDRESS")
+    proc = subprocess.run([sys.executable, str(REPO / "jobs" / "nightly.py"), str(matrix), "--date", "20261102",
+                           "--inject-regression", f"{H200_CELL}:0.5"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"{H200_CELL}: REGRESSION" in proc.stdout and f"{A100_CELL}: ok" in proc.stdout
+
+    report = (tmp_path / "nightly" / "reports" / "20261102" / "report.md").read_text()
+    assert "**1 regression(s)** in 2 cell(s)." in report
+    h200_line = next(line for line in report.splitlines() if line.startswith(f"| {H200_CELL} |"))
+    a100_line = next(line for line in report.splitlines() if line.startswith(f"| {A100_CELL} |"))
+    assert h200_line.endswith("| REGRESSION |") and a100_line.endswith("| ok |")
+    assert "Planted regression: the simulated engine ran at 0.5 x its speed." in report
+    assert "Warm start from earlier nights" in report
+    assert (tmp_path / "nightly" / "reports" / "20261102" / f"{H200_CELL}.png").stat().st_size > 1000
+
+    history = pd.read_parquet(tmp_path / "nightly" / "nightly_history.parquet")
+    assert len(history) == 4
+    night2 = history[history["date"] == "20261102"].set_index("cell")
+    assert bool(night2.loc[H200_CELL, "regressed"]) and not bool(night2.loc[A100_CELL, "regressed"])
+    h200 = history[history["cell"] == H200_CELL].set_index("date")["best"]
+    assert h200["20261102"] < 0.7 * h200["20261101"]  # half speed shows as a large drop
+    # The warm start enqueued night one's best as night two's first trial.
+    trials = dataset.read_trials(tmp_path / "nightly" / "dataset", study=f"{A100_CELL}-20261102")
+    best1 = json.loads(history[(history["cell"] == A100_CELL) & (history["date"] == "20261101")]["flags"].iloc[0])
+    assert int(trials.sort_values("trial_number")["flag_max_num_seqs"].iloc[0]) == best1["max_num_seqs"]
+
+    # MLflow: a nightly run per night, the second with the report and plots as artifacts.
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("nightly-test")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id],
+                                                           "tags.`servetune.role` = 'nightly'")}
+    assert set(runs) == {"nightly-20261101", "nightly-20261102"}
+    run2 = runs["nightly-20261102"]
+    assert run2.data.tags["servetune.regressions"] == "1"
+    names = {a.path for a in client.list_artifacts(run2.info.run_id, "report")}
+    assert {"report/report.md", f"report/{H200_CELL}.png", f"report/{A100_CELL}.png"} <= names
