@@ -203,7 +203,9 @@ def run_study(
     progress.note(f"servetune: MLflow {spec.tracking.mlflow_uri} (experiment {spec.tracking.experiment!r}), "
                   f"Optuna {storage}")
 
-    pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel), gpu_type=spec.gpu.type)
+    # The GPU type binds at the first submit, and only on a cluster whose nodes advertise types: a
+    # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
+    pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
