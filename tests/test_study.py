@@ -199,3 +199,77 @@ def test_sigterm_ends_the_study_keeping_finished_trials(tmp_path: Path, mlflow_s
     assert len(parent) == 1 and parent[0].info.status == "KILLED"
     children = [r for r in runs if r.data.tags.get("servetune.role") == "trial"]
     assert len(children) == len(done) and all(c.info.status != "RUNNING" for c in children)
+
+
+def _kill_session(sid: int) -> int:
+    """SIGKILL every process of a session (the killed driver's Ray processes); returns how many."""
+    import os
+    import signal
+
+    killed = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # field 6 of stat: the session id
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+@pytest.mark.slow
+def test_sigkilled_driver_then_resume_keeps_every_finished_trial_once(tmp_path: Path, mlflow_server: str) -> None:
+    import signal
+    import time
+
+    spec_path = tmp_path / "study.yaml"
+    spec_path.write_text(yaml.safe_dump(_spec_dict(tmp_path, mlflow_server, "kill-study", trials=500)))
+    env = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"}
+    cmd = [sys.executable, "-m", "servetune", "tune", str(spec_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    complete = optuna.trial.TrialState.COMPLETE
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                if len(optuna.load_study(study_name="kill-study", storage=storage).get_trials(
+                        deepcopy=False, states=(complete,))) >= 4:
+                    break
+            except KeyError:
+                continue
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        _kill_session(proc.pid)  # Ray's agents and workers outlive a SIGKILLed driver (see docs/reliability.md)
+    before = optuna.load_study(study_name="kill-study", storage=storage)
+    done_before = {t.number for t in before.get_trials(deepcopy=False, states=(complete,))}
+    assert len(done_before) >= 4
+
+    resumed = subprocess.run([*cmd, "--resume", "--trials", str(len(done_before) + 3)], capture_output=True,
+                             text=True, env=env, timeout=600)
+    assert resumed.returncode in (0, 1), resumed.stderr[-2000:]
+    study = optuna.load_study(study_name="kill-study", storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    assert optuna.trial.TrialState.RUNNING not in {t.state for t in trials}
+    done = {t.number for t in trials if t.state == complete}
+    assert done_before <= done and len(done) == len(done_before) + 3  # nothing lost, the budget respected
+
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("exp-kill-study")
+    runs = client.search_runs([exp.experiment_id], max_results=2000)
+    assert len([r for r in runs if r.data.tags.get("servetune.role") == "study"]) == 1  # the same parent, resumed
+    children = [r for r in runs if r.data.tags.get("servetune.role") == "trial"]
+    assert all(c.info.status != "RUNNING" for c in children)
+    recorded = [int(c.data.tags["servetune.trial_number"]) for c in children if c.info.status != "KILLED"]
+    assert sorted(recorded) == sorted(done)  # every told trial exactly once
+    rows = dataset.read_trials(tmp_path / "dataset", study="kill-study")
+    assert sorted(rows["trial_number"]) == sorted(done)

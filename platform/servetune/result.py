@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["TrialStatus", "MemoryBreakdown", "LatencySummary", "RequestRecord", "TrialResult", "summarize"]
@@ -178,6 +178,35 @@ class TrialResult:
         if self.memory is not None:
             for key, value in self.memory.as_dict().items():
                 out[f"mem_{key}_gib"] = float(value)
+        return out
+
+    @classmethod
+    def from_metrics(cls, status: str | TrialStatus, cause: str | None, metrics: Mapping[str, float],
+                     backend: str = "sim", vllm_version: str | None = None) -> TrialResult:
+        """The inverse of :meth:`metrics`: a result rebuilt from its flat figures (what the study
+        stored in Optuna), e.g. to record a trial in MLflow after the driver died before it could.
+
+        Example:
+            >>> r = TrialResult(TrialStatus.OK, output_throughput=10.0, ttft_ms=LatencySummary(1, 2, 3, 4))
+            >>> TrialResult.from_metrics("ok", None, r.metrics()).metrics() == r.metrics()
+            True
+        """
+        m = dict(metrics)
+        out = cls(TrialStatus(status), cause=cause, backend=backend, vllm_version=vllm_version)
+        ints = {"completed", "failed", "preemptions", "kv_cache_tokens", "num_gpu_blocks"}
+        for name in ("output_throughput", "total_token_throughput", "request_throughput", "duration_s",
+                     "completed", "failed", "preemptions", "kv_cache_usage_peak", "kv_cache_usage_mean",
+                     "kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "startup_s", "wall_s"):
+            if name in m:
+                setattr(out, name, int(m[name]) if name in ints else float(m[name]))
+        for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+            stem = name[: -len("_ms")]
+            keys = [f"{stem}_{stat}_ms" for stat in ("mean", "p50", "p90", "p99")]
+            if all(k in m for k in keys):
+                setattr(out, name, LatencySummary(*(float(m[k]) for k in keys)))
+        mem_keys = [f.name for f in dataclasses.fields(MemoryBreakdown)]
+        if all(f"mem_{k}_gib" in m for k in mem_keys):
+            out.memory = MemoryBreakdown(**{k: float(m[f"mem_{k}_gib"]) for k in mem_keys})
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -189,6 +189,7 @@ def run_study(
         "model": spec.model_ref, "gpu_type": spec.gpu.type, "backend": backend,
         "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)
     recovered = _recover_interrupted(study) if resume else 0
+    reconciled = _reconcile(spec, study, tracker, backend) if resume else 0
     starts = enqueue_informed_starts(spec, study) if not existing else []
 
     outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=parent)
@@ -196,7 +197,8 @@ def run_study(
     progress = _Progress(out, spec.budget.trials)
     progress.note(f"servetune: study {spec.name!r}: {spec.model_ref} on {spec.gpu.count} x {spec.gpu.type} "
                   f"({backend} backend), {spec.budget.trials} trials, {spec.budget.parallel} at a time"
-                  + (f"; resumed, {recovered} interrupted trials re-queued" if recovered else ""))
+                  + (f"; resumed, {recovered} interrupted trials re-queued" if recovered else "")
+                  + (f", {reconciled} told trials written to MLflow/dataset" if reconciled else ""))
     if starts:
         progress.note("servetune: informed starts (highest utilization that starts, max_num_seqs under the "
                       f"preemption bound): {', '.join(str(p) for p in starts)}")
@@ -365,21 +367,57 @@ def _finish(
     predicted failure to the dataset (``predicted_failure``).
     """
     objective = retry_call(lambda: tell(spec, study, trial, result), what=f"tell trial #{trial.number}")
-    tags = {"gpu_type": spec.gpu.type, "model": spec.model_ref, "backend": result.backend or backend,
-            "vllm_version": result.vllm_version or spec.vllm_version, "optuna.trial_number": str(trial.number),
-            "servetune.study": spec.name}
-    extra: dict[str, Any] = {"backend": result.backend or backend,
-                             "vllm_version": result.vllm_version or spec.vllm_version, "objective": objective[0]}
-    if result.status is TrialStatus.PRUNED and prediction is not None:
-        tags.update(prediction_tags(prediction))
-        extra["predicted_failure"] = tags["servetune.predicted_failure"]
-    tracker.log_trial(trial.number, flags, result, tags, workload=spec.workload.to_dict())
-    row = dataset.trial_row(spec.name, trial.number, flags, result, spec.gpu.type, spec.model_ref, extra)
-    dataset.append_trials(Path(spec.output.dataset_dir), [row])
+    _record(spec, trial.number, flags, result, objective[0], tracker, backend, prediction=prediction)
     _count(outcome, result.status, result.preemptions or 0)
     _update_best(study, outcome)
     if on_result is not None:
         on_result(trial.number, flags, result)
+
+
+def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialResult, objective: float,
+            tracker: StudyTracker, backend: str, *, prediction: MemoryPlan | None = None,
+            mlflow: bool = True, rows: bool = True, extra_tags: Mapping[str, str] | None = None) -> None:
+    """Write one told trial to MLflow (a child run) and the Parquet dataset."""
+    tags = {"gpu_type": spec.gpu.type, "model": spec.model_ref, "backend": result.backend or backend,
+            "vllm_version": result.vllm_version or spec.vllm_version, "optuna.trial_number": str(number),
+            "servetune.study": spec.name, **(extra_tags or {})}
+    extra: dict[str, Any] = {"backend": result.backend or backend,
+                             "vllm_version": result.vllm_version or spec.vllm_version, "objective": objective}
+    if result.status is TrialStatus.PRUNED and prediction is not None:
+        tags.update(prediction_tags(prediction))
+        extra["predicted_failure"] = tags["servetune.predicted_failure"]
+    if mlflow:
+        tracker.log_trial(number, flags, result, tags, workload=spec.workload.to_dict())
+    if rows:
+        row = dataset.trial_row(spec.name, number, flags, result, spec.gpu.type, spec.model_ref, extra)
+        dataset.append_trials(Path(spec.output.dataset_dir), [row])
+
+
+def _reconcile(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, backend: str) -> int:
+    """Trials told to Optuna whose MLflow run or dataset row a killed driver never wrote.
+
+    Optuna is told first (see :func:`_finish`), so after a SIGKILL it may hold a trial that MLflow
+    or the dataset lack; they are written now from what Optuna stored (status, cause, flags,
+    metrics), tagged ``servetune.reconciled``, so the three agree. Returns how many were written.
+    """
+    told = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    if not told:
+        return 0
+    in_mlflow = tracker.recorded_trial_numbers()
+    df = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
+    in_rows = {int(n) for n in df["trial_number"]} if not df.empty else set()
+    written = 0
+    for t in told:
+        if t.number in in_mlflow and t.number in in_rows:
+            continue
+        result = TrialResult.from_metrics(t.user_attrs.get("status", "ok"), t.user_attrs.get("cause") or None,
+                                          t.user_attrs.get("metrics", {}), backend=backend,
+                                          vllm_version=spec.vllm_version)
+        _record(spec, t.number, dict(t.user_attrs.get("flags", t.params)), result, (t.values or [0.0])[0],
+                tracker, backend, mlflow=t.number not in in_mlflow, rows=t.number not in in_rows,
+                extra_tags={"servetune.reconciled": "true"})
+        written += 1
+    return written
 
 
 def serve_command(model: str, flags: Mapping[str, Any]) -> str:

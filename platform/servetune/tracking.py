@@ -389,6 +389,15 @@ class StudyTracker:
             f"tags.`{TAG_STUDY}` = '{study_name}' AND tags.`{TAG_ROLE}` = 'study'"))
         return runs[0].info.run_id if runs else None
 
+    def recorded_trial_numbers(self) -> set[int]:
+        """Trial numbers with a complete child run under the current study's parent (KILLED or
+        still-RUNNING children, half-written by a driver that died, do not count)."""
+        parent = self._require_study()
+        runs = self._call("search trial runs", lambda: self._search(
+            f"tags.`{TAG_PARENT}` = '{parent}' AND tags.`{TAG_ROLE}` = 'trial'"))
+        return {int(r.data.tags[TAG_TRIAL_NUMBER]) for r in runs
+                if r.info.status in ("FINISHED", "FAILED") and TAG_TRIAL_NUMBER in r.data.tags}
+
     def start_study(self, study_name: str, params: Mapping[str, Any], tags: Mapping[str, str],
                     resume: bool = False) -> str:
         """Open the study's parent run (new, or the earlier one when ``resume``); returns its id.
