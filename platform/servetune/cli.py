@@ -107,7 +107,8 @@ def _tune(args: argparse.Namespace) -> int:
 def _best(args: argparse.Namespace) -> int:
     import optuna
 
-    from servetune.study import best_trial, best_config_yaml, serve_command
+    from servetune.flags import to_command_line, to_config_yaml
+    from servetune.study import best_trial
 
     name, storage, model = args.study, args.storage, None
     if Path(args.study).suffix in (".yaml", ".yml") or Path(args.study).is_file():
@@ -132,9 +133,9 @@ def _best(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(flags, indent=2, sort_keys=True))
     elif args.format == "yaml":
-        print(best_config_yaml(model, flags), end="")
+        print(to_config_yaml(model, flags), end="")
     else:
-        print(serve_command(model, flags))
+        print(to_command_line(model, flags))
     return 0
 
 

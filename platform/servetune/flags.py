@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +24,7 @@ import yaml
 from servetune.errors import SpecError, did_you_mean
 
 __all__ = ["FlagSpec", "FLAGS", "validate_flags", "validate_flag", "to_cli_args", "to_config_yaml",
-           "parse_set_option"]
+           "to_command_line", "parse_set_option"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +141,17 @@ def to_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
     doc: dict[str, Any] = {"model": model}
     doc.update({k.replace("_", "-"): v for k, v in flags.items() if v is not None})
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+def to_command_line(model: str, flags: Mapping[str, Any]) -> str:
+    """The full ``vllm serve`` command line, shell-quoted for copy and paste (display only: servetune
+    itself launches with the argv list of :func:`to_cli_args`).
+
+    Example:
+        >>> to_command_line("a b/m", {"max_model_len": 4096})
+        "vllm serve 'a b/m' --max-model-len 4096"
+    """
+    return shlex.join(["vllm", "serve", model, *to_cli_args(flags)])
 
 
 def parse_set_option(item: str) -> tuple[str, Any]:

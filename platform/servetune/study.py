@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import shlex
 import signal
 import sys
 import threading
@@ -45,7 +44,7 @@ from servetune._retry import retry_call
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
 from servetune.errors import SpecError
-from servetune.flags import to_cli_args, to_config_yaml
+from servetune.flags import to_command_line
 from servetune.result import TrialResult, TrialStatus
 from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
 from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, tell
@@ -420,11 +419,6 @@ def _reconcile(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, back
     return written
 
 
-def serve_command(model: str, flags: Mapping[str, Any]) -> str:
-    """The full ``vllm serve`` command line for a flag set, shell-quoted for display."""
-    return shlex.join(["vllm", "serve", model, *to_cli_args(flags)])
-
-
 def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, outcome: StudyOutcome,
                   status: str) -> None:
     df = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
@@ -437,7 +431,7 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
             plots["pareto_front.png"] = report.plot_pareto(df, spec.objective.metrics[0], spec.objective.metrics[1])
         plots["memory_breakdown_top.png"] = report.plot_memory_breakdown(df, top_n=5)
     if outcome.best_flags is not None:
-        outcome.best_command = serve_command(spec.serve_model, outcome.best_flags)
+        outcome.best_command = to_command_line(spec.serve_model, outcome.best_flags)
     tracker.finish_study(outcome.best_flags, spec.serve_model, df, plots, outcome.best_metrics or {})
     tracker.end(status)
     left = tracker.flush(wait_s=tracker.flush_wait_s)  # bounded wait for a server that went away
@@ -446,7 +440,3 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
               "(delivered by the next run of this study, e.g. --resume)", file=sys.stderr)
     retry_call(lambda: study.set_user_attr("finished_at", dt.datetime.now(dt.timezone.utc).isoformat()),
                what="mark the study finished")
-
-
-def best_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
-    return to_config_yaml(model, flags)

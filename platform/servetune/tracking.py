@@ -51,7 +51,6 @@ import json
 import logging
 import os
 import re
-import shlex
 import shutil
 import tempfile
 import time
@@ -67,7 +66,7 @@ import pyarrow.parquet as pq
 
 from servetune.dataset import requests_table
 from servetune.errors import SpecError
-from servetune.flags import to_cli_args, to_config_yaml
+from servetune.flags import to_command_line, to_config_yaml
 from servetune.result import TrialResult, TrialStatus
 
 __all__ = [
@@ -189,13 +188,13 @@ def _redact_value(value: Any, environ: Mapping[str, str] | None) -> Any:
 
 
 def render_command(model: str, flags: Mapping[str, Any]) -> str:
-    """The ``vllm serve`` command line of a flag set, shell-quoted for copy and paste (display only).
+    """The ``vllm serve`` command line of a flag set (see :func:`servetune.flags.to_command_line`).
 
     Example:
         >>> render_command("org/m", {"max_num_seqs": 64, "enforce_eager": True, "kv_cache_dtype": "fp8"})
         'vllm serve org/m --max-num-seqs 64 --enforce-eager --kv-cache-dtype fp8'
     """
-    return shlex.join(["vllm", "serve", model, *to_cli_args(flags)])
+    return to_command_line(model, flags)
 
 
 def _param_value(value: Any) -> str:
