@@ -49,7 +49,8 @@ from servetune.errors import SpecError
 from servetune.flags import to_cli_args
 from servetune.loadgen import run_load
 from servetune.metrics import counter, gauge, parse_prometheus
-from servetune.result import TrialResult, TrialStatus, summarize
+from servetune.result import MemoryBreakdown, TrialResult, TrialStatus, summarize
+from servetune.vllm_logs import ParsedLog, classify, parse_log
 from servetune.workload import Workload
 
 __all__ = ["VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_memory_used_mib", "SAFE_ENV",
@@ -198,8 +199,6 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
                                       load_generator="vllm-bench"), workload)
         r.status, r.output_throughput, r.quarantined_gpus
     """
-    from servetune.vllm_logs import classify, parse_log
-
     for key in FORBIDDEN_ENV:
         if launch.env.get(key) not in (None, "", "0"):
             return TrialResult(TrialStatus.INVALID_CONFIG, cause=f"{key} would enable NVLink multicast; refused",
@@ -468,20 +467,17 @@ def _served_model_name(launch: VllmLaunch) -> str:
     return launch.model
 
 
-def _fill_from_log(result: TrialResult, parsed: Any) -> None:
-    from servetune.result import MemoryBreakdown
-
-    result.vllm_version = getattr(parsed, "vllm_version", None) or result.vllm_version
-    result.kv_cache_tokens = getattr(parsed, "kv_cache_tokens", None)
-    result.num_gpu_blocks = getattr(parsed, "num_gpu_blocks", None)
-    result.max_concurrency = getattr(parsed, "max_concurrency", None)
-    parts = {k: getattr(parsed, f"{k}_gib", None) for k in ("weights", "activation_peak", "non_torch", "cudagraph")}
-    kv = getattr(parsed, "available_kv_gib", None)
-    total = getattr(parsed, "total_gpu_gib", None)
-    budget = getattr(parsed, "requested_gib", None)
-    if any(v is not None for v in parts.values()) or kv is not None:
-        result.memory = MemoryBreakdown(
-            total=float(total or 0.0), budget=float(budget or 0.0),
-            weights=float(parts["weights"] or 0.0), activation_peak=float(parts["activation_peak"] or 0.0),
-            non_torch=float(parts["non_torch"] or 0.0), cudagraph=float(parts["cudagraph"] or 0.0),
-            kv_cache=float(kv or 0.0))
+def _fill_from_log(result: TrialResult, parsed: ParsedLog) -> None:
+    """Copy what vLLM's startup log says (version, KV capacity, memory breakdown) into the result."""
+    result.vllm_version = parsed.vllm_version or result.vllm_version
+    result.kv_cache_tokens = parsed.kv_cache_tokens
+    result.num_gpu_blocks = parsed.num_gpu_blocks
+    result.max_concurrency = parsed.max_concurrency
+    parts = (parsed.weights_gib, parsed.activation_peak_gib, parsed.non_torch_gib, parsed.cudagraph_gib,
+             parsed.available_kv_gib)
+    if any(v is not None for v in parts):
+        result.memory = MemoryBreakdown(total=parsed.total_gpu_gib or 0.0, budget=parsed.requested_gib or 0.0,
+                                        weights=parsed.weights_gib or 0.0,
+                                        activation_peak=parsed.activation_peak_gib or 0.0,
+                                        non_torch=parsed.non_torch_gib or 0.0, cudagraph=parsed.cudagraph_gib or 0.0,
+                                        kv_cache=parsed.available_kv_gib or 0.0)
