@@ -30,6 +30,7 @@ from pathlib import Path
 from servetune.loadgen import run_workload
 from servetune.metrics import gauge, parse_prometheus
 from servetune.result import summarize
+from servetune.vllm_engine import gpu_memory_used_mib
 from servetune.workload import Workload
 
 MODEL = os.environ.get("SERVETUNE_REAL_MODEL", "/root/model")
@@ -41,15 +42,6 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
             return resp.status, resp.read().decode()
     except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
         return 0, str(exc)
-
-
-def _gpu_used_mib() -> list[int]:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, check=False).stdout
-    except FileNotFoundError:
-        return []
-    return [int(x) for x in out.split()] if out.strip() else []
 
 
 def _argv(flags: dict) -> list[str]:
@@ -138,12 +130,12 @@ def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: fl
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         for _ in range(30):
-            used = _gpu_used_mib()
+            used = list(gpu_memory_used_mib(None).values())
             if not used or max(used) < 1024:
                 break
             time.sleep(0.5)
         summary["stop_s"] = time.time() - t_stop
-        summary["gpu_used_mib_after_stop"] = _gpu_used_mib()
+        summary["gpu_used_mib_after_stop"] = list(gpu_memory_used_mib(None).values())
         log.close()
         (d / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
