@@ -22,7 +22,8 @@ The shape (only ``name``, ``model``, ``gpu``, ``workload`` and ``search_space`` 
     backend: auto                    # auto (vllm where a GPU is visible, else sim) | vllm | sim | replay
     replay_file: landscape.csv       # backend replay only: recorded trials (flag_* + metric columns)
     prescreen: true                  # memory planner: prune predicted startup failures, informed starts
-    sampler: tpe                     # tpe | nsga2 | gp | random
+    measurement: {load_generator: servetune, startup_timeout_s: 600, stall_timeout_s: 180}  # vllm backend
+    sampler: tpe                     # tpe | nsga2 | gp | random | grid (every point of a finite space)
     seed: 0
     vllm_version: "0.26.0"           # quote it: YAML reads 0.26 as a number
     tracking: {mlflow_uri: "sqlite:///servetune-runs/mlflow.db", experiment: quickstart}
@@ -62,15 +63,17 @@ if TYPE_CHECKING:
     from servetune.gpus import GpuSpec
     from servetune.modelinfo import ModelProfile
 
-__all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Tracking", "Storage", "Output",
+__all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Measurement", "Tracking", "Storage", "Output",
            "load_spec", "redact_url", "find_search_space", "SPEC_KEYS", "BACKENDS", "SAMPLERS", "METRIC_DIRECTIONS"]
 
 SPEC_KEYS = ("name", "description", "model", "serve_model", "gpu", "workload", "objective", "constraints",
              "search_space", "fixed_flags", "budget", "backend", "sampler", "seed", "vllm_version", "tracking",
-             "storage", "output", "prescreen", "replay_file")
+             "storage", "output", "prescreen", "replay_file", "measurement")
 REQUIRED_KEYS = ("name", "model", "gpu", "workload", "search_space")
 BACKENDS = ("auto", "vllm", "sim", "replay")
-SAMPLERS = ("tpe", "nsga2", "gp", "random")
+SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
+#: The load generators of the vllm backend: servetune's own streaming client, or `vllm bench serve`.
+LOAD_GENERATORS = ("servetune", "vllm-bench")
 _THROUGHPUT = ("output_throughput", "total_token_throughput", "request_throughput")
 _LATENCY = tuple(f"{stem}_{stat}_ms" for stem in ("ttft", "itl", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99"))
 #: Objective metrics (TrialResult.metrics() keys) and the direction each is optimised in.
@@ -139,6 +142,15 @@ class Budget:
     trials: int = 20
     parallel: int = 1  # trials at once
     time_limit_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """How the vllm backend measures a trial (the simulated engine ignores it)."""
+
+    load_generator: str = "servetune"  # or "vllm-bench": `vllm bench serve` drives the load
+    startup_timeout_s: float | None = None  # None: SERVETUNE_STARTUP_TIMEOUT_S (600 s by default)
+    stall_timeout_s: float = 180.0  # no token on any stream for this long: the engine stalled, a timeout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,6 +439,36 @@ def _parse_budget(raw: Any) -> Budget:
     )
 
 
+def _parse_measurement(raw: Any) -> Measurement:
+    data = _section(raw, "measurement", ("load_generator", "startup_timeout_s", "stall_timeout_s"),
+                    "{load_generator: servetune, startup_timeout_s: 600}")
+    startup = data.get("startup_timeout_s")
+    return Measurement(
+        load_generator=_choice(data.get("load_generator", Measurement.load_generator), "measurement.load_generator",
+                               LOAD_GENERATORS),
+        startup_timeout_s=None if startup is None else _positive(startup, "measurement.startup_timeout_s"),
+        stall_timeout_s=_positive(data.get("stall_timeout_s", Measurement.stall_timeout_s),
+                                  "measurement.stall_timeout_s"),
+    )
+
+
+def _check_grid(space: SearchSpace, fixed: Mapping[str, Any], budget: Budget) -> tuple[Budget, list[str]]:
+    """``sampler: grid`` needs a finite space without conditional parameters (Optuna's GridSampler
+    fixes every parameter of every trial). A budget above the grid's size is capped at it, with a
+    warning: a grid visits each point once."""
+    for p in space.params:
+        if p.when is not None:
+            raise SpecError("sampler", f"grid cannot search the conditional parameter {p.name!r}",
+                            "use sampler: random (or tpe), or make the parameter unconditional")
+    size = space.size(fixed)
+    if size == math.inf:
+        space.grid(fixed)  # raises the SpecError naming the float parameter without a step
+    if budget.trials > size:
+        return (dataclasses.replace(budget, trials=int(size)),
+                [f"sampler grid: the grid has {int(size)} points; budget.trials {budget.trials} capped at {int(size)}"])
+    return budget, []
+
+
 def _parse_version(raw: Any) -> str:
     if raw is None:
         try:
@@ -528,6 +570,7 @@ class StudySpec:
     #: without using a GPU, and a fresh study starts from the preemption prior's informed points.
     prescreen: bool = True
     replay_file: Path | None = None  # backend replay: the recorded landscape
+    measurement: Measurement = Measurement()
 
     @classmethod
     def from_dict(cls, data: Any, base_dir: str | Path | None = None, *, cwd: str | Path | None = None) -> StudySpec:
@@ -602,13 +645,22 @@ class StudySpec:
             raise SpecError("prescreen", f"expected true or false, got {prescreen!r}",
                             "write prescreen: true (skip predicted startup failures) or prescreen: false")
         space, warnings = _combine(space, fixed, profile, gpu, workload, budget)
+        if sampler == "grid":
+            budget, grid_warnings = _check_grid(space, fixed, budget)
+            warnings = [*warnings, *grid_warnings]
+        measurement = _parse_measurement(data.get("measurement"))
+        if measurement.load_generator == "vllm-bench":
+            from servetune.bench_client import bench_argv
+
+            bench_argv(workload, base_url="http://127.0.0.1:1", model=serve_model, result_dir=".")  # SpecError if it cannot
         replay_file = _parse_replay_file(data.get("replay_file"), backend, base, space, fixed, objective, constraints)
         return cls(name=name, model_ref=model_ref, serve_model=serve_model, gpu=gpu, workload=workload,
                    objective=objective, constraints=constraints, search_space=space, fixed_flags=fixed,
                    budget=budget, backend=backend, sampler=sampler, seed=seed, vllm_version=vllm_version,
                    tracking=tracking, storage=Storage(optuna_url), output=output, description=description,
                    search_space_file=space_file, warnings=tuple(warnings), model_profile=profile, base_dir=base,
-                   cwd=here, source=copy.deepcopy(dict(data)), prescreen=prescreen, replay_file=replay_file)
+                   cwd=here, source=copy.deepcopy(dict(data)), prescreen=prescreen, replay_file=replay_file,
+                   measurement=measurement)
 
     # -- use ----------------------------------------------------------------------------------
 
@@ -662,6 +714,7 @@ class StudySpec:
             "fixed_flags": dict(self.fixed_flags), "budget": dataclasses.asdict(self.budget),
             "backend": self.backend, "sampler": self.sampler, "seed": self.seed, "vllm_version": self.vllm_version,
             "prescreen": self.prescreen, "replay_file": None if self.replay_file is None else str(self.replay_file),
+            "measurement": dataclasses.asdict(self.measurement),
             "tracking": {"mlflow_uri": redact_url(self.tracking.mlflow_uri), "experiment": self.tracking.experiment},
             "storage": {"optuna_url": "memory" if self.storage.optuna_url is None else redact_url(self.storage.optuna_url)},
             "output": {"runs_dir": str(self.output.runs_dir), "dataset_dir": str(self.output.dataset_dir)},
