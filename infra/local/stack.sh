@@ -139,6 +139,14 @@ cmd_up() {
     gpu_types+=("${BASH_REMATCH[1]}"); gpu_counts+=("${BASH_REMATCH[2]}")
   done
   [[ $NUM_CPUS =~ ^[0-9]+$ ]] || die "SERVETUNE_STACK_NUM_CPUS must be a whole number, got '$NUM_CPUS'"
+  # Each node's --resources: servetune's own spelling of its accelerator (one call for all types).
+  local -a gpu_resources
+  mapfile -t gpu_resources < <(PYTHONPATH="$REPO/platform" "$PY" -c '
+import json, sys
+from servetune.cluster import accelerator_resource
+for gpu_type in sys.argv[1:]:
+    print(json.dumps({accelerator_resource(gpu_type): 1}))' "${gpu_types[@]}")
+  (( ${#gpu_resources[@]} == ${#gpu_types[@]} )) || die "could not import servetune.cluster with $PY"
 
   mkdir -p "$STACK_DIR" "$LOGS" "$STACK_DIR/mlartifacts"
   : >"$STATE"
@@ -216,15 +224,12 @@ cmd_up() {
   if [[ $DASHBOARD == 1 ]]; then head+=(--include-dashboard=true); else head+=(--include-dashboard=false); fi
   start_group ray-head "$LOGS/ray-head.log" "${head[@]}"
   wait_ray_node "Ray head" "$(last_pgid)" "$LOGS/ray-head.log"
-  local i resources
+  local i
   for i in "${!gpu_types[@]}"; do
-    resources=$(PYTHONPATH="$REPO/platform" "$PY" -c \
-      'import json, sys; from servetune.cluster import accelerator_resource; print(json.dumps({accelerator_resource(sys.argv[1]): 1}))' \
-      "${gpu_types[i]}")
     node_flags
     start_group "ray-worker-${gpu_types[i]}" "$LOGS/ray-worker-$i.log" "$ray_cli" start --block \
       --address "127.0.0.1:$ray_port" --num-cpus "$NUM_CPUS" \
-      --num-gpus "${gpu_counts[i]}" --resources "$resources" --disable-usage-stats "${node_ports[@]}"
+      --num-gpus "${gpu_counts[i]}" --resources "${gpu_resources[i]}" --disable-usage-stats "${node_ports[@]}"
     # One node at a time: nodes starting together on a small machine time out registering.
     wait_ray_node "Ray worker ${gpu_types[i]}" "$(last_pgid)" "$LOGS/ray-worker-$i.log"
   done
@@ -299,11 +304,11 @@ cmd_down() {
     names+=("$name"); pgids+=("$pgid")
   done <"$STATE"
   # Ray nodes together (their state is this session's only: the temp dir goes below, so a head
-  # that shrugs SIGTERM off, as its GCS does for 15 s and more, gets 5 s); then MLflow; then
+  # that shrugs SIGTERM off, as its GCS does for 15 s and more, gets 3 s); then MLflow; then
   # PostgreSQL, once its clients are gone, with SIGINT (its fast shutdown; SIGTERM waits for clients).
   local ray_idx=() other
   for i in "${!names[@]}"; do [[ ${names[i]} == ray-* ]] && ray_idx+=("$i"); done
-  stop_groups TERM 5 "${ray_idx[@]}"
+  stop_groups TERM 3 "${ray_idx[@]}"
   for other in mlflow postgres; do
     for i in "${!names[@]}"; do
       [[ ${names[i]} == "$other" ]] || continue
