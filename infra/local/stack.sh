@@ -124,6 +124,16 @@ cmd_up() {
     done <"$STATE"
     rm -f "$STATE"
   fi
+  # Parse the worker list before starting anything: a bad entry fails here.
+  local -a gpu_types=() gpu_counts=()
+  local entry
+  local -a entries
+  read -r -a entries <<<"$WORKERS"   # split on blanks, no globbing
+  for entry in "${entries[@]}"; do
+    [[ $entry =~ ^([A-Za-z0-9._-]+):([0-9]+)$ ]] || die "SERVETUNE_STACK_WORKERS entry '$entry': expected GPU_TYPE:COUNT, e.g. H200:2"
+    gpu_types+=("${BASH_REMATCH[1]}"); gpu_counts+=("${BASH_REMATCH[2]}")
+  done
+  [[ $NUM_CPUS =~ ^[0-9]+$ ]] || die "SERVETUNE_STACK_NUM_CPUS must be a whole number, got '$NUM_CPUS'"
   PY=$(python_exe)
   local bin; bin=$(dirname "$PY")
   local ray_cli=$bin/ray
@@ -131,14 +141,6 @@ cmd_up() {
   local pgbin; pgbin=$(pg_bin)
   local pgdata=${SERVETUNE_STACK_PGDATA:-$STACK_DIR/pgdata}
 
-  # Parse the worker list before starting anything: a bad entry fails here.
-  local -a gpu_types=() gpu_counts=()
-  local entry
-  for entry in $WORKERS; do
-    [[ $entry =~ ^([A-Za-z0-9._-]+):([0-9]+)$ ]] || die "SERVETUNE_STACK_WORKERS entry '$entry': expected GPU_TYPE:COUNT, e.g. H200:2"
-    gpu_types+=("${BASH_REMATCH[1]}"); gpu_counts+=("${BASH_REMATCH[2]}")
-  done
-  [[ $NUM_CPUS =~ ^[0-9]+$ ]] || die "SERVETUNE_STACK_NUM_CPUS must be a whole number, got '$NUM_CPUS'"
   # Each node's --resources: servetune's own spelling of its accelerator (one call for all types).
   local -a gpu_resources
   mapfile -t gpu_resources < <(PYTHONPATH="$REPO/platform" "$PY" -c '
@@ -159,6 +161,10 @@ for gpu_type in sys.argv[1:]:
   local mlflow_port=${SERVETUNE_STACK_MLFLOW_PORT:-${ports[1]}}
   local ray_port=${SERVETUNE_STACK_RAY_PORT:-${ports[2]}}
   local next_port=3
+  local port
+  for port in "$pg_port" "$mlflow_port" "$ray_port"; do
+    ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || die "port $port on 127.0.0.1 is in use: choose another"
+  done
 
   # --- PostgreSQL: one cluster, databases `mlflow` and `optuna`, TCP on 127.0.0.1 only.
   if [[ ! -s $pgdata/PG_VERSION ]]; then
