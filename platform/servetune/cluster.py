@@ -166,6 +166,7 @@ class TrialPool:
         self._runner = runner
         self._running: dict[Any, _Running] = {}
         self._held: list[Any] = []  # actors kept alive so that Ray never reuses their GPUs
+        self.started_local_ray = False  # set by start(): this pool's start launched a local Ray
         self.infra_notes: list[str] = []  # one line per infrastructure failure: trial, attempt, where, why
         self._slot_failures: dict[str, int] = {}  # GPU id -> slot-bound infrastructure failures seen there
 
@@ -181,6 +182,7 @@ class TrialPool:
         accelerator types, the pool plans with the GPUs of that type's nodes only; none there
         means every trial is answered ``invalid_config``.
         """
+        started_local = False  # this call started a local Ray (recorded by the driver; never a joined one)
         if not ray.is_initialized():
             env = {"PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
             kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": False,
@@ -191,16 +193,19 @@ class TrialPool:
                 if gpu_type:
                     kwargs["resources"] = {accelerator_resource(gpu_type): 1}
                 ray.init(num_gpus=num_gpus, num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kwargs)
+                started_local = True
         nodes = ray.nodes()
         labelled = any(k.startswith(_ACCEL_PREFIX) for n in nodes if n.get("Alive", True)
                        for k in n.get("Resources", {}))
         if gpu_type and labelled:
             resource = accelerator_resource(gpu_type)
             total, per_node = node_gpu_capacity(nodes, resource)
-            return cls(total, runner=runner, accelerator=resource, max_node_gpus=per_node)
-        total, per_node = node_gpu_capacity(nodes, None)
-        pool = cls(total or num_gpus, runner=runner, max_node_gpus=per_node or num_gpus)
-        pool.labelled = labelled  # the type is bound at the first submit (the task names it)
+            pool = cls(total, runner=runner, accelerator=resource, max_node_gpus=per_node)
+        else:
+            total, per_node = node_gpu_capacity(nodes, None)
+            pool = cls(total or num_gpus, runner=runner, max_node_gpus=per_node or num_gpus)
+            pool.labelled = labelled  # the type is bound at the first submit (the task names it)
+        pool.started_local_ray = started_local
         return pool
 
     def bind_gpu_type(self, gpu_type: str) -> None:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import dataset, envs, report
+from servetune import _ray_session, dataset, envs, report
 from servetune._retry import retry_call
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
@@ -209,7 +209,14 @@ def run_study(
 
     # The GPU type binds at the first submit, and only on a cluster whose nodes advertise types: a
     # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
+    # A local Ray left by an earlier, killed driver of this study is stopped first; the local Ray
+    # this driver starts is recorded so that the next start can do the same (servetune._ray_session).
+    reaped = _ray_session.reap_leftovers(runs_dir, spec.name)
+    if reaped:
+        progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
     pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+    if pool.started_local_ray:
+        _ray_session.record_local_session(runs_dir, spec.name)
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
