@@ -72,6 +72,9 @@ _ACCEL_SLIVER = 0.001
 MAX_INFRA_ATTEMPTS = 3
 #: Slot-bound infrastructure failures of one GPU before the pool takes it out of service.
 SLOT_QUARANTINE_AFTER = 2
+#: How long a re-run after a node loss waits for Ray to declare the node dead (its health check)
+#: before it is launched anyway.
+NODE_DEATH_WAIT_S = 60.0
 
 
 def ray_accelerator_type(gpu_type: str) -> str:
@@ -168,6 +171,8 @@ class TrialPool:
         self._held: list[Any] = []  # actors kept alive so that Ray never reuses their GPUs
         self.started_local_ray = False  # set by start(): this pool's start launched a local Ray
         self.infra_notes: list[str] = []  # one line per infrastructure failure: trial, attempt, where, why
+        self._deferred: list[tuple[_Running, str, float]] = []  # re-runs waiting for Ray to mark a node dead
+        self._gave_up: list[_Running] = []  # deferred re-runs that no live node can take
         self._slot_failures: dict[str, int] = {}  # GPU id -> slot-bound infrastructure failures seen there
 
     @classmethod
@@ -223,8 +228,10 @@ class TrialPool:
 
     @property
     def busy_gpus(self) -> int:
-        # A trial's GPUs, plus those of failed attempts held while it re-runs elsewhere.
-        return sum(r.gpus * (1 + len(r.excluded)) for r in self._running.values())
+        # A trial's GPUs, plus those of failed attempts held while it re-runs elsewhere, plus the
+        # re-runs waiting for a lost node to be declared dead.
+        return (sum(r.gpus * (1 + len(r.excluded)) for r in self._running.values())
+                + sum(item.gpus for item, _, _ in self._deferred))
 
     @property
     def free_gpus(self) -> int:
@@ -232,7 +239,7 @@ class TrialPool:
 
     @property
     def running(self) -> list[int]:
-        return [r.trial_number for r in self._running.values()]
+        return [r.trial_number for r in self._running.values()] + [item.trial_number for item, _, _ in self._deferred]
 
     def submit(self, trial_number: int, task: TrialTask, backend: str, gpus: int) -> None:
         self.bind_gpu_type(task.gpu)
@@ -259,7 +266,10 @@ class TrialPool:
 
     def wait(self, timeout_s: float) -> list[tuple[int, TrialResult]]:
         """Results of the trials that finished within ``timeout_s`` (possibly none)."""
+        self._launch_deferred()
         if not self._running:
+            if self._deferred:  # only re-runs waiting for Ray to declare their node dead
+                time.sleep(min(timeout_s, 0.5))
             return []
         ready, _ = ray.wait(list(self._running), num_returns=1, timeout=timeout_s)
         if ready:  # collect everything else that is already done too
@@ -270,7 +280,7 @@ class TrialPool:
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayError as exc:  # the actor died: the trial crashed, the study goes on
-                result = _actor_death(exc, item.backend)
+                result = _actor_death(exc, item.backend, item.actor)
             if item.actor is not None and result.status is TrialStatus.INFRA_ERROR and self._retry(item, result):
                 continue  # re-running elsewhere; the driver hears of it when the re-run ends
             self._release_excluded(item)
@@ -287,6 +297,16 @@ class TrialPool:
             else:
                 ray.kill(item.actor, no_restart=True)
             out.append((item.trial_number, result))
+        return out + self._given_up()
+
+    def _given_up(self) -> list[tuple[int, TrialResult]]:
+        out = []
+        for item in self._gave_up:
+            result = TrialResult(TrialStatus.INFRA_ERROR, backend=item.backend, infrastructure="node_lost",
+                                 cause=f"infrastructure failure: no live node can take the re-run ({item.gpus} GPUs)",
+                                 infra_attempts=list(item.attempts))
+            out.append((item.trial_number, result))
+        self._gave_up = []
         return out
 
     def _retry(self, item: _Running, result: TrialResult) -> bool:
@@ -294,7 +314,8 @@ class TrialPool:
         healthy GPUs allow (True), else leave the failure as the trial's result (False)."""
         kind = result.infrastructure or "unknown"
         where = (f"GPU(s) {', '.join(result.gpu_ids)}" if result.gpu_ids else "GPU(s) unknown") + \
-            next((f" on node {e.split('=', 1)[1][:12]}" for e in result.evidence if e.startswith("ray_node_id=")), "")
+            next((f" on node {e.split('=', 1)[1][:12]}" for e in result.evidence
+                  if e.startswith(("ray_node_id=", "ray_lost_node="))), "")
         line = f"attempt {len(item.attempts) + 1} on {where}: {kind}: {(result.cause or '')[:300]}"
         item.attempts.append(line)
         self.infra_notes.append(f"trial {item.trial_number}: {line}")
@@ -317,8 +338,32 @@ class TrialPool:
             self._refresh_capacity()
         if len(item.attempts) >= MAX_INFRA_ATTEMPTS or item.gpus > min(self.total_gpus, self.max_node_gpus):
             return False
-        self._launch(item)
+        lost = next((e.split("=", 1)[1] for e in result.evidence if e.startswith("ray_lost_node=")), None)
+        if kind == "node_lost" and lost:
+            # Until Ray declares the node dead (its health check), it could place the re-run there.
+            self._deferred.append((item, lost, time.monotonic() + NODE_DEATH_WAIT_S))
+        else:
+            self._launch(item)
         return True
+
+    def _launch_deferred(self) -> None:
+        """Launch the re-runs whose lost node Ray now reports dead (or that waited long enough)."""
+        if not self._deferred:
+            return
+        alive = {n.get("NodeID") for n in ray.nodes() if n.get("Alive", True)}
+        now = time.monotonic()
+        waiting = []
+        for item, node, deadline in self._deferred:
+            if node in alive and now < deadline:
+                waiting.append((item, node, deadline))
+                continue
+            self._refresh_capacity()
+            if item.gpus > min(self.total_gpus, self.max_node_gpus):
+                # No node left that could take it: give the driver its infrastructure failure now.
+                self._gave_up.append(item)
+            else:
+                self._launch(item)
+        self._deferred = waiting
 
     def _release_excluded(self, item: _Running) -> None:
         for actor in item.excluded:
@@ -364,7 +409,9 @@ class TrialPool:
                 ray.kill(item.actor, no_restart=True)
             self._release_excluded(item)
             numbers.append(item.trial_number)
+        numbers += [item.trial_number for item, _, _ in self._deferred]
         self._running.clear()
+        self._deferred = []
         return numbers
 
     @staticmethod
@@ -373,16 +420,30 @@ class TrialPool:
             ray.shutdown()
 
 
-def _actor_death(exc: ray.exceptions.RayError, backend: str) -> TrialResult:
+def _actor_node(actor: Any) -> str | None:
+    """The node a (dead) actor was placed on, from Ray's GCS actor table; None if unknown."""
+    try:
+        info = ray._private.state.actors(actor._actor_id.hex())
+        return (info.get("Address") or {}).get("NodeID") or None
+    except Exception:  # noqa: BLE001 - a private API: without it the verdict rests on the error text
+        return None
+
+
+def _actor_death(exc: ray.exceptions.RayError, backend: str, actor: Any = None) -> TrialResult:
     """The result of a trial whose actor died: ``infra_error`` (``node_lost``) when its node went
-    with it (Ray's NodeDiedError / ActorUnavailableError, or an ActorDiedError naming the node's
-    death), else ``crashed`` with Ray's error as the cause."""
+    with it (Ray's NodeDiedError / ActorUnavailableError, an ActorDiedError naming the node's
+    death, or the actor's node no longer alive), else ``crashed`` with Ray's error as the cause."""
     text = str(exc)
     cause = f"{type(exc).__name__}: {text[:500]}"
-    kind = classify_actor_error(type(exc).__name__, text, None)
+    node = _actor_node(actor) if actor is not None else None
+    nodes = ray.nodes()
+    alive = None if node is None else any(n.get("NodeID") == node and n.get("Alive", True) for n in nodes)
+    kind = classify_actor_error(type(exc).__name__, text, alive)
     if kind is None:
         return TrialResult(status=TrialStatus.CRASHED, cause=cause, backend=backend)
-    dead = [n.get("NodeID", "?")[:12] for n in ray.nodes() if not n.get("Alive", True)]
+    dead = [n.get("NodeID", "?")[:12] for n in nodes if not n.get("Alive", True)]
+    evidence = [f"ray: {type(exc).__name__}", f"ray_dead_nodes={dead}"]
+    if node:
+        evidence.append(f"ray_lost_node={node}")
     return TrialResult(status=TrialStatus.INFRA_ERROR, infrastructure=kind, backend=backend,
-                       cause=f"infrastructure failure: Ray node lost: {cause}",
-                       evidence=[f"ray: {type(exc).__name__}", f"ray_dead_nodes={dead}"])
+                       cause=f"infrastructure failure: Ray node lost: {cause}", evidence=evidence)

@@ -136,6 +136,6 @@ def classify_actor_error(exc_type: str, text: str, node_alive: bool | None) -> s
         return "node_lost"
     if exc_type in ("NodeDiedError", "ActorUnavailableError"):
         return "node_lost"
-    if exc_type in ("ActorDiedError", "RayActorError") and _NODE_LOST_RE.search(text) and node_alive is not True:
-        return "node_lost"
+    if exc_type in ("ActorDiedError", "RayActorError") and _NODE_LOST_RE.search(text):
+        return "node_lost"  # Ray names the node's death (its node table may not show it yet)
     return None
