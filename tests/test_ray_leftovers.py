@@ -81,6 +81,7 @@ def test_resume_stops_the_killed_drivers_ray_and_leaves_none_of_its_own(tmp_path
         time.sleep(2)  # what survives the driver's death survives for good
         left = session_processes(record)
         assert left, "the SIGKILLed driver left no Ray process behind (nothing to test)"
+        print(f"left by the SIGKILLed driver: {len(left)} processes of {record['session_dir']}")
 
         resumed = subprocess.run([*cmd, "--resume", "--trials", str(_told(storage) + 2)], capture_output=True,
                                  text=True, env=env, timeout=300)
@@ -88,6 +89,7 @@ def test_resume_stops_the_killed_drivers_ray_and_leaves_none_of_its_own(tmp_path
         assert "stopped" in resumed.stdout and "left by the earlier driver's local Ray" in resumed.stdout, \
             resumed.stdout[-2000:]
         assert session_processes(record) == [], "the earlier session's Ray processes survived the resume"
+        print(next(line for line in resumed.stdout.splitlines() if "left by the earlier driver" in line))
         # The resumed driver recorded its own session; once it has ended, nothing of it remains.
         own = json.loads(record_file.read_text())
         assert own["session_dir"] != record["session_dir"]
