@@ -211,6 +211,8 @@ def test_a_lost_node_is_an_infra_failure_rerun_on_the_surviving_node(
     path = client.download_artifacts(rerun[0].info.run_id, "result.json", str(tmp_path))
     evidence = "\n".join(json.loads(Path(path).read_text())["evidence"])
     assert "node_lost" in evidence and "Ray node lost" in evidence, evidence[-3000:]
+    print("the lost trial's infrastructure attempt:", rerun[0].data.tags["servetune.trial_number"],
+          next(line for line in evidence.splitlines() if "attempt(s) of this flag set" in line)[:600])
     assert any(name in evidence for name in ("ActorDiedError", "ActorUnavailableError", "NodeDiedError"))
     # The re-run ran on a node that is still alive: node B.
     survivor = next(line.split("=", 1)[1] for line in evidence.splitlines() if line.startswith("ray_node_id="))

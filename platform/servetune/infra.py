@@ -49,8 +49,8 @@ HELD_BY_OTHERS_MIB = 1024
 _CONTEXT_GIB = 1.0
 
 _PREFIX_RE = re.compile(r"^infrastructure failure: [^:]+: ")
-_NODE_LOST_RE = re.compile(r"node (?:has )?died|node .*(?:is )?dead|NodeDiedError|raylet .*died|"
-                           r"the actor is unavailable|is unavailable:|node .*unreachable|preempted", re.IGNORECASE)
+_NODE_LOST_RE = re.compile(r"node (?:has )?died|node (?:is|was) (?:dead|marked dead)|NodeDiedError|raylet (?:has )?died|"
+                           r"node .{0,40}unreachable|preempted", re.IGNORECASE)
 
 
 @dataclasses.dataclass(frozen=True)

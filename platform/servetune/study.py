@@ -220,7 +220,7 @@ def run_study(
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
-    infra_seen = 0  # pool.infra_notes already shown
+    infra_seen = quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
     stop = _StopRequest()
     try:
         while True:
@@ -262,10 +262,15 @@ def run_study(
                     break
                 continue
             progress.show(outcome, len(inflight))
-            for number, result in pool.wait(timeout_s=0.5):
-                for line in pool.infra_notes[infra_seen:]:
-                    progress.note(f"servetune: infrastructure failure, re-run elsewhere when possible: trial #{line}")
-                infra_seen = len(pool.infra_notes)
+            results = pool.wait(timeout_s=0.5)
+            for line in pool.infra_notes[infra_seen:]:  # the pool re-runs these itself (bounded)
+                progress.note(f"servetune: infrastructure failure, re-run elsewhere when possible: trial #{line}")
+            infra_seen = len(pool.infra_notes)
+            for note in pool.quarantine_notes[quarantine_seen:]:
+                if "infrastructure failures" in note:  # (memory left behind is reported with its trial below)
+                    progress.note(f"servetune: slot quarantined: {note}")
+            quarantine_seen = len(pool.quarantine_notes)
+            for number, result in results:
                 trial, flags = inflight.pop(number)
                 _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
                 if result.quarantined_gpus:
