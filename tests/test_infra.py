@@ -27,8 +27,11 @@ from pathlib import Path
 import optuna
 import pytest
 import ray
+import yaml
+from mlflow.tracking import MlflowClient
 from ray import cloudpickle
 
+from servetune import dataset
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask
 from servetune.infra import confirm_launch_failure
@@ -246,3 +249,59 @@ def test_the_pool_reruns_infra_failures_elsewhere_and_quarantines_a_slot_that_ke
         assert last.status is TrialStatus.OK and last.gpu_ids == ["1"] and not last.infra_attempts
     finally:
         TrialPool.shutdown()
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+def _study(tmp: Path, name: str, trials: int, parallel: int) -> Path:
+    spec = {
+        "name": name, "model": "servetune-test-850m", "gpu": {"type": "H200", "count": 2},
+        "workload": {"input_len": 128, "output_len": 16, "num_requests": 8, "concurrency": 4, "seed": 1},
+        "search_space": {"params": {"max_num_seqs": [8, 16, 32, 64]}},
+        "fixed_flags": {"gpu_memory_utilization": 0.9},
+        "budget": {"trials": trials, "parallel": parallel}, "backend": "vllm", "seed": 5,
+        "tracking": {"mlflow_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": name},
+        "storage": {"optuna_url": f"sqlite:///{tmp}/optuna.db"},
+        "output": {"runs_dir": str(tmp / "runs"), "dataset_dir": str(tmp / "dataset")},
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _tune(host: _Host, spec: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    env = {**host.env(), "HOME": str(tmp), "RAY_AUTH_MODE": "disabled", "MLFLOW_DISABLE_TELEMETRY": "true",
+           "SERVETUNE_SERVE_COMMAND": f"{sys.executable} -m servetune.sim.server --sim-speedup 20"}
+    return subprocess.run([sys.executable, "-m", "servetune", "tune", str(spec)], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=tmp)
+
+
+@pytest.mark.slow
+def test_the_driver_reruns_an_infra_failure_and_tells_an_exhausted_one_fail(host: _Host, tmp_path: Path) -> None:
+    # 1. Another process holds most of GPU 0: trials that land there run again on GPU 1.
+    hold(host.ledger, "0", 100 * 1024, holder="someone-else")
+    proc = _tune(host, _study(tmp_path, "infra-one", trials=4, parallel=2), tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "infrastructure failure, re-run elsewhere" in proc.stdout and "gpu_memory_held" in proc.stdout
+    study = optuna.load_study(study_name="infra-one", storage=f"sqlite:///{tmp_path}/optuna.db")
+    trials = study.get_trials(deepcopy=False)
+    assert len(trials) == 4 and {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    assert all(t.constraints["startup"] < 0 for t in trials)  # the flags start on a free GPU: never infeasible
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = [r for r in client.search_runs([client.get_experiment_by_name("infra-one").experiment_id])
+            if r.data.tags.get("servetune.role") == "trial"]
+    assert len(runs) == 4 and any(r.data.tags.get("servetune.infra_attempts") for r in runs)
+
+    # 2. Both GPUs held: every attempt fails for the machine's reason. The trial is told FAIL (never
+    # infeasible), recorded and reported; both slots end quarantined and the study stops.
+    hold(host.ledger, "1", 100 * 1024, holder="someone-else")
+    proc = _tune(host, _study(tmp_path, "infra-all", trials=2, parallel=1), tmp_path)
+    assert "infrastructure failures (told FAIL, not learnt)" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "every GPU slot is quarantined" in proc.stdout
+    study = optuna.load_study(study_name="infra-all", storage=f"sqlite:///{tmp_path}/optuna.db")
+    failed = study.get_trials(deepcopy=False)
+    assert failed and all(t.state is optuna.trial.TrialState.FAIL for t in failed)
+    assert all(t.user_attrs["status"] == "infra_error" and not t.constraints for t in failed)
+    assert len(failed[0].user_attrs["infra_attempts"]) == 3
+    rows = dataset.read_trials(tmp_path / "dataset", study="infra-all")
+    assert sorted(rows["trial_number"]) == [t.number for t in failed] and set(rows["status"]) == {"infra_error"}
