@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     print(f"servetune job: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served, "
-          f"{outcome.startup_failed} failed at startup, {outcome.pruned} pruned, {outcome.other_failed} other failures",
+          f"{outcome.startup_failed} failed at startup, {outcome.pruned} pruned, {outcome.other_failed} other failures"
+          + (f", {outcome.infra_failed} infrastructure failures" if outcome.infra_failed else "")
+          + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""),
           flush=True)
     if outcome.best_flags is None:
         print("servetune job: no trial met the constraints", flush=True)

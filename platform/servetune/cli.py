@@ -91,7 +91,9 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"\nservetune: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served "
           f"({outcome.preempting} of them preempted), {outcome.startup_failed} failed at startup, "
           f"{outcome.pruned} pruned before launch (predicted startup failures), "
-          f"{outcome.other_failed} other failures")
+          f"{outcome.other_failed} other failures"
+          + (f", {outcome.infra_failed} infrastructure failures (told FAIL, not learnt)" if outcome.infra_failed else "")
+          + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""))
     if outcome.best_flags is None:
         print("servetune: no trial met the constraints; widen the search space or relax the constraints")
         return 1

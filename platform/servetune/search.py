@@ -169,7 +169,18 @@ def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str 
 
 
 def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult) -> list[float]:
-    """Tell Optuna one result: constraints, user attributes, objective values (returned)."""
+    """Tell Optuna one result: constraints, user attributes, objective values (returned).
+
+    An ``infra_error`` (the machine failed, not the flags; the pool's re-runs exhausted) is told
+    FAIL, which Optuna's samplers ignore: no constraint, so the flag set is never learnt as
+    infeasible. The returned values are the worst, for the record only.
+    """
+    if result.status.is_infrastructure:
+        trial.set_user_attr("status", result.status.value)
+        trial.set_user_attr("cause", (result.cause or "")[:1000])
+        trial.set_user_attr("infra_attempts", [a[:300] for a in result.infra_attempts][:10])
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return objective_values(spec, result)
     for key, value in constraint_values(spec, result).items():
         trial.set_constraint(key, value)
     trial.set_user_attr("status", result.status.value)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import dataset, envs, report
+from servetune import _ray_session, dataset, envs, report
 from servetune._retry import retry_call
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
@@ -69,6 +69,8 @@ class StudyOutcome:
     startup_failed: int = 0
     other_failed: int = 0
     pruned: int = 0  # predicted startup failures, told without a launch
+    infra_failed: int = 0  # infrastructure failures whose re-runs were exhausted (told FAIL, not infeasible)
+    infra_retried: int = 0  # trials re-run after an infrastructure failure (port, GPU memory, node)
     best_number: int | None = None
     best_flags: dict[str, Any] | None = None
     best_metrics: dict[str, float] | None = None
@@ -143,7 +145,8 @@ class _Progress:
         best = "-" if o.best_metrics is None else f"{o.best_metrics.get('output_throughput', 0):,.0f} tok/s (#{o.best_number})"
         line = (f"trials {o.trials_done}/{self.total} | running {running} | ok {o.ok} | preempting {o.preempting}"
                 f" | startup failed {o.startup_failed} | pruned {o.pruned} | other failed {o.other_failed}"
-                f" | best {best}")
+                + (f" | infra failed {o.infra_failed}" if o.infra_failed else "")
+                + f" | best {best}")
         self.out.write(("\r" + line + "\033[K") if self.tty else line + "\n")
         self.out.flush()
 
@@ -231,10 +234,18 @@ def run_study(
 
     # The GPU type binds at the first submit, and only on a cluster whose nodes advertise types: a
     # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
+    # A local Ray left by an earlier, killed driver of this study is stopped first; the local Ray
+    # this driver starts is recorded so that the next start can do the same (servetune._ray_session).
+    reaped = _ray_session.reap_leftovers(runs_dir, spec.name)
+    if reaped:
+        progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
     pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+    if pool.started_local_ray:
+        _ray_session.record_local_session(runs_dir, spec.name)
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
+    infra_seen = quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
     stop = _StopRequest()
     try:
         while True:
@@ -278,7 +289,15 @@ def run_study(
                     break
                 continue
             progress.show(outcome, len(inflight))
-            for number, result in pool.wait(timeout_s=0.5):
+            results = pool.wait(timeout_s=0.5)
+            for line in pool.infra_notes[infra_seen:]:  # the pool re-runs these itself (bounded)
+                progress.note(f"servetune: infrastructure failure, re-run elsewhere when possible: trial #{line}")
+            infra_seen = len(pool.infra_notes)
+            for note in pool.quarantine_notes[quarantine_seen:]:
+                if "infrastructure failures" in note:  # (memory left behind is reported with its trial below)
+                    progress.note(f"servetune: slot quarantined: {note}")
+            quarantine_seen = len(pool.quarantine_notes)
+            for number, result in results:
                 trial, flags = inflight.pop(number)
                 _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
                 if result.quarantined_gpus:
@@ -356,11 +375,22 @@ class _StopRequest:
 def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         _count(outcome, TrialStatus(t.user_attrs.get("status", "ok")), int(t.user_attrs.get("preemptions", 0) or 0))
+    for t in _infra_failed_trials(study):  # told FAIL, but finished and recorded: they count
+        _count(outcome, TrialStatus.INFRA_ERROR, 0)
     _update_best(study, outcome)
+
+
+def _infra_failed_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials told FAIL because infrastructure spoiled every attempt (not the killed ones)."""
+    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+            if t.user_attrs.get("status") == TrialStatus.INFRA_ERROR.value]
 
 
 def _count(outcome: StudyOutcome, status: TrialStatus, preemptions: int) -> None:
     outcome.trials_done += 1
+    if status is TrialStatus.INFRA_ERROR:
+        outcome.infra_failed += 1
+        return
     if status is TrialStatus.OK:
         outcome.ok += 1
         if preemptions > 0:
@@ -395,6 +425,7 @@ def _finish(
     objective = retry_call(lambda: tell(spec, study, trial, result), what=f"tell trial #{trial.number}")
     _record(spec, trial.number, flags, result, objective[0], tracker, backend, prediction=prediction)
     _count(outcome, result.status, result.preemptions or 0)
+    outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
     _update_best(study, outcome)
     if on_result is not None:
         on_result(trial.number, flags, result)
@@ -409,6 +440,8 @@ def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialRe
             "servetune.study": spec.name, **(extra_tags or {})}
     extra: dict[str, Any] = {"backend": result.backend or backend,
                              "vllm_version": result.vllm_version or spec.vllm_version, "objective": objective}
+    if result.infra_attempts:  # the machine failed this flag set before (the lines are in the evidence)
+        tags["servetune.infra_attempts"] = str(len(result.infra_attempts))
     if result.status is TrialStatus.PRUNED and prediction is not None:
         tags.update(prediction_tags(prediction))
         extra["predicted_failure"] = tags["servetune.predicted_failure"]
@@ -430,7 +463,8 @@ def _reconcile(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, back
     or the dataset lack; they are written now from what Optuna stored (status, cause, flags,
     metrics), tagged ``servetune.reconciled``, so the three agree. Returns how many were written.
     """
-    told = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    told = [*study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
+            *_infra_failed_trials(study)]
     if not told:
         return 0
     in_mlflow = tracker.recorded_trial_numbers()
