@@ -269,6 +269,7 @@ def run_study(
                                  startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
                                  load_generator=spec.measurement.load_generator,
                                  stall_timeout_s=spec.measurement.stall_timeout_s,
+                                 compile_cache_dir=envs.compile_cache_dir(),
                                  log_dir=str(runs_dir / "trials" / spec.name / f"{trial.number:04d}"),
                                  replay_file=None if spec.replay_file is None else str(spec.replay_file))
                 pool.submit(trial.number, task, backend, gpus=need)
