@@ -58,6 +58,9 @@ class TrialTask:
     load_generator: str = "servetune"  # vllm backend: servetune's client or "vllm-bench"
     stall_timeout_s: float = 180.0  # vllm backend: no token on any stream this long is a stall
     compile_cache_dir: str | None = None  # vllm backend: SERVETUNE_COMPILE_CACHE_DIR (envs.compile_cache_env)
+    # vllm backend: the installed vLLM's `vllm serve --help=all`, read once by the driver; None: the
+    # trial reads it itself (a driver without vLLM, e.g. on a cluster's CPU head)
+    serve_help: str | None = None
 
 
 def gpu_visible() -> bool:
@@ -136,5 +139,5 @@ def _run_vllm(task: TrialTask) -> TrialResult:
                         log_dir=Path(task.log_dir) if task.log_dir else None,
                         load_generator=task.load_generator, stall_timeout_s=task.stall_timeout_s,
                         env=compile_cache_env(task.compile_cache_dir),
-                        serve_help=read_serve_help(tuple(task.serve_command)))
+                        serve_help=task.serve_help or read_serve_help(tuple(task.serve_command)))
     return run_vllm_trial(launch, task.workload)
