@@ -42,8 +42,11 @@ _ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0
         "MLFLOW_DISABLE_TELEMETRY": "true", "PYTHONPATH": str(REPO / "platform")}
 # The nodes: no servetune on their path (a job must ship it), and this venv's `python` first on
 # PATH, as in a cluster image, so a job's `python jobs/tune.py` entrypoint is the venv's Python.
+# Ray 2.60 drains a SIGTERMed node for up to 30 s before stopping; a test cluster has nothing to
+# drain at teardown, so stop at once (3 s instead of 30 s per node).
 _NODE_ENV = {**{k: v for k, v in _ENV.items() if k != "PYTHONPATH"},
-             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+             "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+             "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
 
 def _free_ports(n: int) -> list[int]:
