@@ -268,6 +268,10 @@ def test_ray_job_submit_runs_a_study_on_the_named_gpu_type_with_postgresql(
     # `ray job logs` shows servetune's progress: the driver joined this cluster and told every trial.
     assert "servetune job: joined the Ray cluster" in logs and "3 nodes, 3 GPUs" in logs, logs[-3000:]
     assert "trials 6/6" in logs and "servetune job: best trial #" in logs, logs[-3000:]
+    # The driver imported servetune from the py_module the job shipped (Ray's runtime resources),
+    # not from the repo checkout or an installed copy.
+    origin = next(line for line in logs.splitlines() if "servetune job: servetune from" in line)
+    assert "runtime_resources" in origin and str(REPO) not in origin, origin
 
     # Optuna (PostgreSQL): every trial told once, none left running.
     trials = optuna.load_study(study_name="jobsubmit", storage=optuna_url).get_trials()
