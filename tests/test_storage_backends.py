@@ -122,3 +122,30 @@ def test_study_interrupted_then_resumed_keeps_finished_trials_and_picks_the_best
     # The Parquet dataset: one row per told trial.
     rows = dataset.read_trials(Path(first.output.dataset_dir), study=name)
     assert sorted(rows["trial_number"]) == sorted(t.number for t in complete)
+
+
+class _AnswerLostOnce(optuna.storages.RDBStorage):
+    """Fault injection on a real RDB storage: the first trial finish commits, then its answer is
+    lost as when the connection dies between COMMIT and its reply."""
+
+    lost = 0
+
+    def set_trial_state_values(self, trial_id: int, state: optuna.trial.TrialState,
+                               values: Any = None) -> bool:
+        done = super().set_trial_state_values(trial_id, state, values)
+        if state.is_finished() and not self.lost:
+            self.lost += 1
+            import sqlalchemy.exc
+
+            raise sqlalchemy.exc.OperationalError("COMMIT", {}, Exception("server closed the connection unexpectedly"))
+        return done
+
+
+def test_a_finish_whose_answer_was_lost_is_not_repeated(backend: dict[str, str]) -> None:
+    rdb = _AnswerLostOnce(backend["optuna_url"])
+    study = optuna.create_study(study_name="lost-answer", storage=RetryingStorage(optuna.storages._CachedStorage(rdb)))
+    trial = study.ask()
+    study.tell(trial, 2.5)  # without the check the retry would raise "trial already finished"
+    assert rdb.lost == 1
+    trials = optuna.load_study(study_name="lost-answer", storage=backend["optuna_url"]).get_trials()
+    assert [(t.state, t.value) for t in trials] == [(optuna.trial.TrialState.COMPLETE, 2.5)]
