@@ -34,8 +34,8 @@ from typing import Any, TypeVar
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
-from optuna.study._frozen import FrozenStudy
-from optuna.study._study_direction import StudyDirection
+from optuna.study import StudyDirection
+from optuna.study._frozen import FrozenStudy  # BaseStorage's own type; not re-exported
 from optuna.trial import FrozenTrial, TrialState
 
 from servetune._retry import retry_call
