@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_spec(args.spec).with_overrides(backend=args.backend, trials=args.trials, parallel=args.parallel)
         print(f"servetune job: {connect()}", flush=True)
+        # Which code runs: the job's py_modules / working dir, or an installed package.
+        print(f"servetune job: servetune from {Path(sys.modules['servetune'].__file__ or '?').parent}", flush=True)
         outcome = run_study(spec, resume=args.resume, out=sys.stdout)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

@@ -109,6 +109,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _best(args: argparse.Namespace) -> int:
     import optuna
 
+    from servetune._storage import open_storage
     from servetune.flags import to_command_line, to_config_yaml
     from servetune.study import best_trial
 
@@ -121,7 +122,7 @@ def _best(args: argparse.Namespace) -> int:
     storage = storage or f"sqlite:///{DEFAULT_RUNS_DIR}/optuna.db"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=name, storage=storage)
+        study = optuna.load_study(study_name=name, storage=open_storage(storage))
     except KeyError:
         known = optuna.get_all_study_names(storage) if storage else []
         raise SpecError("study", f"no study named {name!r} in {storage}",

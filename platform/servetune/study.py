@@ -41,6 +41,7 @@ import optuna
 
 from servetune import _ray_session, dataset, envs, report
 from servetune._retry import retry_call
+from servetune._storage import open_storage
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
 from servetune.errors import SpecError
@@ -187,9 +188,11 @@ def run_study(
     n_obj = len(spec.objective.metrics)
     grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
     # Storage calls are retried with backoff (servetune._retry): a briefly locked SQLite file or a
-    # restarting database delays the driver instead of ending the study.
+    # restarting database delays the driver instead of ending the study. open_storage retries every
+    # call of the storage itself (servetune._storage), so reads between the retried steps below
+    # (best trial, counts) ride out an outage too.
     study = retry_call(lambda: optuna.create_study(
-        study_name=spec.name, storage=storage, load_if_exists=True,
+        study_name=spec.name, storage=open_storage(storage), load_if_exists=True,
         directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
     ), what="open the Optuna study")
     existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
