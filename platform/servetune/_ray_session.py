@@ -112,8 +112,10 @@ def session_processes(record: dict[str, Any]) -> list[int]:
 
 
 def _driver_alive(record: dict[str, Any]) -> bool:
+    """True while the recorded driver runs, this very process included: a study run again in the
+    same process (resumed after a Ctrl-C, or a test) still uses the local Ray it started."""
     pid, start = record.get("driver_pid"), record.get("driver_start")
-    return pid is not None and pid != os.getpid() and start is not None and _start_time(int(pid)) == start
+    return pid is not None and start is not None and _start_time(int(pid)) == start
 
 
 def reap_leftovers(runs_dir: str | os.PathLike[str], study: str, grace_s: float = 5.0) -> list[int]:
