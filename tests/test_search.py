@@ -107,3 +107,52 @@ def test_benchmark_core_loop_on_a_tiny_landscape() -> None:
     reach = servetune.cost_to_reach(64.0)
     assert reach is not None and reach < 0.25 * full_cost
     assert tpe.launched == 12 and tpe.pruned == 0
+
+
+# -- early stopping: the rule the driver hands to a real trial ------------------------------------
+
+def test_early_stop_rule_follows_the_spec_and_the_best_so_far() -> None:
+    from servetune.early_stop import EarlyStop, rule_for
+
+    spec = _spec()
+    assert rule_for(spec, None) == EarlyStop(max_preemptions=0, best_throughput=None)
+    assert rule_for(spec, 1234.0) == EarlyStop(max_preemptions=0, best_throughput=1234.0)
+    assert rule_for(_spec(early_stopping=False), 1234.0) is None
+    latency_first = _spec(objective={"pareto": ["ttft_p99_ms", "output_throughput"]})
+    assert rule_for(latency_first, 1234.0) == EarlyStop(max_preemptions=0, best_throughput=None)
+
+
+def test_early_stop_verdicts() -> None:
+    from servetune.early_stop import EarlyStop
+
+    rule = EarlyStop(max_preemptions=2, best_throughput=1000.0)
+    assert rule.verdict(preemptions=2, output_tokens=0, elapsed_s=1, answered=0, total=10) is None
+    assert rule.verdict(preemptions=3, output_tokens=0, elapsed_s=1, answered=0, total=10).startswith("preemptions")
+    # too early to judge the rate, then certainly below, then possibly above (margin 1.5)
+    assert rule.verdict(preemptions=0, output_tokens=100, elapsed_s=1, answered=2, total=10) is None
+    assert rule.verdict(preemptions=0, output_tokens=600, elapsed_s=1, answered=3, total=10).startswith("throughput")
+    assert rule.verdict(preemptions=0, output_tokens=700, elapsed_s=1, answered=3, total=10) is None
+    assert rule.verdict(preemptions=0, output_tokens=10, elapsed_s=1, answered=10, total=10) is None  # finished
+
+
+def test_spec_switches_validate_with_a_fix() -> None:
+    import pytest
+
+    from servetune.errors import SpecError
+
+    spec = _spec()
+    assert (spec.early_stopping, spec.warm_start, spec.baseline_trial, spec.multi_fidelity) == (True, True, True, None)
+    assert spec.multi_fidelity_on("vllm") and spec.multi_fidelity_on("replay") and not spec.multi_fidelity_on("sim")
+    assert not _spec(multi_fidelity=False).multi_fidelity_on("vllm")
+    assert _spec(multi_fidelity=True).multi_fidelity_on("sim")
+    assert (spec.budget.confirm_top, spec.budget.confirm_repeats) == (0, 2)
+    for key, bad in (("early_stopping", "yes"), ("warm_start", 1), ("baseline_trial", None), ("multi_fidelity", "on")):
+        with pytest.raises(SpecError) as err:
+            _spec(**{key: bad})
+        assert err.value.field == key and key in err.value.fix
+    with pytest.raises(SpecError) as err:
+        _spec(budget={"trials": 4, "confirm_repeats": 0})
+    assert err.value.field == "budget.confirm_repeats"
+    shown = spec.to_dict()
+    assert (shown["early_stopping"], shown["multi_fidelity"], shown["warm_start"], shown["baseline_trial"]) == \
+        (True, "auto", True, True)

@@ -30,6 +30,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
+from servetune.early_stop import EarlyStop
 from servetune.errors import SpecError
 from servetune.result import TrialResult, TrialStatus
 from servetune.workload import Workload
@@ -55,6 +56,7 @@ class TrialTask:
     startup_timeout_s: float = 600.0
     log_dir: str | None = None
     replay_file: str | None = None  # the recorded landscape (backend "replay")
+    early_stop: EarlyStop | None = None  # end the window once the outcome is decided (vllm backend)
 
 
 def gpu_visible() -> bool:
@@ -130,5 +132,5 @@ def _run_vllm(task: TrialTask) -> TrialResult:
     launch = VllmLaunch(model=task.serve_model or task.model, flags=dict(task.flags),
                         serve_command=task.serve_command, startup_timeout_s=task.startup_timeout_s,
                         log_dir=Path(task.log_dir) if task.log_dir else None,
-                        serve_help=read_serve_help(tuple(task.serve_command)))
+                        serve_help=read_serve_help(tuple(task.serve_command)), early_stop=task.early_stop)
     return run_vllm_trial(launch, task.workload)

@@ -153,6 +153,9 @@ class TrialResult:
     # come back after the server stopped: the pool takes a quarantined slot out of service.
     gpu_ids: list[str] = dataclasses.field(default_factory=list)
     quarantined_gpus: list[str] = dataclasses.field(default_factory=list)
+    #: Why the measured window ended before the workload did (:mod:`servetune.early_stop`), e.g.
+    #: ``"preemptions: 3 counted, 0 allowed"``; None for a full measurement.
+    early_stopped: str | None = None
 
     @property
     def ok(self) -> bool:

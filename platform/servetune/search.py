@@ -176,6 +176,8 @@ def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result
     trial.set_user_attr("cause", (result.cause or "")[:1000])
     trial.set_user_attr("metrics", result.metrics())
     trial.set_user_attr("preemptions", result.preemptions or 0)
+    if result.early_stopped:  # measured over a shortened window: the figures are marked as such
+        trial.set_user_attr("early_stopped", result.early_stopped)
     values = objective_values(spec, result)
     study.tell(trial, values)
     return values

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import dataset, envs, report
+from servetune import dataset, early_stop, envs, report
 from servetune._retry import retry_call
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
@@ -52,6 +52,7 @@ from servetune.spec import StudySpec
 from servetune.tracking import StudyTracker, redact_text
 
 if TYPE_CHECKING:
+    from servetune.early_stop import EarlyStop
     from servetune.memory import MemoryPlan
 
 __all__ = ["StudyOutcome", "run_study", "make_sampler", "constraint_values", "objective_values", "best_trial",
@@ -232,7 +233,8 @@ def run_study(
                                  serve_model=spec.serve_model, serve_command=envs.serve_command(),
                                  startup_timeout_s=envs.startup_timeout_s(),
                                  log_dir=str(runs_dir / "trials" / spec.name / f"{trial.number:04d}"),
-                                 replay_file=None if spec.replay_file is None else str(spec.replay_file))
+                                 replay_file=None if spec.replay_file is None else str(spec.replay_file),
+                                 early_stop=_early_stop_rule(spec, outcome, backend))
                 pool.submit(trial.number, task, backend, gpus=need)
                 inflight[trial.number] = (trial, flags)
             # A quarantined slot shrinks the pool: a queued trial that can no longer fit is told as
@@ -276,6 +278,16 @@ def run_study(
             out.write("\n")
         _finish_study(spec, study, tracker, outcome, status)
     return outcome
+
+
+def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> EarlyStop | None:
+    """The early-stop rule handed to the next real trial: the preemption constraint and the best
+    feasible throughput so far (:mod:`servetune.early_stop`). Only the vllm backend measures over
+    time; the sim and replay backends answer at once."""
+    if backend != "vllm":
+        return None
+    best = (outcome.best_metrics or {}).get("output_throughput")
+    return early_stop.rule_for(spec, best)
 
 
 def _propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str,
@@ -385,6 +397,9 @@ def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialRe
     if result.status is TrialStatus.PRUNED and prediction is not None:
         tags.update(prediction_tags(prediction))
         extra["predicted_failure"] = tags["servetune.predicted_failure"]
+    if result.early_stopped:
+        tags["servetune.early_stopped"] = result.early_stopped[:250]
+        extra["early_stopped"] = result.early_stopped
     if mlflow:
         tracker.log_trial(number, flags, result, tags, workload=spec.workload.to_dict())
     if rows:
