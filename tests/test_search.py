@@ -156,3 +156,53 @@ def test_spec_switches_validate_with_a_fix() -> None:
     shown = spec.to_dict()
     assert (shown["early_stopping"], shown["multi_fidelity"], shown["warm_start"], shown["baseline_trial"]) == \
         (True, "auto", True, True)
+
+
+# -- multi-fidelity: the calibrated simulator screens proposals (servetune.fidelity) ---------------
+
+def test_sim_screen_learns_the_real_to_sim_ratio_and_prunes_only_clear_losers() -> None:
+    from servetune.fidelity import screen_for
+
+    bench = _bench()
+    cell = bench.CELLS[0]
+    path = bench.landscape_path(cell)
+    spec = bench.cell_spec(cell, sampler="random", seed=3, replay_file=path)
+    land = Landscape.load(path)
+
+    def real(flags: dict[str, Any]) -> TrialResult:  # "real" vLLM: 30% slower than the simulator says
+        r = land.result(flags)
+        if r.output_throughput is not None:
+            r.output_throughput *= 0.7
+        return r
+
+    screen = screen_for(spec, "replay")
+    assert screen is not None and screen_for(spec, "sim") is None
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=3))
+    told = run_local(spec, study, real, max_dispatched=12, informed=False, screen=screen)
+    screened = [t for t in told if (t.result.cause or "").startswith("sim_screen")]
+    assert screened and not any(t.dispatched for t in screened)
+    assert all(t.result.status is TrialStatus.PRUNED for t in screened)
+    assert screen.ratio is not None and abs(screen.ratio - 0.7) < 0.02
+    assert screen.screened <= 0.5 * screen.seen
+    best = max(t.result.output_throughput or 0 for t in told if t.dispatched and not t.result.preemptions)
+    for t in screened:  # what the landscape says each screened proposal would have measured
+        truth = real(t.flags)
+        assert (truth.preemptions or 0) > 0 or (truth.output_throughput or 0) < best, (t.flags, t.result.cause)
+    attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
+    assert all("output_throughput" in attrs[t.number]["sim_prediction"] for t in screened)
+
+
+def test_sim_screen_is_bounded_and_distrusts_a_contradicted_preemption_verdict() -> None:
+    from servetune.fidelity import SimScreen
+
+    screen = SimScreen(max_preemptions=0, num_requests=100, throughput_objective=True)
+    preempting = TrialResult(TrialStatus.OK, output_throughput=1000.0, preemptions=40)
+    assert screen.verdict(preempting, best=None) is None  # the bound: half of 1 proposal is 0
+    assert screen.verdict(preempting, best=None).startswith("sim_screen: 40 preemptions")
+    mild = TrialResult(TrialStatus.OK, output_throughput=1000.0, preemptions=10)
+    assert screen.verdict(mild, best=None) is None  # 10% of the requests: not clear before confirmation
+    screen.observe(preempting, TrialResult(TrialStatus.OK, output_throughput=900.0, preemptions=12))
+    assert screen.verdict(mild, best=None) is None or screen.screened <= 0.5 * screen.seen
+    screen.observe(mild, TrialResult(TrialStatus.OK, output_throughput=900.0, preemptions=0))  # contradicted
+    for _ in range(4):
+        assert screen.verdict(preempting, best=None) is None

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import dataset, early_stop, envs, report
+from servetune import dataset, early_stop, envs, fidelity, report, warmstart
 from servetune._retry import retry_call
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
@@ -47,12 +47,14 @@ from servetune.errors import SpecError
 from servetune.flags import to_command_line
 from servetune.result import TrialResult, TrialStatus
 from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
-from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, tell
+from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
 from servetune.spec import StudySpec
 from servetune.tracking import StudyTracker, redact_text
 
 if TYPE_CHECKING:
     from servetune.early_stop import EarlyStop
+    from servetune.fidelity import SimScreen
+    from servetune.warmstart import WarmStart
     from servetune.memory import MemoryPlan
 
 __all__ = ["StudyOutcome", "run_study", "make_sampler", "constraint_values", "objective_values", "best_trial",
@@ -191,6 +193,7 @@ def run_study(
     recovered = _recover_interrupted(study) if resume else 0
     reconciled = _reconcile(spec, study, tracker, backend) if resume else 0
     starts = enqueue_informed_starts(spec, study) if not existing else []
+    warm, baseline = _enqueue_warm_and_baseline(spec, study) if not existing else ([], None)
 
     outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=parent)
     _count_existing(study, outcome)
@@ -202,6 +205,11 @@ def run_study(
     if starts:
         progress.note("servetune: informed starts (highest utilization that starts, max_num_seqs under the "
                       f"preemption bound): {', '.join(str(p) for p in starts)}")
+    for ws in warm:
+        progress.note(f"servetune: warm start from study {ws.study!r} ({ws.model}, vLLM {ws.vllm_version}, "
+                      f"distance {ws.distance:.2f}, best {ws.objective:,.0f}): {ws.params}")
+    if baseline:
+        progress.note(f"servetune: baseline trial (vLLM's defaults for the searched flags): {baseline}")
     progress.note(f"servetune: MLflow {spec.tracking.mlflow_uri} (experiment {spec.tracking.experiment!r}), "
                   f"Optuna {storage}")
 
@@ -209,6 +217,10 @@ def run_study(
     # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
     pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
+    # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its
+    # next real trials); ``sims`` holds the simulated twin of each dispatched trial.
+    screen = fidelity.screen_for(spec, backend)
+    sims: dict[int, TrialResult] = {}
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
     stop = _StopRequest()
@@ -224,6 +236,11 @@ def run_study(
                 if proposal.refused is not None:  # invalid or predicted to fail: no GPU time spent
                     _finish(spec, study, trial, flags, proposal.refused, tracker, outcome, backend, on_result,
                             prediction=proposal.plan)
+                    continue
+                screened = _screen_on_sim(spec, screen, proposal, outcome, backend, sims)
+                if screened is not None:  # the calibrated simulator rules it out: no GPU time spent
+                    _finish(spec, study, trial, flags, screened[0], tracker, outcome, backend, on_result,
+                            extra_tags=screened[1])
                     continue
                 queued.append((trial, flags, need))
             while queued and queued[0][2] <= pool.free_gpus:  # first come, first served
@@ -255,6 +272,8 @@ def run_study(
             progress.show(outcome, len(inflight))
             for number, result in pool.wait(timeout_s=0.5):
                 trial, flags = inflight.pop(number)
+                if screen is not None and number in sims:  # recalibrate on the real measurement
+                    screen.observe(sims.pop(number), result)
                 _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
                 if result.quarantined_gpus:
                     progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
@@ -278,6 +297,29 @@ def run_study(
             out.write("\n")
         _finish_study(spec, study, tracker, outcome, status)
     return outcome
+
+
+def _enqueue_warm_and_baseline(spec: StudySpec, study: optuna.Study
+                               ) -> tuple[list[WarmStart], dict[str, Any] | None]:
+    """Warm starts from earlier studies in the dataset, then the baseline trial
+    (:mod:`servetune.warmstart`); enqueued after the informed starts, so those run first."""
+    return warmstart.enqueue_warm_starts(spec, study), warmstart.enqueue_baseline(spec, study)
+
+
+def _screen_on_sim(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, outcome: StudyOutcome,
+                   backend: str, sims: dict[int, TrialResult]) -> tuple[TrialResult, dict[str, str]] | None:
+    """Multi-fidelity (:mod:`servetune.fidelity`): ``(pruned result, MLflow tags)`` when the
+    calibrated simulator rules the proposal out, else None (its simulated twin kept in ``sims``
+    to recalibrate on the real result)."""
+    best = (outcome.best_metrics or {}).get("output_throughput")
+    screened = sim_screen(spec, screen, proposal, best, backend)
+    if screened is None:
+        return None
+    refusal, sim = screened
+    if refusal is None:
+        sims[proposal.trial.number] = sim
+        return None
+    return refusal, fidelity.prediction_tags(refusal, fidelity.prediction_attrs(sim))
 
 
 def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> EarlyStop | None:
@@ -370,7 +412,7 @@ def _finish(
     spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, flags: dict[str, Any], result: TrialResult,
     tracker: StudyTracker, outcome: StudyOutcome, backend: str,
     on_result: Callable[[int, dict[str, Any], TrialResult], None] | None, *,
-    prediction: MemoryPlan | None = None,
+    prediction: MemoryPlan | None = None, extra_tags: Mapping[str, str] | None = None,
 ) -> None:
     """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the record.
 
@@ -378,7 +420,9 @@ def _finish(
     predicted failure to the dataset (``predicted_failure``).
     """
     objective = retry_call(lambda: tell(spec, study, trial, result), what=f"tell trial #{trial.number}")
-    _record(spec, trial.number, flags, result, objective[0], tracker, backend, prediction=prediction)
+    origin = warmstart.origin_of(trial.user_attrs)
+    _record(spec, trial.number, flags, result, objective[0], tracker, backend, prediction=prediction,
+            extra_tags={"servetune.origin": origin, **(extra_tags or {})})
     _count(outcome, result.status, result.preemptions or 0)
     _update_best(study, outcome)
     if on_result is not None:
@@ -397,6 +441,12 @@ def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialRe
     if result.status is TrialStatus.PRUNED and prediction is not None:
         tags.update(prediction_tags(prediction))
         extra["predicted_failure"] = tags["servetune.predicted_failure"]
+    if "servetune.origin" in tags:
+        extra["origin"] = tags["servetune.origin"]
+    if "servetune.sim_screen" in tags:  # a multi-fidelity screen: the simulated figures it rests on
+        extra["sim_screen"] = tags["servetune.sim_screen"]
+        extra["predicted_output_throughput"] = float(tags["servetune.predicted_output_throughput"])
+        extra["predicted_preemptions"] = float(tags["servetune.predicted_preemptions"])
     if result.early_stopped:
         tags["servetune.early_stopped"] = result.early_stopped[:250]
         extra["early_stopped"] = result.early_stopped
