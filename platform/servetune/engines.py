@@ -57,6 +57,7 @@ class TrialTask:
     log_dir: str | None = None
     replay_file: str | None = None  # the recorded landscape (backend "replay")
     early_stop: EarlyStop | None = None  # end the window once the outcome is decided (vllm backend)
+    repeat: int = 0  # a confirmation repeat's index (replay: the recorded repeat it reads)
 
 
 def gpu_visible() -> bool:
@@ -121,7 +122,7 @@ def _run_replay(task: TrialTask) -> TrialResult:
 
     if not task.replay_file:
         raise SpecError("replay_file", "backend replay needs a recorded landscape", "set replay_file: in the spec")
-    return Landscape.load(task.replay_file).result(task.flags)
+    return Landscape.load(task.replay_file).result(task.flags, repeat=task.repeat)
 
 
 def _run_vllm(task: TrialTask) -> TrialResult:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import signal
 import sys
 import threading
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import dataset, early_stop, envs, fidelity, report, warmstart
+from servetune import confirm, dataset, early_stop, envs, fidelity, report, warmstart
 from servetune._retry import retry_call
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
@@ -50,6 +51,7 @@ from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_
 from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
 from servetune.spec import StudySpec
 from servetune.tracking import StudyTracker, redact_text
+from servetune.workload import Workload
 
 if TYPE_CHECKING:
     from servetune.early_stop import EarlyStop
@@ -79,6 +81,7 @@ class StudyOutcome:
     wall_s: float = 0.0
     mlflow_uri: str | None = None
     parent_run_id: str | None = None
+    confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.confirm.Choice.to_dict()
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -97,7 +100,16 @@ def make_sampler(name: str, seed: int, n_objectives: int) -> optuna.samplers.Bas
 
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """The best feasible completed trial (first objective), or None when none is feasible."""
+    """The best feasible completed trial (first objective), or None when none is feasible.
+
+    After a confirmation (``budget.confirm_top``), the winner on confirmed figures (the study's
+    user attr ``confirmation``) instead of the best single measurement.
+    """
+    winner = (study.user_attrs.get("confirmation") or {}).get("winner")
+    if winner is not None:
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if t.number == winner:
+                return t
     feasible = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
                 if t.constraints and all(c <= 0 for c in t.constraints.values())]
     if not feasible:
@@ -280,6 +292,8 @@ def run_study(
                                   f"GPUs {', '.join(result.quarantined_gpus)} quarantined")
                 progress.show(outcome, len(inflight), force=True)
                 stop.check()
+        if spec.budget.confirm_top > 0 and pool.total_gpus > 0:
+            _confirm_top(spec, study, pool, tracker, outcome, backend, runs_dir, progress, stop)
     except KeyboardInterrupt:
         status = "KILLED"
         killed = pool.cancel_all()
@@ -297,6 +311,78 @@ def run_study(
             out.write("\n")
         _finish_study(spec, study, tracker, outcome, status)
     return outcome
+
+
+def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker: StudyTracker,
+                 outcome: StudyOutcome, backend: str, runs_dir: Path, progress: _Progress, stop: _StopRequest) -> None:
+    """Re-run the top ``budget.confirm_top`` feasible configurations ``budget.confirm_repeats``
+    times each (another workload and engine seed per repeat; :mod:`servetune.confirm`), record
+    each repeat (MLflow ``servetune.role=repeat``, a dataset row with ``repeat``), and choose the
+    winner on the confirmed means. The repeats are not Optuna trials: the choice is stored as the
+    study's user attr ``confirmation``, which :func:`best_trial` honours."""
+    sign = 1.0 if spec.objective.directions[0] == "maximize" else -1.0
+    feasible = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.constraints and all(c <= 0 for c in t.constraints.values()) and t.values]
+    feasible.sort(key=lambda t: -sign * t.values[0])
+    top: list[optuna.trial.FrozenTrial] = []
+    for t in feasible:
+        if all(t.user_attrs.get("flags", t.params) != o.user_attrs.get("flags", o.params) for o in top):
+            top.append(t)
+        if len(top) == spec.budget.confirm_top:
+            break
+    if not top:
+        return
+    runs: dict[int, list[tuple[float, bool]]] = {t.number: [(t.values[0], True)] for t in top}
+    todo = [(t, k) for k in range(1, spec.budget.confirm_repeats + 1) for t in top]
+    progress.note(f"servetune: confirming the top {len(top)} configurations (trials "
+                  f"{', '.join(f'#{t.number}' for t in top)}), {spec.budget.confirm_repeats} repeats each")
+    inflight: dict[int, tuple[optuna.trial.FrozenTrial, int, Workload]] = {}
+    key = 1_000_000  # pool keys of repeats, apart from trial numbers
+    while todo or inflight:
+        stop.check()
+        while todo:
+            t, k = todo[0]
+            flags = dict(t.user_attrs.get("flags", t.params))
+            need = int(flags.get("tensor_parallel_size", 1)) * int(flags.get("pipeline_parallel_size", 1))
+            if need > pool.free_gpus:
+                break
+            todo.pop(0)
+            workload = dataclasses.replace(spec.workload, seed=spec.workload.seed + k)
+            task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, workload=workload,
+                             vllm_version=spec.vllm_version, seed=spec.seed + k, gpu_file=spec.gpu.file,
+                             serve_model=spec.serve_model, serve_command=envs.serve_command(),
+                             startup_timeout_s=envs.startup_timeout_s(),
+                             log_dir=str(runs_dir / "trials" / spec.name / f"{t.number:04d}-repeat-{k}"),
+                             replay_file=None if spec.replay_file is None else str(spec.replay_file), repeat=k)
+            key += 1
+            pool.submit(key, task, backend, gpus=need)
+            inflight[key] = (t, k, workload)
+        if not inflight:  # nothing fits any more (quarantined GPUs): confirm on what was measured
+            break
+        for done_key, result in pool.wait(timeout_s=0.5):
+            t, k, workload = inflight.pop(done_key)
+            value = objective_values(spec, result)[0]
+            ok = all(v <= 0 for v in constraint_values(spec, result).values())
+            runs[t.number].append((value, ok))
+            _record(spec, t.number, dict(t.user_attrs.get("flags", t.params)), result, value, tracker, backend,
+                    extra_tags={"servetune.origin": "repeat", "servetune.repeat": str(k)}, repeat=k,
+                    workload=workload)
+    choice = confirm.choose([confirm.confirm(t.number, t.user_attrs.get("flags", t.params),
+                                             [v for v, _ in runs[t.number]], [f for _, f in runs[t.number]])
+                             for t in top], spec.objective.directions[0])
+    summary = choice.to_dict()
+    retry_call(lambda: study.set_user_attr("confirmation", summary), what="store the confirmation")
+    outcome.confirmation = summary
+    _update_best(study, outcome)
+    for c in choice.ranked:
+        ci = "" if not math.isfinite(c.half_width) else f" +- {c.half_width:,.0f} (95% CI)"
+        progress.note(f"servetune: confirmed trial #{c.trial_number}: {c.mean:,.0f}{ci} over {c.n} runs, "
+                      f"feasible in {sum(c.feasible)}/{c.n}")
+    if choice.winner is not None:
+        progress.note(f"servetune: winner on confirmed figures: trial #{choice.winner.trial_number}"
+                      + ("" if choice.overlap is None else
+                         "; the top two intervals overlap (the data do not separate them)" if choice.overlap
+                         else "; the top two intervals do not overlap"))
 
 
 def _enqueue_warm_and_baseline(spec: StudySpec, study: optuna.Study
@@ -431,7 +517,8 @@ def _finish(
 
 def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialResult, objective: float,
             tracker: StudyTracker, backend: str, *, prediction: MemoryPlan | None = None,
-            mlflow: bool = True, rows: bool = True, extra_tags: Mapping[str, str] | None = None) -> None:
+            mlflow: bool = True, rows: bool = True, extra_tags: Mapping[str, str] | None = None,
+            repeat: int | None = None, workload: Workload | None = None) -> None:
     """Write one told trial to MLflow (a child run) and the Parquet dataset."""
     tags = {"gpu_type": spec.gpu.type, "model": spec.model_ref, "backend": result.backend or backend,
             "vllm_version": result.vllm_version or spec.vllm_version, "optuna.trial_number": str(number),
@@ -450,8 +537,12 @@ def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialRe
     if result.early_stopped:
         tags["servetune.early_stopped"] = result.early_stopped[:250]
         extra["early_stopped"] = result.early_stopped
+    if repeat is not None:  # a confirmation re-run of trial ``number``'s flags
+        extra["repeat"] = repeat
     if mlflow:
-        tracker.log_trial(number, flags, result, tags, workload=spec.workload.to_dict())
+        tracker.log_trial(number, flags, result, tags, workload=(workload or spec.workload).to_dict(),
+                          role="trial" if repeat is None else "repeat",
+                          run_name=None if repeat is None else f"trial-{number:03d}-repeat-{repeat}")
     if rows:
         row = dataset.trial_row(spec.name, number, flags, result, spec.gpu.type, spec.model_ref, extra)
         dataset.append_trials(Path(spec.output.dataset_dir), [row])
