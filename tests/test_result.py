@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from servetune.metrics import counter, gauge, labels_of, parse_prometheus
-from servetune.result import LatencySummary, RequestRecord, summarize
+from servetune.result import LatencySummary, RequestRecord, TrialResult, TrialStatus, summarize
 
 RUN = Path(__file__).parent / "fixtures" / "real_h200" / "a1_u05_s64"
 
@@ -48,3 +48,24 @@ def test_real_metrics_dump_counters_gauges_and_cache_config() -> None:
     # The pre-0.9.2 name is accepted as an alias of the new one.
     old = parse_prometheus('vllm:gpu_cache_usage_perc{engine="0"} 0.75\n')
     assert gauge(old, "vllm:kv_cache_usage_perc") == 0.75
+
+
+def test_per_gpu_memory_timings_and_overhead_round_trip_through_metrics():
+    r = TrialResult(TrialStatus.OK, backend="vllm", startup_s=80.0, duration_s=15.0, dispatch_s=99.5,
+                    worker_memory={"TP0": {"weights": 0.81, "kv_cache": 68.73}, "PP1_TP0": {"activation_peak": 0.3}},
+                    gpu_used_mib_peak={"0": 72000, "1": 71800}, timings_s={"torch_compile": 12.6, "stop": 2.1},
+                    compile_cache_hit=False)
+    m = r.metrics()
+    assert m["worker_TP0_kv_cache_gib"] == 68.73 and m["worker_PP1_TP0_activation_peak_gib"] == 0.3
+    assert m["gpu1_used_mib_peak"] == 71800 and m["timing_torch_compile_s"] == 12.6
+    assert m["compile_cache_hit"] == 0.0
+    assert m["overhead_s"] == pytest.approx(4.5)  # 99.5 s in the driver's hands - 80 s startup - 15 s window
+    back = TrialResult.from_metrics("ok", None, m, backend="vllm")
+    assert back.worker_memory == r.worker_memory and back.gpu_used_mib_peak == r.gpu_used_mib_peak
+    assert back.timings_s == r.timings_s and back.compile_cache_hit is False and back.metrics() == m
+
+
+def test_simulated_trials_report_no_overhead():
+    """The simulator's startup and window are virtual seconds: subtracting them from wall time means nothing."""
+    r = TrialResult(TrialStatus.OK, backend="sim", startup_s=80.0, duration_s=15.0, dispatch_s=1.2)
+    assert "overhead_s" not in r.metrics() and r.metrics()["dispatch_s"] == 1.2

@@ -272,7 +272,34 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("storage unknown", {"storage": {"url": "sqlite:///x.db"}}, "storage.url", "optuna_url"),
     ("output unknown", {"output": {"run_dir": "x"}}, "output.run_dir", "did you mean 'runs_dir'"),
     ("output type", {"output": {"runs_dir": 5}}, "output.runs_dir", "non-empty string"),
+    ("grid conditional", {"sampler": "grid", "search_space": _space({
+        "enforce_eager": {"type": "bool"},
+        "max_cudagraph_capture_size": {"type": "categorical", "choices": [64, 128], "when": {"enforce_eager": False}}})},
+     "sampler", "conditional parameter"),
+    ("grid float no step", {"sampler": "grid", "search_space": _space({"gpu_memory_utilization": {"type": "float", "low": 0.5,
+                                                                                                   "high": 0.9}})},
+     "search_space.params.gpu_memory_utilization", "add step"),
+    ("measurement generator", {"measurement": {"load_generator": "vllm_bench"}}, "measurement.load_generator",
+     "did you mean 'vllm-bench'"),
+    ("measurement stall", {"measurement": {"stall_timeout_s": 0}}, "measurement.stall_timeout_s", "positive"),
+    ("measurement unknown", {"measurement": {"startup_timeout": 60}}, "measurement.startup_timeout",
+     "did you mean 'startup_timeout_s'"),
 ]
+
+
+def test_grid_sampler_caps_the_budget_at_the_grid_size(tmp_path: Path):
+    data = {**copy.deepcopy(BASE), "sampler": "grid", "budget": {"trials": 50, "parallel": 1},
+            "search_space": _space({"max_num_seqs": [16, 32, 64], "gpu_memory_utilization": [0.8, 0.9]})}
+    spec = StudySpec.from_dict(data, cwd=tmp_path)
+    assert spec.budget.trials == 6 and any("capped at 6" in w for w in spec.warnings)
+
+
+def test_measurement_defaults_and_values(tmp_path: Path):
+    spec = StudySpec.from_dict(copy.deepcopy(BASE), cwd=tmp_path)
+    assert (spec.measurement.load_generator, spec.measurement.startup_timeout_s) == ("servetune", None)
+    data = {**copy.deepcopy(BASE), "measurement": {"load_generator": "vllm-bench", "startup_timeout_s": 240}}
+    spec = StudySpec.from_dict(data, cwd=tmp_path)
+    assert spec.measurement.load_generator == "vllm-bench" and spec.to_dict()["measurement"]["startup_timeout_s"] == 240
 
 
 @pytest.mark.parametrize("changes, field, words", [b[1:] for b in BAD], ids=[b[0] for b in BAD])

@@ -273,3 +273,17 @@ def test_sigkilled_driver_then_resume_keeps_every_finished_trial_once(tmp_path: 
     assert sorted(recorded) == sorted(done)  # every told trial exactly once
     rows = dataset.read_trials(tmp_path / "dataset", study="kill-study")
     assert sorted(rows["trial_number"]) == sorted(done)
+
+
+@pytest.mark.slow
+def test_grid_sampler_measures_every_point_once_two_at_a_time(tmp_path: Path) -> None:
+    """The grid baseline: every point of a finite space exactly once, even with two trials in
+    flight (Optuna's GridSampler skips the points running trials hold), then the study stops."""
+    space = {"params": {"gpu_memory_utilization": [0.5, 0.9], "max_num_seqs": [16, 64, 256]}}
+    spec = StudySpec.from_dict(_spec_dict(tmp_path, f"sqlite:///{tmp_path}/mlflow.db", "grid", trials=40,
+                                          sampler="grid", search_space=space, prescreen=False))
+    outcome = run_study(spec, out=io.StringIO())
+    assert outcome.trials_done == 6
+    study = optuna.load_study(study_name="grid", storage=spec.storage.optuna_url)
+    points = sorted((t.params["gpu_memory_utilization"], t.params["max_num_seqs"]) for t in study.trials)
+    assert points == [(u, s) for u in (0.5, 0.9) for s in (16, 64, 256)]

@@ -50,6 +50,12 @@ def test_healthy_trial_is_measured_and_parsed(tmp_path: Path) -> None:
     assert r.vllm_version == "0.26.0"
     assert "Application startup complete." in r.log_text
     assert (tmp_path / "server.log").exists()
+    # The raw evidence behind the counter deltas stays in the trial's folder (uploaded to MLflow).
+    before, after = (tmp_path / "metrics_before.txt").read_text(), (tmp_path / "metrics_after.txt").read_text()
+    assert "vllm:num_preemptions" in before and "vllm:generation_tokens" in after
+    assert json.loads((tmp_path / "gauges.json").read_text())  # sampled during the window
+    assert set(r.timings_s) >= {"stop", "gpu_free", "engine_init"}
+    assert r.worker_memory["EngineCore"]["weights"] == pytest.approx(1.59, abs=0.01)
 
 
 def test_preemptions_come_from_the_metrics_counter_delta(tmp_path: Path) -> None:

@@ -326,3 +326,26 @@ def test_metrics_dump_in_the_log_gives_the_block_count():
     text = _read(REAL / "examples/metrics2.txt")
     p = parse_log(text)
     assert p.num_gpu_blocks == 128 and p.block_size == 16 and not p.num_gpu_blocks_derived
+
+
+def test_compile_cache_hit_and_miss_in_real_study_logs():
+    """The real study's first start of a configuration compiled its graphs; the next start with the
+    same compile key (same max_num_seqs, other gpu_memory_utilization) loaded them from the cache."""
+    study = REAL / "study_memory_pair"
+    cold = parse_log((study / "trial_0000.server.log").read_text())
+    warm = parse_log((study / "trial_0001.server.log").read_text())
+    assert cold.compile_cache_hit is False and warm.compile_cache_hit is True
+    assert cold.torch_compile_s == pytest.approx(12.64) and warm.torch_compile_s == pytest.approx(3.47)
+    eager = parse_log((REAL / "b1_eager_s64" / "server.log").read_text())
+    assert eager.compile_cache_hit is None  # enforce_eager compiles nothing
+
+
+def test_worker_memory_of_a_real_tp2_start_has_both_ranks():
+    from servetune.vllm_engine import worker_memory
+
+    per_gpu = worker_memory(parse_log((REAL / "examples" / "server_tp2.log").read_text()))
+    assert sorted(per_gpu) == ["TP0", "TP1"]
+    for rank in ("TP0", "TP1"):
+        assert per_gpu[rank]["weights"] == pytest.approx(0.81)
+        assert per_gpu[rank]["activation_peak"] == pytest.approx(0.3)
+    assert per_gpu["TP0"]["kv_cache"] == pytest.approx(68.73)

@@ -183,8 +183,9 @@ exp = client.get_experiment_by_name(spec.tracking.experiment)
 print(f"MLflow {spec.tracking.mlflow_uri}, experiment {spec.tracking.experiment!r} "
       f"(id {exp.experiment_id if exp else '-'}, artifacts {exp.artifact_location if exp else '-'})")
 runs = client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"], max_results=1000) if exp else []
-keys = ("output_throughput", "preemptions", "ttft_p99_ms", "itl_p99_ms", "startup_s", "kv_cache_tokens",
-        "num_gpu_blocks", "kv_cache_usage_peak", "completed", "failed")
+keys = ("output_throughput", "preemptions", "ttft_p99_ms", "itl_p99_ms", "startup_s", "duration_s", "dispatch_s",
+        "overhead_s", "timing_torch_compile_s", "compile_cache_hit", "timing_stop_s", "timing_gpu_free_s",
+        "kv_cache_tokens", "num_gpu_blocks", "kv_cache_usage_peak", "completed", "failed")
 for r in runs:
     tags, m, p = r.data.tags, r.data.metrics, r.data.params
     flags = {k: p[k] for k in ("gpu_memory_utilization", "max_num_seqs", "max_model_len") if k in p}
@@ -195,6 +196,9 @@ for r in runs:
     shown = {k: m[k] for k in keys if k in m} or {k: v for k, v in sorted(m.items())[:12]}
     if shown:
         print("  metrics: " + ", ".join(f"{k}={v:,.4g}" for k, v in shown.items()))
+    per_gpu = {k: v for k, v in sorted(m.items()) if k.startswith("worker_") or k.endswith("_used_mib_peak")}
+    if per_gpu:
+        print("  per GPU: " + ", ".join(f"{k}={v:,.4g}" for k, v in per_gpu.items()))
     if tags.get("servetune.cause"):
         print("  cause: " + tags["servetune.cause"][:300])
     arts = [a.path for a in client.list_artifacts(r.info.run_id)]

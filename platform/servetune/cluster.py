@@ -132,6 +132,7 @@ class _Running:
     gpus: int
     actor: Any
     ref: Any
+    submitted: float = dataclasses.field(default_factory=time.monotonic)
 
 
 class TrialPool:
@@ -242,6 +243,8 @@ class TrialPool:
                 result = ray.get(ref)
             except ray.exceptions.RayError as exc:  # the actor died: the trial crashed, the study goes on
                 result = TrialResult(status=TrialStatus.CRASHED, cause=f"{type(exc).__name__}: {str(exc)[:500]}")
+            if item.actor is not None:  # the driver's view of the trial: what servetune's overhead is measured on
+                result.dispatch_s = time.monotonic() - item.submitted
             if item.actor is None:  # answered without an actor (could never be placed)
                 pass
             elif result.quarantined_gpus:

@@ -56,6 +56,8 @@ class TrialTask:
     startup_timeout_s: float = 600.0
     log_dir: str | None = None
     replay_file: str | None = None  # the recorded landscape (backend "replay")
+    load_generator: str = "servetune"  # vllm backend: servetune's client or "vllm-bench"
+    stall_timeout_s: float = 180.0  # vllm backend: no token on any stream this long is a stall
     early_stop: EarlyStop | None = None  # end the window once the outcome is decided (vllm backend)
     repeat: int = 0  # a confirmation repeat's index (replay: the recorded repeat it reads)
 
@@ -133,5 +135,6 @@ def _run_vllm(task: TrialTask) -> TrialResult:
     launch = VllmLaunch(model=task.serve_model or task.model, flags=dict(task.flags),
                         serve_command=task.serve_command, startup_timeout_s=task.startup_timeout_s,
                         log_dir=Path(task.log_dir) if task.log_dir else None,
+                        load_generator=task.load_generator, stall_timeout_s=task.stall_timeout_s,
                         serve_help=read_serve_help(tuple(task.serve_command)), early_stop=task.early_stop)
     return run_vllm_trial(launch, task.workload)

@@ -242,6 +242,7 @@ async def run_load(
     t0 = time.perf_counter()
     measuring = False
     window_start = {"sent": 0, "chunks": 0}  # the counters when the measured window began
+    ticked: list[bool] = []  # on_tick ran at least once in the window
     early: dict[str, Any] = {}  # why the load stopped early ("reason"), and whether it was a stall
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -253,15 +254,26 @@ async def run_load(
                                    request_timeout_s, activity)
             t0, measuring = time.perf_counter(), True
             window_start.update(sent=activity.sent_total, chunks=activity.chunks)
+            opened.set()
             await _dispatch(session, url, model, specs, workload, t0, request_timeout_s, activity, out)
 
+        opened = asyncio.Event()  # the measured window began
         load = asyncio.create_task(send_all())
         stop = asyncio.Event()
 
         async def ticker() -> None:
-            while not stop.is_set() and on_tick is not None:
+            if on_tick is None:
+                return
+            # The first sample is taken as the window opens: a window shorter than one tick
+            # interval still gets one (the gauges are only ever read here).
+            waits = [asyncio.ensure_future(opened.wait()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            while not stop.is_set() or (measuring and not ticked):
                 if measuring:
                     await on_tick()
+                    ticked.append(True)
                 try:
                     await asyncio.wait_for(stop.wait(), tick_interval_s)
                 except asyncio.TimeoutError:

@@ -153,6 +153,29 @@ class TrialResult:
     # come back after the server stopped: the pool takes a quarantined slot out of service.
     gpu_ids: list[str] = dataclasses.field(default_factory=list)
     quarantined_gpus: list[str] = dataclasses.field(default_factory=list)
+    # Per-GPU memory of a multi-GPU trial: one breakdown per worker process (label as vLLM prints
+    # it: ``Worker_TP0``, ``Worker_PP1_TP0``, or ``EngineCore`` for one GPU), GiB, from its log lines.
+    worker_memory: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    # Peak used memory per GPU id (MiB) read through NVML while the server ran: what the GPU really held.
+    gpu_used_mib_peak: dict[str, int] = dataclasses.field(default_factory=dict)
+    # Where the trial's seconds went, beyond ``startup_s`` and ``duration_s``: vLLM's own phases
+    # (``weights_load``, ``torch_compile``, ``graph_capture``, ``engine_init``) from its log and
+    # servetune's (``stop``: SIGTERM until the process group is gone; ``gpu_free``: until NVML shows
+    # the memory back). Seconds.
+    timings_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    # True: vLLM loaded the compiled graphs from its cache (a warm start); False: it compiled them.
+    compile_cache_hit: bool | None = None
+    # Driver side: seconds from handing the trial to Ray until its result was back in the driver
+    # (actor start, engine, cleanup, transfer). ``overhead_s`` in :meth:`metrics` is this minus the
+    # server's startup and the measured window: what servetune itself cost the trial.
+    dispatch_s: float | None = None
+
+    @property
+    def overhead_s(self) -> float | None:
+        """Seconds of the trial that were neither vLLM starting nor the measured load (driver view)."""
+        if self.dispatch_s is None or self.startup_s is None:
+            return None
+        return max(0.0, self.dispatch_s - self.startup_s - (self.duration_s or 0.0))
     #: Why the measured window ended before the workload did (:mod:`servetune.early_stop`), e.g.
     #: ``"preemptions: 3 counted, 0 allowed"``; None for a full measurement.
     early_stopped: str | None = None
@@ -181,6 +204,20 @@ class TrialResult:
         if self.memory is not None:
             for key, value in self.memory.as_dict().items():
                 out[f"mem_{key}_gib"] = float(value)
+        for label, parts in sorted(self.worker_memory.items()):
+            for key, value in sorted(parts.items()):
+                out[f"worker_{label}_{key}_gib"] = float(value)
+        for gpu, mib in sorted(self.gpu_used_mib_peak.items()):
+            out[f"gpu{gpu}_used_mib_peak"] = float(mib)
+        for key, value in sorted(self.timings_s.items()):
+            out[f"timing_{key}_s"] = float(value)
+        if self.compile_cache_hit is not None:
+            out["compile_cache_hit"] = 1.0 if self.compile_cache_hit else 0.0
+        if self.dispatch_s is not None:
+            out["dispatch_s"] = float(self.dispatch_s)
+        overhead = self.overhead_s
+        if overhead is not None and self.backend == "vllm":  # the simulator's seconds are virtual
+            out["overhead_s"] = overhead
         return out
 
     @classmethod
@@ -210,6 +247,21 @@ class TrialResult:
         mem_keys = [f.name for f in dataclasses.fields(MemoryBreakdown)]
         if all(f"mem_{k}_gib" in m for k in mem_keys):
             out.memory = MemoryBreakdown(**{k: float(m[f"mem_{k}_gib"]) for k in mem_keys})
+        for key, value in m.items():
+            if key.startswith("worker_") and key.endswith("_gib"):
+                stem = key[len("worker_"):-len("_gib")]
+                # Part names hold underscores too (activation_peak, kv_cache): match the known ones.
+                part = next((p for p in _WORKER_PARTS if stem.endswith("_" + p)), None)
+                if part is not None:
+                    out.worker_memory.setdefault(stem[: -len(part) - 1], {})[part] = float(value)
+            elif key.startswith("gpu") and key.endswith("_used_mib_peak"):
+                out.gpu_used_mib_peak[key[3:-len("_used_mib_peak")]] = int(value)
+            elif key.startswith("timing_") and key.endswith("_s"):
+                out.timings_s[key[len("timing_"):-2]] = float(value)
+        if "compile_cache_hit" in m:
+            out.compile_cache_hit = bool(m["compile_cache_hit"])
+        if "dispatch_s" in m:
+            out.dispatch_s = float(m["dispatch_s"])
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -217,6 +269,10 @@ class TrialResult:
              "vllm_version": self.vllm_version}
         d.update(self.metrics())
         return d
+
+
+#: The per-worker memory parts (GiB) kept in :attr:`TrialResult.worker_memory`.
+_WORKER_PARTS = ("weights", "activation_peak", "non_torch", "cudagraph", "kv_cache", "total", "free_at_start")
 
 
 def summarize(

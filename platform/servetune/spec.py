@@ -26,7 +26,8 @@ The shape (only ``name``, ``model``, ``gpu``, ``workload`` and ``search_space`` 
     multi_fidelity: auto             # screen proposals on the calibrated simulator (auto: on for vllm/replay)
     warm_start: true                 # enqueue earlier studies' best configs (same/nearest model x GPU x vLLM)
     baseline_trial: true             # one trial with vLLM's defaults for the searched flags
-    sampler: tpe                     # tpe | nsga2 | gp | random
+    measurement: {load_generator: servetune, startup_timeout_s: 600, stall_timeout_s: 180}  # vllm backend
+    sampler: tpe                     # tpe | nsga2 | gp | random | grid (every point of a finite space)
     seed: 0
     vllm_version: "0.26.0"           # quote it: YAML reads 0.26 as a number
     tracking: {mlflow_uri: "sqlite:///servetune-runs/mlflow.db", experiment: quickstart}
@@ -66,16 +67,18 @@ if TYPE_CHECKING:
     from servetune.gpus import GpuSpec
     from servetune.modelinfo import ModelProfile
 
-__all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Tracking", "Storage", "Output",
+__all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Measurement", "Tracking", "Storage", "Output",
            "load_spec", "redact_url", "find_search_space", "SPEC_KEYS", "BACKENDS", "SAMPLERS", "METRIC_DIRECTIONS"]
 
 SPEC_KEYS = ("name", "description", "model", "serve_model", "gpu", "workload", "objective", "constraints",
              "search_space", "fixed_flags", "budget", "backend", "sampler", "seed", "vllm_version", "tracking",
-             "storage", "output", "prescreen", "replay_file", "early_stopping", "multi_fidelity", "warm_start",
-             "baseline_trial")
+             "storage", "output", "prescreen", "replay_file", "measurement", "early_stopping", "multi_fidelity",
+             "warm_start", "baseline_trial")
 REQUIRED_KEYS = ("name", "model", "gpu", "workload", "search_space")
 BACKENDS = ("auto", "vllm", "sim", "replay")
-SAMPLERS = ("tpe", "nsga2", "gp", "random")
+SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
+#: The load generators of the vllm backend: servetune's own streaming client, or `vllm bench serve`.
+LOAD_GENERATORS = ("servetune", "vllm-bench")
 _THROUGHPUT = ("output_throughput", "total_token_throughput", "request_throughput")
 _LATENCY = tuple(f"{stem}_{stat}_ms" for stem in ("ttft", "itl", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99"))
 #: Objective metrics (TrialResult.metrics() keys) and the direction each is optimised in.
@@ -148,6 +151,15 @@ class Budget:
     #: each (another workload seed per repeat) and choose the winner on the confirmed means.
     confirm_top: int = 0
     confirm_repeats: int = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """How the vllm backend measures a trial (the simulated engine ignores it)."""
+
+    load_generator: str = "servetune"  # or "vllm-bench": `vllm bench serve` drives the load
+    startup_timeout_s: float | None = None  # None: SERVETUNE_STARTUP_TIMEOUT_S (600 s by default)
+    stall_timeout_s: float = 180.0  # no token on any stream for this long: the engine stalled, a timeout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -439,6 +451,36 @@ def _parse_budget(raw: Any) -> Budget:
     )
 
 
+def _parse_measurement(raw: Any) -> Measurement:
+    data = _section(raw, "measurement", ("load_generator", "startup_timeout_s", "stall_timeout_s"),
+                    "{load_generator: servetune, startup_timeout_s: 600}")
+    startup = data.get("startup_timeout_s")
+    return Measurement(
+        load_generator=_choice(data.get("load_generator", Measurement.load_generator), "measurement.load_generator",
+                               LOAD_GENERATORS),
+        startup_timeout_s=None if startup is None else _positive(startup, "measurement.startup_timeout_s"),
+        stall_timeout_s=_positive(data.get("stall_timeout_s", Measurement.stall_timeout_s),
+                                  "measurement.stall_timeout_s"),
+    )
+
+
+def _check_grid(space: SearchSpace, fixed: Mapping[str, Any], budget: Budget) -> tuple[Budget, list[str]]:
+    """``sampler: grid`` needs a finite space without conditional parameters (Optuna's GridSampler
+    fixes every parameter of every trial). A budget above the grid's size is capped at it, with a
+    warning: a grid visits each point once."""
+    for p in space.params:
+        if p.when is not None:
+            raise SpecError("sampler", f"grid cannot search the conditional parameter {p.name!r}",
+                            "use sampler: random (or tpe), or make the parameter unconditional")
+    size = space.size(fixed)
+    if size == math.inf:
+        space.grid(fixed)  # raises the SpecError naming the float parameter without a step
+    if budget.trials > size:
+        return (dataclasses.replace(budget, trials=int(size)),
+                [f"sampler grid: the grid has {int(size)} points; budget.trials {budget.trials} capped at {int(size)}"])
+    return budget, []
+
+
 def _switch(data: Mapping[str, Any], key: str, default: bool, what: str) -> bool:
     value = data.get(key, default)
     if not isinstance(value, bool):
@@ -547,6 +589,7 @@ class StudySpec:
     #: without using a GPU, and a fresh study starts from the preemption prior's informed points.
     prescreen: bool = True
     replay_file: Path | None = None  # backend replay: the recorded landscape
+    measurement: Measurement = Measurement()
     #: End a real trial's measured window once its outcome is decided (:mod:`servetune.early_stop`).
     early_stopping: bool = True
     #: Screen proposals on the simulator calibrated on the study's real trials (:mod:`servetune.fidelity`);
@@ -642,6 +685,14 @@ class StudySpec:
             raise SpecError("multi_fidelity", f"expected true, false or auto, got {multi_fidelity!r}",
                             "write multi_fidelity: auto (on for the vllm and replay backends), true or false")
         space, warnings = _combine(space, fixed, profile, gpu, workload, budget)
+        if sampler == "grid":
+            budget, grid_warnings = _check_grid(space, fixed, budget)
+            warnings = [*warnings, *grid_warnings]
+        measurement = _parse_measurement(data.get("measurement"))
+        if measurement.load_generator == "vllm-bench":
+            from servetune.bench_client import bench_argv
+
+            bench_argv(workload, base_url="http://127.0.0.1:1", model=serve_model, result_dir=".")  # SpecError if it cannot
         replay_file = _parse_replay_file(data.get("replay_file"), backend, base, space, fixed, objective, constraints)
         return cls(name=name, model_ref=model_ref, serve_model=serve_model, gpu=gpu, workload=workload,
                    objective=objective, constraints=constraints, search_space=space, fixed_flags=fixed,
@@ -649,7 +700,7 @@ class StudySpec:
                    tracking=tracking, storage=Storage(optuna_url), output=output, description=description,
                    search_space_file=space_file, warnings=tuple(warnings), model_profile=profile, base_dir=base,
                    cwd=here, source=copy.deepcopy(dict(data)), prescreen=prescreen, replay_file=replay_file,
-                   multi_fidelity=multi_fidelity, **switches)
+                   measurement=measurement, multi_fidelity=multi_fidelity, **switches)
 
     # -- use ----------------------------------------------------------------------------------
 
@@ -703,6 +754,7 @@ class StudySpec:
             "fixed_flags": dict(self.fixed_flags), "budget": dataclasses.asdict(self.budget),
             "backend": self.backend, "sampler": self.sampler, "seed": self.seed, "vllm_version": self.vllm_version,
             "prescreen": self.prescreen, "replay_file": None if self.replay_file is None else str(self.replay_file),
+            "measurement": dataclasses.asdict(self.measurement),
             "early_stopping": self.early_stopping,
             "multi_fidelity": "auto" if self.multi_fidelity is None else self.multi_fidelity,
             "warm_start": self.warm_start, "baseline_trial": self.baseline_trial,

@@ -34,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -86,8 +86,31 @@ class StudyOutcome:
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
 
-def make_sampler(name: str, seed: int, n_objectives: int) -> optuna.samplers.BaseSampler:
-    """TPE (default), NSGA-II, GP or random; all read constraints from ``trial.set_constraint``."""
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's GridSampler for an ask-and-tell driver.
+
+    Its ``after_trial`` calls ``study.stop()`` once the grid is covered, which raises outside
+    ``study.optimize``; the driver stops on its own budget instead (the spec caps ``budget.trials``
+    at the grid size with a warning).
+    """
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial,
+                    state: optuna.trial.TrialState, values: Sequence[float] | None) -> None:
+        return None
+
+
+def make_sampler(name: str, seed: int, n_objectives: int,
+                 grid: Mapping[str, Sequence[Any]] | None = None) -> optuna.samplers.BaseSampler:
+    """TPE (default), NSGA-II, GP, random or grid; all read constraints from ``trial.set_constraint``.
+
+    ``grid`` (name -> values, :meth:`SearchSpace.grid_values`) is required by ``grid``, which
+    visits every point once, in Optuna's order (trial *n* takes grid point *n*), skipping points
+    other running trials hold.
+    """
+    if name == "grid":
+        if grid is None:
+            raise ValueError("sampler grid needs the grid values")
+        return _AskTellGridSampler({k: list(v) for k, v in grid.items()}, seed=seed)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=6)
     if name == "nsga2":
@@ -174,17 +197,18 @@ def run_study(
     runs_dir.mkdir(parents=True, exist_ok=True)
     storage = spec.storage.optuna_url
     n_obj = len(spec.objective.metrics)
+    grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
     # Storage calls are retried with backoff (servetune._retry): a briefly locked SQLite file or a
     # restarting database delays the driver instead of ending the study.
     study = retry_call(lambda: optuna.create_study(
         study_name=spec.name, storage=storage, load_if_exists=True,
-        directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj),
+        directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
     ), what="open the Optuna study")
     existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     if existing:
         # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
         # the pairs it has already measured again. Offset the seed by the trials already told.
-        study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj)
+        study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj, grid)
     if existing and not resume:
         raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
                         "pass --resume to continue it, or give the study a new name")
@@ -204,8 +228,9 @@ def run_study(
         "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)
     recovered = _recover_interrupted(study) if resume else 0
     reconciled = _reconcile(spec, study, tracker, backend) if resume else 0
-    starts = enqueue_informed_starts(spec, study) if not existing else []
-    warm, baseline = _enqueue_warm_and_baseline(spec, study) if not existing else ([], None)
+    # A grid is the baseline every point of which is measured: informed starts would only reorder it.
+    starts = enqueue_informed_starts(spec, study) if not existing and spec.sampler != "grid" else []
+    warm, baseline = _enqueue_warm_and_baseline(spec, study) if not existing and spec.sampler != "grid" else ([], None)
 
     outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=parent)
     _count_existing(study, outcome)
@@ -260,7 +285,9 @@ def run_study(
                 task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, workload=spec.workload,
                                  vllm_version=spec.vllm_version, seed=spec.seed, gpu_file=spec.gpu.file,
                                  serve_model=spec.serve_model, serve_command=envs.serve_command(),
-                                 startup_timeout_s=envs.startup_timeout_s(),
+                                 startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
+                                 load_generator=spec.measurement.load_generator,
+                                 stall_timeout_s=spec.measurement.stall_timeout_s,
                                  log_dir=str(runs_dir / "trials" / spec.name / f"{trial.number:04d}"),
                                  replay_file=None if spec.replay_file is None else str(spec.replay_file),
                                  early_stop=_early_stop_rule(spec, outcome, backend))
@@ -351,7 +378,9 @@ def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker:
             task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, workload=workload,
                              vllm_version=spec.vllm_version, seed=spec.seed + k, gpu_file=spec.gpu.file,
                              serve_model=spec.serve_model, serve_command=envs.serve_command(),
-                             startup_timeout_s=envs.startup_timeout_s(),
+                             startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
+                             load_generator=spec.measurement.load_generator,
+                             stall_timeout_s=spec.measurement.stall_timeout_s,
                              log_dir=str(runs_dir / "trials" / spec.name / f"{t.number:04d}-repeat-{k}"),
                              replay_file=None if spec.replay_file is None else str(spec.replay_file), repeat=k)
             key += 1
@@ -540,7 +569,12 @@ def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialRe
     if repeat is not None:  # a confirmation re-run of trial ``number``'s flags
         extra["repeat"] = repeat
     if mlflow:
+        # A real trial's folder (its /metrics dumps, gauges, `vllm bench serve` output) goes along
+        # under files/; the server log is already the run's engine.log.
+        trial_dir = Path(spec.output.runs_dir) / "trials" / spec.name / (
+            f"{number:04d}" if repeat is None else f"{number:04d}-repeat-{repeat}")
         tracker.log_trial(number, flags, result, tags, workload=(workload or spec.workload).to_dict(),
+                          artifacts_dir=trial_dir if (result.backend or backend) == "vllm" and trial_dir.is_dir() else None,
                           role="trial" if repeat is None else "repeat",
                           run_name=None if repeat is None else f"trial-{number:03d}-repeat-{repeat}")
     if rows:

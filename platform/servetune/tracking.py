@@ -705,10 +705,11 @@ def _redact_frame(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _stage_redacted(source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target``: UTF-8 text files redacted, binary files as they are."""
+def _stage_redacted(source: Path, target: Path, skip: frozenset[str] = frozenset({"server.log"})) -> None:
+    """Copy ``source`` to ``target``: UTF-8 text files redacted, binary files as they are; names in
+    ``skip`` left out (``server.log`` is the run's ``engine.log`` already)."""
     for path in sorted(source.rglob("*")):
-        if not path.is_file() or path.is_symlink():
+        if not path.is_file() or path.is_symlink() or path.name in skip:
             continue
         dest = target / path.relative_to(source)
         dest.parent.mkdir(parents=True, exist_ok=True)

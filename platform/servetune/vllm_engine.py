@@ -35,7 +35,9 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -54,6 +56,7 @@ from servetune.errors import SpecError
 from servetune.flags import to_cli_args
 from servetune.loadgen import LoadProgress, run_load
 from servetune.metrics import counter, gauge, parse_prometheus
+from servetune.spec import LOAD_GENERATORS
 from servetune.result import MemoryBreakdown, TrialResult, TrialStatus, summarize
 from servetune.vllm_logs import ParsedLog, classify, parse_log
 from servetune.workload import Workload
@@ -62,7 +65,6 @@ __all__ = ["VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_
            "LOAD_GENERATORS"]
 
 #: ``servetune``: :mod:`servetune.loadgen` (per-request records); ``vllm-bench``: ``vllm bench serve``.
-LOAD_GENERATORS = ("servetune", "vllm-bench")
 
 #: Set in every vLLM environment: NVLink multicast can take a host's GPUs out of service for
 #: everyone (shared/gpu/README.md), and the flashinfer sampler is not in every install.
@@ -248,20 +250,30 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
         try:
             healthy, timed_out = _wait_healthy(proc, base, launch.startup_timeout_s)
             startup_s = time.monotonic() - started
+            # What the server really holds on each GPU (vLLM allocates its KV cache at startup, so
+            # the reading after /health and the one after the load bound the trial's peak).
+            used_peak = gpu_memory_used_mib(gpu_ids) if healthy else {}
             if healthy:
                 try:
                     result = _measure(base, launch, workload, proc, log_dir)
                 except Exception as exc:  # noqa: BLE001 - a client-side failure is evidence, not a crash of the study
                     result = TrialResult(TrialStatus.CRASHED, backend="vllm",
                                          cause=f"the load failed: {type(exc).__name__}: {exc}"[:500])
+                for gpu, mib in gpu_memory_used_mib(gpu_ids).items():
+                    used_peak[gpu] = max(mib, used_peak.get(gpu, 0))
             else:
                 result = TrialResult(TrialStatus.TIMEOUT if timed_out else TrialStatus.CRASHED, backend="vllm")
             result.startup_s = startup_s
+            result.gpu_used_mib_peak = {g: int(m) for g, m in used_peak.items()}
             result.evidence.append(f"argv={argv!r}")
             exit_code = proc.poll()
         finally:
+            stop_started = time.monotonic()
             notes = _stop(proc, launch.stop_grace_s)
+            stop_s = time.monotonic() - stop_started
+    free_started = time.monotonic()
     gpu_notes, quarantined = _wait_gpu_free(gpu_ids, baseline, launch.gpu_free_timeout_s)
+    result.timings_s.update(stop=stop_s, gpu_free=time.monotonic() - free_started)
     notes += gpu_notes
     result.quarantined_gpus = quarantined
     text = log_path.read_text(errors="replace")
@@ -396,13 +408,21 @@ def _server_exit(proc: subprocess.Popen[bytes]) -> str | None:
 
 def _measure(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess.Popen[bytes],
              log_dir: Path) -> TrialResult:
-    before = parse_prometheus(_get(base + "/metrics", 10.0)[1])
+    # The raw /metrics text before and after the window and the gauges sampled during it stay in
+    # the trial's folder (uploaded with the server log): the evidence behind every counter delta.
+    before_text = _get(base + "/metrics", 10.0)[1]
+    (log_dir / "metrics_before.txt").write_text(before_text)
+    before = parse_prometheus(before_text)
     watch = _ServerWatch(base, launch.stall_timeout_s)
     if launch.load_generator == "vllm-bench":
         result = _load_with_bench(base, launch, workload, proc, log_dir, watch)
     else:
         result = _load_with_servetune(base, launch, workload, proc, watch, counter(before, "vllm:num_preemptions"))
-    after = parse_prometheus(_get(base + "/metrics", 10.0)[1])
+    after_text = _get(base + "/metrics", 10.0)[1]
+    (log_dir / "metrics_after.txt").write_text(after_text)
+    (log_dir / "gauges.json").write_text(json.dumps(
+        [{"kv_cache_usage": kv, "running": running, "waiting": waiting} for kv, running, waiting in watch.samples]))
+    after = parse_prometheus(after_text)
     pre_before, pre_after = counter(before, "vllm:num_preemptions"), counter(after, "vllm:num_preemptions")
     result.preemptions = int(pre_after - (pre_before or 0)) if pre_after is not None else None
     kv = [s[0] for s in watch.samples if s[0] is not None]
@@ -510,3 +530,36 @@ def _fill_from_log(result: TrialResult, parsed: ParsedLog) -> None:
                                         activation_peak=parsed.activation_peak_gib or 0.0,
                                         non_torch=parsed.non_torch_gib or 0.0, cudagraph=parsed.cudagraph_gib or 0.0,
                                         kv_cache=parsed.available_kv_gib or 0.0)
+    result.worker_memory = worker_memory(parsed)
+    for key, value in (("weights_load", parsed.weights_load_s if parsed.weights_load_s is not None
+                        else parsed.model_load_s), ("torch_compile", parsed.torch_compile_s),
+                       ("graph_capture", parsed.graph_capture_s), ("engine_init", parsed.engine_init_s)):
+        if value is not None:
+            result.timings_s[key] = float(value)
+    result.compile_cache_hit = parsed.compile_cache_hit
+
+
+def worker_memory(parsed: ParsedLog) -> dict[str, dict[str, float]]:
+    r"""Each GPU worker's memory breakdown (GiB) as its own log lines give it.
+
+    A TP/PP trial has one entry per rank (``TP0``, ``TP1``, ``PP0``, ``PP1_TP0``: vLLM's
+    ``Worker_`` prefix dropped); a one-GPU trial has one (``EngineCore``). Only the parts the log
+    shows are present. These are what ``/metrics`` cannot give: it has no per-GPU series.
+
+    Example:
+        >>> from servetune.vllm_logs import parse_log
+        >>> log = ("(Worker_TP0 pid=1) INFO 11-30 00:41:36 [gpu_worker.py:560] Available KV cache memory: 33.1 GiB\n"
+        ...        "(Worker_TP1 pid=2) INFO 11-30 00:41:36 [gpu_worker.py:560] Available KV cache memory: 33.4 GiB\n")
+        >>> worker_memory(parse_log(log))
+        {'TP0': {'kv_cache': 33.1}, 'TP1': {'kv_cache': 33.4}}
+    """
+    names = {"weights_gib": "weights", "activation_peak_gib": "activation_peak", "non_torch_gib": "non_torch",
+             "cudagraph_gib": "cudagraph", "available_kv_gib": "kv_cache", "total_gib": "total",
+             "free_at_start_gib": "free_at_start"}
+    out: dict[str, dict[str, float]] = {}
+    for proc, mem in sorted(parsed.workers.items()):
+        parts = {short: float(getattr(mem, long)) for long, short in names.items() if getattr(mem, long) is not None}
+        if parts:
+            label = proc[len("Worker_"):] if proc.startswith("Worker_") else proc
+            out[re.sub(r"[^A-Za-z0-9]+", "_", label)] = parts
+    return out

@@ -127,6 +127,9 @@ class ParsedLog:
     estimated_max_model_len: int | None = None  # from vLLM's kv_too_small error
     kv_needed_gib: float | None = None  # ditto: one max_model_len request
     torch_compile_s: float | None = None
+    # True: every compiled graph came from vLLM's compile cache; False: at least one was compiled;
+    # None: the log shows neither (enforce_eager, or a version that does not say).
+    compile_cache_hit: bool | None = None
     engine_init_s: float | None = None
     engine_compile_s: float | None = None  # "(compilation: X s)" of the init line, 0.20+
     server_ready: bool = False
@@ -241,6 +244,12 @@ _DEBUG_WEIGHTS_RE = re.compile(r"weights memory: " + _N + r" ?GiB")
 _GRAPH_RE = re.compile(r"Graph capturing finished in " + _N + r" secs?, took " + _N + r" ?GiB")
 _EST_CG_RE = re.compile(r"Estimated CUDA graph memory: " + _N + r" ?GiB total")
 _COMPILE_RE = re.compile(r"torch\.compile (?:takes|took) " + _N + r" s in total")
+# vLLM's compile cache (VLLM_CACHE_ROOT/torch_compile_cache, keyed by the configuration): a warm
+# start loads the graphs ("Directly load the compiled graph(s) ... from the cache, took 1.04 s"),
+# a cold one compiles them ("Compiling a graph for compile range (1, 8192) takes 8.14 s", 0.20+;
+# "Compiling a graph for dynamic shape takes ..." before).
+_COMPILE_HIT_RE = re.compile(r"Directly load the compiled graph\(s\) for .*? from the cache, took " + _N + r" s")
+_COMPILE_MISS_RE = re.compile(r"Compiling a graph for (?:compile range|dynamic shape|general shape).*? takes " + _N + r" s")
 _INIT_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _N
                       + r" (?:seconds|s)(?: \(compilation: " + _N + r" s)?")
 _READY_RE = re.compile(r"Application startup complete\.")
@@ -369,6 +378,12 @@ def parse_log(text: str) -> ParsedLog:
             worker(seg, m, cudagraph_estimate_gib=_num(m))
         if (m := _COMPILE_RE.search(raw)):
             first("torch_compile_s", _num(m))
+        if _COMPILE_HIT_RE.search(raw):
+            f.setdefault("_compile_hits", 0)
+            f["_compile_hits"] += 1
+        if _COMPILE_MISS_RE.search(raw):
+            f.setdefault("_compile_misses", 0)
+            f["_compile_misses"] += 1
         if (m := _INIT_RE.search(raw)):
             first("engine_init_s", _num(m, 1))
             if m.group(2) is not None:
@@ -501,6 +516,7 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
         estimated_max_model_len=f.get("estimated_max_model_len"),
         kv_needed_gib=f.get("kv_needed_gib"),
         torch_compile_s=f.get("torch_compile_s"),
+        compile_cache_hit=(False if f.get("_compile_misses") else True if f.get("_compile_hits") else None),
         engine_init_s=f.get("engine_init_s"),
         engine_compile_s=f.get("engine_compile_s"),
         server_ready=bool(f.get("server_ready")),
