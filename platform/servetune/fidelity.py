@@ -81,6 +81,9 @@ class SimScreen:
     preempt_contradicted: int = 0  # sim said preempting, real ran clean
     seen: int = 0
     screened: int = 0
+    #: Simulated results by flag set: a discrete space proposes the same point again, and the
+    #: benchmark shares one cache across its seeds (the simulator is deterministic).
+    cache: dict[Any, TrialResult] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     # -- calibration ----------------------------------------------------------------------------
 

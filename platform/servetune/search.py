@@ -212,7 +212,10 @@ def sim_screen(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, be
 
     if screen is None:
         return None
-    sim = simulate_flags(spec, proposal.flags)
+    key = tuple(sorted((str(k), repr(v)) for k, v in proposal.flags.items()))
+    sim = screen.cache.get(key)
+    if sim is None:
+        sim = screen.cache[key] = simulate_flags(spec, proposal.flags)
     reason = screen.verdict(sim, best)
     if reason is None:
         return None, sim

@@ -229,8 +229,11 @@ def run_study(
     recovered = _recover_interrupted(study) if resume else 0
     reconciled = _reconcile(spec, study, tracker, backend) if resume else 0
     # A grid is the baseline every point of which is measured: informed starts would only reorder it.
+    # Warm starts and the baseline, like the informed starts, only go into a study nobody has
+    # enqueued anything in yet (the nightly job enqueues its own warm start).
+    fresh = not existing and spec.sampler != "grid" and not study.get_trials(deepcopy=False)
     starts = enqueue_informed_starts(spec, study) if not existing and spec.sampler != "grid" else []
-    warm, baseline = _enqueue_warm_and_baseline(spec, study) if not existing and spec.sampler != "grid" else ([], None)
+    warm, baseline = _enqueue_warm_and_baseline(spec, study) if fresh else ([], None)
 
     outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=parent)
     _count_existing(study, outcome)

@@ -90,7 +90,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 TAG_STUDY = "servetune.study"
-TAG_ROLE = "servetune.role"  # "study" on the parent, "trial" on children
+TAG_ROLE = "servetune.role"  # "study" on the parent, "trial" on children ("repeat": a confirmation re-run)
 TAG_STATUS = "servetune.status"  # a TrialStatus word
 TAG_CAUSE = "servetune.cause"
 TAG_TRIAL_NUMBER = "servetune.trial_number"  # the Optuna trial number
