@@ -616,6 +616,9 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
                   status: str) -> None:
     df = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
     plots: dict[str, Any] = {}
+    everything = df
+    if "repeat" in df.columns:  # the plots show the search; confirmation repeats stay in the table
+        df = df[df["repeat"].isna()]
     if not df.empty:
         plots["optimization_history.png"] = report.plot_history(df)
         if "flag_max_num_seqs" in df.columns:
@@ -625,7 +628,7 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
         plots["memory_breakdown_top.png"] = report.plot_memory_breakdown(df, top_n=5)
     if outcome.best_flags is not None:
         outcome.best_command = to_command_line(spec.serve_model, outcome.best_flags)
-    tracker.finish_study(outcome.best_flags, spec.serve_model, df, plots, outcome.best_metrics or {})
+    tracker.finish_study(outcome.best_flags, spec.serve_model, everything, plots, outcome.best_metrics or {})
     tracker.end(status)
     left = tracker.flush(wait_s=tracker.flush_wait_s)  # bounded wait for a server that went away
     if left:
