@@ -856,7 +856,6 @@ class SimServer:
                       queue: asyncio.Queue[tuple[str, int, Any]], usage_wanted: bool) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                        "Cache-Control": "no-cache"})
-        await resp.prepare(request)
         created = int(time.time())
 
         def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
@@ -865,6 +864,7 @@ class SimServer:
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
         try:
+            await resp.prepare(request)
             return await self._stream_chunks(request, resp, lives, queue, usage_wanted, chunk)
         except ConnectionResetError:
             # The client went away (an early-stopped load cancels its streams): vLLM aborts the
