@@ -206,3 +206,17 @@ def test_sim_screen_is_bounded_and_distrusts_a_contradicted_preemption_verdict()
     screen.observe(mild, TrialResult(TrialStatus.OK, output_throughput=900.0, preemptions=0))  # contradicted
     for _ in range(4):
         assert screen.verdict(preempting, best=None) is None
+
+
+def test_a_resumed_screen_recalibrates_from_the_measured_trials() -> None:
+    from servetune.fidelity import recalibrate, screen_for, simulate_flags
+
+    bench = _bench()
+    cell = bench.CELLS[0]
+    spec = bench.cell_spec(cell, replay_file=bench.landscape_path(cell))
+    flags = {"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "max_model_len": 4096}
+    sim = simulate_flags(spec, flags)
+    real = TrialResult(TrialStatus.OK, output_throughput=0.8 * (sim.output_throughput or 0), preemptions=0)
+    screen = screen_for(spec, "replay")
+    assert screen is not None and recalibrate(screen, spec, [(flags, real)]) == 1
+    assert screen.ratio is not None and abs(screen.ratio - 0.8) < 1e-9

@@ -7,6 +7,7 @@ and in the dataset; a fresh study starts from the preemption prior's informed po
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 from typing import Any
@@ -120,3 +121,8 @@ def test_sim_screened_proposals_never_reach_ray_and_are_recorded(tmp_path: Path,
     df = dataset.read_trials(tmp_path / "dataset", study="screened")
     rows = df[df["sim_screen"].notna()]
     assert len(rows) == len(screened) and (rows["predicted_output_throughput"] > 0).all()
+
+    # Resumed with a larger budget: the screen recalibrates from the measured trials and goes on.
+    more = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, trials=14))
+    resumed = run_study(more, out=io.StringIO(), resume=True)
+    assert resumed.trials_done == 14

@@ -48,7 +48,7 @@ from servetune.result import TrialResult, TrialStatus
 if TYPE_CHECKING:
     from servetune.spec import StudySpec
 
-__all__ = ["SimScreen", "simulate_flags", "screen_for", "screened_result", "prediction_attrs", "prediction_tags",
+__all__ = ["SimScreen", "simulate_flags", "screen_for", "screened_result", "recalibrate", "prediction_attrs", "prediction_tags",
            "SCREEN_PREFIX"]
 
 SCREEN_PREFIX = "sim_screen"
@@ -155,6 +155,18 @@ def screen_for(spec: StudySpec, backend: str) -> SimScreen | None:
     return SimScreen(max_preemptions=int(spec.constraints.max_preemptions),
                      num_requests=len(spec.workload.requests()),
                      throughput_objective=first == "output_throughput" and spec.objective.directions[0] == "maximize")
+
+
+def recalibrate(screen: SimScreen, spec: StudySpec, measured: list[tuple[Mapping[str, Any], TrialResult]]) -> int:
+    """Feed ``screen`` the trials a study already measured (a resumed study): each one's flags are
+    simulated again (deterministic) and observed with its stored result. Returns how many."""
+    for flags, real in measured:
+        key = tuple(sorted((str(k), repr(v)) for k, v in flags.items()))
+        sim = screen.cache.get(key)
+        if sim is None:
+            sim = screen.cache[key] = simulate_flags(spec, flags)
+        screen.observe(sim, real)
+    return len(measured)
 
 
 def screened_result(sim: TrialResult, reason: str, backend: str) -> TrialResult:

@@ -214,7 +214,7 @@ def sim_screen(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, be
         return None
     key = tuple(sorted((str(k), repr(v)) for k, v in proposal.flags.items()))
     sim = screen.cache.get(key)
-    if sim is None:
+    if sim is None:  # the same key as fidelity.recalibrate's
         sim = screen.cache[key] = simulate_flags(spec, proposal.flags)
     reason = screen.verdict(sim, best)
     if reason is None:

@@ -260,6 +260,8 @@ def run_study(
     # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its
     # next real trials); ``sims`` holds the simulated twin of each dispatched trial.
     screen = fidelity.screen_for(spec, backend)
+    if screen is not None and existing:
+        _recalibrate(spec, screen, existing, backend)
     sims: dict[int, TrialResult] = {}
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
@@ -438,6 +440,20 @@ def _screen_on_sim(spec: StudySpec, screen: SimScreen | None, proposal: Proposal
         sims[proposal.trial.number] = sim
         return None
     return refusal, fidelity.prediction_tags(refusal, fidelity.prediction_attrs(sim))
+
+
+def _recalibrate(spec: StudySpec, screen: SimScreen, told: list[optuna.trial.FrozenTrial], backend: str) -> None:
+    """A resumed study's screen starts from the trials it already measured (not the refused ones)."""
+    measured = []
+    for t in told:
+        status = t.user_attrs.get("status", "ok")
+        if t.state != optuna.trial.TrialState.COMPLETE or status in (TrialStatus.PRUNED.value, TrialStatus.INVALID_CONFIG.value):
+            continue
+        result = TrialResult.from_metrics(status, t.user_attrs.get("cause") or None, t.user_attrs.get("metrics", {}),
+                                          backend=backend, vllm_version=spec.vllm_version)
+        result.early_stopped = t.user_attrs.get("early_stopped")
+        measured.append((dict(t.user_attrs.get("flags", t.params)), result))
+    fidelity.recalibrate(screen, spec, measured)
 
 
 def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> EarlyStop | None:
