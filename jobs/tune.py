@@ -88,12 +88,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_spec(args.spec).with_overrides(backend=args.backend, trials=args.trials, parallel=args.parallel)
         print(f"servetune job: {connect()}", flush=True)
+        # Which code runs: the job's py_modules / working dir, or an installed package.
+        print(f"servetune job: servetune from {Path(sys.modules['servetune'].__file__ or '?').parent}", flush=True)
         outcome = run_study(spec, resume=args.resume, out=sys.stdout)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
     print(f"servetune job: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served, "
-          f"{outcome.startup_failed} failed at startup, {outcome.pruned} pruned, {outcome.other_failed} other failures",
+          f"{outcome.startup_failed} failed at startup, {outcome.pruned} pruned, {outcome.other_failed} other failures"
+          + (f", {outcome.infra_failed} infrastructure failures" if outcome.infra_failed else "")
+          + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""),
           flush=True)
     if outcome.best_flags is None:
         print("servetune job: no trial met the constraints", flush=True)

@@ -2,6 +2,11 @@
 
 * ``mlflow_server`` (session): a real ``mlflow server`` on 127.0.0.1, SQLite backend, proxied
   artifact store in a tmp dir; yields the tracking URI. About 5-6 s to start on 2 cores.
+* ``postgres_server`` (session): a real PostgreSQL server (``tests/_postgres.py``) in a temp dir
+  on 127.0.0.1 and a free port; ``postgres_server.create_database(name)`` gives a fresh database's
+  SQLAlchemy URL. About 1 s to initdb and start.
+* ``mlflow_server_pg`` (session): a second ``mlflow server``, backed by a database on
+  ``postgres_server`` (PostgreSQL, the production backend); yields the tracking URI.
 * ``tmp_runs_dir``: an empty directory for one test's trial run outputs.
 """
 
@@ -19,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _postgres import PostgresServer
 
 # Telemetry would try to reach the internet from every MlflowClient call; tests stay offline.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -46,15 +52,13 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real MLflow tracking server; yields ``http://127.0.0.1:PORT``.
+def _start_mlflow_server(root: Path, backend_store_uri: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``mlflow server`` on 127.0.0.1 with ``backend_store_uri``; returns it once ``/health`` answers.
 
     One uvicorn worker and no job runner (``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false``: it would
     otherwise fork seven huey consumers this machine cannot spare). Artifacts go through the
-    server (``--serve-artifacts``), as they do for a remote study driver.
+    server (``--serve-artifacts``, stored under ``root``), as they do for a remote study driver.
     """
-    root = tmp_path_factory.mktemp("mlflow")
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
@@ -62,7 +66,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     cmd = [
         sys.executable, "-m", "mlflow", "server",
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+        "--backend-store-uri", backend_store_uri,
         "--serve-artifacts", "--artifacts-destination", str(root / "artifacts"),
     ]
     started = time.monotonic()
@@ -84,8 +88,49 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 raise RuntimeError(f"mlflow server not healthy after {_MLFLOW_START_TIMEOUT_S:.0f} s:\n"
                                    f"{log_path.read_text()[-3000:]}")
             time.sleep(0.1)
-        startup_s = time.monotonic() - started
-        print(f"\nmlflow server ready at {uri} in {startup_s:.1f} s")
+    except BaseException:
+        _stop_group(proc)
+        raise
+    print(f"\nmlflow server ({backend_store_uri.split(':', 1)[0]}) ready at {uri} in {time.monotonic() - started:.1f} s")
+    return proc, uri
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow tracking server (SQLite backend); yields ``http://127.0.0.1:PORT``."""
+    root = tmp_path_factory.mktemp("mlflow")
+    proc, uri = _start_mlflow_server(root, f"sqlite:///{root / 'mlflow.db'}")
+    try:
+        yield uri
+    finally:
+        _stop_group(proc)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the session, started by the tests themselves.
+
+    ``.ci/run`` only installs the server binaries (the distribution's ``postgresql`` package);
+    this fixture runs ``initdb`` into a temp dir and starts ``postgres`` on 127.0.0.1 and a free
+    port (trust auth, test only), so ``pytest`` on a developer machine with PostgreSQL installed
+    works the same way, and never touches a cluster the package may have started. Missing binaries
+    fail the test, naming ``.ci/run``. Teardown: ``pg_ctl stop -m fast``, then SIGKILL of the
+    server's process group, then the temp dir is removed.
+    """
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server_pg(tmp_path_factory: pytest.TempPathFactory, postgres_server: PostgresServer) -> Iterator[str]:
+    """A real MLflow tracking server backed by PostgreSQL (database ``mlflow`` on ``postgres_server``)."""
+    root = tmp_path_factory.mktemp("mlflow-pg")
+    proc, uri = _start_mlflow_server(root, postgres_server.create_database("mlflow"))
+    try:
         yield uri
     finally:
         _stop_group(proc)

@@ -233,3 +233,80 @@ def test_locked_optuna_storage_is_waited_out_without_losing_a_trial(
     children = [r for r in client.search_runs([exp.experiment_id], max_results=1000)
                 if r.data.tags.get("servetune.role") == "trial"]
     assert sorted(int(r.data.tags["servetune.trial_number"]) for r in children) == sorted(t.number for t in complete)
+
+
+def test_retry_tells_a_postgresql_restart_from_a_configuration_mistake() -> None:
+    import psycopg2
+    import sqlalchemy.exc
+
+    refused = psycopg2.OperationalError('connection to server at "127.0.0.1", port 5432 failed: Connection refused')
+    assert is_transient_storage_error(refused)
+    assert is_transient_storage_error(sqlalchemy.exc.OperationalError("SELECT 1", {}, refused))
+    closed = optuna.exceptions.StorageInternalError("An exception is raised during the commit.")
+    closed.__cause__ = sqlalchemy.exc.OperationalError(
+        "COMMIT", {}, psycopg2.OperationalError("server closed the connection unexpectedly"))
+    assert is_transient_storage_error(closed)
+    for mistake in ('FATAL:  database "optuna" does not exist', 'FATAL:  password authentication failed for user "x"',
+                    'FATAL:  role "nobody" does not exist'):
+        assert not is_transient_storage_error(sqlalchemy.exc.OperationalError("", {}, psycopg2.OperationalError(mistake)))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_postgresql_restart_mid_study_is_waited_out_without_losing_a_trial(
+        tmp_path: Path, mlflow_server: str, caplog: pytest.LogCaptureFixture) -> None:
+    """The Optuna storage's PostgreSQL server stops (``pg_ctl stop -m fast``) after the second told
+    trial and comes back on the same port and data dir 3 s later; the study rides it out."""
+    from _postgres import PostgresServer
+
+    pg = PostgresServer(prefix="st-pg-outage-")  # its own server: the session one stays up
+    n_trials = 6
+    outage: dict[str, float] = {}
+    restarter: list[threading.Thread] = []
+    try:
+        pg.start()
+        url = pg.create_database("outage")
+        spec = _spec(tmp_path, mlflow_server, "pg-outage", n_trials, storage=url)
+        seen: list[int] = []
+
+        def come_back() -> None:
+            time.sleep(3.0)
+            pg.start()
+            outage["up"] = time.monotonic()
+
+        def on_result(number: int, flags: dict[str, Any], result: TrialResult) -> None:
+            seen.append(number)
+            if len(seen) == 2:  # the next ask / tell / best-trial read hits a server that is gone
+                outage["down"] = time.monotonic()
+                pg.stop()
+                thread = threading.Thread(target=come_back, daemon=True)
+                thread.start()
+                restarter.append(thread)
+
+        with caplog.at_level(logging.WARNING, logger="servetune._retry"):
+            outcome = run_study(spec, out=io.StringIO(), on_result=on_result)
+        restarter[0].join(timeout=60)
+        retries = [r for r in caplog.records if r.name == "servetune._retry"]
+        assert retries, "the outage was never hit: the test did not exercise the retry"
+        assert outcome.trials_done == n_trials
+        print(f"\nPostgreSQL down for {outage['up'] - outage['down']:.1f} s; {len(retries)} retries: "
+              + "; ".join(sorted({r.getMessage().split(' (attempt')[0] for r in retries})))
+
+        study = optuna.load_study(study_name="pg-outage", storage=url)
+        trials = study.get_trials(deepcopy=False)
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+        assert len(complete) == n_trials
+        # Nothing left RUNNING; an ask cut off half-way (if any) is FAIL, never a counted result.
+        assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL) for t in trials)
+        assert all(set(t.constraints) == {"startup", "preemptions"} for t in complete)
+        rows = dataset.read_trials(Path(spec.output.dataset_dir), study="pg-outage")
+        assert sorted(rows["trial_number"]) == sorted(t.number for t in complete) == sorted(seen)  # each once
+        client = MlflowClient(mlflow_server)
+        exp = client.get_experiment_by_name("exp-pg-outage")
+        children = [r for r in client.search_runs([exp.experiment_id], max_results=1000)
+                    if r.data.tags.get("servetune.role") == "trial"]
+        assert sorted(int(r.data.tags["servetune.trial_number"]) for r in children) == sorted(seen)
+    finally:
+        for thread in restarter:
+            thread.join(timeout=60)
+        pg.destroy()

@@ -7,8 +7,13 @@ Contract:
   has passed; then the last error is raised unchanged. Any other error is raised at once.
 * Transient: SQLAlchemy ``OperationalError`` / ``DisconnectionError`` / ``TimeoutError`` (pool),
   ``sqlite3.OperationalError`` ("database is locked", "unable to open database file"), and Optuna's
-  ``StorageInternalError`` (its RDB storage wraps the SQLAlchemy error after rolling back). An
-  ``IntegrityError`` is a real conflict, never retried.
+  ``StorageInternalError`` (its RDB storage wraps the SQLAlchemy error after rolling back), and
+  the driver's own ``psycopg2.OperationalError`` / ``InterfaceError``. For PostgreSQL that covers a
+  server restart: "server closed the connection unexpectedly", "terminating connection due to
+  administrator command", "the database system is shutting down / starting up", "Connection
+  refused". An ``IntegrityError`` is a real conflict, never retried, and neither is a
+  configuration mistake that waiting cannot fix (:data:`PERMANENT_MESSAGES`: a wrong password, a
+  missing database or role, no ``pg_hba.conf`` entry): those fail at once, naming the cause.
 * Every retry is logged at WARNING on ``servetune._retry`` with what was being done, so an outage
   shows up in the driver's log.
 
@@ -29,23 +34,39 @@ Example:
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["retry_call", "is_transient_storage_error", "backoff_delays"]
+__all__ = ["retry_call", "is_transient_storage_error", "backoff_delays", "PERMANENT_MESSAGES"]
 
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
+#: Connection errors that are configuration mistakes, not outages (PostgreSQL's server messages).
+PERMANENT_MESSAGES = re.compile(
+    r"password authentication failed|authentication failed for user|no pg_hba\.conf entry"
+    r"|database \"[^\"]*\" does not exist|role \"[^\"]*\" does not exist|invalid dsn|invalid connection option")
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every error it wraps (``__cause__``, else ``__context__``), outermost first."""
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in out):
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
+
 
 def is_transient_storage_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or an error it wraps) is a storage outage worth waiting out."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    chain = _chain(exc)
+    if any(PERMANENT_MESSAGES.search(str(e)) for e in chain):
+        return False  # waiting does not fix a wrong password or a missing database
+    for current in chain:
         if isinstance(current, sqlite3.OperationalError):
             return True
         module = type(current).__module__
@@ -57,7 +78,10 @@ def is_transient_storage_error(exc: BaseException) -> bool:
                 return True
         if module.startswith("optuna") and name == "StorageInternalError":
             return True
-        current = current.__cause__ or current.__context__
+        # psycopg2's own classes (psycopg2.errors.AdminShutdown etc. subclass OperationalError).
+        if module.startswith("psycopg2") and any(
+                base.__name__ in ("OperationalError", "InterfaceError") for base in type(current).__mro__):
+            return True
     return False
 
 

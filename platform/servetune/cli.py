@@ -91,7 +91,9 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"\nservetune: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served "
           f"({outcome.preempting} of them preempted), {outcome.startup_failed} failed at startup, "
           f"{outcome.pruned} pruned before launch (predicted startup failures), "
-          f"{outcome.other_failed} other failures")
+          f"{outcome.other_failed} other failures"
+          + (f", {outcome.infra_failed} infrastructure failures (told FAIL, not learnt)" if outcome.infra_failed else "")
+          + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""))
     if outcome.best_flags is None:
         print("servetune: no trial met the constraints; widen the search space or relax the constraints")
         return 1
@@ -107,6 +109,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _best(args: argparse.Namespace) -> int:
     import optuna
 
+    from servetune._storage import open_storage
     from servetune.flags import to_command_line, to_config_yaml
     from servetune.study import best_trial
 
@@ -119,7 +122,7 @@ def _best(args: argparse.Namespace) -> int:
     storage = storage or f"sqlite:///{DEFAULT_RUNS_DIR}/optuna.db"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        study = optuna.load_study(study_name=name, storage=storage)
+        study = optuna.load_study(study_name=name, storage=open_storage(storage))
     except KeyError:
         known = optuna.get_all_study_names(storage) if storage else []
         raise SpecError("study", f"no study named {name!r} in {storage}",

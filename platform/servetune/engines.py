@@ -58,6 +58,10 @@ class TrialTask:
     replay_file: str | None = None  # the recorded landscape (backend "replay")
     load_generator: str = "servetune"  # vllm backend: servetune's client or "vllm-bench"
     stall_timeout_s: float = 180.0  # vllm backend: no token on any stream this long is a stall
+    compile_cache_dir: str | None = None  # vllm backend: SERVETUNE_COMPILE_CACHE_DIR (envs.compile_cache_env)
+    # vllm backend: the installed vLLM's `vllm serve --help=all`, read once by the driver; None: the
+    # trial reads it itself (a driver without vLLM, e.g. on a cluster's CPU head)
+    serve_help: str | None = None
     early_stop: EarlyStop | None = None  # end the window once the outcome is decided (vllm backend)
     repeat: int = 0  # a confirmation repeat's index (replay: the recorded repeat it reads)
 
@@ -130,11 +134,14 @@ def _run_replay(task: TrialTask) -> TrialResult:
 def _run_vllm(task: TrialTask) -> TrialResult:
     from pathlib import Path
 
+    from servetune.envs import compile_cache_env
     from servetune.vllm_engine import VllmLaunch, read_serve_help, run_vllm_trial
 
     launch = VllmLaunch(model=task.serve_model or task.model, flags=dict(task.flags),
                         serve_command=task.serve_command, startup_timeout_s=task.startup_timeout_s,
                         log_dir=Path(task.log_dir) if task.log_dir else None,
                         load_generator=task.load_generator, stall_timeout_s=task.stall_timeout_s,
-                        serve_help=read_serve_help(tuple(task.serve_command)), early_stop=task.early_stop)
+                        env=compile_cache_env(task.compile_cache_dir),
+                        serve_help=task.serve_help or read_serve_help(tuple(task.serve_command)),
+                        early_stop=task.early_stop)
     return run_vllm_trial(launch, task.workload)

@@ -11,13 +11,17 @@ from __future__ import annotations
 import os
 import shlex
 
-__all__ = ["serve_command", "startup_timeout_s", "ENV_VARS"]
+__all__ = ["serve_command", "startup_timeout_s", "compile_cache_dir", "compile_cache_env", "ENV_VARS"]
 
 #: name -> what it does. Read only through the functions below.
 ENV_VARS = {
     "SERVETUNE_SERVE_COMMAND": "argv before MODEL that starts a server (default: 'vllm serve'); split like a "
                                "shell would split it, but never run through a shell",
     "SERVETUNE_STARTUP_TIMEOUT_S": "seconds a server may take to answer /health (default 600)",
+    "SERVETUNE_COMPILE_CACHE_DIR": "a directory for vLLM's compile caches, kept across trials and studies: every "
+                                   "real trial gets VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR "
+                                   "under it (default unset: vLLM's per-user defaults, which persist across the "
+                                   "trials of one node but not a container restart; /tmp/torchinductor_* not a reboot)",
 }
 
 
@@ -28,3 +32,26 @@ def serve_command() -> tuple[str, ...]:
 
 def startup_timeout_s() -> float:
     return float(os.environ.get("SERVETUNE_STARTUP_TIMEOUT_S", "600"))
+
+
+def compile_cache_dir() -> str | None:
+    raw = os.environ.get("SERVETUNE_COMPILE_CACHE_DIR", "").strip()
+    return os.path.abspath(os.path.expanduser(raw)) if raw else None
+
+
+def compile_cache_env(root: str | None) -> dict[str, str]:
+    """The environment that points vLLM, Inductor and Triton at the caches under ``root``.
+
+    A warm cache saved 47.6 s of a 92.1 s start on the H200 (tests/fixtures/real_h200/compile_cache):
+    the graphs load instead of compiling, and the engine's warm-up finds its Triton kernels.
+
+    Example:
+        >>> sorted(compile_cache_env("/cache"))
+        ['TORCHINDUCTOR_CACHE_DIR', 'TRITON_CACHE_DIR', 'VLLM_CACHE_ROOT']
+        >>> compile_cache_env(None)
+        {}
+    """
+    if not root:
+        return {}
+    return {"VLLM_CACHE_ROOT": os.path.join(root, "vllm"), "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
+            "TRITON_CACHE_DIR": os.path.join(root, "triton")}

@@ -72,10 +72,18 @@ Version = tuple[int, int, int]
 # TP) plus k hidden-size buffers (torch.compile keeps ~2 more piecewise-graph boundary buffers
 # than eager). The fixed 0.0925 GiB does not move with max_num_seqs (64 and 256 both log 0.44),
 # so the sampler's [num_reqs, vocab] logits peak after the forward peak: peak = max(forward, sampler).
+#
+# The compiled k = 3.00 is what a start pays when it compiles its graphs on the node (the first
+# start of that compile configuration: max_num_seqs, max_num_batched_tokens, max_model_len,
+# TP/PP, ...). A later start of the same configuration, whose graphs and Triton kernels come from
+# the node's caches, profiles the eager peak (k = 1.13): 0.38 GiB instead of 0.44 at mbt 8192.
+# All 20 real H200 starts kept follow this, and the controlled pair on one host
+# (compile_cache/cache_cold vs cache_warm: same flags, fresh then filled VLLM_CACHE_ROOT /
+# TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR) logs 155,088 then 157,008 KV tokens.
 ACT_FIXED_GIB = 0.0925
 ACT_MLP_ELEMS_PER_TOKEN = 3.0  # times intermediate_size / tp
 ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED = 3.0  # times hidden_size
-ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER = 1.13
+ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER = 1.13  # also a compiled start whose graphs come from a warm cache
 #: Sampler warm-up over num_reqs rows: bf16 logits + fp32 logits + fp32 probabilities. Not
 #: visible in the test-model logs (its vocab is small); an estimate, used only where it exceeds
 #: the forward peak (large vocab, many sequences).
@@ -490,15 +498,18 @@ def _effective_model(model: ModelProfile, config: EngineConfig) -> ModelProfile:
     return dataclasses.replace(model, **changes) if changes else model
 
 
-def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_stage: bool = True) -> int:
+def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_stage: bool = True,
+                          compile_cache_warm: bool = False) -> int:
     """Peak torch allocation of vLLM's profile run on one GPU (the "peak activation" it logs).
 
     The dummy batch is ``max_num_batched_tokens`` tokens over ``num_reqs = min(mbt, max_num_seqs)``
-    requests; the last PP stage then runs the sampler over ``num_reqs`` rows. Constants: see
-    "Calibration" above.
+    requests; the last PP stage then runs the sampler over ``num_reqs`` rows. ``compile_cache_warm``:
+    the node already compiled this configuration, so the start loads its graphs and profiles the
+    smaller (eager-like) peak. Constants: see "Calibration" above.
     """
     tokens = config.max_num_batched_tokens
-    hidden_elems = ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER if config.enforce_eager else ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED
+    hidden_elems = (ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER if config.enforce_eager or compile_cache_warm
+                    else ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED)
     inter = model.expert_intermediate_size * model.num_experts_per_tok if model.is_moe else model.intermediate_size
     inter += model.shared_expert_intermediate_size
     per_token = model.dtype_bytes * (ACT_MLP_ELEMS_PER_TOKEN * inter / config.tensor_parallel_size
@@ -572,7 +583,27 @@ def _cuda_oom_text(need: int, total: int, free: int) -> str:
             f"total capacity of {total / GiB:.2f} GiB of which {max(free, 0) / MiB:.2f} MiB is free.")
 
 
-def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold_start: bool = False) -> MemoryPlan:
+#: Flags that size the memory budget but not the compiled graphs: vLLM's compile cache key ignores
+#: them (real H200 starts: gpu_memory_utilization 0.02 after 0.03, same max_num_seqs, hit the cache).
+_NOT_IN_COMPILE_KEY = frozenset({"gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_bytes",
+                                 "swap_space", "cpu_offload_gb"})
+
+
+def compile_key(flags: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The part of a flag set that decides whether vLLM can reuse compiled graphs on a node.
+
+    Two flag sets with the same key share the node's compile cache: the second start loads the
+    graphs (faster, and a smaller profiled activation peak, see :func:`activation_peak_bytes`).
+
+    Example:
+        >>> compile_key({"gpu_memory_utilization": 0.9, "max_num_seqs": 64}) == compile_key({"max_num_seqs": 64})
+        True
+    """
+    return tuple(sorted((k, v) for k, v in flags.items() if k not in _NOT_IN_COMPILE_KEY))
+
+
+def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold_start: bool = False,
+                compile_cache_warm: bool = False) -> MemoryPlan:
     """Predict vLLM's startup memory accounting, KV capacity and verdict for one engine.
 
     Per GPU of each pipeline stage: ``available = budget - weights - activation_peak - non_torch
@@ -582,7 +613,9 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
     ``max_model_len`` sequence does not fit), ``cudagraph_oom`` (graph capture runs past the
     ``1 - gpu_memory_utilization`` headroom in versions that do not budget for it). Free memory
     below ``util * total`` at launch (other processes) is not predictable from flags; it is left to
-    the runtime. ``cold_start`` adds the compile-cache miss of a fresh host to ``startup_s``.
+    the runtime. ``cold_start`` adds the compile-cache miss of a fresh host to ``startup_s``;
+    ``compile_cache_warm`` says the node has compiled this configuration before (a smaller
+    profiled activation peak, see :func:`activation_peak_bytes`).
 
     Example:
         >>> from servetune.gpus import get_gpu
@@ -617,7 +650,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
     # One worker per stage (TP ranks of a stage are identical); vLLM takes the minimum num_blocks.
     stages = []
     for s in range(pp):
-        act = activation_peak_bytes(model, config, last_stage=(s == pp - 1))
+        act = activation_peak_bytes(model, config, last_stage=(s == pp - 1), compile_cache_warm=compile_cache_warm)
         if config.kv_cache_memory_bytes is not None:
             available = budget  # profiling skipped; the figure is used as given
         else:

@@ -411,6 +411,8 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
     import optuna
 
     from servetune import dataset, gpus
+    from servetune._retry import retry_call
+    from servetune._storage import open_storage
     from servetune.cluster import TrialPool
     from servetune.engines import TrialTask, resolve_backend, run_trial
     from servetune.spec import StudySpec
@@ -465,8 +467,9 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
                                             & (earlier_rows["study"] != spec.name)]
             warm = warm_start_flags(earlier_rows, spec.search_space.names, objective, direction,
                                     spec.constraints.max_preemptions)
-            study = optuna.create_study(study_name=spec.name, storage=spec.storage.optuna_url, load_if_exists=True,
-                                        directions=list(spec.objective.directions))
+            study = retry_call(lambda: optuna.create_study(  # the driver's storage: SQLite or PostgreSQL, retried
+                study_name=spec.name, storage=open_storage(spec.storage.optuna_url), load_if_exists=True,
+                directions=list(spec.objective.directions)), what="open the Optuna study")
             if warm and not study.get_trials(deepcopy=False):
                 study.enqueue_trial(warm, skip_if_exists=True)
             out.write(f"nightly {date}: cell {cell.name}: study {spec.name}"

@@ -34,10 +34,17 @@ class TrialStatus(str, enum.Enum):
     TIMEOUT = "timeout"
     INVALID_CONFIG = "invalid_config"
     PRUNED = "pruned"  # skipped before launch because the planner predicted a startup failure
+    # The machine, not the flags: a port taken, GPU memory held by another process, a lost Ray
+    # node. Retried on another slot; never told to the sampler as infeasible (see servetune.infra).
+    INFRA_ERROR = "infra_error"
 
     @property
     def is_startup_failure(self) -> bool:
         return self in (TrialStatus.STARTUP_OOM, TrialStatus.KV_TOO_SMALL, TrialStatus.CUDAGRAPH_OOM)
+
+    @property
+    def is_infrastructure(self) -> bool:
+        return self is TrialStatus.INFRA_ERROR
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +186,12 @@ class TrialResult:
     #: Why the measured window ended before the workload did (:mod:`servetune.early_stop`), e.g.
     #: ``"preemptions: 3 counted, 0 allowed"``; None for a full measurement.
     early_stopped: str | None = None
+
+    # An ``infra_error``'s kind (:data:`servetune.infra.KINDS`: ``port_in_use``, ``gpu_memory_held``,
+    # ``gpu_unusable``, ``node_lost``), and the infrastructure failures of earlier attempts of this
+    # same flag set (one line each: attempt, where, why) when the pool re-ran it elsewhere.
+    infrastructure: str | None = None
+    infra_attempts: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -94,12 +94,14 @@ def objective_values(spec: StudySpec, result: TrialResult) -> list[float]:
 
 # -- the pre-screen ---------------------------------------------------------------------------------
 
-def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = None
-              ) -> tuple[TrialResult | None, MemoryPlan | None]:
+def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = None, *,
+              compile_cache_warm: bool = False) -> tuple[TrialResult | None, MemoryPlan | None]:
     """``(refusal, plan)``: a ``pruned`` / ``invalid_config`` result when the flags cannot start.
 
     ``refusal`` is None when the planner predicts a healthy start (``plan`` is then that
     prediction), or when the spec has no model profile to plan with (``plan`` None).
+    ``compile_cache_warm``: an earlier trial of the study already started this compile
+    configuration (:func:`servetune.memory.compile_key`), so vLLM will profile the warm peak.
     """
     from servetune.memory import plan_memory, resolve_engine_config
 
@@ -113,7 +115,7 @@ def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = N
     except SpecError as exc:  # vLLM itself would refuse these flags
         return TrialResult(status=TrialStatus.INVALID_CONFIG, cause=str(exc), backend=backend,
                            vllm_version=spec.vllm_version), None
-    plan = plan_memory(model, gpu, config)
+    plan = plan_memory(model, gpu, config, compile_cache_warm=compile_cache_warm)
     if plan.fits:
         return None, plan
     failure = (plan.failure or TrialStatus.STARTUP_OOM).value
@@ -147,6 +149,29 @@ class Proposal:
     plan: MemoryPlan | None = None  # the planner's prediction (pruned or healthy); None without pre-screen
 
 
+#: Statuses of trials that never reached vLLM's compile step (nothing cached by them).
+_NOT_COMPILED = frozenset({"pruned", "invalid_config", "infra_error"})
+
+
+def compile_cache_warm(study: optuna.Study, flags: Mapping[str, Any]) -> bool:
+    """True when a finished trial of ``study`` started the same compile configuration as ``flags``.
+
+    Real H200 starts: a trial running at the same time does not warm the cache (two first trials
+    on two GPUs both compiled); a startup failure does (it compiles before the KV cache is sized).
+    On a cluster the caches are per node unless ``SERVETUNE_COMPILE_CACHE_DIR`` is shared: this is
+    the study-wide approximation.
+    """
+    from servetune.memory import compile_key
+
+    key = compile_key(flags)
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        earlier = t.user_attrs.get("flags")
+        if isinstance(earlier, dict) and t.user_attrs.get("status") not in _NOT_COMPILED \
+                and not earlier.get("enforce_eager") and compile_key(earlier) == key:
+            return True
+    return False
+
+
 def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str | None = None) -> Proposal:
     """Ask Optuna for a trial and decide whether it may launch (rules, GPU count, pre-screen)."""
     backend = backend or spec.backend
@@ -162,16 +187,29 @@ def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str 
                                                         backend=backend))
     if not spec.prescreen:
         return Proposal(trial, flags, need)
-    refused, plan = prescreen(spec, flags, backend)
+    warm = compile_cache_warm(study, flags)
+    refused, plan = prescreen(spec, flags, backend, compile_cache_warm=warm)
     if plan is not None:
         trial.set_user_attr("predicted_kv_cache_tokens", plan.kv_cache_tokens)
+        trial.set_user_attr("predicted_compile_cache_warm", warm)
     if refused is not None and plan is not None:
         trial.set_user_attr("predicted_failure", (plan.failure or TrialStatus.STARTUP_OOM).value)
     return Proposal(trial, flags, need, refused, plan)
 
 
 def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult) -> list[float]:
-    """Tell Optuna one result: constraints, user attributes, objective values (returned)."""
+    """Tell Optuna one result: constraints, user attributes, objective values (returned).
+
+    An ``infra_error`` (the machine failed, not the flags; the pool's re-runs exhausted) is told
+    FAIL, which Optuna's samplers ignore: no constraint, so the flag set is never learnt as
+    infeasible. The returned values are the worst, for the record only.
+    """
+    if result.status.is_infrastructure:
+        trial.set_user_attr("status", result.status.value)
+        trial.set_user_attr("cause", (result.cause or "")[:1000])
+        trial.set_user_attr("infra_attempts", [a[:300] for a in result.infra_attempts][:10])
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return objective_values(spec, result)
     for key, value in constraint_values(spec, result).items():
         trial.set_constraint(key, value)
     trial.set_user_attr("status", result.status.value)

@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import confirm, dataset, early_stop, envs, fidelity, report, warmstart
+from servetune import _ray_session, confirm, dataset, early_stop, envs, fidelity, report, warmstart
 from servetune._retry import retry_call
+from servetune._storage import open_storage
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
 from servetune.errors import SpecError
@@ -74,6 +75,8 @@ class StudyOutcome:
     startup_failed: int = 0
     other_failed: int = 0
     pruned: int = 0  # predicted startup failures, told without a launch
+    infra_failed: int = 0  # infrastructure failures whose re-runs were exhausted (told FAIL, not infeasible)
+    infra_retried: int = 0  # trials re-run after an infrastructure failure (port, GPU memory, node)
     best_number: int | None = None
     best_flags: dict[str, Any] | None = None
     best_metrics: dict[str, float] | None = None
@@ -158,7 +161,8 @@ class _Progress:
         best = "-" if o.best_metrics is None else f"{o.best_metrics.get('output_throughput', 0):,.0f} tok/s (#{o.best_number})"
         line = (f"trials {o.trials_done}/{self.total} | running {running} | ok {o.ok} | preempting {o.preempting}"
                 f" | startup failed {o.startup_failed} | pruned {o.pruned} | other failed {o.other_failed}"
-                f" | best {best}")
+                + (f" | infra failed {o.infra_failed}" if o.infra_failed else "")
+                + f" | best {best}")
         self.out.write(("\r" + line + "\033[K") if self.tty else line + "\n")
         self.out.flush()
 
@@ -199,9 +203,11 @@ def run_study(
     n_obj = len(spec.objective.metrics)
     grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
     # Storage calls are retried with backoff (servetune._retry): a briefly locked SQLite file or a
-    # restarting database delays the driver instead of ending the study.
+    # restarting database delays the driver instead of ending the study. open_storage retries every
+    # call of the storage itself (servetune._storage), so reads between the retried steps below
+    # (best trial, counts) ride out an outage too.
     study = retry_call(lambda: optuna.create_study(
-        study_name=spec.name, storage=storage, load_if_exists=True,
+        study_name=spec.name, storage=open_storage(storage), load_if_exists=True,
         directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
     ), what="open the Optuna study")
     existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
@@ -255,7 +261,22 @@ def run_study(
 
     # The GPU type binds at the first submit, and only on a cluster whose nodes advertise types: a
     # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
+    # A local Ray left by an earlier, killed driver of this study is stopped first; the local Ray
+    # this driver starts is recorded so that the next start can do the same (servetune._ray_session).
+    reaped = _ray_session.reap_leftovers(runs_dir, spec.name)
+    if reaped:
+        progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
+    # Reading `vllm serve --help=all` imports vLLM (20-30 s on the H200 host). Read once here and
+    # sent with every trial, instead of by the first trial of every GPU slot (measured: 36 s of
+    # servetune overhead on each of the first two real trials, 4-6 s on the others).
+    serve_help = None
+    if backend == "vllm":
+        from servetune.vllm_engine import read_serve_help
+
+        serve_help = read_serve_help(envs.serve_command())
     pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+    if pool.started_local_ray:
+        _ray_session.record_local_session(runs_dir, spec.name)
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
     # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its
     # next real trials); ``sims`` holds the simulated twin of each dispatched trial.
@@ -265,6 +286,7 @@ def run_study(
     sims: dict[int, TrialResult] = {}
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
+    infra_seen = quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
     stop = _StopRequest()
     try:
         while True:
@@ -293,6 +315,7 @@ def run_study(
                                  startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
                                  load_generator=spec.measurement.load_generator,
                                  stall_timeout_s=spec.measurement.stall_timeout_s,
+                                 compile_cache_dir=envs.compile_cache_dir(), serve_help=serve_help,
                                  log_dir=str(runs_dir / "trials" / spec.name / f"{trial.number:04d}"),
                                  replay_file=None if spec.replay_file is None else str(spec.replay_file),
                                  early_stop=_early_stop_rule(spec, outcome, backend))
@@ -314,7 +337,15 @@ def run_study(
                     break
                 continue
             progress.show(outcome, len(inflight))
-            for number, result in pool.wait(timeout_s=0.5):
+            results = pool.wait(timeout_s=0.5)
+            for line in pool.infra_notes[infra_seen:]:  # the pool re-runs these itself (bounded)
+                progress.note(f"servetune: infrastructure failure, re-run elsewhere when possible: trial #{line}")
+            infra_seen = len(pool.infra_notes)
+            for note in pool.quarantine_notes[quarantine_seen:]:
+                if "infrastructure failures" in note:  # (memory left behind is reported with its trial below)
+                    progress.note(f"servetune: slot quarantined: {note}")
+            quarantine_seen = len(pool.quarantine_notes)
+            for number, result in results:
                 trial, flags = inflight.pop(number)
                 if screen is not None and number in sims:  # recalibrate on the real measurement
                     screen.observe(sims.pop(number), result)
@@ -325,7 +356,7 @@ def run_study(
                 progress.show(outcome, len(inflight), force=True)
                 stop.check()
         if spec.budget.confirm_top > 0 and pool.total_gpus > 0:
-            _confirm_top(spec, study, pool, tracker, outcome, backend, runs_dir, progress, stop)
+            _confirm_top(spec, study, pool, tracker, outcome, backend, runs_dir, progress, stop, serve_help)
     except KeyboardInterrupt:
         status = "KILLED"
         killed = pool.cancel_all()
@@ -346,7 +377,8 @@ def run_study(
 
 
 def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker: StudyTracker,
-                 outcome: StudyOutcome, backend: str, runs_dir: Path, progress: _Progress, stop: _StopRequest) -> None:
+                 outcome: StudyOutcome, backend: str, runs_dir: Path, progress: _Progress, stop: _StopRequest,
+                 serve_help: str | None = None) -> None:
     """Re-run the top ``budget.confirm_top`` feasible configurations ``budget.confirm_repeats``
     times each (another workload and engine seed per repeat; :mod:`servetune.confirm`), record
     each repeat (MLflow ``servetune.role=repeat``, a dataset row with ``repeat``), and choose the
@@ -386,6 +418,7 @@ def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker:
                              startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
                              load_generator=spec.measurement.load_generator,
                              stall_timeout_s=spec.measurement.stall_timeout_s,
+                             compile_cache_dir=envs.compile_cache_dir(), serve_help=serve_help,
                              log_dir=str(runs_dir / "trials" / spec.name / f"{t.number:04d}-repeat-{k}"),
                              replay_file=None if spec.replay_file is None else str(spec.replay_file), repeat=k)
             key += 1
@@ -395,6 +428,10 @@ def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker:
             break
         for done_key, result in pool.wait(timeout_s=0.5):
             t, k, workload = inflight.pop(done_key)
+            if result.status.is_infrastructure:  # the machine failed, not the flags: not a sample
+                progress.note(f"servetune: repeat {k} of trial #{t.number} lost to an infrastructure failure: "
+                              f"{result.cause}")
+                continue
             value = objective_values(spec, result)[0]
             ok = all(v <= 0 for v in constraint_values(spec, result).values())
             runs[t.number].append((value, ok))
@@ -517,11 +554,22 @@ class _StopRequest:
 def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         _count(outcome, TrialStatus(t.user_attrs.get("status", "ok")), int(t.user_attrs.get("preemptions", 0) or 0))
+    for t in _infra_failed_trials(study):  # told FAIL, but finished and recorded: they count
+        _count(outcome, TrialStatus.INFRA_ERROR, 0)
     _update_best(study, outcome)
+
+
+def _infra_failed_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials told FAIL because infrastructure spoiled every attempt (not the killed ones)."""
+    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+            if t.user_attrs.get("status") == TrialStatus.INFRA_ERROR.value]
 
 
 def _count(outcome: StudyOutcome, status: TrialStatus, preemptions: int) -> None:
     outcome.trials_done += 1
+    if status is TrialStatus.INFRA_ERROR:
+        outcome.infra_failed += 1
+        return
     if status is TrialStatus.OK:
         outcome.ok += 1
         if preemptions > 0:
@@ -558,6 +606,7 @@ def _finish(
     _record(spec, trial.number, flags, result, objective[0], tracker, backend, prediction=prediction,
             extra_tags={"servetune.origin": origin, **(extra_tags or {})})
     _count(outcome, result.status, result.preemptions or 0)
+    outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
     _update_best(study, outcome)
     if on_result is not None:
         on_result(trial.number, flags, result)
@@ -573,6 +622,8 @@ def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialRe
             "servetune.study": spec.name, **(extra_tags or {})}
     extra: dict[str, Any] = {"backend": result.backend or backend,
                              "vllm_version": result.vllm_version or spec.vllm_version, "objective": objective}
+    if result.infra_attempts:  # the machine failed this flag set before (the lines are in the evidence)
+        tags["servetune.infra_attempts"] = str(len(result.infra_attempts))
     if result.status is TrialStatus.PRUNED and prediction is not None:
         tags.update(prediction_tags(prediction))
         extra["predicted_failure"] = tags["servetune.predicted_failure"]
@@ -608,7 +659,8 @@ def _reconcile(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, back
     or the dataset lack; they are written now from what Optuna stored (status, cause, flags,
     metrics), tagged ``servetune.reconciled``, so the three agree. Returns how many were written.
     """
-    told = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    told = [*study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
+            *_infra_failed_trials(study)]
     if not told:
         return 0
     in_mlflow = tracker.recorded_trial_numbers()

@@ -54,6 +54,7 @@ from servetune.bench_client import BENCH_COMMAND, bench_argv, run_bench
 from servetune.early_stop import EarlyStop
 from servetune.errors import SpecError
 from servetune.flags import to_cli_args
+from servetune.infra import confirm_launch_failure
 from servetune.loadgen import LoadProgress, run_load
 from servetune.metrics import counter, gauge, parse_prometheus
 from servetune.spec import LOAD_GENERATORS
@@ -281,6 +282,8 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
     verdict = classify(text, exit_code=exit_code, healthy=result.status is TrialStatus.OK or healthy,
                        timed_out=result.status is TrialStatus.TIMEOUT)
     _merge_verdict(result, verdict)
+    if verdict.infrastructure and verdict.status is not TrialStatus.OK:
+        _confirm_infrastructure(result, baseline, parsed)
     result.evidence += notes
     _fill_from_log(result, parsed)
     result.log_text = text
@@ -304,6 +307,17 @@ def _merge_verdict(result: TrialResult, verdict: Any) -> None:
     else:
         result.evidence = [*verdict.evidence, *result.evidence]
     result.status, result.cause = verdict.status, verdict.cause or result.cause
+
+
+def _confirm_infrastructure(result: TrialResult, baseline: Mapping[str, int], parsed: ParsedLog) -> None:
+    """An ``infrastructure`` verdict of the log, confirmed with the pre-launch memory reading
+    (:func:`servetune.infra.confirm_launch_failure`): ``infra_error`` (the pool retries the flag
+    set on another slot), or the flags' own failure when the reading refutes it."""
+    v = confirm_launch_failure(result.cause or "", before_mib=baseline, free_gib=parsed.free_at_start_gib,
+                               total_gib=parsed.total_gpu_gib, requested_gib=parsed.requested_gib,
+                               status=result.status)
+    result.status, result.cause, result.infrastructure = v.status, v.cause, v.kind
+    result.evidence = [*result.evidence, *v.evidence]
 
 
 def _check_load_generator(launch: VllmLaunch, workload: Workload) -> None:

@@ -21,7 +21,9 @@ Stand-in-only options: ``--sim-gpu`` (env ``SERVETUNE_SIM_GPU``, default H200), 
 see :data:`servetune.sim.vllm_log.FAIL_MODES`), ``--sim-fail-after-tokens`` (when the runtime
 faults strike) and ``--sim-ignore-sigterm``. Env ``SERVETUNE_SIM_STARTUP_S`` replaces the predicted
 startup (virtual seconds, still divided by the speedup); ``SERVETUNE_SIM_DEATH_LINGER_S`` is how
-long a server whose engine died keeps answering 503 before it exits.
+long a server whose engine died keeps answering 503 before it exits. Env
+``SERVETUNE_SIM_GPU_MEMORY_DIR`` is the simulated device memory other processes hold
+(:mod:`servetune.sim.devices`): not free at startup on the GPUs of ``CUDA_VISIBLE_DEVICES``.
 
 Text prompts count ~4 characters per token; token-id prompts count exactly. Requests always run
 to ``max_tokens`` (the simulated model never emits EOS), so ``finish_reason`` is ``length``.
@@ -59,7 +61,7 @@ from aiohttp import web
 
 from servetune.errors import SpecError
 from servetune.flags import FLAGS, validate_flag
-from servetune.sim import vllm_log
+from servetune.sim import devices, vllm_log
 from servetune.sim.vllm_log import LogRecord
 
 __all__ = ["build_parser", "parse_args", "given_flags", "SimServer", "main"]
@@ -426,7 +428,9 @@ class SimServer:
         script = vllm_log.startup_script(
             self.model, self.gpu, self.config, self.plan, model_ref=self.model_ref,
             served_model_name=self.served_name, host=self.host, port=self.port, given_flags=flags,
-            api_pid=self.pid, fail=self.fail)
+            api_pid=self.pid, fail=self.fail,
+            # Memory other processes hold on this process's (logical) GPUs is not free at startup.
+            held_gib=devices.held_mib(os.environ.get(devices.LEDGER_ENV), devices.visible_gpus()) / 1024)
         override = os.environ.get("SERVETUNE_SIM_STARTUP_S")
         scale = 1.0 / self.speedup
         if override is not None and script.startup_s > 0:

@@ -377,12 +377,15 @@ def startup_script(
     api_pid: int,
     fail: str | None = None,
     startup_s: float | None = None,
+    held_gib: float = 0.0,
 ) -> StartupScript:
     """vLLM's startup log for this engine config, from the banner to uvicorn's "startup complete".
 
     ``startup_s`` (virtual launch-to-healthy seconds) defaults to ``plan.startup_s``. ``fail``
     forces one of :data:`FAIL_MODES` (the runtime ones, ``runtime_crash`` and ``stall``, start
     normally). A plan with ``failure`` set ends in vLLM's own traceback with ``plan.cause``.
+    ``held_gib`` is memory other processes hold on the device (:mod:`servetune.sim.devices`): it
+    is not free at startup, and a budget above what is left fails as vLLM's worker does.
 
     Example:
         >>> script = startup_script(model, gpu, config, plan, model_ref="servetune-test-850m",  # doctest: +SKIP
@@ -449,8 +452,15 @@ def startup_script(
     context_gib = float(gpu.calibration.get("cuda_context_gib", _CUDA_CONTEXT_GIB))
     if world > 1:
         context_gib += float(gpu.calibration.get("nccl_buffers_gib", _NCCL_BUFFERS_GIB))
-    free_gib = mem.total - context_gib
+    free_gib = mem.total - context_gib - max(0.0, held_gib)
     util = config.gpu_memory_utilization
+    if stage is None and free_gib < mem.budget:
+        # vLLM's worker compares the free memory at startup with the budget (gpu_worker.py): memory
+        # other processes hold, or a utilization above what an empty GPU has after the context.
+        stage = ("device", "ValueError",
+                 f"Free memory on device ({format_gib(free_gib)}/{format_gib(mem.total)} GiB) on startup is less "
+                 f"than desired GPU memory utilization ({util}, {format_gib(mem.budget)} GiB). Decrease GPU memory "
+                 "utilization or reduce GPU memory used by other processes.")
     if stage is not None and stage[0] in ("device", "startup_oom"):
         if stage[0] == "device":
             message = stage[2]
