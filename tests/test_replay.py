@@ -96,3 +96,17 @@ def test_spec_validation(tmp_path: Path, extra: dict[str, Any], field: str, text
     with pytest.raises(SpecError) as err:
         StudySpec.from_dict(_spec(tmp_path, **extra), tmp_path, cwd=tmp_path)
     assert err.value.field == field and text in str(err.value)
+
+
+def test_a_repeat_reads_the_recorded_repeats_in_order() -> None:
+    import pandas as pd
+
+    from servetune.replay import Landscape
+
+    frame = pd.DataFrame({"flag_max_num_seqs": [64, 64, 64, 128], "status": ["ok"] * 4,
+                          "output_throughput": [900.0, 910.0, 890.0, 1200.0], "preemptions": [0.0] * 4,
+                          "startup_s": [75.0] * 4, "duration_s": [30.0] * 4})
+    land = Landscape(frame, "inline")
+    assert [land.result({"max_num_seqs": 64}, repeat=k).output_throughput for k in range(4)] == \
+        [900.0, 910.0, 890.0, 900.0]
+    assert land.result({"max_num_seqs": 128}, repeat=2).output_throughput == 1200.0  # one row: the same again

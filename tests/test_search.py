@@ -107,3 +107,116 @@ def test_benchmark_core_loop_on_a_tiny_landscape() -> None:
     reach = servetune.cost_to_reach(64.0)
     assert reach is not None and reach < 0.25 * full_cost
     assert tpe.launched == 12 and tpe.pruned == 0
+
+
+# -- early stopping: the rule the driver hands to a real trial ------------------------------------
+
+def test_early_stop_rule_follows_the_spec_and_the_best_so_far() -> None:
+    from servetune.early_stop import EarlyStop, rule_for
+
+    spec = _spec()
+    assert rule_for(spec, None) == EarlyStop(max_preemptions=0, best_throughput=None)
+    assert rule_for(spec, 1234.0) == EarlyStop(max_preemptions=0, best_throughput=1234.0)
+    assert rule_for(_spec(early_stopping=False), 1234.0) is None
+    latency_first = _spec(objective={"pareto": ["ttft_p99_ms", "output_throughput"]})
+    assert rule_for(latency_first, 1234.0) == EarlyStop(max_preemptions=0, best_throughput=None)
+
+
+def test_early_stop_verdicts() -> None:
+    from servetune.early_stop import EarlyStop
+
+    rule = EarlyStop(max_preemptions=2, best_throughput=1000.0)
+    assert rule.verdict(preemptions=2, output_tokens=0, elapsed_s=1, answered=0, total=10) is None
+    assert rule.verdict(preemptions=3, output_tokens=0, elapsed_s=1, answered=0, total=10).startswith("preemptions")
+    # too early to judge the rate, then certainly below, then possibly above (margin 1.5)
+    assert rule.verdict(preemptions=0, output_tokens=100, elapsed_s=1, answered=2, total=10) is None
+    assert rule.verdict(preemptions=0, output_tokens=600, elapsed_s=1, answered=3, total=10).startswith("throughput")
+    assert rule.verdict(preemptions=0, output_tokens=700, elapsed_s=1, answered=3, total=10) is None
+    assert rule.verdict(preemptions=0, output_tokens=10, elapsed_s=1, answered=10, total=10) is None  # finished
+
+
+def test_spec_switches_validate_with_a_fix() -> None:
+    import pytest
+
+    from servetune.errors import SpecError
+
+    spec = _spec()
+    assert (spec.early_stopping, spec.warm_start, spec.baseline_trial, spec.multi_fidelity) == (True, True, True, None)
+    assert spec.multi_fidelity_on("vllm") and spec.multi_fidelity_on("replay") and not spec.multi_fidelity_on("sim")
+    assert not _spec(multi_fidelity=False).multi_fidelity_on("vllm")
+    assert _spec(multi_fidelity=True).multi_fidelity_on("sim")
+    assert (spec.budget.confirm_top, spec.budget.confirm_repeats) == (0, 2)
+    for key, bad in (("early_stopping", "yes"), ("warm_start", 1), ("baseline_trial", None), ("multi_fidelity", "on")):
+        with pytest.raises(SpecError) as err:
+            _spec(**{key: bad})
+        assert err.value.field == key and key in err.value.fix
+    with pytest.raises(SpecError) as err:
+        _spec(budget={"trials": 4, "confirm_repeats": 0})
+    assert err.value.field == "budget.confirm_repeats"
+    shown = spec.to_dict()
+    assert (shown["early_stopping"], shown["multi_fidelity"], shown["warm_start"], shown["baseline_trial"]) == \
+        (True, "auto", True, True)
+
+
+# -- multi-fidelity: the calibrated simulator screens proposals (servetune.fidelity) ---------------
+
+def test_sim_screen_learns_the_real_to_sim_ratio_and_prunes_only_clear_losers() -> None:
+    from servetune.fidelity import screen_for
+
+    bench = _bench()
+    cell = bench.CELLS[0]
+    path = bench.landscape_path(cell)
+    spec = bench.cell_spec(cell, sampler="random", seed=3, replay_file=path)
+    land = Landscape.load(path)
+
+    def real(flags: dict[str, Any]) -> TrialResult:  # "real" vLLM: 30% slower than the simulator says
+        r = land.result(flags)
+        if r.output_throughput is not None:
+            r.output_throughput *= 0.7
+        return r
+
+    screen = screen_for(spec, "replay")
+    assert screen is not None and screen_for(spec, "sim") is None
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=3))
+    told = run_local(spec, study, real, max_dispatched=12, informed=False, screen=screen)
+    screened = [t for t in told if (t.result.cause or "").startswith("sim_screen")]
+    assert screened and not any(t.dispatched for t in screened)
+    assert all(t.result.status is TrialStatus.PRUNED for t in screened)
+    assert screen.ratio is not None and abs(screen.ratio - 0.7) < 0.02
+    assert screen.screened <= 0.5 * screen.seen
+    best = max(t.result.output_throughput or 0 for t in told if t.dispatched and not t.result.preemptions)
+    for t in screened:  # what the landscape says each screened proposal would have measured
+        truth = real(t.flags)
+        assert (truth.preemptions or 0) > 0 or (truth.output_throughput or 0) < best, (t.flags, t.result.cause)
+    attrs = {t.number: t.user_attrs for t in study.get_trials(deepcopy=False)}
+    assert all("output_throughput" in attrs[t.number]["sim_prediction"] for t in screened)
+
+
+def test_sim_screen_is_bounded_and_distrusts_a_contradicted_preemption_verdict() -> None:
+    from servetune.fidelity import SimScreen
+
+    screen = SimScreen(max_preemptions=0, num_requests=100, throughput_objective=True)
+    preempting = TrialResult(TrialStatus.OK, output_throughput=1000.0, preemptions=40)
+    assert screen.verdict(preempting, best=None) is None  # the bound: half of 1 proposal is 0
+    assert screen.verdict(preempting, best=None).startswith("sim_screen: 40 preemptions")
+    mild = TrialResult(TrialStatus.OK, output_throughput=1000.0, preemptions=10)
+    assert screen.verdict(mild, best=None) is None  # 10% of the requests: not clear before confirmation
+    screen.observe(preempting, TrialResult(TrialStatus.OK, output_throughput=900.0, preemptions=12))
+    assert screen.verdict(mild, best=None) is None or screen.screened <= 0.5 * screen.seen
+    screen.observe(mild, TrialResult(TrialStatus.OK, output_throughput=900.0, preemptions=0))  # contradicted
+    for _ in range(4):
+        assert screen.verdict(preempting, best=None) is None
+
+
+def test_a_resumed_screen_recalibrates_from_the_measured_trials() -> None:
+    from servetune.fidelity import recalibrate, screen_for, simulate_flags
+
+    bench = _bench()
+    cell = bench.CELLS[0]
+    spec = bench.cell_spec(cell, replay_file=bench.landscape_path(cell))
+    flags = {"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "max_model_len": 4096}
+    sim = simulate_flags(spec, flags)
+    real = TrialResult(TrialStatus.OK, output_throughput=0.8 * (sim.output_throughput or 0), preemptions=0)
+    screen = screen_for(spec, "replay")
+    assert screen is not None and recalibrate(screen, spec, [(flags, real)]) == 1
+    assert screen.ratio is not None and abs(screen.ratio - 0.8) < 1e-9

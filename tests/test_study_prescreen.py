@@ -7,6 +7,7 @@ and in the dataset; a fresh study starts from the preemption prior's informed po
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 from typing import Any
@@ -75,3 +76,53 @@ def test_pruned_trials_never_reach_ray_and_are_recorded(tmp_path: Path, mlflow_s
     df = dataset.read_trials(tmp_path / "dataset", study="prescreened")
     rows = df[df["status"] == TrialStatus.PRUNED.value]
     assert len(rows) == len(pruned) and set(rows["predicted_failure"]) == {"startup_oom"}
+
+
+@pytest.mark.slow
+def test_sim_screened_proposals_never_reach_ray_and_are_recorded(tmp_path: Path, mlflow_server: str) -> None:
+    """Multi-fidelity in the driver (replay backend: on by default): a proposal the calibrated
+    simulator rules out is told `pruned` with cause `sim_screen: ...`, never dispatched, and
+    recorded with its predicted figures (MLflow tags, dataset columns, Optuna user attr)."""
+    repo = Path(__file__).resolve().parent.parent
+    landscape = repo / "benchmarks" / "landscapes" / "llama8b-a100-40gb-long-out.csv"
+    spec = StudySpec.from_dict({
+        "name": "screened", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB", "count": 1},
+        "workload": {"input_len": 512, "output_len": 1024, "num_requests": 384, "concurrency": 192, "seed": 0},
+        "objective": {"metric": "output_throughput"}, "constraints": {"max_preemptions": 0},
+        "search_space": {"params": {
+            "gpu_memory_utilization": {"type": "float", "low": 0.3, "high": 0.95, "step": 0.05},
+            "max_num_seqs": {"type": "categorical",
+                             "choices": [8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]}}},
+        "fixed_flags": {"max_model_len": 4096}, "budget": {"trials": 10, "parallel": 1},
+        "backend": "replay", "replay_file": str(landscape), "sampler": "random", "seed": 3,
+        "baseline_trial": False,
+        "tracking": {"mlflow_uri": mlflow_server, "experiment": "exp-screened"},
+        "storage": {"optuna_url": f"sqlite:///{tmp_path}/optuna.db"},
+        "output": {"runs_dir": str(tmp_path), "dataset_dir": str(tmp_path / "dataset")},
+    }, cwd=tmp_path)
+    assert spec.multi_fidelity_on("replay")
+    seen: dict[int, TrialResult] = {}
+    outcome = run_study(spec, out=io.StringIO(), on_result=lambda n, f, r: seen.__setitem__(n, r))
+    assert outcome.trials_done == 10
+    study = optuna.load_study(study_name="screened", storage=spec.storage.optuna_url)
+    screened = [t for t in study.get_trials(deepcopy=False) if t.user_attrs["cause"].startswith("sim_screen")]
+    assert screened, [t.user_attrs["cause"] for t in study.get_trials(deepcopy=False)]
+    for t in screened:
+        assert t.user_attrs["status"] == "pruned" and all(c > 0 for c in t.constraints.values())
+        assert set(t.user_attrs["sim_prediction"]) == {"output_throughput", "preemptions"}
+        assert not any("ray_gpu_ids" in e for e in seen[t.number].evidence)  # never dispatched
+    assert len(screened) <= 5  # at most half of the proposals
+
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("exp-screened")
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`servetune.prescreen` = 'sim_screen'")
+    assert len(runs) == len(screened)
+    assert all(float(r.data.tags["servetune.predicted_output_throughput"]) > 0 for r in runs)
+    df = dataset.read_trials(tmp_path / "dataset", study="screened")
+    rows = df[df["sim_screen"].notna()]
+    assert len(rows) == len(screened) and (rows["predicted_output_throughput"] > 0).all()
+
+    # Resumed with a larger budget: the screen recalibrates from the measured trials and goes on.
+    more = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, trials=14))
+    resumed = run_study(more, out=io.StringIO(), resume=True)
+    assert resumed.trials_done == 14

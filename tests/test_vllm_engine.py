@@ -249,3 +249,52 @@ def test_serve_help_is_read_once_and_cached_on_disk(tmp_path: Path) -> None:
     second = read_serve_help((str(fake), "serve"), cache_dir=tmp_path / "cache")
     assert first == second and first is not None and "--max-num-seqs" in first
     assert counter.read_text().count("x") == 1
+
+
+# -- early stopping inside a trial (servetune.early_stop) ------------------------------------------
+
+PREEMPTING = {"max_num_seqs": 64, "max_model_len": 2048, "num_gpu_blocks_override": 64}
+LONG_WORKLOAD = Workload.from_dict({"input_len": 256, "output_len": 256, "num_requests": 96, "concurrency": 32})
+
+
+def test_a_preempting_trial_stops_early_and_stays_infeasible(tmp_path: Path) -> None:
+    from servetune.early_stop import EarlyStop
+    from servetune.search import constraint_values
+    from servetune.spec import StudySpec
+
+    launch = dataclasses.replace(_launch(tmp_path, PREEMPTING), early_stop=EarlyStop(max_preemptions=0))
+    r = run_vllm_trial(launch, LONG_WORKLOAD)
+    assert r.status is TrialStatus.OK, (r.cause, r.evidence)
+    assert r.early_stopped is not None and r.early_stopped.startswith("preemptions:"), r.early_stopped
+    assert r.preemptions is not None and r.preemptions > 0
+    assert r.completed is not None and r.completed < 96  # fewer requests answered than the workload
+    note = next(e for e in r.evidence if e.startswith("early stop after"))
+    sent = int(note.split()[3])
+    assert sent < 96, note
+    spec = StudySpec.from_dict({"name": "es", "model": "servetune-test-850m", "gpu": {"type": "H200"},
+                                "workload": {"input_len": 256, "output_len": 256, "num_requests": 96, "concurrency": 32},
+                                "search_space": {"params": {"max_num_seqs": [32, 64]}},
+                                "storage": {"optuna_url": "memory"}}, cwd=str(tmp_path))
+    assert constraint_values(spec, r)["preemptions"] > 0  # told infeasible
+
+
+def test_a_trial_certainly_below_the_best_stops_early_with_its_measured_throughput(tmp_path: Path) -> None:
+    from servetune.early_stop import EarlyStop
+
+    flags = {"gpu_memory_utilization": 0.5, "max_num_seqs": 64}
+    launch = dataclasses.replace(_launch(tmp_path, flags), early_stop=EarlyStop(max_preemptions=0,
+                                                                                 best_throughput=1e9))
+    r = run_vllm_trial(launch, LONG_WORKLOAD)
+    assert r.status is TrialStatus.OK, (r.cause, r.evidence)
+    assert r.early_stopped is not None and r.early_stopped.startswith("throughput:"), r.early_stopped
+    assert r.failed == 0 and r.completed is not None and 24 <= r.completed < 96
+    assert r.output_throughput is not None and r.output_throughput > 0
+
+
+def test_without_a_decided_outcome_the_whole_workload_runs(tmp_path: Path) -> None:
+    from servetune.early_stop import EarlyStop
+
+    flags = {"gpu_memory_utilization": 0.5, "max_num_seqs": 64}
+    launch = dataclasses.replace(_launch(tmp_path, flags), early_stop=EarlyStop(max_preemptions=0, best_throughput=1.0))
+    r = run_vllm_trial(launch, WORKLOAD)
+    assert r.status is TrialStatus.OK and r.early_stopped is None and r.completed == 24

@@ -30,6 +30,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
+from servetune.early_stop import EarlyStop
 from servetune.errors import SpecError
 from servetune.result import TrialResult, TrialStatus
 from servetune.workload import Workload
@@ -61,6 +62,8 @@ class TrialTask:
     # vllm backend: the installed vLLM's `vllm serve --help=all`, read once by the driver; None: the
     # trial reads it itself (a driver without vLLM, e.g. on a cluster's CPU head)
     serve_help: str | None = None
+    early_stop: EarlyStop | None = None  # end the window once the outcome is decided (vllm backend)
+    repeat: int = 0  # a confirmation repeat's index (replay: the recorded repeat it reads)
 
 
 def gpu_visible() -> bool:
@@ -125,7 +128,7 @@ def _run_replay(task: TrialTask) -> TrialResult:
 
     if not task.replay_file:
         raise SpecError("replay_file", "backend replay needs a recorded landscape", "set replay_file: in the spec")
-    return Landscape.load(task.replay_file).result(task.flags)
+    return Landscape.load(task.replay_file).result(task.flags, repeat=task.repeat)
 
 
 def _run_vllm(task: TrialTask) -> TrialResult:
@@ -139,5 +142,6 @@ def _run_vllm(task: TrialTask) -> TrialResult:
                         log_dir=Path(task.log_dir) if task.log_dir else None,
                         load_generator=task.load_generator, stall_timeout_s=task.stall_timeout_s,
                         env=compile_cache_env(task.compile_cache_dir),
-                        serve_help=task.serve_help or read_serve_help(tuple(task.serve_command)))
+                        serve_help=task.serve_help or read_serve_help(tuple(task.serve_command)),
+                        early_stop=task.early_stop)
     return run_vllm_trial(launch, task.workload)

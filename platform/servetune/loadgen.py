@@ -34,7 +34,7 @@ import aiohttp
 from servetune.result import RequestRecord
 from servetune.workload import RequestSpec, Workload
 
-__all__ = ["LoadRun", "run_load", "run_workload", "prompt_token_ids"]
+__all__ = ["LoadRun", "LoadProgress", "run_load", "run_workload", "prompt_token_ids"]
 
 # Token ids drawn from the middle of the vocabulary: clear of special tokens at either end.
 _TOKEN_LO, _TOKEN_HI = 100, 30000
@@ -62,11 +62,14 @@ class _Activity:
     def __init__(self) -> None:
         self.inflight = 0
         self.last_progress = time.perf_counter()
+        self.sent_total = 0  # requests sent (warm-up included)
+        self.chunks = 0  # streamed text chunks (about one token each), warm-up included
 
     def sent(self) -> None:
         if self.inflight == 0:
             self.last_progress = time.perf_counter()
         self.inflight += 1
+        self.sent_total += 1
 
     def progressed(self) -> None:
         self.last_progress = time.perf_counter()
@@ -140,6 +143,7 @@ async def _stream_request(
                     prompt_tokens = usage.get("prompt_tokens", prompt_tokens)
                 choices = data.get("choices") or []
                 if choices and choices[0].get("text") is not None:
+                    activity.chunks += 1
                     now = time.perf_counter()
                     if first is None:
                         first = now
@@ -166,8 +170,22 @@ class LoadRun:
 
     records: list[RequestRecord]
     duration_s: float
-    stopped: str | None = None  # None: every request was sent and answered
+    stopped: str | None = None  # None: every request was sent and answered (or the outcome was decided)
     stalled: bool = False  # stopped because no token arrived on any in-flight stream for the stall timeout
+    #: ``decide``'s reason when the outcome was decided early: the load stopped sending, the
+    #: requests in flight were cancelled and ``records`` holds the answered ones only.
+    early_stopped: str | None = None
+    sent: int = 0  # measured requests sent (fewer than the workload's after an early stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadProgress:
+    """What the load has seen so far of the measured window (the input of ``decide``)."""
+
+    answered: int  # measured requests answered (successfully or not)
+    total: int  # measured requests in the workload
+    elapsed_s: float  # since the measured window began
+    streamed_chunks: int  # text chunks streamed in the window (about one output token each)
 
 
 async def run_workload(
@@ -200,8 +218,14 @@ async def run_load(
     should_stop: Callable[[], str | None] | None = None,
     on_tick: Callable[[], Awaitable[None]] | None = None,
     tick_interval_s: float = 0.5,
+    decide: Callable[[LoadProgress], str | None] | None = None,
 ) -> LoadRun:
     """Send the workload (warm-up first); stop early on a stall or when ``should_stop`` says why.
+
+    ``decide`` is asked during the measured window (with the watchdog's period) whether the
+    trial's outcome is already decided (:mod:`servetune.early_stop`); a reason ends the window
+    like ``should_stop`` does, but it is not a failure: the load stops sending, the requests in
+    flight are cancelled, and the run reports ``early_stopped`` with the answered records only.
 
     The stall is server-wide, not per request: a request may legitimately wait in vLLM's queue far
     longer than ``stall_timeout_s`` while others stream, but a healthy engine that has work emits a
@@ -217,6 +241,8 @@ async def run_load(
     out: list[RequestRecord] = []
     t0 = time.perf_counter()
     measuring = False
+    window_start = {"sent": 0, "chunks": 0}  # the counters when the measured window began
+    ticked: list[bool] = []  # on_tick ran at least once in the window
     early: dict[str, Any] = {}  # why the load stopped early ("reason"), and whether it was a stall
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -227,15 +253,27 @@ async def run_load(
                 await _one_request(session, url, model, spec, -1 - i, workload.seed, time.perf_counter(),
                                    request_timeout_s, activity)
             t0, measuring = time.perf_counter(), True
+            window_start.update(sent=activity.sent_total, chunks=activity.chunks)
+            opened.set()
             await _dispatch(session, url, model, specs, workload, t0, request_timeout_s, activity, out)
 
+        opened = asyncio.Event()  # the measured window began
         load = asyncio.create_task(send_all())
         stop = asyncio.Event()
 
         async def ticker() -> None:
-            while not stop.is_set() and on_tick is not None:
+            if on_tick is None:
+                return
+            # The first sample is taken as the window opens: a window shorter than one tick
+            # interval still gets one (the gauges are only ever read here).
+            waits = [asyncio.ensure_future(opened.wait()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+            while not stop.is_set() or (measuring and not ticked):
                 if measuring:
                     await on_tick()
+                    ticked.append(True)
                 try:
                     await asyncio.wait_for(stop.wait(), tick_interval_s)
                 except asyncio.TimeoutError:
@@ -243,6 +281,8 @@ async def run_load(
 
         async def watchdog() -> None:
             check_s = min(0.5, stall_timeout_s / 4) if stall_timeout_s else 0.5
+            if decide is not None:  # decide on the sampler's clock: it reads the counters it needs
+                check_s = min(check_s, tick_interval_s)
             while not load.done():
                 await asyncio.sleep(check_s)
                 idle = time.perf_counter() - activity.last_progress
@@ -255,9 +295,16 @@ async def run_load(
                     early.update(reason=why, stalled=stalled)
                     load.cancel()
                     return
+                decided = decide(LoadProgress(
+                    answered=len(out), total=len(specs), elapsed_s=time.perf_counter() - t0,
+                    streamed_chunks=activity.chunks - window_start["chunks"])) if decide and measuring else None
+                if decided is not None:
+                    early.update(decided=decided)
+                    load.cancel()
+                    return
 
         tick_task = asyncio.create_task(ticker())
-        dog = asyncio.create_task(watchdog()) if (stall_timeout_s or should_stop) else None
+        dog = asyncio.create_task(watchdog()) if (stall_timeout_s or should_stop or decide) else None
         try:
             await load
         except asyncio.CancelledError:
@@ -270,6 +317,10 @@ async def run_load(
             if dog is not None:
                 dog.cancel()
                 await asyncio.gather(dog, return_exceptions=True)
+    sent = activity.sent_total - window_start["sent"] if measuring else 0
+    if early.get("decided"):  # not a failure: the unsent and cancelled requests are simply not measured
+        out.sort(key=lambda r: r.request_id)
+        return LoadRun(out, duration, early_stopped=early["decided"], sent=sent)
     if early:  # the requests left unanswered fail with the reason, so every request has a record
         seen = {r.request_id for r in out}
         offset = workload.warmup_requests
@@ -277,7 +328,7 @@ async def run_load(
                               error=f"not answered: {early['reason']}"[:300])
                 for i, spec in enumerate(specs) if i + offset not in seen]
     out.sort(key=lambda r: r.request_id)
-    return LoadRun(out, duration, early.get("reason"), stalled=bool(early.get("stalled")))
+    return LoadRun(out, duration, early.get("reason"), stalled=bool(early.get("stalled")), sent=sent)
 
 
 async def _dispatch(

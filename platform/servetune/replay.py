@@ -175,15 +175,20 @@ class Landscape:
                 out.append(v)
         return out
 
-    def lookup(self, flags: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
-        """``(row, exact)`` for a flag set; LookupError when an on-grid point is missing."""
+    def lookup(self, flags: Mapping[str, Any], repeat: int = 0) -> tuple[dict[str, Any], bool]:
+        """``(row, exact)`` for a flag set; LookupError when an on-grid point is missing.
+
+        ``repeat`` picks among recorded repeats of the exact point (the ``repeat % count``-th row,
+        in recorded order): a confirmation run's ``r``-th repeat reads the ``r``-th measurement.
+        """
         wanted = {k: v for k, v in flags.items() if v is not None}
         unknown = [k for k in wanted if k not in self.flag_names]
         if unknown:
             raise LookupError(f"{self.source} records no column for {', '.join(FLAG_PREFIX + k for k in unknown)}")
-        for row in self._rows:
-            if all(_present(row.get(FLAG_PREFIX + k)) and _equal(row[FLAG_PREFIX + k], v) for k, v in wanted.items()):
-                return row, True
+        exact = [row for row in self._rows
+                 if all(_present(row.get(FLAG_PREFIX + k)) and _equal(row[FLAG_PREFIX + k], v) for k, v in wanted.items())]
+        if exact:
+            return exact[repeat % len(exact)], True
         if all(any(_equal(v, w) for w in self.values(k)) for k, v in wanted.items()):
             raise LookupError(f"{self.source} has no row for {dict(wanted)} although every value is on its grid: "
                               "the landscape does not cover this search space")
@@ -195,9 +200,9 @@ class Landscape:
                 best, best_d = row, d
         return best, False
 
-    def result(self, flags: Mapping[str, Any]) -> TrialResult:
+    def result(self, flags: Mapping[str, Any], repeat: int = 0) -> TrialResult:
         """The recorded result for a flag set, its evidence saying which row answered."""
-        row, exact = self.lookup(flags)
+        row, exact = self.lookup(flags, repeat)
         result = result_from_row(row)
         shown = {k: row.get(FLAG_PREFIX + k) for k in flags}
         result.evidence.append(f"replay: {'exact' if exact else 'nearest'} row {shown} of {self.source}")

@@ -183,6 +183,9 @@ class TrialResult:
         if self.dispatch_s is None or self.startup_s is None:
             return None
         return max(0.0, self.dispatch_s - self.startup_s - (self.duration_s or 0.0))
+    #: Why the measured window ended before the workload did (:mod:`servetune.early_stop`), e.g.
+    #: ``"preemptions: 3 counted, 0 allowed"``; None for a full measurement.
+    early_stopped: str | None = None
 
     # An ``infra_error``'s kind (:data:`servetune.infra.KINDS`: ``port_in_use``, ``gpu_memory_held``,
     # ``gpu_unusable``, ``node_lost``), and the infrastructure failures of earlier attempts of this

@@ -49,11 +49,13 @@ from servetune.errors import SpecError
 from servetune.result import TrialResult, TrialStatus
 
 if TYPE_CHECKING:
+    from servetune.fidelity import SimScreen
     from servetune.memory import MemoryPlan
     from servetune.spec import StudySpec
 
 __all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
-           "objective_values", "enqueue_informed_starts", "prediction_tags", "run_local"]
+           "objective_values", "enqueue_informed_starts", "prediction_tags", "run_local", "sim_screen",
+           "best_feasible"]
 
 INFEASIBLE = 1.0
 FEASIBLE = -1.0
@@ -214,6 +216,8 @@ def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result
     trial.set_user_attr("cause", (result.cause or "")[:1000])
     trial.set_user_attr("metrics", result.metrics())
     trial.set_user_attr("preemptions", result.preemptions or 0)
+    if result.early_stopped:  # measured over a shortened window: the figures are marked as such
+        trial.set_user_attr("early_stopped", result.early_stopped)
     values = objective_values(spec, result)
     study.tell(trial, values)
     return values
@@ -232,6 +236,39 @@ def enqueue_informed_starts(spec: StudySpec, study: optuna.Study) -> list[dict[s
     return starts
 
 
+# -- multi-fidelity ---------------------------------------------------------------------------------
+
+def sim_screen(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, best: float | None,
+               backend: str | None = None) -> tuple[TrialResult | None, TrialResult] | None:
+    """``(screened, sim)`` for a proposal that passed the pre-screen, or None without a screen.
+
+    ``sim`` is the simulated engine's result (the caller feeds it back with the real result to
+    :meth:`SimScreen.observe`); ``screened`` is the ``pruned`` result to tell instead of
+    dispatching, or None to dispatch. A screened trial gets the user attr ``sim_prediction``.
+    """
+    from servetune.fidelity import prediction_attrs, screened_result, simulate_flags
+
+    if screen is None:
+        return None
+    key = tuple(sorted((str(k), repr(v)) for k, v in proposal.flags.items()))
+    sim = screen.cache.get(key)
+    if sim is None:  # the same key as fidelity.recalibrate's
+        sim = screen.cache[key] = simulate_flags(spec, proposal.flags)
+    reason = screen.verdict(sim, best)
+    if reason is None:
+        return None, sim
+    proposal.trial.set_user_attr("sim_prediction", prediction_attrs(sim))
+    return screened_result(sim, reason, backend or spec.backend), sim
+
+
+def best_feasible(spec: StudySpec, told: list[Told]) -> float | None:
+    """The best output throughput among told trials meeting every constraint (None: none yet)."""
+    values = [float(t.result.output_throughput) for t in told
+              if t.result.ok and t.result.output_throughput is not None
+              and all(v <= 0 for v in constraint_values(spec, t.result).values())]
+    return max(values) if values else None
+
+
 # -- the loop in process ----------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -246,13 +283,17 @@ class Told:
 
 def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str, Any]], TrialResult], *,
               max_dispatched: int, max_told: int | None = None, total_gpus: int | None = None,
-              stop: Callable[[list[Told]], bool] | None = None, informed: bool = True) -> list[Told]:
-    """Ask, pre-screen, evaluate and tell, one trial at a time, in this process.
+              stop: Callable[[list[Told]], bool] | None = None, informed: bool = True,
+              screen: SimScreen | None = None) -> list[Told]:
+    """Ask, pre-screen, (sim-screen,) evaluate and tell, one trial at a time, in this process.
 
     Ends after ``max_dispatched`` evaluated trials, ``max_told`` told ones (default 10x the
     former: a space the planner rejects almost everywhere must still end), or when ``stop``
     returns True. Informed starts are enqueued first in a fresh study (when ``spec.prescreen`` and
-    ``informed``; the benchmark turns them off to measure the pre-screen alone).
+    ``informed``; the benchmark turns them off to measure the pre-screen alone). With a
+    ``screen`` (:mod:`servetune.fidelity`), a proposal that passed the pre-screen is first run on
+    the simulator and told ``pruned`` when the calibrated prediction rules it out; every evaluated
+    trial recalibrates the screen.
     """
     if informed:
         enqueue_informed_starts(spec, study)
@@ -262,11 +303,16 @@ def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str
     dispatched = 0
     while dispatched < max_dispatched and len(told) < limit:
         p = propose(spec, study, gpus)
+        screened = None if p.refused is not None else sim_screen(spec, screen, p, best_feasible(spec, told))
         if p.refused is not None:
             result, ran = p.refused, False
+        elif screened is not None and screened[0] is not None:
+            result, ran = screened[0], False
         else:
             result, ran = evaluate(p.flags), True
             dispatched += 1
+            if screen is not None and screened is not None:
+                screen.observe(screened[1], result)
         tell(spec, study, p.trial, result)
         told.append(Told(p.trial.number, p.flags, result, ran))
         if stop is not None and stop(told):

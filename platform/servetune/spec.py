@@ -18,10 +18,14 @@ The shape (only ``name``, ``model``, ``gpu``, ``workload`` and ``search_space`` 
     constraints: {max_preemptions: 0, p99_ttft_ms: 2000, p99_itl_ms: 50, p99_e2e_ms: 60000}
     search_space: memory-pair        # a file (relative to this file), a bare name in search_spaces/, or inline
     fixed_flags: {max_model_len: 4096}   # pinned for every trial
-    budget: {trials: 24, parallel: 2, time_limit_s: 600}
+    budget: {trials: 24, parallel: 2, time_limit_s: 600, confirm_top: 0, confirm_repeats: 2}
     backend: auto                    # auto (vllm where a GPU is visible, else sim) | vllm | sim | replay
     replay_file: landscape.csv       # backend replay only: recorded trials (flag_* + metric columns)
     prescreen: true                  # memory planner: prune predicted startup failures, informed starts
+    early_stopping: true             # end a real trial's window once preempting / certainly below the best
+    multi_fidelity: auto             # screen proposals on the calibrated simulator (auto: on for vllm/replay)
+    warm_start: true                 # enqueue earlier studies' best configs (same/nearest model x GPU x vLLM)
+    baseline_trial: true             # one trial with vLLM's defaults for the searched flags
     measurement: {load_generator: servetune, startup_timeout_s: 600, stall_timeout_s: 180}  # vllm backend
     sampler: tpe                     # tpe | nsga2 | gp | random | grid (every point of a finite space)
     seed: 0
@@ -68,7 +72,8 @@ __all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Measur
 
 SPEC_KEYS = ("name", "description", "model", "serve_model", "gpu", "workload", "objective", "constraints",
              "search_space", "fixed_flags", "budget", "backend", "sampler", "seed", "vllm_version", "tracking",
-             "storage", "output", "prescreen", "replay_file", "measurement")
+             "storage", "output", "prescreen", "replay_file", "measurement", "early_stopping", "multi_fidelity",
+             "warm_start", "baseline_trial")
 REQUIRED_KEYS = ("name", "model", "gpu", "workload", "search_space")
 BACKENDS = ("auto", "vllm", "sim", "replay")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
@@ -142,6 +147,10 @@ class Budget:
     trials: int = 20
     parallel: int = 1  # trials at once
     time_limit_s: float | None = None
+    #: After the budget: re-run the top ``confirm_top`` feasible configs ``confirm_repeats`` times
+    #: each (another workload seed per repeat) and choose the winner on the confirmed means.
+    confirm_top: int = 0
+    confirm_repeats: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -430,12 +439,15 @@ def _parse_constraints(raw: Any) -> Constraints:
 
 
 def _parse_budget(raw: Any) -> Budget:
-    data = _section(raw, "budget", ("trials", "parallel", "time_limit_s"), "{trials: 24, parallel: 2}")
+    data = _section(raw, "budget", ("trials", "parallel", "time_limit_s", "confirm_top", "confirm_repeats"),
+                    "{trials: 24, parallel: 2}")
     time_limit = data.get("time_limit_s")
     return Budget(
         trials=_int(data.get("trials", Budget.trials), "budget.trials", 1, 1_000_000),
         parallel=_int(data.get("parallel", Budget.parallel), "budget.parallel", 1, 4096),
         time_limit_s=None if time_limit is None else _positive(time_limit, "budget.time_limit_s"),
+        confirm_top=_int(data.get("confirm_top", Budget.confirm_top), "budget.confirm_top", 0, 100),
+        confirm_repeats=_int(data.get("confirm_repeats", Budget.confirm_repeats), "budget.confirm_repeats", 1, 100),
     )
 
 
@@ -467,6 +479,13 @@ def _check_grid(space: SearchSpace, fixed: Mapping[str, Any], budget: Budget) ->
         return (dataclasses.replace(budget, trials=int(size)),
                 [f"sampler grid: the grid has {int(size)} points; budget.trials {budget.trials} capped at {int(size)}"])
     return budget, []
+
+
+def _switch(data: Mapping[str, Any], key: str, default: bool, what: str) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise SpecError(key, f"expected true or false, got {value!r}", f"write {key}: true ({what}) or {key}: false")
+    return value
 
 
 def _parse_version(raw: Any) -> str:
@@ -571,6 +590,17 @@ class StudySpec:
     prescreen: bool = True
     replay_file: Path | None = None  # backend replay: the recorded landscape
     measurement: Measurement = Measurement()
+    #: End a real trial's measured window once its outcome is decided (:mod:`servetune.early_stop`).
+    early_stopping: bool = True
+    #: Screen proposals on the simulator calibrated on the study's real trials (:mod:`servetune.fidelity`);
+    #: None: on for the vllm and replay backends, off for sim (the simulator would screen itself).
+    multi_fidelity: bool | None = None
+    warm_start: bool = True  # enqueue earlier studies' best configs (:mod:`servetune.warmstart`)
+    baseline_trial: bool = True  # enqueue one trial with vLLM's defaults for the searched flags
+
+    def multi_fidelity_on(self, backend: str) -> bool:
+        """Whether proposals are screened on the simulator for trials run on ``backend``."""
+        return backend != "sim" if self.multi_fidelity is None else self.multi_fidelity
 
     @classmethod
     def from_dict(cls, data: Any, base_dir: str | Path | None = None, *, cwd: str | Path | None = None) -> StudySpec:
@@ -644,6 +674,16 @@ class StudySpec:
         if not isinstance(prescreen, bool):
             raise SpecError("prescreen", f"expected true or false, got {prescreen!r}",
                             "write prescreen: true (skip predicted startup failures) or prescreen: false")
+        switches = {key: _switch(data, key, default, what) for key, default, what in (
+            ("early_stopping", True, "end a trial once it is certainly preempting or below the best"),
+            ("warm_start", True, "start from earlier studies' best configs"),
+            ("baseline_trial", True, "measure vLLM's defaults once"))}
+        multi_fidelity = data.get("multi_fidelity", "auto")
+        if multi_fidelity == "auto" or multi_fidelity is None:
+            multi_fidelity = None
+        elif not isinstance(multi_fidelity, bool):
+            raise SpecError("multi_fidelity", f"expected true, false or auto, got {multi_fidelity!r}",
+                            "write multi_fidelity: auto (on for the vllm and replay backends), true or false")
         space, warnings = _combine(space, fixed, profile, gpu, workload, budget)
         if sampler == "grid":
             budget, grid_warnings = _check_grid(space, fixed, budget)
@@ -660,7 +700,7 @@ class StudySpec:
                    tracking=tracking, storage=Storage(optuna_url), output=output, description=description,
                    search_space_file=space_file, warnings=tuple(warnings), model_profile=profile, base_dir=base,
                    cwd=here, source=copy.deepcopy(dict(data)), prescreen=prescreen, replay_file=replay_file,
-                   measurement=measurement)
+                   measurement=measurement, multi_fidelity=multi_fidelity, **switches)
 
     # -- use ----------------------------------------------------------------------------------
 
@@ -715,6 +755,9 @@ class StudySpec:
             "backend": self.backend, "sampler": self.sampler, "seed": self.seed, "vllm_version": self.vllm_version,
             "prescreen": self.prescreen, "replay_file": None if self.replay_file is None else str(self.replay_file),
             "measurement": dataclasses.asdict(self.measurement),
+            "early_stopping": self.early_stopping,
+            "multi_fidelity": "auto" if self.multi_fidelity is None else self.multi_fidelity,
+            "warm_start": self.warm_start, "baseline_trial": self.baseline_trial,
             "tracking": {"mlflow_uri": redact_url(self.tracking.mlflow_uri), "experiment": self.tracking.experiment},
             "storage": {"optuna_url": "memory" if self.storage.optuna_url is None else redact_url(self.storage.optuna_url)},
             "output": {"runs_dir": str(self.output.runs_dir), "dataset_dir": str(self.output.dataset_dir)},

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import math
 import signal
 import sys
 import threading
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import _ray_session, dataset, envs, report
+from servetune import _ray_session, confirm, dataset, early_stop, envs, fidelity, report, warmstart
 from servetune._retry import retry_call
 from servetune._storage import open_storage
 from servetune.cluster import TrialPool
@@ -48,11 +49,15 @@ from servetune.errors import SpecError
 from servetune.flags import to_command_line
 from servetune.result import TrialResult, TrialStatus
 from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
-from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, tell
+from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
 from servetune.spec import StudySpec
 from servetune.tracking import StudyTracker, redact_text
+from servetune.workload import Workload
 
 if TYPE_CHECKING:
+    from servetune.early_stop import EarlyStop
+    from servetune.fidelity import SimScreen
+    from servetune.warmstart import WarmStart
     from servetune.memory import MemoryPlan
 
 __all__ = ["StudyOutcome", "run_study", "make_sampler", "constraint_values", "objective_values", "best_trial",
@@ -79,6 +84,7 @@ class StudyOutcome:
     wall_s: float = 0.0
     mlflow_uri: str | None = None
     parent_run_id: str | None = None
+    confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.confirm.Choice.to_dict()
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -120,7 +126,16 @@ def make_sampler(name: str, seed: int, n_objectives: int,
 
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """The best feasible completed trial (first objective), or None when none is feasible."""
+    """The best feasible completed trial (first objective), or None when none is feasible.
+
+    After a confirmation (``budget.confirm_top``), the winner on confirmed figures (the study's
+    user attr ``confirmation``) instead of the best single measurement.
+    """
+    winner = (study.user_attrs.get("confirmation") or {}).get("winner")
+    if winner is not None:
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if t.number == winner:
+                return t
     feasible = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
                 if t.constraints and all(c <= 0 for c in t.constraints.values())]
     if not feasible:
@@ -220,7 +235,11 @@ def run_study(
     recovered = _recover_interrupted(study) if resume else 0
     reconciled = _reconcile(spec, study, tracker, backend) if resume else 0
     # A grid is the baseline every point of which is measured: informed starts would only reorder it.
+    # Warm starts and the baseline, like the informed starts, only go into a study nobody has
+    # enqueued anything in yet (the nightly job enqueues its own warm start).
+    fresh = not existing and spec.sampler != "grid" and not study.get_trials(deepcopy=False)
     starts = enqueue_informed_starts(spec, study) if not existing and spec.sampler != "grid" else []
+    warm, baseline = _enqueue_warm_and_baseline(spec, study) if fresh else ([], None)
 
     outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=parent)
     _count_existing(study, outcome)
@@ -232,6 +251,11 @@ def run_study(
     if starts:
         progress.note("servetune: informed starts (highest utilization that starts, max_num_seqs under the "
                       f"preemption bound): {', '.join(str(p) for p in starts)}")
+    for ws in warm:
+        progress.note(f"servetune: warm start from study {ws.study!r} ({ws.model}, vLLM {ws.vllm_version}, "
+                      f"distance {ws.distance:.2f}, best {ws.objective:,.0f}): {ws.params}")
+    if baseline:
+        progress.note(f"servetune: baseline trial (vLLM's defaults for the searched flags): {baseline}")
     progress.note(f"servetune: MLflow {spec.tracking.mlflow_uri} (experiment {spec.tracking.experiment!r}), "
                   f"Optuna {storage}")
 
@@ -254,6 +278,12 @@ def run_study(
     if pool.started_local_ray:
         _ray_session.record_local_session(runs_dir, spec.name)
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
+    # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its
+    # next real trials); ``sims`` holds the simulated twin of each dispatched trial.
+    screen = fidelity.screen_for(spec, backend)
+    if screen is not None and existing:
+        _recalibrate(spec, screen, existing, backend)
+    sims: dict[int, TrialResult] = {}
     inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
     status = "FINISHED"
     infra_seen = quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
@@ -271,6 +301,11 @@ def run_study(
                     _finish(spec, study, trial, flags, proposal.refused, tracker, outcome, backend, on_result,
                             prediction=proposal.plan)
                     continue
+                screened = _screen_on_sim(spec, screen, proposal, outcome, backend, sims)
+                if screened is not None:  # the calibrated simulator rules it out: no GPU time spent
+                    _finish(spec, study, trial, flags, screened[0], tracker, outcome, backend, on_result,
+                            extra_tags=screened[1])
+                    continue
                 queued.append((trial, flags, need))
             while queued and queued[0][2] <= pool.free_gpus:  # first come, first served
                 trial, flags, need = queued.pop(0)
@@ -282,7 +317,8 @@ def run_study(
                                  stall_timeout_s=spec.measurement.stall_timeout_s,
                                  compile_cache_dir=envs.compile_cache_dir(), serve_help=serve_help,
                                  log_dir=str(runs_dir / "trials" / spec.name / f"{trial.number:04d}"),
-                                 replay_file=None if spec.replay_file is None else str(spec.replay_file))
+                                 replay_file=None if spec.replay_file is None else str(spec.replay_file),
+                                 early_stop=_early_stop_rule(spec, outcome, backend))
                 pool.submit(trial.number, task, backend, gpus=need)
                 inflight[trial.number] = (trial, flags)
             # A quarantined slot shrinks the pool: a queued trial that can no longer fit is told as
@@ -311,12 +347,16 @@ def run_study(
             quarantine_seen = len(pool.quarantine_notes)
             for number, result in results:
                 trial, flags = inflight.pop(number)
+                if screen is not None and number in sims:  # recalibrate on the real measurement
+                    screen.observe(sims.pop(number), result)
                 _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
                 if result.quarantined_gpus:
                     progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
                                   f"GPUs {', '.join(result.quarantined_gpus)} quarantined")
                 progress.show(outcome, len(inflight), force=True)
                 stop.check()
+        if spec.budget.confirm_top > 0 and pool.total_gpus > 0:
+            _confirm_top(spec, study, pool, tracker, outcome, backend, runs_dir, progress, stop, serve_help)
     except KeyboardInterrupt:
         status = "KILLED"
         killed = pool.cancel_all()
@@ -334,6 +374,133 @@ def run_study(
             out.write("\n")
         _finish_study(spec, study, tracker, outcome, status)
     return outcome
+
+
+def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker: StudyTracker,
+                 outcome: StudyOutcome, backend: str, runs_dir: Path, progress: _Progress, stop: _StopRequest,
+                 serve_help: str | None = None) -> None:
+    """Re-run the top ``budget.confirm_top`` feasible configurations ``budget.confirm_repeats``
+    times each (another workload and engine seed per repeat; :mod:`servetune.confirm`), record
+    each repeat (MLflow ``servetune.role=repeat``, a dataset row with ``repeat``), and choose the
+    winner on the confirmed means. The repeats are not Optuna trials: the choice is stored as the
+    study's user attr ``confirmation``, which :func:`best_trial` honours."""
+    sign = 1.0 if spec.objective.directions[0] == "maximize" else -1.0
+    feasible = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.constraints and all(c <= 0 for c in t.constraints.values()) and t.values]
+    feasible.sort(key=lambda t: -sign * t.values[0])
+    top: list[optuna.trial.FrozenTrial] = []
+    for t in feasible:
+        if all(t.user_attrs.get("flags", t.params) != o.user_attrs.get("flags", o.params) for o in top):
+            top.append(t)
+        if len(top) == spec.budget.confirm_top:
+            break
+    if not top:
+        return
+    runs: dict[int, list[tuple[float, bool]]] = {t.number: [(t.values[0], True)] for t in top}
+    todo = [(t, k) for k in range(1, spec.budget.confirm_repeats + 1) for t in top]
+    progress.note(f"servetune: confirming the top {len(top)} configurations (trials "
+                  f"{', '.join(f'#{t.number}' for t in top)}), {spec.budget.confirm_repeats} repeats each")
+    inflight: dict[int, tuple[optuna.trial.FrozenTrial, int, Workload]] = {}
+    key = 1_000_000  # pool keys of repeats, apart from trial numbers
+    while todo or inflight:
+        stop.check()
+        while todo:
+            t, k = todo[0]
+            flags = dict(t.user_attrs.get("flags", t.params))
+            need = int(flags.get("tensor_parallel_size", 1)) * int(flags.get("pipeline_parallel_size", 1))
+            if need > pool.free_gpus:
+                break
+            todo.pop(0)
+            workload = dataclasses.replace(spec.workload, seed=spec.workload.seed + k)
+            task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, workload=workload,
+                             vllm_version=spec.vllm_version, seed=spec.seed + k, gpu_file=spec.gpu.file,
+                             serve_model=spec.serve_model, serve_command=envs.serve_command(),
+                             startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
+                             load_generator=spec.measurement.load_generator,
+                             stall_timeout_s=spec.measurement.stall_timeout_s,
+                             compile_cache_dir=envs.compile_cache_dir(), serve_help=serve_help,
+                             log_dir=str(runs_dir / "trials" / spec.name / f"{t.number:04d}-repeat-{k}"),
+                             replay_file=None if spec.replay_file is None else str(spec.replay_file), repeat=k)
+            key += 1
+            pool.submit(key, task, backend, gpus=need)
+            inflight[key] = (t, k, workload)
+        if not inflight:  # nothing fits any more (quarantined GPUs): confirm on what was measured
+            break
+        for done_key, result in pool.wait(timeout_s=0.5):
+            t, k, workload = inflight.pop(done_key)
+            if result.status.is_infrastructure:  # the machine failed, not the flags: not a sample
+                progress.note(f"servetune: repeat {k} of trial #{t.number} lost to an infrastructure failure: "
+                              f"{result.cause}")
+                continue
+            value = objective_values(spec, result)[0]
+            ok = all(v <= 0 for v in constraint_values(spec, result).values())
+            runs[t.number].append((value, ok))
+            _record(spec, t.number, dict(t.user_attrs.get("flags", t.params)), result, value, tracker, backend,
+                    extra_tags={"servetune.origin": "repeat", "servetune.repeat": str(k)}, repeat=k,
+                    workload=workload)
+    choice = confirm.choose([confirm.confirm(t.number, t.user_attrs.get("flags", t.params),
+                                             [v for v, _ in runs[t.number]], [f for _, f in runs[t.number]])
+                             for t in top], spec.objective.directions[0])
+    summary = choice.to_dict()
+    retry_call(lambda: study.set_user_attr("confirmation", summary), what="store the confirmation")
+    outcome.confirmation = summary
+    _update_best(study, outcome)
+    for c in choice.ranked:
+        ci = "" if not math.isfinite(c.half_width) else f" +- {c.half_width:,.0f} (95% CI)"
+        progress.note(f"servetune: confirmed trial #{c.trial_number}: {c.mean:,.0f}{ci} over {c.n} runs, "
+                      f"feasible in {sum(c.feasible)}/{c.n}")
+    if choice.winner is not None:
+        progress.note(f"servetune: winner on confirmed figures: trial #{choice.winner.trial_number}"
+                      + ("" if choice.overlap is None else
+                         "; the top two intervals overlap (the data do not separate them)" if choice.overlap
+                         else "; the top two intervals do not overlap"))
+
+
+def _enqueue_warm_and_baseline(spec: StudySpec, study: optuna.Study
+                               ) -> tuple[list[WarmStart], dict[str, Any] | None]:
+    """Warm starts from earlier studies in the dataset, then the baseline trial
+    (:mod:`servetune.warmstart`); enqueued after the informed starts, so those run first."""
+    return warmstart.enqueue_warm_starts(spec, study), warmstart.enqueue_baseline(spec, study)
+
+
+def _screen_on_sim(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, outcome: StudyOutcome,
+                   backend: str, sims: dict[int, TrialResult]) -> tuple[TrialResult, dict[str, str]] | None:
+    """Multi-fidelity (:mod:`servetune.fidelity`): ``(pruned result, MLflow tags)`` when the
+    calibrated simulator rules the proposal out, else None (its simulated twin kept in ``sims``
+    to recalibrate on the real result)."""
+    best = (outcome.best_metrics or {}).get("output_throughput")
+    screened = sim_screen(spec, screen, proposal, best, backend)
+    if screened is None:
+        return None
+    refusal, sim = screened
+    if refusal is None:
+        sims[proposal.trial.number] = sim
+        return None
+    return refusal, fidelity.prediction_tags(refusal, fidelity.prediction_attrs(sim))
+
+
+def _recalibrate(spec: StudySpec, screen: SimScreen, told: list[optuna.trial.FrozenTrial], backend: str) -> None:
+    """A resumed study's screen starts from the trials it already measured (not the refused ones)."""
+    measured = []
+    for t in told:
+        status = t.user_attrs.get("status", "ok")
+        if t.state != optuna.trial.TrialState.COMPLETE or status in (TrialStatus.PRUNED.value, TrialStatus.INVALID_CONFIG.value):
+            continue
+        result = TrialResult.from_metrics(status, t.user_attrs.get("cause") or None, t.user_attrs.get("metrics", {}),
+                                          backend=backend, vllm_version=spec.vllm_version)
+        result.early_stopped = t.user_attrs.get("early_stopped")
+        measured.append((dict(t.user_attrs.get("flags", t.params)), result))
+    fidelity.recalibrate(screen, spec, measured)
+
+
+def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> EarlyStop | None:
+    """The early-stop rule handed to the next real trial: the preemption constraint and the best
+    feasible throughput so far (:mod:`servetune.early_stop`). Only the vllm backend measures over
+    time; the sim and replay backends answer at once."""
+    if backend != "vllm":
+        return None
+    best = (outcome.best_metrics or {}).get("output_throughput")
+    return early_stop.rule_for(spec, best)
 
 
 def _propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str,
@@ -427,7 +594,7 @@ def _finish(
     spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, flags: dict[str, Any], result: TrialResult,
     tracker: StudyTracker, outcome: StudyOutcome, backend: str,
     on_result: Callable[[int, dict[str, Any], TrialResult], None] | None, *,
-    prediction: MemoryPlan | None = None,
+    prediction: MemoryPlan | None = None, extra_tags: Mapping[str, str] | None = None,
 ) -> None:
     """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the record.
 
@@ -435,7 +602,9 @@ def _finish(
     predicted failure to the dataset (``predicted_failure``).
     """
     objective = retry_call(lambda: tell(spec, study, trial, result), what=f"tell trial #{trial.number}")
-    _record(spec, trial.number, flags, result, objective[0], tracker, backend, prediction=prediction)
+    origin = warmstart.origin_of(trial.user_attrs)
+    _record(spec, trial.number, flags, result, objective[0], tracker, backend, prediction=prediction,
+            extra_tags={"servetune.origin": origin, **(extra_tags or {})})
     _count(outcome, result.status, result.preemptions or 0)
     outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
     _update_best(study, outcome)
@@ -445,7 +614,8 @@ def _finish(
 
 def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialResult, objective: float,
             tracker: StudyTracker, backend: str, *, prediction: MemoryPlan | None = None,
-            mlflow: bool = True, rows: bool = True, extra_tags: Mapping[str, str] | None = None) -> None:
+            mlflow: bool = True, rows: bool = True, extra_tags: Mapping[str, str] | None = None,
+            repeat: int | None = None, workload: Workload | None = None) -> None:
     """Write one told trial to MLflow (a child run) and the Parquet dataset."""
     tags = {"gpu_type": spec.gpu.type, "model": spec.model_ref, "backend": result.backend or backend,
             "vllm_version": result.vllm_version or spec.vllm_version, "optuna.trial_number": str(number),
@@ -457,12 +627,26 @@ def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialRe
     if result.status is TrialStatus.PRUNED and prediction is not None:
         tags.update(prediction_tags(prediction))
         extra["predicted_failure"] = tags["servetune.predicted_failure"]
+    if "servetune.origin" in tags:
+        extra["origin"] = tags["servetune.origin"]
+    if "servetune.sim_screen" in tags:  # a multi-fidelity screen: the simulated figures it rests on
+        extra["sim_screen"] = tags["servetune.sim_screen"]
+        extra["predicted_output_throughput"] = float(tags["servetune.predicted_output_throughput"])
+        extra["predicted_preemptions"] = float(tags["servetune.predicted_preemptions"])
+    if result.early_stopped:
+        tags["servetune.early_stopped"] = result.early_stopped[:250]
+        extra["early_stopped"] = result.early_stopped
+    if repeat is not None:  # a confirmation re-run of trial ``number``'s flags
+        extra["repeat"] = repeat
     if mlflow:
         # A real trial's folder (its /metrics dumps, gauges, `vllm bench serve` output) goes along
         # under files/; the server log is already the run's engine.log.
-        trial_dir = Path(spec.output.runs_dir) / "trials" / spec.name / f"{number:04d}"
-        tracker.log_trial(number, flags, result, tags, workload=spec.workload.to_dict(),
-                          artifacts_dir=trial_dir if (result.backend or backend) == "vllm" and trial_dir.is_dir() else None)
+        trial_dir = Path(spec.output.runs_dir) / "trials" / spec.name / (
+            f"{number:04d}" if repeat is None else f"{number:04d}-repeat-{repeat}")
+        tracker.log_trial(number, flags, result, tags, workload=(workload or spec.workload).to_dict(),
+                          artifacts_dir=trial_dir if (result.backend or backend) == "vllm" and trial_dir.is_dir() else None,
+                          role="trial" if repeat is None else "repeat",
+                          run_name=None if repeat is None else f"trial-{number:03d}-repeat-{repeat}")
     if rows:
         row = dataset.trial_row(spec.name, number, flags, result, spec.gpu.type, spec.model_ref, extra)
         dataset.append_trials(Path(spec.output.dataset_dir), [row])
@@ -500,6 +684,9 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
                   status: str) -> None:
     df = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
     plots: dict[str, Any] = {}
+    everything = df
+    if "repeat" in df.columns:  # the plots show the search; confirmation repeats stay in the table
+        df = df[df["repeat"].isna()]
     if not df.empty:
         plots["optimization_history.png"] = report.plot_history(df)
         if "flag_max_num_seqs" in df.columns:
@@ -509,7 +696,7 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
         plots["memory_breakdown_top.png"] = report.plot_memory_breakdown(df, top_n=5)
     if outcome.best_flags is not None:
         outcome.best_command = to_command_line(spec.serve_model, outcome.best_flags)
-    tracker.finish_study(outcome.best_flags, spec.serve_model, df, plots, outcome.best_metrics or {})
+    tracker.finish_study(outcome.best_flags, spec.serve_model, everything, plots, outcome.best_metrics or {})
     tracker.end(status)
     left = tracker.flush(wait_s=tracker.flush_wait_s)  # bounded wait for a server that went away
     if left:

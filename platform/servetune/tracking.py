@@ -90,7 +90,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 TAG_STUDY = "servetune.study"
-TAG_ROLE = "servetune.role"  # "study" on the parent, "trial" on children
+TAG_ROLE = "servetune.role"  # "study" on the parent, "trial" on children ("repeat": a confirmation re-run)
 TAG_STATUS = "servetune.status"  # a TrialStatus word
 TAG_CAUSE = "servetune.cause"
 TAG_TRIAL_NUMBER = "servetune.trial_number"  # the Optuna trial number
@@ -446,7 +446,7 @@ class StudyTracker:
 
     def log_trial(self, trial_number: int, flags: Mapping[str, Any], result: TrialResult,
                   tags: Mapping[str, str], artifacts_dir: Path | None = None, *,
-                  workload: Mapping[str, Any] | None = None) -> str:
+                  workload: Mapping[str, Any] | None = None, role: str = "trial", run_name: str | None = None) -> str:
         """Record one finished trial as a nested child run; returns the child run id.
 
         ``workload`` (the workload description) is logged as ``workload.*`` params; files in
@@ -466,7 +466,7 @@ class StudyTracker:
             **redact(tags),
             TAG_PARENT: parent,
             TAG_STUDY: self.study_name,
-            TAG_ROLE: "trial",
+            TAG_ROLE: role,  # "trial", or "repeat" for a confirmation re-run of a trial's flags
             TAG_TRIAL_NUMBER: str(trial_number),
             TAG_STATUS: status.value,
             TAG_BACKEND: result.backend,
@@ -483,7 +483,7 @@ class StudyTracker:
         except BaseException:
             shutil.rmtree(op_dir, ignore_errors=True)
             raise
-        _write_op(op_dir, {"kind": "trial", "experiment_id": self.experiment_id, "run_name": f"trial-{trial_number:03d}",
+        _write_op(op_dir, {"kind": "trial", "experiment_id": self.experiment_id, "run_name": run_name or f"trial-{trial_number:03d}",
                            "tags": run_tags, "params": {k: _param_value(v) for k, v in params.items()},
                            "metrics": {k: float(v) for k, v in result.metrics().items()},
                            "status": _child_status(status)})

@@ -14,6 +14,10 @@ exception:
   (``crashed`` with the engine's root exception, ``runtime_oom`` for a CUDA OOM after startup);
 - no token on any in-flight stream for ``stall_timeout_s`` (a stalled engine): the load stops and
   the trial is a ``timeout`` (with ``vllm bench serve``, from the server's token counters);
+- the outcome is decided before the workload ends (``early_stop``: the preemption counter past the
+  constraint, or throughput certainly below the best so far, :mod:`servetune.early_stop`): the load
+  stops sending, the window ends, and the result is measured over what was answered, with
+  ``early_stopped`` set (servetune load generator only; ``vllm bench serve`` runs to its end);
 - a GPU whose memory does not come back after the stop is listed in
   ``TrialResult.quarantined_gpus``; the Ray pool then takes that slot out of service.
 
@@ -42,15 +46,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from servetune.bench_client import BENCH_COMMAND, bench_argv, run_bench
+from servetune.early_stop import EarlyStop
 from servetune.errors import SpecError
 from servetune.flags import to_cli_args
 from servetune.infra import confirm_launch_failure
-from servetune.loadgen import run_load
+from servetune.loadgen import LoadProgress, run_load
 from servetune.metrics import counter, gauge, parse_prometheus
 from servetune.spec import LOAD_GENERATORS
 from servetune.result import MemoryBreakdown, TrialResult, TrialStatus, summarize
@@ -95,6 +100,8 @@ class VllmLaunch:
     # timeout. One engine step takes well under a second, so minutes leave a wide margin.
     stall_timeout_s: float | None = 180.0
     gpu_free_timeout_s: float = 30.0  # how long the GPU memory may take to come back after the stop
+    # End the measured window once the outcome is decided (servetune loadgen only); None: never.
+    early_stop: EarlyStop | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -385,6 +392,7 @@ class _ServerWatch:
     def __init__(self, base: str, stall_timeout_s: float | None) -> None:
         self.base, self.stall_timeout_s = base, stall_timeout_s
         self.samples: list[tuple[float | None, float | None, float | None]] = []
+        self.preemptions: float | None = None  # the preemption counter at the last sample
         self._tokens: tuple[float | None, float | None] | None = None
         self._since = time.monotonic()
 
@@ -396,6 +404,7 @@ class _ServerWatch:
             kv, running, waiting = (gauge(m, "vllm:kv_cache_usage_perc"), gauge(m, "vllm:num_requests_running"),
                                     gauge(m, "vllm:num_requests_waiting"))
             self.samples.append((kv, running, waiting))
+            self.preemptions = counter(m, "vllm:num_preemptions")
             tokens = (counter(m, "vllm:prompt_tokens"), counter(m, "vllm:generation_tokens"))
             if tokens != self._tokens or not (running or waiting):
                 self._tokens, self._since = tokens, now
@@ -422,7 +431,7 @@ def _measure(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess
     if launch.load_generator == "vllm-bench":
         result = _load_with_bench(base, launch, workload, proc, log_dir, watch)
     else:
-        result = _load_with_servetune(base, launch, workload, proc, watch)
+        result = _load_with_servetune(base, launch, workload, proc, watch, counter(before, "vllm:num_preemptions"))
     after_text = _get(base + "/metrics", 10.0)[1]
     (log_dir / "metrics_after.txt").write_text(after_text)
     (log_dir / "gauges.json").write_text(json.dumps(
@@ -439,17 +448,37 @@ def _measure(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess
     return result
 
 
+def _decider(rule: EarlyStop | None, watch: _ServerWatch, preemptions_before: float | None
+             ) -> Callable[[LoadProgress], str | None] | None:
+    """``run_load``'s ``decide`` for ``rule``: preemptions from the sampled counter's delta, the
+    output rate from the streamed chunks (one token each with vLLM's default stream interval)."""
+    if rule is None:
+        return None
+
+    def decide(progress: LoadProgress) -> str | None:
+        pre = None if watch.preemptions is None else int(watch.preemptions - (preemptions_before or 0))
+        return rule.verdict(preemptions=pre, output_tokens=progress.streamed_chunks, elapsed_s=progress.elapsed_s,
+                            answered=progress.answered, total=progress.total)
+
+    return decide
+
+
 def _load_with_servetune(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess.Popen[bytes],
-                         watch: _ServerWatch) -> TrialResult:
+                         watch: _ServerWatch, preemptions_before: float | None = None) -> TrialResult:
     async def sample() -> None:
         await asyncio.get_running_loop().run_in_executor(None, watch.sample)
 
     # The client sees a stall first (and per stream); the server's counters are only sampled here.
     run = asyncio.run(run_load(base, _served_model_name(launch), workload, on_tick=sample,
                                tick_interval_s=launch.sample_interval_s, request_timeout_s=launch.request_timeout_s,
-                               stall_timeout_s=launch.stall_timeout_s, should_stop=lambda: _server_exit(proc)))
+                               stall_timeout_s=launch.stall_timeout_s, should_stop=lambda: _server_exit(proc),
+                               decide=_decider(launch.early_stop, watch, preemptions_before)))
     figures = summarize(run.records, run.duration_s)
     result = TrialResult(TrialStatus.OK, backend="vllm", requests=run.records, **figures)
+    if run.early_stopped:
+        result.early_stopped = run.early_stopped
+        result.evidence.append(f"early stop after {run.sent} of {len(workload.requests())} requests sent, "
+                               f"{len(run.records)} answered: {run.early_stopped}")
     if figures["failed"]:
         errors = {r.error for r in run.records if r.error}
         result.evidence.append(f"{figures['failed']} requests failed: {sorted(errors)[:3]}")

@@ -52,7 +52,7 @@ import sys
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -860,16 +860,26 @@ class SimServer:
                       queue: asyncio.Queue[tuple[str, int, Any]], usage_wanted: bool) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                        "Cache-Control": "no-cache"})
-        await resp.prepare(request)
         created = int(time.time())
-        produced = [0] * len(lives)
-        finished = [False] * len(lives)
 
         def chunk(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
             data = {"id": cid, "object": "text_completion", "created": created, "model": self.served_name,
                     "choices": choices, "usage": usage}
             return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
+        try:
+            await resp.prepare(request)
+            return await self._stream_chunks(request, resp, lives, queue, usage_wanted, chunk)
+        except ConnectionResetError:
+            # The client went away (an early-stopped load cancels its streams): vLLM aborts the
+            # request without a traceback; the stand-in stops writing (its engine finishes the work).
+            return resp
+
+    async def _stream_chunks(self, request: web.Request, resp: web.StreamResponse, lives: list[_Live],
+                             queue: asyncio.Queue[tuple[str, int, Any]], usage_wanted: bool,
+                             chunk: Callable[..., bytes]) -> web.StreamResponse:
+        produced = [0] * len(lives)
+        finished = [False] * len(lives)
         while not all(finished):
             kind, idx, value = await queue.get()
             if kind != "tokens":
