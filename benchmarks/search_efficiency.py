@@ -111,7 +111,17 @@ BASE_STRATEGIES = ("grid", "random", "tpe", "tpe+prescreen", "servetune")
 #: grid study: ``servetune.dataset.read_trials(...)`` written with the LANDSCAPE_COLUMNS); each is
 #: benchmarked when its file exists, never rebuilt. The H200 grid is being recorded: add its cell
 #: here (model, GPU and workload as recorded) when the file lands.
-REAL_CELLS: tuple[Cell, ...] = ()
+REAL_CELLS: tuple[Cell, ...] = (
+    # benchmarks/real_vllm/h200x2_grid.yaml on 2 x H200, vLLM 0.26.0, 2026-11-30: every point measured
+    # (two trials at a time), prescreen off; tests/fixtures/real_h200/study_h200x2 holds its evidence.
+    Cell("test850m-h200-real", "servetune-test-850m", "H200",
+         {"input_len": 1024, "output_len": 256, "num_requests": 256, "concurrency": 64, "warmup_requests": 2,
+          "seed": 0},
+         "real H200 grid: 852.6M test model, 1024 in / 256 out, 64 in flight",
+         space={"params": {"gpu_memory_utilization": {"type": "categorical", "choices": [0.012, 0.02, 0.03, 0.05]},
+                           "max_num_seqs": {"type": "categorical", "choices": [32, 128]}}},
+         fixed_flags={"max_model_len": 2048}),
+)
 
 CELLS = (
     Cell("llama8b-a100-40gb-long-out", "llama-3.1-8b", "A100-40GB",

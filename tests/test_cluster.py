@@ -90,3 +90,28 @@ def test_the_default_runner_runs_the_sim_engine_in_the_actor(local_ray: None) ->
     result = _wait_all(pool, 1)[5]
     assert result.status is TrialStatus.OK and result.completed == 8
     assert len(result.gpu_ids) == 2 and result.quarantined_gpus == []
+
+
+def test_a_killed_trial_actor_is_a_crashed_trial_its_gpus_come_back_and_the_pool_goes_on(local_ray: None) -> None:
+    """A trial's Ray actor killed from outside (an operator's `ray kill`, an OOM killer): the trial
+    is `crashed` with Ray's error as its cause, its GPU returns to Ray, and the next trial runs."""
+    import dataclasses
+
+    def runner(task: TrialTask, backend: str) -> TrialResult:
+        if task.seed == 1:
+            time.sleep(60)  # killed long before this ends
+        return TrialResult(TrialStatus.OK, backend=backend, output_throughput=1.0)
+
+    pool = TrialPool.start(num_gpus=2, num_cpus=2, runner=runner)  # the module's Ray has 2 logical GPUs
+    total = ray.cluster_resources().get("GPU", 0.0)
+    pool.submit(0, dataclasses.replace(TASK, seed=1), "sim", gpus=1)
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("GPU", 0.0) != total - 1 and time.monotonic() < deadline:
+        time.sleep(0.1)  # the actor holds its GPU: it is running
+    actor = next(item.actor for item in pool._running.values())
+    ray.kill(actor, no_restart=True)
+    result = _wait_all(pool, 1)[0]
+    assert result.status is TrialStatus.CRASHED and "ActorDiedError" in (result.cause or "")
+    assert _available_gpus(total) == total and pool.free_gpus == pool.total_gpus
+    pool.submit(1, dataclasses.replace(TASK, seed=2), "sim", gpus=1)
+    assert _wait_all(pool, 1)[1].status is TrialStatus.OK
