@@ -321,13 +321,14 @@ def run_study(
                                  early_stop=_early_stop_rule(spec, outcome, backend))
                 pool.submit(trial.number, task, backend, gpus=need)
                 inflight[trial.number] = (trial, flags)
-            # A quarantined slot shrinks the pool: a queued trial that can no longer fit is told as
-            # failed (an infrastructure failure, not a bad configuration) instead of waiting forever.
+            # A quarantined slot shrinks the pool: a queued trial that can no longer fit ends as an
+            # infrastructure failure (told FAIL, not a bad configuration) instead of waiting forever.
             while queued and queued[0][2] > pool.total_gpus:
                 trial, flags, need = queued.pop(0)
-                result = TrialResult(status=TrialStatus.CRASHED, backend=backend,
-                                     cause=f"needs {need} GPUs; {pool.total_gpus} healthy GPUs left after quarantine "
-                                           f"of {', '.join(pool.quarantined) or 'none'}")
+                # The machine's fault, not the flags': told FAIL (never learnt as infeasible).
+                result = TrialResult(status=TrialStatus.INFRA_ERROR, infrastructure="gpu_unusable", backend=backend,
+                                     cause=f"infrastructure failure: needs {need} GPUs; {pool.total_gpus} healthy "
+                                           f"GPUs left after quarantine of {', '.join(pool.quarantined) or 'none'}")
                 _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
             if not inflight and not queued:
                 if pool.total_gpus == 0:

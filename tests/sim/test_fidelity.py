@@ -23,9 +23,11 @@ def rows():  # type: ignore[no-untyped-def]
     return fidelity_rows()
 
 
-def test_fixtures_hold_eight_healthy_runs_with_their_preemption_counts() -> None:
+def test_fixtures_hold_nine_healthy_runs_with_their_preemption_counts() -> None:
     runs = {r.name: r for r in load_real_runs()}
-    assert len(runs) == 8 and "b5_fail_u0012" not in runs  # c1 (a1 repeated) was not used in the fit
+    # c1 (a1 repeated) and d1 (the 4-window load-generator agreement run, its first window) were not
+    # used in the fit: out-of-sample checks.
+    assert len(runs) == 9 and "b5_fail_u0012" not in runs and "d1_loadgen_vs_bench" in runs
     assert runs["a3_preempt_blocks4096_s128"].preemptions == 106
     assert runs["b3_preempt_blocks1024_s64"].preemptions == 192
     assert sum(r.preemptions for r in runs.values()) == 106 + 192

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import math
 from collections.abc import Mapping
@@ -72,7 +73,10 @@ class FidelityRow:
 
 def _preemptions(run_dir: Path) -> int:
     def read(name: str) -> float:
-        return counter(parse_prometheus((run_dir / name).read_text()), "vllm:num_preemptions_total") or 0.0
+        path = run_dir / name
+        # Later runs keep their /metrics dumps gzipped (d1_loadgen_vs_bench).
+        text = path.read_text() if path.exists() else gzip.decompress((run_dir / f"{name}.gz").read_bytes()).decode()
+        return counter(parse_prometheus(text), "vllm:num_preemptions_total") or 0.0
 
     return int(round(read("metrics_after.txt") - read("metrics_before.txt")))
 
