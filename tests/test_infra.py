@@ -260,6 +260,9 @@ def _study(tmp: Path, name: str, trials: int, parallel: int) -> Path:
         "search_space": {"params": {"max_num_seqs": [8, 16, 32, 64]}},
         "fixed_flags": {"gpu_memory_utilization": 0.9},
         "budget": {"trials": trials, "parallel": parallel}, "backend": "vllm", "seed": 5,
+        # Only the infrastructure path is under test: no simulator screen, baseline or warm start
+        # (each would add trials told without a launch).
+        "multi_fidelity": False, "baseline_trial": False, "warm_start": False,
         "tracking": {"mlflow_uri": f"sqlite:///{tmp}/mlflow.db", "experiment": name},
         "storage": {"optuna_url": f"sqlite:///{tmp}/optuna.db"},
         "output": {"runs_dir": str(tmp / "runs"), "dataset_dir": str(tmp / "dataset")},
