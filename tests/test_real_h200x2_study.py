@@ -172,3 +172,15 @@ def test_load_generator_agrees_with_vllm_bench_serve_within_3_percent():
     figures = module.agreement()
     for name in ("output tok/s", "mean TTFT ms", "mean TPOT ms", "mean E2E ms"):
         assert abs(figures[name][2]) < 0.03, (name, figures[name])
+
+
+@pytest.mark.parametrize("number, flags", [
+    (1, {"gpu_memory_utilization": 0.02, "max_num_seqs": 128, "max_model_len": 2048}),
+    (2, {"gpu_memory_utilization": 0.05, "max_num_seqs": 128, "max_model_len": 2048})])
+def test_the_earlier_studys_warm_starts_are_predicted_once_warm_is_known(number, flags):
+    """study_memory_pair's trials 1 and 2 reused trial 0's compile configuration (max_num_seqs 128):
+    the cold model missed them by -9.7% and -1.2%, the warm one is within 0.1%."""
+    log = parse_log((REAL / "study_memory_pair" / f"trial_{number:04d}.server.log").read_text())
+    assert log.compile_cache_hit is True
+    assert _planner(flags, warm=True) == pytest.approx(log.kv_cache_tokens, rel=1e-3)
+    assert abs(_planner(flags, warm=False) - log.kv_cache_tokens) / log.kv_cache_tokens > 0.01
