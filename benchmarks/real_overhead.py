@@ -4,7 +4,9 @@ For every served or failed real trial: the seconds the driver waited for it (``d
 to Ray until its result was back), vLLM's launch-to-healthy (``startup_s``), the measured window
 (``duration_s``), and what is left, servetune's overhead, split into the Ray part (``dispatch_s -
 wall_s``: actor start, transfer) and the in-actor part (``wall_s - startup_s - duration_s``:
-pre-launch checks, warm-up requests, stop and GPU-memory check, log parsing).
+pre-launch checks, warm-up requests, stop and GPU-memory check, log parsing). Trials recorded
+after 2026-11-30 also carry ``timing_actor_start_s`` (hand-over to the actor's first line), which
+splits the Ray part into starting the actor and returning the result.
 Run: ``.venv/bin/python benchmarks/real_overhead.py``.
 """
 

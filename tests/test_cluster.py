@@ -114,4 +114,7 @@ def test_a_killed_trial_actor_is_a_crashed_trial_its_gpus_come_back_and_the_pool
     assert result.status is TrialStatus.CRASHED and "ActorDiedError" in (result.cause or "")
     assert _available_gpus(total) == total and pool.free_gpus == pool.total_gpus
     pool.submit(1, dataclasses.replace(TASK, seed=2), "sim", gpus=1)
-    assert _wait_all(pool, 1)[1].status is TrialStatus.OK
+    after = _wait_all(pool, 1)[1]
+    assert after.status is TrialStatus.OK
+    # The driver's view: hand-over to Ray until the result is back, and the actor's start within it.
+    assert after.dispatch_s is not None and 0.0 <= after.timings_s["actor_start"] <= after.dispatch_s

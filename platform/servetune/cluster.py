@@ -124,10 +124,15 @@ def _node_accelerator(node_id: str) -> str | None:
 class TrialActor:
     """Holds the GPUs of one trial for its lifetime and runs the engine there."""
 
-    def run(self, task: TrialTask, backend: str, runner: Runner | None = None) -> TrialResult:
+    def run(self, task: TrialTask, backend: str, runner: Runner | None = None,
+            handed_over_at: float | None = None) -> TrialResult:
         started = time.time()
         result = (runner or run_trial)(task, backend)
         ended = time.time()
+        if handed_over_at is not None:
+            # The driver's wall clock at the hand-over (same clock on one node; a cluster's clocks
+            # may skew): the part of servetune's overhead that is Ray placing and starting the actor.
+            result.timings_s["actor_start"] = max(0.0, started - handed_over_at)
         # Ray's GPU ids tell which (logical) devices this trial owned: the record, and the GPUs
         # the pool holds out of service if the trial's memory does not come back.
         ids = ray.get_gpu_ids()
@@ -263,7 +268,7 @@ class TrialPool:
             options["resources"] = {self.accelerator: _ACCEL_SLIVER}
         item.submitted = time.monotonic()
         item.actor = TrialActor.options(**options).remote()
-        item.ref = item.actor.run.remote(item.task, item.backend, self._runner)
+        item.ref = item.actor.run.remote(item.task, item.backend, self._runner, time.time())
         self._running[item.ref] = item
 
     def wait(self, timeout_s: float) -> list[tuple[int, TrialResult]]:
