@@ -77,7 +77,8 @@ Version = tuple[int, int, int]
 # start of that compile configuration: max_num_seqs, max_num_batched_tokens, max_model_len,
 # TP/PP, ...). A later start of the same configuration, whose graphs and Triton kernels come from
 # the node's caches, profiles the eager peak (k = 1.13): 0.38 GiB instead of 0.44 at mbt 8192.
-# All 20 real H200 starts kept follow this, and the controlled pair on one host
+# The real H200 starts kept follow this (a configuration whose earlier start failed after
+# compiling counts as cached: the grid's 0.05 x 128 after 0.012 x 128), and the controlled pair on one host
 # (compile_cache/cache_cold vs cache_warm: same flags, fresh then filled VLLM_CACHE_ROOT /
 # TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR) logs 155,088 then 157,008 KV tokens.
 ACT_FIXED_GIB = 0.0925
