@@ -118,3 +118,32 @@ def test_a_killed_trial_actor_is_a_crashed_trial_its_gpus_come_back_and_the_pool
     assert after.status is TrialStatus.OK
     # The driver's view: hand-over to Ray until the result is back, and the actor's start within it.
     assert after.dispatch_s is not None and 0.0 <= after.timings_s["actor_start"] <= after.dispatch_s
+
+
+def test_a_clean_trials_actor_runs_the_next_trial_of_its_size_and_gives_its_gpus_back(local_ray: None) -> None:
+    """With reuse on (as the study driver runs it), the next trial of the same GPU count runs in
+    the same actor process (no new Ray worker to start); a trial of another size gets a fresh actor
+    with the idle one's GPUs, and close() gives every GPU back to Ray."""
+    import dataclasses
+
+    def pid_runner(task: TrialTask, backend: str) -> TrialResult:  # nested: Ray pickles it by value
+        import os
+
+        return TrialResult(TrialStatus.OK, backend=backend, output_throughput=1.0, evidence=[f"pid={os.getpid()}"])
+
+    pool = TrialPool.start(num_gpus=2, num_cpus=2, runner=pid_runner)
+    pool.reuse_actors = True
+    total = ray.cluster_resources().get("GPU", 0.0)
+
+    def run(number: int, gpus: int) -> TrialResult:
+        pool.submit(number, dataclasses.replace(TASK, seed=number), "sim", gpus=gpus)
+        result = _wait_all(pool, 1)[number]
+        assert result.status is TrialStatus.OK
+        return result
+
+    first, second = run(0, 1), run(1, 1)
+    assert first.evidence[0] == second.evidence[0]  # the same process ran both
+    wide = run(2, 2)  # needs both GPUs: the idle one-GPU actor must give its GPU back
+    assert wide.evidence[0] != first.evidence[0] and len(wide.gpu_ids) == 2
+    pool.close()
+    assert _available_gpus(total) == total

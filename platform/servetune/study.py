@@ -275,6 +275,7 @@ def run_study(
 
         serve_help = read_serve_help(envs.serve_command())
     pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+    pool.reuse_actors = True  # closed in the finally below
     if pool.started_local_ray:
         _ray_session.record_local_session(runs_dir, spec.name)
     queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
@@ -368,6 +369,7 @@ def run_study(
         progress.note(f"\nservetune: interrupted; {len(killed)} running trials stopped, "
                       f"{outcome.trials_done} finished trials kept (resume with --resume)")
     finally:
+        pool.close()
         stop.restore()
         outcome.wall_s = time.monotonic() - started
         progress.show(outcome, 0, force=True)
