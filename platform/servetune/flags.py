@@ -23,7 +23,7 @@ import yaml
 
 from servetune.errors import SpecError, did_you_mean
 
-__all__ = ["FlagSpec", "FLAGS", "validate_flags", "validate_flag", "to_cli_args", "to_config_yaml",
+__all__ = ["FlagSpec", "FLAGS", "validate_flags", "validate_flag", "gpus_needed", "to_cli_args", "to_config_yaml",
            "to_command_line", "parse_set_option"]
 
 
@@ -118,6 +118,16 @@ def validate_flags(flags: Mapping[str, Any], field: str = "flags") -> dict[str, 
     if not isinstance(flags, Mapping):
         raise SpecError(field, f"expected a mapping of vLLM flags, got {type(flags).__name__}", "e.g. {max_num_seqs: 64}")
     return {str(k): validate_flag(str(k), v, f"{field}.{k}") for k, v in flags.items()}
+
+
+def gpus_needed(flags: Mapping[str, Any]) -> int:
+    """GPUs one server with these flags occupies: tensor_parallel_size x pipeline_parallel_size.
+
+    Example:
+        >>> gpus_needed({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}), gpus_needed({})
+        (4, 1)
+    """
+    return int(flags.get("tensor_parallel_size", 1) or 1) * int(flags.get("pipeline_parallel_size", 1) or 1)
 
 
 def to_cli_args(flags: Mapping[str, Any]) -> list[str]:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from servetune.errors import SpecError
+from servetune.flags import gpus_needed
 from servetune.result import TrialResult, TrialStatus
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str 
     trial = study.ask()
     flags = {**spec.fixed_flags, **spec.search_space.suggest(trial)}
     trial.set_user_attr("flags", flags)
-    need = int(flags.get("tensor_parallel_size", 1)) * int(flags.get("pipeline_parallel_size", 1))
+    need = gpus_needed(flags)
     problems = spec.search_space.check(flags, spec.model_profile, spec.gpu.count, spec.workload)
     if not problems and need > total_gpus:
         problems = [f"needs {need} GPUs, the cluster has {total_gpus}"]

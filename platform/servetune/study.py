@@ -46,7 +46,7 @@ from servetune._storage import open_storage
 from servetune.cluster import TrialPool
 from servetune.engines import TrialTask, resolve_backend
 from servetune.errors import SpecError
-from servetune.flags import to_command_line
+from servetune.flags import gpus_needed, to_command_line
 from servetune.result import TrialResult, TrialStatus
 from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
 from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
@@ -310,16 +310,8 @@ def run_study(
                 queued.append((trial, flags, need))
             while queued and queued[0][2] <= pool.free_gpus:  # first come, first served
                 trial, flags, need = queued.pop(0)
-                task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, workload=spec.workload,
-                                 vllm_version=spec.vllm_version, seed=spec.seed, gpu_file=spec.gpu.file,
-                                 serve_model=spec.serve_model, serve_command=envs.serve_command(),
-                                 startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
-                                 load_generator=spec.measurement.load_generator,
-                                 stall_timeout_s=spec.measurement.stall_timeout_s,
-                                 compile_cache_dir=envs.compile_cache_dir(), serve_help=serve_help,
-                                 log_dir=str(runs_dir / "trials" / spec.name / f"{trial.number:04d}"),
-                                 replay_file=None if spec.replay_file is None else str(spec.replay_file),
-                                 early_stop=_early_stop_rule(spec, outcome, backend))
+                task = _trial_task(spec, flags, runs_dir / "trials" / spec.name / f"{trial.number:04d}", serve_help,
+                                   early_stop=_early_stop_rule(spec, outcome, backend))
                 pool.submit(trial.number, task, backend, gpus=need)
                 inflight[trial.number] = (trial, flags)
             # A quarantined slot shrinks the pool: a queued trial that can no longer fit ends as an
@@ -410,20 +402,13 @@ def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker:
         while todo:
             t, k = todo[0]
             flags = dict(t.user_attrs.get("flags", t.params))
-            need = int(flags.get("tensor_parallel_size", 1)) * int(flags.get("pipeline_parallel_size", 1))
+            need = gpus_needed(flags)
             if need > pool.free_gpus:
                 break
             todo.pop(0)
             workload = dataclasses.replace(spec.workload, seed=spec.workload.seed + k)
-            task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, workload=workload,
-                             vllm_version=spec.vllm_version, seed=spec.seed + k, gpu_file=spec.gpu.file,
-                             serve_model=spec.serve_model, serve_command=envs.serve_command(),
-                             startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
-                             load_generator=spec.measurement.load_generator,
-                             stall_timeout_s=spec.measurement.stall_timeout_s,
-                             compile_cache_dir=envs.compile_cache_dir(), serve_help=serve_help,
-                             log_dir=str(runs_dir / "trials" / spec.name / f"{t.number:04d}-repeat-{k}"),
-                             replay_file=None if spec.replay_file is None else str(spec.replay_file), repeat=k)
+            task = _trial_task(spec, flags, runs_dir / "trials" / spec.name / f"{t.number:04d}-repeat-{k}",
+                               serve_help, workload=workload, seed=spec.seed + k, repeat=k)
             key += 1
             pool.submit(key, task, backend, gpus=need)
             inflight[key] = (t, k, workload)
@@ -504,6 +489,20 @@ def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> Ea
         return None
     best = (outcome.best_metrics or {}).get("output_throughput")
     return early_stop.rule_for(spec, best)
+
+
+def _trial_task(spec: StudySpec, flags: dict[str, Any], log_dir: Path, serve_help: str | None,
+                **varies: Any) -> TrialTask:
+    """One launch's task: the model, GPU, measurement and environment settings from the spec and
+    ``servetune.envs``; ``varies`` sets what differs per launch (``early_stop``, or a repeat's
+    ``workload``, ``seed`` and ``repeat``)."""
+    fields: dict[str, Any] = {"workload": spec.workload, "seed": spec.seed, **varies}
+    return TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, vllm_version=spec.vllm_version,
+                     gpu_file=spec.gpu.file, serve_model=spec.serve_model, serve_command=envs.serve_command(),
+                     startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
+                     load_generator=spec.measurement.load_generator, stall_timeout_s=spec.measurement.stall_timeout_s,
+                     compile_cache_dir=envs.compile_cache_dir(), serve_help=serve_help, log_dir=str(log_dir),
+                     replay_file=None if spec.replay_file is None else str(spec.replay_file), **fields)
 
 
 def _propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str,

@@ -53,7 +53,7 @@ from typing import Any
 from servetune.bench_client import BENCH_COMMAND, bench_argv, run_bench
 from servetune.early_stop import EarlyStop
 from servetune.errors import SpecError
-from servetune.flags import to_cli_args
+from servetune.flags import gpus_needed, to_cli_args
 from servetune.infra import confirm_launch_failure
 from servetune.loadgen import LoadProgress, run_load
 from servetune.metrics import counter, gauge, parse_prometheus
@@ -231,8 +231,7 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
     port = free_port(launch.host)
     argv = [*launch.serve_command, launch.model, "--host", launch.host, "--port", str(port),
             *to_cli_args(launch.flags), *launch.extra_args]
-    world = int(launch.flags.get("tensor_parallel_size", 1) or 1) * int(launch.flags.get("pipeline_parallel_size", 1) or 1)
-    if world > 1 and "--distributed-executor-backend" not in argv:
+    if gpus_needed(launch.flags) > 1 and "--distributed-executor-backend" not in argv:
         argv += ["--distributed-executor-backend", "mp"]
     env = {**os.environ, **SAFE_ENV, **launch.env, "VLLM_PORT": str(free_port(launch.host))}
     if launch.gpu_ids is not None:
@@ -545,11 +544,7 @@ def _fill_from_log(result: TrialResult, parsed: ParsedLog) -> None:
                                         non_torch=parsed.non_torch_gib or 0.0, cudagraph=parsed.cudagraph_gib or 0.0,
                                         kv_cache=parsed.available_kv_gib or 0.0)
     result.worker_memory = worker_memory(parsed)
-    for key, value in (("weights_load", parsed.weights_load_s if parsed.weights_load_s is not None
-                        else parsed.model_load_s), ("torch_compile", parsed.torch_compile_s),
-                       ("graph_capture", parsed.graph_capture_s), ("engine_init", parsed.engine_init_s)):
-        if value is not None:
-            result.timings_s[key] = float(value)
+    result.timings_s.update({k: float(v) for k, v in parsed.timings_s().items() if v is not None})
     result.compile_cache_hit = parsed.compile_cache_hit
 
 

@@ -142,6 +142,13 @@ class ParsedLog:
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def timings_s(self) -> dict[str, float | None]:
+        """The startup phases in seconds, named as ``diagnose --json``'s ``timings_s``; None where
+        the log does not show one (weights load: the loader's line, else the model-loading line)."""
+        return {"weights_load": self.weights_load_s if self.weights_load_s is not None else self.model_load_s,
+                "torch_compile": self.torch_compile_s, "graph_capture": self.graph_capture_s,
+                "engine_init": self.engine_init_s}
+
 
 @dataclasses.dataclass(frozen=True)
 class Classification:
@@ -379,11 +386,9 @@ def parse_log(text: str) -> ParsedLog:
         if (m := _COMPILE_RE.search(raw)):
             first("torch_compile_s", _num(m))
         if _COMPILE_HIT_RE.search(raw):
-            f.setdefault("_compile_hits", 0)
-            f["_compile_hits"] += 1
+            f["_compile_hit"] = True
         if _COMPILE_MISS_RE.search(raw):
-            f.setdefault("_compile_misses", 0)
-            f["_compile_misses"] += 1
+            f["_compile_miss"] = True
         if (m := _INIT_RE.search(raw)):
             first("engine_init_s", _num(m, 1))
             if m.group(2) is not None:
@@ -516,7 +521,7 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
         estimated_max_model_len=f.get("estimated_max_model_len"),
         kv_needed_gib=f.get("kv_needed_gib"),
         torch_compile_s=f.get("torch_compile_s"),
-        compile_cache_hit=(False if f.get("_compile_misses") else True if f.get("_compile_hits") else None),
+        compile_cache_hit=(False if f.get("_compile_miss") else True if f.get("_compile_hit") else None),
         engine_init_s=f.get("engine_init_s"),
         engine_compile_s=f.get("engine_compile_s"),
         server_ready=bool(f.get("server_ready")),
