@@ -17,6 +17,7 @@ from servetune.cluster import TrialPool
 from servetune.engines import TrialTask
 from servetune.result import TrialResult, TrialStatus
 from servetune.workload import Workload
+from _ray_helpers import wait_all
 
 TASK = TrialTask(model="servetune-test-850m", gpu="H200", flags={"gpu_memory_utilization": 0.5, "max_num_seqs": 16},
                  workload=Workload.from_dict({"input_len": 128, "output_len": 16, "num_requests": 8,
@@ -30,14 +31,6 @@ def local_ray() -> Iterator[None]:
     yield
     TrialPool.shutdown()
 
-
-def _wait_all(pool: TrialPool, n: int, timeout_s: float = 120.0) -> dict[int, TrialResult]:
-    done: dict[int, TrialResult] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(done) < n and time.monotonic() < deadline:
-        done.update(pool.wait(timeout_s=1.0))
-    assert len(done) == n, f"only {sorted(done)} of {n} trials finished"
-    return done
 
 
 def _available_gpus(expected: float, timeout_s: float = 30.0) -> float:
@@ -60,12 +53,12 @@ def test_a_trial_records_its_gpus_and_a_quarantined_slot_leaves_service(local_ra
     assert (pool.total_gpus, pool.free_gpus, pool.quarantined) == (2, 2, [])
 
     pool.submit(0, TASK, "sim", gpus=1)  # a normal trial: its GPU goes back to Ray
-    first = _wait_all(pool, 1)[0]
+    first = wait_all(pool, 1, 120.0)[0]
     assert len(first.gpu_ids) == 1 and "ray_gpu_ids=" in " ".join(first.evidence)
     assert pool.total_gpus == 2 and _available_gpus(2) == 2
 
     pool.submit(1, TrialTask(**{**TASK.__dict__, "seed": 1}), "sim", gpus=1)
-    bad = _wait_all(pool, 1)[1]
+    bad = wait_all(pool, 1, 120.0)[1]
     assert bad.quarantined_gpus == bad.gpu_ids and len(bad.gpu_ids) == 1
     assert pool.quarantined == bad.gpu_ids
     assert (pool.total_gpus, pool.cluster_gpus, pool.free_gpus) == (1, 2, 1)
@@ -75,7 +68,7 @@ def test_a_trial_records_its_gpus_and_a_quarantined_slot_leaves_service(local_ra
     # Every later trial lands on the GPU that is left, never on the quarantined one.
     for n in (2, 3):
         pool.submit(n, TASK, "sim", gpus=1)
-    later = _wait_all(pool, 2)
+    later = wait_all(pool, 2, 120.0)
     assert all(r.gpu_ids and r.gpu_ids[0] not in pool.quarantined for r in later.values())
     assert pool.free_gpus == 1 and pool.running == []
 
@@ -87,7 +80,7 @@ def test_a_trial_records_its_gpus_and_a_quarantined_slot_leaves_service(local_ra
 def test_the_default_runner_runs_the_sim_engine_in_the_actor(local_ray: None) -> None:
     pool = TrialPool.start(num_gpus=2, num_cpus=2)
     pool.submit(5, TASK, "sim", gpus=2)
-    result = _wait_all(pool, 1)[5]
+    result = wait_all(pool, 1, 120.0)[5]
     assert result.status is TrialStatus.OK and result.completed == 8
     assert len(result.gpu_ids) == 2 and result.quarantined_gpus == []
 
@@ -110,11 +103,11 @@ def test_a_killed_trial_actor_is_a_crashed_trial_its_gpus_come_back_and_the_pool
         time.sleep(0.1)  # the actor holds its GPU: it is running
     actor = next(item.actor for item in pool._running.values())
     ray.kill(actor, no_restart=True)
-    result = _wait_all(pool, 1)[0]
+    result = wait_all(pool, 1, 120.0)[0]
     assert result.status is TrialStatus.CRASHED and "ActorDiedError" in (result.cause or "")
     assert _available_gpus(total) == total and pool.free_gpus == pool.total_gpus
     pool.submit(1, dataclasses.replace(TASK, seed=2), "sim", gpus=1)
-    after = _wait_all(pool, 1)[1]
+    after = wait_all(pool, 1, 120.0)[1]
     assert after.status is TrialStatus.OK
     # The driver's view: hand-over to Ray until the result is back, and the actor's start within it.
     assert after.dispatch_s is not None and 0.0 <= after.timings_s["actor_start"] <= after.dispatch_s
@@ -137,7 +130,7 @@ def test_a_clean_trials_actor_runs_the_next_trial_of_its_size_and_gives_its_gpus
 
     def run(number: int, gpus: int) -> TrialResult:
         pool.submit(number, dataclasses.replace(TASK, seed=number), "sim", gpus=gpus)
-        result = _wait_all(pool, 1)[number]
+        result = wait_all(pool, 1, 120.0)[number]
         assert result.status is TrialStatus.OK
         return result
 

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import pytest
 import yaml
 import optuna
 from _postgres import PostgresServer
+from _ray_helpers import free_ports
 from mlflow.tracking import MlflowClient
 
 from servetune import dataset
@@ -48,17 +48,6 @@ _NODE_ENV = {**{k: v for k, v in _ENV.items() if k != "PYTHONPATH"},
              "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
              "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports (held open together, so the OS cannot hand one out twice)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _alive_nodes(address: str) -> list[dict[str, Any]]:
@@ -78,7 +67,7 @@ class Cluster:
 def cluster() -> Iterator[Cluster]:
     """Head (0 GPUs, dashboard + job server) + H200 node (2 GPUs) + A100-40G node (1 GPU)."""
     temp = Path(tempfile.mkdtemp(prefix="st-mn-", dir="/tmp"))  # short: Ray's socket paths have a limit
-    free = iter(_free_ports(3 + 3 * 6))
+    free = iter(free_ports(3 + 3 * 6))
     port, dashboard_port, client_port = next(free), next(free), next(free)
     address = f"127.0.0.1:{port}"
 

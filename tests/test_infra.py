@@ -28,6 +28,7 @@ import optuna
 import pytest
 import ray
 import yaml
+from _ray_helpers import wait_all
 from mlflow.tracking import MlflowClient
 from ray import cloudpickle
 
@@ -200,14 +201,6 @@ def _task(seed: int) -> TrialTask:
                      flags={"gpu_memory_utilization": 0.9, "max_num_seqs": 8})
 
 
-def _wait_all(pool: TrialPool, n: int, timeout_s: float = 180.0) -> dict[int, TrialResult]:
-    done: dict[int, TrialResult] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(done) < n and time.monotonic() < deadline:
-        done.update(pool.wait(timeout_s=1.0))
-    assert len(done) == n, f"only {sorted(done)} of {n} trials finished"
-    return done
-
 
 def test_the_pool_reruns_infra_failures_elsewhere_and_quarantines_a_slot_that_keeps_failing(host: _Host) -> None:
     if ray.is_initialized():  # another test's cluster may have a different GPU count
@@ -218,7 +211,7 @@ def test_the_pool_reruns_infra_failures_elsewhere_and_quarantines_a_slot_that_ke
     try:
         # 1. The first launch finds its port taken: re-run (a new port), measured.
         pool.submit(0, _task(0), "vllm", gpus=1)
-        first = _wait_all(pool, 1)[0]
+        first = wait_all(pool, 1, 180.0)[0]
         assert first.status is TrialStatus.OK, (first.cause, first.infra_attempts)
         assert len(first.infra_attempts) == 1 and "port_in_use" in first.infra_attempts[0]
         stolen = Path(host.thief_marker).read_text().split()[1]
@@ -233,7 +226,7 @@ def test_the_pool_reruns_infra_failures_elsewhere_and_quarantines_a_slot_that_ke
         for round_ in ((1, 2), (3, 4)):
             for n in round_:
                 pool.submit(n, _task(n), "vllm", gpus=1)
-            results.update(_wait_all(pool, 2))
+            results.update(wait_all(pool, 2, 180.0))
         assert all(r.status is TrialStatus.OK for r in results.values()), \
             {n: (r.status, r.cause) for n, r in results.items()}
         retried = {n: r for n, r in results.items() if r.infra_attempts}
@@ -245,7 +238,7 @@ def test_the_pool_reruns_infra_failures_elsewhere_and_quarantines_a_slot_that_ke
         assert "after 2 infrastructure failures (gpu_memory_held)" in pool.quarantine_notes[0]
         # Later trials never land on the quarantined slot.
         pool.submit(5, _task(5), "vllm", gpus=1)
-        last = _wait_all(pool, 1)[5]
+        last = wait_all(pool, 1, 180.0)[5]
         assert last.status is TrialStatus.OK and last.gpu_ids == ["1"] and not last.infra_attempts
     finally:
         TrialPool.shutdown()

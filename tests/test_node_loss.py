@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from servetune import dataset
+from _ray_helpers import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).parent / "ray")
@@ -39,16 +39,6 @@ _ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0
         "RAY_health_check_timeout_ms": "1000", "RAY_health_check_failure_threshold": "3",
         "RAY_health_check_initial_delay_ms": "1000", "SERVETUNE_SIM_STARTUP_S": "4"}
 
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("", 0))
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -100,7 +90,7 @@ def _alive_nodes(address: str) -> int:
 def cluster() -> Iterator[tuple[str, list[subprocess.Popen[bytes]], set[int]]]:
     """Head + node A + node B; yields (address, [head, A, B], pids to kill at the end)."""
     temp = Path(tempfile.mkdtemp(prefix="st-nl-", dir="/tmp"))
-    free = iter(_free_ports(1 + 3 * 6))
+    free = iter(free_ports(1 + 3 * 6))
     port = next(free)
     address = f"127.0.0.1:{port}"
 
