@@ -8,6 +8,11 @@ memory to come back. Everything lands in ``OUT/real/<name>/``: ``server.log``,
 ``summary.json``; the folder is packed into ``OUT/real.tar.gz`` after every set, so a run cut
 short still returns what it finished.
 
+A run may instead list ``windows``: several workloads measured one after another on the same
+server start (each window its own folder ``OUT/real/<name>/<window>/`` with its own ``/metrics``
+before/after, gauges, requests and ``summary.json``). A vLLM start of an 8B-14B model costs 1-2
+minutes of GPU time and a window 10-30 s, so one start serves every load shape of a flag set.
+
 Usage on the host (see ../shared/gpu/README.md)::
 
     PYTHONPATH=platform python3 benchmarks/real_vllm/collect.py benchmarks/real_vllm/plan_a.json
@@ -44,8 +49,8 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return 0, str(exc)
 
 
-def _argv(flags: dict) -> list[str]:
-    argv = ["vllm", "serve", MODEL, "--host", "127.0.0.1", "--port", "8011"]
+def _argv(flags: dict, model: str = MODEL) -> list[str]:
+    argv = ["vllm", "serve", model, "--host", "127.0.0.1", "--port", "8011"]
     for key, value in flags.items():
         opt = "--" + key.replace("_", "-")
         if value is True:
@@ -141,21 +146,118 @@ def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: fl
     return summary
 
 
+def _stop_server(proc: subprocess.Popen) -> tuple[float, list[int]]:
+    """SIGTERM the server's process group (SIGKILL after 20 s); wait for the GPU memory to return."""
+    t_stop = time.time()
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for _ in range(30):
+        used = list(gpu_memory_used_mib(None).values())
+        if not used or max(used) < 1024:
+            break
+        time.sleep(0.5)
+    return time.time() - t_stop, list(gpu_memory_used_mib(None).values())
+
+
+def _window(base: str, model: str, workload_dict: dict, d: Path) -> dict:
+    """One measured window on a running server: /metrics before and after, gauges, requests."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "metrics_before.txt").write_text(_get(base + "/metrics")[1])
+    samples: list[dict] = []
+
+    async def sample() -> None:
+        loop = asyncio.get_running_loop()
+        status, text = await loop.run_in_executor(None, _get, base + "/metrics", 2.0)
+        if status == 200:
+            m = parse_prometheus(text)
+            samples.append({"t": time.time(), "kv": gauge(m, "vllm:kv_cache_usage_perc"),
+                            "running": gauge(m, "vllm:num_requests_running"),
+                            "waiting": gauge(m, "vllm:num_requests_waiting")})
+
+    t0 = time.time()
+    records, duration = asyncio.run(run_workload(base, model, Workload.from_dict(workload_dict), on_tick=sample))
+    (d / "metrics_after.txt").write_text(_get(base + "/metrics")[1])
+    (d / "gauges.json").write_text(json.dumps(samples))
+    (d / "requests.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
+    s = summarize(records, duration)
+    figures = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in s.items()}
+    figures["window_wall_s"] = time.time() - t0
+    return figures
+
+
+def run_windows(item: dict, out: Path, deadline: float, pack) -> dict:
+    """One server start, then each of ``item["windows"]`` in turn (skipped past the deadline)."""
+    name, flags = item["name"], item["flags"]
+    model = item.get("model", MODEL)
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+    argv = _argv(flags, model)
+    summary: dict = {"name": name, "flags": flags, "model": model, "argv": argv, "windows": {}}
+    base = "http://127.0.0.1:8011"
+    t_launch = time.time()
+    with open(d / "server.log", "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            healthy = False
+            while time.time() < min(deadline, t_launch + 300):
+                if proc.poll() is not None:
+                    break
+                if _get(base + "/health", 2)[0] == 200:
+                    healthy = True
+                    break
+                time.sleep(1)
+            summary.update(startup_s=time.time() - t_launch, healthy=healthy, exit_code=proc.poll())
+            for win in item["windows"] if healthy else ():
+                est = float(win.get("est_s", 30))
+                if time.time() + est > deadline:
+                    summary["windows"][win["name"]] = {"skipped": "deadline"}
+                    continue
+                wsum = {"server": name, "flags": flags, "model": model, "workload": win["workload"]}
+                try:
+                    wsum.update(_window(base, model, win["workload"], d / win["name"]))
+                except Exception as exc:  # noqa: BLE001 - keep the other windows
+                    wsum["error"] = f"{type(exc).__name__}: {exc}"
+                (d / win["name"] / "summary.json").write_text(json.dumps(wsum, indent=1, default=str))
+                summary["windows"][win["name"]] = {k: wsum.get(k) for k in
+                                                   ("output_throughput", "completed", "window_wall_s", "error")}
+                print(json.dumps({"run": name, "window": win["name"], **summary["windows"][win["name"]]},
+                                 default=str), flush=True)
+                pack()
+        except Exception as exc:  # noqa: BLE001 - keep what we have
+            summary["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            summary["stop_s"], summary["gpu_used_mib_after_stop"] = _stop_server(proc)
+    (d / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
 def main() -> None:
     plan = json.loads(Path(sys.argv[1]).read_text())
     out = Path(os.environ.get("OUT", "/tmp/out")) / "real"
     out.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + float(plan.get("budget_s", 540))
-    for item in plan["runs"]:
-        if time.time() > deadline - 60:
-            print("skipping", item["name"], "(budget)", flush=True)
-            continue
-        s = run_one(item["name"], item["flags"], item["workload"], out, deadline, item.get("bench", False),
-                    item.get("repeats", 1))
-        print(json.dumps({k: s.get(k) for k in ("name", "healthy", "startup_s", "output_throughput", "completed")},
-                         default=str), flush=True)
+
+    def pack() -> None:
         with tarfile.open(out.parent / "real.tar.gz", "w:gz") as tar:
             tar.add(out, arcname="real")
+
+    for item in plan["runs"]:
+        if time.time() > deadline - float(item.get("min_s", 60)):
+            print("skipping", item["name"], "(budget)", flush=True)
+            continue
+        if "windows" in item:
+            s = run_windows(item, out, deadline, pack)
+        else:
+            s = run_one(item["name"], item["flags"], item["workload"], out, deadline, item.get("bench", False),
+                        item.get("repeats", 1))
+        print(json.dumps({k: s.get(k) for k in ("name", "healthy", "startup_s", "output_throughput", "completed")},
+                         default=str), flush=True)
+        pack()
 
 
 if __name__ == "__main__":
