@@ -212,7 +212,13 @@ def run_windows(item: dict, out: Path, deadline: float, pack) -> dict:
                     break
                 time.sleep(1)
             summary.update(startup_s=time.time() - t_launch, healthy=healthy, exit_code=proc.poll())
-            for win in item["windows"] if healthy else ():
+            for k, win in enumerate(item["windows"] if healthy else ()):
+                # Prompt token ids follow (seed, request index): windows of one start that shared a
+                # seed re-sent earlier prompts, which vLLM's prefix cache then served (the 2026-12-01
+                # scale runs, up to 98% of prompt tokens). Each window after the first gets its own
+                # seed unless the plan pins it with "same_prompts": true.
+                if k and not win.get("same_prompts"):
+                    win = {**win, "workload": {**win["workload"], "seed": int(win["workload"].get("seed", 0)) + 1000 * k}}
                 est = float(win.get("est_s", 30))
                 if time.time() + est > deadline:
                     summary["windows"][win["name"]] = {"skipped": "deadline"}
