@@ -214,7 +214,7 @@ def _load(rule: str) -> SearchSpace:
     ("max_num_seqs > 10000000000000", "constant beyond"),
     ("kv_cache_dtype == '" + "a" * 65 + "'", "longer than 64"),
     ("-" * 40 + "max_num_seqs > 0", "deeper than 32"),
-    (" and ".join(["1 < max_num_seqs"] * 30), "more than 100 parts"),
+    (" and ".join(["1<gpu_count"] * 30), "more than 100 parts"),
     ("max_num_seqs == 1\x00", "not a valid expression"),
 ])
 def test_rule_language_bounds(rule, why):
