@@ -182,6 +182,9 @@ def register_gpus_from_yaml(path: str | os.PathLike[str]) -> list[str]:
             doc = yaml.safe_load(fh)
     except OSError as exc:
         raise SpecError("--gpu-file", f"cannot read {text_path}: {exc.strerror}", "give an existing YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError("--gpu-file", f"cannot read {text_path}: not UTF-8 text ({exc.reason})",
+                        "give a UTF-8 YAML file") from None
     except yaml.YAMLError as exc:
         raise SpecError(text_path, f"not valid YAML: {exc}", "fix the YAML syntax") from None
     entries = doc.get("gpus") if isinstance(doc, Mapping) else doc
