@@ -792,7 +792,7 @@ def is_vllm_log(text: str) -> bool:
     Example:
         >>> is_vllm_log("INFO 05-01 10:00:00 [core.py:58] Initializing a V1 LLM engine (v0.8.5)")
         True
-        >>> is_vllm_log("# servetune\n\nFinds the vLLM flags with the highest throughput.")
+        >>> is_vllm_log("# servetune\\n\\nFinds the vLLM flags with the highest throughput.")
         False
     """
     return any(_VLLM_HEADER_RE.search(line) or _VLLM_OTHER_RE.search(line) for line in text.splitlines())
