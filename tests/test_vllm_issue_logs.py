@@ -38,17 +38,21 @@ def test_every_fixture_names_its_source():
     assert len(logs) == 8
     index = (LOGS / "SOURCES.md").read_text()
     for log in logs:
-        head = log.read_text().splitlines()[0]
-        assert head.startswith("# SOURCE: https://github.com/vllm-project/vllm/") or "SOURCE: https://github.com/vllm-project/vllm/" in log.read_text()
-        assert log.name in index
+        text = log.read_text()
+        assert "# SOURCE: https://github.com/vllm-project/vllm/" in text and log.name in index
+        # every vLLM line of the file comes after a SOURCE comment
+        first_source = text.index("# SOURCE:")
+        assert all(not is_vllm_log(line) for line in text[:first_source].splitlines())
 
 
 @pytest.mark.parametrize("line_no, version", [(0, "0.6.4.post2.dev395+g02222a02.d20241217"),
                                               (1, "0.7.4.dev390+gdebd6bbf"), (2, "0.6.4.post1"),
-                                              (3, "0.8.0rc3.dev6+g53a0cf8b")])
+                                              (3, "0.8.0rc3.dev6+g53a0cf8b"), (4, "0.7.3"), (5, "0.7.0")])
 def test_v0_engine_lines_give_the_version(line_no, version):
     lines = [x for x in _read("v0_engine_version_lines.log").splitlines() if not x.startswith("#")]
-    assert parse_log(lines[line_no]).vllm_version == version
+    assert len(lines) == 6
+    p = parse_log(lines[line_no])
+    assert p.vllm_version == version and p.tensor_parallel_size == 1 and p.max_model_len is not None
 
 
 def test_v0_0_5_engine_line_and_a_cut_traceback():
