@@ -69,9 +69,10 @@ def test_v0_0_5_engine_line_and_a_cut_traceback():
 def test_v0_0_5_tensor_parallel_gpu_blocks():
     p = parse_log(_read("v0_5_tp4_lora_gpu_blocks_cut.log"))
     assert p.num_gpu_blocks == 10039 and p.num_cpu_blocks == 1310 and not p.num_gpu_blocks_derived
-    # V0's workers share one name, "VllmWorkerProcess" (the driver's own lines carry no prefix, and its
-    # weights line is before this excerpt): they are kept under that one name.
-    assert set(p.workers) == {"VllmWorkerProcess"} and p.weights_gib == 6.1138
+    # V0's workers share one name, "VllmWorkerProcess": their pids tell them apart (the driver's own
+    # weights line is before this excerpt).
+    assert set(p.workers) == {f"VllmWorkerProcess pid={pid}" for pid in (6921, 6922, 6923)}
+    assert {w.weights_gib for w in p.workers.values()} == {6.1138} and p.weights_gib == 6.1138
     c = classify(_read("v0_5_tp4_lora_gpu_blocks_cut.log"))
     assert c.status is TrialStatus.INCOMPLETE and "during CUDA graph capture" in (c.cause or "")
 
@@ -85,7 +86,8 @@ def test_v0_0_6_memory_profiling_results_line():
     assert p.available_kv_gib == 34.78 and p.non_torch_gib == 1.96 and p.weights_gib == 18.4902
     # peak_torch_memory is weights + activations: 34.50 - 18.4902 on the driver.
     assert p.activation_peak_gib == pytest.approx(16.0098)
-    assert set(p.workers) == {"main", "VllmWorkerProcess"}
+    assert set(p.workers) == {"main", "VllmWorkerProcess pid=1587462"}
+    assert p.workers["VllmWorkerProcess pid=1587462"].available_kv_gib == 34.96
 
 
 def test_v0_0_7_zero_cuda_blocks_is_a_startup_oom_with_the_budget_as_evidence():

@@ -194,6 +194,13 @@ class _Seg:
         return _HEADER_RE.sub("", rest, count=1).strip()
 
 
+def _proc_name(m: re.Match[str]) -> str:
+    """The process a prefix names: V1 names each worker (``Worker_TP1``); V0's tensor-parallel workers
+    all print ``(VllmWorkerProcess pid=N)``, so the pid tells them apart."""
+    proc = m.group("proc")
+    return f"{proc} pid={m.group('pid')}" if proc == "VllmWorkerProcess" else proc
+
+
 def _segments(text: str) -> list[_Seg]:
     segs: list[_Seg] = []
     for i, line in enumerate(text.split("\n"), start=1):
@@ -202,7 +209,7 @@ def _segments(text: str) -> list[_Seg]:
             # appended /metrics dump); vLLM's own lines never start with "#".
             if not part.strip() or part.startswith("#"):
                 continue
-            prefixes = tuple((m.end(), m.group("proc")) for m in _PREFIX_RE.finditer(part))
+            prefixes = tuple((m.end(), _proc_name(m)) for m in _PREFIX_RE.finditer(part))
             segs.append(_Seg(i, part, prefixes))
     return segs
 
