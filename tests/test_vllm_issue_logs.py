@@ -35,7 +35,7 @@ def _diagnose_cli(path: Path, *extra: str) -> int:
 
 def test_every_fixture_names_its_source():
     logs = sorted(LOGS.glob("*.log"))
-    assert len(logs) == 8
+    assert len(logs) == 10
     index = (LOGS / "SOURCES.md").read_text()
     for log in logs:
         text = log.read_text()
@@ -110,6 +110,33 @@ def test_the_block_line_is_read_whatever_the_platform_name():
         assert (p.num_gpu_blocks, p.num_cpu_blocks) == (5519, 4681)
 
 
+def test_v0_0_7_tensor_parallel_kv_too_small():
+    text = _read("v0_7_tp2_kv_too_small.log")
+    p = parse_log(text)
+    assert (p.max_model_len, p.kv_cache_tokens, p.estimated_max_model_len) == (131072, 81536, 81536)
+    assert p.weights_gib == 13.9476 and set(p.workers) == {"VllmWorkerProcess pid=1786"}
+    c = classify(text)
+    assert c.status is TrialStatus.KV_TOO_SMALL and "max seq len (131072)" in (c.cause or "")
+    d = _diagnose_json("v0_7_tp2_kv_too_small.log")
+    assert d["advice"][0].startswith("Lower max_model_len (now 131,072) to at most 81,536")
+
+
+def test_v0_0_8_bracketed_header_and_one_figure_set_per_worker_pid():
+    p = parse_log(_read("v0_8_tp_workers_bracketed.log"))
+    assert sorted(p.workers) == ["VllmWorkerProcess pid=507", "VllmWorkerProcess pid=521", "VllmWorkerProcess pid=577"]
+    assert all((w.weights_gib, w.available_kv_gib, w.non_torch_gib, w.activation_peak_gib) == (21.21, 1.57, 0.2, 0.37)
+               for w in p.workers.values())
+    assert (p.total_gpu_gib, p.gpu_memory_utilization, p.requested_gib, p.memory_profiling_s) == (23.58, 0.99, 23.35, 17.59)
+    assert classify(_read("v0_8_tp_workers_bracketed.log")).status is TrialStatus.INCOMPLETE
+
+
+def _diagnose_json(name: str) -> dict:
+    from servetune.diagnose import diagnose
+
+    text = _read(name)
+    return diagnose(parse_log(text), classify(text)).to_json()
+
+
 def test_early_v1_gpu_blocks_without_cpu_blocks():
     p = parse_log(_read("v1_0_7_early_gpu_blocks_cut.log"))
     assert p.num_gpu_blocks == 1381 and p.num_cpu_blocks is None and not p.num_gpu_blocks_derived
@@ -134,6 +161,7 @@ def test_v0_0_7_api_server_that_served():
 @pytest.mark.parametrize("name, code, status", [
     ("v0_7_api_server_served.log", 0, "ok"),
     ("v0_7_rtx4060_cuda_blocks_0.log", 1, "startup_oom"),
+    ("v0_7_tp2_kv_too_small.log", 1, "kv_too_small"),
     ("v0_5_0_mistral_oom_cut.log", 1, "crashed"),
     ("v0_6_bamba_tp2_profiling_cut.log", 1, "incomplete"),
     ("v1_0_7_early_gpu_blocks_cut.log", 1, "incomplete"),

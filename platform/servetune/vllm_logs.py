@@ -550,7 +550,8 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
         num_gpu_blocks_override=override,
         num_cpu_blocks=f.get("num_cpu_blocks"),
         block_size=block_size,
-        estimated_max_model_len=f.get("estimated_max_model_len"),
+        # V0 says how many tokens the KV cache holds: the longest sequence that fits.
+        estimated_max_model_len=f.get("estimated_max_model_len") or f.get("_v0_kv_tokens"),
         kv_needed_gib=f.get("kv_needed_gib"),
         torch_compile_s=f.get("torch_compile_s"),
         compile_cache_hit=(False if f.get("_compile_miss") else True if f.get("_compile_hit") else None),
