@@ -35,7 +35,7 @@ def _diagnose_cli(path: Path, *extra: str) -> int:
 
 def test_every_fixture_names_its_source():
     logs = sorted(LOGS.glob("*.log"))
-    assert len(logs) == 10
+    assert len(logs) == 11
     index = (LOGS / "SOURCES.md").read_text()
     for log in logs:
         text = log.read_text()
@@ -130,6 +130,16 @@ def test_v0_0_8_bracketed_header_and_one_figure_set_per_worker_pid():
     assert classify(_read("v0_8_tp_workers_bracketed.log")).status is TrialStatus.INCOMPLETE
 
 
+def test_v0_worker_oom_while_loading_is_a_startup_oom_at_load():
+    """The OOM line and the worker's "while processing method load_model" come from two workers."""
+    c = classify(_read("v0_8_tp_worker_oom_load_model.log"))
+    assert c.status is TrialStatus.STARTUP_OOM
+    assert (c.cause or "").startswith("CUDA out of memory while loading the weights: CUDA out of memory. Tried to "
+                                      "allocate 20.00 MiB. GPU 2 has a total capacity of 14.62 GiB")
+    assert c.evidence[-1] == "7: Exception in worker VllmWorkerProcess while processing method load_model."
+    assert _diagnose_json("v0_8_tp_worker_oom_load_model.log")["advice"][0].startswith("The weights do not fit")
+
+
 def _diagnose_json(name: str) -> dict:
     from servetune.diagnose import diagnose
 
@@ -162,6 +172,7 @@ def test_v0_0_7_api_server_that_served():
     ("v0_7_api_server_served.log", 0, "ok"),
     ("v0_7_rtx4060_cuda_blocks_0.log", 1, "startup_oom"),
     ("v0_7_tp2_kv_too_small.log", 1, "kv_too_small"),
+    ("v0_8_tp_worker_oom_load_model.log", 1, "startup_oom"),
     ("v0_5_0_mistral_oom_cut.log", 1, "crashed"),
     ("v0_6_bamba_tp2_profiling_cut.log", 1, "incomplete"),
     ("v1_0_7_early_gpu_blocks_cut.log", 1, "incomplete"),

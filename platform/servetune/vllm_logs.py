@@ -612,6 +612,7 @@ _STAGE_WORDS = {"start": "before loading the model", "load": "while loading the 
                 "ready": "while serving"}
 _CAPTURE_FRAME_RE = re.compile(r"in (?:capture_model|_capture_cudagraphs|capture)\b|cudagraph", re.I)
 _LOAD_FRAME_RE = re.compile(r"in (?:load_model|load_weights)\b")
+_V0_METHOD_RE = re.compile(r"Exception in worker \w+ while processing method (\w+)")
 _PROFILE_FRAME_RE = re.compile(r"in (?:profile_run|determine_available_memory|determine_num_available_blocks)\b")
 
 _Rule = tuple[re.Pattern[str], TrialStatus, bool, str]
@@ -821,6 +822,10 @@ def _classify_oom(segs: Sequence[_Seg], idx: int, ready_idx: int | None) -> Clas
             break
     frames = _traceback_frames(segs, exc_idx, segs[exc_idx].proc, limit=0)
     frame_text = " ".join(f.msg for f in frames)
+    # V0's multiproc workers name the method they were running ("Exception in worker VllmWorkerProcess
+    # while processing method load_model."), often on another worker's lines than the OOM's.
+    methods = [s for s in segs[max(0, idx - 40):idx + 40] if _V0_METHOD_RE.search(s.msg)]
+    frame_text += "".join(f" in {_V0_METHOD_RE.search(s.msg).group(1)}" for s in methods)  # type: ignore[union-attr]
     stage = "ready" if ready_idx is not None and idx > ready_idx else _stage_before(segs, idx)
     if stage == "ready":
         status = TrialStatus.RUNTIME_OOM
@@ -842,6 +847,7 @@ def _classify_oom(segs: Sequence[_Seg], idx: int, ready_idx: int | None) -> Clas
     ev = [_evidence_line(s) for s in frames[-2:]] + [_evidence_line(segs[exc_idx])]
     if exc_idx != idx:
         ev.insert(0, _evidence_line(seg))
+    ev += [_evidence_line(s) for s in methods[:1]]
     if status is TrialStatus.CUDAGRAPH_OOM:  # how far the capture got
         capturing = [s for s in segs[:idx] if _STAGES[3][1].search(s.raw)]
         if capturing:
