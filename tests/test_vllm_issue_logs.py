@@ -35,7 +35,7 @@ def _diagnose_cli(path: Path, *extra: str) -> int:
 
 def test_every_fixture_names_its_source():
     logs = sorted(LOGS.glob("*.log"))
-    assert len(logs) == 11
+    assert len(logs) == 12
     index = (LOGS / "SOURCES.md").read_text()
     for log in logs:
         text = log.read_text()
@@ -138,6 +138,13 @@ def test_v0_worker_oom_while_loading_is_a_startup_oom_at_load():
                                       "allocate 20.00 MiB. GPU 2 has a total capacity of 14.62 GiB")
     assert c.evidence[-1] == "7: Exception in worker VllmWorkerProcess while processing method load_model."
     assert _diagnose_json("v0_8_tp_worker_oom_load_model.log")["advice"][0].startswith("The weights do not fit")
+
+
+def test_early_v1_worker_prefix_with_a_rank_is_a_process_prefix():
+    """0.8's "(VllmWorker rank=1 pid=12231) " is a process prefix: the evidence reads vLLM's own text."""
+    c = classify(_read("v1_0_8_worker_rank_traceback_cut.log"))
+    assert c.status is TrialStatus.CRASHED and "log ends before its exception line" in (c.cause or "")
+    assert c.evidence == ["6: Traceback (most recent call last):"]
 
 
 def _diagnose_json(name: str) -> dict:

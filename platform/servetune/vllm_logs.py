@@ -53,7 +53,9 @@ LOG_LINE_RE = re.compile(
     r"\[(?P<src>[^\]]+)\] (?P<msg>.*)$")
 
 _N = r"(-?\d[\d,]*(?:\.\d+)?)"  # 12.5, -0.52, 3, 2,216,528
-_PREFIX_RE = re.compile(r"\((?P<proc>[A-Za-z][\w.:-]*) pid=(?P<pid>\d+)\) ")
+# "(EngineCore_DP0 pid=7) ", "(Worker_TP1 pid=9) " (0.11+), and the worker names of the early V1 engine:
+# "(VllmWorker rank=1 pid=12231) " (0.8-0.9), "(VllmWorker TP0 pid=19250) " (0.10).
+_PREFIX_RE = re.compile(r"\((?P<proc>[A-Za-z][\w.:-]*(?: (?:rank=\d+|[TPD]P\d+))*) pid=(?P<pid>\d+)\) ")
 # The logger header: "INFO 11-30 01:22:41 [file.py:560] " (V1), "INFO 10-15 12:00:05 file.py:237] " (V0 before
 # the brackets), or uvicorn's "INFO:     ".
 _HEADER_RE = re.compile(r"^(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d (?:\[[^\]]+\]|[\w.]+:\d+\]) |[A-Z]+:\s+)")
