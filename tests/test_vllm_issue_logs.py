@@ -147,6 +147,17 @@ def test_early_v1_worker_prefix_with_a_rank_is_a_process_prefix():
     assert c.evidence == ["6: Traceback (most recent call last):"]
 
 
+def test_the_0_10_worker_prefix_with_a_tp_rank():
+    """0.10's "(VllmWorker TP0 pid=19250) ": lines from https://github.com/infiniflow/ragflow/issues/9856
+    (Bob123Yang, 2025-09-01), a terminal paste wrapped in <font>/<b> tags, here with the tags removed."""
+    text = ("(VllmWorker TP0 pid=19250) INFO 09-01 21:26:21 [gpu_worker.py:276] Available KV cache memory: 26.13 GiB\n"
+            "(VllmWorker TP1 pid=19251) INFO 09-01 21:26:21 [gpu_worker.py:276] Available KV cache memory: 26.13 GiB\n"
+            "(EngineCore_0 pid=19048) INFO 09-01 21:26:21 [kv_cache_utils.py:849] GPU KV cache size: 570,848 tokens\n")
+    p = parse_log(text)
+    assert set(p.workers) == {"VllmWorker TP0", "VllmWorker TP1"} and p.available_kv_gib == 26.13
+    assert p.kv_cache_tokens == 570848
+
+
 def _diagnose_json(name: str) -> dict:
     from servetune.diagnose import diagnose
 
