@@ -49,12 +49,12 @@ def test_predicted_failure_exits_1_with_cause_and_fix(capsys):
 
 @pytest.mark.parametrize(("argv", "needle"), [
     (["--model", "llama-3.1-8b", "--gpu", "H300"], "unknown GPU 'H300'"),
-    (["--model", "llama-3.1-8b", "--gpu", "H100", "--set", "max_num_seq=8"], "unknown vLLM flag 'max_num_seq'"),
-    (["--model", "llama-3.1-8b", "--gpu", "H100", "--set", "gpu_memory_utilization=1.5"], "must be <= 1"),
-    (["--model", "llama-3.1-8b", "--gpu", "H100", "--set", "tensor_parallel_size=3"], "must be divisible"),
-    (["--model", "no-such-model", "--gpu", "H100"], "no model config found"),
-    (["--model", "llama-3.1-8b", "--gpu", "H100", "--vllm-version", "0.9.2"], "vllm_version"),
-    (["--model", "llama-3.1-8b", "--gpu", "H100", "--set", "max_num_seqs"], "expected FLAG=VALUE"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "max_num_seq=8"], "unknown vLLM flag 'max_num_seq'"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "gpu_memory_utilization=1.5"], "must be <= 1"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "tensor_parallel_size=3"], "must be divisible"),
+    (["--model", "no-such-model", "--gpu", "H100-80GB"], "no model config found"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--vllm-version", "0.9.2"], "vllm_version"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "max_num_seqs"], "expected FLAG=VALUE"),
 ])
 def test_bad_input_exits_2(capsys, argv, needle):
     rc = _run(argv)

@@ -28,7 +28,7 @@ def test_relative_figures_are_sane():
 def test_names_are_case_insensitive_with_aliases():
     assert get_gpu("h200") is get_gpu("H200")
     assert get_gpu("  l40s ").name == "L40S"
-    assert get_gpu("h100").name == "H100-80GB"
+    assert get_gpu("h100-sxm").name == "H100-80GB" and get_gpu("a100-40g").name == "A100-40GB"
 
 
 def test_unknown_gpu_lists_the_known_ones():

@@ -5,8 +5,12 @@ the outcome (:func:`servetune.vllm_logs.classify`) and prints the status and cau
 breakdown vLLM logged, the timings, the KV capacity, the preemptions and numbered advice.
 ``--json`` prints :meth:`servetune.diagnose.Diagnosis.to_json` instead.
 
-Exit codes: 0 when the files were read (whatever the run's status), 2 when a file is missing or
-unreadable.
+Exit codes, for scripts: 0 the server served (status ``ok``); 1 it did not: a classified failure
+(``startup_oom``, ``kv_too_small``, ``cudagraph_oom``, ``runtime_oom``, ``crashed``,
+``invalid_config``, ``timeout``), or a log that ends with no error before the server was ready
+(``incomplete``: cut short, still starting, or killed without a trace; not called a crash); 2 a
+file is missing or unreadable, or the LOG is not a vLLM log (no line carries vLLM's logger header,
+its CLI's usage/error line or a frame of the vllm package: a README, a YAML file, an empty file).
 
 Example::
 
@@ -23,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from servetune.diagnose import Diagnosis, diagnose
-from servetune.vllm_logs import ParsedLog, classify, parse_log
+from servetune.result import TrialStatus
+from servetune.vllm_logs import ParsedLog, classify, is_vllm_log, parse_log
 
 __all__ = ["add_parser", "run", "format_diagnosis"]
 
@@ -33,8 +38,9 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "diagnose", help="classify a vLLM server log and say what to change",
         description="Classify how a vLLM server run ended (ok, startup_oom, kv_too_small, cudagraph_oom, "
-                    "runtime_oom, crashed, timeout, invalid_config) from its log, with the evidence, the memory "
-                    "breakdown and advice.")
+                    "runtime_oom, crashed, timeout, invalid_config, incomplete) from its log, with the evidence, "
+                    "the memory breakdown and advice. Exit code 0 served, 1 did not, 2 not a vLLM log or "
+                    "unreadable.")
     p.add_argument("log", help="the vllm serve log (stdout and stderr)")
     p.add_argument("--metrics", metavar="FILE", help="a /metrics scrape taken after the run (for preemptions)")
     p.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
@@ -53,9 +59,15 @@ def _read(path: str, what: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``servetune diagnose``; 0 when the files were read, 2 when one is missing."""
+    """Run ``servetune diagnose``; 0 served, 1 did not (a failure, or a log cut before ready), 2 bad input."""
     text = _read(args.log, "LOG")
     if text is None:
+        return 2
+    if not is_vllm_log(text):
+        what = "it is empty" if not text.strip() else "no line carries vLLM's logger header (LEVEL MM-DD HH:MM:SS " \
+            "[file.py:N]), its CLI's usage or error line, or a frame of the vllm package"
+        print(f"error: LOG: {args.log} is not a vLLM log: {what} (fix: give the output of `vllm serve`, stdout and "
+              "stderr, e.g. `vllm serve MODEL ... 2>&1 | tee server.log`)", file=sys.stderr)
         return 2
     metrics_text = None
     if getattr(args, "metrics", None):
@@ -69,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print(format_diagnosis(Path(args.log).name, parsed, result))
-    return 0
+    return 0 if result.status is TrialStatus.OK else 1
 
 
 def _fmt(value: float | None, unit: str = "", digits: int = 2) -> str:

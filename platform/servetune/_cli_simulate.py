@@ -48,10 +48,15 @@ def _load_workload(path_text: str) -> Any:
     from servetune.workload import Workload
 
     path = Path(path_text)
+    if path.is_dir():
+        raise SpecError("--workload", f"{path} is a folder", "give the path of a workload YAML file")
     if not path.is_file():
         raise SpecError("--workload", f"file not found: {path}", "give the path of a workload YAML file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else f"not UTF-8 text ({exc.reason})"
+        raise SpecError("--workload", f"cannot read {path}: {why}", "give a readable UTF-8 YAML file") from None
     except yaml.YAMLError as exc:
         raise SpecError("--workload", f"not valid YAML ({exc.__class__.__name__})", "check the file's syntax") from None
     if isinstance(data, dict) and "workload" in data and isinstance(data["workload"], dict):

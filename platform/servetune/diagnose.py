@@ -186,6 +186,7 @@ def _advice(f: _Facts) -> list[str]:
         TrialStatus.CRASHED: _crashed,
         TrialStatus.TIMEOUT: _timeout,
         TrialStatus.INVALID_CONFIG: _invalid_config,
+        TrialStatus.INCOMPLETE: _incomplete,
         TrialStatus.OK: _serving,
     }
     return rules.get(status, lambda _: [])(f)
@@ -330,6 +331,19 @@ def _timeout(f: _Facts) -> list[str]:
     return [f"Raise the startup timeout: the first start of a configuration compiles and captures CUDA graphs{extra}, "
             "and a fresh host has a cold compile cache.",
             "If the log stops at the same stage every time, that stage hangs: look for NCCL or download waits there."]
+
+
+def _incomplete(f: _Facts) -> list[str]:
+    p = f.p
+    out = ["The log stops before the server was ready and shows no error. If the server is still starting, "
+           "diagnose the whole log once it prints 'Application startup complete.' (or an error)."]
+    if p.graph_capture_s is None and (p.available_kv_gib is not None or p.num_gpu_blocks is not None):
+        out.append("It got as far as sizing the KV cache"
+                   + (f" ({p.num_gpu_blocks:,} blocks)" if p.num_gpu_blocks is not None else "")
+                   + ": the next stages are CUDA graph capture and the API server's start.")
+    out.append("If the process is gone, something outside vLLM ended it without a trace: check the host's RAM "
+               "(dmesg for the OOM killer), your launcher's own timeout, or whether the log was cut when copied.")
+    return out
 
 
 def _invalid_config(f: _Facts) -> list[str]:

@@ -3,8 +3,12 @@
 The memory planner uses :attr:`GpuSpec.memory_gib` (``torch.cuda.mem_get_info()[1]`` in GiB, which
 is what vLLM multiplies by ``gpu_memory_utilization``); the simulator's roofline uses the HBM
 bandwidth, the dense bf16 / fp8 tensor-core rates and the per-direction interconnect bandwidth.
-Names are case-insensitive; :func:`get_gpu` raises :class:`~servetune.errors.SpecError` listing
-the known names for an unknown one. Users add GPUs from YAML with :func:`register_gpus_from_yaml`::
+Names are case-insensitive and resolve strictly: an exact name, or an alias that means one GPU
+only (``h100-sxm``, ``a100-40g``). A name that several GPUs answer to (``A100``: the 40 GB and the
+80 GB card; ``H100``: SXM, PCIe and NVL parts with different memory and bandwidth) is refused with
+the candidates, never guessed: an A100-40GB owner given 80 GB predictions would plan trials that
+cannot start. :func:`get_gpu` raises :class:`~servetune.errors.SpecError` listing the known names
+for an unknown one. Users add GPUs from YAML with :func:`register_gpus_from_yaml`::
 
     gpus:
       - name: RTX-6000-Ada
@@ -76,9 +80,16 @@ _BUILTIN: tuple[GpuSpec, ...] = (
 )
 
 #: Other spellings people use for the built-in names (lower case).
-_ALIASES = {"h100": "H100-80GB", "h100-sxm": "H100-80GB", "h100-80g": "H100-80GB", "h100_80gb": "H100-80GB",
-            "a100": "A100-80GB", "a100-80g": "A100-80GB", "a100_80gb": "A100-80GB",
+_ALIASES = {"h100-sxm": "H100-80GB", "h100-80g": "H100-80GB", "h100_80gb": "H100-80GB",
+            "h100-sxm-80gb": "H100-80GB", "a100-80g": "A100-80GB", "a100_80gb": "A100-80GB",
             "a100-40g": "A100-40GB", "a100_40gb": "A100-40GB", "h200-141gb": "H200"}
+
+#: Names several GPUs answer to (lower case) -> (the table's candidates, what else the name covers).
+_AMBIGUOUS: dict[str, tuple[tuple[str, ...], str]] = {
+    "a100": (("A100-40GB", "A100-80GB"), ""),
+    "h100": (("H100-80GB",), "H100-80GB is the SXM part; H100 PCIe (2.0 TB/s) and H100 NVL (94 GB) are not in the "
+             "table"),
+}
 
 _REGISTRY: dict[str, GpuSpec] = {g.name.lower(): g for g in _BUILTIN}
 
@@ -98,9 +109,16 @@ def get_gpu(name: str) -> GpuSpec:
     if not isinstance(name, str) or not name.strip():
         raise SpecError("gpu", f"expected a GPU name, got {name!r}", f"use one of: {', '.join(known_gpus())}")
     key = name.strip().lower()
-    key = _ALIASES.get(key, key).lower()
-    if key in _REGISTRY:
+    if key in _REGISTRY:  # an exact name (built-in or registered) always wins
         return _REGISTRY[key]
+    if key in _ALIASES and _ALIASES[key].lower() in _REGISTRY:
+        return _REGISTRY[_ALIASES[key].lower()]
+    if key in _AMBIGUOUS:
+        candidates, note = _AMBIGUOUS[key]
+        raise SpecError("gpu", f"ambiguous GPU {name!r}: it names {', '.join(candidates)}"
+                        + (f" ({note})" if note else ""),
+                        f"write the exact type, one of: {', '.join(candidates)}"
+                        + ("; or add your part with a GPU YAML file (--gpu-file)" if note else ""))
     raise SpecError("gpu", f"unknown GPU {name!r}{did_you_mean(name, known_gpus())}",
                     f"use one of: {', '.join(known_gpus())}, or add it with a GPU YAML file (--gpu-file)")
 
@@ -164,6 +182,9 @@ def register_gpus_from_yaml(path: str | os.PathLike[str]) -> list[str]:
             doc = yaml.safe_load(fh)
     except OSError as exc:
         raise SpecError("--gpu-file", f"cannot read {text_path}: {exc.strerror}", "give an existing YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError("--gpu-file", f"cannot read {text_path}: not UTF-8 text ({exc.reason})",
+                        "give a UTF-8 YAML file") from None
     except yaml.YAMLError as exc:
         raise SpecError(text_path, f"not valid YAML: {exc}", "fix the YAML syntax") from None
     entries = doc.get("gpus") if isinstance(doc, Mapping) else doc

@@ -37,6 +37,10 @@ class TrialStatus(str, enum.Enum):
     # The machine, not the flags: a port taken, GPU memory held by another process, a lost Ray
     # node. Retried on another slot; never told to the sampler as infeasible (see servetune.infra).
     INFRA_ERROR = "infra_error"
+    # A log that stops with no error before the server was ready and nothing else is known (no exit
+    # code, no timeout): cut short, still starting, or killed without a trace. ``servetune diagnose``
+    # of a log alone; a trial always knows how its server ended, so never gets it.
+    INCOMPLETE = "incomplete"
 
     @property
     def is_startup_failure(self) -> bool:

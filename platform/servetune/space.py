@@ -22,6 +22,13 @@ Rules are expressions in a tiny language evaluated by walking the parsed AST: fl
 context names in :data:`CONTEXT_NAMES`, numbers, strings, ``true``/``false``, comparisons,
 ``+ - * / // %``, ``and``/``or``/``not`` and parentheses. Anything else (calls, attribute access,
 indexing, ``**``, lambdas) is refused when the space is loaded; nothing is ever passed to ``eval``.
+A spec may come from a shared repository or a nightly matrix, so a rule is untrusted input and the
+language cannot allocate or loop beyond small bounds: arithmetic is on numbers only (a string is
+only ever compared: ``'x' * 10**11`` and ``'%0999999999d' % max_num_seqs`` are refused when the
+space is loaded, and a flag holding a string refuses arithmetic when the rule is judged); a
+constant is at most ``1e12`` in size and 64 characters long; an expression has at most 500
+characters, 100 nodes and 32 levels of nesting; and every value computed stays within ``1e18``
+(beyond it the rule "cannot be evaluated", which is a violation, never a hang or a huge number).
 A rule that names a flag the trial leaves unset (and that has no version-independent default) is
 skipped rather than guessed. Built-in rules always apply (see :meth:`SearchSpace.check`).
 
@@ -101,6 +108,11 @@ CONTEXT_NAMES: Mapping[str, str] = {
 }
 
 _MAX_EXPR_CHARS = 500
+_MAX_EXPR_NODES = 100  # "a <= 64 * b" is 10 nodes
+_MAX_EXPR_DEPTH = 32
+_MAX_CONST = 10**12  # the largest number a rule may write (|x|)
+_MAX_STR_CONST = 64  # the longest string a rule may write
+_MAX_VALUE = 10**18  # the largest magnitude a rule may compute
 _MAX_GRID = 1_000_000
 _PARAM_KEYS = ("type", "low", "high", "step", "log", "choices", "when")
 _SPACE_KEYS = ("params", "rules", "description")
@@ -134,6 +146,10 @@ _REFUSED_WHY: Mapping[type, str] = {
     ast.MatMult: "the @ operator", ast.Await: "await",
 }
 _EXPR_FIX = "use flag names, numbers, comparisons, + - * / // %, and/or/not and parentheses"
+
+
+class _EvalError(ArithmeticError):
+    """A value the rule language does not compute (string arithmetic, a number out of bounds)."""
 
 
 class _Unbound(Exception):
@@ -170,14 +186,26 @@ class Expr:
             tree = ast.parse(source.strip(), mode="eval")
         except SyntaxError as exc:
             raise SpecError(field, f"not a valid expression: {source!r} ({exc.msg})", _EXPR_FIX) from None
+        except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes; nesting the parser refuses
+            raise SpecError(field, f"not a valid expression: {source!r} ({type(exc).__name__})", _EXPR_FIX) from None
+        _check_shape(tree, field, source)
         known_names = set(known) if known is not None else set(FLAGS) | set(CONTEXT_NAMES)
         names: set[str] = set()
         for node in ast.walk(tree):
             if not isinstance(node, _ALLOWED_NODES):
                 why = _REFUSED_WHY.get(type(node), type(node).__name__)
                 raise SpecError(field, f"{why} are not allowed in a rule: {source!r}", _EXPR_FIX)
-            if isinstance(node, ast.Constant) and not isinstance(node.value, (bool, int, float, str, type(None))):
-                raise SpecError(field, f"constant {node.value!r} is not allowed in a rule", _EXPR_FIX)
+            if isinstance(node, ast.Constant):
+                _check_constant(node.value, field)
+            if isinstance(node, ast.BinOp):
+                for side in (node.left, node.right):
+                    if isinstance(side, ast.Constant) and not _is_number(side.value):
+                        raise SpecError(field, f"arithmetic on {side.value!r} in {source!r}: rules do arithmetic on "
+                                        "numbers only (strings may only be compared)", _EXPR_FIX)
+            if isinstance(node, ast.UnaryOp) and not isinstance(node.op, ast.Not) and \
+                    isinstance(node.operand, ast.Constant) and not _is_number(node.operand.value):
+                raise SpecError(field, f"sign on {node.operand.value!r} in {source!r}: only numbers take a sign",
+                                _EXPR_FIX)
             if isinstance(node, ast.Name) and node.id not in _LITERALS:
                 if node.id not in known_names:
                     raise SpecError(field, f"unknown name {node.id!r} in {source!r}{did_you_mean(node.id, known_names)}",
@@ -190,8 +218,62 @@ class Expr:
         return _eval(self.tree.body, env)
 
 
+def _check_shape(tree: ast.AST, field: str, source: str) -> None:
+    """At most _MAX_EXPR_NODES nodes and _MAX_EXPR_DEPTH levels (walked without recursion)."""
+    count = 0
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if count > _MAX_EXPR_NODES:
+            raise SpecError(field, f"expression has more than {_MAX_EXPR_NODES} parts", "split it into rules")
+        if depth > _MAX_EXPR_DEPTH:
+            raise SpecError(field, f"expression nested deeper than {_MAX_EXPR_DEPTH} levels", "split it into rules")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_constant(value: Any, field: str) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, str):
+        if len(value) > _MAX_STR_CONST:
+            raise SpecError(field, f"string constant longer than {_MAX_STR_CONST} characters", "compare with a flag value")
+        return
+    if isinstance(value, int) and abs(value) <= _MAX_CONST:
+        return
+    if isinstance(value, float) and math.isfinite(value) and abs(value) <= _MAX_CONST:
+        return
+    if _is_number(value):
+        raise SpecError(field, f"constant beyond {_MAX_CONST:.0e} in size", "use a number of at most 1e12")
+    raise SpecError(field, f"constant {value!r} is not allowed in a rule", _EXPR_FIX)
+
+
+def _operand(value: Any) -> int | float:
+    """An operand of arithmetic: a number within _MAX_VALUE, else _EvalError."""
+    if not _is_number(value):
+        raise _EvalError(f"arithmetic on {type(value).__name__} {_short(value)} (rules do arithmetic on numbers only)")
+    return _bounded(value)
+
+
+def _bounded(value: int | float) -> int | float:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _EvalError(f"{value} is not a finite number")
+    if abs(value) > _MAX_VALUE:
+        raise _EvalError(f"a value beyond {_MAX_VALUE:.0e}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
+
+
 def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
-    # Only the node types admitted by Expr.parse can reach here.
+    # Only the node types admitted by Expr.parse can reach here, at most _MAX_EXPR_DEPTH deep.
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, ast.Name):
@@ -208,9 +290,11 @@ def _eval(node: ast.AST, env: Mapping[str, Any]) -> Any:
         value = _eval(node.operand, env)
         if isinstance(node.op, ast.Not):
             return not value
+        value = _operand(value)
         return -value if isinstance(node.op, ast.USub) else +value
     if isinstance(node, ast.BinOp):
-        return _BINOPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+        left, right = _operand(_eval(node.left, env)), _operand(_eval(node.right, env))
+        return _bounded(_BINOPS[type(node.op)](left, right))
     if isinstance(node, ast.Compare):
         left = _eval(node.left, env)
         for op, comparator in zip(node.ops, node.comparators, strict=True):
@@ -235,7 +319,7 @@ class Rule:
             ok = self.expr.evaluate(env)
         except _Unbound:
             return None  # a flag the trial leaves to vLLM's default: nothing to judge
-        except (TypeError, ZeroDivisionError, ArithmeticError) as exc:
+        except (TypeError, ArithmeticError, RecursionError) as exc:  # _EvalError and ZeroDivisionError included
             return f"rule {self.expr.source!r} cannot be evaluated: {exc}"
         if ok:
             return None
@@ -325,6 +409,9 @@ class Param:
             raise SpecError(f"{field}.params.{self.name}.when",
                             f"the condition names {exc.name!r}, which is neither searched before "
                             f"{self.name!r} nor pinned", f"pin {exc.name} in fixed_flags or search it above {self.name}") from None
+        except (TypeError, ArithmeticError, RecursionError) as exc:  # string arithmetic, a bound, x % 0
+            raise SpecError(f"{field}.params.{self.name}.when", f"the condition {self.when.source!r} cannot be "
+                            f"evaluated: {exc}", "compare flags with values; do arithmetic on numbers only") from None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"type": self.kind}

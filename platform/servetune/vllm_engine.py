@@ -298,6 +298,9 @@ def _merge_verdict(result: TrialResult, verdict: Any) -> None:
     """
     if verdict.status is TrialStatus.OK:
         return
+    if verdict.status is TrialStatus.INCOMPLETE:  # the log alone stops short; the launcher saw how it ended
+        result.evidence = [*result.evidence, *verdict.evidence]
+        return
     if result.status is TrialStatus.TIMEOUT and verdict.status is TrialStatus.TIMEOUT and result.cause:
         result.evidence = [*result.evidence, *verdict.evidence]
         return

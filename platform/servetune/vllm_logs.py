@@ -3,7 +3,11 @@
 Contract:
 
 * :func:`parse_log` reads the startup figures vLLM prints (memory accounting, KV capacity, timings,
-  the flags it resolved) from the logs of vLLM 0.11 to 0.33 (V1 engine) and the old V0 format.
+  the flags it resolved) from the logs of vLLM 0.11 to 0.33 (V1 engine), the early V1 engine of
+  0.7-0.8 (``# GPU blocks: N`` alone) and the V0 engine of 0.5-0.8 ("Initializing an LLM engine
+  (v0.6.4.post1)", "Initializing a V0 LLM engine (v0.7.3)"; "# GPU blocks: N, # CPU blocks: M",
+  later "# CUDA blocks: N, ..." or "# cuda blocks: N, ..."; 0.6's "Memory profiling results: ..."),
+  checked on real logs pasted in vLLM's issue threads (``tests/fixtures/vllm_issue_logs``).
   Every field is ``None`` when the log does not show it. Per-worker memory lines (TP/PP ranks,
   ``(Worker_TP0 pid=..)``) are kept in :attr:`ParsedLog.workers`; the top-level memory figures are
   those of the binding worker (the largest consumption, the smallest KV budget), which is what
@@ -40,7 +44,8 @@ from typing import Any
 
 from servetune.result import TrialStatus
 
-__all__ = ["LOG_LINE_RE", "WorkerMemory", "ParsedLog", "Classification", "parse_log", "classify", "parse_number"]
+__all__ = ["LOG_LINE_RE", "WorkerMemory", "ParsedLog", "Classification", "parse_log", "classify", "parse_number",
+           "is_vllm_log"]
 
 #: vLLM's log line (vllm-internals.md §1.5): optional ``(<proc> pid=<pid>) `` prefix, then the logger header.
 LOG_LINE_RE = re.compile(
@@ -48,7 +53,9 @@ LOG_LINE_RE = re.compile(
     r"\[(?P<src>[^\]]+)\] (?P<msg>.*)$")
 
 _N = r"(-?\d[\d,]*(?:\.\d+)?)"  # 12.5, -0.52, 3, 2,216,528
-_PREFIX_RE = re.compile(r"\((?P<proc>[A-Za-z][\w.:-]*) pid=(?P<pid>\d+)\) ")
+# "(EngineCore_DP0 pid=7) ", "(Worker_TP1 pid=9) " (0.11+), and the worker names of the early V1 engine:
+# "(VllmWorker rank=1 pid=12231) " (0.8-0.9), "(VllmWorker TP0 pid=19250) " (0.10).
+_PREFIX_RE = re.compile(r"\((?P<proc>[A-Za-z][\w.:-]*(?: (?:rank=\d+|[TPD]P\d+))*) pid=(?P<pid>\d+)\) ")
 # The logger header: "INFO 11-30 01:22:41 [file.py:560] " (V1), "INFO 10-15 12:00:05 file.py:237] " (V0 before
 # the brackets), or uvicorn's "INFO:     ".
 _HEADER_RE = re.compile(r"^(?:[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d (?:\[[^\]]+\]|[\w.]+:\d+\]) |[A-Z]+:\s+)")
@@ -189,6 +196,13 @@ class _Seg:
         return _HEADER_RE.sub("", rest, count=1).strip()
 
 
+def _proc_name(m: re.Match[str]) -> str:
+    """The process a prefix names: V1 names each worker (``Worker_TP1``); V0's tensor-parallel workers
+    all print ``(VllmWorkerProcess pid=N)``, so the pid tells them apart."""
+    proc = m.group("proc")
+    return f"{proc} pid={m.group('pid')}" if proc == "VllmWorkerProcess" else proc
+
+
 def _segments(text: str) -> list[_Seg]:
     segs: list[_Seg] = []
     for i, line in enumerate(text.split("\n"), start=1):
@@ -197,14 +211,14 @@ def _segments(text: str) -> list[_Seg]:
             # appended /metrics dump); vLLM's own lines never start with "#".
             if not part.strip() or part.startswith("#"):
                 continue
-            prefixes = tuple((m.end(), m.group("proc")) for m in _PREFIX_RE.finditer(part))
+            prefixes = tuple((m.end(), _proc_name(m)) for m in _PREFIX_RE.finditer(part))
             segs.append(_Seg(i, part, prefixes))
     return segs
 
 
 # ================================================================================= patterns
 _VERSION_RES = (
-    re.compile(r"Initializing an? (?:V1 )?LLM engine \(v([^)\s]+)\)"),
+    re.compile(r"Initializing an? (?:V[01] )?LLM engine \(v([^)\s]+)\)"),
     re.compile(r"vLLM (?:API )?server version ([^\s,]+)"),
     re.compile(r"[█▀▄]\s+version (\d+\.\d+[^\s]*)"),
 )
@@ -227,7 +241,16 @@ _KV_BYTES_RE = re.compile(r"reserved " + _N + r" ?GiB memory for KV Cache as spe
 _KV_TOKENS_RE = re.compile(r"KV cache size: " + _N + r" tokens")
 _CONCURRENCY_RE = re.compile(r"Maximum concurrency for " + _N + r" tokens per request: " + _N + r"x")
 _OVERRIDE_RE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
-_V0_BLOCKS_RE = re.compile(r"# (?:cuda|GPU) blocks: (\d+), # CPU blocks: (\d+)")
+# V0: "# GPU blocks: N, # CPU blocks: M" (<= 0.6), "# CUDA blocks: ..." / "# cuda blocks: ..." (0.7-0.8,
+# the platform's name); early V1 (0.7-0.8): "# GPU blocks: N" alone.
+_V0_BLOCKS_RE = re.compile(r"# (?!CPU )(\w+) blocks: (\d+), # CPU blocks: (\d+)")
+_V1_EARLY_BLOCKS_RE = re.compile(r"# GPU blocks: (\d+)(?!\d|, # CPU)")
+# V0 0.6.4-0.6.6 (worker.py): one line for the whole profile.
+_V0_PROFILE_RE = re.compile(
+    r"Memory profiling results: duration=" + _N + r" seconds, total_gpu_memory=" + _N + r" ?GiB, "
+    r"initial_memory_usage=" + _N + r" ?GiB, peak_torch_memory=" + _N + r" ?GiB, memory_usage_post_profile="
+    + _N + r" ?GiB, non_torch_memory=" + _N + r" ?GiB, kv_cache_size=" + _N + r" ?GiB, gpu_memory_utilization="
+    + _N)
 _CACHE_INFO_RE = re.compile(r"vllm:cache_config_info\{([^}]*)\}")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _ACTUAL_OLD_RE = re.compile(  # 0.11 .. 0.26 wording (INFO in 0.26, DEBUG before)
@@ -402,8 +425,16 @@ def parse_log(text: str) -> ParsedLog:
             first("computed_gpu_blocks", int(m.group(1)))
             first("num_gpu_blocks_override", int(m.group(2)))
         if (m := _V0_BLOCKS_RE.search(raw)):
+            first("_v0_gpu_blocks", int(m.group(2)))
+            first("num_cpu_blocks", int(m.group(3)))
+        elif (m := _V1_EARLY_BLOCKS_RE.search(raw)):
             first("_v0_gpu_blocks", int(m.group(1)))
-            first("num_cpu_blocks", int(m.group(2)))
+        if (m := _V0_PROFILE_RE.search(raw)):
+            first("memory_profiling_s", _num(m, 1))
+            worker(seg, m, total_gib=_num(m, 2), _peak_torch_gib=_num(m, 4), non_torch_gib=_num(m, 6),
+                   available_kv_gib=_num(m, 7))
+            first("gpu_memory_utilization", _num(m, 8))
+            first("requested_gib", round(_num(m, 2) * _num(m, 8), 4))
         if (m := _CACHE_INFO_RE.search(raw)):
             cache_info = cache_info or dict(_LABEL_RE.findall(m.group(1)))
         if (m := _KV_TOO_SMALL_V1_RE.search(raw)):
@@ -450,6 +481,9 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
     # 0.29+ prints "consumed (weights + non-torch)"; split it with the weights of the same worker.
     frozen: dict[str, WorkerMemory] = {}
     for proc, vals in workers.items():
+        peak_torch = vals.pop("_peak_torch_gib", None)  # V0 0.6: weights + activation peak
+        if peak_torch is not None and "activation_peak_gib" not in vals and vals.get("weights_gib") is not None:
+            vals["activation_peak_gib"] = round(peak_torch - vals["weights_gib"], 4)
         consumed = vals.pop("_consumed_gib", None)
         if consumed is not None and "non_torch_gib" not in vals and vals.get("weights_gib") is not None:
             vals["non_torch_gib"] = round(consumed - vals["weights_gib"], 4)
@@ -518,7 +552,8 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
         num_gpu_blocks_override=override,
         num_cpu_blocks=f.get("num_cpu_blocks"),
         block_size=block_size,
-        estimated_max_model_len=f.get("estimated_max_model_len"),
+        # V0 says how many tokens the KV cache holds: the longest sequence that fits.
+        estimated_max_model_len=f.get("estimated_max_model_len") or f.get("_v0_kv_tokens"),
         kv_needed_gib=f.get("kv_needed_gib"),
         torch_compile_s=f.get("torch_compile_s"),
         compile_cache_hit=(False if f.get("_compile_miss") else True if f.get("_compile_hit") else None),
@@ -568,7 +603,7 @@ _HINT_CUT_RE = re.compile(r" (?:Try increasing|Try lowering|Decrease GPU memory|
 _STAGES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("load", re.compile(r"Starting to load model|Loading model from scratch|Loading safetensors|Loading weights")),
     ("profile", re.compile(r"Model loading took|Loading model weights took|Memory profiling|Dynamo bytecode")),
-    ("kv", re.compile(r"Available KV cache memory|KV cache size:|# (?:cuda|GPU) blocks:")),
+    ("kv", re.compile(r"Available KV cache memory|KV cache size:|# (?!CPU )\w+ blocks: \d")),
     ("capture", re.compile(r"Capturing CUDA graphs|Capturing cudagraphs|Capturing the model for CUDA graphs")),
     ("warmup", re.compile(r"Graph capturing finished")),
     ("ready", _READY_RE),
@@ -579,6 +614,7 @@ _STAGE_WORDS = {"start": "before loading the model", "load": "while loading the 
                 "ready": "while serving"}
 _CAPTURE_FRAME_RE = re.compile(r"in (?:capture_model|_capture_cudagraphs|capture)\b|cudagraph", re.I)
 _LOAD_FRAME_RE = re.compile(r"in (?:load_model|load_weights)\b")
+_V0_METHOD_RE = re.compile(r"Exception in worker \w+ while processing method (\w+)")
 _PROFILE_FRAME_RE = re.compile(r"in (?:profile_run|determine_available_memory|determine_num_available_blocks)\b")
 
 _Rule = tuple[re.Pattern[str], TrialStatus, bool, str]
@@ -605,6 +641,10 @@ _STARTUP_RULES: tuple[_Rule, ...] = (
     (re.compile(r"To serve at least one request with the models?'s max seq len"), TrialStatus.KV_TOO_SMALL, False, ""),
     (_KV_TOO_SMALL_V0_RE, TrialStatus.KV_TOO_SMALL, False, ""),
     (re.compile(r"No available memory for the cache blocks"), TrialStatus.STARTUP_OOM, False, ""),
+    # V0 prints the block counts, then raises "No available memory for the cache blocks" on 0 GPU
+    # blocks (a paste often stops in between): 0 blocks is that failure already.
+    (re.compile(r"# (?!CPU )\w+ blocks: 0(?:, # CPU blocks: \d+)?$"), TrialStatus.STARTUP_OOM, False,
+     "no memory left for the KV cache blocks: "),
     (re.compile(r"Cannot auto-fit max_model_len: not enough GPU memory"), TrialStatus.STARTUP_OOM, False, ""),
     (re.compile(r"CUDA out of memory occurred when warming up (?:sampler|pooler)"), TrialStatus.CUDAGRAPH_OOM, False,
      ""),
@@ -664,7 +704,7 @@ def _stage_before(segs: Sequence[_Seg], idx: int) -> str:
 def _figure_lines(segs: Sequence[_Seg], end: int) -> list[str]:
     """Context figures for a memory failure: the KV budget line, if printed before the error."""
     for s in segs[:end]:
-        if _AVAILABLE_KV_RE.search(s.raw):
+        if _AVAILABLE_KV_RE.search(s.raw) or _V0_BREAKDOWN_RE.search(s.raw):  # V1 / V0 KV budget
             return [_evidence_line(s)]
     return []
 
@@ -739,8 +779,34 @@ def classify(text: str, exit_code: int | None = None, healthy: bool = False,
     if exit_code is not None and exit_code != 0:
         return _classify_crash(live, exit_code)
     tail = [_evidence_line(s) for s in live[-3:]]
-    return Classification(TrialStatus.CRASHED, "the log ends before the server was ready and shows no error "
-                          "(the process was killed, or the log is cut short)", tail)
+    stage = _STAGE_WORDS.get(_stage_before(live, len(live)), "")
+    if exit_code is None:  # a log alone: nothing says the process died
+        return Classification(TrialStatus.INCOMPLETE, f"the log ends {stage}, before the server was ready, and "
+                              "shows no error: it was cut short, the server is still starting, or it was killed "
+                              "without a trace", tail)
+    return Classification(TrialStatus.CRASHED, f"the server exited with code 0 {stage}, before it was ready, and "
+                          "the log shows no error", tail)
+
+
+#: A vLLM logger header anywhere on a line ("INFO 11-30 01:22:41 [gpu_worker.py:560] ", V0's
+#: "INFO 10-15 12:00:05 worker.py:237] "), behind any prefix a paste or a log shipper adds.
+_VLLM_HEADER_RE = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d "
+                             r"(?:\[[\w./<>-]+\.py:\d+\]|[\w./<>-]+\.py:\d+\]) ")
+_VLLM_OTHER_RE = re.compile(r"^usage: vllm |vllm(?: serve)?: error: |File \"[^\"]*/vllm/[^\"]+\.py\"")
+
+
+def is_vllm_log(text: str) -> bool:
+    """Whether ``text`` holds at least one line vLLM wrote: its logger header, its CLI's usage or
+    error line, or a traceback frame inside the vllm package. A README, a YAML file or an empty
+    file is not a vLLM log.
+
+    Example:
+        >>> is_vllm_log("INFO 05-01 10:00:00 [core.py:58] Initializing a V1 LLM engine (v0.8.5)")
+        True
+        >>> is_vllm_log("# servetune\\n\\nFinds the vLLM flags with the highest throughput.")
+        False
+    """
+    return any(_VLLM_HEADER_RE.search(line) or _VLLM_OTHER_RE.search(line) for line in text.splitlines())
 
 
 def _dedupe(lines: list[str]) -> list[str]:
@@ -758,6 +824,10 @@ def _classify_oom(segs: Sequence[_Seg], idx: int, ready_idx: int | None) -> Clas
             break
     frames = _traceback_frames(segs, exc_idx, segs[exc_idx].proc, limit=0)
     frame_text = " ".join(f.msg for f in frames)
+    # V0's multiproc workers name the method they were running ("Exception in worker VllmWorkerProcess
+    # while processing method load_model."), often on another worker's lines than the OOM's.
+    methods = [s for s in segs[max(0, idx - 40):idx + 40] if _V0_METHOD_RE.search(s.msg)]
+    frame_text += "".join(f" in {_V0_METHOD_RE.search(s.msg).group(1)}" for s in methods)  # type: ignore[union-attr]
     stage = "ready" if ready_idx is not None and idx > ready_idx else _stage_before(segs, idx)
     if stage == "ready":
         status = TrialStatus.RUNTIME_OOM
@@ -779,6 +849,7 @@ def _classify_oom(segs: Sequence[_Seg], idx: int, ready_idx: int | None) -> Clas
     ev = [_evidence_line(s) for s in frames[-2:]] + [_evidence_line(segs[exc_idx])]
     if exc_idx != idx:
         ev.insert(0, _evidence_line(seg))
+    ev += [_evidence_line(s) for s in methods[:1]]
     if status is TrialStatus.CUDAGRAPH_OOM:  # how far the capture got
         capturing = [s for s in segs[:idx] if _STAGES[3][1].search(s.raw)]
         if capturing:
@@ -801,10 +872,14 @@ def _classify_crash(segs: Sequence[_Seg], exit_code: int | None) -> Classificati
             ev.append(_evidence_line(segs[wrapper_idx]))
         return Classification(TrialStatus.CRASHED, _cause_text(segs[idx].msg, keep_type=True), ev)
     ev = [_evidence_line(s) for s in segs if _DEATH_RE.search(s.raw)][:3] or [_evidence_line(s) for s in segs[-3:]]
+    started = next((s for s in segs if "Traceback (most recent call last)" in s.raw), None)
     if exit_code in (-9, 137):
         cause = "killed by SIGKILL (exit code %d): the host's out-of-memory killer, or an external kill" % exit_code
     elif exit_code is not None:
         cause = f"the server exited with code {exit_code} and printed no exception"
+    elif started is not None and not any(_EXC_RE.match(s.msg) for s in segs[segs.index(started):]):
+        cause = (f"a traceback starts at line {started.lineno} but the log ends before its exception line "
+                 "(the log is cut short)")
     else:
         cause = "the engine died and printed no exception"
     return Classification(TrialStatus.CRASHED, cause, ev)

@@ -184,7 +184,7 @@ def test_max_num_seqs_sweep_rises_then_falls_once_preemption_sets_in() -> None:
     rises with max_num_seqs while every sequence fits, peaks where the KV cache saturates, and falls
     once oversubscription forces recompute preemptions (decode is KV-read bound by then, so more
     sequences add no throughput, while every preemption recomputes up to 2048 tokens)."""
-    model, gpu = load_model("llama-3.1-8b"), get_gpu("H100")
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
     w = Workload.from_dict({"input_len": 1024, "output_len": 1024, "num_requests": 128, "concurrency": 64})
     tput, pre, usage = {}, {}, {}
     for seqs in (8, 16, 32, 48, 64):
