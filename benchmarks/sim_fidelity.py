@@ -1,14 +1,21 @@
-"""Simulator fidelity against real vLLM 0.26.0 on one H200: a side-by-side table.
+"""Simulator fidelity against real vLLM 0.26.0 on one H200, held out: side-by-side tables.
 
-For each of the 7 healthy runs in ``tests/fixtures/real_h200/``: real vs simulated output tok/s,
-mean TTFT, mean TPOT and preemptions, with the relative errors (logic in
-``servetune/sim/_fidelity.py``). ``--fit N`` first searches the H200 calibration knobs with N
-Optuna trials and prints the best set (to paste into ``servetune/sim/perf.py``'s
-``GPU_CALIBRATION``).
+For every healthy measured window in ``tests/fixtures/real_h200/`` (0.85B, 8B and 14B models; logic
+in ``benchmarks/_fidelity.py``): real vs simulated output tok/s, mean TTFT, mean TPOT and
+preemptions, with the relative errors.
+
+* no option: the committed calibration (``servetune.sim.perf.GPU_CALIBRATION``) on every run. The
+  committed constants were fitted on all of these runs, so this table is a fit, not a fidelity
+  figure.
+* ``--held-out N``: for each fold (fit on two model sizes, test on the third; fit without the eager
+  / fp8 KV / small token budget runs, test on them) search the knobs with N Optuna trials on the
+  fitting runs and simulate the held-out runs with them. These are the fidelity figures. ``--fold``
+  picks folds; ``--out FILE`` writes the knobs and rows as JSON.
+* ``--fit N``: search the knobs on every run and print them (to paste into ``GPU_CALIBRATION``).
 
 Usage::
 
-    .venv/bin/python benchmarks/sim_fidelity.py [--fit 300] [--json]
+    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--json]
 """
 
 from __future__ import annotations
@@ -16,33 +23,77 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "platform") not in sys.path:
-    sys.path.insert(0, str(ROOT / "platform"))
+for _p in (ROOT / "platform", ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
-from servetune.sim._fidelity import error_summary, fidelity_rows, fit, format_table  # noqa: E402
+from _fidelity import FOLDS, error_summary, fidelity_rows, fit, format_table, held_out, load_real_runs  # noqa: E402
+
+
+def _rows_json(rows):  # type: ignore[no-untyped-def]
+    return [{"run": r.name, "size": r.real.size, "shape": r.real.shape, "tags": sorted(r.real.tags),
+             "real_output_throughput": r.real.output_throughput, "sim_output_throughput": r.sim_output_throughput,
+             "real_ttft_mean_ms": r.real.ttft_mean_ms, "sim_ttft_mean_ms": r.sim_ttft_mean_ms,
+             "real_tpot_mean_ms": r.real.tpot_mean_ms, "sim_tpot_mean_ms": r.sim_tpot_mean_ms,
+             "real_preemptions": r.real.preemptions, "sim_preemptions": r.sim_preemptions} for r in rows]
+
+
+def _by_shape(rows):  # type: ignore[no-untyped-def]
+    out = {}
+    for shape in ("prefill", "decode"):
+        group = [r for r in rows if r.real.shape == shape]
+        if group:
+            out[shape] = error_summary(group)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the calibration knobs first")
+    parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
+    parser.add_argument("--held-out", type=int, metavar="TRIALS", help="fit per fold, report the held-out runs")
+    parser.add_argument("--fold", action="append", choices=sorted(FOLDS), help="only these folds (repeatable)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the result as JSON to this file")
     parser.add_argument("--json", action="store_true", help="print rows and errors as JSON")
     args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    if args.held_out:
+        folds = {k: v for k, v in FOLDS.items() if not args.fold or k in args.fold}
+        result = {}
+        for name, (knobs, rows) in held_out(args.held_out, args.seed, folds=folds).items():
+            print(f"\n== held out: {name} (fitted on the other runs, {args.held_out} trials)")
+            print("knobs:", json.dumps({k: float(f"{v:.4g}") for k, v in knobs.items()}))
+            print(format_table(rows))
+            for shape, e in _by_shape(rows).items():
+                print(f"  {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
+                      f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
+            tested = {r.name for r in rows}
+            result[name] = {"knobs": knobs, "fitted_on": [r.name for r in load_real_runs() if r.name not in tested],
+                            "rows": _rows_json(rows), "errors": error_summary(rows), "by_shape": _by_shape(rows)}
+        print(f"\n{time.perf_counter() - t0:.0f} s")
+        if args.out:
+            # Merge into an existing file: folds are fitted in separate processes (one per core).
+            old = json.loads(args.out.read_text()) if args.out.exists() else {"folds": {}}
+            old["folds"].update(result)
+            old.update(trials=args.held_out, seed=args.seed)
+            args.out.write_text(json.dumps(old, indent=1))
+        return 0
     knobs = None
     if args.fit:
-        knobs = fit(args.fit)
+        knobs = fit(args.fit, args.seed)
         print("fitted knobs:", json.dumps({k: float(f"{v:.4g}") for k, v in knobs.items()}, indent=1))
     rows = fidelity_rows(knobs)
-    if args.json:
-        print(json.dumps({"rows": [{"run": r.name, "real_output_throughput": r.real.output_throughput,
-                                    "sim_output_throughput": r.sim_output_throughput,
-                                    "real_ttft_mean_ms": r.real.ttft_mean_ms, "sim_ttft_mean_ms": r.sim_ttft_mean_ms,
-                                    "real_tpot_mean_ms": r.real.tpot_mean_ms, "sim_tpot_mean_ms": r.sim_tpot_mean_ms,
-                                    "real_preemptions": r.real.preemptions, "sim_preemptions": r.sim_preemptions}
-                                   for r in rows], "errors": error_summary(rows)}, indent=1))
-    else:
+    if args.json or args.out:
+        doc = {"knobs": knobs, "rows": _rows_json(rows), "errors": error_summary(rows)}
+        if args.out:
+            args.out.write_text(json.dumps(doc, indent=1))
+        if args.json:
+            print(json.dumps(doc, indent=1))
+    if not args.json:
         print(format_table(rows))
     return 0
 

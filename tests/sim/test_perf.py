@@ -11,9 +11,10 @@ from servetune.errors import SpecError
 from servetune.gpus import get_gpu
 from servetune.memory import resolve_engine_config
 from servetune.modelinfo import load_model
-from servetune.sim.perf import GPU_CALIBRATION, Calibration, PerfModel, calibration_for
+from servetune.sim.perf import GPU_CALIBRATION, Calibration, PerfModel, calibration_for, wave_fill
 
 LLAMA8B = load_model("llama-3.1-8b")
+QWEN14B = load_model("qwen2.5-14b")
 TINY = load_model("servetune-test-850m")
 H100 = get_gpu("H100-80GB")
 H200 = get_gpu("H200")
@@ -31,8 +32,9 @@ def test_decode_is_memory_bound_and_grows_with_context() -> None:
     p = perf()
     cal = p.calibration
     one = p.gpu_time(1, 1, 100, 100, decode_only=True)
-    weights_s = LLAMA8B.weight_bytes_per_gpu(1, 1) / (H100.hbm_gbps * 1e9 * cal.mem_efficiency)
-    assert one == pytest.approx(weights_s, rel=0.05)  # one token: streaming the weights dominates
+    # One token streams every weight but the embedding table (a gather of one row).
+    streamed = LLAMA8B.weight_bytes_per_gpu(1, 1) - LLAMA8B.vocab_size * LLAMA8B.hidden_size * 2
+    assert one == pytest.approx(streamed / (H100.hbm_gbps * 1e9 * cal.mem_efficiency), rel=0.05)
     assert decode(p, 64, 4000) > decode(p, 64, 1000) > decode(p, 64, 100)
     # Doubling a small batch costs far less than double: the weights are read once per step.
     assert decode(p, 16, 1000) < 1.3 * decode(p, 8, 1000)
@@ -47,23 +49,67 @@ def test_prefill_is_compute_bound_and_scales_with_tokens() -> None:
     assert t2 == pytest.approx(2 * t1, rel=0.1)
 
 
-def test_enforce_eager_pays_launch_overhead_per_layer() -> None:
-    graphs = perf(model=TINY, gpu=H200, max_num_seqs=64)
-    eager = perf(model=TINY, gpu=H200, max_num_seqs=64, enforce_eager=True)
-    g, e = decode(graphs, 64, 1100), decode(eager, 64, 1100)
-    assert e - g == pytest.approx(TINY.num_layers * eager.calibration.eager_layer_overhead_s
-                                  - graphs.calibration.graph_launch_s, rel=0.2)
-    assert e > 2 * g  # the small model is launch-bound without graphs (real H200: 10.6 vs 2.96 ms TPOT)
+def test_step_time_scales_with_the_model_from_its_shapes() -> None:
+    # No constant is fitted per size: prefill per token follows the active parameters, and a
+    # one-token decode the bytes streamed, from 0.85B to 14B.
+    cal = Calibration()
+    cost = {}
+    for model in (TINY, LLAMA8B, QWEN14B):
+        p = PerfModel(model, H200, resolve_engine_config({"max_model_len": 4096}, model, H200), cal)
+        cost[model.name] = (p.gpu_time(1, 8192, 8192, 8192 * 8193 // 2, False) / 8192,
+                            p.gpu_time(1, 1, 100, 100, True))
+    for small, big in ((TINY, LLAMA8B), (LLAMA8B, QWEN14B)):
+        prefill_ratio = cost[big.name][0] / cost[small.name][0]
+        assert prefill_ratio == pytest.approx(big.active_param_count / small.active_param_count, rel=0.35)
+        decode_ratio = cost[big.name][1] / cost[small.name][1]
+        assert decode_ratio == pytest.approx(big.param_count / small.param_count, rel=0.35)
+
+
+def test_gemm_efficiency_comes_from_the_tile_grid() -> None:
+    assert wave_fill(8192, 14336, 132) > 0.95  # many full waves
+    assert wave_fill(64, 4096, 132) <= 0.75  # 64 tokens: half-height tiles at most, a lower rate
+    assert all(0 < wave_fill(m, n, 132) <= 1.0 for m in (1, 100, 513, 8192) for n in (256, 3000, 152064))
+    # A few hundred tokens leave part of the last wave idle; thousands amortise it.
+    assert wave_fill(8192, 4096, 132) > wave_fill(1536, 4096, 132) + 0.05
+
+
+def test_prefill_attention_and_decode_attention_cost_differently() -> None:
+    p = perf(gpu=H200)
+    # The same 64 x 2048 tokens of context: read by 64 decode requests (KV streamed) or attended
+    # by one 64-token prefill chunk of a 2048-token prompt (FLOPs, the KV read once).
+    as_decode = p.gpu_time(64, 64, 64 * 2048, 64 * 2048, False, 0, 0, 0)
+    as_prefill = p.gpu_time(1, 64, 2048, 64 * 2048, False, 64, 2048, 64 * 2048)
+    assert as_decode > as_prefill
+
+
+def test_enforce_eager_is_a_launch_floor_the_work_of_a_large_model_hides() -> None:
+    cal = Calibration(eager_layer_overhead_s=500e-6)
+    def model_perf(model, **flags):  # type: ignore[no-untyped-def]
+        return PerfModel(model, H200, resolve_engine_config({"max_num_seqs": 64, **flags}, model, H200), cal)
+    tiny_eager = model_perf(TINY, enforce_eager=True)
+    # The small model's decode step is launch-bound: it lasts the floor.
+    assert tiny_eager.gpu_time(64, 64, 64 * 1100, 64 * 1100, True) == pytest.approx(
+        TINY.num_layers * cal.eager_layer_overhead_s)
+    assert tiny_eager.gpu_time(64, 64, 64 * 1100, 64 * 1100, True) > 2 * model_perf(TINY).gpu_time(
+        64, 64, 64 * 1100, 64 * 1100, True)  # real H200: 10.6 vs 2.96 ms TPOT
+    # A 14B prefill chunk's kernels outlast the launches: eager costs it nothing extra.
+    big = (1, 8192, 8192, 8192 * 8193 // 2, False)
+    assert model_perf(QWEN14B, enforce_eager=True).gpu_time(*big) <= model_perf(QWEN14B).gpu_time(*big)
 
 
 def test_cuda_graph_padding_and_largest_capture_size() -> None:
-    p = perf(model=TINY, gpu=H200, max_num_seqs=64)  # capture sizes 1..128
+    cal = Calibration(piecewise_layer_s=50e-6, compiled_layer_overhead_s=200e-6, compiled_token_layer_s=0.0)
+    p = PerfModel(TINY, H200, resolve_engine_config({"max_num_seqs": 64}, TINY, H200), cal)  # sizes 1..128
     assert p.padded(65) == 72 and p.padded(64) == 64 and p.padded(129) == 129
     assert p.max_capture == 128
     within = p.gpu_time(128, 128, 128 * 500, 128 * 500, decode_only=True)
     above = p.gpu_time(129, 129, 129 * 500, 129 * 500, decode_only=True)
     # Above the largest capture size the batch runs without a graph: a per-layer launch cost.
-    assert above - within > 0.5 * TINY.num_layers * p.calibration.compiled_layer_overhead_s
+    assert above - within == pytest.approx(TINY.num_layers * (cal.compiled_layer_overhead_s) - cal.graph_launch_s,
+                                           rel=0.25)
+    # A mixed batch within the capture sizes runs piecewise: its own per-layer cost.
+    mixed = p.gpu_time(2, 128, 128 * 500, 128 * 500, False, 64, 64, 64 * 65 // 2)
+    assert mixed > within + 0.9 * TINY.num_layers * cal.piecewise_layer_s - cal.graph_launch_s
 
 
 def test_tensor_parallel_adds_all_reduce_but_splits_the_work() -> None:

@@ -250,6 +250,8 @@ class SimScheduler:
         self._frontend_free = 0.0
         self._token_cost = self.perf.token_overhead_s
         self._request_cost = self.perf.request_overhead_s
+        self._prompt_token_cost = self.perf.prompt_token_overhead_s
+        self._stream_prompt_cost = self.perf.stream_prompt_token_s
         self._running: list[_Req] = []
         self._waiting: collections.deque[_Req] = collections.deque()
         self._pending: list[tuple[float, int, _Req]] = []  # heap of future arrivals
@@ -332,7 +334,7 @@ class SimScheduler:
             at, order, req = heapq.heappop(pending)
             if req.status == "pending":  # sent by the client; the API server takes it next
                 fe = self._frontend_free
-                entry = (at if at > fe else fe) + self._request_cost
+                entry = (at if at > fe else fe) + self._request_cost + req.prompt * self._prompt_token_cost
                 self._frontend_free = entry
                 req.status = "frontend"
                 if entry > now:
@@ -435,6 +437,8 @@ class SimScheduler:
         budget = self.max_num_batched_tokens
         threshold = self.long_prefill_threshold
         num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = sampled = 0
+        prefill_context = prefill_attn = 0  # the share of kv_context / attn_work that is prefill chunks
+        sampled_prompt = 0  # prompt tokens of the requests that sampled a token this step
         finished: list[_Req] = []
         preempted: list[_Req] = []
         scheduled: list[tuple[_Req, int]] | None = [] if collect else None
@@ -469,9 +473,12 @@ class SimScheduler:
             num_reqs += 1
             num_tokens += n
             kv_context += end
-            attn_work += n * computed + (n * (n + 1) >> 1)
+            work = n * computed + (n * (n + 1) >> 1)
+            attn_work += work
             if computed < req.total - 1:
                 prefill_tokens += n
+                prefill_context += end
+                prefill_attn += work
             req.computed = end
             if caching and req.group is not None and len(req.shared) < req.npb:
                 self._register_prefix(req)
@@ -482,6 +489,7 @@ class SimScheduler:
                 req.total += 1
                 req.output += 1
                 sampled += 1
+                sampled_prompt += req.prompt
                 if req.output >= req.max_tokens:
                     finished.append(req)
             i += 1
@@ -529,8 +537,11 @@ class SimScheduler:
                 num_reqs += 1
                 num_tokens += n
                 kv_context += end
-                attn_work += n * computed + (n * (n + 1) >> 1)
+                work = n * computed + (n * (n + 1) >> 1)
+                attn_work += work
                 prefill_tokens += n
+                prefill_context += end
+                prefill_attn += work
                 req.computed = end
                 if caching and req.group is not None and len(req.shared) < req.npb:
                     self._register_prefix(req)
@@ -541,6 +552,7 @@ class SimScheduler:
                     req.total += 1
                     req.output += 1
                     sampled += 1
+                    sampled_prompt += req.prompt
                     if req.output >= req.max_tokens:
                         finished.append(req)
 
@@ -555,7 +567,7 @@ class SimScheduler:
 
         decode_tokens = num_tokens - prefill_tokens
         duration = self.perf.step_time(num_reqs, num_tokens, kv_context, attn_work,
-                                       decode_only=prefill_tokens == 0)
+                                       prefill_tokens == 0, prefill_tokens, prefill_context, prefill_attn)
         start = self.now_s
         self.now_s = end_s = start + duration
         self.step_end_s.append(end_s)
@@ -563,7 +575,7 @@ class SimScheduler:
         fe = self._frontend_free
         if fe < end_s:
             fe = end_s
-        fe += sampled * self._token_cost
+        fe += sampled * self._token_cost + sampled_prompt * self._stream_prompt_cost
         self._frontend_free = fe
         self.deliver_s.append(fe)
         self.num_steps += 1

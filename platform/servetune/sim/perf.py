@@ -1,33 +1,55 @@
-"""Step-time model of the simulated vLLM engine: a roofline per engine step, plus CPU overheads.
+"""Step-time model of the simulated vLLM engine: per-kernel rooflines that scale with the model.
 
 Contract: :class:`PerfModel` turns the shape of one scheduled batch (requests, tokens, the KV
-context they read, the attention work) into the seconds one engine step takes on the given GPU
-(vllm-internals.md §9). Pure arithmetic, no I/O, no randomness.
+context the decode requests read, the attention work of the prefill chunks) into the seconds one
+engine step takes on the given GPU (vllm-internals.md §9). Pure arithmetic, no I/O, no randomness.
 
-GPU time of a step is a roofline ``max(bytes / (hbm_gbps * efficiency), flops / (peak *
-compute_efficiency))`` for each of the two kinds of kernels, added up: the GEMMs read the weights
-of the most loaded rank and do ``2 * active params per GPU * tokens`` FLOPs; attention reads the KV
-context of the batch (at ``kv_read_efficiency``: paged attention does not stream at the GEMM rate),
-writes the new KV, and does ``4 * q_heads * head_dim * layers * sum(tokens * context)`` FLOPs. Then:
+Why per kernel, not one efficiency: a constant fitted on one small model absorbs that model's
+overheads, and a model ten times its size then runs on the wrong mix (issue 12: the 0.85B fit
+under-predicted 8B prefill throughput by 15-23%). Every term below is derived from the model's
+shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stage of one step is:
 
+* **GEMMs**, four per layer on one TP rank (qkv, o, gate_up, down) plus the LM head on one row
+  per scheduled request. Each is its own roofline, ``max(bytes / (hbm * mem_efficiency), flops /
+  (peak * compute_efficiency * wave_fill))``: bytes are the weights plus the activations in and
+  out, and ``wave_fill`` is the share of the GPU's SMs a grid of 128x256 output tiles keeps busy
+  over its last wave. A 0.85B model's 2048-wide GEMMs waste more of the last wave than a 14B's
+  5120-wide ones, and a 64-token decode batch fills one tile row in two: the efficiency depends on
+  the GEMM's size through the tile grid, with no fitted curve.
+* **Element-wise kernels** (fused add + RMSNorm twice, rotary embedding, SiLU-and-mul, residual):
+  ``(10.5 * hidden + 3 * intermediate / tp) * 2 bytes`` per token per layer at ``mem_efficiency``.
+  They are why a small model reaches a smaller share of its GEMM peak.
+* **Attention**: decode requests stream their KV context (``kv_read_efficiency`` of HBM);
+  prefill chunks do ``4 * q_heads * head_dim * sum(tokens x context)`` FLOPs (causal) at
+  ``attn_efficiency`` of the dense peak (FlashAttention-3 does not reach the GEMM rate), and write
+  their new KV.
+* **Launch costs**: a decode-only batch up to the largest capture size replays one FULL CUDA graph
+  (``graph_launch_s``), padded to the next capture size. A mixed batch runs PIECEWISE graphs with
+  attention launched between the pieces (``piecewise_layer_s`` per layer), and a batch above the
+  largest capture size runs compiled without graphs (``compiled_layer_overhead_s`` per layer);
+  both add to the batch's GPU work. Every batch not replayed as a FULL graph (eager ones too) also
+  pays ``compiled_token_layer_s`` per token and layer. On the real H200 (vLLM 0.26, FULL_AND_PIECEWISE) mixed batches took 17 ms (8B) and
+  24 ms (14B) longer than their kernels' rooflines, growing with the layer count, while
+  decode-only batches matched them; the same 14B mixed batches ran faster with
+  ``enforce_eager`` (46 against 57 ms per step). ``enforce_eager`` launches every kernel from
+  Python while the GPU runs the earlier ones: a stage lasts ``max(gpu work, layers *
+  eager_layer_overhead_s)``, so a small model is launch-bound and a large one is not.
 * TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / interconnect``.
 * PP splits the layers; up to ``pp`` micro-batches are in flight, so a step costs
   ``pp * stage_time(batch / microbatches)`` (a lone request still pays every stage: the bubble).
-* CUDA graphs: a decode-only batch up to the largest capture size replays a FULL graph, padded to
-  the next capture size, for ``graph_launch_s``; mixed batches run piecewise (attention launched
-  between graph pieces) and batches above the largest size run compiled without graphs, both paying
-  ``compiled_layer_overhead_s`` per layer; ``enforce_eager`` pays ``eager_layer_overhead_s`` per layer
-  (Python kernel launches; on the real H200 eager mode took TPOT from 2.96 ms to 10.6 ms).
 * CPU: the engine core spends ``step_overhead_s`` per step plus ``seq_overhead_s`` per scheduled
   request (schedule, prepare inputs, sample); async scheduling hides most of it behind the GPU.
 * The API server (and the client) is one more serial stage, modelled by the engine as a FIFO:
-  ``request_overhead_s`` per incoming request before it reaches the engine and ``token_overhead_s``
-  per streamed output token (detokenize, SSE). The engine never waits for it, but clients see
+  ``request_overhead_s`` plus ``prompt_token_overhead_s`` per prompt token for each incoming
+  request before it reaches the engine, and ``token_overhead_s`` per streamed output token
+  (detokenize, SSE). On the real H200 the 8B server's API process was 65-87% busy on one core in
+  every 1024-2048-token-prompt window, and windows whose prompts the prefix cache served almost
+  whole (no GPU prefill left) were as slow as uncached ones: prompt tokens cost the front end. The engine never waits for it, but clients see
   tokens when it gets to them: with hundreds of open streams it, not the GPU, sets the TPOT.
 
 The knobs live in :class:`Calibration`; a :class:`~servetune.gpus.GpuSpec` may override any of them
-through its ``calibration`` mapping, and :data:`GPU_CALIBRATION` holds the values fitted to the real
-H200 runs in ``tests/fixtures/real_h200`` (``benchmarks/sim_fidelity.py`` prints the comparison).
+through its ``calibration`` mapping, and :data:`GPU_CALIBRATION` holds the values fitted to real
+runs (``benchmarks/sim_fidelity.py`` fits them and prints the held-out comparison).
 
 Example:
     >>> from servetune.sim.perf import Calibration
@@ -49,7 +71,13 @@ if TYPE_CHECKING:
     from servetune.memory import EngineConfig
     from servetune.modelinfo import ModelProfile
 
-__all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "calibration_for"]
+__all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "calibration_for", "wave_fill"]
+
+#: Output tiles a Hopper bf16 GEMM can run with, and the share of the large tile's rate each
+#: reaches (smaller tiles reuse less of what they load): the wave-quantisation model of wave_fill.
+_TILES: tuple[tuple[int, int, float], ...] = ((128, 256, 1.0), (128, 128, 0.9), (64, 128, 0.75), (64, 64, 0.5))
+#: SMs when the GPU table has none: an H100 / H200 SXM.
+DEFAULT_SMS = 132
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,16 +89,21 @@ class Calibration:
     FLOP/s, and host-side costs (a property of vLLM's CPU path, not of the GPU) stay the same.
     """
 
-    mem_efficiency: float = 0.69  # fraction of HBM bandwidth reached streaming weights / writing KV
-    kv_read_efficiency: float = 0.88  # fraction reached by paged attention reading the KV context
-    compute_efficiency: float = 0.38  # fraction of dense peak reached by GEMMs (a small model's GEMMs)
+    mem_efficiency: float = 0.80  # fraction of HBM bandwidth reached streaming weights / activations
+    kv_read_efficiency: float = 0.70  # fraction reached by paged attention reading the KV context
+    compute_efficiency: float = 0.70  # fraction of dense peak a full wave of GEMM tiles reaches
+    attn_efficiency: float = 0.45  # fraction of dense peak reached by prefill attention
     step_overhead_s: float = 2.0e-3  # engine-core CPU per step (scheduler, input prep, sampler)
     seq_overhead_s: float = 2.5e-6  # engine-core CPU per scheduled request per step
     request_overhead_s: float = 0.9e-3  # API server + client CPU per request, before the engine sees it
+    prompt_token_overhead_s: float = 0.0  # API server CPU per prompt token, before the engine sees it
     token_overhead_s: float = 40e-6  # API server + client CPU per streamed output token
+    stream_prompt_token_s: float = 0.0  # API server CPU per streamed token per token of its request's prompt
     graph_launch_s: float = 30e-6  # replaying one full CUDA graph
-    compiled_layer_overhead_s: float = 690e-6  # per layer, piecewise graphs / compiled without graphs
-    eager_layer_overhead_s: float = 500e-6  # per layer, enforce_eager (every kernel launched from Python)
+    piecewise_layer_s: float = 60e-6  # per layer of a mixed batch run as PIECEWISE graphs
+    compiled_layer_overhead_s: float = 120e-6  # per layer of a batch above the largest capture size
+    eager_layer_overhead_s: float = 500e-6  # launch floor per layer, enforce_eager (Python launches)
+    compiled_token_layer_s: float = 0.0  # per token per layer of a batch not replayed as a FULL graph
     async_overlap: float = 0.9  # share of the engine CPU hidden behind the GPU with async scheduling
     sync_overlap: float = 0.3  # the same without async scheduling (output processing still overlaps)
     allreduce_latency_s: float = 10e-6  # one all-reduce, small message
@@ -86,15 +119,10 @@ class Calibration:
         return dataclasses.replace(self, **{k: float(v) for k, v in overrides.items()})
 
 
-#: Fitted per-GPU knobs, keyed by GpuSpec.name. Fitted with benchmarks/sim_fidelity.py --fit against
-#: the seven healthy real vLLM 0.26.0 runs on one H200 (servetune-test-850m).
+#: Fitted per-GPU knobs, keyed by GpuSpec.name (``benchmarks/sim_fidelity.py --fit``; the runs each
+#: set was fitted on are named beside it, and the held-out errors are in README).
 GPU_CALIBRATION: dict[str, dict[str, float]] = {
-    # Fitted 400 Optuna TPE trials (seed 1) over the knobs of _fidelity.FIT_SPACE; rounded.
-    "H200": {
-        "mem_efficiency": 0.69, "kv_read_efficiency": 0.88, "compute_efficiency": 0.38,
-        "step_overhead_s": 2.0e-3, "seq_overhead_s": 2.5e-6, "token_overhead_s": 40e-6,
-        "request_overhead_s": 0.91e-3, "eager_layer_overhead_s": 500e-6, "compiled_layer_overhead_s": 690e-6,
-    },
+    "H200": {},
 }
 
 
@@ -105,13 +133,42 @@ def calibration_for(gpu: GpuSpec) -> Calibration:
     return cal.with_overrides(extra) if extra else cal
 
 
+def wave_fill(m: int, n: int, sms: int) -> float:
+    """Share of the dense peak a GEMM with an ``m x n`` output reaches from its tile grid alone.
+
+    The GEMM library picks the tile that keeps the most SMs busy over its waves (partial tiles
+    count as the rows and columns they compute): 128x256 tiles for large problems, smaller ones,
+    which reach less of the peak each (``_TILES``), when few large tiles would leave SMs idle.
+
+    Example:
+        >>> round(wave_fill(8192, 4096, 132), 3), round(wave_fill(64, 4096, 132), 3)
+        (0.97, 0.75)
+    """
+    best = 0.0
+    for tile_m, tile_n, eff in _TILES:
+        tiles = -(-m // tile_m) * -(-n // tile_n)
+        # Fewer tiles than SMs: the library splits K over the idle SMs (split-K), so only the
+        # tiles' unused rows and columns are lost; otherwise the last wave's idle SMs are too.
+        slots = tiles if tiles < sms else -(-tiles // sms) * sms
+        fill = eff * (m * n) / (slots * tile_m * tile_n)
+        if fill > best:
+            best = fill
+    return best
+
+
 class PerfModel:
     """Seconds per engine step for one (model, GPU, engine config), with the constants precomputed.
 
     Example:
-        >>> # perf = PerfModel(load_model("llama-3.1-8b"), get_gpu("H100"), config)
-        >>> # perf.step_time(num_reqs=64, num_tokens=64, kv_context=64 * 1100, attn_work=64 * 1100,
-        >>> #                decode_only=True)
+        >>> from servetune.gpus import get_gpu
+        >>> from servetune.memory import resolve_engine_config
+        >>> from servetune.modelinfo import load_model
+        >>> model, gpu = load_model("llama-3.1-8b"), get_gpu("H200")
+        >>> perf = PerfModel(model, gpu, resolve_engine_config({}, model, gpu))
+        >>> decode = perf.step_time(num_reqs=64, num_tokens=64, kv_context=64 * 1100, attn_work=64 * 1100,
+        ...                         decode_only=True)
+        >>> 0.004 < decode < 0.012
+        True
     """
 
     def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig,
@@ -123,19 +180,32 @@ class PerfModel:
         layers = max(model.stage_layers(pp)) if pp > 1 else model.num_layers
         self.layers_per_stage = layers
         bw = gpu.hbm_gbps * 1e9
-        weights = model.weight_bytes_per_gpu(tp, pp)
-        kv_per_token = model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype)
-        # Seconds per unit, so a step is a handful of multiply-adds.
-        self._t_weights = weights / (bw * cal.mem_efficiency)
-        self._t_kv_read = kv_per_token / (bw * cal.kv_read_efficiency)
-        self._t_kv_write = kv_per_token / (bw * cal.mem_efficiency)
-        fp8 = (model.quantization or "").startswith("fp8") or "fp8" in (model.quantization or "")
+        mem_rate = bw * cal.mem_efficiency
+        fp8 = "fp8" in (model.quantization or "")
         peak = (gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops) * 1e12
-        flops_rate = peak * cal.compute_efficiency
-        active_per_gpu = model.active_param_count / (tp * pp)
-        self._t_token_flops = 2.0 * active_per_gpu / flops_rate
+        self._sms = int(getattr(gpu, "sm_count", 0) or DEFAULT_SMS)
+        self._flop_rate = peak * cal.compute_efficiency
+        wbytes = model.weight_bytes_per_param
+        # The layer's GEMMs on one TP rank as (N, K, weight bytes): the output width sets the tile grid.
+        d, hd = model.hidden_size, model.head_dim
+        q = model.q_size // tp
+        kv = model.kv_heads_per_gpu(tp) * hd
+        per_layer_active = model._layer_linear_params(tp, active_only=True)
+        dense_mlp = per_layer_active - d * (2 * q + 2 * kv)
+        inter = max(1, dense_mlp // (3 * d))  # dense FFN width per rank (MoE: the active experts')
+        gemms = [(q + 2 * kv, d), (d, q), (2 * inter, d), (d, inter)]
+        self._gemms = [(n, k, n * k * wbytes * layers / mem_rate, 2.0 * n * k * layers) for n, k in gemms]
+        self._act_bytes_token = sum(2.0 * (n + k) for n, k in gemms) * layers / mem_rate
+        self._elementwise_token = (10.5 * d + 3.0 * inter) * 2.0 * layers / mem_rate
+        # The LM head runs on the last stage, one row per scheduled request (vLLM computes logits
+        # only where it samples); vocab is split over TP ranks.
+        vocab = -(-model.vocab_size // tp)
+        self._head = (vocab, d, vocab * d * wbytes / mem_rate, 2.0 * vocab * d)
+        kv_per_token = model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype)
+        self._t_kv_read = kv_per_token / (bw * cal.kv_read_efficiency)
+        self._t_kv_write = kv_per_token / mem_rate
         q_heads = max(1, model.num_attention_heads // tp)
-        self._t_attn = 4.0 * q_heads * model.head_dim * layers / (gpu.bf16_tflops * 1e12 * cal.compute_efficiency)
+        self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * cal.attn_efficiency)
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP.
         if tp > 1:
             link = gpu.interconnect_gbps * 1e9 * cal.interconnect_efficiency
@@ -147,13 +217,17 @@ class PerfModel:
         self.capture_sizes: tuple[int, ...] = tuple(sorted(config.cudagraph_capture_sizes or ()))
         self.max_capture = self.capture_sizes[-1] if self.capture_sizes and not config.enforce_eager else 0
         self._graph_s = cal.graph_launch_s
-        self._compiled_s = cal.compiled_layer_overhead_s * layers
-        self._eager_s = cal.eager_layer_overhead_s * layers
+        self._piecewise_floor = cal.piecewise_layer_s * layers
+        self._compiled_floor = cal.compiled_layer_overhead_s * layers
+        self._eager_floor = cal.eager_layer_overhead_s * layers
+        self._compiled_token = cal.compiled_token_layer_s * layers
         self._overlap = cal.async_overlap if config.async_scheduling else cal.sync_overlap
         self._step_cpu = cal.step_overhead_s
         self._seq_cpu = cal.seq_overhead_s
         self.request_overhead_s = cal.request_overhead_s
+        self.prompt_token_overhead_s = cal.prompt_token_overhead_s
         self.token_overhead_s = cal.token_overhead_s
+        self.stream_prompt_token_s = cal.stream_prompt_token_s
 
     def padded(self, num_tokens: int) -> int:
         """The CUDA graph size a batch of ``num_tokens`` runs as (itself above the largest size)."""
@@ -161,29 +235,64 @@ class PerfModel:
             return num_tokens
         return self.capture_sizes[bisect.bisect_left(self.capture_sizes, num_tokens)]
 
+    def _gemm_time(self, tokens: int, rows: int) -> float:
+        """The layer GEMMs for ``tokens`` rows plus the LM head for ``rows`` rows, each a roofline."""
+        sms, rate = self._sms, self._flop_rate
+        total = self._act_bytes_token * tokens
+        for n, k, mem_s, flops in self._gemms:
+            comp = flops * tokens / (rate * wave_fill(tokens, n, sms))
+            total += mem_s if mem_s > comp else comp
+        n, k, mem_s, flops = self._head
+        comp = flops * rows / (rate * wave_fill(rows, n, sms))
+        return total + (mem_s if mem_s > comp else comp)
+
     def gpu_time(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
-                 decode_only: bool) -> float:
-        """GPU seconds of one batch: roofline + communication + launch overhead (one stage x pp)."""
+                 decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,
+                 prefill_attn_work: int | None = None) -> float:
+        """GPU seconds of one batch: kernel rooflines + communication + launch costs (x pp).
+
+        ``kv_context``: sum over requests of the context the step attends to; ``attn_work``: sum
+        of tokens x context. ``prefill_*`` say how much of each belongs to prefill chunks (the
+        rest is decode, one token per request); left out, a decode-only batch is all decode and a
+        mixed one all prefill.
+        """
+        if prefill_tokens is None:
+            prefill_tokens = 0 if decode_only else num_tokens
+            prefill_context = 0 if decode_only else kv_context
+            prefill_attn_work = 0 if decode_only else attn_work
+        elif prefill_attn_work is None:
+            prefill_attn_work = attn_work
         micro = min(self.pp, max(1, num_reqs))
         # Per micro-batch on one stage; a stage holds 1/pp of the layers (its weights, KV, flops).
+        compiled = self._compiled_token
         if self.enforce_eager:
-            launch = self._eager_s
+            floor = self._eager_floor
             tokens = num_tokens
+            graph = 0.0
         elif num_tokens <= self.max_capture:
             tokens = self.padded(-(-num_tokens // micro)) * micro
-            launch = self._graph_s if decode_only else self._compiled_s
+            floor = 0.0 if decode_only else self._piecewise_floor
+            graph = self._graph_s if decode_only else 0.0
+            compiled = 0.0 if decode_only else self._compiled_token
         else:
             tokens = num_tokens
-            launch = self._compiled_s
-        # GEMMs and attention are different kernels: each is its own roofline, and they add up.
-        gemm_mem = self._t_weights * micro
-        gemm_comp = self._t_token_flops * tokens
-        attn_mem = self._t_kv_read * kv_context + self._t_kv_write * num_tokens
-        attn_comp = self._t_attn * attn_work
-        stage_gpu = ((gemm_mem if gemm_mem > gemm_comp else gemm_comp)
-                     + (attn_mem if attn_mem > attn_comp else attn_comp))
-        comm = self._t_ar_fixed * micro + self._t_ar_token * tokens
-        stage = stage_gpu + comm + launch * micro
+            floor = self._compiled_floor
+            graph = 0.0
+            compiled = self._compiled_token
+        per_micro = -(-tokens // micro)
+        rows = -(-num_reqs // micro)
+        work = self._gemm_time(per_micro, rows) * micro
+        work += self._elementwise_token * tokens
+        decode_context = kv_context - prefill_context
+        work += self._t_kv_read * (decode_context if decode_context > 0 else 0)
+        work += self._t_attn * prefill_attn_work + self._t_kv_write * num_tokens
+        work += self._t_ar_fixed * micro + self._t_ar_token * tokens
+        work += compiled * tokens
+        if self.enforce_eager:
+            floor *= micro
+            stage = work if work > floor else floor
+        else:
+            stage = work + (floor + graph) * micro
         if self.pp == 1:
             return stage
         # ``micro`` micro-batches each cross pp stages; with fewer than pp of them the pipeline
@@ -191,13 +300,14 @@ class PerfModel:
         return stage / micro * self.pp
 
     def step_time(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
-                  decode_only: bool) -> float:
+                  decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,
+                  prefill_attn_work: int | None = None) -> float:
         """Seconds of one engine step: GPU time plus the engine CPU that async scheduling leaves visible.
 
-        ``kv_context``: sum over requests of the context the step attends to (KV read);
-        ``attn_work``: sum over requests of tokens x context (causal attention FLOPs).
+        Arguments as :meth:`gpu_time`.
         """
-        gpu = self.gpu_time(num_reqs, num_tokens, kv_context, attn_work, decode_only)
+        gpu = self.gpu_time(num_reqs, num_tokens, kv_context, attn_work, decode_only,
+                            prefill_tokens, prefill_context, prefill_attn_work)
         cpu = self._step_cpu + self._seq_cpu * num_reqs
         hidden = cpu * self._overlap
         if hidden > gpu:

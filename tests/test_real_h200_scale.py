@@ -1,0 +1,84 @@
+"""The user-scale real H200 runs (tests/fixtures/real_h200/scale): Llama-3.1-8B and Qwen2.5-14B shapes.
+
+vLLM 0.26.0, random weights, one H200; 5 server starts, 21 measured windows (see the folder's
+README). None of these runs was used to fit the planner: its KV capacity here is held out.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from servetune.gpus import get_gpu
+from servetune.memory import plan_memory, resolve_engine_config
+from servetune.metrics import counter, parse_prometheus
+from servetune.modelinfo import load_model
+from servetune.vllm_logs import classify, parse_log
+
+SCALE = Path(__file__).parent / "fixtures" / "real_h200" / "scale"
+MODELS = {"/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b"}
+STARTS = sorted(p.parent.name for p in SCALE.glob("*/server.log.gz"))
+
+
+def _start(name: str) -> tuple[dict, str]:
+    d = SCALE / name
+    return json.loads((d / "summary.json").read_text()), gzip.decompress((d / "server.log.gz").read_bytes()).decode()
+
+
+def test_the_evidence_is_all_there() -> None:
+    assert STARTS == ["l8b_u09_s256_fp8kv", "l8b_u09_s256_mbt2048", "l8b_u09_s256_mbt8192",
+                      "q14b_u09_s128_eager", "q14b_u09_s256_mbt8192"]
+    windows = sorted(SCALE.glob("*/*/summary.json"))
+    assert len(windows) == 21
+    for w in windows:
+        s = json.loads(w.read_text())
+        assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w
+
+
+@pytest.mark.parametrize("name", STARTS)
+def test_logs_parse_and_classify_as_served(name: str) -> None:
+    summary, text = _start(name)
+    parsed = parse_log(text)
+    assert parsed.vllm_version == "0.26.0" and parsed.server_ready
+    assert parsed.kv_cache_tokens and parsed.kv_cache_tokens > 500_000
+    assert parsed.enforce_eager is bool(summary["flags"].get("enforce_eager", False))
+    assert classify(text).status.value == "ok"
+
+
+@pytest.mark.parametrize("name", STARTS)
+def test_planner_kv_capacity_within_one_percent(name: str) -> None:
+    summary, text = _start(name)
+    logged = parse_log(text).kv_cache_tokens
+    model, gpu = load_model(MODELS[summary["model"]]), get_gpu("H200")
+    config = resolve_engine_config(summary["flags"], model, gpu)
+    # Each of these starts compiled its configuration (or ran eager): the cold-cache plan.
+    plan = plan_memory(model, gpu, config, compile_cache_warm=False)
+    assert plan.fits
+    assert plan.kv_cache_tokens == pytest.approx(logged, rel=0.01), (plan.kv_cache_tokens, logged)
+
+
+def test_fp8_kv_cache_doubles_the_tokens_at_the_same_budget() -> None:
+    auto = parse_log(_start("l8b_u09_s256_mbt8192")[1]).kv_cache_tokens
+    fp8 = parse_log(_start("l8b_u09_s256_fp8kv")[1]).kv_cache_tokens
+    assert fp8 == pytest.approx(2 * auto, rel=0.005)
+
+
+def test_no_window_preempted_and_shared_prefixes_hit_the_cache() -> None:
+    for w in sorted(SCALE.glob("*/*/")):
+        def read(name: str) -> dict:
+            return parse_prometheus(gzip.decompress((w / f"{name}.txt.gz").read_bytes()).decode())
+
+        before, after = read("metrics_before"), read("metrics_after")
+        delta = (counter(after, "vllm:num_preemptions_total") or 0) - (counter(before, "vllm:num_preemptions_total") or 0)
+        assert delta == 0, w  # gpu_memory_utilization 0.9: every sequence fits
+        hits = (counter(after, "vllm:prefix_cache_hits_total") or 0) - (counter(before, "vllm:prefix_cache_hits_total") or 0)
+        queries = ((counter(after, "vllm:prefix_cache_queries_total") or 0)
+                   - (counter(before, "vllm:prefix_cache_queries_total") or 0))
+        if w.name.startswith("prefix768"):
+            # 768 of 1024 prompt tokens shared within 8 groups: about three quarters hit.
+            assert 0.6 < hits / queries < 0.8, (w, hits, queries)
+        else:
+            assert hits / queries < 0.1, (w, hits, queries)
