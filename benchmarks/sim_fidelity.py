@@ -2,7 +2,7 @@
 
 For each of the 7 healthy runs in ``tests/fixtures/real_h200/``: real vs simulated output tok/s,
 mean TTFT, mean TPOT and preemptions, with the relative errors (logic in
-``servetune/sim/_fidelity.py``). ``--fit N`` first searches the H200 calibration knobs with N
+``benchmarks/_fidelity.py``). ``--fit N`` first searches the H200 calibration knobs with N
 Optuna trials and prints the best set (to paste into ``servetune/sim/perf.py``'s
 ``GPU_CALIBRATION``).
 
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "platform") not in sys.path:
     sys.path.insert(0, str(ROOT / "platform"))
 
-from servetune.sim._fidelity import error_summary, fidelity_rows, fit, format_table  # noqa: E402
+from _fidelity import error_summary, fidelity_rows, fit, format_table  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

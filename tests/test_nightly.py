@@ -16,7 +16,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from servetune import dataset
+from servetune.records import dataset
 from servetune.errors import SpecError
 from servetune.nightly import NoiseSettings, compare, expand_matrix, noise_of, run_nightly, scaled_calibration
 from servetune.nightly import warm_start_flags

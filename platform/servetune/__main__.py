@@ -1,3 +1,3 @@
-from servetune.cli import main
+from servetune.cli.main import main
 
 raise SystemExit(main())

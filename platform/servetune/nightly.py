@@ -371,7 +371,7 @@ def _plot(rows: pd.DataFrame, cell: str, objective: str, path: Path) -> None:
 
 
 def load_matrix(path: str | Path) -> dict[str, Any]:
-    from servetune.space import read_yaml
+    from servetune.spec.space import read_yaml
 
     data = read_yaml(Path(path), "matrix")
     if not isinstance(data, dict):
@@ -381,7 +381,7 @@ def load_matrix(path: str | Path) -> dict[str, Any]:
 
 def _inject_gpu_file(gpu_type: str, factor: float, out_dir: Path) -> Path:
     """A GPU table re-declaring ``gpu_type`` with the simulator ``factor`` times as fast."""
-    from servetune.gpus import get_gpu
+    from servetune.planner.gpus import get_gpu
     from servetune.sim.perf import calibration_for
 
     gpu = get_gpu(gpu_type)
@@ -410,12 +410,14 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
     """
     import optuna
 
-    from servetune import dataset, gpus
-    from servetune._retry import retry_call
-    from servetune._storage import open_storage
-    from servetune.cluster import TrialPool
-    from servetune.engines import TrialTask, resolve_backend, run_trial
-    from servetune.spec import StudySpec
+    from servetune.records import dataset
+
+    from servetune.planner import gpus
+    from servetune.records._retry import retry_call
+    from servetune.records._storage import open_storage
+    from servetune.cluster.pool import TrialPool
+    from servetune.engines.base import TrialTask, resolve_backend, run_trial
+    from servetune.spec.schema import StudySpec
     from servetune.study import run_study
 
     out = out or io.StringIO()

@@ -35,7 +35,7 @@ class TrialStatus(str, enum.Enum):
     INVALID_CONFIG = "invalid_config"
     PRUNED = "pruned"  # skipped before launch because the planner predicted a startup failure
     # The machine, not the flags: a port taken, GPU memory held by another process, a lost Ray
-    # node. Retried on another slot; never told to the sampler as infeasible (see servetune.infra).
+    # node. Retried on another slot; never told to the sampler as infeasible (see servetune.engines.vllm.infra).
     INFRA_ERROR = "infra_error"
 
     @property
@@ -183,11 +183,11 @@ class TrialResult:
         if self.dispatch_s is None or self.startup_s is None:
             return None
         return max(0.0, self.dispatch_s - self.startup_s - (self.duration_s or 0.0))
-    #: Why the measured window ended before the workload did (:mod:`servetune.early_stop`), e.g.
+    #: Why the measured window ended before the workload did (:mod:`servetune.engines.early_stop`), e.g.
     #: ``"preemptions: 3 counted, 0 allowed"``; None for a full measurement.
     early_stopped: str | None = None
 
-    # An ``infra_error``'s kind (:data:`servetune.infra.KINDS`: ``port_in_use``, ``gpu_memory_held``,
+    # An ``infra_error``'s kind (:data:`servetune.engines.vllm.infra.KINDS`: ``port_in_use``, ``gpu_memory_held``,
     # ``gpu_unusable``, ``node_lost``), and the infrastructure failures of earlier attempts of this
     # same flag set (one line each: attempt, where, why) when the pool re-ran it elsewhere.
     infrastructure: str | None = None

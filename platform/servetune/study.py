@@ -12,14 +12,14 @@ Optuna 5 requires (``trial.set_constraint``; a value <= 0 is feasible):
 - ``p99_ttft_ms`` / ``p99_itl_ms``: the measured p99 minus the limit, when the spec sets one.
 
 With ``prescreen`` on (the default), each proposal first goes through the memory planner
-(:func:`servetune.search.prescreen`): a predicted startup failure is told as a ``pruned`` trial
+(:func:`servetune.search.propose.prescreen`): a predicted startup failure is told as a ``pruned`` trial
 (infeasible, the prediction in MLflow and the dataset) without being dispatched to Ray, and a
 fresh study starts from the preemption prior's informed points. The ask / pre-screen / tell logic
-lives in :mod:`servetune.search`, shared with the search-efficiency benchmark.
+lives in :mod:`servetune.search.propose`, shared with the search-efficiency benchmark.
 
 Example::
 
-    from servetune.spec import load_spec
+    from servetune.spec.schema import load_spec
     from servetune.study import run_study
     outcome = run_study(load_spec("jobs/quickstart.yaml"))
     print(outcome.best_command)
@@ -40,25 +40,39 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import _ray_session, confirm, dataset, early_stop, envs, fidelity, report, warmstart
-from servetune._retry import retry_call
-from servetune._storage import open_storage
-from servetune.cluster import TrialPool
-from servetune.engines import TrialTask, resolve_backend
+from servetune.cluster import _ray_session
+
+from servetune.search import confirm
+
+from servetune.records import dataset
+
+from servetune.engines import early_stop
+
+from servetune import envs
+
+from servetune.search import screen as fidelity
+
+from servetune.records import report
+
+from servetune.search import warmstart
+from servetune.records._retry import retry_call
+from servetune.records._storage import open_storage
+from servetune.cluster.pool import TrialPool
+from servetune.engines.base import TrialTask, resolve_backend
 from servetune.errors import SpecError
-from servetune.flags import gpus_needed, to_command_line
+from servetune.planner.flags import gpus_needed, to_command_line
 from servetune.result import TrialResult, TrialStatus
-from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
-from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
-from servetune.spec import StudySpec
-from servetune.tracking import StudyTracker, redact_text
+from servetune.search.propose import FEASIBLE, INFEASIBLE, constraint_values, objective_values
+from servetune.search.propose import Proposal, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
+from servetune.spec.schema import StudySpec
+from servetune.records.tracking import StudyTracker, redact_text
 from servetune.workload import Workload
 
 if TYPE_CHECKING:
-    from servetune.early_stop import EarlyStop
-    from servetune.fidelity import SimScreen
-    from servetune.warmstart import WarmStart
-    from servetune.memory import MemoryPlan
+    from servetune.engines.early_stop import EarlyStop
+    from servetune.search.screen import SimScreen
+    from servetune.search.warmstart import WarmStart
+    from servetune.planner.memory import MemoryPlan
 
 __all__ = ["StudyOutcome", "run_study", "make_sampler", "constraint_values", "objective_values", "best_trial",
            "INFEASIBLE", "FEASIBLE"]
@@ -84,7 +98,7 @@ class StudyOutcome:
     wall_s: float = 0.0
     mlflow_uri: str | None = None
     parent_run_id: str | None = None
-    confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.confirm.Choice.to_dict()
+    confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.search.confirm.Choice.to_dict()
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -202,9 +216,9 @@ def run_study(
     storage = spec.storage.optuna_url
     n_obj = len(spec.objective.metrics)
     grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
-    # Storage calls are retried with backoff (servetune._retry): a briefly locked SQLite file or a
+    # Storage calls are retried with backoff (servetune.records._retry): a briefly locked SQLite file or a
     # restarting database delays the driver instead of ending the study. open_storage retries every
-    # call of the storage itself (servetune._storage), so reads between the retried steps below
+    # call of the storage itself (servetune.records._storage), so reads between the retried steps below
     # (best trial, counts) ride out an outage too.
     study = retry_call(lambda: optuna.create_study(
         study_name=spec.name, storage=open_storage(storage), load_if_exists=True,
@@ -262,7 +276,7 @@ def run_study(
     # The GPU type binds at the first submit, and only on a cluster whose nodes advertise types: a
     # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
     # A local Ray left by an earlier, killed driver of this study is stopped first; the local Ray
-    # this driver starts is recorded so that the next start can do the same (servetune._ray_session).
+    # this driver starts is recorded so that the next start can do the same (servetune.cluster._ray_session).
     reaped = _ray_session.reap_leftovers(runs_dir, spec.name)
     if reaped:
         progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
@@ -271,7 +285,7 @@ def run_study(
     # servetune overhead on each of the first two real trials, 4-6 s on the others).
     serve_help = None
     if backend == "vllm":
-        from servetune.vllm_engine import read_serve_help
+        from servetune.engines.vllm.engine import read_serve_help
 
         serve_help = read_serve_help(envs.serve_command())
     pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
@@ -375,7 +389,7 @@ def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker:
                  outcome: StudyOutcome, backend: str, runs_dir: Path, progress: _Progress, stop: _StopRequest,
                  serve_help: str | None = None) -> None:
     """Re-run the top ``budget.confirm_top`` feasible configurations ``budget.confirm_repeats``
-    times each (another workload and engine seed per repeat; :mod:`servetune.confirm`), record
+    times each (another workload and engine seed per repeat; :mod:`servetune.search.confirm`), record
     each repeat (MLflow ``servetune.role=repeat``, a dataset row with ``repeat``), and choose the
     winner on the confirmed means. The repeats are not Optuna trials: the choice is stored as the
     study's user attr ``confirmation``, which :func:`best_trial` honours."""
@@ -447,13 +461,13 @@ def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker:
 def _enqueue_warm_and_baseline(spec: StudySpec, study: optuna.Study
                                ) -> tuple[list[WarmStart], dict[str, Any] | None]:
     """Warm starts from earlier studies in the dataset, then the baseline trial
-    (:mod:`servetune.warmstart`); enqueued after the informed starts, so those run first."""
+    (:mod:`servetune.search.warmstart`); enqueued after the informed starts, so those run first."""
     return warmstart.enqueue_warm_starts(spec, study), warmstart.enqueue_baseline(spec, study)
 
 
 def _screen_on_sim(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, outcome: StudyOutcome,
                    backend: str, sims: dict[int, TrialResult]) -> tuple[TrialResult, dict[str, str]] | None:
-    """Multi-fidelity (:mod:`servetune.fidelity`): ``(pruned result, MLflow tags)`` when the
+    """Multi-fidelity (:mod:`servetune.search.screen`): ``(pruned result, MLflow tags)`` when the
     calibrated simulator rules the proposal out, else None (its simulated twin kept in ``sims``
     to recalibrate on the real result)."""
     best = (outcome.best_metrics or {}).get("output_throughput")
@@ -483,7 +497,7 @@ def _recalibrate(spec: StudySpec, screen: SimScreen, told: list[optuna.trial.Fro
 
 def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> EarlyStop | None:
     """The early-stop rule handed to the next real trial: the preemption constraint and the best
-    feasible throughput so far (:mod:`servetune.early_stop`). Only the vllm backend measures over
+    feasible throughput so far (:mod:`servetune.engines.early_stop`). Only the vllm backend measures over
     time; the sim and replay backends answer at once."""
     if backend != "vllm":
         return None

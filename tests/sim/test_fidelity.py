@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from servetune.sim._fidelity import error_summary, fidelity_rows, load_real_runs
+from _fidelity import error_summary, fidelity_rows, load_real_runs
 
 # Achieved with the committed calibration (see the table in benchmarks/sim_fidelity.py's output):
 THROUGHPUT_MAE = 0.05  # mean |error| of output tok/s over the 7 healthy runs (achieved 3.6%)

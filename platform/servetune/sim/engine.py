@@ -1,7 +1,7 @@
 """The simulated vLLM V1 engine: the real scheduler's decisions, in virtual time.
 
 Contract (shared with the real engine): :func:`simulate` takes a model, a GPU, a resolved
-:class:`~servetune.memory.EngineConfig` and a :class:`~servetune.workload.Workload` and returns a
+:class:`~servetune.planner.memory.EngineConfig` and a :class:`~servetune.workload.Workload` and returns a
 :class:`~servetune.result.TrialResult` with ``backend="sim"``. A configuration that cannot start
 returns the memory plan's failure status and vLLM's own error text, without running anything.
 
@@ -31,9 +31,9 @@ returns the memory plan's failure status and vLLM's own error text, without runn
 Step durations come from :class:`servetune.sim.perf.PerfModel`.
 
 Example:
-    >>> from servetune.gpus import get_gpu
-    >>> from servetune.memory import resolve_engine_config
-    >>> from servetune.modelinfo import load_model
+    >>> from servetune.planner.gpus import get_gpu
+    >>> from servetune.planner.memory import resolve_engine_config
+    >>> from servetune.planner.modelinfo import load_model
     >>> from servetune.workload import Workload
     >>> model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
     >>> config = resolve_engine_config({"gpu_memory_utilization": 0.5, "max_num_seqs": 64}, model, gpu)
@@ -55,9 +55,9 @@ from servetune.result import RequestRecord, TrialResult, TrialStatus, summarize
 from servetune.sim.perf import PerfModel
 
 if TYPE_CHECKING:
-    from servetune.gpus import GpuSpec
-    from servetune.memory import EngineConfig, MemoryPlan
-    from servetune.modelinfo import ModelProfile
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.memory import EngineConfig, MemoryPlan
+    from servetune.planner.modelinfo import ModelProfile
     from servetune.workload import Workload
 
 __all__ = ["StepResult", "RequestState", "SimScheduler", "simulate"]
@@ -615,9 +615,9 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
     last completion. Deterministic: the same inputs give the same result.
 
     Example:
-        >>> from servetune.gpus import get_gpu
-        >>> from servetune.memory import resolve_engine_config
-        >>> from servetune.modelinfo import load_model
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.memory import resolve_engine_config
+        >>> from servetune.planner.modelinfo import load_model
         >>> from servetune.workload import Workload
         >>> model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
         >>> cfg = resolve_engine_config({"max_num_seqs": 32}, model, gpu)
@@ -626,7 +626,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         64
     """
     if plan is None:
-        from servetune.memory import plan_memory
+        from servetune.planner.memory import plan_memory
 
         plan = plan_memory(model, gpu, config)
     base = dict(backend="sim", vllm_version=config.vllm_version, memory=plan.memory,

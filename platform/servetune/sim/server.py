@@ -7,7 +7,7 @@ Contract: ``python -m servetune.sim.server MODEL [vLLM serve flags]`` behaves li
   ``--cudagraph-capture-sizes 1 2 4``, ``--config file.yaml`` with CLI > file, underscores accepted)
   and an unknown argument ends in argparse's ``vllm serve: error: unrecognized arguments`` (exit 2);
 * stdout carries vLLM 0.26's startup log (:mod:`servetune.sim.vllm_log`) with the planner's figures
-  (:func:`servetune.memory.plan_memory`), then the periodic ``Engine 000:`` stats line every 10 s
+  (:func:`servetune.planner.memory.plan_memory`), then the periodic ``Engine 000:`` stats line every 10 s
   of virtual time; a startup the planner predicts to fail prints vLLM's traceback and exits 1;
 * the HTTP socket listens only once "startup" is done (``GET /health`` -> 200 means ready, as in
   vLLM); ``/v1/models``, ``/v1/completions`` (streaming SSE or not, token-id or text prompts),
@@ -60,7 +60,7 @@ import yaml
 from aiohttp import web
 
 from servetune.errors import SpecError
-from servetune.flags import FLAGS, validate_flag
+from servetune.planner.flags import FLAGS, validate_flag
 from servetune.sim import devices, vllm_log
 from servetune.sim.vllm_log import LogRecord
 
@@ -376,7 +376,9 @@ class SimServer:
     # -- setup ----------------------------------------------------------------------------------
 
     def _resolve(self) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        from servetune import gpus, memory, modelinfo
+        from servetune.planner import gpus
+        from servetune.planner import memory
+        from servetune.planner import modelinfo
 
         model = modelinfo.load_model(self.model_ref)
         gpu = gpus.get_gpu(self.ns.sim_gpu)

@@ -1,8 +1,8 @@
 """vLLM-format log lines for the simulated ``vllm serve`` (:mod:`servetune.sim.server`). Pure.
 
-Contract: given the resolved :class:`~servetune.memory.EngineConfig`, the
-:class:`~servetune.modelinfo.ModelProfile`, the :class:`~servetune.gpus.GpuSpec` and the
-:class:`~servetune.memory.MemoryPlan`, :func:`startup_script` returns the log records a real
+Contract: given the resolved :class:`~servetune.planner.memory.EngineConfig`, the
+:class:`~servetune.planner.modelinfo.ModelProfile`, the :class:`~servetune.planner.gpus.GpuSpec` and the
+:class:`~servetune.planner.memory.MemoryPlan`, :func:`startup_script` returns the log records a real
 vLLM (default 0.26.0) prints from launch to "Application startup complete." (or to its failure
 traceback), each stamped with the virtual second at which it appears. Every figure comes from the
 plan, so a log parser run on these lines recovers exactly the planner's prediction (KV cache
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from servetune.result import TrialStatus
 
 if TYPE_CHECKING:  # the planner's types; only their attributes are read here
-    from servetune.gpus import GpuSpec
-    from servetune.memory import EngineConfig, MemoryPlan
-    from servetune.modelinfo import ModelProfile
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.memory import EngineConfig, MemoryPlan
+    from servetune.planner.modelinfo import ModelProfile
 
 __all__ = [
     "LogRecord", "StartupScript", "FAIL_MODES", "LOG_LINE_RE", "KV_TOKENS_RE", "MAX_CONCURRENCY_RE",

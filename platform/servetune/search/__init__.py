@@ -1,0 +1,1 @@
+"""(public face: see the next commit)"""
