@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,16 +40,15 @@ from servetune.planner.flags import validate_flags
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
 from servetune.result import MemoryBreakdown, TrialStatus
+from servetune.vllm_version import DEFAULT_VLLM_VERSION, VERSION_RE, Version
 
 __all__ = ["DEFAULT_VLLM_VERSION", "EngineConfig", "MemoryPlan", "resolve_engine_config", "plan_memory",
            "parse_vllm_version", "capture_sizes_for", "activation_peak_bytes", "cudagraph_memory_bytes",
            "batch_defaults"]
 
-DEFAULT_VLLM_VERSION = "0.26.0"
 GiB = 1 << 30
 MiB = 1 << 20
 
-Version = tuple[int, int, int]
 
 # =============================================================================== Calibration
 # Every fitted constant is here. Evidence: vLLM 0.26.0 (V2 model runner) on one H200 with the
@@ -133,7 +131,7 @@ def parse_vllm_version(version: str) -> Version:
         >>> parse_vllm_version("v0.13.0rc2")
         (0, 13, 0)
     """
-    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:[.+-]?(?:rc|post|dev|a|b)\w*)?(?:\+\S*)?", str(version).strip())
+    m = VERSION_RE.fullmatch(str(version).strip())
     if not m:
         raise SpecError("vllm_version", f"cannot read {version!r} as a vLLM version", "write e.g. 0.26.0")
     v = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))

@@ -46,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from servetune.vllm_version import minor
+
 if TYPE_CHECKING:
     import optuna
 
@@ -73,13 +75,6 @@ class WarmStart:
 
 # -- pure pieces -----------------------------------------------------------------------------------
 
-def _minor(version: str | None) -> str | None:
-    if not version:
-        return None
-    parts = str(version).lstrip("v").split(".")
-    return ".".join(parts[:2])
-
-
 def study_distance(model: str, version: str | None, earlier_model: str, earlier_version: str | None,
                    params: tuple[float, str] | None = None, earlier_params: tuple[float, str] | None = None
                    ) -> float | None:
@@ -98,7 +93,7 @@ def study_distance(model: str, version: str | None, earlier_model: str, earlier_
         >>> study_distance("a", "0.26.0", "b", "0.26.0", (8e9, "Llama"), (70e9, "Llama")) is None
         True
     """
-    d = 0.0 if _minor(version) == _minor(earlier_version) else 0.5
+    d = 0.0 if minor(version) == minor(earlier_version) else 0.5
     if model != earlier_model:
         if params is None or earlier_params is None or params[0] <= 0 or earlier_params[0] <= 0:
             return None

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from servetune.result import RequestRecord, TrialResult, TrialStatus, summarize
 from servetune.sim.perf import PerfModel
+from servetune.vllm_version import version_tuple
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -201,14 +202,6 @@ class _BlockPool:
         state[0] += 1
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 class SimScheduler:
     """One vLLM V1 engine core in virtual time (see the module docstring for the rules).
 
@@ -233,7 +226,7 @@ class SimScheduler:
         self.long_prefill_threshold = config.long_prefill_token_threshold or 0
         self.chunked_prefill = config.enable_chunked_prefill
         self.prefix_caching = config.enable_prefix_caching
-        self.reserve_full_isl = _version_tuple(config.vllm_version) >= (0, 19)
+        self.reserve_full_isl = (version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 19)
         self.pool = _BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching)
         self.now_s = 0.0
         self.num_preemptions = 0

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from servetune.result import TrialStatus
+from servetune.vllm_version import version_tuple
 
 if TYPE_CHECKING:  # the planner's types; only their attributes are read here
     from servetune.planner.gpus import GpuSpec
@@ -42,7 +43,7 @@ __all__ = [
     "LogRecord", "StartupScript", "FAIL_MODES", "LOG_LINE_RE", "KV_TOKENS_RE", "MAX_CONCURRENCY_RE",
     "AVAILABLE_KV_RE", "MODEL_LOADING_RE", "INIT_ENGINE_RE", "FREE_MEMORY_RE", "STATS_RE",
     "format_gib", "format_record", "non_default_args", "startup_script", "stats_message",
-    "runtime_crash_records", "shutdown_records", "access_record", "version_tuple", "config_error_records",
+    "runtime_crash_records", "shutdown_records", "access_record", "config_error_records",
     "worker_procs",
 ]
 
@@ -127,11 +128,6 @@ class StartupScript:
     healthy: bool
     exit_code: int | None
     startup_s: float  # virtual seconds from launch to the last record
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """``"0.26.0"`` -> ``(0, 26, 0)``; non-numeric parts count as 0."""
-    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", version)[:3])
 
 
 def format_gib(gib: float) -> str:
@@ -403,7 +399,7 @@ def startup_script(
     mem = plan.memory
     world = config.tensor_parallel_size * config.pipeline_parallel_size
     version = config.vllm_version
-    vt = version_tuple(version)
+    vt = version_tuple(version) or (0, 0, 0)
     stage = _fail_stage(plan, fail)
     recs: list[LogRecord] = []
 

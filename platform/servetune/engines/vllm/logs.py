@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from servetune.result import TrialStatus
+from servetune.vllm_version import version_tuple
 
 __all__ = ["LOG_LINE_RE", "WorkerMemory", "ParsedLog", "Classification", "parse_log", "classify", "parse_number"]
 
@@ -533,16 +534,11 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
     )
 
 
-def _version_tuple(version: str | None) -> tuple[int, ...]:
-    nums = re.findall(r"\d+", version or "")[:3]
-    return tuple(int(n) for n in nums) if nums else ()
-
-
 def _blocks_from_tokens(tokens: int, block_size: int, max_len: int | None, version: str | None) -> int:
     """Invert vLLM's KV-size line (§2.6): ≤0.20 ``tokens = blocks * block``; ≥0.25
     ``tokens = int(blocks / cdiv(max_len, block) * max_len)``."""
-    v = _version_tuple(version)
-    if max_len and (not v or v >= (0, 25)):
+    v = version_tuple(version)
+    if max_len and (v is None or v >= (0, 25)):
         per_req = -(-max_len // block_size)
         return round(tokens * per_req / max_len)
     return tokens // block_size
