@@ -65,7 +65,8 @@ from servetune.result import TrialResult, TrialStatus
 from servetune.search.propose import FEASIBLE, INFEASIBLE, constraint_values, objective_values
 from servetune.search.propose import Proposal, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
 from servetune.spec.schema import StudySpec
-from servetune.records.tracking import StudyTracker, redact_text
+from servetune.records.tracking import StudyTracker
+from servetune.redact import redact_text
 from servetune.workload import Workload
 
 if TYPE_CHECKING:

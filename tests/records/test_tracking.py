@@ -21,8 +21,9 @@ from servetune.planner.flags import to_cli_args
 from servetune.result import LatencySummary, MemoryBreakdown, RequestRecord, TrialResult, TrialStatus, summarize
 from servetune.records.tracking import (
     MAX_TAG_VALUE, TAG_CAUSE, TAG_PARENT, TAG_ROLE, TAG_STATUS, TAG_STUDY, TAG_TRIAL_NUMBER, TAG_VLLM_VERSION,
-    StudyTracker, TrackingError, is_secret_key, redact, redact_text, render_command,
+    StudyTracker, TrackingError, render_command,
 )
+from servetune.redact import is_secret_key, redact, redact_text
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from servetune.errors import SpecError
-from servetune.spec.schema import StudySpec, load_spec, redact_url
+from servetune.redact import redact_url
+from servetune.spec.schema import StudySpec, load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "jobs" / "quickstart.yaml"

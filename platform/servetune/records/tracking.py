@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -67,14 +66,12 @@ import pyarrow.parquet as pq
 from servetune.records.dataset import requests_table
 from servetune.errors import SpecError
 from servetune.planner.flags import to_command_line, to_config_yaml
+from servetune.redact import is_secret_key, redact, redact_text
 from servetune.result import TrialResult, TrialStatus
 
 __all__ = [
     "StudyTracker",
     "TrackingError",
-    "redact",
-    "redact_text",
-    "is_secret_key",
     "render_command",
     "TAG_STUDY",
     "TAG_ROLE",
@@ -106,81 +103,6 @@ MAX_TAG_VALUE = 8000
 MAX_PARAM_VALUE = 6000
 _MAX_PARAMS_TAGS_PER_BATCH = 100
 _MAX_METRICS_PER_BATCH = 1000
-
-MASK = "***"
-
-# ---------------------------------------------------------------------------------------------
-# Redaction (pure)
-# ---------------------------------------------------------------------------------------------
-
-# TOKEN may end a compound word (ACCESSTOKEN); KEY must be its own word, or "monkey" would match.
-_SECRET_KEY_END = re.compile(r"TOKEN$|(?:^|[^A-Z0-9])KEY(?:_ID)?$")
-_SECRET_KEY_WORDS = ("SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "APIKEY", "PRIVATE_KEY", "AUTHORIZATION")
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)[^/\s@:]*(?::[^/\s@]*)?@")
-# Token shapes of the services a vLLM deployment talks to: Hugging Face, OpenAI-style, GitHub,
-# AWS access keys, bearer headers.
-_TOKEN_SHAPES = re.compile(
-    r"\bhf_[A-Za-z0-9]{8,}|\bsk-[A-Za-z0-9_\-]{16,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bAKIA[0-9A-Z]{16}\b"
-    r"|(?i:bearer)\s+[A-Za-z0-9._\-~+/]{8,}=*"
-)
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a param/tag/env name names a secret (``HF_TOKEN``, ``api_key``, ``db.password``).
-
-    ``max_num_batched_tokens`` and ``kv_cache_tokens`` are counts, not secrets: only a name that
-    *ends* in TOKEN, or in KEY as a word of its own, counts.
-
-    Example:
-        >>> [is_secret_key(k) for k in ("HF_TOKEN", "hf.token", "openai_api_key", "DB_PASSWORD", "max_num_batched_tokens")]
-        [True, True, True, True, False]
-    """
-    upper = key.upper()
-    return bool(_SECRET_KEY_END.search(upper)) or any(word in upper for word in _SECRET_KEY_WORDS)
-
-
-def _env_secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Values of secret-named environment variables, longest first (so no partial masking)."""
-    env = os.environ if environ is None else environ
-    values = {v for k, v in env.items() if is_secret_key(k) and len(v) >= 6}
-    return sorted(values, key=len, reverse=True)
-
-
-def redact_text(text: str, environ: Mapping[str, str] | None = None) -> str:
-    """Mask URL credentials, token-shaped strings and secret env values inside free text.
-
-    Example:
-        >>> redact_text("pull https://user:pw@hub.example/m with hf_abcdefgh12345", environ={})
-        'pull https://***@hub.example/m with ***'
-    """
-    for secret in _env_secret_values(environ):
-        text = text.replace(secret, MASK)
-    text = _URL_CREDENTIALS.sub(lambda m: m.group("scheme") + MASK + "@", text)
-    return _TOKEN_SHAPES.sub(MASK, text)
-
-
-def redact(mapping: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A copy of ``mapping`` safe to log: secret-named keys masked, secrets inside values masked.
-
-    Non-string values are kept as they are (numbers and booleans cannot hold a token); nested
-    mappings and lists are redacted recursively.
-
-    Example:
-        >>> redact({"HF_TOKEN": "hf_x", "max_num_seqs": 64, "url": "s3://k:s@bucket/x"}, environ={})
-        {'HF_TOKEN': '***', 'max_num_seqs': 64, 'url': 's3://***@bucket/x'}
-    """
-    return {str(k): (MASK if is_secret_key(str(k)) else _redact_value(v, environ)) for k, v in mapping.items()}
-
-
-def _redact_value(value: Any, environ: Mapping[str, str] | None) -> Any:
-    if isinstance(value, str):
-        return redact_text(value, environ)
-    if isinstance(value, Mapping):
-        return redact(value, environ)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_redact_value(v, environ) for v in value)
-    return value
-
 
 # ---------------------------------------------------------------------------------------------
 # Rendering (pure)

@@ -59,6 +59,8 @@ from typing import TYPE_CHECKING, Any
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner.flags import validate_flags
 from servetune.spec.space import STATIC_DEFAULTS, SearchSpace, read_yaml
+from servetune.redact import redact_url
+from servetune.vllm_version import DEFAULT_VLLM_VERSION, VERSION_RE
 from servetune.workload import Workload
 
 if TYPE_CHECKING:
@@ -68,7 +70,7 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Measurement", "Tracking", "Storage", "Output",
-           "load_spec", "redact_url", "find_search_space", "SPEC_KEYS", "BACKENDS", "SAMPLERS", "METRIC_DIRECTIONS"]
+           "load_spec", "find_search_space", "SPEC_KEYS", "BACKENDS", "SAMPLERS", "METRIC_DIRECTIONS"]
 
 SPEC_KEYS = ("name", "description", "model", "serve_model", "gpu", "workload", "objective", "constraints",
              "search_space", "fixed_flags", "budget", "backend", "sampler", "seed", "vllm_version", "tracking",
@@ -87,8 +89,6 @@ METRIC_DIRECTIONS: Mapping[str, str] = {**{m: "maximize" for m in _THROUGHPUT}, 
 _METRIC_ALIASES = {f"{stat}_{stem}_ms": f"{stem}_{stat}_ms"
                    for stem in ("ttft", "itl", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99")}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([.+-][0-9A-Za-z.+-]*)?$")
-_FALLBACK_VLLM_VERSION = "0.26.0"
 _DEFAULT_RUNS_DIR = "servetune-runs"
 _FEASIBILITY_LIMIT = 20_000  # combinations listed at load time to prove the space can start at all
 
@@ -229,26 +229,6 @@ def _choice(value: Any, field: str, choices: tuple[str, ...]) -> str:
 def _relative(base_dir: Path | None, value: str) -> Path:
     p = Path(value).expanduser()
     return p if p.is_absolute() or base_dir is None else base_dir / p
-
-
-def redact_url(url: str) -> str:
-    """Hide a password in a URL's user info and secret query parameters.
-
-    Example:
-        >>> redact_url("postgresql://optuna:hunter2@db:5432/optuna?sslmode=require&password=x")
-        'postgresql://optuna:***@db:5432/optuna?sslmode=require&password=***'
-    """
-    m = re.match(r"([A-Za-z][A-Za-z0-9+.\-]*://)([^/?#]*)(.*)", url, re.S)
-    if not m:
-        return url
-    scheme, netloc, rest = m.groups()
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:***@{host}"
-    rest = re.sub(r"(?i)([?&;](?:password|passwd|pwd|token|secret|api_key|apikey|access_key|secret_key|key)=)[^&#;]*",
-                  r"\1***", rest)
-    return scheme + netloc + rest
 
 
 def _repo_search_spaces() -> Path:
@@ -490,14 +470,10 @@ def _switch(data: Mapping[str, Any], key: str, default: bool, what: str) -> bool
 
 def _parse_version(raw: Any) -> str:
     if raw is None:
-        try:
-            from servetune.planner.memory import DEFAULT_VLLM_VERSION
-        except ImportError:
-            return _FALLBACK_VLLM_VERSION
-        return str(DEFAULT_VLLM_VERSION)
+        return DEFAULT_VLLM_VERSION
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         raise SpecError("vllm_version", f"YAML read {raw!r} as a number", f'quote it: vllm_version: "{raw}"')
-    if not isinstance(raw, str) or not _VERSION_RE.match(raw.strip()):
+    if not isinstance(raw, str) or not VERSION_RE.fullmatch(raw.strip()):
         raise SpecError("vllm_version", f"expected a version like \"0.26.0\", got {raw!r}", 'write vllm_version: "0.26.0"')
     return raw.strip()
 
