@@ -64,7 +64,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))
 
-from servetune import dataset  # noqa: E402
+from servetune.records import dataset  # noqa: E402
 from servetune.engines.base import TrialTask, run_trial  # noqa: E402
 from servetune.engines.replay import Landscape  # noqa: E402
 from servetune.result import TrialResult  # noqa: E402
