@@ -65,7 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))
 
 from servetune.records import dataset  # noqa: E402
-from servetune.engines.base import TrialTask, run_trial  # noqa: E402
+from servetune.engines import TrialTask, run_trial  # noqa: E402
 from servetune.engines.replay import Landscape  # noqa: E402
 from servetune.result import TrialResult  # noqa: E402
 from servetune.search.screen import SCREEN_PREFIX, SimScreen, screen_for  # noqa: E402

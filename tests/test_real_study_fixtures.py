@@ -20,7 +20,7 @@ import optuna
 import pytest
 
 from servetune.cli import main as cli
-from servetune.engines.base import TrialTask, run_trial
+from servetune.engines import TrialTask, run_trial
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model

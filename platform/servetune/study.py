@@ -46,7 +46,6 @@ from servetune.search import confirm
 
 from servetune.records import dataset
 
-from servetune.engines import early_stop
 
 from servetune import envs
 
@@ -58,12 +57,12 @@ from servetune.search import warmstart
 from servetune.records._retry import retry_call
 from servetune.records._storage import open_storage
 from servetune.cluster.pool import TrialPool
-from servetune.engines.base import TrialTask, resolve_backend
+from servetune.engines import TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import gpus_needed, to_command_line
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.propose import FEASIBLE, INFEASIBLE, constraint_values, objective_values
-from servetune.search.propose import Proposal, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
+from servetune.search.propose import Proposal, early_stop_rule, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
 from servetune.spec.schema import StudySpec
 from servetune.records.tracking import StudyTracker
 from servetune.redact import redact_text
@@ -503,7 +502,7 @@ def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> Ea
     if backend != "vllm":
         return None
     best = (outcome.best_metrics or {}).get("output_throughput")
-    return early_stop.rule_for(spec, best)
+    return early_stop_rule(spec, best)
 
 
 def _trial_task(spec: StudySpec, flags: dict[str, Any], log_dir: Path, serve_help: str | None,

@@ -193,7 +193,7 @@ def test_trial_larger_than_any_node_of_its_type_is_refused_not_queued(ray_cluste
 import itertools
 import json
 from servetune.cluster.pool import TrialPool
-from servetune.engines.base import TrialTask
+from servetune.engines import TrialTask
 from servetune.workload import Workload
 task = TrialTask(model="servetune-test-850m", gpu="A100-40GB", flags={"max_num_seqs": 16},
                  workload=Workload.from_dict({"input_len": 128, "output_len": 16, "num_requests": 8, "concurrency": 4}))

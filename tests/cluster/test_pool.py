@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from servetune.cluster.pool import TrialPool
-from servetune.engines.base import TrialTask
+from servetune.engines import TrialTask
 from servetune.result import TrialResult, TrialStatus
 from servetune.workload import Workload
 from _ray_helpers import wait_all

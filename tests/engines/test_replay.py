@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from servetune.engines.base import TrialTask, run_trial
+from servetune.engines import TrialTask, run_trial
 from servetune.errors import SpecError
 from servetune.engines.replay import TRIAL_OVERHEAD_S, Landscape, gpu_seconds
 from servetune.result import TrialStatus

@@ -112,7 +112,8 @@ def test_benchmark_core_loop_on_a_tiny_landscape() -> None:
 # -- early stopping: the rule the driver hands to a real trial ------------------------------------
 
 def test_early_stop_rule_follows_the_spec_and_the_best_so_far() -> None:
-    from servetune.engines.early_stop import EarlyStop, rule_for
+    from servetune.engines.early_stop import EarlyStop
+    from servetune.search.propose import early_stop_rule as rule_for
 
     spec = _spec()
     assert rule_for(spec, None) == EarlyStop(max_preemptions=0, best_throughput=None)

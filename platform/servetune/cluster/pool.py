@@ -46,7 +46,7 @@ from typing import Any
 
 import ray
 
-from servetune.engines.base import TrialTask, run_trial
+from servetune.engines import TrialTask, run_trial
 from servetune.engines.vllm.infra import SLOT_KINDS, classify_actor_error
 from servetune.result import TrialResult, TrialStatus
 

@@ -1,17 +1,23 @@
-"""Engines: one interface, the thing that turns a flag set into a :class:`TrialResult`.
+"""The engine interface: what turns one flag set into a :class:`~servetune.result.TrialResult`.
 
-An engine runs one trial on the GPUs it was given and returns a ``TrialResult`` whatever happens:
-bad flags are ``invalid_config``, a startup the planner or vLLM refuses is ``startup_oom`` /
-``kv_too_small``, and an unexpected exception becomes ``crashed`` with its text as the cause.
-Engines never raise for a trial's own failure, so one failing trial never stops a study.
+An :class:`Engine` runs one :class:`TrialTask` on the GPUs its process was given. Three stand
+behind this one interface (:func:`servetune.engines.get_engine`):
 
-``sim`` is the simulated vLLM V1 engine (:mod:`servetune.sim`), the embedded default where no GPU
-is visible. ``vllm`` (real ``vllm serve`` subprocesses) is selected with ``backend: vllm``.
-``replay`` answers a trial from a recorded landscape (:mod:`servetune.engines.replay`, the task's
-``replay_file``); its ``wall_s`` is the recorded GPU cost of the trial, not the lookup's time.
+* ``sim`` (:class:`servetune.engines.SimEngine`): the simulated vLLM V1 engine
+  (:mod:`servetune.sim`), the embedded default where no GPU is visible;
+* ``vllm`` (:class:`servetune.engines.vllm.VllmEngine`): a real ``vllm serve`` subprocess, or the
+  ``serve_command`` stand-in;
+* ``replay`` (:class:`servetune.engines.ReplayEngine`): the row of a recorded landscape
+  (the task's ``replay_file``).
+
+The contract (the base class's docstring) is what a study relies on: whatever happens, a trial
+ends as a result whose status says what happened, so one failing trial never stops a study.
+
+Only plain data lives here (the task, the backend names); the engines import it, never the other
+way round, and the study's spec is translated into a task before an engine sees it.
 
 Example:
-    >>> from servetune.engines.base import TrialTask, run_trial
+    >>> from servetune.engines import TrialTask, run_trial
     >>> from servetune.workload import Workload
     >>> task = TrialTask(model="servetune-test-850m", gpu="H200",
     ...                  flags={"gpu_memory_utilization": 0.5, "max_num_seqs": 64},
@@ -23,21 +29,25 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import shutil
-import time
-import traceback
+import subprocess
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from servetune.engines.early_stop import EarlyStop
 from servetune.errors import SpecError
-from servetune.result import TrialResult, TrialStatus
+from servetune.result import TrialResult
 from servetune.workload import Workload
 
-__all__ = ["TrialTask", "run_trial", "resolve_backend", "gpu_visible", "BACKENDS"]
+__all__ = ["Engine", "TrialTask", "resolve_backend", "gpu_visible", "BACKENDS", "LOAD_GENERATORS"]
 
-BACKENDS = ("auto", "sim", "vllm", "replay")
+#: The engines a spec may name; ``auto`` is vllm where a GPU is visible, else sim.
+BACKENDS = ("auto", "vllm", "sim", "replay")
+#: The load generators of the vllm backend: servetune's own streaming client
+#: (:mod:`servetune.engines.vllm.loadgen`, per-request records), or ``vllm bench serve``.
+LOAD_GENERATORS = ("servetune", "vllm-bench")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,10 +76,33 @@ class TrialTask:
     repeat: int = 0  # a confirmation repeat's index (replay: the recorded repeat it reads)
 
 
+class Engine(abc.ABC):
+    """One way of running a trial. The contract every implementation keeps:
+
+    * :meth:`run` runs ``task`` (its flags, workload and seed) on the GPUs this process holds and
+      returns a :class:`~servetune.result.TrialResult` with ``backend`` set to :attr:`name`.
+      A startup that vLLM (or the planner, for the simulator) refuses is a result
+      (``startup_oom``, ``kv_too_small``, ...), not an exception.
+    * A flag set the engine cannot even try raises :class:`~servetune.errors.SpecError`; any other
+      exception is a crash. Implementations do not catch either: :func:`servetune.engines.run_trial`
+      turns them into ``invalid_config`` / ``crashed`` results with the evidence.
+    * ``wall_s``: ``run_trial`` records the time :meth:`run` took, unless
+      :attr:`reports_wall_s` (replay: the recorded GPU cost of the trial, not the lookup's time).
+    * An engine holds no state between trials; one instance may run many tasks.
+    """
+
+    #: The backend name a spec uses (``BACKENDS``).
+    name: ClassVar[str]
+    #: Whether :meth:`run` sets ``wall_s`` itself.
+    reports_wall_s: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def run(self, task: TrialTask) -> TrialResult:
+        """Run one trial; see the class contract."""
+
+
 def gpu_visible() -> bool:
     """True when an NVIDIA GPU is visible to this process (nvidia-smi present and listing one)."""
-    import subprocess
-
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return False
@@ -87,63 +120,3 @@ def resolve_backend(backend: str) -> str:
     if backend != "auto":
         return backend
     return "vllm" if gpu_visible() and shutil.which("vllm") else "sim"
-
-
-def run_trial(task: TrialTask, backend: str = "sim") -> TrialResult:
-    """Run one trial; never raises for the trial's own failure (see module docstring)."""
-    started = time.perf_counter()
-    try:
-        if backend == "sim":
-            result = _run_sim(task)
-        elif backend == "vllm":
-            result = _run_vllm(task)
-        elif backend == "replay":
-            result = _run_replay(task)
-        else:
-            raise SpecError("backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
-    except SpecError as exc:
-        result = TrialResult(status=TrialStatus.INVALID_CONFIG, cause=str(exc), backend=backend)
-    except Exception as exc:  # noqa: BLE001 - a trial's crash is a result, not a study failure
-        result = TrialResult(status=TrialStatus.CRASHED, cause=f"{type(exc).__name__}: {exc}",
-                             evidence=traceback.format_exc().splitlines()[-8:], backend=backend)
-    if backend != "replay" or result.wall_s is None:  # a replayed trial keeps its recorded GPU cost
-        result.wall_s = time.perf_counter() - started
-    return result
-
-
-def _run_sim(task: TrialTask) -> TrialResult:
-    from servetune.planner import gpus
-    from servetune.planner import memory
-    from servetune.planner import modelinfo
-    from servetune.sim.engine import simulate
-
-    if task.gpu_file:
-        gpus.register_gpus_from_yaml(task.gpu_file)
-    model = modelinfo.load_model(task.model)
-    gpu = gpus.get_gpu(task.gpu)
-    config = memory.resolve_engine_config(task.flags, model, gpu, task.vllm_version or memory.DEFAULT_VLLM_VERSION)
-    return simulate(model, gpu, config, task.workload, seed=task.seed)
-
-
-def _run_replay(task: TrialTask) -> TrialResult:
-    from servetune.engines.replay import Landscape
-
-    if not task.replay_file:
-        raise SpecError("replay_file", "backend replay needs a recorded landscape", "set replay_file: in the spec")
-    return Landscape.load(task.replay_file).result(task.flags, repeat=task.repeat)
-
-
-def _run_vllm(task: TrialTask) -> TrialResult:
-    from pathlib import Path
-
-    from servetune.envs import compile_cache_env
-    from servetune.engines.vllm.engine import VllmLaunch, read_serve_help, run_vllm_trial
-
-    launch = VllmLaunch(model=task.serve_model or task.model, flags=dict(task.flags),
-                        serve_command=task.serve_command, startup_timeout_s=task.startup_timeout_s,
-                        log_dir=Path(task.log_dir) if task.log_dir else None,
-                        load_generator=task.load_generator, stall_timeout_s=task.stall_timeout_s,
-                        env=compile_cache_env(task.compile_cache_dir),
-                        serve_help=task.serve_help or read_serve_help(tuple(task.serve_command)),
-                        early_stop=task.early_stop)
-    return run_vllm_trial(launch, task.workload)

@@ -13,7 +13,7 @@ of prefills and ends with a drain at a lower rate, so the mean rate so far is at
 below the final figure; ``margin`` 1.5 covers a ramp-up of a third of the window.
 
 The rule is pure and picklable (it travels in the :class:`~servetune.engines.base.TrialTask` to the Ray
-actor); the driver builds it from the spec and the best-so-far (:func:`rule_for`). A stopped trial
+actor); the driver builds it from the spec and the best-so-far (:func:`servetune.search.propose.early_stop_rule`). A stopped trial
 keeps honest figures: a preempting one is told its counted preemptions (infeasible), a
 throughput-stopped one its measured throughput over the shortened window; both carry
 ``TrialResult.early_stopped`` (the reason), logged as the MLflow tag ``servetune.early_stopped`` and
@@ -32,12 +32,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from servetune.spec.schema import StudySpec
-
-__all__ = ["EarlyStop", "rule_for"]
+__all__ = ["EarlyStop"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,20 +58,3 @@ class EarlyStop:
                 return (f"throughput: at most {bound:.0f} tok/s ({self.margin:g} x {rate:.0f} so far after "
                         f"{answered}/{total} requests), best so far {self.best_throughput:.0f} tok/s")
         return None
-
-
-def rule_for(spec: StudySpec, best_throughput: float | None) -> EarlyStop | None:
-    """The rule of a study's next trial, or None when early stopping is off or nothing can decide.
-
-    The throughput verdict applies only when the first objective is output throughput, maximised
-    (any other objective is not bounded by the token rate).
-    """
-    if not spec.early_stopping:
-        return None
-    first = spec.objective.metrics[0] if spec.objective.metrics else None
-    throughput_objective = first == "output_throughput" and spec.objective.directions[0] == "maximize"
-    best = best_throughput if throughput_objective and best_throughput and best_throughput > 0 else None
-    max_pre = spec.constraints.max_preemptions
-    if best is None and max_pre is None:
-        return None
-    return EarlyStop(max_preemptions=None if max_pre is None else int(max_pre), best_throughput=best)

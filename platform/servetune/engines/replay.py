@@ -43,7 +43,9 @@ from typing import Any
 
 import pandas as pd
 
+from servetune.engines.base import Engine, TrialTask
 from servetune.errors import SpecError
+from servetune.records.dataset import read_trials
 from servetune.result import LatencySummary, MemoryBreakdown, TrialResult, TrialStatus
 
 __all__ = ["Landscape", "result_from_row", "gpu_seconds", "read_landscape", "missing_columns",
@@ -66,8 +68,6 @@ def read_landscape(path: str | Path) -> pd.DataFrame:
     """Read a landscape file (``.csv``, ``.parquet``/``.pq``, or a Parquet dataset directory)."""
     p = Path(path)
     if p.is_dir():
-        from servetune.records.dataset import read_trials
-
         return read_trials(p)
     if p.suffix.lower() == ".csv":
         return pd.read_csv(p)
@@ -234,3 +234,16 @@ class Landscape:
                 return 1.0
             a, b = math.log(a), math.log(b)
         return abs(a - b) / (hi - lo) if hi > lo else float(a != b)
+
+
+class ReplayEngine(Engine):
+    """``backend: replay``: the task answered from its recorded landscape (``task.replay_file``,
+    the row for ``task.repeat``); the result's ``wall_s`` is the recorded GPU cost."""
+
+    name = "replay"
+    reports_wall_s = True
+
+    def run(self, task: TrialTask) -> TrialResult:
+        if not task.replay_file:
+            raise SpecError("replay_file", "backend replay needs a recorded landscape", "set replay_file: in the spec")
+        return Landscape.load(task.replay_file).result(task.flags, repeat=task.repeat)

@@ -13,7 +13,7 @@ driver runs:
 * :func:`tell`: the Optuna half of finishing a trial: the constraint vector (the same keys for
   every trial, :func:`constraint_values`), the user attributes, the objective values.
 * :func:`enqueue_informed_starts`: the preemption prior's starting points
-  (:func:`servetune.planner.prior.informed_starts`) enqueued in a fresh study (``skip_if_exists``).
+  (:func:`servetune.search.informed.informed_starts`) enqueued in a fresh study (``skip_if_exists``).
 * :func:`run_local`: the whole loop in process, one trial at a time, with a caller's ``evaluate``
   (the replay backend, in the benchmark).
 
@@ -45,17 +45,19 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
+from servetune.engines.early_stop import EarlyStop
 from servetune.errors import SpecError
 from servetune.planner.flags import gpus_needed
+from servetune.planner.memory import MemoryPlan, compile_key, plan_memory, resolve_engine_config
 from servetune.result import TrialResult, TrialStatus
+from servetune.search.informed import informed_starts
+from servetune.search.screen import SimScreen, prediction_attrs, screened_result, simulate_flags
 
 if TYPE_CHECKING:
-    from servetune.search.screen import SimScreen
-    from servetune.planner.memory import MemoryPlan
     from servetune.spec.schema import StudySpec
 
 __all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
-           "objective_values", "enqueue_informed_starts", "prediction_tags", "run_local", "sim_screen",
+           "objective_values", "early_stop_rule", "enqueue_informed_starts", "prediction_tags", "run_local", "sim_screen",
            "best_feasible"]
 
 INFEASIBLE = 1.0
@@ -104,8 +106,6 @@ def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = N
     ``compile_cache_warm``: an earlier trial of the study already started this compile
     configuration (:func:`servetune.planner.memory.compile_key`), so vLLM will profile the warm peak.
     """
-    from servetune.planner.memory import plan_memory, resolve_engine_config
-
     backend = backend or spec.backend
     model = spec.model_profile
     if model is None:
@@ -162,8 +162,6 @@ def compile_cache_warm(study: optuna.Study, flags: Mapping[str, Any]) -> bool:
     On a cluster the caches are per node unless ``SERVETUNE_COMPILE_CACHE_DIR`` is shared: this is
     the study-wide approximation.
     """
-    from servetune.planner.memory import compile_key
-
     key = compile_key(flags)
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         earlier = t.user_attrs.get("flags")
@@ -226,8 +224,6 @@ def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result
 
 def enqueue_informed_starts(spec: StudySpec, study: optuna.Study) -> list[dict[str, Any]]:
     """Enqueue the preemption prior's starting points in a study with no trials yet; returns them."""
-    from servetune.planner.prior import informed_starts
-
     if not spec.prescreen or spec.model_profile is None or study.get_trials(deepcopy=False):
         return []
     starts = informed_starts(spec.search_space, spec.fixed_flags, spec.model_profile, spec.gpu_spec(),
@@ -247,8 +243,6 @@ def sim_screen(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, be
     :meth:`SimScreen.observe`); ``screened`` is the ``pruned`` result to tell instead of
     dispatching, or None to dispatch. A screened trial gets the user attr ``sim_prediction``.
     """
-    from servetune.search.screen import prediction_attrs, screened_result, simulate_flags
-
     if screen is None:
         return None
     key = tuple(sorted((str(k), repr(v)) for k, v in proposal.flags.items()))
@@ -319,3 +313,20 @@ def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str
         if stop is not None and stop(told):
             break
     return told
+
+
+def early_stop_rule(spec: StudySpec, best_throughput: float | None) -> EarlyStop | None:
+    """The rule of a study's next trial, or None when early stopping is off or nothing can decide.
+
+    The throughput verdict applies only when the first objective is output throughput, maximised
+    (any other objective is not bounded by the token rate).
+    """
+    if not spec.early_stopping:
+        return None
+    first = spec.objective.metrics[0] if spec.objective.metrics else None
+    throughput_objective = first == "output_throughput" and spec.objective.directions[0] == "maximize"
+    best = best_throughput if throughput_objective and best_throughput and best_throughput > 0 else None
+    max_pre = spec.constraints.max_preemptions
+    if best is None and max_pre is None:
+        return None
+    return EarlyStop(max_preemptions=None if max_pre is None else int(max_pre), best_throughput=best)

@@ -43,6 +43,7 @@ import statistics
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from servetune.engines import TrialTask, run_trial
 from servetune.result import TrialResult, TrialStatus
 
 if TYPE_CHECKING:
@@ -56,8 +57,6 @@ SCREEN_PREFIX = "sim_screen"
 
 def simulate_flags(spec: StudySpec, flags: Mapping[str, Any], seed: int | None = None) -> TrialResult:
     """The simulated engine's result for ``flags`` under the spec's model, GPU and workload."""
-    from servetune.engines.base import TrialTask, run_trial
-
     task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=dict(flags), workload=spec.workload,
                      vllm_version=spec.vllm_version, seed=spec.seed if seed is None else seed, gpu_file=spec.gpu.file)
     return run_trial(task, "sim")

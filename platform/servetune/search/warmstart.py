@@ -12,7 +12,7 @@ distance (:func:`study_distance`):
 
 studies on another GPU type, or farther than :data:`MAX_DISTANCE` (2.0: about 2.4x the parameter
 count within an architecture), are not used. The best feasible trial of each remaining study (the
-first objective; preemptions within the constraint: :func:`servetune.nightly.warm_start_flags`)
+first objective; preemptions within the constraint: :func:`warm_start_flags`)
 is a candidate; up to :data:`MAX_WARM_STARTS` of them, nearest first (then newest), are re-validated
 against the current space (:func:`fit_to_space`: clipped into range, snapped to the step or the
 nearest choice, a category the space lacks left to the sampler) and enqueued. The pre-screen still
@@ -40,12 +40,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from servetune.errors import SpecError
+from servetune.planner.memory import resolve_engine_config
+from servetune.planner.modelinfo import load_model
+from servetune.records import dataset
 from servetune.vllm_version import minor
 
 if TYPE_CHECKING:
@@ -54,7 +58,7 @@ if TYPE_CHECKING:
     from servetune.spec.space import Param, SearchSpace
     from servetune.spec.schema import StudySpec
 
-__all__ = ["WarmStart", "study_distance", "fit_to_space", "warm_starts", "baseline_flags", "enqueue_warm_starts",
+__all__ = ["WarmStart", "study_distance", "warm_start_flags", "fit_to_space", "warm_starts", "baseline_flags", "enqueue_warm_starts",
            "enqueue_baseline", "origin_of", "MAX_DISTANCE", "MAX_WARM_STARTS"]
 
 MAX_DISTANCE = 2.0
@@ -142,10 +146,36 @@ def fit_to_space(flags: Mapping[str, Any], space: SearchSpace) -> dict[str, Any]
     return out
 
 
+def warm_start_flags(history: pd.DataFrame, names: Sequence[str], objective: str, direction: str,
+                     max_preemptions: int = 0) -> dict[str, Any] | None:
+    """The searched flags of the best feasible trial in ``history`` (dataset rows), or None.
+
+    Example:
+        >>> df = pd.DataFrame({"status": ["ok", "ok", "startup_oom"], "preemptions": [0, 3, None],
+        ...     "output_throughput": [10.0, 50.0, None], "flag_max_num_seqs": [32, 256, 512]})
+        >>> warm_start_flags(df, ["max_num_seqs"], "output_throughput", "maximize")
+        {'max_num_seqs': 32}
+    """
+    if history.empty or objective not in history.columns:
+        return None
+    ok = history[(history["status"] == "ok") & history[objective].notna()]
+    if "preemptions" in ok.columns:
+        ok = ok[ok["preemptions"].fillna(0) <= max_preemptions]
+    cols = [f"flag_{n}" for n in names]
+    if ok.empty or any(c not in ok.columns for c in cols):
+        return None
+    row = ok.sort_values(objective, ascending=direction != "maximize").iloc[0]
+    out: dict[str, Any] = {}
+    for name, col in zip(names, cols, strict=True):
+        value = row[col]
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        out[name] = value.item() if hasattr(value, "item") else value
+    return out or None
+
+
 def warm_starts(history: pd.DataFrame, spec: StudySpec) -> list[WarmStart]:
     """The warm starts for ``spec`` from dataset rows ``history`` (any studies), nearest first."""
-    from servetune.nightly import warm_start_flags
-
     if history.empty or "study" not in history.columns:
         return []
     rows = history[(history["gpu_type"].astype(str) == spec.gpu.type) & (history["study"].astype(str) != spec.name)]
@@ -185,9 +215,6 @@ def warm_starts(history: pd.DataFrame, spec: StudySpec) -> list[WarmStart]:
 def baseline_flags(spec: StudySpec) -> dict[str, Any] | None:
     """vLLM's defaults (this version, model and GPU) for the searched flags, fitted to the space;
     None without a model profile or when vLLM would refuse the fixed flags alone."""
-    from servetune.errors import SpecError
-    from servetune.planner.memory import resolve_engine_config
-
     if spec.model_profile is None:
         return None
     try:
@@ -209,8 +236,6 @@ def origin_of(user_attrs: Mapping[str, Any]) -> str:
 
 def enqueue_warm_starts(spec: StudySpec, study: optuna.Study) -> list[WarmStart]:
     """Read the dataset and enqueue the warm starts (``warm_start`` on); returns them."""
-    from servetune.records import dataset
-
     root = Path(spec.output.dataset_dir)
     if not spec.warm_start or not root.exists():
         return []
@@ -232,8 +257,6 @@ def enqueue_baseline(spec: StudySpec, study: optuna.Study) -> dict[str, Any] | N
 
 
 def _profile_key(model: str) -> tuple[float, str] | None:
-    from servetune.planner.modelinfo import load_model
-
     try:
         profile = load_model(model)
     except Exception:  # noqa: BLE001 - a model no longer resolvable is simply not comparable

@@ -56,18 +56,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from servetune.engines.base import BACKENDS, LOAD_GENERATORS
+from servetune.engines.replay import missing_columns, read_landscape
+from servetune.engines.vllm.bench_client import bench_argv
 from servetune.errors import SpecError, did_you_mean
+from servetune.planner import gpus, modelinfo
 from servetune.planner.flags import validate_flags
-from servetune.spec.space import STATIC_DEFAULTS, SearchSpace, read_yaml
+from servetune.planner.gpus import GpuSpec
+from servetune.planner.modelinfo import ModelProfile
 from servetune.redact import redact_url
+from servetune.spec.space import STATIC_DEFAULTS, SearchSpace, read_yaml
 from servetune.vllm_version import DEFAULT_VLLM_VERSION, VERSION_RE
 from servetune.workload import Workload
 
 if TYPE_CHECKING:
     import optuna
-
-    from servetune.planner.gpus import GpuSpec
-    from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Measurement", "Tracking", "Storage", "Output",
            "load_spec", "find_search_space", "SPEC_KEYS", "BACKENDS", "SAMPLERS", "METRIC_DIRECTIONS"]
@@ -77,10 +80,7 @@ SPEC_KEYS = ("name", "description", "model", "serve_model", "gpu", "workload", "
              "storage", "output", "prescreen", "replay_file", "measurement", "early_stopping", "multi_fidelity",
              "warm_start", "baseline_trial")
 REQUIRED_KEYS = ("name", "model", "gpu", "workload", "search_space")
-BACKENDS = ("auto", "vllm", "sim", "replay")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
-#: The load generators of the vllm backend: servetune's own streaming client, or `vllm bench serve`.
-LOAD_GENERATORS = ("servetune", "vllm-bench")
 _THROUGHPUT = ("output_throughput", "total_token_throughput", "request_throughput")
 _LATENCY = tuple(f"{stem}_{stat}_ms" for stem in ("ttft", "itl", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99"))
 #: Objective metrics (TrialResult.metrics() keys) and the direction each is optimised in.
@@ -274,24 +274,18 @@ def _parse_model(raw: Any, serve_raw: Any, base_dir: Path | None) -> tuple[str, 
     profile = None
     shipped_name_or_path: str | None = None
     try:
-        from servetune.planner import modelinfo
-    except ModuleNotFoundError as exc:  # the planner is optional for reading a spec
-        if exc.name != "servetune.planner.modelinfo":
-            raise
-    else:
-        try:
-            profile = modelinfo.load_model(ref)
-        except SpecError as exc:
-            message = exc.message if exc.field in ("model", "") else f"{exc.field}: {exc.message}"
-            raise SpecError("model", message, exc.fix) from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise SpecError("model", f"cannot read the model config of {text!r}: {exc}",
-                            "give a shipped name, a directory holding config.json, or an HF id in the local cache") from None
-        if not is_path and text.lower() in modelinfo.known_models():
-            try:  # a shipped config names the Hugging Face repo vLLM should load
-                shipped_name_or_path = json.loads(Path(profile.source).read_text()).get("_name_or_path")
-            except (OSError, ValueError, AttributeError):
-                shipped_name_or_path = None
+        profile = modelinfo.load_model(ref)
+    except SpecError as exc:
+        message = exc.message if exc.field in ("model", "") else f"{exc.field}: {exc.message}"
+        raise SpecError("model", message, exc.fix) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecError("model", f"cannot read the model config of {text!r}: {exc}",
+                        "give a shipped name, a directory holding config.json, or an HF id in the local cache") from None
+    if not is_path and text.lower() in modelinfo.known_models():
+        try:  # a shipped config names the Hugging Face repo vLLM should load
+            shipped_name_or_path = json.loads(Path(profile.source).read_text()).get("_name_or_path")
+        except (OSError, ValueError, AttributeError):
+            shipped_name_or_path = None
     if serve_raw is not None:
         serve = _text(serve_raw, "serve_model", "meta-llama/Llama-3.1-8B-Instruct")
     elif is_path:
@@ -333,12 +327,6 @@ def _parse_gpu(raw: Any, base_dir: Path | None) -> GpuPool:
         if not path.is_file():
             raise SpecError("gpu.file", f"file not found: {path}", "paths resolve relative to the spec file")
         file = str(path.resolve())
-    try:
-        from servetune.planner import gpus
-    except ModuleNotFoundError as exc:
-        if exc.name != "servetune.planner.gpus":
-            raise
-        return GpuPool(gpu_type, count, file)
     if file is not None:
         try:
             gpus.register_gpus_from_yaml(file)
@@ -504,8 +492,6 @@ def _parse_replay_file(raw: Any, backend: str, base_dir: Path | None, space: Sea
     if backend != "replay":
         raise SpecError("replay_file", f"applies to backend: replay only (backend is {backend})",
                         "set backend: replay, or remove replay_file")
-    from servetune.engines.replay import missing_columns, read_landscape
-
     try:
         frame = read_landscape(path)
     except SpecError:
@@ -666,8 +652,6 @@ class StudySpec:
             warnings = [*warnings, *grid_warnings]
         measurement = _parse_measurement(data.get("measurement"))
         if measurement.load_generator == "vllm-bench":
-            from servetune.engines.vllm.bench_client import bench_argv
-
             bench_argv(workload, base_url="http://127.0.0.1:1", model=serve_model, result_dir=".")  # SpecError if it cannot
         replay_file = _parse_replay_file(data.get("replay_file"), backend, base, space, fixed, objective, constraints)
         return cls(name=name, model_ref=model_ref, serve_model=serve_model, gpu=gpu, workload=workload,
@@ -689,9 +673,7 @@ class StudySpec:
         return self.search_space.check(flags, self.model_profile, self.gpu.count, self.workload)
 
     def gpu_spec(self) -> GpuSpec:
-        from servetune.planner.gpus import get_gpu
-
-        return get_gpu(self.gpu.type)
+        return gpus.get_gpu(self.gpu.type)
 
     def with_overrides(self, *, backend: str | None = None, trials: int | None = None, parallel: int | None = None,
                        seed: int | None = None) -> StudySpec:

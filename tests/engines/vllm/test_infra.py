@@ -34,7 +34,7 @@ from ray import cloudpickle
 
 from servetune.records import dataset
 from servetune.cluster.pool import TrialPool
-from servetune.engines.base import TrialTask
+from servetune.engines import TrialTask
 from servetune.engines.vllm.infra import confirm_launch_failure
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.propose import tell

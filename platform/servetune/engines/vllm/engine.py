@@ -51,21 +51,20 @@ from pathlib import Path
 from typing import Any
 
 from servetune.engines.vllm.bench_client import BENCH_COMMAND, bench_argv, run_bench
+from servetune.engines.base import LOAD_GENERATORS, Engine, TrialTask
 from servetune.engines.early_stop import EarlyStop
+from servetune.envs import compile_cache_env
 from servetune.errors import SpecError
 from servetune.planner.flags import gpus_needed, to_cli_args
 from servetune.engines.vllm.infra import confirm_launch_failure
 from servetune.engines.vllm.loadgen import LoadProgress, run_load
 from servetune.engines.vllm.metrics import counter, gauge, parse_prometheus
-from servetune.spec.schema import LOAD_GENERATORS
 from servetune.result import MemoryBreakdown, TrialResult, TrialStatus, summarize
 from servetune.engines.vllm.logs import ParsedLog, classify, parse_log
 from servetune.workload import Workload
 
-__all__ = ["VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_memory_used_mib", "SAFE_ENV",
-           "LOAD_GENERATORS"]
-
-#: ``servetune``: :mod:`servetune.engines.vllm.loadgen` (per-request records); ``vllm-bench``: ``vllm bench serve``.
+__all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_memory_used_mib",
+           "SAFE_ENV"]
 
 #: Set in every vLLM environment: NVLink multicast can take a host's GPUs out of service for
 #: everyone (shared/gpu/README.md), and the flashinfer sampler is not in every install.
@@ -572,3 +571,20 @@ def worker_memory(parsed: ParsedLog) -> dict[str, dict[str, float]]:
             label = proc[len("Worker_"):] if proc.startswith("Worker_") else proc
             out[re.sub(r"[^A-Za-z0-9]+", "_", label)] = parts
     return out
+
+
+class VllmEngine(Engine):
+    """``backend: vllm``: the task as a :class:`VllmLaunch` of real ``vllm serve`` (or the
+    ``serve_command`` stand-in), run by :func:`run_vllm_trial`."""
+
+    name = "vllm"
+
+    def run(self, task: TrialTask) -> TrialResult:
+        launch = VllmLaunch(model=task.serve_model or task.model, flags=dict(task.flags),
+                            serve_command=task.serve_command, startup_timeout_s=task.startup_timeout_s,
+                            log_dir=Path(task.log_dir) if task.log_dir else None,
+                            load_generator=task.load_generator, stall_timeout_s=task.stall_timeout_s,
+                            env=compile_cache_env(task.compile_cache_dir),
+                            serve_help=task.serve_help or read_serve_help(tuple(task.serve_command)),
+                            early_stop=task.early_stop)
+        return run_vllm_trial(launch, task.workload)
