@@ -23,7 +23,12 @@ from typing import Any
 import yaml
 
 from servetune.errors import SpecError
+from servetune.planner.flags import parse_set_option
+from servetune.planner.gpus import register_gpus_from_yaml
+from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
+from servetune.sim.engine import simulate
+from servetune.workload import Workload
 
 __all__ = ["add_parser", "run"]
 
@@ -45,8 +50,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _load_workload(path_text: str) -> Any:
-    from servetune.workload import Workload
-
     path = Path(path_text)
     if not path.is_file():
         raise SpecError("--workload", f"file not found: {path}", "give the path of a workload YAML file")
@@ -60,23 +63,15 @@ def _load_workload(path_text: str) -> Any:
 
 
 def _simulate(args: argparse.Namespace) -> TrialResult:
-    from servetune.planner import gpus
-    from servetune.planner import memory
-    from servetune.planner import modelinfo
-    from servetune.planner.flags import parse_set_option
-    from servetune.sim.engine import simulate
-
     flags: dict[str, Any] = {}
     for item in args.sets:
         name, value = parse_set_option(item)
         flags[name] = value
     if args.gpu_file:
-        gpus.register_gpus_from_yaml(args.gpu_file)
+        register_gpus_from_yaml(args.gpu_file)
     workload = _load_workload(args.workload)
-    model = modelinfo.load_model(args.model)
-    gpu = gpus.get_gpu(args.gpu)
-    config = memory.resolve_engine_config(flags, model, gpu, args.vllm_version or memory.DEFAULT_VLLM_VERSION)
-    return simulate(model, gpu, config, workload, seed=args.seed)
+    target = resolve_target(args.model, args.gpu, flags, args.vllm_version)
+    return simulate(target.model, target.gpu, target.config, workload, seed=args.seed)
 
 
 def format_result(result: TrialResult) -> str:

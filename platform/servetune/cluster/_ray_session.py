@@ -52,7 +52,7 @@ def _start_time(pid: int) -> int | None:
 
 def record_local_session(runs_dir: str | os.PathLike[str], study: str) -> Path | None:
     """Write the record of the local Ray this process just started (see the module docstring)."""
-    import ray
+    import ray  # deferred: reaping leftovers (the rest of this module) must not import Ray
 
     node = getattr(ray._private.worker, "_global_node", None)  # the node this driver started
     if node is None or not _PROC.is_dir():

@@ -51,6 +51,7 @@ import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from servetune.planner.memory import plan_memory
 from servetune.result import RequestRecord, TrialResult, TrialStatus, summarize
 from servetune.sim.perf import PerfModel
 from servetune.vllm_version import version_tuple
@@ -619,8 +620,6 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         64
     """
     if plan is None:
-        from servetune.planner.memory import plan_memory
-
         plan = plan_memory(model, gpu, config)
     base = dict(backend="sim", vllm_version=config.vllm_version, memory=plan.memory,
                 kv_cache_tokens=plan.kv_cache_tokens, num_gpu_blocks=plan.num_gpu_blocks,

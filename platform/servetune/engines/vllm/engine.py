@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import re
@@ -54,13 +55,14 @@ from servetune.engines.vllm.bench_client import BENCH_COMMAND, bench_argv, run_b
 from servetune.engines.base import LOAD_GENERATORS, Engine, TrialTask
 from servetune.engines.early_stop import EarlyStop
 from servetune.envs import compile_cache_env
-from servetune.errors import SpecError
+from servetune.errors import SpecError, did_you_mean
 from servetune.planner.flags import gpus_needed, to_cli_args
 from servetune.engines.vllm.infra import confirm_launch_failure
 from servetune.engines.vllm.loadgen import LoadProgress, run_load
 from servetune.engines.vllm.metrics import counter, gauge, parse_prometheus
 from servetune.result import MemoryBreakdown, TrialResult, TrialStatus, summarize
 from servetune.engines.vllm.logs import ParsedLog, classify, parse_log
+from servetune.engines.vllm.serve_cli import check_argv, parse_serve_help
 from servetune.workload import Workload
 
 __all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_memory_used_mib",
@@ -112,6 +114,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def gpu_memory_used_mib(gpu_ids: Sequence[str] | None) -> dict[str, int]:
     """Used memory per GPU from NVML (pynvml) or nvidia-smi; {} where neither exists."""
     try:
+        # Optional (nvidia-ml-py, GPU hosts only); nvidia-smi is the fallback below.
         import pynvml  # type: ignore[import-not-found]
 
         pynvml.nvmlInit()
@@ -218,8 +221,6 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
         return TrialResult(TrialStatus.INVALID_CONFIG, cause=str(exc), backend="vllm",
                            evidence=["refused before launch: the load generator cannot send this workload"])
     if launch.serve_help:
-        from servetune.engines.vllm.serve_cli import check_argv, parse_serve_help
-
         problems = check_argv([*to_cli_args(launch.flags), *launch.extra_args], parse_serve_help(launch.serve_help))
         if problems:
             return TrialResult(TrialStatus.INVALID_CONFIG, cause="; ".join(problems), backend="vllm",
@@ -321,8 +322,6 @@ def _confirm_infrastructure(result: TrialResult, baseline: Mapping[str, int], pa
 def _check_load_generator(launch: VllmLaunch, workload: Workload) -> None:
     """SpecError before launch when the chosen load generator cannot send ``workload``."""
     if launch.load_generator not in LOAD_GENERATORS:
-        from servetune.errors import did_you_mean
-
         raise SpecError("load_generator", f"unknown load generator {launch.load_generator!r}"
                         f"{did_you_mean(launch.load_generator, LOAD_GENERATORS)}",
                         f"use one of {', '.join(LOAD_GENERATORS)}")
@@ -339,15 +338,12 @@ def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0,
     the text is cached on disk, keyed by the command and the executable's path and mtime (a new
     vLLM install invalidates it), as well as in the process.
     """
-    import hashlib
-    import json as _json
-
     exe = shutil.which(serve_command[0]) or serve_command[0]
     try:
         stamp = os.stat(exe).st_mtime_ns
     except OSError:
         stamp = 0
-    key = hashlib.sha256(_json.dumps([list(serve_command), exe, stamp, os.environ.get("PYTHONPATH", "")]).encode())
+    key = hashlib.sha256(json.dumps([list(serve_command), exe, stamp, os.environ.get("PYTHONPATH", "")]).encode())
     cache = (cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "servetune" / "serve-help")
     cached = cache / f"{key.hexdigest()[:24]}.txt"
     if cached.is_file():
