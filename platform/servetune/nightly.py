@@ -48,17 +48,17 @@ import yaml
 from matplotlib.figure import Figure
 
 from servetune.cluster.pool import TrialPool
-from servetune.engines import TrialTask, resolve_backend, run_trial
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner import gpus
 from servetune.records import dataset
 from servetune.records._retry import retry_call
 from servetune.records._storage import open_storage
+from servetune.records.tracking import StudyTracker
 from servetune.search.warmstart import warm_start_flags
 from servetune.sim.perf import calibration_for
 from servetune.spec.schema import StudySpec
 from servetune.spec.space import read_yaml
-from servetune.study import run_study
+from servetune.study import remeasure, run_study
 
 __all__ = ["Cell", "NoiseSettings", "Verdict", "CellNight", "NightlyOutcome", "load_matrix", "expand_matrix",
            "deep_merge", "noise_of", "compare", "scaled_calibration", "render_report",
@@ -446,13 +446,10 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
             outcome = run_study(spec, out=out)
             best = None if outcome.best_metrics is None else outcome.best_metrics.get(objective)
             repeats: list[float] = []
-            if outcome.best_flags is not None:
-                backend = resolve_backend(spec.backend)
-                for k in range(1, settings.repeats + 1):
-                    task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=outcome.best_flags,
-                                     workload=spec.workload, vllm_version=spec.vllm_version, seed=spec.seed + 1000 + k,
-                                     gpu_file=spec.gpu.file, serve_model=spec.serve_model)
-                    value = run_trial(task, backend).metrics().get(objective)
+            if outcome.best_flags is not None:  # on the Ray pool, like the study's own trials
+                seeds = [spec.seed + 1000 + k for k in range(1, settings.repeats + 1)]
+                for r in remeasure(spec, outcome.best_flags, seeds):
+                    value = r.metrics().get(objective)
                     if value is not None:
                         repeats.append(float(value))
         finally:
@@ -490,30 +487,21 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
 
 def _log_to_mlflow(uri: str, experiment: str, root: Path, date: str, nights: Sequence[CellNight],
                    report_dir: Path) -> str:
-    """One run ``nightly-<date>`` (tag ``servetune.role=nightly``): per-cell metrics, the report."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        local = not uri.startswith(("http://", "https://"))
-        exp_id = client.create_experiment(
-            experiment, artifact_location=(root / "mlartifacts").resolve().as_uri() if local else None)
-    else:
-        exp_id = exp.experiment_id
-    run = client.create_run(exp_id, run_name=f"nightly-{date}",
-                            tags={"servetune.role": "nightly", "servetune.nightly_date": date,
-                                  "servetune.regressions": str(sum(n.verdict.regressed for n in nights))})
-    run_id = run.info.run_id
+    """One run ``nightly-<date>`` (tag ``servetune.role=nightly``): per-cell metrics, the report;
+    written through the studies' own MLflow writer (redaction, experiment-creation race)."""
+    local = not uri.startswith(("http://", "https://"))
+    tracker = StudyTracker(uri, experiment,
+                           artifact_location=(root / "mlartifacts").resolve().as_uri() if local else None)
+    metrics: dict[str, float] = {}
     for n in nights:
         key = re.sub(r"[^A-Za-z0-9_.-]", "_", n.cell)
         if n.best is not None:
-            client.log_metric(run_id, f"{key}.best", n.best)
-        client.log_metric(run_id, f"{key}.noise", n.noise)
-        client.log_metric(run_id, f"{key}.regressed", float(n.verdict.regressed))
-    client.log_artifacts(run_id, str(report_dir), artifact_path="report")
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
+            metrics[f"{key}.best"] = n.best
+        metrics[f"{key}.noise"] = n.noise
+        metrics[f"{key}.regressed"] = float(n.verdict.regressed)
+    return tracker.log_run(f"nightly-{date}", {"servetune.role": "nightly", "servetune.nightly_date": date,
+                                               "servetune.regressions": str(sum(n.verdict.regressed for n in nights))},
+                           metrics, artifacts_dir=report_dir, artifact_path="report")
 
 
 def today() -> str:

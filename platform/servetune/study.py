@@ -40,32 +40,25 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune.cluster import _ray_session
-
-from servetune.search import confirm
-
-from servetune.records import dataset
-
-
 from servetune import envs
-
-from servetune.search import screen as fidelity
-
-from servetune.records import report
-
-from servetune.search import warmstart
-from servetune.records._retry import retry_call
-from servetune.records._storage import open_storage
+from servetune.cluster import _ray_session
 from servetune.cluster.pool import TrialPool
 from servetune.engines import TrialTask, resolve_backend
+from servetune.engines.vllm.engine import read_serve_help
 from servetune.errors import SpecError
 from servetune.planner.flags import gpus_needed, to_command_line
-from servetune.result import TrialResult, TrialStatus
-from servetune.search.propose import FEASIBLE, INFEASIBLE, constraint_values, objective_values
-from servetune.search.propose import Proposal, early_stop_rule, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
-from servetune.spec.schema import StudySpec
+from servetune.records import dataset, report
+from servetune.records._retry import retry_call
+from servetune.records._storage import open_storage
 from servetune.records.tracking import StudyTracker
 from servetune.redact import redact_text
+from servetune.result import TrialResult, TrialStatus
+from servetune.search import confirm, warmstart
+from servetune.search import screen as fidelity
+from servetune.search.propose import (FEASIBLE, INFEASIBLE, Proposal, constraint_values, early_stop_rule,
+                                      enqueue_informed_starts, objective_values, prediction_tags, propose, sim_screen,
+                                      tell)
+from servetune.spec.schema import StudySpec
 from servetune.workload import Workload
 
 if TYPE_CHECKING:
@@ -74,7 +67,7 @@ if TYPE_CHECKING:
     from servetune.search.warmstart import WarmStart
     from servetune.planner.memory import MemoryPlan
 
-__all__ = ["StudyOutcome", "run_study", "make_sampler", "constraint_values", "objective_values", "best_trial",
+__all__ = ["StudyOutcome", "run_study", "remeasure", "make_sampler", "constraint_values", "objective_values", "best_trial",
            "INFEASIBLE", "FEASIBLE"]
 
 
@@ -285,8 +278,6 @@ def run_study(
     # servetune overhead on each of the first two real trials, 4-6 s on the others).
     serve_help = None
     if backend == "vllm":
-        from servetune.engines.vllm.engine import read_serve_help
-
         serve_help = read_serve_help(envs.serve_command())
     pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
     pool.reuse_actors = True  # closed in the finally below
@@ -383,6 +374,38 @@ def run_study(
             out.write("\n")
         _finish_study(spec, study, tracker, outcome, status)
     return outcome
+
+
+def remeasure(spec: StudySpec, flags: Mapping[str, Any], seeds: Sequence[int],
+              backend: str | None = None) -> list[TrialResult]:
+    """``flags`` measured again once per engine seed (the workload keeps its own seed), on the
+    Ray pool with the same task settings as the study's trials (:func:`_trial_task`); the
+    results in seed order, an infrastructure failure or a flag set no slot fits left out.
+    Not Optuna trials and not recorded: the nightly job's noise estimate."""
+    backend = backend or resolve_backend(spec.backend)
+    runs_dir = Path(spec.output.runs_dir)
+    serve_help = read_serve_help(envs.serve_command()) if backend == "vllm" else None
+    need = gpus_needed(flags)
+    pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+    todo = list(enumerate(seeds, start=1))
+    inflight: set[int] = set()
+    done: dict[int, TrialResult] = {}
+    try:
+        while todo or inflight:
+            while todo and need <= pool.free_gpus:
+                k, seed = todo.pop(0)
+                pool.submit(k, _trial_task(spec, dict(flags), runs_dir / "trials" / spec.name / f"remeasure-{k}",
+                                           serve_help, seed=seed), backend, gpus=need)
+                inflight.add(k)
+            if not inflight:  # nothing fits any more (quarantined GPUs)
+                break
+            for k, result in pool.wait(timeout_s=0.5):
+                inflight.discard(k)
+                if not result.status.is_infrastructure:
+                    done[k] = result
+    finally:
+        pool.close()
+    return [done[k] for k in sorted(done)]
 
 
 def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker: StudyTracker,

@@ -554,6 +554,28 @@ class StudyTracker:
         _write_op(op_dir, {"kind": "finish", "parent": parent, "tags": tags, "metrics": metrics})
         self._submit(op_dir)
 
+    def log_run(self, run_name: str, tags: Mapping[str, str], metrics: Mapping[str, float],
+                artifacts_dir: Path | None = None, artifact_path: str | None = None) -> str:
+        """One finished run of its own (not a study's parent or child), e.g. the nightly job's
+        ``nightly-<date>``: tags and metrics redacted like every other write, the files of
+        ``artifacts_dir`` (text files redacted) under ``artifact_path``. Returns the run id.
+
+        Written at once (no offline buffer): it is the last write of its job, which reports a
+        failure instead of leaving it for a later delivery nobody would make.
+        """
+        safe_tags = {k: str(v) for k, v in redact(tags).items()}
+        run = self._call("create the run", lambda: self._client.create_run(
+            self.experiment_id, run_name=run_name, tags=safe_tags))
+        run_id = str(run.info.run_id)
+        self._call("log the run's metrics", lambda: self._log(run_id, metrics=metrics))
+        if artifacts_dir is not None:
+            with tempfile.TemporaryDirectory(prefix="servetune-run-") as staged:
+                _stage_redacted(Path(artifacts_dir), Path(staged), skip=frozenset())
+                self._call("upload the run's files",
+                           lambda: self._client.log_artifacts(run_id, staged, artifact_path=artifact_path))
+        self._call("finish the run", lambda: self._client.set_terminated(run_id, "FINISHED"))
+        return run_id
+
     def end(self, status: str = "FINISHED") -> None:
         """Close the parent run: ``FINISHED``, ``FAILED`` or ``KILLED``.
 
