@@ -15,6 +15,7 @@ from servetune.records._storage import RetryingStorage, open_storage
 from servetune.records.dataset import METRIC_COLUMNS, append_trials, read_trials, trial_row
 from servetune.records.report import write_report
 from servetune.records.tracking import StudyTracker, TrackingError
+from servetune.records.trial_record import Prediction, Screen, TrialRecord
 
-__all__ = ["StudyTracker", "TrackingError", "read_trials", "append_trials", "trial_row", "METRIC_COLUMNS",
+__all__ = ["TrialRecord", "Prediction", "Screen", "StudyTracker", "TrackingError", "read_trials", "append_trials", "trial_row", "METRIC_COLUMNS",
            "write_report", "open_storage", "RetryingStorage", "retry_call"]

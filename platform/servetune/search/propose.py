@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from servetune.spec.schema import StudySpec
 
 __all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
-           "objective_values", "early_stop_rule", "enqueue_informed_starts", "prediction_tags", "run_local", "sim_screen",
+           "objective_values", "early_stop_rule", "enqueue_informed_starts", "run_local", "sim_screen",
            "best_feasible"]
 
 INFEASIBLE = 1.0
@@ -125,16 +125,6 @@ def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = N
         evidence.append(f"fix: {plan.fix}")
     return TrialResult(status=TrialStatus.PRUNED, cause=f"predicted {failure}: {plan.cause}", evidence=evidence,
                        backend=backend, vllm_version=config.vllm_version, memory=plan.memory), plan
-
-
-def prediction_tags(plan: MemoryPlan) -> dict[str, str]:
-    """MLflow tags of a pruned trial's prediction (its memory breakdown is logged as metrics)."""
-    tags = {"servetune.prescreen": "pruned",
-            "servetune.predicted_failure": (plan.failure or TrialStatus.STARTUP_OOM).value,
-            "servetune.predicted_startup_s": f"{plan.startup_s:.1f}"}
-    if plan.fix:
-        tags["servetune.predicted_fix"] = plan.fix
-    return tags
 
 
 # -- ask and tell -----------------------------------------------------------------------------------

@@ -44,15 +44,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from servetune.engines import TrialTask, run_trial
+from servetune.records.trial_record import SCREEN_PREFIX
 from servetune.result import TrialResult, TrialStatus
 
 if TYPE_CHECKING:
     from servetune.spec.schema import StudySpec
 
-__all__ = ["SimScreen", "simulate_flags", "screen_for", "screened_result", "recalibrate", "prediction_attrs", "prediction_tags",
+__all__ = ["SimScreen", "simulate_flags", "screen_for", "screened_result", "recalibrate", "prediction_attrs",
            "SCREEN_PREFIX"]
 
-SCREEN_PREFIX = "sim_screen"
 
 
 def simulate_flags(spec: StudySpec, flags: Mapping[str, Any], seed: int | None = None) -> TrialResult:
@@ -181,8 +181,3 @@ def prediction_attrs(sim: TrialResult) -> dict[str, float]:
     return {"output_throughput": float(sim.output_throughput or 0.0), "preemptions": float(sim.preemptions or 0)}
 
 
-def prediction_tags(result: TrialResult, prediction: Mapping[str, float]) -> dict[str, str]:
-    """MLflow tags of a screened trial: the verdict and the simulated figures it rests on."""
-    return {"servetune.prescreen": SCREEN_PREFIX, "servetune.sim_screen": (result.cause or "")[:250],
-            "servetune.predicted_output_throughput": f"{prediction.get('output_throughput', 0.0):.1f}",
-            "servetune.predicted_preemptions": f"{prediction.get('preemptions', 0.0):.0f}"}
