@@ -19,7 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from servetune.cli import main as cli
+from servetune.cli import _main as cli
 from servetune.engines import TrialTask, run_trial
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config

@@ -1,3 +1,3 @@
-from servetune.cli.main import main
+from servetune.cli._main import main
 
 raise SystemExit(main())

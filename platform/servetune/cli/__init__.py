@@ -1,5 +1,5 @@
 """The ``servetune`` command."""
 
-from servetune.cli.main import main
+from servetune.cli._main import main
 
 __all__ = ["main"]
