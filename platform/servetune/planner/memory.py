@@ -7,10 +7,11 @@ Two pure functions, no I/O:
   defaults by GPU memory tier, ``gpu_memory_utilization`` 0.9 / 0.92, ``max_model_len`` from the
   config, the CUDA-graph capture sizes). Combinations vLLM refuses at startup raise
   :class:`~servetune.errors.SpecError` naming the flag, with vLLM's own message.
-* :func:`plan_memory` replays the V1 worker's memory profiling (reference §1.2, per version):
+* :func:`plan_memory` replays the V1 worker's memory profiling (vLLM's ``determine_available_memory`` in
+  ``vllm/v1/worker/gpu_worker.py``, per version):
   budget = ``total * gpu_memory_utilization`` (or ``kv_cache_memory_bytes``), minus weights, the
   profile run's activation peak, the non-torch growth and, where that version subtracts it, the
-  CUDA-graph estimate; the rest becomes KV blocks (§2.6, minimum over workers), KV tokens and the
+  CUDA-graph estimate; the rest becomes KV blocks (``vllm/v1/core/kv_cache_utils.py``, minimum over workers), KV tokens and the
   maximum concurrency, or a startup failure with vLLM's error text.
 
 The calibrated constants (activation peak, non-torch memory, CUDA-graph memory, startup time) sit
@@ -53,7 +54,7 @@ MiB = 1 << 20
 # =============================================================================== Calibration
 # Every fitted constant is here. Evidence: vLLM 0.26.0 (V2 model runner) on one H200 with the
 # servetune test model (852.6M params, hidden 2048, 16 layers, intermediate 5632, vocab 32000,
-# bf16), logs in /work/shared/gpu/examples and tests/fixtures/real_h200/*/server.log. The worker's
+# bf16), logs in tests/fixtures/real_h200/*/server.log. The worker's
 # "Actual usage is W GiB for weight, P GiB for peak activation, N GiB for non-torch memory, and
 # C GiB for CUDAGraph memory" line gives P, N, C; "Available KV cache memory" and the KV-token
 # line pin the sum to ~0.0005 GiB (one 0.5 MiB block):
@@ -142,14 +143,14 @@ def parse_vllm_version(version: str) -> Version:
 
 
 def _default_utilization(v: Version) -> float:
-    return 0.92 if v >= (0, 20, 0) else 0.9  # 0.9 -> 0.92 in 0.20 (reference §7)
+    return 0.92 if v >= (0, 20, 0) else 0.9  # 0.9 -> 0.92 in 0.20 (vllm/engine/arg_utils.py)
 
 
 def _cudagraph_estimate_subtracted(v: Version) -> bool:
     """Whether that version takes the CUDA-graph estimate out of the KV budget.
 
     ≤0.16: no estimate at all; 0.18/0.19: only with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1
-    (default 0); 0.20-0.25: on by default (V1 model runner, reference §1.2). 0.26: the real H200
+    (default 0); 0.20-0.25: on by default (V1 model runner). 0.26: the real H200
     logs show it is NOT subtracted (69.9 - 1.59 - 0.44 - 0.22 = 67.65 ≈ the logged 67.64; no
     "Estimated CUDA graph memory" line): 0.26 runs the V2 model runner, which has no profiling pass.
     Later versions are assumed to keep the V2 runner's behaviour until logs say otherwise.
@@ -754,7 +755,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
 
 
 def _kv_capacity(v: Version, num_blocks: int, config: EngineConfig) -> tuple[int, float]:
-    """``(KV tokens, max concurrency)`` as vLLM logs them (§2.6).
+    """``(KV tokens, max concurrency)`` as vLLM logs them (``kv_cache_utils.py``).
 
     ≤0.20: tokens = num_blocks * block_size; ≥0.25: ``int(max_concurrency * max_model_len)``.
     """

@@ -243,7 +243,7 @@ class ModelProfile:
         dtypes take 1 byte, ``auto`` the model dtype.
 
         Example:
-            >>> load_model("llama-3.1-8b").kv_bytes_per_token(tp=2, pp=1)   # 64 KiB (reference §2.6)
+            >>> load_model("llama-3.1-8b").kv_bytes_per_token(tp=2, pp=1)   # 64 KiB: 2 x kv_heads x head_dim x layers x 2 bytes
             65536
         """
         return (2 * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype)

@@ -10,8 +10,8 @@ tokens, max concurrency, memory breakdown). :func:`format_record` renders one re
 line format ``(<proc> pid=<pid>) <LEVEL> <MM-DD HH:MM:SS> [<file>.py:<line>] <msg>``; the caller
 supplies the wall-clock time and the pids, so this module does no I/O and reads no clock.
 
-The texts are copied from real vLLM 0.26.0 logs (``tests/fixtures/real_h200/*/server.log``,
-``/work/shared/gpu/examples/server1.log``) and vllm-internals.md §1.5, §4.7 and §6. Version
+The texts are copied from real vLLM 0.26.0 logs (``tests/fixtures/real_h200/*/server.log``) and vLLM's sources (the startup lines of
+``vllm/v1/worker/gpu_worker.py``, the stats line of ``vllm/v1/metrics/loggers.py``, the error texts). Version
 differences that a parser must tolerate are rendered too: "torch.compile takes" before 0.18,
 "init engine ... took %.2f seconds" before 0.20, one merged KV-size line from 0.29.
 
@@ -50,7 +50,7 @@ __all__ = [
 #: The ``--sim-fail`` modes of the stand-in server.
 FAIL_MODES = ("startup_oom", "kv_too_small", "cudagraph_oom", "crash", "hang", "runtime_crash", "stall")
 
-# Regexes a log parser uses on vLLM logs (vllm-internals.md §1.5); the tests check every rendered
+# Regexes a log parser uses on vLLM logs; the tests check every rendered
 # line against them so the stand-in can never drift from what the real-engine parser expects.
 LOG_LINE_RE = re.compile(
     r"^(?:\((?P<proc>\S+) pid=(?P<pid>\d+)\) )?(?P<lvl>[A-Z]+) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "

@@ -11,9 +11,7 @@
 * :mod:`~servetune.engines.vllm.diagnose`: a failed start explained, for ``servetune diagnose``.
 """
 
-from servetune.engines.vllm.diagnose import diagnose
 from servetune.engines.vllm.engine import VllmEngine, VllmLaunch, read_serve_help, run_vllm_trial
 from servetune.engines.vllm.logs import ParsedLog, classify, parse_log
 
-__all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "ParsedLog", "parse_log", "classify",
-           "diagnose"]
+__all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "ParsedLog", "parse_log", "classify"]

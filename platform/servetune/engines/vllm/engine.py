@@ -69,7 +69,7 @@ __all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "fre
            "SAFE_ENV"]
 
 #: Set in every vLLM environment: NVLink multicast can take a host's GPUs out of service for
-#: everyone (shared/gpu/README.md), and the flashinfer sampler is not in every install.
+#: everyone on the host (the GPU hosts' operating rule), and the flashinfer sampler is not in every install.
 SAFE_ENV = {
     "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
     "VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
