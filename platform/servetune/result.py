@@ -159,6 +159,9 @@ class TrialResult:
     # The GPUs the trial ran on (Ray's ids, recorded by the actor) and those whose memory did not
     # come back after the server stopped: the pool takes a quarantined slot out of service.
     gpu_ids: list[str] = dataclasses.field(default_factory=list)
+    # The Ray node the trial ran on (or, for a lost node, the node that went): set by the pool,
+    # read by its re-run logic; the evidence lines say the same for a human.
+    node_id: str | None = None
     quarantined_gpus: list[str] = dataclasses.field(default_factory=list)
     # Per-GPU memory of a multi-GPU trial: one breakdown per worker process (label as vLLM prints
     # it: ``Worker_TP0``, ``Worker_PP1_TP0``, or ``EngineCore`` for one GPU), GiB, from its log lines.

@@ -141,6 +141,7 @@ class TrialActor:
         # Where and when it ran: which node (and its GPU type), and the wall-clock window in which
         # it held those GPUs, so a record can show no GPU was double-booked.
         node_id = ray.get_runtime_context().get_node_id()
+        result.node_id = node_id
         result.evidence.append(f"ray_node_id={node_id}")
         result.evidence.append(f"ray_accelerator_type={_node_accelerator(node_id)}")
         result.evidence.append(f"ray_window={started:.3f}-{ended:.3f}")
@@ -341,8 +342,7 @@ class TrialPool:
         healthy GPUs allow (True), else leave the failure as the trial's result (False)."""
         kind = result.infrastructure or "unknown"
         where = (f"GPU(s) {', '.join(result.gpu_ids)}" if result.gpu_ids else "GPU(s) unknown") + \
-            next((f" on node {e.split('=', 1)[1][:12]}" for e in result.evidence
-                  if e.startswith(("ray_node_id=", "ray_lost_node="))), "")
+            (f" on node {result.node_id[:12]}" if result.node_id else "")
         line = f"attempt {len(item.attempts) + 1} on {where}: {kind}: {(result.cause or '')[:300]}"
         item.attempts.append(line)
         self.infra_notes.append(f"trial {item.trial_number}: {line}")
@@ -365,8 +365,8 @@ class TrialPool:
             self._refresh_capacity()
         if len(item.attempts) >= MAX_INFRA_ATTEMPTS or item.gpus > min(self.total_gpus, self.max_node_gpus):
             return False
-        lost = next((e.split("=", 1)[1] for e in result.evidence if e.startswith("ray_lost_node=")), None)
-        if kind == "node_lost" and lost:
+        lost = result.node_id if kind == "node_lost" else None
+        if lost:
             # Until Ray declares the node dead (its health check), it could place the re-run there.
             self._deferred.append((item, lost, time.monotonic() + NODE_DEATH_WAIT_S))
         else:
@@ -483,5 +483,5 @@ def _actor_death(exc: ray.exceptions.RayError, backend: str, actor: Any = None) 
     evidence = [f"ray: {type(exc).__name__}", f"ray_dead_nodes={dead}"]
     if node:
         evidence.append(f"ray_lost_node={node}")
-    return TrialResult(status=TrialStatus.INFRA_ERROR, infrastructure=kind, backend=backend,
+    return TrialResult(status=TrialStatus.INFRA_ERROR, infrastructure=kind, backend=backend, node_id=node,
                        cause=f"infrastructure failure: Ray node lost: {cause}", evidence=evidence)
