@@ -56,7 +56,7 @@ from servetune.redact import redact_text
 from servetune.result import TrialResult, TrialStatus
 from servetune.search import confirm, warmstart
 from servetune.search import screen as fidelity
-from servetune.search.propose import (FEASIBLE, INFEASIBLE, Proposal, constraint_values, early_stop_rule,
+from servetune.search.propose import (FEASIBLE, INFEASIBLE, Proposal, StoredTrial, constraint_values, early_stop_rule,
                                       enqueue_informed_starts, objective_values, propose, sim_screen, tell)
 from servetune.spec.schema import StudySpec
 from servetune.workload import Workload
@@ -508,11 +508,9 @@ class _Driver:
         for t in told:
             if t.number in in_mlflow and t.number in in_rows:
                 continue
-            result = TrialResult.from_metrics(t.user_attrs.get("status", "ok"), t.user_attrs.get("cause") or None,
-                                              t.user_attrs.get("metrics", {}), backend=self.backend,
-                                              vllm_version=spec.vllm_version)
-            record = self._record(t.number, t.user_attrs.get("flags", t.params), result, (t.values or [0.0])[0],
-                                  reconciled=True)
+            stored = StoredTrial.of(t)
+            record = self._record(t.number, stored.flags, stored.result(self.backend, spec.vllm_version),
+                                  (t.values or [0.0])[0], reconciled=True)
             self._write(record, mlflow=t.number not in in_mlflow, rows=t.number not in in_rows)
             written += 1
         return written
@@ -530,7 +528,7 @@ class _Driver:
         feasible.sort(key=lambda t: -sign * t.values[0])
         top: list[optuna.trial.FrozenTrial] = []
         for t in feasible:
-            if all(t.user_attrs.get("flags", t.params) != o.user_attrs.get("flags", o.params) for o in top):
+            if all(StoredTrial.of(t).flags != StoredTrial.of(o).flags for o in top):
                 top.append(t)
             if len(top) == spec.budget.confirm_top:
                 break
@@ -546,7 +544,7 @@ class _Driver:
             self.stop.check()
             while todo:
                 t, k = todo[0]
-                flags = dict(t.user_attrs.get("flags", t.params))
+                flags = StoredTrial.of(t).flags
                 need = gpus_needed(flags)
                 if need > pool.free_gpus:
                     break
@@ -568,9 +566,9 @@ class _Driver:
                 value = objective_values(spec, result)[0]
                 ok = all(v <= 0 for v in constraint_values(spec, result).values())
                 runs[t.number].append((value, ok))
-                self._write(self._record(t.number, t.user_attrs.get("flags", t.params), result, value,
+                self._write(self._record(t.number, StoredTrial.of(t).flags, result, value,
                                          origin="repeat", repeat=k), workload=workload)
-        choice = confirm.choose([confirm.confirm(t.number, t.user_attrs.get("flags", t.params),
+        choice = confirm.choose([confirm.confirm(t.number, StoredTrial.of(t).flags,
                                                  [v for v, _ in runs[t.number]], [f for _, f in runs[t.number]])
                                  for t in top], spec.objective.directions[0])
         summary = choice.to_dict()
@@ -631,13 +629,11 @@ def _recalibrate(spec: StudySpec, screen: SimScreen, told: list[optuna.trial.Fro
     """A resumed study's screen starts from the trials it already measured (not the refused ones)."""
     measured = []
     for t in told:
-        status = t.user_attrs.get("status", "ok")
-        if t.state != optuna.trial.TrialState.COMPLETE or status in (TrialStatus.PRUNED.value, TrialStatus.INVALID_CONFIG.value):
+        stored = StoredTrial.of(t)
+        if t.state != optuna.trial.TrialState.COMPLETE or stored.status in (TrialStatus.PRUNED.value,
+                                                                            TrialStatus.INVALID_CONFIG.value):
             continue
-        result = TrialResult.from_metrics(status, t.user_attrs.get("cause") or None, t.user_attrs.get("metrics", {}),
-                                          backend=backend, vllm_version=spec.vllm_version)
-        result.early_stopped = t.user_attrs.get("early_stopped")
-        measured.append((dict(t.user_attrs.get("flags", t.params)), result))
+        measured.append((stored.flags, stored.result(backend, spec.vllm_version)))
     fidelity.recalibrate(screen, spec, measured)
 
 
@@ -715,7 +711,8 @@ class _StopRequest:
 
 def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        _count(outcome, TrialStatus(t.user_attrs.get("status", "ok")), int(t.user_attrs.get("preemptions", 0) or 0))
+        stored = StoredTrial.of(t)
+        _count(outcome, TrialStatus(stored.status), stored.preemptions)
     for t in _infra_failed_trials(study):  # told FAIL, but finished and recorded: they count
         _count(outcome, TrialStatus.INFRA_ERROR, 0)
     _update_best(study, outcome)
@@ -724,7 +721,7 @@ def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
 def _infra_failed_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials told FAIL because infrastructure spoiled every attempt (not the killed ones)."""
     return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-            if t.user_attrs.get("status") == TrialStatus.INFRA_ERROR.value]
+            if StoredTrial.of(t).status == TrialStatus.INFRA_ERROR.value]
 
 
 def _count(outcome: StudyOutcome, status: TrialStatus, preemptions: int) -> None:
@@ -748,8 +745,8 @@ def _update_best(study: optuna.Study, outcome: StudyOutcome) -> None:
     best = best_trial(study)
     if best is not None:
         outcome.best_number = best.number
-        outcome.best_flags = dict(best.user_attrs.get("flags", best.params))
-        outcome.best_metrics = dict(best.user_attrs.get("metrics", {}))
+        stored = StoredTrial.of(best)
+        outcome.best_flags, outcome.best_metrics = stored.flags, stored.metrics
 
 
 def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, outcome: StudyOutcome,

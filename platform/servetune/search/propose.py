@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from servetune.spec.schema import StudySpec
 
 __all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
-           "objective_values", "early_stop_rule", "enqueue_informed_starts", "run_local", "sim_screen",
+           "objective_values", "StoredTrial", "early_stop_rule", "enqueue_informed_starts", "run_local", "sim_screen",
            "best_feasible"]
 
 INFEASIBLE = 1.0
@@ -210,6 +210,34 @@ def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result
     values = objective_values(spec, result)
     study.tell(trial, values)
     return values
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredTrial:
+    """What :func:`propose` and :func:`tell` stored on an Optuna trial, read back typed: the one
+    reader of servetune's trial user attributes. ``flags`` falls back to the trial's params (a trial
+    asked before its flags were stored), ``status`` to ``ok``."""
+
+    number: int
+    flags: dict[str, Any]
+    status: str
+    cause: str | None
+    metrics: dict[str, float]
+    preemptions: int
+    early_stopped: str | None
+
+    @classmethod
+    def of(cls, t: optuna.trial.FrozenTrial) -> StoredTrial:
+        a = t.user_attrs
+        return cls(t.number, dict(a.get("flags", t.params)), str(a.get("status", "ok")), a.get("cause") or None,
+                   dict(a.get("metrics", {})), int(a.get("preemptions", 0) or 0), a.get("early_stopped"))
+
+    def result(self, backend: str, vllm_version: str) -> TrialResult:
+        """The told result rebuilt from what was stored (figures, status, cause, early stop)."""
+        result = TrialResult.from_metrics(self.status, self.cause, self.metrics, backend=backend,
+                                          vllm_version=vllm_version)
+        result.early_stopped = self.early_stopped
+        return result
 
 
 def enqueue_informed_starts(spec: StudySpec, study: optuna.Study) -> list[dict[str, Any]]:
