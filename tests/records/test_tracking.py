@@ -21,7 +21,7 @@ from servetune.planner.flags import to_cli_args
 from servetune.result import LatencySummary, MemoryBreakdown, RequestRecord, TrialResult, TrialStatus, summarize
 from servetune.records.tracking import (
     MAX_TAG_VALUE, TAG_CAUSE, TAG_PARENT, TAG_ROLE, TAG_STATUS, TAG_STUDY, TAG_TRIAL_NUMBER, TAG_VLLM_VERSION,
-    StudyTracker, TrackingError, render_command,
+    StudyTracker, TrackingError,
 )
 from servetune.redact import is_secret_key, redact, redact_text
 
@@ -295,4 +295,3 @@ def test_redact_rules() -> None:
     assert redact_text("Authorization: Bearer eyJhbGciOi.abc", environ={}) == "Authorization: ***"
     # No vLLM flag or trial metric name may be mistaken for a secret (they would be masked).
     assert not [k for k in [*FLAG_REGISTRY, *METRIC_COLUMNS] if is_secret_key(k)]
-    assert render_command("a b/m", {"max_model_len": 4096}) == "vllm serve 'a b/m' --max-model-len 4096"

@@ -72,7 +72,6 @@ from servetune.result import TrialResult, TrialStatus
 __all__ = [
     "StudyTracker",
     "TrackingError",
-    "render_command",
     "TAG_STUDY",
     "TAG_ROLE",
     "TAG_STATUS",
@@ -107,16 +106,6 @@ _MAX_METRICS_PER_BATCH = 1000
 # ---------------------------------------------------------------------------------------------
 # Rendering (pure)
 # ---------------------------------------------------------------------------------------------
-
-
-def render_command(model: str, flags: Mapping[str, Any]) -> str:
-    """The ``vllm serve`` command line of a flag set (see :func:`servetune.planner.flags.to_command_line`).
-
-    Example:
-        >>> render_command("org/m", {"max_num_seqs": 64, "enforce_eager": True, "kv_cache_dtype": "fp8"})
-        'vllm serve org/m --max-num-seqs 64 --enforce-eager --kv-cache-dtype fp8'
-    """
-    return to_command_line(model, flags)
 
 
 def _param_value(value: Any) -> str:
@@ -619,7 +608,7 @@ def _write_finish_files(target: Path, best_flags: Mapping[str, Any] | None, mode
     tags: dict[str, str] = {}
     if best_flags is not None:
         flags = redact(best_flags)
-        command = render_command(model, flags)
+        command = to_command_line(model, flags)
         (target / "best_config.yaml").write_text(to_config_yaml(model, flags), encoding="utf-8")
         (target / "best_command.txt").write_text(command + "\n", encoding="utf-8")
         tags["servetune.best_command"] = _tag_value(command)
