@@ -461,7 +461,9 @@ def _parse_version(raw: Any) -> str:
         return DEFAULT_VLLM_VERSION
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         raise SpecError("vllm_version", f"YAML read {raw!r} as a number", f'quote it: vllm_version: "{raw}"')
-    if not isinstance(raw, str) or not VERSION_RE.fullmatch(raw.strip()):
+    # A plain release number, as pip and the image tags write it ("0.26.0"); the planner's reader
+    # would also take "v0.26", which a spec refuses so that one study is always named one way.
+    if not isinstance(raw, str) or raw.strip().startswith("v") or not VERSION_RE.fullmatch(raw.strip()):
         raise SpecError("vllm_version", f"expected a version like \"0.26.0\", got {raw!r}", 'write vllm_version: "0.26.0"')
     return raw.strip()
 
