@@ -29,9 +29,13 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from servetune.gpus import GpuSpec, get_gpu
-from servetune.metrics import counter, parse_prometheus
-from servetune.modelinfo import load_model
+import optuna
+
+from servetune.planner.gpus import GpuSpec, get_gpu
+from servetune.engines.vllm.metrics import counter, parse_prometheus
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.modelinfo import load_model
+from servetune.sim.engine import simulate
 from servetune.sim.perf import calibration_for
 from servetune.workload import Workload
 
@@ -179,9 +183,6 @@ def fidelity_rows(calibration: Mapping[str, float] | None = None,
     ``max_requests`` simulates only the first requests of each window (the fit's inner loop: a
     closed-loop window reaches its steady state within a few rounds of its concurrency).
     """
-    from servetune.memory import plan_memory, resolve_engine_config
-    from servetune.sim.engine import simulate
-
     gpu = _gpu_with(calibration)
     rows = []
     models: dict[str, Any] = {}
@@ -274,8 +275,6 @@ def _loss(rows: list[FidelityRow]) -> float:
 def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
         starts: list[Mapping[str, float]] | None = None) -> dict[str, float]:
     """Optuna TPE over FIT_SPACE minimising the loss over ``runs``; returns the best knobs."""
-    import optuna
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     runs = runs if runs is not None else load_real_runs()
 

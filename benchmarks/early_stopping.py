@@ -1,9 +1,9 @@
 """How much of a decided trial's measured window early stopping saves, on the real-engine path.
 
-Runs the vllm backend's trial path (:func:`servetune.vllm_engine.run_vllm_trial`) against the
+Runs the vllm backend's trial path (:func:`servetune.engines.vllm.engine.run_vllm_trial`) against the
 ``vllm serve`` stand-in (``python -m servetune.sim.server``, a real subprocess and real HTTP) for
 two trials whose outcome is decided early, each with and without early stopping
-(:mod:`servetune.early_stop`):
+(:mod:`servetune.engines.early_stop`):
 
 * ``preempting``: servetune-test-850m on an H200 with 64 KV blocks of 16 tokens and 64 sequences
   for 256 + 256-token requests, 32 in flight: it preempts from the first batch
@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "platform") not in sys.path:
     sys.path.insert(0, str(ROOT / "platform"))
 
-from servetune.early_stop import EarlyStop  # noqa: E402
-from servetune.vllm_engine import VllmLaunch, run_vllm_trial  # noqa: E402
+from servetune.engines.early_stop import EarlyStop  # noqa: E402
+from servetune.engines.vllm.engine import VllmLaunch, run_vllm_trial  # noqa: E402
 from servetune.workload import Workload  # noqa: E402
 
 WORKLOAD = {"input_len": 256, "output_len": 256, "num_requests": 192, "concurrency": 32}

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "platform"))
 
-from servetune import dataset  # noqa: E402
+from servetune.records import dataset  # noqa: E402
 
 STUDY = ROOT / "tests" / "fixtures" / "real_h200" / "study_h200x2" / "dataset"
 

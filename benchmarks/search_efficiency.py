@@ -7,7 +7,7 @@ grid's GPU time, and spend < 2% of a study's GPU time on trials that fail at sta
    (gpu_memory_utilization 0.30..0.95 step 0.05 x max_num_seqs 8..512 in half-octave steps
    8, 12, 16, 24, ..., 384, 512; max_model_len pinned at 4096; 14 x 13 = 182 points) is run once on servetune's simulated vLLM engine and
    cached as ``benchmarks/landscapes/<cell>.csv`` (commit them; ``--rebuild`` re-runs them).
-2. Searches. Each strategy is replayed on the landscape (``servetune.replay``) with the GPU cost a
+2. Searches. Each strategy is replayed on the landscape (``servetune.engines.replay``) with the GPU cost a
    real trial would have: the recorded ``startup_s`` (the planner's calibrated vLLM 0.26 startup,
    ~75-80 s for a healthy 8B start, ~60 s to the death of a failed one) + the measured window
    (``duration_s``) + ``replay.TRIAL_OVERHEAD_S`` (22 s, the real H200 study's per-trial
@@ -18,12 +18,12 @@ grid's GPU time, and spend < 2% of a study's GPU time on trials that fail at sta
    * ``tpe``: servetune's TPE sampler (constraints), every proposal launched (``prescreen: false``);
    * ``servetune``: TPE + pre-screen + the preemption prior's informed starts (the default);
    * ``tpe+prescreen+mf`` / ``servetune+mf``: the same with multi-fidelity on
-     (:mod:`servetune.fidelity`: each proposal first runs on the simulator, calibrated on the
+     (:mod:`servetune.search.screen`: each proposal first runs on the simulator, calibrated on the
      replayed "real" trials so far, and a clear loser is told ``pruned`` without GPU time). The
      multi-fidelity table also replays each simulated landscape as a mispredicted "real" engine
      (throughput x0.85, +-5% per-point noise), and any real landscape listed in ``REAL_CELLS``.
 
-   The three Optuna strategies run :func:`servetune.search.run_local`, the driver's own
+   The three Optuna strategies run :func:`servetune.search.propose.run_local`, the driver's own
    ask / pre-screen / tell code, in process (no Ray, no MLflow). Each stops after
    ``--max-trials`` launched trials.
 3. Report: median (over seeds) GPU seconds to reach 95 / 98 / 100% of the grid's best
@@ -64,13 +64,13 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "platform"))
 
-from servetune import dataset  # noqa: E402
+from servetune.records import dataset  # noqa: E402
 from servetune.engines import TrialTask, run_trial  # noqa: E402
-from servetune.replay import Landscape  # noqa: E402
+from servetune.engines.replay import Landscape  # noqa: E402
 from servetune.result import TrialResult  # noqa: E402
-from servetune.fidelity import SCREEN_PREFIX, SimScreen, screen_for  # noqa: E402
-from servetune.search import Told, run_local  # noqa: E402
-from servetune.spec import StudySpec  # noqa: E402
+from servetune.search.screen import SCREEN_PREFIX, SimScreen, screen_for  # noqa: E402
+from servetune.search.propose import Told, run_local  # noqa: E402
+from servetune.spec.schema import StudySpec  # noqa: E402
 from servetune.study import make_sampler  # noqa: E402
 from servetune.workload import Workload  # noqa: E402
 
@@ -108,7 +108,7 @@ class Cell:
 BASE_STRATEGIES = ("grid", "random", "tpe", "tpe+prescreen", "servetune")
 
 #: Landscapes recorded on real GPUs (``benchmarks/landscapes/<name>.csv``, a servetune dataset of a
-#: grid study: ``servetune.dataset.read_trials(...)`` written with the LANDSCAPE_COLUMNS); each is
+#: grid study: ``servetune.records.dataset.read_trials(...)`` written with the LANDSCAPE_COLUMNS); each is
 #: benchmarked when its file exists, never rebuilt. The H200 grid is being recorded: add its cell
 #: here (model, GPU and workload as recorded) when the file lands.
 REAL_CELLS: tuple[Cell, ...] = (
@@ -377,10 +377,10 @@ def format_table(rows: Sequence[Row]) -> str:
 
 def real_accuracy() -> list[dict[str, Any]]:
     """The planner against real vLLM 0.26 starts on the H200 (the servetune test model)."""
-    from servetune.gpus import get_gpu
-    from servetune.memory import plan_memory, resolve_engine_config
-    from servetune.modelinfo import load_model
-    from servetune.vllm_logs import parse_log
+    from servetune.planner.gpus import get_gpu
+    from servetune.planner.memory import plan_memory, resolve_engine_config
+    from servetune.planner.modelinfo import load_model
+    from servetune.engines.vllm.logs import parse_log
 
     model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
     out = []
@@ -463,7 +463,7 @@ seed that never reached counts as infinite). The startup-failure share is over t
 Strategies: `grid` runs every point in a seeded random order; `random` is Optuna's RandomSampler;
 `tpe` is servetune's TPE sampler with constraints, every proposal launched (`prescreen: false`);
 `servetune` is TPE with the memory-planner pre-screen and the preemption prior's informed starts
-(the default, `prescreen: true`). All Optuna strategies run `servetune.search.run_local`, the
+(the default, `prescreen: true`). All Optuna strategies run `servetune.search.propose.run_local`, the
 driver's own ask / pre-screen / tell code.
 
 What it shows. The pre-screen alone (`tpe+prescreen` vs `tpe`) removes the GPU time lost to startup
@@ -484,7 +484,7 @@ to close the gap; that case is not measured here. One run per point: no measurem
 
 With `multi_fidelity` on (the default for the vllm and replay backends), a proposal that passed the
 memory pre-screen is first run on the simulated engine (~0.2 s) and its prediction calibrated on the
-study's real trials so far (`servetune.fidelity`: real/sim throughput ratio, the simulator's
+study's real trials so far (`servetune.search.screen`: real/sim throughput ratio, the simulator's
 preemption verdict once confirmed); a clear loser (preempting well past the constraint, or
 below the best so far even with a 15-30% margin) is told `pruned` (`sim_screen`) without GPU time,
 and never more than half of the proposals are screened. Off / on pairs, same seeds. "GPU h, first

@@ -21,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "platform") not in sys.path:
     sys.path.insert(0, str(ROOT / "platform"))
 
-from servetune.gpus import get_gpu  # noqa: E402
-from servetune.memory import plan_memory, resolve_engine_config  # noqa: E402
-from servetune.modelinfo import load_model  # noqa: E402
+from servetune.planner.gpus import get_gpu  # noqa: E402
+from servetune.planner.memory import plan_memory, resolve_engine_config  # noqa: E402
+from servetune.planner.modelinfo import load_model  # noqa: E402
 from servetune.sim.engine import simulate  # noqa: E402
 from servetune.workload import Workload  # noqa: E402
 

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from servetune.errors import SpecError
-    from servetune.spec import load_spec
+    from servetune.spec.schema import load_spec
     from servetune.study import run_study
 
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from servetune.cluster import TrialPool
+from servetune.cluster.pool import TrialPool
 from servetune.result import TrialResult
 
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from servetune.errors import SpecError
-from servetune.spec import load_spec
+from servetune.spec.schema import load_spec
 
 REPO = Path(__file__).resolve().parent.parent
 QUICKSTART = yaml.safe_load((REPO / "jobs" / "quickstart.yaml").read_text())

@@ -25,10 +25,10 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from servetune import dataset
-from servetune._retry import backoff_delays, is_transient_storage_error, retry_call
+from servetune.records import dataset
+from servetune.records._retry import backoff_delays, is_transient_storage_error, retry_call
 from servetune.result import TrialResult
-from servetune.spec import StudySpec
+from servetune.spec.schema import StudySpec
 from servetune.study import run_study
 
 
@@ -157,7 +157,7 @@ def test_mlflow_outage_mid_study_buffers_then_delivers_every_trial_once(tmp_path
 
 
 def test_mlflow_down_at_the_start_fails_fast_before_any_trial(tmp_path: Path) -> None:
-    from servetune.tracking import TrackingError
+    from servetune.records.tracking import TrackingError
 
     dead = f"http://127.0.0.1:{_free_port()}"
     spec = _spec(tmp_path, dead, "down-at-start", 2)
@@ -213,10 +213,10 @@ def test_locked_optuna_storage_is_waited_out_without_losing_a_trial(
             held.wait(timeout=30)
             locker.append(thread)
 
-    with caplog.at_level(logging.WARNING, logger="servetune._retry"):
+    with caplog.at_level(logging.WARNING, logger="servetune.records._retry"):
         outcome = run_study(spec, out=io.StringIO(), on_result=on_result)
     locker[0].join(timeout=30)
-    retries = [r for r in caplog.records if r.name == "servetune._retry"]
+    retries = [r for r in caplog.records if r.name == "servetune.records._retry"]
     assert retries, "the lock was never hit: the test did not exercise the retry"
     assert outcome.trials_done == 6
     study = optuna.load_study(study_name="locked", storage=f"sqlite:///{db}")
@@ -283,10 +283,10 @@ def test_postgresql_restart_mid_study_is_waited_out_without_losing_a_trial(
                 thread.start()
                 restarter.append(thread)
 
-        with caplog.at_level(logging.WARNING, logger="servetune._retry"):
+        with caplog.at_level(logging.WARNING, logger="servetune.records._retry"):
             outcome = run_study(spec, out=io.StringIO(), on_result=on_result)
         restarter[0].join(timeout=60)
-        retries = [r for r in caplog.records if r.name == "servetune._retry"]
+        retries = [r for r in caplog.records if r.name == "servetune.records._retry"]
         assert retries, "the outage was never hit: the test did not exercise the retry"
         assert outcome.trials_done == n_trials
         print(f"\nPostgreSQL down for {outage['up'] - outage['down']:.1f} s; {len(retries)} retries: "

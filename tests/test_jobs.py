@@ -1,6 +1,6 @@
 """The Ray job entrypoints (jobs/tune.py, jobs/nightly.py) as processes: options, exit codes, messages.
 
-The successful paths run in tests/test_cluster_multinode.py (tune.py on a real multi-node cluster)
+The successful paths run in tests/cluster/test_multinode.py (tune.py on a real multi-node cluster)
 and tests/test_nightly.py (nightly.py with a planted regression, exit code 1)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_nightly_job_exits_2_on_a_bad_injection_or_matrix(tmp_path: Path) -> Non
 def test_shipped_nightly_matrix_expands_to_valid_specs(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "platform"))
     from servetune.nightly import expand_matrix, load_matrix
-    from servetune.spec import StudySpec
+    from servetune.spec.schema import StudySpec
 
     cells = expand_matrix(load_matrix(REPO / "jobs" / "nightly.yaml"))
     assert [c.name for c in cells] == ["servetune-test-850m.H200.chat", "servetune-test-850m.A100-40GB.chat"]

@@ -16,10 +16,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from servetune import dataset
+from servetune.records import dataset
 from servetune.errors import SpecError
 from servetune.nightly import NoiseSettings, compare, expand_matrix, noise_of, run_nightly, scaled_calibration
-from servetune.nightly import warm_start_flags
+from servetune.search.warmstart import warm_start_flags
 
 REPO = Path(__file__).resolve().parent.parent
 H200_CELL, A100_CELL = "servetune-test-850m.H200.chat", "servetune-test-850m.A100-40GB.chat"

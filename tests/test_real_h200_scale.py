@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from servetune.gpus import get_gpu
-from servetune.memory import plan_memory, resolve_engine_config
-from servetune.metrics import counter, parse_prometheus
-from servetune.modelinfo import load_model
-from servetune.vllm_logs import classify, parse_log
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.engines.vllm.metrics import counter, parse_prometheus
+from servetune.planner.modelinfo import load_model
+from servetune.engines.vllm.logs import classify, parse_log
 
 SCALE = Path(__file__).parent / "fixtures" / "real_h200" / "scale"
 MODELS = {"/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b"}

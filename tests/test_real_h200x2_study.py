@@ -23,14 +23,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from servetune import dataset
-from servetune.gpus import get_gpu
-from servetune.memory import plan_memory, resolve_engine_config
-from servetune.metrics import counter, parse_prometheus
-from servetune.modelinfo import load_model
+from servetune.records import dataset
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.engines.vllm.metrics import counter, parse_prometheus
+from servetune.planner.modelinfo import load_model
 from servetune.result import TrialStatus
-from servetune.vllm_engine import worker_memory
-from servetune.vllm_logs import classify, parse_log
+from servetune.engines.vllm.engine import worker_memory
+from servetune.engines.vllm.logs import classify, parse_log
 
 REAL = Path(__file__).parent / "fixtures" / "real_h200"
 STUDY = REAL / "study_h200x2"

@@ -19,13 +19,13 @@ from pathlib import Path
 import optuna
 import pytest
 
-from servetune import cli
+from servetune.cli import _main as cli
 from servetune.engines import TrialTask, run_trial
-from servetune.gpus import get_gpu
-from servetune.memory import plan_memory, resolve_engine_config
-from servetune.modelinfo import load_model
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.modelinfo import load_model
 from servetune.result import TrialStatus
-from servetune.vllm_logs import classify, parse_log
+from servetune.engines.vllm.logs import classify, parse_log
 from servetune.workload import Workload
 
 STUDY = Path(__file__).parent / "fixtures" / "real_h200" / "study_memory_pair"

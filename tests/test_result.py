@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from servetune.metrics import counter, gauge, labels_of, parse_prometheus
+from servetune.engines.vllm.metrics import counter, gauge, labels_of, parse_prometheus
 from servetune.result import LatencySummary, RequestRecord, TrialResult, TrialStatus, summarize
 
 RUN = Path(__file__).parent / "fixtures" / "real_h200" / "a1_u05_s64"

@@ -21,10 +21,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from servetune.errors import SpecError
-from servetune.flags import parse_set_option, validate_flag
-from servetune.spec import StudySpec
+from servetune.planner.flags import parse_set_option, validate_flag
+from servetune.spec.schema import StudySpec
 from servetune.study import run_study
-from servetune.vllm_engine import VllmLaunch, run_vllm_trial
+from servetune.engines.vllm.engine import VllmLaunch, run_vllm_trial
 from servetune.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent

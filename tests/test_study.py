@@ -19,9 +19,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from servetune import dataset
+from servetune.records import dataset
 from servetune.result import LatencySummary, TrialResult, TrialStatus
-from servetune.spec import StudySpec
+from servetune.spec.schema import StudySpec
 from servetune.study import constraint_values, objective_values, run_study
 
 REPO = Path(__file__).resolve().parent.parent

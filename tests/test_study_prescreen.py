@@ -16,9 +16,9 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from servetune import dataset
+from servetune.records import dataset
 from servetune.result import TrialResult, TrialStatus
-from servetune.spec import StudySpec
+from servetune.spec.schema import StudySpec
 from servetune.study import run_study
 
 

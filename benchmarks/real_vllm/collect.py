@@ -32,10 +32,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from servetune.loadgen import run_workload
-from servetune.metrics import gauge, parse_prometheus
+from servetune.engines.vllm.loadgen import run_workload
+from servetune.engines.vllm.metrics import gauge, parse_prometheus
 from servetune.result import summarize
-from servetune.vllm_engine import gpu_memory_used_mib
+from servetune.engines.vllm.engine import gpu_memory_used_mib
 from servetune.workload import Workload
 
 MODEL = os.environ.get("SERVETUNE_REAL_MODEL", "/root/model")

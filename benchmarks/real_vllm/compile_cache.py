@@ -1,7 +1,7 @@
 """Startup seconds a warm vLLM compile cache saves, measured through servetune's own engine (GPU host).
 
 Three starts of the same flag set, one after the other, each through
-:func:`servetune.vllm_engine.run_vllm_trial` with a small load:
+:func:`servetune.engines.vllm.engine.run_vllm_trial` with a small load:
 
 1. ``host_cold``: the host's first vLLM start (cold OS page cache, cold kernel caches);
 2. ``cache_cold``: a fresh, empty compile cache (``VLLM_CACHE_ROOT``, ``TORCHINDUCTOR_CACHE_DIR``,
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from servetune.vllm_engine import VllmLaunch, run_vllm_trial
+from servetune.engines.vllm.engine import VllmLaunch, run_vllm_trial
 from servetune.workload import Workload
 
 MODEL = os.environ.get("SERVETUNE_REAL_MODEL", "/root/model")

@@ -77,7 +77,7 @@ python3 -c "import ray, optuna, mlflow, sqlalchemy, alembic, mlflow.store.tracki
 RUNS=$(python3 - "$SPEC" <<'EOF'
 import sys
 from pathlib import Path
-from servetune.spec import load_spec
+from servetune.spec.schema import load_spec
 runs = load_spec(sys.argv[1]).output.runs_dir
 try:
     print(runs.relative_to(Path.cwd()))
@@ -108,7 +108,7 @@ case " $* " in *" --resume "*)
 import sys
 import optuna
 import yaml
-from servetune.spec import load_spec
+from servetune.spec.schema import load_spec
 from servetune.study import make_sampler
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 src, dst, args = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -178,7 +178,7 @@ python3 - "$RUN_SPEC" > "$OUT/mlflow_runs.txt" 2>&1 <<'EOF'
 import sys
 import optuna
 from mlflow import MlflowClient
-from servetune.spec import load_spec
+from servetune.spec.schema import load_spec
 from servetune.study import best_trial
 spec = load_spec(sys.argv[1])
 client = MlflowClient(tracking_uri=spec.tracking.mlflow_uri)

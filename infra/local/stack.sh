@@ -11,7 +11,7 @@
 #   SERVETUNE_STACK_DIR        state, logs, PostgreSQL data, MLflow artifacts (default ./servetune-stack)
 #   SERVETUNE_STACK_WORKERS    Ray worker nodes as GPU_TYPE:LOGICAL_GPUS, space separated
 #                              (default "H200:2 A100-40GB:1"); each node advertises servetune's
-#                              accelerator resource for its type (servetune.cluster.accelerator_resource)
+#                              accelerator resource for its type (servetune.cluster.pool.accelerator_resource)
 #   SERVETUNE_STACK_NUM_CPUS   CPUs each Ray node declares (default 1)
 #   SERVETUNE_STACK_DASHBOARD  1: start the Ray dashboard (and job server: `ray job submit` needs it
 #                              and ray[default]); 0: not (default 1)
@@ -145,10 +145,10 @@ cmd_up() {
   local -a gpu_resources
   mapfile -t gpu_resources < <(PYTHONPATH="$REPO/platform" "$PY" -c '
 import json, sys
-from servetune.cluster import accelerator_resource
+from servetune.cluster.pool import accelerator_resource
 for gpu_type in sys.argv[1:]:
     print(json.dumps({accelerator_resource(gpu_type): 1}))' "${gpu_types[@]}")
-  (( ${#gpu_resources[@]} == ${#gpu_types[@]} )) || die "could not import servetune.cluster with $PY"
+  (( ${#gpu_resources[@]} == ${#gpu_types[@]} )) || die "could not import servetune.cluster.pool with $PY"
 
   mkdir -p "$STACK_DIR" "$LOGS" "$STACK_DIR/mlartifacts"
   : >"$STATE"

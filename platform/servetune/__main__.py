@@ -1,3 +1,3 @@
-from servetune.cli import main
+from servetune.cli._main import main
 
 raise SystemExit(main())

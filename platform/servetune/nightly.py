@@ -20,7 +20,7 @@ The contract:
   1 when any cell regressed.
 
 Pure pieces (no I/O): :func:`expand_matrix`, :func:`deep_merge`, :func:`noise_of`, :func:`compare`,
-:func:`warm_start_flags`, :func:`scaled_calibration`, :func:`render_report`. The rest does I/O.
+:func:`scaled_calibration`, :func:`render_report`. The rest does I/O.
 
 Example:
     >>> from servetune.nightly import compare
@@ -42,13 +42,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+import optuna
 import pandas as pd
 import yaml
+from matplotlib.figure import Figure
 
+from servetune.cluster.pool import TrialPool
 from servetune.errors import SpecError, did_you_mean
+from servetune.planner import gpus
+from servetune.records import dataset
+from servetune.records._retry import retry_call
+from servetune.records._storage import open_storage
+from servetune.records.tracking import StudyTracker
+from servetune.search.warmstart import warm_start_flags
+from servetune.sim.perf import calibration_for
+from servetune.spec.schema import StudySpec
+from servetune.spec.space import read_yaml
+from servetune.study import remeasure, run_study
 
 __all__ = ["Cell", "NoiseSettings", "Verdict", "CellNight", "NightlyOutcome", "load_matrix", "expand_matrix",
-           "deep_merge", "noise_of", "compare", "warm_start_flags", "scaled_calibration", "render_report",
+           "deep_merge", "noise_of", "compare", "scaled_calibration", "render_report",
            "run_nightly", "today", "MATRIX_KEYS"]
 
 MATRIX_KEYS = ("name", "template", "models", "gpus", "workloads", "overrides", "noise", "output", "tracking")
@@ -221,34 +234,6 @@ def compare(tonight: float | None, earlier: Sequence[float], noise: float, direc
     return Verdict(False, base, change, threshold, f"within the tolerance {threshold:,.1f} of the previous best {base:,.1f}")
 
 
-def warm_start_flags(history: pd.DataFrame, names: Sequence[str], objective: str, direction: str,
-                     max_preemptions: int = 0) -> dict[str, Any] | None:
-    """The searched flags of the best feasible trial in ``history`` (dataset rows), or None.
-
-    Example:
-        >>> df = pd.DataFrame({"status": ["ok", "ok", "startup_oom"], "preemptions": [0, 3, None],
-        ...     "output_throughput": [10.0, 50.0, None], "flag_max_num_seqs": [32, 256, 512]})
-        >>> warm_start_flags(df, ["max_num_seqs"], "output_throughput", "maximize")
-        {'max_num_seqs': 32}
-    """
-    if history.empty or objective not in history.columns:
-        return None
-    ok = history[(history["status"] == "ok") & history[objective].notna()]
-    if "preemptions" in ok.columns:
-        ok = ok[ok["preemptions"].fillna(0) <= max_preemptions]
-    cols = [f"flag_{n}" for n in names]
-    if ok.empty or any(c not in ok.columns for c in cols):
-        return None
-    row = ok.sort_values(objective, ascending=direction != "maximize").iloc[0]
-    out: dict[str, Any] = {}
-    for name, col in zip(names, cols, strict=True):
-        value = row[col]
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            continue
-        out[name] = value.item() if hasattr(value, "item") else value
-    return out or None
-
-
 def scaled_calibration(base: Mapping[str, float], factor: float) -> dict[str, float]:
     """Simulator knobs for an engine ``factor`` times as fast: efficiencies scaled by ``factor``,
     per-step/per-token overhead times by ``1/factor`` (so every step takes ``1/factor`` as long).
@@ -349,8 +334,6 @@ def render_report(date: str, nights: Sequence[CellNight], history: pd.DataFrame,
 
 
 def _plot(rows: pd.DataFrame, cell: str, objective: str, path: Path) -> None:
-    from matplotlib.figure import Figure
-
     # Figure() directly, not pyplot: no global figure registry across cells.
     fig = Figure(figsize=(6.5, 3.8), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
@@ -371,8 +354,6 @@ def _plot(rows: pd.DataFrame, cell: str, objective: str, path: Path) -> None:
 
 
 def load_matrix(path: str | Path) -> dict[str, Any]:
-    from servetune.space import read_yaml
-
     data = read_yaml(Path(path), "matrix")
     if not isinstance(data, dict):
         raise SpecError("matrix", f"{path} is empty or not a mapping", "start from jobs/nightly.yaml")
@@ -381,10 +362,7 @@ def load_matrix(path: str | Path) -> dict[str, Any]:
 
 def _inject_gpu_file(gpu_type: str, factor: float, out_dir: Path) -> Path:
     """A GPU table re-declaring ``gpu_type`` with the simulator ``factor`` times as fast."""
-    from servetune.gpus import get_gpu
-    from servetune.sim.perf import calibration_for
-
-    gpu = get_gpu(gpu_type)
+    gpu = gpus.get_gpu(gpu_type)
     knobs = scaled_calibration(dataclasses.asdict(calibration_for(gpu)), factor)
     entry = {"name": gpu.name, "memory_gib": gpu.memory_gib, "hbm_gbps": gpu.hbm_gbps,
              "bf16_tflops": gpu.bf16_tflops, "fp8_tflops": gpu.fp8_tflops,
@@ -408,16 +386,6 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
         >>> [c.verdict.regressed for c in outcome.cells]              # doctest: +SKIP
         [False, False]
     """
-    import optuna
-
-    from servetune import dataset, gpus
-    from servetune._retry import retry_call
-    from servetune._storage import open_storage
-    from servetune.cluster import TrialPool
-    from servetune.engines import TrialTask, resolve_backend, run_trial
-    from servetune.spec import StudySpec
-    from servetune.study import run_study
-
     out = out or io.StringIO()
     if not _DATE_RE.match(date):
         raise SpecError("--date", f"expected YYYYMMDD, got {date!r}", "e.g. --date 20260101")
@@ -478,13 +446,10 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
             outcome = run_study(spec, out=out)
             best = None if outcome.best_metrics is None else outcome.best_metrics.get(objective)
             repeats: list[float] = []
-            if outcome.best_flags is not None:
-                backend = resolve_backend(spec.backend)
-                for k in range(1, settings.repeats + 1):
-                    task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=outcome.best_flags,
-                                     workload=spec.workload, vllm_version=spec.vllm_version, seed=spec.seed + 1000 + k,
-                                     gpu_file=spec.gpu.file, serve_model=spec.serve_model)
-                    value = run_trial(task, backend).metrics().get(objective)
+            if outcome.best_flags is not None:  # on the Ray pool, like the study's own trials
+                seeds = [spec.seed + 1000 + k for k in range(1, settings.repeats + 1)]
+                for r in remeasure(spec, outcome.best_flags, seeds):
+                    value = r.metrics().get(objective)
                     if value is not None:
                         repeats.append(float(value))
         finally:
@@ -522,30 +487,21 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
 
 def _log_to_mlflow(uri: str, experiment: str, root: Path, date: str, nights: Sequence[CellNight],
                    report_dir: Path) -> str:
-    """One run ``nightly-<date>`` (tag ``servetune.role=nightly``): per-cell metrics, the report."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        local = not uri.startswith(("http://", "https://"))
-        exp_id = client.create_experiment(
-            experiment, artifact_location=(root / "mlartifacts").resolve().as_uri() if local else None)
-    else:
-        exp_id = exp.experiment_id
-    run = client.create_run(exp_id, run_name=f"nightly-{date}",
-                            tags={"servetune.role": "nightly", "servetune.nightly_date": date,
-                                  "servetune.regressions": str(sum(n.verdict.regressed for n in nights))})
-    run_id = run.info.run_id
+    """One run ``nightly-<date>`` (tag ``servetune.role=nightly``): per-cell metrics, the report;
+    written through the studies' own MLflow writer (redaction, experiment-creation race)."""
+    local = not uri.startswith(("http://", "https://"))
+    tracker = StudyTracker(uri, experiment,
+                           artifact_location=(root / "mlartifacts").resolve().as_uri() if local else None)
+    metrics: dict[str, float] = {}
     for n in nights:
         key = re.sub(r"[^A-Za-z0-9_.-]", "_", n.cell)
         if n.best is not None:
-            client.log_metric(run_id, f"{key}.best", n.best)
-        client.log_metric(run_id, f"{key}.noise", n.noise)
-        client.log_metric(run_id, f"{key}.regressed", float(n.verdict.regressed))
-    client.log_artifacts(run_id, str(report_dir), artifact_path="report")
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
+            metrics[f"{key}.best"] = n.best
+        metrics[f"{key}.noise"] = n.noise
+        metrics[f"{key}.regressed"] = float(n.verdict.regressed)
+    return tracker.log_run(f"nightly-{date}", {"servetune.role": "nightly", "servetune.nightly_date": date,
+                                               "servetune.regressions": str(sum(n.verdict.regressed for n in nights))},
+                           metrics, artifacts_dir=report_dir, artifact_path="report")
 
 
 def today() -> str:

@@ -35,7 +35,7 @@ class TrialStatus(str, enum.Enum):
     INVALID_CONFIG = "invalid_config"
     PRUNED = "pruned"  # skipped before launch because the planner predicted a startup failure
     # The machine, not the flags: a port taken, GPU memory held by another process, a lost Ray
-    # node. Retried on another slot; never told to the sampler as infeasible (see servetune.infra).
+    # node. Retried on another slot; never told to the sampler as infeasible (see servetune.engines.vllm.infra).
     INFRA_ERROR = "infra_error"
     # A log that stops with no error before the server was ready and nothing else is known (no exit
     # code, no timeout): cut short, still starting, or killed without a trace. ``servetune diagnose``
@@ -163,6 +163,9 @@ class TrialResult:
     # The GPUs the trial ran on (Ray's ids, recorded by the actor) and those whose memory did not
     # come back after the server stopped: the pool takes a quarantined slot out of service.
     gpu_ids: list[str] = dataclasses.field(default_factory=list)
+    # The Ray node the trial ran on (or, for a lost node, the node that went): set by the pool,
+    # read by its re-run logic; the evidence lines say the same for a human.
+    node_id: str | None = None
     quarantined_gpus: list[str] = dataclasses.field(default_factory=list)
     # Per-GPU memory of a multi-GPU trial: one breakdown per worker process (label as vLLM prints
     # it: ``Worker_TP0``, ``Worker_PP1_TP0``, or ``EngineCore`` for one GPU), GiB, from its log lines.
@@ -187,11 +190,11 @@ class TrialResult:
         if self.dispatch_s is None or self.startup_s is None:
             return None
         return max(0.0, self.dispatch_s - self.startup_s - (self.duration_s or 0.0))
-    #: Why the measured window ended before the workload did (:mod:`servetune.early_stop`), e.g.
+    #: Why the measured window ended before the workload did (:mod:`servetune.engines.early_stop`), e.g.
     #: ``"preemptions: 3 counted, 0 allowed"``; None for a full measurement.
     early_stopped: str | None = None
 
-    # An ``infra_error``'s kind (:data:`servetune.infra.KINDS`: ``port_in_use``, ``gpu_memory_held``,
+    # An ``infra_error``'s kind (:data:`servetune.engines.vllm.infra.KINDS`: ``port_in_use``, ``gpu_memory_held``,
     # ``gpu_unusable``, ``node_lost``), and the infrastructure failures of earlier attempts of this
     # same flag set (one line each: attempt, where, why) when the pool re-ran it elsewhere.
     infrastructure: str | None = None

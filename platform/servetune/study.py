@@ -12,10 +12,10 @@ Optuna 5 requires (``trial.set_constraint``; a value <= 0 is feasible):
 - ``p99_ttft_ms`` / ``p99_itl_ms``: the measured p99 minus the limit, when the spec sets one.
 
 With ``prescreen`` on (the default), each proposal first goes through the memory planner
-(:func:`servetune.search.prescreen`): a predicted startup failure is told as a ``pruned`` trial
+(:func:`servetune.search.propose.prescreen`): a predicted startup failure is told as a ``pruned`` trial
 (infeasible, the prediction in MLflow and the dataset) without being dispatched to Ray, and a
 fresh study starts from the preemption prior's informed points. The ask / pre-screen / tell logic
-lives in :mod:`servetune.search`, shared with the search-efficiency benchmark.
+lives in :mod:`servetune.search.propose`, shared with the search-efficiency benchmark.
 
 Example::
 
@@ -40,27 +40,33 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import optuna
 
-from servetune import _ray_session, confirm, dataset, early_stop, envs, fidelity, report, warmstart
-from servetune._retry import retry_call
-from servetune._storage import open_storage
-from servetune.cluster import TrialPool
+from servetune import envs
+from servetune.cluster import _ray_session
+from servetune.cluster.pool import TrialPool
 from servetune.engines import TrialTask, resolve_backend
+from servetune.engines.vllm.engine import read_serve_help
 from servetune.errors import SpecError
-from servetune.flags import gpus_needed, to_command_line
+from servetune.planner.flags import gpus_needed, to_command_line
+from servetune.records import dataset, report
+from servetune.records._retry import retry_call
+from servetune.records._storage import open_storage
+from servetune.records.tracking import StudyTracker
+from servetune.records.trial_record import Prediction, Screen, TrialRecord
+from servetune.redact import redact_text
 from servetune.result import TrialResult, TrialStatus
-from servetune.search import FEASIBLE, INFEASIBLE, constraint_values, objective_values
-from servetune.search import Proposal, enqueue_informed_starts, prediction_tags, propose, sim_screen, tell
-from servetune.spec import StudySpec
-from servetune.tracking import StudyTracker, redact_text
+from servetune.search import confirm, warmstart
+from servetune.search import screen as fidelity
+from servetune.search.propose import (FEASIBLE, INFEASIBLE, Proposal, StoredTrial, constraint_values, early_stop_rule,
+                                      enqueue_informed_starts, objective_values, propose, sim_screen, tell)
+from servetune.spec.schema import StudySpec
 from servetune.workload import Workload
 
 if TYPE_CHECKING:
-    from servetune.early_stop import EarlyStop
-    from servetune.fidelity import SimScreen
-    from servetune.warmstart import WarmStart
-    from servetune.memory import MemoryPlan
+    from servetune.engines.early_stop import EarlyStop
+    from servetune.search.screen import SimScreen
+    from servetune.search.warmstart import WarmStart
 
-__all__ = ["StudyOutcome", "run_study", "make_sampler", "constraint_values", "objective_values", "best_trial",
+__all__ = ["StudyOutcome", "run_study", "remeasure", "make_sampler", "constraint_values", "objective_values", "best_trial",
            "INFEASIBLE", "FEASIBLE"]
 
 
@@ -84,7 +90,7 @@ class StudyOutcome:
     wall_s: float = 0.0
     mlflow_uri: str | None = None
     parent_run_id: str | None = None
-    confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.confirm.Choice.to_dict()
+    confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.search.confirm.Choice.to_dict()
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -190,305 +196,455 @@ def run_study(
 ) -> StudyOutcome:
     """Run (or resume) the study the spec describes; returns its outcome.
 
-    Trials dispatch to Ray while ``budget.parallel`` and free GPUs allow; the loop ends when
-    ``budget.trials`` are told or ``budget.time_limit_s`` is spent. Ctrl-C kills the running
-    trials, ends their MLflow runs as KILLED and keeps every finished trial.
+    1. Open the Optuna study (``--resume`` continues one of the same name) and its MLflow parent run.
+    2. On resume: re-queue the trials a killed driver left running, and write the told trials it
+       never recorded to MLflow and the dataset.
+    3. A fresh study enqueues its starting points: informed starts, warm starts, the baseline.
+    4. Dispatch: propose (pre-screen, simulator screen), run on the Ray pool while
+       ``budget.parallel`` and free GPUs allow, tell each result (Optuna, then MLflow, then the
+       dataset), until ``budget.trials`` are told or ``budget.time_limit_s`` is spent.
+    5. Confirm the top configurations (``budget.confirm_top``).
+    6. Close: the pool, the parent run's summary and plots, the outcome.
+
+    SIGTERM or Ctrl-C stops at the next safe point: running trials are killed and told FAIL, their
+    MLflow runs end KILLED, every finished trial is kept.
     """
-    out = out or sys.stdout
-    started = time.monotonic()
-    backend = resolve_backend(spec.backend)
-    runs_dir = Path(spec.output.runs_dir)
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    storage = spec.storage.optuna_url
-    n_obj = len(spec.objective.metrics)
-    grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
-    # Storage calls are retried with backoff (servetune._retry): a briefly locked SQLite file or a
-    # restarting database delays the driver instead of ending the study. open_storage retries every
-    # call of the storage itself (servetune._storage), so reads between the retried steps below
-    # (best trial, counts) ride out an outage too.
-    study = retry_call(lambda: optuna.create_study(
-        study_name=spec.name, storage=open_storage(storage), load_if_exists=True,
-        directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
-    ), what="open the Optuna study")
-    existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-    if existing:
-        # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
-        # the pairs it has already measured again. Offset the seed by the trials already told.
-        study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj, grid)
-    if existing and not resume:
-        raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
-                        "pass --resume to continue it, or give the study a new name")
-    # Optuna's storage is a file anyone with the runs dir can read: no credentials in it.
-    study.set_user_attr("model", redact_text(spec.model_ref))
-    study.set_user_attr("gpu_type", spec.gpu.type)
-    study.set_user_attr("serve_model", redact_text(spec.serve_model))
+    driver = _Driver.open(spec, resume=resume, out=out or sys.stdout, on_result=on_result)  # 1
+    driver.recover()  # 2
+    driver.enqueue_starts()  # 3
+    driver.run()  # 4-6
+    return driver.outcome
 
-    local_store = not spec.tracking.mlflow_uri.startswith(("http://", "https://"))
-    # An unreachable server at the start fails fast (TrackingError, nothing run yet); one that goes
-    # away later has its writes buffered under <runs_dir>/mlflow-buffer/ and delivered on return.
-    tracker = StudyTracker(spec.tracking.mlflow_uri, spec.tracking.experiment,
-                           artifact_location=(runs_dir / "mlartifacts").resolve().as_uri() if local_store else None,
-                           buffer_dir=runs_dir / "mlflow-buffer")
-    parent = tracker.start_study(spec.name, spec.to_dict(), {
-        "model": spec.model_ref, "gpu_type": spec.gpu.type, "backend": backend,
-        "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)
-    recovered = _recover_interrupted(study) if resume else 0
-    reconciled = _reconcile(spec, study, tracker, backend) if resume else 0
-    # A grid is the baseline every point of which is measured: informed starts would only reorder it.
-    # Warm starts and the baseline, like the informed starts, only go into a study nobody has
-    # enqueued anything in yet (the nightly job enqueues its own warm start).
-    fresh = not existing and spec.sampler != "grid" and not study.get_trials(deepcopy=False)
-    starts = enqueue_informed_starts(spec, study) if not existing and spec.sampler != "grid" else []
-    warm, baseline = _enqueue_warm_and_baseline(spec, study) if fresh else ([], None)
 
-    outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=parent)
-    _count_existing(study, outcome)
-    progress = _Progress(out, spec.budget.trials)
-    progress.note(f"servetune: study {spec.name!r}: {spec.model_ref} on {spec.gpu.count} x {spec.gpu.type} "
-                  f"({backend} backend), {spec.budget.trials} trials, {spec.budget.parallel} at a time"
-                  + (f"; resumed, {recovered} interrupted trials re-queued" if recovered else "")
-                  + (f", {reconciled} told trials written to MLflow/dataset" if reconciled else ""))
-    if starts:
-        progress.note("servetune: informed starts (highest utilization that starts, max_num_seqs under the "
-                      f"preemption bound): {', '.join(str(p) for p in starts)}")
-    for ws in warm:
-        progress.note(f"servetune: warm start from study {ws.study!r} ({ws.model}, vLLM {ws.vllm_version}, "
-                      f"distance {ws.distance:.2f}, best {ws.objective:,.0f}): {ws.params}")
-    if baseline:
-        progress.note(f"servetune: baseline trial (vLLM's defaults for the searched flags): {baseline}")
-    progress.note(f"servetune: MLflow {spec.tracking.mlflow_uri} (experiment {spec.tracking.experiment!r}), "
-                  f"Optuna {storage}")
+class _Driver:
+    """One run of the driver over one study: the state the steps of :func:`run_study` share."""
 
-    # The GPU type binds at the first submit, and only on a cluster whose nodes advertise types: a
-    # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
-    # A local Ray left by an earlier, killed driver of this study is stopped first; the local Ray
-    # this driver starts is recorded so that the next start can do the same (servetune._ray_session).
-    reaped = _ray_session.reap_leftovers(runs_dir, spec.name)
-    if reaped:
-        progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
-    # Reading `vllm serve --help=all` imports vLLM (20-30 s on the H200 host). Read once here and
-    # sent with every trial, instead of by the first trial of every GPU slot (measured: 36 s of
-    # servetune overhead on each of the first two real trials, 4-6 s on the others).
-    serve_help = None
-    if backend == "vllm":
-        from servetune.vllm_engine import read_serve_help
+    def __init__(self, spec: StudySpec, study: optuna.Study, existing: list[optuna.trial.FrozenTrial],
+                 tracker: StudyTracker, backend: str, resume: bool, out: TextIO,
+                 on_result: Callable[[int, dict[str, Any], TrialResult], None] | None, started: float) -> None:
+        self.spec, self.study, self.existing, self.tracker = spec, study, existing, tracker
+        self.backend, self.resume, self.out, self.on_result, self.started = backend, resume, out, on_result, started
+        self.runs_dir = Path(spec.output.runs_dir)
+        self.outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=tracker.parent_run_id)
+        _count_existing(study, self.outcome)
+        self.progress = _Progress(out, spec.budget.trials)
 
-        serve_help = read_serve_help(envs.serve_command())
-    pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
-    pool.reuse_actors = True  # closed in the finally below
-    if pool.started_local_ray:
-        _ray_session.record_local_session(runs_dir, spec.name)
-    queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
-    # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its
-    # next real trials); ``sims`` holds the simulated twin of each dispatched trial.
-    screen = fidelity.screen_for(spec, backend)
-    if screen is not None and existing:
-        _recalibrate(spec, screen, existing, backend)
-    sims: dict[int, TrialResult] = {}
-    inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
-    status = "FINISHED"
-    infra_seen = quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
-    stop = _StopRequest()
-    try:
+    # -- 1. open -------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, spec: StudySpec, *, resume: bool, out: TextIO,
+             on_result: Callable[[int, dict[str, Any], TrialResult], None] | None) -> _Driver:
+        started = time.monotonic()
+        backend = resolve_backend(spec.backend)
+        runs_dir = Path(spec.output.runs_dir)
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        storage = spec.storage.optuna_url
+        n_obj = len(spec.objective.metrics)
+        grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
+        # Storage calls are retried with backoff (servetune.records._retry): a briefly locked SQLite file or a
+        # restarting database delays the driver instead of ending the study. open_storage retries every
+        # call of the storage itself (servetune.records._storage), so reads between the retried steps below
+        # (best trial, counts) ride out an outage too.
+        study = retry_call(lambda: optuna.create_study(
+            study_name=spec.name, storage=open_storage(storage), load_if_exists=True,
+            directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
+        ), what="open the Optuna study")
+        existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        if existing:
+            # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
+            # the pairs it has already measured again. Offset the seed by the trials already told.
+            study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj, grid)
+        if existing and not resume:
+            raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
+                            "pass --resume to continue it, or give the study a new name")
+        # Optuna's storage is a file anyone with the runs dir can read: no credentials in it.
+        study.set_user_attr("model", redact_text(spec.model_ref))
+        study.set_user_attr("gpu_type", spec.gpu.type)
+        study.set_user_attr("serve_model", redact_text(spec.serve_model))
+
+        local_store = not spec.tracking.mlflow_uri.startswith(("http://", "https://"))
+        # An unreachable server at the start fails fast (TrackingError, nothing run yet); one that goes
+        # away later has its writes buffered under <runs_dir>/mlflow-buffer/ and delivered on return.
+        tracker = StudyTracker(spec.tracking.mlflow_uri, spec.tracking.experiment,
+                               artifact_location=(runs_dir / "mlartifacts").resolve().as_uri() if local_store else None,
+                               buffer_dir=runs_dir / "mlflow-buffer")
+        tracker.start_study(spec.name, spec.to_dict(), {
+            "model": spec.model_ref, "gpu_type": spec.gpu.type, "backend": backend,
+            "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)
+        return cls(spec, study, existing, tracker, backend, resume, out, on_result, started)
+
+    # -- 2. recover, 3. starting points ---------------------------------------------------------
+
+    def recover(self) -> None:
+        self.recovered = _recover_interrupted(self.study) if self.resume else 0
+        self.reconciled = self._reconcile() if self.resume else 0
+
+    def enqueue_starts(self) -> None:
+        spec, study = self.spec, self.study
+        # A grid is the baseline every point of which is measured: informed starts would only reorder it.
+        # Warm starts and the baseline, like the informed starts, only go into a study nobody has
+        # enqueued anything in yet (the nightly job enqueues its own warm start).
+        fresh = not self.existing and spec.sampler != "grid" and not study.get_trials(deepcopy=False)
+        starts = enqueue_informed_starts(spec, study) if not self.existing and spec.sampler != "grid" else []
+        warm, baseline = _enqueue_warm_and_baseline(spec, study) if fresh else ([], None)
+        note = self.progress.note
+        note(f"servetune: study {spec.name!r}: {spec.model_ref} on {spec.gpu.count} x {spec.gpu.type} "
+             f"({self.backend} backend), {spec.budget.trials} trials, {spec.budget.parallel} at a time"
+             + (f"; resumed, {self.recovered} interrupted trials re-queued" if self.recovered else "")
+             + (f", {self.reconciled} told trials written to MLflow/dataset" if self.reconciled else ""))
+        if starts:
+            note("servetune: informed starts (highest utilization that starts, max_num_seqs under the "
+                 f"preemption bound): {', '.join(str(p) for p in starts)}")
+        for ws in warm:
+            note(f"servetune: warm start from study {ws.study!r} ({ws.model}, vLLM {ws.vllm_version}, "
+                 f"distance {ws.distance:.2f}, best {ws.objective:,.0f}): {ws.params}")
+        if baseline:
+            note(f"servetune: baseline trial (vLLM's defaults for the searched flags): {baseline}")
+        note(f"servetune: MLflow {spec.tracking.mlflow_uri} (experiment {spec.tracking.experiment!r}), "
+             f"Optuna {spec.storage.optuna_url}")
+
+    # -- 4-6. dispatch, confirm, close ------------------------------------------------------------
+
+    def run(self) -> None:
+        spec = self.spec
+        # The GPU type binds at the first submit, and only on a cluster whose nodes advertise types: a
+        # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
+        # A local Ray left by an earlier, killed driver of this study is stopped first; the local Ray
+        # this driver starts is recorded so that the next start can do the same (servetune.cluster._ray_session).
+        reaped = _ray_session.reap_leftovers(self.runs_dir, spec.name)
+        if reaped:
+            self.progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
+        # Reading `vllm serve --help=all` imports vLLM (20-30 s on the H200 host). Read once here and
+        # sent with every trial, instead of by the first trial of every GPU slot (measured: 36 s of
+        # servetune overhead on each of the first two real trials, 4-6 s on the others).
+        self.serve_help = read_serve_help(envs.serve_command()) if self.backend == "vllm" else None
+        self.pool = pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+        pool.reuse_actors = True  # closed in the finally below
+        if pool.started_local_ray:
+            _ray_session.record_local_session(self.runs_dir, spec.name)
+        self.queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
+        self.inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
+        # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its
+        # next real trials); ``sims`` holds the simulated twin of each dispatched trial.
+        self.screen = fidelity.screen_for(spec, self.backend)
+        if self.screen is not None and self.existing:
+            _recalibrate(spec, self.screen, self.existing, self.backend)
+        self.sims: dict[int, TrialResult] = {}
+        self.infra_seen = self.quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
+        self.stop = _StopRequest()
+        status = "FINISHED"
+        try:
+            self._dispatch_until_done()
+            if spec.budget.confirm_top > 0 and pool.total_gpus > 0:
+                self._confirm_top()
+        except KeyboardInterrupt:
+            status = "KILLED"
+            killed = pool.cancel_all()
+            # Every RUNNING trial is this driver's (it is the only writer), including one asked a
+            # moment before the signal and not yet tracked in ``inflight``: fail them all.
+            for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            self.progress.note(f"\nservetune: interrupted; {len(killed)} running trials stopped, "
+                               f"{self.outcome.trials_done} finished trials kept (resume with --resume)")
+        finally:
+            pool.close()
+            self.stop.restore()
+            self.outcome.wall_s = time.monotonic() - self.started
+            self.progress.show(self.outcome, 0, force=True)
+            if self.out.isatty():
+                self.out.write("\n")
+            _finish_study(spec, self.study, self.tracker, self.outcome, status)
+
+    def _dispatch_until_done(self) -> None:
         while True:
-            stop.check()
-            out_of_time = spec.budget.time_limit_s is not None and time.monotonic() - started > spec.budget.time_limit_s
-            while (not out_of_time and outcome.trials_done + len(inflight) + len(queued) < spec.budget.trials
-                   and len(inflight) + len(queued) < spec.budget.parallel):
-                proposal = _propose_with_retry(spec, study, pool.total_gpus, backend,
-                                               {*inflight, *(t.number for t, _, _ in queued)})
-                trial, flags, need = proposal.trial, proposal.flags, proposal.gpus
-                if proposal.refused is not None:  # invalid or predicted to fail: no GPU time spent
-                    _finish(spec, study, trial, flags, proposal.refused, tracker, outcome, backend, on_result,
-                            prediction=proposal.plan)
-                    continue
-                screened = _screen_on_sim(spec, screen, proposal, outcome, backend, sims)
-                if screened is not None:  # the calibrated simulator rules it out: no GPU time spent
-                    _finish(spec, study, trial, flags, screened[0], tracker, outcome, backend, on_result,
-                            extra_tags=screened[1])
-                    continue
-                queued.append((trial, flags, need))
-            while queued and queued[0][2] <= pool.free_gpus:  # first come, first served
-                trial, flags, need = queued.pop(0)
-                task = _trial_task(spec, flags, runs_dir / "trials" / spec.name / f"{trial.number:04d}", serve_help,
-                                   early_stop=_early_stop_rule(spec, outcome, backend))
-                pool.submit(trial.number, task, backend, gpus=need)
-                inflight[trial.number] = (trial, flags)
-            # A quarantined slot shrinks the pool: a queued trial that can no longer fit ends as an
-            # infrastructure failure (told FAIL, not a bad configuration) instead of waiting forever.
-            while queued and queued[0][2] > pool.total_gpus:
-                trial, flags, need = queued.pop(0)
-                # The machine's fault, not the flags': told FAIL (never learnt as infeasible).
-                result = TrialResult(status=TrialStatus.INFRA_ERROR, infrastructure="gpu_unusable", backend=backend,
-                                     cause=f"infrastructure failure: needs {need} GPUs; {pool.total_gpus} healthy "
-                                           f"GPUs left after quarantine of {', '.join(pool.quarantined) or 'none'}")
-                _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
-            if not inflight and not queued:
-                if pool.total_gpus == 0:
-                    progress.note("servetune: every GPU slot is quarantined; stopping the study")
-                    break
+            self.stop.check()
+            spec, outcome = self.spec, self.outcome
+            out_of_time = spec.budget.time_limit_s is not None and time.monotonic() - self.started > spec.budget.time_limit_s
+            if not out_of_time:
+                self._propose_while_room()
+            self._submit_what_fits()
+            self._fail_what_no_longer_fits()
+            if not self.inflight and not self.queued:
+                if self.pool.total_gpus == 0:
+                    self.progress.note("servetune: every GPU slot is quarantined; stopping the study")
+                    return
                 if outcome.trials_done >= spec.budget.trials or out_of_time:
-                    break
+                    return
                 continue
-            progress.show(outcome, len(inflight))
-            results = pool.wait(timeout_s=0.5)
-            for line in pool.infra_notes[infra_seen:]:  # the pool re-runs these itself (bounded)
-                progress.note(f"servetune: infrastructure failure, re-run elsewhere when possible: trial #{line}")
-            infra_seen = len(pool.infra_notes)
-            for note in pool.quarantine_notes[quarantine_seen:]:
-                if "infrastructure failures" in note:  # (memory left behind is reported with its trial below)
-                    progress.note(f"servetune: slot quarantined: {note}")
-            quarantine_seen = len(pool.quarantine_notes)
-            for number, result in results:
-                trial, flags = inflight.pop(number)
-                if screen is not None and number in sims:  # recalibrate on the real measurement
-                    screen.observe(sims.pop(number), result)
-                _finish(spec, study, trial, flags, result, tracker, outcome, backend, on_result)
-                if result.quarantined_gpus:
-                    progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
-                                  f"GPUs {', '.join(result.quarantined_gpus)} quarantined")
-                progress.show(outcome, len(inflight), force=True)
-                stop.check()
-        if spec.budget.confirm_top > 0 and pool.total_gpus > 0:
-            _confirm_top(spec, study, pool, tracker, outcome, backend, runs_dir, progress, stop, serve_help)
-    except KeyboardInterrupt:
-        status = "KILLED"
-        killed = pool.cancel_all()
-        # Every RUNNING trial is this driver's (it is the only writer), including one asked a
-        # moment before the signal and not yet tracked in ``inflight``: fail them all.
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        progress.note(f"\nservetune: interrupted; {len(killed)} running trials stopped, "
-                      f"{outcome.trials_done} finished trials kept (resume with --resume)")
+            self._collect()
+
+    def _propose_while_room(self) -> None:
+        """Ask for trials while the budget and ``budget.parallel`` leave room; a refused or
+        screened proposal is told at once (no GPU time spent), the others wait for GPUs."""
+        spec, outcome, queued, inflight = self.spec, self.outcome, self.queued, self.inflight
+        while (outcome.trials_done + len(inflight) + len(queued) < spec.budget.trials
+               and len(inflight) + len(queued) < spec.budget.parallel):
+            proposal = _propose_with_retry(spec, self.study, self.pool.total_gpus, self.backend,
+                                           {*inflight, *(t.number for t, _, _ in queued)})
+            trial, flags, need = proposal.trial, proposal.flags, proposal.gpus
+            if proposal.refused is not None:  # invalid or predicted to fail: no GPU time spent
+                self.tell_and_record(trial, flags, proposal.refused,
+                                     prediction=None if proposal.plan is None else Prediction.from_plan(proposal.plan))
+                continue
+            screened = self._screen_on_sim(proposal)
+            if screened is not None:  # the calibrated simulator rules it out: no GPU time spent
+                self.tell_and_record(trial, flags, screened[0], screen=screened[1])
+                continue
+            queued.append((trial, flags, need))
+
+    def _submit_what_fits(self) -> None:
+        while self.queued and self.queued[0][2] <= self.pool.free_gpus:  # first come, first served
+            trial, flags, need = self.queued.pop(0)
+            task = _trial_task(self.spec, flags, self.runs_dir / "trials" / self.spec.name / f"{trial.number:04d}",
+                               self.serve_help, early_stop=_early_stop_rule(self.spec, self.outcome, self.backend))
+            self.pool.submit(trial.number, task, self.backend, gpus=need)
+            self.inflight[trial.number] = (trial, flags)
+
+    def _fail_what_no_longer_fits(self) -> None:
+        # A quarantined slot shrinks the pool: a queued trial that can no longer fit ends as an
+        # infrastructure failure (told FAIL, not a bad configuration) instead of waiting forever.
+        pool = self.pool
+        while self.queued and self.queued[0][2] > pool.total_gpus:
+            trial, flags, need = self.queued.pop(0)
+            # The machine's fault, not the flags': told FAIL (never learnt as infeasible).
+            result = TrialResult(status=TrialStatus.INFRA_ERROR, infrastructure="gpu_unusable", backend=self.backend,
+                                 cause=f"infrastructure failure: needs {need} GPUs; {pool.total_gpus} healthy "
+                                       f"GPUs left after quarantine of {', '.join(pool.quarantined) or 'none'}")
+            self.tell_and_record(trial, flags, result)
+
+    def _collect(self) -> None:
+        """Wait briefly for finished trials and tell each; show the pool's infrastructure notes."""
+        pool, progress = self.pool, self.progress
+        progress.show(self.outcome, len(self.inflight))
+        results = pool.wait(timeout_s=0.5)
+        for line in pool.infra_notes[self.infra_seen:]:  # the pool re-runs these itself (bounded)
+            progress.note(f"servetune: infrastructure failure, re-run elsewhere when possible: trial #{line}")
+        self.infra_seen = len(pool.infra_notes)
+        for note in pool.quarantine_notes[self.quarantine_seen:]:
+            if "infrastructure failures" in note:  # (memory left behind is reported with its trial below)
+                progress.note(f"servetune: slot quarantined: {note}")
+        self.quarantine_seen = len(pool.quarantine_notes)
+        for number, result in results:
+            trial, flags = self.inflight.pop(number)
+            if self.screen is not None and number in self.sims:  # recalibrate on the real measurement
+                self.screen.observe(self.sims.pop(number), result)
+            self.tell_and_record(trial, flags, result)
+            if result.quarantined_gpus:
+                progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
+                              f"GPUs {', '.join(result.quarantined_gpus)} quarantined")
+            progress.show(self.outcome, len(self.inflight), force=True)
+            self.stop.check()
+
+    def _screen_on_sim(self, proposal: Proposal) -> tuple[TrialResult, Screen] | None:
+        """Multi-fidelity (:mod:`servetune.search.screen`): ``(pruned result, the screen's verdict)``
+        when the calibrated simulator rules the proposal out, else None (its simulated twin kept in
+        ``sims`` to recalibrate on the real result)."""
+        best = (self.outcome.best_metrics or {}).get("output_throughput")
+        screened = sim_screen(self.spec, self.screen, proposal, best, self.backend)
+        if screened is None:
+            return None
+        refusal, sim = screened
+        if refusal is None:
+            self.sims[proposal.trial.number] = sim
+            return None
+        figures = fidelity.prediction_attrs(sim)
+        return refusal, Screen(refusal.cause or "", figures["output_throughput"], figures["preemptions"])
+
+    # -- telling and recording ----------------------------------------------------------------
+
+    def tell_and_record(self, trial: optuna.trial.Trial, flags: dict[str, Any], result: TrialResult, *,
+                        prediction: Prediction | None = None, screen: Screen | None = None) -> None:
+        """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the record."""
+        objective = retry_call(lambda: tell(self.spec, self.study, trial, result), what=f"tell trial #{trial.number}")
+        self._write(self._record(trial.number, flags, result, objective[0], origin=warmstart.origin_of(trial.user_attrs),
+                                 prediction=prediction, screen=screen))
+        _count(self.outcome, result.status, result.preemptions or 0)
+        self.outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
+        _update_best(self.study, self.outcome)
+        if self.on_result is not None:
+            self.on_result(trial.number, flags, result)
+
+    def _record(self, number: int, flags: Mapping[str, Any], result: TrialResult, objective: float,
+                **kind: Any) -> TrialRecord:
+        spec = self.spec
+        return TrialRecord(spec.name, number, dict(flags), result, objective, gpu_type=spec.gpu.type,
+                           model=spec.model_ref, backend=self.backend, vllm_version=spec.vllm_version, **kind)
+
+    def _write(self, record: TrialRecord, *, workload: Workload | None = None, mlflow: bool = True,
+               rows: bool = True) -> None:
+        """One told trial to MLflow (a child run) and the Parquet dataset."""
+        spec = self.spec
+        if mlflow:
+            # A real trial's folder (its /metrics dumps, gauges, `vllm bench serve` output) goes along
+            # under files/; the server log is already the run's engine.log.
+            trial_dir = Path(spec.output.runs_dir) / "trials" / spec.name / record.trial_dir_name
+            repeat = record.repeat
+            self.tracker.log_trial(
+                record.number, record.flags, record.result, record.mlflow_tags(),
+                workload=(workload or spec.workload).to_dict(),
+                artifacts_dir=trial_dir if record.run_backend == "vllm" and trial_dir.is_dir() else None,
+                role="trial" if repeat is None else "repeat",
+                run_name=None if repeat is None else f"trial-{record.number:03d}-repeat-{repeat}")
+        if rows:
+            dataset.append_trials(Path(spec.output.dataset_dir), [record.dataset_row()])
+
+    def _reconcile(self) -> int:
+        """Trials told to Optuna whose MLflow run or dataset row a killed driver never wrote.
+
+        Optuna is told first (see :meth:`tell_and_record`), so after a SIGKILL it may hold a trial
+        that MLflow or the dataset lack; they are written now from what Optuna stored (status,
+        cause, flags, metrics), tagged ``servetune.reconciled``, so the three agree. Returns how
+        many were written.
+        """
+        spec, study = self.spec, self.study
+        told = [*study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
+                *_infra_failed_trials(study)]
+        if not told:
+            return 0
+        in_mlflow = self.tracker.recorded_trial_numbers()
+        df = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
+        in_rows = {int(n) for n in df["trial_number"]} if not df.empty else set()
+        written = 0
+        for t in told:
+            if t.number in in_mlflow and t.number in in_rows:
+                continue
+            stored = StoredTrial.of(t)
+            record = self._record(t.number, stored.flags, stored.result(self.backend, spec.vllm_version),
+                                  (t.values or [0.0])[0], reconciled=True)
+            self._write(record, mlflow=t.number not in in_mlflow, rows=t.number not in in_rows)
+            written += 1
+        return written
+
+    def _confirm_top(self) -> None:
+        """Re-run the top ``budget.confirm_top`` feasible configurations ``budget.confirm_repeats``
+        times each (another workload and engine seed per repeat; :mod:`servetune.search.confirm`), record
+        each repeat (MLflow ``servetune.role=repeat``, a dataset row with ``repeat``), and choose the
+        winner on the confirmed means. The repeats are not Optuna trials: the choice is stored as the
+        study's user attr ``confirmation``, which :func:`best_trial` honours."""
+        spec, study, pool, outcome, progress = self.spec, self.study, self.pool, self.outcome, self.progress
+        sign = 1.0 if spec.objective.directions[0] == "maximize" else -1.0
+        feasible = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                    if t.constraints and all(c <= 0 for c in t.constraints.values()) and t.values]
+        feasible.sort(key=lambda t: -sign * t.values[0])
+        top: list[optuna.trial.FrozenTrial] = []
+        for t in feasible:
+            if all(StoredTrial.of(t).flags != StoredTrial.of(o).flags for o in top):
+                top.append(t)
+            if len(top) == spec.budget.confirm_top:
+                break
+        if not top:
+            return
+        runs: dict[int, list[tuple[float, bool]]] = {t.number: [(t.values[0], True)] for t in top}
+        todo = [(t, k) for k in range(1, spec.budget.confirm_repeats + 1) for t in top]
+        progress.note(f"servetune: confirming the top {len(top)} configurations (trials "
+                      f"{', '.join(f'#{t.number}' for t in top)}), {spec.budget.confirm_repeats} repeats each")
+        inflight: dict[int, tuple[optuna.trial.FrozenTrial, int, Workload]] = {}
+        key = 1_000_000  # pool keys of repeats, apart from trial numbers
+        while todo or inflight:
+            self.stop.check()
+            while todo:
+                t, k = todo[0]
+                flags = StoredTrial.of(t).flags
+                need = gpus_needed(flags)
+                if need > pool.free_gpus:
+                    break
+                todo.pop(0)
+                workload = dataclasses.replace(spec.workload, seed=spec.workload.seed + k)
+                task = _trial_task(spec, flags, self.runs_dir / "trials" / spec.name / f"{t.number:04d}-repeat-{k}",
+                                   self.serve_help, workload=workload, seed=spec.seed + k, repeat=k)
+                key += 1
+                pool.submit(key, task, self.backend, gpus=need)
+                inflight[key] = (t, k, workload)
+            if not inflight:  # nothing fits any more (quarantined GPUs): confirm on what was measured
+                break
+            for done_key, result in pool.wait(timeout_s=0.5):
+                t, k, workload = inflight.pop(done_key)
+                if result.status.is_infrastructure:  # the machine failed, not the flags: not a sample
+                    progress.note(f"servetune: repeat {k} of trial #{t.number} lost to an infrastructure failure: "
+                                  f"{result.cause}")
+                    continue
+                value = objective_values(spec, result)[0]
+                ok = all(v <= 0 for v in constraint_values(spec, result).values())
+                runs[t.number].append((value, ok))
+                self._write(self._record(t.number, StoredTrial.of(t).flags, result, value,
+                                         origin="repeat", repeat=k), workload=workload)
+        choice = confirm.choose([confirm.confirm(t.number, StoredTrial.of(t).flags,
+                                                 [v for v, _ in runs[t.number]], [f for _, f in runs[t.number]])
+                                 for t in top], spec.objective.directions[0])
+        summary = choice.to_dict()
+        retry_call(lambda: study.set_user_attr("confirmation", summary), what="store the confirmation")
+        outcome.confirmation = summary
+        _update_best(study, outcome)
+        for c in choice.ranked:
+            ci = "" if not math.isfinite(c.half_width) else f" +- {c.half_width:,.0f} (95% CI)"
+            progress.note(f"servetune: confirmed trial #{c.trial_number}: {c.mean:,.0f}{ci} over {c.n} runs, "
+                          f"feasible in {sum(c.feasible)}/{c.n}")
+        if choice.winner is not None:
+            progress.note(f"servetune: winner on confirmed figures: trial #{choice.winner.trial_number}"
+                          + ("" if choice.overlap is None else
+                             "; the top two intervals overlap (the data do not separate them)" if choice.overlap
+                             else "; the top two intervals do not overlap"))
+
+
+def remeasure(spec: StudySpec, flags: Mapping[str, Any], seeds: Sequence[int],
+              backend: str | None = None) -> list[TrialResult]:
+    """``flags`` measured again once per engine seed (the workload keeps its own seed), on the
+    Ray pool with the same task settings as the study's trials (:func:`_trial_task`); the
+    results in seed order, an infrastructure failure or a flag set no slot fits left out.
+    Not Optuna trials and not recorded: the nightly job's noise estimate."""
+    backend = backend or resolve_backend(spec.backend)
+    runs_dir = Path(spec.output.runs_dir)
+    serve_help = read_serve_help(envs.serve_command()) if backend == "vllm" else None
+    need = gpus_needed(flags)
+    pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+    todo = list(enumerate(seeds, start=1))
+    inflight: set[int] = set()
+    done: dict[int, TrialResult] = {}
+    try:
+        while todo or inflight:
+            while todo and need <= pool.free_gpus:
+                k, seed = todo.pop(0)
+                pool.submit(k, _trial_task(spec, dict(flags), runs_dir / "trials" / spec.name / f"remeasure-{k}",
+                                           serve_help, seed=seed), backend, gpus=need)
+                inflight.add(k)
+            if not inflight:  # nothing fits any more (quarantined GPUs)
+                break
+            for k, result in pool.wait(timeout_s=0.5):
+                inflight.discard(k)
+                if not result.status.is_infrastructure:
+                    done[k] = result
     finally:
         pool.close()
-        stop.restore()
-        outcome.wall_s = time.monotonic() - started
-        progress.show(outcome, 0, force=True)
-        if out.isatty():
-            out.write("\n")
-        _finish_study(spec, study, tracker, outcome, status)
-    return outcome
-
-
-def _confirm_top(spec: StudySpec, study: optuna.Study, pool: TrialPool, tracker: StudyTracker,
-                 outcome: StudyOutcome, backend: str, runs_dir: Path, progress: _Progress, stop: _StopRequest,
-                 serve_help: str | None = None) -> None:
-    """Re-run the top ``budget.confirm_top`` feasible configurations ``budget.confirm_repeats``
-    times each (another workload and engine seed per repeat; :mod:`servetune.confirm`), record
-    each repeat (MLflow ``servetune.role=repeat``, a dataset row with ``repeat``), and choose the
-    winner on the confirmed means. The repeats are not Optuna trials: the choice is stored as the
-    study's user attr ``confirmation``, which :func:`best_trial` honours."""
-    sign = 1.0 if spec.objective.directions[0] == "maximize" else -1.0
-    feasible = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if t.constraints and all(c <= 0 for c in t.constraints.values()) and t.values]
-    feasible.sort(key=lambda t: -sign * t.values[0])
-    top: list[optuna.trial.FrozenTrial] = []
-    for t in feasible:
-        if all(t.user_attrs.get("flags", t.params) != o.user_attrs.get("flags", o.params) for o in top):
-            top.append(t)
-        if len(top) == spec.budget.confirm_top:
-            break
-    if not top:
-        return
-    runs: dict[int, list[tuple[float, bool]]] = {t.number: [(t.values[0], True)] for t in top}
-    todo = [(t, k) for k in range(1, spec.budget.confirm_repeats + 1) for t in top]
-    progress.note(f"servetune: confirming the top {len(top)} configurations (trials "
-                  f"{', '.join(f'#{t.number}' for t in top)}), {spec.budget.confirm_repeats} repeats each")
-    inflight: dict[int, tuple[optuna.trial.FrozenTrial, int, Workload]] = {}
-    key = 1_000_000  # pool keys of repeats, apart from trial numbers
-    while todo or inflight:
-        stop.check()
-        while todo:
-            t, k = todo[0]
-            flags = dict(t.user_attrs.get("flags", t.params))
-            need = gpus_needed(flags)
-            if need > pool.free_gpus:
-                break
-            todo.pop(0)
-            workload = dataclasses.replace(spec.workload, seed=spec.workload.seed + k)
-            task = _trial_task(spec, flags, runs_dir / "trials" / spec.name / f"{t.number:04d}-repeat-{k}",
-                               serve_help, workload=workload, seed=spec.seed + k, repeat=k)
-            key += 1
-            pool.submit(key, task, backend, gpus=need)
-            inflight[key] = (t, k, workload)
-        if not inflight:  # nothing fits any more (quarantined GPUs): confirm on what was measured
-            break
-        for done_key, result in pool.wait(timeout_s=0.5):
-            t, k, workload = inflight.pop(done_key)
-            if result.status.is_infrastructure:  # the machine failed, not the flags: not a sample
-                progress.note(f"servetune: repeat {k} of trial #{t.number} lost to an infrastructure failure: "
-                              f"{result.cause}")
-                continue
-            value = objective_values(spec, result)[0]
-            ok = all(v <= 0 for v in constraint_values(spec, result).values())
-            runs[t.number].append((value, ok))
-            _record(spec, t.number, dict(t.user_attrs.get("flags", t.params)), result, value, tracker, backend,
-                    extra_tags={"servetune.origin": "repeat", "servetune.repeat": str(k)}, repeat=k,
-                    workload=workload)
-    choice = confirm.choose([confirm.confirm(t.number, t.user_attrs.get("flags", t.params),
-                                             [v for v, _ in runs[t.number]], [f for _, f in runs[t.number]])
-                             for t in top], spec.objective.directions[0])
-    summary = choice.to_dict()
-    retry_call(lambda: study.set_user_attr("confirmation", summary), what="store the confirmation")
-    outcome.confirmation = summary
-    _update_best(study, outcome)
-    for c in choice.ranked:
-        ci = "" if not math.isfinite(c.half_width) else f" +- {c.half_width:,.0f} (95% CI)"
-        progress.note(f"servetune: confirmed trial #{c.trial_number}: {c.mean:,.0f}{ci} over {c.n} runs, "
-                      f"feasible in {sum(c.feasible)}/{c.n}")
-    if choice.winner is not None:
-        progress.note(f"servetune: winner on confirmed figures: trial #{choice.winner.trial_number}"
-                      + ("" if choice.overlap is None else
-                         "; the top two intervals overlap (the data do not separate them)" if choice.overlap
-                         else "; the top two intervals do not overlap"))
+    return [done[k] for k in sorted(done)]
 
 
 def _enqueue_warm_and_baseline(spec: StudySpec, study: optuna.Study
                                ) -> tuple[list[WarmStart], dict[str, Any] | None]:
     """Warm starts from earlier studies in the dataset, then the baseline trial
-    (:mod:`servetune.warmstart`); enqueued after the informed starts, so those run first."""
+    (:mod:`servetune.search.warmstart`); enqueued after the informed starts, so those run first."""
     return warmstart.enqueue_warm_starts(spec, study), warmstart.enqueue_baseline(spec, study)
-
-
-def _screen_on_sim(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, outcome: StudyOutcome,
-                   backend: str, sims: dict[int, TrialResult]) -> tuple[TrialResult, dict[str, str]] | None:
-    """Multi-fidelity (:mod:`servetune.fidelity`): ``(pruned result, MLflow tags)`` when the
-    calibrated simulator rules the proposal out, else None (its simulated twin kept in ``sims``
-    to recalibrate on the real result)."""
-    best = (outcome.best_metrics or {}).get("output_throughput")
-    screened = sim_screen(spec, screen, proposal, best, backend)
-    if screened is None:
-        return None
-    refusal, sim = screened
-    if refusal is None:
-        sims[proposal.trial.number] = sim
-        return None
-    return refusal, fidelity.prediction_tags(refusal, fidelity.prediction_attrs(sim))
 
 
 def _recalibrate(spec: StudySpec, screen: SimScreen, told: list[optuna.trial.FrozenTrial], backend: str) -> None:
     """A resumed study's screen starts from the trials it already measured (not the refused ones)."""
     measured = []
     for t in told:
-        status = t.user_attrs.get("status", "ok")
-        if t.state != optuna.trial.TrialState.COMPLETE or status in (TrialStatus.PRUNED.value, TrialStatus.INVALID_CONFIG.value):
+        stored = StoredTrial.of(t)
+        if t.state != optuna.trial.TrialState.COMPLETE or stored.status in (TrialStatus.PRUNED.value,
+                                                                            TrialStatus.INVALID_CONFIG.value):
             continue
-        result = TrialResult.from_metrics(status, t.user_attrs.get("cause") or None, t.user_attrs.get("metrics", {}),
-                                          backend=backend, vllm_version=spec.vllm_version)
-        result.early_stopped = t.user_attrs.get("early_stopped")
-        measured.append((dict(t.user_attrs.get("flags", t.params)), result))
+        measured.append((stored.flags, stored.result(backend, spec.vllm_version)))
     fidelity.recalibrate(screen, spec, measured)
 
 
 def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> EarlyStop | None:
     """The early-stop rule handed to the next real trial: the preemption constraint and the best
-    feasible throughput so far (:mod:`servetune.early_stop`). Only the vllm backend measures over
+    feasible throughput so far (:mod:`servetune.engines.early_stop`). Only the vllm backend measures over
     time; the sim and replay backends answer at once."""
     if backend != "vllm":
         return None
     best = (outcome.best_metrics or {}).get("output_throughput")
-    return early_stop.rule_for(spec, best)
+    return early_stop_rule(spec, best)
 
 
 def _trial_task(spec: StudySpec, flags: dict[str, Any], log_dir: Path, serve_help: str | None,
@@ -555,7 +711,8 @@ class _StopRequest:
 
 def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        _count(outcome, TrialStatus(t.user_attrs.get("status", "ok")), int(t.user_attrs.get("preemptions", 0) or 0))
+        stored = StoredTrial.of(t)
+        _count(outcome, TrialStatus(stored.status), stored.preemptions)
     for t in _infra_failed_trials(study):  # told FAIL, but finished and recorded: they count
         _count(outcome, TrialStatus.INFRA_ERROR, 0)
     _update_best(study, outcome)
@@ -564,7 +721,7 @@ def _count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:
 def _infra_failed_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """Trials told FAIL because infrastructure spoiled every attempt (not the killed ones)."""
     return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-            if t.user_attrs.get("status") == TrialStatus.INFRA_ERROR.value]
+            if StoredTrial.of(t).status == TrialStatus.INFRA_ERROR.value]
 
 
 def _count(outcome: StudyOutcome, status: TrialStatus, preemptions: int) -> None:
@@ -588,98 +745,8 @@ def _update_best(study: optuna.Study, outcome: StudyOutcome) -> None:
     best = best_trial(study)
     if best is not None:
         outcome.best_number = best.number
-        outcome.best_flags = dict(best.user_attrs.get("flags", best.params))
-        outcome.best_metrics = dict(best.user_attrs.get("metrics", {}))
-
-
-def _finish(
-    spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, flags: dict[str, Any], result: TrialResult,
-    tracker: StudyTracker, outcome: StudyOutcome, backend: str,
-    on_result: Callable[[int, dict[str, Any], TrialResult], None] | None, *,
-    prediction: MemoryPlan | None = None, extra_tags: Mapping[str, str] | None = None,
-) -> None:
-    """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the record.
-
-    ``prediction`` is the planner's verdict of a pruned trial: its tags go to MLflow and its
-    predicted failure to the dataset (``predicted_failure``).
-    """
-    objective = retry_call(lambda: tell(spec, study, trial, result), what=f"tell trial #{trial.number}")
-    origin = warmstart.origin_of(trial.user_attrs)
-    _record(spec, trial.number, flags, result, objective[0], tracker, backend, prediction=prediction,
-            extra_tags={"servetune.origin": origin, **(extra_tags or {})})
-    _count(outcome, result.status, result.preemptions or 0)
-    outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
-    _update_best(study, outcome)
-    if on_result is not None:
-        on_result(trial.number, flags, result)
-
-
-def _record(spec: StudySpec, number: int, flags: dict[str, Any], result: TrialResult, objective: float,
-            tracker: StudyTracker, backend: str, *, prediction: MemoryPlan | None = None,
-            mlflow: bool = True, rows: bool = True, extra_tags: Mapping[str, str] | None = None,
-            repeat: int | None = None, workload: Workload | None = None) -> None:
-    """Write one told trial to MLflow (a child run) and the Parquet dataset."""
-    tags = {"gpu_type": spec.gpu.type, "model": spec.model_ref, "backend": result.backend or backend,
-            "vllm_version": result.vllm_version or spec.vllm_version, "optuna.trial_number": str(number),
-            "servetune.study": spec.name, **(extra_tags or {})}
-    extra: dict[str, Any] = {"backend": result.backend or backend,
-                             "vllm_version": result.vllm_version or spec.vllm_version, "objective": objective}
-    if result.infra_attempts:  # the machine failed this flag set before (the lines are in the evidence)
-        tags["servetune.infra_attempts"] = str(len(result.infra_attempts))
-    if result.status is TrialStatus.PRUNED and prediction is not None:
-        tags.update(prediction_tags(prediction))
-        extra["predicted_failure"] = tags["servetune.predicted_failure"]
-    if "servetune.origin" in tags:
-        extra["origin"] = tags["servetune.origin"]
-    if "servetune.sim_screen" in tags:  # a multi-fidelity screen: the simulated figures it rests on
-        extra["sim_screen"] = tags["servetune.sim_screen"]
-        extra["predicted_output_throughput"] = float(tags["servetune.predicted_output_throughput"])
-        extra["predicted_preemptions"] = float(tags["servetune.predicted_preemptions"])
-    if result.early_stopped:
-        tags["servetune.early_stopped"] = result.early_stopped[:250]
-        extra["early_stopped"] = result.early_stopped
-    if repeat is not None:  # a confirmation re-run of trial ``number``'s flags
-        extra["repeat"] = repeat
-    if mlflow:
-        # A real trial's folder (its /metrics dumps, gauges, `vllm bench serve` output) goes along
-        # under files/; the server log is already the run's engine.log.
-        trial_dir = Path(spec.output.runs_dir) / "trials" / spec.name / (
-            f"{number:04d}" if repeat is None else f"{number:04d}-repeat-{repeat}")
-        tracker.log_trial(number, flags, result, tags, workload=(workload or spec.workload).to_dict(),
-                          artifacts_dir=trial_dir if (result.backend or backend) == "vllm" and trial_dir.is_dir() else None,
-                          role="trial" if repeat is None else "repeat",
-                          run_name=None if repeat is None else f"trial-{number:03d}-repeat-{repeat}")
-    if rows:
-        row = dataset.trial_row(spec.name, number, flags, result, spec.gpu.type, spec.model_ref, extra)
-        dataset.append_trials(Path(spec.output.dataset_dir), [row])
-
-
-def _reconcile(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, backend: str) -> int:
-    """Trials told to Optuna whose MLflow run or dataset row a killed driver never wrote.
-
-    Optuna is told first (see :func:`_finish`), so after a SIGKILL it may hold a trial that MLflow
-    or the dataset lack; they are written now from what Optuna stored (status, cause, flags,
-    metrics), tagged ``servetune.reconciled``, so the three agree. Returns how many were written.
-    """
-    told = [*study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
-            *_infra_failed_trials(study)]
-    if not told:
-        return 0
-    in_mlflow = tracker.recorded_trial_numbers()
-    df = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
-    in_rows = {int(n) for n in df["trial_number"]} if not df.empty else set()
-    written = 0
-    for t in told:
-        if t.number in in_mlflow and t.number in in_rows:
-            continue
-        result = TrialResult.from_metrics(t.user_attrs.get("status", "ok"), t.user_attrs.get("cause") or None,
-                                          t.user_attrs.get("metrics", {}), backend=backend,
-                                          vllm_version=spec.vllm_version)
-        _record(spec, t.number, dict(t.user_attrs.get("flags", t.params)), result, (t.values or [0.0])[0],
-                tracker, backend, mlflow=t.number not in in_mlflow, rows=t.number not in in_rows,
-                extra_tags={"servetune.reconciled": "true"})
-        written += 1
-    return written
+        stored = StoredTrial.of(best)
+        outcome.best_flags, outcome.best_metrics = stored.flags, stored.metrics
 
 
 def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, outcome: StudyOutcome,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from _manifests import containers, everything, kustomization
 
-from servetune.memory import DEFAULT_VLLM_VERSION
+from servetune.planner.memory import DEFAULT_VLLM_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "infra" / "docker"

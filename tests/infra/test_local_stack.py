@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from servetune.cluster import accelerator_resource
+from servetune.cluster.pool import accelerator_resource
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = REPO / "infra" / "local" / "stack.sh"

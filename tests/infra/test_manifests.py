@@ -26,9 +26,9 @@ import yaml
 from _manifests import (K8S, REPO, Manifest, containers, crd_schema, everything, kustomization, load_docs, one,
                         pod_specs, rendered, strict, templates)
 
-from servetune.cluster import accelerator_resource
+from servetune.cluster.pool import accelerator_resource
 from servetune.nightly import expand_matrix, load_matrix
-from servetune.spec import load_spec
+from servetune.spec.schema import load_spec
 
 #: The Kubernetes minor the manifests target (CronJob.spec.timeZone is GA from 1.27).
 K8S_VERSION = "1.31"

@@ -8,9 +8,9 @@ import types
 import pytest
 
 from servetune.errors import SpecError
-from servetune.gpus import get_gpu
-from servetune.memory import resolve_engine_config
-from servetune.modelinfo import load_model
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import resolve_engine_config
+from servetune.planner.modelinfo import load_model
 from servetune.sim.perf import GPU_CALIBRATION, Calibration, PerfModel, calibration_for, wave_fill
 
 LLAMA8B = load_model("llama-3.1-8b")

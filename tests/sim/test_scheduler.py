@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from servetune.gpus import get_gpu
-from servetune.memory import EngineConfig, resolve_engine_config
-from servetune.modelinfo import load_model
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import EngineConfig, resolve_engine_config
+from servetune.planner.modelinfo import load_model
 from servetune.sim.engine import SimScheduler, simulate
 from servetune.workload import Workload
 

@@ -24,11 +24,11 @@ from typing import Any
 
 import pytest
 
-from servetune.gpus import get_gpu
-from servetune.loadgen import run_workload
-from servetune.memory import plan_memory, resolve_engine_config
-from servetune.metrics import counter, gauge, labels_of, parse_prometheus
-from servetune.modelinfo import load_model
+from servetune.planner.gpus import get_gpu
+from servetune.engines.vllm.loadgen import run_workload
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.engines.vllm.metrics import counter, gauge, labels_of, parse_prometheus
+from servetune.planner.modelinfo import load_model
 from servetune.sim.vllm_log import KV_TOKENS_RE, LOG_LINE_RE
 from servetune.workload import Workload
 

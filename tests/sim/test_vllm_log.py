@@ -2,7 +2,7 @@
 
 The real logs are vLLM 0.26.0 on an H200 with the test model (tests/fixtures/real_h200 and
 /work/shared/gpu/examples/server1.log); the figures in them are compared line for line with what
-the stand-in prints for the same flags, via the real planner (servetune.memory.plan_memory).
+the stand-in prints for the same flags, via the real planner (servetune.planner.memory.plan_memory).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from servetune.gpus import get_gpu
-from servetune.memory import plan_memory, resolve_engine_config
-from servetune.modelinfo import load_model
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.modelinfo import load_model
 from servetune.sim import vllm_log
 from servetune.sim.vllm_log import (AVAILABLE_KV_RE, FREE_MEMORY_RE, INIT_ENGINE_RE, KV_TOKENS_RE, LOG_LINE_RE,
                                     MAX_CONCURRENCY_RE, MODEL_LOADING_RE, STATS_RE, LogRecord, format_record,

@@ -10,7 +10,7 @@ everything on a real host reads the same device:
   own "Free memory on device ... is less than desired GPU memory utilization";
 - ``python -m servetune.sim.devices --query-gpu=index,memory.used --format=csv,noheader,nounits``
   answers as ``nvidia-smi`` does (a test puts a ``nvidia-smi`` shim running it on ``PATH``), so
-  the launcher's pre-launch reading (:func:`servetune.vllm_engine.gpu_memory_used_mib`) sees it.
+  the launcher's pre-launch reading (:func:`servetune.engines.vllm.engine.gpu_memory_used_mib`) sees it.
 
 Nothing here says "this is an infrastructure failure": servetune has to infer it from the log
 and the reading, as it must on a real host.

@@ -1,7 +1,7 @@
 """The simulated vLLM V1 engine: the real scheduler's decisions, in virtual time.
 
 Contract (shared with the real engine): :func:`simulate` takes a model, a GPU, a resolved
-:class:`~servetune.memory.EngineConfig` and a :class:`~servetune.workload.Workload` and returns a
+:class:`~servetune.planner.memory.EngineConfig` and a :class:`~servetune.workload.Workload` and returns a
 :class:`~servetune.result.TrialResult` with ``backend="sim"``. A configuration that cannot start
 returns the memory plan's failure status and vLLM's own error text, without running anything.
 
@@ -31,9 +31,9 @@ returns the memory plan's failure status and vLLM's own error text, without runn
 Step durations come from :class:`servetune.sim.perf.PerfModel`.
 
 Example:
-    >>> from servetune.gpus import get_gpu
-    >>> from servetune.memory import resolve_engine_config
-    >>> from servetune.modelinfo import load_model
+    >>> from servetune.planner.gpus import get_gpu
+    >>> from servetune.planner.memory import resolve_engine_config
+    >>> from servetune.planner.modelinfo import load_model
     >>> from servetune.workload import Workload
     >>> model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
     >>> config = resolve_engine_config({"gpu_memory_utilization": 0.5, "max_num_seqs": 64}, model, gpu)
@@ -51,13 +51,15 @@ import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from servetune.planner.memory import plan_memory
 from servetune.result import RequestRecord, TrialResult, TrialStatus, summarize
 from servetune.sim.perf import PerfModel
+from servetune.vllm_version import version_tuple
 
 if TYPE_CHECKING:
-    from servetune.gpus import GpuSpec
-    from servetune.memory import EngineConfig, MemoryPlan
-    from servetune.modelinfo import ModelProfile
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.memory import EngineConfig, MemoryPlan
+    from servetune.planner.modelinfo import ModelProfile
     from servetune.workload import Workload
 
 __all__ = ["StepResult", "RequestState", "SimScheduler", "simulate"]
@@ -201,14 +203,6 @@ class _BlockPool:
         state[0] += 1
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
-
-
 class SimScheduler:
     """One vLLM V1 engine core in virtual time (see the module docstring for the rules).
 
@@ -233,7 +227,7 @@ class SimScheduler:
         self.long_prefill_threshold = config.long_prefill_token_threshold or 0
         self.chunked_prefill = config.enable_chunked_prefill
         self.prefix_caching = config.enable_prefix_caching
-        self.reserve_full_isl = _version_tuple(config.vllm_version) >= (0, 19)
+        self.reserve_full_isl = (version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 19)
         self.pool = _BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching)
         self.now_s = 0.0
         self.num_preemptions = 0
@@ -627,9 +621,9 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
     last completion. Deterministic: the same inputs give the same result.
 
     Example:
-        >>> from servetune.gpus import get_gpu
-        >>> from servetune.memory import resolve_engine_config
-        >>> from servetune.modelinfo import load_model
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.memory import resolve_engine_config
+        >>> from servetune.planner.modelinfo import load_model
         >>> from servetune.workload import Workload
         >>> model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
         >>> cfg = resolve_engine_config({"max_num_seqs": 32}, model, gpu)
@@ -638,8 +632,6 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         64
     """
     if plan is None:
-        from servetune.memory import plan_memory
-
         plan = plan_memory(model, gpu, config)
     base = dict(backend="sim", vllm_version=config.vllm_version, memory=plan.memory,
                 kv_cache_tokens=plan.kv_cache_tokens, num_gpu_blocks=plan.num_gpu_blocks,

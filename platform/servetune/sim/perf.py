@@ -67,9 +67,9 @@ from typing import TYPE_CHECKING
 from servetune.errors import SpecError, did_you_mean
 
 if TYPE_CHECKING:
-    from servetune.gpus import GpuSpec
-    from servetune.memory import EngineConfig
-    from servetune.modelinfo import ModelProfile
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.memory import EngineConfig
+    from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "calibration_for", "wave_fill"]
 

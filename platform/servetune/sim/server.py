@@ -7,7 +7,7 @@ Contract: ``python -m servetune.sim.server MODEL [vLLM serve flags]`` behaves li
   ``--cudagraph-capture-sizes 1 2 4``, ``--config file.yaml`` with CLI > file, underscores accepted)
   and an unknown argument ends in argparse's ``vllm serve: error: unrecognized arguments`` (exit 2);
 * stdout carries vLLM 0.26's startup log (:mod:`servetune.sim.vllm_log`) with the planner's figures
-  (:func:`servetune.memory.plan_memory`), then the periodic ``Engine 000:`` stats line every 10 s
+  (:func:`servetune.planner.memory.plan_memory`), then the periodic ``Engine 000:`` stats line every 10 s
   of virtual time; a startup the planner predicts to fail prints vLLM's traceback and exits 1;
 * the HTTP socket listens only once "startup" is done (``GET /health`` -> 200 means ready, as in
   vLLM); ``/v1/models``, ``/v1/completions`` (streaming SSE or not, token-id or text prompts),
@@ -60,8 +60,13 @@ import yaml
 from aiohttp import web
 
 from servetune.errors import SpecError
-from servetune.flags import FLAGS, validate_flag
+from servetune.planner.flags import FLAGS, validate_flag
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory
+from servetune.planner.modelinfo import load_model
+from servetune.planner.target import resolve_target
 from servetune.sim import devices, vllm_log
+from servetune.sim.engine import SimScheduler
 from servetune.sim.vllm_log import LogRecord
 
 __all__ = ["build_parser", "parse_args", "given_flags", "SimServer", "main"]
@@ -376,16 +381,13 @@ class SimServer:
     # -- setup ----------------------------------------------------------------------------------
 
     def _resolve(self) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        from servetune import gpus, memory, modelinfo
-
-        model = modelinfo.load_model(self.model_ref)
-        gpu = gpus.get_gpu(self.ns.sim_gpu)
+        model = load_model(self.model_ref)
+        gpu = get_gpu(self.ns.sim_gpu)
         flags = given_flags(self.ns)
         checked = {name: validate_flag(name, value, f"--{name.replace('_', '-')}") for name, value in flags.items()}
-        version = self.ns.sim_vllm_version or memory.DEFAULT_VLLM_VERSION
-        config = memory.resolve_engine_config(checked, model, gpu, version)
-        plan = memory.plan_memory(model, gpu, config)
-        return model, gpu, config, plan, flags
+        target = resolve_target(model, gpu, checked, self.ns.sim_vllm_version)
+        plan = plan_memory(target.model, target.gpu, target.config)
+        return target.model, target.gpu, target.config, plan, flags
 
     def _bind(self) -> socket.socket:
         """Reserve the port early, as vLLM does (bind now, listen once the engine is up)."""
@@ -475,8 +477,6 @@ class SimServer:
     # -- engine ---------------------------------------------------------------------------------
 
     def _init_engine(self) -> None:
-        from servetune.sim.engine import SimScheduler
-
         self.sched = SimScheduler(self.model, self.gpu, self.config, self.plan.num_gpu_blocks,
                                   seed=self.ns.seed or 0)
         self.prefix_index = _PrefixIndex(self.config.block_size)

@@ -1,8 +1,8 @@
 """vLLM-format log lines for the simulated ``vllm serve`` (:mod:`servetune.sim.server`). Pure.
 
-Contract: given the resolved :class:`~servetune.memory.EngineConfig`, the
-:class:`~servetune.modelinfo.ModelProfile`, the :class:`~servetune.gpus.GpuSpec` and the
-:class:`~servetune.memory.MemoryPlan`, :func:`startup_script` returns the log records a real
+Contract: given the resolved :class:`~servetune.planner.memory.EngineConfig`, the
+:class:`~servetune.planner.modelinfo.ModelProfile`, the :class:`~servetune.planner.gpus.GpuSpec` and the
+:class:`~servetune.planner.memory.MemoryPlan`, :func:`startup_script` returns the log records a real
 vLLM (default 0.26.0) prints from launch to "Application startup complete." (or to its failure
 traceback), each stamped with the virtual second at which it appears. Every figure comes from the
 plan, so a log parser run on these lines recovers exactly the planner's prediction (KV cache
@@ -10,8 +10,8 @@ tokens, max concurrency, memory breakdown). :func:`format_record` renders one re
 line format ``(<proc> pid=<pid>) <LEVEL> <MM-DD HH:MM:SS> [<file>.py:<line>] <msg>``; the caller
 supplies the wall-clock time and the pids, so this module does no I/O and reads no clock.
 
-The texts are copied from real vLLM 0.26.0 logs (``tests/fixtures/real_h200/*/server.log``,
-``/work/shared/gpu/examples/server1.log``) and vllm-internals.md §1.5, §4.7 and §6. Version
+The texts are copied from real vLLM 0.26.0 logs (``tests/fixtures/real_h200/*/server.log``) and vLLM's sources (the startup lines of
+``vllm/v1/worker/gpu_worker.py``, the stats line of ``vllm/v1/metrics/loggers.py``, the error texts). Version
 differences that a parser must tolerate are rendered too: "torch.compile takes" before 0.18,
 "init engine ... took %.2f seconds" before 0.20, one merged KV-size line from 0.29.
 
@@ -32,24 +32,25 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from servetune.result import TrialStatus
+from servetune.vllm_version import version_tuple
 
 if TYPE_CHECKING:  # the planner's types; only their attributes are read here
-    from servetune.gpus import GpuSpec
-    from servetune.memory import EngineConfig, MemoryPlan
-    from servetune.modelinfo import ModelProfile
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.memory import EngineConfig, MemoryPlan
+    from servetune.planner.modelinfo import ModelProfile
 
 __all__ = [
     "LogRecord", "StartupScript", "FAIL_MODES", "LOG_LINE_RE", "KV_TOKENS_RE", "MAX_CONCURRENCY_RE",
     "AVAILABLE_KV_RE", "MODEL_LOADING_RE", "INIT_ENGINE_RE", "FREE_MEMORY_RE", "STATS_RE",
     "format_gib", "format_record", "non_default_args", "startup_script", "stats_message",
-    "runtime_crash_records", "shutdown_records", "access_record", "version_tuple", "config_error_records",
+    "runtime_crash_records", "shutdown_records", "access_record", "config_error_records",
     "worker_procs",
 ]
 
 #: The ``--sim-fail`` modes of the stand-in server.
 FAIL_MODES = ("startup_oom", "kv_too_small", "cudagraph_oom", "crash", "hang", "runtime_crash", "stall")
 
-# Regexes a log parser uses on vLLM logs (vllm-internals.md §1.5); the tests check every rendered
+# Regexes a log parser uses on vLLM logs; the tests check every rendered
 # line against them so the stand-in can never drift from what the real-engine parser expects.
 LOG_LINE_RE = re.compile(
     r"^(?:\((?P<proc>\S+) pid=(?P<pid>\d+)\) )?(?P<lvl>[A-Z]+) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
@@ -127,11 +128,6 @@ class StartupScript:
     healthy: bool
     exit_code: int | None
     startup_s: float  # virtual seconds from launch to the last record
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """``"0.26.0"`` -> ``(0, 26, 0)``; non-numeric parts count as 0."""
-    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", version)[:3])
 
 
 def format_gib(gib: float) -> str:
@@ -403,7 +399,7 @@ def startup_script(
     mem = plan.memory
     world = config.tensor_parallel_size * config.pipeline_parallel_size
     version = config.vllm_version
-    vt = version_tuple(version)
+    vt = version_tuple(version) or (0, 0, 0)
     stage = _fail_stage(plan, fail)
     recs: list[LogRecord] = []
 

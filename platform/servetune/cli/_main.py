@@ -1,0 +1,321 @@
+"""``servetune``: tune | best | report | plan | simulate | diagnose.
+
+Every command validates its input before any trial starts; bad input prints ``error: FIELD: what
+is wrong (fix: ...)`` on stderr and exits with code 2. That holds for a missing or unreadable file
+(a folder given for a file, bytes that are not UTF-8, a path through a file), a missing or damaged
+store (no Optuna database where ``best`` looks, a file that is not SQLite, a damaged Parquet part)
+and a file-system refusal while running (``OSError``): one line naming what is missing and the fix,
+never a traceback (``SERVETUNE_DEBUG=1`` re-raises for a developer). A reader that closes the pipe
+(``servetune diagnose x | head -1``) stops the output, not the work: the rest of the output is
+dropped and the command ends with its own exit code.
+
+Example::
+
+    servetune tune jobs/quickstart.yaml
+    servetune best quickstart --format cmd
+    servetune plan --model llama-3.1-8b --gpu L40S --set gpu_memory_utilization=0.9 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from servetune.errors import SpecError
+
+__all__ = ["main", "build_parser"]
+
+DEFAULT_RUNS_DIR = "servetune-runs"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from servetune.cli import _diagnose as _cli_diagnose
+    from servetune.cli import _plan as _cli_plan
+    from servetune.cli import _simulate as _cli_simulate
+
+    parser = argparse.ArgumentParser(prog="servetune", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tune = sub.add_parser("tune", help="run (or resume) a tuning study from a spec file")
+    tune.add_argument("spec", help="the study spec (YAML), e.g. jobs/quickstart.yaml")
+    tune.add_argument("--backend", choices=("auto", "sim", "vllm"), help="override the spec's backend")
+    tune.add_argument("--trials", type=int, help="override budget.trials")
+    tune.add_argument("--parallel", type=int, help="override budget.parallel")
+    tune.add_argument("--resume", action="store_true", help="continue a study of the same name")
+
+    best = sub.add_parser("best", help="print the best preemption-free configuration of a study")
+    best.add_argument("study", help="the spec file or the study name")
+    best.add_argument("--format", choices=("cmd", "yaml", "json"), default="cmd")
+    best.add_argument("--storage", help=f"Optuna storage URL (default: sqlite:///{DEFAULT_RUNS_DIR}/optuna.db)")
+
+    rep = sub.add_parser("report", help="write a report (Markdown + plots) from the Parquet dataset")
+    rep.add_argument("--study", help="only this study")
+    rep.add_argument("--out", default=f"{DEFAULT_RUNS_DIR}/report.md", help="the report file to write")
+    rep.add_argument("--dataset", default=f"{DEFAULT_RUNS_DIR}/dataset", help="the Parquet dataset folder")
+
+    _cli_plan.add_parser(sub)
+    _cli_simulate.add_parser(sub)
+    _cli_diagnose.add_parser(sub)
+    return parser
+
+
+class _ClosedPipeSafe:
+    """A text stream whose writes survive a reader that went away (``| head -1``).
+
+    On the first ``BrokenPipeError`` the stream's file descriptor is pointed at ``/dev/null``, so
+    this write, every later one and the interpreter's final flush succeed and print nothing.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.pipe_closed = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._to_devnull()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._to_devnull()
+            try:
+                self._stream.flush()  # the buffered rest now goes to /dev/null
+            except (BrokenPipeError, ValueError):
+                pass
+
+    def _to_devnull(self) -> None:
+        self.pipe_closed = True
+        try:
+            fd = self._stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return  # not a real file (captured in tests): nothing to redirect
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, fd)
+        finally:
+            os.close(devnull)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _os_error_text(exc: OSError | UnicodeError) -> str:
+    """``cannot read x.yaml: Not a directory`` from an OSError; the file and the reason, one line."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({exc.reason} at byte {exc.start}) (fix: give a UTF-8 text file)"
+    if isinstance(exc, UnicodeError):
+        return f"{exc} (fix: give UTF-8 text)"
+    where = exc.filename if getattr(exc, "filename", None) is not None else "a file"
+    why = exc.strerror or str(exc)
+    return f"{where}: {why} (fix: check that path: it must be a readable file or a writable folder)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    real_out, real_err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ClosedPipeSafe(real_out), _ClosedPipeSafe(real_err)
+    try:
+        return _dispatch(args)
+    except BrokenPipeError:  # a write that bypassed the guard (a library holding the raw stream)
+        _ClosedPipeSafe(real_out)._to_devnull()
+        return 141  # what a shell tool killed by SIGPIPE returns
+    except (OSError, UnicodeError) as exc:
+        if os.environ.get("SERVETUNE_DEBUG"):
+            raise
+        print(f"error: {_os_error_text(exc)}", file=sys.stderr)
+        return 2
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = real_out, real_err
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    try:
+        if args.command == "tune":
+            return _tune(args)
+        if args.command == "best":
+            return _best(args)
+        if args.command == "report":
+            return _report(args)
+        if args.command == "plan":
+            from servetune.cli import _plan as _cli_plan
+
+            return _cli_plan.run(args)
+        if args.command == "simulate":
+            from servetune.cli import _simulate as _cli_simulate
+
+            return _cli_simulate.run(args)
+        if args.command == "diagnose":
+            from servetune.cli import _diagnose as _cli_diagnose
+
+            return _cli_diagnose.run(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 2
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URL (``sqlite:////abs`` for an absolute path)."""
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url[len("sqlite:///"):].split("?", 1)[0]
+    return None if path in ("", ":memory:") else Path(path)
+
+
+def _check_study_store(url: str, field: str) -> None:
+    """``best`` reads an existing Optuna database: it must be there, and be SQLite, before Optuna opens it
+    (Optuna would otherwise create an empty one, or print SQLAlchemy's traceback)."""
+    path = _sqlite_path(url)
+    if path is None:
+        return
+    where = path if path.is_absolute() else f"{path} (relative to {Path.cwd()})"
+    if not path.exists():
+        raise SpecError(field, f"no Optuna database at {where}",
+                        "run `servetune tune SPEC` first (it creates it), run this where you ran tune "
+                        "(output paths resolve from there), or pass --storage sqlite:///PATH")
+    if path.is_dir():
+        raise SpecError(field, f"{where} is a folder, not an Optuna database", "pass --storage sqlite:///PATH/optuna.db")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise SpecError(field, f"cannot read {where}: {exc.strerror}", "give a readable SQLite file") from None
+    if head and head != b"SQLite format 3\x00":
+        raise SpecError(field, f"{where} is not an SQLite database", "point --storage at the optuna.db `servetune tune` wrote")
+
+
+def _check_run_store(spec: Any) -> None:
+    """``tune`` writes its runs folder and its Optuna database: refuse paths it cannot create."""
+    runs = Path(spec.output.runs_dir)
+    if runs.exists() and not runs.is_dir():
+        raise SpecError("output.runs_dir", f"{runs} is a file, not a folder", "name a folder (it is created if missing)")
+    path = _sqlite_path(spec.storage.optuna_url or "")
+    if path is None:
+        return
+    parent = path.parent.resolve()
+    if path.exists() and path.is_dir():
+        raise SpecError("storage.optuna_url", f"{path} is a folder, not a database file", "end the URL with a file name")
+    if parent.exists() and not parent.is_dir():
+        raise SpecError("storage.optuna_url", f"{path.parent} is a file, so {path} cannot be created",
+                        "put the database in a folder")
+    if not parent.exists() and parent != runs.resolve():
+        raise SpecError("storage.optuna_url", f"the folder {path.parent} of the Optuna database does not exist",
+                        f"create it, or drop storage: to use {runs}/optuna.db")
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from servetune.spec.schema import load_spec
+    from servetune.study import run_study
+
+    spec = load_spec(args.spec)
+    spec = spec.with_overrides(backend=args.backend, trials=args.trials, parallel=args.parallel)
+    _check_run_store(spec)
+    outcome = run_study(spec, resume=args.resume)
+    print(f"\nservetune: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served "
+          f"({outcome.preempting} of them preempted), {outcome.startup_failed} failed at startup, "
+          f"{outcome.pruned} pruned before launch (predicted startup failures), "
+          f"{outcome.other_failed} other failures"
+          + (f", {outcome.infra_failed} infrastructure failures (told FAIL, not learnt)" if outcome.infra_failed else "")
+          + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""))
+    if outcome.best_flags is None:
+        print("servetune: no trial met the constraints; widen the search space or relax the constraints")
+        return 1
+    m = outcome.best_metrics or {}
+    print(f"servetune: best trial #{outcome.best_number}: {m.get('output_throughput', 0):,.0f} output tok/s, "
+          f"p99 TTFT {m.get('ttft_p99_ms', float('nan')):,.0f} ms, p99 ITL {m.get('itl_p99_ms', float('nan')):,.1f} ms, "
+          f"{int(m.get('preemptions', 0))} preemptions")
+    print(f"servetune: run it with:\n  {outcome.best_command}")
+    print(f"servetune: compare trials in MLflow: mlflow ui --backend-store-uri {outcome.mlflow_uri}")
+    return 0
+
+
+def _best(args: argparse.Namespace) -> int:
+    import optuna
+
+    from servetune.records._storage import open_storage
+    from servetune.planner.flags import to_command_line, to_config_yaml
+    from servetune.study import best_trial
+
+    name, storage, model = args.study, args.storage, None
+    if Path(args.study).suffix in (".yaml", ".yml") or Path(args.study).is_file():
+        from servetune.spec.schema import load_spec
+
+        spec = load_spec(args.study)
+        name, storage, model = spec.name, storage or spec.storage.optuna_url, spec.serve_model
+    field = "--storage" if args.storage else ("storage.optuna_url" if storage else "--storage")
+    storage = storage or f"sqlite:///{DEFAULT_RUNS_DIR}/optuna.db"
+    _check_study_store(storage, field)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    import sqlalchemy.exc
+
+    from servetune.spec import redact_url
+
+    try:
+        study = optuna.load_study(study_name=name, storage=open_storage(storage))
+    except KeyError:
+        known = optuna.get_all_study_names(storage) if storage else []
+        raise SpecError("study", f"no study named {name!r} in {redact_url(storage)}",
+                        f"known studies: {', '.join(known) or 'none'}; or pass the spec file") from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise SpecError(field, f"cannot open the Optuna storage {redact_url(storage)}: {first}",
+                        "check the URL, that the database server runs, and that this is the database tune wrote") from None
+    best = best_trial(study)
+    if best is None:
+        print(f"error: study {name!r} has no trial that met its constraints", file=sys.stderr)
+        return 1
+    flags: dict[str, Any] = dict(best.user_attrs.get("flags", best.params))
+    model = model or str(study.user_attrs.get("serve_model") or study.user_attrs.get("model", "MODEL"))
+    if args.format == "json":
+        print(json.dumps(flags, indent=2, sort_keys=True))
+    elif args.format == "yaml":
+        print(to_config_yaml(model, flags), end="")
+    else:
+        print(to_command_line(model, flags))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from servetune.records import dataset
+    from servetune.records import report
+
+    import pyarrow as pa
+
+    filters = {"study": args.study} if args.study else {}
+    root = Path(args.dataset)
+    if not root.exists():
+        raise SpecError("--dataset", f"no dataset folder at {root}",
+                        "run `servetune tune` first (it writes one), or point --dataset at the dataset folder")
+    if not root.is_dir():
+        raise SpecError("--dataset", f"{root} is a file, not the dataset folder", "point --dataset at the folder")
+    try:
+        df = dataset.read_trials(root, **filters)
+    except (pa.ArrowException, OSError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise SpecError("--dataset", f"cannot read the dataset at {root}: {first}",
+                        "move the damaged part-*.parquet file away (the other files stay readable)") from None
+    if df.empty:
+        raise SpecError("--dataset", f"no trials found in {args.dataset}" + (f" for study {args.study!r}" if args.study else ""),
+                        "run `servetune tune` first, or point --dataset at the dataset folder")
+    try:
+        path = report.write_report(df, Path(args.out), title=f"servetune report: {args.study or 'all studies'}")
+    except OSError as exc:
+        raise SpecError("--out", f"cannot write {exc.filename or args.out}: {exc.strerror or exc}",
+                        "give a path in a writable folder") from None
+    print(f"servetune: wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

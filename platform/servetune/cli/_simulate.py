@@ -1,0 +1,119 @@
+"""``servetune simulate``: one trial on the simulated vLLM engine, no GPU needed.
+
+Contract: :func:`add_parser` registers the sub-command on the main parser's sub-parsers and
+:func:`run` executes it, returning the exit code: 0 when the engine started and served the
+workload, 1 when the configuration fails at startup (the planner's verdict and vLLM's own error
+text are printed), 2 for bad input (``error: FIELD: what is wrong (fix: ...)`` on stderr).
+``--json`` prints :meth:`TrialResult.to_dict` instead of the human summary.
+
+Example::
+
+    servetune simulate --model servetune-test-850m --gpu H200 --workload w.yaml \\
+        --set gpu_memory_utilization=0.5 --set max_num_seqs=64 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servetune.errors import SpecError
+from servetune.planner.flags import parse_set_option
+from servetune.planner.gpus import register_gpus_from_yaml
+from servetune.planner.target import resolve_target
+from servetune.result import TrialResult
+from servetune.sim.engine import simulate
+from servetune.workload import Workload
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``simulate`` on ``parser.add_subparsers()``'s result."""
+    p = subparsers.add_parser("simulate", help="run one trial on the simulated vLLM engine",
+                              description="Simulate vLLM serving one workload with one flag set.")
+    p.add_argument("--model", required=True, help="shipped model name, model dir, config.json or cached HF id")
+    p.add_argument("--gpu", required=True, help="GPU name, e.g. H200 (see `servetune plan --help`)")
+    p.add_argument("--workload", required=True, help="workload YAML (input_len, output_len, num_requests, ...)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="FLAG=VALUE",
+                   help="a vLLM flag, e.g. --set max_num_seqs=64 (repeatable)")
+    p.add_argument("--vllm-version", default=None, help="vLLM version to mimic (default: the project's)")
+    p.add_argument("--gpu-file", default=None, help="YAML file with extra GPU definitions")
+    p.add_argument("--seed", type=int, default=0, help="simulator seed")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    return p
+
+
+def _load_workload(path_text: str) -> Any:
+    path = Path(path_text)
+    if path.is_dir():
+        raise SpecError("--workload", f"{path} is a folder", "give the path of a workload YAML file")
+    if not path.is_file():
+        raise SpecError("--workload", f"file not found: {path}", "give the path of a workload YAML file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else f"not UTF-8 text ({exc.reason})"
+        raise SpecError("--workload", f"cannot read {path}: {why}", "give a readable UTF-8 YAML file") from None
+    except yaml.YAMLError as exc:
+        raise SpecError("--workload", f"not valid YAML ({exc.__class__.__name__})", "check the file's syntax") from None
+    if isinstance(data, dict) and "workload" in data and isinstance(data["workload"], dict):
+        data = data["workload"]  # a study spec's workload section works too
+    return Workload.from_dict(data, field="workload", base_dir=path.parent)
+
+
+def _simulate(args: argparse.Namespace) -> TrialResult:
+    flags: dict[str, Any] = {}
+    for item in args.sets:
+        name, value = parse_set_option(item)
+        flags[name] = value
+    if args.gpu_file:
+        register_gpus_from_yaml(args.gpu_file)
+    workload = _load_workload(args.workload)
+    target = resolve_target(args.model, args.gpu, flags, args.vllm_version)
+    return simulate(target.model, target.gpu, target.config, workload, seed=args.seed)
+
+
+def format_result(result: TrialResult) -> str:
+    """The human summary: status, throughput, latencies, preemptions, KV usage and memory."""
+    lines = [f"status: {result.status.value} (simulated vLLM {result.vllm_version})"]
+    if not result.ok:
+        lines.append(f"cause: {result.cause}")
+        if result.memory is not None:
+            m = result.memory
+            lines.append(f"memory (GiB/GPU): budget {m.budget:.2f}, weights {m.weights:.2f}, activations "
+                         f"{m.activation_peak:.2f}, non-torch {m.non_torch:.2f}, CUDA graphs {m.cudagraph:.2f}")
+        return "\n".join(lines)
+    lines.append(f"requests: {result.completed} completed, {result.failed} failed in {result.duration_s:.2f} s")
+    lines.append(f"throughput: {result.output_throughput:,.0f} output tok/s, {result.total_token_throughput:,.0f} "
+                 f"total tok/s, {result.request_throughput:.2f} req/s")
+    for label, summary in (("TTFT", result.ttft_ms), ("TPOT", result.tpot_ms), ("ITL", result.itl_ms),
+                           ("E2E", result.e2e_ms)):
+        if summary is not None:
+            lines.append(f"{label + ' ms:':<9} mean {summary.mean:,.1f}  p50 {summary.p50:,.1f}  "
+                         f"p90 {summary.p90:,.1f}  p99 {summary.p99:,.1f}")
+    lines.append(f"preemptions: {result.preemptions}")
+    lines.append(f"KV cache: {result.num_gpu_blocks:,} blocks = {result.kv_cache_tokens:,} tokens "
+                 f"({result.max_concurrency:.2f}x max_model_len); usage peak {100 * (result.kv_cache_usage_peak or 0):.1f}%,"
+                 f" mean {100 * (result.kv_cache_usage_mean or 0):.1f}%")
+    lines.append(f"startup: {result.startup_s:.1f} s (predicted)")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``servetune simulate``; see the module docstring for the exit codes."""
+    try:
+        result = _simulate(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(format_result(result))
+    return 0 if result.ok else 1

@@ -1,0 +1,155 @@
+"""The local Ray a driver starts: recorded in the runs dir, and its leftovers stopped by the next start.
+
+A driver that runs its own local Ray (``ray.init()`` without an address) owns a GCS server, a
+raylet, agents and workers. A SIGKILLed driver cannot stop them, and some (the dashboard and
+runtime-env agents, idle workers) outlive it. So when the driver starts its own local Ray it
+writes ``<runs_dir>/ray/<study>.json`` (the session dir, the GCS address, its own pid and start
+time, the node processes' pids and start times), and the next start of the same study
+(``--resume``) stops what is left of that session:
+
+- nothing is touched while the recorded driver still runs (same pid, same start time);
+- a process is that session's when it is one of the recorded pids (same start time, so a reused
+  pid is never hit) or when its command line or an open file points into the recorded session
+  dir (Ray's workers and agents write their logs there);
+- a Ray the driver joined (``RAY_ADDRESS``, a cluster) is never recorded, so never stopped.
+
+Linux ``/proc`` only; elsewhere there is nothing to reap and nothing is recorded.
+
+Example::
+
+    reaped = reap_leftovers(runs_dir, "my-study")      # before starting Ray
+    ...ray.init()...
+    record_local_session(runs_dir, "my-study")          # right after starting it
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["record_path", "record_local_session", "session_processes", "reap_leftovers"]
+
+_PROC = Path("/proc")
+
+
+def record_path(runs_dir: str | os.PathLike[str], study: str) -> Path:
+    return Path(runs_dir) / "ray" / f"{study}.json"
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), None if gone."""
+    try:
+        fields = (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])
+
+
+def record_local_session(runs_dir: str | os.PathLike[str], study: str) -> Path | None:
+    """Write the record of the local Ray this process just started (see the module docstring)."""
+    import ray  # deferred: reaping leftovers (the rest of this module) must not import Ray
+
+    node = getattr(ray._private.worker, "_global_node", None)  # the node this driver started
+    if node is None or not _PROC.is_dir():
+        return None
+    pids = [{"pid": info.process.pid, "start": _start_time(info.process.pid), "type": kind}
+            for kind, infos in node.all_processes.items() for info in infos if info.process is not None]
+    data: dict[str, Any] = {"session_dir": str(Path(node.get_session_dir_path()).resolve()),
+                            "gcs_address": node.gcs_address, "driver_pid": os.getpid(),
+                            "driver_start": _start_time(os.getpid()), "processes": pids}
+    path = record_path(runs_dir, study)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def _points_into(pid: int, session_dir: str) -> bool:
+    """The process's command line or one of its open files refers to ``session_dir``."""
+    base = _PROC / str(pid)
+    try:
+        cmdline = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+    if "ray" not in cmdline:  # Ray's own processes only (ray::IDLE, raylet, gcs_server, agents), never a reader
+        return False
+    if session_dir in cmdline:
+        return True
+    try:
+        fds = list((base / "fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd).startswith(session_dir + os.sep):
+                return True
+    return False
+
+
+def session_processes(record: dict[str, Any]) -> list[int]:
+    """Live processes of the recorded session (never this process)."""
+    if not _PROC.is_dir():
+        return []
+    session_dir = str(record.get("session_dir") or "")
+    recorded = {int(p["pid"]): p.get("start") for p in record.get("processes", [])}
+    me = os.getpid()
+    out = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        if pid in recorded and recorded[pid] is not None and _start_time(pid) == recorded[pid]:
+            out.append(pid)
+        elif session_dir and _points_into(pid, session_dir):
+            out.append(pid)
+    return sorted(out)
+
+
+def _driver_alive(record: dict[str, Any]) -> bool:
+    """True while the recorded driver runs, this very process included: a study run again in the
+    same process (resumed after a Ctrl-C, or a test) still uses the local Ray it started."""
+    pid, start = record.get("driver_pid"), record.get("driver_start")
+    return pid is not None and start is not None and _start_time(int(pid)) == start
+
+
+def reap_leftovers(runs_dir: str | os.PathLike[str], study: str, grace_s: float = 5.0) -> list[int]:
+    """Stop what is left of the local Ray an earlier driver of ``study`` started; returns the pids.
+
+    SIGTERM, then SIGKILL after ``grace_s`` for what remains. Does nothing when there is no record
+    or its driver still runs. The record is removed once its session is gone.
+    """
+    path = record_path(runs_dir, study)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if _driver_alive(record):
+        return []
+    pids = session_processes(record)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_start_time(p) is not None and not _zombie(p) for p in pids):
+        time.sleep(0.1)
+    for pid in pids:
+        if _start_time(pid) is not None and not _zombie(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    if not session_processes(record):
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return pids
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return (_PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False

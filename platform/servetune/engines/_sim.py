@@ -1,0 +1,24 @@
+"""``backend: sim``: the trial on the simulated vLLM V1 engine (:mod:`servetune.sim`)."""
+
+from __future__ import annotations
+
+from servetune.engines.base import Engine, TrialTask
+from servetune.planner.gpus import register_gpus_from_yaml
+from servetune.planner.target import resolve_target
+from servetune.result import TrialResult
+from servetune.sim.engine import simulate
+
+__all__ = ["SimEngine"]
+
+
+class SimEngine(Engine):
+    """The task's flags resolved as vLLM would (:func:`~servetune.planner.target.resolve_target`)
+    and run in virtual time; the startup accounting is the planner's."""
+
+    name = "sim"
+
+    def run(self, task: TrialTask) -> TrialResult:
+        if task.gpu_file:  # a user GPU table travels with the task to the Ray worker
+            register_gpus_from_yaml(task.gpu_file)
+        target = resolve_target(task.model, task.gpu, task.flags, task.vllm_version)
+        return simulate(target.model, target.gpu, target.config, task.workload, seed=task.seed)

@@ -1,0 +1,122 @@
+"""The engine interface: what turns one flag set into a :class:`~servetune.result.TrialResult`.
+
+An :class:`Engine` runs one :class:`TrialTask` on the GPUs its process was given. Three stand
+behind this one interface (:func:`servetune.engines.get_engine`):
+
+* ``sim`` (:class:`servetune.engines.SimEngine`): the simulated vLLM V1 engine
+  (:mod:`servetune.sim`), the embedded default where no GPU is visible;
+* ``vllm`` (:class:`servetune.engines.vllm.VllmEngine`): a real ``vllm serve`` subprocess, or the
+  ``serve_command`` stand-in;
+* ``replay`` (:class:`servetune.engines.ReplayEngine`): the row of a recorded landscape
+  (the task's ``replay_file``).
+
+The contract (the base class's docstring) is what a study relies on: whatever happens, a trial
+ends as a result whose status says what happened, so one failing trial never stops a study.
+
+Only plain data lives here (the task, the backend names); the engines import it, never the other
+way round, and the study's spec is translated into a task before an engine sees it.
+
+Example:
+    >>> from servetune.engines import TrialTask, run_trial
+    >>> from servetune.workload import Workload
+    >>> task = TrialTask(model="servetune-test-850m", gpu="H200",
+    ...                  flags={"gpu_memory_utilization": 0.5, "max_num_seqs": 64},
+    ...                  workload=Workload.from_dict({"input_len": 256, "output_len": 64,
+    ...                                               "num_requests": 32, "concurrency": 8}))
+    >>> run_trial(task, backend="sim").status.value
+    'ok'
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import shutil
+import subprocess
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from servetune.engines.early_stop import EarlyStop
+from servetune.errors import SpecError
+from servetune.result import TrialResult
+from servetune.workload import Workload
+
+__all__ = ["Engine", "TrialTask", "resolve_backend", "gpu_visible", "BACKENDS", "LOAD_GENERATORS"]
+
+#: The engines a spec may name; ``auto`` is vllm where a GPU is visible, else sim.
+BACKENDS = ("auto", "vllm", "sim", "replay")
+#: The load generators of the vllm backend: servetune's own streaming client
+#: (:mod:`servetune.engines.vllm.loadgen`, per-request records), or ``vllm bench serve``.
+LOAD_GENERATORS = ("servetune", "vllm-bench")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialTask:
+    """Everything a trial needs, picklable so it can travel to a Ray actor."""
+
+    model: str
+    gpu: str
+    flags: Mapping[str, Any]
+    workload: Workload
+    vllm_version: str | None = None
+    seed: int = 0
+    gpu_file: str | None = None  # a user GPU table (YAML) to register on the worker
+    serve_model: str | None = None  # what `vllm serve` is given (vllm backend); default: ``model``
+    serve_command: tuple[str, ...] = ("vllm", "serve")  # argv before MODEL; the sim stand-in in tests
+    startup_timeout_s: float = 600.0
+    log_dir: str | None = None
+    replay_file: str | None = None  # the recorded landscape (backend "replay")
+    load_generator: str = "servetune"  # vllm backend: servetune's client or "vllm-bench"
+    stall_timeout_s: float = 180.0  # vllm backend: no token on any stream this long is a stall
+    compile_cache_dir: str | None = None  # vllm backend: SERVETUNE_COMPILE_CACHE_DIR (envs.compile_cache_env)
+    # vllm backend: the installed vLLM's `vllm serve --help=all`, read once by the driver; None: the
+    # trial reads it itself (a driver without vLLM, e.g. on a cluster's CPU head)
+    serve_help: str | None = None
+    early_stop: EarlyStop | None = None  # end the window once the outcome is decided (vllm backend)
+    repeat: int = 0  # a confirmation repeat's index (replay: the recorded repeat it reads)
+
+
+class Engine(abc.ABC):
+    """One way of running a trial. The contract every implementation keeps:
+
+    * :meth:`run` runs ``task`` (its flags, workload and seed) on the GPUs this process holds and
+      returns a :class:`~servetune.result.TrialResult` with ``backend`` set to :attr:`name`.
+      A startup that vLLM (or the planner, for the simulator) refuses is a result
+      (``startup_oom``, ``kv_too_small``, ...), not an exception.
+    * A flag set the engine cannot even try raises :class:`~servetune.errors.SpecError`; any other
+      exception is a crash. Implementations do not catch either: :func:`servetune.engines.run_trial`
+      turns them into ``invalid_config`` / ``crashed`` results with the evidence.
+    * ``wall_s``: ``run_trial`` records the time :meth:`run` took, unless
+      :attr:`reports_wall_s` (replay: the recorded GPU cost of the trial, not the lookup's time).
+    * An engine holds no state between trials; one instance may run many tasks.
+    """
+
+    #: The backend name a spec uses (``BACKENDS``).
+    name: ClassVar[str]
+    #: Whether :meth:`run` sets ``wall_s`` itself.
+    reports_wall_s: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def run(self, task: TrialTask) -> TrialResult:
+        """Run one trial; see the class contract."""
+
+
+def gpu_visible() -> bool:
+    """True when an NVIDIA GPU is visible to this process (nvidia-smi present and listing one)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return False
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` means ``vllm`` where a GPU is visible and vLLM is installed, else ``sim``."""
+    if backend not in BACKENDS:
+        raise SpecError("backend", f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    return "vllm" if gpu_visible() and shutil.which("vllm") else "sim"

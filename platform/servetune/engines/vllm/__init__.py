@@ -1,0 +1,17 @@
+"""The real engine (``vllm serve`` per trial) and the vLLM I/O helpers beside it.
+
+* :mod:`~servetune.engines.vllm.engine`: launch, measure, classify, stop (:class:`VllmEngine`);
+* :mod:`~servetune.engines.vllm.logs`: a vLLM server log (0.11-0.33 and V0) parsed into a memory
+  breakdown, timings and a failure classification, text in and data out;
+* :mod:`~servetune.engines.vllm.metrics`: Prometheus ``/metrics`` text with vLLM's names;
+* :mod:`~servetune.engines.vllm.loadgen` and :mod:`~servetune.engines.vllm.bench_client`: the two
+  load generators (servetune's streaming client, ``vllm bench serve``);
+* :mod:`~servetune.engines.vllm.serve_cli`: the installed ``vllm serve --help=all`` as a flag check;
+* :mod:`~servetune.engines.vllm.infra`: infrastructure failures, confirmed from evidence;
+* :mod:`~servetune.engines.vllm.diagnose`: a failed start explained, for ``servetune diagnose``.
+"""
+
+from servetune.engines.vllm.engine import VllmEngine, VllmLaunch, read_serve_help, run_vllm_trial
+from servetune.engines.vllm.logs import ParsedLog, classify, parse_log
+
+__all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "ParsedLog", "parse_log", "classify"]

@@ -1,0 +1,179 @@
+"""The vLLM serve flags servetune knows: one registry, vLLM's own names, validation, rendering.
+
+Every flag a study may set is a :class:`FlagSpec` in :data:`FLAGS`, named exactly as vLLM names
+the engine argument (``gpu_memory_utilization``, not an alias). :func:`validate_flags` checks a
+flag set before any trial starts (types, ranges, choices; values such as ``"0.9; rm -rf /"`` are
+refused), and :func:`to_cli_args` / :func:`to_config_yaml` render it for ``vllm serve`` as an argv
+list (never a shell string) or as a ``vllm serve --config`` file.
+
+Example:
+    >>> to_cli_args({"gpu_memory_utilization": 0.9, "enforce_eager": True, "enable_prefix_caching": False})
+    ['--gpu-memory-utilization', '0.9', '--enforce-eager', '--no-enable-prefix-caching']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from servetune.errors import SpecError, did_you_mean
+
+__all__ = ["FlagSpec", "FLAGS", "validate_flags", "validate_flag", "gpus_needed", "to_cli_args", "to_config_yaml",
+           "to_command_line", "parse_set_option"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagSpec:
+    """One engine flag: its type, bounds or choices, and what it means."""
+
+    name: str
+    kind: type  # float, int, bool, str or list
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] | None = None
+    min_exclusive: bool = False
+
+    @property
+    def cli(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+_F = FlagSpec
+#: The flags servetune can tune or pin. Defaults are vLLM's and depend on version and GPU; see
+#: :mod:`servetune.planner.memory` (``resolve_engine_config``) for how an unset flag is resolved.
+FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
+    _F("gpu_memory_utilization", float, "fraction of total GPU memory vLLM may use", 0.0, 1.0, min_exclusive=True),
+    _F("kv_cache_memory_bytes", int, "KV cache bytes per GPU; ignores gpu_memory_utilization", 1),
+    _F("num_gpu_blocks_override", int, "fixed number of KV blocks (testing preemption)", 1),
+    _F("max_num_seqs", int, "most sequences in one engine step", 1, 65536),
+    _F("max_num_batched_tokens", int, "token budget of one engine step", 1, 1 << 22),
+    _F("max_model_len", int, "longest sequence (prompt + output) in tokens", 16, 1 << 22),
+    _F("tensor_parallel_size", int, "GPUs per tensor-parallel group", 1, 64),
+    _F("pipeline_parallel_size", int, "pipeline stages", 1, 64),
+    _F("enforce_eager", bool, "no torch.compile and no CUDA graphs"),
+    _F("max_cudagraph_capture_size", int, "largest batch captured as a CUDA graph", 1, 8192),
+    _F("cudagraph_capture_sizes", list, "explicit CUDA graph capture sizes"),
+    _F("kv_cache_dtype", str, "KV cache element type", choices=("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")),
+    _F("enable_prefix_caching", bool, "reuse KV blocks of shared prompt prefixes"),
+    _F("enable_chunked_prefill", bool, "split long prefills across steps"),
+    _F("block_size", int, "tokens per KV block", choices=None, minimum=1, maximum=256),
+    _F("long_prefill_token_threshold", int, "cap on one request's prefill tokens per step", 0),
+    _F("scheduling_policy", str, "queue order", choices=("fcfs", "priority")),
+    _F("async_scheduling", bool, "schedule one step ahead"),
+    _F("dtype", str, "model dtype", choices=("auto", "bfloat16", "float16", "half", "float32")),
+    _F("quantization", str, "weight quantization method", choices=("fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes", "mxfp4", "nvfp4")),
+)}
+
+_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+
+
+def validate_flag(name: str, value: Any, field: str | None = None) -> Any:
+    """Check one flag value and return it normalised; raise :class:`SpecError` naming ``field``."""
+    field = field or name
+    spec = FLAGS.get(name)
+    if spec is None:
+        raise SpecError(field, f"unknown vLLM flag {name!r}{did_you_mean(name, FLAGS)}",
+                        f"use one of: {', '.join(sorted(FLAGS))}")
+    if spec.kind is bool:
+        if not isinstance(value, bool):
+            raise SpecError(field, f"expected true or false, got {value!r}", f"write {name}: true")
+        return value
+    if spec.kind is list:
+        if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
+            raise SpecError(field, f"expected a non-empty list of positive integers, got {value!r}", "e.g. [1, 2, 4, 8, 16]")
+        return sorted(set(value))
+    if spec.kind is str:
+        if not isinstance(value, str) or (spec.choices is not None and value not in spec.choices):
+            choices = ", ".join(spec.choices or ())
+            raise SpecError(field, f"invalid value {value!r}{did_you_mean(str(value), spec.choices or ())}",
+                            f"use one of: {choices}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(field, f"expected a number, got {value!r}", f"write a plain {spec.kind.__name__}")
+    if spec.kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise SpecError(field, f"expected an integer, got {value!r}", "write a whole number")
+        value = int(value)
+    else:
+        value = float(value)
+    lo, hi = spec.minimum, spec.maximum
+    if lo is not None and (value <= lo if spec.min_exclusive else value < lo):
+        raise SpecError(field, f"must be {'>' if spec.min_exclusive else '>='} {lo:g}, got {value}",
+                        f"use a value in ({lo:g}, {hi:g}]" if hi is not None else f"use a value >= {lo:g}")
+    if hi is not None and value > hi:
+        raise SpecError(field, f"must be <= {hi:g}, got {value}", f"use a value <= {hi:g}")
+    if name == "block_size" and value not in _BLOCK_SIZES:
+        raise SpecError(field, f"vLLM accepts block sizes {list(_BLOCK_SIZES)}, got {value}", "use 16 (the default)")
+    return value
+
+
+def validate_flags(flags: Mapping[str, Any], field: str = "flags") -> dict[str, Any]:
+    """Validate a whole flag set; returns a normalised copy."""
+    if not isinstance(flags, Mapping):
+        raise SpecError(field, f"expected a mapping of vLLM flags, got {type(flags).__name__}", "e.g. {max_num_seqs: 64}")
+    return {str(k): validate_flag(str(k), v, f"{field}.{k}") for k, v in flags.items()}
+
+
+def gpus_needed(flags: Mapping[str, Any]) -> int:
+    """GPUs one server with these flags occupies: tensor_parallel_size x pipeline_parallel_size.
+
+    Example:
+        >>> gpus_needed({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}), gpus_needed({})
+        (4, 1)
+    """
+    return int(flags.get("tensor_parallel_size", 1) or 1) * int(flags.get("pipeline_parallel_size", 1) or 1)
+
+
+def to_cli_args(flags: Mapping[str, Any]) -> list[str]:
+    """``vllm serve`` arguments for a flag set, as an argv list (booleans as ``--x`` / ``--no-x``)."""
+    argv: list[str] = []
+    for name, value in flags.items():
+        if value is None:
+            continue
+        cli = FLAGS[name].cli if name in FLAGS else "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            argv.append(cli if value else "--no-" + cli[2:])
+        elif isinstance(value, list):
+            argv += [cli, *(str(v) for v in value)]
+        else:
+            argv += [cli, str(value)]
+    return argv
+
+
+def to_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
+    """A ``vllm serve --config`` file: keys are flag names with dashes, ``model`` included."""
+    doc: dict[str, Any] = {"model": model}
+    doc.update({k.replace("_", "-"): v for k, v in flags.items() if v is not None})
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def to_command_line(model: str, flags: Mapping[str, Any]) -> str:
+    """The full ``vllm serve`` command line, shell-quoted for copy and paste (display only: servetune
+    itself launches with the argv list of :func:`to_cli_args`).
+
+    Example:
+        >>> to_command_line("a b/m", {"max_model_len": 4096})
+        "vllm serve 'a b/m' --max-model-len 4096"
+    """
+    return shlex.join(["vllm", "serve", model, *to_cli_args(flags)])
+
+
+def parse_set_option(item: str) -> tuple[str, Any]:
+    """``FLAG=VALUE`` from ``--set``; the value is read as a YAML scalar, the flag validated."""
+    if "=" not in item:
+        raise SpecError("--set", f"expected FLAG=VALUE, got {item!r}", "e.g. --set gpu_memory_utilization=0.5")
+    name, raw = item.split("=", 1)
+    name = name.strip().lstrip("-").replace("-", "_")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        raise SpecError(f"--set {name}", f"cannot read {raw!r} as a value", "quote plain values") from None
+    if isinstance(value, str) and value.startswith("["):
+        value = json.loads(value)
+    return name, validate_flag(name, value, f"--set {name}")

@@ -1,0 +1,483 @@
+"""A model's shape, read from its Hugging Face ``config.json``, and the sizes vLLM derives from it.
+
+:class:`ModelProfile` holds the numbers the memory planner and the simulator need (layers, hidden
+size, heads, KV heads, head dim, vocab, MoE, dtype, quantization) and derives, the way vLLM shards
+the model: the parameter count, the weight bytes on the most loaded GPU under tensor / pipeline
+parallelism, the pipeline-stage split (vLLM's ``get_pp_indices``) and the KV-cache bytes per token.
+
+:func:`load_model` accepts a shipped name (``llama-3.1-8b``, see :func:`known_models`), a model
+directory, a ``config.json`` path, or a Hugging Face id already in the local HF cache
+(``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``). It never downloads.
+Only ``config.json`` is read: no weights, no tokenizer. A config missing a needed key raises
+:class:`~servetune.errors.SpecError` naming the key and the file.
+
+Example:
+    >>> m = load_model("servetune-test-850m")
+    >>> round(m.param_count / 1e6, 1), m.kv_bytes_per_token(tp=1, pp=1)
+    (852.6, 32768)
+    >>> m.stage_layers(3), m.kv_heads_per_gpu(16)
+    ([5, 6, 5], 1)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from servetune.errors import SpecError, did_you_mean
+
+__all__ = ["ModelProfile", "load_model", "known_models", "profile_from_config", "hf_cache_dir"]
+
+_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "models"
+
+#: Bytes per element of the dtypes a config may name (vLLM serves float32 checkpoints in bf16,
+#: see :func:`profile_from_config`).
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32",
+                  "fp32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16",
+                  "torch.float32": "float32"}
+
+#: vLLM pads the vocab-parallel embedding and LM head to a multiple of 64 rows
+#: (``DEFAULT_VOCAB_PADDING_SIZE`` in ``vocab_parallel_embedding.py``).
+_VOCAB_PADDING = 64
+
+#: Hugging Face ids of the shipped configs, so ``load_model("meta-llama/Llama-3.1-8B-Instruct")``
+#: works without the HF cache.
+_HF_ALIASES = {
+    "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b",
+    "meta-llama/llama-3.1-8b": "llama-3.1-8b",
+    "meta-llama/meta-llama-3.1-8b-instruct": "llama-3.1-8b",
+    "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
+    "meta-llama/llama-3.1-70b": "llama-3.1-70b",
+    "qwen/qwen2.5-7b-instruct": "qwen2.5-7b",
+    "qwen/qwen2.5-7b": "qwen2.5-7b",
+    "mistralai/mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
+    "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelProfile:
+    """The shape of a decoder-only transformer, as vLLM sees it.
+
+    Sizes are whole-model values; the ``*_per_gpu`` methods shard them. The trailing fields after
+    ``moe_intermediate_size`` are servetune additions (defaults keep the shared contract intact).
+
+    Example:
+        >>> m = load_model("llama-3.1-8b")
+        >>> round(m.param_count / 1e9, 2), m.weight_bytes_per_gpu(tp=2, pp=1) < m.weight_bytes_per_gpu(1, 1)
+        (8.03, True)
+    """
+
+    name: str
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    dtype: str  # "bfloat16" | "float16" | "float32"
+    quantization: str | None  # e.g. "fp8", "awq"; None for plain weights
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    # --- servetune additions ---
+    shared_expert_intermediate_size: int = 0  # Qwen-MoE style always-on expert (0: none)
+    qkv_bias: bool = False  # Qwen2 and ``attention_bias: true`` models
+    quant_bytes_per_param: float = 0.0  # bytes of a quantized linear weight element (0: unquantized)
+    derived_max_model_len: int = 0  # vLLM's derived max_model_len (rope scaling applied); 0: max_position_embeddings
+    source: str = ""  # the config.json the profile came from
+
+    # ----------------------------------------------------------------- sizes
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes of one activation / unquantized weight element."""
+        return _DTYPE_BYTES[self.dtype]
+
+    @property
+    def weight_bytes_per_param(self) -> float:
+        """Bytes per element of the linear-layer weights (quantized where the checkpoint is).
+
+        Embeddings, the LM head and the norms stay in :attr:`dtype` (vLLM does not quantize them).
+        """
+        return self.quant_bytes_per_param or float(self.dtype_bytes)
+
+    @property
+    def max_model_len_limit(self) -> int:
+        """The longest ``max_model_len`` vLLM accepts without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``."""
+        return self.derived_max_model_len or self.max_position_embeddings
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def _layer_linear_params(self, tp: int = 1, active_only: bool = False) -> int:
+        """Linear-layer weight elements of one decoder layer on one TP rank."""
+        kv_heads = self.kv_heads_per_gpu(tp)
+        q = self.q_size // tp
+        attn = self.hidden_size * (2 * q + 2 * kv_heads * self.head_dim)  # q, o  +  k, v
+        if self.is_moe:
+            experts = self.num_experts_per_tok if active_only else self.num_experts
+            mlp = experts * 3 * self.hidden_size * self.expert_intermediate_size // tp
+            mlp += 3 * self.hidden_size * self.shared_expert_intermediate_size // tp
+        else:
+            mlp = 3 * self.hidden_size * self.intermediate_size // tp  # gate, up, down
+        return attn + mlp
+
+    def _layer_plain_params(self, tp: int = 1) -> int:
+        """Unquantized elements of one decoder layer on one TP rank: norms, router, biases."""
+        n = 2 * self.hidden_size  # input_layernorm + post_attention_layernorm (replicated)
+        if self.is_moe:
+            n += self.hidden_size * self.num_experts  # router gate (replicated)
+            if self.shared_expert_intermediate_size:
+                n += self.hidden_size  # shared-expert gate
+        if self.qkv_bias:
+            n += self.q_size // tp + 2 * self.kv_heads_per_gpu(tp) * self.head_dim
+        return n
+
+    def _vocab_rows(self, tp: int) -> int:
+        padded = math.ceil(self.vocab_size / _VOCAB_PADDING) * _VOCAB_PADDING
+        return math.ceil(padded / tp)
+
+    @property
+    def param_count(self) -> int:
+        """Total parameters (tied embeddings counted once), unpadded, as ``sum(p.numel())`` reports."""
+        per_layer = self._layer_linear_params() + self._layer_plain_params()
+        embed = self.vocab_size * self.hidden_size
+        lm_head = 0 if self.tie_word_embeddings else embed
+        return embed + lm_head + self.num_layers * per_layer + self.hidden_size  # + final norm
+
+    @property
+    def active_param_count(self) -> int:
+        """Parameters touched per token: for MoE only the top-k experts (router included)."""
+        if not self.is_moe:
+            return self.param_count
+        per_layer = self._layer_linear_params(active_only=True) + self._layer_plain_params()
+        embed = self.vocab_size * self.hidden_size
+        lm_head = 0 if self.tie_word_embeddings else embed
+        return embed + lm_head + self.num_layers * per_layer + self.hidden_size
+
+    # ------------------------------------------------------------ sharding
+    def stage_layers(self, pp: int) -> list[int]:
+        """Decoder layers per pipeline stage, split exactly as vLLM's ``get_pp_indices``.
+
+        Each stage gets ``L // pp``; the remainder goes one layer each to stages ``[-2], [-3], ...``
+        (never the last stage, which also runs the LM head and the sampler).
+
+        Example:
+            >>> load_model("servetune-test-850m").stage_layers(5)   # 16 = 3*5 + 1
+            [3, 3, 3, 4, 3]
+        """
+        if pp < 1:
+            raise SpecError("pipeline_parallel_size", f"must be >= 1, got {pp}", "use 1 or more stages")
+        if pp > self.num_layers:
+            raise SpecError("pipeline_parallel_size",
+                            f"{pp} stages for {self.num_layers} layers leaves a stage without layers",
+                            f"use pipeline_parallel_size <= {self.num_layers}")
+        partitions = [self.num_layers // pp] * pp
+        for i in range(2, self.num_layers % pp + 2):
+            partitions[-i] += 1
+        return partitions
+
+    def kv_heads_per_gpu(self, tp: int) -> int:
+        """KV heads on each TP rank: ``max(1, kv_heads // tp)`` (replicated when TP > KV heads)."""
+        return max(1, self.num_kv_heads // tp)
+
+    def stage_weight_bytes(self, tp: int, pp: int) -> list[int]:
+        """Weight bytes on one TP rank of each pipeline stage.
+
+        Sharded matrices and the vocab-parallel embedding / LM head are divided by ``tp``; norms and
+        the MoE router are replicated. The first stage holds the embedding, the last the final norm
+        and the LM head (a tied LM head is a second copy there when ``pp > 1``, as in vLLM). Every
+        stage also holds the rotary ``cos_sin_cache`` buffer (``max_position * head_dim`` in the
+        model dtype), which vLLM's "Model loading took" figure includes: with it Llama-3.1-8B comes
+        to the 14.99 GiB that vLLM reports for it, without it 14.96.
+        """
+        layers = self.stage_layers(pp)
+        act = self.dtype_bytes
+        linear = self._layer_linear_params(tp) * self.weight_bytes_per_param
+        plain = self._layer_plain_params(tp) * act
+        vocab = self._vocab_rows(tp) * self.hidden_size * act
+        rotary = self.max_model_len_limit * self.head_dim * act
+        out: list[int] = []
+        for stage, n in enumerate(layers):
+            b = n * (linear + plain) + rotary
+            if stage == 0:
+                b += vocab
+            if stage == pp - 1:
+                b += self.hidden_size * act  # final norm
+                if not self.tie_word_embeddings or pp > 1:
+                    b += vocab
+            out.append(int(b))
+        return out
+
+    def weight_bytes_per_gpu(self, tp: int, pp: int) -> int:
+        """Weight bytes on the most loaded GPU (vLLM's "Model loading took ... GiB" on that rank)."""
+        return max(self.stage_weight_bytes(tp, pp))
+
+    def kv_bytes_per_token(self, tp: int, pp: int, kv_cache_dtype: str = "auto") -> int:
+        """KV-cache bytes one token takes on one GPU of the stage with the most layers.
+
+        ``2 (K and V) * kv_heads_per_gpu * head_dim * dtype_bytes * layers_on_stage``; fp8 KV
+        dtypes take 1 byte, ``auto`` the model dtype.
+
+        Example:
+            >>> load_model("llama-3.1-8b").kv_bytes_per_token(tp=2, pp=1)   # 64 KiB: 2 x kv_heads x head_dim x layers x 2 bytes
+            65536
+        """
+        return (2 * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype)
+                * max(self.stage_layers(pp)))
+
+    def kv_dtype_bytes(self, kv_cache_dtype: str = "auto") -> int:
+        """Bytes of one KV-cache element for vLLM's ``--kv-cache-dtype``."""
+        if kv_cache_dtype in ("auto", None):
+            return self.dtype_bytes
+        if kv_cache_dtype.startswith("fp8"):
+            return 1
+        if kv_cache_dtype in ("bfloat16", "float16", "half"):
+            return 2
+        if kv_cache_dtype == "float32":
+            return 4
+        raise SpecError("kv_cache_dtype", f"unknown KV cache dtype {kv_cache_dtype!r}",
+                        "use auto, bfloat16, float16, fp8, fp8_e4m3 or fp8_e5m2")
+
+
+# --------------------------------------------------------------------------- config parsing
+def _get(cfg: Mapping[str, Any], keys: tuple[str, ...], source: str, *, required: bool = True) -> Any:
+    for key in keys:
+        value = cfg.get(key)
+        if value is not None:
+            return value
+    if required:
+        raise SpecError(f"{source}: {keys[0]}", f"config.json has no {' / '.join(repr(k) for k in keys)}",
+                        "use a complete Hugging Face config.json for a decoder-only model")
+    return None
+
+
+def _as_int(value: Any, key: str, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
+        raise SpecError(f"{source}: {key}", f"expected a positive integer, got {value!r}",
+                        "fix the config.json value")
+    return int(value)
+
+
+def _quantization(cfg: Mapping[str, Any], source: str) -> tuple[str | None, float]:
+    """``(method, bytes per quantized linear weight)`` from ``quantization_config``.
+
+    fp8-family: 1 byte. 4-bit integer formats (awq, gptq, compressed-tensors w4): half a byte plus
+    the per-group fp16 scale and packed 4-bit zero point, ``(2 + 0.5) / group_size`` bytes per
+    weight (vLLM's perf model uses a flat 0.5; the group overhead is what the checkpoint holds).
+    """
+    q = cfg.get("quantization_config")
+    if not q:
+        return None, 0.0
+    if not isinstance(q, Mapping):
+        raise SpecError(f"{source}: quantization_config", f"expected a mapping, got {q!r}", "fix config.json")
+    method = str(q.get("quant_method") or q.get("quantization") or "").lower()
+    if not method:
+        raise SpecError(f"{source}: quantization_config.quant_method", "missing", "name the quantization method")
+    if method in ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt") and "fp4" not in str(q.get("quant_algo", "")).lower():
+        return ("fp8" if method != "modelopt" else "modelopt"), 1.0
+    if method in ("modelopt_fp4", "nvfp4") or "fp4" in str(q.get("quant_algo", "")).lower():
+        return "nvfp4", 0.5 + 1.0 / 16  # fp4 + one fp8 scale per 16 elements
+    if method == "mxfp4":
+        return "mxfp4", 0.5 + 1.0 / 32  # fp4 + one e8m0 scale per 32 elements
+    if method == "bitsandbytes":
+        return method, 0.5 if q.get("load_in_4bit") else 1.0
+    if method == "compressed-tensors":
+        bits = 8
+        for group in (q.get("config_groups") or {}).values():
+            weights = (group or {}).get("weights") or {}
+            bits = int(weights.get("num_bits", bits))
+        if bits >= 8:
+            return method, bits / 8
+        gs = 128
+        return method, bits / 8 + (2 + bits / 8) / gs
+    if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "marlin"):
+        bits = int(q.get("bits", q.get("w_bit", 4)))
+        gs = int(q.get("group_size", q.get("q_group_size", 128)) or 128)
+        gs = gs if gs > 0 else 4096  # group_size -1: one group per column
+        return method, bits / 8 + (2 + bits / 8) / gs
+    raise SpecError(f"{source}: quantization_config.quant_method", f"unsupported method {method!r}",
+                    "use fp8, awq, gptq, compressed-tensors, bitsandbytes, mxfp4 or nvfp4")
+
+
+def _derived_max_len(cfg: Mapping[str, Any], max_pos: int) -> int:
+    """vLLM's ``_get_and_verify_max_len``: rope scaling stretches the limit except for llama3/su/longrope."""
+    rope = cfg.get("rope_scaling") or {}
+    if not isinstance(rope, Mapping):
+        return max_pos
+    rope_type = rope.get("rope_type", rope.get("type"))
+    if rope_type in (None, "default", "su", "longrope", "llama3", "mrope"):
+        return max_pos
+    factor = float(rope.get("factor", 1.0))
+    if rope_type == "yarn":
+        return int(rope.get("original_max_position_embeddings", max_pos) * factor)
+    return int(max_pos * factor)
+
+
+def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config.json") -> ModelProfile:
+    """A :class:`ModelProfile` from a parsed ``config.json`` (pure; :func:`load_model` does the I/O).
+
+    Example:
+        >>> p = profile_from_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+        ...     "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+        ...     "vocab_size": 100, "max_position_embeddings": 256}, "tiny")
+        >>> p.head_dim, p.num_kv_heads, p.dtype
+        (16, 4, 'bfloat16')
+    """
+    if not isinstance(cfg, Mapping):
+        raise SpecError(source, f"expected a JSON object, got {type(cfg).__name__}", "use a Hugging Face config.json")
+    if isinstance(cfg.get("text_config"), Mapping):  # multimodal wrappers keep the LM under text_config
+        merged = dict(cfg["text_config"])
+        merged.setdefault("architectures", cfg.get("architectures"))
+        merged.setdefault("quantization_config", cfg.get("quantization_config"))
+        merged.setdefault("torch_dtype", cfg.get("torch_dtype", cfg.get("dtype")))
+        cfg = merged
+    if cfg.get("kv_lora_rank"):
+        raise SpecError(f"{source}: kv_lora_rank", "MLA attention (DeepSeek-style) is not modelled by the planner",
+                        "use a model with standard multi-head / grouped-query attention")
+    archs = cfg.get("architectures") or [str(cfg.get("model_type", "unknown"))]
+    architecture = str(archs[0])
+    hidden = _as_int(_get(cfg, ("hidden_size", "n_embd", "d_model"), source), "hidden_size", source)
+    layers = _as_int(_get(cfg, ("num_hidden_layers", "n_layer", "num_layers"), source), "num_hidden_layers", source)
+    heads = _as_int(_get(cfg, ("num_attention_heads", "n_head"), source), "num_attention_heads", source)
+    kv_heads = _as_int(_get(cfg, ("num_key_value_heads",), source, required=False) or heads,
+                       "num_key_value_heads", source)
+    head_dim_raw = cfg.get("head_dim")
+    if head_dim_raw is None:
+        if hidden % heads:
+            raise SpecError(f"{source}: head_dim", f"absent and hidden_size {hidden} is not divisible by "
+                            f"num_attention_heads {heads}", "add head_dim to config.json")
+        head_dim = hidden // heads
+    else:
+        head_dim = _as_int(head_dim_raw, "head_dim", source)
+    intermediate = _as_int(_get(cfg, ("intermediate_size", "ffn_dim", "n_inner"), source), "intermediate_size", source)
+    vocab = _as_int(_get(cfg, ("vocab_size",), source), "vocab_size", source)
+    max_pos = _as_int(_get(cfg, ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                                 "max_sequence_length", "model_max_length"), source),
+                      "max_position_embeddings", source)
+    raw_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
+    dtype = _DTYPE_ALIASES.get(raw_dtype, raw_dtype)
+    if dtype not in _DTYPE_BYTES:
+        raise SpecError(f"{source}: torch_dtype", f"unsupported dtype {raw_dtype!r}",
+                        "use bfloat16, float16 or float32")
+    if dtype == "float32":
+        # vLLM's dtype="auto" serves float32 checkpoints in bfloat16 on GPUs that support it.
+        dtype = "bfloat16"
+    num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
+    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 0)
+    if num_experts and not top_k:
+        raise SpecError(f"{source}: num_experts_per_tok", "an MoE config needs num_experts_per_tok",
+                        "add num_experts_per_tok to config.json")
+    moe_inter = int(cfg.get("moe_intermediate_size") or 0) if num_experts else 0
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if num_experts else 0
+    quant, quant_bytes = _quantization(cfg, source)
+    qkv_bias = bool(cfg.get("attention_bias")) or architecture.startswith("Qwen2")
+    return ModelProfile(
+        name=name, architecture=architecture, num_layers=layers, hidden_size=hidden,
+        num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        intermediate_size=intermediate, vocab_size=vocab,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=max_pos, dtype=dtype, quantization=quant,
+        num_experts=num_experts, num_experts_per_tok=top_k if num_experts else 0,
+        moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared, qkv_bias=qkv_bias,
+        quant_bytes_per_param=quant_bytes, derived_max_model_len=_derived_max_len(cfg, max_pos),
+        source=source,
+    )
+
+
+# --------------------------------------------------------------------------- I/O
+def known_models() -> list[str]:
+    """Names of the shipped configs (``servetune/data/models/<name>/config.json``)."""
+    if not _DATA_DIR.is_dir():
+        return []
+    return sorted(p.name for p in _DATA_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    return Path("~/.cache/huggingface/hub").expanduser()
+
+
+def _hf_cached_config(repo_id: str) -> Path | None:
+    repo = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        pinned = snapshots / ref.read_text().strip() / "config.json"
+        if pinned.is_file():
+            return pinned
+    found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return found[0] if found else None
+
+
+def _resolve_config_path(ref: str | os.PathLike[str]) -> tuple[Path, str]:
+    text = os.fspath(ref)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        return path / "config.json", path.name
+    if path.is_file():
+        return path, path.parent.name if path.name == "config.json" else path.stem
+    lowered = text.lower()
+    if lowered in known_models():
+        return _DATA_DIR / lowered / "config.json", lowered
+    if "/" in text and not text.startswith((".", "/", "~")):
+        cached = _hf_cached_config(text)
+        if cached is not None:
+            return cached, text
+        if lowered in _HF_ALIASES:
+            name = _HF_ALIASES[lowered]
+            return _DATA_DIR / name / "config.json", name
+    known = known_models()
+    raise SpecError("model", f"no model config found for {text!r}{did_you_mean(lowered, known)}",
+                    f"use a shipped name ({', '.join(known)}), a directory or config.json path, "
+                    f"or a Hugging Face id already in {hf_cache_dir()}")
+
+
+def load_model(ref: str | os.PathLike[str]) -> ModelProfile:
+    """Read a model's ``config.json`` into a :class:`ModelProfile`.
+
+    ``ref`` is a shipped name, a model directory, a ``config.json`` path, or a Hugging Face id
+    found in the local HF cache (never downloaded).
+
+    Example:
+        >>> m = load_model("mixtral-8x7b")
+        >>> m.num_experts, round(m.param_count / 1e9, 1), round(m.active_param_count / 1e9, 1)
+        (8, 46.7, 12.9)
+    """
+    path, name = _resolve_config_path(ref)
+    if not path.is_file():
+        raise SpecError("model", f"{path} does not exist", "point --model at a directory holding config.json")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SpecError(str(path), f"cannot read config.json: {exc}", "use a valid JSON config.json") from None
+    return profile_from_config(cfg, name=name, source=str(path))

@@ -1,0 +1,188 @@
+"""The Optuna storage the driver uses: one interface over SQLite and PostgreSQL, retried per call.
+
+Contract:
+
+* :func:`open_storage` turns ``storage.optuna_url`` into an Optuna storage: ``None`` stays
+  ``None`` (Optuna's in-memory storage); any SQLAlchemy URL becomes Optuna's cached RDB storage
+  wrapped in :class:`RetryingStorage`. Server databases (PostgreSQL, MySQL) get
+  ``pool_pre_ping`` (a pooled connection that died with a server restart is replaced before use,
+  instead of failing the next call) and, for PostgreSQL, a 10 s connect timeout unless the URL
+  sets one (an unreachable host fails and is retried instead of hanging for the TCP timeout).
+  Opening it connects and creates the tables, so call it inside :func:`servetune.records._retry.retry_call`.
+* :class:`RetryingStorage` runs every storage call through :func:`servetune.records._retry.retry_call`:
+  a locked SQLite file or a PostgreSQL restart delays the call (capped exponential backoff, 60 s
+  deadline) instead of ending the study. Each call is one transaction in Optuna's RDB storage,
+  rolled back on error, so a retry never applies half a write. One case is made idempotent
+  explicitly: finishing a trial (``set_trial_state_values``) whose earlier attempt committed but
+  lost its answer with the connection returns success instead of "trial already finished".
+* Errors that are not outages (a wrong password, a missing database, an ``IntegrityError``) are
+  raised at once (:func:`servetune.records._retry.is_transient_storage_error`).
+
+Example:
+    >>> storage = open_storage("sqlite:///:memory:")
+    >>> type(storage).__name__
+    'RetryingStorage'
+    >>> open_storage(None) is None
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Sequence
+from typing import Any, TypeVar
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.storages import BaseStorage
+from optuna.study import StudyDirection
+from optuna.study._frozen import FrozenStudy  # BaseStorage's own type; not re-exported
+from optuna.trial import FrozenTrial, TrialState
+
+from servetune.records._retry import retry_call
+
+__all__ = ["open_storage", "RetryingStorage", "engine_kwargs_for"]
+
+_T = TypeVar("_T")
+
+
+def engine_kwargs_for(url: str) -> dict[str, Any]:
+    """SQLAlchemy ``create_engine`` options for ``url`` (pure).
+
+    Example:
+        >>> engine_kwargs_for("sqlite:///optuna.db")
+        {}
+        >>> engine_kwargs_for("postgresql+psycopg2://u@db:5432/optuna")
+        {'pool_pre_ping': True, 'connect_args': {'connect_timeout': 10}}
+        >>> engine_kwargs_for("postgresql://u@db/optuna?connect_timeout=3")
+        {'pool_pre_ping': True}
+    """
+    if url.startswith("sqlite"):
+        return {}  # Optuna's defaults: one file, one writer, nothing pooled across a restart
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith("postgresql") and "connect_timeout=" not in url:
+        kwargs["connect_args"] = {"connect_timeout": 10}
+    return kwargs
+
+
+def open_storage(url: str | None) -> RetryingStorage | None:
+    """The study's storage for ``url`` (``None``: in memory). Connects: retry it as a whole."""
+    if url is None:
+        return None
+    rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs_for(url))
+    return RetryingStorage(optuna.storages._CachedStorage(rdb))
+
+
+class RetryingStorage(BaseStorage):
+    """Optuna storage that retries each call of ``inner`` through a brief outage (see module doc)."""
+
+    def __init__(self, inner: BaseStorage) -> None:
+        self.inner = inner
+
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        return retry_call(fn, what=f"{what} (Optuna storage)")
+
+    # -- studies --------------------------------------------------------------------------------
+    def create_new_study(self, directions: Sequence[StudyDirection], study_name: str | None = None) -> int:
+        return self._call("create the study", lambda: self.inner.create_new_study(directions, study_name))
+
+    def delete_study(self, study_id: int) -> None:
+        self._call("delete the study", lambda: self.inner.delete_study(study_id))
+
+    def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
+        self._call(f"set study attribute {key}", lambda: self.inner.set_study_user_attr(study_id, key, value))
+
+    def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
+        self._call(f"set study attribute {key}", lambda: self.inner.set_study_system_attr(study_id, key, value))
+
+    def get_study_id_from_name(self, study_name: str) -> int:
+        return self._call("find the study", lambda: self.inner.get_study_id_from_name(study_name))
+
+    def get_study_name_from_id(self, study_id: int) -> str:
+        return self._call("read the study", lambda: self.inner.get_study_name_from_id(study_id))
+
+    def get_study_directions(self, study_id: int) -> list[StudyDirection]:
+        return self._call("read the study", lambda: self.inner.get_study_directions(study_id))
+
+    def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._call("read the study", lambda: self.inner.get_study_user_attrs(study_id))
+
+    def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._call("read the study", lambda: self.inner.get_study_system_attrs(study_id))
+
+    def get_all_studies(self) -> list[FrozenStudy]:
+        return self._call("list the studies", self.inner.get_all_studies)
+
+    # -- trials ---------------------------------------------------------------------------------
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        return self._call("create a trial", lambda: self.inner.create_new_trial(study_id, template_trial))
+
+    def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
+                        distribution: BaseDistribution) -> None:
+        self._call(f"set a trial parameter ({param_name})", lambda: self.inner.set_trial_param(
+            trial_id, param_name, param_value_internal, distribution))
+
+    def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
+        return self._call("find a trial", lambda: self.inner.get_trial_id_from_study_id_trial_number(
+            study_id, trial_number))
+
+    def get_trial_number_from_id(self, trial_id: int) -> int:
+        return self._call("read a trial", lambda: self.inner.get_trial_number_from_id(trial_id))
+
+    def get_trial_param(self, trial_id: int, param_name: str) -> float:
+        return self._call("read a trial", lambda: self.inner.get_trial_param(trial_id, param_name))
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        failed = False
+
+        def attempt() -> bool:
+            if failed and state.is_finished():
+                # The earlier attempt may have committed before the connection died: finishing
+                # the trial again would raise "already finished". Same state and values: done.
+                now = self.inner.get_trial(trial_id)
+                if now.state == state and (values is None or list(now.values or []) == list(values)):
+                    return True
+            return self.inner.set_trial_state_values(trial_id, state, values)
+
+        def mark(_: BaseException) -> None:
+            nonlocal failed
+            failed = True
+
+        return retry_call(attempt, what=f"set a trial's state to {state.name} (Optuna storage)", on_retry=mark)
+
+    def set_trial_intermediate_value(self, trial_id: int, step: int, intermediate_value: float) -> None:
+        self._call("report an intermediate value", lambda: self.inner.set_trial_intermediate_value(
+            trial_id, step, intermediate_value))
+
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._call(f"set trial attribute {key}", lambda: self.inner.set_trial_user_attr(trial_id, key, value))
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._call(f"set trial attribute {key}", lambda: self.inner.set_trial_system_attr(trial_id, key, value))
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        return self._call("read a trial", lambda: self.inner.get_trial(trial_id))
+
+    def get_all_trials(self, study_id: int, deepcopy: bool = True,
+                       states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+        return self._call("read the trials", lambda: self.inner.get_all_trials(study_id, deepcopy, states))
+
+    def get_n_trials(self, study_id: int, state: tuple[TrialState, ...] | TrialState | None = None) -> int:
+        return self._call("count the trials", lambda: self.inner.get_n_trials(study_id, state))
+
+    def get_best_trial(self, study_id: int) -> FrozenTrial:
+        return self._call("read the best trial", lambda: self.inner.get_best_trial(study_id))
+
+    def get_trial_params(self, trial_id: int) -> dict[str, Any]:
+        return self._call("read a trial", lambda: self.inner.get_trial_params(trial_id))
+
+    def get_trial_user_attrs(self, trial_id: int) -> dict[str, Any]:
+        return self._call("read a trial", lambda: self.inner.get_trial_user_attrs(trial_id))
+
+    def get_trial_system_attrs(self, trial_id: int) -> dict[str, Any]:
+        return self._call("read a trial", lambda: self.inner.get_trial_system_attrs(trial_id))
+
+    def remove_session(self) -> None:
+        self.inner.remove_session()
+
+    def check_trial_is_updatable(self, trial_id: int, trial_state: TrialState) -> None:
+        self.inner.check_trial_is_updatable(trial_id, trial_state)

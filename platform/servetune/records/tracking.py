@@ -1,0 +1,653 @@
+"""MLflow tracking of a study: one parent run per study, one nested child run per trial.
+
+Contract:
+
+* The study driver process is the ONLY writer. :class:`StudyTracker` talks to the server through
+  :class:`mlflow.MlflowClient` with explicit run ids; it never touches MLflow's global active-run
+  state, so it is safe next to Ray workers and other threads.
+* Parent run (``servetune.role=study``, tagged ``servetune.study=<name>``): the study params and
+  tags; at the end ``best_config.yaml`` (a ``vllm serve --config`` file), ``best_command.txt``
+  (``vllm serve MODEL --flag value ...``), ``trials.csv`` / ``trials.parquet``, ``plots/*.png``
+  and the summary metrics. Resuming reopens the newest parent run with the same study tag and
+  marks child runs an earlier submission left ``RUNNING`` as ``KILLED``.
+* Child run ``trial-NNN`` (``mlflow.parentRunId`` = the parent, so the UI nests it): params are
+  the flags under their vLLM names plus ``workload.*``; metrics are exactly
+  :meth:`TrialResult.metrics`; tags are the study tags, ``servetune.status``,
+  ``servetune.cause``, ``servetune.trial_number``, ``servetune.backend``,
+  ``servetune.vllm_version``; artifacts ``engine.log``, ``requests.parquet``, ``result.json``.
+* Run status: ``FINISHED`` for an ``ok`` trial, ``FAILED`` for any other trial status (the
+  ``servetune.status`` tag says which: startup_oom, kv_too_small, ...), ``KILLED`` for a trial
+  whose driver died mid-trial (set by the resume sweep). A failed trial is a measured outcome,
+  but the red icon in the runs table is the fastest way to see which configurations did not
+  serve, and its metrics (the memory breakdown of a startup OOM) are still logged and plotted.
+* Secrets never leave the process: :func:`redact` masks keys that name secrets (``HF_TOKEN``,
+  ``*_TOKEN``, ``*_KEY``, ``*SECRET*``, ``*PASSWORD*``...) and, in every value, URL credentials,
+  token-shaped strings and the values of secret-named environment variables. It is applied to
+  params, tags, text artifacts, per-request errors and the trials table.
+* An unreachable server at construction raises :class:`TrackingError` naming the URI: the study
+  fails fast, before any trial runs. A server that goes away LATER loses nothing when the tracker
+  has a ``buffer_dir``: a ``log_trial`` / ``finish_study`` / ``end`` that fails while ``/health``
+  does not answer is written to ``buffer_dir`` as one folder per operation (``op.json`` with the
+  already redacted params, metrics and tags, plus the artifact files), and the driver carries on.
+  Before each later call, and in :meth:`StudyTracker.flush` (a bounded wait at the end of a
+  study), buffered operations are delivered oldest first and removed. Each trial operation carries
+  a ``servetune.delivery_id`` tag; a delivery first deletes any run a half-finished earlier attempt
+  left with that id, so every trial appears exactly once. A write the server refuses while it is
+  up is not a transport error: it raises :class:`TrackingError` (a buffered one is moved to
+  ``<buffer_dir>/rejected/``).
+
+Example:
+    >>> tracker = StudyTracker("http://127.0.0.1:5000", "servetune")  # doctest: +SKIP
+    >>> parent = tracker.start_study("llama-h200", {"objective": "output_throughput"},
+    ...                              {"gpu_type": "H200", "model": "org/model"})  # doctest: +SKIP
+    >>> tracker.log_trial(0, {"max_num_seqs": 64}, result, tags={})  # doctest: +SKIP
+    >>> tracker.finish_study({"max_num_seqs": 64}, "org/model", trials_df, plots, {"best_output_throughput": 1e4})  # doctest: +SKIP
+    >>> tracker.end("FINISHED")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from servetune.records.dataset import requests_table
+from servetune.errors import SpecError
+from servetune.planner.flags import to_command_line, to_config_yaml
+from servetune.redact import is_secret_key, redact, redact_text
+from servetune.result import TrialResult, TrialStatus
+
+__all__ = [
+    "StudyTracker",
+    "TrackingError",
+    "TAG_STUDY",
+    "TAG_ROLE",
+    "TAG_STATUS",
+    "TAG_CAUSE",
+    "TAG_TRIAL_NUMBER",
+    "TAG_BACKEND",
+    "TAG_VLLM_VERSION",
+    "TAG_PARENT",
+    "TAG_DELIVERY",
+]
+
+_log = logging.getLogger(__name__)
+
+TAG_STUDY = "servetune.study"
+TAG_ROLE = "servetune.role"  # "study" on the parent, "trial" on children ("repeat": a confirmation re-run)
+TAG_STATUS = "servetune.status"  # a TrialStatus word
+TAG_CAUSE = "servetune.cause"
+TAG_TRIAL_NUMBER = "servetune.trial_number"  # the Optuna trial number
+TAG_BACKEND = "servetune.backend"
+TAG_VLLM_VERSION = "servetune.vllm_version"
+TAG_PARENT = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI groups children under it
+TAG_DELIVERY = "servetune.delivery_id"  # one id per trial operation: redelivery replaces, never duplicates
+_TAG_RUN_NAME = "mlflow.runName"
+
+# MLflow's server-side limits (mlflow.utils.validation); fixed here so a server upgrade that
+# lowers them shows up as a failing test, not as silently different truncation.
+MAX_TAG_VALUE = 8000
+MAX_PARAM_VALUE = 6000
+_MAX_PARAMS_TAGS_PER_BATCH = 100
+_MAX_METRICS_PER_BATCH = 1000
+
+# ---------------------------------------------------------------------------------------------
+# Rendering (pure)
+# ---------------------------------------------------------------------------------------------
+
+
+def _param_value(value: Any) -> str:
+    """MLflow params are strings: YAML-ish literals (true, [1, 2]) rather than Python reprs."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text[:MAX_PARAM_VALUE]
+
+
+def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings to dotted keys (``search_space.max_num_seqs.high``)."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _tag_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if len(text) > MAX_TAG_VALUE:
+        suffix = "... [truncated]"
+        text = text[: MAX_TAG_VALUE - len(suffix)] + suffix
+    return text
+
+
+def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _child_status(status: TrialStatus) -> str:
+    return "FINISHED" if status is TrialStatus.OK else "FAILED"
+
+
+# ---------------------------------------------------------------------------------------------
+# I/O
+# ---------------------------------------------------------------------------------------------
+
+
+class TrackingError(RuntimeError):
+    """The MLflow server could not be reached or refused a write."""
+
+
+_T = TypeVar("_T")
+
+
+class StudyTracker:
+    """Writes one study to MLflow: a parent run and one nested child run per trial.
+
+    Example:
+        >>> tracker = StudyTracker("http://127.0.0.1:5000", "servetune")  # doctest: +SKIP
+        >>> run_id = tracker.start_study("s1", {"budget.trials": 20}, {"gpu_type": "H200"})  # doctest: +SKIP
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str, *, connect_timeout_s: float = 10.0,
+                 artifact_location: str | None = None, buffer_dir: str | Path | None = None,
+                 flush_wait_s: float = 120.0) -> None:
+        # ``buffer_dir``: where writes wait while the server is unreachable (None: no buffering,
+        # a failed write raises). ``flush_wait_s``: how long the end of a study waits for it.
+        self.buffer_dir = None if buffer_dir is None else Path(buffer_dir)
+        self.flush_wait_s = flush_wait_s
+        self._seq = 0
+        if self.buffer_dir is not None:
+            # MLflow's client retries a refused connection 7 times with exponential backoff (minutes)
+            # before failing; with a buffer the driver should fail over in seconds instead. Only a
+            # default: an explicit setting in the environment wins.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        # ``artifact_location``: where a NEW experiment keeps its artifacts. For a local store
+        # (sqlite:) the driver passes a folder beside the database, so `mlflow ui` finds them
+        # whatever directory it is started from (MLflow's default is ./mlruns of the cwd).
+        self.artifact_location = artifact_location
+        if not experiment:
+            raise SpecError("tracking.experiment", "empty experiment name", "name the MLflow experiment")
+        self.tracking_uri = tracking_uri.rstrip("/")
+        self.experiment = experiment
+        self._check_reachable(connect_timeout_s)
+        from mlflow import MlflowClient  # deferred: importing mlflow costs about a second
+
+        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.experiment_id = self._call("get or create the experiment", self._experiment_id)
+        self.parent_run_id: str | None = None
+        self.study_name: str | None = None
+        self._study_tags: dict[str, str] = {}
+
+    # -- connection --------------------------------------------------------------------------
+
+    def _check_reachable(self, timeout_s: float) -> None:
+        """Fail in seconds, not after MLflow's minutes of HTTP retries, when the server is down."""
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return  # a local store (file:, sqlite:) has no server to reach
+        url = self.tracking_uri + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                if response.status != 200:
+                    raise TrackingError(f"MLflow server at {self._safe_uri} answered {response.status} on /health")
+        except (urllib.error.URLError, OSError) as exc:
+            raise TrackingError(
+                f"MLflow tracking server at {self._safe_uri} is unreachable ({exc}); start it "
+                f"(`mlflow server --host 127.0.0.1 --port PORT`) or point tracking.uri at a running one"
+            ) from None
+
+    def _server_up(self, timeout_s: float = 3.0) -> bool:
+        """Whether the server answers ``/health`` now (a local store is always up)."""
+        if not self.tracking_uri.startswith(("http://", "https://")):
+            return True
+        try:
+            with urllib.request.urlopen(self.tracking_uri + "/health", timeout=timeout_s) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    @property
+    def _safe_uri(self) -> str:
+        return redact_text(self.tracking_uri)
+
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        """Run one MLflow operation; turn transport and server errors into :class:`TrackingError`."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return fn()
+        except (MlflowException, OSError) as exc:
+            raise TrackingError(f"MLflow at {self._safe_uri}: could not {what}: {redact_text(str(exc))}") from exc
+        except Exception as exc:  # requests' ConnectionError and friends are not OSErrors
+            if type(exc).__module__.startswith(("requests", "urllib3")):
+                raise TrackingError(f"MLflow at {self._safe_uri}: could not {what}: {redact_text(str(exc))}") from exc
+            raise
+
+    def _experiment_id(self) -> str:
+        from mlflow.exceptions import MlflowException
+
+        exp = self._client.get_experiment_by_name(self.experiment)
+        if exp is not None:
+            if exp.lifecycle_stage == "deleted":
+                self._client.restore_experiment(exp.experiment_id)
+            return str(exp.experiment_id)
+        try:
+            return str(self._client.create_experiment(self.experiment, artifact_location=self.artifact_location))
+        except MlflowException:
+            exp = self._client.get_experiment_by_name(self.experiment)  # lost a creation race
+            if exp is None:
+                raise
+            return str(exp.experiment_id)
+
+    # -- writing helpers ---------------------------------------------------------------------
+
+    def _log(self, run_id: str, params: Mapping[str, Any] | None = None,
+             metrics: Mapping[str, float] | None = None, tags: Mapping[str, Any] | None = None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = int(time.time() * 1000)
+        param_list = [Param(k, _param_value(v)) for k, v in (params or {}).items()]
+        tag_list = [RunTag(k, _tag_value(v)) for k, v in (tags or {}).items()]
+        metric_list = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()]
+        for chunk in _chunks(param_list, _MAX_PARAMS_TAGS_PER_BATCH):
+            self._client.log_batch(run_id, params=chunk)
+        for chunk in _chunks(tag_list, _MAX_PARAMS_TAGS_PER_BATCH):
+            self._client.log_batch(run_id, tags=chunk)
+        for chunk in _chunks(metric_list, _MAX_METRICS_PER_BATCH):
+            self._client.log_batch(run_id, metrics=chunk)
+
+    def _search(self, filter_string: str) -> list[Any]:
+        runs: list[Any] = []
+        token = None
+        while True:
+            page = self._client.search_runs([self.experiment_id], filter_string=filter_string,
+                                            order_by=["attributes.start_time DESC"], max_results=1000,
+                                            page_token=token)
+            runs.extend(page)
+            token = page.token
+            if not token:
+                return runs
+
+    def _require_study(self) -> str:
+        if self.parent_run_id is None:
+            raise RuntimeError("StudyTracker: call start_study() first")
+        return self.parent_run_id
+
+    # -- study -------------------------------------------------------------------------------
+
+    def find_study_run(self, study_name: str) -> str | None:
+        """The newest parent run of ``study_name`` in this experiment, or ``None``."""
+        if "'" in study_name or "\\" in study_name:
+            raise SpecError("study.name", f"{study_name!r} contains a quote or backslash",
+                            "use letters, digits, '-', '_' and '.'")
+        runs = self._call("search study runs", lambda: self._search(
+            f"tags.`{TAG_STUDY}` = '{study_name}' AND tags.`{TAG_ROLE}` = 'study'"))
+        return runs[0].info.run_id if runs else None
+
+    def recorded_trial_numbers(self) -> set[int]:
+        """Trial numbers with a complete child run under the current study's parent (KILLED or
+        still-RUNNING children, half-written by a driver that died, do not count)."""
+        parent = self._require_study()
+        runs = self._call("search trial runs", lambda: self._search(
+            f"tags.`{TAG_PARENT}` = '{parent}' AND tags.`{TAG_ROLE}` = 'trial'"))
+        return {int(r.data.tags[TAG_TRIAL_NUMBER]) for r in runs
+                if r.info.status in ("FINISHED", "FAILED") and TAG_TRIAL_NUMBER in r.data.tags}
+
+    def start_study(self, study_name: str, params: Mapping[str, Any], tags: Mapping[str, str],
+                    resume: bool = False) -> str:
+        """Open the study's parent run (new, or the earlier one when ``resume``); returns its id.
+
+        ``tags`` (e.g. ``{"gpu_type": "H200", "model": "org/m"}``) go on the parent and are
+        copied onto every trial run, so trials can be searched by them.
+
+        Example:
+            >>> tracker.start_study("s1", {"objective": "output_throughput"}, {"gpu_type": "H200"})  # doctest: +SKIP
+            '3f2a...'
+        """
+        self.flush()  # an earlier submission's buffered writes go first
+        existing = self.find_study_run(study_name)
+        safe_params = redact(_flatten(params))
+        self._study_tags = {k: str(v) for k, v in redact(tags).items()}
+        run_tags = {**self._study_tags, TAG_STUDY: study_name, TAG_ROLE: "study"}
+        if existing is not None and not resume:
+            raise SpecError("study.name", f"study {study_name!r} already has MLflow run {existing} in "
+                            f"experiment {self.experiment!r}", "resume it (--resume) or pick a new study name")
+        if existing is None:
+            run = self._call("create the study run", lambda: self._client.create_run(
+                self.experiment_id, tags={k: _tag_value(v) for k, v in run_tags.items()}, run_name=study_name))
+            run_id = run.info.run_id
+            self._call("log study params", lambda: self._log(run_id, params=safe_params))
+        else:
+            run_id = existing
+            self._call("reopen the study run", lambda: self._reopen(run_id, safe_params, run_tags))
+        self.parent_run_id = run_id
+        self.study_name = study_name
+        return run_id
+
+    def _reopen(self, run_id: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> None:
+        self._client.update_run(run_id, status="RUNNING")
+        # Params are immutable in MLflow: keep the first submission's values, add new keys only.
+        old = self._client.get_run(run_id).data.params
+        changed = sorted(k for k, v in params.items() if k in old and old[k] != _param_value(v))
+        if changed:
+            _log.warning("resumed study keeps its first params; changed on resume: %s", ", ".join(changed))
+        self._log(run_id, params={k: v for k, v in params.items() if k not in old},
+                  tags={**tags, "servetune.resumed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        for child in self._search(f"tags.`{TAG_PARENT}` = '{run_id}' AND attributes.status = 'RUNNING'"):
+            self._client.set_tag(child.info.run_id, "servetune.swept",
+                                 "left RUNNING by an earlier submission; marked KILLED on resume")
+            self._client.set_terminated(child.info.run_id, status="KILLED")
+
+    # -- trials ------------------------------------------------------------------------------
+
+    def log_trial(self, trial_number: int, flags: Mapping[str, Any], result: TrialResult,
+                  tags: Mapping[str, str], artifacts_dir: Path | None = None, *,
+                  workload: Mapping[str, Any] | None = None, role: str = "trial", run_name: str | None = None) -> str:
+        """Record one finished trial as a nested child run; returns the child run id.
+
+        ``workload`` (the workload description) is logged as ``workload.*`` params; files in
+        ``artifacts_dir`` are uploaded under ``files/`` (text files redacted). While the server is
+        unreachable the trial is buffered on disk and ``""`` is returned (no run id yet).
+
+        Example:
+            >>> tracker.log_trial(7, {"max_num_seqs": 64}, result, {"sampler": "tpe"})  # doctest: +SKIP
+            'c0ffee...'
+        """
+        parent = self._require_study()
+        status = TrialStatus(result.status)
+        params = redact({**{str(k): v for k, v in flags.items() if v is not None},
+                         **_flatten(workload or {}, "workload.")})
+        run_tags: dict[str, Any] = {
+            **self._study_tags,
+            **redact(tags),
+            TAG_PARENT: parent,
+            TAG_STUDY: self.study_name,
+            TAG_ROLE: role,  # "trial", or "repeat" for a confirmation re-run of a trial's flags
+            TAG_TRIAL_NUMBER: str(trial_number),
+            TAG_STATUS: status.value,
+            TAG_BACKEND: result.backend,
+        }
+        if result.vllm_version:
+            run_tags[TAG_VLLM_VERSION] = result.vllm_version
+        if result.cause:
+            run_tags[TAG_CAUSE] = redact_text(result.cause)
+        run_tags[TAG_DELIVERY] = uuid.uuid4().hex
+        run_tags = {k: _tag_value(v) for k, v in run_tags.items()}
+        op_dir = self._new_op_dir("trial")
+        try:
+            _write_trial_files(op_dir / "artifacts", result, artifacts_dir)
+        except BaseException:
+            shutil.rmtree(op_dir, ignore_errors=True)
+            raise
+        _write_op(op_dir, {"kind": "trial", "experiment_id": self.experiment_id, "run_name": run_name or f"trial-{trial_number:03d}",
+                           "tags": run_tags, "params": {k: _param_value(v) for k, v in params.items()},
+                           "metrics": {k: float(v) for k, v in result.metrics().items()},
+                           "status": _child_status(status)})
+        return self._submit(op_dir) or ""
+
+    # -- delivery and the on-disk buffer -----------------------------------------------------
+
+    def _new_op_dir(self, kind: str) -> Path:
+        """A fresh folder for one operation: staged inside the buffer (so enqueueing is a rename)."""
+        self._seq += 1
+        name = f"{time.time_ns():020d}-{self._seq:04d}-{kind}"
+        if self.buffer_dir is None:
+            return Path(tempfile.mkdtemp(prefix=f"servetune-{kind}-"))
+        staging = self.buffer_dir / ".staging"
+        staging.mkdir(parents=True, exist_ok=True)
+        path = staging / name
+        path.mkdir()
+        return path
+
+    def pending(self) -> list[Path]:
+        """The buffered operations, oldest first (empty without a buffer)."""
+        if self.buffer_dir is None or not self.buffer_dir.is_dir():
+            return []
+        return sorted(p for p in self.buffer_dir.iterdir() if p.is_dir() and (p / "op.json").is_file())
+
+    def _submit(self, op_dir: Path) -> str | None:
+        """Deliver one operation now, or buffer it when the server is unreachable; the run id or None."""
+        try:
+            if self.pending():
+                self.flush()
+            if self.pending():  # still down: queue behind the older operations, keeping the order
+                return self._enqueue(op_dir)
+            try:
+                return self._deliver(op_dir)
+            except TrackingError:
+                if self.buffer_dir is None or self._server_up():
+                    raise  # refused by a live server (or no buffer): a real error
+                return self._enqueue(op_dir)
+        finally:
+            if op_dir.exists():  # delivered or refused; an enqueued folder has moved away
+                shutil.rmtree(op_dir, ignore_errors=True)
+
+    def _enqueue(self, op_dir: Path) -> None:
+        assert self.buffer_dir is not None
+        target = self.buffer_dir / op_dir.name
+        op_dir.rename(target)
+        _log.warning("MLflow at %s is unreachable: %s buffered in %s (%d waiting)", self._safe_uri,
+                     op_dir.name.split("-", 2)[-1], target, len(self.pending()))
+        return None
+
+    def flush(self, wait_s: float = 0.0) -> int:
+        """Deliver buffered operations, oldest first; wait up to ``wait_s`` for the server to return.
+
+        Returns how many are still buffered (0: all delivered).
+
+        Example:
+            >>> tracker.flush(wait_s=60)  # doctest: +SKIP
+            0
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            entries = self.pending()
+            if not entries:
+                return 0
+            if self._server_up():
+                for entry in entries:
+                    try:
+                        self._deliver(entry)
+                    except TrackingError as exc:
+                        if self._server_up():  # refused, not unreachable: set it aside, do not block the queue
+                            assert self.buffer_dir is not None
+                            rejected = self.buffer_dir / "rejected"
+                            rejected.mkdir(exist_ok=True)
+                            entry.rename(rejected / entry.name)
+                            _log.error("MLflow refused buffered operation %s (kept in %s): %s", entry.name, rejected, exc)
+                            continue
+                        break
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    continue
+            if time.monotonic() >= deadline:
+                return len(self.pending())
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    def _deliver(self, op_dir: Path) -> str | None:
+        """Write one operation to MLflow (idempotent: a redelivery replaces a half-written run)."""
+        op = json.loads((op_dir / "op.json").read_text(encoding="utf-8"))
+        artifacts = op_dir / "artifacts"
+        kind = op["kind"]
+        if kind == "trial":
+            return self._call("log the trial", lambda: self._deliver_trial(op, artifacts))
+        if kind == "finish":
+            self._call("log the study outcome", lambda: self._deliver_finish(op, artifacts))
+        elif kind == "end":
+            self._call("close the study run", lambda: self._client.set_terminated(op["parent"], status=op["status"]))
+        else:
+            raise TrackingError(f"unknown buffered operation {kind!r} in {op_dir}")
+        return None
+
+    def _deliver_trial(self, op: Mapping[str, Any], artifacts: Path) -> str:
+        delivery = op["tags"][TAG_DELIVERY]
+        page = self._client.search_runs([op["experiment_id"]], filter_string=f"tags.`{TAG_DELIVERY}` = '{delivery}'")
+        for partial in page:  # an earlier attempt died half-way: replace its run
+            self._client.delete_run(partial.info.run_id)
+        run = self._client.create_run(op["experiment_id"], tags=op["tags"], run_name=op["run_name"])
+        run_id = run.info.run_id
+        try:
+            self._log(run_id, params=op["params"], metrics=op["metrics"])
+            if artifacts.is_dir():
+                self._client.log_artifacts(run_id, str(artifacts))
+            self._client.set_terminated(run_id, op["status"])
+        except Exception:
+            try:  # leave no RUNNING child behind if the server is still there (a redelivery deletes it)
+                self._client.set_terminated(run_id, "FAILED")
+            except Exception:  # noqa: BLE001 - best effort; the first error is the one to report
+                pass
+            raise
+        return str(run_id)
+
+    def _deliver_finish(self, op: Mapping[str, Any], artifacts: Path) -> None:
+        self._log(op["parent"], metrics=op["metrics"], tags=op["tags"])
+        if artifacts.is_dir() and any(artifacts.iterdir()):
+            self._client.log_artifacts(op["parent"], str(artifacts))
+
+    # -- end of study ------------------------------------------------------------------------
+
+    def finish_study(self, best_flags: Mapping[str, Any] | None, model: str, trials: pd.DataFrame,
+                     plots: Mapping[str, Any], summary_metrics: Mapping[str, float]) -> None:
+        """Log the outcome on the parent run: best config and command, trials table, plots, metrics.
+
+        ``plots`` maps a name (``history`` or ``history.png``) to a matplotlib Figure or a PNG
+        path; each becomes ``plots/<name>.png``.
+        ``best_flags`` is ``None`` when no trial succeeded (then no config or command is written).
+
+        Example:
+            >>> tracker.finish_study({"max_num_seqs": 64}, "org/m", df, {"history": fig},
+            ...                      {"best_output_throughput": 10500.0})  # doctest: +SKIP
+        """
+        parent = self._require_study()
+        op_dir = self._new_op_dir("finish")
+        try:
+            tags, metrics = _write_finish_files(op_dir / "artifacts", best_flags, model, trials, plots, summary_metrics)
+        except BaseException:
+            shutil.rmtree(op_dir, ignore_errors=True)
+            raise
+        _write_op(op_dir, {"kind": "finish", "parent": parent, "tags": tags, "metrics": metrics})
+        self._submit(op_dir)
+
+    def log_run(self, run_name: str, tags: Mapping[str, str], metrics: Mapping[str, float],
+                artifacts_dir: Path | None = None, artifact_path: str | None = None) -> str:
+        """One finished run of its own (not a study's parent or child), e.g. the nightly job's
+        ``nightly-<date>``: tags and metrics redacted like every other write, the files of
+        ``artifacts_dir`` (text files redacted) under ``artifact_path``. Returns the run id.
+
+        Written at once (no offline buffer): it is the last write of its job, which reports a
+        failure instead of leaving it for a later delivery nobody would make.
+        """
+        safe_tags = {k: str(v) for k, v in redact(tags).items()}
+        run = self._call("create the run", lambda: self._client.create_run(
+            self.experiment_id, run_name=run_name, tags=safe_tags))
+        run_id = str(run.info.run_id)
+        self._call("log the run's metrics", lambda: self._log(run_id, metrics=metrics))
+        if artifacts_dir is not None:
+            with tempfile.TemporaryDirectory(prefix="servetune-run-") as staged:
+                _stage_redacted(Path(artifacts_dir), Path(staged), skip=frozenset())
+                self._call("upload the run's files",
+                           lambda: self._client.log_artifacts(run_id, staged, artifact_path=artifact_path))
+        self._call("finish the run", lambda: self._client.set_terminated(run_id, "FINISHED"))
+        return run_id
+
+    def end(self, status: str = "FINISHED") -> None:
+        """Close the parent run: ``FINISHED``, ``FAILED`` or ``KILLED``.
+
+        Example:
+            >>> tracker.end("FINISHED")  # doctest: +SKIP
+        """
+        parent = self._require_study()
+        word = status.upper()
+        if word not in ("FINISHED", "FAILED", "KILLED"):
+            raise SpecError("status", f"unknown run status {status!r}", "use FINISHED, FAILED or KILLED")
+        op_dir = self._new_op_dir("end")
+        _write_op(op_dir, {"kind": "end", "parent": parent, "status": word})
+        self._submit(op_dir)
+
+
+def _write_op(op_dir: Path, op: Mapping[str, Any]) -> None:
+    """``op.json`` is written last, through a rename: a folder without it is not an operation yet."""
+    tmp = op_dir / "op.json.tmp"
+    tmp.write_text(json.dumps(op, sort_keys=True), encoding="utf-8")
+    tmp.rename(op_dir / "op.json")
+
+
+def _write_trial_files(target: Path, result: TrialResult, artifacts_dir: Path | None) -> None:
+    """A trial's artifacts, redacted: engine.log, result.json, requests.parquet, files/..."""
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "engine.log").write_text(redact_text(result.log_text), encoding="utf-8")
+    summary = {**result.to_dict(), "cause": redact_text(result.cause or "") or None,
+               "evidence": [redact_text(e) for e in result.evidence]}
+    (target / "result.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
+    pq.write_table(requests_table(result.requests, redact=redact_text), target / "requests.parquet")
+    if artifacts_dir is not None:
+        _stage_redacted(Path(artifacts_dir), target / "files")
+
+
+def _write_finish_files(target: Path, best_flags: Mapping[str, Any] | None, model: str, trials: pd.DataFrame,
+                        plots: Mapping[str, Any], summary_metrics: Mapping[str, float]
+                        ) -> tuple[dict[str, str], dict[str, float]]:
+    """The study outcome's artifacts (redacted) under ``target``; returns the parent's tags and metrics."""
+    target.mkdir(parents=True, exist_ok=True)
+    model = redact_text(model)
+    tags: dict[str, str] = {}
+    if best_flags is not None:
+        flags = redact(best_flags)
+        command = to_command_line(model, flags)
+        (target / "best_config.yaml").write_text(to_config_yaml(model, flags), encoding="utf-8")
+        (target / "best_command.txt").write_text(command + "\n", encoding="utf-8")
+        tags["servetune.best_command"] = _tag_value(command)
+    metrics = {k: float(v) for k, v in summary_metrics.items() if v is not None}
+    table = _redact_frame(trials)
+    table.to_csv(target / "trials.csv", index=False)
+    table.to_parquet(target / "trials.parquet", index=False)
+    if plots:
+        plot_dir = target / "plots"
+        plot_dir.mkdir()
+        for name, plot in plots.items():
+            dest = plot_dir / (name if name.lower().endswith(".png") else f"{name}.png")
+            if hasattr(plot, "savefig"):
+                plot.savefig(dest, format="png", dpi=110, bbox_inches="tight")
+            else:
+                dest.write_bytes(Path(plot).read_bytes())
+    return tags, metrics
+
+
+def _redact_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The trials table without secret-named columns and with secrets masked in text cells."""
+    keep = [c for c in df.columns if not is_secret_key(str(c))]
+    out = df[keep].copy()
+    for column in out.columns:
+        if out[column].dtype == object or pd.api.types.is_string_dtype(out[column]):
+            out[column] = out[column].map(lambda v: redact_text(v) if isinstance(v, str) else v)
+    return out
+
+
+def _stage_redacted(source: Path, target: Path, skip: frozenset[str] = frozenset({"server.log"})) -> None:
+    """Copy ``source`` to ``target``: UTF-8 text files redacted, binary files as they are; names in
+    ``skip`` left out (``server.log`` is the run's ``engine.log`` already)."""
+    for path in sorted(source.rglob("*")):
+        if not path.is_file() or path.is_symlink() or path.name in skip:
+            continue
+        dest = target / path.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        data = path.read_bytes()
+        try:
+            dest.write_text(redact_text(data.decode("utf-8")), encoding="utf-8")
+        except UnicodeDecodeError:
+            dest.write_bytes(data)

@@ -1,0 +1,139 @@
+"""One told trial as servetune writes it down: built once by the driver, written three ways.
+
+A :class:`TrialRecord` holds what the records of one trial say beyond its flags and
+:class:`~servetune.result.TrialResult`: where the flags came from (``origin``), the planner's
+verdict on a pruned trial (:class:`Prediction`), the calibrated simulator's on a screened one
+(:class:`Screen`), a confirmation repeat's index, whether it was reconciled after a killed driver.
+The codecs turn it into each store's shape, so no store's strings are read back into another's
+numbers:
+
+* :meth:`TrialRecord.mlflow_tags`: the child run's tags (the ``servetune.*`` names are part of
+  the product: the UI, ``mlflow`` searches and the tests read them);
+* :meth:`TrialRecord.dataset_row`: the Parquet row (:func:`servetune.records.dataset.trial_row`
+  plus the record's own columns);
+* the Optuna side is written by :func:`servetune.search.propose.tell` as user attributes.
+
+Example:
+    >>> from servetune.result import TrialResult, TrialStatus
+    >>> rec = TrialRecord("s", 3, {"max_num_seqs": 64}, TrialResult(TrialStatus.PRUNED, cause="sim"), -1.0,
+    ...                   gpu_type="H200", model="m", backend="vllm", vllm_version="0.26.0",
+    ...                   screen=Screen("sim_screen: slower", 812.34, 0.0))
+    >>> rec.mlflow_tags()["servetune.predicted_output_throughput"], rec.dataset_row()["predicted_output_throughput"]
+    ('812.3', 812.3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from servetune.planner.memory import MemoryPlan
+from servetune.records.dataset import trial_row
+from servetune.result import TrialResult, TrialStatus
+
+__all__ = ["TrialRecord", "Prediction", "Screen", "SCREEN_PREFIX"]
+
+#: The ``servetune.prescreen`` tag of a trial the calibrated simulator screened out.
+SCREEN_PREFIX = "sim_screen"
+_MAX_TAG_TEXT = 250  # a cause or reason in a tag: long enough to read, short of MLflow's limit
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The memory planner's verdict on a trial it pruned (predicted not to start)."""
+
+    failure: str  # the TrialStatus it predicts, e.g. "startup_oom"
+    startup_s: float
+    fix: str | None = None
+
+    @classmethod
+    def from_plan(cls, plan: MemoryPlan) -> Prediction:
+        return cls((plan.failure or TrialStatus.STARTUP_OOM).value, float(plan.startup_s), plan.fix or None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Screen:
+    """The calibrated simulator's verdict on a proposal it screened out, and the figures it rests on."""
+
+    reason: str
+    output_throughput: float
+    preemptions: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialRecord:
+    """One told trial (or confirmation repeat) with everything its MLflow run and dataset row say."""
+
+    study: str
+    number: int  # the Optuna trial number (a repeat: the repeated trial's)
+    flags: Mapping[str, Any]
+    result: TrialResult
+    objective: float  # the first objective as told to Optuna
+    gpu_type: str
+    model: str
+    backend: str  # the study's backend; the result's own, when set, wins
+    vllm_version: str  # the spec's; the result's own, when set, wins
+    origin: str | None = None  # sampler / informed / warm_start / baseline / repeat; None: not known
+    prediction: Prediction | None = None  # a pruned trial's planner verdict
+    screen: Screen | None = None  # a screened trial's simulator verdict
+    repeat: int | None = None  # a confirmation re-run of trial ``number``'s flags
+    reconciled: bool = False  # written after a killed driver, from what Optuna stored
+
+    @property
+    def run_backend(self) -> str:
+        return self.result.backend or self.backend
+
+    @property
+    def run_vllm_version(self) -> str:
+        return self.result.vllm_version or self.vllm_version
+
+    @property
+    def trial_dir_name(self) -> str:
+        """The trial's folder under ``<runs_dir>/trials/<study>/``."""
+        return f"{self.number:04d}" if self.repeat is None else f"{self.number:04d}-repeat-{self.repeat}"
+
+    def mlflow_tags(self) -> dict[str, str]:
+        """The child run's tags."""
+        tags = {"gpu_type": self.gpu_type, "model": self.model, "backend": self.run_backend,
+                "vllm_version": self.run_vllm_version, "optuna.trial_number": str(self.number),
+                "servetune.study": self.study}
+        if self.origin is not None:
+            tags["servetune.origin"] = self.origin
+        if self.repeat is not None:
+            tags["servetune.repeat"] = str(self.repeat)
+        if self.reconciled:
+            tags["servetune.reconciled"] = "true"
+        if self.screen is not None:
+            tags.update({"servetune.prescreen": SCREEN_PREFIX, "servetune.sim_screen": self.screen.reason[:_MAX_TAG_TEXT],
+                         "servetune.predicted_output_throughput": f"{self.screen.output_throughput:.1f}",
+                         "servetune.predicted_preemptions": f"{self.screen.preemptions:.0f}"})
+        if self.result.infra_attempts:  # the machine failed this flag set before (the lines are in the evidence)
+            tags["servetune.infra_attempts"] = str(len(self.result.infra_attempts))
+        if self.result.status is TrialStatus.PRUNED and self.prediction is not None:
+            tags.update({"servetune.prescreen": "pruned", "servetune.predicted_failure": self.prediction.failure,
+                         "servetune.predicted_startup_s": f"{self.prediction.startup_s:.1f}"})
+            if self.prediction.fix:
+                tags["servetune.predicted_fix"] = self.prediction.fix
+        if self.result.early_stopped:
+            tags["servetune.early_stopped"] = self.result.early_stopped[:_MAX_TAG_TEXT]
+        return tags
+
+    def dataset_row(self) -> dict[str, Any]:
+        """The Parquet row: the trial's flags and result, then the record's own columns."""
+        extra: dict[str, Any] = {"backend": self.run_backend, "vllm_version": self.run_vllm_version,
+                                 "objective": self.objective}
+        if self.result.status is TrialStatus.PRUNED and self.prediction is not None:
+            extra["predicted_failure"] = self.prediction.failure
+        if self.origin is not None:
+            extra["origin"] = self.origin
+        if self.screen is not None:
+            # The precision the MLflow tags show, so the two records of a screen agree.
+            extra["sim_screen"] = self.screen.reason[:_MAX_TAG_TEXT]
+            extra["predicted_output_throughput"] = round(self.screen.output_throughput, 1)
+            extra["predicted_preemptions"] = float(round(self.screen.preemptions))
+        if self.result.early_stopped:
+            extra["early_stopped"] = self.result.early_stopped
+        if self.repeat is not None:
+            extra["repeat"] = self.repeat
+        return trial_row(self.study, self.number, self.flags, self.result, self.gpu_type, self.model, extra)

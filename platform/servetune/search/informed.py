@@ -1,0 +1,122 @@
+"""Informed starts: the one or two flag sets a fresh study measures first.
+
+The throughput of a memory-pair landscape rises with the batch until the KV cache
+runs out, so the best preemption-free point sits at the most KV memory the space allows and the
+largest ``max_num_seqs`` under the bound. Start 1 is the highest ``gpu_memory_utilization`` of
+the space that the planner says starts, with the largest ``max_num_seqs`` of the space at or under
+the certain bound (and no larger than the workload's in-flight requests need); start 2, when it
+differs, the largest at or under the optimistic bound, which probes the band where preemption
+depends on timing. The sampler then learns the edge from both sides.
+
+They rest on the preemption prior (:mod:`servetune.planner.prior`) and the memory planner; this
+module adds what depends on the search space (snapping a bound onto a parameter's grid).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from servetune.errors import SpecError
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.prior import optimistic_bound, preemption_bound
+
+if TYPE_CHECKING:
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.modelinfo import ModelProfile
+    from servetune.spec.space import Param, SearchSpace
+    from servetune.workload import Workload
+
+__all__ = ["informed_starts", "snap_down"]
+
+
+def snap_down(param: Param, value: float) -> Any | None:
+    """The largest value of ``param`` at or below ``value`` (its grid, choices or bounds), or None."""
+    values = param.values()
+    if values is None:  # a continuous float range
+        return None if value < float(param.low) else min(float(value), float(param.high))  # type: ignore[arg-type]
+    numeric = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    below = [v for v in numeric if v <= value]
+    return max(below) if below else None
+
+
+def _descending(param: Param) -> Sequence[Any]:
+    values = param.values()
+    if values is None:
+        return [float(param.high)]  # type: ignore[arg-type]
+    return sorted((v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)), reverse=True)
+
+
+def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelProfile, gpu: GpuSpec,
+                    workload: Workload, vllm_version: str, *, max_starts: int = 2) -> list[dict[str, Any]]:
+    """Up to ``max_starts`` partial flag sets (searched names only) to enqueue in a fresh study.
+
+    Empty when the space does not search ``max_num_seqs`` or no value of it fits the plan. Only
+    ``gpu_memory_utilization`` and ``max_num_seqs`` are set; the sampler draws the other params.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> from servetune.spec.space import SearchSpace
+        >>> from servetune.workload import Workload
+        >>> space = SearchSpace.from_dict({"params": {
+        ...     "gpu_memory_utilization": {"type": "float", "low": 0.3, "high": 0.95, "step": 0.05},
+        ...     "max_num_seqs": {"type": "categorical", "choices": [16, 32, 64, 128, 256, 512]}}})
+        >>> w = Workload.from_dict({"input_len": 512, "output_len": 1024, "num_requests": 384, "concurrency": 192})
+        >>> informed_starts(space, {"max_model_len": 4096}, load_model("llama-3.1-8b"), get_gpu("A100-40GB"), w, "0.26.0")
+        [{'gpu_memory_utilization': 0.95, 'max_num_seqs': 64}, {'gpu_memory_utilization': 0.95, 'max_num_seqs': 128}]
+    """
+    if "max_num_seqs" not in space:
+        return []
+    seqs_param = space["max_num_seqs"]
+    util_param = space["gpu_memory_utilization"] if "gpu_memory_utilization" in space else None
+    utils: Sequence[Any] = _descending(util_param) if util_param is not None else [None]
+    mean_prompt, mean_output = workload.input_len.mean, workload.output_len.mean
+    if workload.trace_file is not None or workload.prompt_file is not None:
+        reqs = workload.requests()
+        mean_prompt = sum(r.prompt_tokens for r in reqs) / len(reqs)
+        mean_output = sum(r.output_tokens for r in reqs) / len(reqs)
+    # A batch larger than the requests in flight is never filled: cap the start there (an open-loop
+    # rate may queue beyond any concurrency, so it is not capped).
+    in_flight = workload.concurrency if workload.request_rate is None and workload.trace_file is None else None
+
+    def plan(util: Any, seqs: int) -> Any:
+        flags = {**fixed, "max_num_seqs": int(seqs)}
+        if util is not None:
+            flags["gpu_memory_utilization"] = util
+        try:
+            config = resolve_engine_config(flags, model, gpu, vllm_version)
+        except SpecError:
+            return None
+        return plan_memory(model, gpu, config)
+
+    smallest = min(_descending(seqs_param))
+    for util in utils:  # the highest utilization that starts
+        first = plan(util, smallest)
+        if first is None or not first.fits:
+            continue
+        starts: list[dict[str, Any]] = []
+        for bound_fn in (preemption_bound, optimistic_bound):
+            # KV capacity shrinks a little with max_num_seqs (CUDA graphs, sampler peak): settle it.
+            seqs = smallest
+            for _ in range(3):
+                p = plan(util, seqs)
+                if p is None or not p.fits:
+                    break
+                bound = bound_fn(p.kv_cache_tokens, mean_prompt, mean_output, p.block_size)
+                if in_flight is not None:
+                    bound = min(bound, in_flight)
+                snapped = snap_down(seqs_param, bound)
+                if snapped is None or snapped == seqs:
+                    break
+                seqs = int(snapped)
+            p = plan(util, seqs)
+            if p is None or not p.fits:
+                continue
+            start: dict[str, Any] = {"max_num_seqs": int(seqs)}
+            if util is not None:
+                start = {"gpu_memory_utilization": util, **start}
+            if start not in starts:
+                starts.append(start)
+        return starts[:max_starts]
+    return []

@@ -1,0 +1,350 @@
+"""Ask, pre-screen, evaluate, tell: the search logic of a study, without Ray, MLflow or files.
+
+The study driver (:mod:`servetune.study`) and the search-efficiency benchmark
+(``benchmarks/search_efficiency.py``) share these pieces, so the benchmark measures the logic the
+driver runs:
+
+* :func:`prescreen` (pure): resolve a flag set the way vLLM would and run the memory planner.
+  A predicted startup failure becomes a ``pruned`` :class:`TrialResult` (the predicted failure
+  and vLLM's error text as the cause, the predicted memory breakdown); flags vLLM would refuse
+  become ``invalid_config``. Neither uses a GPU.
+* :func:`propose`: ``study.ask()``, the flags (fixed + suggested), the space's rules, the GPU count,
+  then :func:`prescreen` when the spec's ``prescreen`` is on. A refused proposal carries its result.
+* :func:`tell`: the Optuna half of finishing a trial: the constraint vector (the same keys for
+  every trial, :func:`constraint_values`), the user attributes, the objective values.
+* :func:`enqueue_informed_starts`: the preemption prior's starting points
+  (:func:`servetune.search.informed.informed_starts`) enqueued in a fresh study (``skip_if_exists``).
+* :func:`run_local`: the whole loop in process, one trial at a time, with a caller's ``evaluate``
+  (the replay backend, in the benchmark).
+
+A pruned trial is told COMPLETE with every constraint violated (like a real startup failure), so
+TPE / NSGA-II / GP learn the infeasible region from it exactly as from a failed launch.
+
+Example:
+    >>> import optuna
+    >>> from servetune.spec.schema import StudySpec
+    >>> spec = StudySpec.from_dict({"name": "demo", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB"},
+    ...     "workload": {"input_len": 512, "output_len": 1024, "num_requests": 64, "concurrency": 64},
+    ...     "search_space": {"params": {"gpu_memory_utilization": [0.3, 0.9], "max_num_seqs": [32, 64]}},
+    ...     "fixed_flags": {"max_model_len": 4096}, "storage": {"optuna_url": "memory"}}, cwd="/tmp")
+    >>> prescreen(spec, {"gpu_memory_utilization": 0.3, "max_num_seqs": 32, "max_model_len": 4096})[0].status.value
+    'pruned'
+    >>> study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    >>> evaluate = lambda flags: TrialResult(TrialStatus.OK, output_throughput=flags["max_num_seqs"], preemptions=0)
+    >>> told = run_local(spec, study, evaluate, max_dispatched=2)
+    >>> told[0].flags["gpu_memory_utilization"], sum(t.dispatched for t in told)   # the informed start first
+    (0.9, 2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from servetune.engines.early_stop import EarlyStop
+from servetune.errors import SpecError
+from servetune.planner.flags import gpus_needed
+from servetune.planner.memory import MemoryPlan, compile_key, plan_memory, resolve_engine_config
+from servetune.result import TrialResult, TrialStatus
+from servetune.search.informed import informed_starts
+from servetune.search.screen import SimScreen, prediction_attrs, screened_result, simulate_flags
+
+if TYPE_CHECKING:
+    from servetune.spec.schema import StudySpec
+
+__all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
+           "objective_values", "StoredTrial", "early_stop_rule", "enqueue_informed_starts", "run_local", "sim_screen",
+           "best_feasible"]
+
+INFEASIBLE = 1.0
+FEASIBLE = -1.0
+
+
+# -- what Optuna is told (pure) --------------------------------------------------------------------
+
+def constraint_values(spec: StudySpec, result: TrialResult) -> dict[str, float]:
+    """The constraint vector of one result; the same keys for every trial of a study.
+
+    ``startup`` is violated when the engine did not serve; every limit of the spec
+    (``constraints.limits()``: preemptions, p99 TTFT/ITL/E2E) is "measured minus allowed", and
+    violated outright for a trial that did not serve.
+    """
+    served = result.ok
+    metrics = result.metrics()
+    out = {"startup": FEASIBLE if served else INFEASIBLE}
+    for metric, limit in spec.constraints.limits().items():
+        key = "preemptions" if metric == "preemptions" else metric.replace("_p99_ms", "").join(("p99_", "_ms"))
+        value = metrics.get(metric, 0.0 if metric == "preemptions" else None)
+        out[key] = (float(value) - limit) if served and value is not None else INFEASIBLE
+    return out
+
+
+def objective_values(spec: StudySpec, result: TrialResult) -> list[float]:
+    """The objective(s): throughput, maximised; latency figures, minimised. Failures get the worst."""
+    metrics = result.metrics()
+    values = []
+    for name, direction in zip(spec.objective.metrics, spec.objective.directions):
+        v = metrics.get(name)
+        if v is None or not result.ok or math.isnan(v):
+            v = 0.0 if direction == "maximize" else 1e12
+        values.append(float(v))
+    return values
+
+
+# -- the pre-screen ---------------------------------------------------------------------------------
+
+def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = None, *,
+              compile_cache_warm: bool = False) -> tuple[TrialResult | None, MemoryPlan | None]:
+    """``(refusal, plan)``: a ``pruned`` / ``invalid_config`` result when the flags cannot start.
+
+    ``refusal`` is None when the planner predicts a healthy start (``plan`` is then that
+    prediction), or when the spec has no model profile to plan with (``plan`` None).
+    ``compile_cache_warm``: an earlier trial of the study already started this compile
+    configuration (:func:`servetune.planner.memory.compile_key`), so vLLM will profile the warm peak.
+    """
+    backend = backend or spec.backend
+    model = spec.model_profile
+    if model is None:
+        return None, None
+    gpu = spec.gpu_spec()
+    try:
+        config = resolve_engine_config(flags, model, gpu, spec.vllm_version)
+    except SpecError as exc:  # vLLM itself would refuse these flags
+        return TrialResult(status=TrialStatus.INVALID_CONFIG, cause=str(exc), backend=backend,
+                           vllm_version=spec.vllm_version), None
+    plan = plan_memory(model, gpu, config, compile_cache_warm=compile_cache_warm)
+    if plan.fits:
+        return None, plan
+    failure = (plan.failure or TrialStatus.STARTUP_OOM).value
+    evidence = [f"prescreen: the memory planner predicts {failure}"]
+    if plan.fix:
+        evidence.append(f"fix: {plan.fix}")
+    return TrialResult(status=TrialStatus.PRUNED, cause=f"predicted {failure}: {plan.cause}", evidence=evidence,
+                       backend=backend, vllm_version=config.vllm_version, memory=plan.memory), plan
+
+
+# -- ask and tell -----------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Proposal:
+    """One asked trial: its full flag set, the GPUs it needs, and a refusal when it must not launch."""
+
+    trial: optuna.trial.Trial
+    flags: dict[str, Any]
+    gpus: int
+    refused: TrialResult | None = None
+    plan: MemoryPlan | None = None  # the planner's prediction (pruned or healthy); None without pre-screen
+
+
+#: Statuses of trials that never reached vLLM's compile step (nothing cached by them).
+_NOT_COMPILED = frozenset({"pruned", "invalid_config", "infra_error"})
+
+
+def compile_cache_warm(study: optuna.Study, flags: Mapping[str, Any]) -> bool:
+    """True when a finished trial of ``study`` started the same compile configuration as ``flags``.
+
+    Real H200 starts: a trial running at the same time does not warm the cache (two first trials
+    on two GPUs both compiled); a startup failure does (it compiles before the KV cache is sized).
+    On a cluster the caches are per node unless ``SERVETUNE_COMPILE_CACHE_DIR`` is shared: this is
+    the study-wide approximation.
+    """
+    key = compile_key(flags)
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        earlier = t.user_attrs.get("flags")
+        if isinstance(earlier, dict) and t.user_attrs.get("status") not in _NOT_COMPILED \
+                and not earlier.get("enforce_eager") and compile_key(earlier) == key:
+            return True
+    return False
+
+
+def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str | None = None) -> Proposal:
+    """Ask Optuna for a trial and decide whether it may launch (rules, GPU count, pre-screen)."""
+    backend = backend or spec.backend
+    trial = study.ask()
+    flags = {**spec.fixed_flags, **spec.search_space.suggest(trial)}
+    trial.set_user_attr("flags", flags)
+    need = gpus_needed(flags)
+    problems = spec.search_space.check(flags, spec.model_profile, spec.gpu.count, spec.workload)
+    if not problems and need > total_gpus:
+        problems = [f"needs {need} GPUs, the cluster has {total_gpus}"]
+    if problems:  # refused before launch: no GPU time spent, the sampler still learns
+        return Proposal(trial, flags, need, TrialResult(status=TrialStatus.INVALID_CONFIG, cause="; ".join(problems),
+                                                        backend=backend))
+    if not spec.prescreen:
+        return Proposal(trial, flags, need)
+    warm = compile_cache_warm(study, flags)
+    refused, plan = prescreen(spec, flags, backend, compile_cache_warm=warm)
+    if plan is not None:
+        trial.set_user_attr("predicted_kv_cache_tokens", plan.kv_cache_tokens)
+        trial.set_user_attr("predicted_compile_cache_warm", warm)
+    if refused is not None and plan is not None:
+        trial.set_user_attr("predicted_failure", (plan.failure or TrialStatus.STARTUP_OOM).value)
+    return Proposal(trial, flags, need, refused, plan)
+
+
+def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult) -> list[float]:
+    """Tell Optuna one result: constraints, user attributes, objective values (returned).
+
+    An ``infra_error`` (the machine failed, not the flags; the pool's re-runs exhausted) is told
+    FAIL, which Optuna's samplers ignore: no constraint, so the flag set is never learnt as
+    infeasible. The returned values are the worst, for the record only.
+    """
+    if result.status.is_infrastructure:
+        trial.set_user_attr("status", result.status.value)
+        trial.set_user_attr("cause", (result.cause or "")[:1000])
+        trial.set_user_attr("infra_attempts", [a[:300] for a in result.infra_attempts][:10])
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        return objective_values(spec, result)
+    for key, value in constraint_values(spec, result).items():
+        trial.set_constraint(key, value)
+    trial.set_user_attr("status", result.status.value)
+    trial.set_user_attr("cause", (result.cause or "")[:1000])
+    trial.set_user_attr("metrics", result.metrics())
+    trial.set_user_attr("preemptions", result.preemptions or 0)
+    if result.early_stopped:  # measured over a shortened window: the figures are marked as such
+        trial.set_user_attr("early_stopped", result.early_stopped)
+    values = objective_values(spec, result)
+    study.tell(trial, values)
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredTrial:
+    """What :func:`propose` and :func:`tell` stored on an Optuna trial, read back typed: the one
+    reader of servetune's trial user attributes. ``flags`` falls back to the trial's params (a trial
+    asked before its flags were stored), ``status`` to ``ok``."""
+
+    number: int
+    flags: dict[str, Any]
+    status: str
+    cause: str | None
+    metrics: dict[str, float]
+    preemptions: int
+    early_stopped: str | None
+
+    @classmethod
+    def of(cls, t: optuna.trial.FrozenTrial) -> StoredTrial:
+        a = t.user_attrs
+        return cls(t.number, dict(a.get("flags", t.params)), str(a.get("status", "ok")), a.get("cause") or None,
+                   dict(a.get("metrics", {})), int(a.get("preemptions", 0) or 0), a.get("early_stopped"))
+
+    def result(self, backend: str, vllm_version: str) -> TrialResult:
+        """The told result rebuilt from what was stored (figures, status, cause, early stop)."""
+        result = TrialResult.from_metrics(self.status, self.cause, self.metrics, backend=backend,
+                                          vllm_version=vllm_version)
+        result.early_stopped = self.early_stopped
+        return result
+
+
+def enqueue_informed_starts(spec: StudySpec, study: optuna.Study) -> list[dict[str, Any]]:
+    """Enqueue the preemption prior's starting points in a study with no trials yet; returns them."""
+    if not spec.prescreen or spec.model_profile is None or study.get_trials(deepcopy=False):
+        return []
+    starts = informed_starts(spec.search_space, spec.fixed_flags, spec.model_profile, spec.gpu_spec(),
+                             spec.workload, spec.vllm_version)
+    for params in starts:
+        study.enqueue_trial(params, user_attrs={"informed_start": True}, skip_if_exists=True)
+    return starts
+
+
+# -- multi-fidelity ---------------------------------------------------------------------------------
+
+def sim_screen(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, best: float | None,
+               backend: str | None = None) -> tuple[TrialResult | None, TrialResult] | None:
+    """``(screened, sim)`` for a proposal that passed the pre-screen, or None without a screen.
+
+    ``sim`` is the simulated engine's result (the caller feeds it back with the real result to
+    :meth:`SimScreen.observe`); ``screened`` is the ``pruned`` result to tell instead of
+    dispatching, or None to dispatch. A screened trial gets the user attr ``sim_prediction``.
+    """
+    if screen is None:
+        return None
+    key = tuple(sorted((str(k), repr(v)) for k, v in proposal.flags.items()))
+    sim = screen.cache.get(key)
+    if sim is None:  # the same key as fidelity.recalibrate's
+        sim = screen.cache[key] = simulate_flags(spec, proposal.flags)
+    reason = screen.verdict(sim, best)
+    if reason is None:
+        return None, sim
+    proposal.trial.set_user_attr("sim_prediction", prediction_attrs(sim))
+    return screened_result(sim, reason, backend or spec.backend), sim
+
+
+def best_feasible(spec: StudySpec, told: list[Told]) -> float | None:
+    """The best output throughput among told trials meeting every constraint (None: none yet)."""
+    values = [float(t.result.output_throughput) for t in told
+              if t.result.ok and t.result.output_throughput is not None
+              and all(v <= 0 for v in constraint_values(spec, t.result).values())]
+    return max(values) if values else None
+
+
+# -- the loop in process ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Told:
+    """One told trial of :func:`run_local`; ``dispatched`` is False for a refusal (no GPU used)."""
+
+    number: int
+    flags: dict[str, Any]
+    result: TrialResult
+    dispatched: bool
+
+
+def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str, Any]], TrialResult], *,
+              max_dispatched: int, max_told: int | None = None, total_gpus: int | None = None,
+              stop: Callable[[list[Told]], bool] | None = None, informed: bool = True,
+              screen: SimScreen | None = None) -> list[Told]:
+    """Ask, pre-screen, (sim-screen,) evaluate and tell, one trial at a time, in this process.
+
+    Ends after ``max_dispatched`` evaluated trials, ``max_told`` told ones (default 10x the
+    former: a space the planner rejects almost everywhere must still end), or when ``stop``
+    returns True. Informed starts are enqueued first in a fresh study (when ``spec.prescreen`` and
+    ``informed``; the benchmark turns them off to measure the pre-screen alone). With a
+    ``screen`` (:mod:`servetune.search.screen`), a proposal that passed the pre-screen is first run on
+    the simulator and told ``pruned`` when the calibrated prediction rules it out; every evaluated
+    trial recalibrates the screen.
+    """
+    if informed:
+        enqueue_informed_starts(spec, study)
+    limit = max_told if max_told is not None else 10 * max_dispatched
+    gpus = total_gpus if total_gpus is not None else spec.gpu.count
+    told: list[Told] = []
+    dispatched = 0
+    while dispatched < max_dispatched and len(told) < limit:
+        p = propose(spec, study, gpus)
+        screened = None if p.refused is not None else sim_screen(spec, screen, p, best_feasible(spec, told))
+        if p.refused is not None:
+            result, ran = p.refused, False
+        elif screened is not None and screened[0] is not None:
+            result, ran = screened[0], False
+        else:
+            result, ran = evaluate(p.flags), True
+            dispatched += 1
+            if screen is not None and screened is not None:
+                screen.observe(screened[1], result)
+        tell(spec, study, p.trial, result)
+        told.append(Told(p.trial.number, p.flags, result, ran))
+        if stop is not None and stop(told):
+            break
+    return told
+
+
+def early_stop_rule(spec: StudySpec, best_throughput: float | None) -> EarlyStop | None:
+    """The rule of a study's next trial, or None when early stopping is off or nothing can decide.
+
+    The throughput verdict applies only when the first objective is output throughput, maximised
+    (any other objective is not bounded by the token rate).
+    """
+    if not spec.early_stopping:
+        return None
+    first = spec.objective.metrics[0] if spec.objective.metrics else None
+    throughput_objective = first == "output_throughput" and spec.objective.directions[0] == "maximize"
+    best = best_throughput if throughput_objective and best_throughput and best_throughput > 0 else None
+    max_pre = spec.constraints.max_preemptions
+    if best is None and max_pre is None:
+        return None
+    return EarlyStop(max_preemptions=None if max_pre is None else int(max_pre), best_throughput=best)

@@ -1,0 +1,183 @@
+"""Multi-fidelity: screen proposals on the simulator, calibrated on the study's real trials.
+
+Before a proposal that passed the memory pre-screen is dispatched to a GPU (``vllm`` or ``replay``
+backend, ``multi_fidelity`` on), :class:`SimScreen` runs the simulated engine on it (about 0.2 s
+for a few hundred requests) and predicts the real outcome through a calibration learned from the
+trials of this study that already finished on the real backend:
+
+* throughput: ``real ~= sim x ratio``, the ratio being the median of real / sim output throughput
+  over the finished feasible trials; its spread (the largest relative deviation from the median,
+  at least :attr:`SimScreen.min_tolerance`) widens the margin;
+* preemption: the simulator's verdict, trusted at a lower threshold only once the real trials
+  confirmed it (a trial the simulator called preempting really preempted) and never contradicted
+  it (none that it called preempting ran clean).
+
+A proposal is screened (told ``pruned`` with ``cause`` ``sim_screen: ...``, no GPU time) only when
+the calibrated prediction is clear:
+
+* ``preemptions``: the simulated preemption count exceeds the constraint by a wide margin
+  (:attr:`SimScreen.clear_preemption_share` of the requests before any confirmation, a smaller
+  :attr:`SimScreen.confirmed_preemption_share` after), or
+* ``throughput``: ``sim x ratio x (1 + tolerance)`` is below the best feasible throughput so far
+  (needs at least one real trial to calibrate, and a throughput objective, maximised).
+
+Bounds: nothing is screened before :attr:`SimScreen.min_real` real trials finished except on the
+clear preemption verdict, and never more than :attr:`SimScreen.max_share` of the proposals seen
+(the rest run, so a wrong simulator cannot starve the study of real measurements). Screening
+does not apply where the planner already refused the flags (that is the pre-screen's job).
+
+Example:
+    >>> screen = SimScreen(max_preemptions=0, num_requests=100, throughput_objective=True)
+    >>> sim = TrialResult(TrialStatus.OK, output_throughput=1000.0, preemptions=0)
+    >>> screen.verdict(sim, best=None) is None          # nothing to compare against yet
+    True
+    >>> screen.observe(sim, TrialResult(TrialStatus.OK, output_throughput=800.0, preemptions=0))
+    >>> screen.verdict(TrialResult(TrialStatus.OK, output_throughput=500.0, preemptions=0), best=800.0)
+    'sim_screen: throughput 400 tok/s predicted (sim 500 x 0.80), at most 520 with the 30% margin, best so far 800'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from servetune.engines import TrialTask, run_trial
+from servetune.records.trial_record import SCREEN_PREFIX
+from servetune.result import TrialResult, TrialStatus
+
+if TYPE_CHECKING:
+    from servetune.spec.schema import StudySpec
+
+__all__ = ["SimScreen", "simulate_flags", "screen_for", "screened_result", "recalibrate", "prediction_attrs",
+           "SCREEN_PREFIX"]
+
+
+
+def simulate_flags(spec: StudySpec, flags: Mapping[str, Any], seed: int | None = None) -> TrialResult:
+    """The simulated engine's result for ``flags`` under the spec's model, GPU and workload."""
+    task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=dict(flags), workload=spec.workload,
+                     vllm_version=spec.vllm_version, seed=spec.seed if seed is None else seed, gpu_file=spec.gpu.file)
+    return run_trial(task, "sim")
+
+
+@dataclasses.dataclass
+class SimScreen:
+    """The calibration and the screening rule of one study (see the module docstring)."""
+
+    max_preemptions: int
+    num_requests: int
+    throughput_objective: bool  # the first objective is output throughput, maximised
+    min_real: int = 1  # real trials before a throughput verdict
+    max_share: float = 0.5  # of the proposals seen, at most this many screened
+    min_tolerance: float = 0.3  # throughput margin while the calibration has fewer than 3 points
+    tight_tolerance: float = 0.15  # the margin's floor once 3 or more points agree
+    clear_preemption_share: float = 0.25  # simulated preemptions / requests that screen unconfirmed
+    confirmed_preemption_share: float = 0.05
+    ratios: list[float] = dataclasses.field(default_factory=list)
+    preempt_confirmed: int = 0  # sim said preempting, real preempted
+    preempt_contradicted: int = 0  # sim said preempting, real ran clean
+    seen: int = 0
+    screened: int = 0
+    #: Simulated results by flag set: a discrete space proposes the same point again, and the
+    #: benchmark shares one cache across its seeds (the simulator is deterministic).
+    cache: dict[Any, TrialResult] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    # -- calibration ----------------------------------------------------------------------------
+
+    def observe(self, sim: TrialResult, real: TrialResult) -> None:
+        """Learn from one trial that ran on the real backend (and its simulated twin)."""
+        if not (sim.ok and real.ok):
+            return
+        if (sim.preemptions or 0) > self.max_preemptions:
+            if (real.preemptions or 0) > self.max_preemptions:
+                self.preempt_confirmed += 1
+            else:
+                self.preempt_contradicted += 1
+        # An early-stopped window is not a full measurement: it does not calibrate throughput.
+        if (real.early_stopped is None and sim.output_throughput and real.output_throughput
+                and (sim.preemptions or 0) <= self.max_preemptions and (real.preemptions or 0) <= self.max_preemptions):
+            self.ratios.append(real.output_throughput / sim.output_throughput)
+
+    @property
+    def ratio(self) -> float | None:
+        return statistics.median(self.ratios) if self.ratios else None
+
+    @property
+    def tolerance(self) -> float:
+        if len(self.ratios) < 3 or self.ratio is None:
+            return self.min_tolerance
+        spread = max(abs(r / self.ratio - 1.0) for r in self.ratios)
+        return max(self.tight_tolerance, 2.0 * spread)
+
+    # -- the rule -------------------------------------------------------------------------------
+
+    def verdict(self, sim: TrialResult, best: float | None) -> str | None:
+        """Why ``sim``'s flags need not run on a GPU, or None to dispatch them. Counts the proposal."""
+        self.seen += 1
+        reason = self._reason(sim, best)
+        if reason is not None and self.screened + 1 > self.max_share * self.seen:
+            return None  # the bound: keep measuring for real, whatever the simulator says
+        if reason is not None:
+            self.screened += 1
+        return reason
+
+    def _reason(self, sim: TrialResult, best: float | None) -> str | None:
+        if not sim.ok:  # a start the planner accepted but the simulator refused: let the GPU decide
+            return None
+        pre = sim.preemptions or 0
+        trusted = self.preempt_confirmed > 0 and self.preempt_contradicted == 0
+        share = self.confirmed_preemption_share if trusted else self.clear_preemption_share
+        threshold = max(self.max_preemptions, share * self.num_requests)
+        if pre > self.max_preemptions and pre > threshold and self.preempt_contradicted == 0:
+            return (f"{SCREEN_PREFIX}: {pre} preemptions predicted (allowed {self.max_preemptions}; "
+                    f"screens above {threshold:.0f}{', confirmed on real trials' if trusted else ''})")
+        ratio = self.ratio
+        if (self.throughput_objective and best and ratio is not None and len(self.ratios) >= self.min_real
+                and sim.output_throughput):
+            predicted = sim.output_throughput * ratio
+            upper = predicted * (1.0 + self.tolerance)
+            if upper < best:
+                return (f"{SCREEN_PREFIX}: throughput {predicted:.0f} tok/s predicted (sim "
+                        f"{sim.output_throughput:.0f} x {ratio:.2f}), at most {upper:.0f} with the "
+                        f"{self.tolerance:.0%} margin, best so far {best:.0f}")
+        return None
+
+
+def screen_for(spec: StudySpec, backend: str) -> SimScreen | None:
+    """A fresh screen for a study on ``backend``, or None when multi-fidelity is off for it or the
+    spec has no model profile for the simulator."""
+    if not spec.multi_fidelity_on(backend) or spec.model_profile is None:
+        return None
+    first = spec.objective.metrics[0]
+    return SimScreen(max_preemptions=int(spec.constraints.max_preemptions),
+                     num_requests=len(spec.workload.requests()),
+                     throughput_objective=first == "output_throughput" and spec.objective.directions[0] == "maximize")
+
+
+def recalibrate(screen: SimScreen, spec: StudySpec, measured: list[tuple[Mapping[str, Any], TrialResult]]) -> int:
+    """Feed ``screen`` the trials a study already measured (a resumed study): each one's flags are
+    simulated again (deterministic) and observed with its stored result. Returns how many."""
+    for flags, real in measured:
+        key = tuple(sorted((str(k), repr(v)) for k, v in flags.items()))
+        sim = screen.cache.get(key)
+        if sim is None:
+            sim = screen.cache[key] = simulate_flags(spec, flags)
+        screen.observe(sim, real)
+    return len(measured)
+
+
+def screened_result(sim: TrialResult, reason: str, backend: str) -> TrialResult:
+    """The ``pruned`` result told for a screened proposal: the simulated figures are predictions,
+    kept in ``evidence`` (and the driver's MLflow tags), never as measured metrics."""
+    return TrialResult(status=TrialStatus.PRUNED, cause=reason, backend=backend, vllm_version=sim.vllm_version,
+                       evidence=[f"predicted by the simulator: output_throughput={sim.output_throughput or 0:.1f} "
+                                 f"tok/s, preemptions={sim.preemptions or 0}", reason], memory=sim.memory)
+
+
+def prediction_attrs(sim: TrialResult) -> dict[str, float]:
+    """The simulated figures of a screened proposal (Optuna user attr ``sim_prediction``)."""
+    return {"output_throughput": float(sim.output_throughput or 0.0), "preemptions": float(sim.preemptions or 0)}
+
+

@@ -1,0 +1,81 @@
+"""``servetune plan``: human table, JSON keys, exit codes (0 fits, 1 predicted failure, 2 bad input)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from servetune.cli import _plan as _cli_plan
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="servetune")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _cli_plan.add_parser(sub)
+    return _cli_plan.run(parser.parse_args(["plan", *argv]))
+
+
+def test_human_output_of_the_real_run(capsys):
+    rc = _run(["--model", "servetune-test-850m", "--gpu", "h200", "--set", "gpu_memory_utilization=0.5",
+               "--set", "max_num_seqs=64"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "2,216,528 tokens" in out and "138,533 blocks of 16" in out and "270.57x" in out
+    assert "19 PIECEWISE + 11 FULL" in out and "verdict     fits" in out
+    assert "max_num_batched_tokens=8192" in out
+
+
+def test_json_keys(capsys):
+    rc = _run(["--model", "servetune-test-850m", "--gpu", "H200", "--set", "gpu_memory_utilization=0.5", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert {"fits", "failure", "kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "memory_gib"} <= set(doc)
+    assert set(doc["memory_gib"]) == {"total", "budget", "weights", "activation_peak", "non_torch", "cudagraph", "kv_cache"}
+    assert doc["fits"] is True and doc["failure"] is None and doc["flags"]["max_num_seqs"] == 1024
+    assert doc["gpu"] == "H200" and doc["vllm_version"] == "0.26.0"
+
+
+def test_predicted_failure_exits_1_with_cause_and_fix(capsys):
+    rc = _run(["--model", "llama-3.1-8b", "--gpu", "L4"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "verdict     kv_too_small: To serve at least one request" in out and "fix         lower max_model_len" in out
+    rc = _run(["--model", "servetune-test-850m", "--gpu", "H200", "--set", "gpu_memory_utilization=0.012", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["failure"] == "startup_oom" and doc["cause"].startswith("No available memory")
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--model", "llama-3.1-8b", "--gpu", "H300"], "unknown GPU 'H300'"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "max_num_seq=8"], "unknown vLLM flag 'max_num_seq'"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "gpu_memory_utilization=1.5"], "must be <= 1"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "tensor_parallel_size=3"], "must be divisible"),
+    (["--model", "no-such-model", "--gpu", "H100-80GB"], "no model config found"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--vllm-version", "0.9.2"], "vllm_version"),
+    (["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "max_num_seqs"], "expected FLAG=VALUE"),
+])
+def test_bad_input_exits_2(capsys, argv, needle):
+    rc = _run(argv)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("error: ") and needle in err
+
+
+def test_unknown_gpu_lists_known_ones(capsys):
+    assert _run(["--model", "llama-3.1-8b", "--gpu", "X9"]) == 2
+    err = capsys.readouterr().err
+    assert all(name in err for name in ("H100-80GB", "H200", "A100-80GB", "L40S", "L4", "B200"))
+
+
+def test_gpu_file(tmp_path, capsys):
+    path = tmp_path / "gpus.yaml"
+    path.write_text("gpus:\n  - {name: Test-48G, memory_gib: 47.5, hbm_gbps: 960, bf16_tflops: 182, "
+                    "fp8_tflops: 364, interconnect_gbps: 32}\n")
+    rc = _run(["--model", "qwen2.5-7b", "--gpu", "test-48g", "--gpu-file", str(path), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["gpu"] == "Test-48G" and doc["memory_gib"]["total"] == pytest.approx(47.5, abs=1e-3)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus:\n  - {name: Broken}\n")
+    assert _run(["--model", "qwen2.5-7b", "--gpu", "H200", "--gpu-file", str(bad)]) == 2
+    assert "memory_gib" in capsys.readouterr().err

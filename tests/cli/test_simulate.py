@@ -1,0 +1,75 @@
+"""``servetune simulate``: human and JSON output, startup failures, and bad input (exit code 2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from servetune.cli import _simulate as _cli_simulate
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="servetune")
+    _cli_simulate.add_parser(parser.add_subparsers(dest="command", required=True))
+    return _cli_simulate.run(parser.parse_args(["simulate", *argv]))
+
+
+@pytest.fixture
+def workload_file(tmp_path: Path) -> Path:
+    path = tmp_path / "w.yaml"
+    path.write_text("input_len: 512\noutput_len: 64\nnum_requests: 48\nconcurrency: 16\n")
+    return path
+
+
+def test_human_summary(workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = run_cli(["--model", "servetune-test-850m", "--gpu", "H200", "--workload", str(workload_file),
+                  "--set", "gpu_memory_utilization=0.5", "--set", "max_num_seqs=16"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "status: ok" in out and "48 completed, 0 failed" in out
+    assert "output tok/s" in out and "TTFT ms:" in out and "preemptions: 0" in out and "KV cache:" in out
+
+
+def test_json_output_is_the_trial_result(workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = run_cli(["--model", "servetune-test-850m", "--gpu", "H200", "--workload", str(workload_file),
+                  "--set", "num_gpu_blocks_override=70", "--set", "max_model_len=1024", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert data["status"] == "ok" and data["backend"] == "sim" and data["vllm_version"] == "0.26.0"
+    assert data["completed"] == 48 and data["num_gpu_blocks"] == 70
+    assert data["preemptions"] > 0  # two 512-token prompts fit (64 of 69 blocks) but grow to 2 x 36
+    assert 0 < data["kv_cache_usage_mean"] <= data["kv_cache_usage_peak"] <= 1
+
+
+def test_startup_failure_exits_1_with_vllms_error(workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = run_cli(["--model", "servetune-test-850m", "--gpu", "H200", "--workload", str(workload_file),
+                  "--set", "gpu_memory_utilization=0.012", "--set", "enforce_eager=true"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "status: startup_oom" in out and "No available memory for the cache blocks" in out
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--set", "max_num_seq=3"], "max_num_seq"),
+    (["--set", "gpu_memory_utilization=2"], "gpu_memory_utilization"),
+    (["--gpu", "H201"], "gpu"),
+    (["--model", "no-such-model"], "model"),
+])
+def test_bad_input_exits_2(workload_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str], field: str) -> None:
+    base = {"--model": "servetune-test-850m", "--gpu": "H200", "--workload": str(workload_file)}
+    args = [a for k, v in base.items() if k not in argv for a in (k, v)] + argv
+    assert run_cli(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and field in err
+
+
+def test_bad_workload_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("input_len: 512\nnum_requests: 4\nconcurrency: 2\n")
+    assert run_cli(["--model", "servetune-test-850m", "--gpu", "H200", "--workload", str(bad)]) == 2
+    assert "workload.output_len" in capsys.readouterr().err
+    assert run_cli(["--model", "servetune-test-850m", "--gpu", "H200", "--workload", str(tmp_path / "none.yaml")]) == 2
+    assert "file not found" in capsys.readouterr().err

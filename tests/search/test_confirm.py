@@ -1,0 +1,77 @@
+"""Confirmation of the top candidates (servetune.search.confirm): the statistics, and the driver end to end
+(real local Ray, a real `mlflow server`, Optuna SQLite, the Parquet dataset)."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from servetune.records import dataset
+from servetune.search.confirm import choose, confirm, t_quantile_975
+from servetune.spec.schema import StudySpec
+from servetune.study import best_trial, run_study
+
+
+def test_interval_uses_students_t_and_ranking_needs_feasible_runs() -> None:
+    assert t_quantile_975(1) == 12.706 and t_quantile_975(2) == 4.303 and t_quantile_975(100) == 1.96
+    one = confirm(1, {}, [100.0], [True])
+    assert math.isinf(one.half_width) and one.to_dict()["ci95"] is None
+    a = confirm(1, {"s": 1}, [100.0, 102.0], [True, True])
+    assert a.half_width == pytest.approx(12.706 * math.sqrt(2.0) / math.sqrt(2))
+    fast_but_preempting = confirm(2, {"s": 2}, [150.0, 149.0], [True, False])
+    slower = confirm(3, {"s": 3}, [90.0, 91.0], [True, True])
+    choice = choose([slower, fast_but_preempting, a], "maximize")
+    assert [c.trial_number for c in choice.ranked] == [1, 3, 2]
+    assert choice.winner is a and choice.overlap is True  # a's interval (+-12.7) reaches 90.5
+    tight = choose([confirm(1, {}, [100.0, 100.2, 99.8], [True] * 3), confirm(2, {}, [90.0, 90.1, 89.9], [True] * 3)])
+    assert tight.overlap is False
+    latency = choose([confirm(1, {}, [50.0, 52.0], [True] * 2), confirm(2, {}, [40.0, 41.0], [True] * 2)], "minimize")
+    assert latency.winner is not None and latency.winner.trial_number == 2
+    assert choose([fast_but_preempting]).winner is None
+
+
+@pytest.mark.slow
+def test_the_driver_repeats_the_top_configs_and_chooses_on_confirmed_means(tmp_path: Path, mlflow_server: str) -> None:
+    spec = StudySpec.from_dict({
+        "name": "confirmed", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB", "count": 2},
+        # Poisson arrivals: another workload seed is another arrival sequence, so repeats differ.
+        "workload": {"input_len": 512, "output_len": 128, "num_requests": 48, "request_rate": 8, "seed": 1},
+        "objective": {"metric": "output_throughput"}, "constraints": {"max_preemptions": 0},
+        "search_space": {"params": {"gpu_memory_utilization": [0.8, 0.9], "max_num_seqs": [16, 32, 64]}},
+        "fixed_flags": {"max_model_len": 4096}, "backend": "sim", "seed": 0, "baseline_trial": False,
+        "budget": {"trials": 4, "parallel": 2, "confirm_top": 2, "confirm_repeats": 2},
+        "tracking": {"mlflow_uri": mlflow_server, "experiment": "exp-confirm"},
+        "storage": {"optuna_url": f"sqlite:///{tmp_path}/optuna.db"},
+        "output": {"runs_dir": str(tmp_path), "dataset_dir": str(tmp_path / "dataset")},
+    }, cwd=tmp_path)
+    text = io.StringIO()
+    outcome = run_study(spec, out=text)
+    assert outcome.trials_done == 4 and outcome.confirmation is not None
+    conf = outcome.confirmation
+    assert len(conf["configs"]) == 2 and all(c["runs"] == 3 for c in conf["configs"])
+    assert conf["top_two_overlap"] in (True, False) and "winner on confirmed figures" in text.getvalue()
+    values = conf["configs"][0]["values"]
+    assert len(set(values)) > 1  # another seed, another measurement
+    lo, hi = conf["configs"][0]["ci95"]
+    assert lo < conf["configs"][0]["mean"] < hi
+
+    study = optuna.load_study(study_name="confirmed", storage=spec.storage.optuna_url)
+    assert len(study.get_trials(deepcopy=False)) == 4  # the repeats are not Optuna trials
+    assert study.user_attrs["confirmation"]["winner"] == conf["winner"]
+    assert best_trial(study).number == conf["winner"] == outcome.best_number
+
+    df = dataset.read_trials(tmp_path / "dataset", study="confirmed")
+    repeats = df[df["repeat"].notna()]
+    assert len(repeats) == 4 and set(repeats["repeat"].astype(int)) == {1, 2}
+    assert len(df) - len(repeats) == 4
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("exp-confirm")
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`servetune.role` = 'repeat'")
+    assert len(runs) == 4 and all(r.data.tags["servetune.origin"] == "repeat" for r in runs)
+    assert {r.info.run_name for r in runs} == {f"trial-{c['trial_number']:03d}-repeat-{k}"
+                                               for c in conf["configs"] for k in (1, 2)}

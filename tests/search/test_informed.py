@@ -1,0 +1,51 @@
+"""Informed starts: grid snapping and the starts just under the preemption bound."""
+
+from __future__ import annotations
+
+import pytest
+
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.modelinfo import load_model
+from servetune.planner.prior import preemption_bound
+from servetune.search.informed import informed_starts, snap_down
+from servetune.spec.space import SearchSpace
+from servetune.workload import Workload
+
+
+def test_snap_down_follows_the_parameter_grid() -> None:
+    space = SearchSpace.from_dict({"params": {
+        "max_num_seqs": {"type": "categorical", "choices": [16, 64, 256]},
+        "gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 0.9, "step": 0.1},
+        "max_num_batched_tokens": {"type": "int", "low": 1024, "high": 8192, "log": True}}})
+    assert snap_down(space["max_num_seqs"], 200) == 64
+    assert snap_down(space["max_num_seqs"], 10) is None
+    assert snap_down(space["gpu_memory_utilization"], 0.75) == pytest.approx(0.7)
+    assert snap_down(space["max_num_batched_tokens"], 3000.7) == 3000
+
+
+def test_informed_start_sits_just_under_the_bound_at_the_highest_utilization_that_starts() -> None:
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("A100-40GB")
+    space = SearchSpace.from_dict({"params": {
+        "gpu_memory_utilization": {"type": "float", "low": 0.3, "high": 0.95, "step": 0.05},
+        "max_num_seqs": {"type": "int", "low": 16, "high": 512, "log": True}}})
+    w = Workload.from_dict({"input_len": 512, "output_len": 1024, "num_requests": 384, "concurrency": 192})
+    starts = informed_starts(space, {"max_model_len": 4096}, model, gpu, w, "0.26.0")
+    assert [s["gpu_memory_utilization"] for s in starts] == [0.95, 0.95]
+    first, second = starts[0]["max_num_seqs"], starts[1]["max_num_seqs"]
+    plan = plan_memory(model, gpu, resolve_engine_config(
+        {"gpu_memory_utilization": 0.95, "max_num_seqs": first, "max_model_len": 4096}, model, gpu))
+    assert first == preemption_bound(plan.kv_cache_tokens, 512, 1024)  # an int space: exactly the bound
+    assert first < second <= 192  # the optimistic bound, capped by the requests in flight
+
+
+def test_informed_starts_skip_utilizations_that_cannot_start_and_spaces_without_max_num_seqs() -> None:
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("A100-40GB")
+    w = Workload.from_dict({"input_len": 512, "output_len": 256, "num_requests": 64, "concurrency": 32})
+    space = SearchSpace.from_dict({"params": {"gpu_memory_utilization": [0.3, 0.35, 0.6],
+                                              "max_num_seqs": [8, 16, 32, 64]}})
+    starts = informed_starts(space, {"max_model_len": 4096}, model, gpu, w, "0.26.0")
+    assert starts and all(s["gpu_memory_utilization"] == 0.6 for s in starts)
+    assert starts[0]["max_num_seqs"] == 32  # the bound is far above: capped by concurrency 32
+    only_util = SearchSpace.from_dict({"params": {"gpu_memory_utilization": [0.5, 0.9]}})
+    assert informed_starts(only_util, {}, model, gpu, w, "0.26.0") == []
