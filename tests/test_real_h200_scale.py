@@ -66,19 +66,27 @@ def test_fp8_kv_cache_doubles_the_tokens_at_the_same_budget() -> None:
     assert fp8 == pytest.approx(2 * auto, rel=0.005)
 
 
-def test_no_window_preempted_and_shared_prefixes_hit_the_cache() -> None:
-    for w in sorted(SCALE.glob("*/*/")):
-        def read(name: str) -> dict:
-            return parse_prometheus(gzip.decompress((w / f"{name}.txt.gz").read_bytes()).decode())
+def test_no_window_preempted_and_the_prefix_cache_saw_what_was_sent() -> None:
+    for start in STARTS:
+        windows = json.loads((SCALE / start / "summary.json").read_text())["windows"]
+        for k, name in enumerate(windows):
+            w = SCALE / start / name
 
-        before, after = read("metrics_before"), read("metrics_after")
-        delta = (counter(after, "vllm:num_preemptions_total") or 0) - (counter(before, "vllm:num_preemptions_total") or 0)
-        assert delta == 0, w  # gpu_memory_utilization 0.9: every sequence fits
-        hits = (counter(after, "vllm:prefix_cache_hits_total") or 0) - (counter(before, "vllm:prefix_cache_hits_total") or 0)
-        queries = ((counter(after, "vllm:prefix_cache_queries_total") or 0)
-                   - (counter(before, "vllm:prefix_cache_queries_total") or 0))
-        if w.name.startswith("prefix768"):
-            # 768 of 1024 prompt tokens shared within 8 groups: about three quarters hit.
-            assert 0.6 < hits / queries < 0.8, (w, hits, queries)
-        else:
-            assert hits / queries < 0.1, (w, hits, queries)
+            def delta(metric: str) -> float:
+                def read(dump: str) -> float:
+                    text = gzip.decompress((w / f"{dump}.txt.gz").read_bytes()).decode()
+                    return counter(parse_prometheus(text), metric) or 0.0
+
+                return read("metrics_after") - read("metrics_before")
+
+            assert delta("vllm:num_preemptions_total") == 0, w  # gpu_memory_utilization 0.9: all fit
+            hit = delta("vllm:prefix_cache_hits_total") / delta("vllm:prefix_cache_queries_total")
+            if name.startswith("prefix768"):
+                # 768 of 1024 prompt tokens shared within 8 groups: three quarters hit.
+                assert 0.74 < hit < 0.76, (w, hit)
+            elif k == 0:
+                assert hit < 0.01, (w, hit)  # a fresh server: nothing to hit
+            else:
+                # Later windows of a start re-sent earlier windows' prompts (same seed, see the
+                # fixtures' README): at most every block but a prompt's last.
+                assert hit < 0.985, (w, hit)

@@ -76,7 +76,12 @@ def main() -> int:
     # Import before limiting memory: the limit is for the cases, not for Python's start-up.
     import servetune.spec.space  # noqa: F401
 
-    resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
+    # The limit is on what a case may add to the address space the imports already hold
+    # (servetune.spec pulls in numpy, pandas, pyarrow and optuna, which reserve far more address
+    # space than they use): ``mem`` bytes beyond today's size.
+    with open("/proc/self/status") as status:
+        vm_size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (vm_size + mem, vm_size + mem))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     signal.signal(signal.SIGALRM, _alarm)
     out = sys.stdout

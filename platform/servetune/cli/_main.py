@@ -258,7 +258,7 @@ def _best(args: argparse.Namespace) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     import sqlalchemy.exc
 
-    from servetune.spec import redact_url
+    from servetune.redact import redact_url
 
     try:
         study = optuna.load_study(study_name=name, storage=open_storage(storage))
