@@ -92,7 +92,7 @@ class PostgresServer:
 
     def url(self, database: str) -> str:
         """The SQLAlchemy URL of ``database`` on this server."""
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{database}"
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
 
     def _run(self, argv: list[str], timeout: float = 120) -> None:
         proc = subprocess.run([*self._as, *argv], capture_output=True, text=True, timeout=timeout)
@@ -102,7 +102,7 @@ class PostgresServer:
 
     def start(self) -> None:
         """Start the server (own session) and wait until it accepts connections."""
-        import psycopg2
+        import psycopg
 
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([*self._as, str(self.bin / "postgres"), "-D", str(self.data)],
@@ -112,9 +112,9 @@ class PostgresServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"postgres exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
             try:
-                psycopg2.connect(self.admin_dsn).close()
+                psycopg.connect(self.admin_dsn).close()
                 return
-            except psycopg2.OperationalError:
+            except psycopg.OperationalError:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"postgres not accepting connections after {_START_TIMEOUT_S:.0f} s:\n"
                                        f"{self.log.read_text()[-3000:]}") from None
@@ -141,18 +141,14 @@ class PostgresServer:
 
     def create_database(self, name: str) -> str:
         """A fresh, empty database (dropped first if it exists); returns its SQLAlchemy URL."""
-        import psycopg2
+        import psycopg
 
         if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", name):
             raise ValueError(f"database name {name!r}: lowercase letters, digits and _ only")
-        conn = psycopg2.connect(self.admin_dsn)
-        try:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute(f"DROP DATABASE IF EXISTS {name}")  # name checked above: an identifier
-                cur.execute(f"CREATE DATABASE {name}")
-        finally:
-            conn.close()
+        # autocommit: CREATE/DROP DATABASE cannot run inside a transaction block.
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")  # name checked above: an identifier
+            conn.execute(f"CREATE DATABASE {name}")
         return self.url(name)
 
     def destroy(self) -> None:

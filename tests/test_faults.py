@@ -235,20 +235,34 @@ def test_locked_optuna_storage_is_waited_out_without_losing_a_trial(
     assert sorted(int(r.data.tags["servetune.trial_number"]) for r in children) == sorted(t.number for t in complete)
 
 
-def test_retry_tells_a_postgresql_restart_from_a_configuration_mistake() -> None:
-    import psycopg2
+def test_retry_tells_a_postgresql_restart_from_a_configuration_mistake(postgres_server: Any) -> None:
+    import psycopg
     import sqlalchemy.exc
+    from _ray_helpers import free_ports
 
-    refused = psycopg2.OperationalError('connection to server at "127.0.0.1", port 5432 failed: Connection refused')
-    assert is_transient_storage_error(refused)
-    assert is_transient_storage_error(sqlalchemy.exc.OperationalError("SELECT 1", {}, refused))
+    # Real errors from psycopg 3 (the [postgres] extra): a port nothing listens on, and the test
+    # server asked for a database and a role it does not have.
+    (closed_port,) = free_ports(1)
+    with pytest.raises(psycopg.OperationalError) as refused:
+        psycopg.connect(f"host=127.0.0.1 port={closed_port} user=postgres dbname=postgres connect_timeout=5")
+    assert "refused" in str(refused.value).lower()
+    assert is_transient_storage_error(refused.value)
+    assert is_transient_storage_error(sqlalchemy.exc.OperationalError("SELECT 1", {}, refused.value))
     closed = optuna.exceptions.StorageInternalError("An exception is raised during the commit.")
     closed.__cause__ = sqlalchemy.exc.OperationalError(
-        "COMMIT", {}, psycopg2.OperationalError("server closed the connection unexpectedly"))
+        "COMMIT", {}, psycopg.OperationalError("server closed the connection unexpectedly"))
     assert is_transient_storage_error(closed)
-    for mistake in ('FATAL:  database "optuna" does not exist', 'FATAL:  password authentication failed for user "x"',
-                    'FATAL:  role "nobody" does not exist'):
-        assert not is_transient_storage_error(sqlalchemy.exc.OperationalError("", {}, psycopg2.OperationalError(mistake)))
+    shutdown = psycopg.errors.AdminShutdown("terminating connection due to administrator command")
+    assert type(shutdown).__module__.startswith("psycopg") and is_transient_storage_error(shutdown)
+    for dsn in (f"host=127.0.0.1 port={postgres_server.port} user=postgres dbname=no_such_db connect_timeout=5",
+                f"host=127.0.0.1 port={postgres_server.port} user=nobody dbname=postgres connect_timeout=5"):
+        with pytest.raises(psycopg.OperationalError) as mistake:
+            psycopg.connect(dsn)
+        assert "does not exist" in str(mistake.value), str(mistake.value)
+        assert not is_transient_storage_error(mistake.value)
+        assert not is_transient_storage_error(sqlalchemy.exc.OperationalError("", {}, mistake.value))
+    assert not is_transient_storage_error(sqlalchemy.exc.OperationalError(
+        "", {}, psycopg.OperationalError('FATAL:  password authentication failed for user "x"')))
 
 
 @pytest.mark.slow

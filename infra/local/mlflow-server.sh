@@ -3,7 +3,7 @@
 #   bash infra/local/mlflow-server.sh [RUNS_DIR] [PORT]
 # Point a study at it with `tracking: {mlflow_uri: http://127.0.0.1:5000}`.
 # Binds to 127.0.0.1 only; set MLFLOW_HOST to change that deliberately.
-# Backend: SQLite under RUNS_DIR, or MLFLOW_BACKEND_STORE_URI (e.g. postgresql+psycopg2://...,
+# Backend: SQLite under RUNS_DIR, or MLFLOW_BACKEND_STORE_URI (e.g. postgresql+psycopg://...,
 # as infra/local/stack.sh sets it); artifacts go through the server into RUNS_DIR/mlartifacts.
 set -euo pipefail
 RUNS_DIR=${1:-servetune-runs}

@@ -201,7 +201,7 @@ for gpu_type in sys.argv[1:]:
   done
 
   # --- MLflow on PostgreSQL, artifacts proxied by the server into $STACK_DIR/mlartifacts.
-  PATH="$bin:$PATH" MLFLOW_BACKEND_STORE_URI="postgresql+psycopg2://$DB_USER@127.0.0.1:$pg_port/mlflow" \
+  PATH="$bin:$PATH" MLFLOW_BACKEND_STORE_URI="postgresql+psycopg://$DB_USER@127.0.0.1:$pg_port/mlflow" \
     MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false MLFLOW_DISABLE_TELEMETRY=true \
     start_group mlflow "$LOGS/mlflow.log" bash "$REPO/infra/local/mlflow-server.sh" "$STACK_DIR" "$mlflow_port"
 
@@ -272,7 +272,7 @@ EOF
     printf 'export RAY_AUTH_MODE=disabled\n'
     printf 'export MLFLOW_TRACKING_URI=http://127.0.0.1:%s\n' "$mlflow_port"
     printf '# For a study spec: storage: {optuna_url: $OPTUNA_STORAGE}, tracking: {mlflow_uri: $MLFLOW_TRACKING_URI}\n'
-    printf 'export OPTUNA_STORAGE=postgresql+psycopg2://%s@127.0.0.1:%s/optuna\n' "$DB_USER" "$pg_port"
+    printf 'export OPTUNA_STORAGE=postgresql+psycopg://%s@127.0.0.1:%s/optuna\n' "$DB_USER" "$pg_port"
     if [[ $DASHBOARD == 1 ]]; then printf 'export RAY_API_SERVER_ADDRESS=http://127.0.0.1:%s   # ray job submit\n' "$dashboard_port"; fi
   } >"$ENV_FILE"
   note "up: PostgreSQL 127.0.0.1:$pg_port, MLflow http://127.0.0.1:$mlflow_port, Ray 127.0.0.1:$ray_port" \

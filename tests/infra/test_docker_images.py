@@ -8,6 +8,7 @@ not the version servetune's memory planner is calibrated for.
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,15 @@ DOCKER = REPO / "infra" / "docker"
 
 
 def _pins() -> dict[str, str]:
-    """``name==version`` pins of pyproject.toml (dependencies and extras), extras stripped from names."""
-    text = (REPO / "pyproject.toml").read_text()
-    return {re.sub(r"\[.*\]", "", name).lower(): version
-            for name, version in re.findall(r'"([A-Za-z0-9_.\-]+(?:\[[^\]]*\])?)==([^";\s]+)"', text)}
+    """The exact versions CI installs (constraints.txt), names lowercased with ``_`` as ``-``."""
+    text = (REPO / "constraints.txt").read_text()
+    return {name.lower().replace("_", "-"): version
+            for name, version in re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)$", text, re.M)}
+
+
+def _extras() -> dict[str, list[str]]:
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["optional-dependencies"]
 
 
 def _args(dockerfile: Path) -> dict[str, str]:
@@ -35,19 +41,48 @@ def _from(dockerfile: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["Dockerfile.gpu-worker", "Dockerfile.mlflow"])
-def test_dockerfile_pins_the_versions_of_pyproject(name: str) -> None:
+def test_dockerfile_pins_the_versions_ci_tests(name: str) -> None:
     pins, args = _pins(), _args(DOCKER / name)
     checked = 0
     for package, arg in (("ray", "RAY_VERSION"), ("optuna", "OPTUNA_VERSION"), ("mlflow", "MLFLOW_VERSION"),
-                         ("psycopg2-binary", "PSYCOPG2_VERSION")):
+                         ("mlflow-skinny", "MLFLOW_SKINNY_VERSION"), ("psycopg", "PSYCOPG_VERSION")):
         if arg in args:
-            # psycopg2-binary: compared once pyproject pins it (the cluster work adds it).
-            assert pins.get(package, args[arg]) == args[arg], f"{name}: {arg}={args[arg]}, pyproject {pins.get(package)}"
+            assert pins.get(package) == args[arg], f"{name}: {arg}={args[arg]}, constraints.txt {pins.get(package)}"
             checked += 1
     assert checked >= 2
+    assert "PSYCOPG2_VERSION" not in args and "psycopg2" not in (DOCKER / name).read_text(), \
+        f"{name}: PostgreSQL's driver is psycopg 3 (servetune[postgres])"
     text = (DOCKER / name).read_text()
     for arg in args:
         assert f"${{{arg}}}" in text, f"{name}: ARG {arg} is never used"
+
+
+def test_constraints_pin_inside_pyproject_ranges_and_the_extras_exist() -> None:
+    from packaging.requirements import Requirement
+
+    with open(REPO / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    pins, extras = _pins(), _extras()
+    assert {"ui", "server", "postgres", "gpu", "test"} <= set(extras)
+    core = [Requirement(r) for r in project["dependencies"]]
+    assert {r.name for r in core} >= {"mlflow-skinny", "prometheus-client"}
+    assert not {r.name for r in core} & {"mlflow", "psycopg", "psycopg2", "psycopg2-binary", "vllm"}, \
+        "the core stays lean: full mlflow, PostgreSQL's driver and vLLM are extras"
+    tested = [Requirement(r) for r in [*project["dependencies"], *extras["ui"], *extras["postgres"]]]
+    for req in tested:
+        assert req.name in pins, f"constraints.txt does not pin {req.name}"
+        assert req.specifier.contains(pins[req.name]), f"constraints.txt {req.name}=={pins[req.name]} outside {req}"
+    (vllm,) = [Requirement(r) for r in extras["gpu"] if r.startswith("vllm")]
+    assert str(vllm.specifier) == f"=={DEFAULT_VLLM_VERSION}", "the [gpu] extra is the vLLM the planner models"
+
+
+def test_gpu_worker_installs_servetune_with_the_gpu_extras_without_repinning_vllm() -> None:
+    text = (DOCKER / "Dockerfile.gpu-worker").read_text()
+    installs = re.findall(r'"\.\[([a-z,]+)\]"', text)
+    assert installs == ["gpu,postgres"], installs
+    assert set(installs[0].split(",")) <= set(_extras())
+    assert "pip freeze" in text and "-c /tmp/vllm-image.txt" in text, "the image's own packages constrain the install"
+    assert "pip check" in text
 
 
 def test_gpu_worker_is_vllm_of_servetunes_target_version() -> None:

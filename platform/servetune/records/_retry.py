@@ -8,7 +8,8 @@ Contract:
 * Transient: SQLAlchemy ``OperationalError`` / ``DisconnectionError`` / ``TimeoutError`` (pool),
   ``sqlite3.OperationalError`` ("database is locked", "unable to open database file"), and Optuna's
   ``StorageInternalError`` (its RDB storage wraps the SQLAlchemy error after rolling back), and
-  the driver's own ``psycopg2.OperationalError`` / ``InterfaceError``. For PostgreSQL that covers a
+  the driver's own ``OperationalError`` / ``InterfaceError`` (psycopg 3, the ``[postgres]`` extra,
+  and psycopg2 where a user still has it: both name them alike). For PostgreSQL that covers a
   server restart: "server closed the connection unexpectedly", "terminating connection due to
   administrator command", "the database system is shutting down / starting up", "Connection
   refused". An ``IntegrityError`` is a real conflict, never retried, and neither is a
@@ -78,8 +79,10 @@ def is_transient_storage_error(exc: BaseException) -> bool:
                 return True
         if module.startswith("optuna") and name == "StorageInternalError":
             return True
-        # psycopg2's own classes (psycopg2.errors.AdminShutdown etc. subclass OperationalError).
-        if module.startswith("psycopg2") and any(
+        # The drivers' own classes: psycopg 3 (psycopg.OperationalError, psycopg.errors.AdminShutdown,
+        # ConnectionTimeout, ...) and psycopg2 (psycopg2.errors.AdminShutdown, ...) subclass
+        # OperationalError or InterfaceError under the same names.
+        if module.split(".")[0] in ("psycopg", "psycopg2") and any(
                 base.__name__ in ("OperationalError", "InterfaceError") for base in type(current).__mro__):
             return True
     return False

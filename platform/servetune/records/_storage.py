@@ -15,6 +15,11 @@ Contract:
   rolled back on error, so a retry never applies half a write. One case is made idempotent
   explicitly: finishing a trial (``set_trial_state_values``) whose earlier attempt committed but
   lost its answer with the connection returns success instead of "trial already finished".
+* :func:`postgres_url` checks a PostgreSQL URL's driver before anything connects: psycopg 3
+  (``postgresql+psycopg://``, the ``[postgres]`` extra) or psycopg2 (``postgresql+psycopg2://``,
+  accepted where the user installed it); a bare ``postgresql://`` goes to whichever is installed
+  (psycopg2 first, SQLAlchemy's own default). A driver that is missing is one line naming the
+  extra, not SQLAlchemy's ``ModuleNotFoundError`` traceback.
 * Errors that are not outages (a wrong password, a missing database, an ``IntegrityError``) are
   raised at once (:func:`servetune.records._retry.is_transient_storage_error`).
 
@@ -28,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Container, Sequence
 from typing import Any, TypeVar
 
@@ -38,9 +44,10 @@ from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy  # BaseStorage's own type; not re-exported
 from optuna.trial import FrozenTrial, TrialState
 
+from servetune.errors import SpecError
 from servetune.records._retry import retry_call
 
-__all__ = ["open_storage", "RetryingStorage", "engine_kwargs_for"]
+__all__ = ["open_storage", "RetryingStorage", "engine_kwargs_for", "postgres_url"]
 
 _T = TypeVar("_T")
 
@@ -51,7 +58,7 @@ def engine_kwargs_for(url: str) -> dict[str, Any]:
     Example:
         >>> engine_kwargs_for("sqlite:///optuna.db")
         {}
-        >>> engine_kwargs_for("postgresql+psycopg2://u@db:5432/optuna")
+        >>> engine_kwargs_for("postgresql+psycopg://u@db:5432/optuna")
         {'pool_pre_ping': True, 'connect_args': {'connect_timeout': 10}}
         >>> engine_kwargs_for("postgresql://u@db/optuna?connect_timeout=3")
         {'pool_pre_ping': True}
@@ -64,10 +71,44 @@ def engine_kwargs_for(url: str) -> dict[str, Any]:
     return kwargs
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None  # found, not imported: no driver start-up cost
+    except ImportError:  # a finder that refuses the name: not installed for this process either
+        return False
+
+
+def postgres_url(url: str, field: str = "storage.optuna_url") -> str:
+    """``url`` with its PostgreSQL driver checked (any other URL unchanged); SpecError when missing.
+
+    Example:
+        >>> postgres_url("sqlite:///optuna.db")
+        'sqlite:///optuna.db'
+    """
+    scheme, sep, rest = url.partition("://")
+    dialect, _, driver = scheme.partition("+")
+    if not sep or dialect != "postgresql" or driver not in ("", "psycopg", "psycopg2"):
+        return url  # not PostgreSQL, or a driver servetune does not ship (asyncpg, pg8000): SQLAlchemy's call
+    install = "pip install 'servetune[postgres]' (psycopg 3)"
+    if driver == "":
+        for module in ("psycopg2", "psycopg"):  # SQLAlchemy's default for a bare postgresql:// first
+            if _installed(module):
+                return f"postgresql+{module}://{rest}"
+        raise SpecError(field, "a PostgreSQL URL, but no PostgreSQL driver is installed", install)
+    if _installed(driver):
+        return url
+    if driver == "psycopg2":
+        fix = ("psycopg 3 is installed: write postgresql+psycopg:// instead" if _installed("psycopg")
+               else f"{install} and write postgresql+psycopg://, or pip install psycopg2-binary")
+        raise SpecError(field, "postgresql+psycopg2:// needs psycopg2, which is not installed", fix)
+    raise SpecError(field, "postgresql+psycopg:// needs psycopg 3, which is not installed", install)
+
+
 def open_storage(url: str | None) -> RetryingStorage | None:
     """The study's storage for ``url`` (``None``: in memory). Connects: retry it as a whole."""
     if url is None:
         return None
+    url = postgres_url(url)
     rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs_for(url))
     return RetryingStorage(optuna.storages._CachedStorage(rdb))
 

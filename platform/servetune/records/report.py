@@ -29,18 +29,16 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # headless: the study driver and Ray workers have no display
+from servetune.errors import SpecError, did_you_mean
+from servetune.result import TrialStatus
 
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from servetune.errors import SpecError, did_you_mean  # noqa: E402
-from servetune.result import TrialStatus  # noqa: E402
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "MEMORY_PARTS",
@@ -66,7 +64,12 @@ _OK = TrialStatus.OK.value
 
 
 def _figure(width: float = 7.5, height: float = 4.5) -> Figure:
-    # Figure() directly, not pyplot: no global figure registry that would leak across a study.
+    # Figure() directly, not pyplot: no global figure registry that would leak across a study, and
+    # no GUI backend (it renders with Agg on a headless driver and in Ray). Imported here, not at
+    # module level: matplotlib costs about half a second, which `import servetune.study` and
+    # `servetune --help` need not pay.
+    from matplotlib.figure import Figure
+
     return Figure(figsize=(width, height), layout="constrained")
 
 

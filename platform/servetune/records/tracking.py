@@ -183,10 +183,14 @@ class StudyTracker:
         self.artifact_location = artifact_location
         if not experiment:
             raise SpecError("tracking.experiment", "empty experiment name", "name the MLflow experiment")
-        self.tracking_uri = tracking_uri.rstrip("/")
+        from servetune.records._storage import postgres_url  # a database URI: its driver must be installed
+
+        self.tracking_uri = postgres_url(tracking_uri.rstrip("/"), "tracking.mlflow_uri")
         self.experiment = experiment
         self._check_reachable(connect_timeout_s)
-        from mlflow import MlflowClient  # deferred: importing mlflow costs about a second
+        # Deferred: importing mlflow costs about a second. MlflowClient, entities and exceptions
+        # are all in mlflow-skinny (the core dependency); the full mlflow is only for the UI/server.
+        from mlflow import MlflowClient
 
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
         self.experiment_id = self._call("get or create the experiment", self._experiment_id)

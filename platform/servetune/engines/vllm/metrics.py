@@ -1,5 +1,10 @@
 """Prometheus text parsing for vLLM's ``/metrics``: counters, gauges, deltas. Pure.
 
+The text goes through ``prometheus_client``'s own parser (the library vLLM exposes its metrics
+with), so label values are unescaped as the format says (``\\"``, ``\\\\``, ``\\n``) and a sample
+line that carries an exemplar (``... 3 # {trace_id="abc"} 0.5``) keeps its value. A line that
+parser refuses is skipped, with the rest of the text still read.
+
 Names are accepted with and without the ``_total`` suffix, and across vLLM's renames
 (``gpu_cache_usage_perc`` became ``kv_cache_usage_perc`` in 0.9.2). Samples with several label
 sets (one per engine, one per finish reason) are summed.
@@ -14,15 +19,13 @@ Example:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
+
+from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = ["Sample", "parse_prometheus", "counter", "gauge", "labels_of", "ALIASES"]
 
 Sample = tuple[str, dict[str, str], float]
-
-_LINE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\d+)?$')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 #: Each canonical name, then the older names vLLM used for the same series.
 ALIASES: dict[str, tuple[str, ...]] = {
@@ -34,20 +37,31 @@ ALIASES: dict[str, tuple[str, ...]] = {
 
 
 def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """Name -> list of (labels, value). Comments and malformed lines are skipped."""
+    """Sample name -> list of (labels, value), in the text's order. Comments and malformed lines are skipped.
+
+    Sample names are as exposed (``vllm:num_preemptions_total``, ``..._bucket``, ``..._created``);
+    a counter exposed without ``_total`` gets it, as ``prometheus_client`` reads counters.
+
+    Example:
+        >>> parse_prometheus('m{path="C:\\\\tmp",q="say \\\\"hi\\\\""} 1\\nnot a sample\\nh_bucket{le="1"} 3 # {trace_id="a"} 0.5\\n')
+        {'m': [({'path': 'C:\\\\tmp', 'q': 'say "hi"'}, 1.0)], 'h_bucket': [({'le': '1'}, 3.0)]}
+    """
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line.strip())
-        if not m:
-            continue
-        try:
-            value = float(m.group("value"))
-        except ValueError:
-            continue
-        labels = dict(_LABEL.findall(m.group("labels") or ""))
-        out.setdefault(m.group("name"), []).append((labels, value))
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        # One bad line makes the parser refuse the whole text: read it line by line instead (no
+        # TYPE context then, which only decides whether a bare counter name gets ``_total``).
+        families = []
+        for line in text.splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                try:
+                    families.extend(text_string_to_metric_families(line))
+                except ValueError:
+                    continue
+    for family in families:
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
     return out
 
 
