@@ -266,6 +266,8 @@ def _best(args: argparse.Namespace) -> int:
         known = optuna.get_all_study_names(storage) if storage else []
         raise SpecError("study", f"no study named {name!r} in {redact_url(storage)}",
                         f"known studies: {', '.join(known) or 'none'}; or pass the spec file") from None
+    except SpecError:
+        raise  # already one line naming its field and fix (e.g. a PostgreSQL driver that is not installed)
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
         raise SpecError(field, f"cannot open the Optuna storage {redact_url(storage)}: {first}",
