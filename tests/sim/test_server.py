@@ -29,7 +29,7 @@ from servetune.engines.vllm.loadgen import run_workload
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.engines.vllm.metrics import counter, gauge, labels_of, parse_prometheus
 from servetune.planner.modelinfo import load_model
-from servetune.sim.vllm_log import KV_TOKENS_RE, LOG_LINE_RE
+from servetune.engines.vllm.logs import LOG_LINE_RE, parse_log
 from servetune.workload import Workload
 
 PLATFORM = Path(__file__).resolve().parents[2] / "platform"
@@ -198,8 +198,8 @@ def test_metrics_and_log_lines_carry_the_plan(start) -> None:
             info["cache_dtype"], info["enable_prefix_caching"]) == ("16", "0.5", "None", "auto", "True")
 
     log = s.log
-    kv = [int(m.group(1).replace(",", "")) for m in KV_TOKENS_RE.finditer(log)]
-    assert kv == [plan.kv_cache_tokens]
+    assert log.count("GPU KV cache size: ") == 1
+    assert parse_log(log).kv_cache_tokens == plan.kv_cache_tokens  # the product's own parser reads it
     parsed = [LOG_LINE_RE.match(line) for line in log.splitlines()]
     assert sum(1 for m in parsed if m) > 30
     assert any(m and m.group("proc") == "EngineCore" and m.group("src") == "core.py:116" for m in parsed)

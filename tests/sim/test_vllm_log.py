@@ -18,9 +18,26 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.sim import vllm_log
-from servetune.sim.vllm_log import (AVAILABLE_KV_RE, FREE_MEMORY_RE, INIT_ENGINE_RE, KV_TOKENS_RE, LOG_LINE_RE,
-                                    MAX_CONCURRENCY_RE, MODEL_LOADING_RE, STATS_RE, LogRecord, format_record,
-                                    startup_script)
+from servetune.sim.vllm_log import LogRecord, format_record, startup_script
+
+# The shapes of vLLM 0.26's own lines (tests/fixtures/real_h200 and shared/gpu/examples match them): every
+# line the stand-in renders is checked against them, and the product's parser (engines/vllm/logs) reads
+# the same text. They live here, not in the package: the package has one set of log-line patterns.
+LOG_LINE_RE = re.compile(
+    r"^(?:\((?P<proc>\S+) pid=(?P<pid>\d+)\) )?(?P<lvl>[A-Z]+) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
+    r"\[(?P<src>[^\]]+)\] (?P<msg>.*)$")
+KV_TOKENS_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
+MAX_CONCURRENCY_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+AVAILABLE_KV_RE = re.compile(r"Available KV cache memory: (-?[\d.]+) GiB")
+MODEL_LOADING_RE = re.compile(r"Model loading took (-?[\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
+INIT_ENGINE_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) (?:seconds|s)")
+FREE_MEMORY_RE = re.compile(
+    r"Free memory on device \((-?[\d.]+)/(-?[\d.]+) GiB\) on startup\. Desired GPU memory utilization is "
+    r"\(([\d.]+), (-?[\d.]+) GiB\)\. Actual usage is (-?[\d.]+) GiB for weight, (-?[\d.]+) GiB for peak "
+    r"activation, (-?[\d.]+) GiB for non-torch memory, and (-?[\d.]+) GiB for CUDAGraph memory\.")
+STATS_RE = re.compile(
+    r"Engine (\d+): Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+    r"Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: ([\d.]+)%, Prefix cache hit rate: ([\d.]+)%")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_h200"
 SERVER1 = Path("/work/shared/gpu/examples/server1.log")

@@ -47,12 +47,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import datetime
 import heapq
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from servetune.planner.memory import plan_memory
 from servetune.result import RequestRecord, TrialResult, TrialStatus, summarize
+from servetune.sim import vllm_log
 from servetune.sim.perf import PerfModel
 from servetune.vllm_version import version_tuple
 
@@ -639,7 +641,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
     if not plan.fits:
         status = plan.failure or TrialStatus.STARTUP_OOM
         return TrialResult(status=status, cause=plan.cause, evidence=[plan.cause] if plan.cause else [],
-                           log_text=_startup_log(model, config, plan, failed=True), **base)  # type: ignore[arg-type]
+                           log_text=_startup_log(model, gpu, config, plan), **base)  # type: ignore[arg-type]
 
     perf = PerfModel(model, gpu, config)
     sched = SimScheduler(model, gpu, config, plan.num_gpu_blocks, seed=seed, perf=perf)
@@ -716,7 +718,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         kv_cache_usage_peak=sched.kv_usage_peak, kv_cache_usage_mean=sched.kv_usage_mean,
         requests=records,
     )
-    result.log_text = _startup_log(model, config, plan, failed=False) + _run_log(sched, result, seed)
+    result.log_text = _startup_log(model, gpu, config, plan) + _run_log(sched, result, seed)
     return result
 
 
@@ -740,39 +742,16 @@ def _records(sched: SimScheduler, measured: list[Any], index_of: dict[str, int],
     return out
 
 
-def _gib(x: float) -> str:
-    return str(round(x, 2))
-
-
-def _startup_log(model: ModelProfile, config: EngineConfig, plan: MemoryPlan, failed: bool) -> str:
-    """A few vLLM-shaped startup lines (formats as in vLLM 0.26), so log parsers work on sim trials."""
-    ts = "01-01 00:00:00"
-    pre = f"(EngineCore pid=0) INFO {ts} "
-    lines = [
-        f"{pre}[core.py:116] Initializing a V1 LLM engine (v{config.vllm_version}) with config: model='{model.name}', "
-        f"max_seq_len={config.max_model_len}, tensor_parallel_size={config.tensor_parallel_size}, "
-        f"pipeline_parallel_size={config.pipeline_parallel_size}, enforce_eager={config.enforce_eager}, "
-        f"kv_cache_dtype={config.kv_cache_dtype}, enable_prefix_caching={config.enable_prefix_caching}, "
-        f"enable_chunked_prefill={config.enable_chunked_prefill}, "
-        f"compilation_config={{'cudagraph_capture_sizes': {list(config.cudagraph_capture_sizes)}}}",
-        f"{pre}[gpu_model_runner.py:1] Model loading took {_gib(plan.memory.weights)} GiB memory and 1.0 seconds",
-    ]
-    if failed:
-        lines.append(f"(EngineCore pid=0) ERROR {ts} [core.py:1] EngineCore failed to start.")
-        cause = plan.cause or "engine startup failed"
-        # vLLM's traceback ends with the exception type; OOM texts already carry theirs.
-        lines.append(cause if cause.split(":", 1)[0].endswith("Error") else f"ValueError: {cause}")
-        lines.append("RuntimeError: Engine core initialization failed. See root cause above. "
-                     "Failed core proc(s): {'EngineCore': 1}")
-        return "\n".join(lines) + "\n"
-    lines += [
-        f"{pre}[gpu_worker.py:560] Available KV cache memory: {_gib(plan.memory.kv_cache)} GiB",
-        f"{pre}[kv_cache_utils.py:2177] GPU KV cache size: {plan.kv_cache_tokens:,} tokens",
-        f"{pre}[kv_cache_utils.py:2178] Maximum concurrency for {config.max_model_len:,} tokens per request: "
-        f"{plan.max_concurrency:.2f}x",
-        f"{pre}[core.py:340] init engine (profile, create kv cache, warmup model) took {plan.startup_s:.2f} s",
-    ]
-    return "\n".join(lines) + "\n"
+def _startup_log(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, plan: MemoryPlan) -> str:
+    """vLLM's startup log for this engine, written by the one log writer the stand-in server uses
+    (:func:`servetune.sim.vllm_log.startup_script`), so log parsers read sim trials like real ones."""
+    script = vllm_log.startup_script(model, gpu, config, plan, model_ref=model.name, served_model_name=model.name,
+                                     host="127.0.0.1", port=8000, given_flags={}, api_pid=0)
+    pids = {"APIServer": 0, "EngineCore": 1}
+    for i, proc in enumerate(vllm_log.worker_procs(config)):
+        pids.setdefault(proc, 2 + i)
+    when = datetime.datetime(2026, 1, 1)
+    return "".join(vllm_log.format_record(r, pids, when) + "\n" for r in (*script.before_listen, *script.after_listen))
 
 
 def _run_log(sched: SimScheduler, result: TrialResult, seed: int) -> str:

@@ -40,8 +40,7 @@ if TYPE_CHECKING:  # the planner's types; only their attributes are read here
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = [
-    "LogRecord", "StartupScript", "FAIL_MODES", "LOG_LINE_RE", "KV_TOKENS_RE", "MAX_CONCURRENCY_RE",
-    "AVAILABLE_KV_RE", "MODEL_LOADING_RE", "INIT_ENGINE_RE", "FREE_MEMORY_RE", "STATS_RE",
+    "LogRecord", "StartupScript", "FAIL_MODES",
     "format_gib", "format_record", "non_default_args", "startup_script", "stats_message",
     "runtime_crash_records", "shutdown_records", "access_record", "config_error_records",
     "worker_procs",
@@ -49,24 +48,6 @@ __all__ = [
 
 #: The ``--sim-fail`` modes of the stand-in server.
 FAIL_MODES = ("startup_oom", "kv_too_small", "cudagraph_oom", "crash", "hang", "runtime_crash", "stall")
-
-# Regexes a log parser uses on vLLM logs; the tests check every rendered
-# line against them so the stand-in can never drift from what the real-engine parser expects.
-LOG_LINE_RE = re.compile(
-    r"^(?:\((?P<proc>\S+) pid=(?P<pid>\d+)\) )?(?P<lvl>[A-Z]+) (?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) "
-    r"\[(?P<src>[^\]]+)\] (?P<msg>.*)$")
-KV_TOKENS_RE = re.compile(r"KV cache size: ([\d,]+) tokens")
-MAX_CONCURRENCY_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-AVAILABLE_KV_RE = re.compile(r"Available KV cache memory: (-?[\d.]+) GiB")
-MODEL_LOADING_RE = re.compile(r"Model loading took (-?[\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
-INIT_ENGINE_RE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) (?:seconds|s)")
-FREE_MEMORY_RE = re.compile(
-    r"Free memory on device \((-?[\d.]+)/(-?[\d.]+) GiB\) on startup\. Desired GPU memory utilization is "
-    r"\(([\d.]+), (-?[\d.]+) GiB\)\. Actual usage is (-?[\d.]+) GiB for weight, (-?[\d.]+) GiB for peak "
-    r"activation, (-?[\d.]+) GiB for non-torch memory, and (-?[\d.]+) GiB for CUDAGraph memory\.")
-STATS_RE = re.compile(
-    r"Engine (\d+): Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
-    r"Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: ([\d.]+)%, Prefix cache hit rate: ([\d.]+)%")
 
 _GIB = float(1 << 30)
 _MIB = float(1 << 20)
