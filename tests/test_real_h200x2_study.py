@@ -184,3 +184,33 @@ def test_the_earlier_studys_warm_starts_are_predicted_once_warm_is_known(number,
     assert log.compile_cache_hit is True
     assert _planner(flags, warm=True) == pytest.approx(log.kv_cache_tokens, rel=1e-3)
     assert abs(_planner(flags, warm=False) - log.kv_cache_tokens) / log.kv_cache_tokens > 0.01
+
+
+def test_the_pre_screens_compile_cache_rule_replayed_in_the_real_grids_order(tmp_path):
+    """search.propose.compile_cache_warm, applied as the study applies it: at each trial's start,
+    on the trials that had finished by then (from the study's own optuna.db), it says warm or
+    cold; the planner with that verdict predicts every served start's KV capacity within 0.1%,
+    and the verdict is the peak each log shows (trial 3 compiled and still profiled warm)."""
+    import shutil
+
+    import optuna
+
+    from servetune.search.propose import compile_cache_warm
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    shutil.copy(STUDY / "optuna.db", tmp_path / "optuna.db")
+    real = optuna.load_study(study_name="h200x2-grid", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    trials = sorted(real.trials, key=lambda t: t.datetime_start)
+    verdicts = {}
+    for trial in trials:
+        finished = [t for t in trials if t.datetime_complete < trial.datetime_start]
+        replay = optuna.create_study(direction="maximize")
+        replay.add_trials(finished)  # what the study knew when it proposed this trial
+        verdicts[trial.number] = compile_cache_warm(replay, trial.user_attrs["flags"])
+    assert verdicts == {0: False, 1: False, 2: True, 3: True, 4: True, 5: True, 6: True, 7: True}
+    for row in (r for r in GRID if r["status"] == "ok"):
+        n = int(row["trial_number"])
+        parsed = parse_log((_trial_dir("grid", n) / "server.log").read_text())
+        assert (parsed.activation_peak_gib < 0.4) == verdicts[n], n  # 0.38 warm, 0.44 cold
+        predicted = _planner(_flags(row), verdicts[n])
+        assert abs(predicted - row["kv_cache_tokens"]) / row["kv_cache_tokens"] < 0.001, n

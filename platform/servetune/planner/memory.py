@@ -45,7 +45,7 @@ from servetune.vllm_version import DEFAULT_VLLM_VERSION, VERSION_RE, Version
 
 __all__ = ["DEFAULT_VLLM_VERSION", "EngineConfig", "MemoryPlan", "resolve_engine_config", "plan_memory",
            "parse_vllm_version", "capture_sizes_for", "activation_peak_bytes", "cudagraph_memory_bytes",
-           "batch_defaults"]
+           "batch_defaults", "compile_key", "kernel_cache_key"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -504,8 +504,8 @@ def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_sta
 
     The dummy batch is ``max_num_batched_tokens`` tokens over ``num_reqs = min(mbt, max_num_seqs)``
     requests; the last PP stage then runs the sampler over ``num_reqs`` rows. ``compile_cache_warm``:
-    the node already compiled this configuration, so the start loads its graphs and profiles the
-    smaller (eager-like) peak. Constants: see "Calibration" above.
+    the node's kernel caches already hold this model's kernels (see :func:`kernel_cache_key`), so
+    the start profiles the smaller (eager-like) peak. Constants: see "Calibration" above.
     """
     tokens = config.max_num_batched_tokens
     hidden_elems = (ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER if config.enforce_eager or compile_cache_warm
@@ -600,6 +600,34 @@ def compile_key(flags: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
         True
     """
     return tuple(sorted((k, v) for k, v in flags.items() if k not in _NOT_IN_COMPILE_KEY))
+
+
+#: Flags that change only batch sizes, capture sizes or scheduling: the kernels stay the same.
+_NOT_IN_KERNEL_KEY = _NOT_IN_COMPILE_KEY | frozenset({
+    "max_num_seqs", "max_num_batched_tokens", "cudagraph_capture_sizes", "max_cudagraph_capture_size",
+    "enable_prefix_caching", "enable_chunked_prefill", "long_prefill_token_threshold", "scheduling_policy",
+    "async_scheduling"})
+
+
+def kernel_cache_key(flags: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The part of a flag set that decides which compiled kernels a start needs (of one model).
+
+    What decides the profiled activation peak is whether the node's Inductor and Triton kernel
+    caches already hold this model's kernels, not whether vLLM's own compile cache holds this
+    exact configuration (:func:`compile_key`): in the real 2 x H200 grid study
+    (tests/fixtures/real_h200/study_h200x2) trial 3 (max_num_seqs 128) compiled its graphs, yet
+    profiled the warm 0.38 GiB peak, because trials 0 and 1 (max_num_seqs 32) had compiled the
+    same kernels on that host; the 8B start with ``kv_cache_dtype=fp8`` (new attention kernels)
+    profiled the cold peak again (tests/fixtures/real_h200/scale). Parallel layout, dtype, KV
+    dtype, eager mode and the model length stay in the key; batch and capture sizes do not.
+
+    Example:
+        >>> kernel_cache_key({"max_num_seqs": 32}) == kernel_cache_key({"max_num_seqs": 128})
+        True
+        >>> kernel_cache_key({"kv_cache_dtype": "fp8"}) == kernel_cache_key({})
+        False
+    """
+    return tuple(sorted((k, v) for k, v in flags.items() if k not in _NOT_IN_KERNEL_KEY))
 
 
 def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold_start: bool = False,
