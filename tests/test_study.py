@@ -187,6 +187,9 @@ def test_sigterm_ends_the_study_keeping_finished_trials(tmp_path: Path, mlflow_s
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert "interrupted" in out, out[-2000:]
+    # The summary says it was interrupted and how to go on, never "widen the search space", and no nan.
+    assert f"servetune tune {spec_path} --resume" in out.splitlines()[-1], out[-2000:]
+    assert "widen the search space" not in out and "nan ms" not in out and " nan " not in out
     study = optuna.load_study(study_name="term-study", storage=study_db)
     states = {t.state for t in study.get_trials(deepcopy=False)}
     assert optuna.trial.TrialState.RUNNING not in states

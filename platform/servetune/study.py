@@ -91,6 +91,7 @@ class StudyOutcome:
     mlflow_uri: str | None = None
     parent_run_id: str | None = None
     confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.search.confirm.Choice.to_dict()
+    interrupted: bool = False  # stopped by SIGTERM / Ctrl-C before its budget: resume with --resume
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -339,6 +340,7 @@ class _Driver:
                 self._confirm_top()
         except KeyboardInterrupt:
             status = "KILLED"
+            self.outcome.interrupted = True
             killed = pool.cancel_all()
             # Every RUNNING trial is this driver's (it is the only writer), including one asked a
             # moment before the signal and not yet tracked in ``inflight``: fail them all.

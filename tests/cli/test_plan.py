@@ -79,3 +79,13 @@ def test_gpu_file(tmp_path, capsys):
     bad.write_text("gpus:\n  - {name: Broken}\n")
     assert _run(["--model", "qwen2.5-7b", "--gpu", "H200", "--gpu-file", str(bad)]) == 2
     assert "memory_gib" in capsys.readouterr().err
+
+
+def test_a_config_that_cannot_start_says_does_not_fit_not_a_negative_size(capsys):
+    # The real util=0.012 start: vLLM logged "Available KV cache memory: -0.52 GiB".
+    code = _run(["--model", "servetune-test-850m", "--gpu", "H200", "--set", "gpu_memory_utilization=0.012",
+                 "--set", "max_num_seqs=64", "--set", "enforce_eager=true"])
+    out = capsys.readouterr().out
+    assert code == 1
+    kv = next(line for line in out.splitlines() if line.strip().startswith("kv cache"))
+    assert "does not fit: the budget is 0.52 GiB short" in kv and "-" not in kv

@@ -213,6 +213,13 @@ def _check_run_store(spec: Any) -> None:
                         f"create it, or drop storage: to use {runs}/optuna.db")
 
 
+def _figure(value: float | None, fmt: str, unit: str) -> str:
+    """A measured figure for people: "not measured" where a trial has none (never "nan")."""
+    if value is None or value != value:
+        return "not measured"
+    return f"{value:{fmt}} {unit}"
+
+
 def _tune(args: argparse.Namespace) -> int:
     from servetune.spec.schema import load_spec
     from servetune.study import run_study
@@ -227,15 +234,23 @@ def _tune(args: argparse.Namespace) -> int:
           f"{outcome.other_failed} other failures"
           + (f", {outcome.infra_failed} infrastructure failures (told FAIL, not learnt)" if outcome.infra_failed else "")
           + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""))
+    resume = f"servetune tune {args.spec} --resume"
     if outcome.best_flags is None:
-        print("servetune: no trial met the constraints; widen the search space or relax the constraints")
+        if outcome.interrupted:
+            print(f"servetune: interrupted before any trial met the constraints; continue with: {resume}")
+        else:
+            print("servetune: no trial met the constraints; widen the search space or relax the constraints")
         return 1
     m = outcome.best_metrics or {}
-    print(f"servetune: best trial #{outcome.best_number}: {m.get('output_throughput', 0):,.0f} output tok/s, "
-          f"p99 TTFT {m.get('ttft_p99_ms', float('nan')):,.0f} ms, p99 ITL {m.get('itl_p99_ms', float('nan')):,.1f} ms, "
-          f"{int(m.get('preemptions', 0))} preemptions")
+    print(f"servetune: best trial #{outcome.best_number}"
+          + (" so far (the study was interrupted)" if outcome.interrupted else "")
+          + f": {_figure(m.get('output_throughput'), ',.0f', 'output tok/s')}, "
+          f"p99 TTFT {_figure(m.get('ttft_p99_ms'), ',.0f', 'ms')}, p99 ITL {_figure(m.get('itl_p99_ms'), ',.1f', 'ms')}, "
+          f"{int(m.get('preemptions') or 0)} preemptions")
     print(f"servetune: run it with:\n  {outcome.best_command}")
     print(f"servetune: compare trials in MLflow: mlflow ui --backend-store-uri {outcome.mlflow_uri}")
+    if outcome.interrupted:
+        print(f"servetune: continue the study with: {resume}")
     return 0
 
 

@@ -97,7 +97,12 @@ def format_plan(model: ModelProfile, gpu_name: str, config: EngineConfig, plan: 
     par = f"TP={config.tensor_parallel_size} PP={config.pipeline_parallel_size}"
     lines = [f"{model.name} on {gpu_name} x{config.world_size} ({par}), vLLM {config.vllm_version}",
              "memory per GPU (GiB)"]
-    lines += [f"  {label:<16}{value:>9.2f}   {note}".rstrip() for label, value, note in rows]
+    for label, value, note in rows:
+        if label == "kv cache" and value < 0:
+            # vLLM logs the negative figure; people read "does not fit" and by how much.
+            lines.append(f"  {label:<16}{'none':>9}   does not fit: the budget is {-value:.2f} GiB short")
+        else:
+            lines.append(f"  {label:<16}{value:>9.2f}   {note}".rstrip())
     if plan.fits:
         lines.append(f"KV cache    {plan.kv_cache_tokens:,} tokens, {plan.num_gpu_blocks:,} blocks of "
                      f"{plan.block_size}, max concurrency {plan.max_concurrency:.2f}x at {config.max_model_len:,} "
