@@ -86,29 +86,11 @@ def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: fl
         summary["exit_code"] = proc.poll()
         if not healthy:
             return summary
-        (d / "metrics_before.txt").write_text(_get(base + "/metrics")[1])
-        workload = Workload.from_dict(workload_dict)
         # repeats > 1 alternates servetune's load generator and `vllm bench serve` on one server,
         # so neither gets the warmer server: the agreement check of the two clients.
         for rep in range(int(repeats)):
             sfx = "" if rep == 0 else f"_{rep}"
-            samples: list[dict] = []
-
-            async def sample() -> None:
-                loop = asyncio.get_running_loop()
-                status, text = await loop.run_in_executor(None, _get, base + "/metrics", 2.0)
-                if status == 200:
-                    m = parse_prometheus(text)
-                    samples.append({"t": time.time(), "kv": gauge(m, "vllm:kv_cache_usage_perc"),
-                                    "running": gauge(m, "vllm:num_requests_running"),
-                                    "waiting": gauge(m, "vllm:num_requests_waiting")})
-
-            records, duration = asyncio.run(run_workload(base, MODEL, workload, on_tick=sample))
-            (d / f"metrics_after{sfx}.txt").write_text(_get(base + "/metrics")[1])
-            (d / f"gauges{sfx}.json").write_text(json.dumps(samples))
-            (d / f"requests{sfx}.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
-            s = summarize(records, duration)
-            figures = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in s.items()}
+            figures = _window(base, MODEL, workload_dict, d, suffix=sfx)
             if rep == 0:
                 summary.update(figures)
             summary.setdefault("ours", []).append(figures)
@@ -126,21 +108,7 @@ def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: fl
     except Exception as exc:  # noqa: BLE001 - keep what we have
         summary["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        t_stop = time.time()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for _ in range(30):
-            used = list(gpu_memory_used_mib(None).values())
-            if not used or max(used) < 1024:
-                break
-            time.sleep(0.5)
-        summary["stop_s"] = time.time() - t_stop
-        summary["gpu_used_mib_after_stop"] = list(gpu_memory_used_mib(None).values())
+        summary["stop_s"], summary["gpu_used_mib_after_stop"] = _stop_server(proc)
         log.close()
         (d / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
@@ -164,10 +132,28 @@ def _stop_server(proc: subprocess.Popen) -> tuple[float, list[int]]:
     return time.time() - t_stop, list(gpu_memory_used_mib(None).values())
 
 
-def _window(base: str, model: str, workload_dict: dict, d: Path) -> dict:
-    """One measured window on a running server: /metrics before and after, gauges, requests."""
+def _tokenizer_vocab(model: str) -> int | None:
+    """Tokens in the model folder's tokenizer (with its added tokens), or None when unreadable.
+
+    A random-weight model whose tokenizer is smaller than its vocabulary samples ids with no text,
+    which sends vLLM's API server down a path no real checkpoint takes (scale/tokenizers.json).
+    """
+    try:
+        tok = json.loads((Path(model) / "tokenizer.json").read_text())
+        return len(tok["model"]["vocab"]) + len(tok.get("added_tokens") or [])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _window(base: str, model: str, workload_dict: dict, d: Path, suffix: str = "") -> dict:
+    """One measured window on a running server: /metrics before and after, gauges, requests.
+
+    ``suffix`` names a repeat's files (``metrics_after_1.txt``, ...) beside the first window's;
+    ``metrics_before.txt`` is written by the first only (a repeat starts where the last ended).
+    """
     d.mkdir(parents=True, exist_ok=True)
-    (d / "metrics_before.txt").write_text(_get(base + "/metrics")[1])
+    if not suffix:
+        (d / "metrics_before.txt").write_text(_get(base + "/metrics")[1])
     samples: list[dict] = []
 
     async def sample() -> None:
@@ -181,9 +167,9 @@ def _window(base: str, model: str, workload_dict: dict, d: Path) -> dict:
 
     t0 = time.time()
     records, duration = asyncio.run(run_workload(base, model, Workload.from_dict(workload_dict), on_tick=sample))
-    (d / "metrics_after.txt").write_text(_get(base + "/metrics")[1])
-    (d / "gauges.json").write_text(json.dumps(samples))
-    (d / "requests.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
+    (d / f"metrics_after{suffix}.txt").write_text(_get(base + "/metrics")[1])
+    (d / f"gauges{suffix}.json").write_text(json.dumps(samples))
+    (d / f"requests{suffix}.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
     s = summarize(records, duration)
     figures = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in s.items()}
     figures["window_wall_s"] = time.time() - t0
@@ -197,7 +183,8 @@ def run_windows(item: dict, out: Path, deadline: float, pack) -> dict:
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
     argv = _argv(flags, model)
-    summary: dict = {"name": name, "flags": flags, "model": model, "argv": argv, "windows": {}}
+    summary: dict = {"name": name, "flags": flags, "model": model, "argv": argv,
+                     "tokenizer_vocab": _tokenizer_vocab(model), "windows": {}}
     base = "http://127.0.0.1:8011"
     t_launch = time.time()
     with open(d / "server.log", "w") as log:

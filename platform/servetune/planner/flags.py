@@ -66,6 +66,7 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
     _F("long_prefill_token_threshold", int, "cap on one request's prefill tokens per step", 0),
     _F("scheduling_policy", str, "queue order", choices=("fcfs", "priority")),
     _F("async_scheduling", bool, "schedule one step ahead"),
+    _F("enable_logging_iteration_details", bool, "log every engine step's batch (observability only: no memory or speed model)"),
     _F("dtype", str, "model dtype", choices=("auto", "bfloat16", "float16", "half", "float32")),
     _F("quantization", str, "weight quantization method", choices=("fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes", "mxfp4", "nvfp4")),
 )}
