@@ -78,6 +78,8 @@ __all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "calibration_for", "wa
 _TILES: tuple[tuple[int, int, float], ...] = ((128, 256, 1.0), (128, 128, 0.9), (64, 128, 0.75), (64, 64, 0.5))
 #: SMs when the GPU table has none: an H100 / H200 SXM.
 DEFAULT_SMS = 132
+#: Batch shapes PerfModel remembers the GEMM time of (a few MB at most).
+_GEMM_MEMO_MAX = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +252,10 @@ class PerfModel:
         self.prompt_token_overhead_s = cal.prompt_token_overhead_s
         self.token_overhead_s = cal.token_overhead_s
         self.stream_prompt_token_s = cal.stream_prompt_token_s
+        # _gemm_time is a pure function of (tokens, rows) here, and a trial's steps repeat the same
+        # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
+        # remembered, the tile-grid search runs once per shape instead of once per step.
+        self._gemm_memo: dict[tuple[int, int], float] = {}
 
     def padded(self, num_tokens: int) -> int:
         """The CUDA graph size a batch of ``num_tokens`` runs as (itself above the largest size)."""
@@ -259,6 +265,15 @@ class PerfModel:
 
     def _gemm_time(self, tokens: int, rows: int) -> float:
         """The layer GEMMs for ``tokens`` rows plus the LM head for ``rows`` rows, each a roofline."""
+        key = (tokens, rows)
+        seconds = self._gemm_memo.get(key)
+        if seconds is None:
+            if len(self._gemm_memo) >= _GEMM_MEMO_MAX:
+                self._gemm_memo.clear()  # bounded: a pathological trial cannot grow it without end
+            seconds = self._gemm_memo[key] = self._gemm_roofline(tokens, rows)
+        return seconds
+
+    def _gemm_roofline(self, tokens: int, rows: int) -> float:
         sms, rate = self._sms, self._flop_rate
         total = self._act_bytes_token * tokens
         for n, k, mem_s, flops in self._gemms:
