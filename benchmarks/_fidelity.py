@@ -63,6 +63,10 @@ class RealRun:
     tpot_mean_ms: float
     preemptions: int
     prefix_cache_hit_rate: float = 0.0  # vLLM's prefix-cache hits / queries over the window
+    #: False where the model folder's tokenizer had fewer tokens than the model has ids (the
+    #: 2026-12-01 8B/14B starts: make_model.py's 32,000-token BPE), so most sampled ids had no
+    #: text: vLLM's API server then runs a path no real checkpoint takes (scale/tokenizers.json).
+    tokenizer_covers_vocab: bool = True
 
     @property
     def size(self) -> str:
@@ -84,12 +88,16 @@ class RealRun:
             tags.add("fp8_kv")
         if f.get("max_num_batched_tokens") and int(f["max_num_batched_tokens"]) < 8192:
             tags.add("small_token_budget")
+        if f.get("max_num_batched_tokens") and int(f["max_num_batched_tokens"]) > 8192:
+            tags.add("large_token_budget")
         if w.prefix_len:
             tags.add("shared_prefix" if w.num_prefix_groups > 1 else "cached_prompts")
         if w.request_rate is not None:
             tags.add("poisson")
         if self.preemptions:
             tags.add("preempting")
+        if not self.tokenizer_covers_vocab:
+            tags.add("tokenizer_short")
         return frozenset(tags)
 
 
@@ -127,7 +135,7 @@ def _counter_delta(window_dir: Path, name: str) -> float:
     return read("metrics_after.txt") - read("metrics_before.txt")
 
 
-def _run(name: str, s: Mapping[str, Any], window_dir: Path) -> RealRun:
+def _run(name: str, s: Mapping[str, Any], window_dir: Path, tokenizer_covers_vocab: bool = True) -> RealRun:
     model = HOST_MODELS.get(str(s.get("model", "/root/model")), str(s.get("model")))
     workload = Workload.from_dict(s["workload"])
     queries = _counter_delta(window_dir, "vllm:prefix_cache_queries_total")
@@ -144,15 +152,20 @@ def _run(name: str, s: Mapping[str, Any], window_dir: Path) -> RealRun:
                    output_throughput=float(s["output_throughput"]), ttft_mean_ms=float(s["ttft_ms"]["mean"]),
                    tpot_mean_ms=float(s["tpot_ms"]["mean"]),
                    preemptions=int(round(_counter_delta(window_dir, "vllm:num_preemptions_total"))),
-                   prefix_cache_hit_rate=hit_rate)
+                   prefix_cache_hit_rate=hit_rate, tokenizer_covers_vocab=tokenizer_covers_vocab)
 
 
-def load_real_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
+def load_real_runs(fixtures: Path = FIXTURES, include_tokenizer_short: bool = False) -> list[RealRun]:
     """Every healthy window (a server that started and served the workload), sorted by name.
 
     0.85B runs are named by their folder (``a1_u05_s64``); user-scale windows by start and window
-    (``scale/l8b_u09_s256_mbt8192/p1024_o256_c128``).
+    (``scale/l8b_u09_s256_mbt8192/p1024_o256_c128``). Windows of a model whose tokenizer did not
+    cover its vocabulary are left out unless ``include_tokenizer_short``: they measured an API
+    server path that users of a real checkpoint never run (scale/tokenizers.json), so neither a
+    fit nor a fidelity figure may rest on them.
     """
+    vocab_file = fixtures / "scale" / "tokenizers.json"
+    tokenizer_vocab = json.loads(vocab_file.read_text())["tokenizer_vocab"] if vocab_file.exists() else {}
     runs = []
     for summary_path in sorted(fixtures.glob("*/summary.json")):
         s = json.loads(summary_path.read_text())
@@ -164,7 +177,11 @@ def load_real_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
         if s.get("error") or s.get("output_throughput") is None or not s.get("completed"):
             continue
         window = summary_path.parent
-        runs.append(_run(f"scale/{window.parent.name}/{window.name}", s, window))
+        start = window.parent.name
+        model = load_model(HOST_MODELS.get(str(s.get("model")), str(s.get("model"))))
+        covers = int(tokenizer_vocab.get(start, model.vocab_size)) >= model.vocab_size
+        if covers or include_tokenizer_short:
+            runs.append(_run(f"scale/{start}/{window.name}", s, window, covers))
     return runs
 
 
@@ -297,7 +314,8 @@ FOLDS: dict[str, Callable[[RealRun], bool]] = {
     "size 0.85B": lambda r: r.size == "0.85B",
     "size 8B": lambda r: r.size == "8B",
     "size 14B": lambda r: r.size == "14B",
-    "flags eager/fp8/small budget": lambda r: bool(r.tags & {"eager", "fp8_kv", "small_token_budget"}),
+    "flags eager/fp8/token budget": lambda r: bool(r.tags & {"eager", "fp8_kv", "small_token_budget",
+                                                             "large_token_budget"}),
 }
 
 
