@@ -53,6 +53,15 @@ NON_TORCH_GIB_SINGLE = 0.2235
 #: (NCCL, custom all-reduce), so the logged growth is smaller. Real 2 x H200, NVLS off:
 #: tests/fixtures/real_h200/study_h200x2 and server_tp2 (0.06 at TP=2 and PP=2).
 NON_TORCH_GIB_MULTI = 0.06
+#: vLLM 0.11-0.25 (V1 model runner), one GPU: fitted on the published starts llmd_llama31_8b_tp1
+#: and llmd_qwen3_06b_tp1_16k (tests/fixtures/published_logs; vLLM 0.11.0, H100): 0.13 and 0.13.
+NON_TORCH_GIB_SINGLE_V1 = 0.13
+#: vLLM 0.11-0.25, TP >= 2 with NVLS not live: NCCL's ring/tree connections are made lazily
+#: (NCCL >= 2.22 runtime connect) at the profile run's first large all-reduce, inside the
+#: budget. Fitted on llmd_qwen3_32b_tp2 (0.54 GiB, vLLM 0.11.0, 2 x H100, environment not stated;
+#: NVLS evidently not live there, see MULTICAST_EXTRA_GIB); judged on llmd_llama33_70b_fp8_tp2.
+NON_TORCH_GIB_MULTI_V1 = 0.54
+_V2_RUNNER = (0, 26, 0)
 #: Memory in use before the init snapshot: CUDA context (one GPU), plus NCCL's ring/tree buffers
 #: and the custom all-reduce buffers (world_size > 1): "Free memory on device (139.29/139.8 GiB)"
 #: at TP=1, (138.34/139.8) at TP=2 on the H200 (NVLS off).
@@ -210,14 +219,17 @@ def _multicast_reason(gpu: GpuSpec, tp: int, env: CommEnv) -> tuple[bool, str]:
     return True, f"NVLS live ({gpu.name} NVSwitch host, TP={tp}, multicast not disabled)"
 
 
-def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv) -> CommMemory:
+def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[int, int, int] = (0, 26, 0)
+                ) -> CommMemory:
     """Memory one TP/PP worker takes outside torch, before the init snapshot and during profiling.
 
     One GPU: the CUDA context and the profile run's workspaces. Several: NCCL and custom
     all-reduce buffers join the context (plus vLLM's symmetric-memory buffer where it is on and
     the GPU has one); the profiled growth drops to 0.06 GiB, unless NVLS is live for the TP
     all-reduce (:func:`_multicast_reason`), when NCCL's lazily created NVLS resources add
-    :func:`nvls_buffer_bytes` and :data:`MULTICAST_EXTRA_GIB`. Pipeline stages exchange
+    :func:`nvls_buffer_bytes` and :data:`MULTICAST_EXTRA_GIB`. ``version`` is vLLM's: the V1
+    model runner (before 0.26) profiles with NCCL's ring connections still unmade (more growth at
+    TP >= 2, less at TP=1 than 0.26's V2 runner). Pipeline stages exchange
     activations with send/recv, which never uses NVLS (0.07 GiB at PP=2 in the published logs).
 
     Example:
@@ -226,13 +238,17 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv) -> CommMemory:
         >>> c.multicast, c.reason
         (False, 'L40S has no NVSwitch multicast fabric (NVLS unsupported)')
     """
+    v2 = tuple(version) >= _V2_RUNNER
     if tp * pp == 1:
-        return CommMemory(int(CONTEXT_GIB_SINGLE * GiB), int(NON_TORCH_GIB_SINGLE * GiB), False,
+        return CommMemory(int(CONTEXT_GIB_SINGLE * GiB),
+                          int((NON_TORCH_GIB_SINGLE if v2 else NON_TORCH_GIB_SINGLE_V1) * GiB), False,
                           "one GPU: no communicator", True)
     context = int(CONTEXT_GIB_MULTI * GiB)
     if env.symm_mem and tp >= 2:
         context += symm_mem_buffer_bytes(tp, gpu.compute_capability)
-    non_torch = int(NON_TORCH_GIB_MULTI * GiB)
+    # PP-only layouts send activations point to point: the lazily connected ring buffers of a
+    # TP all-reduce never appear (0.07 GiB at PP=2 in the published 0.19 logs issue 19 cites).
+    non_torch = int((NON_TORCH_GIB_MULTI if v2 or tp == 1 else NON_TORCH_GIB_MULTI_V1) * GiB)
     live, reason = _multicast_reason(gpu, tp, env)
     if live:
         non_torch += nvls_buffer_bytes(tp, gpu.compute_capability, env.nvls_chunk_bytes) + int(MULTICAST_EXTRA_GIB * GiB)

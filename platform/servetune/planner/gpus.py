@@ -119,7 +119,8 @@ _NV = "NVIDIA datasheet"
 #: PCIe 5.0 x16 64. nvlink_multicast: HGX/DGX boards with NVSwitch (NVLS), never PCIe or bridged parts.
 _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
-            source=f"{_NV} H100 SXM5; memory from llm-d-benchmark's H100 logs"),
+            source=f"{_NV} H100 SXM5; memory from llm-d-benchmark's H100 logs",
+            log_evidence="tests/fixtures/published_logs (llm-d, vLLM 0.11.0, TP 1-2, NVLS not live)"),
     GpuSpec("H100-PCIe", 79.19, 2039.0, 756.0, 1513.0, 64.0, compute_capability=9.0,
             source=f"{_NV} H100 PCIe (HBM2e 2.0 TB/s); memory as the SXM part (same 80 GB), estimated"),
     GpuSpec("H100-NVL", 93.1, 3938.0, 835.0, 1671.0, 300.0, compute_capability=9.0,

@@ -87,8 +87,16 @@ ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED = 3.0  # times hidden_size
 ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER = 1.13  # also a compiled start whose graphs come from a warm cache
 #: Sampler warm-up over num_reqs rows: bf16 logits + fp32 logits + fp32 probabilities. Not
 #: visible in the test-model logs (its vocab is small); an estimate, used only where it exceeds
-#: the forward peak (large vocab, many sequences).
+#: the forward peak (large vocab, many sequences). vLLM 0.26's V2 model runner.
 SAMPLER_BYTES_PER_LOGIT = 10
+#: The same for the V1 model runner (vLLM 0.11-0.25), whose profile run ends with the dummy
+#: sampler over min(max_num_batched_tokens, max_num_seqs) rows and keeps several fp32
+#: [num_reqs, vocab] buffers alive at its peak. Fitted on the published starts
+#: llmd_llama31_8b_tp1 and llmd_qwen3_06b_tp1_16k (tests/fixtures/published_logs/index.yaml;
+#: vLLM 0.11.0, H100, 1024 rows: "torch peak memory increase" 4.76 GiB at vocab 128,256 and 5.56
+#: at 151,936): (peak - ACT_FIXED_GIB) / (rows * vocab), mean 37.95 B per logit (~9.5 fp32
+#: copies). Judged on the held-out starts of that file (benchmarks/published_logs.py).
+SAMPLER_BYTES_PER_LOGIT_V1 = 37.95
 #: Non-torch growth and the memory in use before the init snapshot (CUDA context, NCCL and
 #: all-reduce buffers) depend on the parallel layout and on the environment the server runs with
 #: (NVLink multicast): servetune.planner.comm holds those constants and the one function.
@@ -119,6 +127,9 @@ STARTUP_PROFILE_S = 4.0  # b5 (util 0.012, eager) died 46 s after launch, right 
 
 # ================================================================================ versions
 _MIN_VERSION: Version = (0, 11, 0)
+#: First version whose profiling these constants take from the V2 model runner (0.26, the real
+#: H200 runs); before it, the V1 runner's profile run (the published 0.11 starts).
+_V2_RUNNER: Version = (0, 26, 0)
 
 
 def parse_vllm_version(version: str) -> Version:
@@ -517,7 +528,8 @@ def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_sta
     if not last_stage:
         return int(forward)
     num_reqs = min(tokens, config.max_num_seqs)
-    sampler = ACT_FIXED_GIB * GiB + num_reqs * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    per_logit = SAMPLER_BYTES_PER_LOGIT if config.version >= _V2_RUNNER else SAMPLER_BYTES_PER_LOGIT_V1
+    sampler = ACT_FIXED_GIB * GiB + num_reqs * model.vocab_size * per_logit
     return int(max(forward, sampler))
 
 
@@ -660,7 +672,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
     model = _effective_model(model, config)
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     total = int(gpu.memory_gib * GiB)
-    comm = comm_memory(gpu, tp=tp, pp=pp, env=env)
+    comm = comm_memory(gpu, tp=tp, pp=pp, env=env, version=v)
     context, non_torch = comm.context_bytes, comm.non_torch_bytes
     cg = cudagraph_memory_bytes(model, config)
     subtract_cg = _cudagraph_estimate_subtracted(v) and cg > 0
@@ -695,7 +707,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
 
     notes: list[str] = []
     if comm.multicast:
-        notes.append(f"{comm.reason}: +{(non_torch - comm_memory(gpu, tp=tp, pp=pp, env=env.with_nvls(False)).non_torch_bytes) / GiB:.2f} "
+        notes.append(f"{comm.reason}: +{(non_torch - comm_memory(gpu, tp=tp, pp=pp, env=env.with_nvls(False), version=v).non_torch_bytes) / GiB:.2f} "
                      "GiB non-torch per TP worker (NCCL's NVLS buffers and multicast); that figure is not yet "
                      "checked on held-out startup logs")
     if subtract_cg:

@@ -1,0 +1,81 @@
+"""The planner on vLLM starts people published (tests/fixtures/published_logs): constants refit, held-out targets.
+
+The constants fitted on the ``fit`` starts are recomputed here from those starts' logged figures
+and must equal what the code holds; the targets are judged on the ``held_out`` starts only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servetune.errors import SpecError
+from servetune.planner import comm, memory
+from servetune.planner.evidence import fit_constants, judge, load_index, parse_index, summarize
+
+INDEX = Path(__file__).resolve().parents[1] / "fixtures" / "published_logs" / "index.yaml"
+STARTS, MODELS = load_index(INDEX)
+JUDGED = [judge(s, MODELS[s.id]) for s in STARTS]
+
+
+def test_every_start_names_a_known_source_model_and_role():
+    assert {s.role for s in STARTS} == {"fit", "held_out"}
+    assert all(memory.parse_vllm_version(s.vllm) >= (0, 11, 0) for s in STARTS)
+    assert all(s.logged.get("status") in ("ok", "failed") for s in STARTS)
+
+
+def test_weights_derived_from_each_config_match_the_logged_model_loading():
+    """The config fixtures are the models that ran: weights per GPU within 0.5% of "Model loading took"."""
+    for j in JUDGED:
+        assert abs(j.weights_gib / float(j.start.logged["weights"]) - 1) < 0.005, j.start.id
+
+
+def test_fitted_constants_are_what_the_fit_starts_give():
+    refit = fit_constants(STARTS, MODELS)
+    assert refit == {"SAMPLER_BYTES_PER_LOGIT_V1": memory.SAMPLER_BYTES_PER_LOGIT_V1,
+                     "NON_TORCH_GIB_SINGLE_V1": comm.NON_TORCH_GIB_SINGLE_V1,
+                     "NON_TORCH_GIB_MULTI_V1": comm.NON_TORCH_GIB_MULTI_V1}
+
+
+def test_held_out_kv_capacity_within_2pct_and_every_failed_start_foreseen():
+    h = summarize(JUDGED, "held_out")
+    assert h["healthy"] >= 3 and h["failed"] >= 2
+    assert h["healthy_called_fit"] == h["healthy"]  # no healthy start called a failure
+    assert h["within_2pct"] >= 0.9 * len(h["kv_errors_pct"]), h["kv_errors_pct"]
+    assert h["failed_foreseen"] == h["failed"] and h["refused_called_fit"] == []
+
+
+def test_the_failure_kind_is_the_one_vllm_raised():
+    for j in JUDGED:
+        if j.start.failed:
+            assert j.failure == j.start.logged["failure"], j.start.id
+
+
+def test_the_old_constants_would_miss_the_v1_starts():
+    """The check can fail: with the 0.26 (V2 runner) sampler figure the V1 starts are >5% high."""
+    j = next(j for j in JUDGED if j.start.id == "llmd_llama31_8b_tp1")
+    model = MODELS[j.start.id]
+    from servetune.planner.gpus import get_gpu
+    cfg = memory.resolve_engine_config(j.start.flags, model, get_gpu(j.start.gpu), "0.26.0")
+    v2 = memory.plan_memory(model, get_gpu(j.start.gpu), cfg)
+    assert v2.kv_cache_tokens > 1.05 * j.logged_kv_tokens
+
+
+@pytest.mark.parametrize("doc, field", [
+    ({"sources": {}, "starts": [{"id": "a"}]}, "starts[0].source"),
+    ({"sources": {"s": {}}, "starts": [{"id": "a", "source": "s", "model": "m", "gpu": "H200", "vllm": "0.11.0",
+                                        "flags": {}, "logged": {}, "role": "train"}]}, "starts[0].role"),
+])
+def test_a_malformed_index_names_the_entry(doc, field):
+    with pytest.raises(SpecError) as err:
+        parse_index(doc)
+    assert err.value.field == field
+
+
+def test_plan_claims_log_evidence_exactly_for_the_gpus_the_fixtures_cover():
+    from servetune.planner.gpus import get_gpu, known_gpus
+    covered = {get_gpu(s.gpu).name for s in STARTS}
+    for name in known_gpus():
+        claims = "published_logs" in get_gpu(name).log_evidence
+        assert claims == (name in covered), name
