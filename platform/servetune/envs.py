@@ -23,6 +23,13 @@ ENV_VARS = {
                                    "real trial gets VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR "
                                    "under it (default unset: vLLM's per-user defaults, which persist across the "
                                    "trials of one node but not a container restart; /tmp/torchinductor_* not a reboot)",
+    # Read by `servetune plan` only (comm_settings), because the caller's own `vllm serve` runs with them:
+    "NCCL_NVLS_ENABLE": "NCCL's NVLink SHARP (multicast): 0 off, 1 on, unset/2 where supported; plan models the "
+                        "memory it takes per TP worker (servetune's own launches set 0)",
+    "NCCL_NVLS_CHUNKSIZE": "NCCL's NVLS chunk (bytes, default 131072): sizes NCCL's NVLS buffers in plan's model",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "vLLM's symmetric-memory all-reduce (default 1; servetune's launches set 0): its "
+                                   "buffer is in use before vLLM's budget is taken",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "torch symmetric memory without multicast (servetune's launches set 1)",
 }
 
 
