@@ -59,7 +59,7 @@ NON_TORCH_GIB_SINGLE_V1 = 0.13
 #: vLLM 0.11-0.25, TP >= 2 with NVLS not live: NCCL's ring/tree connections are made lazily
 #: (NCCL >= 2.22 runtime connect) at the profile run's first large all-reduce, inside the
 #: budget. Fitted on llmd_qwen3_32b_tp2 (0.54 GiB, vLLM 0.11.0, 2 x H100, environment not stated;
-#: NVLS evidently not live there, see MULTICAST_EXTRA_GIB); judged on llmd_llama33_70b_fp8_tp2.
+#: NVLS evidently not live there, see MULTICAST_NON_TORCH_GIB); judged on llmd_llama33_70b_fp8_tp2.
 NON_TORCH_GIB_MULTI_V1 = 0.54
 _V2_RUNNER = (0, 26, 0)
 #: Memory in use before the init snapshot: CUDA context (one GPU), plus NCCL's ring/tree buffers
@@ -67,17 +67,18 @@ _V2_RUNNER = (0, 26, 0)
 #: at TP=1, (138.34/139.8) at TP=2 on the H200 (NVLS off).
 CONTEXT_GIB_SINGLE = 0.51
 CONTEXT_GIB_MULTI = 1.46
-#: Multicast (NVLS) on, TP >= 2 on an NVSwitch host: the non-torch growth per TP worker beyond the
-#: multicast-off 0.06 GiB and beyond NCCL's own NVLS buffers (:func:`nvls_buffer_bytes`, 64 MiB at
-#: TP=2). Evidence, and its limits: issue 19's reading of published vLLM 0.19 H100 startup logs in
-#: the default environment (2.0-2.2 GiB non-torch per TP worker at TP=2 and TP=4, against 0.25 at
-#: TP=1 and 0.07 at PP=2), and vLLM PR #10511 (vLLM 0.6, H100, Llama-3-8B: non_torch_memory
-#: 1.79 GiB at TP=1, 3.58 at TP=2). Those logs are not in this repository's fixtures, so this
-#: figure is NOT checked on held-out logs: 2.10 (the midpoint) - 0.06 - 0.0625 = 1.98 GiB. The
-#: NVLS buffers NCCL 2.27+'s source sizes (32 MiB x TP) do not explain it; the CUDA multicast
-#: objects' recommended granularity and NCCL's registration of vLLM's buffers are the likely
-#: remainder (not verified). ``plan`` says so whenever this term is in a plan.
-MULTICAST_EXTRA_GIB = 1.98
+#: Multicast (NVLS) live, TP >= 2 on an NVSwitch host: the non-torch growth per TP worker is this
+#: plus NCCL's own NVLS buffers (:func:`nvls_buffer_bytes`, 64 MiB at TP=2, 128 MiB at TP=4), in
+#: place of the multicast-off figures. Evidence, and its limits: issue 19's reading of published
+#: vLLM 0.19 (V1 runner) H100 startup logs in the default environment (2.0-2.2 GiB non-torch per
+#: TP worker at TP=2 and TP=4, against 0.25 at TP=1 and 0.07 at PP=2), and vLLM PR #10511 (vLLM
+#: 0.6, H100, Llama-3-8B: non_torch_memory 1.79 GiB at TP=1, 3.58 at TP=2). Those logs are not
+#: fixtures here, so the figure is NOT checked on held-out logs: the 2.10 GiB midpoint less the
+#: TP=2 NVLS buffer, 2.04 GiB; the same figure is assumed for 0.26+ (no multicast-live 0.26 log
+#: seen). NCCL 2.27+'s NVLS buffers (32 MiB x TP) do not explain it; the CUDA multicast objects'
+#: recommended granularity and NCCL's registration of vLLM's buffers are the likely remainder
+#: (not verified). ``plan`` says so whenever this term is in a plan.
+MULTICAST_NON_TORCH_GIB = 2.04
 
 # ====================================================================== NCCL / vLLM source figures
 #: ``src/transport/nvls.cc`` (NCCL 2.27-2.30): NVLS_NCHANNELS_SM90 16, NVLS_NCHANNELS_SM100_NVL 24
@@ -225,12 +226,12 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
 
     One GPU: the CUDA context and the profile run's workspaces. Several: NCCL and custom
     all-reduce buffers join the context (plus vLLM's symmetric-memory buffer where it is on and
-    the GPU has one); the profiled growth drops to 0.06 GiB, unless NVLS is live for the TP
-    all-reduce (:func:`_multicast_reason`), when NCCL's lazily created NVLS resources add
-    :func:`nvls_buffer_bytes` and :data:`MULTICAST_EXTRA_GIB`. ``version`` is vLLM's: the V1
-    model runner (before 0.26) profiles with NCCL's ring connections still unmade (more growth at
-    TP >= 2, less at TP=1 than 0.26's V2 runner). Pipeline stages exchange
-    activations with send/recv, which never uses NVLS (0.07 GiB at PP=2 in the published logs).
+    the GPU has one); the profiled growth drops to 0.06 GiB (0.54 with the V1 model runner, before
+    0.26, which profiles with NCCL's ring connections still unmade), unless NVLS is live for the
+    TP all-reduce (:func:`_multicast_reason`): then the growth is NCCL's lazily created NVLS
+    resources, :data:`MULTICAST_NON_TORCH_GIB` plus :func:`nvls_buffer_bytes`. Pipeline stages
+    exchange activations with send/recv, which never uses NVLS (0.07 GiB at PP=2 in the
+    published logs).
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
@@ -251,9 +252,10 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
     non_torch = int((NON_TORCH_GIB_MULTI if v2 or tp == 1 else NON_TORCH_GIB_MULTI_V1) * GiB)
     live, reason = _multicast_reason(gpu, tp, env)
     if live:
-        non_torch += nvls_buffer_bytes(tp, gpu.compute_capability, env.nvls_chunk_bytes) + int(MULTICAST_EXTRA_GIB * GiB)
+        non_torch = int(MULTICAST_NON_TORCH_GIB * GiB) + nvls_buffer_bytes(tp, gpu.compute_capability,
+                                                                          env.nvls_chunk_bytes)
     # Validated: the multicast-off figures on the real 2 x H200 runs; the multicast term is not
-    # (see MULTICAST_EXTRA_GIB), nor is the symmetric-memory buffer in the context.
+    # (see MULTICAST_NON_TORCH_GIB), nor is the symmetric-memory buffer in the context.
     return CommMemory(context, non_torch, live, reason, validated=not live and not (env.symm_mem and tp >= 2
                                                                                     and symm_mem_buffer_bytes(
                                                                                         tp, gpu.compute_capability)))
