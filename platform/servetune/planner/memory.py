@@ -95,7 +95,12 @@ SAMPLER_BYTES_PER_LOGIT = 10
 #: llmd_llama31_8b_tp1 and llmd_qwen3_06b_tp1_16k (tests/fixtures/published_logs/index.yaml;
 #: vLLM 0.11.0, H100, 1024 rows: "torch peak memory increase" 4.76 GiB at vocab 128,256 and 5.56
 #: at 151,936): (peak - ACT_FIXED_GIB) / (rows * vocab), mean 37.95 B per logit (~9.5 fp32
-#: copies). Judged on the held-out starts of that file (benchmarks/published_logs.py).
+#: copies). Judged on the held-out starts of that file (benchmarks/published_logs.py). Reach:
+#: the evidence is vLLM 0.11.0 only, whose dummy sampler run goes through FlashInfer's top-k/top-p
+#: kernels (on by default in 0.11.0; off by default from vLLM PR #26859, 2025-10, until PR #40376
+#: turned it back on). The PyTorch-native path sorts the logits and peaks higher (flashinfer
+#: issue #1180: 1.5 GiB less KV cache with it on vLLM 0.9), so for 0.11.1-0.25 this figure is an
+#: assumption that may be low; no published start of those versions checks it here.
 SAMPLER_BYTES_PER_LOGIT_V1 = 37.95
 #: Non-torch growth and the memory in use before the init snapshot (CUDA context, NCCL and
 #: all-reduce buffers) depend on the parallel layout and on the environment the server runs with
