@@ -3,9 +3,11 @@
 Reads ``tests/fixtures/published_logs/index.yaml`` (see its SOURCES.md), plans every start with
 the product's planner (:mod:`servetune.planner.evidence`), refits the constants named as fitted
 on the ``fit`` starts, and prints the error on the ``held_out`` starts (never on the fit ones as
-accuracy). ``--json`` prints the same as JSON.
+accuracy). ``--json`` prints the same as JSON; ``benchmarks/results/published_logs_heldout.json``
+is that output (the tests re-derive it).
 
     .venv/bin/python benchmarks/published_logs.py
+    .venv/bin/python benchmarks/published_logs.py --json > benchmarks/results/published_logs_heldout.json
 """
 
 from __future__ import annotations
