@@ -254,8 +254,7 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
     if live:
         non_torch = int(MULTICAST_NON_TORCH_GIB * GiB) + nvls_buffer_bytes(tp, gpu.compute_capability,
                                                                           env.nvls_chunk_bytes)
-    # Validated: the multicast-off figures on the real 2 x H200 runs; the multicast term is not
-    # (see MULTICAST_NON_TORCH_GIB), nor is the symmetric-memory buffer in the context.
-    return CommMemory(context, non_torch, live, reason, validated=not live and not (env.symm_mem and tp >= 2
-                                                                                    and symm_mem_buffer_bytes(
-                                                                                        tp, gpu.compute_capability)))
+    # Validated: the multicast-off figures (the real 2 x H200 runs, the published 2 x H100 starts);
+    # not the multicast term (see MULTICAST_NON_TORCH_GIB), nor a symmetric-memory buffer in the context.
+    symm = symm_mem_buffer_bytes(tp, gpu.compute_capability) if env.symm_mem else 0
+    return CommMemory(context, non_torch, live, reason, validated=not live and symm == 0)
