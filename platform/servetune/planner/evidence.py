@@ -131,7 +131,9 @@ def judge(start: PublishedStart, model: ModelProfile) -> Judgement:
     config = resolve_engine_config(start.flags, model, gpu, start.vllm)
     plan = plan_memory(model, gpu, config, env=_env(start.environment))
     logged_tokens = None
-    if not start.failed and "kv_cache" in start.logged:
+    if not start.failed and "kv_tokens" in start.logged:  # the logged "GPU KV cache size" itself
+        logged_tokens = int(start.logged["kv_tokens"])
+    elif not start.failed and "kv_cache" in start.logged:
         tp = config.tensor_parallel_size
         page = 2 * config.block_size * model.kv_heads_per_gpu(tp) * model.head_dim * model.kv_dtype_bytes(
             config.kv_cache_dtype) * max(model.stage_layers(config.pipeline_parallel_size))
