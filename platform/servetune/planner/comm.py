@@ -59,7 +59,9 @@ NON_TORCH_GIB_SINGLE_V1 = 0.13
 #: vLLM 0.11-0.25, TP >= 2 with NVLS not live: NCCL's ring/tree connections are made lazily
 #: (NCCL >= 2.22 runtime connect) at the profile run's first large all-reduce, inside the
 #: budget. Fitted on llmd_qwen3_32b_tp2 (0.54 GiB, vLLM 0.11.0, 2 x H100, environment not stated;
-#: NVLS evidently not live there, see MULTICAST_NON_TORCH_GIB); judged on llmd_llama33_70b_fp8_tp2.
+#: NVLS evidently not live there, see MULTICAST_NON_TORCH_GIB); judged on llmd_llama33_70b_fp8_tp2
+#: (+0.43%). Over PCIe it is too high: the held-out 2 x L40S starts (vLLM 0.11.2) imply ~0.0 GiB,
+#: as NCCL opens far fewer channels there, and come out 2.0-2.5% low (not refitted on them).
 NON_TORCH_GIB_MULTI_V1 = 0.54
 _V2_RUNNER = (0, 26, 0)
 #: Memory in use before the init snapshot: CUDA context (one GPU), plus NCCL's ring/tree buffers
