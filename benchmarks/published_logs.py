@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"held out: {h['starts']} starts ({h['healthy']} healthy, {h['failed']} failed); KV within 2%: "
           f"{h['within_2pct']}/{len(h['kv_errors_pct'])}; failed starts foreseen: {h['failed_foreseen']}/{h['failed']}; "
           f"refused starts called a fit: {h['refused_called_fit'] or 'none'}")
-    for key in ("by_gpu", "by_layout"):
+    for key in ("by_gpu", "by_layout", "by_vllm"):
         print(f"{key}: " + "; ".join(f"{k}: n={v['n']} errors {v['errors']}" for k, v in h[key].items()))
     return 0
 

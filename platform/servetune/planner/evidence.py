@@ -48,6 +48,7 @@ class PublishedStart:
     logged: Mapping[str, Any]
     role: str
     environment: str  # "multicast_off", "multicast_on" or "default" (vLLM's and NCCL's defaults)
+    log: str | None = None  # the published lines, verbatim, relative to the index (where the source has them)
 
     @property
     def layout(self) -> str:
@@ -103,9 +104,14 @@ def parse_index(doc: Mapping[str, Any]) -> list[PublishedStart]:
         if raw["role"] not in ROLES:
             raise SpecError(f"{field}.role", f"expected one of {ROLES}, got {raw['role']!r}", "fit or held_out")
         env = str((sources[raw["source"]] or {}).get("planner_environment", "default"))
+        log = raw.get("log")
+        if log is not None and (not isinstance(log, str) or Path(log).is_absolute() or ".." in Path(log).parts):
+            raise SpecError(f"{field}.log", f"expected a path inside the fixture folder, got {log!r}",
+                            "write e.g. logs/<id>.log")
         out.append(PublishedStart(id=str(raw["id"]), source=str(raw["source"]), model=str(raw["model"]),
                                   gpu=str(raw["gpu"]), vllm=str(raw["vllm"]), flags=dict(raw["flags"]),
-                                  logged=dict(raw["logged"]), role=str(raw["role"]), environment=env))
+                                  logged=dict(raw["logged"]), role=str(raw["role"]), environment=env,
+                                  log=log))
     ids = [s.id for s in out]
     if len(set(ids)) != len(ids):
         raise SpecError("starts", "duplicate ids", "give every start its own id")
@@ -176,7 +182,7 @@ def fit_constants(starts: list[PublishedStart], models: Mapping[str, ModelProfil
 
 
 def summarize(judgements: list[Judgement], role: str = "held_out") -> dict[str, Any]:
-    """Error by GPU and by layout over the starts of one role; the share within 2%; failures foreseen."""
+    """Error by GPU, by layout and by vLLM version over the starts of one role; the share within 2%; failures foreseen."""
     js = [j for j in judgements if j.start.role == role]
     healthy = [j for j in js if not j.start.failed]
     failed = [j for j in js if j.start.failed]
@@ -184,7 +190,7 @@ def summarize(judgements: list[Judgement], role: str = "held_out") -> dict[str, 
     def group(key: str) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for j in healthy:
-            k = j.start.gpu if key == "gpu" else j.start.layout
+            k = {"gpu": j.start.gpu, "layout": j.start.layout, "vllm": j.start.vllm}[key]
             errs = out.setdefault(k, {"n": 0, "errors": []})
             errs["n"] += 1
             if j.kv_error is not None:
@@ -204,4 +210,5 @@ def summarize(judgements: list[Judgement], role: str = "held_out") -> dict[str, 
         "refused_called_fit": [j.start.id for j in failed if j.fits],
         "by_gpu": group("gpu"),
         "by_layout": group("layout"),
+        "by_vllm": group("vllm"),
     }

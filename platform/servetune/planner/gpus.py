@@ -142,7 +142,7 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             source=f"{_NV} A100 SXM4 40GB"),
     GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9, source=f"{_NV} L40S",
             log_evidence="tests/fixtures/published_logs (natoscott/benchmarks, vLLM 0.11.2, TP=2: the planner is "
-                         "2.0-2.5% low there)"),
+                         "2.0-2.5% low there; a vLLM 0.28.0 TP=1 start: 9.3% high)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
     GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4"),
