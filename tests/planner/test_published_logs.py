@@ -44,13 +44,14 @@ def test_held_out_kv_capacity_and_every_failed_start_foreseen():
     """Every refused start foreseen, no refused start called a fit; KV error lines held out.
 
     The issue's target (within 2% on 90% of held-out starts) is NOT met (README): the three L40S
-    TP=2 starts on vLLM 0.11.2 come out 2.0-2.5% low, and the one vLLM 0.28.0 start (Qwen3-14B on
-    an L40S, V2-runner constants) 9.3% high. The lines held here are regressions lines, not the
-    target: 0.11.x starts (the V1 runner's fitted constants) within 3%, the H100 ones within 2%,
-    starts of later versions within 10% (what the planner claims for 0.26+ on its own H200 runs).
+    TP=2 starts on vLLM 0.11.2 come out 2.0-2.5% low, the vLLM 0.19.1 start (Qwen3-8B, A100-40GB)
+    4.0% low and the vLLM 0.28.0 start (Qwen3-14B, L40S, V2-runner constants) 9.3% high. The lines
+    held here are regression lines, not the target: 0.11.x starts (where the V1 runner's constants
+    were fitted) within 3%, the H100 ones within 2%, starts of later versions within 10% (what the
+    planner claims for 0.26+ on servetune's own H200 runs).
     """
     h = summarize(JUDGED, "held_out")
-    assert h["healthy"] >= 7 and h["failed"] >= 2
+    assert h["healthy"] >= 8 and h["failed"] >= 2
     assert h["healthy_called_fit"] == h["healthy"]  # no healthy start called a failure
     for j in JUDGED:
         if j.start.role != "held_out" or j.kv_error is None:

@@ -139,7 +139,9 @@ _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 80GB"),
     GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0,
-            source=f"{_NV} A100 SXM4 40GB"),
+            source=f"{_NV} A100 SXM4 40GB",
+            log_evidence="tests/fixtures/published_logs (dariustanrd/tokenkaki, vLLM 0.19.1, TP=1: the planner is "
+                         "4.0% low there)"),
     GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9, source=f"{_NV} L40S",
             log_evidence="tests/fixtures/published_logs (natoscott/benchmarks, vLLM 0.11.2, TP=2: the planner is "
                          "2.0-2.5% low there; a vLLM 0.28.0 TP=1 start: 9.3% high)"),
