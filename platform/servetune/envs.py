@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import shlex
 
-__all__ = ["serve_command", "startup_timeout_s", "compile_cache_dir", "compile_cache_env", "ENV_VARS"]
+__all__ = ["serve_command", "startup_timeout_s", "compile_cache_dir", "compile_cache_env", "ENV_VARS",
+           "LAUNCH_SAFE_ENV", "COMM_ENV_VARS", "comm_settings"]
 
 #: name -> what it does. Read only through the functions below.
 ENV_VARS = {
@@ -22,7 +23,34 @@ ENV_VARS = {
                                    "real trial gets VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR "
                                    "under it (default unset: vLLM's per-user defaults, which persist across the "
                                    "trials of one node but not a container restart; /tmp/torchinductor_* not a reboot)",
+    # Read by `servetune plan` only (comm_settings), because the caller's own `vllm serve` runs with them:
+    "NCCL_NVLS_ENABLE": "NCCL's NVLink SHARP (multicast): 0 off, 1 on, unset/2 where supported; plan models the "
+                        "memory it takes per TP worker (servetune's own launches set 0)",
+    "NCCL_NVLS_CHUNKSIZE": "NCCL's NVLS chunk (bytes, default 131072): sizes NCCL's NVLS buffers in plan's model",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "vLLM's symmetric-memory all-reduce (default 1; servetune's launches set 0): its "
+                                   "buffer is in use before vLLM's budget is taken",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "torch symmetric memory without multicast (servetune's launches set 1)",
 }
+
+
+#: Set in every vLLM environment servetune launches: NVLink multicast can take a host's GPUs out of
+#: service for everyone on the host (the GPU hosts' operating rule). The memory planner models a
+#: servetune-launched trial with exactly these (planner.comm.SERVETUNE_LAUNCH_ENV).
+LAUNCH_SAFE_ENV = {
+    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+}
+
+#: NCCL / vLLM / torch settings that change how much memory a TP/PP worker takes outside torch
+#: (planner.comm.CommEnv reads them). Not servetune's own settings: ``servetune plan`` reads them
+#: from the caller's environment, because the caller's ``vllm serve`` will run with them.
+COMM_ENV_VARS = ("NCCL_NVLS_ENABLE", "NCCL_NVLS_CHUNKSIZE", "VLLM_ALLREDUCE_USE_SYMM_MEM",
+                 "TORCH_SYMM_MEM_DISABLE_MULTICAST")
+
+
+def comm_settings() -> dict[str, str]:
+    """The :data:`COMM_ENV_VARS` set in this process's environment (unset ones left out)."""
+    return {k: os.environ[k] for k in COMM_ENV_VARS if k in os.environ}
 
 
 def serve_command() -> tuple[str, ...]:

@@ -89,3 +89,48 @@ def test_a_config_that_cannot_start_says_does_not_fit_not_a_negative_size(capsys
     assert code == 1
     kv = next(line for line in out.splitlines() if line.strip().startswith("kv cache"))
     assert "does not fit: the budget is 0.52 GiB short" in kv and "-" not in kv
+
+
+def test_plan_reads_the_callers_environment_and_says_what_the_other_gives(capsys, monkeypatch):
+    """Default environment on an NVSwitch H100: multicast live, and the NVLS-off figure alongside."""
+    for name in ("NCCL_NVLS_ENABLE", "NCCL_NVLS_CHUNKSIZE", "VLLM_ALLREDUCE_USE_SYMM_MEM",
+                 "TORCH_SYMM_MEM_DISABLE_MULTICAST"):
+        monkeypatch.delenv(name, raising=False)
+    args = ["--model", "llama-3.1-70b", "--gpu", "H100-80GB", "--set", "tensor_parallel_size=4",
+            "--set", "max_model_len=8192", "--vllm-version", "0.19.0", "--json"]
+    assert _run(args) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert default["multicast"] is True and "NCCL_NVLS_ENABLE unset" in default["environment"]
+    other = default["if_other_environment"]
+    assert other["kv_cache_tokens"] > default["kv_cache_tokens"] and "NCCL_NVLS_ENABLE=0" in other["environment"]
+
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    assert _run(args) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["multicast"] is False and off["kv_cache_tokens"] == other["kv_cache_tokens"]
+    assert "this shell's environment" in off["environment"]
+    assert _run([*args, "--env", "NCCL_NVLS_ENABLE=1"]) == 0  # --env wins over the shell
+    assert json.loads(capsys.readouterr().out)["kv_cache_tokens"] == default["kv_cache_tokens"]
+    assert _run([*args[:-1], "--trial-env"]) == 0
+    text = capsys.readouterr().out
+    assert "servetune's launch environment" in text and "if instead" in text
+
+
+def test_plan_says_where_no_published_log_backs_the_gpu(capsys):
+    assert _run(["--model", "llama-3.1-8b", "--gpu", "RTX-4090", "--set", "max_model_len=4096"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "evidence    no vLLM >= 0.11 startup log of RTX-4090 was checked" in out
+    assert _run(["--model", "servetune-test-850m", "--gpu", "H200", "--set", "gpu_memory_utilization=0.5"]) == 0
+    assert "evidence    tests/fixtures/real_h200" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--env", "NCCL_NVLS_ENABLE"], "--env: expected NAME=VALUE"),
+    (["--env", "FOO=1"], "--env: FOO does not change"),
+    (["--env", "NCCL_NVLS_ENABLE=7"], "NCCL_NVLS_ENABLE: expected 0, 1 or 2"),
+    (["--env", "NCCL_NVLS_ENABLE=0", "--trial-env"], "--env or --trial-env"),
+])
+def test_bad_env_exits_2_naming_the_setting(capsys, argv, needle):
+    assert _run(["--model", "llama-3.1-8b", "--gpu", "H100-80GB", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1

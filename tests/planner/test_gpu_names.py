@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("name, candidates", [
     ("A100", "A100-40GB, A100-80GB"), ("a100", "A100-40GB, A100-80GB"), (" A100 ", "A100-40GB, A100-80GB"),
-    ("H100", "H100-80GB"), ("h100", "H100-80GB"),
+    ("H100", "H100-80GB, H100-PCIe, H100-NVL"), ("h100", "H100-80GB, H100-PCIe, H100-NVL"),
+    ("V100", "V100-16GB, V100-32GB"), ("RTX 6000", "RTX-6000-Ada, A6000"), ("GH200", "GH200-96GB"),
 ])
 def test_an_ambiguous_name_is_refused_with_its_candidates(name, candidates):
     with pytest.raises(SpecError) as err:
@@ -34,15 +35,25 @@ def test_an_ambiguous_name_is_refused_with_its_candidates(name, candidates):
     assert f"one of: {candidates}" in text
 
 
-def test_h100_names_the_parts_the_table_does_not_hold():
+def test_h100_names_its_three_parts_and_says_which_is_the_sxm():
     with pytest.raises(SpecError) as err:
         get_gpu("H100")
-    assert "SXM" in str(err.value) and "PCIe" in str(err.value) and "--gpu-file" in str(err.value)
+    text = str(err.value)
+    assert "H100-80GB is the SXM part" in text and "H100-PCIe" in text and "H100-NVL" in text
+
+
+def test_gh200_says_the_part_the_table_does_not_hold():
+    with pytest.raises(SpecError) as err:
+        get_gpu("gh200")
+    assert "144 GB" in str(err.value) and "--gpu-file" in str(err.value)
 
 
 @pytest.mark.parametrize("name, exact", [
     ("A100-40GB", "A100-40GB"), ("a100-40gb", "A100-40GB"), ("a100-40g", "A100-40GB"), ("a100_80gb", "A100-80GB"),
     ("H100-80GB", "H100-80GB"), ("h100-sxm", "H100-80GB"), ("h200-141gb", "H200"), ("L4", "L4"),
+    ("h200-sxm", "H200"), ("H200-NVL", "H200-NVL"), ("rtx 4090", "RTX-4090"), ("RTX3090", "RTX-3090"),
+    ("tesla t4", "T4"), ("a10g", "A10G"), ("A10", "A10"), ("L40", "L40"), ("h100-pcie", "H100-PCIe"),
+    ("MI300X", "MI300X"), ("rtx-a6000", "A6000"),
 ])
 def test_exact_names_and_unambiguous_aliases_resolve(name, exact):
     assert get_gpu(name).name == exact
@@ -89,7 +100,7 @@ def test_a_registered_gpu_with_the_short_name_is_an_exact_name(tmp_path):
 
 
 def test_no_shipped_file_names_an_ambiguous_gpu():
-    ambiguous = {"a100", "h100"}
+    ambiguous = {"a100", "h100", "v100", "gh200", "rtx 6000", "rtx-6000"}
     found = []
     for path in [REPO / "jobs" / "quickstart.yaml", REPO / "jobs" / "nightly.yaml",
                  *sorted((REPO / "search_spaces").glob("*.yaml"))]:

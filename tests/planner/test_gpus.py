@@ -10,7 +10,8 @@ from servetune.planner.gpus import GpuSpec, get_gpu, known_gpus, register_gpus_f
 
 @pytest.mark.parametrize(("name", "memory_gib"), [
     ("H100-80GB", 79.19), ("H200", 139.8), ("A100-80GB", 79.25), ("A100-40GB", 39.39),
-    ("L40S", 44.39), ("L4", 22.05), ("B200", 178.4),
+    ("L40S", 44.39), ("L4", 22.05), ("B200", 178.4), ("T4", 14.58), ("V100-16GB", 15.77), ("V100-32GB", 31.74),
+    ("A6000", 47.54), ("RTX-3090", 23.69), ("RTX-4090", 23.65), ("A10G", 22.19),
 ])
 def test_builtin_memory_is_what_torch_reports(name, memory_gib):
     g = get_gpu(name)
@@ -25,6 +26,33 @@ def test_relative_figures_are_sane():
     assert b200.fp8_tflops == 2 * b200.bf16_tflops and b200.compute_capability == 10.0
 
 
+REQUIRED = ("A10G", "A10", "L4", "L40", "L40S", "T4", "V100-16GB", "V100-32GB", "A6000", "RTX-6000-Ada", "RTX-3090",
+            "RTX-4090", "RTX-5090", "H100-PCIe", "H100-80GB", "H100-NVL", "H800", "H20", "GH200-96GB", "H200",
+            "H200-NVL", "B200", "MI300X")
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_every_gpu_people_rent_or_own_is_in_the_table_with_its_source(name):
+    g = get_gpu(name)
+    assert g.source and g.compute_capability > 0 and g.memory_gib > 10
+    assert g.fp8_tflops >= g.bf16_tflops and g.platform in ("cuda", "rocm")
+
+
+def test_what_the_gpu_changes_in_vllm_follows_its_compute_capability():
+    t4, v100, a10g, l4, h100, b200, mi = (get_gpu(n) for n in ("T4", "V100-16GB", "A10G", "L4", "H100-80GB", "B200",
+                                                             "MI300X"))
+    assert not t4.has_bf16 and not v100.has_bf16 and a10g.has_bf16
+    assert t4.attention_backend == "TRITON_ATTN" and h100.attention_backend == "FLASH_ATTN"
+    assert b200.attention_backend == "FLASHINFER" and mi.attention_backend == "ROCM_ATTN"
+    assert not a10g.fp8_compute and l4.fp8_compute and h100.fp8_compute
+    assert any("fp16" in n for n in t4.vllm_notes()) and not any("fp16" in n for n in h100.vllm_notes())
+
+
+def test_multicast_only_on_nvswitch_boards():
+    on = {n for n in REQUIRED if get_gpu(n).nvlink_multicast}
+    assert on == {"H100-80GB", "H800", "H20", "H200", "B200"}
+
+
 def test_names_are_case_insensitive_with_aliases():
     assert get_gpu("h200") is get_gpu("H200")
     assert get_gpu("  l40s ").name == "L40S"
@@ -33,9 +61,9 @@ def test_names_are_case_insensitive_with_aliases():
 
 def test_unknown_gpu_lists_the_known_ones():
     with pytest.raises(SpecError) as err:
-        get_gpu("H201")
+        get_gpu("B201")
     text = str(err.value)
-    assert err.value.field == "gpu" and "did you mean 'H200'" in text
+    assert err.value.field == "gpu" and "did you mean 'B200'" in text
     for name in ("H100-80GB", "A100-40GB", "L4", "B200"):
         assert name in text
 

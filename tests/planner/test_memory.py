@@ -247,7 +247,7 @@ def test_kv_tokens_formula_by_version():
     flags = {"gpu_memory_utilization": 0.5, "max_num_seqs": 64, "max_model_len": 1000}
     _, new = _plan(flags, version="0.26.0")
     _, old = _plan(flags, version="0.16.0")
-    assert old.num_gpu_blocks == new.num_gpu_blocks
+    # (the block counts differ: 0.16 profiles with the V1 model runner's constants)
     assert old.kv_cache_tokens == old.num_gpu_blocks * 16  # ≤0.20: blocks x block size
     assert new.kv_cache_tokens == int(new.num_gpu_blocks / 63 * 1000)  # ≥0.25: concurrency x max_model_len
 
@@ -258,8 +258,12 @@ def test_cudagraph_estimate_subtracted_only_in_020_to_025():
     _, v22 = _plan(flags, version="0.22.0")
     _, v19 = _plan(flags, version="0.19.0")
     assert v22.cudagraph_subtracted and not v26.cudagraph_subtracted and not v19.cudagraph_subtracted
-    assert abs((v26.memory.kv_cache - v22.memory.kv_cache) - v26.memory.cudagraph) < 1e-6
-    assert v19.memory.kv_cache == v26.memory.kv_cache
+    # 0.19 and 0.22 share the V1 runner's profile: they differ by exactly the estimate.
+    assert abs((v19.memory.kv_cache - v22.memory.kv_cache) - v22.memory.cudagraph) < 1e-6
+    # 0.26 (V2 runner) differs from 0.19 only by the profiled non-torch growth (the test model's
+    # small vocab keeps the sampler below the forward peak in both).
+    assert v19.memory.activation_peak == v26.memory.activation_peak
+    assert abs((v19.memory.kv_cache - v26.memory.kv_cache) - (v26.memory.non_torch - v19.memory.non_torch)) < 1e-6
 
 
 def test_tp_more_than_doubles_per_gpu_kv():

@@ -5,6 +5,12 @@ Prints the per-GPU memory breakdown vLLM's profiler would arrive at, the KV cach
 and a verdict: ``fits``, or the failure vLLM would raise (with its own text) and what to change.
 ``--json`` prints :meth:`servetune.planner.memory.MemoryPlan.to_json` plus the resolved flags.
 
+The memory each TP worker takes outside torch depends on the environment ``vllm serve`` runs with
+(NVLink multicast: ``NCCL_NVLS_ENABLE``, ``VLLM_ALLREDUCE_USE_SYMM_MEM``, ...). ``plan`` reads those
+settings from the caller's environment (or ``--env NAME=VALUE``; ``--trial-env`` for servetune's
+own launch environment), says which it assumed, and what the KV cache would be if the other held.
+Where no vLLM >= 0.11 startup log of the GPU was checked, it says so.
+
 Exit codes: 0 the plan fits, 1 vLLM would fail to start, 2 bad input (unknown flag, GPU or model;
 a flag combination vLLM refuses).
 
@@ -21,9 +27,11 @@ import json
 import sys
 from typing import Any
 
+from servetune import envs
 from servetune.errors import SpecError
+from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv
 from servetune.planner.flags import parse_set_option
-from servetune.planner.gpus import get_gpu, register_gpus_from_yaml
+from servetune.planner.gpus import GpuSpec, get_gpu, register_gpus_from_yaml
 from servetune.planner.memory import DEFAULT_VLLM_VERSION, EngineConfig, MemoryPlan, plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import ModelProfile, load_model
 
@@ -44,6 +52,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--vllm-version", default=DEFAULT_VLLM_VERSION, help=f"vLLM version to model (default {DEFAULT_VLLM_VERSION})")
     p.add_argument("--gpu-file", action="append", default=[], metavar="YAML", help="YAML file adding GPUs to the table")
     p.add_argument("--cold-start", action="store_true", help="predict startup time for a fresh host (cold compile cache)")
+    p.add_argument("--env", dest="env_sets", action="append", default=[], metavar="NAME=VALUE",
+                   help="an environment setting the server will run with, e.g. --env NCCL_NVLS_ENABLE=0 (repeatable; "
+                        f"one of {', '.join(envs.COMM_ENV_VARS)}); default: this shell's environment")
+    p.add_argument("--trial-env", action="store_true",
+                   help="plan for a servetune trial: servetune's launch environment (NVLink multicast off)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -59,21 +72,72 @@ def run(args: argparse.Namespace) -> int:
         gpu = get_gpu(args.gpu)
         model = load_model(args.model)
         config = resolve_engine_config(flags, model, gpu, args.vllm_version)
-        plan = plan_memory(model, gpu, config, cold_start=bool(getattr(args, "cold_start", False)))
+        env = comm_env_for(list(getattr(args, "env_sets", None) or ()), bool(getattr(args, "trial_env", False)),
+                           envs.comm_settings())
+        cold = bool(getattr(args, "cold_start", False))
+        plan = plan_memory(model, gpu, config, cold_start=cold, env=env)
+        # The other environment: multicast off if this one has it live, on if this one does not.
+        assert plan.comm is not None
+        other_env = env.with_nvls(not plan.comm.multicast)
+        other = plan_memory(model, gpu, config, cold_start=cold, env=other_env)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    alt = other if (other.comm is not None and other.comm.multicast != plan.comm.multicast) else None
     if args.json:
         doc = plan.to_json()
-        doc.update(model=model.name, gpu=gpu.name, vllm_version=config.vllm_version, flags=config.as_flags())
+        doc.update(model=model.name, gpu=gpu.name, vllm_version=config.vllm_version, flags=config.as_flags(),
+                   environment=env.describe(), evidence=gpu.log_evidence or None, gpu_source=gpu.source,
+                   gpu_notes=list(gpu.vllm_notes()))
+        doc["if_other_environment"] = None if alt is None else {
+            "environment": other_env.describe(), "fits": alt.fits, "kv_cache_tokens": alt.kv_cache_tokens,
+            "failure": alt.failure.value if alt.failure is not None else None,
+            "non_torch_gib": round(alt.memory.non_torch, 4)}
         print(json.dumps(doc, indent=2))
     else:
-        print(format_plan(model, gpu.name, config, plan))
+        print(format_plan(model, gpu, config, plan, env=env, other=alt, other_env=other_env))
     return 0 if plan.fits else 1
 
 
-def format_plan(model: ModelProfile, gpu_name: str, config: EngineConfig, plan: MemoryPlan) -> str:
-    """The human-readable plan: memory table, KV capacity, key flags, startup time, verdict."""
+def comm_env_for(env_sets: list[str], trial_env: bool, inherited: dict[str, str]) -> CommEnv:
+    """The environment ``plan`` assumes: ``--trial-env``, else the caller's settings overlaid by ``--env``.
+
+    Example:
+        >>> comm_env_for(["NCCL_NVLS_ENABLE=0"], False, {}).nvls
+        'off'
+        >>> comm_env_for([], False, {"NCCL_NVLS_ENABLE": "1"}).source
+        "this shell's environment"
+        >>> comm_env_for(["CUDA_VISIBLE_DEVICES=0"], False, {})
+        Traceback (most recent call last):
+        ...
+        servetune.errors.SpecError: --env: CUDA_VISIBLE_DEVICES does not change the planner's memory model (fix: use one of NCCL_NVLS_ENABLE, NCCL_NVLS_CHUNKSIZE, VLLM_ALLREDUCE_USE_SYMM_MEM, TORCH_SYMM_MEM_DISABLE_MULTICAST)
+    """
+    if trial_env:
+        if env_sets:
+            raise SpecError("--env", "--trial-env fixes servetune's launch environment", "give --env or --trial-env, not both")
+        return SERVETUNE_LAUNCH_ENV
+    given: dict[str, str] = {}
+    for item in env_sets:
+        name, sep, value = str(item).partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise SpecError("--env", f"expected NAME=VALUE, got {item!r}", "write e.g. --env NCCL_NVLS_ENABLE=0")
+        if name not in envs.COMM_ENV_VARS:
+            raise SpecError("--env", f"{name} does not change the planner's memory model",
+                            f"use one of {', '.join(envs.COMM_ENV_VARS)}")
+        given[name] = value.strip()
+    source = ("--env" if given else "this shell's environment" if inherited
+              else "vLLM's and NCCL's defaults: none of the settings is set here")
+    return CommEnv.from_mapping({**inherited, **given}, source)
+
+
+def format_plan(model: ModelProfile, gpu: GpuSpec | str, config: EngineConfig, plan: MemoryPlan, *,
+                env: CommEnv | None = None, other: MemoryPlan | None = None, other_env: CommEnv | None = None) -> str:
+    """The human-readable plan: memory table, KV capacity, key flags, startup time, environment, verdict.
+
+    ``other`` is the same plan under ``other_env`` (multicast the other way), shown when it differs.
+    """
+    gpu_name = gpu if isinstance(gpu, str) else gpu.name
     m = plan.memory
     cg_note = ""
     if plan.num_cudagraphs:
@@ -90,7 +154,8 @@ def format_plan(model: ModelProfile, gpu_name: str, config: EngineConfig, plan: 
         ("activation peak", m.activation_peak,
          f"profile run: {config.max_num_batched_tokens} tokens, "
          f"{min(config.max_num_batched_tokens, config.max_num_seqs)} seqs"),
-        ("non-torch", m.non_torch, ""),
+        ("non-torch", m.non_torch, ("NCCL NVLS / multicast buffers included" if plan.comm is not None
+                                    and plan.comm.multicast else "")),
         ("cudagraph", m.cudagraph, cg_note or ("enforce_eager: none" if config.enforce_eager else "")),
         ("kv cache", m.kv_cache, "available for KV blocks"),
     ]
@@ -115,6 +180,20 @@ def format_plan(model: ModelProfile, gpu_name: str, config: EngineConfig, plan: 
         sizes = config.cudagraph_capture_sizes
         lines.append(f"cudagraphs  {len(sizes)} sizes {sizes[0]}..{sizes[-1]}")
     lines.append(f"startup     ~{plan.startup_s:.0f} s launch to healthy")
+    if env is not None and plan.comm is not None:
+        lines.append(f"environment {env.describe()}; {plan.comm.reason}")
+        if other is not None and other_env is not None:
+            what = (f"{other.kv_cache_tokens:,} KV tokens" if other.fits
+                    else f"{other.failure.value if other.failure else 'fails'}")
+            lines.append(f"if instead  {other_env.describe()}: {what}, non-torch {other.memory.non_torch:.2f} GiB per GPU")
+    if not isinstance(gpu, str):
+        for note in gpu.vllm_notes():
+            lines.append(f"gpu         {note}")
+        if not gpu.log_evidence:
+            lines.append(f"evidence    no vLLM >= 0.11 startup log of {gpu.name} was checked: its figures come from "
+                         f"{gpu.source or 'a user GPU file'}; the memory constants from servetune's H200 runs")
+        else:
+            lines.append(f"evidence    {gpu.log_evidence}")
     for note in plan.notes:
         lines.append(f"note        {note}")
     if plan.fits:

@@ -45,50 +45,168 @@ __all__ = ["GpuSpec", "get_gpu", "known_gpus", "register_gpus_from_yaml", "regis
 class GpuSpec:
     """One GPU model. Rates are per GPU; ``interconnect_gbps`` is one direction between two GPUs.
 
-    ``compute_capability`` is a servetune addition after the shared-contract fields (vLLM 0.29+
-    raises the CUDA-graph capture cap to 1024 on data-center Blackwell, compute capability 10.x).
+    Fields after ``calibration`` are servetune additions: ``compute_capability`` (vLLM 0.29+ raises
+    the CUDA-graph capture cap to 1024 on data-center Blackwell, 10.x; bf16, fp8 and the attention
+    backend follow from it, see the properties), ``nvlink_multicast`` (an NVSwitch host where
+    NCCL's NVLS multicast algorithm is available: more memory outside torch per TP worker,
+    :mod:`servetune.planner.comm`), ``platform`` ("cuda" or "rocm"), ``source`` (where the figures
+    come from) and ``log_evidence`` (the vLLM >= 0.11 startup logs in this repository that the
+    planner was checked against on this GPU; empty: none, and ``plan`` says so).
     """
 
     name: str
     memory_gib: float  # total memory as torch reports it (H200: 139.8)
-    hbm_gbps: float  # HBM bandwidth GB/s
-    bf16_tflops: float  # dense
+    hbm_gbps: float  # memory bandwidth GB/s
+    bf16_tflops: float  # dense (GPUs without bf16: the fp16 tensor rate vLLM falls back to)
     fp8_tflops: float  # dense (GPUs without fp8 tensor cores: the bf16 rate)
     interconnect_gbps: float  # per-direction NVLink / PCIe GB/s between GPUs of a node
     calibration: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({}), hash=False)
     compute_capability: float = 0.0
+    nvlink_multicast: bool = False
+    platform: str = "cuda"
+    source: str = ""
+    log_evidence: str = ""
 
     @property
     def memory_bytes(self) -> int:
         return int(self.memory_gib * 2**30)
 
+    @property
+    def has_bf16(self) -> bool:
+        """bf16 needs compute capability 8.0 (CUDA); vLLM runs a bf16 checkpoint in fp16 below it."""
+        return self.platform == "rocm" or self.compute_capability >= 8.0
 
+    @property
+    def fp8_compute(self) -> bool:
+        """FP8 tensor cores (Ada 8.9, Hopper 9.0, Blackwell; MI300X): fp8 weights and an fp8 KV cache run natively."""
+        return self.platform == "rocm" or self.compute_capability >= 8.9
+
+    @property
+    def attention_backend(self) -> str:
+        """The attention backend vLLM >= 0.11 picks by default on this GPU (V1, dense models)."""
+        if self.platform == "rocm":
+            return "ROCM_ATTN"
+        if self.compute_capability < 8.0:
+            return "TRITON_ATTN"  # FlashAttention needs sm80+
+        if 10.0 <= self.compute_capability < 11.0:
+            return "FLASHINFER"
+        return "FLASH_ATTN"  # FA3 on 9.0, FA2 on 8.x and 12.x
+
+    def vllm_notes(self) -> tuple[str, ...]:
+        """What this GPU changes in vLLM, for ``plan``'s output."""
+        notes = [f"attention backend {self.attention_backend}"]
+        if not self.has_bf16:
+            notes.append("no bf16 (compute capability < 8.0): vLLM runs bf16 checkpoints in fp16 (same bytes)")
+        if not self.fp8_compute:
+            notes.append("no fp8 tensor cores: fp8 checkpoints run as weight-only (Marlin) kernels; an fp8 KV "
+                         "cache stores 1 byte/element but computes in 16-bit")
+        if self.platform == "rocm":
+            notes.append("ROCm build of vLLM: RCCL instead of NCCL; the TP memory outside torch is not modelled "
+                         "for ROCm (the CUDA figures are used)")
+        return tuple(notes)
+
+
+_NV = "NVIDIA datasheet"
 #: Built-in GPUs. memory_gib is torch's total (``mem_get_info``), not the marketing GB: H200
-#: 139.8 is read from real vLLM 0.26 logs ("Free memory on device (139.29/139.8 GiB)"); the others
-#: are the totals torch prints on those cards. Bandwidth and FLOP/s are NVIDIA datasheet figures
-#: (SXM parts, dense, no sparsity); NVLink is per direction (H100/H200 900 GB/s total = 450 each
-#: way, A100 600 = 300, B200 1800 = 900); L40S and L4 have no NVLink: PCIe 4.0 x16, 32 GB/s.
+#: 139.8 is read from real vLLM 0.26 logs ("Free memory on device (139.29/139.8 GiB)"); H100 79.19
+#: (llm-d-benchmark's H100 logs: "78.57/79.18 GiB"); the consumer and older cards' totals are the
+#: "total capacity of X GiB" that torch prints in their CUDA OOM messages (widely pasted); where no
+#: such figure was found the source says "estimated". Bandwidth and FLOP/s are vendor datasheet
+#: figures, dense (no sparsity; half the "with sparsity" figure); interconnect is per direction:
+#: NVLink 4 900 GB/s total = 450 each way, A100 600 = 300, B200 1800 = 900, H800 400 = 200,
+#: V100 SXM2 300 = 150, NVLink bridges (A6000 112.5, H100/H200 NVL 600) halved; PCIe 4.0 x16 32,
+#: PCIe 5.0 x16 64. nvlink_multicast: HGX/DGX boards with NVSwitch (NVLS), never PCIe or bridged parts.
 _BUILTIN: tuple[GpuSpec, ...] = (
-    GpuSpec("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, 450.0, compute_capability=9.0),
-    GpuSpec("H200", 139.8, 4800.0, 989.0, 1979.0, 450.0, compute_capability=9.0),
-    GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0),
-    GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0),
-    GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9),
-    GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9),
-    GpuSpec("B200", 178.4, 8000.0, 2250.0, 4500.0, 900.0, compute_capability=10.0),
+    GpuSpec("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
+            source=f"{_NV} H100 SXM5; memory from llm-d-benchmark's H100 logs",
+            log_evidence="tests/fixtures/published_logs (llm-d, vLLM 0.11.0, TP 1-2, NVLS not live)"),
+    GpuSpec("H100-PCIe", 79.19, 2039.0, 756.0, 1513.0, 64.0, compute_capability=9.0,
+            source=f"{_NV} H100 PCIe (HBM2e 2.0 TB/s); memory as the SXM part (same 80 GB), estimated"),
+    GpuSpec("H100-NVL", 93.1, 3938.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
+            source=f"{_NV} H100 NVL (94 GB, NVLink bridge 600 GB/s); memory estimated (nvidia-smi 95830 MiB less ~0.5 GiB)"),
+    GpuSpec("H800", 79.19, 3350.0, 989.0, 1979.0, 200.0, compute_capability=9.0, nvlink_multicast=True,
+            source=f"{_NV} H800 SXM5 (NVLink 400 GB/s); memory as H100 SXM, estimated"),
+    GpuSpec("H20", 95.0, 4000.0, 148.0, 296.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
+            source=f"{_NV} H20 (96 GB HBM3, 4.0 TB/s, 148 TFLOPS bf16); memory from vLLM issue #51041 ('H20 (95 GiB)')"),
+    GpuSpec("GH200-96GB", 94.5, 4000.0, 989.0, 1979.0, 450.0, compute_capability=9.0,
+            source=f"{_NV} GH200 (96 GB HBM3); one GPU per superchip, so no intra-node multicast; memory estimated"),
+    GpuSpec("H200", 139.8, 4800.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
+            source=f"{_NV} H200 SXM; memory from servetune's own vLLM 0.26 logs",
+            log_evidence="tests/fixtures/real_h200 (servetune's own runs, vLLM 0.26.0, TP 1-2, PP 2, NVLS off)"),
+    GpuSpec("H200-NVL", 139.8, 4800.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
+            source=f"{_NV} H200 NVL (NVLink bridge 900 GB/s 2/4-way, PCIe 5.0); memory as H200 SXM, estimated"),
+    GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0,
+            source=f"{_NV} A100 SXM4 80GB"),
+    GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0,
+            source=f"{_NV} A100 SXM4 40GB",
+            log_evidence="tests/fixtures/published_logs (dariustanrd/tokenkaki, vLLM 0.19.1, TP=1: the planner is "
+                         "4.0% low there)"),
+    GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9, source=f"{_NV} L40S",
+            log_evidence="tests/fixtures/published_logs (natoscott/benchmarks, vLLM 0.11.2, TP=2: the planner is "
+                         "2.0-2.5% low there; a vLLM 0.28.0 TP=1 start: 9.3% high)"),
+    GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
+            source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
+    GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4"),
+    GpuSpec("A10G", 22.19, 600.0, 70.0, 70.0, 32.0, compute_capability=8.6,
+            source="AWS g5 (A10G, 24 GB GDDR6, 600 GB/s; ~70 TFLOPS bf16 dense, estimated from AWS's 250 TOPS "
+                   "int8 sparse); memory from torch OOM messages on g5 ('total capacity of 22.19 GiB')"),
+    GpuSpec("A10", 22.19, 600.0, 125.0, 125.0, 32.0, compute_capability=8.6,
+            source=f"{_NV} A10 (125 TFLOPS bf16 dense); memory as A10G (same 24 GB board), estimated"),
+    GpuSpec("T4", 14.58, 320.0, 65.0, 65.0, 16.0, compute_capability=7.5,
+            source=f"{_NV} T4 (65 TFLOPS fp16 mixed precision; no bf16); memory from torch OOM messages "
+                   "('total capacity of 14.58 GiB'); PCIe 3.0 x16"),
+    GpuSpec("V100-16GB", 15.77, 900.0, 125.0, 125.0, 150.0, compute_capability=7.0,
+            source=f"{_NV} V100 SXM2 (125 TFLOPS fp16 tensor; no bf16; NVLink 300 GB/s); memory from torch OOM "
+                   "messages ('15.77 GiB total capacity')"),
+    GpuSpec("V100-32GB", 31.74, 900.0, 125.0, 125.0, 150.0, compute_capability=7.0,
+            source=f"{_NV} V100 SXM2 32GB; memory from torch OOM messages ('31.74 GiB total capacity')"),
+    GpuSpec("A6000", 47.54, 768.0, 155.0, 155.0, 32.0, compute_capability=8.6,
+            source=f"{_NV} RTX A6000 (309.7 TFLOPS bf16 sparse); memory from torch OOM messages "
+                   "('47.54 GiB total capacity'); PCIe 4.0 (NVLink bridge 112.5 GB/s optional)"),
+    GpuSpec("RTX-6000-Ada", 47.5, 960.0, 364.0, 728.0, 32.0, compute_capability=8.9,
+            source=f"{_NV} RTX 6000 Ada (1,457 TFLOPS fp8 sparse); memory estimated (48 GB GDDR6 ECC)"),
+    GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6,
+            source=f"{_NV} GA102 whitepaper (71 TFLOPS bf16 with fp32 accumulate, dense); memory from torch OOM "
+                   "messages ('23.69 GiB total capacity')"),
+    GpuSpec("RTX-4090", 23.65, 1008.0, 165.0, 330.0, 32.0, compute_capability=8.9,
+            source=f"{_NV} Ada whitepaper (165.2 TFLOPS bf16, 330.3 fp8, fp32 accumulate, dense); memory from "
+                   "torch OOM messages ('23.65 GiB total capacity')"),
+    GpuSpec("RTX-5090", 31.36, 1792.0, 209.0, 419.0, 64.0, compute_capability=12.0,
+            source=f"{_NV} Blackwell GB202 whitepaper (209.5 TFLOPS bf16, 419 fp8, dense); memory from torch OOM "
+                   "messages ('31.36 GiB total capacity'); PCIe 5.0"),
+    GpuSpec("B200", 178.4, 8000.0, 2250.0, 4500.0, 900.0, compute_capability=10.0, nvlink_multicast=True,
+            source=f"{_NV} HGX B200"),
+    GpuSpec("MI300X", 191.98, 5300.0, 1307.0, 2615.0, 64.0, compute_capability=9.4, platform="rocm",
+            source="AMD Instinct MI300X datasheet (192 GB HBM3, 5.3 TB/s, 1,307 TFLOPS bf16 dense; Infinity "
+                   "Fabric 64 GB/s per link and direction); memory estimated; vLLM's ROCm build"),
 )
 
-#: Other spellings people use for the built-in names (lower case).
+#: Other spellings people use for the built-in names (lower case). Only spellings that mean one part.
 _ALIASES = {"h100-sxm": "H100-80GB", "h100-80g": "H100-80GB", "h100_80gb": "H100-80GB",
-            "h100-sxm-80gb": "H100-80GB", "a100-80g": "A100-80GB", "a100_80gb": "A100-80GB",
-            "a100-40g": "A100-40GB", "a100_40gb": "A100-40GB", "h200-141gb": "H200"}
+            "h100-sxm-80gb": "H100-80GB", "h100-sxm5": "H100-80GB", "h100-pcie-80gb": "H100-PCIe",
+            "h100-nvl-94gb": "H100-NVL", "h800-sxm": "H800", "h800-80gb": "H800", "h20-96gb": "H20",
+            "a100-80g": "A100-80GB", "a100_80gb": "A100-80GB",
+            "a100-40g": "A100-40GB", "a100_40gb": "A100-40GB", "h200-141gb": "H200", "h200-sxm": "H200",
+            "h200-nvl-141gb": "H200-NVL", "gh200-96g": "GH200-96GB",
+            "rtx-a6000": "A6000", "rtx a6000": "A6000", "a6000-48gb": "A6000",
+            "rtx-6000-ada-generation": "RTX-6000-Ada", "rtx 6000 ada": "RTX-6000-Ada", "6000-ada": "RTX-6000-Ada",
+            "rtx3090": "RTX-3090", "rtx 3090": "RTX-3090", "3090": "RTX-3090", "geforce-rtx-3090": "RTX-3090",
+            "rtx4090": "RTX-4090", "rtx 4090": "RTX-4090", "4090": "RTX-4090", "geforce-rtx-4090": "RTX-4090",
+            "rtx5090": "RTX-5090", "rtx 5090": "RTX-5090", "5090": "RTX-5090", "geforce-rtx-5090": "RTX-5090",
+            "tesla-t4": "T4", "tesla t4": "T4", "v100-sxm2-16gb": "V100-16GB", "v100-sxm2-32gb": "V100-32GB",
+            "v100-16g": "V100-16GB", "v100-32g": "V100-32GB", "instinct-mi300x": "MI300X", "mi300x-192gb": "MI300X"}
 
 #: Names several GPUs answer to (lower case) -> (the table's candidates, what else the name covers).
 _AMBIGUOUS: dict[str, tuple[tuple[str, ...], str]] = {
     "a100": (("A100-40GB", "A100-80GB"), ""),
-    "h100": (("H100-80GB",), "H100-80GB is the SXM part; H100 PCIe (2.0 TB/s) and H100 NVL (94 GB) are not in the "
-             "table"),
+    "h100": (("H100-80GB", "H100-PCIe", "H100-NVL"), "H100-80GB is the SXM part"),
+    "v100": (("V100-16GB", "V100-32GB"), ""),
+    "gh200": (("GH200-96GB",), "GH200-96GB is the HBM3 part; the 144 GB HBM3e GH200 is not in the table"),
+    "rtx-6000": (("RTX-6000-Ada", "A6000"), "RTX 6000 names the Ada part and (as Quadro RTX 6000) an older Turing "
+                 "card that is not in the table"),
+    "rtx 6000": (("RTX-6000-Ada", "A6000"), "RTX 6000 names the Ada part and (as Quadro RTX 6000) an older Turing "
+                 "card that is not in the table"),
 }
 
 _REGISTRY: dict[str, GpuSpec] = {g.name.lower(): g for g in _BUILTIN}
@@ -129,11 +247,13 @@ _NUMERIC_FIELDS = ("memory_gib", "hbm_gbps", "bf16_tflops", "fp8_tflops", "inter
 def _spec_from_mapping(entry: Any, field: str) -> GpuSpec:
     if not isinstance(entry, Mapping):
         raise SpecError(field, f"expected a mapping, got {entry!r}", "write name: ..., memory_gib: ...")
-    unknown = set(entry) - {"name", "compute_capability", "calibration", *_NUMERIC_FIELDS}
+    unknown = set(entry) - {"name", "compute_capability", "calibration", "nvlink_multicast", "platform", "source",
+                            *_NUMERIC_FIELDS}
     if unknown:
         bad = sorted(map(str, unknown))[0]
         raise SpecError(f"{field}.{bad}", f"unknown GPU field{did_you_mean(bad, _NUMERIC_FIELDS)}",
-                        f"use: name, {', '.join(_NUMERIC_FIELDS)}, compute_capability, calibration")
+                        f"use: name, {', '.join(_NUMERIC_FIELDS)}, compute_capability, calibration, "
+                        "nvlink_multicast, platform, source")
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SpecError(f"{field}.name", f"expected a non-empty string, got {name!r}", "e.g. name: RTX-6000-Ada")
@@ -153,8 +273,16 @@ def _spec_from_mapping(entry: Any, field: str) -> GpuSpec:
             isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in calib.items()):
         raise SpecError(f"{field}.calibration", f"expected a mapping of names to numbers, got {calib!r}",
                         "e.g. calibration: {decode_overhead_ms: 0.3}")
+    multicast = entry.get("nvlink_multicast", False)
+    if not isinstance(multicast, bool):
+        raise SpecError(f"{field}.nvlink_multicast", f"expected true or false, got {multicast!r}",
+                        "true only for an NVSwitch board (HGX/DGX)")
+    plat = entry.get("platform", "cuda")
+    if plat not in ("cuda", "rocm"):
+        raise SpecError(f"{field}.platform", f"expected cuda or rocm, got {plat!r}", "write platform: cuda")
     return GpuSpec(name=name.strip(), calibration=types.MappingProxyType({k: float(v) for k, v in calib.items()}),
-                   compute_capability=float(cc), **values)
+                   compute_capability=float(cc), nvlink_multicast=multicast, platform=plat,
+                   source=str(entry.get("source") or f"user GPU file ({field})"), **values)
 
 
 def register_gpu(spec: GpuSpec) -> None:

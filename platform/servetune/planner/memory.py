@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from servetune.errors import SpecError
+from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv, CommMemory, comm_memory
 from servetune.planner.flags import validate_flags
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
@@ -86,16 +87,24 @@ ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED = 3.0  # times hidden_size
 ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER = 1.13  # also a compiled start whose graphs come from a warm cache
 #: Sampler warm-up over num_reqs rows: bf16 logits + fp32 logits + fp32 probabilities. Not
 #: visible in the test-model logs (its vocab is small); an estimate, used only where it exceeds
-#: the forward peak (large vocab, many sequences).
+#: the forward peak (large vocab, many sequences). vLLM 0.26's V2 model runner.
 SAMPLER_BYTES_PER_LOGIT = 10
-#: Non-torch growth during the profile run (cuBLAS / attention workspaces). With TP/PP>1 most of it
-#: is created before the init snapshot (NCCL, custom all-reduce), so the logged growth is smaller.
-NON_TORCH_GIB_SINGLE = 0.2235
-NON_TORCH_GIB_MULTI = 0.06
-#: Memory in use before vLLM's init snapshot (CUDA context; plus NCCL / all-reduce buffers when
-#: world_size > 1): "Free memory on device (139.29/139.8 GiB)" at TP=1, (138.34/139.8) at TP=2.
-CONTEXT_GIB_SINGLE = 0.51
-CONTEXT_GIB_MULTI = 1.46
+#: The same for the V1 model runner (vLLM 0.11-0.25), whose profile run ends with the dummy
+#: sampler over min(max_num_batched_tokens, max_num_seqs) rows and keeps several fp32
+#: [num_reqs, vocab] buffers alive at its peak. Fitted on the published starts
+#: llmd_llama31_8b_tp1 and llmd_qwen3_06b_tp1_16k (tests/fixtures/published_logs/index.yaml;
+#: vLLM 0.11.0, H100, 1024 rows: "torch peak memory increase" 4.76 GiB at vocab 128,256 and 5.56
+#: at 151,936): (peak - ACT_FIXED_GIB) / (rows * vocab), mean 37.95 B per logit (~9.5 fp32
+#: copies). Judged on the held-out starts of that file (benchmarks/published_logs.py). Reach:
+#: the evidence is vLLM 0.11.0 only, whose dummy sampler run goes through FlashInfer's top-k/top-p
+#: kernels (on by default in 0.11.0; off by default from vLLM PR #26859, 2025-10, until PR #40376
+#: turned it back on). The PyTorch-native path sorts the logits and peaks higher (flashinfer
+#: issue #1180: 1.5 GiB less KV cache with it on vLLM 0.9), so for 0.11.1-0.25 this figure is an
+#: assumption that may be low; no published start of those versions checks it here.
+SAMPLER_BYTES_PER_LOGIT_V1 = 37.95
+#: Non-torch growth and the memory in use before the init snapshot (CUDA context, NCCL and
+#: all-reduce buffers) depend on the parallel layout and on the environment the server runs with
+#: (NVLink multicast): servetune.planner.comm holds those constants and the one function.
 #: CUDA-graph pool ("Graph capturing finished ... took C GiB"): 0.15 GiB for 19 PIECEWISE + 11
 #: FULL graphs (max_num_seqs 64), 0.21 for 35 + 19 (128), 0.36 for 51 + 35 (256); TP=2 0.16.
 #: Least squares through the 64-seq point: C = 0.128 GiB + 1.57e-5 GiB * sum(captured batch sizes),
@@ -123,6 +132,9 @@ STARTUP_PROFILE_S = 4.0  # b5 (util 0.012, eager) died 46 s after launch, right 
 
 # ================================================================================ versions
 _MIN_VERSION: Version = (0, 11, 0)
+#: First version whose profiling these constants take from the V2 model runner (0.26, the real
+#: H200 runs); before it, the V1 runner's profile run (the published 0.11 starts).
+_V2_RUNNER: Version = (0, 26, 0)
 
 
 def parse_vllm_version(version: str) -> Version:
@@ -454,6 +466,7 @@ class MemoryPlan:
     num_cudagraphs: int = 0
     cudagraph_subtracted: bool = False
     notes: tuple[str, ...] = ()
+    comm: CommMemory | None = None  # the memory outside torch, and why (multicast or not)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict; the keys are a contract (``servetune plan --json``).
@@ -481,6 +494,8 @@ class MemoryPlan:
             "startup_s": round(self.startup_s, 1),
             "memory_gib": {k: round(v, 4) for k, v in self.memory.as_dict().items()},
             "notes": list(self.notes),
+            "multicast": self.comm.multicast if self.comm is not None else False,
+            "comm_reason": self.comm.reason if self.comm is not None else None,
         }
 
 
@@ -518,7 +533,8 @@ def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_sta
     if not last_stage:
         return int(forward)
     num_reqs = min(tokens, config.max_num_seqs)
-    sampler = ACT_FIXED_GIB * GiB + num_reqs * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    per_logit = SAMPLER_BYTES_PER_LOGIT if config.version >= _V2_RUNNER else SAMPLER_BYTES_PER_LOGIT_V1
+    sampler = ACT_FIXED_GIB * GiB + num_reqs * model.vocab_size * per_logit
     return int(max(forward, sampler))
 
 
@@ -631,7 +647,7 @@ def kernel_cache_key(flags: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 
 def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold_start: bool = False,
-                compile_cache_warm: bool = False) -> MemoryPlan:
+                compile_cache_warm: bool = False, env: CommEnv = SERVETUNE_LAUNCH_ENV) -> MemoryPlan:
     """Predict vLLM's startup memory accounting, KV capacity and verdict for one engine.
 
     Per GPU of each pipeline stage: ``available = budget - weights - activation_peak - non_torch
@@ -643,7 +659,10 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
     below ``util * total`` at launch (other processes) is not predictable from flags; it is left to
     the runtime. ``cold_start`` adds the compile-cache miss of a fresh host to ``startup_s``;
     ``compile_cache_warm`` says the node has compiled this configuration before (a smaller
-    profiled activation peak, see :func:`activation_peak_bytes`).
+    profiled activation peak, see :func:`activation_peak_bytes`). ``env`` is the environment the
+    server runs with (:class:`~servetune.planner.comm.CommEnv`): by default servetune's own launch
+    environment (NVLink multicast off), which is what every servetune trial runs with;
+    ``servetune plan`` passes the caller's environment instead.
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
@@ -658,9 +677,8 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
     model = _effective_model(model, config)
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     total = int(gpu.memory_gib * GiB)
-    multi = config.world_size > 1
-    context = int((CONTEXT_GIB_MULTI if multi else CONTEXT_GIB_SINGLE) * GiB)
-    non_torch = int((NON_TORCH_GIB_MULTI if multi else NON_TORCH_GIB_SINGLE) * GiB)
+    comm = comm_memory(gpu, tp=tp, pp=pp, env=env, version=v)
+    context, non_torch = comm.context_bytes, comm.non_torch_bytes
     cg = cudagraph_memory_bytes(model, config)
     subtract_cg = _cudagraph_estimate_subtracted(v) and cg > 0
     if config.kv_cache_memory_bytes is not None:
@@ -693,6 +711,10 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
     kv_tokens, concurrency = _kv_capacity(v, num_blocks, config)
 
     notes: list[str] = []
+    if comm.multicast:
+        notes.append(f"{comm.reason}: +{(non_torch - comm_memory(gpu, tp=tp, pp=pp, env=env.with_nvls(False), version=v).non_torch_bytes) / GiB:.2f} "
+                     "GiB non-torch per TP worker (NCCL's NVLS buffers and multicast); that figure is not yet "
+                     "checked on held-out startup logs")
     if subtract_cg:
         notes.append(f"vLLM {config.vllm_version} subtracts the CUDA graph estimate from the KV budget")
     if config.max_cudagraph_capture_size > _CUDAGRAPH_CALIBRATED_MAX_SIZE:
@@ -778,7 +800,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         kv_bytes_per_token=model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype),
         startup_s=_startup_seconds(config, max(weights), cold_start, failure, load_failed),
         fix=fix, estimated_max_model_len=est_len, num_cudagraphs=config.num_cudagraphs,
-        cudagraph_subtracted=subtract_cg, notes=tuple(notes),
+        cudagraph_subtracted=subtract_cg, notes=tuple(notes), comm=comm,
     )
 
 

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 from servetune.result import TrialStatus
 from servetune.vllm_version import version_tuple
 
+from servetune.planner.comm import CONTEXT_GIB_MULTI, CONTEXT_GIB_SINGLE, SERVETUNE_LAUNCH_ENV, comm_memory
+
 if TYPE_CHECKING:  # the planner's types; only their attributes are read here
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.memory import EngineConfig, MemoryPlan
@@ -76,8 +78,6 @@ _COMPILE_FRACTION = 0.266
 _INIT_FRACTION_COMPILED, _INIT_FRACTION_EAGER = 0.60, 0.448
 _LOAD_GIB_PER_S = 5.3
 _LOAD_FIXED_S = 1.81
-_CUDA_CONTEXT_GIB = 0.51  # total - free at startup on the H200 (139.8 - 139.29)
-_NCCL_BUFFERS_GIB = 0.95  # the extra seen at TP=2 (139.8 - 138.34 - 0.51)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,9 +426,15 @@ def startup_script(
              f"distributed_init_method=tcp://127.0.0.1:{29500 + port % 1000} backend=nccl", proc=proc)
     core(t["device"], "parallel_state.py:1946", f"rank 0 in world size {world} is assigned as DP rank 0, PP rank 0, "
          "PCP rank 0, TP rank 0, EP rank N/A, EPLB rank N/A", proc=lead)
-    context_gib = float(gpu.calibration.get("cuda_context_gib", _CUDA_CONTEXT_GIB))
-    if world > 1:
-        context_gib += float(gpu.calibration.get("nccl_buffers_gib", _NCCL_BUFFERS_GIB))
+    # What is in use before vLLM's init snapshot: the planner's figure (planner.comm, one
+    # implementation), unless the GPU's calibration overrides it.
+    comm = plan.comm if plan.comm is not None else comm_memory(
+        gpu, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size, env=SERVETUNE_LAUNCH_ENV)
+    context_gib = comm.context_bytes / _GIB
+    if "cuda_context_gib" in gpu.calibration or "nccl_buffers_gib" in gpu.calibration:
+        context_gib = float(gpu.calibration.get("cuda_context_gib", CONTEXT_GIB_SINGLE))
+        if world > 1:
+            context_gib += float(gpu.calibration.get("nccl_buffers_gib", CONTEXT_GIB_MULTI - CONTEXT_GIB_SINGLE))
     free_gib = mem.total - context_gib - max(0.0, held_gib)
     util = config.gpu_memory_utilization
     if stage is None and free_gib < mem.budget:

@@ -72,6 +72,25 @@ def test_override_keeps_the_computed_block_count():
     assert p.stats_kv_usage_peak == pytest.approx(0.989) and p.stats_waiting_peak == 75
 
 
+def test_the_cuda_graph_profilers_own_override_is_not_the_users():
+    """vLLM 0.19+ profiles CUDA-graph memory on a minimal KV cache and says so with an override line
+    of its own ("Overriding num_gpu_blocks=0 with num_gpu_blocks_override=512", a published 0.19.1
+    start, tests/fixtures/published_logs): the start had no override and 8,810 blocks (140,960 tokens)."""
+    text = _read(FIXTURES / "published_logs" / "logs" / "tokenkaki_qwen3_8b_tp1_a100_40gb.log")
+    p = parse_log(text)
+    assert (p.num_gpu_blocks_override, p.computed_gpu_blocks) == (None, None)
+    assert (p.num_gpu_blocks, p.num_gpu_blocks_derived, p.kv_cache_tokens) == (8810, True, 140960)
+    # The user's override, with the profiler's line before it: the user's (computed > 0) is the one.
+    user = "INFO 06-25 17:21:58 [kv_cache_utils.py:829] Overriding num_gpu_blocks=8810 with num_gpu_blocks_override=64\n"
+    asked = text.replace("'served_model_name': ['Qwen/Qwen3-8B']}", "'served_model_name': ['Qwen/Qwen3-8B'], "
+                         "'num_gpu_blocks_override': 64}") + user
+    q = parse_log(asked)
+    assert (q.num_gpu_blocks, q.computed_gpu_blocks, q.num_gpu_blocks_override) == (64, 8810, 64)
+    # Without the args line, a computed 0 alone is still the profiler's.
+    bare = "\n".join(line for line in text.splitlines() if "non-default args" not in line)
+    assert parse_log(bare).num_gpu_blocks_override is None
+
+
 def test_chunked_prefill_line_absent_falls_back_to_the_given_flag():
     p = parse_log(_read(REAL / "b2_s256_mbt2048/server.log"))  # vLLM prints the line only for its own default
     assert p.max_num_batched_tokens == 2048 and p.max_cudagraph_capture_size == 512

@@ -54,7 +54,7 @@ from typing import Any
 from servetune.engines.vllm.bench_client import BENCH_COMMAND, bench_argv, run_bench
 from servetune.engines.base import LOAD_GENERATORS, Engine, TrialTask
 from servetune.engines.early_stop import EarlyStop
-from servetune.envs import compile_cache_env
+from servetune.envs import LAUNCH_SAFE_ENV, compile_cache_env
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner.flags import gpus_needed, to_cli_args
 from servetune.engines.vllm.infra import confirm_launch_failure
@@ -68,12 +68,9 @@ from servetune.workload import Workload
 __all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_memory_used_mib",
            "SAFE_ENV"]
 
-#: Set in every vLLM environment: NVLink multicast can take a host's GPUs out of service for
-#: everyone on the host (the GPU hosts' operating rule), and the flashinfer sampler is not in every install.
-SAFE_ENV = {
-    "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
-    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-}
+#: Set in every vLLM environment (NVLink multicast off: the GPU hosts' operating rule); the one
+#: definition lives in servetune.envs, where the memory planner reads it too.
+SAFE_ENV = LAUNCH_SAFE_ENV
 #: Environment settings a candidate may never turn on (they enable NVLink multicast).
 FORBIDDEN_ENV = ("VLLM_ALLREDUCE_USE_FLASHINFER", "VLLM_USE_NCCL_SYMM_MEM")
 

@@ -241,6 +241,9 @@ _AVAILABLE_KV_RE = re.compile(r"Available KV cache memory: " + _N + r" ?GiB")
 _KV_BYTES_RE = re.compile(r"reserved " + _N + r" ?GiB memory for KV Cache as specified by kv_cache_memory_bytes")
 _KV_TOKENS_RE = re.compile(r"KV cache size: " + _N + r" tokens")
 _CONCURRENCY_RE = re.compile(r"Maximum concurrency for " + _N + r" tokens per request: " + _N + r"x")
+# The user's --num-gpu-blocks-override, or (0.19+, computed 0) the minimal KV cache vLLM itself sets
+# up to profile CUDA-graph memory ("Overriding num_gpu_blocks=0 with num_gpu_blocks_override=512"
+# right before "Profiling CUDA graph memory", dariustanrd/tokenkaki's 0.19.1 log): see parse_log.
 _OVERRIDE_RE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 # V0: "# GPU blocks: N, # CPU blocks: M" (<= 0.6), "# CUDA blocks: ..." / "# cuda blocks: ..." (0.7-0.8,
 # the platform's name); early V1 (0.7-0.8): "# GPU blocks: N" alone.
@@ -423,8 +426,7 @@ def parse_log(text: str) -> ParsedLog:
             first("max_concurrency_tokens", _int(m, 1))
             first("max_concurrency", _num(m, 2))
         if (m := _OVERRIDE_RE.search(raw)):
-            first("computed_gpu_blocks", int(m.group(1)))
-            first("num_gpu_blocks_override", int(m.group(2)))
+            f.setdefault("_overrides", []).append((int(m.group(1)), int(m.group(2))))  # (computed, override)
         if (m := _V0_BLOCKS_RE.search(raw)):
             first("_v0_gpu_blocks", int(m.group(2)))
             first("num_cpu_blocks", int(m.group(3)))
@@ -502,6 +504,16 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
     elif isinstance(args, dict) and isinstance(args.get("block_size"), int):
         block_size = args["block_size"]
 
+    # An override line is the user's where the start asked for one: not where the non-default args
+    # are known and do not name it, and not a computed 0 (the CUDA-graph profiler's minimal cache)
+    # while a line with a computed count is there or the args do not name the flag.
+    overrides = f.get("_overrides", [])
+    asked = isinstance(args, dict) and "num_gpu_blocks_override" in args
+    users = [o for o in overrides if o[0] != 0] or (overrides if asked else [])
+    if isinstance(args, dict) and not asked:
+        users = []
+    if users:
+        f["computed_gpu_blocks"], f["num_gpu_blocks_override"] = users[0]
     kv_tokens = f.get("kv_cache_tokens")
     override = f.get("num_gpu_blocks_override")
     if override is None and isinstance(args, dict) and isinstance(args.get("num_gpu_blocks_override"), int):

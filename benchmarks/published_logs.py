@@ -1,0 +1,66 @@
+"""The planner on vLLM startups that people published: the held-out KV-capacity error, by GPU and layout.
+
+Reads ``tests/fixtures/published_logs/index.yaml`` (see its SOURCES.md), plans every start with
+the product's planner (:mod:`servetune.planner.evidence`), refits the constants named as fitted
+on the ``fit`` starts, and prints the error on the ``held_out`` starts (never on the fit ones as
+accuracy). ``--json`` prints the same as JSON; ``benchmarks/results/published_logs_heldout.json``
+is that output (the tests re-derive it).
+
+    .venv/bin/python benchmarks/published_logs.py
+    .venv/bin/python benchmarks/published_logs.py --json > benchmarks/results/published_logs_heldout.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from servetune.planner import comm, memory
+from servetune.planner.evidence import fit_constants, judge, load_index, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+INDEX = ROOT / "tests" / "fixtures" / "published_logs" / "index.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    starts, models = load_index(INDEX)
+    judgements = [judge(s, models[s.id]) for s in starts]
+    constants = {"SAMPLER_BYTES_PER_LOGIT_V1": memory.SAMPLER_BYTES_PER_LOGIT_V1,
+                 "NON_TORCH_GIB_SINGLE_V1": comm.NON_TORCH_GIB_SINGLE_V1,
+                 "NON_TORCH_GIB_MULTI_V1": comm.NON_TORCH_GIB_MULTI_V1}
+    report = {"constants_in_code": constants, "constants_refit": fit_constants(starts, models),
+              "held_out": summarize(judgements, "held_out"),
+              "per_start": [{"id": j.start.id, "role": j.start.role, "gpu": j.start.gpu, "layout": j.start.layout,
+                             "vllm": j.start.vllm, "logged": j.start.logged.get("status"),
+                             "predicted": "fits" if j.fits else j.failure,
+                             "kv_tokens": j.kv_tokens, "logged_kv_tokens": j.logged_kv_tokens,
+                             "kv_error_pct": None if j.kv_error is None else round(100 * j.kv_error, 2)}
+                            for j in judgements]}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"constants in code : {constants}")
+    print(f"refit on fit set  : {report['constants_refit']}")
+    print(f"{'start':<28}{'role':<10}{'gpu':<11}{'layout':<8}{'logged':<8}{'predicted':<14}"
+          f"{'kv tokens':>11}{'logged':>11}{'error':>9}")
+    for row in report["per_start"]:
+        err = "" if row["kv_error_pct"] is None else f"{row['kv_error_pct']:+.2f}%"
+        logged = "" if row["logged_kv_tokens"] is None else f"{row['logged_kv_tokens']:,}"
+        print(f"{row['id']:<28}{row['role']:<10}{row['gpu']:<11}{row['layout']:<8}{row['logged']:<8}"
+              f"{row['predicted']:<14}{row['kv_tokens']:>11,}{logged:>11}{err:>9}")
+    h = report["held_out"]
+    print(f"held out: {h['starts']} starts ({h['healthy']} healthy, {h['failed']} failed); KV within 2%: "
+          f"{h['within_2pct']}/{len(h['kv_errors_pct'])}; failed starts foreseen: {h['failed_foreseen']}/{h['failed']}; "
+          f"refused starts called a fit: {h['refused_called_fit'] or 'none'}")
+    for key in ("by_gpu", "by_layout", "by_vllm"):
+        print(f"{key}: " + "; ".join(f"{k}: n={v['n']} errors {v['errors']}" for k, v in h[key].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Memory outside torch per TP/PP worker, by environment: the rule the planner, pre-screen and simulator apply."""
+
+from __future__ import annotations
+
+import pytest
+
+from servetune.engines.vllm.engine import SAFE_ENV
+from servetune.errors import SpecError
+from servetune.planner.comm import (NON_TORCH_GIB_MULTI, SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv, comm_memory,
+                                    nvls_buffer_bytes)
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.modelinfo import load_model
+
+GiB = 1 << 30
+
+
+def test_servetune_launch_env_is_the_engine_env():
+    """The planner's default environment is the one every real servetune launch applies."""
+    assert SERVETUNE_LAUNCH_ENV == CommEnv.from_mapping(SAFE_ENV, SERVETUNE_LAUNCH_ENV.source)
+    assert SERVETUNE_LAUNCH_ENV.nvls == "off" and not SERVETUNE_LAUNCH_ENV.symm_mem
+
+
+@pytest.mark.parametrize("gpu, tp, pp, live", [
+    ("H100-80GB", 2, 1, True), ("H100-80GB", 4, 1, True), ("H200", 2, 1, True), ("B200", 8, 1, True),
+    ("H100-80GB", 1, 2, False),  # PP stages use send/recv, never NVLS
+    ("H100-80GB", 1, 1, False), ("H100-PCIe", 2, 1, False), ("H100-NVL", 2, 1, False), ("L40S", 4, 1, False),
+    ("A100-80GB", 4, 1, False),  # NVSwitch, but NVLS needs compute capability 9.0
+])
+def test_multicast_is_live_only_on_nvswitch_hopper_tp_groups_in_the_default_env(gpu, tp, pp, live):
+    c = comm_memory(get_gpu(gpu), tp=tp, pp=pp, env=VLLM_DEFAULT_ENV)
+    assert c.multicast is live
+    assert not comm_memory(get_gpu(gpu), tp=tp, pp=pp, env=SERVETUNE_LAUNCH_ENV).multicast
+
+
+def test_multicast_off_keeps_the_real_h200x2_figure_and_on_adds_nccl_buffers():
+    h200 = get_gpu("H200")
+    off = comm_memory(h200, tp=2, pp=1, env=SERVETUNE_LAUNCH_ENV)
+    on = comm_memory(h200, tp=2, pp=1, env=VLLM_DEFAULT_ENV)
+    assert off.non_torch_bytes == int(NON_TORCH_GIB_MULTI * GiB)  # 0.06 GiB: the real NVLS-off 2 x H200 runs
+    assert 2.0 * GiB <= on.non_torch_bytes <= 2.2 * GiB  # the range issue 19 read in published H100 logs
+    four = comm_memory(h200, tp=4, pp=1, env=VLLM_DEFAULT_ENV)
+    assert four.non_torch_bytes - on.non_torch_bytes == nvls_buffer_bytes(4, 9.0) - nvls_buffer_bytes(2, 9.0)
+    assert not on.validated and off.validated
+
+
+def test_nvls_buffer_follows_ncclsource_formula_and_chunk_setting():
+    # nChannels(16 on sm90) * 2 * chunk * NCCL_STEPS(8) * nHeads(tp), 2 MiB aligned.
+    assert nvls_buffer_bytes(2, 9.0) == 16 * 2 * 128 * 1024 * 8 * 2
+    assert nvls_buffer_bytes(2, 9.0, 256 * 1024) == 2 * nvls_buffer_bytes(2, 9.0)
+    assert nvls_buffer_bytes(8, 10.0) == 24 * 2 * 128 * 1024 * 8 * 8
+    env = CommEnv.from_mapping({"NCCL_NVLS_CHUNKSIZE": "262144"}, "test")
+    h100 = get_gpu("H100-80GB")
+    delta = comm_memory(h100, tp=2, pp=1, env=env).non_torch_bytes - comm_memory(h100, tp=2, pp=1,
+                                                                              env=VLLM_DEFAULT_ENV).non_torch_bytes
+    assert delta == nvls_buffer_bytes(2, 9.0)
+
+
+@pytest.mark.parametrize("env, field", [
+    ({"NCCL_NVLS_ENABLE": "yes"}, "NCCL_NVLS_ENABLE"), ({"VLLM_ALLREDUCE_USE_SYMM_MEM": "maybe"},
+                                                        "VLLM_ALLREDUCE_USE_SYMM_MEM"),
+    ({"NCCL_NVLS_CHUNKSIZE": "-5"}, "NCCL_NVLS_CHUNKSIZE"),
+])
+def test_bad_settings_name_the_variable(env, field):
+    with pytest.raises(SpecError) as err:
+        CommEnv.from_mapping(env, "test")
+    assert err.value.field == field
+
+
+def test_the_plan_loses_exactly_the_multicast_memory_in_kv_blocks():
+    model, gpu = load_model("llama-3.1-70b"), get_gpu("H100-80GB")
+    cfg = resolve_engine_config({"tensor_parallel_size": 4, "max_model_len": 8192}, model, gpu, "0.19.0")
+    off = plan_memory(model, gpu, cfg, env=SERVETUNE_LAUNCH_ENV)
+    on = plan_memory(model, gpu, cfg, env=VLLM_DEFAULT_ENV)
+    assert off.comm is not None and on.comm is not None and on.comm.multicast and not off.comm.multicast
+    extra = on.comm.non_torch_bytes - off.comm.non_torch_bytes
+    per_block = 2 * 16 * model.kv_heads_per_gpu(4) * model.head_dim * 2 * model.num_layers
+    assert off.num_gpu_blocks - on.num_gpu_blocks in (extra // per_block, extra // per_block + 1)
+    assert any("NVLS live" in n for n in on.notes) and not any("NVLS" in n for n in off.notes)
+
+
+def test_plan_default_is_the_servetune_launch_env():
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+    cfg = resolve_engine_config({"tensor_parallel_size": 2}, model, gpu)
+    assert plan_memory(model, gpu, cfg) == plan_memory(model, gpu, cfg, env=SERVETUNE_LAUNCH_ENV)

@@ -1,0 +1,129 @@
+"""The planner on vLLM starts people published (tests/fixtures/published_logs): constants refit, held-out targets.
+
+The constants fitted on the ``fit`` starts are recomputed here from those starts' logged figures
+and must equal what the code holds; the targets are judged on the ``held_out`` starts only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servetune.errors import SpecError
+from servetune.planner import comm, memory
+from servetune.planner.evidence import fit_constants, judge, load_index, parse_index, summarize
+
+INDEX = Path(__file__).resolve().parents[1] / "fixtures" / "published_logs" / "index.yaml"
+STARTS, MODELS = load_index(INDEX)
+JUDGED = [judge(s, MODELS[s.id]) for s in STARTS]
+
+
+def test_every_start_names_a_known_source_model_and_role():
+    assert {s.role for s in STARTS} == {"fit", "held_out"}
+    assert all(memory.parse_vllm_version(s.vllm) >= (0, 11, 0) for s in STARTS)
+    assert all(s.logged.get("status") in ("ok", "failed") for s in STARTS)
+
+
+def test_weights_derived_from_each_config_match_the_logged_model_loading():
+    """The config fixtures are the models that ran: weights per GPU within 0.5% of "Model loading took"."""
+    checked = [j for j in JUDGED if "weights" in j.start.logged]
+    assert len(checked) >= 8
+    for j in checked:
+        assert abs(j.weights_gib / float(j.start.logged["weights"]) - 1) < 0.005, j.start.id
+
+
+def test_fitted_constants_are_what_the_fit_starts_give():
+    refit = fit_constants(STARTS, MODELS)
+    assert refit == {"SAMPLER_BYTES_PER_LOGIT_V1": memory.SAMPLER_BYTES_PER_LOGIT_V1,
+                     "NON_TORCH_GIB_SINGLE_V1": comm.NON_TORCH_GIB_SINGLE_V1,
+                     "NON_TORCH_GIB_MULTI_V1": comm.NON_TORCH_GIB_MULTI_V1}
+
+
+def test_held_out_kv_capacity_and_every_failed_start_foreseen():
+    """Every refused start foreseen, no refused start called a fit; KV error lines held out.
+
+    The issue's target (within 2% on 90% of held-out starts) is NOT met (README): the three L40S
+    TP=2 starts on vLLM 0.11.2 come out 2.0-2.5% low, the vLLM 0.19.1 start (Qwen3-8B, A100-40GB)
+    4.0% low and the vLLM 0.28.0 start (Qwen3-14B, L40S, V2-runner constants) 9.3% high. The lines
+    held here are regression lines, not the target: 0.11.x starts (where the V1 runner's constants
+    were fitted) within 3%, the H100 ones within 2%, starts of later versions within 10% (what the
+    planner claims for 0.26+ on servetune's own H200 runs).
+    """
+    h = summarize(JUDGED, "held_out")
+    assert h["healthy"] >= 8 and h["failed"] >= 2
+    assert h["healthy_called_fit"] == h["healthy"]  # no healthy start called a failure
+    for j in JUDGED:
+        if j.start.role != "held_out" or j.kv_error is None:
+            continue
+        line = 3.0 if memory.parse_vllm_version(j.start.vllm) < (0, 12, 0) else 10.0
+        assert abs(100 * j.kv_error) <= line, (j.start.id, j.kv_error)
+    assert all(abs(e) <= 2.0 for e in h["by_gpu"]["H100-80GB"]["errors"])
+    assert h["failed_foreseen"] == h["failed"] and h["refused_called_fit"] == []
+
+
+def test_every_published_excerpt_reads_as_its_logged_figures():
+    """Where a start keeps the published lines, the product's own log parser reads ``logged`` from them.
+
+    The excerpt is untrusted text: read with a size cap, parsed by ``engines.vllm.logs.parse_log``.
+    """
+    from servetune.engines.vllm.logs import parse_log
+    fields = {"weights": "weights_gib", "activation_peak": "activation_peak_gib", "non_torch": "non_torch_gib",
+              "kv_cache": "available_kv_gib", "kv_tokens": "kv_cache_tokens", "max_concurrency": "max_concurrency"}
+    kept = [s for s in STARTS if s.log is not None]
+    assert kept, "no start keeps its published lines"
+    for s in kept:
+        with open(INDEX.parent / s.log, "rb") as fh:
+            data = fh.read(1 << 20)
+        assert len(data) < 1 << 20, s.log
+        parsed = parse_log(data.decode("utf-8", errors="replace"))
+        read = {k: getattr(parsed, a) for k, a in fields.items() if getattr(parsed, a) is not None}
+        assert {"kv_cache", "kv_tokens"} <= read.keys(), (s.id, read)
+        for key, value in read.items():
+            assert key in s.logged and float(s.logged[key]) == pytest.approx(float(value)), (s.id, key)
+
+
+def test_the_failure_kind_is_the_one_vllm_raised():
+    for j in JUDGED:
+        if j.start.failed:
+            assert j.failure == j.start.logged["failure"], j.start.id
+
+
+def test_the_old_constants_would_miss_the_v1_starts():
+    """The check can fail: with the 0.26 (V2 runner) sampler figure the V1 starts are >5% high."""
+    j = next(j for j in JUDGED if j.start.id == "llmd_llama31_8b_tp1")
+    model = MODELS[j.start.id]
+    from servetune.planner.gpus import get_gpu
+    cfg = memory.resolve_engine_config(j.start.flags, model, get_gpu(j.start.gpu), "0.26.0")
+    v2 = memory.plan_memory(model, get_gpu(j.start.gpu), cfg)
+    assert v2.kv_cache_tokens > 1.05 * j.logged_kv_tokens
+
+
+@pytest.mark.parametrize("doc, field", [
+    ({"sources": {}, "starts": [{"id": "a"}]}, "starts[0].source"),
+    ({"sources": {"s": {}}, "starts": [{"id": "a", "source": "s", "model": "m", "gpu": "H200", "vllm": "0.11.0",
+                                        "flags": {}, "logged": {}, "role": "train"}]}, "starts[0].role"),
+    ({"sources": {"s": {}}, "starts": [{"id": "a", "source": "s", "model": "m", "gpu": "H200", "vllm": "0.11.0",
+                                        "flags": {}, "logged": {}, "role": "fit", "log": "../../etc/passwd"}]},
+     "starts[0].log"),
+])
+def test_a_malformed_index_names_the_entry(doc, field):
+    with pytest.raises(SpecError) as err:
+        parse_index(doc)
+    assert err.value.field == field
+
+
+def test_plan_claims_log_evidence_exactly_for_the_gpus_the_fixtures_cover():
+    from servetune.planner.gpus import get_gpu, known_gpus
+    covered = {get_gpu(s.gpu).name for s in STARTS}
+    for name in known_gpus():
+        claims = "published_logs" in get_gpu(name).log_evidence
+        assert claims == (name in covered), name
+
+
+def test_the_committed_report_is_what_the_planner_gives_now():
+    """benchmarks/results/published_logs_heldout.json (README's figures) is re-derived, not copied."""
+    import json
+    committed = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+                            / "published_logs_heldout.json").read_text())
+    assert committed["held_out"] == summarize(JUDGED, "held_out")
