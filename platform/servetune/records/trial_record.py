@@ -30,12 +30,11 @@ from typing import Any
 
 from servetune.planner.memory import MemoryPlan
 from servetune.records.dataset import trial_row
+from servetune.records.outcome import SCREEN_PREFIX, TrialOutcome, classify, is_screen_cause
+from servetune.redact import redact_text
 from servetune.result import TrialResult, TrialStatus
 
 __all__ = ["TrialRecord", "Prediction", "Screen", "SCREEN_PREFIX"]
-
-#: The ``servetune.prescreen`` tag of a trial the calibrated simulator screened out.
-SCREEN_PREFIX = "sim_screen"
 _MAX_TAG_TEXT = 250  # a cause or reason in a tag: long enough to read, short of MLflow's limit
 
 
@@ -79,6 +78,7 @@ class TrialRecord:
     screen: Screen | None = None  # a screened trial's simulator verdict
     repeat: int | None = None  # a confirmation re-run of trial ``number``'s flags
     reconciled: bool = False  # written after a killed driver, from what Optuna stored
+    serve_model: str | None = None  # what `vllm serve` gets (an HF id) when it differs from ``model``
 
     @property
     def run_backend(self) -> str:
@@ -89,6 +89,16 @@ class TrialRecord:
         return self.result.vllm_version or self.vllm_version
 
     @property
+    def outcome(self) -> TrialOutcome:
+        """What happened, in the words every plot, the report and MLflow use (:mod:`servetune.records.outcome`).
+
+        A reconciled record (rebuilt from Optuna after a killed driver) has no :class:`Screen`;
+        its cause still carries the screen's prefix.
+        """
+        screened = self.screen is not None or is_screen_cause(self.result.cause)
+        return classify(self.result.status, self.result.preemptions, screened=screened)
+
+    @property
     def trial_dir_name(self) -> str:
         """The trial's folder under ``<runs_dir>/trials/<study>/``."""
         return f"{self.number:04d}" if self.repeat is None else f"{self.number:04d}-repeat-{self.repeat}"
@@ -97,7 +107,8 @@ class TrialRecord:
         """The child run's tags."""
         tags = {"gpu_type": self.gpu_type, "model": self.model, "backend": self.run_backend,
                 "vllm_version": self.run_vllm_version, "optuna.trial_number": str(self.number),
-                "servetune.study": self.study}
+                "servetune.study": self.study, "servetune.outcome": self.outcome.value,
+                "servetune.outcome_label": self.outcome.label}
         if self.origin is not None:
             tags["servetune.origin"] = self.origin
         if self.repeat is not None:
@@ -122,11 +133,13 @@ class TrialRecord:
     def dataset_row(self) -> dict[str, Any]:
         """The Parquet row: the trial's flags and result, then the record's own columns."""
         extra: dict[str, Any] = {"backend": self.run_backend, "vllm_version": self.run_vllm_version,
-                                 "objective": self.objective}
+                                 "objective": self.objective, "outcome": self.outcome.value}
         if self.result.status is TrialStatus.PRUNED and self.prediction is not None:
             extra["predicted_failure"] = self.prediction.failure
         if self.origin is not None:
             extra["origin"] = self.origin
+        if self.serve_model is not None:  # the report prints the winner's `vllm serve` command with it
+            extra["serve_model"] = redact_text(self.serve_model)
         if self.screen is not None:
             # The precision the MLflow tags show, so the two records of a screen agree.
             extra["sim_screen"] = self.screen.reason[:_MAX_TAG_TEXT]
