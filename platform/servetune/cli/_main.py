@@ -220,6 +220,11 @@ def _figure(value: float | None, fmt: str, unit: str) -> str:
     return f"{value:{fmt}} {unit}"
 
 
+def _file_name(name: str) -> str:
+    """A study name as one file name (a name may hold characters a path must not)."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "study"
+
+
 def _tune(args: argparse.Namespace) -> int:
     from servetune.spec.schema import load_spec
     from servetune.study import run_study
@@ -227,7 +232,12 @@ def _tune(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     spec = spec.with_overrides(backend=args.backend, trials=args.trials, parallel=args.parallel)
     _check_run_store(spec)
-    outcome = run_study(spec, resume=args.resume)
+    from servetune.cli._logs import libraries_to_file
+
+    # Optuna's, MLflow's and Ray's own INFO lines go to the study's log file, not between ours.
+    log_file = Path(spec.output.runs_dir) / "logs" / f"{_file_name(spec.name)}.log"
+    with libraries_to_file(log_file):
+        outcome = run_study(spec, resume=args.resume)
     print(f"\nservetune: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served "
           f"({outcome.preempting} of them preempted), {outcome.startup_failed} failed at startup, "
           f"{outcome.pruned} pruned before launch (predicted startup failures), "
@@ -235,11 +245,13 @@ def _tune(args: argparse.Namespace) -> int:
           + (f", {outcome.infra_failed} infrastructure failures (told FAIL, not learnt)" if outcome.infra_failed else "")
           + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""))
     resume = f"servetune tune {args.spec} --resume"
+    libraries = f"servetune: Optuna's, MLflow's and Ray's own messages are in {log_file}"
     if outcome.best_flags is None:
         if outcome.interrupted:
             print(f"servetune: interrupted before any trial met the constraints; continue with: {resume}")
         else:
             print("servetune: no trial met the constraints; widen the search space or relax the constraints")
+        print(libraries)
         return 1
     m = outcome.best_metrics or {}
     print(f"servetune: best trial #{outcome.best_number}"
@@ -251,6 +263,7 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"servetune: compare trials in MLflow: mlflow ui --backend-store-uri {outcome.mlflow_uri}")
     if outcome.interrupted:
         print(f"servetune: continue the study with: {resume}")
+    print(libraries)
     return 0
 
 
