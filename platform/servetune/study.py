@@ -90,6 +90,7 @@ class StudyOutcome:
     wall_s: float = 0.0
     mlflow_uri: str | None = None
     parent_run_id: str | None = None
+    experiment_id: str | None = None  # the MLflow experiment (its UI page: records.tracking.ui_url)
     confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.search.confirm.Choice.to_dict()
     interrupted: bool = False  # stopped by SIGTERM / Ctrl-C before its budget: resume with --resume
 
@@ -226,7 +227,8 @@ class _Driver:
         self.spec, self.study, self.existing, self.tracker = spec, study, existing, tracker
         self.backend, self.resume, self.out, self.on_result, self.started = backend, resume, out, on_result, started
         self.runs_dir = Path(spec.output.runs_dir)
-        self.outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=tracker.parent_run_id)
+        self.outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=tracker.parent_run_id,
+                                    experiment_id=tracker.experiment_id)
         _count_existing(study, self.outcome)
         self.progress = _Progress(out, spec.budget.trials)
 

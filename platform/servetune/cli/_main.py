@@ -213,11 +213,16 @@ def _check_run_store(spec: Any) -> None:
                         f"create it, or drop storage: to use {runs}/optuna.db")
 
 
-def _figure(value: float | None, fmt: str, unit: str) -> str:
-    """A measured figure for people: "not measured" where a trial has none (never "nan")."""
-    if value is None or value != value:
-        return "not measured"
-    return f"{value:{fmt}} {unit}"
+def _mlflow_hint(outcome: Any) -> str:
+    """How to open the study in MLflow's UI: the server's page, or the `mlflow ui` command and then
+    the page (on its runs, not MLflow 3's GenAI overview; see records.tracking.ui_url)."""
+    from servetune.records.tracking import ui_url
+
+    uri = str(outcome.mlflow_uri)
+    if uri.startswith(("http://", "https://")):
+        return ui_url(uri, str(outcome.experiment_id))
+    return (f"mlflow ui --backend-store-uri {uri} --port 5000, then open "
+            f"{ui_url('http://127.0.0.1:5000', str(outcome.experiment_id))}")
 
 
 def _file_name(name: str) -> str:
@@ -226,6 +231,7 @@ def _file_name(name: str) -> str:
 
 
 def _tune(args: argparse.Namespace) -> int:
+    from servetune.records.trial_record import figure as _figure
     from servetune.spec.schema import load_spec
     from servetune.study import run_study
 
@@ -260,7 +266,7 @@ def _tune(args: argparse.Namespace) -> int:
           f"p99 TTFT {_figure(m.get('ttft_p99_ms'), ',.0f', 'ms')}, p99 ITL {_figure(m.get('itl_p99_ms'), ',.1f', 'ms')}, "
           f"{int(m.get('preemptions') or 0)} preemptions")
     print(f"servetune: run it with:\n  {outcome.best_command}")
-    print(f"servetune: compare trials in MLflow: mlflow ui --backend-store-uri {outcome.mlflow_uri}")
+    print(f"servetune: compare trials in MLflow: {_mlflow_hint(outcome)}")
     if outcome.interrupted:
         print(f"servetune: continue the study with: {resume}")
     print(libraries)

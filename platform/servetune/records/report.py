@@ -43,6 +43,7 @@ import pandas as pd
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner.flags import to_command_line, to_config_yaml
 from servetune.records.outcome import TrialOutcome, classify_frame
+from servetune.records.trial_record import figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -435,13 +436,6 @@ _UNITS = {"output_throughput": "output tok/s", "total_token_throughput": "tok/s 
           "request_throughput": "requests/s"}
 
 
-def _human(value: float | None, fmt: str, unit: str) -> str:
-    """A figure for people: "not measured" where there is none (never "nan")."""
-    if value is None or value != value:
-        return "not measured"
-    return f"{value:{fmt}} {unit}"
-
-
 def study_plots(df: pd.DataFrame, objective: str = "output_throughput",
                 pareto: Sequence[tuple[str, str]] | None = None) -> dict[str, Figure]:
     """The figures of one study's search (the report's and the MLflow parent run's), by file stem.
@@ -470,10 +464,10 @@ def _study_blocks(name: str, df: pd.DataFrame, objective: str, top_n: int, prefi
         blocks.append(("p", "No trial served without preemption: nothing to recommend yet."))
     else:
         m = best.metrics
-        blocks.append(("p", f"Winner: trial #{best.trial_number}, {_human(m.get(objective), ',.0f', _UNITS.get(objective, objective))}, "
-                            f"p99 TTFT {_human(m.get('ttft_p99_ms'), ',.0f', 'ms')}, "
-                            f"p99 ITL {_human(m.get('itl_p99_ms'), ',.1f', 'ms')}, "
-                            f"KV cache {_human(m.get('kv_cache_tokens'), ',.0f', 'tokens')}, no preemption. Run it with:"))
+        blocks.append(("p", f"Winner: trial #{best.trial_number}, {figure(m.get(objective), ',.0f', _UNITS.get(objective, objective))}, "
+                            f"p99 TTFT {figure(m.get('ttft_p99_ms'), ',.0f', 'ms')}, "
+                            f"p99 ITL {figure(m.get('itl_p99_ms'), ',.1f', 'ms')}, "
+                            f"KV cache {figure(m.get('kv_cache_tokens'), ',.0f', 'tokens')}, no preemption. Run it with:"))
         blocks.append(("code", "sh", best.command))
         blocks.append(("p", "or as a `vllm serve --config` file:"))
         blocks.append(("code", "yaml", best.config_yaml.rstrip()))
