@@ -13,7 +13,8 @@ from servetune.records.dataset import append_trials, read_trials, trial_row
 from servetune.errors import SpecError
 from servetune.records.outcome import TrialOutcome, classify_frame
 from servetune.records.report import (
-    plot_history, plot_memory_breakdown, plot_pareto, plot_throughput_vs, top_trials, winner, write_report,
+    param_importances, plot_history, plot_importance, plot_memory_breakdown, plot_pareto, plot_slice,
+    plot_throughput_vs, searched_flags, top_trials, winner, write_report,
 )
 from servetune.records.trial_record import Prediction, Screen, TrialRecord
 from servetune.result import LatencySummary, MemoryBreakdown, TrialResult, TrialStatus
@@ -182,14 +183,14 @@ def test_write_markdown_and_html_reports(trials_df: pd.DataFrame, tmp_path: Path
     assert [r.split(" | ")[0] for r in rows.splitlines() if r.startswith("| ") and "---" not in r][1:] == \
         ["| 3", "| 5", "| 0"]  # best first, no preempting
     pngs = sorted((tmp_path / "out" / "report_files").glob("*.png"))
-    assert [p.name for p in pngs] == ["memory_breakdown.png", "optimization_history.png", "pareto_front.png",
-                                      "throughput_vs_max_num_seqs.png"]
+    assert [p.name for p in pngs] == ["memory_breakdown.png", "optimization_history.png", "param_importance.png",
+                                      "pareto_front.png", "slice.png", "throughput_vs_max_num_seqs.png"]
     for png in pngs:
         assert f"](report_files/{png.name})" in text and png.stat().st_size > 5000
     html = write_report(trials_df, tmp_path / "report.html", "H200 <study>")
     page = html.read_text()
     assert "<title>H200 &lt;study&gt;</title>" in page and command in page
-    assert page.count("data:image/png;base64,") == 4 and html.stat().st_size > 40000
+    assert page.count("data:image/png;base64,") == 6 and html.stat().st_size > 40000
 
 
 def test_report_of_several_studies_keeps_them_apart(tmp_path: Path) -> None:
@@ -204,5 +205,34 @@ def test_report_of_several_studies_keeps_them_apart(tmp_path: Path) -> None:
     big, small = text.split("## Study big: llama-3.1-8b on A100-80GB")[1].split("## Study small: llama-3.1-8b on A100-40GB")
     assert "Winner: trial #3, 2,400 output tok/s" in big and "2,400" not in small
     assert "Winner: trial #3, 1,200 output tok/s" in small
-    assert len(list((tmp_path / "r_files").glob("big-*.png"))) == 4
-    assert len(list((tmp_path / "r_files").glob("small-*.png"))) == 4
+    assert len(list((tmp_path / "r_files").glob("big-*.png"))) == 6
+    assert len(list((tmp_path / "r_files").glob("small-*.png"))) == 6
+
+
+def test_importance_and_slice_of_the_searched_flags(tmp_path: Path) -> None:
+    # Throughput decided by gpu_memory_utilization alone; max_num_seqs varies at random; the
+    # fixed max_model_len is not a searched flag. A pruned trial has no figure and is left out.
+    import random
+
+    rng = random.Random(3)
+    rows = []
+    for i in range(24):
+        u = round(rng.uniform(0.5, 0.95), 2)
+        flags = {"gpu_memory_utilization": u, "max_num_seqs": rng.choice([32, 64, 128, 256]), "max_model_len": 4096}
+        rows.append(trial_row("s", i, flags, TrialResult(TrialStatus.OK, output_throughput=4000 * u, preemptions=0),
+                              "H200", "m"))
+    rows.append(trial_row("s", 24, {"gpu_memory_utilization": 0.3, "max_num_seqs": 32, "max_model_len": 4096},
+                          TrialResult(TrialStatus.PRUNED, cause="predicted startup_oom"), "H200", "m"))
+    append_trials(tmp_path / "ds", rows)
+    df = read_trials(tmp_path / "ds")
+    assert searched_flags(df) == ["flag_gpu_memory_utilization", "flag_max_num_seqs"]
+    found = param_importances(df)
+    assert list(found) == ["gpu_memory_utilization", "max_num_seqs"] and found["gpu_memory_utilization"] > 0.8
+    assert abs(sum(found.values()) - 1.0) < 1e-6
+    assert param_importances(df.head(2)) == {}  # too few served trials to say
+    fig = plot_slice(df)
+    assert [ax.get_xlabel() for ax in fig.axes] == ["gpu_memory_utilization", "max_num_seqs"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["served, no preemption", "pruned before launch"]
+    assert _png(fig, tmp_path / "slice.png") > 5000
+    bars = plot_importance(df).axes[0]
+    assert [t.get_text() for t in bars.get_yticklabels()] == ["max_num_seqs", "gpu_memory_utilization"]

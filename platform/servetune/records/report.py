@@ -54,6 +54,10 @@ __all__ = [
     "plot_throughput_vs",
     "plot_pareto",
     "plot_memory_breakdown",
+    "plot_slice",
+    "plot_importance",
+    "param_importances",
+    "searched_flags",
     "top_trials",
     "study_plots",
     "winner",
@@ -261,6 +265,119 @@ def plot_pareto(df: pd.DataFrame, x_metric: str, y_metric: str, x_direction: str
     return fig
 
 
+def searched_flags(df: pd.DataFrame) -> list[str]:
+    """The ``flag_*`` columns that took more than one value in the frame: the flags the study searched."""
+    out = []
+    for c in df.columns:
+        if not str(c).startswith("flag_"):
+            continue
+        values = df[c].dropna()
+        if values.map(lambda v: repr(_python(v))).nunique() > 1:
+            out.append(str(c))
+    return out
+
+
+def param_importances(df: pd.DataFrame, objective: str = "output_throughput",
+                      direction: str = "maximize") -> dict[str, float]:
+    """How much each searched flag decides ``objective`` among the served trials, by Optuna's own
+    PED-ANOVA evaluator (:class:`optuna.importance.PedAnovaImportanceEvaluator`: no scikit-learn,
+    which fANOVA needs and servetune's core does not install); ``{}`` when fewer than three trials
+    served or no flag varied among them. Keys are flag names, values sum to 1, largest first.
+
+    The trials are rebuilt into an in-memory Optuna study from the dataset rows, so the figure is
+    the same for a study read back from Parquet as for the live one.
+    """
+    _check_direction(direction)
+    import optuna  # deferred: `servetune report` on a frame without searched flags needs no Optuna
+
+    classes = classify_frame(df)
+    served = df[classes.map(lambda c: c.served).astype(bool) & _column(df, objective).notna()] if not df.empty else df
+    flags = searched_flags(served)
+    if len(served) < 3 or not flags:
+        return {}
+    dists: dict[str, optuna.distributions.BaseDistribution] = {}
+    for c in flags:
+        values = [_python(v) for v in served[c].dropna()]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            lo, hi = min(values), max(values)
+            dists[c] = (optuna.distributions.IntDistribution(int(lo), int(hi)) if all(isinstance(v, int) for v in values)
+                        else optuna.distributions.FloatDistribution(float(lo), float(hi)))
+        else:
+            dists[c] = optuna.distributions.CategoricalDistribution(sorted({repr(v) for v in values}))
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory" line
+    try:
+        study = optuna.create_study(direction=direction, storage=None)
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    for _, row in served.iterrows():
+        params = {}
+        for c, dist in dists.items():
+            if _is_missing(row[c]):
+                break
+            value = _python(row[c])
+            params[c] = repr(value) if isinstance(dist, optuna.distributions.CategoricalDistribution) else value
+        else:
+            study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(row[objective])))
+    try:
+        found = optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    except (ValueError, RuntimeError, ZeroDivisionError):  # too few distinct values for the estimator
+        return {}
+    return {k.removeprefix("flag_"): float(v) for k, v in found.items() if v == v}
+
+
+def plot_importance(df: pd.DataFrame, objective: str = "output_throughput", direction: str = "maximize") -> Figure:
+    """Horizontal bars of :func:`param_importances`, most important on top."""
+    fig = _figure(7.5, 3.5)
+    ax = fig.add_subplot()
+    ax.set_title(f"Flag importance for {objective} (Optuna PED-ANOVA)")
+    found = param_importances(df, objective, direction)
+    if not found:
+        _empty_note(ax, "needs three served trials and a searched flag")
+        return fig
+    names = list(found)[::-1]
+    ax.barh(names, [found[n] for n in names], color="tab:blue")
+    ax.set_xlabel(f"importance among the served trials (sums to 1)")
+    ax.set_xlim(0, 1)
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def plot_slice(df: pd.DataFrame, objective: str = "output_throughput", max_flags: int = 4) -> Figure:
+    """Optuna's slice plot, servetune's way: ``objective`` against each searched flag, every trial by
+    what happened to it (trials without a measurement on the floor), one panel per flag."""
+    flags = searched_flags(df)[:max_flags] if not df.empty else []
+    fig = _figure(3.2 * max(1, len(flags)) + 2.2, 3.6)
+    if not flags:
+        ax = fig.add_subplot()
+        ax.set_title("Slice")
+        _empty_note(ax, "no flag took more than one value")
+        return fig
+    classes = classify_frame(df)
+    ys = _column(df, objective)
+    axes = fig.subplots(1, len(flags), sharey=True, squeeze=False)[0]
+    for ax, flag in zip(axes, flags):
+        xs = _column(df, flag)
+        if xs.isna().all():  # a categorical flag: its values in order of appearance
+            order = {v: i for i, v in enumerate(sorted({repr(_python(v)) for v in df[flag].dropna()}))}
+            xs = df[flag].map(lambda v: math.nan if _is_missing(v) else order[repr(_python(v))]).astype(float)
+            ax.set_xticks(list(order.values()), list(order))
+        _scatter_classes(ax, classes, xs, ys, 0.0)
+        ax.set_xlabel(flag.removeprefix("flag_"))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(objective)
+    fig.suptitle(f"{objective} against each searched flag")
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes[1:]:  # a class may appear in one panel only
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small", frameon=False)
+    return fig
+
+
 def top_trials(df: pd.DataFrame, n: int = 5, objective: str = "output_throughput",
                direction: str = "maximize", preemption_free: bool = True) -> pd.DataFrame:
     """The best ``n`` served trials by ``objective`` (preemption-free ones only, by default).
@@ -452,6 +569,10 @@ def study_plots(df: pd.DataFrame, objective: str = "output_throughput",
     elif "ttft_p99_ms" in df.columns and objective in df.columns:
         figures["pareto_front"] = plot_pareto(df, "ttft_p99_ms", objective)
     figures["memory_breakdown"] = plot_memory_breakdown(df, objective=objective)
+    if len(searched_flags(df)) > 0:
+        figures["slice"] = plot_slice(df, objective)
+        direction = pareto[0][1] if pareto is not None else "maximize"
+        figures["param_importance"] = plot_importance(df, objective, direction)
     return figures
 
 
