@@ -250,14 +250,14 @@ def _tune(args: argparse.Namespace) -> int:
           f"{outcome.other_failed} other failures"
           + (f", {outcome.infra_failed} infrastructure failures (told FAIL, not learnt)" if outcome.infra_failed else "")
           + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""))
+    # Before the outcome, so that an interrupted study still ends with the command that resumes it.
+    print(f"servetune: Optuna's, MLflow's and Ray's own messages are in {log_file}")
     resume = f"servetune tune {args.spec} --resume"
-    libraries = f"servetune: Optuna's, MLflow's and Ray's own messages are in {log_file}"
     if outcome.best_flags is None:
         if outcome.interrupted:
             print(f"servetune: interrupted before any trial met the constraints; continue with: {resume}")
         else:
             print("servetune: no trial met the constraints; widen the search space or relax the constraints")
-        print(libraries)
         return 1
     m = outcome.best_metrics or {}
     print(f"servetune: best trial #{outcome.best_number}"
@@ -269,7 +269,6 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"servetune: compare trials in MLflow: {_mlflow_hint(outcome)}")
     if outcome.interrupted:
         print(f"servetune: continue the study with: {resume}")
-    print(libraries)
     return 0
 
 
