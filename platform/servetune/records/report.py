@@ -33,6 +33,7 @@ import datetime as _dt
 import html
 import io
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -320,10 +321,14 @@ def param_importances(df: pd.DataFrame, objective: str = "output_throughput",
         else:
             study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=float(row[objective])))
     try:
-        found = optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            found = optuna.importance.get_param_importances(
+                study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
     except (ValueError, RuntimeError, ZeroDivisionError):  # too few distinct values for the estimator
         return {}
+    if any("same set of trials" in str(w.message) for w in caught):
+        return {}  # PED-ANOVA's own verdict: too few trials to tell the flags apart (equal shares)
     return {k.removeprefix("flag_"): float(v) for k, v in found.items() if v == v}
 
 
