@@ -70,6 +70,10 @@ def test_readmes_optuna_dashboard_command_serves_the_study(tmp_path: Path) -> No
         # The dashboard shows the flags servetune searched, as Optuna stored them (it sends them as text).
         shown = {t["number"]: {p["name"]: p["param_external_value"] for p in t["params"]} for t in detail["trials"]}
         assert shown == {t.number: {k: str(v) for k, v in t.params.items()} for t in stored.trials}
+        # And what happened to each trial, in the words of servetune's plots and MLflow pages.
+        attrs = {t["number"]: {a["key"]: a["value"] for a in t["user_attrs"]} for t in detail["trials"]}
+        assert {a["outcome"] for a in attrs.values()} <= {"served_clean", "served_preempting", "pruned"}
+        assert all(a["outcome"] == t.user_attrs["outcome"] for t in stored.trials for a in [attrs[t.number]])
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
