@@ -129,6 +129,14 @@ def test_cli_tune_then_best_then_resume(tmp_path: Path, mlflow_server: str) -> N
     tune = subprocess.run([*cmd, "tune", str(spec_path)], capture_output=True, text=True, env=env, timeout=600)
     assert tune.returncode in (0, 1), tune.stderr[-2000:]
     assert "trials 4/4" in tune.stdout
+    # The libraries' own lines go to the study's log file, not between servetune's lines.
+    terminal = tune.stdout + tune.stderr
+    for line in ("A new study created", "Creating initial MLflow database tables", "View run",
+                 "Token authentication is enabled"):
+        assert line not in terminal, terminal[-3000:]
+    log_file = tmp_path / "logs" / "cli-study.log"
+    assert f"messages are in {log_file}" in tune.stdout
+    assert "A new study created in RDB with name: cli-study" in log_file.read_text()
 
     again = subprocess.run([*cmd, "tune", str(spec_path)], capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode != 0 and "--resume" in (again.stdout + again.stderr)

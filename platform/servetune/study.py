@@ -90,6 +90,7 @@ class StudyOutcome:
     wall_s: float = 0.0
     mlflow_uri: str | None = None
     parent_run_id: str | None = None
+    experiment_id: str | None = None  # the MLflow experiment (its UI page: records.tracking.ui_url)
     confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.search.confirm.Choice.to_dict()
     interrupted: bool = False  # stopped by SIGTERM / Ctrl-C before its budget: resume with --resume
 
@@ -226,7 +227,8 @@ class _Driver:
         self.spec, self.study, self.existing, self.tracker = spec, study, existing, tracker
         self.backend, self.resume, self.out, self.on_result, self.started = backend, resume, out, on_result, started
         self.runs_dir = Path(spec.output.runs_dir)
-        self.outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=tracker.parent_run_id)
+        self.outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=tracker.parent_run_id,
+                                    experiment_id=tracker.experiment_id)
         _count_existing(study, self.outcome)
         self.progress = _Progress(out, spec.budget.trials)
 
@@ -470,7 +472,8 @@ class _Driver:
                 **kind: Any) -> TrialRecord:
         spec = self.spec
         return TrialRecord(spec.name, number, dict(flags), result, objective, gpu_type=spec.gpu.type,
-                           model=spec.model_ref, backend=self.backend, vllm_version=spec.vllm_version, **kind)
+                           model=spec.model_ref, backend=self.backend, vllm_version=spec.vllm_version,
+                           serve_model=spec.serve_model, **kind)
 
     def _write(self, record: TrialRecord, *, workload: Workload | None = None, mlflow: bool = True,
                rows: bool = True) -> None:
@@ -759,12 +762,10 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
     if "repeat" in df.columns:  # the plots show the search; confirmation repeats stay in the table
         df = df[df["repeat"].isna()]
     if not df.empty:
-        plots["optimization_history.png"] = report.plot_history(df)
-        if "flag_max_num_seqs" in df.columns:
-            plots["throughput_vs_max_num_seqs.png"] = report.plot_throughput_vs(df, x="flag_max_num_seqs")
-        if len(spec.objective.metrics) > 1:
-            plots["pareto_front.png"] = report.plot_pareto(df, spec.objective.metrics[0], spec.objective.metrics[1])
-        plots["memory_breakdown_top.png"] = report.plot_memory_breakdown(df, top_n=5)
+        pareto = (list(zip(spec.objective.metrics, spec.objective.directions))
+                  if len(spec.objective.metrics) > 1 else None)
+        figures = report.study_plots(df, spec.objective.metrics[0], pareto=pareto)
+        plots = {f"{stem}.png": fig for stem, fig in figures.items()}
     if outcome.best_flags is not None:
         outcome.best_command = to_command_line(spec.serve_model, outcome.best_flags)
     tracker.finish_study(outcome.best_flags, spec.serve_model, everything, plots, outcome.best_metrics or {})

@@ -79,6 +79,14 @@ CASES = [
     (["plan", "--model", "llama-3.1-8b", "--gpu", "A100"], "ambiguous GPU 'A100': it names A100-40GB, A100-80GB"),
     (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--gpu-file", "missing.yaml"], "--gpu-file: cannot read"),
     (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--gpu-file", "latin1.yaml"], "not UTF-8 text"),
+    # plan --set: the fix is written the way the value was typed, on the command line
+    (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--set", "enforce_eager=maybe"],
+     "--set enforce_eager: expected true or false, got 'maybe' (fix: write --set enforce_eager=true or "
+     "--set enforce_eager=false)"),
+    (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--set", "max_num_seqs=-5"],
+     "--set max_num_seqs: must be >= 1, got -5 (fix: use a value in [1, 65536])"),
+    (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--set", "gpu_memory_utilization=0"],
+     "must be > 0, got 0.0 (fix: use a value in (0, 1])"),
     # simulate: the workload file
     (["simulate", *W, "missing.yaml"], "--workload: file not found: missing.yaml"),
     (["simulate", *W, "folder"], "--workload: folder is a folder"),
@@ -167,7 +175,8 @@ def test_a_closed_pipe_keeps_the_exit_code_and_prints_no_traceback(study_dir, ar
 
 def test_report_into_a_closed_pipe_still_writes_the_report(study_dir):
     assert _closed_pipe(["report", "--dataset", "servetune-runs/dataset", "--out", "r2.md"], study_dir).returncode == 0
-    assert "2 trials (ok: 2)" in (study_dir / "r2.md").read_text()
+    text = (study_dir / "r2.md").read_text()
+    assert "## Study pipe: llama-3.1-8b on A100-40GB" in text and "\n2 trials: " in text
 
 
 def test_an_error_into_closed_stdout_and_stderr_still_exits_2(study_dir):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from servetune.records import Prediction, Screen, TrialRecord
-from servetune.result import TrialResult, TrialStatus
+from servetune.result import LatencySummary, TrialResult, TrialStatus
 
 
 def _record(result: TrialResult, **kind: object) -> TrialRecord:
@@ -36,3 +36,18 @@ def test_a_repeat_and_a_reconciled_trial_say_so() -> None:
     assert repeat.trial_dir_name == "0007-repeat-2" and repeat.run_backend == "sim"
     reconciled = _record(TrialResult(TrialStatus.OK), reconciled=True)
     assert reconciled.mlflow_tags()["servetune.reconciled"] == "true" and "origin" not in reconciled.dataset_row()
+
+
+def test_the_run_description_leads_with_what_happened_and_the_deciding_figures() -> None:
+    pruned = _record(TrialResult(TrialStatus.PRUNED, cause="predicted startup_oom: weights do not fit"),
+                     prediction=Prediction("startup_oom", 61.2, "raise gpu_memory_utilization to 0.6"))
+    note = pruned.mlflow_tags()["mlflow.note.content"]
+    assert note.splitlines()[0] == "**Trial #7: pruned before launch**: predicted startup_oom: weights do not fit"
+    assert "Fix: raise gpu_memory_utilization to 0.6" in note and "no GPU time spent" in note
+    # A served trial with no ITL measured (one output token) says so instead of printing nan.
+    served = _record(TrialResult(TrialStatus.OK, output_throughput=2238.6, preemptions=3, kv_cache_tokens=179440,
+                                 ttft_ms=LatencySummary(1.0, 1.0, 1.0, 53318.0), completed=10, failed=0))
+    first = served.headline().splitlines()[0]
+    assert first == ("**Trial #7: served, preempted**: 2,239 output tok/s, 3 preemptions, p99 TTFT 53,318 ms, "
+                     "p99 ITL not measured, KV cache 179,440 tokens")
+    assert "nan" not in served.headline()

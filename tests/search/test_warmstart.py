@@ -70,6 +70,8 @@ def test_warm_starts_pick_the_nearest_studies_best_feasible_flags(tmp_path: Path
     starts = warm_starts(frame, spec)
     assert [w.study for w in starts] == ["same", "oldvllm"]
     assert starts[0].params == {"gpu_memory_utilization": 0.9, "max_num_seqs": 64} and starts[0].distance == 0.0
+    # The figure shown next to the flags is that trial's, not the preempting trial's 1500.
+    assert starts[0].objective == 900.0
     assert starts[1].distance == 0.5 and starts[1].objective == 2000.0
     assert warm_starts(frame[frame["study"].isin(["qwen", "othergpu"])], spec)[0].study == "qwen"
 

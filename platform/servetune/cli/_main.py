@@ -213,27 +213,45 @@ def _check_run_store(spec: Any) -> None:
                         f"create it, or drop storage: to use {runs}/optuna.db")
 
 
-def _figure(value: float | None, fmt: str, unit: str) -> str:
-    """A measured figure for people: "not measured" where a trial has none (never "nan")."""
-    if value is None or value != value:
-        return "not measured"
-    return f"{value:{fmt}} {unit}"
+def _mlflow_hint(outcome: Any) -> str:
+    """How to open the study in MLflow's UI: the server's page, or the `mlflow ui` command and then
+    the page (on its runs, not MLflow 3's GenAI overview; see records.tracking.ui_url)."""
+    from servetune.records.tracking import ui_url
+
+    uri = str(outcome.mlflow_uri)
+    if uri.startswith(("http://", "https://")):
+        return ui_url(uri, str(outcome.experiment_id))
+    return (f"mlflow ui --backend-store-uri {uri} --port 5000, then open "
+            f"{ui_url('http://127.0.0.1:5000', str(outcome.experiment_id))}")
+
+
+def _file_name(name: str) -> str:
+    """A study name as one file name (a name may hold characters a path must not)."""
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name) or "study"
 
 
 def _tune(args: argparse.Namespace) -> int:
+    from servetune.records.trial_record import figure as _figure
     from servetune.spec.schema import load_spec
     from servetune.study import run_study
 
     spec = load_spec(args.spec)
     spec = spec.with_overrides(backend=args.backend, trials=args.trials, parallel=args.parallel)
     _check_run_store(spec)
-    outcome = run_study(spec, resume=args.resume)
+    from servetune.cli._logs import libraries_to_file
+
+    # Optuna's, MLflow's and Ray's own INFO lines go to the study's log file, not between ours.
+    log_file = Path(spec.output.runs_dir) / "logs" / f"{_file_name(spec.name)}.log"
+    with libraries_to_file(log_file):
+        outcome = run_study(spec, resume=args.resume)
     print(f"\nservetune: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served "
           f"({outcome.preempting} of them preempted), {outcome.startup_failed} failed at startup, "
           f"{outcome.pruned} pruned before launch (predicted startup failures), "
           f"{outcome.other_failed} other failures"
           + (f", {outcome.infra_failed} infrastructure failures (told FAIL, not learnt)" if outcome.infra_failed else "")
           + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""))
+    # Before the outcome, so that an interrupted study still ends with the command that resumes it.
+    print(f"servetune: Optuna's, MLflow's and Ray's own messages are in {log_file}")
     resume = f"servetune tune {args.spec} --resume"
     if outcome.best_flags is None:
         if outcome.interrupted:
@@ -248,7 +266,7 @@ def _tune(args: argparse.Namespace) -> int:
           f"p99 TTFT {_figure(m.get('ttft_p99_ms'), ',.0f', 'ms')}, p99 ITL {_figure(m.get('itl_p99_ms'), ',.1f', 'ms')}, "
           f"{int(m.get('preemptions') or 0)} preemptions")
     print(f"servetune: run it with:\n  {outcome.best_command}")
-    print(f"servetune: compare trials in MLflow: mlflow ui --backend-store-uri {outcome.mlflow_uri}")
+    print(f"servetune: compare trials in MLflow: {_mlflow_hint(outcome)}")
     if outcome.interrupted:
         print(f"servetune: continue the study with: {resume}")
     return 0

@@ -30,16 +30,35 @@ from servetune.result import TrialResult
 from servetune.sim.engine import simulate
 from servetune.workload import Workload
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "EXAMPLE_WORKLOADS"]
+
+#: The example workloads shipped next to the example studies (``jobs/workloads/``), one per kind
+#: of traffic; each is run by the tests (tests/test_example_workloads.py).
+EXAMPLE_WORKLOADS: dict[str, str] = {
+    "prefill-heavy.yaml": "long prompts, short answers",
+    "decode-heavy.yaml": "short prompts, long answers",
+    "poisson-rate.yaml": "open loop at 6 requests/s",
+    "shared-prefix.yaml": "4 shared 1,024-token system prompts",
+    "trace.yaml": "a recorded trace, trace.jsonl",
+}
+EXAMPLES_HINT = "".join(f"\n  jobs/workloads/{name:<20} {what}" for name, what in EXAMPLE_WORKLOADS.items())
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``simulate`` on ``parser.add_subparsers()``'s result."""
-    p = subparsers.add_parser("simulate", help="run one trial on the simulated vLLM engine",
-                              description="Simulate vLLM serving one workload with one flag set.")
+    p = subparsers.add_parser(
+        "simulate", help="run one trial on the simulated vLLM engine",
+        description="Simulate vLLM serving one workload with one flag set.",
+        epilog=f"example workloads to start from (copy one and edit it):{EXAMPLES_HINT}\n"
+               "a study spec works too (its workload: section is used).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="shipped model name, model dir, config.json or cached HF id")
     p.add_argument("--gpu", required=True, help="GPU name, e.g. H200 (see `servetune plan --help`)")
-    p.add_argument("--workload", required=True, help="workload YAML (input_len, output_len, num_requests, ...)")
+    p.add_argument("--workload", required=True,
+                   help="workload YAML: input_len, output_len (a token count or a distribution), "
+                        "num_requests, and concurrency (closed loop) or request_rate (Poisson, req/s); "
+                        "or prompt_file / trace_file (JSONL); prefix_len + num_prefix_groups for "
+                        "shared prefixes. Examples: jobs/workloads/*.yaml")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="FLAG=VALUE",
                    help="a vLLM flag, e.g. --set max_num_seqs=64 (repeatable)")
     p.add_argument("--vllm-version", default=None, help="vLLM version to mimic (default: the project's)")

@@ -74,6 +74,19 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
 _BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 
 
+def _as_typed(field: str, name: str, text: str) -> str:
+    """``text`` as the user writes a flag's value where ``field`` was given: ``--set name=text`` on
+    the command line, ``--flag-name text`` to the `vllm serve` stand-in, ``name: text`` in YAML, the
+    bare value in a list of choices or a range bound."""
+    if field.startswith("--set "):
+        return f"--set {name}={text}"
+    if field.startswith("--"):
+        return f"{field} {text}"
+    if field.endswith(("]", ".low", ".high")):
+        return text
+    return f"{name}: {text}"
+
+
 def validate_flag(name: str, value: Any, field: str | None = None) -> Any:
     """Check one flag value and return it normalised; raise :class:`SpecError` naming ``field``."""
     field = field or name
@@ -83,7 +96,8 @@ def validate_flag(name: str, value: Any, field: str | None = None) -> Any:
                         f"use one of: {', '.join(sorted(FLAGS))}")
     if spec.kind is bool:
         if not isinstance(value, bool):
-            raise SpecError(field, f"expected true or false, got {value!r}", f"write {name}: true")
+            raise SpecError(field, f"expected true or false, got {value!r}",
+                            f"write {_as_typed(field, name, 'true')} or {_as_typed(field, name, 'false')}")
         return value
     if spec.kind is list:
         if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
@@ -106,7 +120,8 @@ def validate_flag(name: str, value: Any, field: str | None = None) -> Any:
     lo, hi = spec.minimum, spec.maximum
     if lo is not None and (value <= lo if spec.min_exclusive else value < lo):
         raise SpecError(field, f"must be {'>' if spec.min_exclusive else '>='} {lo:g}, got {value}",
-                        f"use a value in ({lo:g}, {hi:g}]" if hi is not None else f"use a value >= {lo:g}")
+                        f"use a value in {'(' if spec.min_exclusive else '['}{lo:g}, {hi:g}]" if hi is not None
+                        else f"use a value {'>' if spec.min_exclusive else '>='} {lo:g}")
     if hi is not None and value > hi:
         raise SpecError(field, f"must be <= {hi:g}, got {value}", f"use a value <= {hi:g}")
     if name == "block_size" and value not in _BLOCK_SIZES:

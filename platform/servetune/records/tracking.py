@@ -15,6 +15,12 @@ Contract:
   :meth:`TrialResult.metrics`; tags are the study tags, ``servetune.status``,
   ``servetune.cause``, ``servetune.trial_number``, ``servetune.backend``,
   ``servetune.vllm_version``; artifacts ``engine.log``, ``requests.parquet``, ``result.json``.
+* What a user sees first (MLflow 3's UI): the experiment carries ``mlflow.experimentKind =
+  custom_model_development`` and :func:`ui_url` links name the runs layout, so the experiment opens
+  on its runs, not on the GenAI overview; every run's description (``mlflow.note.content``) starts
+  with its headline: the parent's best figures and `vllm serve` command (:func:`study_note`), a
+  trial's class and figures (:meth:`TrialRecord.headline`); a child run spans the trial's own wall
+  time (handed to Ray until its result was back), not the milliseconds its logging took.
 * Run status: ``FINISHED`` for an ``ok`` trial, ``FAILED`` for any other trial status (the
   ``servetune.status`` tag says which: startup_oom, kv_too_small, ...), ``KILLED`` for a trial
   whose driver died mid-trial (set by the resume sweep). A failed trial is a measured outcome,
@@ -64,6 +70,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from servetune.records.dataset import requests_table
+from servetune.records.outcome import TrialOutcome, classify_frame
+from servetune.records.trial_record import figure
 from servetune.errors import SpecError
 from servetune.planner.flags import to_command_line, to_config_yaml
 from servetune.redact import is_secret_key, redact, redact_text
@@ -81,6 +89,10 @@ __all__ = [
     "TAG_VLLM_VERSION",
     "TAG_PARENT",
     "TAG_DELIVERY",
+    "TAG_EXPERIMENT_KIND",
+    "EXPERIMENT_KIND",
+    "ui_url",
+    "study_note",
 ]
 
 _log = logging.getLogger(__name__)
@@ -95,6 +107,12 @@ TAG_VLLM_VERSION = "servetune.vllm_version"
 TAG_PARENT = "mlflow.parentRunId"  # MLflow's own nesting tag: the UI groups children under it
 TAG_DELIVERY = "servetune.delivery_id"  # one id per trial operation: redelivery replaces, never duplicates
 _TAG_RUN_NAME = "mlflow.runName"
+TAG_NOTE = "mlflow.note.content"  # MLflow's run description: Markdown at the top of the run's page
+# MLflow 3's UI picks an experiment's landing page from this experiment tag; without it an
+# experiment opens on the GenAI "Overview" (traces), where a study's runs are not shown. This value
+# is the one MLflow's UI maps to its machine-learning layout, whose first page is the runs table.
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 # MLflow's server-side limits (mlflow.utils.validation); fixed here so a server upgrade that
 # lowers them shows up as a failing test, not as silently different truncation.
@@ -249,9 +267,12 @@ class StudyTracker:
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
                 self._client.restore_experiment(exp.experiment_id)
+            if TAG_EXPERIMENT_KIND not in exp.tags:  # a kind someone chose is theirs; a missing one is ours to set
+                self._client.set_experiment_tag(exp.experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
             return str(exp.experiment_id)
         try:
-            return str(self._client.create_experiment(self.experiment, artifact_location=self.artifact_location))
+            return str(self._client.create_experiment(self.experiment, artifact_location=self.artifact_location,
+                                                      tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND}))
         except MlflowException:
             exp = self._client.get_experiment_by_name(self.experiment)  # lost a creation race
             if exp is None:
@@ -401,7 +422,7 @@ class StudyTracker:
         _write_op(op_dir, {"kind": "trial", "experiment_id": self.experiment_id, "run_name": run_name or f"trial-{trial_number:03d}",
                            "tags": run_tags, "params": {k: _param_value(v) for k, v in params.items()},
                            "metrics": {k: float(v) for k, v in result.metrics().items()},
-                           "status": _child_status(status)})
+                           "status": _child_status(status), **_run_span(result)})
         return self._submit(op_dir) or ""
 
     # -- delivery and the on-disk buffer -----------------------------------------------------
@@ -503,13 +524,14 @@ class StudyTracker:
         page = self._client.search_runs([op["experiment_id"]], filter_string=f"tags.`{TAG_DELIVERY}` = '{delivery}'")
         for partial in page:  # an earlier attempt died half-way: replace its run
             self._client.delete_run(partial.info.run_id)
-        run = self._client.create_run(op["experiment_id"], tags=op["tags"], run_name=op["run_name"])
+        run = self._client.create_run(op["experiment_id"], tags=op["tags"], run_name=op["run_name"],
+                                      start_time=op.get("start_ms"))
         run_id = run.info.run_id
         try:
             self._log(run_id, params=op["params"], metrics=op["metrics"])
             if artifacts.is_dir():
                 self._client.log_artifacts(run_id, str(artifacts))
-            self._client.set_terminated(run_id, op["status"])
+            self._client.set_terminated(run_id, op["status"], end_time=op.get("end_ms"))
         except Exception:
             try:  # leave no RUNNING child behind if the server is still there (a redelivery deletes it)
                 self._client.set_terminated(run_id, "FAILED")
@@ -584,6 +606,34 @@ class StudyTracker:
         self._submit(op_dir)
 
 
+def ui_url(base: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI page of an experiment's runs (or of one run), opened in its runs layout.
+
+    MLflow 3.17's UI chooses between its GenAI pages (traces, "Overview") and its model-training
+    pages (the runs table) from a global ``workflowType`` (the "GenAI / Model training" switch,
+    remembered by the browser; GenAI for a new browser), read from the URL first; the experiment's
+    ``mlflow.experimentKind`` tag (set on servetune's experiments) decides it in MLflow versions
+    without that switch. A link that names it opens on the runs whatever the browser remembers.
+
+    Example:
+        >>> ui_url("http://127.0.0.1:5000/", "3")
+        'http://127.0.0.1:5000/#/experiments/3/runs?workflowType=machine_learning'
+    """
+    page = f"runs/{run_id}" if run_id else "runs"
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/{page}?workflowType=machine_learning"
+
+
+def _run_span(result: TrialResult) -> dict[str, int]:
+    """The child run's start and end (ms): the trial's own wall time, from when it was handed to Ray
+    until its result came back, so MLflow's Duration column shows what the trial took (a run is
+    created only once the trial is over, which would read as a few milliseconds)."""
+    end_ms = int(time.time() * 1000)
+    took = result.dispatch_s if result.dispatch_s is not None else result.wall_s
+    if took is None or took != took or took < 0:
+        return {}
+    return {"start_ms": end_ms - int(took * 1000), "end_ms": end_ms}
+
+
 def _write_op(op_dir: Path, op: Mapping[str, Any]) -> None:
     """``op.json`` is written last, through a rename: a folder without it is not an operation yet."""
     tmp = op_dir / "op.json.tmp"
@@ -616,6 +666,8 @@ def _write_finish_files(target: Path, best_flags: Mapping[str, Any] | None, mode
         (target / "best_config.yaml").write_text(to_config_yaml(model, flags), encoding="utf-8")
         (target / "best_command.txt").write_text(command + "\n", encoding="utf-8")
         tags["servetune.best_command"] = _tag_value(command)
+    else:
+        command = None
     metrics = {k: float(v) for k, v in summary_metrics.items() if v is not None}
     table = _redact_frame(trials)
     table.to_csv(target / "trials.csv", index=False)
@@ -629,7 +681,39 @@ def _write_finish_files(target: Path, best_flags: Mapping[str, Any] | None, mode
                 plot.savefig(dest, format="png", dpi=110, bbox_inches="tight")
             else:
                 dest.write_bytes(Path(plot).read_bytes())
+    plot_names = sorted(p.name for p in (target / "plots").glob("*.png")) if plots else []
+    tags[TAG_NOTE] = _tag_value(study_note(command, metrics, trials, plot_names))
     return tags, metrics
+
+
+def study_note(command: str | None, best: Mapping[str, float], trials: pd.DataFrame, plots: list[str]) -> str:
+    """The parent run's description (Markdown, the first thing on its MLflow page): the command to
+    run, the winner's figures, what happened to the trials, and where the plots are. Pure.
+
+    Example:
+        >>> print(study_note("vllm serve m --max-num-seqs 64", {"output_throughput": 900.0, "preemptions": 0.0},
+        ...                  pd.DataFrame({"status": ["ok", "pruned"], "preemptions": [0.0, None]}), []).splitlines()[2])
+        vllm serve m --max-num-seqs 64
+    """
+    if command is None:
+        lines = ["**No trial met the constraints**: nothing to recommend yet."]
+    else:
+        # The figures on the first line: MLflow shows a description's first lines until "Show more".
+        lines = [f"**Best configuration**: {figure(best.get('output_throughput'), ',.0f', 'output tok/s')}, "
+                 f"{figure(best.get('preemptions'), ',.0f', '').strip()} preemptions, "
+                 f"p99 TTFT {figure(best.get('ttft_p99_ms'), ',.0f', 'ms')}, "
+                 f"p99 ITL {figure(best.get('itl_p99_ms'), ',.1f', 'ms')}, "
+                 f"KV cache {figure(best.get('kv_cache_tokens'), ',.0f', 'tokens')}. Run it with:",
+                 "```", command, "```", "",
+                 "`best_config.yaml` (Artifacts) is the same as a `vllm serve --config` file."]
+    searched = trials[trials["repeat"].isna()] if "repeat" in trials.columns else trials
+    counts = classify_frame(searched).value_counts() if not searched.empty else {}
+    if len(counts):
+        lines += ["", f"{len(searched)} trials: " + ", ".join(f"{int(counts[c])} {c.label}" for c in TrialOutcome
+                                                             if c in counts) + "."]
+    if plots:
+        lines += ["", "Plots (Artifacts, `plots/`): " + ", ".join(f"`{p}`" for p in plots) + "."]
+    return "\n".join(lines) + "\n"
 
 
 def _redact_frame(df: pd.DataFrame) -> pd.DataFrame:

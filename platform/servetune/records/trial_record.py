@@ -30,13 +30,26 @@ from typing import Any
 
 from servetune.planner.memory import MemoryPlan
 from servetune.records.dataset import trial_row
+from servetune.records.outcome import SCREEN_PREFIX, TrialOutcome, classify, is_screen_cause
+from servetune.redact import redact_text
 from servetune.result import TrialResult, TrialStatus
 
-__all__ = ["TrialRecord", "Prediction", "Screen", "SCREEN_PREFIX"]
+__all__ = ["TrialRecord", "Prediction", "Screen", "SCREEN_PREFIX", "TAG_NOTE", "figure"]
+_MAX_TAG_TEXT = 250
+#: MLflow's own run-description tag: the UI renders it as Markdown at the top of the run's page.
+TAG_NOTE = "mlflow.note.content"
 
-#: The ``servetune.prescreen`` tag of a trial the calibrated simulator screened out.
-SCREEN_PREFIX = "sim_screen"
-_MAX_TAG_TEXT = 250  # a cause or reason in a tag: long enough to read, short of MLflow's limit
+
+def figure(value: float | None, fmt: str, unit: str) -> str:
+    """A measured figure for people: "not measured" where there is none (never "nan").
+
+    Example:
+        >>> figure(1234.5, ",.0f", "tok/s"), figure(float("nan"), ".1f", "ms")
+        ('1,234 tok/s', 'not measured')
+    """
+    if value is None or value != value:
+        return "not measured"
+    return f"{value:{fmt}} {unit}"  # a cause or reason in a tag: long enough to read, short of MLflow's limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +92,7 @@ class TrialRecord:
     screen: Screen | None = None  # a screened trial's simulator verdict
     repeat: int | None = None  # a confirmation re-run of trial ``number``'s flags
     reconciled: bool = False  # written after a killed driver, from what Optuna stored
+    serve_model: str | None = None  # what `vllm serve` gets (an HF id) when it differs from ``model``
 
     @property
     def run_backend(self) -> str:
@@ -89,15 +103,53 @@ class TrialRecord:
         return self.result.vllm_version or self.vllm_version
 
     @property
+    def outcome(self) -> TrialOutcome:
+        """What happened, in the words every plot, the report and MLflow use (:mod:`servetune.records.outcome`).
+
+        A reconciled record (rebuilt from Optuna after a killed driver) has no :class:`Screen`;
+        its cause still carries the screen's prefix.
+        """
+        screened = self.screen is not None or is_screen_cause(self.result.cause)
+        return classify(self.result.status, self.result.preemptions, screened=screened)
+
+    @property
     def trial_dir_name(self) -> str:
         """The trial's folder under ``<runs_dir>/trials/<study>/``."""
         return f"{self.number:04d}" if self.repeat is None else f"{self.number:04d}-repeat-{self.repeat}"
+
+    def headline(self) -> str:
+        """The run's description (Markdown, first thing on its MLflow page): what happened and the
+        figures that decide a trial, where MLflow's own metrics table lists 40 names alphabetically.
+        The first line holds them all: MLflow shows only the first lines until "Show more"."""
+        r, outcome = self.result, self.outcome
+        title = f"**Trial #{self.number}: {outcome.label}**" + ("" if self.repeat is None else f" (repeat {self.repeat})")
+        if outcome.served:
+            p99 = lambda s: None if s is None else s.p99  # noqa: E731
+            title += (f": {figure(r.output_throughput, ',.0f', 'output tok/s')}, "
+                      f"{'not measured' if r.preemptions is None else r.preemptions} preemptions, "
+                      f"p99 TTFT {figure(p99(r.ttft_ms), ',.0f', 'ms')}, p99 ITL {figure(p99(r.itl_ms), ',.1f', 'ms')}, "
+                      f"KV cache {figure(None if r.kv_cache_tokens is None else float(r.kv_cache_tokens), ',.0f', 'tokens')}")
+        elif r.cause:
+            title += f": {r.cause[:_MAX_TAG_TEXT]}"
+        lines = [title, "", outcome.explanation[0].upper() + outcome.explanation[1:] + "."]
+        if self.prediction is not None and self.prediction.fix:
+            lines += ["", f"Fix: {self.prediction.fix}"]
+        if outcome.served:
+            lines += ["", f"Requests: {r.completed or 0} completed, {r.failed or 0} failed."]
+            if r.duration_s is not None:
+                clock = "simulated " if self.run_backend == "sim" else ""
+                lines.append(f"Measured window: {r.duration_s:,.1f} s {clock}after a startup of "
+                             f"{figure(r.startup_s, ',.1f', 's')}.")
+        if r.early_stopped:
+            lines += ["", f"Measurement ended early: {r.early_stopped[:_MAX_TAG_TEXT]}"]
+        return "\n".join(lines) + "\n"
 
     def mlflow_tags(self) -> dict[str, str]:
         """The child run's tags."""
         tags = {"gpu_type": self.gpu_type, "model": self.model, "backend": self.run_backend,
                 "vllm_version": self.run_vllm_version, "optuna.trial_number": str(self.number),
-                "servetune.study": self.study}
+                "servetune.study": self.study, "servetune.outcome": self.outcome.value,
+                "servetune.outcome_label": self.outcome.label, TAG_NOTE: self.headline()}
         if self.origin is not None:
             tags["servetune.origin"] = self.origin
         if self.repeat is not None:
@@ -122,11 +174,13 @@ class TrialRecord:
     def dataset_row(self) -> dict[str, Any]:
         """The Parquet row: the trial's flags and result, then the record's own columns."""
         extra: dict[str, Any] = {"backend": self.run_backend, "vllm_version": self.run_vllm_version,
-                                 "objective": self.objective}
+                                 "objective": self.objective, "outcome": self.outcome.value}
         if self.result.status is TrialStatus.PRUNED and self.prediction is not None:
             extra["predicted_failure"] = self.prediction.failure
         if self.origin is not None:
             extra["origin"] = self.origin
+        if self.serve_model is not None:  # the report prints the winner's `vllm serve` command with it
+            extra["serve_model"] = redact_text(self.serve_model)
         if self.screen is not None:
             # The precision the MLflow tags show, so the two records of a screen agree.
             extra["sim_screen"] = self.screen.reason[:_MAX_TAG_TEXT]

@@ -49,6 +49,7 @@ from servetune.engines.early_stop import EarlyStop
 from servetune.errors import SpecError
 from servetune.planner.flags import gpus_needed
 from servetune.planner.memory import MemoryPlan, kernel_cache_key, plan_memory, resolve_engine_config
+from servetune.records.outcome import classify, is_screen_cause
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.informed import informed_starts
 from servetune.search.screen import SimScreen, prediction_attrs, screened_result, simulate_flags
@@ -195,8 +196,12 @@ def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result
     FAIL, which Optuna's samplers ignore: no constraint, so the flag set is never learnt as
     infeasible. The returned values are the worst, for the record only.
     """
+    # What happened, in the words of every plot and MLflow (servetune.records.outcome), so that
+    # optuna-dashboard's trials table shows it too.
+    outcome = classify(result.status, result.preemptions, screened=is_screen_cause(result.cause)).value
     if result.status.is_infrastructure:
         trial.set_user_attr("status", result.status.value)
+        trial.set_user_attr("outcome", outcome)
         trial.set_user_attr("cause", (result.cause or "")[:1000])
         trial.set_user_attr("infra_attempts", [a[:300] for a in result.infra_attempts][:10])
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -204,6 +209,7 @@ def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result
     for key, value in constraint_values(spec, result).items():
         trial.set_constraint(key, value)
     trial.set_user_attr("status", result.status.value)
+    trial.set_user_attr("outcome", outcome)
     trial.set_user_attr("cause", (result.cause or "")[:1000])
     trial.set_user_attr("metrics", result.metrics())
     trial.set_user_attr("preemptions", result.preemptions or 0)

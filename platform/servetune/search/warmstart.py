@@ -146,6 +146,30 @@ def fit_to_space(flags: Mapping[str, Any], space: SearchSpace) -> dict[str, Any]
     return out
 
 
+def _best_feasible_row(history: pd.DataFrame, names: Sequence[str], objective: str, direction: str,
+                       max_preemptions: int) -> pd.Series | None:
+    """The best served trial of ``history`` within the preemption allowance, or None: the one row both
+    a warm start's flags and the figure shown next to them come from."""
+    if history.empty or objective not in history.columns:
+        return None
+    ok = history[(history["status"] == "ok") & history[objective].notna()]
+    if "preemptions" in ok.columns:
+        ok = ok[ok["preemptions"].fillna(0) <= max_preemptions]
+    if ok.empty or any(f"flag_{n}" not in ok.columns for n in names):
+        return None
+    return ok.sort_values(objective, ascending=direction != "maximize", kind="stable").iloc[0]
+
+
+def _row_flags(row: pd.Series, names: Sequence[str]) -> dict[str, Any] | None:
+    out: dict[str, Any] = {}
+    for name in names:
+        value = row[f"flag_{name}"]
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        out[name] = value.item() if hasattr(value, "item") else value
+    return out or None
+
+
 def warm_start_flags(history: pd.DataFrame, names: Sequence[str], objective: str, direction: str,
                      max_preemptions: int = 0) -> dict[str, Any] | None:
     """The searched flags of the best feasible trial in ``history`` (dataset rows), or None.
@@ -156,22 +180,8 @@ def warm_start_flags(history: pd.DataFrame, names: Sequence[str], objective: str
         >>> warm_start_flags(df, ["max_num_seqs"], "output_throughput", "maximize")
         {'max_num_seqs': 32}
     """
-    if history.empty or objective not in history.columns:
-        return None
-    ok = history[(history["status"] == "ok") & history[objective].notna()]
-    if "preemptions" in ok.columns:
-        ok = ok[ok["preemptions"].fillna(0) <= max_preemptions]
-    cols = [f"flag_{n}" for n in names]
-    if ok.empty or any(c not in ok.columns for c in cols):
-        return None
-    row = ok.sort_values(objective, ascending=direction != "maximize").iloc[0]
-    out: dict[str, Any] = {}
-    for name, col in zip(names, cols, strict=True):
-        value = row[col]
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            continue
-        out[name] = value.item() if hasattr(value, "item") else value
-    return out or None
+    row = _best_feasible_row(history, names, objective, direction, max_preemptions)
+    return None if row is None else _row_flags(row, names)
 
 
 def warm_starts(history: pd.DataFrame, spec: StudySpec) -> list[WarmStart]:
@@ -192,14 +202,15 @@ def warm_starts(history: pd.DataFrame, spec: StudySpec) -> list[WarmStart]:
         if distance is None:
             continue
         names = [c[len("flag_"):] for c in group.columns if c.startswith("flag_")]
-        flags = warm_start_flags(group, names, objective, direction, spec.constraints.max_preemptions)
+        row = _best_feasible_row(group, names, objective, direction, spec.constraints.max_preemptions)
+        flags = None if row is None else _row_flags(row, names)
         if not flags:
             continue
         params = fit_to_space(flags, spec.search_space)
         if not params:
             continue
-        ok = group[(group["status"] == "ok") & group[objective].notna()]
-        best = float(ok[objective].max() if direction == "maximize" else ok[objective].min())
+        # The figure of the trial whose flags these are (not the study's fastest, which may preempt).
+        best = float(row[objective])
         newest = group["timestamp"].max() if "timestamp" in group.columns else 0
         found.append((distance, newest, WarmStart(str(name), model, version, distance, params, best)))
     found.sort(key=lambda f: (f[0], -_stamp(f[1])))

@@ -1,0 +1,112 @@
+"""Where the libraries' own log lines go while ``servetune tune`` runs: the study's log file.
+
+Optuna ("A new study created in RDB"), MLflow ("Creating initial MLflow database tables", "🏃 View
+run ...") and Ray (its token-authentication notice) each print to the terminal by default, between
+servetune's progress lines. While a study runs, every record of theirs goes to
+``<runs_dir>/logs/<study>.log`` (INFO and above, with the logger's name and a timestamp); the
+terminal keeps servetune's own lines and the libraries' real warnings and errors (WARNING and
+above), less :data:`NOTICES`: messages a library logs as a warning that say nothing is wrong.
+
+Example:
+    >>> import logging, tempfile
+    >>> from pathlib import Path
+    >>> log = Path(tempfile.mkdtemp()) / "s.log"
+    >>> with libraries_to_file(log):
+    ...     logging.getLogger("optuna.storages").info("A new study created in RDB with name: s")
+    >>> "A new study created" in log.read_text()
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["libraries_to_file", "LIBRARY_LOGGERS", "NOTICES"]
+
+#: The loggers of the libraries a study drives (each configures its own terminal handler).
+LIBRARY_LOGGERS: tuple[str, ...] = ("optuna", "mlflow", "ray", "alembic", "sqlalchemy", "urllib3", "filelock")
+_INFO_LOGGERS: tuple[str, ...] = ("optuna", "mlflow", "ray", "alembic")
+
+#: Warnings that are notices, not problems: kept in the log file, not shown on the terminal.
+NOTICES: tuple[re.Pattern[str], ...] = (
+    # Ray 2.6x turns token authentication on for a local cluster and says so at every start.
+    re.compile(r"^Token authentication is enabled for this Ray cluster"),
+)
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _NotNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(p.search(text) for p in NOTICES)
+
+
+def _import_libraries() -> None:
+    """Import the libraries first: MLflow and Ray install their terminal handlers at import, which
+    would otherwise come back after ours are set."""
+    for name in ("optuna", "mlflow", "ray"):
+        try:
+            __import__(name)
+        except ImportError:  # a core install always has them; a missing one has nothing to redirect
+            pass
+
+
+@contextlib.contextmanager
+def libraries_to_file(path: Path) -> Iterator[Path]:
+    """Send the libraries' log records to ``path`` for the duration; restore everything after.
+
+    Records of Optuna, MLflow, Ray and alembic go to the file from INFO up; every logger's records
+    from WARNING up go to the file and to stderr (less :data:`NOTICES`), servetune's own included.
+    """
+    _import_libraries()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    to_file = logging.FileHandler(path, encoding="utf-8")
+    to_file.setLevel(logging.INFO)
+    to_file.setFormatter(logging.Formatter(_FORMAT))
+    to_terminal = logging.StreamHandler(sys.stderr)
+    to_terminal.setLevel(logging.WARNING)
+    to_terminal.addFilter(_NotNotice())
+    to_terminal.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    # The handlers hang on the root only, and the libraries' loggers propagate to it: ray.init
+    # clears the "ray" logger's handlers (configure_logging=False), which would leave its records to
+    # Python's last-resort stderr handler if ours hung there.
+    saved: list[tuple[logging.Logger, list[logging.Handler], bool, int]] = []
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        saved.append((logger, list(logger.handlers), logger.propagate, logger.level))
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
+    for name in _INFO_LOGGERS:  # their INFO lines are worth keeping in the file; the others' are noise
+        logging.getLogger(name).setLevel(logging.INFO)
+    root = logging.getLogger()
+    root.addHandler(to_file)
+    root.addHandler(to_terminal)  # without it, a handler on the root silences Python's last-resort stderr
+    # MLflow prints "🏃 View run ... / 🧪 View experiment ..." to stdout (not a log record) for each
+    # run it ends on a tracking server; the end of the study prints the one `mlflow ui` line instead.
+    previous_url_env = os.environ.get("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    try:
+        yield path
+    finally:
+        if previous_url_env is None:
+            os.environ.pop("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", None)
+        else:
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = previous_url_env
+        root.removeHandler(to_file)
+        root.removeHandler(to_terminal)
+        for logger, handlers, propagate, level in saved:
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
+            for handler in handlers:
+                logger.addHandler(handler)
+            logger.propagate, logger.level = propagate, level
+        to_file.close()
