@@ -52,8 +52,11 @@ def test_prefill_is_compute_bound_and_scales_with_tokens() -> None:
 def test_step_time_scales_with_the_model_from_its_shapes() -> None:
     # No constant is fitted per size: a 1024-token prefill chunk (attention a small share of its
     # FLOPs) costs per token what the active parameters say, and a one-token decode what the
-    # streamed bytes say, from 0.85B to 14B.
-    cal = Calibration()
+    # streamed bytes say, from 0.85B to 14B. The one knob that scales with layers and tokens alone,
+    # compiled_token_layer_s (mixed batches outside a FULL graph), is held at zero here: the H200
+    # fit sets it where the 0.85B runs need it (their prefill is slower per parameter than 8B's),
+    # which is what this rule says the rooflines alone do not do.
+    cal = Calibration().with_overrides({"compiled_token_layer_s": 0.0})
     cost = {}
     for model in (TINY, LLAMA8B, QWEN14B):
         p = PerfModel(model, H200, resolve_engine_config({"max_model_len": 4096}, model, H200), cal)
