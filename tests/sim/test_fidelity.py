@@ -71,7 +71,6 @@ def test_preemption_verdict_held_out(fold: str) -> None:
     for r in rows:
         assert (r.sim_preemptions > 0) == (r.real.preemptions > 0), r.name
         if r.real.preemptions:
-            # The count, held out, is looser than the verdict: the 8B preempting start within 3%
-            # (73 against 71), the 0.85B model's two num_gpu_blocks_override windows low (65
-            # against 106, 109 against 192) with the knobs fitted on 8B and 14B.
-            assert 0.5 * r.real.preemptions <= r.sim_preemptions <= 1.5 * r.real.preemptions, r.name
+            # The scheduler reproduces the count, not just the sign (within 15%): 73 against 71
+            # at 8B, 104 against 106 and 192 against 192 on the 0.85B num_gpu_blocks_override runs.
+            assert r.sim_preemptions == pytest.approx(r.real.preemptions, rel=0.15), r.name
