@@ -166,6 +166,7 @@ def load_real_runs(fixtures: Path = FIXTURES, include_tokenizer_short: bool = Fa
     """
     vocab_file = fixtures / "scale" / "tokenizers.json"
     tokenizer_vocab = json.loads(vocab_file.read_text())["tokenizer_vocab"] if vocab_file.exists() else {}
+    vocab_sizes: dict[str, int] = {}  # each model's config read once, not once per window
     runs = []
     for summary_path in sorted(fixtures.glob("*/summary.json")):
         s = json.loads(summary_path.read_text())
@@ -178,8 +179,9 @@ def load_real_runs(fixtures: Path = FIXTURES, include_tokenizer_short: bool = Fa
             continue
         window = summary_path.parent
         start = window.parent.name
-        model = load_model(HOST_MODELS.get(str(s.get("model")), str(s.get("model"))))
-        covers = int(tokenizer_vocab.get(start, model.vocab_size)) >= model.vocab_size
+        name = HOST_MODELS.get(str(s.get("model")), str(s.get("model")))
+        vocab = vocab_sizes.get(name) or vocab_sizes.setdefault(name, load_model(name).vocab_size)
+        covers = int(tokenizer_vocab.get(start, vocab)) >= vocab
         if covers or include_tokenizer_short:
             runs.append(_run(f"scale/{start}/{window.name}", s, window, covers))
     return runs

@@ -86,16 +86,20 @@ def test_the_covering_tokenizer_is_what_made_the_prefill_heavy_windows_fast() ->
     assert first("q14b_fv_u09_s256_mbt8192") > 1.2 * first("q14b_fv_u09_s128_eager")
 
 
+def _window_delta(w: Path, metric: str) -> float:
+    """A counter's growth over one window: its /metrics dump after, less the one before."""
+    def read(dump: str) -> float:
+        return counter(parse_prometheus(gzip.decompress((w / f"{dump}.txt.gz").read_bytes()).decode()), metric) or 0.0
+
+    return read("metrics_after") - read("metrics_before")
+
+
 def test_the_preempting_start_preempted_and_the_others_did_not() -> None:
     for start in STARTS:
         for name in json.loads((SCALE / start / "summary.json").read_text())["windows"]:
-            w = SCALE / start / name
-            before = counter(parse_prometheus(gzip.decompress((w / "metrics_before.txt.gz").read_bytes()).decode()),
-                             "vllm:num_preemptions_total") or 0.0
-            after = counter(parse_prometheus(gzip.decompress((w / "metrics_after.txt.gz").read_bytes()).decode()),
-                            "vllm:num_preemptions_total") or 0.0
+            preempted = _window_delta(SCALE / start / name, "vllm:num_preemptions_total")
             # gpu_memory_utilization 0.185 leaves 79,936 KV tokens for 128 sequences of 1,280.
-            assert (after - before > 0) is ("u0185" in start), (w, after - before)
+            assert (preempted > 0) is ("u0185" in start), (start, name, preempted)
 
 
 def test_no_window_preempted_and_the_prefix_cache_saw_what_was_sent() -> None:
@@ -105,16 +109,9 @@ def test_no_window_preempted_and_the_prefix_cache_saw_what_was_sent() -> None:
         windows = json.loads((SCALE / start / "summary.json").read_text())["windows"]
         for k, name in enumerate(windows):
             w = SCALE / start / name
-
-            def delta(metric: str) -> float:
-                def read(dump: str) -> float:
-                    text = gzip.decompress((w / f"{dump}.txt.gz").read_bytes()).decode()
-                    return counter(parse_prometheus(text), metric) or 0.0
-
-                return read("metrics_after") - read("metrics_before")
-
-            assert delta("vllm:num_preemptions_total") == 0, w  # gpu_memory_utilization 0.9: all fit
-            hit = delta("vllm:prefix_cache_hits_total") / delta("vllm:prefix_cache_queries_total")
+            assert _window_delta(w, "vllm:num_preemptions_total") == 0, w  # gpu_memory_utilization 0.9: all fit
+            hit = (_window_delta(w, "vllm:prefix_cache_hits_total")
+                   / _window_delta(w, "vllm:prefix_cache_queries_total"))
             if name.startswith("prefix768"):
                 # 768 of 1024 prompt tokens shared within 8 groups: three quarters hit.
                 assert 0.74 < hit < 0.76, (w, hit)

@@ -73,14 +73,7 @@ def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: fl
     summary: dict = {"name": name, "flags": flags, "workload": workload_dict, "argv": argv}
     base = "http://127.0.0.1:8011"
     try:
-        healthy = False
-        while time.time() < min(deadline, t_launch + 300):
-            if proc.poll() is not None:
-                break
-            if _get(base + "/health", 2)[0] == 200:
-                healthy = True
-                break
-            time.sleep(1)
+        healthy = _wait_healthy(proc, base, min(deadline, t_launch + 300))
         summary["startup_s"] = time.time() - t_launch
         summary["healthy"] = healthy
         summary["exit_code"] = proc.poll()
@@ -112,6 +105,17 @@ def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: fl
         log.close()
         (d / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
+
+
+def _wait_healthy(proc: subprocess.Popen, base: str, until: float) -> bool:
+    """Poll ``/health`` once a second until it answers 200 (True), the server exits or ``until`` passes."""
+    while time.time() < until:
+        if proc.poll() is not None:
+            return False
+        if _get(base + "/health", 2)[0] == 200:
+            return True
+        time.sleep(1)
+    return False
 
 
 def _stop_server(proc: subprocess.Popen) -> tuple[float, list[int]]:
@@ -190,14 +194,7 @@ def run_windows(item: dict, out: Path, deadline: float, pack) -> dict:
     with open(d / "server.log", "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            healthy = False
-            while time.time() < min(deadline, t_launch + 300):
-                if proc.poll() is not None:
-                    break
-                if _get(base + "/health", 2)[0] == 200:
-                    healthy = True
-                    break
-                time.sleep(1)
+            healthy = _wait_healthy(proc, base, min(deadline, t_launch + 300))
             summary.update(startup_s=time.time() - t_launch, healthy=healthy, exit_code=proc.poll())
             for k, win in enumerate(item["windows"] if healthy else ()):
                 # Prompt token ids follow (seed, request index): windows of one start that shared a

@@ -117,7 +117,7 @@ def test_plan_claims_log_evidence_exactly_for_the_gpus_the_fixtures_cover():
     from servetune.planner.gpus import get_gpu, known_gpus
     covered = {get_gpu(s.gpu).name for s in STARTS}
     for name in known_gpus():
-        claims = "published_logs" in get_gpu(name).log_evidence
+        claims = "published vLLM" in get_gpu(name).log_evidence  # the wording of every published-log line
         assert claims == (name in covered), name
 
 

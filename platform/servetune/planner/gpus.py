@@ -120,7 +120,7 @@ _NV = "NVIDIA datasheet"
 _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
             source=f"{_NV} H100 SXM5; memory from llm-d-benchmark's H100 logs",
-            log_evidence="tests/fixtures/published_logs (llm-d, vLLM 0.11.0, TP 1-2, NVLS not live)"),
+            log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, NVLS not live)"),
     GpuSpec("H100-PCIe", 79.19, 2039.0, 756.0, 1513.0, 64.0, compute_capability=9.0,
             source=f"{_NV} H100 PCIe (HBM2e 2.0 TB/s); memory as the SXM part (same 80 GB), estimated"),
     GpuSpec("H100-NVL", 93.1, 3938.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
@@ -133,17 +133,17 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             source=f"{_NV} GH200 (96 GB HBM3); one GPU per superchip, so no intra-node multicast; memory estimated"),
     GpuSpec("H200", 139.8, 4800.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
             source=f"{_NV} H200 SXM; memory from servetune's own vLLM 0.26 logs",
-            log_evidence="tests/fixtures/real_h200 (servetune's own runs, vLLM 0.26.0, TP 1-2, PP 2, NVLS off)"),
+            log_evidence="servetune's own vLLM 0.26.0 startup logs (TP 1-2, PP 2, NVLS off)"),
     GpuSpec("H200-NVL", 139.8, 4800.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
             source=f"{_NV} H200 NVL (NVLink bridge 900 GB/s 2/4-way, PCIe 5.0); memory as H200 SXM, estimated"),
     GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 80GB"),
     GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 40GB",
-            log_evidence="tests/fixtures/published_logs (dariustanrd/tokenkaki, vLLM 0.19.1, TP=1: the planner is "
+            log_evidence="a published vLLM 0.19.1 startup log (dariustanrd/tokenkaki, TP=1: the planner is "
                          "4.0% low there)"),
     GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9, source=f"{_NV} L40S",
-            log_evidence="tests/fixtures/published_logs (natoscott/benchmarks, vLLM 0.11.2, TP=2: the planner is "
+            log_evidence="published vLLM 0.11.2 startup logs (natoscott/benchmarks, TP=2: the planner is "
                          "2.0-2.5% low there; a vLLM 0.28.0 TP=1 start: 9.3% high)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
