@@ -302,3 +302,20 @@ def test_grid_sampler_measures_every_point_once_two_at_a_time(tmp_path: Path) ->
     study = optuna.load_study(study_name="grid", storage=spec.storage.optuna_url)
     points = sorted((t.params["gpu_memory_utilization"], t.params["max_num_seqs"]) for t in study.trials)
     assert points == [(u, s) for u in (0.5, 0.9) for s in (16, 64, 256)]
+
+
+@pytest.mark.slow
+def test_resumed_grid_measures_only_the_points_left(tmp_path: Path) -> None:
+    """A grid study stopped part way and resumed measures every point exactly once: the resumed
+    sampler maps the stored grid indices to the same points (a reseeded one re-measured visited
+    points on the real H200 8B grid)."""
+    space = {"params": {"gpu_memory_utilization": [0.5, 0.9], "max_num_seqs": [16, 64, 256]}}
+    first = StudySpec.from_dict(_spec_dict(tmp_path, f"sqlite:///{tmp_path}/mlflow.db", "grid-resume", trials=3,
+                                           sampler="grid", search_space=space, prescreen=False))
+    assert run_study(first, out=io.StringIO()).trials_done == 3
+    rest = StudySpec.from_dict(_spec_dict(tmp_path, f"sqlite:///{tmp_path}/mlflow.db", "grid-resume", trials=6,
+                                          sampler="grid", search_space=space, prescreen=False))
+    run_study(rest, resume=True, out=io.StringIO())
+    study = optuna.load_study(study_name="grid-resume", storage=rest.storage.optuna_url)
+    points = sorted((t.params["gpu_memory_utilization"], t.params["max_num_seqs"]) for t in study.trials)
+    assert points == [(u, s) for u in (0.5, 0.9) for s in (16, 64, 256)]

@@ -253,9 +253,13 @@ class _Driver:
             directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
         ), what="open the Optuna study")
         existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-        if existing:
+        if existing and spec.sampler != "grid":
             # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
             # the pairs it has already measured again. Offset the seed by the trials already told.
+            # Not the grid's: GridSampler shuffles its points with the seed and stores only each
+            # trial's index into that order (system attr grid_id), so another seed maps the visited
+            # indices to other points and re-measures visited ones (the real H200 8B grid's resume
+            # did, twice); with the same seed the storage alone says what is left.
             study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj, grid)
         if existing and not resume:
             raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
