@@ -96,11 +96,11 @@ SAMPLER_BYTES_PER_LOGIT = 10
 #: vLLM 0.11.0, H100, 1024 rows: "torch peak memory increase" 4.76 GiB at vocab 128,256 and 5.56
 #: at 151,936): (peak - ACT_FIXED_GIB) / (rows * vocab), mean 37.95 B per logit (~9.5 fp32
 #: copies). Judged on the held-out starts of that file (benchmarks/published_logs.py). Reach:
-#: the evidence is vLLM 0.11.0 only, whose dummy sampler run goes through FlashInfer's top-k/top-p
-#: kernels (on by default in 0.11.0; off by default from vLLM PR #26859, 2025-10, until PR #40376
-#: turned it back on). The PyTorch-native path sorts the logits and peaks higher (flashinfer
-#: issue #1180: 1.5 GiB less KV cache with it on vLLM 0.9), so for 0.11.1-0.25 this figure is an
-#: assumption that may be low; no published start of those versions checks it here.
+#: the PyTorch-native top-k/top-p of the V1 runner up to 0.17, which sorts the fp32 logits
+#: (``apply_top_k_top_p``: logits.sort, then a scatter; PyTorch's segmented sort adds its own
+#: workspace): the published 0.11.0 starts' ~38 B a logit is that path's size (FlashInfer's
+#: sampler, opt-in from vLLM PR #26859, keeps ~14), and the held-out 0.11.0 T4 start, whose log
+#: says it fell back to the PyTorch-native path, is within 1.3%.
 SAMPLER_BYTES_PER_LOGIT_V1 = 37.95
 #: From vLLM 0.18 the V1 runner's top-k/top-p is a Triton kernel for batches of 8 rows or more
 #: (``vllm/v1/sample/ops/topk_topp_sampler.py: apply_top_k_top_p`` -> ``apply_top_k_top_p_triton``
