@@ -83,3 +83,19 @@ def test_plan_default_is_the_servetune_launch_env():
     model, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
     cfg = resolve_engine_config({"tensor_parallel_size": 2}, model, gpu)
     assert plan_memory(model, gpu, cfg) == plan_memory(model, gpu, cfg, env=SERVETUNE_LAUNCH_ENV)
+
+
+def test_v1_runner_tp_growth_over_pcie_is_ncclsource_two_channel_figure_not_the_nvlink_one():
+    """V1 runner (0.11-0.25), TP=2, multicast off: NVLink parts keep the fitted 0.54 GiB, PCIe-only parts
+    get NCCL's 2-channel figure (0.02); PP-only and the V2 runner (0.26+) are unchanged."""
+    from servetune.planner.comm import NON_TORCH_GIB_MULTI_V1, NON_TORCH_GIB_MULTI_V1_PCIE, PCIE_MAX_GBPS
+    off = SERVETUNE_LAUNCH_ENV.with_nvls(False)
+    gib = lambda gpu, tp=2, pp=1, v=(0, 11, 2): comm_memory(get_gpu(gpu), tp=tp, pp=pp, env=off,  # noqa: E731
+                                                            version=v).non_torch_bytes / 2**30
+    assert get_gpu("L40S").interconnect_gbps <= PCIE_MAX_GBPS < get_gpu("A100-40GB").interconnect_gbps
+    assert gib("H100-80GB") == pytest.approx(NON_TORCH_GIB_MULTI_V1, abs=1e-6)
+    assert gib("A100-40GB") == pytest.approx(NON_TORCH_GIB_MULTI_V1, abs=1e-6)
+    for pcie in ("L40S", "L4", "H100-PCIe", "A10G"):
+        assert gib(pcie) == pytest.approx(NON_TORCH_GIB_MULTI_V1_PCIE, abs=1e-6), pcie
+    assert gib("L40S", tp=1, pp=2) == gib("H100-80GB", tp=1, pp=2)  # PP only: no ring all-reduce
+    assert gib("L40S", v=(0, 26, 0)) == gib("H100-80GB", v=(0, 26, 0))  # V2 runner: 0.06 everywhere

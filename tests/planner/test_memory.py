@@ -352,3 +352,52 @@ def test_to_json_keys():
     assert json.loads(json.dumps(doc)) == doc and doc["failure"] is None
     _, bad = _plan({"gpu_memory_utilization": 0.01})
     assert bad.to_json()["failure"] == "startup_oom"
+
+
+def test_v1_sampler_profile_sorts_until_018_then_masks_in_place_with_triton():
+    """The dummy sampler's peak by version (vllm/v1/sample/ops/topk_topp_sampler.py): the sort path's
+    fitted 37.95 B/logit up to 0.17; from 0.18, for 8 rows or more, four [rows, vocab] tensors
+    (model-dtype logits, fp32 copy, probabilities, noise) plus the Triton kernel's 128-row buffer."""
+    from servetune.planner.memory import SAMPLER_BYTES_PER_LOGIT_V1, sampler_profile_bytes
+    m, g = load_model("llama-3.1-8b"), get_gpu("A100-40GB")
+    v = m.vocab_size
+    old = resolve_engine_config({}, m, g, "0.17.1")
+    new = resolve_engine_config({}, m, g, "0.18.0")
+    assert sampler_profile_bytes(m, old, 256) == int(256 * v * SAMPLER_BYTES_PER_LOGIT_V1)
+    assert sampler_profile_bytes(m, new, 256) == 256 * v * (2 + 3 * 4) + 128 * v * 4
+    assert sampler_profile_bytes(m, new, 8) == 8 * v * 14 + 8 * v * 4  # buffer: next_pow2(min(SMs, rows)) rows
+    assert sampler_profile_bytes(m, new, 7) == int(7 * v * SAMPLER_BYTES_PER_LOGIT_V1)  # < 8 rows: PyTorch sort
+    # The V2 runner (0.26+) keeps its own estimate.
+    assert sampler_profile_bytes(m, resolve_engine_config({}, m, g, "0.26.0"), 256) == 256 * v * 10
+
+
+def test_the_sampler_rule_moves_the_019_kv_budget_by_what_it_saves():
+    """Same flags on 0.17 and 0.19: 0.19's plan has exactly the sampler's saving more KV memory (A100-40GB
+    defaults: 256 rows, where the sampler, not the 2048-token forward, sets the activation peak)."""
+    from servetune.planner.memory import ACT_FIXED_GIB, sampler_profile_bytes
+    m, g = load_model("llama-3.1-8b"), get_gpu("A100-40GB")
+    flags = {"max_model_len": 8192}
+    c17, c19 = (resolve_engine_config(flags, m, g, v) for v in ("0.17.1", "0.19.1"))
+    p17, p19 = plan_memory(m, g, c17), plan_memory(m, g, c19)
+    saved = sampler_profile_bytes(m, c17, 256) - sampler_profile_bytes(m, c19, 256)
+    assert p19.memory.activation_peak * 2**30 == pytest.approx(ACT_FIXED_GIB * 2**30 + sampler_profile_bytes(m, c19, 256), abs=1)
+    assert (p19.memory.kv_cache - p17.memory.kv_cache) * 2**30 == pytest.approx(saved, abs=2)
+    assert saved / 2**30 > 0.6
+
+
+def test_027_charges_the_v2_runners_penalty_state_to_the_kv_budget():
+    """0.27+ ``memory_profiling`` charges total_consumed (vllm/utils/mem_utils.py), so the V2 runner's
+    output_bin_counts [max_num_seqs, vocab] int32 and prompt_bin_mask [max_num_seqs, vocab/32] int32
+    leave the KV budget; 0.26 never saw them."""
+    from servetune.planner.memory import persistent_runner_bytes
+    m, g = load_model("llama-3.1-8b"), get_gpu("L40S")
+    flags = {"max_model_len": 8192, "max_num_seqs": 128}
+    c26, c27 = (resolve_engine_config(flags, m, g, v) for v in ("0.26.0", "0.27.0"))
+    want = 128 * (m.vocab_size + -(-m.vocab_size // 32)) * 4
+    assert persistent_runner_bytes(m, c26) == 0 and persistent_runner_bytes(m, c27) == want
+    p26, p27 = plan_memory(m, g, c26), plan_memory(m, g, c27)
+    assert (p26.memory.kv_cache - p27.memory.kv_cache) * 2**30 == pytest.approx(want, abs=2)
+    assert (p27.memory.non_torch - p26.memory.non_torch) * 2**30 == pytest.approx(want, abs=2)
+    # kv_cache_memory_bytes skips profiling: nothing is charged.
+    fixed = resolve_engine_config({**flags, "kv_cache_memory_bytes": 8 << 30}, m, g, "0.27.0")
+    assert persistent_runner_bytes(m, fixed) == 0

@@ -43,12 +43,14 @@ def test_fitted_constants_are_what_the_fit_starts_give():
 def test_held_out_kv_capacity_and_every_failed_start_foreseen():
     """Every refused start foreseen, no refused start called a fit; KV error lines held out.
 
-    The issue's target (within 2% on 90% of held-out starts) is NOT met (README): the three L40S
-    TP=2 starts on vLLM 0.11.2 come out 2.0-2.5% low, the vLLM 0.19.1 start (Qwen3-8B, A100-40GB)
-    4.0% low and the vLLM 0.28.0 start (Qwen3-14B, L40S, V2-runner constants) 9.3% high. The lines
-    held here are regression lines, not the target: 0.11.x starts (where the V1 runner's constants
-    were fitted) within 3%, the H100 ones within 2%, starts of later versions within 10% (what the
-    planner claims for 0.26+ on servetune's own H200 runs).
+    The issue's target (within 2% on 90% of held-out starts) is NOT met (README): 7 of 8 healthy
+    starts are within 2%, and the one start stated as vLLM 0.28.0 (Qwen3-14B, L40S, V2 runner)
+    is 8.0% high (its quoted lines are not in 0.28.0's format; cause not settled). The 0.19.1 and
+    2 x L40S (PCIe) 0.11.2 starts were 4.0% and 2.0-2.5% low before the rules taken from vLLM's
+    and NCCL's source (Triton top-k/top-p from 0.18, NCCL's PCIe rings); they informed which rules
+    to look for, no constant was fitted on them. The lines held here are regression lines, not the
+    target: starts before 0.20 within 2%, later ones within 10% (what the planner claims for 0.26+
+    on servetune's own H200 runs).
     """
     h = summarize(JUDGED, "held_out")
     assert h["healthy"] >= 8 and h["failed"] >= 2
@@ -56,7 +58,7 @@ def test_held_out_kv_capacity_and_every_failed_start_foreseen():
     for j in JUDGED:
         if j.start.role != "held_out" or j.kv_error is None:
             continue
-        line = 3.0 if memory.parse_vllm_version(j.start.vllm) < (0, 12, 0) else 10.0
+        line = 2.0 if memory.parse_vllm_version(j.start.vllm) < (0, 20, 0) else 10.0
         assert abs(100 * j.kv_error) <= line, (j.start.id, j.kv_error)
     assert all(abs(e) <= 2.0 for e in h["by_gpu"]["H100-80GB"]["errors"])
     assert h["failed_foreseen"] == h["failed"] and h["refused_called_fit"] == []

@@ -63,6 +63,20 @@ NON_TORCH_GIB_SINGLE_V1 = 0.13
 #: (+0.43%). Over PCIe it is too high: the held-out 2 x L40S starts (vLLM 0.11.2) imply ~0.0 GiB,
 #: as NCCL opens far fewer channels there, and come out 2.0-2.5% low (not refitted on them).
 NON_TORCH_GIB_MULTI_V1 = 0.54
+#: The same on GPUs linked only by PCIe (GpuSpec.interconnect_gbps <= PCIE_MAX_GBPS). What grows
+#: lazily at the first all-reduce is NCCL's per-channel connection buffers, and where they live and
+#: how many there are depends on the transport, not on vLLM: the P2P transport
+#: (``src/transport/p2p.cc``) puts each channel's FIFOs in device memory (NCCL_BUFFSIZE's 4 MiB
+#: for SIMPLE, ~4.7 MiB LL128, 0.5 MiB LL: ~9.2 MiB a channel), and NVLink rings open many
+#: channels; a PCIe ring gets NCCL's minimum of 2 channels (~18 MiB), and GPUs without P2P (most
+#: cloud VMs with passed-through GPUs) use the SHM transport (``src/transport/shm.cc``), whose
+#: FIFOs are in pinned host memory (0 on the GPU). Taken: 2 channels x 9.2 MiB, 0.02 GiB; counted
+#: from NCCL's defaults, not fitted. The held-out 2 x L40S starts (vLLM 0.11.2, PCIe) are what
+#: showed the 0.54 GiB NVLink figure does not carry over (they came out 2.0-2.5% low with it), so
+#: they informed which rule to look for; no figure was taken from them.
+NON_TORCH_GIB_MULTI_V1_PCIE = 0.02
+#: PCIe 5.0 x16, one direction: anything faster between two GPUs of a node is NVLink.
+PCIE_MAX_GBPS = 64.0
 _V2_RUNNER = (0, 26, 0)
 #: Memory in use before the init snapshot: CUDA context (one GPU), plus NCCL's ring/tree buffers
 #: and the custom all-reduce buffers (world_size > 1): "Free memory on device (139.29/139.8 GiB)"
@@ -229,7 +243,8 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
     One GPU: the CUDA context and the profile run's workspaces. Several: NCCL and custom
     all-reduce buffers join the context (plus vLLM's symmetric-memory buffer where it is on and
     the GPU has one); the profiled growth drops to 0.06 GiB (0.54 with the V1 model runner, before
-    0.26, which profiles with NCCL's ring connections still unmade), unless NVLS is live for the
+    0.26, which profiles with NCCL's ring connections still unmade; 0.02 for that runner on GPUs
+    linked only by PCIe, where NCCL makes 2 channels or keeps its FIFOs in host memory), unless NVLS is live for the
     TP all-reduce (:func:`_multicast_reason`): then the growth is NCCL's lazily created NVLS
     resources, :data:`MULTICAST_NON_TORCH_GIB` plus :func:`nvls_buffer_bytes`. Pipeline stages
     exchange activations with send/recv, which never uses NVLS (0.07 GiB at PP=2 in the
@@ -251,7 +266,12 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
         context += symm_mem_buffer_bytes(tp, gpu.compute_capability)
     # PP-only layouts send activations point to point: the lazily connected ring buffers of a
     # TP all-reduce never appear (0.07 GiB at PP=2 in the published 0.19 logs issue 19 cites).
-    non_torch = int((NON_TORCH_GIB_MULTI if v2 or tp == 1 else NON_TORCH_GIB_MULTI_V1) * GiB)
+    if v2 or tp == 1:
+        non_torch = int(NON_TORCH_GIB_MULTI * GiB)
+    elif gpu.interconnect_gbps <= PCIE_MAX_GBPS:
+        non_torch = int(NON_TORCH_GIB_MULTI_V1_PCIE * GiB)  # NCCL's PCIe / SHM rings: few or no device buffers
+    else:
+        non_torch = int(NON_TORCH_GIB_MULTI_V1 * GiB)
     live, reason = _multicast_reason(gpu, tp, env)
     if live:
         non_torch = int(MULTICAST_NON_TORCH_GIB * GiB) + nvls_buffer_bytes(tp, gpu.compute_capability,

@@ -141,10 +141,10 @@ _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 40GB",
             log_evidence="a published vLLM 0.19.1 startup log (dariustanrd/tokenkaki, TP=1: the planner is "
-                         "4.0% low there)"),
+                         "+0.1% there)"),
     GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9, source=f"{_NV} L40S",
-            log_evidence="published vLLM 0.11.2 startup logs (natoscott/benchmarks, TP=2: the planner is "
-                         "2.0-2.5% low there; a vLLM 0.28.0 TP=1 start: 9.3% high)"),
+            log_evidence="published vLLM 0.11.2 startup logs (natoscott/benchmarks, TP=2 over PCIe: the planner "
+                         "is -0.5% to 0.0% there; a start stated as vLLM 0.28.0, TP=1: 8.0% high)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
     GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4"),
@@ -155,7 +155,9 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             source=f"{_NV} A10 (125 TFLOPS bf16 dense); memory as A10G (same 24 GB board), estimated"),
     GpuSpec("T4", 14.58, 320.0, 65.0, 65.0, 16.0, compute_capability=7.5,
             source=f"{_NV} T4 (65 TFLOPS fp16 mixed precision; no bf16); memory from torch OOM messages "
-                   "('total capacity of 14.58 GiB'); PCIe 3.0 x16"),
+                   "('total capacity of 14.58 GiB'); PCIe 3.0 x16",
+            log_evidence="a published vLLM 0.11.0 startup log (ray-project/kuberay#4366, TP=1 (DP=2), fp16: "
+                         "the planner is -1.3% there)"),
     GpuSpec("V100-16GB", 15.77, 900.0, 125.0, 125.0, 150.0, compute_capability=7.0,
             source=f"{_NV} V100 SXM2 (125 TFLOPS fp16 tensor; no bf16; NVLink 300 GB/s); memory from torch OOM "
                    "messages ('15.77 GiB total capacity')"),

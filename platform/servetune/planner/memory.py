@@ -46,7 +46,7 @@ from servetune.vllm_version import DEFAULT_VLLM_VERSION, VERSION_RE, Version
 
 __all__ = ["DEFAULT_VLLM_VERSION", "EngineConfig", "MemoryPlan", "resolve_engine_config", "plan_memory",
            "parse_vllm_version", "capture_sizes_for", "activation_peak_bytes", "cudagraph_memory_bytes",
-           "batch_defaults", "compile_key", "kernel_cache_key"]
+           "batch_defaults", "compile_key", "kernel_cache_key", "sampler_profile_bytes", "persistent_runner_bytes"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -96,12 +96,27 @@ SAMPLER_BYTES_PER_LOGIT = 10
 #: vLLM 0.11.0, H100, 1024 rows: "torch peak memory increase" 4.76 GiB at vocab 128,256 and 5.56
 #: at 151,936): (peak - ACT_FIXED_GIB) / (rows * vocab), mean 37.95 B per logit (~9.5 fp32
 #: copies). Judged on the held-out starts of that file (benchmarks/published_logs.py). Reach:
-#: the evidence is vLLM 0.11.0 only, whose dummy sampler run goes through FlashInfer's top-k/top-p
-#: kernels (on by default in 0.11.0; off by default from vLLM PR #26859, 2025-10, until PR #40376
-#: turned it back on). The PyTorch-native path sorts the logits and peaks higher (flashinfer
-#: issue #1180: 1.5 GiB less KV cache with it on vLLM 0.9), so for 0.11.1-0.25 this figure is an
-#: assumption that may be low; no published start of those versions checks it here.
+#: the PyTorch-native top-k/top-p of the V1 runner up to 0.17, which sorts the fp32 logits
+#: (``apply_top_k_top_p``: logits.sort, then a scatter; PyTorch's segmented sort adds its own
+#: workspace): the published 0.11.0 starts' ~38 B a logit is that path's size (FlashInfer's
+#: sampler, opt-in from vLLM PR #26859, keeps ~14), and the held-out 0.11.0 T4 start, whose log
+#: says it fell back to the PyTorch-native path, is within 1.3%.
 SAMPLER_BYTES_PER_LOGIT_V1 = 37.95
+#: From vLLM 0.18 the V1 runner's top-k/top-p is a Triton kernel for batches of 8 rows or more
+#: (``vllm/v1/sample/ops/topk_topp_sampler.py: apply_top_k_top_p`` -> ``apply_top_k_top_p_triton``
+#: in ``topk_topp_triton.py``; first seen in the 0.18.0 wheel, absent from 0.11.2, 0.12-0.17 not
+#: read), which masks the fp32 logits in place instead of sorting them. The dummy sampler run
+#: (``gpu_model_runner.py: _dummy_sampler_run``, v0.19.1) then peaks in ``random_sample`` with four
+#: [num_reqs, vocab] tensors alive, none of them a sort's workspace: the model-dtype logits that
+#: ``_dummy_sampler_run`` holds, their fp32 copy (``sampler.py: logits.to(torch.float32)``), the
+#: softmax probabilities and the exponential noise ``q`` (``probs.div_(q)`` is in place). Counted,
+#: not fitted: dtype_bytes + 3 x 4 bytes per logit (14 in bf16), plus the kernel's cached fp32
+#: buffer of min(next_pow2(min(SMs, rows)), SMs) rows x vocab; SMs is taken as 128 (A100 108,
+#: H100 132, L40S 142: +-14 rows, under 9 MiB at a 152k vocab). Below 8 rows the PyTorch sort
+#: path (SAMPLER_BYTES_PER_LOGIT_V1) still runs.
+SAMPLER_V1_TRITON_FP32_COPIES = 3
+SAMPLER_V1_TRITON_MIN_ROWS = 8
+SAMPLER_V1_TRITON_BUFFER_ROWS = 128
 #: Non-torch growth and the memory in use before the init snapshot (CUDA context, NCCL and
 #: all-reduce buffers) depend on the parallel layout and on the environment the server runs with
 #: (NVLink multicast): servetune.planner.comm holds those constants and the one function.
@@ -135,6 +150,14 @@ _MIN_VERSION: Version = (0, 11, 0)
 #: First version whose profiling these constants take from the V2 model runner (0.26, the real
 #: H200 runs); before it, the V1 runner's profile run (the published 0.11 starts).
 _V2_RUNNER: Version = (0, 26, 0)
+#: First version whose V1 runner masks top-k/top-p with the Triton kernel (see SAMPLER_V1_TRITON_*).
+_TRITON_TOPK_TOPP: Version = (0, 18, 0)
+#: First version whose ``memory_profiling`` (``vllm/utils/mem_utils.py``) charges the KV budget with
+#: ``total_consumed`` (the free-memory drop since the init snapshot, from mem_get_info) plus the
+#: transient peak, instead of weights + torch peak increase + non-torch growth: first seen in the
+#: 0.27.0 wheel (0.26.0 has the old sum). Everything torch allocated after the init snapshot and
+#: still holds after profiling is now charged; see :func:`persistent_runner_bytes`.
+_TOTAL_CONSUMED_ACCOUNTING: Version = (0, 27, 0)
 
 
 def parse_vllm_version(version: str) -> Version:
@@ -533,9 +556,63 @@ def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_sta
     if not last_stage:
         return int(forward)
     num_reqs = min(tokens, config.max_num_seqs)
-    per_logit = SAMPLER_BYTES_PER_LOGIT if config.version >= _V2_RUNNER else SAMPLER_BYTES_PER_LOGIT_V1
-    sampler = ACT_FIXED_GIB * GiB + num_reqs * model.vocab_size * per_logit
-    return int(max(forward, sampler))
+    return int(max(forward, ACT_FIXED_GIB * GiB + sampler_profile_bytes(model, config, num_reqs)))
+
+
+def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: int) -> int:
+    """Peak torch memory of the profile run's dummy sampler over ``num_reqs`` rows, by runner and version.
+
+    The dummy sampler asks for top-k (vocab - 1) and top-p (0.9) on every row, so what decides the
+    peak is how that version applies them: the V1 runner up to 0.17 sorts the fp32 logits
+    (fitted: SAMPLER_BYTES_PER_LOGIT_V1), the V1 runner from 0.18 masks them in place with a Triton
+    kernel (counted from the source: SAMPLER_V1_TRITON_*), the V2 runner (0.26+) skips top-k/top-p
+    in its dummy run (SAMPLER_BYTES_PER_LOGIT, an estimate).
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, g = load_model("llama-3.1-8b"), get_gpu("A100-40GB")
+        >>> sort = sampler_profile_bytes(m, resolve_engine_config({}, m, g, "0.11.2"), 256)
+        >>> triton = sampler_profile_bytes(m, resolve_engine_config({}, m, g, "0.19.1"), 256)
+        >>> round(sort / 2**30, 3), round(triton / 2**30, 3)
+        (1.16, 0.489)
+    """
+    v = config.version
+    logits = num_reqs * model.vocab_size
+    if v >= _V2_RUNNER:
+        return int(logits * SAMPLER_BYTES_PER_LOGIT)
+    if v >= _TRITON_TOPK_TOPP and num_reqs >= SAMPLER_V1_TRITON_MIN_ROWS:
+        buffer_rows = min(1 << (min(num_reqs, SAMPLER_V1_TRITON_BUFFER_ROWS) - 1).bit_length(),
+                          SAMPLER_V1_TRITON_BUFFER_ROWS)
+        return int(logits * (model.dtype_bytes + 4 * SAMPLER_V1_TRITON_FP32_COPIES)
+                   + buffer_rows * model.vocab_size * 4)
+    return int(logits * SAMPLER_BYTES_PER_LOGIT_V1)
+
+
+def persistent_runner_bytes(model: ModelProfile, config: EngineConfig) -> int:
+    """Torch memory the V2 runner holds from load to serving that 0.27+ charges to the KV budget (0 before).
+
+    The V2 runner's sampler is built after the weights are measured (``v1/worker/gpu/model_runner.py:
+    load_model``) and keeps per-request penalty state (``v1/worker/gpu/sample/penalties.py``,
+    v0.28.0: ``output_bin_counts`` int32 [max_num_seqs, vocab], "can be very large, taking up GBs
+    of GPU memory", and ``prompt_bin_mask`` int32 [max_num_seqs, vocab/32]). 0.26's accounting
+    (weights + torch peak increase + non-torch growth) never sees it; 0.27+'s ``total_consumed``
+    does, and vLLM 0.28's own breakdown counts it under "consumed memory (weights + non-torch)".
+    The runner's other persistent buffers (token ids, block tables, input buffers) are ignored here:
+    tens of MiB at most for the default batch sizes.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, g = load_model("llama-3.1-8b"), get_gpu("L40S")
+        >>> persistent_runner_bytes(m, resolve_engine_config({}, m, g, "0.26.0"))
+        0
+        >>> round(persistent_runner_bytes(m, resolve_engine_config({}, m, g, "0.28.0")) / 2**30, 3)
+        0.126
+    """
+    if config.version < _TOTAL_CONSUMED_ACCOUNTING or config.kv_cache_memory_bytes is not None:
+        return 0
+    return config.max_num_seqs * (model.vocab_size + _cdiv(model.vocab_size, 32)) * 4
 
 
 def cudagraph_memory_bytes(model: ModelProfile, config: EngineConfig) -> int:
@@ -678,7 +755,9 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     total = int(gpu.memory_gib * GiB)
     comm = comm_memory(gpu, tp=tp, pp=pp, env=env, version=v)
-    context, non_torch = comm.context_bytes, comm.non_torch_bytes
+    # 0.27+ charges the V2 runner's persistent sampler state as consumed memory, with the
+    # non-torch growth (vLLM's own "consumed memory (weights + non-torch)").
+    context, non_torch = comm.context_bytes, comm.non_torch_bytes + persistent_runner_bytes(model, config)
     cg = cudagraph_memory_bytes(model, config)
     subtract_cg = _cudagraph_estimate_subtracted(v) and cg > 0
     if config.kv_cache_memory_bytes is not None:
@@ -712,7 +791,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
 
     notes: list[str] = []
     if comm.multicast:
-        notes.append(f"{comm.reason}: +{(non_torch - comm_memory(gpu, tp=tp, pp=pp, env=env.with_nvls(False), version=v).non_torch_bytes) / GiB:.2f} "
+        notes.append(f"{comm.reason}: +{(comm.non_torch_bytes - comm_memory(gpu, tp=tp, pp=pp, env=env.with_nvls(False), version=v).non_torch_bytes) / GiB:.2f} "
                      "GiB non-torch per TP worker (NCCL's NVLS buffers and multicast); that figure is not yet "
                      "checked on held-out startup logs")
     if subtract_cg:
