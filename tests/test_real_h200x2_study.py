@@ -190,7 +190,11 @@ def test_the_pre_screens_compile_cache_rule_replayed_in_the_real_grids_order(tmp
     """search.propose.compile_cache_warm, applied as the study applies it: at each trial's start,
     on the trials that had finished by then (from the study's own optuna.db), it says warm or
     cold; the planner with that verdict predicts every served start's KV capacity within 0.1%,
-    and the verdict is the peak each log shows (trial 3 compiled and still profiled warm)."""
+    and the verdict is the peak each log shows, but for trial 3: it started while trial 2 (the
+    same configuration, a startup failure) was compiling on the other GPU, recompiled, and still
+    profiled the warm peak (Inductor's cache filled under it); the rule, which counts finished
+    trials only, says cold there and the planner is 1.2% low. The same rule holds on every start
+    of the 8B grid (test_real_h200_l8b_study.py), where a kernel-level rule does not."""
     import shutil
 
     import optuna
@@ -207,10 +211,14 @@ def test_the_pre_screens_compile_cache_rule_replayed_in_the_real_grids_order(tmp
         replay = optuna.create_study(direction="maximize")
         replay.add_trials(finished)  # what the study knew when it proposed this trial
         verdicts[trial.number] = compile_cache_warm(replay, trial.user_attrs["flags"])
-    assert verdicts == {0: False, 1: False, 2: True, 3: True, 4: True, 5: True, 6: True, 7: True}
+    assert verdicts == {0: False, 1: False, 2: False, 3: False, 4: True, 5: True, 6: True, 7: True}
     for row in (r for r in GRID if r["status"] == "ok"):
         n = int(row["trial_number"])
         parsed = parse_log((_trial_dir("grid", n) / "server.log").read_text())
-        assert (parsed.activation_peak_gib < 0.4) == verdicts[n], n  # 0.38 warm, 0.44 cold
-        predicted = _planner(_flags(row), verdicts[n])
-        assert abs(predicted - row["kv_cache_tokens"]) / row["kv_cache_tokens"] < 0.001, n
+        warm_log = parsed.activation_peak_gib < 0.4  # 0.38 warm, 0.44 cold
+        error = abs(_planner(_flags(row), verdicts[n]) - row["kv_cache_tokens"]) / row["kv_cache_tokens"]
+        if n == 3:  # the concurrent same-configuration compile (docstring)
+            assert warm_log and not verdicts[n] and 0.01 < error < 0.015
+            continue
+        assert warm_log == verdicts[n], n
+        assert error < 0.001, n

@@ -48,7 +48,7 @@ import optuna
 from servetune.engines.early_stop import EarlyStop
 from servetune.errors import SpecError
 from servetune.planner.flags import gpus_needed
-from servetune.planner.memory import MemoryPlan, kernel_cache_key, plan_memory, resolve_engine_config
+from servetune.planner.memory import MemoryPlan, compile_key, plan_memory, resolve_engine_config
 from servetune.records.outcome import classify, is_screen_cause
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.informed import informed_starts
@@ -105,7 +105,7 @@ def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = N
     ``refusal`` is None when the planner predicts a healthy start (``plan`` is then that
     prediction), or when the spec has no model profile to plan with (``plan`` None).
     ``compile_cache_warm``: an earlier trial of the study already compiled these
-    kernels (:func:`servetune.planner.memory.kernel_cache_key`), so vLLM will profile the warm peak.
+    configuration (:func:`servetune.planner.memory.compile_key`), so vLLM will profile the warm peak.
     """
     backend = backend or spec.backend
     model = spec.model_profile
@@ -146,20 +146,20 @@ _NOT_COMPILED = frozenset({"pruned", "invalid_config", "infra_error"})
 
 
 def compile_cache_warm(study: optuna.Study, flags: Mapping[str, Any]) -> bool:
-    """True when a finished trial of ``study`` compiled the kernels ``flags`` needs (its peak is warm).
+    """True when a finished trial of ``study`` compiled the configuration ``flags`` needs (its peak is warm).
 
-    The rule is :func:`~servetune.planner.memory.kernel_cache_key`'s: an earlier compiled start of
-    the same kernels (any batch or capture sizes), finished before this proposal. Real H200 starts:
-    a trial running at the same time does not warm the cache (two first trials on two GPUs both
-    compiled); a startup failure does (it compiles before the KV cache is sized). On a cluster the
-    caches are per node unless ``SERVETUNE_COMPILE_CACHE_DIR`` is shared: this is the study-wide
+    The rule is :func:`~servetune.planner.memory.compile_key`'s: an earlier start that compiled
+    the same configuration (batch sizes included; a startup failure compiles before the KV cache
+    is sized, so it counts), finished before this proposal. A trial running at the same time does
+    not warm the cache (two first trials on two GPUs both compiled). On a cluster the caches are
+    per node unless ``SERVETUNE_COMPILE_CACHE_DIR`` is shared: this is the study-wide
     approximation.
     """
-    key = kernel_cache_key(flags)
+    key = compile_key(flags)
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         earlier = t.user_attrs.get("flags")
         if isinstance(earlier, dict) and t.user_attrs.get("status") not in _NOT_COMPILED \
-                and not earlier.get("enforce_eager") and kernel_cache_key(earlier) == key:
+                and not earlier.get("enforce_eager") and compile_key(earlier) == key:
             return True
     return False
 
