@@ -39,8 +39,8 @@ from servetune.sim.engine import simulate
 from servetune.sim.perf import calibration_for
 from servetune.workload import Workload
 
-__all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "fidelity_rows", "error_summary",
-           "format_table", "fit", "held_out", "FOLDS"]
+__all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
+           "fidelity_rows", "error_summary", "format_table", "fit", "held_out", "FOLDS"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
@@ -184,6 +184,44 @@ def load_real_runs(fixtures: Path = FIXTURES, include_tokenizer_short: bool = Fa
         covers = int(tokenizer_vocab.get(start, vocab)) >= vocab
         if covers or include_tokenizer_short:
             runs.append(_run(f"scale/{start}/{window.name}", s, window, covers))
+    return runs
+
+
+#: Real servetune studies whose trials are measured windows too: (fixture folder, study name ->
+#: trial folder, the workload every trial sent). Not in load_real_runs, so no fit has seen them:
+#: every calibration committed before 2026-12-02 04:00 UTC is judged on them held out.
+GRID_STUDIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    # benchmarks/real_vllm/h200_l8b_grid.yaml (+ _b): Llama-3.1-8B shape, covering tokenizer.
+    "study_l8b": ({"h200-l8b-grid": "grid", "h200-l8b-grid-b": "grid_b"},
+                  {"input_len": 1024, "output_len": 256, "num_requests": 512, "concurrency": 256,
+                   "warmup_requests": 4, "seed": 0}),
+}
+
+
+def load_study_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
+    """Every served trial of the GRID_STUDIES (a fresh server each: no prefix hits across trials).
+
+    Named ``study_l8b/<study>/<trial>`` (``-repeat-1`` for a confirmation repeat), with the flags
+    and figures the study's Parquet dataset recorded and the preemptions of the trial's /metrics.
+    """
+    from servetune.records import dataset
+
+    runs = []
+    for folder, (studies, workload) in GRID_STUDIES.items():
+        rows = dataset.read_trials(fixtures / folder / "dataset").to_dict("records")
+        model = HOST_MODELS[str(rows[0]["serve_model"])] if rows and rows[0].get("serve_model") in HOST_MODELS \
+            else "llama-3.1-8b"
+        for row in sorted(rows, key=lambda r: (r["study"], r["trial_number"], r["origin"])):
+            if row["status"] != "ok":
+                continue
+            flags = {k[len("flag_"):]: (v if k == "flag_gpu_memory_utilization" else int(v))
+                     for k, v in row.items() if k.startswith("flag_") and v is not None and v == v}
+            trial = f"{int(row['trial_number']):04d}" + ("-repeat-1" if row["origin"] == "repeat" else "")
+            summary = {"model": row.get("serve_model"), "flags": flags, "workload": workload,
+                       "output_throughput": row["output_throughput"], "ttft_ms": {"mean": row["ttft_mean_ms"]},
+                       "tpot_ms": {"mean": row["tpot_mean_ms"]}}
+            run = _run(f"{folder}/{row['study']}/{trial}", summary, fixtures / folder / studies[row["study"]] / trial)
+            runs.append(dataclasses.replace(run, model=model))
     return runs
 
 

@@ -12,6 +12,9 @@ preemptions, with the relative errors.
   fitting runs and simulate the held-out runs with them. These are the fidelity figures. ``--fold``
   picks folds; ``--out FILE`` writes the knobs and rows as JSON.
 * ``--fit N``: search the knobs on every run and print them (to paste into ``GPU_CALIBRATION``).
+* ``--grid``: the committed calibration on the trials of the real servetune grid studies
+  (``_fidelity.GRID_STUDIES``: the 8B grid of 2026-12-02), which no fit has used: held-out
+  errors, and whether the simulator ranks the grid's best preemption-free flag set first.
 
 Usage::
 
@@ -31,7 +34,8 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _fidelity import FOLDS, error_summary, fidelity_rows, fit, format_table, held_out, load_real_runs  # noqa: E402
+from _fidelity import (FOLDS, error_summary, fidelity_rows, fit, format_table, held_out, load_real_runs,  # noqa: E402
+                       load_study_runs)
 
 
 def _rows_json(rows):  # type: ignore[no-untyped-def]
@@ -51,10 +55,29 @@ def _by_shape(rows):  # type: ignore[no-untyped-def]
     return out
 
 
+def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
+    """Which flag set each side calls best among the preemption-free ones (repeats averaged)."""
+    def best(side: str) -> tuple[str, float]:
+        cells: dict[str, list[float]] = {}
+        for r in rows:
+            clean = (r.real.preemptions if side == "real" else r.sim_preemptions) == 0
+            if clean:
+                key = json.dumps({k: r.real.flags[k] for k in sorted(r.real.flags)})
+                cells.setdefault(key, []).append(r.real.output_throughput if side == "real"
+                                                 else r.sim_output_throughput)
+        key = max(cells, key=lambda k: sum(cells[k]) / len(cells[k]))
+        return key, sum(cells[key]) / len(cells[key])
+    (real_key, real_tps), (sim_key, sim_tps) = best("real"), best("sim")
+    verdict = "the same flag set" if real_key == sim_key else "DIFFERENT flag sets"
+    return (f"best preemption-free: real {real_key} ({real_tps:,.0f} tok/s); simulated {sim_key} "
+            f"({sim_tps:,.0f} tok/s): {verdict}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
     parser.add_argument("--held-out", type=int, metavar="TRIALS", help="fit per fold, report the held-out runs")
+    parser.add_argument("--grid", action="store_true", help="the committed knobs on the real grid studies' trials")
     parser.add_argument("--fold", action="append", choices=sorted(FOLDS), help="only these folds (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the result as JSON to this file")
@@ -81,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
             old["folds"].update(result)
             old.update(trials=args.held_out, seed=args.seed)
             args.out.write_text(json.dumps(old, indent=1))
+        return 0
+    if args.grid:
+        rows = fidelity_rows(runs=load_study_runs())
+        print(format_table(rows))
+        print(grid_ranking(rows))
         return 0
     knobs = None
     if args.fit:
