@@ -214,8 +214,7 @@ def load_study_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
         for row in sorted(rows, key=lambda r: (r["study"], r["trial_number"], r["origin"])):
             if row["status"] != "ok":
                 continue
-            flags = {k[len("flag_"):]: (v if k == "flag_gpu_memory_utilization" else int(v))
-                     for k, v in row.items() if k.startswith("flag_") and v is not None and v == v}
+            flags = dataset.row_flags(row)
             trial = f"{int(row['trial_number']):04d}" + ("-repeat-1" if row["origin"] == "repeat" else "")
             summary = {"model": row.get("serve_model"), "flags": flags, "workload": workload,
                        "output_throughput": row["output_throughput"], "ttft_ms": {"mean": row["ttft_mean_ms"]},

@@ -36,15 +36,6 @@ STUDIES = {"h200-l8b-grid": "grid", "h200-l8b-grid-b": "grid_b"}
 ROWS = dataset.read_trials(STUDY / "dataset").sort_values("timestamp").to_dict("records")
 
 
-def _flags(row: dict) -> dict:
-    out = {}
-    for key, value in row.items():
-        if key.startswith("flag_") and value is not None and value == value:
-            name = key[len("flag_"):]
-            out[name] = value if name == "gpu_memory_utilization" else int(value)
-    return out
-
-
 def _cell(row: dict) -> tuple[float, int, int]:
     return (row["flag_gpu_memory_utilization"], int(row["flag_max_num_seqs"]), int(row["flag_max_num_batched_tokens"]))
 

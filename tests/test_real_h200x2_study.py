@@ -42,15 +42,6 @@ def _rows(study: str) -> list[dict]:
     return [r for r in df.sort_values("trial_number").to_dict("records")]
 
 
-def _flags(row: dict) -> dict:
-    out = {}
-    for key, value in row.items():
-        if key.startswith("flag_") and value is not None and value == value:
-            name = key[len("flag_"):]
-            out[name] = value if name == "gpu_memory_utilization" else int(value)
-    return out
-
-
 def _trial_dir(kind: str, number: int) -> Path:
     return STUDY / kind / f"{number:04d}"
 
@@ -117,13 +108,13 @@ def test_the_planner_predicts_every_real_kv_capacity_once_it_knows_the_compile_c
                                    row["trial_number"]) / "server.log").read_text())
     warm = parsed.activation_peak_gib is not None and parsed.activation_peak_gib < 0.4 and \
         parsed.tensor_parallel_size in (None, 1)
-    predicted = _planner(_flags(row), warm)
+    predicted = _planner(dataset.row_flags(row), warm)
     assert abs(predicted - row["kv_cache_tokens"]) / row["kv_cache_tokens"] < 0.001
 
 
 def test_the_planner_predicted_both_real_startup_failures():
     for row in (r for r in GRID if r["status"] == "startup_oom"):
-        config = resolve_engine_config(_flags(row), MODEL, GPU, "0.26.0")
+        config = resolve_engine_config(dataset.row_flags(row), MODEL, GPU, "0.26.0")
         plan = plan_memory(MODEL, GPU, config)
         assert plan.failure is TrialStatus.STARTUP_OOM and plan.cause.startswith("No available memory")
 
@@ -216,7 +207,7 @@ def test_the_pre_screens_compile_cache_rule_replayed_in_the_real_grids_order(tmp
         n = int(row["trial_number"])
         parsed = parse_log((_trial_dir("grid", n) / "server.log").read_text())
         warm_log = parsed.activation_peak_gib < 0.4  # 0.38 warm, 0.44 cold
-        error = abs(_planner(_flags(row), verdicts[n]) - row["kv_cache_tokens"]) / row["kv_cache_tokens"]
+        error = abs(_planner(dataset.row_flags(row), verdicts[n]) - row["kv_cache_tokens"]) / row["kv_cache_tokens"]
         if n == 3:  # the concurrent same-configuration compile (docstring)
             assert warm_log and not verdicts[n] and 0.01 < error < 0.015
             continue

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import urllib.parse
 import uuid
@@ -56,6 +57,7 @@ __all__ = [
     "IDENTITY_COLUMNS",
     "METRIC_COLUMNS",
     "flag_column",
+    "row_flags",
     "trial_row",
     "trials_schema",
     "append_trials",
@@ -109,6 +111,25 @@ _FLAG_ARROW_TYPES: dict[type, pa.DataType] = {
 def flag_column(name: str) -> str:
     """The dataset column of a vLLM flag: ``flag_<name>``."""
     return f"flag_{name}"
+
+
+def row_flags(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags one dataset row ran with: its ``flag_*`` columns that hold a value, typed as the
+    flag registry types them (Parquet's float64 columns give ``max_num_seqs`` 256.0 back as 256).
+
+    Example:
+        >>> row_flags({"flag_max_num_seqs": 256.0, "flag_gpu_memory_utilization": 0.9,
+        ...            "flag_enforce_eager": None, "output_throughput": 1.0})
+        {'max_num_seqs': 256, 'gpu_memory_utilization': 0.9}
+    """
+    flags: dict[str, Any] = {}
+    for key, value in row.items():
+        if not key.startswith("flag_") or value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        name = key[len("flag_"):]
+        kind = FLAGS[name].kind if name in FLAGS else None
+        flags[name] = [int(v) for v in value] if kind is list else kind(value) if kind in (int, float, bool) else value
+    return flags
 
 
 def trials_schema(extra: pa.Schema | None = None) -> pa.Schema:
