@@ -40,7 +40,8 @@ from servetune.sim.perf import calibration_for
 from servetune.workload import Workload
 
 __all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
-           "fidelity_rows", "error_summary", "format_table", "fit", "held_out", "FOLDS"]
+           "load_evidence", "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "format_table", "fit",
+           "held_out", "FOLDS"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
@@ -67,6 +68,8 @@ class RealRun:
     #: 2026-12-01 8B/14B starts: make_model.py's 32,000-token BPE), so most sampled ids had no
     #: text: vLLM's API server then runs a path no real checkpoint takes (scale/tokenizers.json).
     tokenizer_covers_vocab: bool = True
+    #: The folder holding the window's /metrics dumps (for what the fit reads off them).
+    window_dir: Path | None = None
 
     @property
     def size(self) -> str:
@@ -152,7 +155,8 @@ def _run(name: str, s: Mapping[str, Any], window_dir: Path, tokenizer_covers_voc
                    output_throughput=float(s["output_throughput"]), ttft_mean_ms=float(s["ttft_ms"]["mean"]),
                    tpot_mean_ms=float(s["tpot_ms"]["mean"]),
                    preemptions=int(round(_counter_delta(window_dir, "vllm:num_preemptions_total"))),
-                   prefix_cache_hit_rate=hit_rate, tokenizer_covers_vocab=tokenizer_covers_vocab)
+                   prefix_cache_hit_rate=hit_rate, tokenizer_covers_vocab=tokenizer_covers_vocab,
+                   window_dir=window_dir)
 
 
 def load_real_runs(fixtures: Path = FIXTURES, include_tokenizer_short: bool = False) -> list[RealRun]:
@@ -188,8 +192,7 @@ def load_real_runs(fixtures: Path = FIXTURES, include_tokenizer_short: bool = Fa
 
 
 #: Real servetune studies whose trials are measured windows too: (fixture folder, study name ->
-#: trial folder, the workload every trial sent). Not in load_real_runs, so no fit has seen them:
-#: every calibration committed before 2026-12-02 04:00 UTC is judged on them held out.
+#: trial folder, the workload every trial sent). In the fits and folds since 2026-12-02 (load_evidence).
 GRID_STUDIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     # benchmarks/real_vllm/h200_l8b_grid.yaml (+ _b): Llama-3.1-8B shape, covering tokenizer.
     "study_l8b": ({"h200-l8b-grid": "grid", "h200-l8b-grid-b": "grid_b"},
@@ -224,6 +227,11 @@ def load_study_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
     return runs
 
 
+def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
+    """Every measured window the fits and folds use: the collected windows and the study trials."""
+    return load_real_runs(fixtures) + load_study_runs(fixtures)
+
+
 def _gpu_with(calibration: Mapping[str, float] | None) -> GpuSpec:
     gpu = get_gpu(GPU)
     if calibration is None:
@@ -242,12 +250,14 @@ def fidelity_rows(calibration: Mapping[str, float] | None = None,
     gpu = _gpu_with(calibration)
     rows = []
     models: dict[str, Any] = {}
-    for run in runs if runs is not None else load_real_runs():
+    for run in runs if runs is not None else load_evidence():
         model = models.get(run.model) or models.setdefault(run.model, load_model(run.model))
         config = resolve_engine_config(run.flags, model, gpu)
         workload = run.workload
-        if max_requests and workload.num_requests > max_requests:
-            workload = dataclasses.replace(workload, num_requests=max_requests)
+        # Two rounds of the closed loop at least: a window cut below its concurrency never queues.
+        cap = max(max_requests, 2 * (workload.concurrency or 0)) if max_requests else None
+        if cap and workload.num_requests > cap:
+            workload = dataclasses.replace(workload, num_requests=cap)
         result = simulate(model, gpu, config, workload, plan=plan_memory(model, gpu, config))
         rows.append(FidelityRow(
             run.name, run, result.output_throughput or 0.0,
@@ -298,15 +308,46 @@ FIT_SPACE: dict[str, tuple[float, float]] = {
     "attn_efficiency": (0.1, 0.8),
     "step_overhead_s": (0.3e-3, 5e-3),
     "seq_overhead_s": (0.5e-6, 40e-6),
-    "token_overhead_s": (5e-6, 100e-6),
     "stream_prompt_token_s": (1e-10, 5e-7),
     "request_overhead_s": (0.1e-3, 10e-3),
     "prompt_token_overhead_s": (1e-8, 2e-5),
     "piecewise_layer_s": (5e-6, 400e-6),
     "compiled_layer_overhead_s": (5e-6, 800e-6),
     "eager_layer_overhead_s": (50e-6, 1500e-6),
-    "compiled_token_layer_s": (1e-9, 5e-6),
 }
+
+
+def api_token_cpu_s(runs: Iterable[RealRun]) -> float:
+    """vLLM's API server CPU per streamed token, read off the windows' own /metrics.
+
+    ``process_cpu_seconds_total`` is the API server process's CPU (the engine core is another
+    process); over each window it is least-squares fitted as ``a * generated tokens + b * window
+    seconds`` and ``a`` is returned: what ``token_overhead_s`` charges per token. Measured, not
+    fitted to throughput: a size whose windows never saturate the front end (8B/14B prefill-heavy
+    loads leave it 30-60% busy) cannot tell the throughput fit what it costs, and the 0.85B model,
+    whose windows all ran it 90-97% busy, would otherwise push the cost into GPU-side knobs.
+    """
+    rows, cpu = [], []
+    for run in runs:
+        if run.window_dir is None or not run.output_throughput:
+            continue
+        generated = _counter_delta(run.window_dir, "vllm:generation_tokens_total")
+        rows.append((generated, generated / run.output_throughput))
+        cpu.append(_counter_delta(run.window_dir, "process_cpu_seconds_total"))
+    # Normal equations of the two-column least squares (no numpy needed here).
+    sgg = sum(g * g for g, _ in rows)
+    sgd = sum(g * d for g, d in rows)
+    sdd = sum(d * d for _, d in rows)
+    sgc = sum(g * c for (g, _), c in zip(rows, cpu))
+    sdc = sum(d * c for (_, d), c in zip(rows, cpu))
+    det = sgg * sdd - sgd * sgd
+    if len(rows) < 2 or det <= 0:
+        raise ValueError("api_token_cpu_s needs two windows with /metrics of different shapes")
+    return (sgc * sdd - sdc * sgd) / det
+
+
+#: Knobs measured on the fitting runs instead of searched (name -> how).
+MEASURED: dict[str, Callable[[list[RealRun]], float]] = {"token_overhead_s": api_token_cpu_s}
 
 
 #: Requests per window simulated inside the fit (reports simulate every request).
@@ -346,11 +387,12 @@ def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
     or from :data:`NEUTRAL_START` (held-out folds), then ``starts``.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    runs = runs if runs is not None else load_real_runs()
+    runs = runs if runs is not None else load_evidence()
+    measured = {name: how(runs) for name, how in MEASURED.items()}
 
     def objective(trial: optuna.Trial) -> float:
         knobs = {k: trial.suggest_float(k, lo, hi, log=k.endswith("_s")) for k, (lo, hi) in FIT_SPACE.items()}
-        rows = fidelity_rows(knobs, runs, max_requests=FIT_MAX_REQUESTS)
+        rows = fidelity_rows({**knobs, **measured}, runs, max_requests=FIT_MAX_REQUESTS)
         if any(not math.isfinite(r.sim_ttft_mean_ms) or r.sim_output_throughput <= 0 for r in rows):
             return float("inf")
         return _loss(rows)
@@ -360,7 +402,7 @@ def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
     for start in (first, *(starts or ())):
         study.enqueue_trial({k: min(max(float(start[k]), lo), hi) for k, (lo, hi) in FIT_SPACE.items() if k in start})
     study.optimize(objective, n_trials=trials)
-    return dict(study.best_params)
+    return {**study.best_params, **measured}
 
 
 #: Held-out folds: name -> the rule that picks the test runs (the rest is the fitting set).
@@ -377,7 +419,7 @@ def held_out(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
              folds: Mapping[str, Callable[[RealRun], bool]] = FOLDS,
              starts: list[Mapping[str, float]] | None = None) -> dict[str, tuple[dict[str, float], list[FidelityRow]]]:
     """For each fold: fit on the runs it leaves in, simulate the runs it holds out with that fit."""
-    runs = runs if runs is not None else load_real_runs()
+    runs = runs if runs is not None else load_evidence()
     out = {}
     for name, is_test in folds.items():
         train = [r for r in runs if not is_test(r)]

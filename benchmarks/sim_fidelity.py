@@ -12,9 +12,10 @@ preemptions, with the relative errors.
   fitting runs and simulate the held-out runs with them. These are the fidelity figures. ``--fold``
   picks folds; ``--out FILE`` writes the knobs and rows as JSON.
 * ``--fit N``: search the knobs on every run and print them (to paste into ``GPU_CALIBRATION``).
-* ``--grid``: the committed calibration on the trials of the real servetune grid studies
-  (``_fidelity.GRID_STUDIES``: the 8B grid of 2026-12-02), which no fit has used: held-out
-  errors, and whether the simulator ranks the grid's best preemption-free flag set first.
+* ``--grid``: the trials of the real servetune grid studies (``_fidelity.GRID_STUDIES``: the 8B
+  grid of 2026-12-02) with the knobs of the fold fitted without any 8B run (recorded in
+  ``benchmarks/results/sim_heldout_h200.json``): held-out errors, and whether the simulator ranks
+  the grid's best preemption-free flag set first.
 
 Usage::
 
@@ -34,7 +35,7 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _fidelity import (FOLDS, error_summary, fidelity_rows, fit, format_table, held_out, load_real_runs,  # noqa: E402
+from _fidelity import (FOLDS, error_summary, fidelity_rows, fit, format_table, held_out, load_evidence,  # noqa: E402
                        load_study_runs)
 
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
     parser.add_argument("--held-out", type=int, metavar="TRIALS", help="fit per fold, report the held-out runs")
-    parser.add_argument("--grid", action="store_true", help="the committed knobs on the real grid studies' trials")
+    parser.add_argument("--grid", action="store_true", help="the 8B fold's knobs on the real grid studies' trials")
     parser.add_argument("--fold", action="append", choices=sorted(FOLDS), help="only these folds (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the result as JSON to this file")
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
                       f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
             tested = {r.name for r in rows}
-            result[name] = {"knobs": knobs, "fitted_on": [r.name for r in load_real_runs() if r.name not in tested],
+            result[name] = {"knobs": knobs, "fitted_on": [r.name for r in load_evidence() if r.name not in tested],
                             "rows": _rows_json(rows), "errors": error_summary(rows), "by_shape": _by_shape(rows)}
         print(f"\n{time.perf_counter() - t0:.0f} s")
         if args.out:
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             args.out.write_text(json.dumps(old, indent=1))
         return 0
     if args.grid:
-        rows = fidelity_rows(runs=load_study_runs())
+        recorded = json.loads((ROOT / "benchmarks" / "results" / "sim_heldout_h200.json").read_text())
+        rows = fidelity_rows(recorded["folds"]["size 8B"]["knobs"], load_study_runs())
         print(format_table(rows))
         print(grid_ranking(rows))
         return 0

@@ -52,11 +52,8 @@ def test_prefill_is_compute_bound_and_scales_with_tokens() -> None:
 def test_step_time_scales_with_the_model_from_its_shapes() -> None:
     # No constant is fitted per size: a 1024-token prefill chunk (attention a small share of its
     # FLOPs) costs per token what the active parameters say, and a one-token decode what the
-    # streamed bytes say, from 0.85B to 14B. The one knob that scales with layers and tokens alone,
-    # compiled_token_layer_s (mixed batches outside a FULL graph), is held at zero here: the H200
-    # fit sets it where the 0.85B runs need it (their prefill is slower per parameter than 8B's),
-    # which is what this rule says the rooflines alone do not do.
-    cal = Calibration().with_overrides({"compiled_token_layer_s": 0.0})
+    # streamed bytes say, from 0.85B to 14B.
+    cal = Calibration()
     cost = {}
     for model in (TINY, LLAMA8B, QWEN14B):
         p = PerfModel(model, H200, resolve_engine_config({"max_model_len": 4096}, model, H200), cal)
@@ -102,7 +99,7 @@ def test_enforce_eager_is_a_launch_floor_the_work_of_a_large_model_hides() -> No
 
 
 def test_cuda_graph_padding_and_largest_capture_size() -> None:
-    cal = Calibration(piecewise_layer_s=50e-6, compiled_layer_overhead_s=200e-6, compiled_token_layer_s=0.0)
+    cal = Calibration(piecewise_layer_s=50e-6, compiled_layer_overhead_s=200e-6)
     p = PerfModel(TINY, H200, resolve_engine_config({"max_num_seqs": 64}, TINY, H200), cal)  # sizes 1..128
     assert p.padded(65) == 72 and p.padded(64) == 64 and p.padded(129) == 129
     assert p.max_capture == 128
