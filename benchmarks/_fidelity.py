@@ -35,6 +35,7 @@ from servetune.planner.gpus import GpuSpec, get_gpu
 from servetune.engines.vllm.metrics import counter, parse_prometheus
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
+from servetune.records import dataset
 from servetune.sim.engine import simulate
 from servetune.sim.perf import calibration_for
 from servetune.workload import Workload
@@ -207,13 +208,9 @@ def load_study_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
     Named ``study_l8b/<study>/<trial>`` (``-repeat-1`` for a confirmation repeat), with the flags
     and figures the study's Parquet dataset recorded and the preemptions of the trial's /metrics.
     """
-    from servetune.records import dataset
-
     runs = []
     for folder, (studies, workload) in GRID_STUDIES.items():
         rows = dataset.read_trials(fixtures / folder / "dataset").to_dict("records")
-        model = HOST_MODELS[str(rows[0]["serve_model"])] if rows and rows[0].get("serve_model") in HOST_MODELS \
-            else "llama-3.1-8b"
         for row in sorted(rows, key=lambda r: (r["study"], r["trial_number"], r["origin"])):
             if row["status"] != "ok":
                 continue
@@ -222,8 +219,8 @@ def load_study_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
             summary = {"model": row.get("serve_model"), "flags": flags, "workload": workload,
                        "output_throughput": row["output_throughput"], "ttft_ms": {"mean": row["ttft_mean_ms"]},
                        "tpot_ms": {"mean": row["tpot_mean_ms"]}}
-            run = _run(f"{folder}/{row['study']}/{trial}", summary, fixtures / folder / studies[row["study"]] / trial)
-            runs.append(dataclasses.replace(run, model=model))
+            # _run maps the host's model folder (serve_model) to the shipped config, as for the windows.
+            runs.append(_run(f"{folder}/{row['study']}/{trial}", summary, fixtures / folder / studies[row["study"]] / trial))
     return runs
 
 

@@ -476,8 +476,9 @@ search, launching everything, take 10-20% of the grid's GPU time when they get t
 
 Caveats. On these simulated landscapes the pre-screen and the prior use the same memory planner as
 the simulator, so the pre-screen's verdicts are exact (but where it plans a start warm that the
-landscape recorded cold, above) and the prior's KV capacity is exact by construction; on real vLLM the planner's KV capacity is within a few % (below), and the simulator's
-preemption onset follows its scheduler model. A prior that lands one grid step off still leaves TPE
+landscape recorded cold, above) and the prior's KV capacity is exact by construction; on real vLLM
+the planner's KV capacity is within a few % (below), and the simulator's preemption onset follows
+its scheduler model. A prior that lands one grid step off still leaves TPE
 to close the gap; that case is not measured here. One run per point: no measurement noise.
 
 ## Multi-fidelity: the calibrated simulator screens proposals ({seeds} seeds)

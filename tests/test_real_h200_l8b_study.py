@@ -88,21 +88,16 @@ def test_the_pre_screens_compile_cache_rule_replayed_in_the_real_order(tmp_path)
     capacity. A kernel-level rule (any max_num_seqs warms) would call 4 of these cold starts warm."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     shutil.copy(STUDY / "optuna.db", tmp_path / "optuna.db")
-    trials = []
-    for name in STUDIES:
-        trials += optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'optuna.db'}").trials
-    trials.sort(key=lambda t: t.datetime_start)
+    # (study name, trial) of both studies, in the order they started on the host.
+    started = sorted(((name, t) for name in STUDIES for t in optuna.load_study(
+        study_name=name, storage=f"sqlite:///{tmp_path / 'optuna.db'}").trials), key=lambda p: p[1].datetime_start)
     by_start = {(r["study"], int(r["trial_number"])): r for r in ROWS if r["origin"] != "repeat"}
-    studies = {}
-    for name in STUDIES:
-        for t in optuna.load_study(study_name=name, storage=f"sqlite:///{tmp_path / 'optuna.db'}").trials:
-            studies[t.datetime_start] = name
     cold = 0
-    for trial in trials:
+    for name, trial in started:
         replay = optuna.create_study(direction="maximize")
-        replay.add_trials([t for t in trials if t.datetime_complete < trial.datetime_start])
+        replay.add_trials([t for _, t in started if t.datetime_complete < trial.datetime_start])
         warm = compile_cache_warm(replay, trial.user_attrs["flags"])
-        row = by_start[(studies[trial.datetime_start], trial.number)]
+        row = by_start[(name, trial.number)]
         assert (row["compile_cache_hit"] == 1) == warm, trial.number
         assert (row["mem_activation_peak_gib"] >= 1.0) == (not warm), trial.number  # 1.01-1.10 cold, 0.24-0.88 warm
         plan = plan_memory(MODEL, GPU, resolve_engine_config(trial.user_attrs["flags"], MODEL, GPU),

@@ -96,8 +96,8 @@ ACT_FIXED_GIB = 0.0925
 #: below it, so it is a compile-time allocation, not the forward pass; which tensor vLLM's or
 #: torch.compile's cold path materialises is not settled. Applied from the V2 runner (0.26) on: the
 #: published 0.19.1 start (Qwen3-8B, A100-40GB, its compile cache state unknown) logs less than it.
-#: 1.08 centres the three binding rows
-#: (8B 2048 +0.05 GiB, 8B 8192 -0.04, 14B -0.04): read off these starts, so no held-out figure.
+#: 1.08 centres the three binding rows (8B 2048 +0.05 GiB, 8B 8192 -0.04, 14B -0.04): read off
+#: these starts, so no held-out figure.
 COLD_COMPILE_FLOOR_TENSORS = 1.08
 ACT_MLP_ELEMS_PER_TOKEN = 3.0  # times intermediate_size / tp
 ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED = 3.0  # times hidden_size
