@@ -41,7 +41,7 @@ from servetune.sim.perf import calibration_for
 from servetune.workload import Workload
 
 __all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
-           "load_evidence", "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "format_table", "fit",
+           "UNSEEN_STUDIES", "load_evidence", "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "format_table", "fit",
            "held_out", "FOLDS"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
@@ -201,18 +201,32 @@ GRID_STUDIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
                    "warmup_requests": 4, "seed": 0}),
 }
 
+_L8B_WORKLOAD = GRID_STUDIES["study_l8b"][1]
 
-def load_study_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
-    """Every served trial of the GRID_STUDIES (a fresh server each: no prefix hits across trials).
+#: Real studies measured after the committed H200 calibration and the held-out folds were fitted
+#: (2026-12-02, the second device session): in no fit, so every figure on them is out of sample
+#: for every calibration (``sim_fidelity.py --unseen``). Same workload as the 8B grid.
+UNSEEN_STUDIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
+    "study_l8b": ({"h200-l8b-grid-c": "grid_c"}, _L8B_WORKLOAD),  # the 8B grid's last cell
+    "study_l8b_tune": ({"h200-l8b-tune": "trials"}, _L8B_WORKLOAD),  # the confirmed tune (memory pair)
+    "study_q14b": ({"h200-q14b-grid": "grid"}, _L8B_WORKLOAD),  # h200_q14b_grid.yaml, Qwen2.5-14B shape
+}
 
-    Named ``study_l8b/<study>/<trial>`` (``-repeat-1`` for a confirmation repeat), with the flags
+
+def load_study_runs(fixtures: Path = FIXTURES,
+                    studies: Mapping[str, tuple[dict[str, str], dict[str, Any]]] = GRID_STUDIES) -> list[RealRun]:
+    """Every served trial of ``studies`` (a fresh server each: no prefix hits across trials).
+
+    Named ``<folder>/<study>/<trial>`` (``-repeat-1`` for a confirmation repeat), with the flags
     and figures the study's Parquet dataset recorded and the preemptions of the trial's /metrics.
+    A fixture folder's other studies are not read (``study_l8b`` holds fitted and unseen ones).
+    A trial that early stopping cut short is left out: its window is not the workload's.
     """
     runs = []
-    for folder, (studies, workload) in GRID_STUDIES.items():
+    for folder, (names, workload) in studies.items():
         rows = dataset.read_trials(fixtures / folder / "dataset").to_dict("records")
         for row in sorted(rows, key=lambda r: (r["study"], r["trial_number"], r["origin"])):
-            if row["status"] != "ok":
+            if row["status"] != "ok" or row["study"] not in names or row["completed"] < workload["num_requests"]:
                 continue
             flags = dataset.row_flags(row)
             trial = f"{int(row['trial_number']):04d}" + ("-repeat-1" if row["origin"] == "repeat" else "")
@@ -220,7 +234,7 @@ def load_study_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
                        "output_throughput": row["output_throughput"], "ttft_ms": {"mean": row["ttft_mean_ms"]},
                        "tpot_ms": {"mean": row["tpot_mean_ms"]}}
             # _run maps the host's model folder (serve_model) to the shipped config, as for the windows.
-            runs.append(_run(f"{folder}/{row['study']}/{trial}", summary, fixtures / folder / studies[row["study"]] / trial))
+            runs.append(_run(f"{folder}/{row['study']}/{trial}", summary, fixtures / folder / names[row["study"]] / trial))
     return runs
 
 

@@ -16,6 +16,9 @@ preemptions, with the relative errors.
   grid of 2026-12-02) with the knobs of the fold fitted without any 8B run (recorded in
   ``benchmarks/results/sim_heldout_h200.json``): held-out errors, and whether the simulator ranks
   the grid's best preemption-free flag set first.
+* ``--unseen``: the committed calibration on the real studies measured after it was fitted
+  (``_fidelity.UNSEEN_STUDIES``: the 8B grid's last cell, the confirmed 8B tune, the 14B grid),
+  by study and load shape, and each grid's ranking. Out of sample for the committed constants.
 
 Usage::
 
@@ -35,8 +38,8 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _fidelity import (FOLDS, error_summary, fidelity_rows, fit, format_table, held_out, load_evidence,  # noqa: E402
-                       load_study_runs)
+from _fidelity import (FOLDS, UNSEEN_STUDIES, error_summary, fidelity_rows, fit, format_table, held_out,  # noqa: E402
+                       load_evidence, load_study_runs)
 
 
 def _rows_json(rows):  # type: ignore[no-untyped-def]
@@ -79,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
     parser.add_argument("--held-out", type=int, metavar="TRIALS", help="fit per fold, report the held-out runs")
     parser.add_argument("--grid", action="store_true", help="the 8B fold's knobs on the real grid studies' trials")
+    parser.add_argument("--unseen", action="store_true",
+                        help="the committed calibration on the studies measured after it was fitted")
     parser.add_argument("--fold", action="append", choices=sorted(FOLDS), help="only these folds (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the result as JSON to this file")
@@ -111,6 +116,17 @@ def main(argv: list[str] | None = None) -> int:
         rows = fidelity_rows(recorded["folds"]["size 8B"]["knobs"], load_study_runs())
         print(format_table(rows))
         print(grid_ranking(rows))
+        return 0
+    if args.unseen:
+        rows = fidelity_rows(None, load_study_runs(studies=UNSEEN_STUDIES))
+        print(format_table(rows))
+        for folder in UNSEEN_STUDIES:
+            group = [r for r in rows if r.real.name.startswith(folder + "/")]
+            e = error_summary(group)
+            print(f"  {folder}: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
+                  f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
+            if len(group) > 1:
+                print("  " + grid_ranking(group))
         return 0
     knobs = None
     if args.fit:

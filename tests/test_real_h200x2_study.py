@@ -201,7 +201,7 @@ def test_the_pre_screens_compile_cache_rule_replayed_in_the_real_grids_order(tmp
         finished = [t for t in trials if t.datetime_complete < trial.datetime_start]
         replay = optuna.create_study(direction="maximize")
         replay.add_trials(finished)  # what the study knew when it proposed this trial
-        verdicts[trial.number] = compile_cache_warm(replay, trial.user_attrs["flags"])
+        verdicts[trial.number] = compile_cache_warm(replay, trial.user_attrs["flags"], MODEL, GPU, "0.26.0")
     assert verdicts == {0: False, 1: False, 2: False, 3: False, 4: True, 5: True, 6: True, 7: True}
     for row in (r for r in GRID if r["status"] == "ok"):
         n = int(row["trial_number"])

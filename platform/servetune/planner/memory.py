@@ -700,31 +700,47 @@ def _cuda_oom_text(need: int, total: int, free: int) -> str:
             f"total capacity of {total / GiB:.2f} GiB of which {max(free, 0) / MiB:.2f} MiB is free.")
 
 
-#: Flags that size the memory budget but not the compiled graphs: vLLM's compile cache key ignores
-#: them (real H200 starts: gpu_memory_utilization 0.02 after 0.03, same max_num_seqs, hit the cache).
-_NOT_IN_COMPILE_KEY = frozenset({"gpu_memory_utilization", "num_gpu_blocks_override", "kv_cache_memory_bytes",
-                                 "swap_space", "cpu_offload_gb"})
+#: Resolved fields that size the memory budget but not the compiled graphs: vLLM's compile cache
+#: key ignores them (real H200 starts: gpu_memory_utilization 0.02 after 0.03, same max_num_seqs,
+#: hit the cache). ``max_num_seqs`` enters the key only through the CUDA-graph capture sizes it
+#: sets (which ``cudagraph_capture_sizes`` carries).
+_NOT_IN_COMPILE_KEY = frozenset({"gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override",
+                                 "max_num_seqs"})
 
 
-def compile_key(flags: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """The part of a flag set that decides whether vLLM can reuse compiled graphs on a node.
+def compile_key(config: EngineConfig) -> tuple[tuple[str, Any], ...]:
+    """The part of a resolved configuration that decides whether vLLM can reuse compiled graphs on a node.
 
-    Two flag sets with the same key share the node's compile cache: the second start loads the
-    graphs ("Directly load AOT compiled function"; faster, and the smaller warm activation peak,
-    see :func:`activation_peak_bytes`). Batch sizes are in the key: in the real 8B grid study on
-    one H200 (tests/fixtures/real_h200/study_l8b) every start whose (max_num_seqs,
-    max_num_batched_tokens) no earlier start had compiled recompiled (23-27 s) and profiled the
-    cold peak, although the node's Inductor and Triton caches held the model's kernels from
-    another max_num_seqs (1.10 GiB at 256 x 8192 after 128 x 8192; 1.01 at 128 x 2048 after
-    256 x 2048), and every start of a configuration compiled before loaded it and profiled the
-    warm peak (0.88 / 0.24 GiB), 10 of 10. A start that failed after compiling counts as compiled
-    (the 2 x H200 grid's 0.05 x 128 after the failed 0.012 x 128 profiled warm).
+    Two configurations with the same key share the node's compile cache: the second start loads
+    the graphs ("Directly load AOT compiled function"; faster, and the smaller warm activation
+    peak, see :func:`activation_peak_bytes`). The batch shape is in the key as vLLM compiles it:
+    the compile range ``(1, max_num_batched_tokens)`` and the CUDA-graph capture sizes, which
+    ``max_num_seqs`` sets up to vLLM's cap (``min(2 x max_num_seqs, 512)`` on 0.26), not
+    ``max_num_seqs`` itself. Evidence, real H200 starts on vLLM 0.26.0:
+
+    * tests/fixtures/real_h200/study_l8b: every start whose capture sizes or token budget no
+      earlier start on the host had compiled recompiled (23-27 s) and profiled the cold peak
+      (1.10 GiB at 256 x 8192 after 128 x 8192; 1.01 at 128 x 2048 after 256 x 2048), and every
+      start of a configuration compiled before loaded it and profiled the warm peak (0.88 / 0.24
+      GiB);
+    * tests/fixtures/real_h200/study_l8b_tune: max_num_seqs 512 after 256 (capture sizes up to
+      512 both) loaded the first start's graphs, same cache hash, warm peak 0.88 GiB.
+
+    A start that failed after compiling counts as compiled (the 2 x H200 grid's 0.05 x 128 after
+    the failed 0.012 x 128 profiled warm).
 
     Example:
-        >>> compile_key({"gpu_memory_utilization": 0.9, "max_num_seqs": 64}) == compile_key({"max_num_seqs": 64})
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, g = load_model("llama-3.1-8b"), get_gpu("H200")
+        >>> key = lambda **f: compile_key(resolve_engine_config(f, m, g))
+        >>> key(max_num_seqs=256) == key(max_num_seqs=512, gpu_memory_utilization=0.5)  # both capture up to 512
         True
+        >>> key(max_num_seqs=128) == key(max_num_seqs=256)  # up to 256 against up to 512
+        False
     """
-    return tuple(sorted((k, v) for k, v in flags.items() if k not in _NOT_IN_COMPILE_KEY))
+    return tuple((f.name, getattr(config, f.name)) for f in dataclasses.fields(config)
+                 if f.name not in _NOT_IN_COMPILE_KEY)
 
 
 def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold_start: bool = False,

@@ -55,6 +55,8 @@ from servetune.search.informed import informed_starts
 from servetune.search.screen import SimScreen, prediction_attrs, screened_result, simulate_flags
 
 if TYPE_CHECKING:
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.modelinfo import ModelProfile
     from servetune.spec.schema import StudySpec
 
 __all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
@@ -145,21 +147,30 @@ class Proposal:
 _NOT_COMPILED = frozenset({"pruned", "invalid_config", "infra_error"})
 
 
-def compile_cache_warm(study: optuna.Study, flags: Mapping[str, Any]) -> bool:
+def compile_cache_warm(study: optuna.Study, flags: Mapping[str, Any], model: ModelProfile, gpu: GpuSpec,
+                       vllm_version: str) -> bool:
     """True when a finished trial of ``study`` compiled the configuration ``flags`` needs (its peak is warm).
 
-    The rule is :func:`~servetune.planner.memory.compile_key`'s: an earlier start that compiled
-    the same configuration (batch sizes included; a startup failure compiles before the KV cache
-    is sized, so it counts), finished before this proposal. A trial running at the same time does
-    not warm the cache (two first trials on two GPUs both compiled). On a cluster the caches are
-    per node unless ``SERVETUNE_COMPILE_CACHE_DIR`` is shared: this is the study-wide
-    approximation.
+    The rule is :func:`~servetune.planner.memory.compile_key`'s, on the configurations as vLLM
+    resolves them for ``model``, ``gpu`` and ``vllm_version``: an earlier start that compiled the
+    same graphs (a startup failure compiles before the KV cache is sized, so it counts), finished
+    before this proposal. A trial running at the same time does not warm the cache (two first
+    trials on two GPUs both compiled). On a cluster the caches are per node unless
+    ``SERVETUNE_COMPILE_CACHE_DIR`` is shared: this is the study-wide approximation.
     """
-    key = compile_key(flags)
+    def key(f: Mapping[str, Any]) -> tuple | None:
+        try:
+            return compile_key(resolve_engine_config(f, model, gpu, vllm_version))
+        except SpecError:  # a flag set vLLM refuses compiled nothing
+            return None
+
+    wanted = key(flags)
+    if wanted is None:
+        return False
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         earlier = t.user_attrs.get("flags")
         if isinstance(earlier, dict) and t.user_attrs.get("status") not in _NOT_COMPILED \
-                and not earlier.get("enforce_eager") and compile_key(earlier) == key:
+                and not earlier.get("enforce_eager") and key(earlier) == wanted:
             return True
     return False
 
@@ -179,7 +190,8 @@ def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str 
                                                         backend=backend))
     if not spec.prescreen:
         return Proposal(trial, flags, need)
-    warm = compile_cache_warm(study, flags)
+    model = spec.model_profile
+    warm = model is not None and compile_cache_warm(study, flags, model, spec.gpu_spec(), spec.vllm_version)
     refused, plan = prescreen(spec, flags, backend, compile_cache_warm=warm)
     if plan is not None:
         trial.set_user_attr("predicted_kv_cache_tokens", plan.kv_cache_tokens)

@@ -1,0 +1,87 @@
+"""A confirmed real tune at user scale on one H200 (vLLM 0.26.0), kept as evidence and rechecked in CI.
+
+``study_l8b_tune``: `servetune tune benchmarks/real_vllm/h200_l8b_tune.yaml` on a fresh host,
+2026-12-02: the 8B model of ``study_l8b`` and its workload, the memory pair
+(gpu_memory_utilization x max_num_seqs), README's GPU defaults, two trials and one confirmation
+repeat. What the study decided is checked here against the records; how long it took against a
+sweep is a figure, printed by ``benchmarks/time_to_answer.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from servetune.engines.vllm.logs import parse_log
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.modelinfo import load_model
+from servetune.records import dataset
+from servetune.search.informed import informed_starts
+from servetune.spec.schema import StudySpec
+
+REAL = Path(__file__).parent / "fixtures" / "real_h200"
+TUNE = REAL / "study_l8b_tune"
+SPEC = Path(__file__).parents[1] / "benchmarks" / "real_vllm" / "h200_l8b_tune.yaml"
+MODEL, GPU = load_model("llama-3.1-8b"), get_gpu("H200")
+ROWS = dataset.read_trials(TUNE / "dataset").sort_values("timestamp").to_dict("records")
+GRID = dataset.read_trials(REAL / "study_l8b" / "dataset").to_dict("records")
+
+
+def _folder(row: dict) -> Path:
+    return TUNE / "trials" / (f"{int(row['trial_number']):04d}" + ("-repeat-1" if row["origin"] == "repeat" else ""))
+
+
+def _spec() -> StudySpec:
+    """The spec that ran, with the host's model folder read as the shipped config of its shape."""
+    data = yaml.safe_load(SPEC.read_text())
+    data["model"] = "llama-3.1-8b"
+    del data["serve_model"]
+    return StudySpec.from_dict(data, SPEC.parent)
+
+
+def test_the_first_trial_is_the_informed_start_the_planner_gives_for_this_spec():
+    """The study launched first what servetune.search.informed computes for the spec (the highest
+    utilization that starts, max_num_seqs under the preemption bound), and it won."""
+    spec = _spec()
+    starts = informed_starts(spec.search_space, spec.fixed_flags, MODEL, GPU, spec.workload, spec.vllm_version)
+    first = ROWS[0]
+    assert first["origin"] == "informed"
+    assert starts[0] == {"gpu_memory_utilization": first["flag_gpu_memory_utilization"],
+                         "max_num_seqs": int(first["flag_max_num_seqs"])} == {"gpu_memory_utilization": 0.95,
+                                                                               "max_num_seqs": 256}
+
+
+def test_the_baseline_was_stopped_early_below_the_informed_start_and_the_winner_confirmed():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="h200-l8b-tune", storage=f"sqlite:///{TUNE / 'optuna.db'}")
+    baseline = study.trials[1]
+    assert baseline.user_attrs["origin"] == "baseline"
+    assert baseline.user_attrs["flags"] == {"max_model_len": 2048, "gpu_memory_utilization": 0.9, "max_num_seqs": 512}
+    assert baseline.user_attrs["early_stopped"].startswith("throughput: at most")
+    # Its flags hold all 256 streams in flight, as 0.9 x 256 x 8192 (vLLM's default token budget on an
+    # H200) did in the grid: the full-window figure there is below the early-stop bound it was told.
+    twin = [r["output_throughput"] for r in GRID if (r["flag_gpu_memory_utilization"], r["flag_max_num_seqs"],
+                                                     r["flag_max_num_batched_tokens"]) == (0.9, 256, 8192)]
+    bound = float(baseline.user_attrs["early_stopped"].split("at most ")[1].split(" ")[0])
+    assert len(twin) == 2 and max(twin) < bound < study.trials[0].values[0]
+    confirmed = [r["output_throughput"] for r in ROWS if r["trial_number"] == 0]
+    assert len(confirmed) == 2 and [r["origin"] for r in ROWS].count("repeat") == 1
+    # The confirmed winner beats every cell the 8B grid measured (util <= 0.9), on its mean.
+    assert statistics.mean(confirmed) > max(r["output_throughput"] for r in GRID if r["preemptions"] == 0)
+    assert all(r["preemptions"] == 0 for r in ROWS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['trial_number']}-{r['origin']}")
+def test_each_start_matches_its_log_and_the_planner_held_out(row):
+    """KV capacity from the log, and the planner (never fitted on these starts) within 0.3%, with
+    the compile-cache verdict each start's log shows (the baseline loaded trial 0's graphs)."""
+    parsed = parse_log((_folder(row) / "server.log").read_text())
+    assert parsed.kv_cache_tokens == row["kv_cache_tokens"]
+    warm = bool(row["compile_cache_hit"])
+    plan = plan_memory(MODEL, GPU, resolve_engine_config(dataset.row_flags(row), MODEL, GPU), compile_cache_warm=warm)
+    assert abs(plan.kv_cache_tokens - row["kv_cache_tokens"]) / row["kv_cache_tokens"] < 0.003
