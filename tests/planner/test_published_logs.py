@@ -47,6 +47,20 @@ KNOWN_MISSES = {
     # GPUs): 5.11 GiB left for KV, so the 0.28 GiB by which the planner's non-KV memory is low
     # (weights 0.11 GiB under "Model loading took", the rest in activation / non-torch) is +5.4%.
     "gnosia93_qwen25_72b_tp4_l40s": (4.0, 7.0),
+    # vLLM 0.11.0, Llama-3.1-8B on a Colab L4 at gpu_memory_utilization 0.92, max_model_len 32000:
+    # 4.75 GiB left for KV; the planner's non-KV memory is 0.26 GiB high (weights exact), so -5.5%.
+    # Not settled from the source (the L4's torch total in the GPU table is 22.05 GiB, not read off an
+    # L4 log; the PyTorch-native top-k/top-p sampler is logged, FlashInfer absent).
+    "demoenvl4_llama31_8b_tp1_l4": (-7.0, -4.0),
+    # vLLM 0.13.0, Meta-Llama-3-8B at TP=4 on 4 x A100-80GB (NVLink, custom all-reduce live): vLLM
+    # logged 62.52 GiB for KV, 5.07 GiB of non-KV memory beyond the 3.74 GiB of weights per GPU, which
+    # no term of the planner (activation 1.25, non-torch 0.54) accounts for. Not settled; the repository
+    # runs other GPU jobs (GraphRAG), so memory taken by another process during profiling is possible.
+    "graphrag_llama3_8b_tp4_a100_80gb": (3.5, 7.0),
+    # vLLM 0.19.1, Phi-3-mini-4k (fp16) on an RTX 3090 under WSL 2 at gpu_memory_utilization 0.85:
+    # 13.06 GiB for KV, the planner's non-KV memory 0.39 GiB high (weights exact). Not settled (WSL's
+    # and the desktop's share of the card are unknown; no RTX 3090 log was seen before this one).
+    "localai_phi3_mini_tp1_rtx3090": (-4.5, -2.0),
 }
 
 
@@ -63,7 +77,7 @@ def test_held_out_kv_capacity_and_every_failed_start_foreseen():
     claims for 0.26+ on servetune's own H200 runs).
     """
     h = summarize(JUDGED, "held_out")
-    assert h["healthy"] >= 8 and h["failed"] >= 2
+    assert h["healthy"] >= 17 and h["failed"] >= 2
     assert h["healthy_called_fit"] == h["healthy"]  # no healthy start called a failure
     for j in JUDGED:
         if j.start.role != "held_out" or j.kv_error is None:

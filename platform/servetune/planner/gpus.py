@@ -133,22 +133,28 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             source=f"{_NV} GH200 (96 GB HBM3); one GPU per superchip, so no intra-node multicast; memory estimated"),
     GpuSpec("H200", 139.8, 4800.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
             source=f"{_NV} H200 SXM; memory from servetune's own vLLM 0.26 logs",
-            log_evidence="servetune's own vLLM 0.26.0 startup logs (TP 1-2, PP 2, NVLS off)"),
+            log_evidence="servetune's own vLLM 0.26.0 startup logs (TP 1-2, PP 2, NVLS off) and a published vLLM "
+                         "0.11.2 startup log (faradawn/bench3, TP=1: the planner is +0.03% there)"),
     GpuSpec("H200-NVL", 139.8, 4800.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
             source=f"{_NV} H200 NVL (NVLink bridge 900 GB/s 2/4-way, PCIe 5.0); memory as H200 SXM, estimated"),
     GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0,
-            source=f"{_NV} A100 SXM4 80GB"),
+            source=f"{_NV} A100 SXM4 80GB",
+            log_evidence="published vLLM startup logs: 0.17.1 at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
+                         "there) and 0.13.0 at TP=4 over NVLink (emocat17/GraphRAG: 5.2% high, unexplained)"),
     GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 40GB",
-            log_evidence="a published vLLM 0.19.1 startup log (dariustanrd/tokenkaki, TP=1: the planner is "
-                         "+0.1% there)"),
+            log_evidence="published vLLM startup logs at TP=1: 0.19.1 (dariustanrd/tokenkaki: the planner is "
+                         "+0.1% there) and 0.11.0 (qweewqq/EnergyLLM: -0.8%)"),
     GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9, source=f"{_NV} L40S",
             log_evidence="published vLLM 0.11.2 startup logs (natoscott/benchmarks, TP=2 over PCIe: the planner "
                          "is -0.5% to 0.0% there), a start stated as vLLM 0.28.0 (TP=1: -1.6%) and a vLLM 0.19.0 "
-                         "Qwen2.5-72B start at TP=4 over PCIe (5.11 GiB left for KV: the planner is 5.4% high)"),
+                         "Qwen2.5-72B start at TP=4 over PCIe (5.11 GiB left for KV: the planner is 5.4% high), a "
+                         "vLLM 0.11.2 Qwen2.5-Coder-14B start at TP=1 (-0.9%)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
-    GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4"),
+    GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4",
+            log_evidence="a published vLLM 0.11.0 startup log (abinavChandar/demo_env_l4, Colab, TP=1, 4.75 GiB "
+                         "left for KV: the planner is 5.5% low there, unexplained)"),
     GpuSpec("A10G", 22.19, 600.0, 70.0, 70.0, 32.0, compute_capability=8.6,
             source="AWS g5 (A10G, 24 GB GDDR6, 600 GB/s; ~70 TFLOPS bf16 dense, estimated from AWS's 250 TOPS "
                    "int8 sparse); memory from torch OOM messages on g5 ('total capacity of 22.19 GiB')"),
@@ -171,7 +177,9 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             source=f"{_NV} RTX 6000 Ada (1,457 TFLOPS fp8 sparse); memory estimated (48 GB GDDR6 ECC)"),
     GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6,
             source=f"{_NV} GA102 whitepaper (71 TFLOPS bf16 with fp32 accumulate, dense); memory from torch OOM "
-                   "messages ('23.69 GiB total capacity')"),
+                   "messages ('23.69 GiB total capacity')",
+            log_evidence="a published vLLM 0.19.1 startup log (sridhar1804/local-ai, WSL 2, TP=1: the planner is "
+                         "3.0% low there, unexplained)"),
     GpuSpec("RTX-4090", 23.65, 1008.0, 165.0, 330.0, 32.0, compute_capability=8.9,
             source=f"{_NV} Ada whitepaper (165.2 TFLOPS bf16, 330.3 fp8, fp32 accumulate, dense); memory from "
                    "torch OOM messages ('23.65 GiB total capacity')"),
