@@ -24,7 +24,7 @@ import yaml
 
 from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv
-from servetune.planner.gpus import get_gpu
+from servetune.planner.gpus import get_gpu, under_wddm
 from servetune.planner.memory import ACT_FIXED_GIB, plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import ModelProfile, load_model
 
@@ -47,7 +47,7 @@ class PublishedStart:
     flags: Mapping[str, Any]
     logged: Mapping[str, Any]
     role: str
-    environment: str  # "multicast_off", "multicast_on" or "default" (vLLM's and NCCL's defaults)
+    environment: str  # "multicast_off", "multicast_on", "default" (vLLM's and NCCL's defaults) or "wsl"
     log: str | None = None  # the published lines, verbatim, relative to the index (where the source has them)
 
     @property
@@ -104,6 +104,9 @@ def parse_index(doc: Mapping[str, Any]) -> list[PublishedStart]:
         if raw["role"] not in ROLES:
             raise SpecError(f"{field}.role", f"expected one of {ROLES}, got {raw['role']!r}", "fit or held_out")
         env = str((sources[raw["source"]] or {}).get("planner_environment", "default"))
+        if env not in ("default", "multicast_off", "multicast_on", "wsl"):
+            raise SpecError(f"sources.{raw['source']}.planner_environment", f"unknown environment {env!r}",
+                            "default, multicast_off, multicast_on or wsl")
         log = raw.get("log")
         if log is not None and (not isinstance(log, str) or Path(log).is_absolute() or ".." in Path(log).parts):
             raise SpecError(f"{field}.log", f"expected a path inside the fixture folder, got {log!r}",
@@ -128,12 +131,14 @@ def load_index(path: str | os.PathLike[str]) -> tuple[list[PublishedStart], dict
 
 def _env(name: str) -> CommEnv:
     return {"multicast_off": SERVETUNE_LAUNCH_ENV.with_nvls(False), "multicast_on": VLLM_DEFAULT_ENV,
-            "default": VLLM_DEFAULT_ENV}[name]
+            "default": VLLM_DEFAULT_ENV, "wsl": VLLM_DEFAULT_ENV}[name]
 
 
 def judge(start: PublishedStart, model: ModelProfile) -> Judgement:
     """Plan one published start the way ``servetune plan`` would, and set it beside the log."""
     gpu = get_gpu(start.gpu)
+    if start.environment == "wsl":  # Windows' WDDM driver: torch sees the whole framebuffer
+        gpu = under_wddm(gpu)
     config = resolve_engine_config(start.flags, model, gpu, start.vllm)
     plan = plan_memory(model, gpu, config, env=_env(start.environment))
     logged_tokens = None

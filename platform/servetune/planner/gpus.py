@@ -38,7 +38,7 @@ import yaml
 
 from servetune.errors import SpecError, did_you_mean
 
-__all__ = ["GpuSpec", "get_gpu", "known_gpus", "register_gpus_from_yaml", "register_gpu"]
+__all__ = ["GpuSpec", "get_gpu", "known_gpus", "register_gpus_from_yaml", "register_gpu", "under_wddm"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,10 @@ class GpuSpec:
     platform: str = "cuda"
     source: str = ""
     log_evidence: str = ""
+    #: Total memory torch reports for this card under Windows or WSL 2 (the WDDM driver), where
+    #: ``mem_get_info`` gives the whole framebuffer instead of Linux's total less the driver's
+    #: reservation; None where no such figure has been seen. See :func:`under_wddm`.
+    wddm_memory_gib: float | None = None
 
     @property
     def memory_bytes(self) -> int:
@@ -139,8 +143,14 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             source=f"{_NV} H200 NVL (NVLink bridge 900 GB/s 2/4-way, PCIe 5.0); memory as H200 SXM, estimated"),
     GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 80GB",
-            log_evidence="published vLLM startup logs: 0.17.1 at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
-                         "there) and 0.13.0 at TP=4 over NVLink (emocat17/GraphRAG: 5.2% high, unexplained)"),
+            log_evidence="a published vLLM 0.17.1 startup log at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
+                         "there)"),
+    GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0,
+            source=f"{_NV} A800 SXM4 80GB (the A100's export part: NVLink 400 GB/s); memory as A100-80GB, "
+                   "estimated. vLLM names it 'NVIDIA A800-SXM4-80GB', without 'a100', so its serve defaults are "
+                   "the H100 tier (8192 tokens / 1024 sequences), not the A100's 2048 / 256",
+            log_evidence="a published vLLM 0.13.0 startup log at TP=4 over NVLink (emocat17/GraphRAG: compute "
+                         "capability 8.0 with the 8192-token default logged)"),
     GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 40GB",
             log_evidence="published vLLM startup logs at TP=1: 0.19.1 (dariustanrd/tokenkaki: the planner is "
@@ -177,12 +187,17 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             source=f"{_NV} RTX 6000 Ada (1,457 TFLOPS fp8 sparse); memory estimated (48 GB GDDR6 ECC)"),
     GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6,
             source=f"{_NV} GA102 whitepaper (71 TFLOPS bf16 with fp32 accumulate, dense); memory from torch OOM "
-                   "messages ('23.69 GiB total capacity')",
-            log_evidence="a published vLLM 0.19.1 startup log (sridhar1804/local-ai, WSL 2, TP=1: the planner is "
-                         "3.0% low there, unexplained)"),
+                   "messages ('23.69 GiB total capacity'); under Windows / WSL 2 24.00 GiB, the whole 24,576 MiB "
+                   "(sdbds/TRELLIS-for-windows#7: 'NVIDIA GeForce RTX 3090' on Windows, 'total capacity of 24.00 GiB')",
+            log_evidence="a published vLLM 0.19.1 startup log (sridhar1804/local-ai, WSL 2, TP=1: -1.0% with the "
+                         "WSL total; it was -3.0% with the Linux one)",
+            wddm_memory_gib=24.0),
     GpuSpec("RTX-4090", 23.65, 1008.0, 165.0, 330.0, 32.0, compute_capability=8.9,
             source=f"{_NV} Ada whitepaper (165.2 TFLOPS bf16, 330.3 fp8, fp32 accumulate, dense); memory from "
-                   "torch OOM messages ('23.65 GiB total capacity')"),
+                   "torch OOM messages ('23.65 GiB total capacity'); under WSL 2 23.99 GiB, the whole 24,564 MiB "
+                   "(vLLM's own check on an RTX 4090 under WSL 2: 'Free memory on device cuda:0 (22.45/23.99 GiB)', "
+                   "a WSL setup script and a lab note, search-tool copies 66296924232 and 61815222665)",
+            wddm_memory_gib=23.99),
     GpuSpec("RTX-5090", 31.36, 1792.0, 209.0, 419.0, 64.0, compute_capability=12.0,
             source=f"{_NV} Blackwell GB202 whitepaper (209.5 TFLOPS bf16, 419 fp8, dense); memory from torch OOM "
                    "messages ('31.36 GiB total capacity'); PCIe 5.0"),
@@ -221,6 +236,23 @@ _AMBIGUOUS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 _REGISTRY: dict[str, GpuSpec] = {g.name.lower(): g for g in _BUILTIN}
+
+
+def under_wddm(gpu: GpuSpec) -> GpuSpec:
+    """The GPU as torch sees it under Windows or WSL 2: the WDDM driver's total, where one is known.
+
+    Under WDDM, ``mem_get_info`` reports the whole framebuffer (an RTX 3090's 24,576 MiB: 24.00
+    GiB) where Linux reports it less the driver's reservation (23.69 GiB); vLLM's budget is
+    ``gpu_memory_utilization`` times that total, so a WSL start gets ~0.3 GiB more. A card with no
+    known WDDM figure is returned unchanged.
+
+    Example:
+        >>> under_wddm(get_gpu("RTX-3090")).memory_gib, under_wddm(get_gpu("H100-80GB")).memory_gib
+        (24.0, 79.19)
+    """
+    if gpu.wddm_memory_gib is None:
+        return gpu
+    return dataclasses.replace(gpu, memory_gib=gpu.wddm_memory_gib)
 
 
 def known_gpus() -> list[str]:
