@@ -60,7 +60,10 @@ def test_healthy_trial_is_measured_and_parsed(tmp_path: Path) -> None:
 
 def test_preemptions_come_from_the_metrics_counter_delta(tmp_path: Path) -> None:
     flags = {"max_num_seqs": 64, "max_model_len": 2048, "num_gpu_blocks_override": 64}
-    r = run_vllm_trial(_launch(tmp_path, flags), Workload.from_dict(
+    # The KV-usage gauge is sampled (every 0.05 s), not counted: at the stand-in's usual 20x speed
+    # the whole window can pass between a few samples on a loaded machine (a CI run saw a peak of
+    # 0.27), so this trial runs at 2x, long enough for the samples to find the full cache.
+    r = run_vllm_trial(_launch(tmp_path, flags, "--sim-speedup", "2"), Workload.from_dict(
         {"input_len": 256, "output_len": 256, "num_requests": 32, "concurrency": 32}))
     assert r.status is TrialStatus.OK, (r.cause, r.evidence)
     assert r.preemptions is not None and r.preemptions > 0
