@@ -132,11 +132,19 @@ class Browser:
         if not found:
             raise AssertionError(f"nothing to click labelled {label!r} on the page:\n{self.text()[:2000]}")
 
-    def click_css(self, selector: str) -> None:
-        """Click the first element matching a CSS selector."""
-        if not self.eval(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
-                         "if (!e) return false; e.scrollIntoView(); e.click(); return true; })()"):
-            raise AssertionError(f"no element {selector!r} on the page:\n{self.text()[:2000]}")
+    def click_css(self, selector: str, timeout_s: float = 30.0) -> None:
+        """Click the first element matching a CSS selector, once the page has rendered one.
+
+        Waits: a page may show its text (MLflow's "9 matching runs") before the table rows it
+        counts, and on a loaded machine the rows can follow seconds later (a CI run failed there).
+        """
+        click = (f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
+                 "if (!e) return false; e.scrollIntoView(); e.click(); return true; })()")
+        deadline = time.monotonic() + timeout_s
+        while not self.eval(click):
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"no element {selector!r} on the page:\n{self.text()[:2000]}")
+            time.sleep(0.5)
 
     def wait_for_js(self, expression: str, timeout_s: float = 60.0) -> Any:
         """The value of ``expression`` once it is truthy."""
