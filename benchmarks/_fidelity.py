@@ -41,8 +41,8 @@ from servetune.sim.perf import calibration_for
 from servetune.workload import Workload
 
 __all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
-           "UNSEEN_STUDIES", "load_evidence", "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "format_table", "fit",
-           "held_out", "FOLDS"]
+           "UNSEEN_STUDIES", "load_evidence", "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary",
+           "format_table", "fit", "held_out", "FOLDS"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
@@ -229,7 +229,7 @@ def load_study_runs(fixtures: Path = FIXTURES,
             if row["status"] != "ok" or row["study"] not in names or row["completed"] < workload["num_requests"]:
                 continue
             flags = dataset.row_flags(row)
-            trial = f"{int(row['trial_number']):04d}" + ("-repeat-1" if row["origin"] == "repeat" else "")
+            trial = dataset.row_trial_dir_name(row)
             summary = {"model": row.get("serve_model"), "flags": flags, "workload": workload,
                        "output_throughput": row["output_throughput"], "ttft_ms": {"mean": row["ttft_mean_ms"]},
                        "tpot_ms": {"mean": row["tpot_mean_ms"]}}

@@ -18,7 +18,7 @@ preemptions, with the relative errors.
   the grid's best preemption-free flag set first.
 * ``--unseen``: the committed calibration on the real studies measured after it was fitted
   (``_fidelity.UNSEEN_STUDIES``: the 8B grid's last cell, the confirmed 8B tune, the 14B grid),
-  by study and load shape, and each grid's ranking. Out of sample for the committed constants.
+  by study, and each study's ranking. Out of sample for the committed constants.
 
 Usage::
 

@@ -47,8 +47,7 @@ def _cell(row: dict) -> tuple[float, int, int]:
 
 
 def _folder(row: dict) -> Path:
-    name = f"{int(row['trial_number']):04d}" + ("-repeat-1" if row["origin"] == "repeat" else "")
-    return STUDY / STUDIES[row["study"]] / name
+    return STUDY / STUDIES[row["study"]] / dataset.row_trial_dir_name(row)
 
 
 def _metrics(path: Path) -> dict:

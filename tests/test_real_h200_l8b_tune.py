@@ -33,7 +33,7 @@ GRID = dataset.read_trials(REAL / "study_l8b" / "dataset").to_dict("records")
 
 
 def _folder(row: dict) -> Path:
-    return TUNE / "trials" / (f"{int(row['trial_number']):04d}" + ("-repeat-1" if row["origin"] == "repeat" else ""))
+    return TUNE / "trials" / dataset.row_trial_dir_name(row)
 
 
 def _spec() -> StudySpec:

@@ -46,7 +46,7 @@ def test_five_cells_were_measured_and_only_util_05_with_256_seqs_preempts():
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"trial-{r['trial_number']}")
 def test_each_trial_log_gives_what_the_study_recorded(row):
-    parsed = parse_log((STUDY / "grid" / f"{int(row['trial_number']):04d}" / "server.log").read_text())
+    parsed = parse_log((STUDY / "grid" / dataset.row_trial_dir_name(row) / "server.log").read_text())
     assert parsed.kv_cache_tokens == row["kv_cache_tokens"]
     assert parsed.activation_peak_gib == pytest.approx(row["mem_activation_peak_gib"])
 

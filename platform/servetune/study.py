@@ -403,7 +403,7 @@ class _Driver:
     def _submit_what_fits(self) -> None:
         while self.queued and self.queued[0][2] <= self.pool.free_gpus:  # first come, first served
             trial, flags, need = self.queued.pop(0)
-            task = _trial_task(self.spec, flags, self.runs_dir / "trials" / self.spec.name / f"{trial.number:04d}",
+            task = _trial_task(self.spec, flags, self.runs_dir / "trials" / self.spec.name / dataset.trial_dir_name(trial.number),
                                self.serve_help, early_stop=_early_stop_rule(self.spec, self.outcome, self.backend))
             self.pool.submit(trial.number, task, self.backend, gpus=need)
             self.inflight[trial.number] = (trial, flags)
@@ -559,7 +559,7 @@ class _Driver:
                     break
                 todo.pop(0)
                 workload = dataclasses.replace(spec.workload, seed=spec.workload.seed + k)
-                task = _trial_task(spec, flags, self.runs_dir / "trials" / spec.name / f"{t.number:04d}-repeat-{k}",
+                task = _trial_task(spec, flags, self.runs_dir / "trials" / spec.name / dataset.trial_dir_name(t.number, k),
                                    self.serve_help, workload=workload, seed=spec.seed + k, repeat=k)
                 key += 1
                 pool.submit(key, task, self.backend, gpus=need)

@@ -58,6 +58,8 @@ __all__ = [
     "METRIC_COLUMNS",
     "flag_column",
     "row_flags",
+    "trial_dir_name",
+    "row_trial_dir_name",
     "trial_row",
     "trials_schema",
     "append_trials",
@@ -111,6 +113,31 @@ _FLAG_ARROW_TYPES: dict[type, pa.DataType] = {
 def flag_column(name: str) -> str:
     """The dataset column of a vLLM flag: ``flag_<name>``."""
     return f"flag_{name}"
+
+
+def trial_dir_name(number: int, repeat: int | None = None) -> str:
+    """A trial's folder under ``<runs_dir>/trials/<study>/``: its number, and the confirmation
+    repeat it is, if one (the study writes there; a record and a dataset row point there).
+
+    Example:
+        >>> trial_dir_name(7), trial_dir_name(7, repeat=2)
+        ('0007', '0007-repeat-2')
+    """
+    return f"{number:04d}" if repeat is None else f"{number:04d}-repeat-{repeat}"
+
+
+def row_trial_dir_name(row: Mapping[str, Any]) -> str:
+    """:func:`trial_dir_name` of one dataset row (its ``repeat`` column empty for a first run).
+
+    Example:
+        >>> first, repeat = {"trial_number": 3, "repeat": float("nan")}, {"trial_number": 3, "repeat": 1.0}
+        >>> row_trial_dir_name(first), row_trial_dir_name(repeat)
+        ('0003', '0003-repeat-1')
+    """
+    repeat = row.get("repeat")
+    if repeat is None or (isinstance(repeat, float) and math.isnan(repeat)):
+        return trial_dir_name(int(row["trial_number"]))
+    return trial_dir_name(int(row["trial_number"]), int(repeat))
 
 
 def row_flags(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from servetune.planner.memory import MemoryPlan
-from servetune.records.dataset import trial_row
+from servetune.records.dataset import trial_dir_name, trial_row
 from servetune.records.outcome import SCREEN_PREFIX, TrialOutcome, classify, is_screen_cause
 from servetune.redact import redact_text
 from servetune.result import TrialResult, TrialStatus
@@ -115,7 +115,7 @@ class TrialRecord:
     @property
     def trial_dir_name(self) -> str:
         """The trial's folder under ``<runs_dir>/trials/<study>/``."""
-        return f"{self.number:04d}" if self.repeat is None else f"{self.number:04d}-repeat-{self.repeat}"
+        return trial_dir_name(self.number, self.repeat)
 
     def headline(self) -> str:
         """The run's description (Markdown, first thing on its MLflow page): what happened and the
