@@ -291,6 +291,42 @@ def test_sigkilled_driver_then_resume_keeps_every_finished_trial_once(tmp_path: 
 
 
 @pytest.mark.slow
+def test_resume_measures_the_points_an_interrupt_cut(tmp_path: Path) -> None:
+    """An interrupted driver tells its running trials FAIL; ``--resume`` measures their points
+    again, once. Before, Optuna's ``skip_if_exists`` counted the killed trial itself and nothing was
+    re-queued: a grid study lost the point for good (the real H200 14B grid's trial 2)."""
+    space = {"params": {"gpu_memory_utilization": [0.5, 0.9], "max_num_seqs": [16, 64, 256]}}
+    spec = StudySpec.from_dict(_spec_dict(tmp_path, f"sqlite:///{tmp_path}/mlflow.db", "grid-cut", trials=6,
+                                          sampler="grid", search_space=space, prescreen=False))
+
+    def interrupt(number: int, flags: dict[str, Any], result: TrialResult) -> None:
+        raise KeyboardInterrupt  # what SIGTERM / Ctrl-C raise in the driver, with the second trial in flight
+
+    first = run_study(spec, out=io.StringIO(), on_result=interrupt)
+    assert first.interrupted and first.trials_done == 1
+    study = optuna.load_study(study_name="grid-cut", storage=spec.storage.optuna_url)
+    fail, complete = optuna.trial.TrialState.FAIL, optuna.trial.TrialState.COMPLETE
+    cut = {(t.params["gpu_memory_utilization"], t.params["max_num_seqs"])
+           for t in study.get_trials(deepcopy=False, states=(fail,))}
+    assert cut  # parallel 2: the second trial was running when the first one's result came
+
+    out = io.StringIO()
+    resumed = run_study(spec, resume=True, out=out)
+    assert f"{len(cut)} interrupted trials re-queued" in out.getvalue()
+    assert resumed.trials_done == 6 and not resumed.interrupted
+    study = optuna.load_study(study_name="grid-cut", storage=spec.storage.optuna_url)
+    points = sorted((t.params["gpu_memory_utilization"], t.params["max_num_seqs"])
+                    for t in study.get_trials(deepcopy=False, states=(complete,)))
+    assert points == [(u, s) for u in (0.5, 0.9) for s in (16, 64, 256)]  # the cut ones too, each once
+    # A second resume has nothing left to re-queue: the cut points were measured.
+    out = io.StringIO()
+    run_study(spec, resume=True, out=out)
+    assert "re-queued" not in out.getvalue()
+    assert len(optuna.load_study(study_name="grid-cut", storage=spec.storage.optuna_url).get_trials(
+        deepcopy=False, states=(complete,))) == 6
+
+
+@pytest.mark.slow
 def test_grid_sampler_measures_every_point_once_two_at_a_time(tmp_path: Path) -> None:
     """The grid baseline: every point of a finite space exactly once, even with two trials in
     flight (Optuna's GridSampler skips the points running trials hold), then the study stops."""

@@ -180,13 +180,34 @@ class _Progress:
 
 
 def _recover_interrupted(study: optuna.Study) -> int:
-    """Trials left RUNNING by a killed driver: mark FAIL and enqueue their params again."""
-    n = 0
+    """Enqueue again the params of every trial a stopped driver never finished; returns how many.
+
+    Those are the trials a killed driver left RUNNING (told FAIL here) and the ones an interrupted
+    driver told FAIL itself (SIGTERM / Ctrl-C): FAIL with no servetune status stored, unlike an
+    infrastructure failure, which was measured and recorded. A params set is enqueued once, and not
+    at all if a waiting, running or finished trial already holds it. Optuna's own ``skip_if_exists``
+    cannot say this: it counts the killed trial itself, so nothing was ever re-queued, and a grid
+    study lost the point (the H200 14B grid's trial 2, cut at the command deadline).
+    """
+    fail = optuna.trial.TrialState.FAIL
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-        study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        study.enqueue_trial(t.params, skip_if_exists=True)
+        study.tell(t.number, state=fail, skip_if_finished=True)
+    held = {_params_key(t.system_attrs.get("fixed_params", t.params))
+            for t in study.get_trials(deepcopy=False, states=(
+                optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE))}
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(fail,)):
+        key = _params_key(t.params)
+        if "status" in t.user_attrs or not t.params or key in held:
+            continue
+        study.enqueue_trial(dict(t.params), user_attrs={"requeued_from": t.number})
+        held.add(key)
         n += 1
     return n
+
+
+def _params_key(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
 def run_study(
