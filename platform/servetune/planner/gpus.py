@@ -124,7 +124,8 @@ _NV = "NVIDIA datasheet"
 _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
             source=f"{_NV} H100 SXM5; memory from llm-d-benchmark's H100 logs",
-            log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, NVLS not live)"),
+            log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, NVLS not live) and a vLLM 0.19.1 "
+                         "start at TP=1 (qBraid/evolving-quantum-compilers, SXM or PCIe not stated: +0.5%)"),
     GpuSpec("H100-PCIe", 79.19, 2039.0, 756.0, 1513.0, 64.0, compute_capability=9.0,
             source=f"{_NV} H100 PCIe (HBM2e 2.0 TB/s); memory as the SXM part (same 80 GB), estimated"),
     GpuSpec("H100-NVL", 93.1, 3938.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
@@ -173,8 +174,9 @@ _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("T4", 14.58, 320.0, 65.0, 65.0, 16.0, compute_capability=7.5,
             source=f"{_NV} T4 (65 TFLOPS fp16 mixed precision; no bf16); memory from torch OOM messages "
                    "('total capacity of 14.58 GiB'); PCIe 3.0 x16",
-            log_evidence="a published vLLM 0.11.0 startup log (ray-project/kuberay#4366, TP=1 (DP=2), fp16: "
-                         "the planner is -1.3% there)"),
+            log_evidence="published vLLM startup logs at TP=1, fp16: 0.11.0 (ray-project/kuberay#4366, DP=2: "
+                         "the planner is -1.3% there) and two 0.30.0 starts (eslam-ahmed43/llm-lab, V2 runner: "
+                         "-0.04%)"),
     GpuSpec("V100-16GB", 15.77, 900.0, 125.0, 125.0, 150.0, compute_capability=7.0,
             source=f"{_NV} V100 SXM2 (125 TFLOPS fp16 tensor; no bf16; NVLink 300 GB/s); memory from torch OOM "
                    "messages ('15.77 GiB total capacity')"),
