@@ -16,9 +16,10 @@ preemptions, with the relative errors.
   grid of 2026-12-02) with the knobs of the fold fitted without any 8B run (recorded in
   ``benchmarks/results/sim_heldout_h200.json``): held-out errors, and whether the simulator ranks
   the grid's best preemption-free flag set first.
-* ``--unseen``: the committed calibration on the real studies measured after it was fitted
-  (``_fidelity.UNSEEN_STUDIES``: the 8B grid's last cell, the confirmed 8B tune, the 14B grid),
-  by study, and each study's ranking. Out of sample for the committed constants.
+* ``--unseen``: the committed calibration on the real runs measured after it was fitted
+  (``_fidelity.UNSEEN_STUDIES``: the 8B grid's last cell, the confirmed 8B tune, the 14B grid;
+  ``_fidelity.UNSEEN_STARTS``: five decode-heavy 8B windows), by study or start, each study's
+  ranking, and by load shape. Out of sample for the committed constants.
 
 Usage::
 
@@ -38,8 +39,8 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _fidelity import (FOLDS, UNSEEN_STUDIES, error_summary, fidelity_rows, fit, format_table, held_out,  # noqa: E402
-                       load_evidence, load_study_runs)
+from _fidelity import (FOLDS, UNSEEN_STARTS, UNSEEN_STUDIES, error_summary, fidelity_rows, fit,  # noqa: E402
+                       format_table, held_out, load_evidence, load_study_runs, load_unseen_runs)
 
 
 def _rows_json(rows):  # type: ignore[no-untyped-def]
@@ -118,15 +119,18 @@ def main(argv: list[str] | None = None) -> int:
         print(grid_ranking(rows))
         return 0
     if args.unseen:
-        rows = fidelity_rows(None, load_study_runs(studies=UNSEEN_STUDIES))
+        rows = fidelity_rows(None, load_unseen_runs())
         print(format_table(rows))
-        for folder in UNSEEN_STUDIES:
+        for folder in (*UNSEEN_STUDIES, *(f"scale/{start}" for start in UNSEEN_STARTS)):
             group = [r for r in rows if r.real.name.startswith(folder + "/")]
             e = error_summary(group)
             print(f"  {folder}: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
                   f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
-            if len(group) > 1:
+            if folder in UNSEEN_STUDIES and len(group) > 1:
                 print("  " + grid_ranking(group))
+        for shape, e in _by_shape(rows).items():
+            print(f"  {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
+                  f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
         return 0
     knobs = None
     if args.fit:

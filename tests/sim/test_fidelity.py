@@ -34,6 +34,21 @@ def test_fixtures_hold_every_healthy_window_with_its_preemption_counts() -> None
     assert sum(r.preemptions for r in runs.values()) == 106 + 192 + 71 + (50 + 71 + 49)
 
 
+def test_windows_measured_after_the_fit_are_in_no_fit_and_loaded_apart() -> None:
+    """The decode-heavy 8B start of the third device session (_fidelity.UNSEEN_STARTS) is left out
+    of load_evidence, which every fit and fold reads, and loaded by load_unseen_runs with the
+    unseen studies' trials: 5 windows + 11 trials, all 8B or 14B."""
+    from _fidelity import UNSEEN_STARTS, load_unseen_runs
+
+    fitted = {r.name for r in RUNS}
+    unseen = {r.name: r for r in load_unseen_runs()}
+    assert len(unseen) == 16 and not fitted & set(unseen)
+    dec = [r for name, r in unseen.items() if name.startswith(f"scale/{UNSEEN_STARTS[0]}/")]
+    assert len(dec) == 5 and all(r.shape == "decode" and r.size == "8B" for r in dec)
+    assert not any(name.startswith(f"scale/{UNSEEN_STARTS[0]}/") for name in fitted)
+    assert {r.name for r in load_real_runs(starts=UNSEEN_STARTS)} == {r.name for r in dec}
+
+
 def test_short_tokenizer_windows_are_left_out_unless_asked_for() -> None:
     # The 2026-12-01 8B/14B starts carried a 32,000-token tokenizer (scale/tokenizers.json):
     # 21 windows no fit or fidelity figure may rest on, still loadable for a look.
