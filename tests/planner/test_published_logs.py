@@ -71,16 +71,23 @@ KNOWN_MISSES = {
     # imply ~34 B at 256 rows (T4, A100-40GB, L40S: -0.8% to -1.3%) and ~21 B here, so that peak is
     # not proportional to the rows. Not settled from the source; no constant refitted on it.
     "demoenvl4_llama31_8b_tp1_l4": (-7.0, -4.0),
+    # vLLM 0.19.0, Qwen2.5-72B at TP=2 on 2 x H100 SXM (llm-d-planner's campaign, multicast live):
+    # 3.04 GiB left for KV, so the 0.17 GiB by which the planner's non-KV memory is low is +5.6%.
+    # The log's own split ("Total non KV cache memory: 72.19GiB"): weights 67.80 (planned 67.72, the
+    # same 0.1% under as the TP=4 L40S start of this config), torch peak 2.29 (planned 2.20; the
+    # hidden-8192 models of this campaign peak at 1.96-2.29, the planner gives 1.87-2.20), non-torch
+    # 2.09 (planned 2.10). Not explained by the log; no constant refitted on it.
+    "llmdplanner_qwen25_72b_tp2_h100": (4.0, 7.5),
 }
 
 
 def test_held_out_kv_capacity_and_every_failed_start_foreseen():
     """Every refused start foreseen, no refused start called a fit; KV error lines held out.
 
-    The issue's target is within 2% on 90% of held-out starts; on this set 18 of 20 healthy starts
-    are within 2% (90%). The two misses (KNOWN_MISSES) are Qwen2.5-72B at TP=4 on 4 x L40S
-    (vLLM 0.19.0), +5.4%, and Llama-3.1-8B on a Colab L4 (0.11.0), -5.5%: kept as misses, held in
-    their bands. The 0.19.1 and 2 x L40S (PCIe) 0.11.2
+    The issue's target is within 2% on 90% of held-out starts; on this set 29 of 32 healthy starts
+    are within 2% (91%). The three misses (KNOWN_MISSES) are Qwen2.5-72B at TP=4 on 4 x L40S
+    (vLLM 0.19.0), +5.4%, Llama-3.1-8B on a Colab L4 (0.11.0), -5.5%, and Qwen2.5-72B at TP=2 on
+    2 x H100 SXM (0.19.0, 3.04 GiB of KV), +5.6%: kept as misses, held in their bands. The 0.19.1 and 2 x L40S (PCIe) 0.11.2
     starts were 4.0% and 2.0-2.5% low before the rules taken from vLLM's and NCCL's source
     (Triton top-k/top-p from 0.18, NCCL's PCIe rings); they informed which rules to look for, no
     constant was fitted on them. The lines held here are regression lines, not the target: starts
@@ -100,7 +107,8 @@ def test_held_out_kv_capacity_and_every_failed_start_foreseen():
         line = 2.0 if memory.parse_vllm_version(j.start.vllm) < (0, 20, 0) else 10.0
         assert abs(100 * j.kv_error) <= line, (j.start.id, j.kv_error)
     assert set(KNOWN_MISSES) <= {j.start.id for j in JUDGED if j.start.role == "held_out"}
-    assert all(abs(e) <= 2.0 for e in h["by_gpu"]["H100-80GB"]["errors"])
+    assert all(abs(100 * j.kv_error) <= 2.0 for j in JUDGED if j.start.gpu == "H100-80GB"
+               and j.start.role == "held_out" and j.kv_error is not None and j.start.id not in KNOWN_MISSES)
     assert h["failed_foreseen"] == h["failed"] and h["refused_called_fit"] == []
 
 
@@ -137,6 +145,39 @@ def test_the_h100_start_of_unstated_form_plans_the_same_as_either_80gb_part():
     j = next(j for j in JUDGED if j.start.id == "qbraid_qwen25coder_14b_tp1_h100")
     pcie = judge(dataclasses.replace(j.start, gpu="H100-PCIe"), MODELS[j.start.id])
     assert pcie.kv_tokens == j.kv_tokens and abs(j.kv_error) <= 0.02
+
+
+def test_the_pipeline_and_multicast_live_starts():
+    """llm-d-planner's vLLM 0.19.0 starts on H100 SXM boards (NCCL's defaults, so NVLS live at TP >= 2).
+
+    PP=2 and PP=4 of Llama-3.1-8B: vLLM sizes the KV cache by the smallest stage, the last (the LM
+    head and the sampler's peak); the planner binds the same stage and is within 2%. TP=2 and TP=4
+    (Llama-3.1-8B, Qwen2.5-7B, Llama-3.3-70B FP8-dynamic, Qwen2.5-72B): the planner, given the
+    stated environment, takes multicast as live, and its non-torch growth per worker is within
+    0.1 GiB of the logged one (2.06-2.21 GiB); planned as multicast off (0.54 GiB) the same starts
+    come out 2.4-4.5% high, so the check can fail. Not blind for two rules: MULTICAST_NON_TORCH_GIB
+    and "PP-only layouts make no lazy ring connections" were read off this campaign's figures
+    (issue 19: 2.0-2.2 GiB at TP 2-4, 0.07 at PP=2) before its logs were fixtures; the rest of each
+    plan (per-rank and per-stage weights, activation, NVLS buffers by TP, KV pages) is.
+    """
+    import dataclasses
+    from servetune.planner.comm import comm_memory, VLLM_DEFAULT_ENV
+    from servetune.planner.gpus import get_gpu
+    by_id = {j.start.id: j for j in JUDGED}
+    pp = [by_id[f"llmdplanner_llama31_8b_pp{n}_h100"] for n in (2, 4)]
+    assert [j.start.layout for j in pp] == ["TP=1 PP=2", "TP=1 PP=4"]
+    for j in pp:
+        assert abs(j.kv_error) <= 0.02, j.start.id
+        # the binding stage is the last: its peak is the sampler's, above the first stage's 1.1 GiB
+        assert j.activation_gib == pytest.approx(float(j.start.logged["activation_peak"]), abs=0.2)
+    tp = [j for j in JUDGED if j.start.source == "llmd_planner_h100" and "tensor_parallel_size" in j.start.flags]
+    assert len(tp) == 7 and {int(j.start.flags["tensor_parallel_size"]) for j in tp} == {2, 4}
+    for j in tp:
+        size = int(j.start.flags["tensor_parallel_size"])
+        assert comm_memory(get_gpu(j.start.gpu), tp=size, pp=1, env=VLLM_DEFAULT_ENV).multicast
+        assert abs(j.non_torch_gib - float(j.start.logged["non_torch"])) <= 0.1, j.start.id
+        off = judge(dataclasses.replace(j.start, environment="multicast_off"), MODELS[j.start.id])
+        assert off.kv_error - j.kv_error > 0.02, j.start.id
 
 
 def test_every_published_excerpt_reads_as_its_logged_figures():

@@ -88,10 +88,11 @@ CONTEXT_GIB_MULTI = 1.46
 #: place of the multicast-off figures. Evidence, and its limits: issue 19's reading of published
 #: vLLM 0.19 (V1 runner) H100 startup logs in the default environment (2.0-2.2 GiB non-torch per
 #: TP worker at TP=2 and TP=4, against 0.25 at TP=1 and 0.07 at PP=2), and vLLM PR #10511 (vLLM
-#: 0.6, H100, Llama-3-8B: non_torch_memory 1.79 GiB at TP=1, 3.58 at TP=2). Those logs are not
-#: fixtures here, so the figure is NOT checked on held-out logs: the 2.10 GiB midpoint less the
-#: TP=2 NVLS buffer, 2.04 GiB; the same figure is assumed for 0.26+ (no multicast-live 0.26 log
-#: seen). NCCL 2.27+'s NVLS buffers (32 MiB x TP) do not explain it; the CUDA multicast objects'
+#: 0.6, H100, Llama-3-8B: non_torch_memory 1.79 GiB at TP=1, 3.58 at TP=2): the 2.10 GiB
+#: midpoint less the TP=2 NVLS buffer, 2.04 GiB. The 0.19 logs are llm-d-planner's campaign, since
+#: made fixtures (tests/fixtures/published_logs, llmdplanner_*: 2.06-2.21 GiB over seven TP=2/4
+#: starts, the planner within 0.1 GiB of each); the figure was read off them, so they are not a
+#: blind check of it. The same figure is assumed for 0.26+ (no multicast-live 0.26 log seen). NCCL 2.27+'s NVLS buffers (32 MiB x TP) do not explain it; the CUDA multicast objects'
 #: recommended granularity and NCCL's registration of vLLM's buffers are the likely remainder
 #: (not verified). ``plan`` says so whenever this term is in a plan.
 MULTICAST_NON_TORCH_GIB = 2.04

@@ -124,8 +124,10 @@ _NV = "NVIDIA datasheet"
 _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
             source=f"{_NV} H100 SXM5; memory from llm-d-benchmark's H100 logs",
-            log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, NVLS not live) and a vLLM 0.19.1 "
-                         "start at TP=1 (qBraid/evolving-quantum-compilers, SXM or PCIe not stated: +0.5%)"),
+            log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, NVLS not live), a vLLM 0.19.1 "
+                         "start at TP=1 (qBraid/evolving-quantum-compilers, SXM or PCIe not stated: +0.5%) and "
+                         "vLLM 0.19.0 starts on SXM boards (llm-d-planner, TP 1-4 with NVLS live, PP 2 and 4: "
+                         "11 of 12 within 0.4%, Qwen2.5-72B at TP=2 +5.6% with 3 GiB of KV)"),
     GpuSpec("H100-PCIe", 79.19, 2039.0, 756.0, 1513.0, 64.0, compute_capability=9.0,
             source=f"{_NV} H100 PCIe (HBM2e 2.0 TB/s); memory as the SXM part (same 80 GB), estimated"),
     GpuSpec("H100-NVL", 93.1, 3938.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
