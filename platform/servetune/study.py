@@ -364,7 +364,15 @@ class _Driver:
         try:
             self._dispatch_until_done()
             if spec.budget.confirm_top > 0 and pool.total_gpus > 0:
-                self._confirm_top()
+                if self._out_of_time():
+                    # A repeat is a vLLM start like a trial: the time limit bounds the GPU time, so a
+                    # study that spent it leaves its winner unconfirmed (the H200 14B grid's
+                    # confirmation start, begun after the limit, was cut by the host's deadline).
+                    self.progress.note(f"servetune: budget.time_limit_s ({spec.budget.time_limit_s:g} s) spent: "
+                                       "the top configurations are not confirmed (resume with --resume and a "
+                                       "larger time_limit_s to confirm them)")
+                else:
+                    self._confirm_top()
         except KeyboardInterrupt:
             status = "KILLED"
             self.outcome.interrupted = True
@@ -388,7 +396,7 @@ class _Driver:
         while True:
             self.stop.check()
             spec, outcome = self.spec, self.outcome
-            out_of_time = spec.budget.time_limit_s is not None and time.monotonic() - self.started > spec.budget.time_limit_s
+            out_of_time = self._out_of_time()
             if not out_of_time:
                 self._propose_while_room()
             self._submit_what_fits()
@@ -401,6 +409,10 @@ class _Driver:
                     return
                 continue
             self._collect()
+
+    def _out_of_time(self) -> bool:
+        limit = self.spec.budget.time_limit_s
+        return limit is not None and time.monotonic() - self.started > limit
 
     def _propose_while_room(self) -> None:
         """Ask for trials while the budget and ``budget.parallel`` leave room; a refused or

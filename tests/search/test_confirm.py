@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 from pathlib import Path
@@ -75,3 +76,33 @@ def test_the_driver_repeats_the_top_configs_and_chooses_on_confirmed_means(tmp_p
     assert len(runs) == 4 and all(r.data.tags["servetune.origin"] == "repeat" for r in runs)
     assert {r.info.run_name for r in runs} == {f"trial-{c['trial_number']:03d}-repeat-{k}"
                                                for c in conf["configs"] for k in (1, 2)}
+
+
+@pytest.mark.slow
+def test_no_repeat_starts_after_the_time_limit_and_resume_confirms(tmp_path: Path) -> None:
+    """budget.time_limit_s bounds the GPU time: a study that spent it leaves its winner unconfirmed
+    (and says how to go on); resumed with time left, it confirms."""
+    def spec(time_limit_s: float | None) -> StudySpec:
+        return StudySpec.from_dict({
+            "name": "late", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB", "count": 1},
+            "workload": {"input_len": 256, "output_len": 64, "num_requests": 24, "concurrency": 8, "seed": 1},
+            "objective": {"metric": "output_throughput"}, "constraints": {"max_preemptions": 0},
+            "search_space": {"params": {"gpu_memory_utilization": [0.8, 0.9], "max_num_seqs": [16, 32]}},
+            "fixed_flags": {"max_model_len": 2048}, "backend": "sim", "seed": 0, "baseline_trial": False,
+            "budget": {"trials": 2, "parallel": 1, "confirm_top": 1, "confirm_repeats": 1,
+                       **({} if time_limit_s is None else {"time_limit_s": time_limit_s})},
+            "tracking": {"mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "exp-late"},
+            "storage": {"optuna_url": f"sqlite:///{tmp_path}/optuna.db"},
+            "output": {"runs_dir": str(tmp_path), "dataset_dir": str(tmp_path / "dataset")},
+        }, cwd=tmp_path)
+
+    first = run_study(dataclasses.replace(spec(None), budget=dataclasses.replace(spec(None).budget, confirm_top=0)),
+                      out=io.StringIO())
+    assert first.trials_done == 2 and first.confirmation is None
+    text = io.StringIO()
+    late = run_study(spec(0.001), resume=True, out=text)  # the trials are done; the limit is spent
+    assert late.confirmation is None and "not confirmed" in text.getvalue() and "--resume" in text.getvalue()
+    rows = dataset.read_trials(tmp_path / "dataset", study="late")
+    assert len(rows) == 2 and "repeat" not in rows.columns  # no repeat was started
+    resumed = run_study(spec(None), resume=True, out=io.StringIO())
+    assert resumed.confirmation is not None and resumed.confirmation["configs"][0]["runs"] == 2

@@ -146,6 +146,8 @@ class Constraints:
 class Budget:
     trials: int = 20
     parallel: int = 1  # trials at once
+    #: No new trial, and no confirmation repeat, starts after this many seconds of the study
+    #: (running ones finish); ``--resume`` goes on from there.
     time_limit_s: float | None = None
     #: After the budget: re-run the top ``confirm_top`` feasible configs ``confirm_repeats`` times
     #: each (another workload seed per repeat) and choose the winner on the confirmed means.
