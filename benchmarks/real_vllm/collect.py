@@ -13,9 +13,13 @@ server start (each window its own folder ``OUT/real/<name>/<window>/`` with its 
 before/after, gauges, requests and ``summary.json``). A vLLM start of an 8B-14B model costs 1-2
 minutes of GPU time and a window 10-30 s, so one start serves every load shape of a flag set.
 
-Usage on the host (see ../shared/gpu/README.md)::
+Usage on the host (see ../shared/gpu/README.md), inside ``stage2.sh`` (vLLM's payload first on the
+path) and with the study bundle of ``build_study_payload.sh`` unpacked at ``/tmp/studysite`` (by
+``run_study_on_gpu.sh``, or ``tar -C /tmp -xJf .gpuwheels/studysite.tar.xz``): servetune's packages
+import optuna, which the vLLM payload lacks::
 
-    PYTHONPATH=platform python3 benchmarks/real_vllm/collect.py benchmarks/real_vllm/plan_a.json
+    OUT=$OUT/c bash .carry/gpu/stage2.sh bash -c \
+      'PYTHONPATH=$PWD/platform:$PYTHONPATH:/tmp/studysite python3 benchmarks/real_vllm/collect.py PLAN.json'
 """
 
 from __future__ import annotations
