@@ -8,7 +8,7 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.planner.prior import preemption_bound
-from servetune.search.informed import informed_starts, snap_down
+from servetune.search.informed import informed_starts, snap_down, snap_nearest
 from servetune.spec.space import SearchSpace
 from servetune.workload import Workload
 
@@ -49,3 +49,35 @@ def test_informed_starts_skip_utilizations_that_cannot_start_and_spaces_without_
     assert starts[0]["max_num_seqs"] == 32  # the bound is far above: capped by concurrency 32
     only_util = SearchSpace.from_dict({"params": {"gpu_memory_utilization": [0.5, 0.9]}})
     assert informed_starts(only_util, {}, model, gpu, w, "0.26.0") == []
+
+
+def test_a_start_carries_the_token_budget_its_plan_assumed_vllms_default_for_the_gpu() -> None:
+    """Where the space searches max_num_batched_tokens, the start carries vLLM's default for the GPU
+    (8192 on a >= 70 GiB H200, 2048 on an A100-40GB, 0.26), snapped onto the space: the KV capacity
+    behind its max_num_seqs was planned with that budget. On both real H200 grids (8B, 14B) the
+    best cell is 0.9 x 256 x 8192, where a start without a budget left 8192 or 2048 to chance."""
+    model = load_model("llama-3.1-8b")
+    space = SearchSpace.from_dict({"params": {
+        "gpu_memory_utilization": [0.3, 0.9], "max_num_seqs": [128, 256],
+        "max_num_batched_tokens": [2048, 8192]}})
+    w = Workload.from_dict({"input_len": 1024, "output_len": 256, "num_requests": 512, "concurrency": 256})
+    h200 = informed_starts(space, {"max_model_len": 2048}, model, get_gpu("H200"), w, "0.26.0")
+    assert h200[0] == {"gpu_memory_utilization": 0.9, "max_num_seqs": 256, "max_num_batched_tokens": 8192}
+    a100 = informed_starts(space, {"max_model_len": 2048}, model, get_gpu("A100-40GB"), w, "0.26.0")
+    assert a100 and all(s["max_num_batched_tokens"] == 2048 for s in a100)
+    # Off the space's grid: the nearest value (the lower on a tie); a fixed budget is not searched.
+    wide = SearchSpace.from_dict({"params": {"max_num_seqs": [128, 256],
+                                             "max_num_batched_tokens": [4096, 16384]}})
+    assert informed_starts(wide, {"max_model_len": 2048}, model, get_gpu("H200"), w, "0.26.0")[0][
+        "max_num_batched_tokens"] == 4096
+    assert snap_nearest(wide["max_num_batched_tokens"], 10240) == 4096 and snap_nearest(
+        wide["max_num_batched_tokens"], 10241) == 16384
+    pair = SearchSpace.from_dict({"params": {"max_num_seqs": [128, 256]}})
+    assert "max_num_batched_tokens" not in informed_starts(pair, {"max_model_len": 2048}, model, get_gpu("H200"),
+                                                           w, "0.26.0")[0]
+    # A start the space's own rules would refuse with the default budget leaves it to the sampler.
+    ruled = SearchSpace.from_dict({"params": {"max_num_seqs": [16, 32], "max_num_batched_tokens": [2048, 8192]},
+                                   "rules": ["max_num_batched_tokens <= 64 * max_num_seqs"]})
+    narrow = Workload.from_dict({"input_len": 1024, "output_len": 256, "num_requests": 64, "concurrency": 32})
+    starts = informed_starts(ruled, {"max_model_len": 2048}, model, get_gpu("H200"), narrow, "0.26.0")
+    assert starts and starts[0]["max_num_seqs"] == 32 and "max_num_batched_tokens" not in starts[0]

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from servetune.spec.space import Param, SearchSpace
     from servetune.workload import Workload
 
-__all__ = ["informed_starts", "snap_down"]
+__all__ = ["informed_starts", "snap_down", "snap_nearest"]
 
 
 def snap_down(param: Param, value: float) -> Any | None:
@@ -38,6 +38,30 @@ def snap_down(param: Param, value: float) -> Any | None:
     numeric = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     below = [v for v in numeric if v <= value]
     return max(below) if below else None
+
+
+def snap_nearest(param: Param, value: float) -> Any | None:
+    """The value of ``param`` nearest ``value`` (the lower one on a tie), clamped into a continuous
+    range; None for a parameter with no numeric value."""
+    values = param.values()
+    if values is None:
+        return min(max(float(value), float(param.low)), float(param.high))  # type: ignore[arg-type]
+    numeric = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return min(numeric, key=lambda v: (abs(v - value), v)) if numeric else None
+
+
+def _default_token_budget(space: SearchSpace, fixed: Mapping[str, Any], model: ModelProfile, gpu: GpuSpec,
+                          vllm_version: str, seqs: int) -> int | None:
+    """vLLM's default ``max_num_batched_tokens`` for this GPU (and fixed flags), snapped onto the
+    space, when the space searches it; None otherwise."""
+    if "max_num_batched_tokens" not in space or "max_num_batched_tokens" in fixed:
+        return None
+    try:
+        config = resolve_engine_config({**fixed, "max_num_seqs": int(seqs)}, model, gpu, vllm_version)
+    except SpecError:
+        return None
+    snapped = snap_nearest(space["max_num_batched_tokens"], config.max_num_batched_tokens)
+    return None if snapped is None else int(snapped)
 
 
 def _descending(param: Param) -> Sequence[Any]:
@@ -52,7 +76,11 @@ def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelPr
     """Up to ``max_starts`` partial flag sets (searched names only) to enqueue in a fresh study.
 
     Empty when the space does not search ``max_num_seqs`` or no value of it fits the plan. Only
-    ``gpu_memory_utilization`` and ``max_num_seqs`` are set; the sampler draws the other params.
+    ``gpu_memory_utilization``, ``max_num_seqs`` and, where the space searches it,
+    ``max_num_batched_tokens`` are set; the sampler draws the other params. The token budget is
+    vLLM's own default for this GPU snapped onto the space (:func:`snap_nearest`): the plan behind
+    the start (its KV capacity, so its ``max_num_seqs``) is computed with that budget, and a start
+    that left it to the sampler ran with a budget the plan never assumed.
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
@@ -80,8 +108,11 @@ def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelPr
     # rate may queue beyond any concurrency, so it is not capped).
     in_flight = workload.concurrency if workload.request_rate is None and workload.trace_file is None else None
 
+    budget = _default_token_budget(space, fixed, model, gpu, vllm_version, min(_descending(seqs_param)))
+    budget_flag = {} if budget is None else {"max_num_batched_tokens": budget}
+
     def plan(util: Any, seqs: int) -> Any:
-        flags = {**fixed, "max_num_seqs": int(seqs)}
+        flags = {**fixed, **budget_flag, "max_num_seqs": int(seqs)}
         if util is not None:
             flags["gpu_memory_utilization"] = util
         try:
@@ -113,7 +144,11 @@ def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelPr
             p = plan(util, seqs)
             if p is None or not p.fits:
                 continue
-            start: dict[str, Any] = {"max_num_seqs": int(seqs)}
+            start: dict[str, Any] = {"max_num_seqs": int(seqs), **budget_flag}
+            if budget_flag and space.check({**fixed, **start}, model, workload=workload):
+                # The space's own rules refuse the default budget with this batch (joint.yaml:
+                # budget <= 64 x max_num_seqs): leave the budget to the sampler, as before.
+                del start["max_num_batched_tokens"]
             if util is not None:
                 start = {"gpu_memory_utilization": util, **start}
             if start not in starts:
