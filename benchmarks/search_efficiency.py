@@ -558,7 +558,7 @@ proposals; `servetune+mf` in 6/10, worst seed 88.9%): the targets do not hold th
 H200 grid it saves 12% (0.99 h against 1.13 h over 30 proposals, 3-4 of them skipped) and the
 best found stays the grid's best in every seed, but the simulator's calibration was fitted on
 that grid's trials, so this row flatters the screen. On the 14B H200 grid, which no calibration
-saw, it saves 9% (1.25 h against 1.39 h) and keeps the best in every seed: the one held-out real
+saw, it saves 9% (1.25 h against 1.38 h) and keeps the best in every seed: the one held-out real
 row, and a modest saving, since a flat landscape leaves few clear losers to skip.
 
 What is flattering. The simulated landscapes were recorded with the very simulator that screens
@@ -607,8 +607,9 @@ the grid ran), its window and the 22 s overhead.
 
 What it shows:
 - **Time to the best:** `servetune` reaches the grid's best (0.9 x 256 x 8192, 5,794 tok/s) in
-  10% of the grid's GPU time in the median seed (its informed start is util 0.9 x max_num_seqs
-  256, the highest utilization that starts with max_num_seqs under the preemption bound); the
+  10% of the grid's GPU time in every seed: its informed start is util 0.9 x max_num_seqs 256,
+  the highest utilization that starts with max_num_seqs under the preemption bound, with vLLM's
+  default token budget on the H200 (8192), the one its plan assumed; the
   grid needs 60%, random and TPE 49%, TPE with the pre-screen alone 49%. To 98% of the best:
   `servetune` 10%, the grid 25%, the others 35%.
 - **The landscape is flat:** every cell is within 10% of the best (5,265-5,794 tok/s) and within
@@ -626,12 +627,12 @@ failure, 2 preempting (util 0.5 x 256: 74 and 49 preemptions). The best is 0.9 x
 3,454 tok/s; every cell is within 11% of it, and only 0.9 x 256 x 2048 (3,327) is within 4%.
 
 What it shows:
-- **Time to the best:** `servetune` reaches it in 12% of the grid's GPU time in the median seed
-  (the informed start is the best cell again); the grid needs 60%, random, TPE and TPE with the
+- **Time to the best:** `servetune` reaches it in 12% of the grid's GPU time in every seed
+  (the informed start, 0.9 x 256 x 8192, is the best cell again); the grid needs 60%, random, TPE and TPE with the
   pre-screen 50%. To 95% of the best: `servetune` 12%, the grid 24%, the others 35%.
 - **Multi-fidelity, held out:** neither the committed calibration nor the screen's ratio ever saw
   this grid (`_fidelity.UNSEEN_STUDIES`): `servetune+mf` keeps the best in every seed and spends
-  1.25 GPU-hours over 30 proposals against 1.39 (9% saved; TPE with the pre-screen: 1.25 against
+  1.25 GPU-hours over 30 proposals against 1.38 (9% saved; TPE with the pre-screen: 1.25 against
   1.38, to the best in 42% instead of 50%). On a flat landscape the screen has little to prune (3-4
   of 30 proposals): the saving is small, and it is the honest figure.
 
