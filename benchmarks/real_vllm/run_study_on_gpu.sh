@@ -16,9 +16,10 @@
 # Environment (all optional): SPEC (default benchmarks/real_vllm/h200_study.yaml),
 # STUDY_TIMEOUT_S (default 500: the study gets SIGINT then, which ends it cleanly, keeping every
 # finished trial, so the results still come back inside the 600 s command limit),
-# SERVETUNE_STARTUP_TIMEOUT_S (default 240; measured startups are 46-113 s), RESEED_ON_RESUME
-# (default 1, see below), RESTORE (default .gpuwheels/h200_study.tar.gz: the runs dir to start
-# from when this host has none, e.g. a fresh host after the last one was given back).
+# SERVETUNE_STARTUP_TIMEOUT_S (default 240; measured startups are 46-113 s), RESTORE (default
+# .gpuwheels/h200_study.tar.gz: the runs dir to start from when this host has none, e.g. a fresh
+# host after the last one was given back). A resumed study's sampler seed is the driver's business
+# (servetune.study offsets it by the trials already told; a grid keeps its seed).
 #
 # $OUT gets: study.log (servetune's output), h200_study.tar.gz (the runs dir: optuna.db, mlflow.db,
 # mlartifacts/, dataset/, trials/*/server.log), mlflow_runs.txt (every MLflow run with its status
@@ -95,67 +96,10 @@ case "$RUNS" in /*) ;; *)
   if [ ! -e "$RUNS" ] || [ -L "$RUNS" ]; then mkdir -p "$RUNS_HOME/$RUNS" && ln -sfn "$RUNS_HOME/$RUNS" "$RUNS"; fi ;;
 esac
 
-# -- on --resume, pick a sampler seed whose next draws avoid the pairs already measured -----------
-# The study driver builds a fresh sampler from the spec's seed on every submission, so a resumed
-# random (or TPE-startup) study would draw the very pairs the first submission measured. Optuna
-# keeps the seed nowhere, so changing it on resume is safe; the MLflow parent run keeps the first
-# submission's params (servetune warns that seed changed). RESEED_ON_RESUME=0 turns this off.
-RUN_SPEC=$SPEC
-case " $* " in *" --resume "*)
-  if [ "${RESEED_ON_RESUME:-1}" = 1 ]; then
-    RUN_SPEC=$(dirname "$SPEC")/.resumed-$(basename "$SPEC")
-    python3 - "$SPEC" "$RUN_SPEC" "$@" <<'EOF' || RUN_SPEC=$SPEC
-import sys
-import optuna
-import yaml
-from servetune.spec.schema import load_spec
-from servetune.study import make_sampler
-optuna.logging.set_verbosity(optuna.logging.WARNING)
-src, dst, args = sys.argv[1], sys.argv[2], sys.argv[3:]
-spec = load_spec(src)
-total = int(args[args.index("--trials") + 1]) if "--trials" in args else spec.budget.trials
-try:
-    study = optuna.load_study(study_name=spec.name, storage=spec.storage.optuna_url)
-except KeyError:
-    sys.exit(1)  # nothing to resume: keep the spec as it is
-done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-seen = {tuple(sorted(t.params.items())) for t in done}
-# Only random draws replay: all of the random sampler's, and TPE's / GP's first 6 (n_startup_trials
-# in servetune.study.make_sampler). NSGA-II's population is not replayed the same way: left alone.
-startup = {"random": 10**9, "tpe": 6, "gp": 6}.get(spec.sampler, 0)
-check = min(total - len(done), startup - len(done))
-if check <= 0:
-    sys.exit(1)
-n_obj = len(spec.objective.metrics)
-def draws(seed: int) -> list[tuple]:
-    s = optuna.create_study(directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, seed, n_obj))
-    out = []
-    for _ in range(check):
-        t = s.ask()
-        spec.search_space.suggest(t)
-        s.tell(t, [0.0] * n_obj if n_obj > 1 else 0.0)
-        out.append(tuple(sorted(t.params.items())))
-    return out
-chosen = spec.seed + len(done)  # no seed avoids them all (fewer unmeasured pairs than draws): just move on
-for seed in range(spec.seed + 1, spec.seed + 2000):
-    d = draws(seed)
-    if len(set(d)) == len(d) and not set(d) & seen:
-        chosen = seed
-        break
-data = yaml.safe_load(open(src))
-data["seed"] = chosen
-with open(dst, "w") as f:
-    f.write(f"# {src} with seed {spec.seed} -> {chosen}: its next {check} draws avoid the {len(done)} finished trials\n")
-    yaml.safe_dump(data, f, sort_keys=False)
-print(f"resume: {len(done)} trials finished, {total - len(done)} to go; sampler seed {spec.seed} -> {chosen} ({dst})")
-EOF
-  fi ;;
-esac
-
 # -- the study ------------------------------------------------------------------------------------
 LEFT=$(( ${STUDY_TIMEOUT_S:-500} - ($(date +%s) - T0) ))
-echo "servetune tune $RUN_SPEC $* (SIGINT after ${LEFT} s)"
-timeout -s INT -k 45 "$LEFT" python3 -m servetune tune "$RUN_SPEC" "$@" 2>&1 | tee "$OUT/study.log"
+echo "servetune tune $SPEC $* (SIGINT after ${LEFT} s)"
+timeout -s INT -k 45 "$LEFT" python3 -m servetune tune "$SPEC" "$@" 2>&1 | tee "$OUT/study.log"
 RC=${PIPESTATUS[0]}
 echo "servetune tune exited with $RC after $(( $(date +%s) - T0 )) s" | tee -a "$OUT/study.log"
 # 124: our own SIGINT at STUDY_TIMEOUT_S, a planned stop (finished trials are kept); report it as 0,
@@ -174,7 +118,7 @@ for pid in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/nu
 done
 
 # -- results --------------------------------------------------------------------------------------
-python3 - "$RUN_SPEC" > "$OUT/mlflow_runs.txt" 2>&1 <<'EOF'
+python3 - "$SPEC" > "$OUT/mlflow_runs.txt" 2>&1 <<'EOF'
 import sys
 import optuna
 from mlflow import MlflowClient
@@ -217,7 +161,7 @@ best = best_trial(study)
 print(f"best: #{best.number} {best.user_attrs.get('flags')} {best.values}" if best else "best: none feasible")
 EOF
 cat "$OUT/mlflow_runs.txt"
-tar -chzf "$OUT/h200_study.tar.gz" "$RUNS" "$SPEC" $( [ "$RUN_SPEC" != "$SPEC" ] && echo "$RUN_SPEC" ) 2>&1 | tail -3
+tar -chzf "$OUT/h200_study.tar.gz" "$RUNS" "$SPEC" 2>&1 | tail -3
 # Ray's own logs, when the study did not end normally (0: done or stopped on time, 1: nothing feasible).
 case "$RC" in 0|1) ;; *) [ -d /tmp/ray/session_latest/logs ] && tar -chzf "$OUT/ray_logs.tar.gz" -C /tmp/ray/session_latest logs ;; esac
 ls -l "$OUT"
