@@ -301,3 +301,34 @@ def test_without_a_decided_outcome_the_whole_workload_runs(tmp_path: Path) -> No
     launch = dataclasses.replace(_launch(tmp_path, flags), early_stop=EarlyStop(max_preemptions=0, best_throughput=1.0))
     r = run_vllm_trial(launch, WORKLOAD)
     assert r.status is TrialStatus.OK and r.early_stopped is None and r.completed == 24
+
+
+def test_the_throughput_verdict_counts_the_servers_tokens_when_chunks_merge() -> None:
+    """A chunk is one token only while vLLM's API server keeps up; when it lags it merges a
+    request's pending outputs (real 8B H200 windows: 0.75-1.0 chunks per token). The verdict takes
+    the server's generation-token counter since the window began, interpolated between the
+    watch's samples, when it says more than the chunks did."""
+    import time as _time
+
+    from servetune.engines.early_stop import EarlyStop
+    from servetune.engines.vllm.engine import _decider, _ServerWatch
+    from servetune.engines.vllm.loadgen import LoadProgress
+
+    watch = _ServerWatch("http://127.0.0.1:1", None)
+    now = _time.monotonic()
+    # The counter every 0.5 s: 1,000 tokens of warm-up before the window, then 1,000 tokens/s.
+    watch.generated = [(now - 10.0 + 0.5 * k, 1000.0 + 500.0 * k) for k in range(21)]
+    assert watch.generated_since(now - 10.0) == pytest.approx(10_000.0)
+    assert watch.generated_since(now - 4.25) == pytest.approx(4_250.0)  # between two samples
+    assert watch.generated_since(now - 11.0) is None  # before the first sample: not known
+    rule = EarlyStop(best_throughput=1_400.0)  # 1.5 x the rate must stay above it to go on
+    decide = _decider(rule, watch, None)
+    assert decide is not None
+    # 10 s into the window, 7,500 chunks streamed (merged), 10,000 tokens counted by the server:
+    # 1.5 x 750 = 1,125 < 1,400 would stop; 1.5 x 1,000 = 1,500 goes on.
+    progress = LoadProgress(answered=40, total=100, elapsed_s=_time.monotonic() - (now - 10.0), streamed_chunks=7_500)
+    assert decide(progress) is None
+    assert rule.verdict(preemptions=None, output_tokens=7_500, elapsed_s=10.0, answered=40, total=100) is not None
+    # With no server sample yet the chunks are all there is.
+    watch.generated = []
+    assert decide(progress) is not None

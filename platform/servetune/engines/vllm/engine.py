@@ -387,6 +387,8 @@ class _ServerWatch:
         self.base, self.stall_timeout_s = base, stall_timeout_s
         self.samples: list[tuple[float | None, float | None, float | None]] = []
         self.preemptions: float | None = None  # the preemption counter at the last sample
+        #: (monotonic time, the server's generation-token counter) at every sample that read it.
+        self.generated: list[tuple[float, float]] = []
         self._tokens: tuple[float | None, float | None] | None = None
         self._since = time.monotonic()
 
@@ -400,12 +402,28 @@ class _ServerWatch:
             self.samples.append((kv, running, waiting))
             self.preemptions = counter(m, "vllm:num_preemptions")
             tokens = (counter(m, "vllm:prompt_tokens"), counter(m, "vllm:generation_tokens"))
+            if tokens[1] is not None:
+                self.generated.append((now, tokens[1]))
             if tokens != self._tokens or not (running or waiting):
                 self._tokens, self._since = tokens, now
         idle = now - self._since
         if self.stall_timeout_s and idle > self.stall_timeout_s:
             return (f"stalled: requests on the server but no token counted for {idle:.1f} s "
                     f"(stall timeout {self.stall_timeout_s:g} s)")
+        return None
+
+
+    def generated_since(self, t0: float) -> float | None:
+        """Output tokens the server counted from ``t0`` (monotonic) to the last sample, with the
+        counter at ``t0`` interpolated between the samples around it; None before two samples
+        bracket ``t0``. A lower bound up to one sampling interval behind."""
+        points = self.generated
+        if len(points) < 2 or points[0][0] > t0 or points[-1][0] <= t0:
+            return None
+        for (ta, ca), (tb, cb) in zip(points, points[1:]):
+            if ta <= t0 <= tb:
+                at_t0 = ca + (cb - ca) * ((t0 - ta) / (tb - ta) if tb > ta else 1.0)
+                return max(0.0, points[-1][1] - at_t0)
         return None
 
 
@@ -445,13 +463,19 @@ def _measure(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess
 def _decider(rule: EarlyStop | None, watch: _ServerWatch, preemptions_before: float | None
              ) -> Callable[[LoadProgress], str | None] | None:
     """``run_load``'s ``decide`` for ``rule``: preemptions from the sampled counter's delta, the
-    output rate from the streamed chunks (one token each with vLLM's default stream interval)."""
+    output tokens from the larger of two lower bounds: the chunks streamed to the client and the
+    server's generation-token counter since the window began. A chunk is one token only while the
+    API server keeps up: when it lags, vLLM merges a request's pending outputs into one chunk (real
+    8B windows on an H200 streamed 0.75-1.0 chunks per token), and a rate counted in chunks would
+    stop a trial that was on its way to the best."""
     if rule is None:
         return None
 
     def decide(progress: LoadProgress) -> str | None:
         pre = None if watch.preemptions is None else int(watch.preemptions - (preemptions_before or 0))
-        return rule.verdict(preemptions=pre, output_tokens=progress.streamed_chunks, elapsed_s=progress.elapsed_s,
+        counted = watch.generated_since(time.monotonic() - progress.elapsed_s)
+        tokens = max(float(progress.streamed_chunks), counted or 0.0)
+        return rule.verdict(preemptions=pre, output_tokens=tokens, elapsed_s=progress.elapsed_s,
                             answered=progress.answered, total=progress.total)
 
     return decide
