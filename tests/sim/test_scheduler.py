@@ -197,3 +197,27 @@ def test_max_num_seqs_sweep_rises_then_falls_once_preemption_sets_in() -> None:
     assert usage[16] < 1.0 and usage[32] == pytest.approx(1.0)  # 32 x 128 blocks: exactly full
     assert tput[8] < tput[16] < tput[32], tput  # rises while the KV cache holds every sequence
     assert tput[32] > tput[48] > tput[64], tput  # falls once preemption sets in
+
+
+def test_a_figure_the_api_server_bounds_says_it_depends_on_the_host_cpu() -> None:
+    """The simulated API server's busy share of the window decides the note: an 8B decode-heavy
+    load at 256 in flight keeps it busy most of the window (the real one ran 97-100% busy there
+    and served 30% below the simulated figure on a slow host); a prefill-heavy load does not."""
+    import re
+
+    from servetune.sim.engine import FRONTEND_BOUND_SHARE
+
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("H200")
+    config = resolve_engine_config({"gpu_memory_utilization": 0.9, "max_num_seqs": 256, "max_model_len": 4096},
+                                   model, gpu)
+
+    def notes(input_len: int, output_len: int) -> list[str]:
+        w = Workload.from_dict({"input_len": input_len, "output_len": output_len, "num_requests": 512,
+                                "concurrency": 256})
+        return [e for e in simulate(model, gpu, config, w).evidence if "API server" in e]
+
+    decode = notes(256, 1024)
+    assert len(decode) == 1 and "host's CPU" in decode[0]
+    busy = int(re.search(r"busy (\d+)%", decode[0]).group(1))  # type: ignore[union-attr]
+    assert 100 * FRONTEND_BOUND_SHARE <= busy <= 100
+    assert notes(1024, 256) == []

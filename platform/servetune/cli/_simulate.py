@@ -121,6 +121,7 @@ def format_result(result: TrialResult) -> str:
                  f"({result.max_concurrency:.2f}x max_model_len); usage peak {100 * (result.kv_cache_usage_peak or 0):.1f}%,"
                  f" mean {100 * (result.kv_cache_usage_mean or 0):.1f}%")
     lines.append(f"startup: {result.startup_s:.1f} s (predicted)")
+    lines.extend(f"note: {note}" for note in result.evidence)  # where the figure is least sure
     return "\n".join(lines)
 
 
