@@ -108,6 +108,21 @@ class Cell:
 
 BASE_STRATEGIES = ("grid", "random", "tpe", "tpe+prescreen", "servetune")
 
+
+def _h200_triple_cell(name: str, model: str, shape: str, *, low_util: float, fixture: str) -> Cell:
+    """A real grid of benchmarks/real_vllm/h200_*_grid.yaml: one H200, 1024 in / 256 out at 256 in
+    flight, gpu_memory_utilization {low_util, 0.9} x max_num_seqs {128, 256} x
+    max_num_batched_tokens {2048, 8192}, its landscape read from the fixture's dataset."""
+    return Cell(name, model, "H200",
+                {"input_len": 1024, "output_len": 256, "num_requests": 512, "concurrency": 256,
+                 "warmup_requests": 4, "seed": 0},
+                f"real H200 grid: {shape} shape, 1024 in / 256 out, 256 in flight",
+                space={"params": {"gpu_memory_utilization": {"type": "categorical", "choices": [low_util, 0.9]},
+                                  "max_num_seqs": {"type": "categorical", "choices": [128, 256]},
+                                  "max_num_batched_tokens": {"type": "categorical", "choices": [2048, 8192]}}},
+                fixed_flags={"max_model_len": 2048}, source=REAL / fixture / "dataset")
+
+
 #: Landscapes recorded on real GPUs (``benchmarks/landscapes/<name>.csv``, a servetune dataset of a
 #: grid study: ``servetune.records.dataset.read_trials(...)`` written with the LANDSCAPE_COLUMNS); each is
 #: benchmarked when its file exists, never rebuilt. A cell with a ``source`` writes its file from
@@ -124,24 +139,10 @@ REAL_CELLS: tuple[Cell, ...] = (
          fixed_flags={"max_model_len": 2048}),
     # benchmarks/real_vllm/h200_l8b_grid{,_b,_c}.yaml on one H200, vLLM 0.26.0, 2026-12-02: every point
     # of the joint memory triple measured, prescreen off; tests/fixtures/real_h200/study_l8b.
-    Cell("llama8b-h200-real", "llama-3.1-8b", "H200",
-         {"input_len": 1024, "output_len": 256, "num_requests": 512, "concurrency": 256, "warmup_requests": 4,
-          "seed": 0},
-         "real H200 grid: Llama-3.1-8B shape, 1024 in / 256 out, 256 in flight",
-         space={"params": {"gpu_memory_utilization": {"type": "categorical", "choices": [0.3, 0.9]},
-                           "max_num_seqs": {"type": "categorical", "choices": [128, 256]},
-                           "max_num_batched_tokens": {"type": "categorical", "choices": [2048, 8192]}}},
-         fixed_flags={"max_model_len": 2048}, source=REAL / "study_l8b" / "dataset"),
+    _h200_triple_cell("llama8b-h200-real", "llama-3.1-8b", "Llama-3.1-8B", low_util=0.3, fixture="study_l8b"),
     # benchmarks/real_vllm/h200_q14b_grid.yaml on one H200, vLLM 0.26.0, 2026-12-02 (two hosts): every
     # point measured, prescreen off; tests/fixtures/real_h200/study_q14b. Util 0.5 is this size's low cell.
-    Cell("qwen14b-h200-real", "qwen2.5-14b", "H200",
-         {"input_len": 1024, "output_len": 256, "num_requests": 512, "concurrency": 256, "warmup_requests": 4,
-          "seed": 0},
-         "real H200 grid: Qwen2.5-14B shape, 1024 in / 256 out, 256 in flight",
-         space={"params": {"gpu_memory_utilization": {"type": "categorical", "choices": [0.5, 0.9]},
-                           "max_num_seqs": {"type": "categorical", "choices": [128, 256]},
-                           "max_num_batched_tokens": {"type": "categorical", "choices": [2048, 8192]}}},
-         fixed_flags={"max_model_len": 2048}, source=REAL / "study_q14b" / "dataset"),
+    _h200_triple_cell("qwen14b-h200-real", "qwen2.5-14b", "Qwen2.5-14B", low_util=0.5, fixture="study_q14b"),
 )
 
 CELLS = (

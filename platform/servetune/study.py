@@ -46,7 +46,7 @@ from servetune.cluster.pool import TrialPool
 from servetune.engines import TrialTask, resolve_backend
 from servetune.engines.vllm.engine import read_serve_help
 from servetune.errors import SpecError
-from servetune.planner.flags import gpus_needed, to_command_line
+from servetune.planner.flags import flags_key, gpus_needed, to_command_line
 from servetune.records import dataset, report
 from servetune.records._retry import retry_call
 from servetune.records._storage import open_storage
@@ -192,22 +192,18 @@ def _recover_interrupted(study: optuna.Study) -> int:
     fail = optuna.trial.TrialState.FAIL
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(t.number, state=fail, skip_if_finished=True)
-    held = {_params_key(t.system_attrs.get("fixed_params", t.params))
+    held = {flags_key(t.system_attrs.get("fixed_params", t.params))
             for t in study.get_trials(deepcopy=False, states=(
                 optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.COMPLETE))}
     n = 0
     for t in study.get_trials(deepcopy=False, states=(fail,)):
-        key = _params_key(t.params)
+        key = flags_key(t.params)
         if "status" in t.user_attrs or not t.params or key in held:
             continue
         study.enqueue_trial(dict(t.params), user_attrs={"requeued_from": t.number})
         held.add(key)
         n += 1
     return n
-
-
-def _params_key(params: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, repr(v)) for k, v in params.items()))
 
 
 def run_study(

@@ -24,7 +24,7 @@ import yaml
 from servetune.errors import SpecError, did_you_mean
 
 __all__ = ["FlagSpec", "FLAGS", "validate_flags", "validate_flag", "gpus_needed", "to_cli_args", "to_config_yaml",
-           "to_command_line", "parse_set_option"]
+           "to_command_line", "parse_set_option", "flags_key"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +178,18 @@ def to_command_line(model: str, flags: Mapping[str, Any]) -> str:
         "vllm serve 'a b/m' --max-model-len 4096"
     """
     return shlex.join(["vllm", "serve", model, *to_cli_args(flags)])
+
+
+def flags_key(flags: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A hashable key of a flag set (or of a trial's params), the same for the same names and
+    values in any order: what caches of simulated trials and the re-queue on resume match on.
+
+    Example:
+        >>> flags_key({"max_num_seqs": 64, "gpu_memory_utilization": 0.9}) == flags_key(
+        ...     {"gpu_memory_utilization": 0.9, "max_num_seqs": 64})
+        True
+    """
+    return tuple(sorted((str(k), repr(v)) for k, v in flags.items()))
 
 
 def parse_set_option(item: str) -> tuple[str, Any]:

@@ -47,7 +47,7 @@ import optuna
 
 from servetune.engines.early_stop import EarlyStop
 from servetune.errors import SpecError
-from servetune.planner.flags import gpus_needed
+from servetune.planner.flags import flags_key, gpus_needed
 from servetune.planner.memory import MemoryPlan, compile_key, plan_memory, resolve_engine_config
 from servetune.records.outcome import classify, is_screen_cause
 from servetune.result import TrialResult, TrialStatus
@@ -283,9 +283,9 @@ def sim_screen(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, be
     """
     if screen is None:
         return None
-    key = tuple(sorted((str(k), repr(v)) for k, v in proposal.flags.items()))
+    key = flags_key(proposal.flags)
     sim = screen.cache.get(key)
-    if sim is None:  # the same key as fidelity.recalibrate's
+    if sim is None:  # the same key as screen.recalibrate's
         sim = screen.cache[key] = simulate_flags(spec, proposal.flags)
     reason = screen.verdict(sim, best)
     if reason is None:

@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from servetune.engines import TrialTask, run_trial
+from servetune.planner.flags import flags_key
 from servetune.records.trial_record import SCREEN_PREFIX
 from servetune.result import TrialResult, TrialStatus
 
@@ -160,7 +161,7 @@ def recalibrate(screen: SimScreen, spec: StudySpec, measured: list[tuple[Mapping
     """Feed ``screen`` the trials a study already measured (a resumed study): each one's flags are
     simulated again (deterministic) and observed with its stored result. Returns how many."""
     for flags, real in measured:
-        key = tuple(sorted((str(k), repr(v)) for k, v in flags.items()))
+        key = flags_key(flags)
         sim = screen.cache.get(key)
         if sim is None:
             sim = screen.cache[key] = simulate_flags(spec, flags)

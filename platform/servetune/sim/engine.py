@@ -617,6 +617,21 @@ class SimScheduler:
 # -- one trial -----------------------------------------------------------------------------------
 
 
+#: The modelled API server's busy share of the measured window from which a simulated figure is
+#: flagged as hostage to the host's CPU. Real H200 hosts paid 1.0-2.1x the modelled CPU per streamed
+#: token (56-116 us against 54; the 2.1x in five decode-heavy 8B windows of 2026-12-02, in no fit,
+#: which ran the API server 97-100% busy), so from half busy here a slow host's API server bounds it.
+FRONTEND_BOUND_SHARE = 0.5
+
+
+def frontend_bound_note(busy: float) -> str:
+    """What a simulated result whose API server is busy ``busy`` of the window says about itself."""
+    return (f"vLLM's API server (one process) was busy {100 * busy:.0f}% of the window: this figure depends "
+            "on the host's CPU as much as on the GPU. Measured H200 hosts paid 1.0-2.1x the CPU per "
+            "streamed token modelled here (56-116 us against 54); on the slowest, decode-heavy 8B loads "
+            "served up to 30% below the simulated figure")
+
+
 def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: Workload, *,
              plan: MemoryPlan | None = None, seed: int = 0) -> TrialResult:
     """Run ``workload`` on one simulated engine and measure it the way the load generator does.
@@ -729,21 +744,6 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         result.evidence.append(frontend_bound_note(busy))
     result.log_text = _startup_log(model, gpu, config, plan) + _run_log(sched, result, seed)
     return result
-
-
-#: The modelled API server's busy share of the measured window from which a simulated figure is
-#: flagged as hostage to the host's CPU. Real H200 hosts paid 1.0-2.1x the modelled CPU per streamed
-#: token (56-116 us against 54; the 2.1x in five decode-heavy 8B windows of 2026-12-02, in no fit,
-#: which ran the API server 97-100% busy), so from half busy here a slow host's API server bounds it.
-FRONTEND_BOUND_SHARE = 0.5
-
-
-def frontend_bound_note(busy: float) -> str:
-    """What a simulated result whose API server is busy ``busy`` of the window says about itself."""
-    return (f"vLLM's API server (one process) was busy {100 * busy:.0f}% of the window: this figure depends "
-            "on the host's CPU as much as on the GPU. Measured H200 hosts paid 1.0-2.1x the CPU per "
-            "streamed token modelled here (56-116 us against 54); on the slowest, decode-heavy 8B loads "
-            "served up to 30% below the simulated figure")
 
 
 def _records(sched: SimScheduler, measured: list[Any], index_of: dict[str, int], arrival_of: dict[int, float],

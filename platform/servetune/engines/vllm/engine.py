@@ -412,7 +412,6 @@ class _ServerWatch:
                     f"(stall timeout {self.stall_timeout_s:g} s)")
         return None
 
-
     def generated_since(self, t0: float) -> float | None:
         """Output tokens the server counted from ``t0`` (monotonic) to the last sample, with the
         counter at ``t0`` interpolated between the samples around it; None before two samples
