@@ -36,13 +36,15 @@ from servetune.engines.vllm.metrics import counter, parse_prometheus
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
-from servetune.sim.engine import simulate
-from servetune.sim.perf import calibration_for
+from servetune.result import TrialResult, TrialStatus
+from servetune.sim.engine import host_api_cpu_factor, simulate
+from servetune.sim.perf import calibration_for, with_calibration
 from servetune.workload import Workload
 
 __all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
-           "UNSEEN_STUDIES", "UNSEEN_STARTS", "load_unseen_runs", "load_evidence", "api_token_cpu_s", "MEASURED",
-           "fidelity_rows", "error_summary", "format_table", "fit", "held_out", "FOLDS"]
+           "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "load_unseen_runs",
+           "load_evidence", "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "format_table", "fit",
+           "held_out", "FOLDS"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
@@ -71,6 +73,8 @@ class RealRun:
     tokenizer_covers_vocab: bool = True
     #: The folder holding the window's /metrics dumps (for what the fit reads off them).
     window_dir: Path | None = None
+    #: vLLM's API server process CPU over the window (``process_cpu_seconds_total``), when dumped.
+    api_server_cpu_s: float | None = None
 
     @property
     def size(self) -> str:
@@ -113,6 +117,7 @@ class FidelityRow:
     sim_ttft_mean_ms: float
     sim_tpot_mean_ms: float
     sim_preemptions: int
+    sim_api_server_cpu_s: float | None = None
 
     @property
     def throughput_error(self) -> float:
@@ -157,13 +162,28 @@ def _run(name: str, s: Mapping[str, Any], window_dir: Path, tokenizer_covers_voc
                    tpot_mean_ms=float(s["tpot_ms"]["mean"]),
                    preemptions=int(round(_counter_delta(window_dir, "vllm:num_preemptions_total"))),
                    prefix_cache_hit_rate=hit_rate, tokenizer_covers_vocab=tokenizer_covers_vocab,
-                   window_dir=window_dir)
+                   window_dir=window_dir, api_server_cpu_s=_counter_delta(window_dir, "process_cpu_seconds_total"))
 
 
 #: Collected starts measured after the committed H200 calibration and the held-out folds were
 #: fitted (2026-12-02, the third device session; plan ``scale/plan_l8b_dec.json``): in no fit, so
 #: :func:`load_real_runs` leaves them out unless asked for them (``sim_fidelity.py --unseen``).
-UNSEEN_STARTS: tuple[str, ...] = ("l8b_fv_u09_s256_mbt8192_dec",)  # five decode-heavy 8B windows
+UNSEEN_STARTS: tuple[str, ...] = (
+    "l8b_fv_u09_s256_mbt8192_dec",  # five decode-heavy 8B windows
+    # 2026-12-02, the fourth device session, one fresh host (plans scale/plan_h4_*.json): each start
+    # measured first on the studies' prefill-heavy workload, then on decode-heavy loads; 15 windows.
+    "l8b_h4_u09_s256_mbt8192", "q14b_h4_u09_s256_mbt8192", "l8b_h4_u09_s128_mbt2048", "q14b_h4_u09_s128_mbt2048",
+)
+
+#: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
+#: off (``servetune.sim.engine.host_api_cpu_factor``; the host's first measurement of the studies'
+#: prefill-heavy workload, as a study's first trial would be) and the windows judged with that
+#: factor (name prefixes). A host is one device lease: its process ids run on from start to start.
+UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # The third device session's second host: the 14B grid's trials 6-8, then the decode start.
+    "third session, second host": ("study_q14b/h200-q14b-grid/0008", ("scale/l8b_fv_u09_s256_mbt8192_dec/",)),
+    "fourth session": ("scale/l8b_h4_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h4_", "scale/q14b_h4_")),
+}
 
 
 def load_real_runs(fixtures: Path = FIXTURES, include_tokenizer_short: bool = False,
@@ -263,11 +283,7 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 
 
 def _gpu_with(calibration: Mapping[str, float] | None) -> GpuSpec:
-    gpu = get_gpu(GPU)
-    if calibration is None:
-        return gpu
-    knobs = dataclasses.asdict(calibration_for(gpu).with_overrides(calibration))
-    return dataclasses.replace(gpu, calibration=knobs)
+    return with_calibration(get_gpu(GPU), calibration or {})
 
 
 def fidelity_rows(calibration: Mapping[str, float] | None = None,
@@ -292,8 +308,40 @@ def fidelity_rows(calibration: Mapping[str, float] | None = None,
         rows.append(FidelityRow(
             run.name, run, result.output_throughput or 0.0,
             result.ttft_ms.mean if result.ttft_ms else math.nan,
-            result.tpot_ms.mean if result.tpot_ms else math.nan, result.preemptions or 0))
+            result.tpot_ms.mean if result.tpot_ms else math.nan, result.preemptions or 0, result.api_server_cpu_s))
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCheck:
+    """One real host of :data:`UNSEEN_HOSTS`: the factor read off its calibrating window, and its
+    other windows simulated with the committed calibration (``plain``) and with the factor."""
+
+    host: str
+    calibrating_window: str
+    api_cpu_factor: float
+    plain: list[FidelityRow]
+    with_factor: list[FidelityRow]
+
+
+def host_checks(runs: Iterable[RealRun] | None = None) -> list[HostCheck]:
+    """The host factor judged held out: per host of :data:`UNSEEN_HOSTS`, ``host_api_cpu_factor``
+    of its calibrating window (real against simulated API-server CPU, committed calibration), then
+    every other window of the host simulated with it. Nothing here is fitted to throughput."""
+    by_name = {r.name: r for r in (runs if runs is not None else load_unseen_runs())}
+    out = []
+    for host, (calibrating, prefixes) in UNSEEN_HOSTS.items():
+        anchor = by_name[calibrating]
+        sim = fidelity_rows(None, [anchor])[0]
+        factor = host_api_cpu_factor(TrialResult(TrialStatus.OK, api_server_cpu_s=anchor.api_server_cpu_s),
+                                     TrialResult(TrialStatus.OK, api_server_cpu_s=sim.sim_api_server_cpu_s))
+        if factor is None:
+            raise ValueError(f"{calibrating}: no API-server CPU on one side")
+        judged = [r for name, r in sorted(by_name.items())
+                  if name != calibrating and any(name.startswith(p) for p in prefixes)]
+        out.append(HostCheck(host, calibrating, factor, fidelity_rows(None, judged),
+                             fidelity_rows({"api_cpu_factor": factor}, judged)))
+    return out
 
 
 def error_summary(rows: list[FidelityRow]) -> dict[str, float]:

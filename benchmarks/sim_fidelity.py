@@ -40,7 +40,7 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
         sys.path.insert(0, str(_p))
 
 from _fidelity import (FOLDS, UNSEEN_STARTS, UNSEEN_STUDIES, error_summary, fidelity_rows, fit,  # noqa: E402
-                       format_table, held_out, load_evidence, load_study_runs, load_unseen_runs)
+                       format_table, held_out, host_checks, load_evidence, load_study_runs, load_unseen_runs)
 
 
 def _rows_json(rows):  # type: ignore[no-untyped-def]
@@ -131,6 +131,14 @@ def main(argv: list[str] | None = None) -> int:
         for shape, e in _by_shape(rows).items():
             print(f"  {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
                   f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
+        print("\nthe host's API-server CPU factor, read off one window per host, on the host's other windows:")
+        for check in host_checks():
+            print(f"  {check.host}: factor {check.api_cpu_factor:.2f} from {check.calibrating_window}")
+            for label, group in (("committed calibration", check.plain), ("with the host factor", check.with_factor)):
+                for shape, e in {"all": error_summary(group), **_by_shape(group)}.items():
+                    print(f"    {label:<22} {shape:>8}: throughput {100 * e['throughput_mae']:.1f}% "
+                          f"(max {100 * e['throughput_max']:.1f}%), TPOT {100 * e['tpot_mae']:.1f}%, "
+                          f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
         return 0
     knobs = None
     if args.fit:

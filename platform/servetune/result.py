@@ -158,6 +158,12 @@ class TrialResult:
     max_concurrency: float | None = None
     startup_s: float | None = None
     wall_s: float | None = None
+    # CPU seconds vLLM's API server process spent over the measured window: real vLLM's
+    # ``process_cpu_seconds_total`` (the process serving /metrics; the engine core is another
+    # process) after minus before; the simulator's modelled API server. Over ``duration_s`` it is the
+    # server's busy share of one core (``api_server_busy``): near 1, the host's CPU, not the GPU, set
+    # the pace (:func:`servetune.sim.engine.host_api_cpu_factor` compares the two).
+    api_server_cpu_s: float | None = None
     requests: list[RequestRecord] = dataclasses.field(default_factory=list)
     log_text: str = ""
     # The GPUs the trial ran on (Ray's ids, recorded by the actor) and those whose memory did not
@@ -210,7 +216,7 @@ class TrialResult:
         for name in (
             "output_throughput", "total_token_throughput", "request_throughput", "duration_s",
             "completed", "failed", "preemptions", "kv_cache_usage_peak", "kv_cache_usage_mean",
-            "kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "startup_s", "wall_s",
+            "kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "startup_s", "wall_s", "api_server_cpu_s",
         ):
             value = getattr(self, name)
             if value is not None:
@@ -221,6 +227,8 @@ class TrialResult:
                 stem = name[: -len("_ms")]
                 for stat in ("mean", "p50", "p90", "p99"):
                     out[f"{stem}_{stat}_ms"] = float(getattr(summary, stat))
+        if self.api_server_cpu_s is not None and self.duration_s:
+            out["api_server_busy"] = float(self.api_server_cpu_s / self.duration_s)
         if self.memory is not None:
             for key, value in self.memory.as_dict().items():
                 out[f"mem_{key}_gib"] = float(value)
@@ -256,7 +264,8 @@ class TrialResult:
         ints = {"completed", "failed", "preemptions", "kv_cache_tokens", "num_gpu_blocks"}
         for name in ("output_throughput", "total_token_throughput", "request_throughput", "duration_s",
                      "completed", "failed", "preemptions", "kv_cache_usage_peak", "kv_cache_usage_mean",
-                     "kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "startup_s", "wall_s"):
+                     "kv_cache_tokens", "num_gpu_blocks", "max_concurrency", "startup_s", "wall_s",
+                     "api_server_cpu_s"):
             if name in m:
                 setattr(out, name, int(m[name]) if name in ints else float(m[name]))
         for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):

@@ -52,7 +52,21 @@ def test_startup_failure_exits_1_with_vllms_error(workload_file: Path, capsys: p
     assert "status: startup_oom" in out and "No available memory for the cache blocks" in out
 
 
+def test_the_hosts_api_cpu_factor_is_applied_and_reported(workload_file: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model", "servetune-test-850m", "--gpu", "H200", "--workload", str(workload_file), "--json"]
+    assert run_cli(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert run_cli([*base, "--api-cpu-factor", "2"]) == 0
+    slow = json.loads(capsys.readouterr().out)
+    assert slow["api_server_cpu_s"] == pytest.approx(2 * plain["api_server_cpu_s"], rel=1e-9)
+    assert run_cli(base[:-1]) == 0
+    assert "API server:" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, field", [
+    (["--api-cpu-factor", "0"], "--api-cpu-factor"),
+    (["--api-cpu-factor", "nan"], "--api-cpu-factor"),
     (["--set", "max_num_seq=3"], "max_num_seq"),
     (["--set", "gpu_memory_utilization=2"], "gpu_memory_utilization"),
     (["--gpu", "H201"], "gpu"),

@@ -221,3 +221,28 @@ def test_a_figure_the_api_server_bounds_says_it_depends_on_the_host_cpu() -> Non
     busy = int(re.search(r"busy (\d+)%", decode[0]).group(1))  # type: ignore[union-attr]
     assert 100 * FRONTEND_BOUND_SHARE <= busy <= 100
     assert notes(1024, 256) == []
+
+
+def test_the_api_servers_cpu_is_its_per_request_and_per_token_costs_scaled_by_the_host_factor() -> None:
+    """``api_server_cpu_s`` over the window is what the modelled API server charged: per measured
+    request, per prompt token, per streamed token and per streamed token per prompt token (the
+    warm-up's excluded); ``api_cpu_factor`` scales all of it, and on a load the API server bounds,
+    a slower host's factor lowers the simulated throughput."""
+    from servetune.sim.perf import calibration_for, with_calibration
+
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("H200")
+    config = resolve_engine_config({"gpu_memory_utilization": 0.9, "max_num_seqs": 256, "max_model_len": 4096},
+                                   model, gpu)
+    w = Workload.from_dict({"input_len": 256, "output_len": 1024, "num_requests": 384, "concurrency": 256,
+                            "warmup_requests": 2})
+    cal = calibration_for(gpu)
+    measured = w.requests()
+    expected = sum(cal.request_overhead_s + r.prompt_tokens * cal.prompt_token_overhead_s
+                   + r.output_tokens * (cal.token_overhead_s + r.prompt_tokens * cal.stream_prompt_token_s)
+                   for r in measured)
+    plain = simulate(model, gpu, config, w)
+    assert plain.api_server_cpu_s == pytest.approx(expected, rel=1e-9)
+    slow = simulate(model, with_calibration(gpu, {"api_cpu_factor": 1.5}), config, w)
+    assert slow.api_server_cpu_s == pytest.approx(1.5 * expected, rel=1e-9)
+    assert slow.output_throughput < 0.9 * plain.output_throughput  # busy past one core at 1.5x: bound
+    assert any("--api-cpu-factor 1.5" in e for e in slow.evidence)

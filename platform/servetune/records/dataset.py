@@ -97,7 +97,7 @@ def _known_metric_names() -> tuple[str, ...]:
         total_token_throughput=1.0, request_throughput=1.0, ttft_ms=lat, itl_ms=lat, tpot_ms=lat,
         e2e_ms=lat, preemptions=0, kv_cache_usage_peak=1.0, kv_cache_usage_mean=1.0,
         memory=MemoryBreakdown(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0), kv_cache_tokens=1,
-        num_gpu_blocks=1, max_concurrency=1.0, startup_s=1.0, wall_s=1.0,
+        num_gpu_blocks=1, max_concurrency=1.0, startup_s=1.0, wall_s=1.0, api_server_cpu_s=1.0,
     )
     return tuple(full.metrics())
 

@@ -64,7 +64,8 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
     from servetune.workload import Workload
 
-__all__ = ["StepResult", "RequestState", "SimScheduler", "simulate", "FRONTEND_BOUND_SHARE", "frontend_bound_note"]
+__all__ = ["StepResult", "RequestState", "SimScheduler", "simulate", "FRONTEND_BOUND_SHARE", "frontend_bound_note",
+           "host_api_cpu_factor"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -624,12 +625,40 @@ class SimScheduler:
 FRONTEND_BOUND_SHARE = 0.5
 
 
-def frontend_bound_note(busy: float) -> str:
-    """What a simulated result whose API server is busy ``busy`` of the window says about itself."""
-    return (f"vLLM's API server (one process) was busy {100 * busy:.0f}% of the window: this figure depends "
-            "on the host's CPU as much as on the GPU. Measured H200 hosts paid 1.0-2.1x the CPU per "
-            "streamed token modelled here (56-116 us against 54); on the slowest, decode-heavy 8B loads "
-            "served up to 30% below the simulated figure")
+def frontend_bound_note(busy: float, api_cpu_factor: float = 1.0) -> str:
+    """What a simulated result whose API server is busy ``busy`` of the window says about itself
+    (``api_cpu_factor``: the host factor it ran with, 1.0 for the calibration's hosts)."""
+    head = f"vLLM's API server (one process) was busy {100 * busy:.0f}% of the window: this figure depends "
+    if api_cpu_factor != 1.0:
+        return (head + f"on the host's CPU as much as on the GPU; it was simulated at this host's measured "
+                f"API CPU (--api-cpu-factor {api_cpu_factor:g}) and holds for hosts like it")
+    return (head + "on the host's CPU as much as on the GPU. Measured H200 hosts paid 1.1-2.0x the API CPU "
+            "modelled here over the same windows; on the slowest, decode-heavy 8B loads served up to 30% "
+            "below the simulated figure. Measure yours on one real window (host_api_cpu_factor) and pass "
+            "it as --api-cpu-factor")
+
+
+def host_api_cpu_factor(real: TrialResult, simulated: TrialResult, base: float = 1.0) -> float | None:
+    """The host's ``api_cpu_factor``: ``base`` x the real API server's CPU over the simulated one's.
+
+    ``real`` and ``simulated`` are the same flags and workload on the real engine and on the
+    simulator run with ``api_cpu_factor`` ``base``; both count ``api_server_cpu_s`` over their
+    measured window. vLLM's API server does the same work per request and per streamed token
+    whatever the host, so the ratio is what this host's CPU charges for it against the calibration:
+    a slower core, another Python build, a busier machine. None when either side lacks the figure.
+    A simulation with the factor then predicts the host's other loads (held out on the H200 hosts of
+    ``benchmarks/sim_fidelity.py --unseen``: read off one prefill-heavy window, it took the decode-heavy
+    windows' throughput error from 12.5% to 7.9% on one host and from 6.0% to 5.3% on another).
+
+    Example:
+        >>> from servetune.result import TrialStatus
+        >>> real = TrialResult(TrialStatus.OK, api_server_cpu_s=15.0)
+        >>> host_api_cpu_factor(real, TrialResult(TrialStatus.OK, api_server_cpu_s=10.0))
+        1.5
+    """
+    if not real.api_server_cpu_s or not simulated.api_server_cpu_s:
+        return None
+    return base * real.api_server_cpu_s / simulated.api_server_cpu_s
 
 
 def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: Workload, *,
@@ -737,11 +766,11 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         request_throughput=fig["request_throughput"], ttft_ms=fig["ttft_ms"], itl_ms=fig["itl_ms"],
         tpot_ms=fig["tpot_ms"], e2e_ms=fig["e2e_ms"], preemptions=sched.num_preemptions,
         kv_cache_usage_peak=sched.kv_usage_peak, kv_cache_usage_mean=sched.kv_usage_mean,
-        requests=records,
+        requests=records, api_server_cpu_s=sched.frontend_busy_s - busy_at_t0,
     )
     busy = (sched.frontend_busy_s - busy_at_t0) / duration if duration > 0 else 0.0
     if busy >= FRONTEND_BOUND_SHARE:
-        result.evidence.append(frontend_bound_note(busy))
+        result.evidence.append(frontend_bound_note(busy, perf.api_cpu_factor))
     result.log_text = _startup_log(model, gpu, config, plan) + _run_log(sched, result, seed)
     return result
 

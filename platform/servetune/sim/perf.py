@@ -47,6 +47,10 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   per streamed token), and in the 8B decode-heavy window (12.8k tok/s); 8B/14B prefill-heavy
   windows left it 30-60% busy. The engine never waits for it, but clients see tokens when it gets
   to them: with hundreds of open streams it, not the GPU, sets the TPOT and the throughput.
+  That CPU is the host's, not the GPU's: H200 hosts paid 1.1-2.0x the modelled API CPU over the
+  same windows, and one host's factor held within about 20% across its load shapes and model
+  sizes. ``api_cpu_factor`` scales all four costs; measured on one real window of a host
+  (:func:`servetune.sim.engine.host_api_cpu_factor`), it carries to that host's other loads.
 
 The knobs live in :class:`Calibration`; a :class:`~servetune.gpus.GpuSpec` may override any of them
 through its ``calibration`` mapping, and :data:`GPU_CALIBRATION` holds the values fitted to real
@@ -72,7 +76,7 @@ if TYPE_CHECKING:
     from servetune.planner.memory import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "calibration_for", "wave_fill"]
+__all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "calibration_for", "with_calibration", "wave_fill"]
 
 #: Output tiles a Hopper bf16 GEMM can run with, and the share of the large tile's rate each
 #: reaches (smaller tiles reuse less of what they load): the wave-quantisation model of wave_fill.
@@ -102,6 +106,9 @@ class Calibration:
     prompt_token_overhead_s: float = 6.25e-07  # API server CPU per prompt token, before the engine sees it
     token_overhead_s: float = 5.425e-05  # API server CPU per streamed output token (measured, _fidelity.api_token_cpu_s)
     stream_prompt_token_s: float = 6.641e-09  # API server CPU per streamed token per token of its request's prompt
+    # The host's API-server CPU against the fitted one: multiplies the four API server costs above.
+    # Never fitted (1.0 in every fit); measured per host (sim.engine.host_api_cpu_factor).
+    api_cpu_factor: float = 1.0
     graph_launch_s: float = 30e-6  # replaying one full CUDA graph
     piecewise_layer_s: float = 4.194e-05  # per layer of a mixed batch run as PIECEWISE graphs
     compiled_layer_overhead_s: float = 2.111e-05  # per layer of a batch above the largest capture size
@@ -157,6 +164,21 @@ def calibration_for(gpu: GpuSpec) -> Calibration:
     cal = Calibration().with_overrides(GPU_CALIBRATION.get(gpu.name, {}))
     extra = getattr(gpu, "calibration", None) or {}
     return cal.with_overrides(extra) if extra else cal
+
+
+def with_calibration(gpu: GpuSpec, overrides: Mapping[str, float]) -> GpuSpec:
+    """``gpu`` whose simulator knobs are :func:`calibration_for`'s with ``overrides`` on top (a fit's
+    candidate, a host's measured ``api_cpu_factor``); unknown knob names are a :class:`SpecError`.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> calibration_for(with_calibration(get_gpu("H200"), {"api_cpu_factor": 1.5})).api_cpu_factor
+        1.5
+    """
+    if not overrides:
+        return gpu
+    knobs = dataclasses.asdict(calibration_for(gpu).with_overrides(overrides))
+    return dataclasses.replace(gpu, calibration=knobs)
 
 
 def wave_fill(m: int, n: int, sms: int) -> float:
@@ -249,10 +271,11 @@ class PerfModel:
         self._overlap = cal.async_overlap if config.async_scheduling else cal.sync_overlap
         self._step_cpu = cal.step_overhead_s
         self._seq_cpu = cal.seq_overhead_s
-        self.request_overhead_s = cal.request_overhead_s
-        self.prompt_token_overhead_s = cal.prompt_token_overhead_s
-        self.token_overhead_s = cal.token_overhead_s
-        self.stream_prompt_token_s = cal.stream_prompt_token_s
+        self.api_cpu_factor = host = cal.api_cpu_factor
+        self.request_overhead_s = cal.request_overhead_s * host
+        self.prompt_token_overhead_s = cal.prompt_token_overhead_s * host
+        self.token_overhead_s = cal.token_overhead_s * host
+        self.stream_prompt_token_s = cal.stream_prompt_token_s * host
         # _gemm_time is a pure function of (tokens, rows) here, and a trial's steps repeat the same
         # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
         # remembered, the tile-grid search runs once per shape instead of once per step.

@@ -702,6 +702,11 @@ class SimServer:
             out.append(f"# TYPE {name} {kind}")
             out.append(f"{name}{_labels({**base, **(extra or {})})} {float(value)!r}")
 
+        # prometheus_client's process collector in real vLLM: the API server's CPU. Here the modelled
+        # API server's busy seconds, which is what that counter measures on a real host.
+        out += ["# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.",
+                "# TYPE process_cpu_seconds_total counter",
+                f"process_cpu_seconds_total {float(sched.frontend_busy_s)!r}"]
         scalar("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
                0 if self.dead else sched.num_running)
         scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from servetune.engines.vllm.bench_client import parse_bench_result
+from servetune.engines.vllm.metrics import counter, parse_prometheus
 from servetune.result import TrialStatus
 from servetune.engines.vllm.engine import VllmLaunch, run_vllm_trial
 from servetune.workload import Workload
@@ -56,6 +57,11 @@ def test_healthy_trial_is_measured_and_parsed(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "gauges.json").read_text())  # sampled during the window
     assert set(r.timings_s) >= {"stop", "gpu_free", "engine_init"}
     assert r.worker_memory["EngineCore"]["weights"] == pytest.approx(1.59, abs=0.01)
+    # The API server's CPU over the window: process_cpu_seconds_total after minus before (the
+    # stand-in counts its modelled API server there), and its busy share among the metrics.
+    cpu = [counter(parse_prometheus(text), "process_cpu_seconds_total") for text in (before, after)]
+    assert r.api_server_cpu_s == pytest.approx(cpu[1] - cpu[0]) and r.api_server_cpu_s > 0
+    assert r.metrics()["api_server_busy"] == pytest.approx(r.api_server_cpu_s / r.duration_s)
 
 
 def test_preemptions_come_from_the_metrics_counter_delta(tmp_path: Path) -> None:

@@ -450,6 +450,11 @@ def _measure(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess
     after = parse_prometheus(after_text)
     pre_before, pre_after = counter(before, "vllm:num_preemptions"), counter(after, "vllm:num_preemptions")
     result.preemptions = int(pre_after - (pre_before or 0)) if pre_after is not None else None
+    # The API server's own CPU over the window (prometheus_client's process collector, on by default):
+    # a decode-heavy load can be bound by this one process, and hosts differ in what it costs.
+    cpu_before, cpu_after = counter(before, "process_cpu_seconds_total"), counter(after, "process_cpu_seconds_total")
+    if cpu_before is not None and cpu_after is not None:
+        result.api_server_cpu_s = max(0.0, cpu_after - cpu_before)
     kv = [s[0] for s in watch.samples if s[0] is not None]
     if kv:
         result.kv_cache_usage_peak, result.kv_cache_usage_mean = max(kv), sum(kv) / len(kv)
