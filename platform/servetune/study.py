@@ -464,7 +464,12 @@ class _Driver:
         for number, result in results:
             trial, flags = self.inflight.pop(number)
             if self.screen is not None and number in self.sims:  # recalibrate on the real measurement
-                self.screen.observe(self.sims.pop(number), result)
+                factor = self.screen.api_cpu_factor
+                fidelity.learn(self.screen, self.spec, flags, self.sims.pop(number), result)
+                if factor is None and self.screen.api_cpu_factor is not None:
+                    progress.note(f"servetune: this host's vLLM API server costs {self.screen.api_cpu_factor:.2f}x "
+                                  f"the simulator's calibration (trial #{number}: {result.api_server_cpu_s:.1f} "
+                                  "CPU-s over the window); the simulator screen runs with it")
             self.tell_and_record(trial, flags, result)
             if result.quarantined_gpus:
                 progress.note(f"servetune: GPU memory did not come back after trial #{number}: "

@@ -9,6 +9,7 @@ from typing import Any
 
 import optuna
 import pandas as pd
+import pytest
 
 from servetune.engines.replay import Landscape
 from servetune.result import TrialResult, TrialStatus
@@ -221,3 +222,44 @@ def test_a_resumed_screen_recalibrates_from_the_measured_trials() -> None:
     screen = screen_for(spec, "replay")
     assert screen is not None and recalibrate(screen, spec, [(flags, real)]) == 1
     assert screen.ratio is not None and abs(screen.ratio - 0.8) < 1e-9
+
+
+def test_the_screen_reads_the_hosts_api_cpu_factor_off_the_first_real_trial() -> None:
+    """The first real trial that measured its API server's CPU sets the host factor (real over
+    simulated ``api_server_cpu_s``); its ratio is taken against its twin simulated at that factor,
+    every later simulation runs with it, and a resumed study's screen reads the same factor. A
+    later trial does not move it; an implausible one, or several API servers, never set it."""
+    from servetune.search.screen import learn, recalibrate, screen_for, simulate_flags, simulated
+
+    bench = _bench()
+    cell = bench.CELLS[0]
+    spec = bench.cell_spec(cell, replay_file=bench.landscape_path(cell))
+    first = {"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "max_model_len": 4096}
+    other = {"gpu_memory_utilization": 0.9, "max_num_seqs": 32, "max_model_len": 4096}
+    sim = simulate_flags(spec, first)
+    assert sim.api_server_cpu_s
+    real = TrialResult(TrialStatus.OK, output_throughput=0.9 * (sim.output_throughput or 0), preemptions=0,
+                       api_server_cpu_s=1.5 * sim.api_server_cpu_s)
+    screen = screen_for(spec, "replay")
+    assert screen is not None
+    learn(screen, spec, first, sim, real)
+    assert screen.api_cpu_factor == pytest.approx(1.5, abs=1e-4)
+    at_host = simulate_flags(spec, first, api_cpu_factor=screen.api_cpu_factor)
+    assert screen.ratios == [pytest.approx(real.output_throughput / at_host.output_throughput)]
+    assert simulated(screen, spec, other).api_server_cpu_s == pytest.approx(
+        screen.api_cpu_factor * simulate_flags(spec, other).api_server_cpu_s, rel=1e-9)
+    twice = TrialResult(TrialStatus.OK, output_throughput=real.output_throughput, preemptions=0,
+                        api_server_cpu_s=3 * sim.api_server_cpu_s)
+    learn(screen, spec, first, simulated(screen, spec, first), twice)
+    assert screen.api_cpu_factor == pytest.approx(1.5, abs=1e-4) and len(screen.ratios) == 2
+
+    resumed = screen_for(spec, "replay")
+    assert resumed is not None and recalibrate(resumed, spec, [(first, real)]) == 1
+    assert resumed.api_cpu_factor == screen.api_cpu_factor and resumed.ratios == screen.ratios[:1]
+
+    for flags, cpu in ((first, 10 * sim.api_server_cpu_s), ({**first, "api_server_count": 2}, real.api_server_cpu_s)):
+        fresh = screen_for(spec, "replay")
+        assert fresh is not None
+        learn(fresh, spec, flags, sim, TrialResult(TrialStatus.OK, output_throughput=real.output_throughput,
+                                                   preemptions=0, api_server_cpu_s=cpu))
+        assert fresh.api_cpu_factor is None and len(fresh.ratios) == 1

@@ -7,6 +7,7 @@ from servetune.planner.gpus import register_gpus_from_yaml
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim.engine import simulate
+from servetune.sim.perf import with_calibration
 
 __all__ = ["SimEngine"]
 
@@ -21,4 +22,5 @@ class SimEngine(Engine):
         if task.gpu_file:  # a user GPU table travels with the task to the Ray worker
             register_gpus_from_yaml(task.gpu_file)
         target = resolve_target(task.model, task.gpu, task.flags, task.vllm_version)
-        return simulate(target.model, target.gpu, target.config, task.workload, seed=task.seed)
+        gpu = with_calibration(target.gpu, task.sim_calibration)
+        return simulate(target.model, gpu, target.config, task.workload, seed=task.seed)

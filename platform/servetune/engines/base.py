@@ -74,6 +74,9 @@ class TrialTask:
     serve_help: str | None = None
     early_stop: EarlyStop | None = None  # end the window once the outcome is decided (vllm backend)
     repeat: int = 0  # a confirmation repeat's index (replay: the recorded repeat it reads)
+    # sim backend: simulator knobs over the GPU's calibration (sim.perf.Calibration), e.g. the
+    # host's API-server CPU factor the multi-fidelity screen measured on the study's first trial.
+    sim_calibration: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 class Engine(abc.ABC):

@@ -47,12 +47,12 @@ import optuna
 
 from servetune.engines.early_stop import EarlyStop
 from servetune.errors import SpecError
-from servetune.planner.flags import flags_key, gpus_needed
+from servetune.planner.flags import gpus_needed
 from servetune.planner.memory import MemoryPlan, compile_key, plan_memory, resolve_engine_config
 from servetune.records.outcome import classify, is_screen_cause
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.informed import informed_starts
-from servetune.search.screen import SimScreen, prediction_attrs, screened_result, simulate_flags
+from servetune.search.screen import SimScreen, learn, prediction_attrs, screened_result, simulated
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -283,10 +283,7 @@ def sim_screen(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, be
     """
     if screen is None:
         return None
-    key = flags_key(proposal.flags)
-    sim = screen.cache.get(key)
-    if sim is None:  # the same key as screen.recalibrate's
-        sim = screen.cache[key] = simulate_flags(spec, proposal.flags)
+    sim = simulated(screen, spec, proposal.flags)
     reason = screen.verdict(sim, best)
     if reason is None:
         return None, sim
@@ -345,7 +342,7 @@ def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str
             result, ran = evaluate(p.flags), True
             dispatched += 1
             if screen is not None and screened is not None:
-                screen.observe(screened[1], result)
+                learn(screen, spec, p.flags, screened[1], result)
         tell(spec, study, p.trial, result)
         told.append(Told(p.trial.number, p.flags, result, ran))
         if stop is not None and stop(told):
