@@ -632,7 +632,7 @@ def frontend_bound_note(busy: float, api_cpu_factor: float = 1.0) -> str:
     if api_cpu_factor != 1.0:
         return (head + f"on the host's CPU as much as on the GPU; it was simulated at this host's measured "
                 f"API CPU (--api-cpu-factor {api_cpu_factor:g}) and holds for hosts like it")
-    return (head + "on the host's CPU as much as on the GPU. Measured H200 hosts paid 1.1-2.0x the API CPU "
+    return (head + "on the host's CPU as much as on the GPU. Measured H200 hosts paid 1.1-2.2x the API CPU "
             "modelled here over the same windows; on the slowest, decode-heavy 8B loads served up to 30% "
             "below the simulated figure. Measure yours on one real window (host_api_cpu_factor) and pass "
             "it as --api-cpu-factor")
@@ -647,8 +647,9 @@ def host_api_cpu_factor(real: TrialResult, simulated: TrialResult, base: float =
     whatever the host, so the ratio is what this host's CPU charges for it against the calibration:
     a slower core, another Python build, a busier machine. None when either side lacks the figure.
     A simulation with the factor then predicts the host's other loads (held out on the H200 hosts of
-    ``benchmarks/sim_fidelity.py --unseen``: read off one prefill-heavy window, it took the decode-heavy
-    windows' throughput error from 12.5% to 7.9% on one host and from 6.0% to 5.3% on another).
+    ``benchmarks/sim_fidelity.py --unseen``: read off one prefill-heavy window, it took the other
+    windows' throughput error from 12.5% to 8.3% on one host and from 6.1% to 5.5% on another). It
+    carries the host's level, not every load's: one host's windows ranged 1.25-2.06 around 1.39.
 
     Example:
         >>> from servetune.result import TrialStatus

@@ -47,10 +47,11 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   per streamed token), and in the 8B decode-heavy window (12.8k tok/s); 8B/14B prefill-heavy
   windows left it 30-60% busy. The engine never waits for it, but clients see tokens when it gets
   to them: with hundreds of open streams it, not the GPU, sets the TPOT and the throughput.
-  That CPU is the host's, not the GPU's: H200 hosts paid 1.1-2.0x the modelled API CPU over the
-  same windows, and one host's factor held within about 20% across its load shapes and model
-  sizes. ``api_cpu_factor`` scales all four costs; measured on one real window of a host
-  (:func:`servetune.sim.engine.host_api_cpu_factor`), it carries to that host's other loads.
+  That CPU is the host's as much as the load's: the 8B/14B windows of four H200 hosts paid 1.1-2.2x
+  the modelled API CPU over the same windows, and within one host 1.25-2.06 (decode-heavy loads
+  with few tokens per engine step paying the most: the model has no per-step term).
+  ``api_cpu_factor`` scales all four costs; measured on one real window of a host
+  (:func:`servetune.sim.engine.host_api_cpu_factor`), it carries the host's level to its other loads.
 
 The knobs live in :class:`Calibration`; a :class:`~servetune.gpus.GpuSpec` may override any of them
 through its ``calibration`` mapping, and :data:`GPU_CALIBRATION` holds the values fitted to real
