@@ -16,14 +16,26 @@ second), so windows are short; the shares carry over, the seconds do not. Only t
 saved: the server's startup (~75 s for an 8B model on vLLM 0.26) and servetune's per-trial
 overhead (~22 s) are paid either way.
 
+``--real`` replays the rule instead on the recorded requests of every real vLLM window in
+``tests/fixtures/real_h200`` (:func:`real_windows`, :func:`replay`): the output tokens each request
+had received by each 0.5 s tick (its streamed chunks, the request's tokens spread over them: what
+the server's generation counter says, which the decider reads when chunks merge), the requests
+answered, the elapsed window. It prints, by session, the margin each window needed (its final
+rate over the lowest mean rate so far once a quarter was answered) and how much of the window the
+rule saves on trials 15% and 30% below the best.
+
 Usage::
 
-    PYTHONPATH=platform .venv/bin/python benchmarks/early_stopping.py [--speedup 5]
+    PYTHONPATH=platform .venv/bin/python benchmarks/early_stopping.py [--speedup 5] [--real]
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import dataclasses
+import gzip
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -75,11 +87,111 @@ def table(speedup: float = 5.0) -> str:
     return "\n".join(lines)
 
 
+# -- the rule on real windows ---------------------------------------------------------------------
+
+FIXTURES = ROOT / "tests" / "fixtures" / "real_h200"
+
+
+@dataclasses.dataclass(frozen=True)
+class RealWindow:
+    """One recorded real window: when its output tokens arrived and when its requests finished."""
+
+    name: str
+    token_times: tuple[float, ...]  # seconds into the window, sorted
+    tokens_by: tuple[float, ...]  # output tokens received by token_times[i], cumulative
+    finishes: tuple[float, ...]  # each measured request's finish, sorted
+
+    @property
+    def final_throughput(self) -> float:
+        return self.tokens_by[-1] / self.finishes[-1]
+
+    def tokens_at(self, t: float) -> float:
+        i = bisect.bisect_right(self.token_times, t)
+        return self.tokens_by[i - 1] if i else 0.0
+
+
+def real_windows(fixtures: Path = FIXTURES) -> list[RealWindow]:
+    """Every real window with recorded requests (warm-up and failed requests left out)."""
+    out = []
+    for path in sorted([*fixtures.glob("*/requests.json*"), *fixtures.glob("scale/*/*/requests.json*")]):
+        raw = path.read_bytes()
+        records = [r for r in json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+                   if r.get("request_id", 0) >= 0 and not r.get("error") and r.get("first_token_s") is not None]
+        if not records:
+            continue
+        arrivals: list[tuple[float, float]] = []
+        for r in records:  # a chunk carries the request's tokens spread evenly over its chunks
+            per_chunk, t = r["output_tokens"] / (len(r["itl_s"]) + 1), r["first_token_s"]
+            arrivals.append((t, per_chunk))
+            for gap in r["itl_s"]:
+                t += gap
+                arrivals.append((t, per_chunk))
+        arrivals.sort()
+        cumulative, total = [], 0.0
+        for _, n in arrivals:
+            total += n
+            cumulative.append(total)
+        out.append(RealWindow(str(path.parent.relative_to(fixtures)), tuple(t for t, _ in arrivals),
+                              tuple(cumulative), tuple(sorted(r["finish_s"] for r in records))))
+    return out
+
+
+def replay(rule: EarlyStop, window: RealWindow, tick_s: float = 0.5) -> tuple[str, float] | None:
+    """The rule's first verdict on ``window`` as the decider would have seen it every ``tick_s``
+    (``(reason, seconds into the window)``), or None: the window would have run to its end."""
+    total, t = len(window.finishes), tick_s
+    while t < window.finishes[-1]:
+        answered = bisect.bisect_right(window.finishes, t)
+        reason = rule.verdict(preemptions=0, output_tokens=window.tokens_at(t), elapsed_s=t, answered=answered,
+                              total=total)
+        if reason is not None:
+            return reason, t
+        t += tick_s
+    return None
+
+
+def margin_needed(window: RealWindow, min_fraction: float = EarlyStop.min_fraction, tick_s: float = 0.5) -> float:
+    """The smallest margin whose bound never fell below the window's final rate: its final rate over
+    the lowest mean rate so far while the throughput verdict was open."""
+    total, t, lowest = len(window.finishes), tick_s, float("inf")
+    while t < window.finishes[-1]:
+        answered = bisect.bisect_right(window.finishes, t)
+        if min_fraction * total <= answered < total:
+            lowest = min(lowest, window.tokens_at(t) / t)
+        t += tick_s
+    return window.final_throughput / lowest if lowest < float("inf") else 0.0
+
+
+def real_table(windows: list[RealWindow]) -> str:
+    """Per session: the margin its windows needed, and what the shipped rule saves below the best."""
+    rule = EarlyStop()
+    sessions = {"first three sessions": [w for w in windows if "_h4_" not in w.name],
+                "fourth session's host (not used to choose the margin)": [w for w in windows if "_h4_" in w.name]}
+    lines = [f"margin {rule.margin:g} after {rule.min_fraction:.0%} of the requests answered",
+             "| windows | n | largest margin needed | windows the rule would cut at a tied best | "
+             "window saved, 15% below the best | 30% below |", "|---|---|---|---|---|---|"]
+    for label, group in sessions.items():
+        if not group:
+            continue
+        needed = max(margin_needed(w) for w in group)
+        cut = sum(replay(dataclasses.replace(rule, best_throughput=w.final_throughput), w) is not None for w in group)
+        saved = []
+        for below in (0.85, 0.70):
+            shares = []
+            for w in group:
+                verdict = replay(dataclasses.replace(rule, best_throughput=w.final_throughput / below), w)
+                shares.append(1.0 - verdict[1] / w.finishes[-1] if verdict else 0.0)
+            saved.append(sum(shares) / len(shares))
+        lines.append(f"| {label} | {len(group)} | {needed:.3f} | {cut} | {saved[0]:.0%} | {saved[1]:.0%} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--speedup", type=float, default=5.0, help="the stand-in's virtual seconds per wall second")
+    parser.add_argument("--real", action="store_true", help="replay the rule on the recorded real windows instead")
     args = parser.parse_args(argv)
-    print(table(args.speedup))
+    print(real_table(real_windows()) if args.real else table(args.speedup))
     return 0
 
 

@@ -130,7 +130,7 @@ def test_early_stop_verdicts() -> None:
     rule = EarlyStop(max_preemptions=2, best_throughput=1000.0)
     assert rule.verdict(preemptions=2, output_tokens=0, elapsed_s=1, answered=0, total=10) is None
     assert rule.verdict(preemptions=3, output_tokens=0, elapsed_s=1, answered=0, total=10).startswith("preemptions")
-    # too early to judge the rate, then certainly below, then possibly above (margin 1.5)
+    # too early to judge the rate, then certainly below, then possibly above (margin 1.6)
     assert rule.verdict(preemptions=0, output_tokens=100, elapsed_s=1, answered=2, total=10) is None
     assert rule.verdict(preemptions=0, output_tokens=600, elapsed_s=1, answered=3, total=10).startswith("throughput")
     assert rule.verdict(preemptions=0, output_tokens=700, elapsed_s=1, answered=3, total=10) is None
