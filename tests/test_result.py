@@ -69,3 +69,31 @@ def test_simulated_trials_report_no_overhead():
     """The simulator's startup and window are virtual seconds: subtracting them from wall time means nothing."""
     r = TrialResult(TrialStatus.OK, backend="sim", startup_s=80.0, duration_s=15.0, dispatch_s=1.2)
     assert "overhead_s" not in r.metrics() and r.metrics()["dispatch_s"] == 1.2
+
+
+def test_the_api_server_note_on_real_windows() -> None:
+    """A trial says its API server set the pace when it was at least 90% busy: the real 8B
+    decode-heavy window at 256 in flight (100%, bound by it), not the prefill-heavy window of the
+    same start (56%). The figure is the API server's CPU over the window, as the engine records it,
+    and it survives the round trip through the stored metrics."""
+    import gzip
+    import json
+
+    from servetune.engines.vllm.metrics import counter, parse_prometheus
+    from servetune.result import api_server_note
+
+    start = Path(__file__).parent / "fixtures" / "real_h200" / "scale" / "l8b_h4_u09_s256_mbt8192"
+
+    def window(name: str) -> TrialResult:
+        d = start / name
+        cpu = [counter(parse_prometheus(gzip.decompress((d / f"metrics_{w}.txt.gz").read_bytes()).decode()),
+                       "process_cpu_seconds_total") for w in ("before", "after")]
+        summary = json.loads((d / "summary.json").read_text())
+        return TrialResult(TrialStatus.OK, duration_s=summary["duration_s"], api_server_cpu_s=cpu[1] - cpu[0])
+
+    decode, prefill = window("p256_o1024_c256"), window("p1024_o256_c256")
+    assert api_server_note(decode.metrics()) is not None and "100% busy" in api_server_note(decode.metrics())
+    assert api_server_note(prefill.metrics()) is None
+    assert 0.5 < prefill.metrics()["api_server_busy"] < 0.6
+    back = TrialResult.from_metrics("ok", None, decode.metrics())
+    assert back.api_server_cpu_s == decode.api_server_cpu_s and back.metrics() == decode.metrics()

@@ -19,7 +19,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["TrialStatus", "MemoryBreakdown", "LatencySummary", "RequestRecord", "TrialResult", "summarize"]
+__all__ = ["TrialStatus", "MemoryBreakdown", "LatencySummary", "RequestRecord", "TrialResult", "summarize",
+           "API_SERVER_SATURATED", "api_server_note"]
 
 
 class TrialStatus(str, enum.Enum):
@@ -298,6 +299,31 @@ class TrialResult:
              "vllm_version": self.vllm_version}
         d.update(self.metrics())
         return d
+
+
+#: The measured API server's busy share of one core over the window from which it, not the GPU, set
+#: a trial's pace. On the real H200 windows: every 0.85B window (90-96% busy) served 14.7-16.9k tok/s
+#: whatever its batch, and the 8B closed-loop decode-heavy windows at 96-105% what the API server
+#: could stream (the same flags ran 26% faster on a host whose API server was quicker); at 83% the
+#: GPU still led (tests/fixtures/real_h200/scale/README.md).
+API_SERVER_SATURATED = 0.9
+
+
+def api_server_note(metrics: Mapping[str, float]) -> str | None:
+    """What a trial whose API server was saturated says about its figure (None otherwise).
+
+    Example:
+        >>> api_server_note({"api_server_busy": 0.5}) is None
+        True
+        >>> api_server_note({"api_server_busy": 0.98})[:45]
+        "vLLM's API server was 98% busy on one core in"
+    """
+    busy = metrics.get("api_server_busy")
+    if busy is None or busy < API_SERVER_SATURATED:
+        return None
+    return (f"vLLM's API server was {100 * busy:.0f}% busy on one core in this trial: the host's CPU, not the "
+            "GPU, set its pace. A host with faster cores, or several API server processes (vllm serve "
+            "--api-server-count), may serve more with the same flags")
 
 
 #: The per-worker memory parts (GiB) kept in :attr:`TrialResult.worker_memory`.

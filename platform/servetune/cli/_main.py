@@ -232,6 +232,7 @@ def _file_name(name: str) -> str:
 
 def _tune(args: argparse.Namespace) -> int:
     from servetune.records.trial_record import figure as _figure
+    from servetune.result import api_server_note
     from servetune.spec.schema import load_spec
     from servetune.study import run_study
 
@@ -265,6 +266,9 @@ def _tune(args: argparse.Namespace) -> int:
           + f": {_figure(m.get('output_throughput'), ',.0f', 'output tok/s')}, "
           f"p99 TTFT {_figure(m.get('ttft_p99_ms'), ',.0f', 'ms')}, p99 ITL {_figure(m.get('itl_p99_ms'), ',.1f', 'ms')}, "
           f"{int(m.get('preemptions') or 0)} preemptions")
+    note = api_server_note(m)
+    if note:
+        print(f"servetune: note: {note}")
     print(f"servetune: run it with:\n  {outcome.best_command}")
     print(f"servetune: compare trials in MLflow: {_mlflow_hint(outcome)}")
     if outcome.interrupted:
