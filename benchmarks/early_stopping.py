@@ -167,7 +167,7 @@ def real_table(windows: list[RealWindow]) -> str:
     rule = EarlyStop()
     sessions = {"first three sessions": [w for w in windows if "_h4_" not in w.name],
                 "fourth session's host (not used to choose the margin)": [w for w in windows if "_h4_" in w.name]}
-    lines = [f"margin {rule.margin:g} after {rule.min_fraction:.0%} of the requests answered",
+    lines = [f"margin {rule.margin:g} after {rule.min_fraction:.0%} of the requests answered", "",
              "| windows | n | largest margin needed | windows the rule would cut at a tied best | "
              "window saved, 15% below the best | 30% below |", "|---|---|---|---|---|---|"]
     for label, group in sessions.items():

@@ -66,6 +66,7 @@ sys.path.insert(0, str(REPO / "platform"))
 
 from servetune.records import dataset  # noqa: E402
 from servetune.engines import TrialTask, run_trial  # noqa: E402
+from servetune.engines.early_stop import EarlyStop  # noqa: E402
 from servetune.engines.replay import Landscape  # noqa: E402
 from servetune.result import TrialResult  # noqa: E402
 from servetune.search.screen import SCREEN_PREFIX, SimScreen, screen_for  # noqa: E402
@@ -464,7 +465,8 @@ def format_accuracy(rows: Sequence[Mapping[str, Any]]) -> str:
 # -- main -----------------------------------------------------------------------------------------
 
 def write_doc(path: Path, table: str, mf_table: str, accuracy: str, stops: str, seeds: int, max_trials: int,
-              elapsed_s: float) -> None:
+              elapsed_s: float, real_stops: str = "") -> None:
+    margin = EarlyStop().margin
     cells = "\n".join(f"- `{c.name}`: {c.model} on {c.gpu}, {c.note}" for c in CELLS)
     text = f"""# Search efficiency: GPU time to the best configuration
 
@@ -648,7 +650,7 @@ stand-in runs 5x faster than real time, so the seconds are short; the shares are
 
 The preempting trial ends as soon as the sampled preemption counter passes the constraint: it
 sends a fraction of the workload, and is still told infeasible (its counted preemptions). The
-small-batch trial ends once a quarter of its requests were answered and 1.5x its rate so far is
+small-batch trial ends once a quarter of its requests were answered and {margin:g}x its rate so far is
 still below the best: it is told the throughput measured over its shortened window, marked
 `early_stopped`. That figure is typically lower than the full window's (5-30% in repeated runs:
 requests cut mid-stream are not counted, and the ramp-up weighs more), which does not matter for
@@ -656,6 +658,19 @@ the winner (the trial was certainly below it) but tells the sampler a somewhat w
 that point. Only the measured window is saved: on real GPUs the startup (~75 s for an 8B model)
 and the per-trial overhead (~22 s) are paid anyway, so a decided trial costs its startup and
 overhead plus at most about a quarter of its window (a preempting one, far less).
+
+The bound is only safe if the mean rate so far never falls below the rate a window ends at by more
+than the margin. `benchmarks/early_stopping.py --real` replays the shipped rule on the recorded
+requests of every real vLLM window in `tests/fixtures/real_h200` (what the decider saw every
+0.5 s), with the best so far set to the window's own final rate (a tie: it must not be cut), then
+15% and 30% above it:
+
+{real_stops}
+
+Closed loops of 2-4 waves are the hard case: every wave starts with its prefills, and the rate
+so far dips at each. Under the margin of 1.5 used until 2026-12-02, 7 of these 66 windows would
+have been cut below their own final rate (by up to 3%); 1.6 is the first 0.05 step above what
+the first three sessions' windows needed.
 
 ## Pre-screen accuracy on real vLLM 0.26 starts (H200, servetune-test-850m)
 
@@ -704,6 +719,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import early_stopping  # noqa: PLC0415 - a sibling script, imported only for the page
 
     stops = early_stopping.table()
+    real_stops = early_stopping.real_table(early_stopping.real_windows())
     print(table)
     print()
     print(mf_table)
@@ -711,9 +727,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(accuracy)
     print()
     print(stops)
+    print()
+    print(real_stops)
     if not args.no_write:
         write_doc(REPO / "docs" / "search-efficiency.md", table, mf_table, accuracy, stops, args.seeds,
-                  args.max_trials, time.monotonic() - started)
+                  args.max_trials, time.monotonic() - started, real_stops)
     return 0
 
 
