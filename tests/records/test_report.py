@@ -193,6 +193,22 @@ def test_write_markdown_and_html_reports(trials_df: pd.DataFrame, tmp_path: Path
     assert page.count("data:image/png;base64,") == 6 and html.stat().st_size > 40000
 
 
+def test_the_api_servers_busy_share_is_a_column_where_it_was_recorded(trials_df: pd.DataFrame,
+                                                                     tmp_path: Path) -> None:
+    """A trial that counted its API server's CPU shows how busy it was (1.0: it set the pace); a
+    study recorded before, with no such figure, gets no empty column."""
+    assert "api_server_busy" not in write_report(trials_df, tmp_path / "old", "s").read_text()
+    records = [_record(i) for i in range(len(TRIALS))]
+    for record, cpu in zip(records, (9.0, 20.0, None, 19.0)):
+        record.result.duration_s, record.result.api_server_cpu_s = 20.0, cpu
+    append_trials(tmp_path / "ds2", [r.dataset_row() for r in records])
+    text = write_report(read_trials(tmp_path / "ds2"), tmp_path / "new", "s").read_text()
+    header = next(line for line in text.split("### Top trials")[1].splitlines() if line.startswith("| trial_number"))
+    assert header.split(" | ")[-2] == "api_server_busy"
+    best = next(line for line in text.split("### Top trials")[1].splitlines() if line.startswith("| 3 "))
+    assert " | 0.95 | " in best  # 19 CPU-s over a 20 s window
+
+
 def test_report_of_several_studies_keeps_them_apart(tmp_path: Path) -> None:
     # The same trials on two GPUs; the A100-80GB ones are faster, but belong to another study.
     rows = [_record(i, "small", "A100-40GB").dataset_row() for i in range(len(TRIALS))]

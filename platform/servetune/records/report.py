@@ -454,7 +454,10 @@ def plot_memory_breakdown(df: pd.DataFrame, top_n: int = 5, objective: str = "ou
 # ---------------------------------------------------------------------------------------------
 
 _TABLE_METRICS = ("output_throughput", "preemptions", "ttft_p99_ms", "tpot_p99_ms", "kv_cache_usage_peak",
-                  "mem_kv_cache_gib")
+                  "mem_kv_cache_gib", "api_server_busy")
+#: Shown only where some trial has them: studies recorded before servetune counted the API server's
+#: CPU (and engines whose /metrics lack it) would otherwise carry an empty column.
+_WHEN_RECORDED = frozenset({"api_server_busy"})
 
 
 def _format_cell(value: Any) -> str:
@@ -469,7 +472,7 @@ def _format_cell(value: Any) -> str:
 
 def _table_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
     flags = [c for c in df.columns if str(c).startswith("flag_") and df[c].notna().any()]
-    metrics = [c for c in _TABLE_METRICS if c in df.columns]
+    metrics = [c for c in _TABLE_METRICS if c in df.columns and (c not in _WHEN_RECORDED or df[c].notna().any())]
     columns = [c for c in ("trial_number",) if c in df.columns] + flags + metrics
     header = [c.removeprefix("flag_") for c in columns] + ["what happened"]
     classes = classify_frame(df)
