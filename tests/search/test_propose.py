@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -239,7 +240,7 @@ def test_the_screen_reads_the_hosts_api_cpu_factor_off_the_first_real_trial() ->
     sim = simulate_flags(spec, first)
     assert sim.api_server_cpu_s
     real = TrialResult(TrialStatus.OK, output_throughput=0.9 * (sim.output_throughput or 0), preemptions=0,
-                       api_server_cpu_s=1.5 * sim.api_server_cpu_s)
+                       api_server_cpu_s=1.5 * sim.api_server_cpu_s, completed=sim.completed, failed=0)
     screen = screen_for(spec, "replay")
     assert screen is not None
     learn(screen, spec, first, sim, real)
@@ -249,7 +250,7 @@ def test_the_screen_reads_the_hosts_api_cpu_factor_off_the_first_real_trial() ->
     assert simulated(screen, spec, other).api_server_cpu_s == pytest.approx(
         screen.api_cpu_factor * simulate_flags(spec, other).api_server_cpu_s, rel=1e-9)
     twice = TrialResult(TrialStatus.OK, output_throughput=real.output_throughput, preemptions=0,
-                        api_server_cpu_s=3 * sim.api_server_cpu_s)
+                        api_server_cpu_s=3 * sim.api_server_cpu_s, completed=sim.completed, failed=0)
     learn(screen, spec, first, simulated(screen, spec, first), twice)
     assert screen.api_cpu_factor == pytest.approx(1.5, abs=1e-4) and len(screen.ratios) == 2
 
@@ -257,9 +258,11 @@ def test_the_screen_reads_the_hosts_api_cpu_factor_off_the_first_real_trial() ->
     assert resumed is not None and recalibrate(resumed, spec, [(first, real)]) == 1
     assert resumed.api_cpu_factor == screen.api_cpu_factor and resumed.ratios == screen.ratios[:1]
 
-    for flags, cpu in ((first, 10 * sim.api_server_cpu_s), ({**first, "api_server_count": 2}, real.api_server_cpu_s)):
+    cut = dataclasses.replace(real, early_stopped="throughput: at most ...", api_server_cpu_s=0.3 * sim.api_server_cpu_s)
+    for flags, measured in ((first, dataclasses.replace(real, api_server_cpu_s=10 * sim.api_server_cpu_s)),
+                            ({**first, "api_server_count": 2}, real), (first, cut),
+                            (first, dataclasses.replace(real, completed=(sim.completed or 0) - 1, failed=1))):
         fresh = screen_for(spec, "replay")
         assert fresh is not None
-        learn(fresh, spec, flags, sim, TrialResult(TrialStatus.OK, output_throughput=real.output_throughput,
-                                                   preemptions=0, api_server_cpu_s=cpu))
-        assert fresh.api_cpu_factor is None and len(fresh.ratios) == 1
+        learn(fresh, spec, flags, sim, measured)
+        assert fresh.api_cpu_factor is None, measured

@@ -188,10 +188,12 @@ def simulated(screen: SimScreen, spec: StudySpec, flags: Mapping[str, Any]) -> T
 def learn(screen: SimScreen, spec: StudySpec, flags: Mapping[str, Any], sim: TrialResult, real: TrialResult) -> None:
     """Observe one trial that ran on the real backend. The first one (no ratio yet) that measured
     its API server's CPU sets the host's ``api_cpu_factor`` first, and is then observed against its
-    twin simulated at that factor, so every ratio the screen holds compares like with like. A
-    factor outside :data:`HOST_FACTOR_RANGE`, or flags with several API server processes (the
-    counter sees one), leave the calibration's 1.0."""
-    if (screen.api_cpu_factor is None and not screen.ratios and sim.ok and real.ok
+    twin simulated at that factor, so every ratio the screen holds compares like with like. Only a
+    whole window counts (not one early stopping cut short, nor one with failed requests: the two
+    sides must have served the same requests); a factor outside :data:`HOST_FACTOR_RANGE`, or
+    flags with several API server processes (the counter sees one), leave the calibration's 1.0."""
+    whole = real.early_stopped is None and not real.failed and real.completed == sim.completed
+    if (screen.api_cpu_factor is None and not screen.ratios and sim.ok and real.ok and whole
             and int(flags.get("api_server_count") or 1) == 1):
         factor = host_api_cpu_factor(real, sim)
         if factor is not None and HOST_FACTOR_RANGE[0] <= factor <= HOST_FACTOR_RANGE[1]:
