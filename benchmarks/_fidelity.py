@@ -308,7 +308,8 @@ def fidelity_rows(calibration: Mapping[str, float] | None = None,
         rows.append(FidelityRow(
             run.name, run, result.output_throughput or 0.0,
             result.ttft_ms.mean if result.ttft_ms else math.nan,
-            result.tpot_ms.mean if result.tpot_ms else math.nan, result.preemptions or 0, result.api_server_cpu_s))
+            result.tpot_ms.mean if result.tpot_ms else math.nan, result.preemptions or 0,
+            result.api_server_cpu_s))
     return rows
 
 

@@ -12,8 +12,8 @@ trials of this study that already finished on the real backend:
   confirmed it (a trial the simulator called preempting really preempted) and never contradicted
   it (none that it called preempting ran clean);
 * the host: vLLM's API server is one process whose CPU cost per request and per streamed token
-  differs from host to host (1.1-2.2x the calibration's on the 8B/14B windows of measured H200 hosts), and a
-  decode-heavy load can be bound by it. The study's first real trial measures it
+  differs from host to host (1.1-2.2x the calibration's on the 8B/14B windows of measured H200
+  hosts), and a decode-heavy load can be bound by it. The study's first real trial measures it
   (``api_server_cpu_s``); against its simulated twin that gives the host's ``api_cpu_factor``
   (:func:`servetune.sim.engine.host_api_cpu_factor`), and every simulation after it, that trial's
   included, runs with the factor (:func:`learn`). Held out on real hosts it took decode-heavy
