@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -126,3 +127,34 @@ def test_sim_screened_proposals_never_reach_ray_and_are_recorded(tmp_path: Path,
     more = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, trials=14))
     resumed = run_study(more, out=io.StringIO(), resume=True)
     assert resumed.trials_done == 14
+
+
+def test_the_studys_first_real_trial_measures_the_host_for_the_screen(tmp_path: Path) -> None:
+    """A replayed study whose recorded trials paid 1.5x the simulated API-server CPU (a slow host):
+    the driver reads the factor off its first trial, says so, and the screen simulates with it."""
+    from servetune.search.screen import simulate_flags
+
+    base = {
+        "name": "host", "model": "llama-3.1-8b", "gpu": {"type": "H200", "count": 1},
+        "workload": {"input_len": 256, "output_len": 512, "num_requests": 96, "concurrency": 48, "seed": 0},
+        "objective": {"metric": "output_throughput"}, "constraints": {"max_preemptions": 0},
+        "search_space": {"params": {"max_num_seqs": {"type": "categorical", "choices": [16, 32, 48]}}},
+        "fixed_flags": {"max_model_len": 2048}, "budget": {"trials": 3, "parallel": 1}, "sampler": "grid",
+        "seed": 0, "baseline_trial": False, "prescreen": False, "warm_start": False,
+        "storage": {"optuna_url": f"sqlite:///{tmp_path}/optuna.db"},
+        "output": {"runs_dir": str(tmp_path), "dataset_dir": str(tmp_path / "dataset")},
+    }
+    sim_spec = StudySpec.from_dict({**base, "backend": "sim"}, cwd=tmp_path)
+    rows = []
+    for seqs in (16, 32, 48):  # the "real" host: the simulator's figures, its API server 1.5x slower
+        flags = {"max_model_len": 2048, "max_num_seqs": seqs}
+        r = simulate_flags(sim_spec, flags)
+        r.api_server_cpu_s = 1.5 * (r.api_server_cpu_s or 0.0)
+        rows.append(dataset.trial_row("recorded", seqs, flags, r, "H200", "llama-3.1-8b"))
+    landscape = tmp_path / "landscape.parquet"
+    pd.DataFrame(rows).to_parquet(landscape)
+    spec = StudySpec.from_dict({**base, "backend": "replay", "replay_file": str(landscape), "multi_fidelity": True},
+                               cwd=tmp_path)
+    out = io.StringIO()
+    run_study(spec, out=out)
+    assert "this host's vLLM API server costs 1.50x the simulator's calibration (trial #0" in out.getvalue()

@@ -59,8 +59,10 @@ FLAG_PREFIX = "flag_"
 TRIAL_OVERHEAD_S = 22.0
 _REFUSED = {TrialStatus.PRUNED.value, TrialStatus.INVALID_CONFIG.value}
 _INT_FIELDS = ("completed", "failed", "preemptions", "kv_cache_tokens", "num_gpu_blocks")
+# api_server_cpu_s: a recorded real study's own API-server CPU, so a replay's simulator screen measures
+# the host the study ran on, as the study did (absent from older datasets and simulated landscapes).
 _FLOAT_FIELDS = ("output_throughput", "total_token_throughput", "request_throughput", "duration_s",
-                 "kv_cache_usage_peak", "kv_cache_usage_mean", "max_concurrency", "startup_s")
+                 "kv_cache_usage_peak", "kv_cache_usage_mean", "max_concurrency", "startup_s", "api_server_cpu_s")
 _MEMORY_FIELDS = ("total", "budget", "weights", "activation_peak", "non_torch", "cudagraph", "kv_cache")
 
 
