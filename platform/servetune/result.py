@@ -192,6 +192,14 @@ class TrialResult:
     dispatch_s: float | None = None
 
     @property
+    def api_server_busy(self) -> float | None:
+        """The API server's busy share of one core over the measured window (``api_server_cpu_s``
+        over ``duration_s``); None without both."""
+        if self.api_server_cpu_s is None or not self.duration_s:
+            return None
+        return self.api_server_cpu_s / self.duration_s
+
+    @property
     def overhead_s(self) -> float | None:
         """Seconds of the trial that were neither vLLM starting nor the measured load (driver view)."""
         if self.dispatch_s is None or self.startup_s is None:
@@ -228,8 +236,9 @@ class TrialResult:
                 stem = name[: -len("_ms")]
                 for stat in ("mean", "p50", "p90", "p99"):
                     out[f"{stem}_{stat}_ms"] = float(getattr(summary, stat))
-        if self.api_server_cpu_s is not None and self.duration_s:
-            out["api_server_busy"] = float(self.api_server_cpu_s / self.duration_s)
+        busy = self.api_server_busy
+        if busy is not None:
+            out["api_server_busy"] = float(busy)
         if self.memory is not None:
             for key, value in self.memory.as_dict().items():
                 out[f"mem_{key}_gib"] = float(value)

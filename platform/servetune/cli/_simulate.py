@@ -132,9 +132,10 @@ def format_result(result: TrialResult) -> str:
     lines.append(f"KV cache: {result.num_gpu_blocks:,} blocks = {result.kv_cache_tokens:,} tokens "
                  f"({result.max_concurrency:.2f}x max_model_len); usage peak {100 * (result.kv_cache_usage_peak or 0):.1f}%,"
                  f" mean {100 * (result.kv_cache_usage_mean or 0):.1f}%")
-    if result.api_server_cpu_s is not None and result.duration_s:
+    busy = result.api_server_busy
+    if busy is not None:
         lines.append(f"API server: {result.api_server_cpu_s:.2f} CPU-s over the window, busy "
-                     f"{100 * result.api_server_cpu_s / result.duration_s:.0f}% of one core")
+                     f"{100 * busy:.0f}% of one core")
     lines.append(f"startup: {result.startup_s:.1f} s (predicted)")
     lines.extend(f"note: {note}" for note in result.evidence)  # where the figure is least sure
     return "\n".join(lines)

@@ -769,7 +769,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         kv_cache_usage_peak=sched.kv_usage_peak, kv_cache_usage_mean=sched.kv_usage_mean,
         requests=records, api_server_cpu_s=sched.frontend_busy_s - busy_at_t0,
     )
-    busy = (sched.frontend_busy_s - busy_at_t0) / duration if duration > 0 else 0.0
+    busy = result.api_server_busy or 0.0
     if busy >= FRONTEND_BOUND_SHARE:
         result.evidence.append(frontend_bound_note(busy, perf.api_cpu_factor))
     result.log_text = _startup_log(model, gpu, config, plan) + _run_log(sched, result, seed)
