@@ -38,6 +38,7 @@ import gzip
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,30 +137,33 @@ def real_windows(fixtures: Path = FIXTURES) -> list[RealWindow]:
     return out
 
 
+def _ticks(window: RealWindow, tick_s: float) -> Iterator[tuple[float, int, float]]:
+    """What the decider saw every ``tick_s`` until the window ended: (seconds into the window,
+    requests answered, output tokens received)."""
+    t = tick_s
+    while t < window.finishes[-1]:
+        yield t, bisect.bisect_right(window.finishes, t), window.tokens_at(t)
+        t += tick_s
+
+
 def replay(rule: EarlyStop, window: RealWindow, tick_s: float = 0.5) -> tuple[str, float] | None:
     """The rule's first verdict on ``window`` as the decider would have seen it every ``tick_s``
     (``(reason, seconds into the window)``), or None: the window would have run to its end."""
-    total, t = len(window.finishes), tick_s
-    while t < window.finishes[-1]:
-        answered = bisect.bisect_right(window.finishes, t)
-        reason = rule.verdict(preemptions=0, output_tokens=window.tokens_at(t), elapsed_s=t, answered=answered,
-                              total=total)
+    for t, answered, tokens in _ticks(window, tick_s):
+        reason = rule.verdict(preemptions=0, output_tokens=tokens, elapsed_s=t, answered=answered,
+                              total=len(window.finishes))
         if reason is not None:
             return reason, t
-        t += tick_s
     return None
 
 
 def margin_needed(window: RealWindow, min_fraction: float = EarlyStop.min_fraction, tick_s: float = 0.5) -> float:
     """The smallest margin whose bound never fell below the window's final rate: its final rate over
     the lowest mean rate so far while the throughput verdict was open."""
-    total, t, lowest = len(window.finishes), tick_s, float("inf")
-    while t < window.finishes[-1]:
-        answered = bisect.bisect_right(window.finishes, t)
-        if min_fraction * total <= answered < total:
-            lowest = min(lowest, window.tokens_at(t) / t)
-        t += tick_s
-    return window.final_throughput / lowest if lowest < float("inf") else 0.0
+    total = len(window.finishes)
+    open_rates = [tokens / t for t, answered, tokens in _ticks(window, tick_s)
+                  if min_fraction * total <= answered < total]
+    return window.final_throughput / min(open_rates) if open_rates else 0.0
 
 
 def real_table(windows: list[RealWindow]) -> str:
