@@ -21,7 +21,8 @@
 # host after the last one was given back). A resumed study's sampler seed is the driver's business
 # (servetune.study offsets it by the trials already told; a grid keeps its seed).
 #
-# $OUT gets: study.log (servetune's output), h200_study.tar.gz (the runs dir: optuna.db, mlflow.db,
+# $OUT gets: study.log (servetune's output), study_times.log (the same, each line with the seconds
+# since `servetune tune` started), h200_study.tar.gz (the runs dir: optuna.db, mlflow.db,
 # mlartifacts/, dataset/, trials/*/server.log), mlflow_runs.txt (every MLflow run with its status
 # tags and key metrics, then every Optuna trial), host_env.txt (versions, GPU memory), and
 # ray_logs.tar.gz when the study ended abnormally.
@@ -99,7 +100,19 @@ esac
 # -- the study ------------------------------------------------------------------------------------
 LEFT=$(( ${STUDY_TIMEOUT_S:-500} - ($(date +%s) - T0) ))
 echo "servetune tune $SPEC $* (SIGINT after ${LEFT} s)"
-timeout -s INT -k 45 "$LEFT" python3 -m servetune tune "$SPEC" "$@" 2>&1 | tee "$OUT/study.log"
+# study_times.log: each line of the output with the seconds since `servetune tune` was started, so
+# the time to the confirmed winner ("winner on confirmed figures") is read as a user would see it.
+timeout -s INT -k 45 "$LEFT" python3 -m servetune tune "$SPEC" "$@" 2>&1 | python3 -u -c '
+import sys, time
+t0 = time.monotonic()
+with open(sys.argv[1], "w") as plain, open(sys.argv[2], "w") as timed:
+    for line in sys.stdin:
+        for f in (sys.stdout, plain):
+            f.write(line)
+        timed.write(f"{time.monotonic() - t0:8.1f} {line}")
+        for f in (sys.stdout, plain, timed):
+            f.flush()
+' "$OUT/study.log" "$OUT/study_times.log"
 RC=${PIPESTATUS[0]}
 echo "servetune tune exited with $RC after $(( $(date +%s) - T0 )) s" | tee -a "$OUT/study.log"
 # 124: our own SIGINT at STUDY_TIMEOUT_S, a planned stop (finished trials are kept); report it as 0,

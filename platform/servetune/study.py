@@ -44,7 +44,6 @@ from servetune import envs
 from servetune.cluster import _ray_session
 from servetune.cluster.pool import TrialPool
 from servetune.engines import TrialTask, resolve_backend
-from servetune.engines.vllm.engine import read_serve_help
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line
 from servetune.records import dataset, report
@@ -338,10 +337,6 @@ class _Driver:
         reaped = _ray_session.reap_leftovers(self.runs_dir, spec.name)
         if reaped:
             self.progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
-        # Reading `vllm serve --help=all` imports vLLM (20-30 s on the H200 host). Read once here and
-        # sent with every trial, instead of by the first trial of every GPU slot (measured: 36 s of
-        # servetune overhead on each of the first two real trials, 4-6 s on the others).
-        self.serve_help = read_serve_help(envs.serve_command()) if self.backend == "vllm" else None
         self.pool = pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
         pool.reuse_actors = True  # closed in the finally below
         if pool.started_local_ray:
@@ -433,7 +428,7 @@ class _Driver:
         while self.queued and self.queued[0][2] <= self.pool.free_gpus:  # first come, first served
             trial, flags, need = self.queued.pop(0)
             task = _trial_task(self.spec, flags, self.runs_dir / "trials" / self.spec.name / dataset.trial_dir_name(trial.number),
-                               self.serve_help, early_stop=_early_stop_rule(self.spec, self.outcome, self.backend))
+                               early_stop=_early_stop_rule(self.spec, self.outcome, self.backend))
             self.pool.submit(trial.number, task, self.backend, gpus=need)
             self.inflight[trial.number] = (trial, flags)
 
@@ -594,7 +589,7 @@ class _Driver:
                 todo.pop(0)
                 workload = dataclasses.replace(spec.workload, seed=spec.workload.seed + k)
                 task = _trial_task(spec, flags, self.runs_dir / "trials" / spec.name / dataset.trial_dir_name(t.number, k),
-                                   self.serve_help, workload=workload, seed=spec.seed + k, repeat=k)
+                                   workload=workload, seed=spec.seed + k, repeat=k)
                 key += 1
                 pool.submit(key, task, self.backend, gpus=need)
                 inflight[key] = (t, k, workload)
@@ -637,7 +632,6 @@ def remeasure(spec: StudySpec, flags: Mapping[str, Any], seeds: Sequence[int],
     Not Optuna trials and not recorded: the nightly job's noise estimate."""
     backend = backend or resolve_backend(spec.backend)
     runs_dir = Path(spec.output.runs_dir)
-    serve_help = read_serve_help(envs.serve_command()) if backend == "vllm" else None
     need = gpus_needed(flags)
     pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
     todo = list(enumerate(seeds, start=1))
@@ -648,7 +642,7 @@ def remeasure(spec: StudySpec, flags: Mapping[str, Any], seeds: Sequence[int],
             while todo and need <= pool.free_gpus:
                 k, seed = todo.pop(0)
                 pool.submit(k, _trial_task(spec, dict(flags), runs_dir / "trials" / spec.name / f"remeasure-{k}",
-                                           serve_help, seed=seed), backend, gpus=need)
+                                           seed=seed), backend, gpus=need)
                 inflight.add(k)
             if not inflight:  # nothing fits any more (quarantined GPUs)
                 break
@@ -690,8 +684,7 @@ def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> Ea
     return early_stop_rule(spec, best)
 
 
-def _trial_task(spec: StudySpec, flags: dict[str, Any], log_dir: Path, serve_help: str | None,
-                **varies: Any) -> TrialTask:
+def _trial_task(spec: StudySpec, flags: dict[str, Any], log_dir: Path, **varies: Any) -> TrialTask:
     """One launch's task: the model, GPU, measurement and environment settings from the spec and
     ``servetune.envs``; ``varies`` sets what differs per launch (``early_stop``, or a repeat's
     ``workload``, ``seed`` and ``repeat``)."""
@@ -700,7 +693,7 @@ def _trial_task(spec: StudySpec, flags: dict[str, Any], log_dir: Path, serve_hel
                      gpu_file=spec.gpu.file, serve_model=spec.serve_model, serve_command=envs.serve_command(),
                      startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
                      load_generator=spec.measurement.load_generator, stall_timeout_s=spec.measurement.stall_timeout_s,
-                     compile_cache_dir=envs.compile_cache_dir(), serve_help=serve_help, log_dir=str(log_dir),
+                     compile_cache_dir=envs.compile_cache_dir(), log_dir=str(log_dir),
                      replay_file=None if spec.replay_file is None else str(spec.replay_file), **fields)
 
 

@@ -69,9 +69,6 @@ class TrialTask:
     load_generator: str = "servetune"  # vllm backend: servetune's client or "vllm-bench"
     stall_timeout_s: float = 180.0  # vllm backend: no token on any stream this long is a stall
     compile_cache_dir: str | None = None  # vllm backend: SERVETUNE_COMPILE_CACHE_DIR (envs.compile_cache_env)
-    # vllm backend: the installed vLLM's `vllm serve --help=all`, read once by the driver; None: the
-    # trial reads it itself (a driver without vLLM, e.g. on a cluster's CPU head)
-    serve_help: str | None = None
     early_stop: EarlyStop | None = None  # end the window once the outcome is decided (vllm backend)
     repeat: int = 0  # a confirmation repeat's index (replay: the recorded repeat it reads)
     # sim backend: simulator knobs over the GPU's calibration (sim.perf.Calibration), e.g. the

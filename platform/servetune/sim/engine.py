@@ -699,15 +699,23 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
     n_warm = workload.warmup_requests if workload.trace_file is None else 0
     warm, measured = specs[:n_warm], specs[n_warm:]
 
-    # Warm-up: sequential, excluded (the load generator awaits each one before the window opens).
-    for i, spec in enumerate(warm):
-        rid = f"warmup-{i}"
-        try:
-            sched.add_request(rid, spec.prompt_tokens, spec.output_tokens, sched.now_s,
-                              spec.prefix_group, spec.prefix_tokens)
-        except ValueError:
-            continue
-        sched.run_until_idle()
+    # Warm-up: up to the workload's concurrency at a time, excluded (the load generator sends them
+    # so and opens the window once all are answered).
+    waiting_warm = list(enumerate(warm))
+
+    def warm_next(_rid: str = "", now: float | None = None) -> None:
+        while waiting_warm:
+            i, spec = waiting_warm.pop(0)
+            try:
+                sched.add_request(f"warmup-{i}", spec.prompt_tokens, spec.output_tokens,
+                                  sched.now_s if now is None else now, spec.prefix_group, spec.prefix_tokens)
+                return
+            except ValueError:
+                continue
+
+    for _ in range(min(len(warm), max(1, workload.concurrency or len(warm)))):
+        warm_next()
+    sched.run_until_idle(warm_next)
     t0 = max(sched.now_s, sched._frontend_free)  # the client has the warm-up's last token then
     busy_at_t0 = sched.frontend_busy_s
 

@@ -246,6 +246,62 @@ def test_a_flag_the_installed_vllm_does_not_know_is_refused_before_launch(tmp_pa
     assert not (tmp_path / "server.log").exists()  # nothing was launched
 
 
+def _standin_help_reader(tmp_path: Path, delay_s: float = 0.0):
+    """What the engine runs beside a host's first start: the stand-in's own `--help=all`, read
+    through ``read_serve_help`` (a fresh cache, so it really runs)."""
+    import time
+
+    from servetune.engines.vllm.engine import read_serve_help
+
+    def reader() -> str | None:
+        time.sleep(delay_s)
+        return read_serve_help(STANDIN, cache_dir=tmp_path / "help-cache")
+    return reader
+
+
+def test_a_flag_refused_by_the_help_read_beside_the_start_stops_the_server(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host's first start reads `--help=all` beside the launch (both import vLLM): a flag the
+    help refuses still ends as invalid_config, and the server is stopped, never measured."""
+    monkeypatch.setenv("PYTHONPATH", PLATFORM)
+    launch = dataclasses.replace(_launch(tmp_path, {"max_num_seqs": 8}, "--swap-space", "4"),
+                                 help_reader=_standin_help_reader(tmp_path, delay_s=0.5))
+    r = run_vllm_trial(launch, WORKLOAD)
+    assert r.status is TrialStatus.INVALID_CONFIG, (r.cause, r.evidence)
+    assert r.cause == "--swap-space: unknown to this vLLM (vllm serve: error: unrecognized arguments)"
+    assert any("while the server started" in e for e in r.evidence)
+    assert r.completed is None and not r.requests  # no load was sent
+    assert (tmp_path / "server.log").exists()  # it was launched, and stopped
+    _assert_group_gone(r.evidence)
+
+
+def test_flags_the_help_read_beside_the_start_accepts_are_measured(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", PLATFORM)
+    launch = dataclasses.replace(_launch(tmp_path, {"max_num_seqs": 8}), help_reader=_standin_help_reader(tmp_path))
+    r = run_vllm_trial(launch, WORKLOAD)
+    assert r.status is TrialStatus.OK, (r.cause, r.evidence)
+    assert r.completed == 24
+
+
+def test_the_engine_checks_before_launch_once_the_host_has_read_the_help(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a host's first start reads the help beside the launch; later starts (any actor) find
+    it cached and check before launching."""
+    from servetune.engines.vllm import engine
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fake = tmp_path / "fake-vllm"
+    fake.write_text("#!/bin/sh\necho '  --max-num-seqs MAX_NUM_SEQS'\n")
+    fake.chmod(0o755)
+    command = (str(fake), "serve")
+    first = engine._serve_help_source(command)
+    assert set(first) == {"help_reader"}  # nothing read yet: read beside the launch
+    assert first["help_reader"]() is not None
+    engine.read_serve_help.cache_clear()  # a new Ray actor process: only the disk cache is left
+    assert engine._serve_help_source(command) == {"serve_help": "  --max-num-seqs MAX_NUM_SEQS\n"}
+
+
 def test_serve_help_is_read_once_and_cached_on_disk(tmp_path: Path) -> None:
     from servetune.engines.vllm.engine import read_serve_help
 

@@ -44,6 +44,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -65,7 +66,8 @@ from servetune.engines.vllm.logs import ParsedLog, classify, parse_log
 from servetune.engines.vllm.serve_cli import check_argv, parse_serve_help
 from servetune.workload import Workload
 
-__all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "free_port", "gpu_memory_used_mib",
+__all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "cached_serve_help", "free_port",
+           "gpu_memory_used_mib",
            "SAFE_ENV"]
 
 #: Set in every vLLM environment (NVLink multicast off: the GPU hosts' operating rule); the one
@@ -92,6 +94,11 @@ class VllmLaunch:
     log_dir: Path | None = None
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
     serve_help: str | None = None  # `vllm serve --help=all` of the installed vLLM: flags checked before launch
+    # When ``serve_help`` is None: reads it (``read_serve_help``) beside the server's own start
+    # instead of before it. Both import vLLM (20-30 s on the H200 host) and vLLM parses its
+    # arguments before it touches a GPU, so a flag the help refuses stops the server before any GPU
+    # time is spent, with the same invalid_config verdict as the check before launch.
+    help_reader: Callable[[], str | None] | None = None
     load_generator: str = "servetune"  # one of LOAD_GENERATORS
     bench_command: Sequence[str] = BENCH_COMMAND  # argv before the options of `vllm bench serve`
     # No token on any in-flight stream for this long: the engine is stalled; stop and call it a
@@ -218,10 +225,11 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
         return TrialResult(TrialStatus.INVALID_CONFIG, cause=str(exc), backend="vllm",
                            evidence=["refused before launch: the load generator cannot send this workload"])
     if launch.serve_help:
-        problems = check_argv([*to_cli_args(launch.flags), *launch.extra_args], parse_serve_help(launch.serve_help))
+        problems = _help_problems(launch, launch.serve_help)
         if problems:
             return TrialResult(TrialStatus.INVALID_CONFIG, cause="; ".join(problems), backend="vllm",
                                evidence=["checked before launch against `vllm serve --help=all`"])
+    help_check = _HelpCheck(launch) if launch.serve_help is None and launch.help_reader is not None else None
     log_dir = Path(launch.log_dir or tempfile.mkdtemp(prefix="servetune-trial-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "server.log"
@@ -239,14 +247,19 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
     started = time.monotonic()
     result = TrialResult(TrialStatus.CRASHED, backend="vllm")
     healthy = False
+    refused: list[str] | None = None
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
             return TrialResult(TrialStatus.CRASHED, cause=f"cannot start {argv[0]}: {exc}", backend="vllm")
         try:
-            healthy, timed_out = _wait_healthy(proc, base, launch.startup_timeout_s)
+            healthy, timed_out = _wait_healthy(proc, base, launch.startup_timeout_s,
+                                               refused=help_check.refused if help_check else None)
             startup_s = time.monotonic() - started
+            refused = help_check.problems(wait=not healthy) if help_check else None
+            if refused:
+                healthy = False  # not measured: the flags are the installed vLLM's to refuse
             # What the server really holds on each GPU (vLLM allocates its KV cache at startup, so
             # the reading after /health and the one after the load bound the trial's peak).
             used_peak = gpu_memory_used_mib(gpu_ids) if healthy else {}
@@ -258,6 +271,12 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
                                          cause=f"the load failed: {type(exc).__name__}: {exc}"[:500])
                 for gpu, mib in gpu_memory_used_mib(gpu_ids).items():
                     used_peak[gpu] = max(mib, used_peak.get(gpu, 0))
+            elif refused:
+                # What vLLM's own argument parser says a moment later, before its engine starts:
+                # the flags' fault, not a crash or the infrastructure's.
+                result = TrialResult(TrialStatus.INVALID_CONFIG, cause="; ".join(refused), backend="vllm",
+                                     evidence=["checked against `vllm serve --help=all` while the server started; "
+                                               "the server was stopped at once"])
             else:
                 result = TrialResult(TrialStatus.TIMEOUT if timed_out else TrialStatus.CRASHED, backend="vllm")
             result.startup_s = startup_s
@@ -275,11 +294,12 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
     result.quarantined_gpus = quarantined
     text = log_path.read_text(errors="replace")
     parsed = parse_log(text)
-    verdict = classify(text, exit_code=exit_code, healthy=result.status is TrialStatus.OK or healthy,
-                       timed_out=result.status is TrialStatus.TIMEOUT)
-    _merge_verdict(result, verdict)
-    if verdict.infrastructure and verdict.status is not TrialStatus.OK:
-        _confirm_infrastructure(result, baseline, parsed)
+    if not refused:
+        verdict = classify(text, exit_code=exit_code, healthy=result.status is TrialStatus.OK or healthy,
+                           timed_out=result.status is TrialStatus.TIMEOUT)
+        _merge_verdict(result, verdict)
+        if verdict.infrastructure and verdict.status is not TrialStatus.OK:
+            _confirm_infrastructure(result, baseline, parsed)
     result.evidence += notes
     _fill_from_log(result, parsed)
     result.log_text = text
@@ -329,15 +349,9 @@ def _check_load_generator(launch: VllmLaunch, workload: Workload) -> None:
         bench_argv(workload, base_url="http://127.0.0.1:1", model=launch.model, result_dir=".")
 
 
-@functools.lru_cache(maxsize=4)
-def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0,
-                    cache_dir: Path | None = None) -> str | None:
-    """``SERVE_COMMAND --help=all`` (vLLM >= 0.10), else ``--help``; None when neither answers.
-
-    Reading it imports vLLM (~20 s on the H200 host), and every trial runs in a fresh Ray actor, so
-    the text is cached on disk, keyed by the command and the executable's path and mtime (a new
-    vLLM install invalidates it), as well as in the process.
-    """
+def _serve_help_cache_file(serve_command: tuple[str, ...], cache_dir: Path | None) -> Path:
+    """Where the help text of ``serve_command`` is cached: keyed by the command and the
+    executable's path and mtime (a new vLLM install invalidates it) and ``PYTHONPATH``."""
     exe = shutil.which(serve_command[0]) or serve_command[0]
     try:
         stamp = os.stat(exe).st_mtime_ns
@@ -345,9 +359,30 @@ def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0,
         stamp = 0
     key = hashlib.sha256(json.dumps([list(serve_command), exe, stamp, os.environ.get("PYTHONPATH", "")]).encode())
     cache = (cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "servetune" / "serve-help")
-    cached = cache / f"{key.hexdigest()[:24]}.txt"
-    if cached.is_file():
-        return cached.read_text()
+    return cache / f"{key.hexdigest()[:24]}.txt"
+
+
+def cached_serve_help(serve_command: tuple[str, ...], cache_dir: Path | None = None) -> str | None:
+    """The help text :func:`read_serve_help` cached on this host for ``serve_command``; None when
+    it has not been read here yet (nothing is run)."""
+    cached = _serve_help_cache_file(serve_command, cache_dir)
+    with contextlib.suppress(OSError):
+        return cached.read_text() if cached.is_file() else None
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0,
+                    cache_dir: Path | None = None) -> str | None:
+    """``SERVE_COMMAND --help=all`` (vLLM >= 0.10), else ``--help``; None when neither answers.
+
+    Reading it imports vLLM (~20 s on the H200 host), and every trial runs in a fresh Ray actor, so
+    the text is cached on disk (:func:`cached_serve_help`) as well as in the process.
+    """
+    known = cached_serve_help(serve_command, cache_dir)
+    if known is not None:
+        return known
+    cached = _serve_help_cache_file(serve_command, cache_dir)
     env = {**os.environ, **SAFE_ENV}
     for flag in ("--help=all", "--help"):
         try:
@@ -357,7 +392,7 @@ def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0,
             return None
         if out.returncode == 0 and "--max-num-seqs" in out.stdout:
             with contextlib.suppress(OSError):
-                cache.mkdir(parents=True, exist_ok=True)
+                cached.parent.mkdir(parents=True, exist_ok=True)
                 tmp = cached.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(out.stdout)
                 tmp.replace(cached)
@@ -365,10 +400,52 @@ def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0,
     return None
 
 
-def _wait_healthy(proc: subprocess.Popen[bytes], base: str, timeout_s: float) -> tuple[bool, bool]:
+def _help_problems(launch: VllmLaunch, help_text: str) -> list[str]:
+    """What ``help_text`` (the installed ``vllm serve --help=all``) refuses in the launch's arguments."""
+    return check_argv([*to_cli_args(launch.flags), *launch.extra_args], parse_serve_help(help_text))
+
+
+class _HelpCheck:
+    """``launch.help_reader`` run on a thread beside the server's start, then checked.
+
+    The reader is the only slow part (it imports vLLM); when it answers None (no help to read) or
+    fails, nothing is refused, as when no help text is known at all.
+    """
+
+    def __init__(self, launch: VllmLaunch) -> None:
+        self._launch, self._done = launch, threading.Event()
+        self._problems: list[str] = []
+        threading.Thread(target=self._read, name="servetune-serve-help", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            text = self._launch.help_reader() if self._launch.help_reader else None
+            self._problems = _help_problems(self._launch, text) if text else []
+        except Exception:  # noqa: BLE001 - an unreadable help refuses nothing; the server's own parser still runs
+            self._problems = []
+        finally:
+            self._done.set()
+
+    def problems(self, wait: bool) -> list[str] | None:
+        """The problems found, [] for none; None while the help is still being read (``wait``:
+        until it is read, which ``read_serve_help``'s own timeout bounds)."""
+        if wait:
+            self._done.wait()
+        return list(self._problems) if self._done.is_set() else None
+
+    def refused(self) -> bool:
+        return bool(self.problems(wait=False))
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], base: str, timeout_s: float,
+                  refused: Callable[[], bool] | None = None) -> tuple[bool, bool]:
+    """(healthy, timed out): polls ``/health`` until the server answers, exits, or ``refused()``
+    says its flags were refused while it started (neither healthy nor timed out)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            return False, False
+        if refused is not None and refused():
             return False, False
         if _get(base + "/health", 2.0)[0] == 200:
             return True, False
@@ -609,6 +686,15 @@ class VllmEngine(Engine):
                             log_dir=Path(task.log_dir) if task.log_dir else None,
                             load_generator=task.load_generator, stall_timeout_s=task.stall_timeout_s,
                             env=compile_cache_env(task.compile_cache_dir),
-                            serve_help=task.serve_help or read_serve_help(tuple(task.serve_command)),
-                            early_stop=task.early_stop)
+                            early_stop=task.early_stop, **_serve_help_source(tuple(task.serve_command)))
         return run_vllm_trial(launch, task.workload)
+
+
+def _serve_help_source(serve_command: tuple[str, ...]) -> dict[str, Any]:
+    """The help text where this host has read it already (checked before launch), else its reader,
+    run beside the first launch: reading it first would put a vLLM import (20-30 s on the H200
+    host) in front of every study's first start."""
+    text = cached_serve_help(serve_command)
+    if text is not None:
+        return {"serve_help": text}
+    return {"help_reader": functools.partial(read_serve_help, serve_command)}
