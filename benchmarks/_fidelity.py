@@ -173,6 +173,9 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # 2026-12-02, the fourth device session, one fresh host (plans scale/plan_h4_*.json): each start
     # measured first on the studies' prefill-heavy workload, then on decode-heavy loads; 15 windows.
     "l8b_h4_u09_s256_mbt8192", "q14b_h4_u09_s256_mbt8192", "l8b_h4_u09_s128_mbt2048", "q14b_h4_u09_s128_mbt2048",
+    # 2026-12-02, the fifth device session, another fresh host (plans plan_h5_*.json), after a
+    # confirmed tune there: the prefill-heavy anchor, then closed-loop decode at 32-128 in flight; 13 windows.
+    "l8b_h5_u09_s256_mbt8192", "q14b_h5_u09_s256_mbt8192",
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
@@ -183,6 +186,7 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # The third device session's second host: the 14B grid's trials 6-8, then the decode start.
     "third session, second host": ("study_q14b/h200-q14b-grid/0008", ("scale/l8b_fv_u09_s256_mbt8192_dec/",)),
     "fourth session": ("scale/l8b_h4_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h4_", "scale/q14b_h4_")),
+    "fifth session": ("scale/l8b_h5_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h5_", "scale/q14b_h5_")),
 }
 
 

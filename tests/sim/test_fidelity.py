@@ -36,14 +36,14 @@ def test_fixtures_hold_every_healthy_window_with_its_preemption_counts() -> None
 
 def test_windows_measured_after_the_fit_are_in_no_fit_and_loaded_apart() -> None:
     """The starts measured after the fit (_fidelity.UNSEEN_STARTS: the decode-heavy 8B start of the
-    third device session, the four starts of the fourth) are left out of load_evidence, which every
-    fit and fold reads, and loaded by load_unseen_runs with the unseen studies' trials:
-    5 + 15 windows + 11 trials, all 8B or 14B."""
+    third device session, the four starts of the fourth, the two of the fifth) are left out of
+    load_evidence, which every fit and fold reads, and loaded by load_unseen_runs with the unseen
+    studies' trials: 5 + 15 + 13 windows + 11 trials, all 8B or 14B."""
     from _fidelity import UNSEEN_STARTS, load_unseen_runs
 
     fitted = {r.name for r in RUNS}
     unseen = {r.name: r for r in load_unseen_runs()}
-    assert len(unseen) == 31 and not fitted & set(unseen)
+    assert len(unseen) == 44 and not fitted & set(unseen)
     assert {r.size for r in unseen.values()} == {"8B", "14B"}
     dec = [r for name, r in unseen.items() if name.startswith(f"scale/{UNSEEN_STARTS[0]}/")]
     assert len(dec) == 5 and all(r.shape == "decode" and r.size == "8B" for r in dec)
@@ -59,19 +59,26 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     session's second host (factor 1.73, read off a 14B prefill-heavy grid trial) its five
     decode-heavy 8B windows go from 12.5% (max 43.5%) to 8.3% (max 14.4%) off on throughput and
     from 41% to 23% on TTFT; on the fourth session's host (1.39, read off an 8B prefill-heavy
-    window) its 14 other 8B/14B windows from 6.1% to 5.5% and 24.5% to 17.2%. The bounds hold
-    those figures with a little room; the factor itself must be a host's, not 1."""
+    window) its 14 other 8B/14B windows from 6.1% to 5.5% and 24.5% to 17.2%; on the fifth's
+    (1.58) its 12 other windows from 9.6% to 9.3% and 17.2% to 13.4%. The bounds hold those figures
+    with a little room; the factor itself must be a host's, not 1.
+
+    The largest error left is not the API server's: on the fifth host the closed-loop decode
+    windows at 32-96 in flight run 9-17.5% fast in the simulator with or without the factor, at
+    8B and 14B alike (the same 8B window at 64 in flight is 10-12% fast on three hosts), so its
+    bound on the worst window is the measured 17.5% with room, not the 15% of the others."""
     from _fidelity import host_checks
 
+    worst_allowed = {"third session, second host": 0.15, "fourth session": 0.15, "fifth session": 0.19}
     checks = host_checks()
-    assert len(checks) == 2
+    assert [c.host for c in checks] == list(worst_allowed)
     for check in checks:
         assert 1.2 < check.api_cpu_factor < 2.0, check.host
         assert all(r.real.name != check.calibrating_window for r in check.with_factor)
         plain, host = error_summary(check.plain), error_summary(check.with_factor)
         assert host["throughput_mae"] < plain["throughput_mae"], check.host
         assert host["ttft_mae"] < 0.8 * plain["ttft_mae"], check.host
-        assert host["throughput_max"] < 0.15 and host["preemption_class_agree"] == 1.0, check.host
+        assert host["throughput_max"] < worst_allowed[check.host] and host["preemption_class_agree"] == 1.0, check.host
 
 
 def test_short_tokenizer_windows_are_left_out_unless_asked_for() -> None:
