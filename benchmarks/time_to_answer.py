@@ -1,20 +1,29 @@
 """Time to a confirmed answer on one H200 (issue 12 item 6), from the recorded real runs.
 
-The measured side: `servetune tune benchmarks/real_vllm/h200_l8b_tune.yaml` on a fresh host
-(``tests/fixtures/real_h200/study_l8b_tune``): the 8B model, the memory pair, README's GPU
-defaults (pre-screen with its informed start, the vLLM-defaults baseline, the simulator screen,
-early stopping), two trials and one confirmation repeat. Its GPU time is the sum of the trials'
-dispatch-to-result times (vLLM start, warm-up, window, stop); the study's own wall clock is in
-its log.
+The measured side: `servetune tune benchmarks/real_vllm/h200_l8b_tune.yaml`, run twice, each on a
+fresh host: the 8B model, the memory pair, README's GPU defaults (pre-screen with its informed
+start, the vLLM-defaults baseline, the simulator screen, early stopping), two trials and one
+confirmation repeat.
+
+* ``study_l8b_tune`` (fourth device session): the driver read ``vllm serve --help=all`` before
+  starting Ray and sent the warm-up requests one after another. Its wall clock: the study's own
+  (its log) and the host script's, to the process's exit.
+* ``study_l8b_tune_b`` (fifth session): the first start reads the help beside its launch and the
+  warm-ups go out together. ``study_times.log`` stamps every output line with the seconds since
+  `servetune tune` started, so its figure is the time to the line naming the confirmed winner.
+
+Its GPU time is the sum of the trials' dispatch-to-result times (vLLM start, warm-up, window, stop).
 
 The computed side: the 16-cell gpu_memory_utilization x max_num_seqs sweep a user runs instead
 (4 utilizations x max_num_seqs {64, 128, 256, 512}, the same workload, every window to the end),
-each cell at the dispatch-to-result time measured for its kind of start on this host class in the
-8B grid and the tune (``study_l8b`` and ``study_l8b_tune``, full windows only): a start whose
-graphs the host has not compiled yet (vLLM's compile cache, keyed as
-``servetune.planner.memory.compile_key`` says: {256, 512} share their graphs, so 3 of the 16
-compile) or one that loads them. What each answer is worth comes from the same records: the
-tune's confirmed winner against every cell the 8B grid measured.
+each cell at the dispatch-to-result time measured for its kind of start on the same host as the
+tune it is set against (full windows only): a start whose graphs the host has not compiled yet
+(vLLM's compile cache, keyed as ``servetune.planner.memory.compile_key`` says: {256, 512} share
+their graphs, so 3 of the 16 compile) or one that loads them. The first tune's host figures pool
+the 8B grid (``study_l8b``) with it, as before; the second host ran only its tune. Hosts differ (the
+second started vLLM 10-30% slower), which is why each tune is priced at its own host's starts.
+What each answer is worth comes from the same records: the confirmed winner against every cell
+the 8B grid measured.
 
 Usage::
 
@@ -42,36 +51,58 @@ SWEEP_SEQS = (64, 128, 256, 512)
 SWEEP_UTILS = 4
 
 
-def main() -> int:
-    grid = dataset.read_trials(REAL / "study_l8b" / "dataset").to_dict("records")
-    tune = dataset.read_trials(REAL / "study_l8b_tune" / "dataset").to_dict("records")
-    full = [r for r in grid + tune if r["completed"] == 512]
-    cold = [r["dispatch_s"] for r in full if r["compile_cache_hit"] == 0]
-    warm = [r["dispatch_s"] for r in full if r["compile_cache_hit"] == 1]
+#: Each tune, with the studies whose starts price its sweep (the same host).
+TUNES = {"study_l8b_tune": ("study_l8b", "study_l8b_tune"), "study_l8b_tune_b": ("study_l8b_tune_b",)}
+
+
+def _rows(study: str) -> list[dict]:
+    return dataset.read_trials(REAL / study / "dataset").to_dict("records")
+
+
+def _sweep_starts() -> tuple[int, int]:
+    """(compiling, loading) starts of the 16-cell sweep."""
     model, gpu = load_model("llama-3.1-8b"), get_gpu("H200")
     keys = {compile_key(resolve_engine_config({"max_num_seqs": s, "max_model_len": 2048}, model, gpu))
             for s in SWEEP_SEQS}
-    n_cold = len(keys)
-    n_warm = SWEEP_UTILS * len(SWEEP_SEQS) - n_cold
-    sweep = n_cold * statistics.mean(cold) + n_warm * statistics.mean(warm)
-    tune_gpu = sum(r["dispatch_s"] for r in tune)
-    log = (REAL / "study_l8b_tune" / "study.log").read_text()
-    study_s = float(re.search(r"trials in ([\d.]+) s", log).group(1))
-    process_s = float(re.search(r"exited with \d+ after (\d+) s", log).group(1))
-    print(f"per start on this host (8B, full windows): compiling {statistics.mean(cold):.0f} s "
-          f"(n={len(cold)}, {min(cold):.0f}-{max(cold):.0f}), loading compiled graphs {statistics.mean(warm):.0f} s "
-          f"(n={len(warm)}, {min(warm):.0f}-{max(warm):.0f})")
-    print(f"16-cell sweep, computed: {n_cold} compiling + {n_warm} loading starts = {sweep:,.0f} s "
-          f"({sweep / 60:.1f} min); a fifth of it is {sweep / 5:,.0f} s")
-    print(f"tune, measured: {len(tune)} starts, {tune_gpu:,.0f} s of dispatch-to-result time; the study's own "
-          f"clock {study_s:,.0f} s, the process {process_s:,.0f} s = {process_s / sweep:.1%} of the sweep "
-          f"(GPU time alone {tune_gpu / sweep:.1%})")
-    confirmed = [r["output_throughput"] for r in tune if r["trial_number"] == 0]
+    return len(keys), SWEEP_UTILS * len(SWEEP_SEQS) - len(keys)
+
+
+def _time_to_winner(folder: Path) -> tuple[str, float]:
+    """What the tune's record says about its wall clock: to the confirmed winner where its output
+    was time-stamped, else to the host script's end."""
+    timed = folder / "study_times.log"
+    if timed.is_file():
+        line = next(ln for ln in timed.read_text().splitlines() if "winner on confirmed figures" in ln)
+        return "to the confirmed winner", float(line.split()[0])
+    log = (folder / "study.log").read_text()
+    return "the process, to its exit", float(re.search(r"exited with \d+ after (\d+) s", log).group(1))
+
+
+def main() -> int:
+    n_cold, n_warm = _sweep_starts()
+    grid = _rows("study_l8b")
     best_cell = max((r for r in grid if r["preemptions"] == 0), key=lambda r: r["output_throughput"])
-    print(f"tune's confirmed winner (util 0.95 x max_num_seqs 256): {statistics.mean(confirmed):,.0f} tok/s over "
-          f"{len(confirmed)} runs ({', '.join(f'{v:,.0f}' for v in confirmed)}); the 8B grid's best measured cell "
-          f"(util {best_cell['flag_gpu_memory_utilization']} x {int(best_cell['flag_max_num_seqs'])} x "
-          f"{int(best_cell['flag_max_num_batched_tokens'])}): {best_cell['output_throughput']:,.0f} tok/s")
+    for name, host_studies in TUNES.items():
+        tune = _rows(name)
+        full = [r for study in host_studies for r in _rows(study) if r["completed"] == 512]
+        cold = [r["dispatch_s"] for r in full if r["compile_cache_hit"] == 0]
+        warm = [r["dispatch_s"] for r in full if r["compile_cache_hit"] == 1]
+        sweep = n_cold * statistics.mean(cold) + n_warm * statistics.mean(warm)
+        tune_gpu = sum(r["dispatch_s"] for r in tune)
+        what, wall = _time_to_winner(REAL / name)
+        print(f"{name}: per start on its host (8B, full windows): compiling {statistics.mean(cold):.0f} s "
+              f"(n={len(cold)}, {min(cold):.0f}-{max(cold):.0f}), loading compiled graphs {statistics.mean(warm):.0f} s "
+              f"(n={len(warm)}, {min(warm):.0f}-{max(warm):.0f})")
+        print(f"  16-cell sweep, computed: {n_cold} compiling + {n_warm} loading starts = {sweep:,.0f} s "
+              f"({sweep / 60:.1f} min); a fifth of it is {sweep / 5:,.0f} s")
+        print(f"  tune, measured: {len(tune)} starts, {tune_gpu:,.0f} s of dispatch-to-result time; {what} "
+              f"{wall:,.0f} s = {wall / sweep:.1%} of the sweep (GPU time alone {tune_gpu / sweep:.1%})")
+        confirmed = [r["output_throughput"] for r in tune if r["trial_number"] == 0]
+        print(f"  confirmed winner (util 0.95 x max_num_seqs 256): {statistics.mean(confirmed):,.0f} tok/s over "
+              f"{len(confirmed)} runs ({', '.join(f'{v:,.0f}' for v in confirmed)})")
+    print(f"the 8B grid's best measured cell (util {best_cell['flag_gpu_memory_utilization']} x "
+          f"{int(best_cell['flag_max_num_seqs'])} x {int(best_cell['flag_max_num_batched_tokens'])}, the first "
+          f"tune's host): {best_cell['output_throughput']:,.0f} tok/s")
     return 0
 
 

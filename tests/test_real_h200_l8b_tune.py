@@ -1,10 +1,11 @@
-"""A confirmed real tune at user scale on one H200 (vLLM 0.26.0), kept as evidence and rechecked in CI.
+"""Confirmed real tunes at user scale on one H200 (vLLM 0.26.0), kept as evidence and rechecked in CI.
 
-``study_l8b_tune``: `servetune tune benchmarks/real_vllm/h200_l8b_tune.yaml` on a fresh host,
-2026-12-02: the 8B model of ``study_l8b`` and its workload, the memory pair
-(gpu_memory_utilization x max_num_seqs), README's GPU defaults, two trials and one confirmation
-repeat. What the study decided is checked here against the records; how long it took against a
-sweep is a figure, printed by ``benchmarks/time_to_answer.py``.
+``study_l8b_tune`` and ``study_l8b_tune_b``: `servetune tune benchmarks/real_vllm/h200_l8b_tune.yaml`,
+each on a fresh host, 2026-12-02 (the fourth and fifth device sessions): the 8B model of
+``study_l8b`` and its workload, the memory pair (gpu_memory_utilization x max_num_seqs), README's
+GPU defaults, two trials and one confirmation repeat. What each study decided is checked here
+against its records; how long it took against a sweep is a figure, printed by
+``benchmarks/time_to_answer.py``.
 """
 
 from __future__ import annotations
@@ -26,14 +27,22 @@ from servetune.spec.schema import StudySpec
 
 REAL = Path(__file__).parent / "fixtures" / "real_h200"
 TUNE = REAL / "study_l8b_tune"
+TUNES = (TUNE, REAL / "study_l8b_tune_b")
 SPEC = Path(__file__).parents[1] / "benchmarks" / "real_vllm" / "h200_l8b_tune.yaml"
 MODEL, GPU = load_model("llama-3.1-8b"), get_gpu("H200")
-ROWS = dataset.read_trials(TUNE / "dataset").sort_values("timestamp").to_dict("records")
+
+
+def _rows(tune: Path) -> list[dict]:
+    return dataset.read_trials(tune / "dataset").sort_values("timestamp").to_dict("records")
+
+
+ROWS = _rows(TUNE)
 GRID = dataset.read_trials(REAL / "study_l8b" / "dataset").to_dict("records")
+STARTS = [(tune, row) for tune in TUNES for row in _rows(tune)]
 
 
-def _folder(row: dict) -> Path:
-    return TUNE / "trials" / dataset.row_trial_dir_name(row)
+def _folder(row: dict, tune: Path = TUNE) -> Path:
+    return tune / "trials" / dataset.row_trial_dir_name(row)
 
 
 def _spec() -> StudySpec:
@@ -44,12 +53,13 @@ def _spec() -> StudySpec:
     return StudySpec.from_dict(data, SPEC.parent)
 
 
-def test_the_first_trial_is_the_informed_start_the_planner_gives_for_this_spec():
-    """The study launched first what servetune.search.informed computes for the spec (the highest
+@pytest.mark.parametrize("tune", TUNES, ids=lambda t: t.name)
+def test_the_first_trial_is_the_informed_start_the_planner_gives_for_this_spec(tune):
+    """Each study launched first what servetune.search.informed computes for the spec (the highest
     utilization that starts, max_num_seqs under the preemption bound), and it won."""
     spec = _spec()
     starts = informed_starts(spec.search_space, spec.fixed_flags, MODEL, GPU, spec.workload, spec.vllm_version)
-    first = ROWS[0]
+    first = _rows(tune)[0]
     assert first["origin"] == "informed"
     assert starts[0] == {"gpu_memory_utilization": first["flag_gpu_memory_utilization"],
                          "max_num_seqs": int(first["flag_max_num_seqs"])} == {"gpu_memory_utilization": 0.95,
@@ -76,12 +86,45 @@ def test_the_baseline_was_stopped_early_below_the_informed_start_and_the_winner_
     assert all(r["preemptions"] == 0 for r in ROWS)
 
 
-@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['trial_number']}-{r['origin']}")
-def test_each_start_matches_its_log_and_the_planner_held_out(row):
+@pytest.mark.parametrize(("tune", "row"), STARTS, ids=lambda v: v.name if isinstance(v, Path)
+                         else f"{v['trial_number']}-{v['origin']}")
+def test_each_start_matches_its_log_and_the_planner_held_out(tune, row):
     """KV capacity from the log, and the planner (never fitted on these starts) within 0.3%, with
     the compile-cache verdict each start's log shows (the baseline loaded trial 0's graphs)."""
-    parsed = parse_log((_folder(row) / "server.log").read_text())
+    parsed = parse_log((_folder(row, tune) / "server.log").read_text())
     assert parsed.kv_cache_tokens == row["kv_cache_tokens"]
     warm = bool(row["compile_cache_hit"])
     plan = plan_memory(MODEL, GPU, resolve_engine_config(dataset.row_flags(row), MODEL, GPU), compile_cache_warm=warm)
     assert abs(plan.kv_cache_tokens - row["kv_cache_tokens"]) / row["kv_cache_tokens"] < 0.003
+
+
+@pytest.mark.parametrize("tune", TUNES, ids=lambda t: t.name)
+def test_the_confirmation_printed_is_the_confirm_rule_on_the_recorded_runs(tune):
+    """The driver's confirmation line is servetune.search.confirm applied to the trial's recorded
+    runs (the trial and its repeat), and the winner it named is the top of confirm.choose."""
+    from servetune.search.confirm import choose, confirm
+
+    rows = [r for r in _rows(tune) if r["trial_number"] == 0]
+    c = confirm(0, dataset.row_flags(rows[0]), [r["output_throughput"] for r in rows],
+                [r["preemptions"] == 0 for r in rows])
+    log = (tune / "study.log").read_text()
+    assert f"servetune: confirmed trial #0: {c.mean:,.0f} +- {c.half_width:,.0f} (95% CI) over 2 runs" in log
+    assert choose([c]).winner.trial_number == 0 and "winner on confirmed figures: trial #0" in log
+
+
+def test_the_second_tune_ran_its_baseline_to_the_end_and_its_host_was_noisier():
+    """The fifth session's host: the baseline (0.9 x 512) came within 5.4% of the informed start,
+    too close for early stopping's margin (``EarlyStop.margin``) to end it, so it ran
+    its whole window; the confirmation repeat of the same flags came 9.8% below the first run, its
+    API server spending 24% more CPU on the same requests (the host's CPU, not the flags)."""
+    import dataclasses
+
+    from servetune.engines.early_stop import EarlyStop
+
+    margin = next(f.default for f in dataclasses.fields(EarlyStop) if f.name == "margin")
+    first, baseline, repeat = _rows(REAL / "study_l8b_tune_b")
+    assert (first["origin"], baseline["origin"], repeat["origin"]) == ("informed", "baseline", "repeat")
+    assert baseline["completed"] == 512 and not baseline.get("early_stopped")
+    assert baseline["output_throughput"] * margin > first["output_throughput"] > baseline["output_throughput"]
+    assert repeat["output_throughput"] < 0.91 * first["output_throughput"]
+    assert repeat["api_server_cpu_s"] > 1.2 * first["api_server_cpu_s"]
