@@ -668,9 +668,10 @@ requests of every real vLLM window in `tests/fixtures/real_h200` (what the decid
 {real_stops}
 
 Closed loops of 2-4 waves are the hard case: every wave starts with its prefills, and the rate
-so far dips at each. Under the margin of 1.5 used until 2026-12-02, 7 of these 66 windows would
-have been cut below their own final rate (by up to 3%); 1.6 is the first 0.05 step above what
-the first three sessions' windows needed.
+so far dips at each. Under the margin of 1.5 used until 2026-12-02, 7 of the first three
+sessions' and fourth host's 66 windows would have been cut below their own final rate (by up to
+3%), and one of the fifth host's; 1.6 is the first 0.05 step above what the first three sessions'
+windows needed, and the two later hosts' 28 windows, measured after, needed at most 1.521.
 
 ## Pre-screen accuracy on real vLLM 0.26 starts (H200, servetune-test-850m)
 
