@@ -2,7 +2,7 @@
 
 A flag the installed vLLM does not know (``--swap-space`` on >= 0.18) or a value outside its
 choices is an ``invalid_config`` found before launch, not after a minute of startup. The help text
-is read once per study (``vllm serve --help=all``, see :func:`servetune.engines.vllm.engine.read_serve_help`);
+is read once per host (``vllm serve --help=all``, see :func:`servetune.engines.vllm.engine.read_serve_help`);
 this module only parses it.
 
 Example:
