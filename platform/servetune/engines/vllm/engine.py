@@ -67,8 +67,7 @@ from servetune.engines.vllm.serve_cli import check_argv, parse_serve_help
 from servetune.workload import Workload
 
 __all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "cached_serve_help", "free_port",
-           "gpu_memory_used_mib",
-           "SAFE_ENV"]
+           "gpu_memory_used_mib", "SAFE_ENV"]
 
 #: Set in every vLLM environment (NVLink multicast off: the GPU hosts' operating rule); the one
 #: definition lives in servetune.envs, where the memory planner reads it too.
