@@ -42,9 +42,9 @@ from servetune.sim.perf import calibration_for, with_calibration
 from servetune.workload import Workload
 
 __all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
-           "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "load_unseen_runs",
-           "load_evidence", "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "format_table", "fit",
-           "held_out", "FOLDS"]
+           "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
+           "load_unseen_runs", "load_evidence", "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary",
+           "format_table", "fit", "held_out", "FOLDS"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
@@ -290,17 +290,33 @@ def _gpu_with(calibration: Mapping[str, float] | None) -> GpuSpec:
     return with_calibration(get_gpu(GPU), calibration or {})
 
 
+def host_of(run_name: str) -> str | None:
+    """The :data:`UNSEEN_HOSTS` host a run was measured on (its calibrating window, or a window
+    under one of its prefixes); None for the runs of hosts with no factor of their own."""
+    for host, (calibrating, prefixes) in UNSEEN_HOSTS.items():
+        if run_name == calibrating or any(run_name.startswith(p) for p in prefixes):
+            return host
+    return None
+
+
 def fidelity_rows(calibration: Mapping[str, float] | None = None,
-                  runs: Iterable[RealRun] | None = None, max_requests: int | None = None) -> list[FidelityRow]:
+                  runs: Iterable[RealRun] | None = None, max_requests: int | None = None,
+                  host_factors: Mapping[str, float] | None = None) -> list[FidelityRow]:
     """Simulate every real run; ``calibration`` overrides the H200 knobs (for fitting).
 
     ``max_requests`` simulates only the first requests of each window (the fit's inner loop: a
     closed-loop window reaches its steady state within a few rounds of its concurrency).
+    ``host_factors`` (host of :data:`UNSEEN_HOSTS` -> API-server CPU factor) simulates each host's
+    runs (:func:`host_of`) at its own factor and every other run at the calibration's: runs from
+    several hosts judged, or fitted, together.
     """
-    gpu = _gpu_with(calibration)
+    gpus = {None: _gpu_with(calibration)}
+    for host, factor in (host_factors or {}).items():
+        gpus[host] = _gpu_with({**(calibration or {}), "api_cpu_factor": factor})
     rows = []
     models: dict[str, Any] = {}
     for run in runs if runs is not None else load_evidence():
+        gpu = gpus.get(host_of(run.name), gpus[None])
         model = models.get(run.model) or models.setdefault(run.model, load_model(run.model))
         config = resolve_engine_config(run.flags, model, gpu)
         workload = run.workload
@@ -345,7 +361,7 @@ def host_checks(runs: Iterable[RealRun] | None = None) -> list[HostCheck]:
         judged = [r for name, r in sorted(by_name.items())
                   if name != calibrating and any(name.startswith(p) for p in prefixes)]
         out.append(HostCheck(host, calibrating, factor, fidelity_rows(None, judged),
-                             fidelity_rows({"api_cpu_factor": factor}, judged)))
+                             fidelity_rows(None, judged, host_factors={host: factor})))
     return out
 
 
@@ -470,11 +486,14 @@ NEUTRAL_START: dict[str, float] = {
 
 
 def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
-        starts: list[Mapping[str, float]] | None = None, from_committed: bool = True) -> dict[str, float]:
+        starts: list[Mapping[str, float]] | None = None, from_committed: bool = True,
+        host_factors: Mapping[str, float] | None = None) -> dict[str, float]:
     """Optuna TPE over FIT_SPACE minimising the loss over ``runs``; returns the best knobs.
 
     The search starts from the committed H200 calibration (``from_committed``, for refitting it)
-    or from :data:`NEUTRAL_START` (held-out folds), then ``starts``.
+    or from :data:`NEUTRAL_START` (held-out folds), then ``starts``. ``host_factors``: each host's
+    runs simulated at its API-server CPU factor (:func:`fidelity_rows`), so that a fit over
+    several hosts does not fold one host's slower CPU into the shared knobs.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     runs = runs if runs is not None else load_evidence()
@@ -482,7 +501,7 @@ def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
 
     def objective(trial: optuna.Trial) -> float:
         knobs = {k: trial.suggest_float(k, lo, hi, log=k.endswith("_s")) for k, (lo, hi) in FIT_SPACE.items()}
-        rows = fidelity_rows({**knobs, **measured}, runs, max_requests=FIT_MAX_REQUESTS)
+        rows = fidelity_rows({**knobs, **measured}, runs, max_requests=FIT_MAX_REQUESTS, host_factors=host_factors)
         if any(not math.isfinite(r.sim_ttft_mean_ms) or r.sim_output_throughput <= 0 for r in rows):
             return float("inf")
         return _loss(rows)

@@ -91,8 +91,8 @@ def main() -> int:
         tune_gpu = sum(r["dispatch_s"] for r in tune)
         what, wall = _time_to_winner(REAL / name)
         print(f"{name}: per start on its host (8B, full windows): compiling {statistics.mean(cold):.0f} s "
-              f"(n={len(cold)}, {min(cold):.0f}-{max(cold):.0f}), loading compiled graphs {statistics.mean(warm):.0f} s "
-              f"(n={len(warm)}, {min(warm):.0f}-{max(warm):.0f})")
+              f"(n={len(cold)}, {min(cold):.0f}-{max(cold):.0f}), loading compiled graphs "
+              f"{statistics.mean(warm):.0f} s (n={len(warm)}, {min(warm):.0f}-{max(warm):.0f})")
         print(f"  16-cell sweep, computed: {n_cold} compiling + {n_warm} loading starts = {sweep:,.0f} s "
               f"({sweep / 60:.1f} min); a fifth of it is {sweep / 5:,.0f} s")
         print(f"  tune, measured: {len(tune)} starts, {tune_gpu:,.0f} s of dispatch-to-result time; {what} "

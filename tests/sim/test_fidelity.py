@@ -81,6 +81,24 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
         assert host["throughput_max"] < worst_allowed[check.host] and host["preemption_class_agree"] == 1.0, check.host
 
 
+def test_each_hosts_runs_are_simulated_at_that_hosts_factor_and_no_other() -> None:
+    """fidelity_rows(host_factors=...) (what a fit over several hosts needs): a run of a host in
+    _fidelity.UNSEEN_HOSTS is simulated at that host's API-server factor, a run of any other host
+    at the calibration's, and the host's factor moves only the API server's CPU it is applied to."""
+    from _fidelity import host_of, load_unseen_runs
+
+    unseen = {r.name: r for r in load_unseen_runs()}
+    fifth = unseen["scale/l8b_h5_u09_s256_mbt8192/p256_o1024_c64"]
+    fourth = unseen["scale/l8b_h4_u09_s256_mbt8192/p256_o1024_c64"]
+    fitted = RUNS[0]
+    assert [host_of(r.name) for r in (fifth, fourth, fitted)] == ["fifth session", "fourth session", None]
+    plain = fidelity_rows(None, [fifth, fourth, fitted], max_requests=64)
+    hosted = fidelity_rows(None, [fifth, fourth, fitted], max_requests=64, host_factors={"fifth session": 2.0})
+    assert hosted[0].sim_api_server_cpu_s == pytest.approx(2.0 * plain[0].sim_api_server_cpu_s, rel=0.05)
+    assert hosted[0].sim_output_throughput < plain[0].sim_output_throughput  # its API server is the slower
+    assert hosted[1:] == plain[1:]  # the other host's run and the fitted run: untouched
+
+
 def test_short_tokenizer_windows_are_left_out_unless_asked_for() -> None:
     # The 2026-12-01 8B/14B starts carried a 32,000-token tokenizer (scale/tokenizers.json):
     # 21 windows no fit or fidelity figure may rest on, still loadable for a look.
