@@ -351,15 +351,14 @@ def host_checks(runs: Iterable[RealRun] | None = None) -> list[HostCheck]:
     every other window of the host simulated with it. Nothing here is fitted to throughput."""
     by_name = {r.name: r for r in (runs if runs is not None else load_unseen_runs())}
     out = []
-    for host, (calibrating, prefixes) in UNSEEN_HOSTS.items():
+    for host, (calibrating, _) in UNSEEN_HOSTS.items():
         anchor = by_name[calibrating]
         sim = fidelity_rows(None, [anchor])[0]
         factor = host_api_cpu_factor(TrialResult(TrialStatus.OK, api_server_cpu_s=anchor.api_server_cpu_s),
                                      TrialResult(TrialStatus.OK, api_server_cpu_s=sim.sim_api_server_cpu_s))
         if factor is None:
             raise ValueError(f"{calibrating}: no API-server CPU on one side")
-        judged = [r for name, r in sorted(by_name.items())
-                  if name != calibrating and any(name.startswith(p) for p in prefixes)]
+        judged = [r for name, r in sorted(by_name.items()) if name != calibrating and host_of(name) == host]
         out.append(HostCheck(host, calibrating, factor, fidelity_rows(None, judged),
                              fidelity_rows(None, judged, host_factors={host: factor})))
     return out

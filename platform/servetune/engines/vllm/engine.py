@@ -361,13 +361,16 @@ def _serve_help_cache_file(serve_command: tuple[str, ...], cache_dir: Path | Non
     return cache / f"{key.hexdigest()[:24]}.txt"
 
 
-def cached_serve_help(serve_command: tuple[str, ...], cache_dir: Path | None = None) -> str | None:
-    """The help text :func:`read_serve_help` cached on this host for ``serve_command``; None when
-    it has not been read here yet (nothing is run)."""
-    cached = _serve_help_cache_file(serve_command, cache_dir)
+def _read_cached(cached: Path) -> str | None:
     with contextlib.suppress(OSError):
         return cached.read_text() if cached.is_file() else None
     return None
+
+
+def cached_serve_help(serve_command: tuple[str, ...], cache_dir: Path | None = None) -> str | None:
+    """The help text :func:`read_serve_help` cached on this host for ``serve_command``; None when
+    it has not been read here yet (nothing is run)."""
+    return _read_cached(_serve_help_cache_file(serve_command, cache_dir))
 
 
 @functools.lru_cache(maxsize=4)
@@ -378,10 +381,10 @@ def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0,
     Reading it imports vLLM (~20 s on the H200 host), and every trial runs in a fresh Ray actor, so
     the text is cached on disk (:func:`cached_serve_help`) as well as in the process.
     """
-    known = cached_serve_help(serve_command, cache_dir)
+    cached = _serve_help_cache_file(serve_command, cache_dir)
+    known = _read_cached(cached)
     if known is not None:
         return known
-    cached = _serve_help_cache_file(serve_command, cache_dir)
     env = {**os.environ, **SAFE_ENV}
     for flag in ("--help=all", "--help"):
         try:
