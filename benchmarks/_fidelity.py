@@ -176,6 +176,9 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # 2026-12-02, the fifth device session, another fresh host (plans plan_h5_*.json), after a
     # confirmed tune there: the prefill-heavy anchor, then closed-loop decode at 32-128 in flight; 13 windows.
     "l8b_h5_u09_s256_mbt8192", "q14b_h5_u09_s256_mbt8192",
+    # 2026-12-03, the sixth device session, another fresh host (plans plan_h6_*.json): the anchor, then
+    # closed-loop decode at 32-192 in flight and 2,048-token outputs, fp8 KV at 8B, 128 x 2048 at 14B; 23 windows.
+    "l8b_h6_u09_s256_mbt8192", "q14b_h6_u09_s256_mbt8192", "l8b_h6_u09_s256_fp8kv", "q14b_h6_u09_s128_mbt2048",
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
@@ -187,6 +190,7 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "third session, second host": ("study_q14b/h200-q14b-grid/0008", ("scale/l8b_fv_u09_s256_mbt8192_dec/",)),
     "fourth session": ("scale/l8b_h4_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h4_", "scale/q14b_h4_")),
     "fifth session": ("scale/l8b_h5_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h5_", "scale/q14b_h5_")),
+    "sixth session": ("scale/l8b_h6_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h6_", "scale/q14b_h6_")),
 }
 
 

@@ -169,10 +169,11 @@ def margin_needed(window: RealWindow, min_fraction: float = EarlyStop.min_fracti
 def real_table(windows: list[RealWindow]) -> str:
     """Per session: the margin its windows needed, and what the shipped rule saves below the best."""
     rule = EarlyStop()
-    later = ("_h4_", "_h5_")
+    later = ("_h4_", "_h5_", "_h6_")
     sessions = {"first three sessions": [w for w in windows if not any(h in w.name for h in later)],
                 "fourth session's host (not used to choose the margin)": [w for w in windows if "_h4_" in w.name],
-                "fifth session's host (measured after the margin was chosen)": [w for w in windows if "_h5_" in w.name]}
+                "fifth session's host (measured after the margin was chosen)": [w for w in windows if "_h5_" in w.name],
+                "sixth session's host (measured after the margin was chosen)": [w for w in windows if "_h6_" in w.name]}
     lines = [f"margin {rule.margin:g} after {rule.min_fraction:.0%} of the requests answered", "",
              "| windows | n | largest margin needed | windows the rule would cut at a tied best | "
              "window saved, 15% below the best | 30% below |", "|---|---|---|---|---|---|"]
