@@ -55,39 +55,51 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     """servetune.sim.engine.host_api_cpu_factor on one real window per host (the real API server's
     process_cpu_seconds_total over the simulated API server's CPU, committed calibration), then the
     host's other windows simulated with it (_fidelity.host_checks; `sim_fidelity.py --unseen`).
-    Nothing is fitted to throughput and no judged window is the calibrating one. On the third
-    session's second host (factor 1.73, read off a 14B prefill-heavy grid trial) its five
-    decode-heavy 8B windows go from 12.5% (max 43.5%) to 8.3% (max 14.4%) off on throughput and
-    from 41% to 23% on TTFT; on the fourth session's host (1.39, read off an 8B prefill-heavy
-    window) its 14 other 8B/14B windows from 6.1% to 5.5% and 24.5% to 17.2%; on the fifth's
-    (1.58) its 12 other windows from 9.6% to 9.3% and 17.2% to 13.4%; on the sixth's (1.20, the
-    nearest to the fitted hosts) its 22 other windows from 11.9% to 10.7%, TTFT unchanged at 16.9%.
-    So the factor always helps throughput, and TTFT where the host is well away from the fit's
-    (factor 1.35 or more); nowhere may it make TTFT worse. The bounds hold those figures with a little
-    room; the factor itself must be a host's, not 1.
+    Nothing is fitted to throughput and no judged window is the calibrating one.
 
-    The largest error left is not the API server's: on the fifth host the closed-loop decode
-    windows at 32-96 in flight run 9-17.5% fast in the simulator with or without the factor, at
-    8B and 14B alike (the same 8B window at 64 in flight is 10-12% fast on three hosts), so its
-    bound on the worst window is the measured 17.5% with room, not the 15% of the others. On the
-    sixth host the worst are the fp8 KV cache's windows (8B decode at 32-64 in flight 29-30% fast):
-    the simulator's fp8 cache halves the bytes paged attention reads, and vLLM 0.26's FlashAttention
-    fp8 path served the same decode load 1-10% faster than bf16, not 13-22%."""
-    from _fidelity import host_checks
+    Only the held-out host (_fidelity.HELD_OUT_HOSTS: the sixth session's, in no fit) judges the
+    rule: its factor (1.18, off the 8B prefill-heavy anchor) takes its 22 other windows from 5.3%
+    (max 19.8%) to 4.4% (max 14.2%) off on throughput, TTFT 26.8% to 26.0%. The three earlier
+    hosts' runs have been in the calibration's fit since 2026-12-03, each at its factor, so their
+    rows are a fit: before it, held out, the factor took the third session's second host from 12.5%
+    to 8.3% (TTFT 41% to 23%), the fourth's from 6.1% to 5.5% (24.5% to 17.2%), the fifth's from
+    9.6% to 9.3% (17.2% to 13.4%). What every host must still show: a factor of its own, the
+    preemption verdict right, and no window far off; the bounds hold the measured worst with room
+    (the third host's 256-in-flight decode window, 17.5%; the fifth's 14B decode at 32 in flight,
+    18.2%; the sixth's fp8 KV decode at 32 in flight, 14.2%: the simulator's fp8 cache halves the
+    bytes paged attention reads, and vLLM 0.26's FlashAttention fp8 path served the same decode
+    load 1-10% faster than bf16, not 13-22%)."""
+    from _fidelity import HELD_OUT_HOSTS, host_checks
 
-    worst_allowed = {"third session, second host": 0.15, "fourth session": 0.15, "fifth session": 0.19,
-                     "sixth session": 0.31}
+    worst_allowed = {"third session, second host": 0.19, "fourth session": 0.15, "fifth session": 0.20,
+                     "sixth session": 0.16}
     checks = host_checks()
     assert [c.host for c in checks] == list(worst_allowed)
+    assert set(HELD_OUT_HOSTS) == {"sixth session"}
     for check in checks:
         assert 1.15 < check.api_cpu_factor < 2.0, check.host
         assert all(r.real.name != check.calibrating_window for r in check.with_factor)
         plain, host = error_summary(check.plain), error_summary(check.with_factor)
-        assert host["throughput_mae"] < plain["throughput_mae"], check.host
-        assert host["ttft_mae"] < plain["ttft_mae"] + 0.005, check.host
-        if check.api_cpu_factor >= 1.35:
-            assert host["ttft_mae"] < 0.8 * plain["ttft_mae"], check.host
         assert host["throughput_max"] < worst_allowed[check.host] and host["preemption_class_agree"] == 1.0, check.host
+        if check.host in HELD_OUT_HOSTS:
+            assert host["throughput_mae"] < plain["throughput_mae"], check.host
+            assert host["ttft_mae"] < plain["ttft_mae"] + 0.005, check.host
+
+
+def test_the_committed_calibration_meets_the_targets_on_the_held_out_host() -> None:
+    """Issue 12's targets on the runs no fit has seen (the sixth host, at its factor read off its
+    anchor window, as a study's screen applies it): mean output-throughput error <= 5% and TPOT
+    <= 7% per load shape, the preemption verdict right on every run. Measured: prefill-heavy 4.0%
+    and 2.8%, decode-heavy 4.6% and 5.0%. TTFT is not met (prefill-heavy 19.3%, decode-heavy
+    27.9%, against 20%): the bound here is the measured miss with room, so a change that makes it
+    worse fails."""
+    from _fidelity import HELD_OUT_HOSTS, host_checks
+
+    (check,) = [c for c in host_checks() if c.host in HELD_OUT_HOSTS]
+    for shape, ttft_bound in (("prefill", 0.21), ("decode", 0.30)):
+        e = error_summary([r for r in check.with_factor if r.real.shape == shape])
+        assert e["throughput_mae"] <= 0.05 and e["tpot_mae"] <= 0.07, (shape, e)
+        assert e["ttft_mae"] < ttft_bound and e["preemption_class_agree"] == 1.0, (shape, e)
 
 
 def test_each_hosts_runs_are_simulated_at_that_hosts_factor_and_no_other() -> None:
@@ -188,20 +200,22 @@ def test_each_fold_measures_the_api_servers_token_cost_on_its_own_training_windo
 
 
 def test_the_committed_calibration_on_real_studies_measured_after_it_was_fitted() -> None:
-    """The H200 calibration shipped in servetune.sim.perf, fitted on the 36 windows above, on the 11
-    windows measured later and in no fit (_fidelity.UNSEEN_STUDIES: the 8B grid's last cell, the
-    confirmed 8B tune, all 8 cells of the 14B grid; `sim_fidelity.py --unseen`): output
-    throughput within 2.8% on average and 6.5% at worst, TPOT 7.3%, TTFT 7.8%, the preemption
-    verdict right on every window and both preempting 14B cells' counts exact (74, 49), both
-    studies' best flag set ranked first. The bounds hold those figures with a little room."""
+    """The H200 calibration shipped in servetune.sim.perf on the 11 trials of the real studies
+    measured after the folds were fitted (_fidelity.UNSEEN_STUDIES: the 8B grid's last cell, the
+    confirmed 8B tune, all 8 cells of the 14B grid; `sim_fidelity.py --unseen`). Out of sample for
+    the 2026-12-02 calibration, which got them within 2.8% (max 6.5%), TPOT 7.3%, TTFT 7.8%; in the
+    fit of the 2026-12-03 one (so a fit, not a fidelity figure): 3.1% (max 5.1%), TPOT 2.8%, TTFT
+    14.5% (the tune's repeat's 52% low). What must hold whatever the fit: the preemption verdict
+    right on every trial, both preempting 14B cells' counts exact (74, 49), both studies' best flag
+    set ranked first. The bounds hold those figures with a little room."""
     from _fidelity import UNSEEN_STUDIES
     from sim_fidelity import grid_ranking
 
     rows = fidelity_rows(None, load_study_runs(studies=UNSEEN_STUDIES))
     assert len(rows) == 11 and not {r.real.name for r in rows} & {r.name for r in RUNS}
     e = error_summary(rows)
-    assert e["throughput_mae"] < 0.03 and e["throughput_max"] < 0.07 and e["tpot_mae"] < 0.09
-    assert e["ttft_mae"] < 0.12 and e["preemption_class_agree"] == 1.0
+    assert e["throughput_mae"] < 0.035 and e["throughput_max"] < 0.07 and e["tpot_mae"] < 0.05
+    assert e["ttft_mae"] < 0.17 and e["preemption_class_agree"] == 1.0
     for r in rows:
         assert abs(r.sim_preemptions - r.real.preemptions) <= 0.05 * r.real.preemptions, r.real.name
     for folder in ("study_l8b_tune", "study_q14b"):

@@ -32,12 +32,32 @@ def test_decode_is_memory_bound_and_grows_with_context() -> None:
     p = perf()
     cal = p.calibration
     one = p.gpu_time(1, 1, 100, 100, decode_only=True)
-    # One token streams every weight but the embedding table (a gather of one row).
+    # One token streams every weight but the embedding table (a gather of one row), plus the FULL
+    # graph's fixed cost (its replay and each layer's kernel ramps).
     streamed = LLAMA8B.weight_bytes_per_gpu(1, 1) - LLAMA8B.vocab_size * LLAMA8B.hidden_size * 2
-    assert one == pytest.approx(streamed / (H100.hbm_gbps * 1e9 * cal.mem_efficiency), rel=0.05)
+    fixed = cal.graph_launch_s + cal.full_graph_layer_s * LLAMA8B.num_layers
+    assert one - fixed == pytest.approx(streamed / (H100.hbm_gbps * 1e9 * cal.mem_efficiency), rel=0.05)
     assert decode(p, 64, 4000) > decode(p, 64, 1000) > decode(p, 64, 100)
     # Doubling a small batch costs far less than double: the weights are read once per step.
     assert decode(p, 16, 1000) < 1.3 * decode(p, 8, 1000)
+
+
+def test_a_full_graph_decode_step_pays_each_layers_kernel_ramps_and_no_other_step_does() -> None:
+    """full_graph_layer_s: a decode batch replayed as one FULL CUDA graph pays it once per layer of
+    the model (the same constant at 32 and 48 layers); a mixed batch (PIECEWISE graphs), a batch
+    above the largest capture size and an eager step have their own per-layer costs and none of it."""
+    without = Calibration().with_overrides({"full_graph_layer_s": 0.0})
+    with_it = without.with_overrides({"full_graph_layer_s": 20e-6})
+    for model in (LLAMA8B, QWEN14B):
+        for flags in ({"max_model_len": 4096}, {"max_model_len": 4096, "enforce_eager": True}):
+            config = resolve_engine_config(flags, model, H200)
+            p0, p1 = PerfModel(model, H200, config, without), PerfModel(model, H200, config, with_it)
+            extra = p1.gpu_time(32, 32, 32_000, 32_000, True) - p0.gpu_time(32, 32, 32_000, 32_000, True)
+            assert extra == pytest.approx(0.0 if flags.get("enforce_eager") else 20e-6 * model.num_layers, abs=1e-9)
+            mixed = (40, 1024, 40_000, 600_000, False)
+            assert p1.gpu_time(*mixed) == p0.gpu_time(*mixed)
+            big = p0.max_capture + 8 if p0.max_capture else 600
+            assert p1.gpu_time(big, big, big * 1000, big * 1000, True) == p0.gpu_time(big, big, big * 1000, big * 1000, True)
 
 
 def test_prefill_is_compute_bound_and_scales_with_tokens() -> None:

@@ -178,12 +178,13 @@ def test_determinism() -> None:
     assert a.preemptions and a.preemptions > 0
 
 
-def test_max_num_seqs_sweep_rises_then_falls_once_preemption_sets_in() -> None:
+def test_max_num_seqs_sweep_rises_then_stops_once_preemption_sets_in() -> None:
     """llama-3.1-8b on an H100 with a fixed KV cache of 4096 usable blocks (65,536 tokens) and
     1024-in / 1024-out requests (128 blocks each when done): 32 sequences fit. Output throughput
-    rises with max_num_seqs while every sequence fits, peaks where the KV cache saturates, and falls
-    once oversubscription forces recompute preemptions (decode is KV-read bound by then, so more
-    sequences add no throughput, while every preemption recomputes up to 2048 tokens)."""
+    rises with max_num_seqs while every sequence fits, and stops where the KV cache saturates:
+    oversubscription forces recompute preemptions (every one recomputes up to 2048 tokens) and buys
+    nothing for them, within 2% of the saturating setting (with the 2026-12-03 H200 constants, which
+    an H100 inherits, 48 sequences gain 0.8% for 60 preemptions; with the 2026-12-02 ones they lost)."""
     model, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
     w = Workload.from_dict({"input_len": 1024, "output_len": 1024, "num_requests": 128, "concurrency": 64})
     tput, pre, usage = {}, {}, {}
@@ -196,7 +197,8 @@ def test_max_num_seqs_sweep_rises_then_falls_once_preemption_sets_in() -> None:
     assert 0 < pre[48] < pre[64], pre
     assert usage[16] < 1.0 and usage[32] == pytest.approx(1.0)  # 32 x 128 blocks: exactly full
     assert tput[8] < tput[16] < tput[32], tput  # rises while the KV cache holds every sequence
-    assert tput[32] > tput[48] > tput[64], tput  # falls once preemption sets in
+    assert max(tput[48], tput[64]) < 1.02 * tput[32], tput  # preempting buys nothing
+    assert tput[64] <= tput[48], tput  # and more of it costs
 
 
 def test_a_figure_the_api_server_bounds_says_it_depends_on_the_host_cpu() -> None:
