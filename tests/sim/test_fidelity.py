@@ -34,12 +34,14 @@ def test_fixtures_hold_every_healthy_window_with_its_preemption_counts() -> None
     assert sum(r.preemptions for r in runs.values()) == 106 + 192 + 71 + (50 + 71 + 49)
 
 
-def test_windows_measured_after_the_fit_are_in_no_fit_and_loaded_apart() -> None:
-    """The starts measured after the fit (_fidelity.UNSEEN_STARTS: the decode-heavy 8B start of the
-    third device session, the four starts of the fourth, the two of the fifth, the four of the sixth)
-    are left out of load_evidence, which every fit and fold reads, and loaded by load_unseen_runs with
-    the unseen studies' trials: 5 + 15 + 13 + 23 windows + 11 trials, all 8B or 14B."""
-    from _fidelity import UNSEEN_STARTS, load_unseen_runs
+def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_host_in_no_fit() -> None:
+    """The starts measured after the folds were fitted (_fidelity.UNSEEN_STARTS: the decode-heavy 8B
+    start of the third device session, the four starts of the fourth, the two of the fifth, the four
+    of the sixth) are left out of load_evidence, which every fold reads, and loaded by
+    load_unseen_runs with the unseen studies' trials: 5 + 15 + 13 + 23 windows + 11 trials, all 8B
+    or 14B. The committed calibration's fit (load_calibration_runs) takes all of them but the
+    held-out host's 23 windows, which nothing fitted has seen."""
+    from _fidelity import HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, load_calibration_runs, load_unseen_runs
 
     fitted = {r.name for r in RUNS}
     unseen = {r.name: r for r in load_unseen_runs()}
@@ -49,6 +51,10 @@ def test_windows_measured_after_the_fit_are_in_no_fit_and_loaded_apart() -> None
     assert len(dec) == 5 and all(r.shape == "decode" and r.size == "8B" for r in dec)
     assert not any(name.startswith(f"scale/{UNSEEN_STARTS[0]}/") for name in fitted)
     assert {r.name for r in load_real_runs(starts=UNSEEN_STARTS[:1])} == {r.name for r in dec}
+    calibration = {r.name for r in load_calibration_runs()}
+    held_out = {name for name in unseen if host_of(name) in HELD_OUT_HOSTS}
+    assert len(held_out) == 23 and not calibration & held_out
+    assert calibration == fitted | (set(unseen) - held_out)
 
 
 def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windows() -> None:
