@@ -44,6 +44,7 @@ from servetune.workload import Workload
 __all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
            "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
+           "host_factor", "in_calibration_fit",
            "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary",
            "format_table", "fit", "held_out", "FOLDS"]
 
@@ -297,16 +298,24 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session",)
 
 
+def in_calibration_fit(run_name: str) -> bool:
+    """Whether the committed calibration was fitted on this run: every run but those of
+    :data:`HELD_OUT_HOSTS` (the one rule :func:`load_calibration_runs` and ``sim_fidelity --unseen``
+    apply)."""
+    return host_of(run_name) not in HELD_OUT_HOSTS
+
+
 def load_calibration_runs(fixtures: Path = FIXTURES) -> list[RealRun]:
-    """What the committed calibration is fitted on: :func:`load_evidence` and every unseen run of a
-    host that is not in :data:`HELD_OUT_HOSTS` (each simulated at its host's factor in the fit)."""
-    return load_evidence(fixtures) + [r for r in load_unseen_runs(fixtures) if host_of(r.name) not in HELD_OUT_HOSTS]
+    """What the committed calibration is fitted on: :func:`load_evidence` and every unseen run
+    :func:`in_calibration_fit` (each simulated at its host's factor in the fit)."""
+    return load_evidence(fixtures) + [r for r in load_unseen_runs(fixtures) if in_calibration_fit(r.name)]
 
 
 def calibration_host_factors(runs: Iterable[RealRun] | None = None) -> dict[str, float]:
-    """The API-server CPU factor of each fitted host of :data:`UNSEEN_HOSTS`, read as
-    :func:`host_checks` reads it (one window, the committed calibration): a fit's ``host_factors``."""
-    return {c.host: c.api_cpu_factor for c in host_checks(runs) if c.host not in HELD_OUT_HOSTS}
+    """The API-server CPU factor of each fitted host of :data:`UNSEEN_HOSTS` (:func:`host_factor`,
+    the committed calibration): a fit's ``host_factors``."""
+    by_name = {r.name: r for r in (runs if runs is not None else load_unseen_runs())}
+    return {host: host_factor(host, by_name) for host in UNSEEN_HOSTS if host not in HELD_OUT_HOSTS}
 
 
 def _gpu_with(calibration: Mapping[str, float] | None) -> GpuSpec:
@@ -368,6 +377,19 @@ class HostCheck:
     with_factor: list[FidelityRow]
 
 
+def host_factor(host: str, runs_by_name: Mapping[str, RealRun]) -> float:
+    """``host_api_cpu_factor`` of the host's calibrating window (:data:`UNSEEN_HOSTS`): its real
+    API-server CPU against the committed calibration's simulation of the same window."""
+    calibrating = UNSEEN_HOSTS[host][0]
+    anchor = runs_by_name[calibrating]
+    sim = fidelity_rows(None, [anchor])[0]
+    factor = host_api_cpu_factor(TrialResult(TrialStatus.OK, api_server_cpu_s=anchor.api_server_cpu_s),
+                                 TrialResult(TrialStatus.OK, api_server_cpu_s=sim.sim_api_server_cpu_s))
+    if factor is None:
+        raise ValueError(f"{calibrating}: no API-server CPU on one side")
+    return factor
+
+
 def host_checks(runs: Iterable[RealRun] | None = None) -> list[HostCheck]:
     """The host factor judged held out: per host of :data:`UNSEEN_HOSTS`, ``host_api_cpu_factor``
     of its calibrating window (real against simulated API-server CPU, committed calibration), then
@@ -375,12 +397,7 @@ def host_checks(runs: Iterable[RealRun] | None = None) -> list[HostCheck]:
     by_name = {r.name: r for r in (runs if runs is not None else load_unseen_runs())}
     out = []
     for host, (calibrating, _) in UNSEEN_HOSTS.items():
-        anchor = by_name[calibrating]
-        sim = fidelity_rows(None, [anchor])[0]
-        factor = host_api_cpu_factor(TrialResult(TrialStatus.OK, api_server_cpu_s=anchor.api_server_cpu_s),
-                                     TrialResult(TrialStatus.OK, api_server_cpu_s=sim.sim_api_server_cpu_s))
-        if factor is None:
-            raise ValueError(f"{calibrating}: no API-server CPU on one side")
+        factor = host_factor(host, by_name)
         judged = [r for name, r in sorted(by_name.items()) if name != calibrating and host_of(name) == host]
         out.append(HostCheck(host, calibrating, factor, fidelity_rows(None, judged),
                              fidelity_rows(None, judged, host_factors={host: factor})))

@@ -43,8 +43,8 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
         sys.path.insert(0, str(_p))
 
 from _fidelity import (FOLDS, UNSEEN_STARTS, UNSEEN_STUDIES, calibration_host_factors, error_summary,  # noqa: E402
-                       fidelity_rows, fit, format_table, held_out, host_checks, load_calibration_runs, load_evidence,
-                       load_study_runs, load_unseen_runs)
+                       fidelity_rows, fit, format_table, held_out, host_checks, in_calibration_fit,
+                       load_calibration_runs, load_evidence, load_study_runs, load_unseen_runs)
 
 
 def _rows_json(rows):  # type: ignore[no-untyped-def]
@@ -125,18 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.unseen:
         rows = fidelity_rows(None, load_unseen_runs())
         print(format_table(rows))
-        fitted = {r.name for r in load_calibration_runs()}
         for folder in (*UNSEEN_STUDIES, *(f"scale/{start}" for start in UNSEEN_STARTS)):
             group = [r for r in rows if r.real.name.startswith(folder + "/")]
             e = error_summary(group)
-            mark = "in the committed fit" if all(r.name in fitted for r in group) else "never fitted"
+            mark = "in the committed fit" if all(in_calibration_fit(r.name) for r in group) else "never fitted"
             print(f"  {folder} ({mark}): throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
                   f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
             if folder in UNSEEN_STUDIES and len(group) > 1:
                 print("  " + grid_ranking(group))
         # Only the never-fitted rows are fidelity figures; the others are the fit's own.
-        for label, group in (("never fitted (held-out hosts)", [r for r in rows if r.name not in fitted]),
-                             ("in the committed fit (not a fidelity figure)", [r for r in rows if r.name in fitted])):
+        for label, group in (("never fitted (held-out hosts)", [r for r in rows if not in_calibration_fit(r.name)]),
+                             ("in the committed fit (not a fidelity figure)",
+                              [r for r in rows if in_calibration_fit(r.name)])):
             print(f"  {label}:")
             for shape, e in _by_shape(group).items():
                 print(f"    {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "

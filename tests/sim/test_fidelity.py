@@ -41,7 +41,7 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_host_i
     load_unseen_runs with the unseen studies' trials: 5 + 15 + 13 + 23 windows + 11 trials, all 8B
     or 14B. The committed calibration's fit (load_calibration_runs) takes all of them but the
     held-out host's 23 windows, which nothing fitted has seen."""
-    from _fidelity import HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, load_calibration_runs, load_unseen_runs
+    from _fidelity import HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, in_calibration_fit, load_calibration_runs, load_unseen_runs
 
     fitted = {r.name for r in RUNS}
     unseen = {r.name: r for r in load_unseen_runs()}
@@ -52,7 +52,8 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_host_i
     assert not any(name.startswith(f"scale/{UNSEEN_STARTS[0]}/") for name in fitted)
     assert {r.name for r in load_real_runs(starts=UNSEEN_STARTS[:1])} == {r.name for r in dec}
     calibration = {r.name for r in load_calibration_runs()}
-    held_out = {name for name in unseen if host_of(name) in HELD_OUT_HOSTS}
+    held_out = {name for name in unseen if not in_calibration_fit(name)}
+    assert {host_of(name) for name in held_out} == set(HELD_OUT_HOSTS)
     assert len(held_out) == 23 and not calibration & held_out
     assert calibration == fitted | (set(unseen) - held_out)
 
