@@ -181,6 +181,10 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # 2026-12-03, the sixth device session, another fresh host (plans plan_h6_*.json): the anchor, then
     # closed-loop decode at 32-192 in flight and 2,048-token outputs, fp8 KV at 8B, 128 x 2048 at 14B; 23 windows.
     "l8b_h6_u09_s256_mbt8192", "q14b_h6_u09_s256_mbt8192", "l8b_h6_u09_s256_fp8kv", "q14b_h6_u09_s128_mbt2048",
+    # 2026-12-03, the seventh device session, another fresh host (plans plan_h7_*.json): the anchor, bf16 and
+    # fp8 KV starts of the same flags at 8B and 14B (decode at 32-192 in flight), a Poisson window; 17 windows.
+    "l8b_h7_u09_s256_mbt8192", "l8b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_mbt8192",
+    "l8b_h7_u09_s256_mbt8192_b", "q14b_h7_u09_s256_mbt8192_b",
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
@@ -193,6 +197,7 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fourth session": ("scale/l8b_h4_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h4_", "scale/q14b_h4_")),
     "fifth session": ("scale/l8b_h5_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h5_", "scale/q14b_h5_")),
     "sixth session": ("scale/l8b_h6_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h6_", "scale/q14b_h6_")),
+    "seventh session": ("scale/l8b_h7_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h7_", "scale/q14b_h7_")),
 }
 
 
@@ -295,7 +300,7 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 
 #: Hosts no fit has seen: the committed calibration (2026-12-03) was fitted on every other host's
 #: runs, and these hosts' windows, collected before that fit, are its held-out judges.
-HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session",)
+HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session")
 
 
 def in_calibration_fit(run_name: str) -> bool:

@@ -166,14 +166,23 @@ def margin_needed(window: RealWindow, min_fraction: float = EarlyStop.min_fracti
     return window.final_throughput / min(open_rates) if open_rates else 0.0
 
 
+#: The hosts measured after the margin was chosen on the first three sessions' windows: the
+#: start-name tag of each (``*_h4_*`` ...) and its row label in :func:`real_table`.
+LATER_HOSTS: dict[str, str] = {
+    "_h4_": "fourth session's host (not used to choose the margin)",
+    "_h5_": "fifth session's host (measured after the margin was chosen)",
+    "_h6_": "sixth session's host (measured after the margin was chosen)",
+    "_h7_": "seventh session's host (measured after the margin was chosen)",
+}
+
+
 def real_table(windows: list[RealWindow]) -> str:
     """Per session: the margin its windows needed, and what the shipped rule saves below the best."""
     rule = EarlyStop()
-    later = ("_h4_", "_h5_", "_h6_")
-    sessions = {"first three sessions": [w for w in windows if not any(h in w.name for h in later)],
-                "fourth session's host (not used to choose the margin)": [w for w in windows if "_h4_" in w.name],
-                "fifth session's host (measured after the margin was chosen)": [w for w in windows if "_h5_" in w.name],
-                "sixth session's host (measured after the margin was chosen)": [w for w in windows if "_h6_" in w.name]}
+    sessions: dict[str, list[RealWindow]] = {"first three sessions": []}
+    for w in windows:
+        tag = next((t for t in LATER_HOSTS if t in w.name), None)
+        sessions.setdefault(LATER_HOSTS[tag] if tag else "first three sessions", []).append(w)
     lines = [f"margin {rule.margin:g} after {rule.min_fraction:.0%} of the requests answered", "",
              "| windows | n | largest margin needed | windows the rule would cut at a tied best | "
              "window saved, 15% below the best | 30% below |", "|---|---|---|---|---|---|"]

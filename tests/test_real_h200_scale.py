@@ -41,10 +41,13 @@ def test_the_evidence_is_all_there() -> None:
                                       "q14b_h4_u09_s128_mbt2048", "q14b_h4_u09_s256_mbt8192",
                                       "l8b_h5_u09_s256_mbt8192", "q14b_h5_u09_s256_mbt8192",
                                       "l8b_h6_u09_s256_mbt8192", "q14b_h6_u09_s256_mbt8192",
-                                      "l8b_h6_u09_s256_fp8kv", "q14b_h6_u09_s128_mbt2048"])
+                                      "l8b_h6_u09_s256_fp8kv", "q14b_h6_u09_s128_mbt2048",
+                                      "l8b_h7_u09_s256_mbt8192", "l8b_h7_u09_s256_fp8kv", "l8b_h7_u09_s256_mbt8192_b",
+                                      "q14b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_mbt8192",
+                                      "q14b_h7_u09_s256_mbt8192_b"])
     assert set(json.loads((SCALE / "tokenizers.json").read_text())["tokenizer_vocab"]) == set(STARTS)
     windows = sorted(SCALE.glob("*/*/summary.json"))
-    assert len(windows) == 94
+    assert len(windows) == 111
     for w in windows:
         s = json.loads(w.read_text())
         assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w
