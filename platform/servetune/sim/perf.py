@@ -19,8 +19,10 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
 * **Element-wise kernels** (fused add + RMSNorm twice, rotary embedding, SiLU-and-mul, residual):
   ``(10.5 * hidden + 3 * intermediate / tp) * 2 bytes`` per token per layer at ``mem_efficiency``.
   They are why a small model reaches a smaller share of its GEMM peak.
-* **Attention**: decode requests stream their KV context (``kv_read_efficiency`` of HBM);
-  prefill chunks do ``4 * q_heads * head_dim * sum(tokens x context)`` FLOPs (causal) at
+* **Attention**: decode requests stream their KV context (``kv_read_efficiency`` of HBM; an fp8
+  cache its halved bytes at ``fp8_kv_read_efficiency``: vLLM 0.26's FlashAttention fp8 path served
+  8B and 14B decode only 1-10% faster than bf16 on two H200 hosts, where halving the bytes at the
+  bf16 rate predicted 13-22%); prefill chunks do ``4 * q_heads * head_dim * sum(tokens x context)`` FLOPs (causal) at
   ``attn_efficiency`` of the dense peak (FlashAttention-3 does not reach the GEMM rate), and write
   their new KV.
 * **Launch costs**: a decode-only batch up to the largest capture size replays one FULL CUDA graph
@@ -29,10 +31,10 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   GPU. The fifth H200 host's closed-loop decode steps (8B and 14B at 32-128 in flight, TPOT against
   batch) sat 0.85 ms (8B) and 1.38 ms (14B) above the 2026-12-02 model's bytes: 27-29 us a layer,
   or 0.05 ms per GB of weights, so layers and weight bytes tell it apart poorly. The 2026-12-03
-  fit put it in the weights' HBM efficiency (0.79, from 0.92) and left this term near zero. A mixed batch runs PIECEWISE graphs with
-  attention launched between the pieces (``piecewise_layer_s`` per layer), and a batch above the
-  largest capture size runs compiled without graphs (``compiled_layer_overhead_s`` per layer);
-  both add to the batch's GPU work. (A per-token-per-layer cost of batches outside a FULL graph
+  fit put it in the weights' HBM efficiency (0.79, from 0.92) and left this term near zero. A
+  mixed batch runs PIECEWISE graphs with attention launched between the pieces
+  (``piecewise_layer_s`` per layer), and a batch above the largest capture size runs compiled
+  without graphs (``compiled_layer_overhead_s`` per layer); both add to the batch's GPU work. (A per-token-per-layer cost of batches outside a FULL graph
   stood here until 2026-12-02: fitted where the 8B/14B windows were API-server bound by a short
   tokenizer and the 0.85B windows by the API server itself, it slowed every 8B/14B prefill step
   for what the front end did; see the API server below.) ``enforce_eager`` launches every kernel from
@@ -104,6 +106,10 @@ class Calibration:
 
     mem_efficiency: float = 0.7884  # fraction of HBM bandwidth reached streaming weights / activations
     kv_read_efficiency: float = 0.5269  # fraction reached by paged attention reading the KV context
+    # The same for an fp8 KV cache (kv_cache_dtype fp8*), applied to its halved bytes: vLLM 0.26's
+    # FlashAttention fp8 path quantizes the query and reads at a lower rate, so halving the bytes
+    # buys far less than half the attention time (see GPU_CALIBRATION for the runs).
+    fp8_kv_read_efficiency: float = 0.3175
     compute_efficiency: float = 0.8736  # fraction of dense peak a full wave of GEMM tiles reaches
     attn_efficiency: float = 0.716  # fraction of dense peak reached by prefill attention
     step_overhead_s: float = 0.002429  # engine-core CPU per step (scheduler, input prep, sampler)
@@ -144,12 +150,14 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
     # a1..d1, the 17 Llama-3.1-8B / Qwen2.5-14B windows in scale/*_fv_*, the 10 trials of the 8B grid
     # study) and the 44 measured since on four hosts (scale/*_dec, *_h4_*, *_h5_*, the 8B grid's last
     # cell, the confirmed 8B tune, the 14B grid), each host's runs at its API-server factor
-    # (_fidelity.calibration_host_factors: 1.73, 1.39, 1.58). Searched since this fit:
+    # (_fidelity.calibration_host_factors, read then under the 2026-12-02 calibration: 1.73, 1.39,
+    # 1.58; read under this one they are 1.70, 1.36, 1.55, which a refit would use). Searched since this fit:
     # full_graph_layer_s and async_overlap (before: 0 and 0.9). token_overhead_s is not searched:
     # it is the API server's CPU per streamed token read off the windows simulated at factor 1
     # (_fidelity.api_token_cpu_s). 4 significant figures. Held out: the sixth host's 23 windows
-    # (_fidelity.HELD_OUT_HOSTS, collected before this fit), judged by sim_fidelity.py --unseen and
-    # README. The folds in benchmarks/results/sim_heldout_h200.json are the 2026-12-02 model's.
+    # (_fidelity.HELD_OUT_HOSTS, collected before this fit) and the seventh's 17 (after it), judged by
+    # sim_fidelity.py --unseen and README. The folds in benchmarks/results/sim_heldout_h200.json are
+    # the 2026-12-02 model's.
     "H200": {
         "mem_efficiency": 0.7884,
         "kv_read_efficiency": 0.5269,
@@ -166,6 +174,12 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
         "eager_layer_overhead_s": 0.0007277,
         "full_graph_layer_s": 7.971e-07,
         "async_overlap": 0.8404,
+        # Fitted alone, after the rest (sim_fidelity.py --fit-fp8, _fidelity.fit_fp8_kv_read,
+        # 2026-12-03): on the sixth host's four fp8 KV windows (scale/l8b_h6_u09_s256_fp8kv, 8B,
+        # decode at 32-128 in flight and one prefill-heavy window) at that host's factor, every
+        # other knob as above; on throughput and TPOT. Judged on the seventh host's nine fp8
+        # windows (8B and 14B), which it never saw: README.
+        "fp8_kv_read_efficiency": 0.3175,
     },
 }
 
@@ -261,7 +275,8 @@ class PerfModel:
         vocab = -(-model.vocab_size // tp)
         self._head = (vocab, d, vocab * d * wbytes / mem_rate, 2.0 * vocab * d)
         kv_per_token = model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype)
-        self._t_kv_read = kv_per_token / (bw * cal.kv_read_efficiency)
+        fp8_kv = str(config.kv_cache_dtype or "").startswith("fp8")
+        self._t_kv_read = kv_per_token / (bw * (cal.fp8_kv_read_efficiency if fp8_kv else cal.kv_read_efficiency))
         self._t_kv_write = kv_per_token / mem_rate
         q_heads = max(1, model.num_attention_heads // tp)
         self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * cal.attn_efficiency)
