@@ -190,6 +190,10 @@ class TrialResult:
     # (actor start, engine, cleanup, transfer). ``overhead_s`` in :meth:`metrics` is this minus the
     # server's startup and the measured window: what servetune itself cost the trial.
     dispatch_s: float | None = None
+    # Confirmation repeats measured on this trial's own server start after its window (vllm
+    # backend, ``budget.confirm_on: same-start``, when its window led: engines.LeaderRepeats), in
+    # repeat order; each a result of its own, without the start's log or timings.
+    repeats: list[TrialResult] = dataclasses.field(default_factory=list)
 
     @property
     def api_server_busy(self) -> float | None:

@@ -43,7 +43,7 @@ import optuna
 from servetune import envs
 from servetune.cluster import _ray_session
 from servetune.cluster.pool import TrialPool
-from servetune.engines import TrialTask, resolve_backend
+from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line
 from servetune.records import dataset, report
@@ -428,7 +428,9 @@ class _Driver:
         while self.queued and self.queued[0][2] <= self.pool.free_gpus:  # first come, first served
             trial, flags, need = self.queued.pop(0)
             task = _trial_task(self.spec, flags, self.runs_dir / "trials" / self.spec.name / dataset.trial_dir_name(trial.number),
-                               early_stop=_early_stop_rule(self.spec, self.outcome, self.backend))
+                               early_stop=_early_stop_rule(self.spec, self.outcome, self.backend),
+                               leader_repeats=_leader_repeats(self.spec, self.outcome, self.backend, self.runs_dir,
+                                                              trial.number))
             self.pool.submit(trial.number, task, self.backend, gpus=need)
             self.inflight[trial.number] = (trial, flags)
 
@@ -465,7 +467,19 @@ class _Driver:
                     progress.note(f"servetune: this host's vLLM API server costs {self.screen.api_cpu_factor:.2f}x "
                                   f"the simulator's calibration (trial #{number}: {result.api_server_cpu_s:.1f} "
                                   "CPU-s over the window); the simulator screen runs with it")
+            if result.repeats:  # kept on the trial before it is told: a told trial's attrs are fixed
+                retry_call(lambda: trial.set_user_attr(SAME_START_REPEATS, [
+                    {"repeat": k, "value": objective_values(self.spec, r)[0],
+                     "feasible": all(v <= 0 for v in constraint_values(self.spec, r).values())}
+                    for k, r in enumerate(result.repeats, start=1) if not r.status.is_infrastructure]),
+                    what=f"store trial #{number}'s repeats")
             self.tell_and_record(trial, flags, result)
+            for k, repeat in enumerate(result.repeats, start=1):
+                self._write(self._record(number, flags, repeat, objective_values(self.spec, repeat)[0],
+                                         origin="repeat", repeat=k), workload=_repeat_workload(self.spec, k))
+            if result.repeats:
+                progress.note(f"servetune: trial #{number} led the study: {len(result.repeats)} confirmation "
+                              "repeat(s) measured on its own server start")
             if result.quarantined_gpus:
                 progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
                               f"GPUs {', '.join(result.quarantined_gpus)} quarantined")
@@ -572,10 +586,16 @@ class _Driver:
                 break
         if not top:
             return
-        runs: dict[int, list[tuple[float, bool]]] = {t.number: [(t.values[0], True)] for t in top}
-        todo = [(t, k) for k in range(1, spec.budget.confirm_repeats + 1) for t in top]
+        # Repeats a leading trial measured on its own start (budget.confirm_on: same-start) count;
+        # only the missing ones are started.
+        runs: dict[int, list[tuple[float, bool]]] = {
+            t.number: [(t.values[0], True)] + [(r["value"], r["feasible"]) for r in t.user_attrs.get(SAME_START_REPEATS, [])]
+            for t in top}
+        todo = [(t, k) for k in range(1, spec.budget.confirm_repeats + 1) for t in top if k >= len(runs[t.number])]
+        measured = sum(len(v) - 1 for v in runs.values())
         progress.note(f"servetune: confirming the top {len(top)} configurations (trials "
-                      f"{', '.join(f'#{t.number}' for t in top)}), {spec.budget.confirm_repeats} repeats each")
+                      f"{', '.join(f'#{t.number}' for t in top)}), {spec.budget.confirm_repeats} repeats each"
+                      + (f" ({measured} measured on the trials' own starts)" if measured else ""))
         inflight: dict[int, tuple[optuna.trial.FrozenTrial, int, Workload]] = {}
         key = 1_000_000  # pool keys of repeats, apart from trial numbers
         while todo or inflight:
@@ -587,7 +607,7 @@ class _Driver:
                 if need > pool.free_gpus:
                     break
                 todo.pop(0)
-                workload = dataclasses.replace(spec.workload, seed=spec.workload.seed + k)
+                workload = _repeat_workload(spec, k)
                 task = _trial_task(spec, flags, self.runs_dir / "trials" / spec.name / dataset.trial_dir_name(t.number, k),
                                    workload=workload, seed=spec.seed + k, repeat=k)
                 key += 1
@@ -682,6 +702,36 @@ def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> Ea
         return None
     best = (outcome.best_metrics or {}).get("output_throughput")
     return early_stop_rule(spec, best)
+
+
+#: The trial user attr holding the confirmation repeats measured on the trial's own server start
+#: (``[{"repeat": k, "value": objective, "feasible": bool}]``): read by ``_confirm_top``, so a
+#: resumed study does not start them again.
+SAME_START_REPEATS = "same_start_repeats"
+
+
+def _repeat_workload(spec: StudySpec, k: int) -> Workload:
+    """Confirmation repeat ``k``'s workload: the study's, with its seed + k (another request mix)."""
+    return dataclasses.replace(spec.workload, seed=spec.workload.seed + k)
+
+
+def _leader_repeats(spec: StudySpec, outcome: StudyOutcome, backend: str, runs_dir: Path,
+                    number: int) -> LeaderRepeats | None:
+    """The repeats the next real trial measures on its own start if its window leads
+    (``budget.confirm_on: same-start``): only for the vllm backend (a start is what they save),
+    with confirmation on and output throughput the first objective, maximised (what the engine
+    can compare against the best so far)."""
+    budget, objective = spec.budget, spec.objective
+    if (backend != "vllm" or budget.confirm_top <= 0 or budget.confirm_on != "same-start"
+            or objective.metrics[:1] != ("output_throughput",) or objective.directions[0] != "maximize"):
+        return None
+    ks = range(1, budget.confirm_repeats + 1)
+    folder = runs_dir / "trials" / spec.name
+    max_pre = spec.constraints.max_preemptions
+    return LeaderRepeats(workloads=tuple(_repeat_workload(spec, k) for k in ks),
+                         log_dirs=tuple(str(folder / dataset.trial_dir_name(number, k)) for k in ks),
+                         best_throughput=(outcome.best_metrics or {}).get("output_throughput"),
+                         max_preemptions=None if max_pre is None else int(max_pre))
 
 
 def _trial_task(spec: StudySpec, flags: dict[str, Any], log_dir: Path, **varies: Any) -> TrialTask:

@@ -47,3 +47,18 @@ def test_a_refusal_is_invalid_config_and_a_crash_is_crashed(monkeypatch: pytest.
 def test_the_sim_engine_serves_the_task() -> None:
     result = run_trial(TASK, "sim")
     assert result.status is TrialStatus.OK and result.backend == "sim" and result.completed == 8
+
+
+def test_leader_repeats_are_due_only_when_the_window_leads_the_study() -> None:
+    from servetune.engines import LeaderRepeats
+
+    rule = LeaderRepeats(workloads=(TASK.workload,), log_dirs=(None,), best_throughput=1000.0, max_preemptions=0)
+    leads = TrialResult(TrialStatus.OK, output_throughput=1000.0, preemptions=0)
+    assert rule.due(leads)  # a tie with the best leads: it may win the confirmation
+    assert not rule.due(TrialResult(TrialStatus.OK, output_throughput=999.0, preemptions=0))
+    assert not rule.due(TrialResult(TrialStatus.OK, output_throughput=2000.0, preemptions=1))  # infeasible
+    stopped = TrialResult(TrialStatus.OK, output_throughput=2000.0, preemptions=0, early_stopped="throughput: ...")
+    assert not rule.due(stopped)
+    assert not rule.due(TrialResult(TrialStatus.CRASHED, output_throughput=2000.0))
+    first = LeaderRepeats(workloads=(TASK.workload,), log_dirs=(None,))  # nothing measured yet: any OK window leads
+    assert first.due(TrialResult(TrialStatus.OK, output_throughput=1.0, preemptions=5))

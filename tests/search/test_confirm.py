@@ -106,3 +106,45 @@ def test_no_repeat_starts_after_the_time_limit_and_resume_confirms(tmp_path: Pat
     assert len(rows) == 2 and "repeat" not in rows.columns  # no repeat was started
     resumed = run_study(spec(None), resume=True, out=io.StringIO())
     assert resumed.confirmation is not None and resumed.confirmation["configs"][0]["runs"] == 2
+
+
+@pytest.mark.slow
+def test_a_leading_trial_is_confirmed_on_its_own_start_and_restart_pays_a_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """budget.confirm_on (vllm backend, the simulated vLLM server as `vllm serve`): with
+    same-start, every trial whose window led the study when it ran measured its repeat on its own
+    server, so the winner (the better of two, which led when it ran) needs no start after the
+    budget; with restart, the winner's repeat is a third start. Both choose on confirmed means."""
+    import sys
+
+    monkeypatch.setenv("SERVETUNE_SERVE_COMMAND", f"{sys.executable} -m servetune.sim.server --sim-speedup 20")
+    monkeypatch.setenv("SERVETUNE_SIM_STARTUP_S", "0.2")
+
+    def run(confirm_on: str) -> tuple[dict, int, object]:
+        root = tmp_path / confirm_on
+        spec = StudySpec.from_dict({
+            "name": f"lead-{confirm_on}", "model": "servetune-test-850m", "gpu": {"type": "H200", "count": 1},
+            "workload": {"input_len": 128, "output_len": 16, "num_requests": 24, "concurrency": 8, "seed": 1},
+            "objective": {"metric": "output_throughput"}, "constraints": {"max_preemptions": 0},
+            "search_space": {"params": {"max_num_seqs": [2, 32]}}, "backend": "vllm", "seed": 0,
+            "baseline_trial": False, "sampler": "grid", "multi_fidelity": False,  # both trials run for real
+            "budget": {"trials": 2, "parallel": 1, "confirm_top": 1, "confirm_repeats": 1, "confirm_on": confirm_on},
+            "tracking": {"mlflow_uri": f"sqlite:///{root}/mlflow.db", "experiment": "exp-lead"},
+            "storage": {"optuna_url": f"sqlite:///{root}/optuna.db"},
+            "output": {"runs_dir": str(root), "dataset_dir": str(root / "dataset")},
+        }, cwd=tmp_path)
+        outcome = run_study(spec, out=io.StringIO())
+        starts = len(list((root / "trials" / spec.name).glob("*/server.log")))
+        return outcome.confirmation, starts, dataset.read_trials(root / "dataset", study=spec.name)
+
+    same, same_starts, same_rows = run("same-start")
+    restart, restart_starts, restart_rows = run("restart")
+    for conf in (same, restart):
+        assert conf is not None and conf["configs"][0]["runs"] == 2 and conf["winner"] is not None
+    assert (same_starts, restart_starts) == (2, 3)
+    # The same-start repeats are recorded as repeats like a restart's (dataset rows, repeat = 1), one per
+    # trial that led when it ran: the first always does.
+    same_repeats = same_rows[same_rows["repeat"].notna()]
+    assert 1 <= len(same_repeats) <= 2 and set(same_repeats["repeat"].astype(int)) == {1}
+    assert same["winner"] in set(same_repeats["trial_number"].astype(int))
+    assert len(restart_rows[restart_rows["repeat"].notna()]) == 1

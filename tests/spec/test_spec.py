@@ -444,3 +444,17 @@ def test_huge_int_ranges_load_without_listing_them(tmp_path: Path):
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     flags = spec.trial_flags(study.ask())
     assert 64 <= flags["max_num_batched_tokens"] <= 4194304
+
+
+def test_confirm_on_defaults_to_same_start_and_refuses_other_words(tmp_path: Path) -> None:
+    assert StudySpec.from_dict(copy.deepcopy(BASE), cwd=tmp_path).budget.confirm_on == "same-start"
+    restart = copy.deepcopy(BASE)
+    restart["budget"]["confirm_on"] = "restart"
+    spec = StudySpec.from_dict(restart, cwd=tmp_path)
+    assert spec.budget.confirm_on == "restart"
+    assert spec.to_dict()["budget"]["confirm_on"] == "restart"  # recorded with the study
+    bad = copy.deepcopy(BASE)
+    bad["budget"]["confirm_on"] = "same-server"
+    with pytest.raises(SpecError) as err:
+        StudySpec.from_dict(bad, cwd=tmp_path)
+    assert err.value.field == "budget.confirm_on" and "same-start" in str(err.value)

@@ -9,10 +9,11 @@ engine in :mod:`servetune.engines.vllm`.
 
 from servetune.engines._run import ENGINES, get_engine, run_trial
 from servetune.engines._sim import SimEngine
-from servetune.engines.base import BACKENDS, LOAD_GENERATORS, Engine, TrialTask, gpu_visible, resolve_backend
+from servetune.engines.base import (BACKENDS, LOAD_GENERATORS, Engine, LeaderRepeats, TrialTask, gpu_visible,
+                                   resolve_backend)
 from servetune.engines.early_stop import EarlyStop
 from servetune.engines.replay import Landscape, ReplayEngine
 from servetune.engines.vllm import VllmEngine
 
-__all__ = ["Engine", "TrialTask", "run_trial", "get_engine", "resolve_backend", "gpu_visible", "ENGINES",
+__all__ = ["Engine", "TrialTask", "LeaderRepeats", "run_trial", "get_engine", "resolve_backend", "gpu_visible", "ENGINES",
            "BACKENDS", "LOAD_GENERATORS", "EarlyStop", "SimEngine", "VllmEngine", "ReplayEngine", "Landscape"]

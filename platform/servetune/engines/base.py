@@ -38,16 +38,55 @@ from typing import Any, ClassVar
 
 from servetune.engines.early_stop import EarlyStop
 from servetune.errors import SpecError
-from servetune.result import TrialResult
+from servetune.result import TrialResult, TrialStatus
 from servetune.workload import Workload
 
-__all__ = ["Engine", "TrialTask", "resolve_backend", "gpu_visible", "BACKENDS", "LOAD_GENERATORS"]
+__all__ = ["Engine", "TrialTask", "LeaderRepeats", "resolve_backend", "gpu_visible", "BACKENDS", "LOAD_GENERATORS"]
 
 #: The engines a spec may name; ``auto`` is vllm where a GPU is visible, else sim.
 BACKENDS = ("auto", "vllm", "sim", "replay")
 #: The load generators of the vllm backend: servetune's own streaming client
 #: (:mod:`servetune.engines.vllm.loadgen`, per-request records), or ``vllm bench serve``.
 LOAD_GENERATORS = ("servetune", "vllm-bench")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderRepeats:
+    """Confirmation repeats a trial measures on its own server start when its window leads the
+    study (``budget.confirm_on: same-start``, vllm backend).
+
+    A vLLM start of an 8B model costs 1-3 minutes and a window 20-40 s: a study confirming its
+    winner with another start pays a start per repeat, and the first trial (the informed start)
+    is usually the winner. So the driver hands every trial the repeats it would need if it won;
+    the engine measures them right after the trial's window, on the same server, only when
+    :meth:`due` (the window leads: nothing else pays an extra window). Repeat ``k`` is
+    ``workloads[k - 1]`` (the study's workload with its seed + k, as a restarted repeat would
+    send), its evidence in ``log_dirs[k - 1]``. Such a repeat samples the load and the host over
+    another window, not the start (the KV capacity and graph capture are the trial's).
+
+    Example:
+        >>> from servetune.result import TrialResult, TrialStatus
+        >>> rule = LeaderRepeats(workloads=(), log_dirs=(), best_throughput=1000.0, max_preemptions=0)
+        >>> rule.due(TrialResult(TrialStatus.OK, output_throughput=1100.0, preemptions=0))
+        True
+        >>> rule.due(TrialResult(TrialStatus.OK, output_throughput=900.0, preemptions=0))
+        False
+    """
+
+    workloads: tuple[Workload, ...]
+    log_dirs: tuple[str | None, ...]
+    best_throughput: float | None = None  # the study's best feasible output throughput when the trial was sent
+    max_preemptions: int | None = None  # constraints.max_preemptions
+
+    def due(self, result: TrialResult) -> bool:
+        """Whether the trial's own window leads the study: it ran to its end (OK, not stopped
+        early), kept to the preemption limit, and its output throughput reached the best so far
+        (any, when there was none)."""
+        if result.status is not TrialStatus.OK or result.early_stopped or not result.output_throughput:
+            return False
+        if self.max_preemptions is not None and (result.preemptions or 0) > self.max_preemptions:
+            return False
+        return self.best_throughput is None or result.output_throughput >= self.best_throughput
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +110,9 @@ class TrialTask:
     compile_cache_dir: str | None = None  # vllm backend: SERVETUNE_COMPILE_CACHE_DIR (envs.compile_cache_env)
     early_stop: EarlyStop | None = None  # end the window once the outcome is decided (vllm backend)
     repeat: int = 0  # a confirmation repeat's index (replay: the recorded repeat it reads)
+    # vllm backend, budget.confirm_on same-start: the repeats to measure on this trial's own server
+    # if its window leads (TrialResult.repeats); the other engines leave them to the driver.
+    leader_repeats: LeaderRepeats | None = None
     # sim backend: simulator knobs over the GPU's calibration (sim.perf.Calibration), e.g. the
     # host's API-server CPU factor the multi-fidelity screen measured on the study's first trial.
     sim_calibration: Mapping[str, float] = dataclasses.field(default_factory=dict)

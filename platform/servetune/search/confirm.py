@@ -5,7 +5,10 @@ configurations are measured ``budget.confirm_repeats`` more times each, every re
 workload seed (and engine seed): the simulated engine is deterministic per seed, and a real
 server's figures move with the request mix, so a new seed is what makes a repeat a new sample.
 The replay backend answers repeat ``r`` with the ``r``-th recorded row of the same flags where the
-landscape holds repeats (else the one row again: no noise).
+landscape holds repeats (else the one row again: no noise). On the vllm backend a trial whose
+window leads the study measures its repeats on its own server right after it
+(``budget.confirm_on: same-start``, :class:`servetune.engines.LeaderRepeats`); only the repeats a
+top configuration still lacks after the budget are started anew.
 
 Per configuration (:func:`confirm`): the runs are the original trial plus its repeats; the mean of
 the first objective over them, its 95% confidence interval (Student's t with n - 1 degrees of

@@ -18,7 +18,7 @@ The shape (only ``name``, ``model``, ``gpu``, ``workload`` and ``search_space`` 
     constraints: {max_preemptions: 0, p99_ttft_ms: 2000, p99_itl_ms: 50, p99_e2e_ms: 60000}
     search_space: memory-pair        # a file (relative to this file), a bare name in search_spaces/, or inline
     fixed_flags: {max_model_len: 4096}   # pinned for every trial
-    budget: {trials: 24, parallel: 2, time_limit_s: 600, confirm_top: 0, confirm_repeats: 2}
+    budget: {trials: 24, parallel: 2, time_limit_s: 600, confirm_top: 0, confirm_repeats: 2, confirm_on: same-start}
     backend: auto                    # auto (vllm where a GPU is visible, else sim) | vllm | sim | replay
     replay_file: landscape.csv       # backend replay only: recorded trials (flag_* + metric columns)
     prescreen: true                  # memory planner: prune predicted startup failures, informed starts
@@ -142,6 +142,10 @@ class Constraints:
         return out
 
 
+#: Where confirmation repeats are measured (``budget.confirm_on``).
+CONFIRM_ON = ("same-start", "restart")
+
+
 @dataclasses.dataclass(frozen=True)
 class Budget:
     trials: int = 20
@@ -153,6 +157,13 @@ class Budget:
     #: each (another workload seed per repeat) and choose the winner on the confirmed means.
     confirm_top: int = 0
     confirm_repeats: int = 2
+    #: Where a repeat is measured (vllm backend): ``same-start``: a trial whose own window leads
+    #: the study (ran to its end, feasible, at or above the best so far) measures its repeats on
+    #: the server it started, right after that window, so a winner found that way is confirmed
+    #: without another vLLM start (:class:`servetune.engines.LeaderRepeats`); only a top
+    #: configuration left unconfirmed is started again after the budget. ``restart``: every
+    #: repeat is a start of its own (it then also samples the start: graph capture, the host).
+    confirm_on: str = "same-start"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,8 +420,8 @@ def _parse_constraints(raw: Any) -> Constraints:
 
 
 def _parse_budget(raw: Any) -> Budget:
-    data = _section(raw, "budget", ("trials", "parallel", "time_limit_s", "confirm_top", "confirm_repeats"),
-                    "{trials: 24, parallel: 2}")
+    data = _section(raw, "budget", ("trials", "parallel", "time_limit_s", "confirm_top", "confirm_repeats",
+                                    "confirm_on"), "{trials: 24, parallel: 2}")
     time_limit = data.get("time_limit_s")
     return Budget(
         trials=_int(data.get("trials", Budget.trials), "budget.trials", 1, 1_000_000),
@@ -418,6 +429,7 @@ def _parse_budget(raw: Any) -> Budget:
         time_limit_s=None if time_limit is None else _positive(time_limit, "budget.time_limit_s"),
         confirm_top=_int(data.get("confirm_top", Budget.confirm_top), "budget.confirm_top", 0, 100),
         confirm_repeats=_int(data.get("confirm_repeats", Budget.confirm_repeats), "budget.confirm_repeats", 1, 100),
+        confirm_on=_choice(data.get("confirm_on", Budget.confirm_on), "budget.confirm_on", CONFIRM_ON),
     )
 
 

@@ -394,3 +394,26 @@ def test_the_throughput_verdict_counts_the_servers_tokens_when_chunks_merge() ->
     # With no server sample yet the chunks are all there is.
     watch.generated = []
     assert decide(progress) is not None
+
+
+def test_a_leading_window_measures_its_repeats_on_the_same_server(tmp_path: Path) -> None:
+    """budget.confirm_on same-start: the repeats run after the trial's window on the server it
+    started (one start, one server.log), each with its own workload seed and evidence folder; a
+    window below the best so far pays no extra window."""
+    from servetune.engines import LeaderRepeats
+
+    repeats = tuple(dataclasses.replace(WORKLOAD, seed=WORKLOAD.seed + k) for k in (1, 2))
+    dirs = (str(tmp_path / "0000-repeat-1"), str(tmp_path / "0000-repeat-2"))
+    flags = {"gpu_memory_utilization": 0.5, "max_num_seqs": 64}
+    lead = dataclasses.replace(_launch(tmp_path / "0000", flags), leader_repeats=LeaderRepeats(repeats, dirs))
+    r = run_vllm_trial(lead, WORKLOAD)
+    assert r.status is TrialStatus.OK and len(r.repeats) == 2, (r.cause, r.evidence)
+    assert all(x.status is TrialStatus.OK and x.completed == 24 and x.output_throughput for x in r.repeats)
+    assert [x.kv_cache_tokens for x in r.repeats] == [r.kv_cache_tokens] * 2  # the same server's capacity
+    assert all("own server start" in x.evidence[-1] and x.startup_s is None for x in r.repeats)
+    assert r.log_text.count("Application startup complete.") == 1
+    for d in dirs:
+        assert (Path(d) / "metrics_after.txt").exists() and not (Path(d) / "server.log").exists()
+    behind = LeaderRepeats(repeats, (str(tmp_path / "b-1"), str(tmp_path / "b-2")), best_throughput=1e12)
+    r2 = run_vllm_trial(dataclasses.replace(_launch(tmp_path / "0001", flags), leader_repeats=behind), WORKLOAD)
+    assert r2.status is TrialStatus.OK and r2.repeats == [] and not (tmp_path / "b-1").exists()

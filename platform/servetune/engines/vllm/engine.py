@@ -18,6 +18,9 @@ exception:
   constraint, or throughput certainly below the best so far, :mod:`servetune.engines.early_stop`): the load
   stops sending, the window ends, and the result is measured over what was answered, with
   ``early_stopped`` set (servetune load generator only; ``vllm bench serve`` runs to its end);
+- the window leads the study and the task carries ``leader_repeats`` (``budget.confirm_on:
+  same-start``): the confirmation repeats are measured on the same server right after it
+  (``TrialResult.repeats``, :class:`servetune.engines.LeaderRepeats`), before the stop;
 - a GPU whose memory does not come back after the stop is listed in
   ``TrialResult.quarantined_gpus``; the Ray pool then takes that slot out of service.
 
@@ -53,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.engines.vllm.bench_client import BENCH_COMMAND, bench_argv, run_bench
-from servetune.engines.base import LOAD_GENERATORS, Engine, TrialTask
+from servetune.engines.base import LOAD_GENERATORS, Engine, LeaderRepeats, TrialTask
 from servetune.engines.early_stop import EarlyStop
 from servetune.envs import LAUNCH_SAFE_ENV, compile_cache_env
 from servetune.errors import SpecError, did_you_mean
@@ -106,6 +109,8 @@ class VllmLaunch:
     gpu_free_timeout_s: float = 30.0  # how long the GPU memory may take to come back after the stop
     # End the measured window once the outcome is decided (servetune loadgen only); None: never.
     early_stop: EarlyStop | None = None
+    # Confirmation repeats to measure on this server after the window when it leads (TrialResult.repeats).
+    leader_repeats: LeaderRepeats | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -268,6 +273,8 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
                 except Exception as exc:  # noqa: BLE001 - a client-side failure is evidence, not a crash of the study
                     result = TrialResult(TrialStatus.CRASHED, backend="vllm",
                                          cause=f"the load failed: {type(exc).__name__}: {exc}"[:500])
+                if launch.leader_repeats is not None and launch.leader_repeats.due(result):
+                    result.repeats = _measure_repeats(base, launch, launch.leader_repeats, proc, log_dir)
                 for gpu, mib in gpu_memory_used_mib(gpu_ids).items():
                     used_peak[gpu] = max(mib, used_peak.get(gpu, 0))
             elif refused:
@@ -301,8 +308,34 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
             _confirm_infrastructure(result, baseline, parsed)
     result.evidence += notes
     _fill_from_log(result, parsed)
+    for repeat in result.repeats:  # the same server: its version, memory and KV capacity
+        _fill_from_log(repeat, parsed)
     result.log_text = text
     return result
+
+
+def _measure_repeats(base: str, launch: VllmLaunch, repeats: LeaderRepeats, proc: subprocess.Popen[bytes],
+                     log_dir: Path) -> list[TrialResult]:
+    """The confirmation repeats on the running server, one window each, never stopped early (a
+    repeat is a sample of the leader's figure, not a race); after one that did not end OK (the
+    server may be gone), the rest are left to a restart."""
+    out: list[TrialResult] = []
+    plain = dataclasses.replace(launch, early_stop=None)
+    for k, (workload, folder) in enumerate(zip(repeats.workloads, repeats.log_dirs), start=1):
+        where = Path(folder) if folder else log_dir / f"repeat-{k}"
+        where.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        try:
+            repeat = _measure(base, plain, workload, proc, where)
+        except Exception as exc:  # noqa: BLE001 - as the trial's own window: evidence, not a crash
+            repeat = TrialResult(TrialStatus.CRASHED, backend="vllm",
+                                 cause=f"the load failed: {type(exc).__name__}: {exc}"[:500])
+        repeat.wall_s = time.monotonic() - started
+        repeat.evidence.append(f"repeat {k}: measured on the trial's own server start, after its window")
+        out.append(repeat)
+        if repeat.status is not TrialStatus.OK:
+            break
+    return out
 
 
 def _merge_verdict(result: TrialResult, verdict: Any) -> None:
@@ -688,7 +721,8 @@ class VllmEngine(Engine):
                             log_dir=Path(task.log_dir) if task.log_dir else None,
                             load_generator=task.load_generator, stall_timeout_s=task.stall_timeout_s,
                             env=compile_cache_env(task.compile_cache_dir),
-                            early_stop=task.early_stop, **_serve_help_source(tuple(task.serve_command)))
+                            early_stop=task.early_stop, leader_repeats=task.leader_repeats,
+                            **_serve_help_source(tuple(task.serve_command)))
         return run_vllm_trial(launch, task.workload)
 
 
