@@ -467,18 +467,20 @@ class _Driver:
                     progress.note(f"servetune: this host's vLLM API server costs {self.screen.api_cpu_factor:.2f}x "
                                   f"the simulator's calibration (trial #{number}: {result.api_server_cpu_s:.1f} "
                                   "CPU-s over the window); the simulator screen runs with it")
-            if result.repeats:  # kept on the trial before it is told: a told trial's attrs are fixed
-                retry_call(lambda: trial.set_user_attr(SAME_START_REPEATS, [
-                    {"repeat": k, "value": objective_values(self.spec, r)[0],
-                     "feasible": all(v <= 0 for v in constraint_values(self.spec, r).values())}
-                    for k, r in enumerate(result.repeats, start=1) if not r.status.is_infrastructure]),
-                    what=f"store trial #{number}'s repeats")
+            # Repeats measured on the trial's own start (budget.confirm_on: same-start); as after the
+            # budget, one the machine lost is not a sample.
+            repeats = [(k, r) for k, r in enumerate(result.repeats, start=1) if not r.status.is_infrastructure]
+            summary = [{"repeat": k, "value": objective_values(self.spec, r)[0],
+                        "feasible": all(v <= 0 for v in constraint_values(self.spec, r).values())} for k, r in repeats]
+            if summary:  # kept on the trial before it is told: a told trial's attrs are fixed
+                retry_call(lambda: trial.set_user_attr(SAME_START_REPEATS, summary),
+                           what=f"store trial #{number}'s repeats")
             self.tell_and_record(trial, flags, result)
-            for k, repeat in enumerate(result.repeats, start=1):
-                self._write(self._record(number, flags, repeat, objective_values(self.spec, repeat)[0],
-                                         origin="repeat", repeat=k), workload=_repeat_workload(self.spec, k))
-            if result.repeats:
-                progress.note(f"servetune: trial #{number} led the study: {len(result.repeats)} confirmation "
+            for (k, repeat), kept in zip(repeats, summary):
+                self._write(self._record(number, flags, repeat, kept["value"], origin="repeat", repeat=k),
+                            workload=_repeat_workload(self.spec, k))
+            if repeats:
+                progress.note(f"servetune: trial #{number} led the study: {len(repeats)} confirmation "
                               "repeat(s) measured on its own server start")
             if result.quarantined_gpus:
                 progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
