@@ -1,11 +1,10 @@
 """The user-scale real H200 runs (tests/fixtures/real_h200/scale): Llama-3.1-8B and Qwen2.5-14B shapes.
 
-vLLM 0.26.0, random weights, one H200; 16 server starts, 58 measured windows (see the folder's
-README): 5 starts of 2026-12-01 whose model folders carried a 32,000-token tokenizer, and 11 of
-2026-12-02 (``*_fv_*``, ``*_h4_*``) whose tokenizers cover the models' vocabularies (the ``*_dec``
-start's five decode-heavy windows and the four ``*_h4_*`` starts of one later host, 15 windows,
-are in no simulator fit either). None of these runs was used to fit the planner:
-its KV capacity here is held out.
+vLLM 0.26.0, random weights, one H200 per host; 28 server starts, 111 measured windows (see the
+folder's README): 5 starts of 2026-12-01 whose model folders carried a 32,000-token tokenizer, and
+23 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h7_*``, five more hosts) whose tokenizers cover
+the models' vocabularies; the simulator's fit and held-out hosts are ``benchmarks/_fidelity.py``'s.
+None of these runs was used to fit the planner: its KV capacity here is held out.
 """
 
 from __future__ import annotations
