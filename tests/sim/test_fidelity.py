@@ -72,17 +72,17 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: the sixth and seventh sessions', in no fit
     but the one start fp8_kv_read_efficiency was fitted on, _fidelity.FP8_FIT_STARTS) judge the
     rule, on their never-fitted windows: the seventh's factor (1.18, off the 8B prefill-heavy
-    anchor) takes its 16 other windows from 5.0% (max 34.9%) to 4.2% (max 22.6%) off on
-    throughput, TTFT 31.0% to 29.8%; the sixth's (1.18) leaves its 18 where they were (3.05%, TTFT
-    25.1% to 25.3%): at a factor this near 1 the rule has little to move. The three earlier hosts'
+    anchor) takes its 16 other windows from 4.9% (max 34.8%) to 4.1% (max 22.4%) off on
+    throughput, TTFT 27.8% to 26.5%; the sixth's (1.18) leaves its 18 where they were (3.0%, TTFT
+    20.9% to 21.1%): at a factor this near 1 the rule has little to move. The three earlier hosts'
     runs have been in the calibration's fit since 2026-12-03, each at its factor, so their rows are
     a fit: before it, held out, the factor took the third session's second host from 12.5% to
     8.3% (TTFT 41% to 23%), the fourth's from 6.1% to 5.5% (24.5% to 17.2%), the fifth's from 9.6%
     to 9.3% (17.2% to 13.4%). What every host must still show: a factor of its own, the preemption
     verdict right, and no window far off; the bounds hold the measured worst with room (the third
     host's 256-in-flight decode window, 17.5%; the fifth's 14B decode at 32 in flight, 18.2%; the
-    sixth's 8B decode at 2,048-token outputs, 10.8%; the seventh's fp8 KV decode at 192 in flight,
-    22.6%: vLLM 0.26's fp8 path served that load 20% slower than bf16 on the same host, where it
+    sixth's 8B decode at 2,048-token outputs, 10.9%; the seventh's fp8 KV decode at 192 in flight,
+    22.4%: vLLM 0.26's fp8 path served that load 20% slower than bf16 on the same host, where it
     was 1-6% faster at 32-128 in flight, and the simulator has no term for it)."""
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
@@ -103,21 +103,23 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
             assert host["throughput_mae"] < plain["throughput_mae"] + 0.002, check.host
             assert host["ttft_mae"] < plain["ttft_mae"] + 0.005, check.host
             gains.append(plain["throughput_mae"] - host["throughput_mae"])
-    assert max(gains) > 0.005  # the seventh host: 5.0% to 4.2%
+    assert max(gains) > 0.005  # the seventh host: 4.9% to 4.1%
 
 
 def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> None:
     """Issue 12's targets on the runs no fit has seen (the sixth and seventh hosts, each at its
     factor read off its anchor window, as a study's screen applies it, less the sixth host's fp8
     start that fp8_kv_read_efficiency was fitted on): mean output-throughput error <= 5% and TPOT
-    <= 7% per load shape, the preemption verdict right on every run. Measured on the bf16 KV
-    starts: sixth host prefill-heavy 1.7% and 2.1%, decode-heavy 3.4% and 4.1%; seventh host 0.4%
-    and 4.9% (its one non-anchor prefill window, Poisson), decode 1.6% and 3.1%. On the seventh
-    host's nine fp8 KV windows, judged with the knob fitted on the sixth's four: 6.4% and 5.0%
-    (before the knob, 15.3% and 11.9%), eight of them within 7.3%; the ninth, decode at 192 in
-    flight, is 22.6% fast (vLLM's fp8 path ran that load 20% slower than bf16 on the same host).
-    TTFT is not met (18.7% and 14.0% prefill, 27.2% and 32.5% decode on bf16, against 20%): those
-    bounds are the measured misses with room, so a change that makes them worse fails."""
+    <= 7% per load shape, TTFT <= 20% on prefill-heavy loads, the preemption verdict right on
+    every run. Measured on the bf16 KV starts: sixth host prefill-heavy 1.6%, 1.4%, TTFT 9.7%,
+    decode-heavy 3.4% and 4.1%; seventh host 0.4%, 4.9%, TTFT 14.5% (its one non-anchor prefill
+    window, Poisson), decode 1.7% and 3.1%. On the seventh host's nine fp8 KV windows, judged with
+    the knob fitted on the sixth's four: 6.2% and 5.1% (before the knob, 15.3% and 11.9%), eight of
+    them within 7.1%; the ninth, decode at 192 in flight, is 22.4% fast (vLLM's fp8 path ran that
+    load 20% slower than bf16 on the same host). Decode-heavy TTFT is not met (24.4% and 30.0%
+    against 20%; it was 27.2% and 32.5% before the scheduler's one-step lead, schedule_ahead, and
+    prefill-heavy 18.7% and 14.0%): that bound is the measured miss with room, so a change that
+    makes it worse fails."""
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
     checks = [c for c in host_checks() if c.host in HELD_OUT_HOSTS]
@@ -128,7 +130,7 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
             return [r for r in check.with_factor if r.real.shape == shape and not in_calibration_fit(r.name)
                     and (r.real.flags.get("kv_cache_dtype") == "fp8") is fp8]
 
-        for shape, ttft_bound in (("prefill", 0.21), ("decode", 0.34)):
+        for shape, ttft_bound in (("prefill", 0.20), ("decode", 0.32)):
             e = error_summary(rows(shape, fp8=False))
             assert e["throughput_mae"] <= 0.05 and e["tpot_mae"] <= 0.07, (check.host, shape, e)
             assert e["ttft_mae"] < ttft_bound and e["preemption_class_agree"] == 1.0, (check.host, shape, e)

@@ -15,6 +15,12 @@ returns the memory plan's failure status and vLLM's own error text, without runn
   (recompute: its blocks are freed, its progress reset so prompt + generated tokens become the new
   prefill, and it goes to the FRONT of the waiting queue); if it is itself the last, it stops the
   running loop.
+* With async scheduling (vLLM >= 0.16, one engine stage) the scheduler forms a batch while the
+  step before it runs (``max_concurrent_batches`` 2): a request that reaches the engine core after
+  that step began waits for the batch after it, so its first token comes one step later than a
+  scheduler at the step's start would give it (``Calibration.schedule_ahead``; vLLM's own
+  ``request_prefill_time`` histograms ran about twice the simulator's before it, on every closed
+  loop of two held-out H200 hosts, ``benchmarks/ttft_split.py``).
 * WAITING requests are admitted, in order, only when nothing was preempted this step, while the
   budget lasts and fewer than ``max_num_seqs`` run; with ``scheduler_reserve_full_isl`` (vLLM
   >= 0.19) a request is admitted only if blocks for its whole current sequence are free.
@@ -255,6 +261,11 @@ class SimScheduler:
         self._pending: list[tuple[float, int, _Req]] = []  # heap of future arrivals
         self._requests: dict[str, _Req] = {}
         self._next_key = 0
+        # With async scheduling vLLM's scheduler forms the next batch while the current step runs
+        # (max_concurrent_batches 2, vllm-internals.md §4.2): a request the engine core received
+        # after the running step began waits for the batch after it (PerfModel.schedule_ahead).
+        self._schedule_ahead = self.perf.schedule_ahead
+        self._step_start = 0.0  # start of the step before the one being formed
 
     # -- public state -------------------------------------------------------------------------
 
@@ -325,9 +336,10 @@ class SimScheduler:
         self._requests[request_id] = req
         heapq.heappush(self._pending, (arrival_s, req.order, req))
 
-    def _admit_arrivals(self) -> None:
-        """Move arrived requests to WAITING once the API server has processed them (FIFO)."""
-        pending, now = self._pending, self.now_s
+    def _admit_arrivals(self, upto: float | None = None) -> None:
+        """Move requests the engine has received by ``upto`` (default: now) to WAITING, once the API
+        server has processed them (FIFO)."""
+        pending, now = self._pending, self.now_s if upto is None else upto
         while pending and pending[0][0] <= now:
             at, order, req = heapq.heappop(pending)
             if req.status == "pending":  # sent by the client; the API server takes it next
@@ -422,7 +434,9 @@ class SimScheduler:
 
     def _step(self, collect: bool) -> Any:
         """One step. Returns a StepResult (``collect``), else the list of finished requests; None when idle."""
-        self._admit_arrivals()
+        formed_at = self._step_start if self._schedule_ahead and self._running else None
+        self._step_start = self.now_s
+        self._admit_arrivals(formed_at)
         if not self._running and not self._waiting:
             if self._pending:
                 self.now_s = max(self.now_s, self._pending[0][0])

@@ -127,6 +127,10 @@ class Calibration:
     compiled_layer_overhead_s: float = 1.564e-05  # per layer of a batch above the largest capture size
     eager_layer_overhead_s: float = 0.0007277  # launch floor per layer, enforce_eager (Python launches)
     async_overlap: float = 0.8404  # share of the engine CPU hidden behind the GPU with async scheduling
+    # 1: with async scheduling the scheduler forms a batch one step ahead, so a request the engine
+    # receives mid-step joins the batch after next (vLLM's design, not fitted); 0: at the step's
+    # start, the simulator before 2026-12-03 (the folds replay with 0).
+    schedule_ahead: float = 1.0
     sync_overlap: float = 0.3  # the same without async scheduling (output processing still overlaps)
     allreduce_latency_s: float = 10e-6  # one all-reduce, small message
     interconnect_efficiency: float = 0.7  # fraction of the link bandwidth reached by all-reduce
@@ -295,6 +299,7 @@ class PerfModel:
         self._compiled_floor = cal.compiled_layer_overhead_s * layers
         self._eager_floor = cal.eager_layer_overhead_s * layers
         self._overlap = cal.async_overlap if config.async_scheduling else cal.sync_overlap
+        self.schedule_ahead = bool(cal.schedule_ahead >= 0.5 and config.async_scheduling)
         self._step_cpu = cal.step_overhead_s
         self._seq_cpu = cal.seq_overhead_s
         self.api_cpu_factor = host = cal.api_cpu_factor
