@@ -411,6 +411,10 @@ def test_a_leading_window_measures_its_repeats_on_the_same_server(tmp_path: Path
     assert all(x.status is TrialStatus.OK and x.completed == 24 and x.output_throughput for x in r.repeats)
     assert [x.kv_cache_tokens for x in r.repeats] == [r.kv_cache_tokens] * 2  # the same server's capacity
     assert all("own server start" in x.evidence[-1] and x.startup_s is None for x in r.repeats)
+    # Not the start's: its phase timings and compile-cache verdict stay with the trial (a repeat row
+    # must not price as a start, benchmarks/time_to_answer.py).
+    assert "engine_init" in r.timings_s and all("engine_init" not in x.timings_s for x in r.repeats)
+    assert all(x.compile_cache_hit is None for x in r.repeats)
     assert r.log_text.count("Application startup complete.") == 1
     for d in dirs:
         assert (Path(d) / "metrics_after.txt").exists() and not (Path(d) / "server.log").exists()

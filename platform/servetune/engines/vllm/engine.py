@@ -268,11 +268,7 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
             # the reading after /health and the one after the load bound the trial's peak).
             used_peak = gpu_memory_used_mib(gpu_ids) if healthy else {}
             if healthy:
-                try:
-                    result = _measure(base, launch, workload, proc, log_dir)
-                except Exception as exc:  # noqa: BLE001 - a client-side failure is evidence, not a crash of the study
-                    result = TrialResult(TrialStatus.CRASHED, backend="vllm",
-                                         cause=f"the load failed: {type(exc).__name__}: {exc}"[:500])
+                result = _measure_or_crash(base, launch, workload, proc, log_dir)
                 if launch.leader_repeats is not None and launch.leader_repeats.due(result):
                     result.repeats = _measure_repeats(base, launch, launch.leader_repeats, proc, log_dir)
                 for gpu, mib in gpu_memory_used_mib(gpu_ids).items():
@@ -308,10 +304,21 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
             _confirm_infrastructure(result, baseline, parsed)
     result.evidence += notes
     _fill_from_log(result, parsed)
-    for repeat in result.repeats:  # the same server: its version, memory and KV capacity
-        _fill_from_log(repeat, parsed)
+    for repeat in result.repeats:  # the same server: its version, memory and KV capacity, not its start
+        _fill_server_from_log(repeat, parsed)
     result.log_text = text
     return result
+
+
+def _measure_or_crash(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess.Popen[bytes],
+                      log_dir: Path) -> TrialResult:
+    """:func:`_measure`, with a client-side failure turned into a crashed result (evidence, not a
+    crash of the study)."""
+    try:
+        return _measure(base, launch, workload, proc, log_dir)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        return TrialResult(TrialStatus.CRASHED, backend="vllm",
+                           cause=f"the load failed: {type(exc).__name__}: {exc}"[:500])
 
 
 def _measure_repeats(base: str, launch: VllmLaunch, repeats: LeaderRepeats, proc: subprocess.Popen[bytes],
@@ -325,11 +332,7 @@ def _measure_repeats(base: str, launch: VllmLaunch, repeats: LeaderRepeats, proc
         where = Path(folder) if folder else log_dir / f"repeat-{k}"
         where.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        try:
-            repeat = _measure(base, plain, workload, proc, where)
-        except Exception as exc:  # noqa: BLE001 - as the trial's own window: evidence, not a crash
-            repeat = TrialResult(TrialStatus.CRASHED, backend="vllm",
-                                 cause=f"the load failed: {type(exc).__name__}: {exc}"[:500])
+        repeat = _measure_or_crash(base, plain, workload, proc, where)
         repeat.wall_s = time.monotonic() - started
         repeat.evidence.append(f"repeat {k}: measured on the trial's own server start, after its window")
         out.append(repeat)
@@ -665,7 +668,16 @@ def _served_model_name(launch: VllmLaunch) -> str:
 
 
 def _fill_from_log(result: TrialResult, parsed: ParsedLog) -> None:
-    """Copy what vLLM's startup log says (version, KV capacity, memory breakdown) into the result."""
+    """Copy what vLLM's startup log says (version, KV capacity, memory breakdown, the start's phase
+    timings and compile-cache verdict) into the result."""
+    _fill_server_from_log(result, parsed)
+    result.timings_s.update({k: float(v) for k, v in parsed.timings_s().items() if v is not None})
+    result.compile_cache_hit = parsed.compile_cache_hit
+
+
+def _fill_server_from_log(result: TrialResult, parsed: ParsedLog) -> None:
+    """What the log says about the running server (version, KV capacity, memory breakdown): all a
+    repeat measured on it shares with the trial that started it."""
     result.vllm_version = parsed.vllm_version or result.vllm_version
     result.kv_cache_tokens = parsed.kv_cache_tokens
     result.num_gpu_blocks = parsed.num_gpu_blocks
@@ -679,8 +691,6 @@ def _fill_from_log(result: TrialResult, parsed: ParsedLog) -> None:
                                         non_torch=parsed.non_torch_gib or 0.0, cudagraph=parsed.cudagraph_gib or 0.0,
                                         kv_cache=parsed.available_kv_gib or 0.0)
     result.worker_memory = worker_memory(parsed)
-    result.timings_s.update({k: float(v) for k, v in parsed.timings_s().items() if v is not None})
-    result.compile_cache_hit = parsed.compile_cache_hit
 
 
 def worker_memory(parsed: ParsedLog) -> dict[str, dict[str, float]]:
