@@ -56,7 +56,8 @@ from servetune.result import TrialResult, TrialStatus
 from servetune.search import confirm, warmstart
 from servetune.search import screen as fidelity
 from servetune.search.propose import (FEASIBLE, INFEASIBLE, Proposal, StoredTrial, constraint_values, early_stop_rule,
-                                      enqueue_informed_starts, objective_values, propose, sim_screen, tell)
+                                      enqueue_informed_starts, maximises_output_throughput, meets_constraints,
+                                      objective_values, propose, sim_screen, tell)
 from servetune.spec.schema import StudySpec
 from servetune.workload import Workload
 
@@ -471,7 +472,7 @@ class _Driver:
             # budget, one the machine lost is not a sample.
             repeats = [(k, r) for k, r in enumerate(result.repeats, start=1) if not r.status.is_infrastructure]
             summary = [{"repeat": k, "value": objective_values(self.spec, r)[0],
-                        "feasible": all(v <= 0 for v in constraint_values(self.spec, r).values())} for k, r in repeats]
+                        "feasible": meets_constraints(self.spec, r)} for k, r in repeats]
             if summary:  # kept on the trial before it is told: a told trial's attrs are fixed
                 retry_call(lambda: trial.set_user_attr(SAME_START_REPEATS, summary),
                            what=f"store trial #{number}'s repeats")
@@ -624,7 +625,7 @@ class _Driver:
                                   f"{result.cause}")
                     continue
                 value = objective_values(spec, result)[0]
-                ok = all(v <= 0 for v in constraint_values(spec, result).values())
+                ok = meets_constraints(spec, result)
                 runs[t.number].append((value, ok))
                 self._write(self._record(t.number, StoredTrial.of(t).flags, result, value,
                                          origin="repeat", repeat=k), workload=workload)
@@ -723,9 +724,9 @@ def _leader_repeats(spec: StudySpec, outcome: StudyOutcome, backend: str, runs_d
     (``budget.confirm_on: same-start``): only for the vllm backend (a start is what they save),
     with confirmation on and output throughput the first objective, maximised (what the engine
     can compare against the best so far)."""
-    budget, objective = spec.budget, spec.objective
+    budget = spec.budget
     if (backend != "vllm" or budget.confirm_top <= 0 or budget.confirm_on != "same-start"
-            or objective.metrics[:1] != ("output_throughput",) or objective.directions[0] != "maximize"):
+            or not maximises_output_throughput(spec)):
         return None
     ks = range(1, budget.confirm_repeats + 1)
     folder = runs_dir / "trials" / spec.name

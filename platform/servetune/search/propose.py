@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
            "objective_values", "StoredTrial", "early_stop_rule", "enqueue_informed_starts", "run_local", "sim_screen",
-           "best_feasible"]
+           "best_feasible", "meets_constraints", "maximises_output_throughput"]
 
 INFEASIBLE = 1.0
 FEASIBLE = -1.0
@@ -84,6 +84,17 @@ def constraint_values(spec: StudySpec, result: TrialResult) -> dict[str, float]:
         value = metrics.get(metric, 0.0 if metric == "preemptions" else None)
         out[key] = (float(value) - limit) if served and value is not None else INFEASIBLE
     return out
+
+
+def meets_constraints(spec: StudySpec, result: TrialResult) -> bool:
+    """Whether ``result`` meets every constraint of the study (:func:`constraint_values`)."""
+    return all(v <= 0 for v in constraint_values(spec, result).values())
+
+
+def maximises_output_throughput(spec: StudySpec) -> bool:
+    """Whether the study's first objective is output throughput, maximised: what a running trial
+    can be compared on against the best so far (early stopping, same-start confirmation)."""
+    return spec.objective.metrics[:1] == ("output_throughput",) and spec.objective.directions[0] == "maximize"
 
 
 def objective_values(spec: StudySpec, result: TrialResult) -> list[float]:
@@ -295,7 +306,7 @@ def best_feasible(spec: StudySpec, told: list[Told]) -> float | None:
     """The best output throughput among told trials meeting every constraint (None: none yet)."""
     values = [float(t.result.output_throughput) for t in told
               if t.result.ok and t.result.output_throughput is not None
-              and all(v <= 0 for v in constraint_values(spec, t.result).values())]
+              and meets_constraints(spec, t.result)]
     return max(values) if values else None
 
 
@@ -358,9 +369,8 @@ def early_stop_rule(spec: StudySpec, best_throughput: float | None) -> EarlyStop
     """
     if not spec.early_stopping:
         return None
-    first = spec.objective.metrics[0] if spec.objective.metrics else None
-    throughput_objective = first == "output_throughput" and spec.objective.directions[0] == "maximize"
-    best = best_throughput if throughput_objective and best_throughput and best_throughput > 0 else None
+    best = (best_throughput if maximises_output_throughput(spec) and best_throughput and best_throughput > 0
+            else None)
     max_pre = spec.constraints.max_preemptions
     if best is None and max_pre is None:
         return None
