@@ -552,8 +552,8 @@ def fit_fp8_kv_read(runs: list[RealRun] | None = None, host_factors: Mapping[str
     multimodal in it (local minima at 0.35 and 0.45 on the sixth host's windows); throughput and
     TPOT alone are smooth and unimodal over 0.2-0.5, which a golden-section search needs."""
     if runs is None:
-        runs = [r for r in load_unseen_runs() if _in_fp8_fit(r.name)]
         by_name = {r.name: r for r in load_unseen_runs()}
+        runs = [r for name, r in by_name.items() if _in_fp8_fit(name)]
         host_factors = {h: host_factor(h, by_name) for h in {host_of(r.name) for r in runs} if h is not None}
     base = dict(calibration or {})
 
