@@ -31,7 +31,7 @@ for path in (ROOT / "platform", ROOT / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from _fidelity import UNSEEN_HOSTS, fidelity_rows, host_factor, load_unseen_runs  # noqa: E402
+from _fidelity import fidelity_rows, host_factor, host_of, load_unseen_runs  # noqa: E402
 from servetune.engines.vllm.metrics import counter, parse_prometheus  # noqa: E402
 
 SCALE = ROOT / "tests" / "fixtures" / "real_h200" / "scale"
@@ -54,12 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", nargs="*", default=["h6", "h7"], help="host tags of the starts (h4 .. h7)")
     args = parser.parse_args(argv)
     runs = {r.name: r for r in load_unseen_runs()}
-    factors = {h: host_factor(h, runs) for h in UNSEEN_HOSTS}
+    shown = {name: run for name, run in runs.items() if any(f"_{tag}_" in name for tag in args.hosts)}
+    factors = {h: host_factor(h, runs) for h in {host_of(name) for name in shown} if h is not None}
     print("| window | client TTFT ms | API server + client | engine queue | prefill | steps | tokens/step "
           "| simulated TTFT ms |")
     print("|---|---|---|---|---|---|---|---|")
     for tag in args.hosts:
-        for name, run in sorted(runs.items()):
+        for name, run in sorted(shown.items()):
             if f"_{tag}_" not in name:
                 continue
             d = engine_split(SCALE / name.removeprefix("scale/"))
