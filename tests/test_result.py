@@ -65,6 +65,17 @@ def test_per_gpu_memory_timings_and_overhead_round_trip_through_metrics():
     assert back.timings_s == r.timings_s and back.compile_cache_hit is False and back.metrics() == m
 
 
+def test_same_start_repeats_are_load_not_overhead():
+    """A leading trial measures its confirmation repeats on its own server before it returns, so its
+    dispatch time holds them (the 2026-12-04 tune: 29.5 s "overhead" of which 23.2 s was the repeat)."""
+    repeat = TrialResult(TrialStatus.OK, backend="vllm", duration_s=21.7, wall_s=23.2)
+    r = TrialResult(TrialStatus.OK, backend="vllm", startup_s=120.2, duration_s=21.7, dispatch_s=171.3,
+                    repeats=[repeat])
+    assert r.overhead_s == pytest.approx(171.3 - 120.2 - 21.7 - 23.2)
+    assert TrialResult(TrialStatus.OK, backend="vllm", startup_s=120.2, duration_s=21.7,
+                       dispatch_s=171.3).overhead_s == pytest.approx(29.4)
+
+
 def test_simulated_trials_report_no_overhead():
     """The simulator's startup and window are virtual seconds: subtracting them from wall time means nothing."""
     r = TrialResult(TrialStatus.OK, backend="sim", startup_s=80.0, duration_s=15.0, dispatch_s=1.2)

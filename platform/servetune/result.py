@@ -205,10 +205,13 @@ class TrialResult:
 
     @property
     def overhead_s(self) -> float | None:
-        """Seconds of the trial that were neither vLLM starting nor the measured load (driver view)."""
+        """Seconds of the trial that were neither vLLM starting nor the measured load (driver view).
+        The same-start repeats' windows (each its warm-up and load, ``wall_s``) are measured load too:
+        a leading trial's dispatch time holds them."""
         if self.dispatch_s is None or self.startup_s is None:
             return None
-        return max(0.0, self.dispatch_s - self.startup_s - (self.duration_s or 0.0))
+        repeats_s = sum(r.wall_s or r.duration_s or 0.0 for r in self.repeats)
+        return max(0.0, self.dispatch_s - self.startup_s - (self.duration_s or 0.0) - repeats_s)
     #: Why the measured window ended before the workload did (:mod:`servetune.engines.early_stop`), e.g.
     #: ``"preemptions: 3 counted, 0 allowed"``; None for a full measurement.
     early_stopped: str | None = None

@@ -574,8 +574,9 @@ class _Driver:
         """Re-run the top ``budget.confirm_top`` feasible configurations ``budget.confirm_repeats``
         times each (another workload and engine seed per repeat; :mod:`servetune.search.confirm`), record
         each repeat (MLflow ``servetune.role=repeat``, a dataset row with ``repeat``), and choose the
-        winner on the confirmed means. The repeats are not Optuna trials: the choice is stored as the
-        study's user attr ``confirmation``, which :func:`best_trial` honours."""
+        winner on the confirmed means, among them and any other feasible trial that already holds its
+        repeats (measured on its own start). The repeats are not Optuna trials: the choice is stored
+        as the study's user attr ``confirmation``, which :func:`best_trial` honours."""
         spec, study, pool, outcome, progress = self.spec, self.study, self.pool, self.outcome, self.progress
         sign = 1.0 if spec.objective.directions[0] == "maximize" else -1.0
         feasible = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -589,16 +590,25 @@ class _Driver:
                 break
         if not top:
             return
-        # Repeats a leading trial measured on its own start (budget.confirm_on: same-start) count;
-        # only the missing ones are started.
+        # A trial below the top that led when its window ended already holds its repeats, measured
+        # on its own start (budget.confirm_on: same-start): it is compared too, at no cost. Its
+        # first window may have lost to the top's by less than the noise its repeats show.
+        held: list[optuna.trial.FrozenTrial] = []
+        for t in feasible:
+            if (len(t.user_attrs.get(SAME_START_REPEATS, [])) >= spec.budget.confirm_repeats
+                    and all(StoredTrial.of(t).flags != StoredTrial.of(o).flags for o in top + held)):
+                held.append(t)
+        # Repeats a leading trial measured on its own start count; only the missing ones are started.
         runs: dict[int, list[tuple[float, bool]]] = {
             t.number: [(t.values[0], True)] + [(r["value"], r["feasible"]) for r in t.user_attrs.get(SAME_START_REPEATS, [])]
-            for t in top}
+            for t in top + held}
         todo = [(t, k) for k in range(1, spec.budget.confirm_repeats + 1) for t in top if k >= len(runs[t.number])]
         measured = sum(len(v) - 1 for v in runs.values())
         progress.note(f"servetune: confirming the top {len(top)} configurations (trials "
                       f"{', '.join(f'#{t.number}' for t in top)}), {spec.budget.confirm_repeats} repeats each"
-                      + (f" ({measured} measured on the trials' own starts)" if measured else ""))
+                      + (f" ({measured} measured on the trials' own starts)" if measured else "")
+                      + (f"; compared with {', '.join(f'#{t.number}' for t in held)}, whose repeats "
+                         "their own starts measured" if held else ""))
         inflight: dict[int, tuple[optuna.trial.FrozenTrial, int, Workload]] = {}
         key = 1_000_000  # pool keys of repeats, apart from trial numbers
         while todo or inflight:
@@ -631,7 +641,7 @@ class _Driver:
                                          origin="repeat", repeat=k), workload=workload)
         choice = confirm.choose([confirm.confirm(t.number, StoredTrial.of(t).flags,
                                                  [v for v, _ in runs[t.number]], [f for _, f in runs[t.number]])
-                                 for t in top], spec.objective.directions[0])
+                                 for t in top + held], spec.objective.directions[0])
         summary = choice.to_dict()
         retry_call(lambda: study.set_user_attr("confirmation", summary), what="store the confirmation")
         outcome.confirmation = summary
