@@ -67,7 +67,7 @@ def test_per_gpu_memory_timings_and_overhead_round_trip_through_metrics():
 
 def test_same_start_repeats_are_load_not_overhead():
     """A leading trial measures its confirmation repeats on its own server before it returns, so its
-    dispatch time holds them (the 2026-12-04 tune: 29.5 s "overhead" of which 23.2 s was the repeat)."""
+    dispatch time holds them (the 2026-12-03 real tune, study_l8b_tune_c: 29.5 s "overhead" of which 23.2 s was the repeat)."""
     repeat = TrialResult(TrialStatus.OK, backend="vllm", duration_s=21.7, wall_s=23.2)
     r = TrialResult(TrialStatus.OK, backend="vllm", startup_s=120.2, duration_s=21.7, dispatch_s=171.3,
                     repeats=[repeat])
