@@ -185,6 +185,10 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # fp8 KV starts of the same flags at 8B and 14B (decode at 32-192 in flight), a Poisson window; 17 windows.
     "l8b_h7_u09_s256_mbt8192", "l8b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_mbt8192",
     "l8b_h7_u09_s256_mbt8192_b", "q14b_h7_u09_s256_mbt8192_b",
+    # 2026-12-03, the eighth device session, another fresh host (plan plan_h8.json), after a confirmed
+    # tune there: the anchor, then closed-loop decode-heavy windows at 32-160 in flight with 128-512
+    # token prompts, bf16 KV, 8B and 14B; 8 windows, collected before any decode-TTFT change.
+    "l8b_h8_u09_s256_mbt8192", "q14b_h8_u09_s256_mbt8192",
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
@@ -198,6 +202,7 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "fifth session": ("scale/l8b_h5_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h5_", "scale/q14b_h5_")),
     "sixth session": ("scale/l8b_h6_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h6_", "scale/q14b_h6_")),
     "seventh session": ("scale/l8b_h7_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h7_", "scale/q14b_h7_")),
+    "eighth session": ("scale/l8b_h8_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h8_", "scale/q14b_h8_")),
 }
 
 
@@ -299,8 +304,9 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 
 
 #: Hosts no fit has seen: the committed calibration (2026-12-03) was fitted on every other host's
-#: runs, and these hosts' windows, collected before that fit, are its held-out judges.
-HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session")
+#: runs, and these hosts' windows, collected before that fit (the eighth's after it, before any
+#: change it judges), are its held-out judges.
+HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session", "eighth session")
 
 
 #: The starts of a held-out host that one knob was fitted on, the rest of the calibration never:

@@ -173,6 +173,7 @@ LATER_HOSTS: dict[str, str] = {
     "_h5_": "fifth session's host (measured after the margin was chosen)",
     "_h6_": "sixth session's host (measured after the margin was chosen)",
     "_h7_": "seventh session's host (measured after the margin was chosen)",
+    "_h8_": "eighth session's host (measured after the margin was chosen)",
 }
 
 

@@ -37,17 +37,18 @@ def test_fixtures_hold_every_healthy_window_with_its_preemption_counts() -> None
 def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_in_no_fit() -> None:
     """The starts measured after the folds were fitted (_fidelity.UNSEEN_STARTS: the decode-heavy 8B
     start of the third device session, the four starts of the fourth, the two of the fifth, the four
-    of the sixth, the six of the seventh) are left out of load_evidence, which every fold reads, and
-    loaded by load_unseen_runs with the unseen studies' trials: 5 + 15 + 13 + 23 + 17 windows + 11
-    trials, all 8B or 14B. The committed calibration's joint fit (load_calibration_runs) takes all
-    of them but the held-out hosts' 23 + 17 windows; of those, the sixth host's 4 fp8 KV windows fit
-    fp8_kv_read_efficiency alone, and the other 36 nothing fitted has seen."""
+    of the sixth, the six of the seventh, the two of the eighth) are left out of load_evidence,
+    which every fold reads, and loaded by load_unseen_runs with the unseen studies' trials:
+    5 + 15 + 13 + 23 + 17 + 8 windows + 11 trials, all 8B or 14B. The committed calibration's joint
+    fit (load_calibration_runs) takes all of them but the held-out hosts' 23 + 17 + 8 windows; of
+    those, the sixth host's 4 fp8 KV windows fit fp8_kv_read_efficiency alone, and the other 44
+    nothing fitted has seen."""
     from _fidelity import (FP8_FIT_STARTS, HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, in_calibration_fit,
                            load_calibration_runs, load_unseen_runs)
 
     fitted = {r.name for r in RUNS}
     unseen = {r.name: r for r in load_unseen_runs()}
-    assert len(unseen) == 84 and not fitted & set(unseen)
+    assert len(unseen) == 92 and not fitted & set(unseen)
     assert {r.size for r in unseen.values()} == {"8B", "14B"}
     dec = [r for name, r in unseen.items() if name.startswith(f"scale/{UNSEEN_STARTS[0]}/")]
     assert len(dec) == 5 and all(r.shape == "decode" and r.size == "8B" for r in dec)
@@ -56,7 +57,7 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_
     calibration = {r.name for r in load_calibration_runs()}
     held_out = {name for name in unseen if not in_calibration_fit(name)}
     assert {host_of(name) for name in held_out} == set(HELD_OUT_HOSTS)
-    assert len(held_out) == 36 and not calibration & held_out
+    assert len(held_out) == 44 and not calibration & held_out
     # The sixth host's fp8 start is fitted alone (fp8_kv_read_efficiency), not in the joint fit.
     fp8_fit = {name for name in unseen if any(name.startswith(f"scale/{s}/") for s in FP8_FIT_STARTS)}
     assert len(fp8_fit) == 4 and all(in_calibration_fit(name) and host_of(name) in HELD_OUT_HOSTS for name in fp8_fit)
@@ -69,7 +70,7 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     host's other windows simulated with it (_fidelity.host_checks; `sim_fidelity.py --unseen`).
     Nothing is fitted to throughput and no judged window is the calibrating one.
 
-    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: the sixth and seventh sessions', in no fit
+    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: the sixth to eighth sessions', in no fit
     but the one start fp8_kv_read_efficiency was fitted on, _fidelity.FP8_FIT_STARTS) judge the
     rule, on their never-fitted windows: the seventh's factor (1.18, off the 8B prefill-heavy
     anchor) takes its 16 other windows from 4.9% (max 34.8%) to 4.1% (max 22.4%) off on
@@ -83,17 +84,20 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     host's 256-in-flight decode window, 17.5%; the fifth's 14B decode at 32 in flight, 18.2%; the
     sixth's 8B decode at 2,048-token outputs, 10.9%; the seventh's fp8 KV decode at 192 in flight,
     22.4%: vLLM 0.26's fp8 path served that load 20% slower than bf16 on the same host, where it
-    was 1-6% faster at 32-128 in flight, and the simulator has no term for it)."""
+    was 1-6% faster at 32-128 in flight, and the simulator has no term for it; the eighth's 8B
+    decode at 160 in flight, 6.8%). The eighth host's API server was the cheapest yet (factor
+    1.07, where the others read 1.18-1.70), so the factor's bound is only that it exceeds 1: no
+    real host's API server has been cheaper than the simulator's calibration."""
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
     worst_allowed = {"third session, second host": 0.19, "fourth session": 0.15, "fifth session": 0.20,
-                     "sixth session": 0.16, "seventh session": 0.25}
+                     "sixth session": 0.16, "seventh session": 0.25, "eighth session": 0.10}
     checks = host_checks()
     assert [c.host for c in checks] == list(worst_allowed)
-    assert set(HELD_OUT_HOSTS) == {"sixth session", "seventh session"}
+    assert set(HELD_OUT_HOSTS) == {"sixth session", "seventh session", "eighth session"}
     gains = []
     for check in checks:
-        assert 1.15 < check.api_cpu_factor < 2.0, check.host
+        assert 1.0 < check.api_cpu_factor < 2.0, check.host
         assert all(r.real.name != check.calibrating_window for r in check.with_factor)
         plain, host = error_summary(check.plain), error_summary(check.with_factor)
         assert host["throughput_max"] < worst_allowed[check.host] and host["preemption_class_agree"] == 1.0, check.host
@@ -123,18 +127,22 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
     checks = [c for c in host_checks() if c.host in HELD_OUT_HOSTS]
-    assert [c.host for c in checks] == ["sixth session", "seventh session"]
-    fp8_judged = []
+    assert [c.host for c in checks] == ["sixth session", "seventh session", "eighth session"]
+    fp8_judged, judged = [], set()
     for check in checks:
         def rows(shape: str, fp8: bool) -> list:
             return [r for r in check.with_factor if r.real.shape == shape and not in_calibration_fit(r.name)
                     and (r.real.flags.get("kv_cache_dtype") == "fp8") is fp8]
 
         for shape, ttft_bound in (("prefill", 0.20), ("decode", 0.32)):
+            if not rows(shape, fp8=False):
+                continue  # the eighth host measured only its anchor prefill-heavy (asserted below)
+            judged.add((check.host, shape))
             e = error_summary(rows(shape, fp8=False))
             assert e["throughput_mae"] <= 0.05 and e["tpot_mae"] <= 0.07, (check.host, shape, e)
             assert e["ttft_mae"] < ttft_bound and e["preemption_class_agree"] == 1.0, (check.host, shape, e)
         fp8_judged += rows("prefill", fp8=True) + rows("decode", fp8=True)
+    assert judged == {(h, shape) for h in HELD_OUT_HOSTS for shape in ("prefill", "decode")} - {("eighth session", "prefill")}
     assert len(fp8_judged) == 9 and all("_h7_" in r.name for r in fp8_judged)
     e = error_summary(fp8_judged)
     assert e["throughput_mae"] < 0.07 and e["tpot_mae"] < 0.06 and e["preemption_class_agree"] == 1.0, e
