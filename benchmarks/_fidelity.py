@@ -189,6 +189,9 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # tune there: the anchor, then closed-loop decode-heavy windows at 32-160 in flight with 128-512
     # token prompts, bf16 KV, 8B and 14B; 8 windows, collected before any decode-TTFT change.
     "l8b_h8_u09_s256_mbt8192", "q14b_h8_u09_s256_mbt8192",
+    # The eighth session's second host (plan plan_h9.json): the anchor, then decode-heavy windows that
+    # break the closed loop's lockstep waves (outputs uniform in 512-1536; a Poisson rate); 4 windows.
+    "l8b_h9_u09_s256_mbt8192",
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
@@ -203,6 +206,7 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "sixth session": ("scale/l8b_h6_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h6_", "scale/q14b_h6_")),
     "seventh session": ("scale/l8b_h7_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h7_", "scale/q14b_h7_")),
     "eighth session": ("scale/l8b_h8_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h8_", "scale/q14b_h8_")),
+    "eighth session, second host": ("scale/l8b_h9_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h9_",)),
 }
 
 
@@ -306,7 +310,7 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 #: Hosts no fit has seen: the committed calibration (2026-12-03) was fitted on every other host's
 #: runs, and these hosts' windows, collected before that fit (the eighth's after it, before any
 #: change it judges), are its held-out judges.
-HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session", "eighth session")
+HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session", "eighth session", "eighth session, second host")
 
 
 #: The starts of a held-out host that one knob was fitted on, the rest of the calibration never:

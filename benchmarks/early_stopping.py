@@ -174,6 +174,7 @@ LATER_HOSTS: dict[str, str] = {
     "_h6_": "sixth session's host (measured after the margin was chosen)",
     "_h7_": "seventh session's host (measured after the margin was chosen)",
     "_h8_": "eighth session's host (measured after the margin was chosen)",
+    "_h9_": "eighth session's second host (measured after the margin was chosen)",
 }
 
 

@@ -1,8 +1,8 @@
 """The user-scale real H200 runs (tests/fixtures/real_h200/scale): Llama-3.1-8B and Qwen2.5-14B shapes.
 
-vLLM 0.26.0, random weights, one H200 per host; 30 server starts, 119 measured windows (see the
+vLLM 0.26.0, random weights, one H200 per host; 31 server starts, 123 measured windows (see the
 folder's README): 5 starts of 2026-12-01 whose model folders carried a 32,000-token tokenizer, and
-25 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h8_*``, six more hosts) whose tokenizers cover
+26 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h9_*``, seven more hosts) whose tokenizers cover
 the models' vocabularies; the simulator's fit and held-out hosts are ``benchmarks/_fidelity.py``'s.
 None of these runs was used to fit the planner: its KV capacity here is held out.
 """
@@ -44,10 +44,11 @@ def test_the_evidence_is_all_there() -> None:
                                       "l8b_h7_u09_s256_mbt8192", "l8b_h7_u09_s256_fp8kv", "l8b_h7_u09_s256_mbt8192_b",
                                       "q14b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_mbt8192",
                                       "q14b_h7_u09_s256_mbt8192_b",
-                                      "l8b_h8_u09_s256_mbt8192", "q14b_h8_u09_s256_mbt8192"])
+                                      "l8b_h8_u09_s256_mbt8192", "q14b_h8_u09_s256_mbt8192",
+                                      "l8b_h9_u09_s256_mbt8192"])
     assert set(json.loads((SCALE / "tokenizers.json").read_text())["tokenizer_vocab"]) == set(STARTS)
     windows = sorted(SCALE.glob("*/*/summary.json"))
-    assert len(windows) == 119
+    assert len(windows) == 123
     for w in windows:
         s = json.loads(w.read_text())
         assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w

