@@ -587,6 +587,71 @@ def fit_fp8_kv_read(runs: list[RealRun] | None = None, host_factors: Mapping[str
     return (lo + hi) / 2
 
 
+#: The API server loop's shape searched by :func:`fit_frontend`: ``api_chunk_share`` x
+#: ``api_intake_passes`` x ``client_chunk_s`` (the load generator's read of one chunk).
+FRONTEND_GRID: tuple[tuple[float, int, float], ...] = tuple(
+    (share, passes, client) for share in (0.2, 0.35, 0.5, 0.65) for passes in (5, 6, 7)
+    for client in (0.0, 40e-6, 60e-6, 80e-6))
+
+
+def frontend_loss(rows: list[FidelityRow]) -> float:
+    """Mean over the windows of |throughput| + |TPOT| + |TTFT| relative error: the loop's shape
+    moves first tokens most, and throughput and TPOT keep it from buying them with the rest."""
+    return sum(abs(r.throughput_error) + abs(r.tpot_error) + abs(r.ttft_error) for r in rows) / len(rows)
+
+
+def fit_frontend(grid: Iterable[tuple[float, int, float]] = FRONTEND_GRID,
+                 calibration: Mapping[str, float] | None = None,
+                 ) -> tuple[tuple[float, int, float], dict[tuple[float, int, float], float]]:
+    """``api_chunk_share``, ``api_intake_passes`` and ``client_chunk_s`` (``servetune.sim.frontend``)
+    chosen on a grid: the triple whose :func:`frontend_loss` is least over the calibration's fitting
+    windows (:func:`load_evidence` at factor 1 and every window of the fitted hosts of
+    :data:`UNSEEN_HOSTS` but their calibrating ones, each host at the factor read under that triple:
+    the loop's shape changes the simulated CPU a factor is read against), every other knob at
+    ``calibration`` (default: committed). Returns the triple and every triple's loss."""
+    by_name = {r.name: r for r in load_unseen_runs()}
+    hosts = [h for h in UNSEEN_HOSTS if h not in HELD_OUT_HOSTS]
+    host_runs = [r for name, r in sorted(by_name.items())
+                 if host_of(name) in hosts and name != UNSEEN_HOSTS[host_of(name)][0]]  # type: ignore[index]
+    evidence = load_evidence()
+    losses: dict[tuple[float, int, float], float] = {}
+    for share, passes, client in grid:
+        knobs = {**(calibration or {}), "api_chunk_share": share, "api_intake_passes": passes,
+                 "client_chunk_s": client}
+        factors = {}
+        for host in hosts:
+            anchor = by_name[UNSEEN_HOSTS[host][0]]
+            simulated = fidelity_rows(knobs, [anchor])[0].sim_api_server_cpu_s
+            factors[host] = (anchor.api_server_cpu_s or 0.0) / simulated if simulated else 1.0
+        losses[(share, passes, client)] = frontend_loss(fidelity_rows(knobs, evidence + host_runs,
+                                                                      host_factors=factors))
+    return min(losses, key=losses.__getitem__), losses
+
+
+#: The frontend triples a recorded fold chooses among on its own training windows when it is
+#: replayed under an engine whose API-server model it was not fitted with (:func:`replay_fold`).
+FOLD_FRONTEND_GRID: tuple[tuple[float, int, float], ...] = tuple(
+    (share, passes, client) for share in (0.2, 0.5) for passes in (1, 6) for client in (0.0, 60e-6))
+
+
+def replay_fold(knobs: Mapping[str, float], train: list[RealRun], test: list[RealRun],
+                grid: Iterable[tuple[float, int, float]] = FOLD_FRONTEND_GRID,
+                ) -> tuple[dict[str, float], list[FidelityRow]]:
+    """A recorded fold's knobs with the API-server loop's triple (``api_chunk_share``,
+    ``api_intake_passes``, ``client_chunk_s``) chosen on the fold's ``train`` windows alone
+    (least :func:`frontend_loss` over ``grid``), then ``test`` simulated with them: the fold stays
+    held out although the committed triple was chosen on every fitting window, its test ones too.
+    Returns the knobs and the test rows."""
+    best: tuple[float, dict[str, float]] | None = None
+    for share, passes, client in grid:
+        candidate = {**knobs, "api_chunk_share": share, "api_intake_passes": float(passes), "client_chunk_s": client}
+        loss = frontend_loss(fidelity_rows(candidate, train))
+        if best is None or loss < best[0]:
+            best = (loss, candidate)
+    assert best is not None, "an empty grid"
+    return best[1], fidelity_rows(best[1], test)
+
+
 #: Where a held-out fold's search starts: datasheet-like efficiencies (HBM 80%, paged attention 70%,
 #: GEMM 70%, prefill attention 50%) and the geometric middle of each time constant's range. Never
 #: a fitted calibration: GPU_CALIBRATION is fitted on every run, the fold's test runs included,

@@ -16,6 +16,12 @@ preemptions, with the relative errors.
   paste into ``GPU_CALIBRATION``).
 * ``--fit-fp8``: ``fp8_kv_read_efficiency`` alone (``_fidelity.fit_fp8_kv_read``) on
   ``_fidelity.FP8_FIT_STARTS`` (the sixth host's fp8 KV start), every other knob committed.
+* ``--fit-frontend``: the API server loop's shape and the client's read (``api_chunk_share``,
+  ``api_intake_passes``, ``client_chunk_s``; ``_fidelity.fit_frontend``) on a grid, on the fitting
+  runs, every other knob committed (48 points: about an hour on two cores).
+* ``--replay-folds [--out FILE]``: the recorded folds re-simulated under today's engine, each with
+  its recorded knobs and the API-server loop's triple chosen on its own training windows
+  (``_fidelity.replay_fold``): for an engine change no knob can undo (2026-12-04: sim/frontend.py).
 * ``--grid``: the trials of the real servetune grid studies (``_fidelity.GRID_STUDIES``: the 8B
   grid of 2026-12-02) with the knobs of the fold fitted without any 8B run (recorded in
   ``benchmarks/results/sim_heldout_h200.json``): held-out errors, and whether the simulator ranks
@@ -29,7 +35,7 @@ preemptions, with the relative errors.
 
 Usage::
 
-    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--fit-fp8] [--json]
+    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--fit-fp8] [--fit-frontend] [--json]
 """
 
 from __future__ import annotations
@@ -46,7 +52,8 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
         sys.path.insert(0, str(_p))
 
 from _fidelity import (FOLDS, UNSEEN_STARTS, UNSEEN_STUDIES, calibration_host_factors, error_summary,  # noqa: E402
-                       fidelity_rows, fit, fit_fp8_kv_read, format_table, held_out, host_checks, in_calibration_fit,
+                       fidelity_rows, fit, fit_fp8_kv_read, fit_frontend, format_table, held_out, host_checks,
+                       in_calibration_fit, replay_fold,
                        load_calibration_runs, load_evidence, load_study_runs, load_unseen_runs)
 
 
@@ -89,10 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
     parser.add_argument("--fit-fp8", action="store_true", help="fit fp8_kv_read_efficiency alone and print it")
+    parser.add_argument("--fit-frontend", action="store_true",
+                        help="choose api_chunk_share, api_intake_passes and client_chunk_s on a grid")
     parser.add_argument("--held-out", type=int, metavar="TRIALS", help="fit per fold, report the held-out runs")
     parser.add_argument("--grid", action="store_true", help="the 8B fold's knobs on the real grid studies' trials")
     parser.add_argument("--unseen", action="store_true",
                         help="the committed calibration on the studies measured after it was fitted")
+    parser.add_argument("--replay-folds", action="store_true",
+                        help="re-simulate the recorded folds under today's engine (API-server loop per fold)")
     parser.add_argument("--fold", action="append", choices=sorted(FOLDS), help="only these folds (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the result as JSON to this file")
@@ -119,6 +130,26 @@ def main(argv: list[str] | None = None) -> int:
             old["folds"].update(result)
             old.update(trials=args.held_out, seed=args.seed)
             args.out.write_text(json.dumps(old, indent=1))
+        return 0
+    if args.replay_folds:
+        # Re-simulate the recorded folds under today's engine: each fold's knobs as fitted, its
+        # API-server loop triple chosen on its own training windows (_fidelity.replay_fold).
+        path = ROOT / "benchmarks" / "results" / "sim_heldout_h200.json"
+        recorded = json.loads(path.read_text())
+        evidence = load_evidence()
+        for name, fold in recorded["folds"].items():
+            if args.fold and name not in args.fold:
+                continue
+            train = [r for r in evidence if r.name in set(fold["fitted_on"])]
+            test = [r for r in evidence if FOLDS[name](r)]
+            knobs, rows = replay_fold(fold["knobs"], train, test)
+            print(f"\n== replayed: {name}: api_chunk_share {knobs['api_chunk_share']}, "
+                  f"api_intake_passes {knobs['api_intake_passes']:g}, client_chunk_s {knobs['client_chunk_s']:g}")
+            print(format_table(rows))
+            fold.update(knobs=knobs, rows=_rows_json(rows), errors=error_summary(rows), by_shape=_by_shape(rows))
+        if args.out:
+            args.out.write_text(json.dumps(recorded, indent=1))
+        print(f"\n{time.perf_counter() - t0:.0f} s")
         return 0
     if args.grid:
         recorded = json.loads((ROOT / "benchmarks" / "results" / "sim_heldout_h200.json").read_text())
@@ -156,6 +187,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.fit_fp8:
         print("fitted knobs:", json.dumps({"fp8_kv_read_efficiency": float(f"{fit_fp8_kv_read():.4g}")}))
+        return 0
+    if args.fit_frontend:
+        best, losses = fit_frontend()
+        for (share, passes, client), value in sorted(losses.items()):
+            print(f"  api_chunk_share {share:.2f}  api_intake_passes {passes}  client_chunk_s {client:.0e}: "
+                  f"loss {value:.4f}")
+        print("fitted knobs:", json.dumps({"api_chunk_share": best[0], "api_intake_passes": best[1],
+                                           "client_chunk_s": best[2]}))
         return 0
     knobs = None
     if args.fit:

@@ -225,11 +225,12 @@ def test_a_figure_the_api_server_bounds_says_it_depends_on_the_host_cpu() -> Non
     assert notes(1024, 256) == []
 
 
-def test_the_api_servers_cpu_is_its_per_request_and_per_token_costs_scaled_by_the_host_factor() -> None:
+def test_the_api_servers_cpu_is_its_per_request_per_token_and_per_chunk_costs_scaled_by_the_host_factor() -> None:
     """``api_server_cpu_s`` over the window is what the modelled API server charged: per measured
-    request, per prompt token, per streamed token and per streamed token per prompt token (the
-    warm-up's excluded); ``api_cpu_factor`` scales all of it, and on a load the API server bounds,
-    a slower host's factor lowers the simulated throughput."""
+    request, per prompt token, per streamed token (its per-token share), per SSE chunk the client
+    received (the per-chunk share: a chunk carries the tokens the loop merged) and per streamed
+    token per prompt token (the warm-up's excluded); ``api_cpu_factor`` scales all of it, and on a
+    load the API server bounds, a slower host's factor lowers the simulated throughput."""
     from servetune.sim.perf import calibration_for, with_calibration
 
     model, gpu = load_model("llama-3.1-8b"), get_gpu("H200")
@@ -238,13 +239,21 @@ def test_the_api_servers_cpu_is_its_per_request_and_per_token_costs_scaled_by_th
     w = Workload.from_dict({"input_len": 256, "output_len": 1024, "num_requests": 384, "concurrency": 256,
                             "warmup_requests": 2})
     cal = calibration_for(gpu)
-    measured = w.requests()
-    expected = sum(cal.request_overhead_s + r.prompt_tokens * cal.prompt_token_overhead_s
-                   + r.output_tokens * (cal.token_overhead_s + r.prompt_tokens * cal.stream_prompt_token_s)
-                   for r in measured)
+
+    def charged(result, factor: float) -> float:
+        share = cal.api_chunk_share
+        return factor * sum(cal.request_overhead_s + r.prompt_tokens * cal.prompt_token_overhead_s
+                            + r.output_tokens * (cal.token_overhead_s * (1 - share)
+                                                 + r.prompt_tokens * cal.stream_prompt_token_s)
+                            + (len(r.itl_s) + 1) * cal.token_overhead_s * share
+                            for r in result.requests)
+
     plain = simulate(model, gpu, config, w)
-    assert plain.api_server_cpu_s == pytest.approx(expected, rel=1e-9)
+    assert plain.api_server_cpu_s == pytest.approx(charged(plain, 1.0), rel=1e-9)
     slow = simulate(model, with_calibration(gpu, {"api_cpu_factor": 1.5}), config, w)
-    assert slow.api_server_cpu_s == pytest.approx(1.5 * expected, rel=1e-9)
+    assert slow.api_server_cpu_s == pytest.approx(charged(slow, 1.5), rel=1e-9)
+    # Behind, the loop merges tokens into fewer chunks: a slower host's clients get fewer, fuller ones.
+    chunks = [sum(len(r.itl_s) + 1 for r in res.requests) for res in (plain, slow)]
+    assert chunks[1] < chunks[0] < sum(r.output_tokens for r in plain.requests)
     assert slow.output_throughput < 0.9 * plain.output_throughput  # busy past one core at 1.5x: bound
     assert any("--api-cpu-factor 1.5" in e for e in slow.evidence)

@@ -34,7 +34,10 @@ returns the memory plan's failure status and vLLM's own error text, without runn
 * The step that computes the last prompt token samples the first output token (TTFT); every later
   step that schedules a request gives it one token; requests stop at ``max_tokens`` (ignore_eos).
 
-Step durations come from :class:`servetune.sim.perf.PerfModel`.
+Step durations come from :class:`servetune.sim.perf.PerfModel`. Requests reach the engine core, and
+clients their tokens, through vLLM's API server loop (:class:`servetune.sim.frontend.ApiServer`):
+a request enters WAITING once its intake is done, and a step's tokens count as received when the
+loop has drained them and the load generator has read their chunks.
 
 Example:
     >>> from servetune.planner.gpus import get_gpu
@@ -54,13 +57,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
-import heapq
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 from servetune.planner.memory import plan_memory
 from servetune.result import RequestRecord, TrialResult, TrialStatus, summarize
 from servetune.sim import vllm_log
+from servetune.sim.frontend import ApiServer
 from servetune.sim.perf import PerfModel
 from servetune.vllm_version import version_tuple
 
@@ -92,7 +96,7 @@ class RequestState:
     """A snapshot of one request inside the scheduler (for tests and debugging)."""
 
     request_id: str
-    status: str  # "pending" (not sent yet) | "frontend" (in the API server) | "waiting" | "running" | "finished"
+    status: str  # "pending" (sent, in the API server) | "waiting" | "running" | "finished"
     num_computed_tokens: int
     num_output_tokens: int
     num_blocks: int
@@ -249,16 +253,16 @@ class SimScheduler:
         self._kv_area = 0.0  # integral of usage over time, for the time-weighted mean
         self._kv_time = 0.0
         self.step_end_s: list[float] = []  # end time of every step, by index
-        self.deliver_s: list[float] = []  # when clients receive each step's tokens (API-server FIFO)
-        self._frontend_free = 0.0
-        self.frontend_busy_s = 0.0  # the API server's CPU seconds so far (requests in, tokens out)
-        self._token_cost = self.perf.token_overhead_s
-        self._request_cost = self.perf.request_overhead_s
-        self._prompt_token_cost = self.perf.prompt_token_overhead_s
-        self._stream_prompt_cost = self.perf.stream_prompt_token_s
+        # When clients receive each step's tokens (NaN until the API server has delivered them).
+        self.deliver_s: list[float] = []
+        perf = self.perf
+        self.api = ApiServer(perf.request_overhead_s, perf.prompt_token_overhead_s, perf.token_overhead_s,
+                             perf.stream_prompt_token_s, perf.api_chunk_share, perf.api_intake_passes,
+                             perf.client_chunk_s)
+        # run_until_idle's callback: a client that received its request's last token sends the next.
+        self._on_finish: Callable[[str, float], None] | None = None
         self._running: list[_Req] = []
         self._waiting: collections.deque[_Req] = collections.deque()
-        self._pending: list[tuple[float, int, _Req]] = []  # heap of future arrivals
         self._requests: dict[str, _Req] = {}
         self._next_key = 0
         # With async scheduling vLLM's scheduler forms the next batch while the current step runs
@@ -276,6 +280,11 @@ class SimScheduler:
     @property
     def kv_usage_mean(self) -> float:
         return self._kv_area / self._kv_time if self._kv_time > 0 else 0.0
+
+    @property
+    def frontend_busy_s(self) -> float:
+        """The API server's CPU seconds so far (requests in, tokens out)."""
+        return self.api.busy_s
 
     @property
     def num_running(self) -> int:
@@ -297,17 +306,20 @@ class SimScheduler:
 
     def request_state(self, request_id: str) -> RequestState:
         r = self._requests[request_id]
-        first = self.deliver_s[r.token_steps[0]] if r.token_steps else None
-        finish = self.deliver_s[r.finish_step] if r.finish_step >= 0 else None
+        first = self.deliver_s[r.token_steps[0]] if r.token_steps else math.nan
+        finish = self.deliver_s[r.finish_step] if r.finish_step >= 0 else math.nan
+        first = None if math.isnan(first) else first  # type: ignore[assignment]
+        finish = None if math.isnan(finish) else finish  # type: ignore[assignment]
         return RequestState(r.rid, r.status, r.computed, r.output, r.nblk, r.preemptions, first, finish)
 
     def token_times(self, request_id: str) -> list[float]:
-        """When the client receives each output token of the request (after the API server)."""
+        """When the client receives each output token of the request (after the API server; NaN
+        for tokens it has not delivered yet)."""
         ends = self.deliver_s
         return [ends[s] for s in self._requests[request_id].token_steps]
 
     def has_work(self) -> bool:
-        return bool(self._running or self._waiting or self._pending)
+        return bool(self._running or self._waiting or self.api.has_work())
 
     # -- input --------------------------------------------------------------------------------
 
@@ -334,26 +346,30 @@ class SimScheduler:
         req = _Req(request_id, prompt_tokens, max_tokens, arrival_s, prefix_group, prefix_blocks, self._next_key)
         self._next_key += 1
         self._requests[request_id] = req
-        heapq.heappush(self._pending, (arrival_s, req.order, req))
+        self.api.submit(req, arrival_s, prompt_tokens)
 
     def _admit_arrivals(self, upto: float | None = None) -> None:
-        """Move requests the engine has received by ``upto`` (default: now) to WAITING, once the API
-        server has processed them (FIFO)."""
-        pending, now = self._pending, self.now_s if upto is None else upto
-        while pending and pending[0][0] <= now:
-            at, order, req = heapq.heappop(pending)
-            if req.status == "pending":  # sent by the client; the API server takes it next
-                fe = self._frontend_free
-                cost = self._request_cost + req.prompt * self._prompt_token_cost
-                entry = (at if at > fe else fe) + cost
-                self._frontend_free = entry
-                self.frontend_busy_s += cost
-                req.status = "frontend"
-                if entry > now:
-                    heapq.heappush(pending, (entry, order, req))
-                    continue
-            req.status = "waiting"
-            self._waiting.append(req)
+        """Run the API server as far as the engine's clock is known, then move the requests that
+        reached the engine core by ``upto`` (default: now) to WAITING."""
+        self.api.advance(self.now_s, self._delivered)
+        for req in self.api.pop_entered(self.now_s if upto is None else upto):
+            req.status = "waiting"  # type: ignore[attr-defined]
+            self._waiting.append(req)  # type: ignore[arg-type]
+
+    def _next_entry(self) -> float:
+        """When the next request reaches the engine core, the engine being idle (inf: none will)."""
+        nxt = self.api.next_entry_s()
+        if nxt == math.inf and self.api.has_work():
+            self.api.advance(self.now_s, self._delivered, until_entry=True)
+            nxt = self.api.next_entry_s()
+        return nxt
+
+    def _delivered(self, step_no: int, delivered_s: float, finished: list[Hashable]) -> None:
+        """The API server delivered step ``step_no``'s tokens; the clients of ``finished`` have their last."""
+        self.deliver_s[step_no] = delivered_s
+        if self._on_finish is not None:
+            for req in finished:
+                self._on_finish(req.rid, delivered_s)  # type: ignore[attr-defined]
 
     # -- block bookkeeping ----------------------------------------------------------------------
 
@@ -438,11 +454,11 @@ class SimScheduler:
         self._step_start = self.now_s
         self._admit_arrivals(formed_at)
         if not self._running and not self._waiting:
-            if self._pending:
-                self.now_s = max(self.now_s, self._pending[0][0])
-                self._admit_arrivals()
-            else:
+            nxt = self._next_entry()
+            if nxt == math.inf:
                 return None
+            self.now_s = max(self.now_s, nxt)
+            self._admit_arrivals()
         bs = self.block_size
         bsm1 = bs - 1
         pool = self.pool
@@ -452,7 +468,7 @@ class SimScheduler:
         threshold = self.long_prefill_threshold
         num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = sampled = 0
         prefill_context = prefill_attn = 0  # the share of kv_context / attn_work that is prefill chunks
-        sampled_prompt = 0  # prompt tokens of the requests that sampled a token this step
+        sampled_reqs: list[tuple[_Req, int]] = []  # (request, its prompt tokens) per token sampled this step
         finished: list[_Req] = []
         preempted: list[_Req] = []
         scheduled: list[tuple[_Req, int]] | None = [] if collect else None
@@ -503,7 +519,7 @@ class SimScheduler:
                 req.total += 1
                 req.output += 1
                 sampled += 1
-                sampled_prompt += req.prompt
+                sampled_reqs.append((req, req.prompt))
                 if req.output >= req.max_tokens:
                     finished.append(req)
             i += 1
@@ -566,7 +582,7 @@ class SimScheduler:
                     req.total += 1
                     req.output += 1
                     sampled += 1
-                    sampled_prompt += req.prompt
+                    sampled_reqs.append((req, req.prompt))
                     if req.output >= req.max_tokens:
                         finished.append(req)
 
@@ -574,8 +590,9 @@ class SimScheduler:
         if num_tokens == 0:
             # Nothing could be scheduled (every waiting request blocked on KV space that no running
             # request will free): vLLM would idle too. Jump to the next arrival, or stop.
-            if self._pending:
-                self.now_s = max(self.now_s, self._pending[0][0])
+            nxt = self._next_entry()
+            if nxt != math.inf:
+                self.now_s = max(self.now_s, nxt)
                 return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in preempted], 0, 0) if collect else []
             raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
 
@@ -585,15 +602,9 @@ class SimScheduler:
         start = self.now_s
         self.now_s = end_s = start + duration
         self.step_end_s.append(end_s)
-        # The API server streams this step's tokens when it gets to them (a FIFO, see perf.py).
-        fe = self._frontend_free
-        if fe < end_s:
-            fe = end_s
-        cost = sampled * self._token_cost + sampled_prompt * self._stream_prompt_cost
-        fe += cost
-        self._frontend_free = fe
-        self.frontend_busy_s += cost
-        self.deliver_s.append(fe)
+        # The API server streams this step's tokens when its loop gets to them (sim/frontend.py).
+        self.deliver_s.append(math.nan if sampled_reqs else end_s)
+        self.api.step_output(step_no, end_s, sampled_reqs, finished)
         self.num_steps += 1
         self.prompt_tokens_computed += prefill_tokens
         self.generation_tokens += sampled
@@ -608,6 +619,10 @@ class SimScheduler:
                 req.finish_step = step_no
                 self._free(req)
             self._running = [r for r in running if r.status == "running"]
+            if not self._running and not self._waiting:
+                # Idle now: no step comes before a request enters, so the API server runs ahead
+                # (delivering this step's tokens) until one does.
+                self._next_entry()
         if not collect:
             return finished
         finished_ids = [r.rid for r in finished]
@@ -618,15 +633,16 @@ class SimScheduler:
     def run_until_idle(self, on_finish: Callable[[str, float], None] | None = None) -> None:
         """Step until no work is left (fast path: no per-step report).
 
-        ``on_finish(request_id, finish_s)`` is called for every finished request and may add new
-        requests (a closed-loop client sends the next one when one completes).
+        ``on_finish(request_id, finish_s)`` is called for every finished request once its client
+        has the last token (``finish_s``) and may add new requests (a closed-loop client sends the
+        next one when one completes).
         """
-        while self._running or self._waiting or self._pending:
-            finished = self._step(collect=False)
-            if finished and on_finish is not None:
-                delivered = self.deliver_s[-1]
-                for req in finished:
-                    on_finish(req.rid, delivered)
+        self._on_finish = on_finish
+        try:
+            while self._running or self._waiting or self.api.has_work():
+                self._step(collect=False)
+        finally:
+            self._on_finish = None
 
 
 # -- one trial -----------------------------------------------------------------------------------
@@ -730,7 +746,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
     for _ in range(min(len(warm), max(1, workload.concurrency or len(warm)))):
         warm_next()
     sched.run_until_idle(warm_next)
-    t0 = max(sched.now_s, sched._frontend_free)  # the client has the warm-up's last token then
+    t0 = max(sched.now_s, sched.api.free_s, sched.api.client_free_s)  # the client has the warm-up's last token
     busy_at_t0 = sched.frontend_busy_s
 
     errors: dict[int, str] = {}
@@ -809,7 +825,10 @@ def _records(sched: SimScheduler, measured: list[Any], index_of: dict[str, int],
             continue
         req = sched._requests[str(i)]
         times = [ends[s] - t0 for s in req.token_steps]
-        gaps = tuple(b - a for a, b in zip(times, times[1:]))
+        # The client sees chunks: tokens the API server merged arrive together (one ITL gap, as
+        # `vllm bench serve` records it).
+        chunks = [t for j, t in enumerate(times) if j == 0 or t != times[j - 1]]
+        gaps = tuple(b - a for a, b in zip(chunks, chunks[1:]))
         out.append(RequestRecord(
             request_id=i + offset, prompt_tokens=req.prompt, output_tokens=req.output, arrival_s=arrival,
             first_token_s=times[0] if times else None,

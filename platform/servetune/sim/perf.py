@@ -46,15 +46,21 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   ``pp * stage_time(batch / microbatches)`` (a lone request still pays every stage: the bubble).
 * CPU: the engine core spends ``step_overhead_s`` per step plus ``seq_overhead_s`` per scheduled
   request (schedule, prepare inputs, sample); async scheduling hides most of it behind the GPU.
-* The API server (and the client) is one more serial stage, modelled by the engine as a FIFO:
-  ``request_overhead_s`` plus ``prompt_token_overhead_s`` per prompt token for each incoming
-  request before it reaches the engine, and ``token_overhead_s`` per streamed output token
-  (detokenize, SSE). The real H200 windows measure it directly: vLLM's API server process
-  (``process_cpu_seconds_total`` over the window) was 90-97% busy on one core in every 0.85B
-  window at 64-256 in flight, which all served 14.7-16.9k tok/s whatever their batch (55-60 CPU-us
-  per streamed token), and in the 8B decode-heavy window (12.8k tok/s); 8B/14B prefill-heavy
-  windows left it 30-60% busy. The engine never waits for it, but clients see tokens when it gets
-  to them: with hundreds of open streams it, not the GPU, sets the TPOT and the throughput.
+* The API server (and the client) is one more serial stage: one asyncio loop on one core,
+  modelled by :mod:`servetune.sim.frontend`. ``request_overhead_s`` plus ``prompt_token_overhead_s``
+  per prompt token for each incoming request before it reaches the engine, spread over
+  ``api_intake_passes`` passes of the loop (its awaits), each behind the output work that became
+  ready meanwhile; ``token_overhead_s`` per streamed output token (detokenize, SSE), of which
+  ``api_chunk_share`` is paid once per SSE chunk: a loop that fell behind drains every queued
+  step at once and each request's chunk carries all its merged tokens (vLLM's
+  RequestOutputCollector), so the backlog stays about one drain deep. The real H200 windows
+  measure the CPU directly: vLLM's API server process (``process_cpu_seconds_total`` over the
+  window) was 90-97% busy on one core in every 0.85B window at 64-256 in flight, which all served
+  14.7-16.9k tok/s whatever their batch (55-60 CPU-us per streamed token), and in the 8B
+  decode-heavy window (12.8k tok/s); 8B/14B prefill-heavy windows left it 30-60% busy. The engine
+  never waits for it, but clients see tokens when it gets to them: with hundreds of open streams
+  it, not the GPU, sets the TPOT and the throughput. The clients also show its merging: the 8B
+  windows at 128 in flight received 0.52-0.87 SSE chunks per token.
   That CPU is the host's as much as the load's: the 8B/14B windows of four H200 hosts paid 1.1-2.2x
   the modelled API CPU over the same windows, and within one host 1.25-2.06 (decode-heavy loads
   with few tokens per engine step paying the most: the model has no per-step term).
@@ -119,6 +125,14 @@ class Calibration:
     prompt_token_overhead_s: float = 1.868e-07  # API server CPU per prompt token, before the engine sees it
     token_overhead_s: float = 5.866e-05  # API server CPU per streamed output token (measured, _fidelity.api_token_cpu_s)
     stream_prompt_token_s: float = 6.325e-09  # API server CPU per streamed token per token of its request's prompt
+    # The share of token_overhead_s the API server pays once per SSE chunk (a request's merged
+    # tokens) rather than once per token (sim/frontend.py): equal while chunks carry one token.
+    api_chunk_share: float = 0.2
+    # Loop passes a request's intake takes (its awaits: parse, tokenize, send to the engine core),
+    # each behind the output work that became ready before it (sim/frontend.py).
+    api_intake_passes: float = 6.0
+    # The load generator's time to read one SSE chunk (its own process, after the API server's).
+    client_chunk_s: float = 60e-6
     # The host's API-server CPU against the fitted one: multiplies the four API server costs above.
     # Never fitted (1.0 in every fit); measured per host (sim.engine.host_api_cpu_factor).
     api_cpu_factor: float = 1.0
@@ -186,6 +200,21 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
         # windows (8B and 14B), which it never saw: README. Fitted before schedule_ahead; refitted
         # after it, the same search gives 0.3169 (kept at 0.3175: within the search's tolerance).
         "fp8_kv_read_efficiency": 0.3175,
+        # The API server loop's shape and the load generator's read (sim/frontend.py), chosen
+        # alone after the rest, 2026-12-04 (_fidelity.fit_frontend; sim_fidelity.py --fit-frontend):
+        # the least _fidelity.frontend_loss (mean |throughput| + |TPOT| + |TTFT| error) of the
+        # triples tried on the fitting runs (_fidelity.load_evidence at factor 1; the fitted hosts of
+        # UNSEEN_HOSTS, the third session's second host, the fourth and fifth, each at its factor read
+        # under the triple; 67 windows). Tried that day (share x passes x client us: loss): without a
+        # client 0.65 x 5-8, 0.5 x 5-7, 0.35 x 6, 8 (0.27-0.37, the drains then unbounded); with the
+        # drains bounded to the steps read, 0.65 x 7 x 0/40/60 (0.266-0.263), 0.5 x 6 x 40/60
+        # (0.255/0.253), 0.35 x 5/6/7 x 60 (0.246/0.242/0.243), 0.35 x 6 x 80 (0.597: the client
+        # saturates), 0.25 x 7 x 60 (0.2374), 0.2 x 5/6 x 60 (0.2390/0.2366), 0.2 x 6 x 40 (0.2387),
+        # 0.2 x 7 x 80 (0.529), 0.1 x 6 x 60 (0.2420), 0 x 6 x 60 (0.2841); the old FIFO scored 0.324.
+        # Judged on HELD_OUT_HOSTS (the sixth host to the eighth session's second), never seen: README.
+        "api_chunk_share": 0.2,
+        "api_intake_passes": 6.0,
+        "client_chunk_s": 60e-6,
     },
 }
 
@@ -309,6 +338,9 @@ class PerfModel:
         self.prompt_token_overhead_s = cal.prompt_token_overhead_s * host
         self.token_overhead_s = cal.token_overhead_s * host
         self.stream_prompt_token_s = cal.stream_prompt_token_s * host
+        self.api_chunk_share = cal.api_chunk_share
+        self.api_intake_passes = max(1, int(round(cal.api_intake_passes)))
+        self.client_chunk_s = cal.client_chunk_s * host
         # _gemm_time is a pure function of (tokens, rows) here, and a trial's steps repeat the same
         # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
         # remembered, the tile-grid search runs once per shape instead of once per step.

@@ -1,0 +1,201 @@
+"""vLLM's API server process in virtual time: one asyncio loop on one core.
+
+Contract: the engine core model (:class:`servetune.sim.engine.SimScheduler`) hands it every client
+send (:meth:`ApiServer.submit`) and every engine step's sampled tokens (:meth:`ApiServer.step_output`);
+:meth:`ApiServer.advance` runs the loop's work in the order vLLM's loop runs it, as far as the
+engine's clock makes that order known, and reports when each request reached the engine core
+(:meth:`ApiServer.pop_entered`) and when the clients received each step's tokens (``on_delivered``).
+Pure: no I/O, no wall clock.
+
+Why it is shaped so (vLLM 0.26, ``v1/engine/async_llm.py`` and ``output_processor.py``):
+
+* **Intake.** An HTTP request is parsed, its prompt tokenized and the request sent to the engine
+  core: ``request_overhead_s`` plus ``prompt_token_overhead_s`` per prompt token of loop time
+  before the engine can schedule it.
+* **Output.** The engine core client's socket reader moves every step output that has arrived
+  into a queue; AsyncLLM's output handler takes them one step at a time, and on a non-empty queue
+  ``await queue.get()`` returns without yielding, so a loop that fell behind drains every step
+  that had ended when it woke, in one go (detokenizing, building RequestOutputs: the per-token
+  share of ``token_overhead_s``, plus ``stream_prompt_token_s`` per token per prompt token); steps
+  that end meanwhile wait for the next pass. Each
+  request's stream then writes one SSE chunk with whatever its ``RequestOutputCollector`` merged
+  ("RequestOutputs are merged if the producer gets ahead of the consumer"): the per-chunk share
+  (``Calibration.api_chunk_share`` of ``token_overhead_s``) once per request per drain.
+* **The client.** The load generator is one more process that reads each chunk
+  (``client_chunk_s``, ``Calibration.client_chunk_s``); clients see tokens when it has read them.
+  It, not the API server, bounded the 0.85B windows at 256 in flight: vLLM's engine produced a
+  token per request every 7.3 ms, its loop kept up (0.98 chunks per token: nothing merged), and
+  the clients received one every 13 ms.
+* Work runs in the order it became ready (a step's outputs at the step's end, a request at its
+  send), the chunks right after their drain. With one token per chunk (a loop that keeps up) the
+  CPU is exactly the per-request and per-token costs; behind, chunks carry several tokens, the
+  per-chunk share is paid once for them, and the backlog stays about one drain deep instead of
+  growing as one FIFO of every token would (the real 8B windows at 128 in flight streamed 0.52-0.87
+  chunks per token with the loop 70-90% busy, and their first tokens waited 60-160 ms in it).
+
+Example:
+    >>> api = ApiServer(request_s=0.002, prompt_token_s=0.0, token_s=0.0001, stream_prompt_token_s=0.0,
+    ...                 chunk_share=0.5)
+    >>> api.submit("r0", send_s=0.0, prompt_tokens=16)
+    >>> api.advance(horizon_s=1.0)
+    >>> api.pop_entered(upto_s=1.0)
+    ['r0']
+    >>> api.step_output(0, end_s=0.010, sampled=[("r0", 16)])
+    >>> delivered = []
+    >>> api.advance(horizon_s=0.011, on_delivered=lambda step, t, finished: delivered.append((step, round(t, 6))))
+    >>> delivered
+    [(0, 0.01)]
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import math
+from collections.abc import Callable, Hashable, Sequence
+
+__all__ = ["ApiServer"]
+
+#: ``on_delivered(step_no, delivered_s, keys)``: the step's tokens reached their clients at
+#: ``delivered_s``; ``keys`` are the requests whose last token was among them.
+OnDelivered = Callable[[int, float, list[Hashable]], None]
+
+
+class ApiServer:
+    """vLLM's API server loop (see the module docstring for the rules).
+
+    Costs are in seconds of the loop's one core, already scaled by the host's ``api_cpu_factor``.
+    ``busy_s`` is the CPU it has charged so far (vLLM's ``process_cpu_seconds_total``).
+    """
+
+    __slots__ = ("_request_s", "_prompt_token_s", "_token_s", "_chunk_s", "_stream_prompt_token_s", "_passes",
+                 "_client_chunk_s", "free_s", "busy_s", "client_free_s", "_sends", "_outputs", "_entered",
+                 "_finishing", "_order")
+
+    def __init__(self, request_s: float, prompt_token_s: float, token_s: float, stream_prompt_token_s: float,
+                 chunk_share: float, intake_passes: int = 1, client_chunk_s: float = 0.0) -> None:
+        if not 0.0 <= chunk_share <= 1.0:
+            raise ValueError(f"chunk_share must be in [0, 1], got {chunk_share}")
+        if intake_passes < 1:
+            raise ValueError(f"intake_passes must be >= 1, got {intake_passes}")
+        self._passes = intake_passes
+        self._client_chunk_s = client_chunk_s
+        self.client_free_s = 0.0  # when the load generator has read every chunk written so far
+        self._request_s = request_s
+        self._prompt_token_s = prompt_token_s
+        self._token_s = token_s * (1.0 - chunk_share)
+        self._chunk_s = token_s * chunk_share
+        self._stream_prompt_token_s = stream_prompt_token_s
+        self.free_s = 0.0  # when the loop next has nothing to do
+        self.busy_s = 0.0
+        # heap: (ready_s, order, key, prompt tokens, passes done): a send is ready at its send time,
+        # then again after each pass of the loop its intake takes.
+        self._sends: list[tuple[float, int, Hashable, int, int]] = []
+        # Steps whose tokens no client has yet: (step_no, end_s, sampled [(key, prompt tokens)]).
+        self._outputs: collections.deque[tuple[int, float, Sequence[tuple[Hashable, int]]]] = collections.deque()
+        self._entered: list[tuple[float, int, Hashable]] = []  # heap: (entry_s, order, key)
+        self._finishing: dict[Hashable, int] = {}  # key -> the step that sampled its last token
+        self._order = 0
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def submit(self, key: Hashable, send_s: float, prompt_tokens: int) -> None:
+        """A client sends a request at ``send_s``."""
+        heapq.heappush(self._sends, (send_s, self._order, key, prompt_tokens, 0))
+        self._order += 1
+
+    def step_output(self, step_no: int, end_s: float, sampled: Sequence[tuple[Hashable, int]],
+                    finished: Sequence[Hashable] = ()) -> None:
+        """The engine step ``step_no`` ended at ``end_s`` having sampled one token for each
+        ``(key, prompt tokens)`` of ``sampled``; ``finished`` sampled their last one. Steps come in order."""
+        if not sampled:
+            return
+        for key in finished:
+            self._finishing[key] = step_no
+        self._outputs.append((step_no, end_s, sampled))
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        """Whether a send or a step's tokens wait for the loop, or an entered request for the engine."""
+        return bool(self._sends or self._outputs or self._entered)
+
+    def next_entry_s(self) -> float:
+        """When the earliest request not yet taken by the engine entered it (inf: none)."""
+        return self._entered[0][0] if self._entered else math.inf
+
+    def pop_entered(self, upto_s: float) -> list[Hashable]:
+        """The requests that reached the engine core by ``upto_s``, in the order they did."""
+        out = []
+        entered = self._entered
+        while entered and entered[0][0] <= upto_s:
+            out.append(heapq.heappop(entered)[2])
+        return out
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def advance(self, horizon_s: float, on_delivered: OnDelivered | None = None, until_entry: bool = False) -> None:
+        """Run the loop's work that the engine's clock makes known.
+
+        Every engine step ending by ``horizon_s`` has been reported (:meth:`step_output`) and any
+        later one ends after it, so work that became ready by then runs, in order; a drain that
+        would still be absorbing steps past the horizon waits for the engine. ``until_entry``
+        (the engine is idle: no step comes before a request enters it): run past the horizon and
+        stop once a request has entered the engine core.
+        """
+        sends, outputs = self._sends, self._outputs
+        while sends or outputs:
+            out_ready = outputs[0][1] if outputs else math.inf
+            send_ready = sends[0][0] if sends else math.inf
+            if min(out_ready, send_ready) > horizon_s and not until_entry:
+                return
+            if out_ready <= send_ready:
+                if not self._drain(horizon_s, until_entry, on_delivered):
+                    return
+            else:
+                ready_s, order, key, prompt, done = heapq.heappop(sends)
+                cost = (self._request_s + prompt * self._prompt_token_s) / self._passes
+                t = (ready_s if ready_s > self.free_s else self.free_s) + cost
+                self.free_s = t
+                self.busy_s += cost
+                if done + 1 < self._passes:  # awaits: back of the loop's queue, behind what became ready
+                    heapq.heappush(sends, (t, order, key, prompt, done + 1))
+                    continue
+                heapq.heappush(self._entered, (t, order, key))
+                if until_entry:
+                    return
+
+    def _drain(self, horizon_s: float, until_entry: bool, on_delivered: OnDelivered | None) -> bool:
+        """Drain the steps the loop has read, then write each request's chunk; False if which steps
+        those are is not known yet (the drain starts past the horizon)."""
+        outputs = self._outputs
+        start = max(self.free_s, outputs[0][1])
+        if start > horizon_s and not until_entry:
+            return False  # a step the engine has not run yet may end before the drain starts
+        # The socket reader put every step that had ended into the queue before the handler woke;
+        # steps ending during the drain wait for the next pass (after the chunks).
+        n = 0
+        tokens = 0
+        prompt_tokens = 0
+        while n < len(outputs) and outputs[n][1] <= start:
+            sampled = outputs[n][2]
+            tokens += len(sampled)
+            prompt_tokens += sum(p for _, p in sampled)
+            n += 1
+        drained = [outputs.popleft() for _ in range(n)]
+        chunks = len(drained[0][2]) if n == 1 else len({key for step in drained for key, _ in step[2]})
+        cost = tokens * self._token_s + prompt_tokens * self._stream_prompt_token_s + chunks * self._chunk_s
+        t = start + cost
+        self.busy_s += cost
+        self.free_s = t
+        if self._client_chunk_s:  # the client reads the chunks after the loop wrote them, one at a time
+            t = max(t, self.client_free_s) + chunks * self._client_chunk_s
+            self.client_free_s = t
+        finishing = self._finishing
+        for step_no, _, sampled in drained:
+            done = [key for key, _ in sampled if finishing.get(key) == step_no]
+            for key in done:
+                del finishing[key]
+            if on_delivered is not None:
+                on_delivered(step_no, t, done)
+        return True
