@@ -10,8 +10,9 @@ mean TTFT the client saw into:
 
 plus the engine's steps and tokens per step (``vllm:iteration_tokens_total``). The last column is
 the committed calibration's simulated mean TTFT at the host's API-server factor
-(``_fidelity.fidelity_rows``). The simulator misses TTFT on every held-out host (README): this is
-the evidence for which part it misses, read off the real side only; nothing here is fitted.
+(``_fidelity.fidelity_rows``). This is the evidence for which part of TTFT the simulator misses,
+read off the real side only; nothing here is fitted (it located the API server's queueing, now
+modelled as vLLM's loop in ``servetune.sim.frontend``).
 
 Usage::
 
