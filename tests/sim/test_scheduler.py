@@ -255,5 +255,7 @@ def test_the_api_servers_cpu_is_its_per_request_per_token_and_per_chunk_costs_sc
     # Behind, the loop merges tokens into fewer chunks: a slower host's clients get fewer, fuller ones.
     chunks = [sum(len(r.itl_s) + 1 for r in res.requests) for res in (plain, slow)]
     assert chunks[1] < chunks[0] < sum(r.output_tokens for r in plain.requests)
-    assert slow.output_throughput < 0.9 * plain.output_throughput  # busy past one core at 1.5x: bound
+    # Busy past one core at 1.5x, the loop merges most tokens (0.71 -> 0.08 chunks a token here), so
+    # only its per-token share and the client's reads bound the load: 9% lower, not the 1.5x of a FIFO.
+    assert 0.8 * plain.output_throughput < slow.output_throughput < 0.95 * plain.output_throughput
     assert any("--api-cpu-factor 1.5" in e for e in slow.evidence)
