@@ -306,11 +306,14 @@ class SimScheduler:
 
     def request_state(self, request_id: str) -> RequestState:
         r = self._requests[request_id]
-        first = self.deliver_s[r.token_steps[0]] if r.token_steps else math.nan
-        finish = self.deliver_s[r.finish_step] if r.finish_step >= 0 else math.nan
-        first = None if math.isnan(first) else first  # type: ignore[assignment]
-        finish = None if math.isnan(finish) else finish  # type: ignore[assignment]
+        first = self._received(r.token_steps[0]) if r.token_steps else None
+        finish = self._received(r.finish_step) if r.finish_step >= 0 else None
         return RequestState(r.rid, r.status, r.computed, r.output, r.nblk, r.preemptions, first, finish)
+
+    def _received(self, step_no: int) -> float | None:
+        """When clients received step ``step_no``'s tokens; None while the API server has not."""
+        t = self.deliver_s[step_no]
+        return None if math.isnan(t) else t
 
     def token_times(self, request_id: str) -> list[float]:
         """When the client receives each output token of the request (after the API server; NaN
@@ -449,7 +452,8 @@ class SimScheduler:
         return info
 
     def _step(self, collect: bool) -> Any:
-        """One step. Returns a StepResult (``collect``), else the list of finished requests; None when idle."""
+        """One step. Returns a StepResult (``collect``), else None (finished requests reach
+        ``run_until_idle``'s callback once the API server delivers their last token)."""
         formed_at = self._step_start if self._schedule_ahead and self._running else None
         self._step_start = self.now_s
         self._admit_arrivals(formed_at)
@@ -466,7 +470,7 @@ class SimScheduler:
         step_no = len(self.step_end_s)
         budget = self.max_num_batched_tokens
         threshold = self.long_prefill_threshold
-        num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = sampled = 0
+        num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = 0
         prefill_context = prefill_attn = 0  # the share of kv_context / attn_work that is prefill chunks
         sampled_reqs: list[tuple[_Req, int]] = []  # (request, its prompt tokens) per token sampled this step
         finished: list[_Req] = []
@@ -518,7 +522,6 @@ class SimScheduler:
                 req.token_steps.append(step_no)
                 req.total += 1
                 req.output += 1
-                sampled += 1
                 sampled_reqs.append((req, req.prompt))
                 if req.output >= req.max_tokens:
                     finished.append(req)
@@ -581,7 +584,6 @@ class SimScheduler:
                     req.token_steps.append(step_no)
                     req.total += 1
                     req.output += 1
-                    sampled += 1
                     sampled_reqs.append((req, req.prompt))
                     if req.output >= req.max_tokens:
                         finished.append(req)
@@ -593,7 +595,7 @@ class SimScheduler:
             nxt = self._next_entry()
             if nxt != math.inf:
                 self.now_s = max(self.now_s, nxt)
-                return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in preempted], 0, 0) if collect else []
+                return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in preempted], 0, 0) if collect else None
             raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
 
         decode_tokens = num_tokens - prefill_tokens
@@ -607,7 +609,7 @@ class SimScheduler:
         self.api.step_output(step_no, end_s, sampled_reqs, finished)
         self.num_steps += 1
         self.prompt_tokens_computed += prefill_tokens
-        self.generation_tokens += sampled
+        self.generation_tokens += len(sampled_reqs)
         if usage > self.kv_usage_peak:
             self.kv_usage_peak = usage
         self._kv_area += usage * duration
@@ -624,7 +626,7 @@ class SimScheduler:
                 # (delivering this step's tokens) until one does.
                 self._next_entry()
         if not collect:
-            return finished
+            return None
         finished_ids = [r.rid for r in finished]
         new_tokens = {r.rid: (1 if r.token_steps and r.token_steps[-1] == step_no else 0) for r, _ in scheduled or ()}
         return StepResult(start, duration, new_tokens, finished_ids, [r.rid for r in preempted],

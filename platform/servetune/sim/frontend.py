@@ -71,7 +71,7 @@ class ApiServer:
 
     __slots__ = ("_request_s", "_prompt_token_s", "_token_s", "_chunk_s", "_stream_prompt_token_s", "_passes",
                  "_client_chunk_s", "free_s", "busy_s", "client_free_s", "_sends", "_outputs", "_entered",
-                 "_finishing", "_order")
+                 "_order")
 
     def __init__(self, request_s: float, prompt_token_s: float, token_s: float, stream_prompt_token_s: float,
                  chunk_share: float, intake_passes: int = 1, client_chunk_s: float = 0.0) -> None:
@@ -92,10 +92,11 @@ class ApiServer:
         # heap: (ready_s, order, key, prompt tokens, passes done): a send is ready at its send time,
         # then again after each pass of the loop its intake takes.
         self._sends: list[tuple[float, int, Hashable, int, int]] = []
-        # Steps whose tokens no client has yet: (step_no, end_s, sampled [(key, prompt tokens)]).
-        self._outputs: collections.deque[tuple[int, float, Sequence[tuple[Hashable, int]]]] = collections.deque()
+        # Steps whose tokens no client has yet: (step_no, end_s, sampled [(key, prompt tokens)],
+        # the keys whose last token they carry).
+        self._outputs: collections.deque[tuple[int, float, Sequence[tuple[Hashable, int]], Sequence[Hashable]]] = (
+            collections.deque())
         self._entered: list[tuple[float, int, Hashable]] = []  # heap: (entry_s, order, key)
-        self._finishing: dict[Hashable, int] = {}  # key -> the step that sampled its last token
         self._order = 0
 
     # -- input ---------------------------------------------------------------------------------
@@ -109,11 +110,8 @@ class ApiServer:
                     finished: Sequence[Hashable] = ()) -> None:
         """The engine step ``step_no`` ended at ``end_s`` having sampled one token for each
         ``(key, prompt tokens)`` of ``sampled``; ``finished`` sampled their last one. Steps come in order."""
-        if not sampled:
-            return
-        for key in finished:
-            self._finishing[key] = step_no
-        self._outputs.append((step_no, end_s, sampled))
+        if sampled:  # a step that sampled nothing streams nothing and finished nothing
+            self._outputs.append((step_no, end_s, sampled, finished))
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -184,7 +182,7 @@ class ApiServer:
             prompt_tokens += sum(p for _, p in sampled)
             n += 1
         drained = [outputs.popleft() for _ in range(n)]
-        chunks = len(drained[0][2]) if n == 1 else len({key for step in drained for key, _ in step[2]})
+        chunks = len(drained[0][2]) if n == 1 else len({key for _, _, sampled, _ in drained for key, _ in sampled})
         cost = tokens * self._token_s + prompt_tokens * self._stream_prompt_token_s + chunks * self._chunk_s
         t = start + cost
         self.busy_s += cost
@@ -192,11 +190,7 @@ class ApiServer:
         if self._client_chunk_s:  # the client reads the chunks after the loop wrote them, one at a time
             t = max(t, self.client_free_s) + chunks * self._client_chunk_s
             self.client_free_s = t
-        finishing = self._finishing
-        for step_no, _, sampled in drained:
-            done = [key for key, _ in sampled if finishing.get(key) == step_no]
-            for key in done:
-                del finishing[key]
-            if on_delivered is not None:
-                on_delivered(step_no, t, done)
+        if on_delivered is not None:
+            for step_no, _, _, finished in drained:
+                on_delivered(step_no, t, list(finished))
         return True
