@@ -404,12 +404,14 @@ class HostCheck:
     with_factor: list[FidelityRow]
 
 
-def host_factor(host: str, runs_by_name: Mapping[str, RealRun]) -> float:
+def host_factor(host: str, runs_by_name: Mapping[str, RealRun],
+                calibration: Mapping[str, float] | None = None) -> float:
     """``host_api_cpu_factor`` of the host's calibrating window (:data:`UNSEEN_HOSTS`): its real
-    API-server CPU against the committed calibration's simulation of the same window."""
+    API-server CPU against the simulation of the same window (``calibration``: overrides of the
+    committed one, as :func:`fidelity_rows` takes them)."""
     calibrating = UNSEEN_HOSTS[host][0]
     anchor = runs_by_name[calibrating]
-    sim = fidelity_rows(None, [anchor])[0]
+    sim = fidelity_rows(calibration, [anchor])[0]
     factor = host_api_cpu_factor(TrialResult(TrialStatus.OK, api_server_cpu_s=anchor.api_server_cpu_s),
                                  TrialResult(TrialStatus.OK, api_server_cpu_s=sim.sim_api_server_cpu_s))
     if factor is None:
@@ -618,11 +620,7 @@ def fit_frontend(grid: Iterable[tuple[float, int, float]] = FRONTEND_GRID,
     for share, passes, client in grid:
         knobs = {**(calibration or {}), "api_chunk_share": share, "api_intake_passes": passes,
                  "client_chunk_s": client}
-        factors = {}
-        for host in hosts:
-            anchor = by_name[UNSEEN_HOSTS[host][0]]
-            simulated = fidelity_rows(knobs, [anchor])[0].sim_api_server_cpu_s
-            factors[host] = (anchor.api_server_cpu_s or 0.0) / simulated if simulated else 1.0
+        factors = {host: host_factor(host, by_name, knobs) for host in hosts}
         losses[(share, passes, client)] = frontend_loss(fidelity_rows(knobs, evidence + host_runs,
                                                                       host_factors=factors))
     return min(losses, key=losses.__getitem__), losses

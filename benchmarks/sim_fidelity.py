@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, fold in recorded["folds"].items():
             if args.fold and name not in args.fold:
                 continue
-            train = [r for r in evidence if r.name in set(fold["fitted_on"])]
+            fitted_on = set(fold["fitted_on"])
+            train = [r for r in evidence if r.name in fitted_on]
             test = [r for r in evidence if FOLDS[name](r)]
             knobs, rows = replay_fold(fold["knobs"], train, test)
             print(f"\n== replayed: {name}: api_chunk_share {knobs['api_chunk_share']}, "
