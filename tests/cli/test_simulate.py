@@ -93,3 +93,16 @@ def test_bad_workload_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "workload.output_len" in capsys.readouterr().err
     assert run_cli(["--model", "servetune-test-850m", "--gpu", "H200", "--workload", str(tmp_path / "none.yaml")]) == 2
     assert "file not found" in capsys.readouterr().err
+
+
+def test_a_gpu_files_impossible_api_server_knob_exits_2_with_the_field(
+        tmp_path: Path, workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A GPU file's calibration the API-server loop cannot run (a per-chunk share above 1) is a
+    one-line error naming the knob, not a traceback from inside the simulated engine."""
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text("gpus:\n  - {name: MyH200, memory_gib: 141, hbm_gbps: 4800, bf16_tflops: 989, fp8_tflops: 1979,\n"
+                    "     interconnect_gbps: 900, calibration: {api_chunk_share: 2}}\n")
+    argv = ["--model", "servetune-test-850m", "--gpu", "MyH200", "--gpu-file", str(gpus), "--workload", str(workload_file)]
+    assert run_cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "calibration.api_chunk_share" in err and "Traceback" not in err

@@ -176,3 +176,15 @@ def test_calibration_lookup_and_overrides() -> None:
     assert calibration_for(custom).step_overhead_s == 0.01
     with pytest.raises(SpecError, match="calibration.step_overhead_ms"):
         Calibration().with_overrides({"step_overhead_ms": 1.0})
+
+
+@pytest.mark.parametrize("key, value", [("api_chunk_share", 1.5), ("api_chunk_share", -0.1),
+                                        ("api_chunk_share", float("nan")), ("api_intake_passes", 0),
+                                        ("api_intake_passes", 2.5), ("client_chunk_s", -1e-6)])
+def test_api_server_loop_knobs_the_loop_cannot_run_are_a_spec_error(key: str, value: float) -> None:
+    """A GPU file's calibration (or a fit's candidate) with an impossible loop knob names the knob
+    and what it must be, instead of failing inside a simulated trial."""
+    with pytest.raises(SpecError, match=f"calibration.{key}") as err:
+        Calibration().with_overrides({key: value})
+    assert err.value.fix
+    assert Calibration().with_overrides({"api_chunk_share": 1.0, "api_intake_passes": 3, "client_chunk_s": 0.0})

@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from servetune.errors import SpecError, did_you_mean
@@ -151,13 +151,24 @@ class Calibration:
     interconnect_efficiency: float = 0.7  # fraction of the link bandwidth reached by all-reduce
 
     def with_overrides(self, overrides: Mapping[str, float]) -> Calibration:
-        """A copy with the named knobs replaced; unknown names are a :class:`SpecError`."""
+        """A copy with the named knobs replaced; unknown names, and values the API-server loop
+        cannot run (:data:`_LOOP_KNOBS`), are a :class:`SpecError`."""
         names = {f.name for f in dataclasses.fields(self)}
-        for key in overrides:
+        for key, value in overrides.items():
             if key not in names:
                 raise SpecError(f"calibration.{key}", f"unknown simulator knob{did_you_mean(str(key), names)}",
                                 f"use one of: {', '.join(sorted(names))}")
+            if key in _LOOP_KNOBS and not _LOOP_KNOBS[key][0](float(value)):
+                raise SpecError(f"calibration.{key}", f"got {value!r}", _LOOP_KNOBS[key][1])
         return dataclasses.replace(self, **{k: float(v) for k, v in overrides.items()})
+
+
+#: The API-server loop's knobs (servetune.sim.frontend): what a value must be, and the fix.
+_LOOP_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "api_chunk_share": (lambda v: 0.0 <= v <= 1.0, "a share of the token cost: between 0 and 1"),
+    "api_intake_passes": (lambda v: v >= 1 and v == int(v), "a whole number of loop passes, 1 or more"),
+    "client_chunk_s": (lambda v: v >= 0.0, "seconds to read one chunk: 0 or more"),
+}
 
 
 #: Fitted per-GPU knobs, keyed by GpuSpec.name (``benchmarks/sim_fidelity.py --fit``; the runs each
@@ -339,7 +350,7 @@ class PerfModel:
         self.token_overhead_s = cal.token_overhead_s * host
         self.stream_prompt_token_s = cal.stream_prompt_token_s * host
         self.api_chunk_share = cal.api_chunk_share
-        self.api_intake_passes = max(1, int(round(cal.api_intake_passes)))
+        self.api_intake_passes = int(cal.api_intake_passes)  # a whole number >= 1 (Calibration.with_overrides)
         self.client_chunk_s = cal.client_chunk_s * host
         # _gemm_time is a pure function of (tokens, rows) here, and a trial's steps repeat the same
         # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
