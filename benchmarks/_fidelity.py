@@ -52,8 +52,9 @@ __all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
 GPU = "H200"
 #: The model path each collection used on the GPU host -> servetune's shipped config of that shape.
-HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b"}
-SIZES = {"servetune-test-850m": "0.85B", "llama-3.1-8b": "8B", "qwen2.5-14b": "14B"}
+HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b",
+               "/root/m24b": "mistral-small-24b"}
+SIZES = {"servetune-test-850m": "0.85B", "llama-3.1-8b": "8B", "qwen2.5-14b": "14B", "mistral-small-24b": "24B"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +193,12 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # The eighth session's second host (plan plan_h9.json): the anchor, then decode-heavy windows that
     # break the closed loop's lockstep waves (outputs uniform in 512-1536; a Poisson rate); 4 windows.
     "l8b_h9_u09_s256_mbt8192",
+    # 2026-12-04, the ninth device session: a size no fit has seen, Mistral-Small-24B's shape (23,572M
+    # parameters; plans plan_h10_m24b.json, plan_h11_m24b*.json). The tenth host: the anchor, closed-loop
+    # decode at 32-128 in flight, a Poisson rate; the eleventh (the tenth went back between commands):
+    # 0.9 x 128 x 2048 on the anchor's workload, decode and 2,048-token prompts, fp8 KV decode, then the
+    # tenth's flags on the anchor's workload; 11 windows.
+    "m24b_h10_u09_s256_mbt8192", "m24b_h11_u09_s128_mbt2048", "m24b_h11_u09_s256_fp8kv", "m24b_h11_u09_s256_mbt8192",
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
@@ -207,6 +214,9 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "seventh session": ("scale/l8b_h7_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h7_", "scale/q14b_h7_")),
     "eighth session": ("scale/l8b_h8_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h8_", "scale/q14b_h8_")),
     "eighth session, second host": ("scale/l8b_h9_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h9_",)),
+    # The 24B hosts. The eleventh's first window of the anchor's workload ran under 0.9 x 128 x 2048.
+    "ninth session": ("scale/m24b_h10_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h10_",)),
+    "ninth session, second host": ("scale/m24b_h11_u09_s128_mbt2048/p1024_o256_c256", ("scale/m24b_h11_",)),
 }
 
 
@@ -309,8 +319,10 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 
 #: Hosts no fit has seen: the committed calibration (2026-12-03) was fitted on every other host's
 #: runs, and these hosts' windows, collected before that fit (the eighth's after it, before any
-#: change it judges), are its held-out judges.
-HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session", "eighth session", "eighth session, second host")
+#: change it judges), are its held-out judges. The ninth session's two hosts ran a size no fit has
+#: seen (24B), collected after every constant of the committed calibration was chosen.
+HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session", "eighth session", "eighth session, second host",
+                                   "ninth session", "ninth session, second host")
 
 
 #: The starts of a held-out host that one knob was fitted on, the rest of the calibration never:

@@ -17,6 +17,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 COLLECT = ROOT / "benchmarks" / "real_vllm" / "collect.py"
 
@@ -51,7 +53,12 @@ def test_collect_keeps_every_window_and_repeat_and_stops_the_server(tmp_path: Pa
     win = json.loads((out / "real" / "win" / "summary.json").read_text())
     assert {k: v["completed"] for k, v in win["windows"].items()} == {"w1": 16, "w2": 8}
     # Each window after the first is seeded apart, so it never re-sends an earlier window's prompts.
-    assert json.loads((out / "real" / "win" / "w2" / "summary.json").read_text())["workload"]["seed"] == 1000
+    w2 = json.loads((out / "real" / "win" / "w2" / "summary.json").read_text())
+    assert w2["workload"]["seed"] == 1000
+    # The load generator's own CPU over the window (this process): spent, and at most the window's
+    # wall time times the threads that could run it (the machine's cores).
+    assert 0 < w2["client_cpu_s"] <= w2["window_wall_s"] * (os.cpu_count() or 1)
+    assert w2["client_busy"] == pytest.approx(w2["client_cpu_s"] / w2["duration_s"])
     assert win["tokenizer_vocab"] is None  # a shipped model name has no tokenizer folder to read
     # The server was stopped: nothing answers on the collector's port any more.
     assert "gpu_used_mib_after_stop" in win and win["stop_s"] < 25

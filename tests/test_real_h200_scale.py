@@ -1,9 +1,9 @@
-"""The user-scale real H200 runs (tests/fixtures/real_h200/scale): Llama-3.1-8B and Qwen2.5-14B shapes.
+"""The user-scale real H200 runs (tests/fixtures/real_h200/scale): Llama-3.1-8B, Qwen2.5-14B, Mistral-Small-24B shapes.
 
-vLLM 0.26.0, random weights, one H200 per host; 31 server starts, 123 measured windows (see the
+vLLM 0.26.0, random weights, one H200 per host; 35 server starts, 134 measured windows (see the
 folder's README): 5 starts of 2026-12-01 whose model folders carried a 32,000-token tokenizer, and
-26 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h9_*``, seven more hosts) whose tokenizers cover
-the models' vocabularies; the simulator's fit and held-out hosts are ``benchmarks/_fidelity.py``'s.
+30 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h11_*``, nine more hosts; the ``m24b_*`` starts
+a Mistral-Small-24B shape) whose tokenizers cover the models' vocabularies; the simulator's fit and held-out hosts are ``benchmarks/_fidelity.py``'s.
 None of these runs was used to fit the planner: its KV capacity here is held out.
 """
 
@@ -22,7 +22,7 @@ from servetune.planner.modelinfo import load_model
 from servetune.engines.vllm.logs import classify, parse_log
 
 SCALE = Path(__file__).parent / "fixtures" / "real_h200" / "scale"
-MODELS = {"/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b"}
+MODELS = {"/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b", "/root/m24b": "mistral-small-24b"}
 STARTS = sorted(p.parent.name for p in SCALE.glob("*/server.log.gz"))
 
 
@@ -45,10 +45,12 @@ def test_the_evidence_is_all_there() -> None:
                                       "q14b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_mbt8192",
                                       "q14b_h7_u09_s256_mbt8192_b",
                                       "l8b_h8_u09_s256_mbt8192", "q14b_h8_u09_s256_mbt8192",
-                                      "l8b_h9_u09_s256_mbt8192"])
+                                      "l8b_h9_u09_s256_mbt8192",
+                                      "m24b_h10_u09_s256_mbt8192", "m24b_h11_u09_s128_mbt2048",
+                                      "m24b_h11_u09_s256_fp8kv", "m24b_h11_u09_s256_mbt8192"])
     assert set(json.loads((SCALE / "tokenizers.json").read_text())["tokenizer_vocab"]) == set(STARTS)
     windows = sorted(SCALE.glob("*/*/summary.json"))
-    assert len(windows) == 123
+    assert len(windows) == 134
     for w in windows:
         s = json.loads(w.read_text())
         assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w

@@ -173,14 +173,20 @@ def _window(base: str, model: str, workload_dict: dict, d: Path, suffix: str = "
                             "running": gauge(m, "vllm:num_requests_running"),
                             "waiting": gauge(m, "vllm:num_requests_waiting")})
 
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     records, duration = asyncio.run(run_workload(base, model, Workload.from_dict(workload_dict), on_tick=sample))
+    # The load generator's own CPU (this process, every thread: the SSE reader and the gauge
+    # sampler): a client that reads one chunk at a time can bound a window (the 0.85B windows at
+    # 256 in flight), and the simulator's client stage needs a measured cost per chunk.
+    client_cpu_s = time.process_time() - cpu0
     (d / f"metrics_after{suffix}.txt").write_text(_get(base + "/metrics")[1])
     (d / f"gauges{suffix}.json").write_text(json.dumps(samples))
     (d / f"requests{suffix}.json").write_text(json.dumps([dataclasses.asdict(r) for r in records]))
     s = summarize(records, duration)
     figures = {k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v) for k, v in s.items()}
     figures["window_wall_s"] = time.time() - t0
+    figures["client_cpu_s"] = client_cpu_s
+    figures["client_busy"] = client_cpu_s / duration if duration > 0 else None
     return figures
 
 

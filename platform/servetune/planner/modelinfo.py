@@ -58,6 +58,8 @@ _HF_ALIASES = {
     "qwen/qwen2.5-7b": "qwen2.5-7b",
     "mistralai/mixtral-8x7b-instruct-v0.1": "mixtral-8x7b",
     "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
+    "mistralai/mistral-small-24b-instruct-2501": "mistral-small-24b",
+    "mistralai/mistral-small-24b-base-2501": "mistral-small-24b",
 }
 
 
