@@ -33,7 +33,7 @@ def test_test_model_matches_the_h200_logs():
 
 @pytest.mark.parametrize(("name", "params_b", "active_b"), [
     ("llama-3.1-8b", 8.03, 8.03), ("llama-3.1-70b", 70.55, 70.55), ("qwen2.5-7b", 7.62, 7.62),
-    ("mixtral-8x7b", 46.70, 12.88),
+    ("mixtral-8x7b", 46.70, 12.88), ("mistral-small-24b", 23.57, 23.57),
 ])
 def test_parameter_counts(name, params_b, active_b):
     m = load_model(name)
@@ -47,6 +47,17 @@ def test_llama_8b_weights_and_kv_match_vllm():
     assert abs(m.weight_bytes_per_gpu(1, 1) / GiB - 14.99) < 0.01  # vLLM: "Model loading took 14.99 GiB"
     assert m.kv_bytes_per_token(1, 1) == 128 * 1024  # reference §2.6 worked example
     assert m.kv_bytes_per_token(2, 1) == 64 * 1024
+
+
+def test_mistral_small_24b_head_dim_is_its_own_and_weights_match_vllm():
+    # Its config names head_dim 128 where hidden / heads is 160: q and o are 5120 x 4096, not square.
+    m = load_model("mistralai/Mistral-Small-24B-Instruct-2501")
+    assert m.name == "mistral-small-24b" and (m.head_dim, m.hidden_size // m.num_attention_heads) == (128, 160)
+    # make_model.py printed "model params=23572.4M"; vLLM 0.26.0 on the H200: "Model loading took
+    # 43.91 GiB" (tests/fixtures/real_h200/scale/m24b_*).
+    assert m.param_count == 23_572_403_200
+    assert round(m.weight_bytes_per_gpu(1, 1) / GiB, 2) == 43.91
+    assert m.kv_bytes_per_token(1, 1) == 2 * 8 * 128 * 40 * 2  # 160 KiB
 
 
 def test_mixtral_moe_fields():
