@@ -52,7 +52,7 @@ def engine_split(window: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", nargs="*", default=["h6", "h7"], help="host tags of the starts (h4 .. h9)")
+    parser.add_argument("--hosts", nargs="*", default=["h6", "h7"], help="host tags of the starts (h4 .. h11)")
     args = parser.parse_args(argv)
     runs = {r.name: r for r in load_unseen_runs()}
     shown = {name: run for name, run in runs.items() if any(f"_{tag}_" in name for tag in args.hosts)}

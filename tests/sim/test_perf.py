@@ -188,3 +188,23 @@ def test_api_server_loop_knobs_the_loop_cannot_run_are_a_spec_error(key: str, va
         Calibration().with_overrides({key: value})
     assert err.value.fix
     assert Calibration().with_overrides({"api_chunk_share": 1.0, "api_intake_passes": 3, "client_chunk_s": 0.0})
+
+
+def test_layer_gemms_read_their_weights_at_small_batches_and_compute_at_large_ones() -> None:
+    """Each GEMM is its own roofline: at 64 tokens the 24B shape's four GEMMs take the time their
+    weights take to stream (the same at 32 tokens), at 8,192 their FLOPs at the full-wave rate
+    (doubling the tokens doubles them); the 32,768-wide MLP (gate_up 65,536 x 5,120) dominates."""
+    model = load_model("mistral-small-24b")
+    p = perf(model, H200)
+    cal = calibration_for(H200)
+    layers = model.num_layers
+    weights = [n * k * 2 * layers / (H200.hbm_gbps * 1e9 * cal.mem_efficiency)
+               for n, k in ((4096 + 2 * 1024, 5120), (5120, 4096), (2 * 32768, 5120), (5120, 32768))]
+    assert p.layer_gemm_seconds(64) == pytest.approx(weights, rel=1e-9)
+    assert p.layer_gemm_seconds(32) == pytest.approx(weights, rel=1e-9)
+    big, bigger = p.layer_gemm_seconds(8192), p.layer_gemm_seconds(16384)
+    assert all(b > w for b, w in zip(big, weights))
+    assert [y / x for x, y in zip(big, bigger)] == pytest.approx([2.0] * 4, rel=0.03)
+    gate_up_flops = 2.0 * 8192 * 65536 * 5120 * layers
+    assert big[2] >= gate_up_flops / (H200.bf16_tflops * 1e12 * cal.compute_efficiency)
+    assert big[2] == max(big)

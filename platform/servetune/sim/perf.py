@@ -373,12 +373,22 @@ class PerfModel:
             seconds = self._gemm_memo[key] = self._gemm_roofline(tokens, rows)
         return seconds
 
+    def layer_gemm_seconds(self, tokens: int) -> tuple[float, ...]:
+        """Seconds of the layer's GEMMs (qkv, o, gate_up, down) for ``tokens`` rows, each over the
+        stage's layers: the rooflines a step prices them at (``benchmarks/gemm_vs_sim.py`` holds
+        them against cuBLAS timed on the GPU)."""
+        sms, rate = self._sms, self._flop_rate
+        times = []
+        for n, k, mem_s, flops in self._gemms:
+            comp = flops * tokens / (rate * wave_fill(tokens, n, sms))
+            times.append(mem_s if mem_s > comp else comp)
+        return tuple(times)
+
     def _gemm_roofline(self, tokens: int, rows: int) -> float:
         sms, rate = self._sms, self._flop_rate
         total = self._act_bytes_token * tokens
-        for n, k, mem_s, flops in self._gemms:
-            comp = flops * tokens / (rate * wave_fill(tokens, n, sms))
-            total += mem_s if mem_s > comp else comp
+        for seconds in self.layer_gemm_seconds(tokens):
+            total += seconds
         n, k, mem_s, flops = self._head
         comp = flops * rows / (rate * wave_fill(rows, n, sms))
         return total + (mem_s if mem_s > comp else comp)

@@ -1,0 +1,65 @@
+"""The simulator's GEMM rooflines against cuBLAS timed on the H200, per model shape and token count.
+
+``benchmarks/real_vllm/gemm_probe.py`` timed each shipped model's four layer GEMMs (qkv, o,
+gate_up, down; bf16 ``x @ W.T``) at 64-8,192 tokens on the GPU host, and one large GEMM back to
+back for 8 s with the SM clock and power beside it (``tests/fixtures/real_h200/gemm/``). This
+prints, for each model and token count, the measured time of the layer's GEMMs, the committed
+calibration's (``PerfModel.layer_gemm_seconds``, per layer), and their ratio; then the sustained
+rate against the simulator's full-wave rate (``bf16_tflops x compute_efficiency``). Nothing here is
+fitted: it is evidence for the step-time model, read off the GPU alone.
+
+Usage::
+
+    PYTHONPATH=platform .venv/bin/python benchmarks/gemm_vs_sim.py [--probe FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "platform") not in sys.path:
+    sys.path.insert(0, str(ROOT / "platform"))
+
+from servetune.planner.gpus import get_gpu  # noqa: E402
+from servetune.planner.memory import resolve_engine_config  # noqa: E402
+from servetune.planner.modelinfo import load_model  # noqa: E402
+from servetune.sim.perf import PerfModel, calibration_for  # noqa: E402
+
+PROBE = ROOT / "tests" / "fixtures" / "real_h200" / "gemm" / "gemm_probe_h200.json"
+ORDER = ("qkv", "o", "gate_up", "down")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--probe", type=Path, default=PROBE)
+    args = parser.parse_args()
+    probe = json.loads(args.probe.read_text())
+    gpu = get_gpu("H200")
+    measured: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for row in probe["gemms"]:
+        measured[(row["model"], row["m"])][row["gemm"]] = row["seconds"]
+    print(f"{probe['gpu']}, torch {probe['torch']}: the layer's four GEMMs, measured against the simulator's rooflines")
+    print(f"{'model':<22}{'tokens':>7}{'real ms':>10}{'sim ms':>10}{'real/sim':>10}   per GEMM real/sim (qkv, o, gate_up, down)")
+    perfs: dict[str, PerfModel] = {}
+    for (name, m), times in measured.items():
+        model = load_model(name)
+        perf = perfs.get(name) or perfs.setdefault(name, PerfModel(model, gpu, resolve_engine_config({}, model, gpu)))
+        sim = [s / perf.layers_per_stage for s in perf.layer_gemm_seconds(m)]
+        real = [times[g] for g in ORDER]
+        ratios = ", ".join(f"{r / s:.2f}" for r, s in zip(real, sim))
+        print(f"{name:<22}{m:>7}{sum(real) * 1e3:>10.3f}{sum(sim) * 1e3:>10.3f}{sum(real) / sum(sim):>10.2f}   {ratios}")
+    rates = probe["sustained_tflops_per_second"]
+    full_wave = gpu.bf16_tflops * calibration_for(gpu).compute_efficiency
+    print(f"\nsustained 8192 x 65536 x 5120 GEMM: {min(rates):.0f}-{max(rates):.0f} TFLOP/s over {len(rates)} s "
+          f"(SM clock, power, temperature: {', '.join(probe['clock_during_sustained'])}); "
+          f"the simulator's full-wave rate {full_wave:.0f} TFLOP/s ({gpu.bf16_tflops:.0f} x compute_efficiency "
+          f"{calibration_for(gpu).compute_efficiency})")
+
+
+if __name__ == "__main__":
+    main()

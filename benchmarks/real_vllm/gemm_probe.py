@@ -1,0 +1,81 @@
+"""Time the layer GEMMs of each model shape servetune has real vLLM runs of (GPU host only).
+
+The simulator prices a layer's four GEMMs (qkv, o, gate_up, down) as rooflines at
+``compute_efficiency`` of the dense peak times the tile grid's fill (``servetune.sim.perf``), a
+constant fitted on 0.85B-14B windows. This measures what cuBLAS reaches on the host's GPU for the
+same (M tokens, N, K) shapes in bf16 (``x @ W.T``, as vLLM's linear layers call it), including the
+24B shape's 32,768-wide MLP, and whether a sustained large GEMM loses clock (power): one GEMM run
+back to back for several seconds, its rate per second, with the SM clock before and after.
+
+Usage on the host (torch only, no vLLM): ``python3 benchmarks/real_vllm/gemm_probe.py OUT.json``
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+# (name, hidden, q_size, kv_size, intermediate) of the shipped configs with real runs.
+SHAPES = [("servetune-test-850m", 2048, 2048, 512, 5632), ("llama-3.1-8b", 4096, 4096, 1024, 14336),
+          ("qwen2.5-14b", 5120, 5120, 1024, 13824), ("mistral-small-24b", 5120, 4096, 1024, 32768)]
+TOKENS = (64, 256, 1024, 2048, 4096, 8192)
+
+
+def _clock() -> str:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+def time_gemm(m: int, n: int, k: int, iters: int = 30) -> float:
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    for _ in range(5):
+        x @ w.T
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        x @ w.T
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def main() -> None:
+    out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "clock_start": _clock(), "gemms": []}
+    for name, d, q, kv, inter in SHAPES:
+        for label, n, k in (("qkv", q + 2 * kv, d), ("o", d, q), ("gate_up", 2 * inter, d), ("down", d, inter)):
+            for m in TOKENS:
+                s = time_gemm(m, n, k)
+                out["gemms"].append({"model": name, "gemm": label, "m": m, "n": n, "k": k, "seconds": s,
+                                     "tflops": 2.0 * m * n * k / s / 1e12})
+        print(name, "done", flush=True)
+    # Sustained: the 24B gate_up at 8192 tokens back to back for 8 s, its rate each second.
+    x = torch.randn(8192, 5120, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(65536, 5120, device="cuda", dtype=torch.bfloat16)
+    flops = 2.0 * 8192 * 65536 * 5120
+    rates, t_end = [], time.time() + 8
+    out["clock_before_sustained"] = _clock()
+    while time.time() < t_end:
+        torch.cuda.synchronize()
+        t0, n = time.time(), 0
+        while time.time() - t0 < 1.0:
+            x @ w.T
+            n += 1
+            if n % 20 == 0:
+                torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        rates.append(n * flops / (time.time() - t0) / 1e12)
+        out.setdefault("clock_during_sustained", []).append(_clock())
+    out["sustained_tflops_per_second"] = rates
+    json.dump(out, open(sys.argv[1], "w"), indent=1)
+    print(json.dumps({"sustained": [round(r) for r in rates], "clocks": out["clock_during_sustained"]}))
+
+
+if __name__ == "__main__":
+    main()
