@@ -25,7 +25,7 @@ import dataclasses
 import gzip
 import json
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -675,7 +675,8 @@ NEUTRAL_START: dict[str, float] = {
 
 def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
         starts: list[Mapping[str, float]] | None = None, from_committed: bool = True,
-        host_factors: Mapping[str, float] | None = None) -> dict[str, float]:
+        host_factors: Mapping[str, float] | None = None,
+        callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = ()) -> dict[str, float]:
     """Optuna TPE over FIT_SPACE minimising the loss over ``runs``; returns the best knobs.
 
     The search starts from the committed H200 calibration (``from_committed``, for refitting it)
@@ -701,7 +702,7 @@ def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
     first = dataclasses.asdict(calibration_for(get_gpu(GPU))) if from_committed else NEUTRAL_START
     for start in (first, *(starts or ())):
         study.enqueue_trial({k: min(max(float(start[k]), lo), hi) for k, (lo, hi) in FIT_SPACE.items() if k in start})
-    study.optimize(objective, n_trials=trials)
+    study.optimize(objective, n_trials=trials, callbacks=list(callbacks))
     return {**study.best_params, **measured}
 
 

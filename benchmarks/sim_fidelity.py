@@ -200,7 +200,14 @@ def main(argv: list[str] | None = None) -> int:
     knobs = None
     if args.fit:
         # The committed calibration's runs: every host but the held-out ones, each at its own factor.
-        knobs = fit(args.fit, args.seed, load_calibration_runs(), host_factors=calibration_host_factors())
+        started = time.time()
+
+        def progress(study, trial) -> None:  # a fit runs for tens of minutes: say where it is
+            print(f"trial {trial.number}: loss {trial.value:.4f}, best {study.best_value:.4f} "
+                  f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+
+        knobs = fit(args.fit, args.seed, load_calibration_runs(), host_factors=calibration_host_factors(),
+                    callbacks=[progress])
         print("fitted knobs:", json.dumps({k: float(f"{v:.4g}") for k, v in knobs.items()}, indent=1))
     rows = fidelity_rows(knobs)
     if args.json or args.out:
