@@ -175,6 +175,8 @@ LATER_HOSTS: dict[str, str] = {
     "_h7_": "seventh session's host (measured after the margin was chosen)",
     "_h8_": "eighth session's host (measured after the margin was chosen)",
     "_h9_": "eighth session's second host (measured after the margin was chosen)",
+    "_h10_": "ninth session's host, 24B (measured after the margin was chosen)",
+    "_h11_": "ninth session's second host, 24B (measured after the margin was chosen)",
 }
 
 
