@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _fidelity import HOST_MODELS  # the host's model folder -> the shipped config of that shape
 
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
@@ -22,7 +23,6 @@ from servetune.planner.modelinfo import load_model
 from servetune.engines.vllm.logs import classify, parse_log
 
 SCALE = Path(__file__).parent / "fixtures" / "real_h200" / "scale"
-MODELS = {"/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b", "/root/m24b": "mistral-small-24b"}
 STARTS = sorted(p.parent.name for p in SCALE.glob("*/server.log.gz"))
 
 
@@ -70,7 +70,7 @@ def test_logs_parse_and_classify_as_served(name: str) -> None:
 def test_planner_kv_capacity_within_one_percent(name: str) -> None:
     summary, text = _start(name)
     logged = parse_log(text).kv_cache_tokens
-    model, gpu = load_model(MODELS[summary["model"]]), get_gpu("H200")
+    model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H200")
     config = resolve_engine_config(summary["flags"], model, gpu)
     # The log says whether the start found its kernels compiled (the kernel caches of the host):
     # the plan takes the same verdict, as the pre-screen does from the study's earlier trials.
