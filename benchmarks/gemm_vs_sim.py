@@ -34,7 +34,7 @@ PROBE = ROOT / "tests" / "fixtures" / "real_h200" / "gemm" / "gemm_probe_h200.js
 ORDER = ("qkv", "o", "gate_up", "down")
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probe", type=Path, default=PROBE)
     args = parser.parse_args()
@@ -43,23 +43,35 @@ def main() -> None:
     measured: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
     for row in probe["gemms"]:
         measured[(row["model"], row["m"])][row["gemm"]] = row["seconds"]
+    perfs: dict[str, PerfModel] = {}
+    for name in {name for name, _ in measured}:
+        model = load_model(name)
+        perfs[name] = PerfModel(model, gpu, resolve_engine_config({}, model, gpu))
+    # The probe writes its shapes out by hand (the GPU host runs it without servetune): a shape that
+    # is not the one the simulator prices would compare two different GEMMs.
+    for row in probe["gemms"]:
+        priced = perfs[row["model"]].layer_gemm_shapes[ORDER.index(row["gemm"])]
+        if (row["n"], row["k"]) != priced:
+            print(f"error: {args.probe}: {row['model']} {row['gemm']} was timed as N x K {row['n']} x {row['k']}, "
+                  f"the simulator prices {priced[0]} x {priced[1]}; fix SHAPES in gemm_probe.py and time it again",
+                  file=sys.stderr)
+            return 2
     print(f"{probe['gpu']}, torch {probe['torch']}: the layer's four GEMMs, measured against the simulator's rooflines")
     print(f"{'model':<22}{'tokens':>7}{'real ms':>10}{'sim ms':>10}{'real/sim':>10}   per GEMM real/sim (qkv, o, gate_up, down)")
-    perfs: dict[str, PerfModel] = {}
     for (name, m), times in measured.items():
-        model = load_model(name)
-        perf = perfs.get(name) or perfs.setdefault(name, PerfModel(model, gpu, resolve_engine_config({}, model, gpu)))
+        perf = perfs[name]
         sim = [s / perf.layers_per_stage for s in perf.layer_gemm_seconds(m)]
         real = [times[g] for g in ORDER]
         ratios = ", ".join(f"{r / s:.2f}" for r, s in zip(real, sim))
         print(f"{name:<22}{m:>7}{sum(real) * 1e3:>10.3f}{sum(sim) * 1e3:>10.3f}{sum(real) / sum(sim):>10.2f}   {ratios}")
     rates = probe["sustained_tflops_per_second"]
-    full_wave = gpu.bf16_tflops * calibration_for(gpu).compute_efficiency
+    efficiency = calibration_for(gpu).compute_efficiency
     print(f"\nsustained 8192 x 65536 x 5120 GEMM: {min(rates):.0f}-{max(rates):.0f} TFLOP/s over {len(rates)} s "
           f"(SM clock, power, temperature: {', '.join(probe['clock_during_sustained'])}); "
-          f"the simulator's full-wave rate {full_wave:.0f} TFLOP/s ({gpu.bf16_tflops:.0f} x compute_efficiency "
-          f"{calibration_for(gpu).compute_efficiency})")
+          f"the simulator's full-wave rate {gpu.bf16_tflops * efficiency:.0f} TFLOP/s ({gpu.bf16_tflops:.0f} x "
+          f"compute_efficiency {efficiency})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -5,7 +5,7 @@ The simulator prices a layer's four GEMMs (qkv, o, gate_up, down) as rooflines a
 constant fitted on 0.85B-14B windows. This measures what cuBLAS reaches on the host's GPU for the
 same (M tokens, N, K) shapes in bf16 (``x @ W.T``, as vLLM's linear layers call it), including the
 24B shape's 32,768-wide MLP, and whether a sustained large GEMM loses clock (power): one GEMM run
-back to back for several seconds, its rate per second, with the SM clock before and after.
+back to back for 8 s, its rate and the SM clock, power and temperature each second.
 
 Usage on the host (torch only, no vLLM): ``python3 benchmarks/real_vllm/gemm_probe.py OUT.json``
 """
@@ -19,7 +19,9 @@ import time
 
 import torch
 
-# (name, hidden, q_size, kv_size, intermediate) of the shipped configs with real runs.
+# (name, hidden, q_size, kv_size, intermediate) of the shipped configs with real runs, written out
+# because the host runs this without servetune; benchmarks/gemm_vs_sim.py refuses a probe whose
+# shapes are not the ones sim.perf prices.
 SHAPES = [("servetune-test-850m", 2048, 2048, 512, 5632), ("llama-3.1-8b", 4096, 4096, 1024, 14336),
           ("qwen2.5-14b", 5120, 5120, 1024, 13824), ("mistral-small-24b", 5120, 4096, 1024, 32768)]
 TOKENS = (64, 256, 1024, 2048, 4096, 8192)

@@ -200,6 +200,7 @@ def test_layer_gemms_read_their_weights_at_small_batches_and_compute_at_large_on
     layers = model.num_layers
     weights = [n * k * 2 * layers / (H200.hbm_gbps * 1e9 * cal.mem_efficiency)
                for n, k in ((4096 + 2 * 1024, 5120), (5120, 4096), (2 * 32768, 5120), (5120, 32768))]
+    assert p.layer_gemm_shapes == ((4096 + 2 * 1024, 5120), (5120, 4096), (2 * 32768, 5120), (5120, 32768))
     assert p.layer_gemm_seconds(64) == pytest.approx(weights, rel=1e-9)
     assert p.layer_gemm_seconds(32) == pytest.approx(weights, rel=1e-9)
     big, bigger = p.layer_gemm_seconds(8192), p.layer_gemm_seconds(16384)
@@ -208,3 +209,20 @@ def test_layer_gemms_read_their_weights_at_small_batches_and_compute_at_large_on
     gate_up_flops = 2.0 * 8192 * 65536 * 5120 * layers
     assert big[2] >= gate_up_flops / (H200.bf16_tflops * 1e12 * cal.compute_efficiency)
     assert big[2] == max(big)
+
+
+def test_the_gemms_timed_on_the_h200_are_the_ones_the_simulator_prices() -> None:
+    """benchmarks/real_vllm/gemm_probe.py writes each shipped shape's GEMMs out by hand (the GPU host
+    runs it without servetune); the committed probe's (N, K) must be what PerfModel prices, or
+    benchmarks/gemm_vs_sim.py would hold two different GEMMs against each other."""
+    import json
+    from pathlib import Path
+
+    probe = Path(__file__).resolve().parents[1] / "fixtures" / "real_h200" / "gemm" / "gemm_probe_h200.json"
+    rows = json.loads(probe.read_text())["gemms"]
+    order = ("qkv", "o", "gate_up", "down")
+    models = {row["model"] for row in rows}
+    assert models == {"servetune-test-850m", "llama-3.1-8b", "qwen2.5-14b", "mistral-small-24b"}
+    priced = {name: perf(load_model(name), H200).layer_gemm_shapes for name in models}
+    for row in rows:
+        assert (row["n"], row["k"]) == priced[row["model"]][order.index(row["gemm"])], row

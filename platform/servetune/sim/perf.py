@@ -373,6 +373,11 @@ class PerfModel:
             seconds = self._gemm_memo[key] = self._gemm_roofline(tokens, rows)
         return seconds
 
+    @property
+    def layer_gemm_shapes(self) -> tuple[tuple[int, int], ...]:
+        """The (N, K) of the layer's GEMMs on one TP rank, in :meth:`layer_gemm_seconds`' order."""
+        return tuple((n, k) for n, k, _, _ in self._gemms)
+
     def layer_gemm_seconds(self, tokens: int) -> tuple[float, ...]:
         """Seconds of the layer's GEMMs (qkv, o, gate_up, down) for ``tokens`` rows, each over the
         stage's layers: the rooflines a step prices them at (``benchmarks/gemm_vs_sim.py`` holds
