@@ -28,10 +28,12 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -61,6 +63,8 @@ def _argv(flags: dict, model: str = MODEL) -> list[str]:
             argv.append(opt)
         elif value is False:
             argv.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict):  # a config group (--profiler-config, --compilation-config)
+            argv += [opt, json.dumps(value)]
         else:
             argv += [opt, str(value)]
     return argv
@@ -153,11 +157,24 @@ def _tokenizer_vocab(model: str) -> int | None:
         return None
 
 
-def _window(base: str, model: str, workload_dict: dict, d: Path, suffix: str = "") -> dict:
+def _post(url: str, timeout: float = 180.0) -> int:
+    try:
+        req = urllib.request.Request(url, data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status
+    except Exception:  # noqa: BLE001 - the window goes on; the missing trace says it failed
+        return 0
+
+
+def _window(base: str, model: str, workload_dict: dict, d: Path, suffix: str = "",
+            profile_after_s: float | None = None) -> dict:
     """One measured window on a running server: /metrics before and after, gauges, requests.
 
     ``suffix`` names a repeat's files (``metrics_after_1.txt``, ...) beside the first window's;
     ``metrics_before.txt`` is written by the first only (a repeat starts where the last ended).
+    ``profile_after_s``: POST /start_profile that long into the window (the server's
+    ``--profiler-config`` says how many steps) and /stop_profile at its end. Exporting the trace
+    stalls the engine, so a profiled window's figures are not a clean window's.
     """
     d.mkdir(parents=True, exist_ok=True)
     if not suffix:
@@ -174,7 +191,16 @@ def _window(base: str, model: str, workload_dict: dict, d: Path, suffix: str = "
                             "waiting": gauge(m, "vllm:num_requests_waiting")})
 
     t0, cpu0 = time.time(), time.process_time()
-    records, duration = asyncio.run(run_workload(base, model, Workload.from_dict(workload_dict), on_tick=sample))
+    timer = None
+    if profile_after_s is not None:
+        timer = threading.Timer(profile_after_s, _post, [base + "/start_profile"])
+        timer.start()
+    try:
+        records, duration = asyncio.run(run_workload(base, model, Workload.from_dict(workload_dict), on_tick=sample))
+    finally:
+        if timer is not None:
+            timer.cancel()
+            _post(base + "/stop_profile")
     # The load generator's own CPU (this process, every thread: the SSE reader and the gauge
     # sampler): a client that reads one chunk at a time can bound a window (the 0.85B windows at
     # 256 in flight), and the simulator's client stage needs a measured cost per chunk.
@@ -188,6 +214,35 @@ def _window(base: str, model: str, workload_dict: dict, d: Path, suffix: str = "
     figures["client_cpu_s"] = client_cpu_s
     figures["client_busy"] = client_cpu_s / duration if duration > 0 else None
     return figures
+
+
+def _keep_trace(flags: dict, since: float, d: Path, raw_dest: Path, max_raw: int = 15 << 20) -> dict:
+    """The worker trace a profiled window left in the profiler's folder: ``steps.json`` (its engine
+    steps, ``trace_steps.steps_from_trace``) in the window's folder, the raw trace beside the
+    packed evidence when it fits the host's 16 MiB a file."""
+    folder = Path(str((flags.get("profiler_config") or {}).get("torch_profiler_dir", "")))
+    found: list[Path] = []
+    for _ in range(60):  # the export runs inside the engine after the last profiled step
+        found = sorted((p for p in folder.glob("*.pt.trace.json*") if p.stat().st_mtime >= since),
+                       key=lambda p: p.stat().st_mtime) if folder.is_dir() else []
+        if found and time.time() - found[-1].stat().st_mtime > 3:
+            break
+        time.sleep(1)
+    if not found:
+        return {"error": f"no trace in {folder}"}
+    trace = found[-1]
+    info: dict = {"file": trace.name, "bytes": trace.stat().st_size}
+    if trace.stat().st_size <= max_raw:
+        shutil.copyfile(trace, raw_dest)
+        info["raw"] = raw_dest.name
+    try:
+        from trace_steps import load_trace, steps_from_trace
+        steps = steps_from_trace(load_trace(trace))
+        (d / "steps.json").write_text(json.dumps(steps))
+        info["steps"] = len(steps["steps"])
+    except Exception as exc:  # noqa: BLE001 - the raw trace is the evidence; the summary is a convenience
+        info["steps_error"] = f"{type(exc).__name__}: {exc}"
+    return info
 
 
 def run_windows(item: dict, out: Path, deadline: float, pack) -> dict:
@@ -218,13 +273,19 @@ def run_windows(item: dict, out: Path, deadline: float, pack) -> dict:
                     summary["windows"][win["name"]] = {"skipped": "deadline"}
                     continue
                 wsum = {"server": name, "flags": flags, "model": model, "workload": win["workload"]}
+                profile_after_s = win.get("profile_after_s")
+                if profile_after_s is not None:
+                    wsum["profiled"] = True
+                t_window = time.time()
                 try:
-                    wsum.update(_window(base, model, win["workload"], d / win["name"]))
+                    wsum.update(_window(base, model, win["workload"], d / win["name"], profile_after_s=profile_after_s))
                 except Exception as exc:  # noqa: BLE001 - keep the other windows
                     wsum["error"] = f"{type(exc).__name__}: {exc}"
+                if profile_after_s is not None:
+                    wsum["trace"] = _keep_trace(flags, t_window, d / win["name"], out.parent / f"trace_{name}_{win['name']}.json.gz")
                 (d / win["name"] / "summary.json").write_text(json.dumps(wsum, indent=1, default=str))
                 summary["windows"][win["name"]] = {k: wsum.get(k) for k in
-                                                   ("output_throughput", "completed", "window_wall_s", "error")}
+                                                   ("output_throughput", "completed", "window_wall_s", "error", "trace")}
                 print(json.dumps({"run": name, "window": win["name"], **summary["windows"][win["name"]]},
                                  default=str), flush=True)
                 pack()
