@@ -41,7 +41,7 @@ from servetune.sim.engine import host_api_cpu_factor, simulate
 from servetune.sim.perf import calibration_for, with_calibration
 from servetune.workload import Workload
 
-__all__ = ["FIXTURES", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
+__all__ = ["FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
            "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
            "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read",
@@ -54,6 +54,16 @@ GPU = "H200"
 #: The model path each collection used on the GPU host -> servetune's shipped config of that shape.
 HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b",
                "/root/m24b": "mistral-small-24b"}
+#: Flags the collector passed for its own evidence that change nothing vLLM serves or allocates
+#: (``--profiler-config``: the worker's profiler is built on the first /start_profile).
+DIAGNOSTIC_FLAGS: tuple[str, ...] = ("profiler_config",)
+
+
+def serving_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """A recorded start's flags less the :data:`DIAGNOSTIC_FLAGS`: what the planner and simulator take."""
+    return {k: v for k, v in flags.items() if k not in DIAGNOSTIC_FLAGS}
+
+
 SIZES = {"servetune-test-850m": "0.85B", "llama-3.1-8b": "8B", "qwen2.5-14b": "14B", "mistral-small-24b": "24B"}
 
 
@@ -160,7 +170,7 @@ def _run(name: str, s: Mapping[str, Any], window_dir: Path, tokenizer_covers_voc
         # cached prefix: the same prefill work skipped, the same context attended.
         workload = dataclasses.replace(workload, prefix_len=int(round(hit_rate * workload.input_len.mean)),
                                        num_prefix_groups=1)
-    return RealRun(name=name, model=model, flags=dict(s["flags"]), workload=workload,
+    return RealRun(name=name, model=model, flags=serving_flags(s["flags"]), workload=workload,
                    output_throughput=float(s["output_throughput"]), ttft_mean_ms=float(s["ttft_ms"]["mean"]),
                    tpot_mean_ms=float(s["tpot_ms"]["mean"]),
                    preemptions=int(round(_counter_delta(window_dir, "vllm:num_preemptions_total"))),
@@ -199,6 +209,13 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # 0.9 x 128 x 2048 on the anchor's workload, decode and 2,048-token prompts, fp8 KV decode, then the
     # tenth's flags on the anchor's workload; 11 windows.
     "m24b_h10_u09_s256_mbt8192", "m24b_h11_u09_s128_mbt2048", "m24b_h11_u09_s256_fp8kv", "m24b_h11_u09_s256_mbt8192",
+    # 2026-12-04, the tenth device session: vLLM's torch profiler inside real steps (plans
+    # plan_h12_m24b_prof.json, plan_h13_*_prof*.json). Each start's first window is the clean anchor;
+    # its profiled windows (summary "profiled") stall the engine while the trace is written and are
+    # no fidelity windows (load_real_runs leaves them out). The twelfth host ran 24B; the thirteenth
+    # 14B, 8B at budgets 8192 and 2048 and 8B eager: 4 clean windows, 9 traces.
+    "m24b_h12_u09_s256_mbt8192", "q14b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt2048",
+    "l8b_h13_u09_s256_eager",
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
@@ -217,6 +234,10 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # The 24B hosts. The eleventh's first window of the anchor's workload ran under 0.9 x 128 x 2048.
     "ninth session": ("scale/m24b_h10_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h10_",)),
     "ninth session, second host": ("scale/m24b_h11_u09_s128_mbt2048/p1024_o256_c256", ("scale/m24b_h11_",)),
+    # The profiling hosts: the twelfth's one clean window is its factor's; the thirteenth's 14B anchor
+    # sets its factor, its two 8B anchors (budgets 8192 and 2048) are judged.
+    "tenth session": ("scale/m24b_h12_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h12_",)),
+    "tenth session, second host": ("scale/q14b_h13_u09_s256_mbt8192/p1024_o256_c256", ("scale/q14b_h13_", "scale/l8b_h13_")),
 }
 
 
@@ -245,8 +266,8 @@ def load_real_runs(fixtures: Path = FIXTURES, include_tokenizer_short: bool = Fa
         runs.append(_run(s["name"], s, summary_path.parent))
     for summary_path in sorted(fixtures.glob("scale/*/*/summary.json")):
         s = json.loads(summary_path.read_text())
-        if s.get("error") or s.get("output_throughput") is None or not s.get("completed"):
-            continue
+        if s.get("error") or s.get("output_throughput") is None or not s.get("completed") or s.get("profiled"):
+            continue  # a profiled window stalled while its trace was written: not the workload's pace
         window = summary_path.parent
         start = window.parent.name
         if not wanted(start):
@@ -320,9 +341,11 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 #: Hosts no fit has seen: the committed calibration (2026-12-03) was fitted on every other host's
 #: runs, and these hosts' windows, collected before that fit (the eighth's after it, before any
 #: change it judges), are its held-out judges. The ninth session's two hosts ran a size no fit has
-#: seen (24B), collected after every constant of the committed calibration was chosen.
+#: seen (24B), collected after every constant of the committed calibration was chosen; the tenth
+#: session's two hosts were profiled (their clean windows only).
 HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session", "eighth session", "eighth session, second host",
-                                   "ninth session", "ninth session, second host")
+                                   "ninth session", "ninth session, second host", "tenth session",
+                                   "tenth session, second host")
 
 
 #: The starts of a held-out host that one knob was fitted on, the rest of the calibration never:
@@ -434,12 +457,16 @@ def host_factor(host: str, runs_by_name: Mapping[str, RealRun],
 def host_checks(runs: Iterable[RealRun] | None = None) -> list[HostCheck]:
     """The host factor judged held out: per host of :data:`UNSEEN_HOSTS`, ``host_api_cpu_factor``
     of its calibrating window (real against simulated API-server CPU, committed calibration), then
-    every other window of the host simulated with it. Nothing here is fitted to throughput."""
+    every other window of the host simulated with it. Nothing here is fitted to throughput. A host
+    with no window besides its calibrating one (the twelfth: one clean window, the rest profiled)
+    has nothing to judge and no check."""
     by_name = {r.name: r for r in (runs if runs is not None else load_unseen_runs())}
     out = []
     for host, (calibrating, _) in UNSEEN_HOSTS.items():
-        factor = host_factor(host, by_name)
         judged = [r for name, r in sorted(by_name.items()) if name != calibrating and host_of(name) == host]
+        if not judged:
+            continue
+        factor = host_factor(host, by_name)
         out.append(HostCheck(host, calibrating, factor, fidelity_rows(None, judged),
                              fidelity_rows(None, judged, host_factors={host: factor})))
     return out
@@ -676,14 +703,19 @@ NEUTRAL_START: dict[str, float] = {
 def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
         starts: list[Mapping[str, float]] | None = None, from_committed: bool = True,
         host_factors: Mapping[str, float] | None = None,
-        callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = ()) -> dict[str, float]:
+        callbacks: Sequence[Callable[[optuna.Study, optuna.trial.FrozenTrial], None]] = (),
+        fixed: Mapping[str, float] | None = None) -> dict[str, float]:
     """Optuna TPE over FIT_SPACE minimising the loss over ``runs``; returns the best knobs.
 
     The search starts from the committed H200 calibration (``from_committed``, for refitting it)
     or from :data:`NEUTRAL_START` (held-out folds), then ``starts``. ``host_factors``: each host's
     runs simulated at its API-server CPU factor (:func:`fidelity_rows`), so that a fit over
-    several hosts does not fold one host's slower CPU into the shared knobs.
+    several hosts does not fold one host's slower CPU into the shared knobs. ``fixed``: knobs
+    measured elsewhere (``_kernels.kernel_knobs``: the GPU kernels' own times), held at their
+    values and left out of the search.
     """
+    fixed = dict(fixed or {})
+    space = {k: bounds for k, bounds in FIT_SPACE.items() if k not in fixed}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     runs = runs if runs is not None else load_evidence()
     # The measured API-server costs are read off the runs simulated at the calibration's own host
@@ -692,8 +724,9 @@ def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
     measured = {name: how(at_factor_one) for name, how in MEASURED.items()}
 
     def objective(trial: optuna.Trial) -> float:
-        knobs = {k: trial.suggest_float(k, lo, hi, log=k.endswith("_s")) for k, (lo, hi) in FIT_SPACE.items()}
-        rows = fidelity_rows({**knobs, **measured}, runs, max_requests=FIT_MAX_REQUESTS, host_factors=host_factors)
+        knobs = {k: trial.suggest_float(k, lo, hi, log=k.endswith("_s")) for k, (lo, hi) in space.items()}
+        rows = fidelity_rows({**knobs, **fixed, **measured}, runs, max_requests=FIT_MAX_REQUESTS,
+                             host_factors=host_factors)
         if any(not math.isfinite(r.sim_ttft_mean_ms) or r.sim_output_throughput <= 0 for r in rows):
             return float("inf")
         return _loss(rows)
@@ -701,9 +734,9 @@ def fit(trials: int, seed: int = 0, runs: list[RealRun] | None = None,
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True))
     first = dataclasses.asdict(calibration_for(get_gpu(GPU))) if from_committed else NEUTRAL_START
     for start in (first, *(starts or ())):
-        study.enqueue_trial({k: min(max(float(start[k]), lo), hi) for k, (lo, hi) in FIT_SPACE.items() if k in start})
+        study.enqueue_trial({k: min(max(float(start[k]), lo), hi) for k, (lo, hi) in space.items() if k in start})
     study.optimize(objective, n_trials=trials, callbacks=list(callbacks))
-    return {**study.best_params, **measured}
+    return {**study.best_params, **fixed, **measured}
 
 
 #: Held-out folds: name -> the rule that picks the test runs (the rest is the fitting set).

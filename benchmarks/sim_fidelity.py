@@ -13,7 +13,9 @@ preemptions, with the relative errors.
   picks folds; ``--out FILE`` writes the knobs and rows as JSON.
 * ``--fit N``: search the knobs on the committed calibration's runs (``_fidelity.load_calibration_runs``:
   every host but ``_fidelity.HELD_OUT_HOSTS``, each at its API-server factor) and print them (to
-  paste into ``GPU_CALIBRATION``).
+  paste into ``GPU_CALIBRATION``). ``--kernels`` holds the GPU-kernel knobs at what
+  ``_kernels.kernel_knobs`` measures on the GEMM probe and vLLM's profiler traces and searches the
+  rest (the CPU, launch and front-end knobs).
 * ``--fit-fp8``: ``fp8_kv_read_efficiency`` alone (``_fidelity.fit_fp8_kv_read``) on
   ``_fidelity.FP8_FIT_STARTS`` (the sixth host's fp8 KV start), every other knob committed.
 * ``--fit-frontend``: the API server loop's shape and the client's read (``api_chunk_share``,
@@ -95,6 +97,9 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
+    parser.add_argument("--kernels", action="store_true",
+                        help="with --fit: hold the GPU-kernel knobs at what _kernels.kernel_knobs measures "
+                             "(the GEMM probe, vLLM's profiler traces) and search the rest")
     parser.add_argument("--fit-fp8", action="store_true", help="fit fp8_kv_read_efficiency alone and print it")
     parser.add_argument("--fit-frontend", action="store_true",
                         help="choose api_chunk_share, api_intake_passes and client_chunk_s on a grid")
@@ -163,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(rows))
         for folder in (*UNSEEN_STUDIES, *(f"scale/{start}" for start in UNSEEN_STARTS)):
             group = [r for r in rows if r.real.name.startswith(folder + "/")]
+            if not group:
+                continue  # a start whose windows were all profiled (l8b_h13_u09_s256_eager)
             e = error_summary(group)
             mark = "in the committed fit" if all(in_calibration_fit(r.name) for r in group) else "never fitted"
             print(f"  {folder} ({mark}): throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
@@ -206,8 +213,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trial {trial.number}: loss {trial.value:.4f}, best {study.best_value:.4f} "
                   f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
 
+        fixed = None
+        if args.kernels:
+            from _kernels import kernel_knobs
+
+            fixed = kernel_knobs()
+            print("kernel-measured knobs (held fixed):", json.dumps(fixed), file=sys.stderr, flush=True)
         knobs = fit(args.fit, args.seed, load_calibration_runs(), host_factors=calibration_host_factors(),
-                    callbacks=[progress])
+                    callbacks=[progress], fixed=fixed)
         print("fitted knobs:", json.dumps({k: float(f"{v:.4g}") for k, v in knobs.items()}, indent=1))
     rows = fidelity_rows(knobs)
     if args.json or args.out:

@@ -91,7 +91,8 @@ if TYPE_CHECKING:
     from servetune.planner.memory import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "calibration_for", "with_calibration", "wave_fill"]
+__all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "StepCost", "calibration_for", "with_calibration",
+           "wave_fill"]
 
 #: Output tiles a Hopper bf16 GEMM can run with, and the share of the large tile's rate each
 #: reaches (smaller tiles reuse less of what they load): the wave-quantisation model of wave_fill.
@@ -118,6 +119,13 @@ class Calibration:
     # buys far less than half the attention time (see GPU_CALIBRATION for the runs).
     fp8_kv_read_efficiency: float = 0.3175
     compute_efficiency: float = 0.8736  # fraction of dense peak a full wave of GEMM tiles reaches
+    # How a GEMM's memory and compute times combine: 0 takes the larger (a roofline); p > 0 takes
+    # (mem^p + compute^p)^(1/p), which is slower near the ridge, where cuBLAS's GEMMs neither
+    # stream weights at the memory rate nor compute at the full-wave rate (64-1024 tokens).
+    gemm_blend_exponent: float = 0.0
+    attn_layer_s: float = 0.0  # per layer of a step with attention: the attention kernels' fixed cost
+    # Fraction of HBM bandwidth the KV-cache write (reshape_and_cache) reaches; 0: mem_efficiency.
+    kv_write_efficiency: float = 0.0
     attn_efficiency: float = 0.716  # fraction of dense peak reached by prefill attention
     step_overhead_s: float = 0.002429  # engine-core CPU per step (scheduler, input prep, sampler)
     seq_overhead_s: float = 4.598e-06  # engine-core CPU per scheduled request per step
@@ -275,6 +283,29 @@ def wave_fill(m: int, n: int, sms: int) -> float:
     return best
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepCost:
+    """GPU seconds of one engine step by kind of kernel, as a profiler trace separates them.
+
+    ``gemm``: the layers' four GEMMs and the LM head (with their activations' traffic);
+    ``elementwise``: norms, rotary, SiLU-and-mul, residual adds (Inductor's fused Triton kernels);
+    ``attention``: decode KV reads and prefill attention; ``kv_write``: the new tokens' KV;
+    ``comm``: TP all-reduces; ``launch``: what launching costs beyond the kernels (CUDA-graph
+    replay, piecewise and compiled-layer floors, an eager step's launch-bound excess).
+    """
+
+    gemm: float
+    elementwise: float
+    attention: float
+    kv_write: float
+    comm: float
+    launch: float
+
+    @property
+    def seconds(self) -> float:
+        return self.gemm + self.elementwise + self.attention + self.kv_write + self.comm + self.launch
+
+
 class PerfModel:
     """Seconds per engine step for one (model, GPU, engine config), with the constants precomputed.
 
@@ -323,7 +354,9 @@ class PerfModel:
         kv_per_token = model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype)
         fp8_kv = str(config.kv_cache_dtype or "").startswith("fp8")
         self._t_kv_read = kv_per_token / (bw * (cal.fp8_kv_read_efficiency if fp8_kv else cal.kv_read_efficiency))
-        self._t_kv_write = kv_per_token / mem_rate
+        self._t_kv_write = kv_per_token / (bw * cal.kv_write_efficiency if cal.kv_write_efficiency > 0 else mem_rate)
+        self._t_attn_layer = cal.attn_layer_s * layers
+        self._blend = cal.gemm_blend_exponent
         q_heads = max(1, model.num_attention_heads // tp)
         self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * cal.attn_efficiency)
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP.
@@ -383,11 +416,16 @@ class PerfModel:
         stage's layers: the rooflines a step prices them at (``benchmarks/gemm_vs_sim.py`` holds
         them against cuBLAS timed on the GPU)."""
         sms, rate = self._sms, self._flop_rate
-        times = []
-        for n, k, mem_s, flops in self._gemms:
-            comp = flops * tokens / (rate * wave_fill(tokens, n, sms))
-            times.append(mem_s if mem_s > comp else comp)
-        return tuple(times)
+        return tuple(self._combine(mem_s, flops * tokens / (rate * wave_fill(tokens, n, sms)))
+                     for n, k, mem_s, flops in self._gemms)
+
+    def _combine(self, mem_s: float, comp_s: float) -> float:
+        """One GEMM's seconds from its memory and compute times (``gemm_blend_exponent``)."""
+        big = mem_s if mem_s > comp_s else comp_s
+        p = self._blend
+        if p <= 0 or big <= 0:
+            return big
+        return big * ((mem_s / big) ** p + (comp_s / big) ** p) ** (1.0 / p)
 
     def _gemm_roofline(self, tokens: int, rows: int) -> float:
         sms, rate = self._sms, self._flop_rate
@@ -395,18 +433,18 @@ class PerfModel:
         for seconds in self.layer_gemm_seconds(tokens):
             total += seconds
         n, k, mem_s, flops = self._head
-        comp = flops * rows / (rate * wave_fill(rows, n, sms))
-        return total + (mem_s if mem_s > comp else comp)
+        return total + self._combine(mem_s, flops * rows / (rate * wave_fill(rows, n, sms)))
 
-    def gpu_time(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
+    def gpu_cost(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
                  decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,
-                 prefill_attn_work: int | None = None) -> float:
-        """GPU seconds of one batch: kernel rooflines + communication + launch costs (x pp).
+                 prefill_attn_work: int | None = None) -> StepCost:
+        """GPU seconds of one batch by kind of kernel (one stage, one micro-batch's share summed).
 
         ``kv_context``: sum over requests of the context the step attends to; ``attn_work``: sum
         of tokens x context. ``prefill_*`` say how much of each belongs to prefill chunks (the
         rest is decode, one token per request); left out, a decode-only batch is all decode and a
-        mixed one all prefill.
+        mixed one all prefill. :meth:`gpu_time` is this record's ``seconds``; the kinds are what a
+        profiler trace of a real step separates (``benchmarks/steps_vs_sim.py``).
         """
         if prefill_tokens is None:
             prefill_tokens = 0 if decode_only else num_tokens
@@ -430,22 +468,35 @@ class PerfModel:
             graph = 0.0
         per_micro = -(-tokens // micro)
         rows = -(-num_reqs // micro)
-        work = self._gemm_time(per_micro, rows) * micro
-        work += self._elementwise_token * tokens
+        gemm = self._gemm_time(per_micro, rows) * micro
+        elementwise = self._elementwise_token * tokens
         decode_context = kv_context - prefill_context
-        work += self._t_kv_read * (decode_context if decode_context > 0 else 0)
-        work += self._t_attn * prefill_attn_work + self._t_kv_write * num_tokens
-        work += self._t_ar_fixed * micro + self._t_ar_token * tokens
+        attention = (self._t_kv_read * (decode_context if decode_context > 0 else 0) + self._t_attn * prefill_attn_work
+                     + self._t_attn_layer * micro)
+        kv_write = self._t_kv_write * num_tokens
+        comm = self._t_ar_fixed * micro + self._t_ar_token * tokens
         if self.enforce_eager:
-            floor *= micro
-            stage = work if work > floor else floor
+            # Python launches every kernel while the GPU runs the earlier ones: the stage lasts
+            # the longer of the two, so launches cost only what the GPU work does not cover.
+            work = gemm + elementwise + attention + kv_write + comm
+            launch = floor * micro - work if floor * micro > work else 0.0
         else:
-            stage = work + (floor + graph) * micro
-        if self.pp == 1:
-            return stage
+            launch = (floor + graph) * micro
         # ``micro`` micro-batches each cross pp stages; with fewer than pp of them the pipeline
         # never fills (the bubble): the step lasts pp stage-times of its micro-batches.
-        return stage / micro * self.pp
+        scale = 1.0 if self.pp == 1 else self.pp / micro
+        return StepCost(gemm * scale, elementwise * scale, attention * scale, kv_write * scale, comm * scale,
+                        launch * scale)
+
+    def gpu_time(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
+                 decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,
+                 prefill_attn_work: int | None = None) -> float:
+        """GPU seconds of one batch: kernel rooflines + communication + launch costs (x pp).
+
+        Arguments as :meth:`gpu_cost`, whose kinds this sums.
+        """
+        return self.gpu_cost(num_reqs, num_tokens, kv_context, attn_work, decode_only, prefill_tokens,
+                             prefill_context, prefill_attn_work).seconds
 
     def step_time(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
                   decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,

@@ -1,0 +1,135 @@
+"""Real vLLM engine steps, kernel by kind, against the simulator's step-time model.
+
+Each profiled window under ``tests/fixtures/real_h200/scale`` (``collect.py`` with
+``profile_after_s``; ``summary.json`` says ``"profiled": true``) keeps vLLM's worker trace of 40
+engine steps. ``real_vllm.trace_steps`` reads each step's batch (context and generation tokens, the
+KV they attend to) and its GPU kernels; :func:`compare` prices the same batch with
+``PerfModel.gpu_cost`` and returns both, kind by kind: GEMMs, attention, KV-cache writes and the
+element-wise rest (Inductor's fused kernels, the sampler, copies). The GPU's busy time of the step is
+set against the simulated GPU time. The CPU gaps between steps are not compared: the profiler
+slows the CPU side.
+
+    PYTHONPATH=platform:benchmarks .venv/bin/python benchmarks/steps_vs_sim.py [--knob NAME=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from _fidelity import FIXTURES, HOST_MODELS, serving_flags
+from real_vllm.trace_steps import load_trace, steps_from_trace
+
+from servetune.errors import SpecError
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import resolve_engine_config
+from servetune.planner.modelinfo import load_model
+from servetune.sim.perf import PerfModel, StepCost, calibration_for
+
+__all__ = ["KINDS", "StepRow", "compare", "profiled_windows", "step_batch"]
+
+#: The simulator's kinds, and the trace's kernel kinds each is held against.
+KINDS: dict[str, tuple[str, ...]] = {"gemm": ("gemm",), "attention": ("attention",), "kv_write": ("kv_write",),
+                                     "elementwise": ("triton", "other", "copy")}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRow:
+    """One real engine step and the simulator's price of the same batch (seconds)."""
+
+    window: str
+    mixed: bool  # a prefill chunk in the batch (else decode only)
+    tokens: int
+    real: dict[str, float]  # by KINDS, plus "busy": the union of the step's kernel intervals
+    sim: StepCost
+
+
+def step_batch(step: Mapping[str, int]) -> dict[str, int | bool]:
+    """``PerfModel.gpu_cost``'s arguments for one traced step (trace_steps' detailed annotation).
+
+    vLLM's ``sqsk`` sums query x (computed + query) tokens per prefill chunk; the simulator's
+    prefill attention work is causal, query x computed + query (query + 1) / 2, so it is
+    ``sqsk - (sqsq - query) / 2``. A decode request attends to its whole sequence (``sk``).
+    """
+    prefill_work = step["ctx_sqsk"] - (step["ctx_sqsq"] - step["ctx_tokens"]) // 2
+    return {"num_reqs": step["ctx_reqs"] + step["gen_reqs"], "num_tokens": step["tokens"],
+            "kv_context": step["ctx_sk"] + step["gen_sk"], "attn_work": prefill_work + step["gen_sqsk"],
+            "decode_only": step["ctx_tokens"] == 0, "prefill_tokens": step["ctx_tokens"],
+            "prefill_context": step["ctx_sk"], "prefill_attn_work": prefill_work}
+
+
+def profiled_windows(fixtures: Path = FIXTURES) -> list[Path]:
+    """Every window folder whose trace was kept, sorted."""
+    return sorted(p.parent for p in fixtures.glob("scale/*/*/trace.pt.trace.json.gz"))
+
+
+def compare(window: Path, knobs: Mapping[str, float] | None = None) -> list[StepRow]:
+    """Each traced step of ``window`` with the simulator's price of its batch under ``knobs``
+    (the committed calibration's otherwise)."""
+    summary = json.loads((window / "summary.json").read_text())
+    model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H200")
+    config = resolve_engine_config(serving_flags(summary["flags"]), model, gpu)
+    perf = PerfModel(model, gpu, config, calibration_for(gpu).with_overrides(knobs or {}))
+    trace = steps_from_trace(load_trace(window / "trace.pt.trace.json.gz"))
+    name = f"{window.parent.name}/{window.name}"
+    rows = []
+    for step in trace["steps"]:
+        if "gpu_busy_us" not in step:
+            continue
+        by_kind = step["by_kind_us"]
+        real = {kind: sum(by_kind.get(k, 0.0) for k in traced) / 1e6 for kind, traced in KINDS.items()}
+        real["busy"] = step["gpu_busy_us"] / 1e6
+        rows.append(StepRow(name, step["ctx_tokens"] > 0, step["tokens"], real, perf.gpu_cost(**step_batch(step))))
+    return rows
+
+
+def table(rows: list[StepRow]) -> str:
+    """Median real and simulated milliseconds per kind, by window and step class."""
+    groups: dict[tuple[str, bool], list[StepRow]] = {}
+    for r in rows:
+        groups.setdefault((r.window, r.mixed), []).append(r)
+    lines = ["| window | steps | tokens | " + " | ".join(f"{k} real / sim ms" for k in KINDS) + " | busy / sim GPU ms |",
+             "|---|---|---|" + "---|" * (len(KINDS) + 1)]
+    for (window, mixed), group in groups.items():
+        cells = []
+        for kind in KINDS:
+            real = statistics.median(r.real[kind] for r in group) * 1e3
+            sim = statistics.median(getattr(r.sim, kind) for r in group) * 1e3
+            cells.append(f"{real:.2f} / {sim:.2f}")
+        busy = statistics.median(r.real["busy"] for r in group) * 1e3
+        sim_gpu = statistics.median(r.sim.seconds for r in group) * 1e3
+        tokens = statistics.median(r.tokens for r in group)
+        lines.append(f"| {window} ({'mixed' if mixed else 'decode'}) | {len(group)} | {tokens:.0f} | "
+                     + " | ".join(cells) + f" | {busy:.2f} / {sim_gpu:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                        help="a simulator knob over the committed calibration (repeatable)")
+    args = parser.parse_args(argv)
+    knobs = {}
+    for item in args.knob:
+        name, _, value = item.partition("=")
+        try:
+            knobs[name] = float(value)
+        except ValueError:
+            print(f"--knob {item}: expected NAME=NUMBER", file=sys.stderr)
+            return 2
+    try:
+        rows = [row for window in profiled_windows() for row in compare(window, knobs)]
+    except SpecError as exc:
+        print(f"--knob: {exc}", file=sys.stderr)
+        return 2
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
