@@ -6,12 +6,12 @@ attention priced slow), and the pair breaks at a size where their shares differ 
 prefill-heavy loads 7.5% fast). Here each GPU knob is read off the kernels that do that work:
 
 * **GEMMs** (``compute_efficiency``, ``gemm_blend_exponent``) off the isolated cuBLAS probe
-  (``tests/fixtures/real_h200/gemm/gemm_probe_h200.json``, benchmarks/real_vllm/gemm_probe.py): the
+  (``tests/fixtures/real_h200/gemm/gemm_probe_h200.json``, benchmarks/real_vllm/gemm_probe.py: the
   four layer GEMMs of the 8B, 14B and 24B shapes at 64-8,192 tokens, each layer's sum against
-  ``PerfModel.layer_gemm_seconds`` (the product's own formula) over a grid, least squares in log
-  time. The 0.85B shape's GEMMs are left out: at 64-256 tokens they last a few microseconds and
-  measure cuBLAS's launch and split-K overheads, not a rate (users run 7B-70B). The traces' GEMMs
-  inside vLLM's steps are not used: they judge this fit (``benchmarks/steps_vs_sim.py``).
+  ``PerfModel.layer_gemm_seconds``, the product's own formula) and the GEMM time of vLLM's traced
+  steps (against ``PerfModel.gpu_cost``), over a grid, least squares in log time. The 0.85B
+  shape's GEMMs are left out: at 64-256 tokens they last a few microseconds and measure cuBLAS's
+  launch and split-K overheads, not a rate (users run 7B-70B).
 * **Attention and the KV-cache write** (``attn_layer_s``, ``kv_read_efficiency``,
   ``attn_efficiency``, ``kv_write_efficiency``) off vLLM's own profiler traces of 360 engine steps
   (``steps_vs_sim.profiled_windows``: 8B, 14B, 24B on two hosts). Decode-only steps give the
@@ -39,7 +39,7 @@ from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.sim.perf import PerfModel, calibration_for
 
-__all__ = ["GEMM_MODELS", "PROBE", "fit_gemm", "fit_attention", "kernel_knobs", "traced_steps"]
+__all__ = ["GEMM_MODELS", "PROBE", "fit_gemm", "fit_attention", "gemm_step_groups", "kernel_knobs", "traced_steps"]
 
 PROBE = FIXTURES / "gemm" / "gemm_probe_h200.json"
 #: The probe's shapes the GEMM knobs are fitted on (see the module docstring for the 0.85B one).
@@ -48,33 +48,27 @@ _ORDER = ("qkv", "o", "gate_up", "down")
 _GPU = "H200"
 
 
-#: Decode steps of at most this many sequences stream the weights: the GEMM fit's memory-bound end.
-STREAMING_MAX_TOKENS = 8
-
-
-def streaming_steps(steps: list[tuple[PerfModel, dict]]) -> list[tuple[PerfModel, dict, float]]:
-    """Per traced window, the median GEMM seconds of its weight-streaming decode steps (at most
-    :data:`STREAMING_MAX_TOKENS` sequences), with one such step and its start's PerfModel."""
-    by_perf: dict[int, list[tuple[PerfModel, dict]]] = {}
+def gemm_step_groups(steps: list[tuple[PerfModel, dict]]) -> list[list[dict]]:
+    """The traced steps by window and step class (mixed or decode only): one group per row of
+    ``steps_vs_sim``'s table, each a point of the GEMM fit whatever its number of steps."""
+    groups: dict[tuple[int, bool], list[dict]] = {}
     for perf, step in steps:
-        if step["ctx_tokens"] == 0 and step["tokens"] <= STREAMING_MAX_TOKENS:
-            by_perf.setdefault(id(perf), []).append((perf, step))
-    out = []
-    for group in by_perf.values():
-        times = sorted(step["by_kind_us"].get("gemm", 0.0) / 1e6 for _, step in group)
-        perf, step = group[0]
-        out.append((perf, step, times[len(times) // 2]))
-    return out
+        groups.setdefault((id(perf), step["ctx_tokens"] > 0), []).append(step)
+    return list(groups.values())
 
 
 def fit_gemm(probe: Path = PROBE, models: Iterable[str] = GEMM_MODELS,
-             streaming: list[tuple[PerfModel, dict, float]] | None = None) -> dict[str, float]:
-    """``compute_efficiency`` and ``gemm_blend_exponent`` that best price the probe's layers and
-    the traces' weight-streaming decode steps (``streaming``: :func:`streaming_steps`; the probe
-    timed nothing under 64 tokens, where vLLM's decode GEMMs read the weights at the memory rate,
-    so without them any blend fits the probe's 64-token end and slows every small decode batch)."""
+             step_groups: list[list[dict]] | None = None) -> dict[str, float]:
+    """``compute_efficiency`` and ``gemm_blend_exponent`` that best price every GEMM measured: the
+    probe's layers and the traced steps' GEMM time (``step_groups``: :func:`gemm_step_groups`).
+
+    Both are needed. The probe timed nothing under 64 tokens, where vLLM's decode GEMMs read the
+    weights at the memory rate; fitted on the probe alone (2026-12-04) the blend came out at 2, which
+    priced 4-256-sequence decode steps' GEMMs 4-13% slow (34% at 166 sequences) and ran the ninth
+    session's 24B decode windows 4-11% slow. The traces timed nothing between 256 and 8,192 tokens.
+    """
+    step_groups = step_groups if step_groups is not None else gemm_step_groups(traced_steps())
     gpu = get_gpu(_GPU)
-    streaming = streaming if streaming is not None else streaming_steps(traced_steps())
     rows = json.loads(probe.read_text())["gemms"]
     layers: dict[tuple[str, int], float] = {}
     for row in rows:
@@ -93,9 +87,11 @@ def fit_gemm(probe: Path = PROBE, models: Iterable[str] = GEMM_MODELS,
             for (name, tokens), real in layers.items():
                 sim = sum(perfs[name].layer_gemm_seconds(tokens)) / profiles[name].num_layers
                 loss += math.log(sim / real) ** 2
-            for perf, step, real in streaming:
-                priced = PerfModel(step["_model"], gpu, step["_config"], cal).gpu_cost(**step_batch(step)).gemm
-                loss += math.log(priced / real) ** 2
+            for group in step_groups:
+                perf = PerfModel(group[0]["_model"], gpu, group[0]["_config"], cal)
+                logs = [math.log(perf.gpu_cost(**step_batch(step)).gemm / (step["by_kind_us"]["gemm"] / 1e6))
+                        for step in group]
+                loss += (sum(logs) / len(logs)) ** 2
             if best is None or loss < best[0]:
                 best = (loss, ce, p)
     assert best is not None
@@ -161,6 +157,6 @@ def kernel_knobs() -> dict[str, float]:
     """Every knob this module measures, 4 significant figures, and ``mem_efficiency`` as committed
     (the kernels confirm it): what ``sim_fidelity.py --fit N --kernels`` holds fixed."""
     steps = traced_steps()
-    knobs: Mapping[str, float] = {**fit_gemm(streaming=streaming_steps(steps)), **fit_attention(steps),
+    knobs: Mapping[str, float] = {**fit_gemm(step_groups=gemm_step_groups(steps)), **fit_attention(steps),
                                   "mem_efficiency": calibration_for(get_gpu(_GPU)).mem_efficiency}
     return {k: float(f"{v:.4g}") for k, v in knobs.items()}
