@@ -454,21 +454,22 @@ def host_factor(host: str, runs_by_name: Mapping[str, RealRun],
     return factor
 
 
-def host_checks(runs: Iterable[RealRun] | None = None) -> list[HostCheck]:
+def host_checks(runs: Iterable[RealRun] | None = None,
+                calibration: Mapping[str, float] | None = None) -> list[HostCheck]:
     """The host factor judged held out: per host of :data:`UNSEEN_HOSTS`, ``host_api_cpu_factor``
-    of its calibrating window (real against simulated API-server CPU, committed calibration), then
-    every other window of the host simulated with it. Nothing here is fitted to throughput. A host
-    with no window besides its calibrating one (the twelfth: one clean window, the rest profiled)
-    has nothing to judge and no check."""
+    of its calibrating window (real against simulated API-server CPU, committed calibration or
+    ``calibration``'s overrides of it), then every other window of the host simulated with it.
+    Nothing here is fitted to throughput. A host with no window besides its calibrating one (the
+    twelfth: one clean window, the rest profiled) has nothing to judge and no check."""
     by_name = {r.name: r for r in (runs if runs is not None else load_unseen_runs())}
     out = []
     for host, (calibrating, _) in UNSEEN_HOSTS.items():
         judged = [r for name, r in sorted(by_name.items()) if name != calibrating and host_of(name) == host]
         if not judged:
             continue
-        factor = host_factor(host, by_name)
-        out.append(HostCheck(host, calibrating, factor, fidelity_rows(None, judged),
-                             fidelity_rows(None, judged, host_factors={host: factor})))
+        factor = host_factor(host, by_name, calibration)
+        out.append(HostCheck(host, calibrating, factor, fidelity_rows(calibration, judged),
+                             fidelity_rows(calibration, judged, host_factors={host: factor})))
     return out
 
 

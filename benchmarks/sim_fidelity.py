@@ -33,7 +33,8 @@ preemptions, with the relative errors.
   ``_fidelity.UNSEEN_STARTS``: the later hosts' starts), by study or start, each study's ranking,
   and by load shape, split into the runs of ``_fidelity.HELD_OUT_HOSTS`` (never fitted: the
   fidelity figures) and those the committed calibration was fitted on since 2026-12-03 (a fit;
-  ``_fidelity.in_calibration_fit``).
+  ``_fidelity.in_calibration_fit``). ``--knobs FILE`` judges a candidate calibration (the file's
+  ``knobs`` over the committed ones) the same way, each host at the factor read under it.
 
 Usage::
 
@@ -97,6 +98,9 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
+    parser.add_argument("--knobs", type=Path, metavar="FILE",
+                        help="with --unseen: judge these knobs (a JSON file's 'knobs', over the committed "
+                             "calibration) in place of the committed ones")
     parser.add_argument("--kernels", action="store_true",
                         help="with --fit: hold the GPU-kernel knobs at what _kernels.kernel_knobs measures "
                              "(the GEMM probe, vLLM's profiler traces) and search the rest")
@@ -164,7 +168,15 @@ def main(argv: list[str] | None = None) -> int:
         print(grid_ranking(rows))
         return 0
     if args.unseen:
-        rows = fidelity_rows(None, load_unseen_runs())
+        candidate = None
+        if args.knobs:
+            try:
+                candidate = {k: float(v) for k, v in json.loads(args.knobs.read_text())["knobs"].items()}
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                print(f"--knobs {args.knobs}: {exc}; expected a JSON object with a 'knobs' mapping of numbers",
+                      file=sys.stderr)
+                return 2
+        rows = fidelity_rows(candidate, load_unseen_runs())
         print(format_table(rows))
         for folder in (*UNSEEN_STUDIES, *(f"scale/{start}" for start in UNSEEN_STARTS)):
             group = [r for r in rows if r.real.name.startswith(folder + "/")]
@@ -185,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"    {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
                       f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
         print("\nthe host's API-server CPU factor, read off one window per host, on the host's other windows:")
-        for check in host_checks():
+        for check in host_checks(calibration=candidate):
             print(f"  {check.host}: factor {check.api_cpu_factor:.2f} from {check.calibrating_window}")
             for label, group in (("committed calibration", check.plain), ("with the host factor", check.with_factor)):
                 for shape, e in {"all": error_summary(group), **_by_shape(group)}.items():

@@ -354,3 +354,19 @@ def test_the_load_generators_measured_cpu_per_chunk_bounds_the_client_stage() ->
         ratios.append(summary["client_cpu_s"] / chunks / factors[host_of(name)] / knob)
     assert len(ratios) == 12
     assert 0.5 < min(ratios) and max(ratios) < 1.0, sorted(round(r, 2) for r in ratios)
+
+
+def test_a_candidate_calibration_file_that_is_not_one_is_refused_in_one_line(tmp_path, capsys) -> None:
+    """`sim_fidelity.py --unseen --knobs FILE` judges a candidate calibration (the one
+    benchmarks/results/sim_kernel_candidate_h200.json records); a file without a 'knobs' mapping of
+    numbers is refused with exit 2 and one line naming the file, before anything is simulated."""
+    from sim_fidelity import main
+
+    bad = tmp_path / "knobs.json"
+    bad.write_text(json.dumps({"knobs": {"compute_efficiency": "fast"}}))
+    assert main(["--unseen", "--knobs", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(bad) in err and "'knobs' mapping of numbers" in err
+    recorded = json.loads((RESULTS.parent / "sim_kernel_candidate_h200.json").read_text())
+    assert all(isinstance(v, float) for v in recorded["knobs"].values())
+    assert recorded["knobs"]["gemm_blend_exponent"] > 0  # the kernel-measured GEMM model, not the committed roofline
