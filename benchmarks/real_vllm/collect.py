@@ -13,6 +13,13 @@ server start (each window its own folder ``OUT/real/<name>/<window>/`` with its 
 before/after, gauges, requests and ``summary.json``). A vLLM start of an 8B-14B model costs 1-2
 minutes of GPU time and a window 10-30 s, so one start serves every load shape of a flag set.
 
+A window with ``profile_after_s`` is profiled by vLLM's own torch profiler (the start's flags carry
+``profiler_config``, a dict passed as JSON: ``torch_profiler_dir``, ``max_iterations``,
+``detailed_trace_annotation``): /start_profile that far into the window, /stop_profile at its end.
+Its summary says ``"profiled": true``; the worker's raw trace lands beside the packed evidence as
+``OUT/trace_<start>_<window>.json.gz`` (kept in the fixtures as the window's
+``trace.pt.trace.json.gz``) and its engine steps (``trace_steps.py``) as the window's ``steps.json``.
+
 Usage on the host (see ../shared/gpu/README.md), inside ``stage2.sh`` (vLLM's payload first on the
 path) and with the study bundle of ``build_study_payload.sh`` unpacked at ``/tmp/studysite`` (by
 ``run_study_on_gpu.sh``, or ``tar -C /tmp -xJf .gpuwheels/studysite.tar.xz``): servetune's packages
