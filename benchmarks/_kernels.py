@@ -44,7 +44,6 @@ __all__ = ["GEMM_MODELS", "PROBE", "fit_gemm", "fit_attention", "gemm_step_group
 PROBE = FIXTURES / "gemm" / "gemm_probe_h200.json"
 #: The probe's shapes the GEMM knobs are fitted on (see the module docstring for the 0.85B one).
 GEMM_MODELS: tuple[str, ...] = ("llama-3.1-8b", "qwen2.5-14b", "mistral-small-24b")
-_ORDER = ("qkv", "o", "gate_up", "down")
 _GPU = "H200"
 
 
