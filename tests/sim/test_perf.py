@@ -190,6 +190,18 @@ def test_api_server_loop_knobs_the_loop_cannot_run_are_a_spec_error(key: str, va
     assert Calibration().with_overrides({"api_chunk_share": 1.0, "api_intake_passes": 3, "client_chunk_s": 0.0})
 
 
+@pytest.mark.parametrize("key, value", [("gemm_blend_exponent", -1.0), ("attn_layer_s", -1e-6),
+                                        ("kv_write_efficiency", 1.5), ("kv_write_efficiency", -0.1),
+                                        ("attn_layer_s", float("nan"))])
+def test_kernel_knobs_the_step_model_cannot_run_are_a_spec_error(key: str, value: float) -> None:
+    """The kernel-level knobs (2026-12-04) from a GPU file or a candidate: a negative blend or
+    per-layer cost, or a bandwidth share above 1, names the knob and the fix."""
+    with pytest.raises(SpecError, match=f"calibration.{key}") as err:
+        Calibration().with_overrides({key: value})
+    assert err.value.fix
+    assert Calibration().with_overrides({"gemm_blend_exponent": 0.0, "attn_layer_s": 0.0, "kv_write_efficiency": 1.0})
+
+
 def test_layer_gemms_read_their_weights_at_small_batches_and_compute_at_large_ones() -> None:
     """Each GEMM is its own roofline: at 64 tokens the 24B shape's four GEMMs take the time their
     weights take to stream (the same at 32 tokens), at 8,192 their FLOPs at the full-wave rate

@@ -160,22 +160,26 @@ class Calibration:
 
     def with_overrides(self, overrides: Mapping[str, float]) -> Calibration:
         """A copy with the named knobs replaced; unknown names, and values the API-server loop
-        cannot run (:data:`_LOOP_KNOBS`), are a :class:`SpecError`."""
+        the simulator cannot run (:data:`_CHECKED_KNOBS`), are a :class:`SpecError`."""
         names = {f.name for f in dataclasses.fields(self)}
         for key, value in overrides.items():
             if key not in names:
                 raise SpecError(f"calibration.{key}", f"unknown simulator knob{did_you_mean(str(key), names)}",
                                 f"use one of: {', '.join(sorted(names))}")
-            if key in _LOOP_KNOBS and not _LOOP_KNOBS[key][0](float(value)):
-                raise SpecError(f"calibration.{key}", f"got {value!r}", _LOOP_KNOBS[key][1])
+            if key in _CHECKED_KNOBS and not _CHECKED_KNOBS[key][0](float(value)):
+                raise SpecError(f"calibration.{key}", f"got {value!r}", _CHECKED_KNOBS[key][1])
         return dataclasses.replace(self, **{k: float(v) for k, v in overrides.items()})
 
 
-#: The API-server loop's knobs (servetune.sim.frontend): what a value must be, and the fix.
-_LOOP_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
+#: Knobs whose values the simulator cannot run outside a range: what a value must be, and the fix.
+#: The API-server loop's (servetune.sim.frontend) and the kernel-level ones added 2026-12-04.
+_CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "api_chunk_share": (lambda v: 0.0 <= v <= 1.0, "a share of the token cost: between 0 and 1"),
     "api_intake_passes": (lambda v: v >= 1 and v == int(v), "a whole number of loop passes, 1 or more"),
     "client_chunk_s": (lambda v: v >= 0.0, "seconds to read one chunk: 0 or more"),
+    "gemm_blend_exponent": (lambda v: v >= 0.0, "0 for the roofline (the larger time), or an exponent above 0"),
+    "attn_layer_s": (lambda v: v >= 0.0, "seconds per layer: 0 or more"),
+    "kv_write_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of HBM bandwidth between 0 and 1 (0: mem_efficiency)"),
 }
 
 
