@@ -144,6 +144,8 @@ def fit_attention(steps: list[tuple[PerfModel, dict]] | None = None) -> dict[str
             flops = 4.0 * model.num_attention_heads * model.head_dim * layers * batch["prefill_attn_work"]
             mixed.append((layers, kv_token * step["gen_sk"], flops, attention))
         writes.append((kv_token * step["tokens"], step["by_kind_us"].get("kv_write", 0.0) / 1e6))
+    if not mixed:
+        raise ValueError("no traced step with a prefill chunk: the prefill attention rate needs one")
     per_layer, per_byte = _lsq2(decode)
     prefill_s = sum(a - per_layer * layers - per_byte * read for layers, read, _, a in mixed)
     prefill_flops = sum(f for _, _, f, _ in mixed)

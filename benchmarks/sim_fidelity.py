@@ -118,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the result as JSON to this file")
     parser.add_argument("--json", action="store_true", help="print rows and errors as JSON")
     args = parser.parse_args(argv)
+    for name, given, needs, mode in (("--knobs", args.knobs, args.unseen, "--unseen"),
+                                     ("--kernels", args.kernels, args.fit, "--fit N")):
+        if given and not needs:  # before any simulation: an option its mode would silently ignore
+            print(f"{name} works with {mode} only: add {mode}", file=sys.stderr)
+            return 2
     t0 = time.perf_counter()
     if args.held_out:
         folds = {k: v for k, v in FOLDS.items() if not args.fold or k in args.fold}
@@ -199,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\nthe host's API-server CPU factor, read off one window per host, on the host's other windows:")
         for check in host_checks(calibration=candidate):
             print(f"  {check.host}: factor {check.api_cpu_factor:.2f} from {check.calibrating_window}")
-            for label, group in (("committed calibration", check.plain), ("with the host factor", check.with_factor)):
+            plain = "committed calibration" if candidate is None else "candidate calibration"
+            for label, group in ((plain, check.plain), ("with the host factor", check.with_factor)):
                 for shape, e in {"all": error_summary(group), **_by_shape(group)}.items():
                     print(f"    {label:<22} {shape:>8}: throughput {100 * e['throughput_mae']:.1f}% "
                           f"(max {100 * e['throughput_max']:.1f}%), TPOT {100 * e['tpot_mae']:.1f}%, "
