@@ -216,6 +216,15 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # 14B, 8B at budgets 8192 and 2048 and 8B eager: 4 clean windows, 9 traces.
     "m24b_h12_u09_s256_mbt8192", "q14b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt2048",
     "l8b_h13_u09_s256_eager",
+    # 2026-12-04, the eleventh device session (plans plan_h14_l8b.json, plan_h15_m24b*.json), collected
+    # before any change that session made. The fourteenth host: 8B at a 2,048-token budget (the anchor,
+    # a shared-prefix window; two profiled windows: the first wave's mixed steps, decode at 96 in flight),
+    # then 160 sequences x a 4,096-token budget (the anchor's workload, a Poisson load with uneven outputs,
+    # decode at 192 in flight). The fifteenth (the fourteenth went back between commands): 24B at a
+    # 4,096-token budget (the anchor, decode at 192 in flight with uneven outputs, a shared-prefix window;
+    # two profiled), then 24B eager (a prefill-heavy window at 128 in flight; one profiled); 9 clean
+    # windows, 5 traces.
+    "l8b_h14_u09_s256_mbt2048", "l8b_h14_u09_s160_mbt4096", "m24b_h15_u09_s256_mbt4096", "m24b_h15_u09_s128_eager",
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
@@ -238,6 +247,10 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # sets its factor, its two 8B anchors (budgets 8192 and 2048) are judged.
     "tenth session": ("scale/m24b_h12_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h12_",)),
     "tenth session, second host": ("scale/q14b_h13_u09_s256_mbt8192/p1024_o256_c256", ("scale/q14b_h13_", "scale/l8b_h13_")),
+    # The eleventh session's hosts: each start's first window is the anchor's workload; the first
+    # start's sets the host's factor (the fourteenth's ran under a 2,048-token budget).
+    "eleventh session": ("scale/l8b_h14_u09_s256_mbt2048/p1024_o256_c256", ("scale/l8b_h14_",)),
+    "eleventh session, second host": ("scale/m24b_h15_u09_s256_mbt4096/p1024_o256_c256", ("scale/m24b_h15_",)),
 }
 
 
@@ -345,7 +358,7 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 #: session's two hosts were profiled (their clean windows only).
 HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session", "eighth session", "eighth session, second host",
                                    "ninth session", "ninth session, second host", "tenth session",
-                                   "tenth session, second host")
+                                   "tenth session, second host", "eleventh session", "eleventh session, second host")
 
 
 #: The starts of a held-out host that one knob was fitted on, the rest of the calibration never:

@@ -182,6 +182,8 @@ LATER_HOSTS: dict[str, str] = {
     "_h11_": "ninth session's second host, 24B (measured after the margin was chosen)",
     "_h12_": "tenth session's host, 24B (measured after the margin was chosen)",
     "_h13_": "tenth session's second host, 8B and 14B (measured after the margin was chosen)",
+    "_h14_": "eleventh session's host, 8B (measured after the margin was chosen)",
+    "_h15_": "eleventh session's second host, 24B (measured after the margin was chosen)",
 }
 
 

@@ -1,9 +1,9 @@
 """The user-scale real H200 runs (tests/fixtures/real_h200/scale): Llama-3.1-8B, Qwen2.5-14B, Mistral-Small-24B shapes.
 
-vLLM 0.26.0, random weights, one H200 per host; 40 server starts, 147 measured windows (see the
+vLLM 0.26.0, random weights, one H200 per host; 44 server starts, 161 measured windows (see the
 folder's README): 5 starts of 2026-12-01 whose model folders carried a 32,000-token tokenizer, and
-35 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h13_*``, eleven more hosts; the ``m24b_*`` starts
-a Mistral-Small-24B shape; 9 windows of the ``*_h12_*``/``*_h13_*`` starts profiled by vLLM's torch
+39 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h15_*``, thirteen more hosts; the ``m24b_*`` starts
+a Mistral-Small-24B shape; 14 windows of the ``*_h12_*`` to ``*_h15_*`` starts profiled by vLLM's torch
 profiler) whose tokenizers cover the models' vocabularies; the simulator's fit and held-out hosts are ``benchmarks/_fidelity.py``'s.
 None of these runs was used to fit the planner: its KV capacity here is held out.
 """
@@ -50,16 +50,18 @@ def test_the_evidence_is_all_there() -> None:
                                       "m24b_h10_u09_s256_mbt8192", "m24b_h11_u09_s128_mbt2048",
                                       "m24b_h11_u09_s256_fp8kv", "m24b_h11_u09_s256_mbt8192",
                                       "m24b_h12_u09_s256_mbt8192", "q14b_h13_u09_s256_mbt8192",
-                                      "l8b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt2048", "l8b_h13_u09_s256_eager"])
+                                      "l8b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt2048", "l8b_h13_u09_s256_eager",
+                                      "l8b_h14_u09_s256_mbt2048", "l8b_h14_u09_s160_mbt4096",
+                                      "m24b_h15_u09_s256_mbt4096", "m24b_h15_u09_s128_eager"])
     assert set(json.loads((SCALE / "tokenizers.json").read_text())["tokenizer_vocab"]) == set(STARTS)
     windows = sorted(SCALE.glob("*/*/summary.json"))
-    assert len(windows) == 147
+    assert len(windows) == 161
     for w in windows:
         s = json.loads(w.read_text())
         assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w
         # A profiled window keeps vLLM's raw worker trace beside its figures (trace_steps.py reads it).
         assert s.get("profiled", False) is (w.parent / "trace.pt.trace.json.gz").exists(), w
-    assert sum(json.loads(w.read_text()).get("profiled", False) for w in windows) == 9
+    assert sum(json.loads(w.read_text()).get("profiled", False) for w in windows) == 14
 
 
 @pytest.mark.parametrize("name", STARTS)

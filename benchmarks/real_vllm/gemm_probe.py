@@ -7,14 +7,17 @@ same (M tokens, N, K) shapes in bf16 (``x @ W.T``, as vLLM's linear layers call 
 24B shape's 32,768-wide MLP, and whether a sustained large GEMM loses clock (power): one GEMM run
 back to back for 8 s, its rate and the SM clock, power and temperature each second.
 
-Usage on the host (torch only, no vLLM): ``python3 benchmarks/real_vllm/gemm_probe.py OUT.json``
+Usage on the host (torch only, no vLLM): ``python3 benchmarks/real_vllm/gemm_probe.py OUT.json``;
+``--tokens 16,32,...`` times those token counts instead of :data:`TOKENS` and ``--no-sustained``
+skips the 8-second power run (the 2026-12-04 decode-range probe: which tile heights cuBLAS picks
+between 16 and 8,192 tokens, where the simulator's tile grid has only 64- and 128-row tiles).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
-import sys
 import time
 
 import torch
@@ -49,14 +52,23 @@ def time_gemm(m: int, n: int, k: int, iters: int = 30) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts (M)")
+    parser.add_argument("--no-sustained", action="store_true", help="skip the 8-second sustained GEMM")
+    args = parser.parse_args()
+    tokens = [int(t) for t in args.tokens.split(",")]
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "clock_start": _clock(), "gemms": []}
     for name, d, q, kv, inter in SHAPES:
         for label, n, k in (("qkv", q + 2 * kv, d), ("o", d, q), ("gate_up", 2 * inter, d), ("down", d, inter)):
-            for m in TOKENS:
+            for m in tokens:
                 s = time_gemm(m, n, k)
                 out["gemms"].append({"model": name, "gemm": label, "m": m, "n": n, "k": k, "seconds": s,
                                      "tflops": 2.0 * m * n * k / s / 1e12})
         print(name, "done", flush=True)
+    if args.no_sustained:
+        json.dump(out, open(args.out, "w"), indent=1)
+        return
     # Sustained: the 24B gate_up at 8192 tokens back to back for 8 s, its rate each second.
     x = torch.randn(8192, 5120, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(65536, 5120, device="cuda", dtype=torch.bfloat16)
@@ -75,7 +87,7 @@ def main() -> None:
         rates.append(n * flops / (time.time() - t0) / 1e12)
         out.setdefault("clock_during_sustained", []).append(_clock())
     out["sustained_tflops_per_second"] = rates
-    json.dump(out, open(sys.argv[1], "w"), indent=1)
+    json.dump(out, open(args.out, "w"), indent=1)
     print(json.dumps({"sustained": [round(r) for r in rates], "clocks": out["clock_during_sustained"]}))
 
 
