@@ -39,9 +39,16 @@ from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.sim.perf import PerfModel, calibration_for
 
-__all__ = ["GEMM_MODELS", "PROBE", "fit_gemm", "fit_attention", "gemm_step_groups", "kernel_knobs", "traced_steps"]
+__all__ = ["GEMM_MODELS", "MIN_PROBE_S", "PROBE", "PROBES", "fit_gemm", "fit_attention", "gemm_step_groups", "kernel_knobs", "traced_steps"]
 
 PROBE = FIXTURES / "gemm" / "gemm_probe_h200.json"
+#: The GEMM probes fit_gemm reads: 64-8,192 tokens, then 16-8,192 in 30 counts (2026-12-04, two hosts).
+PROBES: tuple[Path, ...] = (PROBE, FIXTURES / "gemm" / "gemm_probe_small_m_h200.json")
+#: Probed GEMMs shorter than this are left out: the probe launches each from Python, and the 8B
+#: qkv and o GEMMs sat at 26-35 us from 16 to 384 tokens (their weights stream in 7-10 us at the
+#: memory rate), a dispatch floor vLLM's CUDA graphs do not pay (its traced 128-sequence decode
+#: steps ran the 8B layer's four GEMMs in 138 us, the probe in 167).
+MIN_PROBE_S = 40e-6
 #: The probe's shapes the GEMM knobs are fitted on (see the module docstring for the 0.85B one).
 GEMM_MODELS: tuple[str, ...] = ("llama-3.1-8b", "qwen2.5-14b", "mistral-small-24b")
 _GPU = "H200"
@@ -56,45 +63,56 @@ def gemm_step_groups(steps: list[tuple[PerfModel, dict]]) -> list[list[dict]]:
     return list(groups.values())
 
 
-def fit_gemm(probe: Path = PROBE, models: Iterable[str] = GEMM_MODELS,
-             step_groups: list[list[dict]] | None = None) -> dict[str, float]:
-    """``compute_efficiency`` and ``gemm_blend_exponent`` that best price every GEMM measured: the
-    probe's layers and the traced steps' GEMM time (``step_groups``: :func:`gemm_step_groups`).
+def fit_gemm(probes: Iterable[Path] = PROBES, models: Iterable[str] = GEMM_MODELS,
+             step_groups: list[list[dict]] | None = None, token_tile: int = 8) -> dict[str, float]:
+    """``compute_efficiency`` and ``gemm_blend_exponent`` that best price every GEMM measured: each
+    probed GEMM that lasted at least :data:`MIN_PROBE_S` (against its element of
+    ``PerfModel.layer_gemm_seconds``) and the traced steps' GEMM time (``step_groups``:
+    :func:`gemm_step_groups`): the mean |log error| over the probed GEMMs plus the same over the
+    traced step groups (each group's mean log error), the two sources weighed alike.
 
-    Both are needed. The probe timed nothing under 64 tokens, where vLLM's decode GEMMs read the
-    weights at the memory rate; fitted on the probe alone (2026-12-04) the blend came out at 2, which
-    priced 4-256-sequence decode steps' GEMMs 4-13% slow (34% at 166 sequences) and ran the ninth
-    session's 24B decode windows 4-11% slow. The traces timed nothing between 256 and 8,192 tokens.
+    Both are needed. The first probe timed nothing under 64 tokens; fitted on it alone
+    (2026-12-04) the blend came out at 2, which priced 4-256-sequence decode steps' GEMMs 4-13%
+    slow and ran the ninth session's 24B decode windows 4-11% slow. The traces timed nothing
+    between 256 and 2,048 tokens; the second probe (16-8,192 tokens, 30 counts) covers the ridge,
+    where the blend decides. ``token_tile``: ``gemm_token_tile``, held (8: the tile widths vLLM's
+    cuBLAS kernels were named with in the traces).
     """
     step_groups = step_groups if step_groups is not None else gemm_step_groups(traced_steps())
     gpu = get_gpu(_GPU)
-    rows = json.loads(probe.read_text())["gemms"]
-    layers: dict[tuple[str, int], float] = {}
-    for row in rows:
-        if row["model"] in models:
-            layers[(row["model"], row["m"])] = layers.get((row["model"], row["m"]), 0.0) + row["seconds"]
-    profiles = {name: load_model(name) for name in {m for m, _ in layers}}
+    labels = ("qkv", "o", "gate_up", "down")
+    probed: list[tuple[str, int, int, float]] = []  # (model, tokens, index in layer_gemm_seconds, seconds)
+    for probe in probes:
+        for row in json.loads(probe.read_text())["gemms"]:
+            if row["model"] in models and row["seconds"] >= MIN_PROBE_S:
+                probed.append((row["model"], row["m"], labels.index(row["gemm"]), row["seconds"]))
+    profiles = {name: load_model(name) for name in {m for m, _, _, _ in probed}}
     configs = {name: resolve_engine_config({}, p, gpu) for name, p in profiles.items()}
-    base = calibration_for(gpu)
+    base = calibration_for(gpu).with_overrides({"gemm_token_tile": token_tile})
     best: tuple[float, float, float] | None = None
     for ce_step in range(120, 181):  # compute_efficiency 0.600 .. 0.900
         ce = ce_step / 200
-        for p in (0.0, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 6.0):
+        for p in (0.0, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0):
             cal = base.with_overrides({"compute_efficiency": ce, "gemm_blend_exponent": p})
             perfs = {name: PerfModel(prof, gpu, configs[name], cal) for name, prof in profiles.items()}
+            seconds: dict[tuple[str, int], tuple[float, ...]] = {}
             loss = 0.0
-            for (name, tokens), real in layers.items():
-                sim = sum(perfs[name].layer_gemm_seconds(tokens)) / profiles[name].num_layers
-                loss += math.log(sim / real) ** 2
+            for name, tokens, index, real in probed:
+                layer = seconds.get((name, tokens)) or seconds.setdefault(
+                    (name, tokens), perfs[name].layer_gemm_seconds(tokens))
+                # |log|, not its square: a shape where cuBLAS's heuristic picks a poor kernel (the
+                # 14B and 24B down GEMMs at 1,024 tokens ran 40% slower than at 768 or 2,048)
+                # should not steer the rate of every other GEMM.
+                loss += abs(math.log(layer[index] / profiles[name].num_layers / real)) / len(probed)
             for group in step_groups:
                 perf = PerfModel(group[0]["_model"], gpu, group[0]["_config"], cal)
                 logs = [math.log(perf.gpu_cost(**step_batch(step)).gemm / (step["by_kind_us"]["gemm"] / 1e6))
                         for step in group]
-                loss += (sum(logs) / len(logs)) ** 2
+                loss += abs(sum(logs) / len(logs)) / len(step_groups)
             if best is None or loss < best[0]:
                 best = (loss, ce, p)
     assert best is not None
-    return {"compute_efficiency": best[1], "gemm_blend_exponent": best[2]}
+    return {"compute_efficiency": best[1], "gemm_blend_exponent": best[2], "gemm_token_tile": float(token_tile)}
 
 
 def traced_steps(windows: Iterable[Path] | None = None) -> list[tuple[PerfModel, dict]]:

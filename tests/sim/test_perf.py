@@ -94,6 +94,20 @@ def test_gemm_efficiency_comes_from_the_tile_grid() -> None:
     assert wave_fill(8192, 4096, 132) > wave_fill(1536, 4096, 132) + 0.05
 
 
+def test_token_side_tiles_cover_a_batch_off_the_128_row_grid() -> None:
+    """gemm_token_tile (0 by default: the 64/128-row grid alone): vLLM's cuBLAS kernels covered 166
+    tokens with tiles 72-176 wide, not two 128-row tiles, 35% of them idle."""
+    for m in (300, 1024, 8192):  # past 256 tokens nothing changes
+        assert wave_fill(m, 28672, 132, token_tile=8) == wave_fill(m, 28672, 132)
+    for m in range(1, 257, 5):  # a choice more, never a worse one
+        assert wave_fill(m, 28672, 132, token_tile=8) >= wave_fill(m, 28672, 132)
+    assert wave_fill(166, 28672, 132, token_tile=8) > 1.25 * wave_fill(166, 28672, 132)
+    assert wave_fill(192, 28672, 132, token_tile=8) > 1.2 * wave_fill(192, 28672, 132)
+    assert all(0 < wave_fill(m, n, 132, token_tile=8) <= 1.0 for m in range(1, 257, 7) for n in (256, 3000, 152064))
+    # Off by default: the committed calibration prices a 166-sequence decode step as before.
+    assert Calibration().gemm_token_tile == 0
+
+
 def test_prefill_attention_and_decode_attention_cost_differently() -> None:
     p = perf(gpu=H200)
     # The same 64 x 2048 tokens of context: read by 64 decode requests (KV streamed) or attended
@@ -192,14 +206,16 @@ def test_api_server_loop_knobs_the_loop_cannot_run_are_a_spec_error(key: str, va
 
 @pytest.mark.parametrize("key, value", [("gemm_blend_exponent", -1.0), ("attn_layer_s", -1e-6),
                                         ("kv_write_efficiency", 1.5), ("kv_write_efficiency", -0.1),
-                                        ("attn_layer_s", float("nan"))])
+                                        ("attn_layer_s", float("nan")), ("gemm_token_tile", 4.5),
+                                        ("gemm_token_tile", -8), ("gemm_token_tile", 512)])
 def test_kernel_knobs_the_step_model_cannot_run_are_a_spec_error(key: str, value: float) -> None:
     """The kernel-level knobs (2026-12-04) from a GPU file or a candidate: a negative blend or
     per-layer cost, or a bandwidth share above 1, names the knob and the fix."""
     with pytest.raises(SpecError, match=f"calibration.{key}") as err:
         Calibration().with_overrides({key: value})
     assert err.value.fix
-    assert Calibration().with_overrides({"gemm_blend_exponent": 0.0, "attn_layer_s": 0.0, "kv_write_efficiency": 1.0})
+    assert Calibration().with_overrides({"gemm_blend_exponent": 0.0, "attn_layer_s": 0.0, "kv_write_efficiency": 1.0,
+                                         "gemm_token_tile": 16})
 
 
 def test_layer_gemms_read_their_weights_at_small_batches_and_compute_at_large_ones() -> None:

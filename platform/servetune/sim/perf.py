@@ -123,6 +123,11 @@ class Calibration:
     # (mem^p + compute^p)^(1/p), which is slower near the ridge, where cuBLAS's GEMMs neither
     # stream weights at the memory rate nor compute at the full-wave rate (64-1024 tokens).
     gemm_blend_exponent: float = 0.0
+    # Step of the token-side tile widths the GEMM library picks for up to 256 tokens; 0: only the
+    # 64- and 128-row tiles of _TILES. vLLM 0.26's cuBLAS (nvjet) kernels on the H200 covered 96
+    # tokens with 96-wide tiles and 166 with 72-, 136- and 176-wide ones (the 2026-12-04 traces'
+    # kernel names): 8, where the quantised grid priced 166-192 tokens 30-50% slow.
+    gemm_token_tile: float = 0.0
     attn_layer_s: float = 0.0  # per layer of a step with attention: the attention kernels' fixed cost
     # Fraction of HBM bandwidth the KV-cache write (reshape_and_cache) reaches; 0: mem_efficiency.
     kv_write_efficiency: float = 0.0
@@ -179,6 +184,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "client_chunk_s": (lambda v: v >= 0.0, "seconds to read one chunk: 0 or more"),
     "gemm_blend_exponent": (lambda v: v >= 0.0, "0 for the roofline (the larger time), or an exponent above 0"),
     "attn_layer_s": (lambda v: v >= 0.0, "seconds per layer: 0 or more"),
+    "gemm_token_tile": (lambda v: 0 <= v <= 256 and v == int(v), "a whole number of tokens, 0 (off) to 256"),
     "kv_write_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of HBM bandwidth between 0 and 1 (0: mem_efficiency)"),
 }
 
@@ -264,12 +270,24 @@ def with_calibration(gpu: GpuSpec, overrides: Mapping[str, float]) -> GpuSpec:
     return dataclasses.replace(gpu, calibration=knobs)
 
 
-def wave_fill(m: int, n: int, sms: int) -> float:
+def _token_tile_efficiency(width: int) -> float:
+    """Share of the large tile's rate a tile ``width`` tokens wide reaches: ``_TILES``' 0.75 at 64
+    rows and 0.9 at 128, linear between them and on to 1.0 at 256 (less reuse of what it loads)."""
+    if width <= 64:
+        return 0.75
+    if width <= 128:
+        return 0.75 + 0.15 * (width - 64) / 64
+    return min(1.0, 0.9 + 0.1 * (width - 128) / 128)
+
+
+def wave_fill(m: int, n: int, sms: int, token_tile: int = 0) -> float:
     """Share of the dense peak a GEMM with an ``m x n`` output reaches from its tile grid alone.
 
     The GEMM library picks the tile that keeps the most SMs busy over its waves (partial tiles
     count as the rows and columns they compute): 128x256 tiles for large problems, smaller ones,
     which reach less of the peak each (``_TILES``), when few large tiles would leave SMs idle.
+    ``token_tile`` > 0 (``Calibration.gemm_token_tile``): up to 256 tokens, one tile as wide as
+    the tokens rounded up to that step, against 128 weight rows, is a choice too.
 
     Example:
         >>> round(wave_fill(8192, 4096, 132), 3), round(wave_fill(64, 4096, 132), 3)
@@ -284,6 +302,11 @@ def wave_fill(m: int, n: int, sms: int) -> float:
         fill = eff * (m * n) / (slots * tile_m * tile_n)
         if fill > best:
             best = fill
+    if 0 < token_tile and m <= 256:
+        width = -(-m // token_tile) * token_tile
+        tiles = -(-n // 128)
+        slots = tiles if tiles < sms else -(-tiles // sms) * sms
+        best = max(best, _token_tile_efficiency(width) * (m * n) / (slots * width * 128))
     return best
 
 
@@ -361,6 +384,7 @@ class PerfModel:
         self._t_kv_write = kv_per_token / (bw * cal.kv_write_efficiency if cal.kv_write_efficiency > 0 else mem_rate)
         self._t_attn_layer = cal.attn_layer_s * layers
         self._blend = cal.gemm_blend_exponent
+        self._token_tile = int(cal.gemm_token_tile)
         q_heads = max(1, model.num_attention_heads // tp)
         self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * cal.attn_efficiency)
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP.
@@ -420,7 +444,7 @@ class PerfModel:
         stage's layers: the rooflines a step prices them at (``benchmarks/gemm_vs_sim.py`` holds
         them against cuBLAS timed on the GPU)."""
         sms, rate = self._sms, self._flop_rate
-        return tuple(self._combine(mem_s, flops * tokens / (rate * wave_fill(tokens, n, sms)))
+        return tuple(self._combine(mem_s, flops * tokens / (rate * wave_fill(tokens, n, sms, self._token_tile)))
                      for n, k, mem_s, flops in self._gemms)
 
     def _combine(self, mem_s: float, comp_s: float) -> float:
@@ -437,7 +461,7 @@ class PerfModel:
         for seconds in self.layer_gemm_seconds(tokens):
             total += seconds
         n, k, mem_s, flops = self._head
-        return total + self._combine(mem_s, flops * rows / (rate * wave_fill(rows, n, sms)))
+        return total + self._combine(mem_s, flops * rows / (rate * wave_fill(rows, n, sms, self._token_tile)))
 
     def gpu_cost(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
                  decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,
