@@ -9,10 +9,10 @@ from servetune.sim.frontend import ApiServer
 US = 1e-6
 
 
-def make(chunk_share: float = 0.5, passes: int = 1, request_s: float = 1000 * US) -> ApiServer:
+def make(chunk_share: float = 0.5, passes: int = 1, request_s: float = 1000 * US, output_slice: int = 0) -> ApiServer:
     # 100 us per token, half of it per chunk; 1 ms per request; no prompt-dependent costs.
     return ApiServer(request_s=request_s, prompt_token_s=0.0, token_s=100 * US, stream_prompt_token_s=0.0,
-                     chunk_share=chunk_share, intake_passes=passes)
+                     chunk_share=chunk_share, intake_passes=passes, output_slice=output_slice)
 
 
 def deliveries(api: ApiServer, horizon: float) -> list[tuple[int, float, list]]:
@@ -102,7 +102,45 @@ def test_finished_requests_are_reported_with_the_step_that_carried_their_last_to
     assert [(step, done) for step, _, done in got] == [(0, ["a"]), (1, ["b"])]
 
 
-@pytest.mark.parametrize("kwargs", [{"chunk_share": 1.5}, {"chunk_share": -0.1}, {"passes": 0}])
+def test_a_step_of_more_outputs_than_a_slice_lets_ready_intake_in_at_the_slice_boundary() -> None:
+    """vLLM's output handler processes a step's outputs in slices (VLLM_V1_OUTPUT_PROC_CHUNK_SIZE)
+    and yields between them: a pass ready before a boundary runs there, not after the drain.
+    A step of 20 outputs, slices of 8: boundaries after 8 and 16 outputs (0.4 and 0.8 ms of drain)."""
+    entries, delivered = [], []
+    for output_slice in (0, 8, 20, 32):
+        api = make(passes=2, output_slice=output_slice)
+        api.step_output(0, end_s=0.0, sampled=[(k, 0) for k in range(20)])  # 1 ms drain + 1 ms chunks
+        api.submit("new", send_s=0.0001, prompt_tokens=0)  # ready during the drain
+        got = deliveries(api, horizon=1.0)
+        entries.append(api.next_entry_s())
+        delivered.append(got[0][1])
+        assert api.busy_s == pytest.approx(0.001 + 20 * 100 * US)  # the same CPU whatever the slices
+    # Whole drain (0, or a slice as large as the step): both 0.5 ms passes wait for the 1 ms drain
+    # and the 1 ms of chunks: entry at 3 ms. Slices of 8: the first pass runs at the 0.4 ms boundary
+    # (to 0.9), the handler takes the next slice (to 1.3), and the second pass, ready since 0.9,
+    # runs at that boundary: entry at 1.8 ms; the chunks wait for both passes.
+    assert entries == pytest.approx([0.003, 0.0018, 0.003, 0.003])
+    assert delivered == pytest.approx([0.002, 0.003, 0.002, 0.002])
+
+
+def test_slices_are_cut_within_one_step_not_across_the_steps_of_a_drain() -> None:
+    """Two steps of 6 outputs drained together, slices of 8: no step holds more than a slice, so
+    nothing yields (vLLM slices each step's outputs as it takes them off the queue)."""
+    api = make(output_slice=8)
+    api.submit("x", send_s=0.0, prompt_tokens=0)
+    api.advance(horizon_s=0.0)  # the loop is busy until 1 ms
+    api.step_output(0, end_s=0.0002, sampled=[(k, 0) for k in range(6)])
+    api.step_output(1, end_s=0.0004, sampled=[(k, 0) for k in range(6)])
+    api.submit("y", send_s=0.0011, prompt_tokens=0)
+    deliveries(api, horizon=1.0)
+    assert api.pop_entered(0.0015) == ["x"]
+    # y waits for the whole drain (12 x 50 us) and its 6 chunks (6 x 50 us): 1.0 + 0.9 + 1.0 ms.
+    assert api.next_entry_s() == pytest.approx(0.0029)
+    assert api.busy_s == pytest.approx(0.002 + 12 * 50 * US + 6 * 50 * US)
+
+
+@pytest.mark.parametrize("kwargs", [{"chunk_share": 1.5}, {"chunk_share": -0.1}, {"passes": 0},
+                                    {"output_slice": -1}])
 def test_bad_parameters_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         make(**kwargs)

@@ -194,7 +194,8 @@ def test_calibration_lookup_and_overrides() -> None:
 
 @pytest.mark.parametrize("key, value", [("api_chunk_share", 1.5), ("api_chunk_share", -0.1),
                                         ("api_chunk_share", float("nan")), ("api_intake_passes", 0),
-                                        ("api_intake_passes", 2.5), ("client_chunk_s", -1e-6)])
+                                        ("api_intake_passes", 2.5), ("client_chunk_s", -1e-6),
+                                        ("api_output_slice", -1), ("api_output_slice", 64.5)])
 def test_api_server_loop_knobs_the_loop_cannot_run_are_a_spec_error(key: str, value: float) -> None:
     """A GPU file's calibration (or a fit's candidate) with an impossible loop knob names the knob
     and what it must be, instead of failing inside a simulated trial."""

@@ -258,7 +258,7 @@ class SimScheduler:
         perf = self.perf
         self.api = ApiServer(perf.request_overhead_s, perf.prompt_token_overhead_s, perf.token_overhead_s,
                              perf.stream_prompt_token_s, perf.api_chunk_share, perf.api_intake_passes,
-                             perf.client_chunk_s)
+                             perf.client_chunk_s, perf.api_output_slice)
         # run_until_idle's callback: a client that received its request's last token sends the next.
         self._on_finish: Callable[[str, float], None] | None = None
         self._running: list[_Req] = []

@@ -21,6 +21,10 @@ Why it is shaped so (vLLM 0.26, ``v1/engine/async_llm.py`` and ``output_processo
   request's stream then writes one SSE chunk with whatever its ``RequestOutputCollector`` merged
   ("RequestOutputs are merged if the producer gets ahead of the consumer"): the per-chunk share
   (``Calibration.api_chunk_share`` of ``token_overhead_s``) once per request per drain.
+* **Slices.** The handler processes one step's outputs in slices of at most
+  ``VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`` requests (128 by default) and ``await asyncio.sleep(0)``
+  between them, so intake work that became ready before a slice boundary runs there, not after the
+  whole drain (``output_slice``; 0 keeps a drain whole, as the committed calibration was fitted).
 * **The client.** The load generator is one more process that reads each chunk
   (``client_chunk_s``, ``Calibration.client_chunk_s``); clients see tokens when it has read them.
   It, not the API server, bounded the 0.85B windows at 256 in flight: vLLM's engine produced a
@@ -71,15 +75,19 @@ class ApiServer:
 
     __slots__ = ("_request_s", "_prompt_token_s", "_token_s", "_chunk_s", "_stream_prompt_token_s", "_passes",
                  "_client_chunk_s", "free_s", "busy_s", "client_free_s", "_sends", "_outputs", "_entered",
-                 "_order")
+                 "_order", "_slice")
 
     def __init__(self, request_s: float, prompt_token_s: float, token_s: float, stream_prompt_token_s: float,
-                 chunk_share: float, intake_passes: int = 1, client_chunk_s: float = 0.0) -> None:
+                 chunk_share: float, intake_passes: int = 1, client_chunk_s: float = 0.0,
+                 output_slice: int = 0) -> None:
         if not 0.0 <= chunk_share <= 1.0:
             raise ValueError(f"chunk_share must be in [0, 1], got {chunk_share}")
         if intake_passes < 1:
             raise ValueError(f"intake_passes must be >= 1, got {intake_passes}")
+        if output_slice < 0:
+            raise ValueError(f"output_slice must be >= 0, got {output_slice}")
         self._passes = intake_passes
+        self._slice = output_slice
         self._client_chunk_s = client_chunk_s
         self.client_free_s = 0.0  # when the load generator has read every chunk written so far
         self._request_s = request_s
@@ -151,18 +159,21 @@ class ApiServer:
             if out_ready <= send_ready:
                 if not self._drain(horizon_s, until_entry, on_delivered):
                     return
-            else:
-                ready_s, order, key, prompt, done = heapq.heappop(sends)
-                cost = (self._request_s + prompt * self._prompt_token_s) / self._passes
-                t = (ready_s if ready_s > self.free_s else self.free_s) + cost
-                self.free_s = t
-                self.busy_s += cost
-                if done + 1 < self._passes:  # awaits: back of the loop's queue, behind what became ready
-                    heapq.heappush(sends, (t, order, key, prompt, done + 1))
-                    continue
-                heapq.heappush(self._entered, (t, order, key))
-                if until_entry:
-                    return
+            elif self._intake_pass() and until_entry:
+                return
+
+    def _intake_pass(self) -> bool:
+        """Run the earliest ready send's next intake pass; True if that pass entered it into the engine."""
+        ready_s, order, key, prompt, done = heapq.heappop(self._sends)
+        cost = (self._request_s + prompt * self._prompt_token_s) / self._passes
+        t = (ready_s if ready_s > self.free_s else self.free_s) + cost
+        self.free_s = t
+        self.busy_s += cost
+        if done + 1 < self._passes:  # awaits: back of the loop's queue, behind what became ready
+            heapq.heappush(self._sends, (t, order, key, prompt, done + 1))
+            return False
+        heapq.heappush(self._entered, (t, order, key))
+        return True
 
     def _drain(self, horizon_s: float, until_entry: bool, on_delivered: OnDelivered | None) -> bool:
         """Drain the steps the loop has read, then write each request's chunk; False if which steps
@@ -184,8 +195,11 @@ class ApiServer:
         drained = [outputs.popleft() for _ in range(n)]
         chunks = len(drained[0][2]) if n == 1 else len({key for _, _, sampled, _ in drained for key, _ in sampled})
         cost = tokens * self._token_s + prompt_tokens * self._stream_prompt_token_s + chunks * self._chunk_s
-        t = start + cost
         self.busy_s += cost
+        self.free_s = start
+        if self._slice:
+            self._yield_between_slices(drained)
+        t = self.free_s + cost
         self.free_s = t
         if self._client_chunk_s:  # the client reads the chunks after the loop wrote them, one at a time
             t = max(t, self.client_free_s) + chunks * self._client_chunk_s
@@ -194,3 +208,24 @@ class ApiServer:
             for step_no, _, _, finished in drained:
                 on_delivered(step_no, t, list(finished))
         return True
+
+    def _yield_between_slices(self, drained: Sequence[tuple[int, float, Sequence[tuple[Hashable, int]],
+                                                             Sequence[Hashable]]]) -> None:
+        """Run the intake passes that asyncio lets in at the drain's slice boundaries: at each, every
+        send whose next pass was ready by then runs once, in order (the handler goes to the back of
+        the ready queue; a pass that ends there is behind it). ``free_s`` moves by their cost only;
+        the caller adds the drain's own. The slices' SSE chunks are still written after the drain."""
+        start = self.free_s
+        work = shift = 0.0  # the drain's own work so far, and the intake run inside it
+        for _, _, sampled, _ in drained:
+            for i, (_, prompt) in enumerate(sampled):
+                work += self._token_s + prompt * self._stream_prompt_token_s
+                if (i + 1) % self._slice or i + 1 == len(sampled):
+                    continue  # no boundary here: slices are cut within one step's outputs
+                boundary = start + work + shift
+                while self._sends and self._sends[0][0] <= boundary:
+                    self.free_s = max(self.free_s, boundary)
+                    before = self.free_s
+                    self._intake_pass()
+                    shift += self.free_s - before
+        self.free_s = start + shift

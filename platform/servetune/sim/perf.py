@@ -146,6 +146,10 @@ class Calibration:
     api_intake_passes: float = 6.0
     # The load generator's time to read one SSE chunk (its own process, after the API server's).
     client_chunk_s: float = 60e-6
+    # Requests per slice of a step's outputs, between which the API server's output handler yields
+    # its loop to intake (vLLM's VLLM_V1_OUTPUT_PROC_CHUNK_SIZE, 128); 0: a drain runs whole, as
+    # the committed calibration was fitted (sim/frontend.py).
+    api_output_slice: float = 0.0
     # The host's API-server CPU against the fitted one: multiplies the four API server costs above.
     # Never fitted (1.0 in every fit); measured per host (sim.engine.host_api_cpu_factor).
     api_cpu_factor: float = 1.0
@@ -182,6 +186,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "api_chunk_share": (lambda v: 0.0 <= v <= 1.0, "a share of the token cost: between 0 and 1"),
     "api_intake_passes": (lambda v: v >= 1 and v == int(v), "a whole number of loop passes, 1 or more"),
     "client_chunk_s": (lambda v: v >= 0.0, "seconds to read one chunk: 0 or more"),
+    "api_output_slice": (lambda v: v >= 0 and v == int(v), "a whole number of requests, 0 (off) or more (vLLM: 128)"),
     "gemm_blend_exponent": (lambda v: v >= 0.0, "0 for the roofline (the larger time), or an exponent above 0"),
     "attn_layer_s": (lambda v: v >= 0.0, "seconds per layer: 0 or more"),
     "gemm_token_tile": (lambda v: 0 <= v <= 256 and v == int(v), "a whole number of tokens, 0 (off) to 256"),
@@ -413,6 +418,7 @@ class PerfModel:
         self.api_chunk_share = cal.api_chunk_share
         self.api_intake_passes = int(cal.api_intake_passes)  # a whole number >= 1 (Calibration.with_overrides)
         self.client_chunk_s = cal.client_chunk_s * host
+        self.api_output_slice = int(cal.api_output_slice)
         # _gemm_time is a pure function of (tokens, rows) here, and a trial's steps repeat the same
         # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
         # remembered, the tile-grid search runs once per shape instead of once per step.
