@@ -5,16 +5,17 @@ is wrong one way (GEMMs priced fast) is paid for by another that is wrong the ot
 attention priced slow), and the pair breaks at a size where their shares differ (issue 12: 24B
 prefill-heavy loads 7.5% fast). Here each GPU knob is read off the kernels that do that work:
 
-* **GEMMs** (``compute_efficiency``, ``gemm_blend_exponent``) off the isolated cuBLAS probe
-  (``tests/fixtures/real_h200/gemm/gemm_probe_h200.json``, benchmarks/real_vllm/gemm_probe.py: the
-  four layer GEMMs of the 8B, 14B and 24B shapes at 64-8,192 tokens, each layer's sum against
-  ``PerfModel.layer_gemm_seconds``, the product's own formula) and the GEMM time of vLLM's traced
-  steps (against ``PerfModel.gpu_cost``), over a grid, least squares in log time. The 0.85B
-  shape's GEMMs are left out: at 64-256 tokens they last a few microseconds and measure cuBLAS's
-  launch and split-K overheads, not a rate (users run 7B-70B).
+* **GEMMs** (``compute_efficiency``, ``gemm_blend_exponent``, with ``gemm_token_tile`` held at 8)
+  off the isolated cuBLAS probes (``tests/fixtures/real_h200/gemm/gemm_probe_h200.json``: the four
+  layer GEMMs of the 8B, 14B and 24B shapes at 64-8,192 tokens; ``gemm_probe_small_m_h200.json``:
+  the same at 30 counts from 16 to 8,192; benchmarks/real_vllm/gemm_probe.py), each GEMM of at least
+  :data:`MIN_PROBE_S` against its element of ``PerfModel.layer_gemm_seconds`` (the product's own
+  formula), and the GEMM time of vLLM's traced steps (against ``PerfModel.gpu_cost``), over a grid,
+  mean |log error| of each source. The 0.85B shape's GEMMs are left out: at 64-256 tokens they last
+  a few microseconds and measure cuBLAS's launch and split-K overheads, not a rate (users run 7B-70B).
 * **Attention and the KV-cache write** (``attn_layer_s``, ``kv_read_efficiency``,
-  ``attn_efficiency``, ``kv_write_efficiency``) off vLLM's own profiler traces of 360 engine steps
-  (``steps_vs_sim.profiled_windows``: 8B, 14B, 24B on two hosts). Decode-only steps give the
+  ``attn_efficiency``, ``kv_write_efficiency``) off vLLM's own profiler traces of 560 engine steps
+  (``steps_vs_sim.profiled_windows``: 8B, 14B, 24B on four hosts). Decode-only steps give the
   attention kernels' cost per layer and the KV read rate (least squares in layers and KV bytes
   read); mixed steps, less that decode part, the prefill attention rate; every step's
   ``reshape_and_cache`` time over the KV bytes it wrote, the write rate.

@@ -1,8 +1,8 @@
 """Real vLLM engine steps out of its profiler traces (benchmarks/real_vllm/trace_steps.py), and the
 simulator's per-kind price of the same batches (benchmarks/steps_vs_sim.py, PerfModel.gpu_cost).
 
-The traces are vLLM 0.26.0's own worker profiles of 40 steps in each of nine windows on two H200
-hosts (tests/fixtures/real_h200/scale/*_h12_*, *_h13_*; plans benchmarks/real_vllm/plan_h1[23]_*).
+The traces are vLLM 0.26.0's own worker profiles of 40 steps in each of fourteen windows on four
+H200 hosts (tests/fixtures/real_h200/scale/*_h12_* to *_h15_*; plans benchmarks/real_vllm/plan_h1[2-5]_*).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from steps_vs_sim import compare, profiled_windows, step_batch
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim.perf import PerfModel
+from servetune.sim.perf import PerfModel, calibration_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_h200"
 SCALE = FIXTURES / "scale"
@@ -175,6 +175,31 @@ def test_the_attention_fit_recovers_the_constants_a_step_was_built_with() -> Non
     knobs = fit_attention(steps)
     assert knobs == pytest.approx({"attn_layer_s": 20e-6, "kv_read_efficiency": 0.7, "attn_efficiency": 0.3,
                                    "kv_write_efficiency": 0.1}, rel=1e-6)
+
+
+def test_the_gemm_fit_recovers_the_constants_a_probe_was_built_with(tmp_path: Path) -> None:
+    """_kernels.fit_gemm's rule on a probe written from known constants (compute_efficiency 0.7,
+    blend 3, token tiles of 8), no traced steps: it finds them. A GEMM under MIN_PROBE_S (the
+    probe's Python dispatch floor) is left out, so giving those rows absurd times changes nothing."""
+    from _kernels import GEMM_MODELS, MIN_PROBE_S, fit_gemm
+
+    gpu = get_gpu("H200")
+    cal = calibration_for(gpu).with_overrides({"compute_efficiency": 0.7, "gemm_blend_exponent": 3.0,
+                                               "gemm_token_tile": 8})
+    rows = []
+    for name in GEMM_MODELS:
+        model = load_model(name)
+        perf = PerfModel(model, gpu, resolve_engine_config({}, model, gpu), cal)
+        for m in (16, 96, 166, 256, 512, 2048, 8192):
+            for label, seconds in zip(("qkv", "o", "gate_up", "down"), perf.layer_gemm_seconds(m)):
+                seconds /= model.num_layers
+                spoiled = seconds < MIN_PROBE_S  # still under the floor, but 10x off
+                rows.append({"model": name, "gemm": label, "m": m, "seconds": seconds / 10 if spoiled else seconds})
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"gemms": rows}))
+    assert sum(r["seconds"] < MIN_PROBE_S for r in rows) >= 10  # the spoiled rows
+    assert fit_gemm(probes=[probe], step_groups=[]) == {"compute_efficiency": 0.7, "gemm_blend_exponent": 3.0,
+                                                        "gemm_token_tile": 8.0}
 
 
 def test_with_the_kernel_measured_knobs_the_kinds_add_up_to_the_steps_gpu_time() -> None:
