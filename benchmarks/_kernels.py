@@ -40,7 +40,8 @@ from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.sim.perf import PerfModel, calibration_for
 
-__all__ = ["GEMM_MODELS", "MIN_PROBE_S", "PROBE", "PROBES", "fit_gemm", "fit_attention", "gemm_step_groups", "kernel_knobs", "traced_steps"]
+__all__ = ["GEMM_MODELS", "MIN_PROBE_S", "PROBE", "PROBES", "fit_gemm", "fit_attention", "gemm_step_groups",
+           "kernel_knobs", "traced_steps"]
 
 PROBE = FIXTURES / "gemm" / "gemm_probe_h200.json"
 #: The GEMM probes fit_gemm reads: 64-8,192 tokens, then 16-8,192 in 30 counts (2026-12-04, two hosts).
