@@ -58,6 +58,8 @@ from _fidelity import (FOLDS, UNSEEN_STARTS, UNSEEN_STUDIES, calibration_host_fa
                        fidelity_rows, fit, fit_fp8_kv_read, fit_frontend, format_table, held_out, host_checks,
                        in_calibration_fit, replay_fold,
                        load_calibration_runs, load_evidence, load_study_runs, load_unseen_runs)
+from servetune.errors import SpecError  # noqa: E402
+from servetune.sim.perf import Calibration  # noqa: E402
 
 
 def _rows_json(rows):  # type: ignore[no-untyped-def]
@@ -180,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 print(f"--knobs {args.knobs}: {exc}; expected a JSON object with a 'knobs' mapping of numbers",
                       file=sys.stderr)
+                return 2
+            try:  # the simulator's own check of names and ranges, before anything is simulated
+                Calibration().with_overrides(candidate)
+            except SpecError as exc:
+                print(f"--knobs {args.knobs}: {exc}", file=sys.stderr)
                 return 2
         rows = fidelity_rows(candidate, load_unseen_runs())
         print(format_table(rows))

@@ -385,6 +385,14 @@ def test_a_candidate_calibration_file_that_is_not_one_is_refused_in_one_line(tmp
     assert main(["--unseen", "--knobs", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(bad) in err and "'knobs' mapping of numbers" in err
+    # A knob the simulator has no such name for, or cannot run with, is named the same way.
+    for knobs, field in (({"compute_eficiency": 0.8}, "calibration.compute_eficiency"),
+                         ({"gemm_token_tile": 4.5}, "calibration.gemm_token_tile")):
+        bad.write_text(json.dumps({"knobs": knobs}))
+        assert main(["--unseen", "--knobs", str(bad)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and str(bad) in err and field in err, err
+    bad.write_text(json.dumps({"knobs": {"compute_efficiency": "fast"}}))
     # An option its mode would ignore is refused too, before anything runs.
     assert main(["--knobs", str(bad)]) == 2 and capsys.readouterr().err.strip() == "--knobs works with --unseen only: add --unseen"
     assert main(["--kernels"]) == 2 and capsys.readouterr().err.strip() == "--kernels works with --fit N only: add --fit N"
