@@ -298,8 +298,12 @@ def wave_fill(m: int, n: int, sms: int, token_tile: int = 0) -> float:
         >>> round(wave_fill(8192, 4096, 132), 3), round(wave_fill(64, 4096, 132), 3)
         (0.97, 0.75)
     """
+    tile_shapes = _TILES
+    if 0 < token_tile and m <= 256:  # one tile as wide as the tokens, rounded up to the step
+        width = -(-m // token_tile) * token_tile
+        tile_shapes = (*_TILES, (width, 128, _token_tile_efficiency(width)))
     best = 0.0
-    for tile_m, tile_n, eff in _TILES:
+    for tile_m, tile_n, eff in tile_shapes:
         tiles = -(-m // tile_m) * -(-n // tile_n)
         # Fewer tiles than SMs: the library splits K over the idle SMs (split-K), so only the
         # tiles' unused rows and columns are lost; otherwise the last wave's idle SMs are too.
@@ -307,11 +311,6 @@ def wave_fill(m: int, n: int, sms: int, token_tile: int = 0) -> float:
         fill = eff * (m * n) / (slots * tile_m * tile_n)
         if fill > best:
             best = fill
-    if 0 < token_tile and m <= 256:
-        width = -(-m // token_tile) * token_tile
-        tiles = -(-n // 128)
-        slots = tiles if tiles < sms else -(-tiles // sms) * sms
-        best = max(best, _token_tile_efficiency(width) * (m * n) / (slots * width * 128))
     return best
 
 
