@@ -51,13 +51,22 @@ def time_gemm(m: int, n: int, k: int, iters: int = 30) -> float:
     return start.elapsed_time(end) / 1e3 / iters
 
 
+def _token_counts(text: str) -> list[int]:
+    """``--tokens``: a bad list is argparse's one-line error (exit 2) before the GPU is touched."""
+    counts = [int(t) for t in text.split(",")]
+    if not counts or min(counts) < 1:
+        raise ValueError(text)
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="comma-separated token counts (M)")
+    parser.add_argument("--tokens", type=_token_counts, default=TOKENS,
+                        help="comma-separated token counts (M), each 1 or more")
     parser.add_argument("--no-sustained", action="store_true", help="skip the 8-second sustained GEMM")
     args = parser.parse_args()
-    tokens = [int(t) for t in args.tokens.split(",")]
+    tokens = args.tokens
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "clock_start": _clock(), "gemms": []}
     for name, d, q, kv, inter in SHAPES:
         for label, n, k in (("qkv", q + 2 * kv, d), ("o", d, q), ("gate_up", 2 * inter, d), ("down", d, inter)):
