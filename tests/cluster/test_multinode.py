@@ -61,6 +61,7 @@ def _alive_nodes(address: str) -> list[dict[str, Any]]:
 class Cluster:
     address: str  # the GCS address (RAY_ADDRESS for a driver)
     dashboard: str  # the dashboard / job server URL (``ray job submit --address``)
+    temp: Path  # the cluster's --temp-dir (its session logs)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def cluster() -> Iterator[Cluster]:
                     logs = "\n".join((temp / f"node{j}.log").read_text()[-1500:] for j in range(len(procs)))
                     raise RuntimeError(f"the Ray cluster did not come up:\n{logs}")
                 time.sleep(1)
-        yield Cluster(address, f"http://127.0.0.1:{dashboard_port}")
+        yield Cluster(address, f"http://127.0.0.1:{dashboard_port}", temp)
     finally:
         for proc in reversed(procs):
             try:
@@ -222,6 +223,26 @@ def _ray_job(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     return subprocess.run([RAY, "job", *args], env=_ENV, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
+# Ray 2.60's job server gives the head node's job agent 10 s to answer (WAIT_AVAILABLE_AGENT_TIMEOUT)
+# and otherwise refuses the submission with HTTP 500 "No available agent to submit job, please try
+# again later." before any job exists. On a loaded 2-core machine the agent can miss that window
+# (CI, 2026-12-04), so submit the way an operator would: again, a few times, while Ray says exactly
+# that; any other failure ends at once.
+_AGENT_BUSY = "No available agent to submit job"
+
+
+def _submit_job(cluster: Cluster, *args: str, attempts: int = 4) -> subprocess.CompletedProcess[str]:
+    for attempt in range(attempts):
+        submit = _ray_job("submit", "--address", cluster.dashboard, *args, timeout=120)
+        if submit.returncode == 0 or _AGENT_BUSY not in submit.stderr + submit.stdout:
+            return submit
+        time.sleep(5 * (attempt + 1))
+    agent_logs = "\n".join(f"{log}:\n{log.read_text(errors='replace')[-1500:]}"
+                           for log in sorted(cluster.temp.glob("session_*/logs/dashboard_agent*.log")))
+    return subprocess.CompletedProcess(submit.args, submit.returncode, submit.stdout,
+                                       submit.stderr + "\nthe job agents' logs:\n" + agent_logs)
+
+
 # What the job ships: the repo root as the working dir (jobs/, search_spaces/), minus what a job
 # never needs; servetune travels as a py_module, so platform/ itself is left out of the working dir.
 _JOB_EXCLUDES = [".git", ".venv", "tests", "benchmarks", "docs", "infra", "platform", "**/__pycache__",
@@ -237,9 +258,9 @@ def test_ray_job_submit_runs_a_study_on_the_named_gpu_type_with_postgresql(
     runtime_env = {"py_modules": [str(REPO / "platform" / "servetune")], "excludes": _JOB_EXCLUDES}
     submission = f"servetune-test-{os.getpid()}"
     started = time.monotonic()
-    submit = _ray_job("submit", "--address", cluster.dashboard, "--submission-id", submission,
-                      "--working-dir", str(REPO), "--runtime-env-json", json.dumps(runtime_env), "--no-wait",
-                      "--", "python", "jobs/tune.py", str(spec), timeout=120)
+    submit = _submit_job(cluster, "--submission-id", submission, "--working-dir", str(REPO),
+                         "--runtime-env-json", json.dumps(runtime_env), "--no-wait",
+                         "--", "python", "jobs/tune.py", str(spec))
     assert submit.returncode == 0, submit.stdout[-3000:] + submit.stderr[-3000:]
     status = ""
     while time.monotonic() - started < 240:
