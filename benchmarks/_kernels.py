@@ -44,8 +44,10 @@ __all__ = ["GEMM_MODELS", "MIN_PROBE_S", "PROBE", "PROBES", "fit_gemm", "fit_att
            "kernel_knobs", "traced_steps"]
 
 PROBE = FIXTURES / "gemm" / "gemm_probe_h200.json"
-#: The GEMM probes fit_gemm reads: 64-8,192 tokens, then 16-8,192 in 30 counts (2026-12-04, two hosts).
-PROBES: tuple[Path, ...] = (PROBE, FIXTURES / "gemm" / "gemm_probe_small_m_h200.json")
+#: The GEMM probes fit_gemm reads: 64-8,192 tokens, then 16-8,192 in 30 counts (2026-12-04, two
+#: hosts), then 1-2,048 in 20 counts replayed from CUDA graphs over L2-cold weights (a third host).
+PROBES: tuple[Path, ...] = (PROBE, FIXTURES / "gemm" / "gemm_probe_small_m_h200.json",
+                            FIXTURES / "gemm" / "gemm_probe_graph_h200.json")
 #: Probed GEMMs shorter than this are left out: the probe launches each from Python, and the 8B
 #: qkv and o GEMMs sat at 26-35 us from 16 to 384 tokens (their weights stream in 7-10 us at the
 #: memory rate), a dispatch floor vLLM's CUDA graphs do not pay (its traced 128-sequence decode
@@ -85,8 +87,11 @@ def fit_gemm(probes: Iterable[Path] = PROBES, models: Iterable[str] = GEMM_MODEL
     labels = ("qkv", "o", "gate_up", "down")
     probed: list[tuple[str, int, int, float]] = []  # (model, tokens, index in layer_gemm_seconds, seconds)
     for probe in probes:
-        for row in json.loads(probe.read_text())["gemms"]:
-            if row["model"] in models and row["seconds"] >= MIN_PROBE_S:
+        data = json.loads(probe.read_text())
+        # A probe replayed from a CUDA graph launched nothing from Python: every GEMM of it counts.
+        floor = 0.0 if data.get("mode") == "cuda_graph" else MIN_PROBE_S
+        for row in data["gemms"]:
+            if row["model"] in models and row["seconds"] >= floor:
                 probed.append((row["model"], row["m"], labels.index(row["gemm"]), row["seconds"]))
     profiles = {name: load_model(name) for name in {m for m, _, _, _ in probed}}
     configs = {name: resolve_engine_config({}, p, gpu) for name, p in profiles.items()}

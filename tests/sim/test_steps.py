@@ -202,6 +202,38 @@ def test_the_gemm_fit_recovers_the_constants_a_probe_was_built_with(tmp_path: Pa
                                                         "gemm_token_tile": 8.0}
 
 
+def test_a_cuda_graph_probe_counts_every_gemm_an_eager_probe_drops_those_under_the_floor(tmp_path: Path) -> None:
+    """fit_gemm's floor is the eager probe's Python launch: a probe replayed from CUDA graphs
+    (``"mode": "cuda_graph"``, gemm_probe.py --graph) launched nothing from Python, so its GEMMs
+    under MIN_PROBE_S are evidence. The same rows, with the sub-floor ones written at blend 0
+    (a pure max of the two rooflines) and the rest at blend 3: marked as a graph probe the fit
+    moves off blend 3, marked eager it does not see them."""
+    from _kernels import GEMM_MODELS, MIN_PROBE_S, fit_gemm
+
+    gpu = get_gpu("H200")
+    base = calibration_for(gpu).with_overrides({"compute_efficiency": 0.7, "gemm_token_tile": 8})
+    rows = []
+    for name in GEMM_MODELS:
+        model = load_model(name)
+        config = resolve_engine_config({}, model, gpu)
+        sharp = PerfModel(model, gpu, config, base.with_overrides({"gemm_blend_exponent": 0.0}))
+        blended = PerfModel(model, gpu, config, base.with_overrides({"gemm_blend_exponent": 3.0}))
+        for m in (1, 16, 96, 166, 256, 512, 2048, 8192):
+            for i, label in enumerate(("qkv", "o", "gate_up", "down")):
+                seconds = blended.layer_gemm_seconds(m)[i] / model.num_layers
+                if seconds < MIN_PROBE_S:
+                    seconds = sharp.layer_gemm_seconds(m)[i] / model.num_layers
+                rows.append({"model": name, "gemm": label, "m": m, "seconds": seconds})
+    assert sum(r["seconds"] < MIN_PROBE_S for r in rows) >= 10
+    fits = {}
+    for mode in ("eager", "cuda_graph"):
+        probe = tmp_path / f"{mode}.json"
+        probe.write_text(json.dumps({"mode": mode, "gemms": rows}))
+        fits[mode] = fit_gemm(probes=[probe], step_groups=[])
+    assert fits["eager"] == {"compute_efficiency": 0.7, "gemm_blend_exponent": 3.0, "gemm_token_tile": 8.0}
+    assert fits["cuda_graph"]["gemm_blend_exponent"] != 3.0
+
+
 def test_with_the_kernel_measured_knobs_the_kinds_add_up_to_the_steps_gpu_time() -> None:
     """_kernels.kernel_knobs fits the GEMM and attention knobs on these traces (and the probe), so
     this is no fidelity figure: it checks that nothing the GPU does in a step is left unpriced.
