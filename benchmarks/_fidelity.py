@@ -531,7 +531,13 @@ FIT_SPACE: dict[str, tuple[float, float]] = {
     "stream_prompt_token_s": (1e-10, 5e-7),
     "request_overhead_s": (0.1e-3, 10e-3),
     "prompt_token_overhead_s": (1e-8, 2e-5),
-    "piecewise_layer_s": (5e-6, 400e-6),
+    # Per layer of a mixed batch run as PIECEWISE CUDA graphs, attention launched between the
+    # pieces. Bounded at 100 us since 2026-12-04 (it was 400 us): in vLLM's own traces no class of
+    # mixed steps ran longer than its kernels' busy time by more than 80 us a layer (8B at 2,048
+    # tokens: 2.6 ms over 32 layers; 8B, 14B and 24B at 4,096-8,192 tokens: 30-58 us), and the
+    # profiler only lengthens those gaps. A fit with the old bound put 214 us here (loss 0.1806
+    # against 0.1821 at 106 us) and ran the held-out Poisson loads' TPOT 9-14% slow.
+    "piecewise_layer_s": (5e-6, 100e-6),
     # Per layer of a batch above the largest capture size, run compiled without CUDA graphs: what
     # launching Inductor's ~10-15 kernels a layer adds beyond the GPU work they overlap. 100 us is
     # already 10 us a kernel, none of it hidden; the fit on every run puts it at 21 us. (The bound

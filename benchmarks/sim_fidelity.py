@@ -14,8 +14,10 @@ preemptions, with the relative errors.
 * ``--fit N``: search the knobs on the committed calibration's runs (``_fidelity.load_calibration_runs``:
   every host but ``_fidelity.HELD_OUT_HOSTS``, each at its API-server factor) and print them (to
   paste into ``GPU_CALIBRATION``). ``--kernels`` holds the GPU-kernel knobs at what
-  ``_kernels.kernel_knobs`` measures on the GEMM probe and vLLM's profiler traces and searches the
-  rest (the CPU, launch and front-end knobs).
+  ``_kernels.kernel_knobs`` measures on the GEMM probes and vLLM's profiler traces and searches the
+  rest (the CPU, launch and front-end knobs); ``--start FILE`` tries a candidate's knobs second,
+  after the committed ones (the committed H200 calibration: ``--fit 36 --kernels --start
+  benchmarks/results/sim_kernel_candidate_v2_h200.json``, 2026-12-04).
 * ``--fit-fp8``: ``fp8_kv_read_efficiency`` alone (``_fidelity.fit_fp8_kv_read``) on
   ``_fidelity.FP8_FIT_STARTS`` (the sixth host's fp8 KV start), every other knob committed.
 * ``--fit-frontend``: the API server loop's shape and the client's read (``api_chunk_share``,
@@ -97,6 +99,22 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
             f"({sim_tps:,.0f} tok/s): {verdict}")
 
 
+def _read_knobs(option: str, path: Path) -> dict[str, float] | None:
+    """A candidate file's ``knobs``, checked by the simulator's own rule for names and ranges
+    before anything is simulated; None (after one line on stderr) when it is not one."""
+    try:
+        knobs = {k: float(v) for k, v in json.loads(path.read_text())["knobs"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        print(f"{option} {path}: {exc}; expected a JSON object with a 'knobs' mapping of numbers", file=sys.stderr)
+        return None
+    try:
+        Calibration().with_overrides(knobs)
+    except SpecError as exc:
+        print(f"{option} {path}: {exc}", file=sys.stderr)
+        return None
+    return knobs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
@@ -106,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", action="store_true",
                         help="with --fit: hold the GPU-kernel knobs at what _kernels.kernel_knobs measures "
                              "(the GEMM probe, vLLM's profiler traces) and search the rest")
+    parser.add_argument("--start", type=Path, metavar="FILE",
+                        help="with --fit: try this candidate's knobs (a JSON file's 'knobs') second, after the "
+                             "committed ones")
     parser.add_argument("--fit-fp8", action="store_true", help="fit fp8_kv_read_efficiency alone and print it")
     parser.add_argument("--fit-frontend", action="store_true",
                         help="choose api_chunk_share, api_intake_passes and client_chunk_s on a grid")
@@ -121,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print rows and errors as JSON")
     args = parser.parse_args(argv)
     for name, given, needs, mode in (("--knobs", args.knobs, args.unseen, "--unseen"),
-                                     ("--kernels", args.kernels, args.fit, "--fit N")):
+                                     ("--kernels", args.kernels, args.fit, "--fit N"),
+                                     ("--start", args.start, args.fit, "--fit N")):
         if given and not needs:  # before any simulation: an option its mode would silently ignore
             print(f"{name} works with {mode} only: add {mode}", file=sys.stderr)
             return 2
@@ -177,16 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.unseen:
         candidate = None
         if args.knobs:
-            try:
-                candidate = {k: float(v) for k, v in json.loads(args.knobs.read_text())["knobs"].items()}
-            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                print(f"--knobs {args.knobs}: {exc}; expected a JSON object with a 'knobs' mapping of numbers",
-                      file=sys.stderr)
-                return 2
-            try:  # the simulator's own check of names and ranges, before anything is simulated
-                Calibration().with_overrides(candidate)
-            except SpecError as exc:
-                print(f"--knobs {args.knobs}: {exc}", file=sys.stderr)
+            candidate = _read_knobs("--knobs", args.knobs)
+            if candidate is None:
                 return 2
         rows = fidelity_rows(candidate, load_unseen_runs())
         print(format_table(rows))
@@ -238,13 +252,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trial {trial.number}: loss {trial.value:.4f}, best {study.best_value:.4f} "
                   f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
 
+        starts = []
+        if args.start:
+            start = _read_knobs("--start", args.start)
+            if start is None:
+                return 2
+            starts.append(start)
         fixed = None
         if args.kernels:
             from _kernels import kernel_knobs
 
             fixed = kernel_knobs()
             print("kernel-measured knobs (held fixed):", json.dumps(fixed), file=sys.stderr, flush=True)
-        knobs = fit(args.fit, args.seed, load_calibration_runs(), host_factors=calibration_host_factors(),
+        knobs = fit(args.fit, args.seed, load_calibration_runs(), starts=starts, host_factors=calibration_host_factors(),
                     callbacks=[progress], fixed=fixed)
         print("fitted knobs:", json.dumps({k: float(f"{v:.4g}") for k, v in knobs.items()}, indent=1))
     rows = fidelity_rows(knobs)

@@ -396,6 +396,11 @@ def test_a_candidate_calibration_file_that_is_not_one_is_refused_in_one_line(tmp
     # An option its mode would ignore is refused too, before anything runs.
     assert main(["--knobs", str(bad)]) == 2 and capsys.readouterr().err.strip() == "--knobs works with --unseen only: add --unseen"
     assert main(["--kernels"]) == 2 and capsys.readouterr().err.strip() == "--kernels works with --fit N only: add --fit N"
+    assert main(["--start", str(bad)]) == 2 and capsys.readouterr().err.strip() == "--start works with --fit N only: add --fit N"
+    # A fit's second start is read by the same rule, before the first trial.
+    assert main(["--fit", "1", "--start", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"--start {bad}:") and "'knobs' mapping of numbers" in err
     recorded = json.loads((RESULTS.parent / "sim_kernel_candidate_h200.json").read_text())
     assert all(isinstance(v, float) for v in recorded["knobs"].values())
     assert recorded["knobs"]["gemm_blend_exponent"] > 0  # the kernel-measured GEMM model, not the committed roofline

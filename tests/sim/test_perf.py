@@ -33,9 +33,9 @@ def test_decode_is_memory_bound_and_grows_with_context() -> None:
     cal = p.calibration
     one = p.gpu_time(1, 1, 100, 100, decode_only=True)
     # One token streams every weight but the embedding table (a gather of one row), plus the FULL
-    # graph's fixed cost (its replay and each layer's kernel ramps).
+    # graph's fixed cost (its replay and each layer's kernel ramps) and the attention kernels' own.
     streamed = LLAMA8B.weight_bytes_per_gpu(1, 1) - LLAMA8B.vocab_size * LLAMA8B.hidden_size * 2
-    fixed = cal.graph_launch_s + cal.full_graph_layer_s * LLAMA8B.num_layers
+    fixed = cal.graph_launch_s + (cal.full_graph_layer_s + cal.attn_layer_s) * LLAMA8B.num_layers
     assert one - fixed == pytest.approx(streamed / (H100.hbm_gbps * 1e9 * cal.mem_efficiency), rel=0.05)
     assert decode(p, 64, 4000) > decode(p, 64, 1000) > decode(p, 64, 100)
     # Doubling a small batch costs far less than double: the weights are read once per step.
@@ -104,8 +104,13 @@ def test_token_side_tiles_cover_a_batch_off_the_128_row_grid() -> None:
     assert wave_fill(166, 28672, 132, token_tile=8) > 1.25 * wave_fill(166, 28672, 132)
     assert wave_fill(192, 28672, 132, token_tile=8) > 1.2 * wave_fill(192, 28672, 132)
     assert all(0 < wave_fill(m, n, 132, token_tile=8) <= 1.0 for m in range(1, 257, 7) for n in (256, 3000, 152064))
-    # Off by default: the committed calibration prices a 166-sequence decode step as before.
-    assert Calibration().gemm_token_tile == 0
+    # The step model prices with the calibration's tiles: 0 turns them off (the grid alone).
+    model = load_model("llama-3.1-8b")
+    config = resolve_engine_config({}, model, H200)
+    grid_only, tiled = (PerfModel(model, H200, config, calibration_for(H200).with_overrides({"gemm_token_tile": t}))
+                        for t in (0, 8))
+    assert sum(grid_only.layer_gemm_seconds(166)) > 1.1 * sum(tiled.layer_gemm_seconds(166))
+    assert grid_only.layer_gemm_seconds(1024) == tiled.layer_gemm_seconds(1024)
 
 
 def test_prefill_attention_and_decode_attention_cost_differently() -> None:
@@ -220,12 +225,19 @@ def test_kernel_knobs_the_step_model_cannot_run_are_a_spec_error(key: str, value
 
 
 def test_layer_gemms_read_their_weights_at_small_batches_and_compute_at_large_ones() -> None:
-    """Each GEMM is its own roofline: at 64 tokens the 24B shape's four GEMMs take the time their
-    weights take to stream (the same at 32 tokens), at 8,192 their FLOPs at the full-wave rate
-    (doubling the tokens doubles them); the 32,768-wide MLP (gate_up 65,536 x 5,120) dominates."""
+    """Each GEMM is its own roofline (gemm_blend_exponent 0): at 64 tokens the 24B shape's four
+    GEMMs take the time their weights take to stream (the same at 32 tokens), at 8,192 their FLOPs
+    at the full-wave rate (doubling the tokens doubles them); the 32,768-wide MLP (gate_up 65,536 x
+    5,120) dominates. The H200's fitted blend (2.5) prices the same GEMMs a little slower near the
+    ridge and not at all slower far from it."""
     model = load_model("mistral-small-24b")
-    p = perf(model, H200)
-    cal = calibration_for(H200)
+    cal = calibration_for(H200).with_overrides({"gemm_blend_exponent": 0.0})
+    p = PerfModel(model, H200, resolve_engine_config({}, model, H200), cal)
+    blended = perf(model, H200)
+    assert blended.calibration.gemm_blend_exponent > 0
+    for tokens, most in ((1, 1.001), (64, 1.06), (8192, 1.001)):
+        ratios = [b / r for b, r in zip(blended.layer_gemm_seconds(tokens), p.layer_gemm_seconds(tokens))]
+        assert all(1.0 <= x <= most for x in ratios), (tokens, ratios)
     layers = model.num_layers
     weights = [n * k * 2 * layers / (H200.hbm_gbps * 1e9 * cal.mem_efficiency)
                for n, k in ((4096 + 2 * 1024, 5120), (5120, 4096), (2 * 32768, 5120), (5120, 32768))]

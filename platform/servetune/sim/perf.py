@@ -113,31 +113,32 @@ class Calibration:
     """
 
     mem_efficiency: float = 0.7884  # fraction of HBM bandwidth reached streaming weights / activations
-    kv_read_efficiency: float = 0.5269  # fraction reached by paged attention reading the KV context
+    kv_read_efficiency: float = 0.7716  # fraction reached by paged attention reading the KV context
     # The same for an fp8 KV cache (kv_cache_dtype fp8*), applied to its halved bytes: vLLM 0.26's
     # FlashAttention fp8 path quantizes the query and reads at a lower rate, so halving the bytes
     # buys far less than half the attention time (see GPU_CALIBRATION for the runs).
-    fp8_kv_read_efficiency: float = 0.3175
-    compute_efficiency: float = 0.8736  # fraction of dense peak a full wave of GEMM tiles reaches
-    # How a GEMM's memory and compute times combine: 0 takes the larger (a roofline); p > 0 takes
+    fp8_kv_read_efficiency: float = 0.4973
+    compute_efficiency: float = 0.775  # fraction of dense peak a full wave of GEMM tiles reaches
+    # How a GEMM's memory and compute times combine: 0 takes the larger (a roofline, every
+    # calibration before 2026-12-04's second); p > 0 takes
     # (mem^p + compute^p)^(1/p), which is slower near the ridge, where cuBLAS's GEMMs neither
     # stream weights at the memory rate nor compute at the full-wave rate (64-1024 tokens).
-    gemm_blend_exponent: float = 0.0
-    # Step of the token-side tile widths the GEMM library picks for up to 256 tokens; 0: only the
-    # 64- and 128-row tiles of _TILES. vLLM 0.26's cuBLAS (nvjet) kernels on the H200 covered 96
+    gemm_blend_exponent: float = 2.5
+    # Step of the token-side tile widths the GEMM library picks for up to 256 tokens; 0 (off): only
+    # the 64- and 128-row tiles of _TILES. vLLM 0.26's cuBLAS (nvjet) kernels on the H200 covered 96
     # tokens with 96-wide tiles and 166 with 72-, 136- and 176-wide ones (the 2026-12-04 traces'
     # kernel names): 8, where the quantised grid priced 166-192 tokens 30-50% slow.
-    gemm_token_tile: float = 0.0
-    attn_layer_s: float = 0.0  # per layer of a step with attention: the attention kernels' fixed cost
-    # Fraction of HBM bandwidth the KV-cache write (reshape_and_cache) reaches; 0: mem_efficiency.
-    kv_write_efficiency: float = 0.0
-    attn_efficiency: float = 0.716  # fraction of dense peak reached by prefill attention
-    step_overhead_s: float = 0.002429  # engine-core CPU per step (scheduler, input prep, sampler)
-    seq_overhead_s: float = 4.598e-06  # engine-core CPU per scheduled request per step
-    request_overhead_s: float = 0.002075  # API server + client CPU per request, before the engine sees it
-    prompt_token_overhead_s: float = 1.868e-07  # API server CPU per prompt token, before the engine sees it
+    gemm_token_tile: float = 8.0
+    attn_layer_s: float = 1.453e-05  # per layer of a step with attention: the attention kernels' fixed cost
+    # Fraction of HBM bandwidth the KV-cache write (reshape_and_cache) reaches; 0 (off): mem_efficiency.
+    kv_write_efficiency: float = 0.1092
+    attn_efficiency: float = 0.2681  # fraction of dense peak reached by prefill attention
+    step_overhead_s: float = 0.0024  # engine-core CPU per step (scheduler, input prep, sampler)
+    seq_overhead_s: float = 1.116e-05  # engine-core CPU per scheduled request per step
+    request_overhead_s: float = 0.001633  # API server + client CPU per request, before the engine sees it
+    prompt_token_overhead_s: float = 3.305e-08  # API server CPU per prompt token, before the engine sees it
     token_overhead_s: float = 5.866e-05  # API server CPU per streamed output token (measured, _fidelity.api_token_cpu_s)
-    stream_prompt_token_s: float = 6.325e-09  # API server CPU per streamed token per token of its request's prompt
+    stream_prompt_token_s: float = 8.012e-09  # API server CPU per streamed token per token of its request's prompt
     # The share of token_overhead_s the API server pays once per SSE chunk (a request's merged
     # tokens) rather than once per token (sim/frontend.py): equal while chunks carry one token.
     api_chunk_share: float = 0.2
@@ -148,17 +149,17 @@ class Calibration:
     client_chunk_s: float = 60e-6
     # Requests per slice of a step's outputs, between which the API server's output handler yields
     # its loop to intake (vLLM's VLLM_V1_OUTPUT_PROC_CHUNK_SIZE, 128); 0: a drain runs whole, as
-    # the committed calibration was fitted (sim/frontend.py).
-    api_output_slice: float = 0.0
+    # the calibrations before 2026-12-04's second were fitted (sim/frontend.py).
+    api_output_slice: float = 128.0
     # The host's API-server CPU against the fitted one: multiplies the four API server costs above.
     # Never fitted (1.0 in every fit); measured per host (sim.engine.host_api_cpu_factor).
     api_cpu_factor: float = 1.0
     graph_launch_s: float = 30e-6  # replaying one full CUDA graph
-    full_graph_layer_s: float = 7.971e-07  # per layer of a decode batch replayed as one FULL CUDA graph
-    piecewise_layer_s: float = 8.154e-05  # per layer of a mixed batch run as PIECEWISE graphs
-    compiled_layer_overhead_s: float = 1.564e-05  # per layer of a batch above the largest capture size
-    eager_layer_overhead_s: float = 0.0007277  # launch floor per layer, enforce_eager (Python launches)
-    async_overlap: float = 0.8404  # share of the engine CPU hidden behind the GPU with async scheduling
+    full_graph_layer_s: float = 2.119e-06  # per layer of a decode batch replayed as one FULL CUDA graph
+    piecewise_layer_s: float = 0.0001  # per layer of a mixed batch run as PIECEWISE graphs
+    compiled_layer_overhead_s: float = 1.728e-05  # per layer of a batch above the largest capture size
+    eager_layer_overhead_s: float = 0.0006039  # launch floor per layer, enforce_eager (Python launches)
+    async_overlap: float = 0.8542  # share of the engine CPU hidden behind the GPU with async scheduling
     # 1: with async scheduling the scheduler forms a batch one step ahead, so a request the engine
     # receives mid-step joins the batch after next (vLLM's design, not fitted); 0: at the step's
     # start, the simulator before 2026-12-03 (the folds replay with 0).
@@ -197,55 +198,64 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
 #: Fitted per-GPU knobs, keyed by GpuSpec.name (``benchmarks/sim_fidelity.py --fit``; the runs each
 #: set was fitted on are named beside it, and the held-out errors are in README).
 GPU_CALIBRATION: dict[str, dict[str, float]] = {
-    # benchmarks/sim_fidelity.py --fit 90 (seed 0; seed 1 ended 13% higher on the loss and was not
-    # taken), 2026-12-03 (third fit), on the 80 real windows of vLLM 0.26.0 on H200 hosts in
-    # _fidelity.load_calibration_runs: the 36 of the 2026-12-02 fit (the 9 servetune-test-850m runs
-    # a1..d1, the 17 Llama-3.1-8B / Qwen2.5-14B windows in scale/*_fv_*, the 10 trials of the 8B grid
-    # study) and the 44 measured since on four hosts (scale/*_dec, *_h4_*, *_h5_*, the 8B grid's last
-    # cell, the confirmed 8B tune, the 14B grid), each host's runs at its API-server factor
-    # (_fidelity.calibration_host_factors, read then under the 2026-12-02 calibration: 1.73, 1.39,
-    # 1.58; read under this one they are 1.70, 1.36, 1.55, which a refit would use). Searched since this fit:
-    # full_graph_layer_s and async_overlap (before: 0 and 0.9). token_overhead_s is not searched:
-    # it is the API server's CPU per streamed token read off the windows simulated at factor 1
-    # (_fidelity.api_token_cpu_s). 4 significant figures. Held out: the sixth host's 23 windows
-    # (_fidelity.HELD_OUT_HOSTS, collected before this fit) and the seventh's 17 (after it), judged by
-    # sim_fidelity.py --unseen and README. The folds in benchmarks/results/sim_heldout_h200.json are
-    # the 2026-12-02 model's.
+    # Fitted 2026-12-04 (the twelfth device session's day; the fourth calibration), in two parts.
+    # The GPU kernels' knobs are measured on kernels, not on windows (benchmarks/_kernels.py,
+    # kernel_knobs): the GEMMs' compute_efficiency, gemm_blend_exponent and gemm_token_tile on three
+    # cuBLAS probes (tests/fixtures/real_h200/gemm/: 64-8,192 tokens; 16-8,192; 1-2,048 replayed
+    # from CUDA graphs, three hosts) and the GEMM time of the 560 traced steps of the 14 profiled
+    # windows (scale/*_h12_* to *_h15_*, vLLM's own torch profiler); attn_layer_s,
+    # kv_read_efficiency, attn_efficiency and kv_write_efficiency on those steps' attention and
+    # reshape_and_cache kernels; mem_efficiency kept from the 2026-12-03 fit (the weight-streaming
+    # 4-sequence steps confirm it). With those held, the CPU, launch and front-end knobs
+    # (FIT_SPACE less the kernels') by sim_fidelity.py --fit 36 --kernels --start
+    # benchmarks/results/sim_kernel_candidate_v2_h200.json, twice (Optuna TPE, seed 0). The first
+    # run (piecewise_layer_s bounded at 400 us) ended at 0.1806 with 214 us a layer there, against
+    # 0.1821 for the start's knobs (106 us) and 0.222 for the 2026-12-03 calibration; the traces
+    # bound that cost at 80 us a layer (FIT_SPACE), so it ran again from its best, clipped to 100 us
+    # (trial 0: 0.1805, the best of the second run; v2's knobs 0.1823). Both on the same 80 windows as
+    # that fit (_fidelity.load_calibration_runs: 0.85B a1..d1, scale/*_fv_*, *_dec, *_h4_*, *_h5_*,
+    # the 8B grid, the confirmed 8B tune, the 14B grid), each host at its API-server factor
+    # (_fidelity.calibration_host_factors: 1.70, 1.36, 1.55 read under the 2026-12-03 calibration in
+    # the first run, 1.72, 1.38, 1.57 under the first run's knobs in the second), with vLLM's
+    # output slices on (api_output_slice 128, VLLM_V1_OUTPUT_PROC_CHUNK_SIZE: not fitted). fp8_kv_read_efficiency refitted alone after the
+    # rest (sim_fidelity.py --fit-fp8: the sixth host's four fp8 windows, FP8_FIT_STARTS);
+    # token_overhead_s measured (_fidelity.api_token_cpu_s); the API server loop's triple
+    # (api_chunk_share, api_intake_passes, client_chunk_s) as chosen 2026-12-04 on the fitting
+    # windows (_fidelity.fit_frontend; rechecked with the slices on: still the least, 0.1631).
+    # 4 significant figures. Held out: every window of _fidelity.HELD_OUT_HOSTS (the sixth host to
+    # the eleventh session's second, 8B, 14B and 24B: no window of theirs in the CPU fit; the
+    # kernels of the tenth and eleventh sessions' hosts were traced in other windows of the same
+    # starts), judged by sim_fidelity.py --unseen, tests/sim/test_fidelity.py and README. The
+    # 2026-12-03 calibration this replaces: benchmarks/results/sim_calibration_2026_12_03_h200.json.
+    # The folds in benchmarks/results/sim_heldout_h200.json are the 2026-12-02 model's.
     "H200": {
         "mem_efficiency": 0.7884,
-        "kv_read_efficiency": 0.5269,
-        "compute_efficiency": 0.8736,
-        "attn_efficiency": 0.716,
-        "step_overhead_s": 0.002429,
-        "seq_overhead_s": 4.598e-06,
+        "kv_read_efficiency": 0.7716,
+        "compute_efficiency": 0.775,
+        "gemm_blend_exponent": 2.5,
+        "gemm_token_tile": 8.0,
+        "attn_layer_s": 1.453e-05,
+        "attn_efficiency": 0.2681,
+        "kv_write_efficiency": 0.1092,
+        "step_overhead_s": 0.0024,
+        "seq_overhead_s": 1.116e-05,
         "token_overhead_s": 5.866e-05,
-        "stream_prompt_token_s": 6.325e-09,
-        "request_overhead_s": 0.002075,
-        "prompt_token_overhead_s": 1.868e-07,
-        "piecewise_layer_s": 8.154e-05,
-        "compiled_layer_overhead_s": 1.564e-05,
-        "eager_layer_overhead_s": 0.0007277,
-        "full_graph_layer_s": 7.971e-07,
-        "async_overlap": 0.8404,
-        # Fitted alone, after the rest (sim_fidelity.py --fit-fp8, _fidelity.fit_fp8_kv_read,
-        # 2026-12-03): on the sixth host's four fp8 KV windows (scale/l8b_h6_u09_s256_fp8kv, 8B,
-        # decode at 32-128 in flight and one prefill-heavy window) at that host's factor, every
-        # other knob as above; on throughput and TPOT. Judged on the seventh host's nine fp8
-        # windows (8B and 14B), which it never saw: README. Fitted before schedule_ahead; refitted
-        # after it, the same search gives 0.3169 (kept at 0.3175: within the search's tolerance).
-        "fp8_kv_read_efficiency": 0.3175,
+        "stream_prompt_token_s": 8.012e-09,
+        "request_overhead_s": 0.001633,
+        "prompt_token_overhead_s": 3.305e-08,
+        "piecewise_layer_s": 0.0001,
+        "compiled_layer_overhead_s": 1.728e-05,
+        "eager_layer_overhead_s": 0.0006039,
+        "full_graph_layer_s": 2.119e-06,
+        "async_overlap": 0.8542,
+        "fp8_kv_read_efficiency": 0.4973,
+        "api_output_slice": 128.0,
         # The API server loop's shape and the load generator's read (sim/frontend.py), chosen
-        # alone after the rest, 2026-12-04 (_fidelity.fit_frontend; sim_fidelity.py --fit-frontend):
-        # the least _fidelity.frontend_loss (mean |throughput| + |TPOT| + |TTFT| error) of the
-        # triples tried on the fitting runs (_fidelity.load_evidence at factor 1; the fitted hosts of
-        # UNSEEN_HOSTS, the third session's second host, the fourth and fifth, each at its factor read
-        # under the triple; 67 windows). Tried that day (share x passes x client us: loss): without a
-        # client 0.65 x 5-8, 0.5 x 5-7, 0.35 x 6, 8 (0.27-0.37, the drains then unbounded); with the
-        # drains bounded to the steps read, 0.65 x 7 x 0/40/60 (0.266-0.263), 0.5 x 6 x 40/60
-        # (0.255/0.253), 0.35 x 5/6/7 x 60 (0.246/0.242/0.243), 0.35 x 6 x 80 (0.597: the client
-        # saturates), 0.25 x 7 x 60 (0.2374), 0.2 x 5/6 x 60 (0.2390/0.2366), 0.2 x 6 x 40 (0.2387),
-        # 0.2 x 7 x 80 (0.529), 0.1 x 6 x 60 (0.2420), 0 x 6 x 60 (0.2841); the old FIFO scored 0.324.
-        # Judged on HELD_OUT_HOSTS (the sixth host to the eighth session's second), never seen: README.
+        # alone, 2026-12-04 (_fidelity.fit_frontend; sim_fidelity.py --fit-frontend): the least
+        # _fidelity.frontend_loss (mean |throughput| + |TPOT| + |TTFT| error) of the triples tried
+        # on the fitting runs under the 2026-12-03 calibration (0.2 x 6 x 60 us: 0.2366; 0.25 x 7 x
+        # 60: 0.2374; 0.35 x 6 x 60: 0.242; 0.1 x 6 x 60: 0.2420; 0 x 6 x 60: 0.2841; the old FIFO
+        # 0.324; the full list is in git history, 2026-12-04).
         "api_chunk_share": 0.2,
         "api_intake_passes": 6.0,
         "client_chunk_s": 60e-6,
