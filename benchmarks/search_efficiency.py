@@ -35,9 +35,13 @@ grid's GPU time, and spend < 2% of a study's GPU time on trials that fail at sta
 Run it (~5 min on 2 cores with the cached landscapes: the simulator screen runs the simulator
 once per distinct proposal and cell; ~2 min more with --rebuild)::
 
-    .venv/bin/python benchmarks/search_efficiency.py                 # table + docs/search-efficiency.md
+    .venv/bin/python benchmarks/search_efficiency.py                 # tables + docs/search-efficiency.md
     .venv/bin/python benchmarks/search_efficiency.py --seeds 3 --no-write   # quicker look
     .venv/bin/python benchmarks/search_efficiency.py --rebuild       # re-simulate the landscapes
+
+The page's prose is the team's, written against its tables: a rerun puts the new tables into the
+existing page in order and keeps the prose (reread it against them); the template here only starts a
+page that does not exist.
 
 Caveat: on a simulated landscape the pre-screen uses the same memory planner as the simulator, so
 its verdicts are exact there by construction; the real-start accuracy table is the evidence of how
@@ -472,8 +476,8 @@ def write_doc(path: Path, table: str, mf_table: str, accuracy: str, stops: str, 
 
 Issue 7's goal: reach at least 98% of the grid's best preemption-free throughput with at most 25% of
 the grid's GPU time, and spend under 2% of a study's GPU time on trials that fail at startup.
-This page is written by `benchmarks/search_efficiency.py` (see its docstring for the method);
-rerun it with
+Its tables are written by `benchmarks/search_efficiency.py` (see its docstring for the method), its
+prose by hand against them (a rerun refreshes the tables and keeps the prose); rerun it with
 
     .venv/bin/python benchmarks/search_efficiency.py            # ~5 min on 2 cores; --seeds N, --max-trials N
     .venv/bin/python benchmarks/search_efficiency.py --rebuild  # re-simulate benchmarks/landscapes/*.csv first (~2 min)
@@ -688,7 +692,45 @@ for the same flags); it is ~0.06 GiB, so the verdict can only be wrong within ~0
 
 _Generated in {elapsed_s:.0f} s._
 """
-    path.write_text(text)
+    write_doc_text(path, text)
+
+
+def write_doc_text(path: Path, generated: str) -> None:
+    """The page at ``path``: ``generated`` (the template) when there is none; else the page's own
+    prose, written by hand once it exists (what it says of each row is read off the tables), with
+    this run's tables (:func:`refresh_tables`; a ValueError leaves the page as it was)."""
+    path.write_text(refresh_tables(path.read_text(), generated) if path.exists() else generated)
+
+
+def _blocks(text: str) -> list[tuple[bool, str]]:
+    """``text`` as alternating runs of lines: (True, a Markdown table's lines) or (False, the rest)."""
+    blocks: list[tuple[bool, str]] = []
+    for line in text.splitlines(keepends=True):
+        is_table = line.startswith("|")
+        if blocks and blocks[-1][0] == is_table:
+            blocks[-1] = (is_table, blocks[-1][1] + line)
+        else:
+            blocks.append((is_table, line))
+    return blocks
+
+
+def refresh_tables(page: str, generated: str) -> str:
+    r"""``page`` with each of its Markdown tables replaced, in order, by ``generated``'s, its prose
+    kept. A page whose tables do not pair up with this run's (another count, or another header) is
+    a ValueError: its prose may describe tables this run no longer makes.
+
+    >>> refresh_tables("Prose.\n| a |\n|---|\n| 1 |\nMore prose.\n", "Old.\n| a |\n|---|\n| 2 |\nOld.\n")
+    'Prose.\n| a |\n|---|\n| 2 |\nMore prose.\n'
+    """
+    new_tables = [text for is_table, text in _blocks(generated) if is_table]
+    old_blocks = _blocks(page)
+    old_tables = [text for is_table, text in old_blocks if is_table]
+    headers = [[t.splitlines()[0] for t in tables] for tables in (old_tables, new_tables)]
+    if headers[0] != headers[1]:
+        raise ValueError(f"the page's {len(old_tables)} tables do not pair up with this run's {len(new_tables)} "
+                         "(another count or header): merge them by hand (--no-write prints them)")
+    fresh = iter(new_tables)
+    return "".join(next(fresh) if is_table else text for is_table, text in old_blocks)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -731,8 +773,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(real_stops)
     if not args.no_write:
-        write_doc(REPO / "docs" / "search-efficiency.md", table, mf_table, accuracy, stops, args.seeds,
-                  args.max_trials, time.monotonic() - started, real_stops)
+        try:
+            write_doc(REPO / "docs" / "search-efficiency.md", table, mf_table, accuracy, stops, args.seeds,
+                      args.max_trials, time.monotonic() - started, real_stops)
+        except ValueError as exc:
+            print(f"error: docs/search-efficiency.md left as it was: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

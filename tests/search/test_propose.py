@@ -84,6 +84,29 @@ def _bench() -> Any:
     return module
 
 
+def test_the_benchmark_refreshes_the_pages_tables_and_keeps_its_prose(tmp_path: Path) -> None:
+    """search_efficiency.py writes docs/search-efficiency.md from a template only when there is no
+    page: a rerun puts its tables into the page in order and keeps the prose written since (the
+    template's prose had gone stale, e.g. it said no calibration saw the 14B grid). Tables that do
+    not pair up with the page's (another count or header) leave the page as it was."""
+    bench = _bench()
+    page = tmp_path / "page.md"
+    generated = "# T\nTemplate prose.\n\n| cell | x |\n|---|---|\n| a | 2 |\n\nMore template.\n\n| k |\n|---|\n| 9 |\n"
+    bench.write_doc_text(page, generated)  # no page yet: the template as it is
+    assert page.read_text() == generated
+    page.write_text("# T\nHand-written prose, true to the tables.\n\n| cell | x |\n|---|---|\n| a | 1 |\n"
+                    "\nWhat it shows: a is 1.\n\n| k |\n|---|\n| 8 |\n")
+    bench.write_doc_text(page, generated)
+    assert page.read_text() == ("# T\nHand-written prose, true to the tables.\n\n| cell | x |\n|---|---|\n| a | 2 |\n"
+                                "\nWhat it shows: a is 1.\n\n| k |\n|---|\n| 9 |\n")
+    before = page.read_text()
+    with pytest.raises(ValueError, match="do not pair up"):
+        bench.write_doc_text(page, "| cell | x |\n|---|---|\n| a | 3 |\n")  # one table where the page has two
+    with pytest.raises(ValueError, match="do not pair up"):
+        bench.write_doc_text(page, "| cell | y |\n|---|---|\n| a | 3 |\n\n| k |\n|---|\n| 9 |\n")  # another header
+    assert page.read_text() == before
+
+
 def test_benchmark_core_loop_on_a_tiny_landscape() -> None:
     bench = _bench()
     cell = bench.CELLS[0]
