@@ -25,12 +25,14 @@ import dataclasses
 import gzip
 import json
 import math
+import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
 
+from servetune.errors import SpecError
 from servetune.planner.gpus import GpuSpec, get_gpu
 from servetune.engines.vllm.metrics import counter, parse_prometheus
 from servetune.planner.memory import plan_memory, resolve_engine_config
@@ -38,14 +40,14 @@ from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
 from servetune.result import TrialResult, TrialStatus
 from servetune.sim.engine import host_api_cpu_factor, simulate
-from servetune.sim.perf import calibration_for, with_calibration
+from servetune.sim.perf import Calibration, calibration_for, with_calibration
 from servetune.workload import Workload
 
 __all__ = ["FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
            "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
            "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read",
-           "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary",
+           "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "read_knobs",
            "format_table", "fit", "held_out", "FOLDS"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
@@ -391,6 +393,24 @@ def calibration_host_factors(runs: Iterable[RealRun] | None = None) -> dict[str,
     the committed calibration): a fit's ``host_factors``."""
     by_name = {r.name: r for r in (runs if runs is not None else load_unseen_runs())}
     return {host: host_factor(host, by_name) for host in UNSEEN_HOSTS if host not in HELD_OUT_HOSTS}
+
+
+def read_knobs(option: str, path: Path) -> dict[str, float] | None:
+    """A candidate calibration file's ``knobs`` (``sim_fidelity.py --knobs/--start``,
+    ``gemm_vs_sim.py --knobs``), checked by the simulator's own rule for names and ranges
+    (``Calibration.with_overrides``) before anything is simulated; None, after one line on stderr
+    naming ``option``, the file and the fault, when it is not one."""
+    try:
+        knobs = {k: float(v) for k, v in json.loads(path.read_text())["knobs"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        print(f"{option} {path}: {exc}; expected a JSON object with a 'knobs' mapping of numbers", file=sys.stderr)
+        return None
+    try:
+        Calibration().with_overrides(knobs)
+    except SpecError as exc:
+        print(f"{option} {path}: {exc}", file=sys.stderr)
+        return None
+    return knobs
 
 
 def _gpu_with(calibration: Mapping[str, float] | None) -> GpuSpec:

@@ -36,8 +36,8 @@ if str(ROOT / "platform") not in sys.path:
 from servetune.planner.gpus import get_gpu  # noqa: E402
 from servetune.planner.memory import resolve_engine_config  # noqa: E402
 from servetune.planner.modelinfo import load_model  # noqa: E402
-from servetune.errors import SpecError  # noqa: E402
 from servetune.sim.perf import PerfModel, calibration_for  # noqa: E402
+from _fidelity import read_knobs  # noqa: E402  (benchmarks/, this script's own folder)
 
 PROBE = ROOT / "tests" / "fixtures" / "real_h200" / "gemm" / "gemm_probe_h200.json"
 ORDER = ("qkv", "o", "gate_up", "down")
@@ -53,13 +53,10 @@ def main() -> int:
     gpu = get_gpu("H200")
     calibration = calibration_for(gpu)
     if args.knobs:
-        try:
-            calibration = calibration.with_overrides(
-                {k: float(v) for k, v in json.loads(args.knobs.read_text())["knobs"].items()})
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, SpecError) as exc:
-            print(f"error: --knobs {args.knobs}: {exc}; expected a JSON object whose 'knobs' maps calibration "
-                  "knobs to numbers the simulator can run", file=sys.stderr)
+        knobs = read_knobs("--knobs", args.knobs)
+        if knobs is None:
             return 2
+        calibration = calibration.with_overrides(knobs)
     measured: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
     for row in probe["gemms"]:
         measured[(row["model"], row["m"])][row["gemm"]] = row["seconds"]

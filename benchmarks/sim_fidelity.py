@@ -59,9 +59,7 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
 from _fidelity import (FOLDS, UNSEEN_STARTS, UNSEEN_STUDIES, calibration_host_factors, error_summary,  # noqa: E402
                        fidelity_rows, fit, fit_fp8_kv_read, fit_frontend, format_table, held_out, host_checks,
                        in_calibration_fit, replay_fold,
-                       load_calibration_runs, load_evidence, load_study_runs, load_unseen_runs)
-from servetune.errors import SpecError  # noqa: E402
-from servetune.sim.perf import Calibration  # noqa: E402
+                       load_calibration_runs, load_evidence, load_study_runs, load_unseen_runs, read_knobs)
 
 
 def _rows_json(rows):  # type: ignore[no-untyped-def]
@@ -97,22 +95,6 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
     verdict = "the same flag set" if real_key == sim_key else "DIFFERENT flag sets"
     return (f"best preemption-free: real {real_key} ({real_tps:,.0f} tok/s); simulated {sim_key} "
             f"({sim_tps:,.0f} tok/s): {verdict}")
-
-
-def _read_knobs(option: str, path: Path) -> dict[str, float] | None:
-    """A candidate file's ``knobs``, checked by the simulator's own rule for names and ranges
-    before anything is simulated; None (after one line on stderr) when it is not one."""
-    try:
-        knobs = {k: float(v) for k, v in json.loads(path.read_text())["knobs"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        print(f"{option} {path}: {exc}; expected a JSON object with a 'knobs' mapping of numbers", file=sys.stderr)
-        return None
-    try:
-        Calibration().with_overrides(knobs)
-    except SpecError as exc:
-        print(f"{option} {path}: {exc}", file=sys.stderr)
-        return None
-    return knobs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.unseen:
         candidate = None
         if args.knobs:
-            candidate = _read_knobs("--knobs", args.knobs)
+            candidate = read_knobs("--knobs", args.knobs)
             if candidate is None:
                 return 2
         rows = fidelity_rows(candidate, load_unseen_runs())
@@ -254,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
 
         starts = []
         if args.start:
-            start = _read_knobs("--start", args.start)
+            start = read_knobs("--start", args.start)
             if start is None:
                 return 2
             starts.append(start)
@@ -264,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
 
             fixed = kernel_knobs()
             print("kernel-measured knobs (held fixed):", json.dumps(fixed), file=sys.stderr, flush=True)
-        knobs = fit(args.fit, args.seed, load_calibration_runs(), starts=starts, host_factors=calibration_host_factors(),
-                    callbacks=[progress], fixed=fixed)
+        knobs = fit(args.fit, args.seed, load_calibration_runs(), starts=starts,
+                    host_factors=calibration_host_factors(), callbacks=[progress], fixed=fixed)
         print("fitted knobs:", json.dumps({k: float(f"{v:.4g}") for k, v in knobs.items()}, indent=1))
     rows = fidelity_rows(knobs)
     if args.json or args.out:

@@ -113,8 +113,7 @@ def main() -> None:
                                      "tflops": 2.0 * m * n * k / s / 1e12})
         print(name, "done", flush=True)
         json.dump(out, open(args.out, "w"), indent=1)  # what finished survives a cut-off run
-    if args.no_sustained:
-        json.dump(out, open(args.out, "w"), indent=1)
+    if args.no_sustained:  # the last shape's dump above is the whole result
         return
     # Sustained: the 24B gate_up at 8192 tokens back to back for 8 s, its rate each second.
     x = torch.randn(8192, 5120, device="cuda", dtype=torch.bfloat16)

@@ -217,8 +217,9 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
     # the 8B grid, the confirmed 8B tune, the 14B grid), each host at its API-server factor
     # (_fidelity.calibration_host_factors: 1.70, 1.36, 1.55 read under the 2026-12-03 calibration in
     # the first run, 1.72, 1.38, 1.57 under the first run's knobs in the second), with vLLM's
-    # output slices on (api_output_slice 128, VLLM_V1_OUTPUT_PROC_CHUNK_SIZE: not fitted). fp8_kv_read_efficiency refitted alone after the
-    # rest (sim_fidelity.py --fit-fp8: the sixth host's four fp8 windows, FP8_FIT_STARTS);
+    # output slices on (api_output_slice 128, VLLM_V1_OUTPUT_PROC_CHUNK_SIZE: not fitted).
+    # fp8_kv_read_efficiency refitted alone after the rest (sim_fidelity.py --fit-fp8: the sixth
+    # host's four fp8 windows, FP8_FIT_STARTS);
     # token_overhead_s measured (_fidelity.api_token_cpu_s); the API server loop's triple
     # (api_chunk_share, api_intake_passes, client_chunk_s) as chosen 2026-12-04 on the fitting
     # windows (_fidelity.fit_frontend; rechecked with the slices on: still the least, 0.1631).
