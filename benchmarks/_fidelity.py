@@ -227,6 +227,14 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # two profiled), then 24B eager (a prefill-heavy window at 128 in flight; one profiled); 9 clean
     # windows, 5 traces.
     "l8b_h14_u09_s256_mbt2048", "l8b_h14_u09_s160_mbt4096", "m24b_h15_u09_s256_mbt4096", "m24b_h15_u09_s128_eager",
+    # 2026-12-04, the twelfth device session, one fresh host, the sixteenth (plans plan_h16_*.json), collected
+    # before any change that session made: 24B eager (the fifteenth host's eager window again, clean eager
+    # decode at 128 in flight), then the 24B anchor flags (the anchor, a Poisson load with uneven outputs,
+    # decode at 32 in flight); 8B eager under budgets 8192 and 2048 (the anchor's workload, decode at 128,
+    # 64, 16 and 4 in flight), the 8B anchor flags (the anchor, the fourteenth host's Poisson load, decode
+    # at 32) and 64 sequences (flags no run has used); 18 clean windows, no trace.
+    "m24b_h16_u09_s128_eager", "m24b_h16_u09_s256_mbt8192", "l8b_h16_u09_s256_eager", "l8b_h16_u09_s256_mbt8192",
+    "l8b_h16_u09_s256_mbt2048_eager", "l8b_h16_u09_s64_mbt8192",
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
@@ -253,6 +261,9 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # start's sets the host's factor (the fourteenth's ran under a 2,048-token budget).
     "eleventh session": ("scale/l8b_h14_u09_s256_mbt2048/p1024_o256_c256", ("scale/l8b_h14_",)),
     "eleventh session, second host": ("scale/m24b_h15_u09_s256_mbt4096/p1024_o256_c256", ("scale/m24b_h15_",)),
+    # The twelfth session's host: its first window of the anchor's workload at the anchor's flags is the
+    # 24B one (the eager start before it served 128 in flight); the 8B starts after it are judged by it.
+    "twelfth session": ("scale/m24b_h16_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h16_", "scale/l8b_h16_")),
 }
 
 
@@ -360,7 +371,8 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 #: session's two hosts were profiled (their clean windows only).
 HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session", "eighth session", "eighth session, second host",
                                    "ninth session", "ninth session, second host", "tenth session",
-                                   "tenth session, second host", "eleventh session", "eleventh session, second host")
+                                   "tenth session, second host", "eleventh session", "eleventh session, second host",
+                                   "twelfth session")
 
 
 #: The starts of a held-out host that one knob was fitted on, the rest of the calibration never:
