@@ -1,8 +1,8 @@
 """The user-scale real H200 runs (tests/fixtures/real_h200/scale): Llama-3.1-8B, Qwen2.5-14B, Mistral-Small-24B shapes.
 
-vLLM 0.26.0, random weights, one H200 per host; 44 server starts, 161 measured windows (see the
+vLLM 0.26.0, random weights, one H200 per host; 50 server starts, 177 measured windows (see the
 folder's README): 5 starts of 2026-12-01 whose model folders carried a 32,000-token tokenizer, and
-39 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h15_*``, thirteen more hosts; the ``m24b_*`` starts
+45 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h16_*``, fourteen more hosts; the ``m24b_*`` starts
 a Mistral-Small-24B shape; 14 windows of the ``*_h12_*`` to ``*_h15_*`` starts profiled by vLLM's torch
 profiler) whose tokenizers cover the models' vocabularies; the simulator's fit and held-out hosts are ``benchmarks/_fidelity.py``'s.
 None of these runs was used to fit the planner: its KV capacity here is held out.
@@ -52,10 +52,13 @@ def test_the_evidence_is_all_there() -> None:
                                       "m24b_h12_u09_s256_mbt8192", "q14b_h13_u09_s256_mbt8192",
                                       "l8b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt2048", "l8b_h13_u09_s256_eager",
                                       "l8b_h14_u09_s256_mbt2048", "l8b_h14_u09_s160_mbt4096",
-                                      "m24b_h15_u09_s256_mbt4096", "m24b_h15_u09_s128_eager"])
+                                      "m24b_h15_u09_s256_mbt4096", "m24b_h15_u09_s128_eager",
+                                      "m24b_h16_u09_s128_eager", "m24b_h16_u09_s256_mbt8192",
+                                      "l8b_h16_u09_s256_eager", "l8b_h16_u09_s256_mbt8192",
+                                      "l8b_h16_u09_s256_mbt2048_eager", "l8b_h16_u09_s64_mbt8192"])
     assert set(json.loads((SCALE / "tokenizers.json").read_text())["tokenizer_vocab"]) == set(STARTS)
     windows = sorted(SCALE.glob("*/*/summary.json"))
-    assert len(windows) == 161
+    assert len(windows) == 177
     for w in windows:
         s = json.loads(w.read_text())
         assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w
