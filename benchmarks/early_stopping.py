@@ -184,6 +184,7 @@ LATER_HOSTS: dict[str, str] = {
     "_h13_": "tenth session's second host, 8B and 14B (measured after the margin was chosen)",
     "_h14_": "eleventh session's host, 8B (measured after the margin was chosen)",
     "_h15_": "eleventh session's second host, 24B (measured after the margin was chosen)",
+    "_h16_": "twelfth session's host, 8B and 24B (measured after the margin was chosen)",
 }
 
 
