@@ -46,7 +46,7 @@ from servetune.workload import Workload
 __all__ = ["FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
            "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
-           "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read",
+           "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read", "fit_alone", "fit_eager_floor", "held_out_cells",
            "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "read_knobs",
            "format_table", "fit", "held_out", "FOLDS"]
 
@@ -232,7 +232,7 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # decode at 128 in flight), then the 24B anchor flags (the anchor, a Poisson load with uneven outputs,
     # decode at 32 in flight); 8B eager under budgets 8192 and 2048 (the anchor's workload, decode at 128,
     # 64, 16 and 4 in flight), the 8B anchor flags (the anchor, the fourteenth host's Poisson load, decode
-    # at 32) and 64 sequences (flags no run has used); 18 clean windows, no trace.
+    # at 32) and 64 sequences (flags no run has used); 16 clean windows, no trace.
     "m24b_h16_u09_s128_eager", "m24b_h16_u09_s256_mbt8192", "l8b_h16_u09_s256_eager", "l8b_h16_u09_s256_mbt8192",
     "l8b_h16_u09_s256_mbt2048_eager", "l8b_h16_u09_s64_mbt8192",
 )
@@ -518,6 +518,22 @@ def host_checks(runs: Iterable[RealRun] | None = None,
     return out
 
 
+def held_out_cells(checks: Iterable[HostCheck]) -> dict[str, list[FidelityRow]]:
+    """The held-out hosts' never-fitted windows, each at its host's factor (``checks``:
+    :func:`host_checks`), by model size and load shape, the fp8 KV windows apart: README's
+    "held out, per size and load shape" table (``sim_fidelity.py --unseen`` prints it). Cells in
+    the order sizes, then shapes, appear; the factor-reading windows are in no cell."""
+    cells: dict[str, list[FidelityRow]] = {}
+    rows = [r for c in checks if c.host in HELD_OUT_HOSTS for r in c.with_factor if not in_calibration_fit(r.name)]
+    for r in sorted(rows, key=lambda r: (float(r.real.size.rstrip("B")), r.real.shape != "prefill")):
+        fp8 = r.real.flags.get("kv_cache_dtype") == "fp8"
+        key = "fp8 KV cache" if fp8 else f"{r.real.size} {r.real.shape}-heavy"
+        cells.setdefault(key, []).append(r)
+    if "fp8 KV cache" in cells:
+        cells["fp8 KV cache"] = cells.pop("fp8 KV cache")  # last, as README lists it
+    return cells
+
+
 def error_summary(rows: list[FidelityRow]) -> dict[str, float]:
     """Mean absolute relative errors, and whether preempting runs were predicted as preempting."""
     n = len(rows)
@@ -644,24 +660,20 @@ def _weighted_loss(rows: list[FidelityRow], ttft_weight: float) -> float:
     return total
 
 
-def fit_fp8_kv_read(runs: list[RealRun] | None = None, host_factors: Mapping[str, float] | None = None,
-                    calibration: Mapping[str, float] | None = None, bounds: tuple[float, float] = (0.1, 0.9),
-                    tolerance: float = 1e-3) -> float:
-    """``fp8_kv_read_efficiency`` fitted alone: the value in ``bounds`` that minimises the fit's
-    loss on ``runs`` (default: the :data:`FP8_FIT_STARTS`' windows, each at its host's factor read
-    by :func:`host_factor`) with every other knob at ``calibration`` (default: the committed one).
-    The loss is the fit's without its TTFT term: the knob sets a decode rate, and the TTFT misses
-    (the simulator's closed-loop first tokens come early, whatever this knob) made the full loss
-    multimodal in it (local minima at 0.35 and 0.45 on the sixth host's windows); throughput and
-    TPOT alone are smooth and unimodal over 0.2-0.5, which a golden-section search needs."""
-    if runs is None:
-        by_name = {r.name: r for r in load_unseen_runs()}
-        runs = [r for name, r in by_name.items() if _in_fp8_fit(name)]
-        host_factors = {h: host_factor(h, by_name) for h in {host_of(r.name) for r in runs} if h is not None}
+def fit_alone(knob: str, runs: list[RealRun], bounds: tuple[float, float],
+              host_factors: Mapping[str, float] | None = None, calibration: Mapping[str, float] | None = None,
+              tolerance: float = 1e-3) -> float:
+    """One knob fitted alone: the value in ``bounds`` that minimises the fit's loss on ``runs``
+    (each host's runs at ``host_factors``) with every other knob at ``calibration`` (default: the
+    committed one), by golden-section search. The loss is the fit's without its TTFT term: a knob
+    fitted alone sets a rate or a floor, and the TTFT misses (the simulator's closed-loop first
+    tokens come early, whatever the knob) made the full loss multimodal (``fp8_kv_read_efficiency``
+    had local minima at 0.35 and 0.45 on the sixth host's windows); throughput and TPOT alone are
+    smooth and unimodal, which the search needs."""
     base = dict(calibration or {})
 
     def loss(value: float) -> float:
-        rows = fidelity_rows({**base, "fp8_kv_read_efficiency": value}, runs, host_factors=host_factors)
+        rows = fidelity_rows({**base, knob: value}, runs, host_factors=host_factors)
         return _weighted_loss(rows, ttft_weight=0.0)
 
     golden = (math.sqrt(5) - 1) / 2
@@ -678,6 +690,30 @@ def fit_fp8_kv_read(runs: list[RealRun] | None = None, host_factors: Mapping[str
             b = lo + golden * (hi - lo)
             fb = loss(b)
     return (lo + hi) / 2
+
+
+def fit_fp8_kv_read(runs: list[RealRun] | None = None, host_factors: Mapping[str, float] | None = None,
+                    calibration: Mapping[str, float] | None = None, bounds: tuple[float, float] = (0.1, 0.9),
+                    tolerance: float = 1e-3) -> float:
+    """``fp8_kv_read_efficiency`` fitted alone (:func:`fit_alone`) on ``runs``, by default the
+    :data:`FP8_FIT_STARTS`' windows, each at its host's factor read by :func:`host_factor`."""
+    if runs is None:
+        by_name = {r.name: r for r in load_unseen_runs()}
+        runs = [r for name, r in by_name.items() if _in_fp8_fit(name)]
+        host_factors = {h: host_factor(h, by_name) for h in {host_of(r.name) for r in runs} if h is not None}
+    return fit_alone("fp8_kv_read_efficiency", runs, bounds, host_factors, calibration, tolerance)
+
+
+def fit_eager_floor(calibration: Mapping[str, float] | None = None,
+                    bounds: tuple[float, float] = (100e-6, 1000e-6), tolerance: float = 1e-6) -> float:
+    """``eager_layer_overhead_s`` fitted alone (:func:`fit_alone`) on the calibration's fitting
+    windows that ran ``enforce_eager`` (:func:`load_calibration_runs`: the 0.85B ``b1_eager_s64``
+    and the 14B ``scale/q14b_fv_u09_s128_eager``, both at factor 1), under the eager rule of
+    2026-12-04 (``servetune.sim.perf``: attention does not cover the launches, no engine CPU
+    hides, the floor scales with the host's CPU factor). The eager windows of the held-out hosts
+    judge it (``sim_fidelity.py --unseen``)."""
+    runs = [r for r in load_calibration_runs() if r.flags.get("enforce_eager")]
+    return fit_alone("eager_layer_overhead_s", runs, bounds, calibration_host_factors(), calibration, tolerance)
 
 
 #: The API server loop's shape searched by :func:`fit_frontend`: ``api_chunk_share`` x

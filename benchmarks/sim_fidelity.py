@@ -20,6 +20,8 @@ preemptions, with the relative errors.
   benchmarks/results/sim_kernel_candidate_v2_h200.json``, 2026-12-04).
 * ``--fit-fp8``: ``fp8_kv_read_efficiency`` alone (``_fidelity.fit_fp8_kv_read``) on
   ``_fidelity.FP8_FIT_STARTS`` (the sixth host's fp8 KV start), every other knob committed.
+* ``--fit-eager``: ``eager_layer_overhead_s`` alone (``_fidelity.fit_eager_floor``) on the fitting
+  runs that ran ``enforce_eager`` (0.85B and 14B), every other knob committed.
 * ``--fit-frontend``: the API server loop's shape and the client's read (``api_chunk_share``,
   ``api_intake_passes``, ``client_chunk_s``; ``_fidelity.fit_frontend``) on a grid, on the fitting
   runs, every other knob committed (48 points: about an hour on two cores).
@@ -40,7 +42,7 @@ preemptions, with the relative errors.
 
 Usage::
 
-    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--fit-fp8] [--fit-frontend] [--json]
+    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--fit-fp8] [--fit-eager] [--fit-frontend] [--json]
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
         sys.path.insert(0, str(_p))
 
 from _fidelity import (FOLDS, UNSEEN_STARTS, UNSEEN_STUDIES, calibration_host_factors, error_summary,  # noqa: E402
-                       fidelity_rows, fit, fit_fp8_kv_read, fit_frontend, format_table, held_out, host_checks,
-                       in_calibration_fit, replay_fold,
+                       fidelity_rows, fit, fit_eager_floor, fit_fp8_kv_read, fit_frontend, format_table, held_out,
+                       held_out_cells, host_checks, in_calibration_fit, replay_fold,
                        load_calibration_runs, load_evidence, load_study_runs, load_unseen_runs, read_knobs)
 
 
@@ -110,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --fit: try this candidate's knobs (a JSON file's 'knobs') second, after the "
                              "committed ones")
     parser.add_argument("--fit-fp8", action="store_true", help="fit fp8_kv_read_efficiency alone and print it")
+    parser.add_argument("--fit-eager", action="store_true", help="fit eager_layer_overhead_s alone and print it")
     parser.add_argument("--fit-frontend", action="store_true",
                         help="choose api_chunk_share, api_intake_passes and client_chunk_s on a grid")
     parser.add_argument("--held-out", type=int, metavar="TRIALS", help="fit per fold, report the held-out runs")
@@ -204,8 +207,15 @@ def main(argv: list[str] | None = None) -> int:
             for shape, e in _by_shape(group).items():
                 print(f"    {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
                       f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
+        checks = host_checks(calibration=candidate)
+        print("\nheld out, per size and load shape (each held-out host at its factor; never-fitted windows):")
+        for cell, group in held_out_cells(checks).items():
+            e = error_summary(group)
+            print(f"  {cell:<22} {e['runs']:3.0f} windows: throughput {100 * e['throughput_mae']:.1f}% "
+                  f"(max {100 * e['throughput_max']:.1f}%), TPOT {100 * e['tpot_mae']:.1f}%, "
+                  f"TTFT {100 * e['ttft_mae']:.1f}%, preempting or not right on {e['preemption_class_agree']:.0%}")
         print("\nthe host's API-server CPU factor, read off one window per host, on the host's other windows:")
-        for check in host_checks(calibration=candidate):
+        for check in checks:
             print(f"  {check.host}: factor {check.api_cpu_factor:.2f} from {check.calibrating_window}")
             plain = "committed calibration" if candidate is None else "candidate calibration"
             for label, group in ((plain, check.plain), ("with the host factor", check.with_factor)):
@@ -216,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.fit_fp8:
         print("fitted knobs:", json.dumps({"fp8_kv_read_efficiency": float(f"{fit_fp8_kv_read():.4g}")}))
+        return 0
+    if args.fit_eager:
+        print("fitted knobs:", json.dumps({"eager_layer_overhead_s": float(f"{fit_eager_floor():.4g}")}))
         return 0
     if args.fit_frontend:
         best, losses = fit_frontend()

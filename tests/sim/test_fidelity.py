@@ -41,21 +41,22 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_
     start of the third device session, the four starts of the fourth, the two of the fifth, the four
     of the sixth, the six of the seventh, the two of the eighth, one of the eighth session's second
     host, the ninth session's four 24B starts on two hosts, the tenth's five profiled starts on two
-    hosts) are left out of load_evidence, which every fold reads, and loaded by load_unseen_runs with
-    the unseen studies' trials: 5 + 15 + 13 + 23 + 17 + 8 + 4 + 11 + 4 windows (the tenth's clean
-    ones; its profiled windows are no fidelity windows) + 11 trials, 8B and 14B but for the 24B ones,
-    a size no fit has seen. The committed calibration's joint fit (load_calibration_runs) takes all
-    of them but the held-out hosts' 23 + 17 + 8 + 4 + 5 + 6 + 1 + 3 windows; of those, the sixth
-    host's 4 fp8 KV windows fit fp8_kv_read_efficiency alone, and the other 63 nothing fitted has seen."""
+    hosts, the eleventh's four on two hosts, the twelfth's six on one) are left out of load_evidence,
+    which every fold reads, and loaded by load_unseen_runs with the unseen studies' trials: 5 + 15 +
+    13 + 23 + 17 + 8 + 4 + 11 + 4 + 9 + 16 windows (the clean ones; profiled windows are no fidelity
+    windows) + 11 trials, 8B and 14B but for the 24B ones, a size no fit has seen. The committed
+    calibration's joint fit (load_calibration_runs) takes all of them but the held-out hosts' 23 +
+    17 + 8 + 4 + 5 + 6 + 1 + 3 + 9 + 16 windows; of those, the sixth host's 4 fp8 KV windows fit
+    fp8_kv_read_efficiency alone, and the other 84 nothing fitted has seen."""
     from _fidelity import (FP8_FIT_STARTS, HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, in_calibration_fit,
                            load_calibration_runs, load_unseen_runs)
 
     fitted = {r.name for r in RUNS}
     unseen = {r.name: r for r in load_unseen_runs()}
-    assert len(unseen) == 120 and not fitted & set(unseen)
+    assert len(unseen) == 136 and not fitted & set(unseen)
     assert {r.size for r in unseen.values()} == {"8B", "14B", "24B"}
     assert {r.size for r in RUNS} <= {"0.85B", "8B", "14B"}  # 24B: in no fit, no fold
-    assert sum(r.size == "24B" for r in unseen.values()) == 16
+    assert sum(r.size == "24B" for r in unseen.values()) == 21
     assert not any(name.endswith("_prof") for name in unseen)
     dec = [r for name, r in unseen.items() if name.startswith(f"scale/{UNSEEN_STARTS[0]}/")]
     assert len(dec) == 5 and all(r.shape == "decode" and r.size == "8B" for r in dec)
@@ -64,7 +65,7 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_
     calibration = {r.name for r in load_calibration_runs()}
     held_out = {name for name in unseen if not in_calibration_fit(name)}
     assert {host_of(name) for name in held_out} == set(HELD_OUT_HOSTS)
-    assert len(held_out) == 72 and not calibration & held_out
+    assert len(held_out) == 88 and not calibration & held_out
     # The sixth host's fp8 start is fitted alone (fp8_kv_read_efficiency), not in the joint fit.
     fp8_fit = {name for name in unseen if any(name.startswith(f"scale/{s}/") for s in FP8_FIT_STARTS)}
     assert len(fp8_fit) == 4 and all(in_calibration_fit(name) and host_of(name) in HELD_OUT_HOSTS for name in fp8_fit)
@@ -77,16 +78,18 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     host's other windows simulated with it (_fidelity.host_checks; `sim_fidelity.py --unseen`).
     Nothing is fitted to throughput and no judged window is the calibrating one.
 
-    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: the sixth to the eleventh session's second,
-    in no fit but the one start fp8_kv_read_efficiency was fitted on, _fidelity.FP8_FIT_STARTS)
-    judge the rule, on their never-fitted windows. Under the 2026-12-04 calibration (kernel-measured
-    GPU knobs, vLLM's output slices) the factor moves throughput little on them (sixth 1.9% to
-    2.0%, seventh 4.6% to 4.3%, eighth 1.6% to 1.7%, its second host 1.6% to 1.2%, ninth 4.5% to
-    4.7%, its second 1.6%, tenth's second 5.3% to 2.4%, eleventh 2.2% to 3.3%, its second 11.1% to
-    11.2%: 2.0 points gained over the nine) and first tokens both ways: the tenth session's second
-    host 22.6% to 10.3% and the seventh 10.6% to 7.4%, but the ninth 8.8% to 16.2% (its 24B decode
-    windows' first tokens late at 32 and 128 in flight) and the eleventh's second 4.0% to 7.9%;
-    over the nine, TTFT gains 0.4 points. (Under the 2026-12-03 calibration,
+    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: the sixth to the twelfth session's, in no
+    fit but the one start fp8_kv_read_efficiency was fitted on, _fidelity.FP8_FIT_STARTS) judge the
+    rule, on their never-fitted windows. Under the 2026-12-04 calibration (kernel-measured GPU
+    knobs, vLLM's output slices, the eager rule of that day's second change, whose launch floor
+    scales with the factor too) the factor moves throughput little on the hosts without eager
+    windows (sixth 1.9% to 2.0%, seventh 4.6% to 4.3%, eighth 1.6% to 1.7%, its second host 1.6% to
+    1.2%, ninth 4.5% to 4.7%, its second 1.6%, tenth's second 5.3% to 2.4%, eleventh 2.2% to 3.3%)
+    and much on the two with them (the eleventh's second 10.2% to 5.9%, the twelfth 8.3% to 5.1%):
+    9.5 points gained over the ten. First tokens move both ways: the tenth session's second host
+    22.6% to 10.3% and the seventh 10.6% to 7.4%, but the ninth 8.8% to 16.2% (its 24B decode
+    windows' first tokens late at 32 and 128 in flight) and the eleventh's second 4.2% to 7.9%;
+    over the ten, TTFT gains 0.5 points. (Under the 2026-12-03 calibration,
     benchmarks/results/sim_calibration_2026_12_03_h200.json, it gained TTFT on most hosts: 28.5% to
     22.2% on the eighth session's second.) The three earlier hosts' runs are in the calibration's
     fit, each at its factor, so their rows are a fit. What every host must still show: a factor of
@@ -98,7 +101,8 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     for it; the eighth's 14B decode at 128, 3.8%; its second host's 8B decode at 32, 2.9%; the
     ninth session's 24B decode at 128, 6.5%, and its second host's prefill-heavy anchor workload,
     3.7%; the tenth's second, 3.2%; the eleventh's 8B shared-prefix window, 8.9% slow, and its
-    second host's 24B eager prefill-heavy window, 19.9% fast (see the targets test). The eighth
+    second host's 24B shared-prefix window, 8.0% slow; the twelfth's 8B eager decode at 128 in
+    flight, 21.9% slow (see the targets test). The eighth
     host's API server was the cheapest yet (factor 1.08, where the others read 1.19-1.72), so the
     factor's bound is only that it exceeds 1: no real host's API server has been cheaper than the
     simulator's calibration. So each host may lose a little (1.5 points of throughput, 8 of TTFT at
@@ -110,12 +114,13 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
                      "sixth session": 0.08, "seventh session": 0.45, "eighth session": 0.06,
                      "eighth session, second host": 0.05, "ninth session": 0.09, "ninth session, second host": 0.06,
                      "tenth session, second host": 0.06, "eleventh session": 0.11,
-                     "eleventh session, second host": 0.22}
+                     "eleventh session, second host": 0.10, "twelfth session": 0.25}
     checks = host_checks()
     assert [c.host for c in checks] == list(worst_allowed)
     assert set(HELD_OUT_HOSTS) == {"sixth session", "seventh session", "eighth session", "eighth session, second host",
                                    "ninth session", "ninth session, second host", "tenth session",
-                                   "tenth session, second host", "eleventh session", "eleventh session, second host"}
+                                   "tenth session, second host", "eleventh session", "eleventh session, second host",
+                                   "twelfth session"}
     ttft_gains, throughput_gains = [], []
     for check in checks:
         assert 1.0 < check.api_cpu_factor < 2.0, check.host
@@ -130,7 +135,7 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
             ttft_gains.append(plain["ttft_mae"] - host["ttft_mae"])
             throughput_gains.append(plain["throughput_mae"] - host["throughput_mae"])
     assert max(ttft_gains) > 0.10  # the tenth session's second host: 22.6% to 10.3%
-    assert sum(throughput_gains) > 0.01  # over the held-out hosts: 2.0 points
+    assert sum(throughput_gains) > 0.05  # over the held-out hosts: 9.5 points
 
 
 def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> None:
@@ -156,10 +161,15 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
     decode-heavy 0.7%, 3.5%, 12.7%, prefill-heavy 5.9%, 6.2%, TTFT 18.6% (its shared-prefix window,
     768 of 1,024 prompt tokens cached, 8.9% slow; 14.3% under the 2026-12-03 calibration); 24B
     decode-heavy (one window, uneven outputs at 192 in flight) 5.7%, 5.5%, 10.2%, prefill-heavy
-    14.0%, 15.0%, 6.7%: the eager anchor 19.9% fast (17.9% under the 2026-12-03 calibration; an
-    eager 24B step on that host paid more launch time than the floor fitted on 0.85B-14B eager
-    steps at factor 1, see README) and the shared-prefix window 8.0% slow. Misses held with little
-    room: those, the seventh host's Poisson TPOT and the eighth session's second host's TTFT.
+    6.1%, 7.2%, 6.8%: the eager anchor 4.1% fast (19.9% under the eager rule before, the whole
+    step's work hiding the launches, and a floor not scaled with the host's CPU) and the
+    shared-prefix window 8.0% slow. The twelfth session's host (collected before that rule, in no
+    fit): prefill-heavy (8B and 24B, eager and CUDA graphs, 4 to 256 in flight) 3.6%, 5.4%, 4.1%;
+    decode-heavy 6.2%, 8.1%, 23.9%: its CUDA-graph windows within 5.5% but its eager decode ones
+    slow, 8B at 128 in flight 21.9% and 24B 15.5% (the attention of short contexts hides the
+    launches more than the rule lets it), and first tokens late on the eager loads at 16 and 64 in
+    flight (+76%, +45%). Misses held with little room: those, the seventh host's Poisson TPOT and
+    the eighth session's second host's TTFT.
     On the fp8 KV windows, judged with the knob fitted on the sixth host's four: the seventh host's
     nine, eight within 8%, the ninth (decode at 192 in flight) 41.3% fast (vLLM's fp8 path ran that
     load 20% slower than bf16 on the same host); the 24B host's two (64 and 128 in flight) within
@@ -171,16 +181,16 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
     # The tenth session's first host has no check: its one clean window is its factor's.
     assert [c.host for c in checks] == ["sixth session", "seventh session", "eighth session", "eighth session, second host",
                                         "ninth session", "ninth session, second host", "tenth session, second host",
-                                        "eleventh session", "eleventh session, second host"]
+                                        "eleventh session", "eleventh session, second host", "twelfth session"]
     fp8_judged, judged = [], set()
     for check in checks:
         def rows(shape: str, fp8: bool) -> list:
             return [r for r in check.with_factor if r.real.shape == shape and not in_calibration_fit(r.name)
                     and (r.real.flags.get("kv_cache_dtype") == "fp8") is fp8]
 
-        # TTFT: the target, but the eighth session's second host's decode windows (the miss left,
-        # with room; see the docstring).
-        decode_ttft_bound = 0.30 if check.host == "eighth session, second host" else 0.20
+        # TTFT: the target, but the eighth session's second host's and the twelfth's decode windows
+        # (the misses left, with room; see the docstring).
+        decode_ttft_bound = {"eighth session, second host": 0.30, "twelfth session": 0.26}.get(check.host, 0.20)
         for shape, ttft_bound in (("prefill", 0.20), ("decode", decode_ttft_bound)):
             if not rows(shape, fp8=False):
                 continue  # the eighth session's hosts measured only their anchor prefill-heavy (asserted below)
@@ -189,8 +199,9 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
             # Throughput and TPOT: the targets, but the misses left (see the docstring).
             throughput_bound, tpot_bound = {("seventh session", "prefill"): (0.05, 0.16),
                                             ("eleventh session", "prefill"): (0.07, 0.08),
-                                            ("eleventh session, second host", "prefill"): (0.15, 0.16),
+                                            ("eleventh session, second host", "prefill"): (0.07, 0.08),
                                             ("eleventh session, second host", "decode"): (0.07, 0.07),
+                                            ("twelfth session", "decode"): (0.07, 0.09),
                                             }.get((check.host, shape), (0.05, 0.07))
             assert e["throughput_mae"] <= throughput_bound and e["tpot_mae"] <= tpot_bound, (check.host, shape, e)
             assert e["ttft_mae"] < ttft_bound and e["preemption_class_agree"] == 1.0, (check.host, shape, e)

@@ -122,19 +122,46 @@ def test_prefill_attention_and_decode_attention_cost_differently() -> None:
     assert as_decode > as_prefill
 
 
-def test_enforce_eager_is_a_launch_floor_the_work_of_a_large_model_hides() -> None:
-    cal = Calibration(eager_layer_overhead_s=500e-6)
-    def model_perf(model, **flags):  # type: ignore[no-untyped-def]
-        return PerfModel(model, H200, resolve_engine_config({"max_num_seqs": 64, **flags}, model, H200), cal)
-    tiny_eager = model_perf(TINY, enforce_eager=True)
-    # The small model's decode step is launch-bound: it lasts the floor.
-    assert tiny_eager.gpu_time(64, 64, 64 * 1100, 64 * 1100, True) == pytest.approx(
-        TINY.num_layers * cal.eager_layer_overhead_s)
-    assert tiny_eager.gpu_time(64, 64, 64 * 1100, 64 * 1100, True) > 2 * model_perf(TINY).gpu_time(
+def test_enforce_eager_launches_hide_behind_gemms_not_attention_and_no_engine_cpu_hides() -> None:
+    """The eager rule (servetune.sim.perf): the layers' launch floor is covered by the GEMMs and
+    small kernels as far as their GPU time reaches; attention adds to it; the engine CPU is paid
+    whole (the launching thread is the scheduling one); the floor scales with the host's CPU
+    factor. Read off the sixteenth H200 host's 8B eager decode steps: 14.8 ms at 4 in flight,
+    31.5 ms at 256 with ~1,150-token contexts, against 18.7 ms with CUDA graphs."""
+    cal = Calibration(eager_layer_overhead_s=400e-6)
+
+    def model_perf(model, calibration=cal, **flags):  # type: ignore[no-untyped-def]
+        config = resolve_engine_config({"max_num_seqs": 256, **flags}, model, H200)
+        return PerfModel(model, H200, config, calibration)
+
+    eager, graphs = model_perf(LLAMA8B, enforce_eager=True), model_perf(LLAMA8B)
+    floor = LLAMA8B.num_layers * cal.eager_layer_overhead_s
+    # A small decode batch is launch-bound: the floor, plus its attention (tiny at 4 x 400 tokens).
+    small = eager.gpu_cost(4, 4, 4 * 400, 4 * 400, True)
+    assert small.gemm + small.elementwise + small.kv_write < floor
+    assert small.seconds == pytest.approx(floor + small.attention)
+    # A long-context batch: the attention adds on top of the floor rather than hiding it.
+    long = eager.gpu_cost(256, 256, 256 * 1150, 256 * 1150, True)
+    assert long.attention > 0.4 * floor
+    assert long.seconds == pytest.approx(floor + long.attention)
+    assert long.seconds > 1.3 * graphs.gpu_time(256, 256, 256 * 1150, 256 * 1150, True)
+    # No engine CPU hides under eager; with CUDA graphs async scheduling hides most of it.
+    cpu = cal.step_overhead_s + cal.seq_overhead_s * 256
+    assert eager.step_time(256, 256, 256 * 1150, 256 * 1150, True) == pytest.approx(long.seconds + cpu)
+    assert graphs.step_time(256, 256, 256 * 1150, 256 * 1150, True) < graphs.gpu_time(
+        256, 256, 256 * 1150, 256 * 1150, True) + 0.5 * cpu
+    # An 8,192-token prefill chunk's GEMMs outlast the launches: eager adds only its engine CPU.
+    chunk = (1, 8192, 8192, 8192 * 8193 // 2, False)
+    q_eager, q_compiled = model_perf(QWEN14B, enforce_eager=True), model_perf(QWEN14B)
+    assert q_eager.gpu_cost(*chunk).launch == 0.0
+    assert q_eager.gpu_time(*chunk) <= q_compiled.gpu_time(*chunk)
+    # A host whose CPU is 1.5x the calibration's launches 1.5x slower.
+    slow_host = model_perf(LLAMA8B, cal.with_overrides({"api_cpu_factor": 1.5}), enforce_eager=True)
+    assert slow_host.gpu_time(4, 4, 1600, 1600, True) == pytest.approx(1.5 * floor + small.attention)
+    # The tiny model's eager decode step is launch-bound where CUDA graphs make it GPU-bound.
+    tiny_eager, tiny_graphs = model_perf(TINY, enforce_eager=True), model_perf(TINY)
+    assert tiny_eager.gpu_time(64, 64, 64 * 1100, 64 * 1100, True) > 2 * tiny_graphs.gpu_time(
         64, 64, 64 * 1100, 64 * 1100, True)  # real H200: 10.6 vs 2.96 ms TPOT
-    # A 14B prefill chunk's kernels outlast the launches: eager costs it nothing extra.
-    big = (1, 8192, 8192, 8192 * 8193 // 2, False)
-    assert model_perf(QWEN14B, enforce_eager=True).gpu_time(*big) <= model_perf(QWEN14B).gpu_time(*big)
 
 
 def test_cuda_graph_padding_and_largest_capture_size() -> None:

@@ -38,9 +38,16 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   per-token-per-layer cost of batches outside a FULL graph stood here until 2026-12-02: fitted
   where the 8B/14B windows were API-server bound by a short tokenizer and the 0.85B windows by the
   API server itself, it slowed every 8B/14B prefill step for what the front end did; see the API
-  server below.) ``enforce_eager`` launches every kernel from Python while the GPU runs the
-  earlier ones: a stage lasts ``max(gpu work, layers * eager_layer_overhead_s)``, so a small model
-  is launch-bound and a large one is not.
+  server below.) ``enforce_eager`` launches every kernel from Python, one thread doing the
+  launches, the scheduling and the input preparation: the GEMMs and element-wise kernels hide the
+  launches (``layers * eager_layer_overhead_s``, times the host's CPU factor) only as far as their
+  GPU time reaches, the attention kernels add to it, and none of the engine CPU hides. Read off the
+  sixteenth H200 host (2026-12-04, ``tests/fixtures/real_h200/scale/l8b_h16_*``, 8B, the median
+  gap between streamed tokens): 14.8 ms a decode step at 4 in flight, 16.9 ms at 128 with
+  256-1,280-token contexts, 31.5 ms at 256 with ~1,150-token ones, where the GPU's own work is
+  16.4 ms (10.3 of it attention) and CUDA graphs took 18.7 ms; a 24B decode step at 128 in flight
+  with short contexts, GEMM-bound, 22.6 ms against its 16.6 ms of GPU work. The whole step's work
+  hiding the launches (the rule until then) ran that host's prefill-heavy eager windows 12-28% fast.
 * TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / interconnect``.
 * PP splits the layers; up to ``pp`` micro-batches are in flight, so a step costs
   ``pp * stage_time(batch / microbatches)`` (a lone request still pays every stage: the bubble).
@@ -64,7 +71,8 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   That CPU is the host's as much as the load's: the 8B/14B windows of four H200 hosts paid 1.1-2.2x
   the modelled API CPU over the same windows, and within one host 1.25-2.06 (decode-heavy loads
   with few tokens per engine step paying the most: the model has no per-step term).
-  ``api_cpu_factor`` scales all four costs; measured on one real window of a host
+  ``api_cpu_factor`` scales all four costs, and ``enforce_eager``'s launch floor (the engine's
+  Python launching kernels on the same host's CPU); measured on one real window of a host
   (:func:`servetune.sim.engine.host_api_cpu_factor`), it carries the host's level to its other loads.
 
 The knobs live in :class:`Calibration`; a :class:`~servetune.gpus.GpuSpec` may override any of them
@@ -151,14 +159,15 @@ class Calibration:
     # its loop to intake (vLLM's VLLM_V1_OUTPUT_PROC_CHUNK_SIZE, 128); 0: a drain runs whole, as
     # the calibrations before 2026-12-04's second were fitted (sim/frontend.py).
     api_output_slice: float = 128.0
-    # The host's API-server CPU against the fitted one: multiplies the four API server costs above.
-    # Never fitted (1.0 in every fit); measured per host (sim.engine.host_api_cpu_factor).
+    # The host's API-server CPU against the fitted one: multiplies the four API server costs above
+    # and enforce_eager's launch floor (CPU work on the same host). Never fitted (1.0 in every fit);
+    # measured per host (sim.engine.host_api_cpu_factor).
     api_cpu_factor: float = 1.0
     graph_launch_s: float = 30e-6  # replaying one full CUDA graph
     full_graph_layer_s: float = 2.119e-06  # per layer of a decode batch replayed as one FULL CUDA graph
     piecewise_layer_s: float = 0.0001  # per layer of a mixed batch run as PIECEWISE graphs
     compiled_layer_overhead_s: float = 1.728e-05  # per layer of a batch above the largest capture size
-    eager_layer_overhead_s: float = 0.0006039  # launch floor per layer, enforce_eager (Python launches)
+    eager_layer_overhead_s: float = 0.0003786  # launch floor per layer, enforce_eager (Python launches)
     async_overlap: float = 0.8542  # share of the engine CPU hidden behind the GPU with async scheduling
     # 1: with async scheduling the scheduler forms a batch one step ahead, so a request the engine
     # receives mid-step joins the batch after next (vLLM's design, not fitted); 0: at the step's
@@ -223,7 +232,11 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
     # token_overhead_s measured (_fidelity.api_token_cpu_s); the API server loop's triple
     # (api_chunk_share, api_intake_passes, client_chunk_s) as chosen 2026-12-04 on the fitting
     # windows (_fidelity.fit_frontend; rechecked with the slices on: still the least, 0.1631).
-    # 4 significant figures. Held out: every window of _fidelity.HELD_OUT_HOSTS (the sixth host to
+    # eager_layer_overhead_s refitted alone under the eager rule of 2026-12-04's second change
+    # (attention does not cover the launches, no engine CPU hides, the floor scales with the host's
+    # CPU factor; 604 us under the rule before) by sim_fidelity.py --fit-eager on the fit's two
+    # eager windows (b1_eager_s64, scale/q14b_fv_u09_s128_eager), judged on the eager windows of the
+    # fifteenth and sixteenth hosts (in no fit). 4 significant figures. Held out: every window of _fidelity.HELD_OUT_HOSTS (the sixth host to
     # the eleventh session's second, 8B, 14B and 24B: no window of theirs in the CPU fit; the
     # kernels of the tenth and eleventh sessions' hosts were traced in other windows of the same
     # starts), judged by sim_fidelity.py --unseen, tests/sim/test_fidelity.py and README. The
@@ -246,7 +259,7 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
         "prompt_token_overhead_s": 3.305e-08,
         "piecewise_layer_s": 0.0001,
         "compiled_layer_overhead_s": 1.728e-05,
-        "eager_layer_overhead_s": 0.0006039,
+        "eager_layer_overhead_s": 0.0003786,
         "full_graph_layer_s": 2.119e-06,
         "async_overlap": 0.8542,
         "fp8_kv_read_efficiency": 0.4973,
@@ -415,7 +428,8 @@ class PerfModel:
         self._graph_s = cal.graph_launch_s + cal.full_graph_layer_s * layers
         self._piecewise_floor = cal.piecewise_layer_s * layers
         self._compiled_floor = cal.compiled_layer_overhead_s * layers
-        self._eager_floor = cal.eager_layer_overhead_s * layers
+        # Launching is CPU work on the host, as the API server's is: the same factor.
+        self._eager_floor = cal.eager_layer_overhead_s * layers * cal.api_cpu_factor
         self._overlap = cal.async_overlap if config.async_scheduling else cal.sync_overlap
         self.schedule_ahead = bool(cal.schedule_ahead >= 0.5 and config.async_scheduling)
         self._step_cpu = cal.step_overhead_s
@@ -520,10 +534,10 @@ class PerfModel:
         kv_write = self._t_kv_write * num_tokens
         comm = self._t_ar_fixed * micro + self._t_ar_token * tokens
         if self.enforce_eager:
-            # Python launches every kernel while the GPU runs the earlier ones: the stage lasts
-            # the longer of the two, so launches cost only what the GPU work does not cover.
-            work = gemm + elementwise + attention + kv_write + comm
-            launch = floor * micro - work if floor * micro > work else 0.0
+            # Python launches every kernel: the GEMMs and the small kernels cover the launches as
+            # far as their GPU time reaches; the attention kernels do not (module docstring).
+            covering = gemm + elementwise + kv_write + comm
+            launch = floor * micro - covering if floor * micro > covering else 0.0
         else:
             launch = (floor + graph) * micro
         # ``micro`` micro-batches each cross pp stages; with fewer than pp of them the pipeline
@@ -552,7 +566,9 @@ class PerfModel:
         gpu = self.gpu_time(num_reqs, num_tokens, kv_context, attn_work, decode_only,
                             prefill_tokens, prefill_context, prefill_attn_work)
         cpu = self._step_cpu + self._seq_cpu * num_reqs
-        hidden = cpu * self._overlap
+        # Under enforce_eager the thread that schedules and prepares the next step is the one
+        # launching this step's kernels: none of it hides.
+        hidden = 0.0 if self.enforce_eager else cpu * self._overlap
         if hidden > gpu:
             hidden = gpu
         return gpu + cpu - hidden
