@@ -69,7 +69,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="this host's vLLM API-server CPU cost against the calibration's (default 1.0): "
                         "a real trial's api_server_cpu_s (MLflow / the dataset) divided by the "
                         "simulated one for the same flags and workload. Decode-heavy loads are bound "
-                        "by it; 8B/14B windows on measured H200 hosts were 1.1-2.2")
+                        "by it, and so are enforce_eager's kernel launches (the same host's CPU); "
+                        "8B/14B windows on measured H200 hosts were 1.1-2.2")
     p.add_argument("--seed", type=int, default=0, help="simulator seed")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p

@@ -236,10 +236,10 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
     # (attention does not cover the launches, no engine CPU hides, the floor scales with the host's
     # CPU factor; 604 us under the rule before) by sim_fidelity.py --fit-eager on the fit's two
     # eager windows (b1_eager_s64, scale/q14b_fv_u09_s128_eager), judged on the eager windows of the
-    # fifteenth and sixteenth hosts (in no fit). 4 significant figures. Held out: every window of _fidelity.HELD_OUT_HOSTS (the sixth host to
-    # the eleventh session's second, 8B, 14B and 24B: no window of theirs in the CPU fit; the
-    # kernels of the tenth and eleventh sessions' hosts were traced in other windows of the same
-    # starts), judged by sim_fidelity.py --unseen, tests/sim/test_fidelity.py and README. The
+    # fifteenth and sixteenth hosts (in no fit). 4 significant figures. Held out: every window of
+    # _fidelity.HELD_OUT_HOSTS (the sixth host to the sixteenth, 8B, 14B and 24B: no window of theirs
+    # in the CPU fit; the kernels of the tenth and eleventh sessions' hosts were traced in other
+    # windows of the same starts), judged by sim_fidelity.py --unseen, tests/sim/test_fidelity.py and README. The
     # 2026-12-03 calibration this replaces: benchmarks/results/sim_calibration_2026_12_03_h200.json.
     # The folds in benchmarks/results/sim_heldout_h200.json are the 2026-12-02 model's.
     "H200": {
