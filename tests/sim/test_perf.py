@@ -158,6 +158,16 @@ def test_enforce_eager_launches_hide_behind_gemms_not_attention_and_no_engine_cp
     # A host whose CPU is 1.5x the calibration's launches 1.5x slower.
     slow_host = model_perf(LLAMA8B, cal.with_overrides({"api_cpu_factor": 1.5}), enforce_eager=True)
     assert slow_host.gpu_time(4, 4, 1600, 1600, True) == pytest.approx(1.5 * floor + small.attention)
+    # eager_cpu_bound 0 (what the recorded 2026-12-02 folds replay with): the rule before, the
+    # step's whole GPU work hiding the launches, the floor unscaled.
+    before = cal.with_overrides({"eager_cpu_bound": 0.0})
+    old = model_perf(LLAMA8B, before, enforce_eager=True)
+    work = sum(dataclasses.astuple(long)) - long.launch
+    assert old.gpu_time(256, 256, 256 * 1150, 256 * 1150, True) == pytest.approx(max(work, floor))
+    old_slow_host = model_perf(LLAMA8B, before.with_overrides({"api_cpu_factor": 1.5}), enforce_eager=True)
+    assert old_slow_host.gpu_time(4, 4, 1600, 1600, True) == pytest.approx(old.gpu_time(4, 4, 1600, 1600, True))
+    with pytest.raises(SpecError, match="eager_cpu_bound"):
+        cal.with_overrides({"eager_cpu_bound": 0.5})
     # The tiny model's eager decode step is launch-bound where CUDA graphs make it GPU-bound.
     tiny_eager, tiny_graphs = model_perf(TINY, enforce_eager=True), model_perf(TINY)
     assert tiny_eager.gpu_time(64, 64, 64 * 1100, 64 * 1100, True) > 2 * tiny_graphs.gpu_time(

@@ -168,6 +168,11 @@ class Calibration:
     piecewise_layer_s: float = 0.0001  # per layer of a mixed batch run as PIECEWISE graphs
     compiled_layer_overhead_s: float = 1.728e-05  # per layer of a batch above the largest capture size
     eager_layer_overhead_s: float = 0.0003786  # launch floor per layer, enforce_eager (Python launches)
+    # 1: an enforce_eager step is CPU-bound (the rule since 2026-12-04's eager change: attention
+    # adds to the launch floor, no engine CPU hides, the floor scales with api_cpu_factor); 0: the
+    # step's whole GPU work hides the launches and the engine CPU hides as with CUDA graphs (the
+    # rule before; the recorded held-out folds and older calibration files replay with 0).
+    eager_cpu_bound: float = 1.0
     async_overlap: float = 0.8542  # share of the engine CPU hidden behind the GPU with async scheduling
     # 1: with async scheduling the scheduler forms a batch one step ahead, so a request the engine
     # receives mid-step joins the batch after next (vLLM's design, not fitted); 0: at the step's
@@ -197,6 +202,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "api_intake_passes": (lambda v: v >= 1 and v == int(v), "a whole number of loop passes, 1 or more"),
     "client_chunk_s": (lambda v: v >= 0.0, "seconds to read one chunk: 0 or more"),
     "api_output_slice": (lambda v: v >= 0 and v == int(v), "a whole number of requests, 0 (off) or more (vLLM: 128)"),
+    "eager_cpu_bound": (lambda v: v in (0.0, 1.0), "1 (the eager rule since 2026-12-04) or 0 (the rule before)"),
     "gemm_blend_exponent": (lambda v: v >= 0.0, "0 for the roofline (the larger time), or an exponent above 0"),
     "attn_layer_s": (lambda v: v >= 0.0, "seconds per layer: 0 or more"),
     "gemm_token_tile": (lambda v: 0 <= v <= 256 and v == int(v), "a whole number of tokens, 0 (off) to 256"),
@@ -428,8 +434,9 @@ class PerfModel:
         self._graph_s = cal.graph_launch_s + cal.full_graph_layer_s * layers
         self._piecewise_floor = cal.piecewise_layer_s * layers
         self._compiled_floor = cal.compiled_layer_overhead_s * layers
+        self._eager_cpu_bound = cal.eager_cpu_bound >= 0.5
         # Launching is CPU work on the host, as the API server's is: the same factor.
-        self._eager_floor = cal.eager_layer_overhead_s * layers * cal.api_cpu_factor
+        self._eager_floor = cal.eager_layer_overhead_s * layers * (cal.api_cpu_factor if self._eager_cpu_bound else 1.0)
         self._overlap = cal.async_overlap if config.async_scheduling else cal.sync_overlap
         self.schedule_ahead = bool(cal.schedule_ahead >= 0.5 and config.async_scheduling)
         self._step_cpu = cal.step_overhead_s
@@ -536,7 +543,7 @@ class PerfModel:
         if self.enforce_eager:
             # Python launches every kernel: the GEMMs and the small kernels cover the launches as
             # far as their GPU time reaches; the attention kernels do not (module docstring).
-            covering = gemm + elementwise + kv_write + comm
+            covering = gemm + elementwise + kv_write + comm + (0.0 if self._eager_cpu_bound else attention)
             launch = floor * micro - covering if floor * micro > covering else 0.0
         else:
             launch = (floor + graph) * micro
@@ -568,7 +575,7 @@ class PerfModel:
         cpu = self._step_cpu + self._seq_cpu * num_reqs
         # Under enforce_eager the thread that schedules and prepares the next step is the one
         # launching this step's kernels: none of it hides.
-        hidden = 0.0 if self.enforce_eager else cpu * self._overlap
+        hidden = 0.0 if self.enforce_eager and self._eager_cpu_bound else cpu * self._overlap
         if hidden > gpu:
             hidden = gpu
         return gpu + cpu - hidden
