@@ -44,9 +44,10 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   GPU time reaches, the attention kernels add to it, and none of the engine CPU hides. Read off the
   sixteenth H200 host (2026-12-04, ``tests/fixtures/real_h200/scale/l8b_h16_*``, 8B, the median
   gap between streamed tokens): 14.8 ms a decode step at 4 in flight, 16.9 ms at 128 with
-  256-1,280-token contexts, 31.5 ms at 256 with ~1,150-token ones, where the GPU's own work is
-  16.4 ms (10.3 of it attention) and CUDA graphs took 18.7 ms; a 24B decode step at 128 in flight
-  with short contexts, GEMM-bound, 22.6 ms against its 16.6 ms of GPU work. The whole step's work
+  256-1,280-token contexts, 31.5 ms at 256 with ~1,150-token ones, where CUDA graphs took 18.7 ms
+  and the GPU's own work is 16.4 ms, 10.3 of it attention (the thirteenth host's profiled eager
+  steps of that batch); a 24B decode step at 128 in flight with short contexts, GEMM-bound,
+  22.6 ms against 16.6 ms of GPU work (the fifteenth host's trace of that load). The whole step's work
   hiding the launches (the rule until then) ran that host's prefill-heavy eager windows 12-28% fast.
 * TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / interconnect``.
 * PP splits the layers; up to ``pp`` micro-batches are in flight, so a step costs
