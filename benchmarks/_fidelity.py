@@ -243,27 +243,27 @@ UNSEEN_STARTS: tuple[str, ...] = (
 #: factor (name prefixes). A host is one device lease: its process ids run on from start to start.
 UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # The third device session's second host: the 14B grid's trials 6-8, then the decode start.
-    "third session, second host": ("study_q14b/h200-q14b-grid/0008", ("scale/l8b_fv_u09_s256_mbt8192_dec/",)),
-    "fourth session": ("scale/l8b_h4_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h4_", "scale/q14b_h4_")),
-    "fifth session": ("scale/l8b_h5_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h5_", "scale/q14b_h5_")),
-    "sixth session": ("scale/l8b_h6_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h6_", "scale/q14b_h6_")),
-    "seventh session": ("scale/l8b_h7_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h7_", "scale/q14b_h7_")),
-    "eighth session": ("scale/l8b_h8_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h8_", "scale/q14b_h8_")),
-    "eighth session, second host": ("scale/l8b_h9_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h9_",)),
+    "2026-12-02 H200, study_q14b": ("study_q14b/h200-q14b-grid/0008", ("scale/l8b_fv_u09_s256_mbt8192_dec/",)),
+    "2026-12-02 H200, *_h4_*": ("scale/l8b_h4_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h4_", "scale/q14b_h4_")),
+    "2026-12-02 H200, *_h5_*": ("scale/l8b_h5_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h5_", "scale/q14b_h5_")),
+    "2026-12-03 H200, *_h6_*": ("scale/l8b_h6_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h6_", "scale/q14b_h6_")),
+    "2026-12-03 H200, *_h7_*": ("scale/l8b_h7_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h7_", "scale/q14b_h7_")),
+    "2026-12-03 H200, *_h8_*": ("scale/l8b_h8_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h8_", "scale/q14b_h8_")),
+    "2026-12-03 H200, *_h9_*": ("scale/l8b_h9_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h9_",)),
     # The 24B hosts. The eleventh's first window of the anchor's workload ran under 0.9 x 128 x 2048.
-    "ninth session": ("scale/m24b_h10_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h10_",)),
-    "ninth session, second host": ("scale/m24b_h11_u09_s128_mbt2048/p1024_o256_c256", ("scale/m24b_h11_",)),
+    "2026-12-04 H200, *_h10_*": ("scale/m24b_h10_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h10_",)),
+    "2026-12-04 H200, *_h11_*": ("scale/m24b_h11_u09_s128_mbt2048/p1024_o256_c256", ("scale/m24b_h11_",)),
     # The profiling hosts: the twelfth's one clean window is its factor's; the thirteenth's 14B anchor
     # sets its factor, its two 8B anchors (budgets 8192 and 2048) are judged.
-    "tenth session": ("scale/m24b_h12_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h12_",)),
-    "tenth session, second host": ("scale/q14b_h13_u09_s256_mbt8192/p1024_o256_c256", ("scale/q14b_h13_", "scale/l8b_h13_")),
+    "2026-12-04 H200, *_h12_*": ("scale/m24b_h12_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h12_",)),
+    "2026-12-04 H200, *_h13_*": ("scale/q14b_h13_u09_s256_mbt8192/p1024_o256_c256", ("scale/q14b_h13_", "scale/l8b_h13_")),
     # The eleventh session's hosts: each start's first window is the anchor's workload; the first
     # start's sets the host's factor (the fourteenth's ran under a 2,048-token budget).
-    "eleventh session": ("scale/l8b_h14_u09_s256_mbt2048/p1024_o256_c256", ("scale/l8b_h14_",)),
-    "eleventh session, second host": ("scale/m24b_h15_u09_s256_mbt4096/p1024_o256_c256", ("scale/m24b_h15_",)),
+    "2026-12-04 H200, *_h14_*": ("scale/l8b_h14_u09_s256_mbt2048/p1024_o256_c256", ("scale/l8b_h14_",)),
+    "2026-12-04 H200, *_h15_*": ("scale/m24b_h15_u09_s256_mbt4096/p1024_o256_c256", ("scale/m24b_h15_",)),
     # The twelfth session's host: its first window of the anchor's workload at the anchor's flags is the
     # 24B one (the eager start before it served 128 in flight); the 8B starts after it are judged by it.
-    "twelfth session": ("scale/m24b_h16_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h16_", "scale/l8b_h16_")),
+    "2026-12-04 H200, *_h16_*": ("scale/m24b_h16_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h16_", "scale/l8b_h16_")),
 }
 
 
@@ -369,10 +369,10 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 #: change it judges), are its held-out judges. The ninth session's two hosts ran a size no fit has
 #: seen (24B), collected after every constant of the committed calibration was chosen; the tenth
 #: session's two hosts were profiled (their clean windows only).
-HELD_OUT_HOSTS: tuple[str, ...] = ("sixth session", "seventh session", "eighth session", "eighth session, second host",
-                                   "ninth session", "ninth session, second host", "tenth session",
-                                   "tenth session, second host", "eleventh session", "eleventh session, second host",
-                                   "twelfth session")
+HELD_OUT_HOSTS: tuple[str, ...] = ("2026-12-03 H200, *_h6_*", "2026-12-03 H200, *_h7_*", "2026-12-03 H200, *_h8_*", "2026-12-03 H200, *_h9_*",
+                                   "2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h12_*",
+                                   "2026-12-04 H200, *_h13_*", "2026-12-04 H200, *_h14_*", "2026-12-04 H200, *_h15_*",
+                                   "2026-12-04 H200, *_h16_*")
 
 
 #: The starts of a held-out host that one knob was fitted on, the rest of the calibration never:

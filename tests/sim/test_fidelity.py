@@ -110,17 +110,17 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     much (the tenth session's second, whose anchor sets a factor of 1.40)."""
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
-    worst_allowed = {"third session, second host": 0.10, "fourth session": 0.08, "fifth session": 0.08,
-                     "sixth session": 0.08, "seventh session": 0.45, "eighth session": 0.06,
-                     "eighth session, second host": 0.05, "ninth session": 0.09, "ninth session, second host": 0.06,
-                     "tenth session, second host": 0.06, "eleventh session": 0.11,
-                     "eleventh session, second host": 0.10, "twelfth session": 0.25}
+    worst_allowed = {"2026-12-02 H200, study_q14b": 0.10, "2026-12-02 H200, *_h4_*": 0.08, "2026-12-02 H200, *_h5_*": 0.08,
+                     "2026-12-03 H200, *_h6_*": 0.08, "2026-12-03 H200, *_h7_*": 0.45, "2026-12-03 H200, *_h8_*": 0.06,
+                     "2026-12-03 H200, *_h9_*": 0.05, "2026-12-04 H200, *_h10_*": 0.09, "2026-12-04 H200, *_h11_*": 0.06,
+                     "2026-12-04 H200, *_h13_*": 0.06, "2026-12-04 H200, *_h14_*": 0.11,
+                     "2026-12-04 H200, *_h15_*": 0.10, "2026-12-04 H200, *_h16_*": 0.25}
     checks = host_checks()
     assert [c.host for c in checks] == list(worst_allowed)
-    assert set(HELD_OUT_HOSTS) == {"sixth session", "seventh session", "eighth session", "eighth session, second host",
-                                   "ninth session", "ninth session, second host", "tenth session",
-                                   "tenth session, second host", "eleventh session", "eleventh session, second host",
-                                   "twelfth session"}
+    assert set(HELD_OUT_HOSTS) == {"2026-12-03 H200, *_h6_*", "2026-12-03 H200, *_h7_*", "2026-12-03 H200, *_h8_*", "2026-12-03 H200, *_h9_*",
+                                   "2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h12_*",
+                                   "2026-12-04 H200, *_h13_*", "2026-12-04 H200, *_h14_*", "2026-12-04 H200, *_h15_*",
+                                   "2026-12-04 H200, *_h16_*"}
     ttft_gains, throughput_gains = [], []
     for check in checks:
         assert 1.0 < check.api_cpu_factor < 2.0, check.host
@@ -179,9 +179,9 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
 
     checks = [c for c in host_checks() if c.host in HELD_OUT_HOSTS]
     # The tenth session's first host has no check: its one clean window is its factor's.
-    assert [c.host for c in checks] == ["sixth session", "seventh session", "eighth session", "eighth session, second host",
-                                        "ninth session", "ninth session, second host", "tenth session, second host",
-                                        "eleventh session", "eleventh session, second host", "twelfth session"]
+    assert [c.host for c in checks] == ["2026-12-03 H200, *_h6_*", "2026-12-03 H200, *_h7_*", "2026-12-03 H200, *_h8_*", "2026-12-03 H200, *_h9_*",
+                                        "2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h13_*",
+                                        "2026-12-04 H200, *_h14_*", "2026-12-04 H200, *_h15_*", "2026-12-04 H200, *_h16_*"]
     fp8_judged, judged = [], set()
     for check in checks:
         def rows(shape: str, fp8: bool) -> list:
@@ -190,26 +190,26 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
 
         # TTFT: the target, but the eighth session's second host's and the twelfth's decode windows
         # (the misses left, with room; see the docstring).
-        decode_ttft_bound = {"eighth session, second host": 0.30, "twelfth session": 0.26}.get(check.host, 0.20)
+        decode_ttft_bound = {"2026-12-03 H200, *_h9_*": 0.30, "2026-12-04 H200, *_h16_*": 0.26}.get(check.host, 0.20)
         for shape, ttft_bound in (("prefill", 0.20), ("decode", decode_ttft_bound)):
             if not rows(shape, fp8=False):
                 continue  # the eighth session's hosts measured only their anchor prefill-heavy (asserted below)
             judged.add((check.host, shape))
             e = error_summary(rows(shape, fp8=False))
             # Throughput and TPOT: the targets, but the misses left (see the docstring).
-            throughput_bound, tpot_bound = {("seventh session", "prefill"): (0.05, 0.16),
-                                            ("eleventh session", "prefill"): (0.07, 0.08),
-                                            ("eleventh session, second host", "prefill"): (0.07, 0.08),
-                                            ("eleventh session, second host", "decode"): (0.07, 0.07),
-                                            ("twelfth session", "decode"): (0.07, 0.09),
+            throughput_bound, tpot_bound = {("2026-12-03 H200, *_h7_*", "prefill"): (0.05, 0.16),
+                                            ("2026-12-04 H200, *_h14_*", "prefill"): (0.07, 0.08),
+                                            ("2026-12-04 H200, *_h15_*", "prefill"): (0.07, 0.08),
+                                            ("2026-12-04 H200, *_h15_*", "decode"): (0.07, 0.07),
+                                            ("2026-12-04 H200, *_h16_*", "decode"): (0.07, 0.09),
                                             }.get((check.host, shape), (0.05, 0.07))
             assert e["throughput_mae"] <= throughput_bound and e["tpot_mae"] <= tpot_bound, (check.host, shape, e)
             assert e["ttft_mae"] < ttft_bound and e["preemption_class_agree"] == 1.0, (check.host, shape, e)
         fp8_judged += rows("prefill", fp8=True) + rows("decode", fp8=True)
     assert judged == ({(h, shape) for h in HELD_OUT_HOSTS for shape in ("prefill", "decode")}
-                      - {("eighth session", "prefill"), ("eighth session, second host", "prefill"),
-                         ("ninth session", "prefill"), ("tenth session", "prefill"), ("tenth session", "decode"),
-                         ("tenth session, second host", "decode")})
+                      - {("2026-12-03 H200, *_h8_*", "prefill"), ("2026-12-03 H200, *_h9_*", "prefill"),
+                         ("2026-12-04 H200, *_h10_*", "prefill"), ("2026-12-04 H200, *_h12_*", "prefill"), ("2026-12-04 H200, *_h12_*", "decode"),
+                         ("2026-12-04 H200, *_h13_*", "decode")})
     assert len(fp8_judged) == 11 and all("_h7_" in r.name or "_h11_" in r.name for r in fp8_judged)
     e = error_summary(fp8_judged)
     assert e["throughput_mae"] < 0.07 and e["tpot_mae"] < 0.06 and e["preemption_class_agree"] == 1.0, e
@@ -229,8 +229,8 @@ def test_a_size_no_fit_has_seen_ranks_its_two_flag_sets_as_vllm_did() -> None:
     big = unseen["scale/m24b_h11_u09_s256_mbt8192/p1024_o256_c256"]
     small = unseen["scale/m24b_h11_u09_s128_mbt2048/p1024_o256_c256"]
     assert big.size == small.size == "24B" and big.output_throughput > 1.05 * small.output_throughput
-    factor = host_factor("ninth session, second host", unseen)
-    rows = fidelity_rows(None, [big, small], host_factors={"ninth session, second host": factor})
+    factor = host_factor("2026-12-04 H200, *_h11_*", unseen)
+    rows = fidelity_rows(None, [big, small], host_factors={"2026-12-04 H200, *_h11_*": factor})
     assert rows[0].sim_output_throughput > 1.05 * rows[1].sim_output_throughput
     assert all(r.sim_preemptions == r.real.preemptions == 0 for r in rows)
 
@@ -245,9 +245,9 @@ def test_each_hosts_runs_are_simulated_at_that_hosts_factor_and_no_other() -> No
     fifth = unseen["scale/l8b_h5_u09_s256_mbt8192/p256_o1024_c64"]
     fourth = unseen["scale/l8b_h4_u09_s256_mbt8192/p256_o1024_c64"]
     fitted = RUNS[0]
-    assert [host_of(r.name) for r in (fifth, fourth, fitted)] == ["fifth session", "fourth session", None]
+    assert [host_of(r.name) for r in (fifth, fourth, fitted)] == ["2026-12-02 H200, *_h5_*", "2026-12-02 H200, *_h4_*", None]
     plain = fidelity_rows(None, [fifth, fourth, fitted], max_requests=64)
-    hosted = fidelity_rows(None, [fifth, fourth, fitted], max_requests=64, host_factors={"fifth session": 2.0})
+    hosted = fidelity_rows(None, [fifth, fourth, fitted], max_requests=64, host_factors={"2026-12-02 H200, *_h5_*": 2.0})
     # Every API-server cost doubled, less what a loop that falls further behind saves by merging
     # tokens into fewer chunks (at most api_chunk_share of the per-token cost).
     share = calibration_for(get_gpu("H200")).api_chunk_share
@@ -373,8 +373,8 @@ def test_the_load_generators_measured_cpu_per_chunk_bounds_the_client_stage() ->
 
     unseen = {r.name: r for r in load_unseen_runs()}
     knob = calibration_for(get_gpu("H200")).client_chunk_s
-    hosts = ("ninth session", "ninth session, second host", "tenth session", "eleventh session, second host",
-             "twelfth session")
+    hosts = ("2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h12_*", "2026-12-04 H200, *_h15_*",
+             "2026-12-04 H200, *_h16_*")
     assert set(UNSEEN_HOSTS) >= set(hosts)
     factors = {host: host_factor(host, unseen) for host in hosts}  # one anchor simulation per host
     ratios = []
