@@ -181,57 +181,57 @@ def _run(name: str, s: Mapping[str, Any], window_dir: Path, tokenizer_covers_voc
 
 
 #: Collected starts measured after the committed H200 calibration and the held-out folds were
-#: fitted (2026-12-02, the third device session; plan ``scale/plan_l8b_dec.json``): in no fit, so
+#: fitted (2026-12-02, H200; plan ``scale/plan_l8b_dec.json``): in no fit, so
 #: :func:`load_real_runs` leaves them out unless asked for them (``sim_fidelity.py --unseen``).
 UNSEEN_STARTS: tuple[str, ...] = (
     "l8b_fv_u09_s256_mbt8192_dec",  # five decode-heavy 8B windows
-    # 2026-12-02, the fourth device session, one fresh host (plans scale/plan_h4_*.json): each start
+    # 2026-12-02 H200, *_h4_*, one fresh host (plans scale/plan_h4_*.json): each start
     # measured first on the studies' prefill-heavy workload, then on decode-heavy loads; 15 windows.
     "l8b_h4_u09_s256_mbt8192", "q14b_h4_u09_s256_mbt8192", "l8b_h4_u09_s128_mbt2048", "q14b_h4_u09_s128_mbt2048",
-    # 2026-12-02, the fifth device session, another fresh host (plans plan_h5_*.json), after a
+    # 2026-12-02 H200, *_h5_*, another fresh host (plans plan_h5_*.json), after a
     # confirmed tune there: the prefill-heavy anchor, then closed-loop decode at 32-128 in flight; 13 windows.
     "l8b_h5_u09_s256_mbt8192", "q14b_h5_u09_s256_mbt8192",
-    # 2026-12-03, the sixth device session, another fresh host (plans plan_h6_*.json): the anchor, then
+    # 2026-12-03 H200, *_h6_*, another fresh host (plans plan_h6_*.json): the anchor, then
     # closed-loop decode at 32-192 in flight and 2,048-token outputs, fp8 KV at 8B, 128 x 2048 at 14B; 23 windows.
     "l8b_h6_u09_s256_mbt8192", "q14b_h6_u09_s256_mbt8192", "l8b_h6_u09_s256_fp8kv", "q14b_h6_u09_s128_mbt2048",
-    # 2026-12-03, the seventh device session, another fresh host (plans plan_h7_*.json): the anchor, bf16 and
+    # 2026-12-03 H200, *_h7_*, another fresh host (plans plan_h7_*.json): the anchor, bf16 and
     # fp8 KV starts of the same flags at 8B and 14B (decode at 32-192 in flight), a Poisson window; 17 windows.
     "l8b_h7_u09_s256_mbt8192", "l8b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_mbt8192",
     "l8b_h7_u09_s256_mbt8192_b", "q14b_h7_u09_s256_mbt8192_b",
-    # 2026-12-03, the eighth device session, another fresh host (plan plan_h8.json), after a confirmed
+    # 2026-12-03 H200, *_h8_*, another fresh host (plan plan_h8.json), after a confirmed
     # tune there: the anchor, then closed-loop decode-heavy windows at 32-160 in flight with 128-512
     # token prompts, bf16 KV, 8B and 14B; 8 windows, collected before any decode-TTFT change.
     "l8b_h8_u09_s256_mbt8192", "q14b_h8_u09_s256_mbt8192",
-    # The eighth session's second host (plan plan_h9.json): the anchor, then decode-heavy windows that
+    # 2026-12-03 H200, *_h9_*, a second fresh host of that day (plan plan_h9.json): the anchor, then decode-heavy windows that
     # break the closed loop's lockstep waves (outputs uniform in 512-1536; a Poisson rate); 4 windows.
     "l8b_h9_u09_s256_mbt8192",
-    # 2026-12-04, the ninth device session: a size no fit has seen, Mistral-Small-24B's shape (23,572M
-    # parameters; plans plan_h10_m24b.json, plan_h11_m24b*.json). The tenth host: the anchor, closed-loop
-    # decode at 32-128 in flight, a Poisson rate; the eleventh (the tenth went back between commands):
-    # 0.9 x 128 x 2048 on the anchor's workload, decode and 2,048-token prompts, fp8 KV decode, then the
-    # tenth's flags on the anchor's workload; 11 windows.
+    # 2026-12-04 H200, *_h10_* and *_h11_*: a size no fit has seen, Mistral-Small-24B's shape (23,572M
+    # parameters; plans plan_h10_m24b.json, plan_h11_m24b*.json). *_h10_*: the anchor, closed-loop
+    # decode at 32-128 in flight, a Poisson rate; *_h11_* (a fresh host, the model rebuilt there):
+    # 0.9 x 128 x 2048 on the anchor's workload, decode and 2,048-token prompts, fp8 KV decode, then
+    # *_h10_*'s flags on the anchor's workload; 11 windows.
     "m24b_h10_u09_s256_mbt8192", "m24b_h11_u09_s128_mbt2048", "m24b_h11_u09_s256_fp8kv", "m24b_h11_u09_s256_mbt8192",
-    # 2026-12-04, the tenth device session: vLLM's torch profiler inside real steps (plans
+    # 2026-12-04 H200, *_h12_* and *_h13_*: vLLM's torch profiler inside real steps (plans
     # plan_h12_m24b_prof.json, plan_h13_*_prof*.json). Each start's first window is the clean anchor;
     # its profiled windows (summary "profiled") stall the engine while the trace is written and are
-    # no fidelity windows (load_real_runs leaves them out). The twelfth host ran 24B; the thirteenth
+    # no fidelity windows (load_real_runs leaves them out). *_h12_* ran 24B; *_h13_*
     # 14B, 8B at budgets 8192 and 2048 and 8B eager: 4 clean windows, 9 traces.
     "m24b_h12_u09_s256_mbt8192", "q14b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt2048",
     "l8b_h13_u09_s256_eager",
-    # 2026-12-04, the eleventh device session (plans plan_h14_l8b.json, plan_h15_m24b*.json), collected
-    # before any change that session made. The fourteenth host: 8B at a 2,048-token budget (the anchor,
+    # 2026-12-04 H200, *_h14_* and *_h15_* (plans plan_h14_l8b.json, plan_h15_m24b*.json), collected
+    # before any change fitted that day on them. *_h14_*: 8B at a 2,048-token budget (the anchor,
     # a shared-prefix window; two profiled windows: the first wave's mixed steps, decode at 96 in flight),
     # then 160 sequences x a 4,096-token budget (the anchor's workload, a Poisson load with uneven outputs,
-    # decode at 192 in flight). The fifteenth (the fourteenth went back between commands): 24B at a
+    # decode at 192 in flight). *_h15_* (a fresh host, the 24B model built there): 24B at a
     # 4,096-token budget (the anchor, decode at 192 in flight with uneven outputs, a shared-prefix window;
     # two profiled), then 24B eager (a prefill-heavy window at 128 in flight; one profiled); 9 clean
     # windows, 5 traces.
     "l8b_h14_u09_s256_mbt2048", "l8b_h14_u09_s160_mbt4096", "m24b_h15_u09_s256_mbt4096", "m24b_h15_u09_s128_eager",
-    # 2026-12-04, the twelfth device session, one fresh host, the sixteenth (plans plan_h16_*.json), collected
-    # before any change that session made: 24B eager (the fifteenth host's eager window again, clean eager
+    # 2026-12-04 H200, *_h16_*, one fresh host (plans plan_h16_*.json), collected before any change
+    # fitted on it: 24B eager (the *_h15_* host's eager window again, clean eager
     # decode at 128 in flight), then the 24B anchor flags (the anchor, a Poisson load with uneven outputs,
     # decode at 32 in flight); 8B eager under budgets 8192 and 2048 (the anchor's workload, decode at 128,
-    # 64, 16 and 4 in flight), the 8B anchor flags (the anchor, the fourteenth host's Poisson load, decode
+    # 64, 16 and 4 in flight), the 8B anchor flags (the anchor, the *_h14_* host's Poisson load, decode
     # at 32) and 64 sequences (flags no run has used); 16 clean windows, no trace.
     "m24b_h16_u09_s128_eager", "m24b_h16_u09_s256_mbt8192", "l8b_h16_u09_s256_eager", "l8b_h16_u09_s256_mbt8192",
     "l8b_h16_u09_s256_mbt2048_eager", "l8b_h16_u09_s64_mbt8192",
@@ -240,9 +240,9 @@ UNSEEN_STARTS: tuple[str, ...] = (
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
 #: off (``servetune.sim.engine.host_api_cpu_factor``; the host's first measurement of the studies'
 #: prefill-heavy workload, as a study's first trial would be) and the windows judged with that
-#: factor (name prefixes). A host is one device lease: its process ids run on from start to start.
+#: factor (name prefixes). A host is one machine, booted once: its process ids run on from start to start.
 UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    # The third device session's second host: the 14B grid's trials 6-8, then the decode start.
+    # 2026-12-02 H200, a fresh host: the 14B grid's trials 6-8 (study_q14b), then the decode start (*_dec).
     "2026-12-02 H200, study_q14b": ("study_q14b/h200-q14b-grid/0008", ("scale/l8b_fv_u09_s256_mbt8192_dec/",)),
     "2026-12-02 H200, *_h4_*": ("scale/l8b_h4_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h4_", "scale/q14b_h4_")),
     "2026-12-02 H200, *_h5_*": ("scale/l8b_h5_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h5_", "scale/q14b_h5_")),
@@ -250,18 +250,18 @@ UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "2026-12-03 H200, *_h7_*": ("scale/l8b_h7_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h7_", "scale/q14b_h7_")),
     "2026-12-03 H200, *_h8_*": ("scale/l8b_h8_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h8_", "scale/q14b_h8_")),
     "2026-12-03 H200, *_h9_*": ("scale/l8b_h9_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h9_",)),
-    # The 24B hosts. The eleventh's first window of the anchor's workload ran under 0.9 x 128 x 2048.
+    # The 24B hosts. *_h11_*'s first window of the anchor's workload ran under 0.9 x 128 x 2048.
     "2026-12-04 H200, *_h10_*": ("scale/m24b_h10_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h10_",)),
     "2026-12-04 H200, *_h11_*": ("scale/m24b_h11_u09_s128_mbt2048/p1024_o256_c256", ("scale/m24b_h11_",)),
-    # The profiling hosts: the twelfth's one clean window is its factor's; the thirteenth's 14B anchor
+    # The profiling hosts: *_h12_*'s one clean window is its factor's; *_h13_*'s 14B anchor
     # sets its factor, its two 8B anchors (budgets 8192 and 2048) are judged.
     "2026-12-04 H200, *_h12_*": ("scale/m24b_h12_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h12_",)),
     "2026-12-04 H200, *_h13_*": ("scale/q14b_h13_u09_s256_mbt8192/p1024_o256_c256", ("scale/q14b_h13_", "scale/l8b_h13_")),
-    # The eleventh session's hosts: each start's first window is the anchor's workload; the first
-    # start's sets the host's factor (the fourteenth's ran under a 2,048-token budget).
+    # *_h14_* and *_h15_*: each start's first window is the anchor's workload; the first
+    # start's sets the host's factor (*_h14_*'s ran under a 2,048-token budget).
     "2026-12-04 H200, *_h14_*": ("scale/l8b_h14_u09_s256_mbt2048/p1024_o256_c256", ("scale/l8b_h14_",)),
     "2026-12-04 H200, *_h15_*": ("scale/m24b_h15_u09_s256_mbt4096/p1024_o256_c256", ("scale/m24b_h15_",)),
-    # The twelfth session's host: its first window of the anchor's workload at the anchor's flags is the
+    # *_h16_*: its first window of the anchor's workload at the anchor's flags is the
     # 24B one (the eager start before it served 128 in flight); the 8B starts after it are judged by it.
     "2026-12-04 H200, *_h16_*": ("scale/m24b_h16_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h16_", "scale/l8b_h16_")),
 }
@@ -318,7 +318,7 @@ GRID_STUDIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
 _L8B_WORKLOAD = GRID_STUDIES["study_l8b"][1]
 
 #: Real studies measured after the committed H200 calibration and the held-out folds were fitted
-#: (2026-12-02, the second device session): in no fit, so every figure on them is out of sample
+#: (2026-12-02, H200): in no fit, so every figure on them is out of sample
 #: for every calibration (``sim_fidelity.py --unseen``). Same workload as the 8B grid.
 UNSEEN_STUDIES: dict[str, tuple[dict[str, str], dict[str, Any]]] = {
     "study_l8b": ({"h200-l8b-grid-c": "grid_c"}, _L8B_WORKLOAD),  # the 8B grid's last cell
@@ -365,10 +365,10 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 
 
 #: Hosts no fit has seen: the committed calibration (2026-12-03) was fitted on every other host's
-#: runs, and these hosts' windows, collected before that fit (the eighth's after it, before any
-#: change it judges), are its held-out judges. The ninth session's two hosts ran a size no fit has
-#: seen (24B), collected after every constant of the committed calibration was chosen; the tenth
-#: session's two hosts were profiled (their clean windows only).
+#: runs, and these hosts' windows, collected before that fit (*_h8_*'s after it, before any
+#: change it judges), are its held-out judges. The 2026-12-04 hosts *_h10_* and *_h11_* ran a size no
+#: fit has seen (24B), collected after every constant of the committed calibration was chosen;
+#: *_h12_* and *_h13_* were profiled (their clean windows only).
 HELD_OUT_HOSTS: tuple[str, ...] = ("2026-12-03 H200, *_h6_*", "2026-12-03 H200, *_h7_*", "2026-12-03 H200, *_h8_*", "2026-12-03 H200, *_h9_*",
                                    "2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h12_*",
                                    "2026-12-04 H200, *_h13_*", "2026-12-04 H200, *_h14_*", "2026-12-04 H200, *_h15_*",
@@ -376,8 +376,8 @@ HELD_OUT_HOSTS: tuple[str, ...] = ("2026-12-03 H200, *_h6_*", "2026-12-03 H200, 
 
 
 #: The starts of a held-out host that one knob was fitted on, the rest of the calibration never:
-#: ``fp8_kv_read_efficiency`` (:func:`fit_fp8_kv_read`) on the sixth host's fp8 KV start, the only
-#: fp8 start with a covering tokenizer before the seventh host, whose fp8 starts judge it.
+#: ``fp8_kv_read_efficiency`` (:func:`fit_fp8_kv_read`) on the *_h6_* host's fp8 KV start (2026-12-03),
+#: the only fp8 start with a covering tokenizer before the *_h7_* host, whose fp8 starts judge it.
 FP8_FIT_STARTS: tuple[str, ...] = ("l8b_h6_u09_s256_fp8kv",)
 
 
@@ -668,7 +668,7 @@ def fit_alone(knob: str, runs: list[RealRun], bounds: tuple[float, float],
     committed one), by golden-section search. The loss is the fit's without its TTFT term: a knob
     fitted alone sets a rate or a floor, and the TTFT misses (the simulator's closed-loop first
     tokens come early, whatever the knob) made the full loss multimodal (``fp8_kv_read_efficiency``
-    had local minima at 0.35 and 0.45 on the sixth host's windows); throughput and TPOT alone are
+    had local minima at 0.35 and 0.45 on the *_h6_* host's windows); throughput and TPOT alone are
     smooth and unimodal, which the search needs."""
     base = dict(calibration or {})
 

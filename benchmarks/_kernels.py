@@ -2,8 +2,8 @@
 
 A window's throughput is the sum of everything a step does; fitted to windows alone, a knob that
 is wrong one way (GEMMs priced fast) is paid for by another that is wrong the other way (decode
-attention priced slow), and the pair breaks at a size where their shares differ (issue 12: 24B
-prefill-heavy loads 7.5% fast). Here each GPU knob is read off the kernels that do that work:
+attention priced slow), and the pair breaks at a size where their shares differ (the 2026-12-03
+calibration ran 24B prefill-heavy loads 7.5% fast). Here each GPU knob is read off the kernels that do that work:
 
 * **GEMMs** (``compute_efficiency``, ``gemm_blend_exponent``, with ``gemm_token_tile`` held at 8)
   off the isolated cuBLAS probes (``tests/fixtures/real_h200/gemm/gemm_probe_h200.json``: the four
@@ -77,7 +77,7 @@ def fit_gemm(probes: Iterable[Path] = PROBES, models: Iterable[str] = GEMM_MODEL
 
     Both are needed. The first probe timed nothing under 64 tokens; fitted on it alone
     (2026-12-04) the blend came out at 2, which priced 4-256-sequence decode steps' GEMMs 4-13%
-    slow and ran the ninth session's 24B decode windows 4-11% slow. The traces timed nothing
+    slow and ran the 24B decode windows of *_h10_* and *_h11_* (2026-12-04) 4-11% slow. The traces timed nothing
     between 256 and 2,048 tokens; the second probe (16-8,192 tokens, 30 counts) covers the ridge,
     where the blend decides. ``token_tile``: ``gemm_token_tile``, held (8: the tile widths vLLM's
     cuBLAS kernels were named with in the traces).

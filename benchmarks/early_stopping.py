@@ -20,7 +20,7 @@ overhead (~22 s) are paid either way.
 ``tests/fixtures/real_h200`` (:func:`real_windows`, :func:`replay`): the output tokens each request
 had received by each 0.5 s tick (its streamed chunks, the request's tokens spread over them: what
 the server's generation counter says, which the decider reads when chunks merge), the requests
-answered, the elapsed window. It prints, by session, the margin each window needed (its final
+answered, the elapsed window. It prints, by host, the margin each window needed (its final
 rate over the lowest mean rate so far once a quarter was answered) and how much of the window the
 rule saves on trials 15% and 30% below the best.
 
@@ -169,36 +169,38 @@ def margin_needed(window: RealWindow, min_fraction: float = EarlyStop.min_fracti
     return window.final_throughput / min(open_rates) if open_rates else 0.0
 
 
-#: The hosts measured after the margin was chosen on the first three sessions' windows: the
+#: The hosts measured after the margin was chosen on the 2026-12-01 and 2026-12-02 windows before them: the
 #: start-name tag of each (``*_h4_*`` ...) and its row label in :func:`real_table`.
 LATER_HOSTS: dict[str, str] = {
-    "_h4_": "fourth session's host (not used to choose the margin)",
-    "_h5_": "fifth session's host (measured after the margin was chosen)",
-    "_h6_": "sixth session's host (measured after the margin was chosen)",
-    "_h7_": "seventh session's host (measured after the margin was chosen)",
-    "_h8_": "eighth session's host (measured after the margin was chosen)",
-    "_h9_": "eighth session's second host (measured after the margin was chosen)",
-    "_h10_": "ninth session's host, 24B (measured after the margin was chosen)",
-    "_h11_": "ninth session's second host, 24B (measured after the margin was chosen)",
-    "_h12_": "tenth session's host, 24B (measured after the margin was chosen)",
-    "_h13_": "tenth session's second host, 8B and 14B (measured after the margin was chosen)",
-    "_h14_": "eleventh session's host, 8B (measured after the margin was chosen)",
-    "_h15_": "eleventh session's second host, 24B (measured after the margin was chosen)",
-    "_h16_": "twelfth session's host, 8B and 24B (measured after the margin was chosen)",
+    "_h4_": "2026-12-02 H200, `*_h4_*` (not used to choose the margin)",
+    "_h5_": "2026-12-02 H200, `*_h5_*` (measured after the margin was chosen)",
+    "_h6_": "2026-12-03 H200, `*_h6_*` (measured after the margin was chosen)",
+    "_h7_": "2026-12-03 H200, `*_h7_*` (measured after the margin was chosen)",
+    "_h8_": "2026-12-03 H200, `*_h8_*` (measured after the margin was chosen)",
+    "_h9_": "2026-12-03 H200, `*_h9_*` (measured after the margin was chosen)",
+    "_h10_": "2026-12-04 H200, `*_h10_*`, 24B (measured after the margin was chosen)",
+    "_h11_": "2026-12-04 H200, `*_h11_*`, 24B (measured after the margin was chosen)",
+    "_h12_": "2026-12-04 H200, `*_h12_*`, 24B (measured after the margin was chosen)",
+    "_h13_": "2026-12-04 H200, `*_h13_*`, 8B and 14B (measured after the margin was chosen)",
+    "_h14_": "2026-12-04 H200, `*_h14_*`, 8B (measured after the margin was chosen)",
+    "_h15_": "2026-12-04 H200, `*_h15_*`, 24B (measured after the margin was chosen)",
+    "_h16_": "2026-12-04 H200, `*_h16_*`, 8B and 24B (measured after the margin was chosen)",
 }
+#: The row label of the windows the margin was chosen on (every start without a host tag).
+EARLIER_HOSTS = "2026-12-01 and 2026-12-02 H200, before `*_h4_*`"
 
 
 def real_table(windows: list[RealWindow]) -> str:
-    """Per session: the margin its windows needed, and what the shipped rule saves below the best."""
+    """Per host: the margin its windows needed, and what the shipped rule saves below the best."""
     rule = EarlyStop()
-    sessions: dict[str, list[RealWindow]] = {"first three sessions": [], **{label: [] for label in LATER_HOSTS.values()}}
+    hosts: dict[str, list[RealWindow]] = {EARLIER_HOSTS: [], **{label: [] for label in LATER_HOSTS.values()}}
     for w in windows:
         tag = next((t for t in LATER_HOSTS if t in w.name), None)
-        sessions.setdefault(LATER_HOSTS[tag] if tag else "first three sessions", []).append(w)
+        hosts.setdefault(LATER_HOSTS[tag] if tag else EARLIER_HOSTS, []).append(w)
     lines = [f"margin {rule.margin:g} after {rule.min_fraction:.0%} of the requests answered", "",
              "| windows | n | largest margin needed | windows the rule would cut at a tied best | "
              "window saved, 15% below the best | 30% below |", "|---|---|---|---|---|---|"]
-    for label, group in sessions.items():
+    for label, group in hosts.items():
         if not group:
             continue
         needed = max(margin_needed(w) for w in group)

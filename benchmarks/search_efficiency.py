@@ -1,6 +1,6 @@
 """How much GPU time does a search need to find the best preemption-free configuration?
 
-Issue 7's goal: reach >= 98% of the grid's best preemption-free throughput with <= 25% of the
+The goal: reach >= 98% of the grid's best preemption-free throughput with <= 25% of the
 grid's GPU time, and spend < 2% of a study's GPU time on trials that fail at startup.
 
 1. Landscapes. For each cell (model x GPU x workload) the full memory-pair grid
@@ -474,7 +474,7 @@ def write_doc(path: Path, table: str, mf_table: str, accuracy: str, stops: str, 
     cells = "\n".join(f"- `{c.name}`: {c.model} on {c.gpu}, {c.note}" for c in CELLS)
     text = f"""# Search efficiency: GPU time to the best configuration
 
-Issue 7's goal: reach at least 98% of the grid's best preemption-free throughput with at most 25% of
+The goal: reach at least 98% of the grid's best preemption-free throughput with at most 25% of
 the grid's GPU time, and spend under 2% of a study's GPU time on trials that fail at startup.
 Its tables are written by `benchmarks/search_efficiency.py` (see its docstring for the method), its
 prose by hand against them (a rerun refreshes the tables and keeps the prose); rerun it with
@@ -552,7 +552,7 @@ the Qwen cell in 8/10 seeds instead of 1/10 (on the mismatched A100 cell it stay
 instead of 2/10); `servetune` on the mismatched A100 cell at 0.75 h (5% of the grid) instead of
 1.61 h (10%), on the mismatched Poisson H100 cell at 0.49 h (5%) instead of 1.01 h (10%). Where
 the informed start already lands on the best point (`servetune` on the closed-loop cells) there
-is no time-to-best left to gain; the saving is the rest of the study. Issue 7's targets hold for
+is no time-to-best left to gain; the saving is the rest of the study. The goal's targets hold for
 `servetune+mf` on every simulated row: 98% of the grid's best within 5% of the grid's GPU time,
 under 2% of it on startup failures (0.3-0.5% on the Qwen cells, none elsewhere: at
 gpu_memory_utilization 0.35 the pre-screen plans a start of an already-compiled configuration
@@ -672,10 +672,10 @@ requests of every real vLLM window in `tests/fixtures/real_h200` (what the decid
 {real_stops}
 
 Closed loops of 2-4 waves are the hard case: every wave starts with its prefills, and the rate
-so far dips at each. Under the margin of 1.5 used until 2026-12-02, 7 of the first three
-sessions' and fourth host's 66 windows would have been cut below their own final rate (by up to
-3%), and one of the fifth host's; 1.6 is the first 0.05 step above what the first three sessions'
-windows needed, and the two later hosts' 28 windows, measured after, needed at most 1.521.
+so far dips at each. Under the margin of 1.5 used until 2026-12-02, 7 of the 66 windows of
+2026-12-01 and 2026-12-02 up to `*_h4_*` would have been cut below their own final rate (by up to
+3%), and one of `*_h5_*`'s; 1.6 is the first 0.05 step above what the windows before `*_h4_*`
+needed, and the two later hosts' 28 windows, measured after, needed at most 1.521.
 
 ## Pre-screen accuracy on real vLLM 0.26 starts (H200, servetune-test-850m)
 

@@ -18,26 +18,26 @@ WINDOWS = real_windows()
 
 
 def test_every_real_window_with_recorded_requests_is_replayed() -> None:
-    # The 0.85B model's windows and the user-scale starts' (163 of them: 8B, 14B and the ninth to
-    # twelfth sessions' 21 of a 24B model; the profiled windows are left out), all recorded.
+    # The 0.85B model's windows and the user-scale starts' (163 of them: 8B, 14B and the 21 of a 24B
+    # model, 2026-12-04, *_h10_* to *_h16_*; the profiled windows are left out), all recorded.
     assert len(WINDOWS) == 171
-    # The smallest: the twelfth session's 8B eager window at 4 in flight, 8 requests.
+    # The smallest: the *_h16_* host's 8B eager window at 4 in flight, 8 requests.
     assert all(w.final_throughput > 0 and len(w.finishes) >= 8 for w in WINDOWS)
 
 
 def test_the_rule_never_cuts_a_real_window_that_would_tie_the_best() -> None:
     """With the best so far equal to the window's own final rate, the shipped rule lets every
     real window run to its end (under margin 1.5, ten of them were cut, by up to 3%). The margin
-    was chosen on the first three sessions' windows; the fourth to ninth hosts' 80 windows,
-    measured after, needed at most 1.523 (1.5 cuts the fifth's 14B prefill-heavy window, two of
-    the sixth's prefill-heavy ones and the seventh's 14B fp8 prefill-heavy one; none of the
-    eighth session's two hosts, which needed 1.499 and 1.398). The ninth session's 24B windows
+    was chosen on the H200 windows of 2026-12-01 and 2026-12-02 before *_h4_*; the 80 windows of
+    *_h4_* to *_h9_*, measured after, needed at most 1.523 (1.5 cuts *_h5_*'s 14B prefill-heavy
+    window, two of *_h6_*'s prefill-heavy ones and *_h7_*'s 14B fp8 prefill-heavy one; none of
+    *_h8_*'s and *_h9_*'s, which needed 1.499 and 1.398). The 24B windows of *_h10_* and *_h11_*
     needed up to 1.587 (both prefill-heavy anchors, which 1.5 cuts): inside 1.6, with little room.
-    The tenth session's four clean anchors needed 1.580 (24B again), 1.518 (14B; both cut by 1.5),
-    1.492 and 1.281 (8B at budgets 8192 and 2048). The eleventh session's nine (two hosts, in no
-    choice of the rule) needed at most 1.506 (the 24B anchor under a 4,096-token budget, which 1.5
-    cuts), the 24B eager anchor 1.491, 8B 1.412 at most. The twelfth session's sixteen (one host,
-    in no choice of the rule) needed at most 1.582 (the 24B anchor) and 1.503 (the 8B anchor; both
+    The four clean anchors of the profiled hosts *_h12_* and *_h13_* needed 1.580 (24B again), 1.518
+    (14B; both cut by 1.5), 1.492 and 1.281 (8B at budgets 8192 and 2048). The nine of *_h14_* and
+    *_h15_* (in no choice of the rule) needed at most 1.506 (the 24B anchor under a 4,096-token
+    budget, which 1.5 cuts), the 24B eager anchor 1.491, 8B 1.412 at most. The sixteen of *_h16_*
+    (in no choice of the rule) needed at most 1.582 (the 24B anchor) and 1.503 (the 8B anchor; both
     cut by 1.5); its eager windows at most 1.456."""
     rule = EarlyStop(max_preemptions=0)
     for w in WINDOWS:

@@ -38,15 +38,15 @@ def test_fixtures_hold_every_healthy_window_with_its_preemption_counts() -> None
 
 def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_in_no_fit() -> None:
     """The starts measured after the folds were fitted (_fidelity.UNSEEN_STARTS: the decode-heavy 8B
-    start of the third device session, the four starts of the fourth, the two of the fifth, the four
-    of the sixth, the six of the seventh, the two of the eighth, one of the eighth session's second
-    host, the ninth session's four 24B starts on two hosts, the tenth's five profiled starts on two
-    hosts, the eleventh's four on two hosts, the twelfth's six on one) are left out of load_evidence,
+    start of 2026-12-02 (*_dec), the four starts of *_h4_*, the two of *_h5_*, the four of *_h6_*,
+    the six of *_h7_*, the two of *_h8_*, one of *_h9_*, the four 24B starts of *_h10_* and *_h11_*,
+    the five profiled starts of *_h12_* and *_h13_*, the four of *_h14_* and *_h15_*, the six of
+    *_h16_*; 2026-12-02 to 2026-12-04, H200) are left out of load_evidence,
     which every fold reads, and loaded by load_unseen_runs with the unseen studies' trials: 5 + 15 +
     13 + 23 + 17 + 8 + 4 + 11 + 4 + 9 + 16 windows (the clean ones; profiled windows are no fidelity
     windows) + 11 trials, 8B and 14B but for the 24B ones, a size no fit has seen. The committed
     calibration's joint fit (load_calibration_runs) takes all of them but the held-out hosts' 23 +
-    17 + 8 + 4 + 5 + 6 + 1 + 3 + 9 + 16 windows; of those, the sixth host's 4 fp8 KV windows fit
+    17 + 8 + 4 + 5 + 6 + 1 + 3 + 9 + 16 windows; of those, the *_h6_* host's 4 fp8 KV windows fit
     fp8_kv_read_efficiency alone, and the other 84 nothing fitted has seen."""
     from _fidelity import (FP8_FIT_STARTS, HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, in_calibration_fit,
                            load_calibration_runs, load_unseen_runs)
@@ -66,7 +66,7 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_
     held_out = {name for name in unseen if not in_calibration_fit(name)}
     assert {host_of(name) for name in held_out} == set(HELD_OUT_HOSTS)
     assert len(held_out) == 88 and not calibration & held_out
-    # The sixth host's fp8 start is fitted alone (fp8_kv_read_efficiency), not in the joint fit.
+    # The *_h6_* host's fp8 start is fitted alone (fp8_kv_read_efficiency), not in the joint fit.
     fp8_fit = {name for name in unseen if any(name.startswith(f"scale/{s}/") for s in FP8_FIT_STARTS)}
     assert len(fp8_fit) == 4 and all(in_calibration_fit(name) and host_of(name) in HELD_OUT_HOSTS for name in fp8_fit)
     assert calibration == fitted | (set(unseen) - held_out - fp8_fit)
@@ -78,36 +78,36 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     host's other windows simulated with it (_fidelity.host_checks; `sim_fidelity.py --unseen`).
     Nothing is fitted to throughput and no judged window is the calibrating one.
 
-    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: the sixth to the twelfth session's, in no
+    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: *_h6_* to *_h16_*, 2026-12-03 and -04, in no
     fit but the one start fp8_kv_read_efficiency was fitted on, _fidelity.FP8_FIT_STARTS) judge the
     rule, on their never-fitted windows. Under the 2026-12-04 calibration (kernel-measured GPU
     knobs, vLLM's output slices, the eager rule of that day's second change, whose launch floor
     scales with the factor too) the factor moves throughput little on the hosts without eager
-    windows (sixth 1.9% to 2.0%, seventh 4.6% to 4.3%, eighth 1.6% to 1.7%, its second host 1.6% to
-    1.2%, ninth 4.5% to 4.7%, its second 1.6%, tenth's second 5.3% to 2.4%, eleventh 2.2% to 3.3%)
-    and much on the two with them (the eleventh's second 10.2% to 5.9%, the twelfth 8.3% to 5.1%):
-    9.5 points gained over the ten. First tokens move both ways: the tenth session's second host
-    22.6% to 10.3% and the seventh 10.6% to 7.4%, but the ninth 8.8% to 16.2% (its 24B decode
-    windows' first tokens late at 32 and 128 in flight) and the eleventh's second 4.2% to 7.9%;
+    windows (*_h6_* 1.9% to 2.0%, *_h7_* 4.6% to 4.3%, *_h8_* 1.6% to 1.7%, *_h9_* 1.6% to
+    1.2%, *_h10_* 4.5% to 4.7%, *_h11_* 1.6%, *_h13_* 5.3% to 2.4%, *_h14_* 2.2% to 3.3%)
+    and much on the two with them (*_h15_* 10.2% to 5.9%, *_h16_* 8.3% to 5.1%):
+    9.5 points gained over the ten. First tokens move both ways: *_h13_*
+    22.6% to 10.3% and *_h7_* 10.6% to 7.4%, but *_h10_* 8.8% to 16.2% (its 24B decode
+    windows' first tokens late at 32 and 128 in flight) and *_h15_* 4.2% to 7.9%;
     over the ten, TTFT gains 0.5 points. (Under the 2026-12-03 calibration,
     benchmarks/results/sim_calibration_2026_12_03_h200.json, it gained TTFT on most hosts: 28.5% to
-    22.2% on the eighth session's second.) The three earlier hosts' runs are in the calibration's
+    22.2% on *_h9_*.) The three earlier hosts' runs (2026-12-02: study_q14b, *_h4_*, *_h5_*) are in the calibration's
     fit, each at its factor, so their rows are a fit. What every host must still show: a factor of
     its own, the preemption verdict right, and no window far off; the bounds hold the measured worst
-    with room (the third host's 256-in-flight decode window, 8.4%; the fourth's, 5.6%; the fifth's
-    8B decode at 128, 5.1%; the sixth's 8B decode at 2,048-token outputs, 5.4%; the seventh's fp8
+    with room (the study_q14b host's 256-in-flight decode window (*_dec), 8.4%; *_h4_*'s, 5.6%; *_h5_*'s
+    8B decode at 128, 5.1%; *_h6_*'s 8B decode at 2,048-token outputs, 5.4%; *_h7_*'s fp8
     KV decode at 192 in flight, 41.3%: vLLM 0.26's fp8 path served that load 20% slower than bf16
     on the same host, where it was 1-6% faster at 32-128 in flight, and the simulator has no term
-    for it; the eighth's 14B decode at 128, 3.8%; its second host's 8B decode at 32, 2.9%; the
-    ninth session's 24B decode at 128, 6.5%, and its second host's prefill-heavy anchor workload,
-    3.7%; the tenth's second, 3.2%; the eleventh's 8B shared-prefix window, 8.9% slow, and its
-    second host's 24B shared-prefix window, 8.0% slow; the twelfth's 8B eager decode at 128 in
-    flight, 21.9% slow (see the targets test). The eighth
+    for it; *_h8_*'s 14B decode at 128, 3.8%; *_h9_*'s 8B decode at 32, 2.9%;
+    *_h10_*'s 24B decode at 128, 6.5%, and *_h11_*'s prefill-heavy anchor workload,
+    3.7%; *_h13_*'s, 3.2%; *_h14_*'s 8B shared-prefix window, 8.9% slow, and
+    *_h15_*'s 24B shared-prefix window, 8.0% slow; *_h16_*'s 8B eager decode at 128 in
+    flight, 21.9% slow (see the targets test). The *_h8_*
     host's API server was the cheapest yet (factor 1.08, where the others read 1.19-1.72), so the
     factor's bound is only that it exceeds 1: no real host's API server has been cheaper than the
     simulator's calibration. So each host may lose a little (1.5 points of throughput, 8 of TTFT at
     most), over the held-out hosts throughput must gain, and on one host at least TTFT must gain
-    much (the tenth session's second, whose anchor sets a factor of 1.40)."""
+    much (*_h13_*, whose anchor sets a factor of 1.40)."""
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
     worst_allowed = {"2026-12-02 H200, study_q14b": 0.10, "2026-12-02 H200, *_h4_*": 0.08, "2026-12-02 H200, *_h5_*": 0.08,
@@ -134,51 +134,51 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
             assert host["ttft_mae"] < plain["ttft_mae"] + 0.08, check.host
             ttft_gains.append(plain["ttft_mae"] - host["ttft_mae"])
             throughput_gains.append(plain["throughput_mae"] - host["throughput_mae"])
-    assert max(ttft_gains) > 0.10  # the tenth session's second host: 22.6% to 10.3%
+    assert max(ttft_gains) > 0.10  # the *_h13_* host: 22.6% to 10.3%
     assert sum(throughput_gains) > 0.05  # over the held-out hosts: 9.5 points
 
 
 def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> None:
-    """Issue 12's targets on the runs no fit has seen (the held-out hosts, each at its factor read
-    off its anchor window, as a study's screen applies it, less the sixth host's fp8 start that
+    """The simulator's accuracy targets on the runs no fit has seen (the held-out hosts, each at its factor read
+    off its anchor window, as a study's screen applies it, less the *_h6_* host's fp8 start that
     fp8_kv_read_efficiency was fitted on): mean output-throughput error <= 5% and TPOT <= 7% per
     load shape, TTFT <= 20%, the preemption verdict right on every run. Measured under the
     2026-12-04 calibration (its GPU kernels' knobs read off three GEMM probes and the traced steps
-    of the tenth and eleventh sessions' hosts, in other windows of the same starts; its CPU knobs
-    fitted on the first five sessions' hosts) on the bf16 KV starts: sixth host prefill-heavy 1.6%,
-    TPOT 1.1%, TTFT 8.1%, decode-heavy 2.1%, 2.2%, 9.9%; seventh host decode 1.4%, 1.4%, 8.2%, and
+    of the *_h12_* to *_h15_* hosts, in other windows of the same starts; its CPU knobs
+    fitted on the hosts of 2026-12-01 and 2026-12-02) on the bf16 KV starts: *_h6_* prefill-heavy 1.6%,
+    TPOT 1.1%, TTFT 8.1%, decode-heavy 2.1%, 2.2%, 9.9%; *_h7_* decode 1.4%, 1.4%, 8.2%, and
     its one non-anchor prefill-heavy window (Poisson 12 req/s, 1024 in / 256 out) 0.1%, TPOT 14.3%
-    (10.0 ms simulated against 8.7), TTFT 7.6%; the eighth session's first host (decode only
-    besides its anchor) 1.7%, 1.3%, 14.8%; its second host (outputs uniform in 512-1536 at 32 and
+    (10.0 ms simulated against 8.7), TTFT 7.6%; *_h8_* (decode only
+    besides its anchor) 1.7%, 1.3%, 14.8%; *_h9_* (outputs uniform in 512-1536 at 32 and
     128 in flight, a Poisson rate) 1.2%, 1.3%, TTFT 26.2%, the TTFT miss left (22.2% under the
     2026-12-03 calibration; the simulated first tokens late at 128 in flight, early at 32 and on
-    the Poisson load). The 24B shape (Mistral-Small-24B, in no fit; its kernels traced on the tenth
-    and eleventh sessions' hosts): the ninth session's first host decode-heavy 4.7%, 6.1%, TTFT
-    16.2%; its second host decode 1.9%, 1.8%, 5.9%, prefill-heavy 2.6%, 3.1%, 2.4% (under the
+    the Poisson load). The 24B shape (Mistral-Small-24B, in no fit; its kernels traced on the
+    *_h12_* to *_h15_* hosts): *_h10_* decode-heavy 4.7%, 6.1%, TTFT
+    16.2%; *_h11_* decode 1.9%, 1.8%, 5.9%, prefill-heavy 2.6%, 3.1%, 2.4% (under the
     2026-12-03 calibration 7.5%, 6.6%: the 24B prefill-heavy miss the kernels explained, GEMMs
-    priced 14-16% fast); the tenth session's second host (two 8B anchors) 2.4%, 5.1%, 10.3%.
-    The eleventh session's two hosts (collected before either calibration of that day): 8B
+    priced 14-16% fast); *_h13_* (two 8B anchors) 2.4%, 5.1%, 10.3%.
+    *_h14_* and *_h15_* (collected before either calibration of that day): 8B
     decode-heavy 0.7%, 3.5%, 12.7%, prefill-heavy 5.9%, 6.2%, TTFT 18.6% (its shared-prefix window,
     768 of 1,024 prompt tokens cached, 8.9% slow; 14.3% under the 2026-12-03 calibration); 24B
     decode-heavy (one window, uneven outputs at 192 in flight) 5.7%, 5.5%, 10.2%, prefill-heavy
     6.1%, 7.2%, 6.8%: the eager anchor 4.1% fast (19.9% under the eager rule before, the whole
     step's work hiding the launches, and a floor not scaled with the host's CPU) and the
-    shared-prefix window 8.0% slow. The twelfth session's host (collected before that rule, in no
+    shared-prefix window 8.0% slow. *_h16_* (collected before that rule, in no
     fit): prefill-heavy (8B and 24B, eager and CUDA graphs, 4 to 256 in flight) 3.6%, 5.4%, 4.1%;
     decode-heavy 6.2%, 8.1%, 23.9%: its CUDA-graph windows within 5.5% but its eager decode ones
     slow, 8B at 128 in flight 21.9% and 24B 15.5% (the attention of short contexts hides the
     launches more than the rule lets it), and first tokens late on the eager loads at 16 and 64 in
-    flight (+76%, +45%). Misses held with little room: those, the seventh host's Poisson TPOT and
-    the eighth session's second host's TTFT.
-    On the fp8 KV windows, judged with the knob fitted on the sixth host's four: the seventh host's
-    nine, eight within 8%, the ninth (decode at 192 in flight) 41.3% fast (vLLM's fp8 path ran that
+    flight (+76%, +45%). Misses held with little room: those, *_h7_*'s Poisson TPOT and
+    *_h9_*'s TTFT.
+    On the fp8 KV windows, judged with the knob fitted on the *_h6_* host's four: the *_h7_* host's
+    nine, eight within 8%, the other one (decode at 192 in flight) 41.3% fast (vLLM's fp8 path ran that
     load 20% slower than bf16 on the same host); the 24B host's two (64 and 128 in flight) within
     1%; all eleven 5.6%, TPOT 4.4%. The bounds are the measured figures with room, so a change that
     makes them worse fails."""
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
     checks = [c for c in host_checks() if c.host in HELD_OUT_HOSTS]
-    # The tenth session's first host has no check: its one clean window is its factor's.
+    # *_h12_* has no check: its one clean window is its factor's.
     assert [c.host for c in checks] == ["2026-12-03 H200, *_h6_*", "2026-12-03 H200, *_h7_*", "2026-12-03 H200, *_h8_*", "2026-12-03 H200, *_h9_*",
                                         "2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h13_*",
                                         "2026-12-04 H200, *_h14_*", "2026-12-04 H200, *_h15_*", "2026-12-04 H200, *_h16_*"]
@@ -188,12 +188,12 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
             return [r for r in check.with_factor if r.real.shape == shape and not in_calibration_fit(r.name)
                     and (r.real.flags.get("kv_cache_dtype") == "fp8") is fp8]
 
-        # TTFT: the target, but the eighth session's second host's and the twelfth's decode windows
+        # TTFT: the target, but *_h9_*'s and *_h16_*'s decode windows
         # (the misses left, with room; see the docstring).
         decode_ttft_bound = {"2026-12-03 H200, *_h9_*": 0.30, "2026-12-04 H200, *_h16_*": 0.26}.get(check.host, 0.20)
         for shape, ttft_bound in (("prefill", 0.20), ("decode", decode_ttft_bound)):
             if not rows(shape, fp8=False):
-                continue  # the eighth session's hosts measured only their anchor prefill-heavy (asserted below)
+                continue  # *_h8_* and *_h9_* measured only their anchor prefill-heavy (asserted below)
             judged.add((check.host, shape))
             e = error_summary(rows(shape, fp8=False))
             # Throughput and TPOT: the targets, but the misses left (see the docstring).
@@ -217,7 +217,7 @@ def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> 
 
 
 def test_a_size_no_fit_has_seen_ranks_its_two_flag_sets_as_vllm_did() -> None:
-    """The eleventh H200 host served the 24B shape (Mistral-Small-24B, in no fit) on the anchor's
+    """The 2026-12-04 H200 host *_h11_* served the 24B shape (Mistral-Small-24B, in no fit) on the anchor's
     workload (1024 in / 256 out, 512 requests at 256 in flight) under two flag sets: 0.9 x 256 x
     8192 at 2,378 tok/s and 0.9 x 128 x 2048 at 2,219 (7% less). The committed calibration, at the
     host's factor read off the second of them, ranks them the same way (2,467 against 2,219: the
@@ -307,7 +307,7 @@ def test_preemption_verdict_held_out(fold: str) -> None:
 def test_the_8b_fold_on_the_real_grid_ranks_its_best_flag_set_first() -> None:
     """The real servetune grid (tests/fixtures/real_h200/study_l8b: util x max_num_seqs x
     max_num_batched_tokens at 8B) with the knobs of the fold fitted without any 8B run: the
-    simulator calls the grid's best preemption-free flag set best (issue 12's "best flag set of
+    simulator calls the grid's best preemption-free flag set best (the accuracy target "best flag set of
     each grid ranked first"), and every trial's preemption verdict right, its count within 5%."""
     from sim_fidelity import grid_ranking
 
@@ -360,11 +360,11 @@ def test_the_committed_calibration_on_real_studies_measured_after_it_was_fitted(
 def test_the_load_generators_measured_cpu_per_chunk_bounds_the_client_stage() -> None:
     """The simulated load generator reads each SSE chunk in ``client_chunk_s`` times the host's
     factor (sim/frontend.py). That knob was chosen on the fitting windows' latency (60 us; 40 us
-    scored within 1% of it), before any window measured the client. The ninth session's 24B
-    windows did (collect.py's ``client_cpu_s``: the collecting process, every thread, the gauge
+    scored within 1% of it), before any window measured the client. The 24B windows of *_h10_*
+    and *_h11_* (2026-12-04) did (collect.py's ``client_cpu_s``: the collecting process, every thread, the gauge
     sampler's /metrics reads too): over each window's chunks and at its host's factor, 0.62-0.92
-    of the knob; with the later hosts' 24B windows (to the twelfth session's), 0.61-0.98, the top
-    one the sixteenth host's eager prefill-heavy window. So the knob sits at the top of what the
+    of the knob; with the later hosts' 24B windows (to *_h16_*), 0.61-0.98, the top
+    one the *_h16_* host's eager prefill-heavy window. So the knob sits at the top of what the
     client spends: a client stage that cost more than it, or under half of it, would contradict
     the one direct measurement."""
     import gzip

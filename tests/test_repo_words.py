@@ -1,0 +1,140 @@
+"""The repository speaks of the product: no work-process words, no path outside the repository.
+
+Evidence is named by what it is (date, GPU, model, flags, fixture folder), never by the order in which
+the machines that produced it were lent, nor by the team's tracker. This test reads every tracked file
+(``git ls-files``) that is text and under 2 MB, except fixture data: under ``tests/fixtures``,
+``benchmarks/results`` and ``benchmarks/landscapes`` only ``README*`` / ``SOURCES*`` files are read
+(the data there is what vLLM and the collectors printed, and stays byte for byte).
+
+A line fails on any of these (``WORD_RULES``, case-insensitive):
+
+* ``ordinal session``: an ordinal word (first ... twentieth), optionally joined to a second ordinal
+  ("the tenth and eleventh") or followed by a count ("first three"), then optionally "device", then
+  "session(s)": "the twelfth session's host", "the first three sessions". A Ray session, a database
+  or HTTP session, a process session (``start_new_session``) or a pytest fixture scope never follows
+  an ordinal, so they pass.
+* ``device session``: the words "device session(s)" in any form.
+* ``session by session``: a narrative told in the team's working order.
+* ``numbered host``: an ordinal from "fourth" up (optionally "... to ninth", or "H200", "GPU",
+  "fresh" between) before "host(s)": "the sixteenth H200 host". "a second fresh host" and "the first
+  host" are ordinary English and pass; from the fourth on, a host is named by its folder tag instead
+  (``*_h16_*``, with its date).
+* ``ordinal possessive``: an ordinal from "fourth" up with "'s" ("the fourteenth's first window"),
+  the same numbering by another name.
+* ``tracker issue``: "issue 12" / "issues 12" (no ``#``): the team's tracker. A source is cited with
+  its repository and a ``#``: "vLLM issue #51041", "ray-project/kuberay#4366"; "issue #N" fails
+  unless a repository name (vLLM, LMCache, Ray, KubeRay, llm-d, or ``owner/name``) precedes it on the
+  same line.
+* ``path outside the repository``: ``/work/...`` anywhere (the developers' machines); ``/root/...``
+  unless it is the GPU host's own layout that its command lines and recorded runs name
+  (``/root/model``, ``/root/m8b``, ``/root/m14b``, ``/root/m24b``, ``/root/prof/...``,
+  ``/root/gpu/...``, ``/root/.pyenv/...``, ``/root/.cache/...``).
+
+``ALLOWED`` lists files not cleaned yet (modules being reshaped elsewhere at the time of writing).
+It can only shrink: the test fails too when a listed file is already clean, so the entry goes.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_BYTES = 2_000_000
+DATA_DIRS = ("tests/fixtures/", "benchmarks/results/", "benchmarks/landscapes/")
+TEXT_DOCS = re.compile(r"(^|/)(README|SOURCES)[^/]*$")
+
+_ORD_LOW = "first|second|third"
+_ORD_HIGH = ("fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth|"
+             "sixteenth|seventeenth|eighteenth|nineteenth|twentieth")
+_ORD = f"{_ORD_LOW}|{_ORD_HIGH}"
+_REPO_NAME = r"(vLLM|LMCache|Ray|KubeRay|llm-d|[\w.-]+/[\w.-]+)"
+
+WORD_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("ordinal session", re.compile(
+        rf"\b({_ORD})(\s*(,|and|to|or)\s+(the\s+)?({_ORD}))*(\s+(two|three|four|five|six))?"
+        r"\s+(device\s+)?sessions?\b", re.I)),
+    ("device session", re.compile(r"\bdevice[\s-]+sessions?\b", re.I)),
+    ("session by session", re.compile(r"\bsession\s+by\s+session\b", re.I)),
+    ("numbered host", re.compile(
+        rf"\b({_ORD_HIGH})(\s+(to|and)\s+(the\s+)?({_ORD}))?(\s+(H200|H100|GPU|fresh))?\s+hosts?\b", re.I)),
+    ("ordinal possessive", re.compile(rf"\b({_ORD_HIGH})'s\b", re.I)),
+    ("tracker issue", re.compile(r"\bissues?\s+\d+", re.I)),
+    ("path outside the repository", re.compile(
+        r"(?<![\w.~-])(/work/|/root/(?!(model|m8b|m14b|m24b|prof|gpu|\.pyenv|\.cache)\b))")),
+)
+_SOURCE_ISSUE = re.compile(r"\bissues?\s+#\d+", re.I)
+_REPO_BEFORE = re.compile(_REPO_NAME + r"\b[^.;]{0,30}$")
+
+#: Files with such words left, to be cleaned where they are being rewritten. Only ever remove entries.
+ALLOWED: frozenset[str] = frozenset({
+    "platform/servetune/engines/vllm/logs.py",
+    "platform/servetune/planner/comm.py",
+    "tests/planner/test_comm.py",
+    "tests/planner/test_memory.py",
+    "tests/planner/test_published_logs.py",
+    "tests/planner/test_gpu_names.py",
+})
+
+
+def _tracked() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60)
+    return [p for p in out.stdout.decode().split("\0") if p]
+
+
+def _read(rel: str) -> str | None:
+    """The file's text, or None for fixture data, binaries, big files and paths gone from the tree."""
+    if rel.startswith(DATA_DIRS) and not TEXT_DOCS.search(rel):
+        return None
+    path = ROOT / rel
+    if not path.is_file() or path.stat().st_size > MAX_BYTES:
+        return None
+    data = path.read_bytes()
+    if b"\0" in data[:8192]:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def findings(text: str) -> list[tuple[int, str, str]]:
+    """(line number, rule, matched text) for every work-process word or outside path in ``text``."""
+    found: list[tuple[int, str, str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for rule, pattern in WORD_RULES:
+            found += [(number, rule, m.group(0)) for m in pattern.finditer(line)]
+        for m in _SOURCE_ISSUE.finditer(line):
+            if not _REPO_BEFORE.search(line[:m.start()]):
+                found.append((number, "tracker issue", m.group(0)))
+    return found
+
+
+def test_rules_catch_process_words_and_pass_product_words() -> None:
+    bad = ["the twelfth session's host", "the third device session", "first three sessions' windows",
+           "the tenth and eleventh sessions' hosts", "the sixth to the twelfth session's",
+           "a device session", "the sixteenth H200 host", "the fourth to ninth hosts' 80 windows",
+           "the fourteenth's ran", "see issue 19", "(issue 12 items 1, 5, 6)", "issue #19 says",
+           "/work/shared/gpu/examples/server1.log", "cat /root/notes.txt", "session by session"]
+    good = ["start_new_session=True", "the Ray session's logs", "@pytest.fixture(scope=\"session\")",
+            "sessions terminated, transactions rolled back", "a second fresh host", "the first host",
+            "vLLM issue #51041 ('H20 (95 GiB)')", "ray-project/kuberay#4366", "LMCache issue #1739",
+            "vLLM CI, issue #33297", "2026-12-04 H200, *_h16_*", "model: /root/m8b", "/tmp/ray/session_latest",
+            "/root/.cache/vllm/torch_compile_cache/", "the fourth calibration", "a third host's GEMMs"]
+    assert [b for b in bad if not findings(b)] == []
+    assert [(g, findings(g)) for g in good if findings(g)] == []
+
+
+def test_repository_speaks_of_the_product_only() -> None:
+    dirty: dict[str, list[tuple[int, str, str]]] = {}
+    for rel in _tracked():
+        text = _read(rel)
+        if text is not None and rel != "tests/test_repo_words.py":
+            hits = findings(text)
+            if hits:
+                dirty[rel] = hits
+    unexpected = {rel: hits[:5] for rel, hits in dirty.items() if rel not in ALLOWED}
+    assert unexpected == {}, "work-process words or outside paths (name evidence by date, GPU, model, flags, folder)"
+    clean_now = sorted(ALLOWED - set(dirty))
+    assert clean_now == [], "these files are clean now: take them off ALLOWED"
