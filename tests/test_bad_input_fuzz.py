@@ -1,4 +1,4 @@
-"""Bad-input fuzz (issue 6): broken variants of jobs/quickstart.yaml are refused with SpecError only.
+"""Bad-input fuzz: broken variants of jobs/quickstart.yaml are refused with SpecError only.
 
 A seeded generator (no hypothesis: not installed) derives broken specs from the valid quickstart:
 dropped required keys, wrong types, unknown keys, out-of-range numbers, impossible combinations,

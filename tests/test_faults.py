@@ -1,4 +1,4 @@
-"""Fault matrix (issue 6): a study keeps every result through an MLflow outage and a locked storage.
+"""Fault matrix: a study keeps every result through an MLflow outage and a locked storage.
 
 Real services only: a dedicated ``mlflow server`` (own port, own SQLite backend, so stopping it
 does not disturb the session fixture), local Ray with logical GPUs, Optuna SQLite.

@@ -1,7 +1,7 @@
 """The 14B recorded landscape on one H200 (vLLM 0.26.0), kept as evidence and rechecked in CI.
 
 ``study_q14b``: `servetune tune benchmarks/real_vllm/h200_q14b_grid.yaml` (then ``--resume``) on
-two hosts (two sessions of 2026-12-02): a random-weight Qwen2.5-14B-shaped model with a tokenizer
+two hosts (both 2026-12-02): a random-weight Qwen2.5-14B-shaped model with a tokenizer
 covering its vocabulary, the 8B grid's workload (1024-token prompts, 256-token outputs, 512
 requests at 256 in flight) over gpu_memory_utilization {0.5, 0.9} x max_num_seqs {128, 256} x
 max_num_batched_tokens {2048, 8192}, every cell launched. The first host measured trials 0-5
@@ -29,8 +29,8 @@ from servetune.search.propose import compile_cache_warm
 STUDY = Path(__file__).parent / "fixtures" / "real_h200" / "study_q14b"
 MODEL, GPU = load_model("qwen2.5-14b"), get_gpu("H200")
 ROWS = dataset.read_trials(STUDY / "dataset").sort_values("timestamp").to_dict("records")
-#: The host each trial ran on (a compile cache is the host's): the second session's fresh host
-#: from trial 6 on.
+#: The host each trial ran on (a compile cache is the host's): a fresh host (the one of
+#: scale/l8b_fv_u09_s256_mbt8192_dec) from trial 6 on.
 HOST_OF = {n: 1 if n <= 5 else 2 for n in range(9)}
 
 

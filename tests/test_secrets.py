@@ -1,4 +1,4 @@
-"""Security (issue 6): no shell, validated flag values, loopback binds, secrets never recorded.
+"""Security: no shell, validated flag values, loopback binds, secrets never recorded.
 
 The end-to-end check runs a real study (sim backend, real Ray, real ``mlflow server``) with a
 planted Hugging Face token in the environment and in spec fields, then reads back EVERYTHING the

@@ -6,7 +6,7 @@ Bad input runs through ``servetune.cli.main`` in this process (an escaping excep
 outright) and, for a sample, through a real ``python -m servetune`` process. Closed pipes need real
 file descriptors: the command's stdout is the write end of a pipe whose read end is already closed,
 so its first write meets EPIPE, deterministically; and the literal ``servetune diagnose LOG | head -1``
-of issue 14 runs through bash with ``pipefail``.
+(a user's shell pipeline) runs through bash with ``pipefail``.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ CASES = [
     (["tune", "runs_is_a_file.yaml"], "output.runs_dir: "),
     (["tune", "db_under_a_file.yaml"], "storage.optuna_url: afile is a file"),
     (["tune", "db_in_missing_folder.yaml"], "storage.optuna_url: the folder no/such/folder"),
-    # best: the Optuna database (issue 14: a 119-line SQLAlchemy traceback, twice, exit 1)
+    # best: the Optuna database (once a 119-line SQLAlchemy traceback, twice, exit 1)
     (["best", "quickstart"], "--storage: no Optuna database at servetune-runs/optuna.db"),
     (["best", QUICKSTART], "storage.optuna_url: no Optuna database at"),
     (["best", "missing.yaml"], "file not found: missing.yaml"),

@@ -1,7 +1,7 @@
 """servetune.sim.vllm_log: the rendered lines parse like vLLM's and reproduce the real H200 logs.
 
-The real logs are vLLM 0.26.0 on an H200 with the test model (tests/fixtures/real_h200 and
-/work/shared/gpu/examples/server1.log); the figures in them are compared line for line with what
+The real logs are vLLM 0.26.0 on an H200 with the test model (tests/fixtures/real_h200, its
+examples/server1.log among them); the figures in them are compared line for line with what
 the stand-in prints for the same flags, via the real planner (servetune.planner.memory.plan_memory).
 """
 
@@ -20,7 +20,7 @@ from servetune.planner.modelinfo import load_model
 from servetune.sim import vllm_log
 from servetune.sim.vllm_log import LogRecord, format_record, startup_script
 
-# The shapes of vLLM 0.26's own lines (tests/fixtures/real_h200 and shared/gpu/examples match them): every
+# The shapes of vLLM 0.26's own lines (tests/fixtures/real_h200 matches them): every
 # line the stand-in renders is checked against them, and the product's parser (engines/vllm/logs) reads
 # the same text. They live here, not in the package: the package has one set of log-line patterns.
 LOG_LINE_RE = re.compile(
@@ -40,7 +40,7 @@ STATS_RE = re.compile(
     r"Running: (\d+) reqs, Waiting: (\d+) reqs, GPU KV cache usage: ([\d.]+)%, Prefix cache hit rate: ([\d.]+)%")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_h200"
-SERVER1 = Path("/work/shared/gpu/examples/server1.log")
+SERVER1 = FIXTURES / "examples" / "server1.log"
 WHEN = datetime.datetime(2025, 11, 30, 0, 22, 4)
 PIDS = {"APIServer": 1742, "EngineCore": 1918}
 

@@ -5,8 +5,8 @@ context the decode requests read, the attention work of the prefill chunks) into
 engine step takes on the given GPU (vllm-internals.md §9). Pure arithmetic, no I/O, no randomness.
 
 Why per kernel, not one efficiency: a constant fitted on one small model absorbs that model's
-overheads, and a model ten times its size then runs on the wrong mix (issue 12: the 0.85B fit
-under-predicted 8B prefill throughput by 15-23%). Every term below is derived from the model's
+overheads, and a model ten times its size then runs on the wrong mix (the first H200 fit, on
+0.85B runs, under-predicted 8B prefill throughput by 15-23%). Every term below is derived from the model's
 shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stage of one step is:
 
 * **GEMMs**, four per layer on one TP rank (qkv, o, gate_up, down) plus the LM head on one row
@@ -28,7 +28,7 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
 * **Launch costs**: a decode-only batch up to the largest capture size replays one FULL CUDA graph
   (``graph_launch_s``), padded to the next capture size, and pays ``full_graph_layer_s`` per layer:
   inside a graph nothing is launched, but each of a layer's ~10 kernels still fills and drains the
-  GPU. The fifth H200 host's closed-loop decode steps (8B and 14B at 32-128 in flight, TPOT against
+  GPU. The 2026-12-02 H200 host ``*_h5_*``'s closed-loop decode steps (8B and 14B at 32-128 in flight, TPOT against
   batch) sat 0.85 ms (8B) and 1.38 ms (14B) above the 2026-12-02 model's bytes: 27-29 us a layer,
   or 0.05 ms per GB of weights, so layers and weight bytes tell it apart poorly. The 2026-12-03
   fit put it in the weights' HBM efficiency (0.79, from 0.92) and left this term near zero. A
@@ -42,12 +42,12 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   launches, the scheduling and the input preparation: the GEMMs and element-wise kernels hide the
   launches (``layers * eager_layer_overhead_s``, times the host's CPU factor) only as far as their
   GPU time reaches, the attention kernels add to it, and none of the engine CPU hides. Read off the
-  sixteenth H200 host (2026-12-04, ``tests/fixtures/real_h200/scale/l8b_h16_*``, 8B, the median
+  2026-12-04 H200 host ``*_h16_*`` (``tests/fixtures/real_h200/scale/l8b_h16_*``, 8B, the median
   gap between streamed tokens): 14.8 ms a decode step at 4 in flight, 16.9 ms at 128 with
   256-1,280-token contexts, 31.5 ms at 256 with ~1,150-token ones, where CUDA graphs took 18.7 ms
-  and the GPU's own work is 16.4 ms, 10.3 of it attention (the thirteenth host's profiled eager
+  and the GPU's own work is 16.4 ms, 10.3 of it attention (the ``*_h13_*`` host's profiled eager
   steps of that batch); a 24B decode step at 128 in flight with short contexts, GEMM-bound,
-  22.6 ms against 16.6 ms of GPU work (the fifteenth host's trace of that load). The whole step's work
+  22.6 ms against 16.6 ms of GPU work (the ``*_h15_*`` host's trace of that load). The whole step's work
   hiding the launches (the rule until then) ran that host's prefill-heavy eager windows 12-28% fast.
 * TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / interconnect``.
 * PP splits the layers; up to ``pp`` micro-batches are in flight, so a step costs
@@ -214,7 +214,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
 #: Fitted per-GPU knobs, keyed by GpuSpec.name (``benchmarks/sim_fidelity.py --fit``; the runs each
 #: set was fitted on are named beside it, and the held-out errors are in README).
 GPU_CALIBRATION: dict[str, dict[str, float]] = {
-    # Fitted 2026-12-04 (the twelfth device session's day; the fourth calibration), in two parts.
+    # Fitted 2026-12-04 (the fourth calibration), in two parts.
     # The GPU kernels' knobs are measured on kernels, not on windows (benchmarks/_kernels.py,
     # kernel_knobs): the GEMMs' compute_efficiency, gemm_blend_exponent and gemm_token_tile on three
     # cuBLAS probes (tests/fixtures/real_h200/gemm/: 64-8,192 tokens; 16-8,192; 1-2,048 replayed
@@ -234,7 +234,7 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
     # (_fidelity.calibration_host_factors: 1.70, 1.36, 1.55 read under the 2026-12-03 calibration in
     # the first run, 1.72, 1.38, 1.57 under the first run's knobs in the second), with vLLM's
     # output slices on (api_output_slice 128, VLLM_V1_OUTPUT_PROC_CHUNK_SIZE: not fitted).
-    # fp8_kv_read_efficiency refitted alone after the rest (sim_fidelity.py --fit-fp8: the sixth
+    # fp8_kv_read_efficiency refitted alone after the rest (sim_fidelity.py --fit-fp8: the *_h6_*
     # host's four fp8 windows, FP8_FIT_STARTS);
     # token_overhead_s measured (_fidelity.api_token_cpu_s); the API server loop's triple
     # (api_chunk_share, api_intake_passes, client_chunk_s) as chosen 2026-12-04 on the fitting
@@ -243,9 +243,9 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
     # (attention does not cover the launches, no engine CPU hides, the floor scales with the host's
     # CPU factor; 604 us under the rule before) by sim_fidelity.py --fit-eager on the fit's two
     # eager windows (b1_eager_s64, scale/q14b_fv_u09_s128_eager), judged on the eager windows of the
-    # fifteenth and sixteenth hosts (in no fit). 4 significant figures. Held out: every window of
-    # _fidelity.HELD_OUT_HOSTS (the sixth host to the sixteenth, 8B, 14B and 24B: no window of theirs
-    # in the CPU fit; the kernels of the tenth and eleventh sessions' hosts were traced in other
+    # *_h15_* and *_h16_* hosts (in no fit). 4 significant figures. Held out: every window of
+    # _fidelity.HELD_OUT_HOSTS (the hosts *_h6_* to *_h16_*, 8B, 14B and 24B: no window of theirs
+    # in the CPU fit; the kernels of the *_h12_* to *_h15_* hosts were traced in other
     # windows of the same starts), judged by sim_fidelity.py --unseen, tests/sim/test_fidelity.py and README. The
     # 2026-12-03 calibration this replaces: benchmarks/results/sim_calibration_2026_12_03_h200.json.
     # The folds in benchmarks/results/sim_heldout_h200.json are the 2026-12-02 model's.

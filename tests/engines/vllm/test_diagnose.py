@@ -191,7 +191,7 @@ def test_cli_human_output(capsys):
 def test_cli_failure_output_shows_the_evidence(capsys):
     rc = _cli([str(REAL / "b5_fail_u0012/server.log")])
     out = capsys.readouterr().out
-    assert rc == 1  # a classified failure (issue 14: scripts can tell it from a served run)
+    assert rc == 1  # a classified failure (scripts can tell it from a served run)
     assert "status      startup_oom" in out and "cause       No available memory for the cache blocks" in out
     assert "  35: Available KV cache memory: -0.52 GiB" in out and "preemptions - (no --metrics)" in out
     rc = _cli([str(LOGS / "free_memory_below_util.log")])

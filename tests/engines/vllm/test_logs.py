@@ -315,7 +315,7 @@ def test_deaths_without_an_exception():
     killed = classify(cut, exit_code=-9)
     assert killed.status is TrialStatus.CRASHED and "SIGKILL" in (killed.cause or "")
     assert classify(cut, exit_code=1).cause == "the server exited with code 1 and printed no exception"
-    # A log alone that stops with no error is not a crash (issue 14): it may be cut short or still starting.
+    # A log alone that stops with no error is not a crash: it may be cut short or still starting.
     unknown = classify(cut)
     assert unknown.status is TrialStatus.INCOMPLETE
     assert "log ends during the memory profiling run, before the server was ready" in (unknown.cause or "")
