@@ -6,7 +6,7 @@ tokenizer covering its vocabulary, 1024-token prompts, 256-token outputs, 512 re
 flight, over gpu_memory_utilization {0.3, 0.9} x max_num_seqs {128, 256} x max_num_batched_tokens
 {2048, 8192}, every cell launched (prescreen, screen and early stopping off), then the best cell
 confirmed on another workload seed. The resume re-measured two cells (the reseeded grid sampler,
-fixed since) and ran out of device time before (0.9, 128, 2048), which `h200_l8b_grid_c.yaml`
+fixed since) and ran out of GPU time before (0.9, 128, 2048), which `h200_l8b_grid_c.yaml`
 measured the next day on a fresh host, after the confirmed tune of ``study_l8b_tune``
 (test_real_h200_l8b_tune.py): all 8 cells, 11 starts on two hosts.
 

@@ -18,7 +18,7 @@
 # finished trial, so the results still come back inside the 600 s command limit),
 # SERVETUNE_STARTUP_TIMEOUT_S (default 240; measured startups are 46-113 s), RESTORE (default
 # .gpuwheels/h200_study.tar.gz: the runs dir to start from when this host has none, e.g. a fresh
-# host after the last one was given back). A resumed study's sampler seed is the driver's business
+# host). A resumed study's sampler seed is the driver's business
 # (servetune.study offsets it by the trials already told; a grid keeps its seed).
 #
 # $OUT gets: study.log (servetune's output), study_times.log (the same, each line with the seconds
@@ -88,7 +88,7 @@ except ValueError:
 EOF
 ) || { echo "the spec does not load: see above"; exit 2; }
 case "$RUNS" in /*) ;; *)
-  # A fresh host (the last one was given back) has no runs dir: restore it from the h200_study.tar.gz
+  # A fresh host has no runs dir: restore it from the h200_study.tar.gz
   # an earlier command brought back, if it was copied into .gpuwheels/, so --resume still works.
   if [ ! -d "$RUNS_HOME/$RUNS" ] && [ -f "${RESTORE:-.gpuwheels/h200_study.tar.gz}" ]; then
     mkdir -p "$RUNS_HOME" && tar -C "$RUNS_HOME" -xzf "${RESTORE:-.gpuwheels/h200_study.tar.gz}" "$RUNS" \

@@ -38,7 +38,7 @@ def test_multicast_off_keeps_the_real_h200x2_figure_and_on_adds_nccl_buffers():
     off = comm_memory(h200, tp=2, pp=1, env=SERVETUNE_LAUNCH_ENV)
     on = comm_memory(h200, tp=2, pp=1, env=VLLM_DEFAULT_ENV)
     assert off.non_torch_bytes == int(NON_TORCH_GIB_MULTI * GiB)  # 0.06 GiB: the real NVLS-off 2 x H200 runs
-    assert 2.0 * GiB <= on.non_torch_bytes <= 2.2 * GiB  # the range issue 19 read in published H100 logs
+    assert 2.0 * GiB <= on.non_torch_bytes <= 2.2 * GiB  # the range read in published H100 logs
     four = comm_memory(h200, tp=4, pp=1, env=VLLM_DEFAULT_ENV)
     assert four.non_torch_bytes - on.non_torch_bytes == nvls_buffer_bytes(4, 9.0) - nvls_buffer_bytes(2, 9.0)
     assert not on.validated and off.validated

@@ -1,6 +1,6 @@
 """GPU names resolve strictly: an exact name or an alias that means one GPU; an ambiguous one is refused.
 
-Before issue 14, ``A100`` silently became the A100-80GB (an A100-40GB owner got 80 GB predictions
+Before this rule, ``A100`` silently became the A100-80GB (an A100-40GB owner got 80 GB predictions
 and exit 0) and ``H100`` the H100-80GB SXM part. Now both are refused with the candidates, through
 the library, a study spec and the CLI (exit 2), and every shipped file names an exact type.
 """

@@ -59,12 +59,12 @@ def test_kv_tokens_of_the_real_runs_within_1pct(run):
     assert abs(plan.memory.activation_peak - real["activation"]) < 0.01
     assert abs(plan.memory.non_torch - real["non_torch"]) < 0.01
     assert abs(plan.memory.cudagraph - real["cudagraph"]) < 0.02
-    # Startup: launch to healthy within 25 % (first start of the session, a1, ran 89 s).
+    # Startup: launch to healthy within 25 % (first start on its host, a1, ran 89 s).
     assert abs(plan.startup_s - summary["startup_s"]) / summary["startup_s"] < 0.25
 
 
 def test_server_tp2_min_over_workers():
-    # /work/shared/gpu/examples/server_tp2.log (vLLM 0.26.0, --tensor-parallel-size 2 --gpu-memory-utilization 0.5
+    # tests/fixtures/real_h200/examples/server_tp2.log (vLLM 0.26.0, --tensor-parallel-size 2 --gpu-memory-utilization 0.5
     # --max-num-seqs 64): "Model loading took 0.81 GiB", "Available KV cache memory: 68.73 GiB",
     # "GPU KV cache size: 4,503,984 tokens", "Maximum concurrency ... 549.80x", peak activation 0.3, non-torch 0.06.
     _, plan = _plan({"tensor_parallel_size": 2, "gpu_memory_utilization": 0.5, "max_num_seqs": 64})
@@ -75,7 +75,8 @@ def test_server_tp2_min_over_workers():
 
 
 def test_pp2_from_the_gpu_readme():
-    # /work/shared/gpu/README.md: "At --gpu-memory-utilization 0.5: ... PP=2 4,495,664" (held out of the fit)
+    # The GPU host notes of the two-H200 host (vLLM 0.26.0): "At --gpu-memory-utilization 0.5: ... PP=2 4,495,664"
+    # (held out of the fit)
     _, plan = _plan({"pipeline_parallel_size": 2, "gpu_memory_utilization": 0.5, "max_num_seqs": 64})
     assert abs(plan.kv_cache_tokens - 4_495_664) / 4_495_664 < 0.01
 

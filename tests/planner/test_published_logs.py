@@ -157,7 +157,7 @@ def test_the_pipeline_and_multicast_live_starts():
     0.1 GiB of the logged one (2.06-2.21 GiB); planned as multicast off (0.54 GiB) the same starts
     come out 2.4-4.5% high, so the check can fail. Not blind for two rules: MULTICAST_NON_TORCH_GIB
     and "PP-only layouts make no lazy ring connections" were read off this campaign's figures
-    (issue 19: 2.0-2.2 GiB at TP 2-4, 0.07 at PP=2) before its logs were fixtures; the rest of each
+    (2.0-2.2 GiB at TP 2-4, 0.07 at PP=2) before its logs were fixtures; the rest of each
     plan (per-rank and per-stage weights, activation, NVLS buffers by TP, KV pages) is.
     """
     import dataclasses
