@@ -8,9 +8,9 @@ the machines that produced it were lent, nor by the team's tracker. This test re
 
 A line fails on any of these (``WORD_RULES``, case-insensitive):
 
-* ``ordinal session``: an ordinal word (first ... twentieth), optionally joined to a second ordinal
-  ("the tenth and eleventh") or followed by a count ("first three"), then optionally "device", then
-  "session(s)": "the twelfth session's host", "the first three sessions". A Ray session, a database
+* ``ordinal session``: an ordinal (first ... twentieth, or 1st, 12th ...), optionally joined to a
+  second ordinal ("the tenth and eleventh") or followed by a count ("first three"), then optionally
+  "device", then "session(s)": "the twelfth session's host", "the first three sessions". A Ray session, a database
   or HTTP session, a process session (``start_new_session``) or a pytest fixture scope never follows
   an ordinal, so they pass.
 * ``device session``: the words "device session(s)" in any form.
@@ -47,8 +47,8 @@ TEXT_DOCS = re.compile(r"(^|/)(README|SOURCES)[^/]*$")
 
 _ORD_LOW = "first|second|third"
 _ORD_HIGH = ("fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth|"
-             "sixteenth|seventeenth|eighteenth|nineteenth|twentieth")
-_ORD = f"{_ORD_LOW}|{_ORD_HIGH}"
+             r"sixteenth|seventeenth|eighteenth|nineteenth|twentieth|\d+th")
+_ORD = rf"{_ORD_LOW}|{_ORD_HIGH}|\d+(st|nd|rd)"
 _REPO_NAME = r"(vLLM|LMCache|Ray|KubeRay|llm-d|[\w.-]+/[\w.-]+)"
 
 WORD_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -112,7 +112,8 @@ def test_rules_catch_process_words_and_pass_product_words() -> None:
            "the tenth and eleventh sessions' hosts", "the sixth to the twelfth session's",
            "a device session", "the sixteenth H200 host", "the fourth to ninth hosts' 80 windows",
            "the fourteenth's ran", "see issue 19", "(issue 12 items 1, 5, 6)", "issue #19 says",
-           "/work/shared/gpu/examples/server1.log", "cat /root/notes.txt", "session by session"]
+           "/work/shared/gpu/examples/server1.log", "cat /root/notes.txt", "session by session",
+           "the 12th session", "the 16th H200 host"]
     good = ["start_new_session=True", "the Ray session's logs", "@pytest.fixture(scope=\"session\")",
             "sessions terminated, transactions rolled back", "a second fresh host", "the first host",
             "vLLM issue #51041 ('H20 (95 GiB)')", "ray-project/kuberay#4366", "LMCache issue #1739",
