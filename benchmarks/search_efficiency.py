@@ -39,7 +39,7 @@ once per distinct proposal and cell; ~2 min more with --rebuild)::
     .venv/bin/python benchmarks/search_efficiency.py --seeds 3 --no-write   # quicker look
     .venv/bin/python benchmarks/search_efficiency.py --rebuild       # re-simulate the landscapes
 
-The page's prose is the team's, written against its tables: a rerun puts the new tables into the
+The page's prose is written by hand against its tables: a rerun puts the new tables into the
 existing page in order and keeps the prose (reread it against them); the template here only starts a
 page that does not exist.
 
