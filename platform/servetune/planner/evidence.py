@@ -25,6 +25,7 @@ import yaml
 from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv
 from servetune.planner.gpus import get_gpu, under_wddm
+from servetune.planner.modelclass import kv_layout
 from servetune.planner.memory import ACT_FIXED_GIB, plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import ModelProfile, load_model
 
@@ -145,10 +146,11 @@ def judge(start: PublishedStart, model: ModelProfile) -> Judgement:
     if not start.failed and "kv_tokens" in start.logged:  # the logged "GPU KV cache size" itself
         logged_tokens = int(start.logged["kv_tokens"])
     elif not start.failed and "kv_cache" in start.logged:
-        tp = config.tensor_parallel_size
-        page = 2 * config.block_size * model.kv_heads_per_gpu(tp) * model.head_dim * model.kv_dtype_bytes(
-            config.kv_cache_dtype) * max(model.stage_layers(config.pipeline_parallel_size))
-        logged_tokens = int(float(start.logged["kv_cache"]) * GiB // page) * config.block_size
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        stage = max(range(pp), key=lambda s: model.stage_layers(pp)[s])
+        layout = kv_layout(model, tp, stage, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype))
+        logged_tokens = layout.tokens(int(float(start.logged["kv_cache"]) * GiB // layout.block_bytes),
+                                      config.block_size)
     return Judgement(start=start, fits=plan.fits, failure=plan.failure.value if plan.failure else None,
                      kv_cache_gib=plan.memory.kv_cache, kv_tokens=plan.kv_cache_tokens,
                      logged_kv_tokens=logged_tokens, weights_gib=plan.memory.weights,
