@@ -40,7 +40,8 @@ from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv, CommMemory, comm_memory
 from servetune.planner.flags import validate_flags
 from servetune.planner.gpus import GpuSpec
-from servetune.planner.modelclass import KVLayout, kv_layout, moe_workspace_bytes, multimodal_profile_bytes
+from servetune.planner.modelclass import (KVLayout, class_notes, kv_layout, moe_workspace_bytes,
+                                          multimodal_profile_bytes)
 from servetune.planner.modelinfo import ModelProfile
 from servetune.result import MemoryBreakdown, TrialStatus
 from servetune.vllm_version import DEFAULT_VLLM_VERSION, VERSION_RE, Version
@@ -816,7 +817,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
                                                       config.max_num_batched_tokens)
     kv_tokens, concurrency = _kv_capacity(v, num_blocks, config, layouts[bind], blocks_per_seq)
 
-    notes: list[str] = []
+    notes: list[str] = class_notes(model, config.max_num_batched_tokens)  # MoE / hybrid / MLA / vision
     if comm.multicast:
         notes.append(f"{comm.reason}: +{(comm.non_torch_bytes - comm_memory(gpu, tp=tp, pp=pp, env=env.with_nvls(False), version=v).non_torch_bytes) / GiB:.2f} "
                      "GiB non-torch per TP worker (NCCL's NVLS buffers and multicast); that figure is not yet "

@@ -32,9 +32,9 @@ it follows (v0.19.0 unless said otherwise):
 - **MXFP4** (gpt-oss): only the experts are MXFP4 (``modules_to_not_convert``: attention, router,
   embedding and LM head stay bf16; vLLM logs "MXFP4 linear layer is not implemented - falling back
   to UnquantizedLinearMethod"). The Triton MXFP4 MoE backend (Hopper) re-lays the blocks and
-  scales after loading; the loaded bytes per expert element (:data:`MXFP4_LOADED_BYTES_PER_ELEM`)
-  are fitted on one published start (classes.yaml, ``llmdplanner_gpt_oss_20b_tp2_h100``), not the
-  4.25 bits of the checkpoint. The monolithic MXFP4 kernel keeps no workspace.
+  scales after loading: :data:`MXFP4_LOADED_BYTES_PER_ELEM` per expert element (the checkpoint's
+  4.25 bits and a second copy of the scales) and :data:`MXFP4_LAYER_BYTES` per layer (fitted on one
+  published start). The monolithic MXFP4 kernel keeps no workspace.
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): Mamba / SSM and linear-attention
 layers (their recurrent state is not a paged KV cache), chunked local attention (Llama-4).
@@ -56,10 +56,10 @@ from typing import Any
 
 from servetune.errors import SpecError
 
-__all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LOADED_BYTES_PER_ELEM", "MULTIMODAL_PROFILE_ELEMS_PER_TOKEN",
+__all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LOADED_BYTES_PER_ELEM", "MXFP4_LAYER_BYTES", "MULTIMODAL_PROFILE_ELEMS_PER_TOKEN",
            "multimodal_profile_bytes", "refuse_unmodelled",
            "normalize_config", "class_fields", "vision_tower_params", "kv_layout", "moe_workspace_bytes",
-           "group_size_for"]
+           "group_size_for", "class_notes"]
 
 #: transformers' config-class defaults for the fields a nested ``text_config`` may leave out.
 #: Gemma3TextConfig (transformers 4.50+, ``models/gemma3/configuration_gemma3.py``).
@@ -72,12 +72,20 @@ TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 
-#: Bytes one MXFP4 expert weight element takes once vLLM's Triton MXFP4 MoE backend has loaded and
-#: re-laid it (Hopper). Fitted on llm-d-planner's vLLM 0.19.0 gpt-oss-20b start at TP=2 on H100
-#: ("Model loading took 7.01 GiB"; bf16 attention, embedding and LM head 1.67 GiB of it):
-#: (7.01 - 1.69) GiB / 9.555e9 expert elements. The checkpoint's blocks and e8m0 scales are
-#: 0.53125 bytes (4 bits + one byte per 32); the rest is the backend's layout. Judged on the TP=1 start.
-MXFP4_LOADED_BYTES_PER_ELEM = 0.598
+#: Bytes one MXFP4 expert weight element takes once vLLM's Triton MXFP4 MoE backend (Hopper) has
+#: loaded it: the checkpoint's 4-bit values and one e8m0 scale per 32 (0.53125), plus a second copy
+#: of the scales (1/32: the swizzled scale layout is built beside the loaded one). The second copy is
+#: read off three logged sizes (gpt-oss-20b at TP=1 and TP=2, vLLM 0.19.0; gpt-oss-120b at TP=1,
+#: vLLM 0.14.1, 64.38 GiB): their excess over the checkpoint's bytes grows with experts x layers by
+#: 0.73 MiB per expert-layer, the 0.74 MiB of one expert's scales; not traced to a tensor.
+MXFP4_LOADED_BYTES_PER_ELEM = 0.5 + 2 / 32
+
+#: Bytes per MoE layer the Triton MXFP4 backend holds beyond the experts, on every TP rank (not
+#: split). Fitted on llm-d-planner's vLLM 0.19.0 gpt-oss-20b start at TP=2 on H100 (classes.yaml,
+#: ``llmdplanner_gpt_oss_20b_tp2_h100``: "Model loading took 7.01 GiB", 0.31 GiB over the bf16
+#: attention, embedding, LM head and the experts at MXFP4_LOADED_BYTES_PER_ELEM, over 24 layers).
+#: Judged on gpt-oss-20b at TP=1 (13.64 GiB logged) and gpt-oss-120b at TP=1 (64.38).
+MXFP4_LAYER_BYTES = 13_690_000
 
 #: What the profile run of a model with a vision tower holds beyond its language model's peak, in
 #: elements per batched token per text hidden unit (model dtype). vLLM's multimodal runner keeps an
@@ -322,3 +330,24 @@ def multimodal_profile_bytes(model: Any, tokens: int) -> int:
     if not model.vision_params:
         return 0
     return int(MULTIMODAL_PROFILE_ELEMS_PER_TOKEN * tokens * model.hidden_size * model.dtype_bytes)
+
+
+def class_notes(model: Any, max_num_batched_tokens: int) -> list[str]:
+    """What ``plan`` says about a model's classes: how each is modelled and what it was checked on."""
+    notes: list[str] = []
+    if model.layer_types:
+        sliding = model.layer_types.count(_SLIDING)
+        notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "
+                     f"{model.sliding_window} + {max_num_batched_tokens} tokens per request (vLLM's hybrid KV cache "
+                     "groups); the B/token figure is the full-attention one. Checked on published gemma-2/3 and "
+                     "gpt-oss starts (docs/model-classes.md)")
+    if model.mla_kv_lora_rank:
+        notes.append(f"MLA: one {model.mla_kv_lora_rank + model.mla_rope_dim}-element latent per token and layer on "
+                     "every TP rank. Checked on one published DeepSeek-V2-Lite start (vLLM 0.19.0, TP=1)")
+    if model.quantized_experts_only:
+        notes.append("MXFP4 experts, bf16 attention / embedding / LM head, sized as vLLM's Triton MXFP4 backend "
+                     "loads them (Hopper); other backends (Blackwell, Marlin) are not checked")
+    if model.vision_params:
+        notes.append(f"vision tower: {model.vision_params / 1e9:.2f}B parameters loaded with the language model; "
+                     "its profile-run peak is one constant fitted on gemma-3-12b")
+    return notes

@@ -61,6 +61,13 @@ _HF_ALIASES = {
     "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
     "mistralai/mistral-small-24b-instruct-2501": "mistral-small-24b",
     "mistralai/mistral-small-24b-base-2501": "mistral-small-24b",
+    "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
+    "openai/gpt-oss-20b": "gpt-oss-20b",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+    "google/gemma-3-27b-it": "gemma-3-27b",
+    "google/gemma-2-27b-it": "gemma-2-27b",
+    "deepseek-ai/deepseek-v2-lite-chat": "deepseek-v2-lite",
+    "deepseek-ai/deepseek-v2-lite": "deepseek-v2-lite",
 }
 
 
@@ -284,10 +291,10 @@ class ModelProfile:
         plain = self._layer_plain_params(tp, dense) * act
         linear = self._layer_linear_params(tp, dense=dense)
         if self.quantized_experts_only and self.is_moe and not dense:
-            from servetune.planner.modelclass import MXFP4_LOADED_BYTES_PER_ELEM
             experts = self._expert_params(tp)
             bias = self.num_experts * 3 * self.expert_intermediate_size // tp  # w13 (2I) and w2 (H ~ I) biases
-            return plain + (linear - experts) * act + experts * MXFP4_LOADED_BYTES_PER_ELEM + bias * act
+            return (plain + (linear - experts) * act + experts * modelclass.MXFP4_LOADED_BYTES_PER_ELEM + bias * act
+                    + modelclass.MXFP4_LAYER_BYTES)
         b = plain + linear * self.weight_bytes_per_param
         if self.mla_kv_lora_rank:
             # vLLM's MLA keeps W_UK_T and W_UV, the absorbed halves of kv_b_proj, beside it (model dtype)
