@@ -273,12 +273,24 @@ CLASS_KV_BANDS = {
     "llmdplanner_llama31_8b_kvfp8_tp1_h100": 0.24,    # +0.2%
     "llmdplanner_qwen25_7b_kvfp8_tp1_h100": 0.31,     # +0.3%
     "parallelworks_gpt_oss_120b_tp2_h200": 0.58,      # +4.2% (MXFP4 on every linear layer, 29.72 GiB of 32.98)
+    "llmd_gpt_oss_20b_tp1_h100_011": -0.41,           # +3.1%
+    "llmdplanner_mistral_small31_w8a8_tp1_h100": 0.24,  # +2.5% (the Pixtral tower not counted)
+    "llmdplanner_mistral_small31_w8a8_tp2_h100": -0.23,  # +1.0%
+    "llmd_gpt_oss_120b_tp1_h100_011": -5.29,          # +150.5%; a miss, see CLASS_KNOWN_MISSES
+}
+
+#: Held-out class starts outside the 3% target, kept as misses (nothing refitted on them).
+CLASS_KNOWN_MISSES = {
+    # gpt-oss-120b on one H100 at vLLM 0.11.0 (llm-d's table): 3.33 GiB of KV left, so the 0.20 GiB by which
+    # the MXFP4 weights are planned high (64.58 against 64.38; MXFP4_LAYER_BYTES was fitted on 0.19.0's 20b)
+    # is -5.3%. The table's gpu_memory_utilization (0.9) contradicts its own figures (they add up to 0.95).
+    "llmd_gpt_oss_120b_tp1_h100_011",
 }
 
 
 def test_class_starts_fit_on_at_most_half_and_name_their_class():
     roles = [s.role for s in CLASS_STARTS]
-    assert len(CLASS_STARTS) >= 24 and roles.count("fit") <= len(roles) // 2
+    assert len(CLASS_STARTS) >= 29 and roles.count("fit") <= len(roles) // 2
     assert {s.kind for s in CLASS_STARTS} >= {"moe", "mxfp4", "fp8", "w8a8", "w4a16", "fp8_kv", "sliding_window", "mla"}
     assert all(s.kind != "dense" for s in CLASS_STARTS)
     assert all(memory.parse_vllm_version(s.vllm) >= (0, 11, 0) for s in CLASS_STARTS)
@@ -293,20 +305,22 @@ def test_class_constants_are_what_the_fit_starts_give():
 
 
 def test_held_out_class_starts_kv_within_their_bands_and_3pct():
-    """The issue's target on held-out starts: KV within 3% on 90%. Here every healthy held-out start is within 1%."""
+    """The issue's target on held-out starts: KV within 3% on 90%; here 21 of 22 (all but one within 1%)."""
     held = [j for j in CLASS_JUDGED.values() if j.start.role == "held_out" and not j.start.failed]
     assert {j.start.id for j in held} == set(CLASS_KV_BANDS)
     for j in held:
         assert j.fits, j.start.id  # no served start called impossible
         error = 100 * j.kv_error
         assert CLASS_KV_BANDS[j.start.id] - 0.3 <= error <= CLASS_KV_BANDS[j.start.id] + 0.3, (j.start.id, error)
-        assert abs(error) <= 3.0, j.start.id
+        assert abs(error) <= 3.0 or j.start.id in CLASS_KNOWN_MISSES, j.start.id
+    assert sum(abs(100 * j.kv_error) <= 3.0 for j in held) >= 0.9 * len(held)
 
 
 def test_class_weights_match_model_loading():
     """The configs are the models that ran, and the class rules load them as vLLM does: within 0.6%, except
-    gpt-oss-120b at TP=2 on vLLM 0.15.1 (1.3% under: the MXFP4 layer term was fitted on 0.19.0's 20b)."""
-    gaps = {"parallelworks_gpt_oss_120b_tp2_h200": (-1.6, -1.0)}
+    gpt-oss on other vLLM versions than the 0.19.0 start MXFP4_LAYER_BYTES was fitted on: 120b at TP=2 on
+    0.15.1 1.3% under, 20b at TP=1 on 0.11.0 1.6% over (0.11.0 logged 13.47 GiB, 0.19.0 13.64)."""
+    gaps = {"parallelworks_gpt_oss_120b_tp2_h200": (-1.6, -1.0), "llmd_gpt_oss_20b_tp1_h100_011": (1.3, 1.9)}
     checked = [j for j in CLASS_JUDGED.values() if "weights" in j.start.logged]
     assert len(checked) >= 20
     for j in checked:
@@ -324,6 +338,7 @@ def test_class_failures_foreseen_and_the_open_one_kept_visible():
     peak), so no rule read from these logs separates them; held here as called fits so a change shows.
     """
     assert CLASS_JUDGED["vllm27508_gpt_oss_120b_tp1_h100_failed"].failure == "kv_too_small"
+    assert CLASS_JUDGED["llmd_deepseek_r1_fp8_tp1_h100_failed"].failure == "startup_oom"  # 671B in FP8 on one GPU
     for sid in ("llmdplanner_gpt_oss_20b_tp1_h100_failed", "llmdplanner_gpt_oss_20b_tp2_h100_failed"):
         assert CLASS_JUDGED[sid].fits and CLASS_JUDGED[sid].start.logged["failure"] == "cudagraph_oom"
 
@@ -332,8 +347,9 @@ def test_class_excerpts_read_as_their_logged_figures():
     from servetune.engines.vllm.logs import parse_log
     fields = {"weights": "weights_gib", "activation_peak": "activation_peak_gib", "non_torch": "non_torch_gib",
               "kv_cache": "available_kv_gib", "kv_tokens": "kv_cache_tokens", "max_concurrency": "max_concurrency"}
-    for s in CLASS_STARTS:
-        assert s.log is not None, s.id
+    kept = [s for s in CLASS_STARTS if s.log is not None]
+    assert len(kept) >= len(CLASS_STARTS) - 3  # llm-d's table (three starts) has figures, not log lines
+    for s in kept:
         with open(CLASS_INDEX.parent / s.log, "rb") as fh:
             data = fh.read(1 << 20)
         parsed = parse_log(data.decode("utf-8", errors="replace"))

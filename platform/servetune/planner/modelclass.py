@@ -186,6 +186,7 @@ def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, source: str
     Per encoder layer: q, k, v, o (``4 h^2 + 4 h``), the MLP (``2 h i + i + h``), two layer norms
     (``4 h``); the patch embedding (``3 p^2 h + h``), position embeddings (``(image / patch)^2 h``),
     the post layer norm and the projector (``h x text_hidden``, gemma-3's ``mm_input_projection``).
+    Pixtral (Mistral-Small-3.1): bias-free, a gated MLP, no position table, and Mistral3's projector.
     A tower without those fields is refused: its size is not known from the config.
 
     Example:
@@ -203,6 +204,13 @@ def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, source: str
         raise SpecError(f"{source}: vision_config", "a vision tower whose size the config does not give "
                         "(hidden_size, intermediate_size, num_hidden_layers) is not modelled",
                         "plan the language model alone: point --model at a config without vision_config") from None
+    if str(vision.get("model_type") or "") == "pixtral":
+        # vLLM's pixtral.py / mistral3.py: bias-free layers, a gated (3-matrix) MLP, 2-D rotary (no position
+        # table); the projector merges 2x2 patches (4h -> h), then h -> text and text -> text.
+        per_layer = 4 * h * h + 3 * h * inter + 2 * h
+        merge = int(vision.get("spatial_merge_size") or 2) ** 2
+        return (layers * per_layer + 3 * patch * patch * h + h + merge * h * h + h
+                + h * text_hidden + text_hidden * text_hidden)
     per_layer = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
     embed = 3 * patch * patch * h + h + (image // patch) ** 2 * h
     return layers * per_layer + embed + 2 * h + h * text_hidden + h
