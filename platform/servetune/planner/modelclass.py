@@ -275,6 +275,13 @@ class KVLayout:
     def block_bytes(self) -> int:
         return self.page_bytes * self.group_size
 
+    def bytes_per_token(self, block_size: int) -> int:
+        """KV bytes per token as vLLM counts tokens: every group's page (padded groups included) per block slot.
+
+        For a model without sliding layers, ``2 x kv_heads x head_dim x dtype x layers``.
+        """
+        return self.block_bytes * len(self.groups) // block_size
+
     def tokens(self, num_blocks: int, block_size: int) -> int:
         """The "GPU KV cache size" vLLM logs: ``num_blocks // len(groups) * block_size``."""
         return num_blocks // len(self.groups) * block_size
@@ -347,7 +354,7 @@ def class_notes(model: Any, max_num_batched_tokens: int) -> list[str]:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "
                      f"{model.sliding_window} + {max_num_batched_tokens} tokens per request (vLLM's hybrid KV cache "
-                     "groups); the B/token figure is the full-attention one. Checked on published gemma-2/3 and "
+                     "groups, whose padding the B/token figure counts). Checked on published gemma-2/3 and "
                      "gpt-oss starts (docs/model-classes.md)")
     if model.mla_kv_lora_rank:
         notes.append(f"MLA: one {model.mla_kv_lora_rank + model.mla_rope_dim}-element latent per token and layer on "
