@@ -30,6 +30,8 @@ TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_l
     ({"layer_types": ["linear_attention", "full_attention"] * 2}, "layer_types"),
     ({"layers_block_type": ["mamba", "attention"] * 2}, "layer_types"),
     ({"text_config": {**TINY, "attention_chunk_size": 8192}}, "attention_chunk_size"),
+    ({"num_kv_shared_layers": 10, "layer_types": ["sliding_attention", "full_attention"] * 2}, "num_kv_shared_layers"),
+    ({"kv_lora_rank": 512, "index_topk": 2048}, "index_topk"),
 ])
 def test_unmodelled_attention_is_refused_naming_what(extra, field):
     with pytest.raises(SpecError) as err:
@@ -102,3 +104,22 @@ def test_moe_workspace_is_the_triton_experts_shapes():
     assert moe_workspace_bytes(m, 8192, 1) == 8192 * (8 * (2048 + 2048) + 2048) * 2
     assert moe_workspace_bytes(load_model(MODELS / "gpt-oss-20b"), 8192, 1) == 0  # monolithic MXFP4 kernel
     assert moe_workspace_bytes(load_model("llama-3.1-8b"), 8192, 1) == 0
+
+
+def test_full_attention_layer_types_and_unused_sliding_windows_stay_full():
+    """Qwen2.5's ``sliding_window`` with ``use_sliding_window: false`` and an all-full ``layer_types`` plan as before."""
+    plain = profile_from_config(TINY, "m")
+    for extra in ({"sliding_window": 131072, "use_sliding_window": False, "max_window_layers": 4},
+                  {"layer_types": ["full_attention"] * 4}):
+        m = profile_from_config({**TINY, **extra}, "m")
+        assert m.layer_types == () and m.kv_bytes_per_token(1, 1) == plain.kv_bytes_per_token(1, 1)
+        assert kv_layout(m, 1, 0, 1, 16, 2) == kv_layout(plain, 1, 0, 1, 16, 2)
+
+
+def test_a_vision_tower_the_config_does_not_size_is_refused():
+    """Qwen2-VL-style ``depth`` instead of ``num_hidden_layers``: refused in one line, not planned without it."""
+    for cfg in ({"architectures": ["X"], "text_config": TINY, "vision_config": {"depth": 32, "hidden_size": 1280}},
+                {**TINY, "vision_config": {"depth": 32, "hidden_size": 1280}}):  # nested and flat wrappers
+        with pytest.raises(SpecError) as err:
+            profile_from_config(cfg, "m", source="m/config.json")
+        assert err.value.field == "m/config.json: vision_config" and "not modelled" in err.value.message

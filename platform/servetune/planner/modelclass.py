@@ -37,7 +37,8 @@ it follows (v0.19.0 unless said otherwise):
   published start). The monolithic MXFP4 kernel keeps no workspace.
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): Mamba / SSM and linear-attention
-layers (their recurrent state is not a paged KV cache), chunked local attention (Llama-4).
+layers (their recurrent state is not a paged KV cache), chunked local attention (Llama-4), KV shared
+across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
 
 Example:
     >>> cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {"hidden_size": 2560,
@@ -109,7 +110,9 @@ def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
 
     Mamba / SSM layers and linear attention (Qwen3-Next, Qwen3.5, Nemotron-H, Granite-4 hybrids,
     Jamba, MiniMax): vLLM keeps a per-request recurrent state beside (or instead of) the paged KV
-    cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec.
+    cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
+    KV shared across layers (gemma-3n / gemma-4 ``num_kv_shared_layers``) and DeepSeek sparse attention
+    (``index_topk``: an indexer cache beside the MLA latent).
 
     Example:
         >>> try:
@@ -136,6 +139,12 @@ def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
         if c.get("attention_chunk_size"):
             raise SpecError(f"{source}: attention_chunk_size", "chunked local attention (Llama-4 style) is not "
                             "modelled by the planner", fix)
+        if c.get("num_kv_shared_layers"):
+            raise SpecError(f"{source}: num_kv_shared_layers", "layers that reuse another layer's KV cache "
+                            "(gemma-3n / gemma-4 style) are not modelled by the planner", fix)
+        if c.get("index_topk"):
+            raise SpecError(f"{source}: index_topk", "DeepSeek sparse attention (an indexer with its own cache "
+                            "beside MLA) is not modelled by the planner", fix)
 
 
 def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -154,11 +163,11 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
         for key in ("quantization_config", "torch_dtype", "dtype"):
             if cfg.get(key) is not None:
                 flat.setdefault(key, cfg.get(key))
-        vision = cfg.get("vision_config")
-        if isinstance(vision, Mapping):
-            flat["_vision_params"] = vision_tower_params(vision, int(flat.get("hidden_size") or 0), source)
     else:
         flat = dict(cfg)
+    vision = cfg.get("vision_config")  # nested wrappers and flat ones (Qwen2-VL keeps the LM at the top level)
+    if isinstance(vision, Mapping):
+        flat["_vision_params"] = vision_tower_params(vision, int(flat.get("hidden_size") or 0), source)
     flat["layer_types"] = _layer_types(flat)
     return flat
 
