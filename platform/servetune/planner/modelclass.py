@@ -31,10 +31,12 @@ it follows (v0.19.0 unless said otherwise):
   ``(M, topk, max(N, K))`` plus the ``(M, K)`` output, N = 2 x intermediate / TP).
 - **MXFP4** (gpt-oss): only the experts are MXFP4 (``modules_to_not_convert``: attention, router,
   embedding and LM head stay bf16; vLLM logs "MXFP4 linear layer is not implemented - falling back
-  to UnquantizedLinearMethod"). The Triton MXFP4 MoE backend (Hopper) re-lays the blocks and
-  scales after loading: :data:`MXFP4_LOADED_BYTES_PER_ELEM` per expert element (the checkpoint's
-  4.25 bits and a second copy of the scales) and :data:`MXFP4_LAYER_BYTES` per layer (fitted on one
-  published start). The monolithic MXFP4 kernel keeps no workspace.
+  to UnquantizedLinearMethod"). The Triton MXFP4 backend (Hopper, ``fused_moe/oracle/mxfp4.py``) pads
+  each rank's intermediate size to a multiple of 64, swizzles the 4-bit values and their e8m0 scales
+  into new tensors and deletes the loaded values but not the loaded scales (two copies of the
+  scales), and converts the biases to fp32 beside the bf16 ones (:func:`mxfp4_expert_bytes`); what
+  it holds beyond that is :data:`MXFP4_LAYER_BYTES` per layer, fitted on one published start. The
+  monolithic MXFP4 kernel keeps no workspace.
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): Mamba / SSM and linear-attention
 layers (their recurrent state is not a paged KV cache), chunked local attention (Llama-4), KV shared
@@ -57,7 +59,7 @@ from typing import Any
 
 from servetune.errors import SpecError
 
-__all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LOADED_BYTES_PER_ELEM", "MXFP4_LAYER_BYTES", "MULTIMODAL_PROFILE_ELEMS_PER_TOKEN",
+__all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LAYER_BYTES", "mxfp4_expert_bytes", "MULTIMODAL_PROFILE_ELEMS_PER_TOKEN",
            "multimodal_profile_bytes", "refuse_unmodelled",
            "normalize_config", "class_fields", "vision_tower_params", "kv_layout", "moe_workspace_bytes",
            "group_size_for", "class_notes"]
@@ -73,20 +75,11 @@ TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 
-#: Bytes one MXFP4 expert weight element takes once vLLM's Triton MXFP4 MoE backend (Hopper) has
-#: loaded it: the checkpoint's 4-bit values and one e8m0 scale per 32 (0.53125), plus a second copy
-#: of the scales (1/32: the swizzled scale layout is built beside the loaded one). The second copy is
-#: read off three logged sizes (gpt-oss-20b at TP=1 and TP=2, vLLM 0.19.0; gpt-oss-120b at TP=1,
-#: vLLM 0.14.1, 64.38 GiB): their excess over the checkpoint's bytes grows with experts x layers by
-#: 0.73 MiB per expert-layer, the 0.74 MiB of one expert's scales; not traced to a tensor.
-MXFP4_LOADED_BYTES_PER_ELEM = 0.5 + 2 / 32
-
-#: Bytes per MoE layer the Triton MXFP4 backend holds beyond the experts, on every TP rank (not
-#: split). Fitted on llm-d-planner's vLLM 0.19.0 gpt-oss-20b start at TP=2 on H100 (classes.yaml,
-#: ``llmdplanner_gpt_oss_20b_tp2_h100``: "Model loading took 7.01 GiB", 0.31 GiB over the bf16
-#: attention, embedding, LM head and the experts at MXFP4_LOADED_BYTES_PER_ELEM, over 24 layers).
-#: Judged on gpt-oss-20b at TP=1 (13.64 GiB logged) and gpt-oss-120b at TP=1 (64.38).
-MXFP4_LAYER_BYTES = 13_690_000
+#: Bytes per MoE layer the Triton MXFP4 backend holds beyond what :func:`mxfp4_expert_bytes` counts
+#: from the source, on every TP rank (not split). Fitted on llm-d-planner's vLLM 0.19.0 gpt-oss-20b
+#: start at TP=2 on H100 (classes.yaml, ``llmdplanner_gpt_oss_20b_tp2_h100``: "Model loading took
+#: 7.01 GiB"); judged on gpt-oss-20b at TP=1 (13.64 GiB logged) and gpt-oss-120b at TP=1 (64.38).
+MXFP4_LAYER_BYTES = 7_870_000
 
 #: What the profile run of a model with a vision tower holds beyond its language model's peak, in
 #: elements per batched token per text hidden unit (model dtype). vLLM's multimodal runner keeps an
@@ -338,7 +331,7 @@ def moe_workspace_bytes(model: Any, tokens: int, tp: int) -> int:
     Example:
         >>> from servetune.planner.modelinfo import load_model
         >>> round(moe_workspace_bytes(load_model("mixtral-8x7b"), 8192, 2) / 2**30, 3)
-        0.734
+        0.719
     """
     if not model.is_moe or model.quantized_experts_only:
         return 0
@@ -375,3 +368,23 @@ def class_notes(model: Any, max_num_batched_tokens: int) -> list[str]:
         notes.append(f"vision tower: {model.vision_params / 1e9:.2f}B parameters loaded with the language model; "
                      "its profile-run peak is one constant fitted on gemma-3-12b")
     return notes
+
+
+def mxfp4_expert_bytes(model: Any, tp: int) -> int:
+    """One MoE layer's MXFP4 experts on one TP rank as vLLM's Triton backend holds them after loading.
+
+    ``I = round_up(intermediate / TP, 64)`` (``mxfp4_round_up_hidden_size_and_intermediate_size``); per
+    expert ``3 x H x I`` 4-bit values (gate_up ``2I x H``, down ``H x I``), two copies of their e8m0 scales
+    (one per 32 values: the loaded ``w13/w2_weight_scale`` stay on the layer beside the swizzled ones),
+    and the ``2I + H`` biases in bf16 and again in fp32; plus :data:`MXFP4_LAYER_BYTES`.
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> round(mxfp4_expert_bytes(load_model("gpt-oss-20b"), 1) / 2**20, 1)   # MiB per layer at TP=1
+        436.2
+    """
+    inter = -(-(model.expert_intermediate_size // tp) // 64) * 64
+    values = 3 * model.hidden_size * inter
+    biases = 2 * inter + model.hidden_size
+    per_expert = values // 2 + 2 * (values // 32) + biases * (2 + 4)
+    return model.num_experts * per_expert + MXFP4_LAYER_BYTES

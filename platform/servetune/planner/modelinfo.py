@@ -291,10 +291,7 @@ class ModelProfile:
         plain = self._layer_plain_params(tp, dense) * act
         linear = self._layer_linear_params(tp, dense=dense)
         if self.quantized_experts_only and self.is_moe and not dense:
-            experts = self._expert_params(tp)
-            bias = self.num_experts * 3 * self.expert_intermediate_size // tp  # w13 (2I) and w2 (H ~ I) biases
-            return (plain + (linear - experts) * act + experts * modelclass.MXFP4_LOADED_BYTES_PER_ELEM + bias * act
-                    + modelclass.MXFP4_LAYER_BYTES)
+            return plain + (linear - self._expert_params(tp)) * act + modelclass.mxfp4_expert_bytes(self, tp)
         b = plain + linear * self.weight_bytes_per_param
         if self.mla_kv_lora_rank:
             # vLLM's MLA keeps W_UK_T and W_UV, the absorbed halves of kv_b_proj, beside it (model dtype)
