@@ -40,7 +40,7 @@ from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv, CommMemory, comm_memory
 from servetune.planner.flags import validate_flags
 from servetune.planner.gpus import GpuSpec
-from servetune.planner.modelclass import (KVLayout, class_notes, kv_layout, moe_workspace_bytes,
+from servetune.planner.modelclass import (KVLayout, as_loaded_on, class_notes, kv_layout, moe_workspace_bytes,
                                           multimodal_profile_bytes)
 from servetune.planner.modelinfo import ModelProfile
 from servetune.result import MemoryBreakdown, TrialStatus
@@ -777,7 +777,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         ('startup_oom', -0.52)
     """
     v = config.version
-    model = _effective_model(model, config)
+    model = as_loaded_on(_effective_model(model, config), gpu)  # e.g. Marlin fp8 below compute capability 8.9
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     total = int(gpu.memory_gib * GiB)
     comm = comm_memory(gpu, tp=tp, pp=pp, env=env, version=v)

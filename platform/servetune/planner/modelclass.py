@@ -62,7 +62,7 @@ from servetune.errors import SpecError
 __all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LAYER_BYTES", "mxfp4_expert_bytes", "MULTIMODAL_PROFILE_ELEMS_PER_TOKEN",
            "multimodal_profile_bytes", "refuse_unmodelled",
            "normalize_config", "class_fields", "vision_tower_params", "kv_layout", "moe_workspace_bytes",
-           "group_size_for", "class_notes"]
+           "group_size_for", "class_notes", "as_loaded_on"]
 
 #: transformers' config-class defaults for the fields a nested ``text_config`` may leave out.
 #: Gemma3TextConfig (transformers 4.50+, ``models/gemma3/configuration_gemma3.py``).
@@ -388,3 +388,26 @@ def mxfp4_expert_bytes(model: Any, tp: int) -> int:
     biases = 2 * inter + model.hidden_size
     per_expert = values // 2 + 2 * (values // 32) + biases * (2 + 4)
     return model.num_experts * per_expert + MXFP4_LAYER_BYTES
+
+
+def as_loaded_on(model: Any, gpu: Any) -> Any:
+    """The model as vLLM loads it on ``gpu``: block-quantized fp8 on a GPU without fp8 tensor cores.
+
+    Below compute capability 8.9 vLLM serves fp8 checkpoints weight-only through Marlin ("Your GPU
+    does not have native support for FP8 computation ... Weight-only FP8 compression will be used
+    leveraging the Marlin kernel"); Marlin takes a block-quantized checkpoint's [N/128, K/128] scales as
+    group scales along K for every output row, one bf16 per ``block_k`` weights (``marlin_utils_fp8``):
+    ``1 + 2 / block_k`` bytes per weight. Per-channel and per-tensor fp8 scales stay negligible.
+
+    Example:
+        >>> import dataclasses
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m = dataclasses.replace(load_model("qwen3-30b-a3b"), quantization="fp8", quant_bytes_per_param=1.0,
+        ...                         quant_block_k=128)
+        >>> as_loaded_on(m, get_gpu("A100-40GB")).quant_bytes_per_param, as_loaded_on(m, get_gpu("H100-80GB")) is m
+        (1.015625, True)
+    """
+    if model.quantization == "fp8" and model.quant_block_k and not gpu.fp8_compute:
+        return dataclasses.replace(model, quant_bytes_per_param=1.0 + 2 / model.quant_block_k)
+    return model

@@ -118,6 +118,7 @@ class ModelProfile:
     mla_nope_dim: int = 0
     mla_v_dim: int = 0
     mla_q_lora_rank: int = 0
+    quant_block_k: int = 0  # block-quantized fp8 (``weight_block_size``): the block's input width (0: none)
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -456,6 +457,9 @@ def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config
     moe_inter = int(cfg.get("moe_intermediate_size") or 0) if num_experts else 0
     classes = modelclass.class_fields(cfg)
     quant, quant_bytes = _quantization(cfg, source)
+    block = (cfg.get("quantization_config") or {}).get("weight_block_size") if quant else None
+    if isinstance(block, (list, tuple)) and len(block) == 2:
+        classes["quant_block_k"] = int(block[1])
     qkv_bias = (bool(cfg.get("attention_bias")) or architecture.startswith("Qwen2")) and not classes.get("mla_kv_lora_rank")
     return ModelProfile(
         name=name, architecture=architecture, num_layers=layers, hidden_size=hidden,
