@@ -904,7 +904,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         kv_cache_tokens=kv_tokens if ok else 0,
         max_concurrency=concurrency if ok else 0.0,
         block_size=config.block_size,
-        kv_bytes_per_token=layouts[bind].bytes_per_token(config.block_size),  # as vLLM counts KV tokens
+        kv_bytes_per_token=max(lay.bytes_per_token(config.block_size) for lay in layouts),  # as vLLM counts tokens
         startup_s=_startup_seconds(config, max(weights), cold_start, failure, load_failed),
         fix=fix, estimated_max_model_len=est_len, num_cudagraphs=config.num_cudagraphs,
         cudagraph_subtracted=subtract_cg, notes=tuple(notes), comm=comm,
