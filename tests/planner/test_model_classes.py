@@ -123,3 +123,17 @@ def test_a_vision_tower_the_config_does_not_size_is_refused():
         with pytest.raises(SpecError) as err:
             profile_from_config(cfg, "m", source="m/config.json")
         assert err.value.field == "m/config.json: vision_config" and "not modelled" in err.value.message
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b", "gemma-2-27b", "gemma-3-27b",
+                                  "deepseek-v2-lite"])
+def test_shipped_class_configs_name_their_source_and_plan_on_one_h200(name):
+    import json
+    from servetune.planner.modelinfo import known_models
+    assert name in known_models()
+    cfg = json.loads((ROOT / "platform" / "servetune" / "data" / "models" / name / "config.json").read_text())
+    assert cfg["_source"].startswith("https://huggingface.co/")
+    m = load_model(name)
+    gpu = get_gpu("H200")
+    plan = plan_memory(m, gpu, resolve_engine_config({"max_model_len": 8192}, m, gpu, "0.19.0"))
+    assert plan.fits and plan.notes, name  # every class model says how it is modelled

@@ -361,6 +361,11 @@ def class_notes(model: Any, max_num_batched_tokens: int) -> list[str]:
     if model.mla_kv_lora_rank:
         notes.append(f"MLA: one {model.mla_kv_lora_rank + model.mla_rope_dim}-element latent per token and layer on "
                      "every TP rank. Checked on one published DeepSeek-V2-Lite start (vLLM 0.19.0, TP=1)")
+    if model.is_moe and not model.quantized_experts_only:
+        ws = moe_workspace_bytes(model, max_num_batched_tokens, 1) / 2**30
+        notes.append(f"MoE: {model.num_experts} experts, top-{model.num_experts_per_tok}; the fused-MoE workspace "
+                     f"({ws:.2f} GiB at TP=1) stays in the profiled peak. Checked on published Qwen3-30B-A3B, "
+                     "Qwen1.5-MoE, Mixtral and DeepSeek-V2-Lite starts (H100, H200, A100-40GB)")
     if model.quantized_experts_only:
         notes.append("MXFP4 experts, bf16 attention / embedding / LM head, sized as vLLM's Triton MXFP4 backend "
                      "loads them (Hopper); other backends (Blackwell, Marlin) are not checked")
