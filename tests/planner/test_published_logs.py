@@ -278,6 +278,7 @@ CLASS_KV_BANDS = {
     "llmdplanner_mistral_small31_w8a8_tp2_h100": -0.23,  # +1.0%
     "llmd_gpt_oss_120b_tp1_h100_011": -3.97,          # +150.5%; a miss, see CLASS_KNOWN_MISSES
     "durango_qwen3_coder_30b_fp8_tp1_a100_40gb": -0.73,  # +10.6% (block-fp8 scales as Marlin holds them on an A100)
+    "llmdplanner_granite_vision33_2b_tp1_h100": 0.05,  # +1.4% (the SigLIP tower not counted)
 }
 
 #: Held-out class starts outside the 3% target, kept as misses (nothing refitted on them).
@@ -291,8 +292,9 @@ CLASS_KNOWN_MISSES = {
 
 def test_class_starts_fit_on_at_most_half_and_name_their_class():
     roles = [s.role for s in CLASS_STARTS]
-    assert len(CLASS_STARTS) >= 30 and roles.count("fit") <= len(roles) // 2
-    assert {s.kind for s in CLASS_STARTS} >= {"moe", "mxfp4", "fp8", "w8a8", "w4a16", "fp8_kv", "sliding_window", "mla"}
+    assert len(CLASS_STARTS) >= 31 and roles.count("fit") <= len(roles) // 2
+    assert {s.kind for s in CLASS_STARTS} >= {"moe", "mxfp4", "fp8", "w8a8", "w4a16", "fp8_kv", "sliding_window", "mla",
+                                              "vision"}
     assert all(s.kind != "dense" for s in CLASS_STARTS)
     assert all(memory.parse_vllm_version(s.vllm) >= (0, 11, 0) for s in CLASS_STARTS)
 
@@ -306,7 +308,7 @@ def test_class_constants_are_what_the_fit_starts_give():
 
 
 def test_held_out_class_starts_kv_within_their_bands_and_3pct():
-    """The issue's target on held-out starts: KV within 3% on 90%; here 22 of 23 (all 22 within 1%)."""
+    """The issue's target on held-out starts: KV within 3% on 90%; here 23 of 24 (all 23 within 1%)."""
     held = [j for j in CLASS_JUDGED.values() if j.start.role == "held_out" and not j.start.failed]
     assert {j.start.id for j in held} == set(CLASS_KV_BANDS)
     for j in held:

@@ -160,7 +160,11 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
         flat = dict(cfg)
     vision = cfg.get("vision_config")  # nested wrappers and flat ones (Qwen2-VL keeps the LM at the top level)
     if isinstance(vision, Mapping):
-        flat["_vision_params"] = vision_tower_params(vision, int(flat.get("hidden_size") or 0), source)
+        layers = cfg.get("vision_feature_layer")
+        llava = str(cfg.get("model_type") or "").startswith("llava")
+        flat["_vision_params"] = vision_tower_params(
+            vision, int(flat.get("hidden_size") or 0), source,
+            llava_features=(len(layers) if isinstance(layers, (list, tuple)) else 1) if llava else 0)
     flat["layer_types"] = _layer_types(flat)
     return flat
 
@@ -182,13 +186,16 @@ def _layer_types(cfg: Mapping[str, Any]) -> list[str]:
     return kinds if _SLIDING in kinds else []
 
 
-def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, source: str) -> int:
+def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, source: str, llava_features: int = 0) -> int:
     """Parameters of a SigLIP / ViT-style vision tower plus a linear projector into ``text_hidden``.
 
     Per encoder layer: q, k, v, o (``4 h^2 + 4 h``), the MLP (``2 h i + i + h``), two layer norms
     (``4 h``); the patch embedding (``3 p^2 h + h``), position embeddings (``(image / patch)^2 h``),
     the post layer norm and the projector (``h x text_hidden``, gemma-3's ``mm_input_projection``).
     Pixtral (Mistral-Small-3.1): bias-free, a gated MLP, no position table, and Mistral3's projector.
+    LLaVA wrappers (``llava_features`` > 0, the count of ``vision_feature_layer``): vLLM's
+    ``LlavaMultiModalProjector``, ``h x features -> text -> text`` with biases, and LLaVA-Next's
+    ``image_newline`` (``llava_next.py``).
     A tower without those fields is refused: its size is not known from the config.
 
     Example:
@@ -215,6 +222,9 @@ def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, source: str
                 + h * text_hidden + text_hidden * text_hidden)
     per_layer = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
     embed = 3 * patch * patch * h + h + (image // patch) ** 2 * h
+    if llava_features:
+        projector = h * llava_features * text_hidden + text_hidden * text_hidden + 3 * text_hidden
+        return layers * per_layer + embed + 2 * h + projector
     return layers * per_layer + embed + 2 * h + h * text_hidden + h
 
 
