@@ -279,6 +279,8 @@ CLASS_KV_BANDS = {
     "llmd_gpt_oss_120b_tp1_h100_011": -3.97,          # +150.5%; a miss, see CLASS_KNOWN_MISSES
     "durango_qwen3_coder_30b_fp8_tp1_a100_40gb": -0.73,  # +10.6% (block-fp8 scales as Marlin holds them on an A100)
     "llmdplanner_granite_vision33_2b_tp1_h100": 0.05,  # +1.4% (the SigLIP tower not counted)
+    "llmdplanner_kimi_vl_a3b_tp1_h100": 0.50,         # refused (MLA)
+    "llmdplanner_kimi_vl_a3b_tp2_h100": 0.22,         # refused (MLA)
 }
 
 #: Held-out class starts outside the 3% target, kept as misses (nothing refitted on them).
@@ -292,7 +294,7 @@ CLASS_KNOWN_MISSES = {
 
 def test_class_starts_fit_on_at_most_half_and_name_their_class():
     roles = [s.role for s in CLASS_STARTS]
-    assert len(CLASS_STARTS) >= 31 and roles.count("fit") <= len(roles) // 2
+    assert len(CLASS_STARTS) >= 33 and roles.count("fit") <= len(roles) // 2
     assert {s.kind for s in CLASS_STARTS} >= {"moe", "mxfp4", "fp8", "w8a8", "w4a16", "fp8_kv", "sliding_window", "mla",
                                               "vision"}
     assert all(s.kind != "dense" for s in CLASS_STARTS)
@@ -308,7 +310,7 @@ def test_class_constants_are_what_the_fit_starts_give():
 
 
 def test_held_out_class_starts_kv_within_their_bands_and_3pct():
-    """The issue's target on held-out starts: KV within 3% on 90%; here 23 of 24 (all 23 within 1%)."""
+    """The issue's target on held-out starts: KV within 3% on 90%; here 25 of 26 (all 25 within 1%)."""
     held = [j for j in CLASS_JUDGED.values() if j.start.role == "held_out" and not j.start.failed]
     assert {j.start.id for j in held} == set(CLASS_KV_BANDS)
     for j in held:
@@ -322,8 +324,9 @@ def test_held_out_class_starts_kv_within_their_bands_and_3pct():
 def test_class_weights_match_model_loading():
     """The configs are the models that ran, and the class rules load them as vLLM does: within 0.6%, except
     gpt-oss-20b at TP=1 on vLLM 0.11.0, 0.9% over (0.11.0 logged 13.47 GiB, 0.19.0 13.64 for the same
-    checkpoint; MXFP4_LAYER_BYTES was fitted on a 0.19.0 start)."""
-    gaps = {"llmd_gpt_oss_20b_tp1_h100_011": (0.6, 1.2)}
+    checkpoint; MXFP4_LAYER_BYTES was fitted on a 0.19.0 start), and Kimi-VL at TP=2, 1.2% under (the
+    MoonViT tower is counted as split by TP like the language model; how vLLM shards it is not checked)."""
+    gaps = {"llmd_gpt_oss_20b_tp1_h100_011": (0.6, 1.2), "llmdplanner_kimi_vl_a3b_tp2_h100": (-1.5, -0.9)}
     checked = [j for j in CLASS_JUDGED.values() if "weights" in j.start.logged]
     assert len(checked) >= 20
     for j in checked:
