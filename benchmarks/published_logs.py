@@ -8,6 +8,12 @@ is that output (the tests re-derive it).
 
     .venv/bin/python benchmarks/published_logs.py
     .venv/bin/python benchmarks/published_logs.py --json > benchmarks/results/published_logs_heldout.json
+
+``--classes`` does the same for ``classes.yaml`` (MoE, MXFP4, quantized checkpoints, fp8 KV,
+sliding-window hybrids, MLA) and prints the held-out table by class, GPU and layout;
+``benchmarks/results/published_logs_classes.json`` is its ``--json`` output.
+
+    .venv/bin/python benchmarks/published_logs.py --classes
 """
 
 from __future__ import annotations
@@ -18,16 +24,62 @@ import sys
 from pathlib import Path
 
 from servetune.planner import comm, memory
-from servetune.planner.evidence import fit_constants, judge, load_index, summarize
+from servetune.planner import modelclass
+from servetune.planner.evidence import class_table, fit_class_constants, fit_constants, judge, load_index, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 INDEX = ROOT / "tests" / "fixtures" / "published_logs" / "index.yaml"
+CLASSES = ROOT / "tests" / "fixtures" / "published_logs" / "classes.yaml"
+
+
+def class_report() -> dict:
+    """The classes.yaml report: constants in code and refit, the held-out table, every start."""
+    starts, models = load_index(CLASSES)
+    judgements = [judge(s, models[s.id]) for s in starts]
+    constants = {"MXFP4_LAYER_BYTES": modelclass.MXFP4_LAYER_BYTES,
+                 "MULTIMODAL_PROFILE_ELEMS_PER_TOKEN": modelclass.MULTIMODAL_PROFILE_ELEMS_PER_TOKEN}
+    return {"constants_in_code": constants, "constants_refit": fit_class_constants(starts, models),
+            "held_out": class_table(judgements, "held_out"),
+            "per_start": [{"id": j.start.id, "class": j.start.kind, "role": j.start.role, "gpu": j.start.gpu,
+                           "layout": j.start.layout, "vllm": j.start.vllm, "logged": j.start.logged.get("status"),
+                           "predicted": "fits" if j.fits else j.failure, "kv_tokens": j.kv_tokens,
+                           "logged_kv_tokens": j.logged_kv_tokens,
+                           "kv_error_pct": None if j.kv_error is None else round(100 * j.kv_error, 2)}
+                          for j in judgements]}
+
+
+def print_class_report(report: dict) -> None:
+    print(f"constants in code : {report['constants_in_code']}")
+    print(f"refit on fit set  : {report['constants_refit']}")
+    print(f"{'start':<42}{'class':<16}{'role':<10}{'gpu':<11}{'layout':<8}{'vllm':<8}{'logged':<8}"
+          f"{'predicted':<14}{'kv tokens':>11}{'logged':>11}{'error':>9}")
+    for row in report["per_start"]:
+        err = "" if row["kv_error_pct"] is None else f"{row['kv_error_pct']:+.2f}%"
+        logged = "" if row["logged_kv_tokens"] is None else f"{row['logged_kv_tokens']:,}"
+        print(f"{row['id']:<42}{row['class']:<16}{row['role']:<10}{row['gpu']:<11}{row['layout']:<8}{row['vllm']:<8}"
+              f"{row['logged']:<8}{row['predicted']:<14}{row['kv_tokens']:>11,}{logged:>11}{err:>9}")
+    h = report["held_out"]
+    print(f"held out: {h['starts']} starts ({h['healthy']} healthy, {h['failed']} failed); KV within 3%: "
+          f"{h['within_3pct']}/{h['judged']}; failed starts foreseen: {h['failed_foreseen']}/{h['failed']}")
+    print(f"{'class':<16}{'gpu':<11}{'layout':<8}{'n':>3}  KV error (%)  failed foreseen")
+    for r in h["rows"]:
+        errs = ", ".join(f"{e:+.2f}" for e in r["kv_errors_pct"]) or "-"
+        failed = f"{r['failed_foreseen']}/{r['failed']}" if r["failed"] else "-"
+        print(f"{r['class']:<16}{r['gpu']:<11}{r['layout']:<8}{r['n']:>3}  {errs:<13} {failed}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--classes", action="store_true", help="classes.yaml: MoE, MXFP4, quantized, hybrid, MLA starts")
     args = ap.parse_args(argv)
+    if args.classes:
+        report = class_report()
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print_class_report(report)
+        return 0
     starts, models = load_index(INDEX)
     judgements = [judge(s, models[s.id]) for s in starts]
     constants = {"SAMPLER_BYTES_PER_LOGIT_V1": memory.SAMPLER_BYTES_PER_LOGIT_V1,

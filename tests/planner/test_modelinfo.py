@@ -197,9 +197,11 @@ def test_unknown_model_lists_the_shipped_ones(tmp_path, monkeypatch):
     assert "did you mean 'llama-3.1-8b'" in str(err.value) and "qwen2.5-7b" in str(err.value)
 
 
-def test_mla_is_refused_by_name():
-    with pytest.raises(SpecError, match="kv_lora_rank"):
-        profile_from_config({**TINY, "kv_lora_rank": 512}, "deepseek")
+def test_mla_is_planned_as_one_latent_per_token_and_layer():
+    """MLA (DeepSeek-style) was refused; it is now planned: (kv_lora_rank + qk_rope_head_dim) x dtype per layer, any TP."""
+    m = profile_from_config({**TINY, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32,
+                             "v_head_dim": 32}, "deepseek")
+    assert m.kv_bytes_per_token(tp=1, pp=1) == m.kv_bytes_per_token(tp=4, pp=1) == 576 * 2 * 4
 
 
 def test_profile_is_hashable_and_frozen():

@@ -245,3 +245,145 @@ def test_the_committed_report_is_what_the_planner_gives_now():
     committed = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results"
                             / "published_logs_heldout.json").read_text())
     assert committed["held_out"] == summarize(JUDGED, "held_out")
+
+
+# --------------------------------------------------------------------------- model classes (classes.yaml)
+CLASS_INDEX = INDEX.parent / "classes.yaml"
+CLASS_STARTS, CLASS_MODELS = load_index(CLASS_INDEX)
+CLASS_JUDGED = {s.id: judge(s, CLASS_MODELS[s.id]) for s in CLASS_STARTS}
+
+#: Every held-out healthy start of classes.yaml: id -> the band (percent) its KV-token error is held in
+#: (the error when the class rules were committed, +-0.3 points), so a change that moves one shows.
+CLASS_KV_BANDS = {
+    "llmdplanner_qwen15_moe_a27b_tp1_h100": 0.17,     # before the class rules: +0.9%
+    "llmdplanner_mixtral_8x7b_tp2_h100": -0.24,       # +0.9%
+    "telco_qwen3_30b_a3b_2507_tp1_h200": 0.04,        # +8.0% (vLLM 0.15.0 on an H200: the kept MoE workspace)
+    "llmdplanner_deepseek_v2_lite_tp1_h100": 0.28,    # refused (MLA)
+    "llmdplanner_gemma2_2b_tp1_h100": 0.19,           # +0.2%
+    "llmdplanner_gemma2_9b_tp1_h100": 0.25,           # +0.2%
+    "llmdplanner_gemma2_27b_tp1_h100": 0.76,          # +0.8%
+    "llmdplanner_gemma3_4b_tp1_h100": 0.25,           # refused (text_config without num_attention_heads)
+    "llmdplanner_gemma3_27b_tp1_h100": 0.83,          # refused (text_config without vocab_size)
+    "llmdplanner_llama31_8b_qfp8_tp1_h100": 0.21,     # +0.2%
+    "llmdplanner_qwen25_7b_fp8dyn_tp1_h100": 0.24,    # +0.2%
+    "llmdplanner_llama31_8b_w8a8_tp1_h100": 0.22,     # +0.2%
+    "llmdplanner_qwen25_7b_w8a8_tp1_h100": 0.24,      # +0.2%
+    "llmdplanner_llama33_70b_w8a8_tp2_h100": 0.31,    # +0.3%
+    "llmdplanner_llama31_8b_w4a16_tp1_h100": 0.23,    # +0.2%
+    "llmdplanner_llama31_8b_kvfp8_tp1_h100": 0.24,    # +0.2%
+    "llmdplanner_qwen25_7b_kvfp8_tp1_h100": 0.31,     # +0.3%
+    "parallelworks_gpt_oss_120b_tp2_h200": -0.17,     # +4.2% (MXFP4 on every linear layer, 29.72 GiB of 32.98)
+    "llmd_gpt_oss_20b_tp1_h100_011": -0.20,           # +3.1%
+    "llmdplanner_mistral_small31_w8a8_tp1_h100": 0.24,  # +2.5% (the Pixtral tower not counted)
+    "llmdplanner_mistral_small31_w8a8_tp2_h100": -0.23,  # +1.0%
+    "llmd_gpt_oss_120b_tp1_h100_011": -3.97,          # +150.5%; a miss, see CLASS_KNOWN_MISSES
+    "durango_qwen3_coder_30b_fp8_tp1_a100_40gb": -0.73,  # +10.6% (block-fp8 scales as Marlin holds them on an A100)
+    "llmdplanner_granite_vision33_2b_tp1_h100": 0.05,  # +1.4% (the SigLIP tower not counted)
+    "llmdplanner_kimi_vl_a3b_tp1_h100": 0.50,         # refused (MLA)
+    "llmdplanner_kimi_vl_a3b_tp2_h100": 0.22,         # refused (MLA)
+}
+
+#: Held-out class starts outside the 3% target, kept as misses (nothing refitted on them).
+CLASS_KNOWN_MISSES = {
+    # gpt-oss-120b on one H100 at vLLM 0.11.0 (llm-d's table): 3.33 GiB of KV left, so the 0.15 GiB by which
+    # the MXFP4 weights are planned high (64.53 against 64.38; MXFP4_LAYER_BYTES was fitted on 0.19.0's 20b)
+    # is -4.0%. The table's gpu_memory_utilization (0.9) contradicts its own figures (they add up to 0.95).
+    "llmd_gpt_oss_120b_tp1_h100_011",
+}
+
+
+def test_class_starts_fit_on_at_most_half_and_name_their_class():
+    roles = [s.role for s in CLASS_STARTS]
+    assert len(CLASS_STARTS) >= 33 and roles.count("fit") <= len(roles) // 2
+    assert {s.kind for s in CLASS_STARTS} >= {"moe", "mxfp4", "fp8", "w8a8", "w4a16", "fp8_kv", "sliding_window", "mla",
+                                              "vision"}
+    assert all(s.kind != "dense" for s in CLASS_STARTS)
+    assert all(memory.parse_vllm_version(s.vllm) >= (0, 11, 0) for s in CLASS_STARTS)
+
+
+def test_class_constants_are_what_the_fit_starts_give():
+    from servetune.planner import modelclass
+    from servetune.planner.evidence import fit_class_constants
+    assert fit_class_constants(CLASS_STARTS, CLASS_MODELS) == {
+        "MXFP4_LAYER_BYTES": modelclass.MXFP4_LAYER_BYTES,
+        "MULTIMODAL_PROFILE_ELEMS_PER_TOKEN": modelclass.MULTIMODAL_PROFILE_ELEMS_PER_TOKEN}
+
+
+def test_held_out_class_starts_kv_within_their_bands_and_3pct():
+    """The issue's target on held-out starts: KV within 3% on 90%; here 25 of 26 (all 25 within 1%)."""
+    held = [j for j in CLASS_JUDGED.values() if j.start.role == "held_out" and not j.start.failed]
+    assert {j.start.id for j in held} == set(CLASS_KV_BANDS)
+    for j in held:
+        assert j.fits, j.start.id  # no served start called impossible
+        error = 100 * j.kv_error
+        assert CLASS_KV_BANDS[j.start.id] - 0.3 <= error <= CLASS_KV_BANDS[j.start.id] + 0.3, (j.start.id, error)
+        assert abs(error) <= 3.0 or j.start.id in CLASS_KNOWN_MISSES, j.start.id
+    assert sum(abs(100 * j.kv_error) <= 3.0 for j in held) >= 0.9 * len(held)
+
+
+def test_class_weights_match_model_loading():
+    """The configs are the models that ran, and the class rules load them as vLLM does: within 0.6%, except
+    gpt-oss-20b at TP=1 on vLLM 0.11.0, 0.9% over (0.11.0 logged 13.47 GiB, 0.19.0 13.64 for the same
+    checkpoint; MXFP4_LAYER_BYTES was fitted on a 0.19.0 start), and Kimi-VL at TP=2, 1.2% under (the
+    MoonViT tower is counted as split by TP like the language model; how vLLM shards it is not checked)."""
+    gaps = {"llmd_gpt_oss_20b_tp1_h100_011": (0.6, 1.2), "llmdplanner_kimi_vl_a3b_tp2_h100": (-1.5, -0.9)}
+    checked = [j for j in CLASS_JUDGED.values() if "weights" in j.start.logged]
+    assert len(checked) >= 20
+    for j in checked:
+        error = 100 * (j.weights_gib / float(j.start.logged["weights"]) - 1)
+        low, high = gaps.get(j.start.id, (-0.6, 0.6))
+        assert low <= error <= high, (j.start.id, error)
+
+
+def test_class_failures_foreseen_and_the_open_one_kept_visible():
+    """gpt-oss-120b at the default 131,072 tokens on one H100 (vLLM issue #27508): refused for KV, as vLLM did.
+
+    The two gpt-oss-20b starts at gpu_memory_utilization 0.95 died after the KV cache was sized, warming up
+    the sampler over 1,024 rows (cudagraph_oom in the product's words): not foreseen. The same accounting
+    gives DeepSeek-V2-Lite, which started, as little room after graph capture (1.9 GiB over its profile
+    peak), so no rule read from these logs separates them; held here as called fits so a change shows.
+    """
+    assert CLASS_JUDGED["vllm27508_gpt_oss_120b_tp1_h100_failed"].failure == "kv_too_small"
+    assert CLASS_JUDGED["llmd_deepseek_r1_fp8_tp1_h100_failed"].failure == "startup_oom"  # 671B in FP8 on one GPU
+    for sid in ("llmdplanner_gpt_oss_20b_tp1_h100_failed", "llmdplanner_gpt_oss_20b_tp2_h100_failed"):
+        assert CLASS_JUDGED[sid].fits and CLASS_JUDGED[sid].start.logged["failure"] == "cudagraph_oom"
+
+
+def test_class_excerpts_read_as_their_logged_figures():
+    from servetune.engines.vllm.logs import parse_log
+    fields = {"weights": "weights_gib", "activation_peak": "activation_peak_gib", "non_torch": "non_torch_gib",
+              "kv_cache": "available_kv_gib", "kv_tokens": "kv_cache_tokens", "max_concurrency": "max_concurrency"}
+    kept = [s for s in CLASS_STARTS if s.log is not None]
+    assert len(kept) >= len(CLASS_STARTS) - 3  # llm-d's table (three starts) has figures, not log lines
+    for s in kept:
+        with open(CLASS_INDEX.parent / s.log, "rb") as fh:
+            data = fh.read(1 << 20)
+        parsed = parse_log(data.decode("utf-8", errors="replace"))
+        read = {k: getattr(parsed, a) for k, a in fields.items() if getattr(parsed, a) is not None}
+        assert "kv_cache" in read, s.id
+        for key, value in read.items():
+            assert key in s.logged and float(s.logged[key]) == pytest.approx(float(value)), (s.id, key)
+
+
+def test_the_refused_class_starts_are_refused():
+    import yaml
+    from servetune.planner.modelinfo import load_model
+    refused = yaml.safe_load(CLASS_INDEX.read_text())["refused"]
+    assert refused
+    for entry in refused:
+        with pytest.raises(SpecError) as err:
+            load_model(CLASS_INDEX.parent / entry["model"])
+        assert "not modelled" in err.value.message and err.value.fix
+        assert (CLASS_INDEX.parent / entry["log"]).is_file()
+
+
+def test_the_committed_class_report_is_what_the_planner_gives_now():
+    """benchmarks/results/published_logs_classes.json (docs/model-classes.md's figures) is re-derived, not copied."""
+    import importlib.util
+    import json
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("published_logs_bench", root / "benchmarks" / "published_logs.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    committed = json.loads((root / "benchmarks" / "results" / "published_logs_classes.json").read_text())
+    assert committed == json.loads(json.dumps(bench.class_report()))

@@ -25,11 +25,12 @@ import yaml
 from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv
 from servetune.planner.gpus import get_gpu, under_wddm
+from servetune.planner.modelclass import kv_layout
 from servetune.planner.memory import ACT_FIXED_GIB, plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import ModelProfile, load_model
 
 __all__ = ["PublishedStart", "Judgement", "parse_index", "load_index", "judge", "fit_constants", "summarize",
-           "ROLES"]
+           "class_table", "fit_class_constants", "ROLES"]
 
 GiB = 1 << 30
 ROLES = ("fit", "held_out")
@@ -49,6 +50,7 @@ class PublishedStart:
     role: str
     environment: str  # "multicast_off", "multicast_on", "default" (vLLM's and NCCL's defaults) or "wsl"
     log: str | None = None  # the published lines, verbatim, relative to the index (where the source has them)
+    kind: str = "dense"  # the model class (classes.yaml's ``class:``): moe, mxfp4, fp8, sliding_window, mla, ...
 
     @property
     def layout(self) -> str:
@@ -114,7 +116,7 @@ def parse_index(doc: Mapping[str, Any]) -> list[PublishedStart]:
         out.append(PublishedStart(id=str(raw["id"]), source=str(raw["source"]), model=str(raw["model"]),
                                   gpu=str(raw["gpu"]), vllm=str(raw["vllm"]), flags=dict(raw["flags"]),
                                   logged=dict(raw["logged"]), role=str(raw["role"]), environment=env,
-                                  log=log))
+                                  log=log, kind=str(raw.get("class", "dense"))))
     ids = [s.id for s in out]
     if len(set(ids)) != len(ids):
         raise SpecError("starts", "duplicate ids", "give every start its own id")
@@ -145,10 +147,11 @@ def judge(start: PublishedStart, model: ModelProfile) -> Judgement:
     if not start.failed and "kv_tokens" in start.logged:  # the logged "GPU KV cache size" itself
         logged_tokens = int(start.logged["kv_tokens"])
     elif not start.failed and "kv_cache" in start.logged:
-        tp = config.tensor_parallel_size
-        page = 2 * config.block_size * model.kv_heads_per_gpu(tp) * model.head_dim * model.kv_dtype_bytes(
-            config.kv_cache_dtype) * max(model.stage_layers(config.pipeline_parallel_size))
-        logged_tokens = int(float(start.logged["kv_cache"]) * GiB // page) * config.block_size
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        stage = max(range(pp), key=lambda s: model.stage_layers(pp)[s])
+        layout = kv_layout(model, tp, stage, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype))
+        logged_tokens = layout.tokens(int(float(start.logged["kv_cache"]) * GiB // layout.block_bytes),
+                                      config.block_size)
     return Judgement(start=start, fits=plan.fits, failure=plan.failure.value if plan.failure else None,
                      kv_cache_gib=plan.memory.kv_cache, kv_tokens=plan.kv_cache_tokens,
                      logged_kv_tokens=logged_tokens, weights_gib=plan.memory.weights,
@@ -217,3 +220,62 @@ def summarize(judgements: list[Judgement], role: str = "held_out") -> dict[str, 
         "by_layout": group("layout"),
         "by_vllm": group("vllm"),
     }
+
+
+def class_table(judgements: list[Judgement], role: str = "held_out") -> dict[str, Any]:
+    """The KV error by model class, GPU and layout over the starts of one role (classes.yaml's report).
+
+    ``rows``: one per (class, GPU, layout) with the healthy starts' KV errors and the failed starts'
+    verdicts; ``within_3pct``: healthy starts within 3% of the logged KV tokens; ``failed_foreseen``.
+    """
+    js = [j for j in judgements if j.start.role == role]
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for j in js:
+        row = rows.setdefault((j.start.kind, j.start.gpu, j.start.layout),
+                              {"class": j.start.kind, "gpu": j.start.gpu, "layout": j.start.layout, "n": 0,
+                               "kv_errors_pct": [], "failed": 0, "failed_foreseen": 0})
+        row["n"] += 1
+        if j.start.failed:
+            row["failed"] += 1
+            row["failed_foreseen"] += int(bool(j.failure_foreseen))
+        elif j.kv_error is not None:
+            row["kv_errors_pct"].append(round(100 * j.kv_error, 2))
+    errors = [e for r in rows.values() for e in r["kv_errors_pct"]]
+    healthy = [j for j in js if not j.start.failed]
+    return {"role": role, "starts": len(js), "healthy": len(healthy),
+            "healthy_called_fit": sum(1 for j in healthy if j.fits),
+            "within_3pct": sum(1 for e in errors if abs(e) <= 3.0), "judged": len(errors),
+            "failed": sum(r["failed"] for r in rows.values()),
+            "failed_foreseen": sum(r["failed_foreseen"] for r in rows.values()),
+            "rows": [rows[k] for k in sorted(rows)]}
+
+
+def fit_class_constants(starts: list[PublishedStart], models: Mapping[str, ModelProfile]) -> dict[str, float]:
+    """The model-class constants fitted on classes.yaml's ``fit`` starts, computed afresh from their logs.
+
+    ``MXFP4_LAYER_BYTES``: (logged weights - the planned weights without that term) / MoE layers on the
+    stage, over the MXFP4 fit starts, mean, to 10 kB. ``MULTIMODAL_PROFILE_ELEMS_PER_TOKEN``: (logged
+    torch peak - the planned peak without a vision tower) / (batched tokens x hidden x dtype bytes) over
+    the fit starts of models with a vision tower, mean, to 0.01.
+    """
+    from servetune.planner import modelclass
+    from servetune.planner.memory import activation_peak_bytes
+    layer, mm = [], []
+    for s in (s for s in starts if s.role == "fit"):
+        model = models[s.id]
+        config = resolve_engine_config(s.flags, model, get_gpu(s.gpu), s.vllm)
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        if model.quantized_experts_only and "weights" in s.logged:
+            layers = max(model.stage_layers(pp))
+            bare = model.weight_bytes_per_gpu(tp, pp) - layers * modelclass.MXFP4_LAYER_BYTES
+            layer.append((float(s.logged["weights"]) * GiB - bare) / layers)
+        if model.vision_params and "activation_peak" in s.logged:
+            bare = activation_peak_bytes(dataclasses.replace(model, vision_params=0), config)
+            per = config.max_num_batched_tokens * model.hidden_size * model.dtype_bytes
+            mm.append((float(s.logged["activation_peak"]) * GiB - bare) / per)
+    out: dict[str, float] = {}
+    if layer:
+        out["MXFP4_LAYER_BYTES"] = round(statistics.mean(layer), -4)
+    if mm:
+        out["MULTIMODAL_PROFILE_ELEMS_PER_TOKEN"] = round(statistics.mean(mm), 2)
+    return out

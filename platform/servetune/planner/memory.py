@@ -40,6 +40,8 @@ from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv, CommMemory, comm_memory
 from servetune.planner.flags import validate_flags
 from servetune.planner.gpus import GpuSpec
+from servetune.planner.modelclass import (KVLayout, as_loaded_on, class_notes, kv_layout, moe_workspace_bytes,
+                                          multimodal_profile_bytes)
 from servetune.planner.modelinfo import ModelProfile
 from servetune.result import MemoryBreakdown, TrialStatus
 from servetune.vllm_version import DEFAULT_VLLM_VERSION, VERSION_RE, Version
@@ -567,7 +569,10 @@ def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_sta
     # The floor is seen on vLLM 0.26's V2 runner only; a published 0.19.1 start logs less than it.
     cold_floor = compiling and config.version >= _V2_RUNNER
     hidden_elems = ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED if compiling else ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER
-    inter = model.expert_intermediate_size * model.num_experts_per_tok if model.is_moe else model.intermediate_size
+    # Triton fused-MoE experts run in workspaces kept past the forward (modelclass.moe_workspace_bytes)
+    workspace = moe_workspace_bytes(model, tokens, config.tensor_parallel_size)
+    inter = model.expert_intermediate_size * model.num_experts_per_tok if model.is_moe and not workspace \
+        else (0 if model.is_moe else model.intermediate_size)
     inter += model.shared_expert_intermediate_size
     per_token = model.dtype_bytes * (ACT_MLP_ELEMS_PER_TOKEN * inter / config.tensor_parallel_size
                                      + hidden_elems * model.hidden_size)
@@ -577,10 +582,11 @@ def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_sta
         # (COLD_COMPILE_FLOOR_TENSORS' note): 8B and 14B cold starts at small token budgets.
         vocab_rows = -(-model.vocab_size // config.tensor_parallel_size)
         forward = max(forward, COLD_COMPILE_FLOOR_TENSORS * vocab_rows * model.hidden_size * model.dtype_bytes)
+    held = workspace + multimodal_profile_bytes(model, tokens)  # kept through the sampler's run too
     if not last_stage:
-        return int(forward)
+        return int(forward + held)
     num_reqs = min(tokens, config.max_num_seqs)
-    return int(max(forward, ACT_FIXED_GIB * GiB + sampler_profile_bytes(model, config, num_reqs)))
+    return int(max(forward, ACT_FIXED_GIB * GiB + sampler_profile_bytes(model, config, num_reqs)) + held)
 
 
 def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: int) -> int:
@@ -771,7 +777,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         ('startup_oom', -0.52)
     """
     v = config.version
-    model = _effective_model(model, config)
+    model = as_loaded_on(_effective_model(model, config), gpu)  # e.g. Marlin fp8 below compute capability 8.9
     tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
     total = int(gpu.memory_gib * GiB)
     comm = comm_memory(gpu, tp=tp, pp=pp, env=env, version=v)
@@ -786,11 +792,11 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         budget = math.ceil(total * config.gpu_memory_utilization) if v >= (0, 33, 0) \
             else int(total * config.gpu_memory_utilization)
 
-    layers = model.stage_layers(pp)
     weights = model.stage_weight_bytes(tp, pp)
-    page = 2 * config.block_size * model.kv_heads_per_gpu(tp) * model.head_dim * model.kv_dtype_bytes(config.kv_cache_dtype)
-    bytes_per_block = [page * n for n in layers]
-    blocks_per_seq = _cdiv(config.max_model_len, config.block_size)
+    # KV pages per stage: layers grouped as vLLM's KV cache manager groups them (modelclass.kv_layout)
+    layouts = [kv_layout(model, tp, s, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype))
+               for s in range(pp)]
+    bytes_per_block = [layout.block_bytes for layout in layouts]
 
     # One worker per stage (TP ranks of a stage are identical); vLLM takes the minimum num_blocks.
     stages = []
@@ -807,9 +813,11 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
     available = int(st["available"])
     computed_blocks = int(st["blocks"])
     num_blocks = config.num_gpu_blocks_override or computed_blocks
-    kv_tokens, concurrency = _kv_capacity(v, num_blocks, config)
+    blocks_per_seq = layouts[bind].blocks_per_request(config.max_model_len, config.block_size,
+                                                      config.max_num_batched_tokens)
+    kv_tokens, concurrency = _kv_capacity(v, num_blocks, config, layouts[bind], blocks_per_seq)
 
-    notes: list[str] = []
+    notes: list[str] = class_notes(model, config.max_num_batched_tokens)  # MoE / hybrid / MLA / vision
     if comm.multicast:
         notes.append(f"{comm.reason}: +{(comm.non_torch_bytes - comm_memory(gpu, tp=tp, pp=pp, env=env.with_nvls(False), version=v).non_torch_bytes) / GiB:.2f} "
                      "GiB non-torch per TP worker (NCCL's NVLS buffers and multicast); that figure is not yet "
@@ -896,21 +904,23 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         kv_cache_tokens=kv_tokens if ok else 0,
         max_concurrency=concurrency if ok else 0.0,
         block_size=config.block_size,
-        kv_bytes_per_token=model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype),
+        kv_bytes_per_token=max(lay.bytes_per_token(config.block_size) for lay in layouts),  # as vLLM counts tokens
         startup_s=_startup_seconds(config, max(weights), cold_start, failure, load_failed),
         fix=fix, estimated_max_model_len=est_len, num_cudagraphs=config.num_cudagraphs,
         cudagraph_subtracted=subtract_cg, notes=tuple(notes), comm=comm,
     )
 
 
-def _kv_capacity(v: Version, num_blocks: int, config: EngineConfig) -> tuple[int, float]:
+def _kv_capacity(v: Version, num_blocks: int, config: EngineConfig, layout: KVLayout,
+                 blocks_per_seq: int) -> tuple[int, float]:
     """``(KV tokens, max concurrency)`` as vLLM logs them (``kv_cache_utils.py``).
 
-    ≤0.20: tokens = num_blocks * block_size; ≥0.25: ``int(max_concurrency * max_model_len)``.
+    ≤0.20: tokens = num_blocks // KV groups * block_size; ≥0.25: ``int(max_concurrency * max_model_len)``.
+    Concurrency: blocks over the blocks one ``max_model_len`` request takes in every group.
     """
-    concurrency = num_blocks / _cdiv(config.max_model_len, config.block_size)
+    concurrency = num_blocks / blocks_per_seq
     if v >= (0, 25, 0):
         tokens = int(concurrency * config.max_model_len)
     else:
-        tokens = num_blocks * config.block_size
+        tokens = layout.tokens(num_blocks, config.block_size)
     return tokens, concurrency

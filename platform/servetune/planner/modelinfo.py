@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.errors import SpecError, did_you_mean
+from servetune.planner import modelclass
 
 __all__ = ["ModelProfile", "load_model", "known_models", "profile_from_config", "hf_cache_dir"]
 
@@ -60,6 +61,13 @@ _HF_ALIASES = {
     "mistralai/mixtral-8x7b-v0.1": "mixtral-8x7b",
     "mistralai/mistral-small-24b-instruct-2501": "mistral-small-24b",
     "mistralai/mistral-small-24b-base-2501": "mistral-small-24b",
+    "qwen/qwen3-30b-a3b": "qwen3-30b-a3b",
+    "openai/gpt-oss-20b": "gpt-oss-20b",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
+    "google/gemma-3-27b-it": "gemma-3-27b",
+    "google/gemma-2-27b-it": "gemma-2-27b",
+    "deepseek-ai/deepseek-v2-lite-chat": "deepseek-v2-lite",
+    "deepseek-ai/deepseek-v2-lite": "deepseek-v2-lite",
 }
 
 
@@ -98,6 +106,19 @@ class ModelProfile:
     quant_bytes_per_param: float = 0.0  # bytes of a quantized linear weight element (0: unquantized)
     derived_max_model_len: int = 0  # vLLM's derived max_model_len (rope scaling applied); 0: max_position_embeddings
     source: str = ""  # the config.json the profile came from
+    # --- model classes (servetune.planner.modelclass) ---
+    layer_types: tuple[str, ...] = ()  # "full" / "sliding" per layer; () when every layer is full attention
+    sliding_window: int = 0  # tokens a sliding layer attends to (0: none)
+    vision_params: int = 0  # a vision tower's parameters, loaded on the first stage in the model dtype
+    first_k_dense_replace: int = 0  # leading dense layers of a MoE model (DeepSeek), intermediate_size wide
+    quantized_experts_only: bool = False  # MXFP4 (gpt-oss): only the experts quantized, the rest in dtype
+    extra_rotary_positions: int = 0  # a second rotary table (gemma-3's local layers)
+    mla_kv_lora_rank: int = 0  # MLA latent rank (0: not MLA)
+    mla_rope_dim: int = 0
+    mla_nope_dim: int = 0
+    mla_v_dim: int = 0
+    mla_q_lora_rank: int = 0
+    quant_block_k: int = 0  # block-quantized fp8 (``weight_block_size``): the block's input width (0: none)
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -134,23 +155,43 @@ class ModelProfile:
     def expert_intermediate_size(self) -> int:
         return self.moe_intermediate_size or self.intermediate_size
 
-    def _layer_linear_params(self, tp: int = 1, active_only: bool = False) -> int:
-        """Linear-layer weight elements of one decoder layer on one TP rank."""
+    def _attention_params(self, tp: int = 1) -> int:
+        """Attention weight elements of one layer on one TP rank (MLA: its projections, see modelclass)."""
+        if self.mla_kv_lora_rank:
+            heads = self.num_attention_heads // tp
+            qk = self.mla_nope_dim + self.mla_rope_dim
+            q = (self.hidden_size * self.mla_q_lora_rank + self.mla_q_lora_rank * heads * qk
+                 if self.mla_q_lora_rank else self.hidden_size * heads * qk)
+            kv_a = self.hidden_size * (self.mla_kv_lora_rank + self.mla_rope_dim)  # replicated
+            kv_b = self.mla_kv_lora_rank * heads * (self.mla_nope_dim + self.mla_v_dim)
+            return q + kv_a + kv_b + heads * self.mla_v_dim * self.hidden_size
         kv_heads = self.kv_heads_per_gpu(tp)
         q = self.q_size // tp
-        attn = self.hidden_size * (2 * q + 2 * kv_heads * self.head_dim)  # q, o  +  k, v
-        if self.is_moe:
-            experts = self.num_experts_per_tok if active_only else self.num_experts
-            mlp = experts * 3 * self.hidden_size * self.expert_intermediate_size // tp
+        return self.hidden_size * (2 * q + 2 * kv_heads * self.head_dim)  # q, o  +  k, v
+
+    def _expert_params(self, tp: int = 1, active_only: bool = False) -> int:
+        """Routed-expert weight elements of one MoE layer on one TP rank (0 for a dense model)."""
+        if not self.is_moe:
+            return 0
+        experts = self.num_experts_per_tok if active_only else self.num_experts
+        return experts * 3 * self.hidden_size * self.expert_intermediate_size // tp
+
+    def _layer_linear_params(self, tp: int = 1, active_only: bool = False, dense: bool = False) -> int:
+        """Linear-layer weight elements of one decoder layer on one TP rank (``dense``: a MoE model's dense layer)."""
+        attn = self._attention_params(tp)
+        if self.is_moe and not dense:
+            mlp = self._expert_params(tp, active_only)
             mlp += 3 * self.hidden_size * self.shared_expert_intermediate_size // tp
         else:
             mlp = 3 * self.hidden_size * self.intermediate_size // tp  # gate, up, down
         return attn + mlp
 
-    def _layer_plain_params(self, tp: int = 1) -> int:
+    def _layer_plain_params(self, tp: int = 1, dense: bool = False) -> int:
         """Unquantized elements of one decoder layer on one TP rank: norms, router, biases."""
         n = 2 * self.hidden_size  # input_layernorm + post_attention_layernorm (replicated)
-        if self.is_moe:
+        if self.mla_kv_lora_rank:
+            n += self.mla_kv_lora_rank + self.mla_q_lora_rank  # kv_a_layernorm (+ q_a_layernorm)
+        if self.is_moe and not dense:
             n += self.hidden_size * self.num_experts  # router gate (replicated)
             if self.shared_expert_intermediate_size:
                 n += self.hidden_size  # shared-expert gate
@@ -162,23 +203,31 @@ class ModelProfile:
         padded = math.ceil(self.vocab_size / _VOCAB_PADDING) * _VOCAB_PADDING
         return math.ceil(padded / tp)
 
+    def _dense_layers(self) -> int:
+        """Layers with a dense MLP in a MoE model (DeepSeek's ``first_k_dense_replace``); all for a dense model."""
+        return min(self.first_k_dense_replace, self.num_layers) if self.is_moe else self.num_layers
+
+    def _all_layer_params(self, active_only: bool = False) -> int:
+        dense = self._dense_layers()
+        d = self._layer_linear_params(dense=True) + self._layer_plain_params(dense=True)
+        m = self._layer_linear_params(active_only=active_only) + self._layer_plain_params()
+        return dense * d + (self.num_layers - dense) * m
+
     @property
     def param_count(self) -> int:
         """Total parameters (tied embeddings counted once), unpadded, as ``sum(p.numel())`` reports."""
-        per_layer = self._layer_linear_params() + self._layer_plain_params()
         embed = self.vocab_size * self.hidden_size
         lm_head = 0 if self.tie_word_embeddings else embed
-        return embed + lm_head + self.num_layers * per_layer + self.hidden_size  # + final norm
+        return embed + lm_head + self._all_layer_params() + self.hidden_size + self.vision_params  # + final norm
 
     @property
     def active_param_count(self) -> int:
         """Parameters touched per token: for MoE only the top-k experts (router included)."""
         if not self.is_moe:
             return self.param_count
-        per_layer = self._layer_linear_params(active_only=True) + self._layer_plain_params()
         embed = self.vocab_size * self.hidden_size
         lm_head = 0 if self.tie_word_embeddings else embed
-        return embed + lm_head + self.num_layers * per_layer + self.hidden_size
+        return embed + lm_head + self._all_layer_params(active_only=True) + self.hidden_size
 
     # ------------------------------------------------------------ sharding
     def stage_layers(self, pp: int) -> list[int]:
@@ -218,21 +267,37 @@ class ModelProfile:
         """
         layers = self.stage_layers(pp)
         act = self.dtype_bytes
-        linear = self._layer_linear_params(tp) * self.weight_bytes_per_param
-        plain = self._layer_plain_params(tp) * act
+        layer_bytes = [self._layer_bytes(tp, dense=True), self._layer_bytes(tp)]
         vocab = self._vocab_rows(tp) * self.hidden_size * act
-        rotary = self.max_model_len_limit * self.head_dim * act
+        rotary_dim = self.mla_rope_dim or self.head_dim
+        rotary = (self.max_model_len_limit + self.extra_rotary_positions) * rotary_dim * act
         out: list[int] = []
+        first = 0
         for stage, n in enumerate(layers):
-            b = n * (linear + plain) + rotary
+            dense = max(0, min(self._dense_layers() - first, n))
+            b = dense * layer_bytes[0] + (n - dense) * layer_bytes[1] + rotary
+            first += n
             if stage == 0:
-                b += vocab
+                b += vocab + -(-self.vision_params // tp) * act
             if stage == pp - 1:
                 b += self.hidden_size * act  # final norm
                 if not self.tie_word_embeddings or pp > 1:
                     b += vocab
             out.append(int(b))
         return out
+
+    def _layer_bytes(self, tp: int, dense: bool = False) -> float:
+        """Bytes of one decoder layer on one TP rank as vLLM loads it (see :mod:`modelclass` for MLA, MXFP4)."""
+        act = self.dtype_bytes
+        plain = self._layer_plain_params(tp, dense) * act
+        linear = self._layer_linear_params(tp, dense=dense)
+        if self.quantized_experts_only and self.is_moe and not dense:
+            return plain + (linear - self._expert_params(tp)) * act + modelclass.mxfp4_expert_bytes(self, tp)
+        b = plain + linear * self.weight_bytes_per_param
+        if self.mla_kv_lora_rank:
+            # vLLM's MLA keeps W_UK_T and W_UV, the absorbed halves of kv_b_proj, beside it (model dtype)
+            b += self.mla_kv_lora_rank * (self.num_attention_heads // tp) * (self.mla_nope_dim + self.mla_v_dim) * act
+        return b
 
     def weight_bytes_per_gpu(self, tp: int, pp: int) -> int:
         """Weight bytes on the most loaded GPU (vLLM's "Model loading took ... GiB" on that rank)."""
@@ -248,6 +313,9 @@ class ModelProfile:
             >>> load_model("llama-3.1-8b").kv_bytes_per_token(tp=2, pp=1)   # 64 KiB: 2 x kv_heads x head_dim x layers x 2 bytes
             65536
         """
+        if self.mla_kv_lora_rank:  # one latent per token and layer, on every TP rank
+            return ((self.mla_kv_lora_rank + self.mla_rope_dim) * self.kv_dtype_bytes(kv_cache_dtype)
+                    * max(self.stage_layers(pp)))
         return (2 * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype)
                 * max(self.stage_layers(pp)))
 
@@ -351,15 +419,8 @@ def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config
     """
     if not isinstance(cfg, Mapping):
         raise SpecError(source, f"expected a JSON object, got {type(cfg).__name__}", "use a Hugging Face config.json")
-    if isinstance(cfg.get("text_config"), Mapping):  # multimodal wrappers keep the LM under text_config
-        merged = dict(cfg["text_config"])
-        merged.setdefault("architectures", cfg.get("architectures"))
-        merged.setdefault("quantization_config", cfg.get("quantization_config"))
-        merged.setdefault("torch_dtype", cfg.get("torch_dtype", cfg.get("dtype")))
-        cfg = merged
-    if cfg.get("kv_lora_rank"):
-        raise SpecError(f"{source}: kv_lora_rank", "MLA attention (DeepSeek-style) is not modelled by the planner",
-                        "use a model with standard multi-head / grouped-query attention")
+    modelclass.refuse_unmodelled(cfg, source)
+    cfg = modelclass.normalize_config(cfg, source)  # text_config (with its class defaults), layer types
     archs = cfg.get("architectures") or [str(cfg.get("model_type", "unknown"))]
     architecture = str(archs[0])
     hidden = _as_int(_get(cfg, ("hidden_size", "n_embd", "d_model"), source), "hidden_size", source)
@@ -394,9 +455,12 @@ def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config
         raise SpecError(f"{source}: num_experts_per_tok", "an MoE config needs num_experts_per_tok",
                         "add num_experts_per_tok to config.json")
     moe_inter = int(cfg.get("moe_intermediate_size") or 0) if num_experts else 0
-    shared = int(cfg.get("shared_expert_intermediate_size") or 0) if num_experts else 0
+    classes = modelclass.class_fields(cfg)
     quant, quant_bytes = _quantization(cfg, source)
-    qkv_bias = bool(cfg.get("attention_bias")) or architecture.startswith("Qwen2")
+    block = (cfg.get("quantization_config") or {}).get("weight_block_size") if quant else None
+    if isinstance(block, (list, tuple)) and len(block) == 2:
+        classes["quant_block_k"] = int(block[1])
+    qkv_bias = (bool(cfg.get("attention_bias")) or architecture.startswith("Qwen2")) and not classes.get("mla_kv_lora_rank")
     return ModelProfile(
         name=name, architecture=architecture, num_layers=layers, hidden_size=hidden,
         num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
@@ -404,9 +468,9 @@ def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=max_pos, dtype=dtype, quantization=quant,
         num_experts=num_experts, num_experts_per_tok=top_k if num_experts else 0,
-        moe_intermediate_size=moe_inter, shared_expert_intermediate_size=shared, qkv_bias=qkv_bias,
+        moe_intermediate_size=moe_inter, qkv_bias=qkv_bias,
         quant_bytes_per_param=quant_bytes, derived_max_model_len=_derived_max_len(cfg, max_pos),
-        source=source,
+        source=source, **classes,
     )
 
 

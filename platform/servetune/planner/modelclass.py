@@ -1,0 +1,428 @@
+"""Model classes beyond dense full attention: what vLLM loads and how it lays out the KV cache for them.
+
+Pure functions over a parsed ``config.json`` and over :class:`~servetune.planner.modelinfo.ModelProfile`
+(no I/O). :mod:`servetune.planner.modelinfo` calls :func:`refuse_unmodelled`, :func:`normalize_config` and
+:func:`class_fields` while it reads a config; :mod:`servetune.planner.memory` calls :func:`kv_layout`
+for the KV pages and :func:`moe_workspace_bytes` for the profile run. Each rule names the vLLM source
+it follows (v0.19.0 unless said otherwise):
+
+- **Nested configs** (``text_config``, multimodal wrappers): the language model is planned from
+  ``text_config``; fields it leaves out take the defaults of its transformers config class
+  (:data:`TEXT_CONFIG_DEFAULTS`: Gemma3TextConfig). A SigLIP-style vision tower named by
+  ``vision_config`` is counted into the weights (:func:`vision_tower_params`); other towers are
+  refused in one line.
+- **Sliding-window / global hybrids** (gemma-2, gemma-3, gpt-oss ``layer_types``): vLLM's hybrid KV
+  cache manager (``v1/core/kv_cache_utils.py``, ``_get_kv_cache_groups_uniform_page_size``) groups
+  layers by attention type into groups of ``group_size`` layers (the smallest type's layer count,
+  or the largest one when the two are within 25%); every group shares the same blocks, so one
+  block costs ``page x group_size`` bytes and the logged token capacity is
+  ``num_blocks // len(groups) x block_size``. A sliding group holds at most
+  ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block) + 1`` blocks of a request
+  (``SlidingWindowSpec.max_memory_usage_bytes``).
+- **MLA** (DeepSeek-V2/V3, Kimi): one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per token
+  and layer, not split by TP (``MLAAttentionSpec``, one KV head); after loading vLLM keeps two
+  absorbed copies of ``kv_b_proj`` (``W_UK_T``, ``W_UV``, ``attention/backends/mla``), which the
+  weights count.
+- **MoE**: shared experts (``n_shared_experts x moe_intermediate_size`` or
+  ``shared_expert_intermediate_size``), leading dense layers (``first_k_dense_replace``). The
+  Triton fused-MoE experts take their buffers from vLLM's workspace manager, which keeps them for
+  the life of the worker, so the profile run's peak carries them on top of the sampler's
+  (``fused_moe.py``, ``TritonExperts.workspace_shapes``: ``(M, topk, max(N // 2, K))`` and
+  ``(M, topk, max(N, K))`` plus the ``(M, K)`` output, N = 2 x intermediate / TP).
+- **MXFP4** (gpt-oss): only the experts are MXFP4 (``modules_to_not_convert``: attention, router,
+  embedding and LM head stay bf16; vLLM logs "MXFP4 linear layer is not implemented - falling back
+  to UnquantizedLinearMethod"). The Triton MXFP4 backend (Hopper, ``fused_moe/oracle/mxfp4.py``) pads
+  each rank's intermediate size to a multiple of 64, swizzles the 4-bit values and their e8m0 scales
+  into new tensors and deletes the loaded values but not the loaded scales (two copies of the
+  scales), and converts the biases to fp32 beside the bf16 ones (:func:`mxfp4_expert_bytes`); what
+  it holds beyond that is :data:`MXFP4_LAYER_BYTES` per layer, fitted on one published start. The
+  monolithic MXFP4 kernel keeps no workspace.
+
+Refused with one line and exit 2 (:func:`refuse_unmodelled`): Mamba / SSM and linear-attention
+layers (their recurrent state is not a paged KV cache), chunked local attention (Llama-4), KV shared
+across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
+
+Example:
+    >>> cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {"hidden_size": 2560,
+    ...        "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34}}
+    >>> t = normalize_config(cfg, "config.json")
+    >>> t["num_attention_heads"], t["head_dim"], t["vocab_size"], t["layer_types"][:6].count("sliding")
+    (8, 256, 262208, 5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from servetune.errors import SpecError
+
+__all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LAYER_BYTES", "mxfp4_expert_bytes", "MULTIMODAL_PROFILE_ELEMS_PER_TOKEN",
+           "multimodal_profile_bytes", "refuse_unmodelled",
+           "normalize_config", "class_fields", "vision_tower_params", "kv_layout", "moe_workspace_bytes",
+           "group_size_for", "class_notes", "as_loaded_on"]
+
+#: transformers' config-class defaults for the fields a nested ``text_config`` may leave out.
+#: Gemma3TextConfig (transformers 4.50+, ``models/gemma3/configuration_gemma3.py``).
+TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+        "sliding_window": 4096, "sliding_window_pattern": 6, "tie_word_embeddings": True,
+        "rope_local_base_freq": 10000.0,
+    },
+}
+
+#: Bytes per MoE layer the Triton MXFP4 backend holds beyond what :func:`mxfp4_expert_bytes` counts
+#: from the source, on every TP rank (not split). Fitted on llm-d-planner's vLLM 0.19.0 gpt-oss-20b
+#: start at TP=2 on H100 (classes.yaml, ``llmdplanner_gpt_oss_20b_tp2_h100``: "Model loading took
+#: 7.01 GiB"); judged on gpt-oss-20b at TP=1 (13.64 GiB logged) and gpt-oss-120b at TP=1 (64.38).
+MXFP4_LAYER_BYTES = 7_870_000
+
+#: What the profile run of a model with a vision tower holds beyond its language model's peak, in
+#: elements per batched token per text hidden unit (model dtype). vLLM's multimodal runner keeps an
+#: ``inputs_embeds`` buffer ``[max_num_tokens, hidden]`` and the profiled encoder outputs (two of the
+#: 3.78); the rest is not traced to a tensor. Fitted on llm-d-planner's vLLM 0.19.0 gemma-3-12b start
+#: (classes.yaml, ``llmdplanner_gemma3_12b_tp1_h100``: torch peak 3.94 GiB against 3.72 for the text
+#: model's sampler peak); judged on gemma-3-4b and gemma-3-27b.
+MULTIMODAL_PROFILE_ELEMS_PER_TOKEN = 3.78
+
+#: Sliding-window attention types vLLM keeps apart from full attention.
+_SLIDING = "sliding"
+_FULL = "full"
+
+_SSM_TYPES = ("mamba", "mamba2", "jamba", "falcon_h1", "nemotron_h", "granitemoehybrid", "zamba", "zamba2", "bamba",
+              "plamo2", "lfm2", "qwen3_next", "minimax_m1", "minimax_text_01", "rwkv", "recurrent_gemma", "xlstm")
+_SSM_LAYER_WORDS = ("mamba", "linear_attention", "linear", "conv", "ssm", "recurrent", "deltanet", "attention_linear")
+
+
+def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
+    """Raise a one-line SpecError for a model whose memory the planner does not model.
+
+    Mamba / SSM layers and linear attention (Qwen3-Next, Qwen3.5, Nemotron-H, Granite-4 hybrids,
+    Jamba, MiniMax): vLLM keeps a per-request recurrent state beside (or instead of) the paged KV
+    cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
+    KV shared across layers (gemma-3n / gemma-4 ``num_kv_shared_layers``) and DeepSeek sparse attention
+    (``index_topk``: an indexer cache beside the MLA latent).
+
+    Example:
+        >>> try:
+        ...     refuse_unmodelled({"model_type": "qwen3_next"}, "config.json")
+        ... except SpecError as err:
+        ...     print(err.field, "|", err.message)
+        config.json: model_type | Mamba / linear-attention layers (qwen3_next) are not modelled by the planner
+    """
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else {}
+    fix = ("size it with one vLLM start of its own (its \"Available KV cache memory\" line), or plan a model "
+           "whose attention is full, sliding-window or MLA")
+    for c in (cfg, text):
+        model_type = str(c.get("model_type") or "").lower()
+        archs = " ".join(str(a) for a in (c.get("architectures") or [])).lower()
+        for word in _SSM_TYPES:
+            if model_type == word or model_type.startswith(word + "_") or word in archs.replace("forcausallm", ""):
+                raise SpecError(f"{source}: model_type", f"Mamba / linear-attention layers ({model_type or archs}) "
+                                "are not modelled by the planner", fix)
+        kinds = [str(t).lower() for t in (c.get("layer_types") or c.get("layers_block_type") or [])]
+        odd = sorted({t for t in kinds if any(w in t for w in _SSM_LAYER_WORDS)})
+        if odd:
+            raise SpecError(f"{source}: layer_types", f"{', '.join(odd)} layers (a recurrent state, not a paged KV "
+                            "cache) are not modelled by the planner", fix)
+        if c.get("attention_chunk_size"):
+            raise SpecError(f"{source}: attention_chunk_size", "chunked local attention (Llama-4 style) is not "
+                            "modelled by the planner", fix)
+        if c.get("num_kv_shared_layers"):
+            raise SpecError(f"{source}: num_kv_shared_layers", "layers that reuse another layer's KV cache "
+                            "(gemma-3n / gemma-4 style) are not modelled by the planner", fix)
+        if c.get("index_topk"):
+            raise SpecError(f"{source}: index_topk", "DeepSeek sparse attention (an indexer with its own cache "
+                            "beside MLA) is not modelled by the planner", fix)
+
+
+def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """The language model's flat config: ``text_config`` merged over its class defaults, layer types resolved.
+
+    Adds ``layer_types`` (``"full"`` / ``"sliding"`` per layer) where the model has sliding-window
+    layers; a vision tower's parameter count under ``_vision_params``.
+    """
+    flat: dict[str, Any]
+    nested = cfg.get("text_config")
+    if isinstance(nested, Mapping):
+        model_type = str(nested.get("model_type") or "")
+        flat = dict(TEXT_CONFIG_DEFAULTS.get(model_type, {}))
+        flat.update({k: v for k, v in nested.items() if v is not None})
+        flat.setdefault("architectures", cfg.get("architectures"))
+        for key in ("quantization_config", "torch_dtype", "dtype"):
+            if cfg.get(key) is not None:
+                flat.setdefault(key, cfg.get(key))
+    else:
+        flat = dict(cfg)
+    vision = cfg.get("vision_config")  # nested wrappers and flat ones (Qwen2-VL keeps the LM at the top level)
+    if isinstance(vision, Mapping):
+        layers = cfg.get("vision_feature_layer")
+        llava = str(cfg.get("model_type") or "").startswith("llava")
+        flat["_vision_params"] = vision_tower_params(
+            vision, int(flat.get("hidden_size") or 0), source,
+            llava_features=(len(layers) if isinstance(layers, (list, tuple)) else 1) if llava else 0)
+    flat["layer_types"] = _layer_types(flat)
+    return flat
+
+
+def _layer_types(cfg: Mapping[str, Any]) -> list[str]:
+    """Per layer ``"sliding"`` or ``"full"``; empty when every layer is full attention."""
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    model_type = str(cfg.get("model_type") or "").lower()
+    declared = cfg.get("layer_types")
+    if declared:
+        kinds = [_SLIDING if "sliding" in str(t) else _FULL for t in declared]
+    elif model_type == "gemma2" and cfg.get("sliding_window"):
+        kinds = [_SLIDING if i % 2 == 0 else _FULL for i in range(layers)]  # vLLM gemma2.py: even layers slide
+    elif model_type in ("gemma3_text", "gemma3") and cfg.get("sliding_window"):
+        pattern = int(cfg.get("sliding_window_pattern") or 6)
+        kinds = [_SLIDING if (i + 1) % pattern else _FULL for i in range(layers)]
+    else:
+        return []
+    return kinds if _SLIDING in kinds else []
+
+
+def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, source: str, llava_features: int = 0) -> int:
+    """Parameters of a SigLIP / ViT-style vision tower plus a linear projector into ``text_hidden``.
+
+    Per encoder layer: q, k, v, o (``4 h^2 + 4 h``), the MLP (``2 h i + i + h``), two layer norms
+    (``4 h``); the patch embedding (``3 p^2 h + h``), position embeddings (``(image / patch)^2 h``),
+    the post layer norm and the projector (``h x text_hidden``, gemma-3's ``mm_input_projection``).
+    Pixtral (Mistral-Small-3.1): bias-free, a gated MLP, no position table, and Mistral3's projector.
+    LLaVA wrappers (``llava_features`` > 0, the count of ``vision_feature_layer``): vLLM's
+    ``LlavaMultiModalProjector``, ``h x features -> text -> text`` with biases, and LLaVA-Next's
+    ``image_newline`` (``llava_next.py``).
+    A tower without those fields is refused: its size is not known from the config.
+
+    Example:
+        >>> round(vision_tower_params({"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
+        ...        "image_size": 896, "patch_size": 14}, 2560, "c") / 1e6, 1)
+        419.8
+    """
+    try:
+        h = int(vision["hidden_size"])
+        inter = int(vision["intermediate_size"])
+        layers = int(vision["num_hidden_layers"])
+        patch = int(vision.get("patch_size") or 14)
+        image = int(vision.get("image_size") or 224)
+    except (KeyError, TypeError, ValueError):
+        raise SpecError(f"{source}: vision_config", "a vision tower whose size the config does not give "
+                        "(hidden_size, intermediate_size, num_hidden_layers) is not modelled",
+                        "plan the language model alone: point --model at a config without vision_config") from None
+    if str(vision.get("model_type") or "") == "pixtral":
+        # vLLM's pixtral.py / mistral3.py: bias-free layers, a gated (3-matrix) MLP, 2-D rotary (no position
+        # table); the projector merges 2x2 patches (4h -> h), then h -> text and text -> text.
+        per_layer = 4 * h * h + 3 * h * inter + 2 * h
+        merge = int(vision.get("spatial_merge_size") or 2) ** 2
+        return (layers * per_layer + 3 * patch * patch * h + h + merge * h * h + h
+                + h * text_hidden + text_hidden * text_hidden)
+    per_layer = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
+    embed = 3 * patch * patch * h + h + (image // patch) ** 2 * h
+    if llava_features:
+        projector = h * llava_features * text_hidden + text_hidden * text_hidden + 3 * text_hidden
+        return layers * per_layer + embed + 2 * h + projector
+    return layers * per_layer + embed + 2 * h + h * text_hidden + h
+
+
+def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`ModelProfile` fields of the classes above, read from a normalized config."""
+    kinds = cfg.get("layer_types") or []
+    out: dict[str, Any] = {
+        "layer_types": tuple(kinds),
+        "sliding_window": int(cfg.get("sliding_window") or 0) if kinds else 0,
+        "vision_params": int(cfg.get("_vision_params") or 0),
+    }
+    if cfg.get("kv_lora_rank"):
+        out.update(mla_kv_lora_rank=int(cfg["kv_lora_rank"]), mla_rope_dim=int(cfg.get("qk_rope_head_dim") or 64),
+                   mla_nope_dim=int(cfg.get("qk_nope_head_dim") or 128), mla_v_dim=int(cfg.get("v_head_dim") or 128),
+                   mla_q_lora_rank=int(cfg.get("q_lora_rank") or 0))
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
+    if experts:
+        shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+        if not shared and cfg.get("n_shared_experts"):
+            shared = int(cfg["n_shared_experts"]) * int(cfg.get("moe_intermediate_size") or 0)
+        out["shared_expert_intermediate_size"] = shared
+        out["first_k_dense_replace"] = int(cfg.get("first_k_dense_replace") or 0)
+        q = cfg.get("quantization_config") or {}
+        out["quantized_experts_only"] = isinstance(q, Mapping) and str(q.get("quant_method", "")).lower() == "mxfp4"
+    if str(cfg.get("model_type") or "") == "gemma3_text" and kinds:
+        # gemma-3's sliding layers use a second, unscaled rotary table (rope_local_base_freq).
+        out["extra_rotary_positions"] = int(cfg.get("max_position_embeddings") or 0)
+    return out
+
+
+def group_size_for(counts: Sequence[int]) -> int:
+    """vLLM's layers per KV-cache group for attention types with these layer counts (uniform page size).
+
+    Example:
+        >>> group_size_for([29, 5]), group_size_for([12, 12]), group_size_for([32])
+        (5, 12, 32)
+    """
+    counts = [c for c in counts if c > 0]
+    if len(counts) <= 1:
+        return counts[0] if counts else 1
+    low, high = min(counts), max(counts)
+    return high if high < low * 1.25 else low
+
+
+@dataclasses.dataclass(frozen=True)
+class KVLayout:
+    """How one worker's KV cache is paged: the block's bytes and the groups that share each block.
+
+    ``page_bytes`` is one block of one layer; a block index is used by every group, each group
+    holding ``group_size`` layers, so a block costs ``page_bytes * group_size``. ``groups`` is the
+    attention type of each group (``"full"`` / ``"sliding"``).
+    """
+
+    page_bytes: int
+    group_size: int
+    groups: tuple[str, ...]
+    sliding_window: int = 0
+
+    @property
+    def block_bytes(self) -> int:
+        return self.page_bytes * self.group_size
+
+    def bytes_per_token(self, block_size: int) -> int:
+        """KV bytes per token as vLLM counts tokens: every group's page (padded groups included) per block slot.
+
+        For a model without sliding layers, ``2 x kv_heads x head_dim x dtype x layers``.
+        """
+        return self.block_bytes * len(self.groups) // block_size
+
+    def tokens(self, num_blocks: int, block_size: int) -> int:
+        """The "GPU KV cache size" vLLM logs: ``num_blocks // len(groups) * block_size``."""
+        return num_blocks // len(self.groups) * block_size
+
+    def blocks_per_request(self, max_model_len: int, block_size: int, max_num_batched_tokens: int) -> int:
+        """Blocks one ``max_model_len`` request takes (vLLM's ``get_max_concurrency_for_kv_cache_config``)."""
+        full = -(-max_model_len // block_size)
+        window = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len) if self.sliding_window else 0
+        sliding = -(-window // block_size) + 1
+        return sum(sliding if g == _SLIDING else full for g in self.groups)
+
+
+def kv_layout(model: Any, tp: int, stage: int, pp: int, block_size: int, kv_dtype_bytes: int) -> KVLayout:
+    """The :class:`KVLayout` of one pipeline stage's worker (``model``: a ModelProfile).
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> kv_layout(load_model("llama-3.1-8b"), 1, 0, 1, 16, 2).block_bytes   # 32 layers x 16 tokens x 4 KiB
+        2097152
+    """
+    if model.mla_kv_lora_rank:
+        page = block_size * (model.mla_kv_lora_rank + model.mla_rope_dim) * kv_dtype_bytes
+    else:
+        page = 2 * block_size * model.kv_heads_per_gpu(tp) * model.head_dim * kv_dtype_bytes
+    layers = model.stage_layers(pp)
+    start = sum(layers[:stage])
+    n = layers[stage]
+    kinds = list(model.layer_types[start:start + n]) if model.layer_types else [_FULL] * n
+    counts = {k: kinds.count(k) for k in (_FULL, _SLIDING) if kinds.count(k)}
+    size = group_size_for(list(counts.values()))
+    groups: list[str] = []
+    for kind, count in counts.items():
+        groups += [kind] * math.ceil(count / size)
+    return KVLayout(page_bytes=page, group_size=size, groups=tuple(groups),
+                    sliding_window=model.sliding_window if _SLIDING in counts else 0)
+
+
+def moe_workspace_bytes(model: Any, tokens: int, tp: int) -> int:
+    """The Triton fused-MoE workspaces vLLM's workspace manager keeps after the profile run (0 without MoE).
+
+    ``M x topk x (max(N // 2, K) + max(N, K))`` activations plus the ``M x K`` output, N = 2 x expert
+    intermediate / TP, K = hidden, M = the profile's token count; 0 for MXFP4 (gpt-oss), whose
+    monolithic kernel keeps no workspace.
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> round(moe_workspace_bytes(load_model("mixtral-8x7b"), 8192, 2) / 2**30, 3)
+        0.719
+    """
+    if not model.is_moe or model.quantized_experts_only:
+        return 0
+    n = 2 * model.expert_intermediate_size // tp
+    k = model.hidden_size
+    per_token = model.num_experts_per_tok * (max(n // 2, k) + max(n, k)) + k
+    return tokens * per_token * model.dtype_bytes
+
+
+def multimodal_profile_bytes(model: Any, tokens: int) -> int:
+    """The profile run's extra peak for a model with a vision tower (0 without one): see
+    :data:`MULTIMODAL_PROFILE_ELEMS_PER_TOKEN`."""
+    if not model.vision_params:
+        return 0
+    return int(MULTIMODAL_PROFILE_ELEMS_PER_TOKEN * tokens * model.hidden_size * model.dtype_bytes)
+
+
+def class_notes(model: Any, max_num_batched_tokens: int) -> list[str]:
+    """What ``plan`` says about a model's classes: how each is modelled and what it was checked on."""
+    notes: list[str] = []
+    if model.layer_types:
+        sliding = model.layer_types.count(_SLIDING)
+        notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "
+                     f"{model.sliding_window} + {max_num_batched_tokens} tokens per request (vLLM's hybrid KV cache "
+                     "groups, whose padding the B/token figure counts). Checked on published gemma-2/3 and "
+                     "gpt-oss starts (docs/model-classes.md)")
+    if model.mla_kv_lora_rank:
+        notes.append(f"MLA: one {model.mla_kv_lora_rank + model.mla_rope_dim}-element latent per token and layer on "
+                     "every TP rank. Checked on one published DeepSeek-V2-Lite start (vLLM 0.19.0, TP=1)")
+    if model.is_moe and not model.quantized_experts_only:
+        ws = moe_workspace_bytes(model, max_num_batched_tokens, 1) / 2**30
+        notes.append(f"MoE: {model.num_experts} experts, top-{model.num_experts_per_tok}; the fused-MoE workspace "
+                     f"({ws:.2f} GiB at TP=1) stays in the profiled peak. Checked on published Qwen3-30B-A3B, "
+                     "Qwen1.5-MoE, Mixtral and DeepSeek-V2-Lite starts (H100, H200, A100-40GB)")
+    if model.quantized_experts_only:
+        notes.append("MXFP4 experts, bf16 attention / embedding / LM head, sized as vLLM's Triton MXFP4 backend "
+                     "loads them (Hopper); other backends (Blackwell, Marlin) are not checked")
+    if model.vision_params:
+        notes.append(f"vision tower: {model.vision_params / 1e9:.2f}B parameters loaded with the language model; "
+                     "its profile-run peak is one constant fitted on gemma-3-12b")
+    return notes
+
+
+def mxfp4_expert_bytes(model: Any, tp: int) -> int:
+    """One MoE layer's MXFP4 experts on one TP rank as vLLM's Triton backend holds them after loading.
+
+    ``I = round_up(intermediate / TP, 64)`` (``mxfp4_round_up_hidden_size_and_intermediate_size``); per
+    expert ``3 x H x I`` 4-bit values (gate_up ``2I x H``, down ``H x I``), two copies of their e8m0 scales
+    (one per 32 values: the loaded ``w13/w2_weight_scale`` stay on the layer beside the swizzled ones),
+    and the ``2I + H`` biases in bf16 and again in fp32; plus :data:`MXFP4_LAYER_BYTES`.
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> round(mxfp4_expert_bytes(load_model("gpt-oss-20b"), 1) / 2**20, 1)   # MiB per layer at TP=1
+        436.2
+    """
+    inter = -(-(model.expert_intermediate_size // tp) // 64) * 64
+    values = 3 * model.hidden_size * inter
+    biases = 2 * inter + model.hidden_size
+    per_expert = values // 2 + 2 * (values // 32) + biases * (2 + 4)
+    return model.num_experts * per_expert + MXFP4_LAYER_BYTES
+
+
+def as_loaded_on(model: Any, gpu: Any) -> Any:
+    """The model as vLLM loads it on ``gpu``: block-quantized fp8 on a GPU without fp8 tensor cores.
+
+    Below compute capability 8.9 vLLM serves fp8 checkpoints weight-only through Marlin ("Your GPU
+    does not have native support for FP8 computation ... Weight-only FP8 compression will be used
+    leveraging the Marlin kernel"); Marlin takes a block-quantized checkpoint's [N/128, K/128] scales as
+    group scales along K for every output row, one bf16 per ``block_k`` weights (``marlin_utils_fp8``):
+    ``1 + 2 / block_k`` bytes per weight. Per-channel and per-tensor fp8 scales stay negligible.
+
+    Example:
+        >>> import dataclasses
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m = dataclasses.replace(load_model("qwen3-30b-a3b"), quantization="fp8", quant_bytes_per_param=1.0,
+        ...                         quant_block_k=128)
+        >>> as_loaded_on(m, get_gpu("A100-40GB")).quant_bytes_per_param, as_loaded_on(m, get_gpu("H100-80GB")) is m
+        (1.015625, True)
+    """
+    if model.quantization == "fp8" and model.quant_block_k and not gpu.fp8_compute:
+        return dataclasses.replace(model, quant_bytes_per_param=1.0 + 2 / model.quant_block_k)
+    return model
