@@ -96,18 +96,29 @@ def test_fit_holds_the_exact_mean_and_reports_its_bucket_error() -> None:
     assert statistics.mean(r.prompt_tokens for r in again) == pytest.approx(statistics.mean(values), rel=0.02)
 
 
-def test_shared_prefix_share_becomes_prefix_len() -> None:
-    def dump(reqs: int, cached: float) -> str:
-        lines = [f'vllm:request_prompt_tokens_bucket{{le="{le}"}} {n}' for le, n in
-                 (("500.0", 0), ("1000.0", reqs), ("+Inf", reqs))]
-        lines += [f'vllm:request_generation_tokens_bucket{{le="{le}"}} {n}' for le, n in
-                  (("100.0", 0), ("200.0", reqs), ("+Inf", reqs))]
-        lines += [f"vllm:request_prompt_tokens_sum {800 * reqs}", f"vllm:request_prompt_tokens_count {reqs}",
-                  f"vllm:request_generation_tokens_sum {150 * reqs}", f"vllm:request_generation_tokens_count {reqs}",
-                  f"vllm:prompt_tokens_cached_total {cached}"]
-        return "\n".join(lines) + "\n"
+def _dump(reqs: int, cached: float, running: int = 0, waiting: int = 0) -> str:
+    """A /metrics text with ``reqs`` finished 800-token prompts and 150-token outputs."""
+    lines = [f'vllm:request_prompt_tokens_bucket{{le="{le}"}} {n}' for le, n in
+             (("500.0", 0), ("1000.0", reqs), ("+Inf", reqs))]
+    lines += [f'vllm:request_generation_tokens_bucket{{le="{le}"}} {n}' for le, n in
+              (("100.0", 0), ("200.0", reqs), ("+Inf", reqs))]
+    lines += [f"vllm:request_prompt_tokens_sum {800 * reqs}", f"vllm:request_prompt_tokens_count {reqs}",
+              f"vllm:request_generation_tokens_sum {150 * reqs}", f"vllm:request_generation_tokens_count {reqs}",
+              f"vllm:prompt_tokens_cached_total {cached}", f"vllm:num_requests_running {running}",
+              f"vllm:num_requests_waiting {waiting}"]
+    return "\n".join(lines) + "\n"
 
-    text = workload_from_metrics(metrics_window(dump(300, 200 * 256), dump(100, 0), 10.0, "given"), "test")
+
+def test_requests_left_in_flight_count_as_arrivals() -> None:
+    # 200 finished in 10 s while the queue grew by 15: 215 arrived, an overloaded server's offered rate.
+    text = workload_from_metrics(metrics_window(_dump(300, 0, running=5, waiting=12), _dump(100, 0, waiting=2),
+                                                10.0, "given"), "test")
+    assert _spec_workload(text).request_rate == pytest.approx(21.5)
+    assert "200 finished + 15 more running or waiting at the end" in text
+
+
+def test_shared_prefix_share_becomes_prefix_len() -> None:
+    text = workload_from_metrics(metrics_window(_dump(300, 200 * 256), _dump(100, 0), 10.0, "given"), "test")
     w = _spec_workload(text)
     assert (w.prefix_len, w.num_prefix_groups) == (256, 1)  # 256 of each 800-token prompt cached
     assert w.request_rate == pytest.approx(20.0) and w.input_len.mean == 800 and w.output_len.mean == 150

@@ -78,7 +78,7 @@ class Histogram:
 
     def bucket_text(self) -> str:
         edges = ",".join(f"{b:g}" for b in self.bounds)
-        return edges if len(self.bounds) <= 14 else f"{len(self.bounds)} buckets from {self.bounds[0]:g} to {self.bounds[-1]:g}"
+        return edges if len(self.bounds) <= 20 else f"{len(self.bounds)} buckets from {self.bounds[0]:g} to {self.bounds[-1]:g}"
 
 
 def histogram(metrics: MetricsMap, name: str) -> Histogram | None:
@@ -262,6 +262,7 @@ class MetricsWindow:
     seconds_source: str
     block_size: int | None
     max_model_len: float
+    in_flight_change: float = 0.0  # running + waiting, after minus before: arrivals not yet finished
 
 
 def _read(text: str, field: str) -> MetricsMap:
@@ -295,6 +296,8 @@ def metrics_window(text: str, earlier: str | None = None, seconds: float | None 
         hits, queries = _delta(after, before, "vllm:prefix_cache_hits"), _delta(after, before, "vllm:prefix_cache_queries")
         source = "vllm:prefix_cache_hits / queries"
         share = hits / queries if hits is not None and queries else None
+    in_flight = [sum(counter(m, g) or 0.0 for g in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+                 if m is not None else 0.0 for m in (after, before)]
     info = labels_of(after, "vllm:cache_config_info") or {}
     block = info.get("block_size", "")
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
@@ -302,7 +305,7 @@ def metrics_window(text: str, earlier: str | None = None, seconds: float | None 
                         "give the earlier dump first, or the seconds between them with --seconds")
     return MetricsWindow(prompt, output, share, source if share is not None else "not exposed", seconds,
                          seconds_source, int(block) if block.isdigit() else None,
-                         prompt.bounds[-1] if prompt.bounds else 0.0)
+                         prompt.bounds[-1] if prompt.bounds else 0.0, in_flight[0] - in_flight[1])
 
 
 def _pacing(rate: float | None, concurrency: int | None) -> str:
@@ -334,7 +337,8 @@ def workload_from_metrics(window: MetricsWindow, source: str, *, num_requests: i
     """The workload YAML for what the server saw in ``window``; ``source`` names the dumps in the header."""
     pf, of = fit_lengths(window.prompt, "prompt"), fit_lengths(window.output, "output")
     n = window.prompt.count
-    rate = n / window.seconds if window.seconds else None
+    arrived = max(n, n + window.in_flight_change)
+    rate = arrived / window.seconds if window.seconds else None
     header = [f"Workload recovered from vLLM /metrics: {source}.",
               f"{n:.0f} requests finished in the window"
               + (f" of {window.seconds:.1f} s ({window.seconds_source})." if window.seconds else "."),
@@ -342,8 +346,10 @@ def workload_from_metrics(window: MetricsWindow, source: str, *, num_requests: i
               f"Prompt: mean {pf.observed_mean:.1f} tokens. {pf.note}.",
               f"Output: mean {of.observed_mean:.1f} tokens. {of.note}."]
     if rate is not None:
-        header.append(f"Rate: {rate:.3g} requests/s = finished requests / seconds (Poisson arrivals assumed; "
-                      "bursts and the hour-to-hour shape are not in /metrics).")
+        queue = (f" + {window.in_flight_change:.0f} more running or waiting at the end than at the start"
+                 if window.in_flight_change >= 1 else "")
+        header.append(f"Rate: {rate:.3g} requests/s = ({n:.0f} finished{queue}) / seconds (Poisson arrivals "
+                      "assumed; bursts and the hour-to-hour shape are not in /metrics).")
     else:
         header.append(f"Rate: not known (no time span between the dumps): concurrency {concurrency or 32} is a placeholder; "
                       "give two dumps, --wait or --seconds for a rate.")

@@ -99,7 +99,12 @@ def read_source(source: str, field: str) -> tuple[str, float]:
         req = urllib.request.Request(source, headers={"Accept": "text/plain"})
         data, when = _fetch(source, field), time.time()
     else:
+        if "://" in source:
+            raise SpecError(field, f"{source}: only http:// and https:// URLs are read",
+                            "give the server's http(s)://HOST:PORT/metrics, or a saved copy")
         path = Path(source)
+        if path.is_dir():
+            raise SpecError(field, f"{source} is a folder", "give a saved /metrics text file or an http(s):// URL")
         if not path.is_file():
             raise SpecError(field, f"no such file: {source}", "give a saved /metrics text file or an http(s):// URL")
         if path.stat().st_size > MAX_BYTES:
@@ -144,6 +149,8 @@ def _from_trace(args: argparse.Namespace) -> str:
     from servetune.workload import read_jsonl
 
     path = Path(args.trace)
+    if path.is_dir():
+        raise SpecError("trace", f"{args.trace} is a folder", "give a JSONL request log")
     if not path.is_file():
         raise SpecError("trace", f"no such file: {args.trace}", "give a JSONL request log")
     return workload_from_trace(read_jsonl(path), path.name, num_requests=args.num_requests,
