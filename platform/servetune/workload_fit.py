@@ -180,13 +180,14 @@ def _shares(m: float, s: float, lo: float, hi: float, bounds: Sequence[float]) -
     return [c - p for c, p in zip(cum, [0.0, *cum[:-1]])]
 
 
-def fit_lengths(h: Histogram, what: str, field: str = "metrics") -> LengthFit:
+def fit_lengths(h: Histogram, what: str, field: str = "metrics", support: tuple[int, int] | None = None) -> LengthFit:
     """Fit a length distribution to a histogram: the exact mean, the shape to the buckets.
 
     The support is the occupied buckets' span; within it a log-normal whose clipped mean is the
     exact mean, with the log-sd of highest multinomial likelihood, or a uniform centred on the
     exact mean with the likeliest width, whichever is likelier (ties to the narrower). All in one
-    bucket gives a fixed length: nothing inside a bucket is known.
+    bucket gives a fixed length: nothing inside a bucket is known. ``support``: the exact shortest
+    and longest, where known (a request log), instead of the occupied buckets' edges.
     """
     if h.count <= 0:
         raise SpecError(field, f"no finished requests in the {what} histogram",
@@ -196,6 +197,9 @@ def fit_lengths(h: Histogram, what: str, field: str = "metrics") -> LengthFit:
     lo = math.floor(h.bounds[first - 1]) + 1 if first > 0 else 1
     open_top = last >= len(h.bounds)
     hi = int(2 * h.bounds[-1]) if open_top else int(h.bounds[last])
+    if support is not None:
+        (lo, hi), open_top = support, False
+        first, last = (0, 0) if lo == hi else (first, max(last, first + 1))
     mean = min(max(h.mean, lo), hi)
     top = " (above the last bucket: max set to twice it, a guess)" if open_top else ""
     if first == last or hi - lo < 2:
@@ -205,7 +209,7 @@ def fit_lengths(h: Histogram, what: str, field: str = "metrics") -> LengthFit:
                          "the spread inside that bucket is not known")
     observed = [c / h.count for c in h.counts]
     lognormal, uniform = _best_lognormal(h, mean, lo, hi), _best_uniform(h, mean, lo, hi)
-    ll, dist, shares = max(lognormal, uniform, key=lambda c: c[0])
+    _, dist, shares = max(lognormal, uniform, key=lambda c: c[0])
     err = max(abs(a - b) for a, b in zip(shares, observed))
     shape = (f"a log-normal (sigma {dist.spread:.2f})" if dist.dist == "lognormal"
              else f"a uniform {dist.min}..{dist.max}")
@@ -280,8 +284,12 @@ def _delta(after: MetricsMap, before: MetricsMap | None, name: str) -> float | N
 
 
 def metrics_window(text: str, earlier: str | None = None, seconds: float | None = None,
-                   seconds_source: str = "", field: str = "metrics") -> MetricsWindow:
-    """Parse one dump (``text``) or two (``earlier`` then ``text``) into the window between them."""
+                   seconds_source: str = "", field: str = "metrics", read_at: float | None = None) -> MetricsWindow:
+    """Parse one dump (``text``) or two (``earlier`` then ``text``) into the window between them.
+
+    One dump read at a known time (``read_at``, Unix seconds) with no ``seconds`` spans the server
+    process's life: ``process_start_time_seconds`` to ``read_at``, idle time and startup included.
+    """
     after = _read(text, field)
     before = _read(earlier, field) if earlier is not None else None
     prompt, output = histogram(after, PROMPT), histogram(after, OUTPUT)
@@ -300,6 +308,10 @@ def metrics_window(text: str, earlier: str | None = None, seconds: float | None 
                  if m is not None else 0.0 for m in (after, before)]
     info = labels_of(after, "vllm:cache_config_info") or {}
     block = info.get("block_size", "")
+    started = counter(after, "process_start_time_seconds")
+    if before is None and seconds is None and read_at is not None and started and read_at > started:
+        seconds = read_at - started
+        seconds_source = "since the server process started, startup and idle time included: a lifetime average"
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise SpecError(field, f"the time between the dumps must be > 0 s, got {seconds:g}",
                         "give the earlier dump first, or the seconds between them with --seconds")
@@ -398,12 +410,12 @@ def workload_from_trace(rows: Sequence[Mapping[str, Any]], source: str, *, num_r
     if min(prompts + outputs, default=0) < 1:
         raise SpecError(source, "token counts must be >= 1", "drop requests with empty prompts or outputs")
     bounds = log_buckets(max(prompts + outputs))
-    pf = fit_lengths(histogram_of(prompts, bounds), "prompt", source)
-    of = fit_lengths(histogram_of(outputs, bounds), "output", source)
+    pf = fit_lengths(histogram_of(prompts, bounds), "prompt", source, (min(prompts), max(prompts)))
+    of = fit_lengths(histogram_of(outputs, bounds), "output", source, (min(outputs), max(outputs)))
     span = max(times) - min(times) if len(times) == len(rows) and len(times) > 1 else 0.0
     rate = (len(times) - 1) / span if span > 0 else None
     header = [f"Workload fitted to the request log {source}: {len(rows)} requests.",
-              "Lengths are exact; fitted through 10-a-decade buckets (the same fit as for /metrics).",
+              "Lengths are exact (shortest and longest kept); the shape fitted through 10-a-decade buckets, as for /metrics.",
               f"Prompt: mean {pf.observed_mean:.1f} tokens. {pf.note}.",
               f"Output: mean {of.observed_mean:.1f} tokens. {of.note}."]
     if rate is not None:

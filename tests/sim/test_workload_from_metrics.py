@@ -13,6 +13,7 @@ import asyncio
 import bisect
 import http.server
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servetune import cli
 from servetune.cli import _workload
 from servetune.engines.vllm.loadgen import run_workload
 from servetune.errors import SpecError
@@ -152,3 +154,21 @@ def test_url_reads_are_size_capped_and_time_out(monkeypatch: pytest.MonkeyPatch)
         port = s.getsockname()[1]
     with pytest.raises(SpecError, match="cannot read"):
         _workload.read_source(f"http://127.0.0.1:{port}/metrics", "source")
+
+
+def test_one_live_reading_averages_over_the_server_process_life(capsys: pytest.CaptureFixture[str]) -> None:
+    # The H200 b3 run's reading (260 requests of 512 + 512 tokens), served as if its process had
+    # started 100 s before: one URL reading spans process_start_time_seconds to the reading.
+    dump = (Path(__file__).parents[1] / "fixtures" / "real_h200" / "b3_preempt_blocks1024_s64" / "metrics_after.txt")
+    text = re.sub(r"^process_start_time_seconds .*$", f"process_start_time_seconds {time.time() - 100:.3f}",
+                  dump.read_text(), flags=re.M)
+    srv, url = _serve(text.encode(), stall=False)
+    try:
+        assert cli.main(["workload", "from-metrics", url]) == 0
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    out = capsys.readouterr().out
+    got = Workload.from_dict(yaml.safe_load(out))
+    assert got.request_rate == pytest.approx(260 / 100, rel=0.05)
+    assert "lifetime average" in out and (got.input_len.mean, got.output_len.mean) == (512, 512)

@@ -139,7 +139,9 @@ def _from_metrics(args: argparse.Namespace) -> str:
             seconds, how = t1 - t0, "between the readings' times (a file: its modification time)"
     elif seconds is not None:
         how = "the server's uptime, given with --seconds"
-    window = metrics_window(text, earlier, seconds, how, "source" if earlier is None else "later")
+    # One live reading: its time is now, against the server's process_start_time_seconds.
+    read_at = t0 if earlier is None and _is_url(args.source) else None
+    window = metrics_window(text, earlier, seconds, how, "source" if earlier is None else "later", read_at)
     names = args.source if args.wait is not None or not args.later else f"{args.source} then {args.later}"
     return workload_from_metrics(window, names, num_requests=args.num_requests, concurrency=args.concurrency,
                                  seed=args.seed)
