@@ -4,8 +4,8 @@ Contract: :func:`add_parser` registers the sub-command on the main parser's sub-
 :func:`run` executes it, returning the exit code: 0 with the workload YAML written (to ``--out`` or
 stdout), 2 for bad input (a source that is not vLLM ``/metrics``, unreachable, too large, or two
 dumps with no time between them) as one line ``error: FIELD: what is wrong (fix: ...)``. The
-fitting is :mod:`servetune.workload_fit`'s; this module only reads: a URL with a timeout and a
-size cap, a file, the time of each reading.
+fitting is :mod:`servetune.engines.vllm.workload_fit`'s; this module only reads: a URL with a
+timeout and a size cap, a file, the time of each reading.
 
 Example::
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.errors import SpecError
-from servetune.workload_fit import metrics_window, workload_from_metrics, workload_from_trace
+from servetune.engines.vllm.workload_fit import metrics_window, workload_from_metrics, workload_from_trace
 
 __all__ = ["add_parser", "run", "read_source", "URL_TIMEOUT_S", "MAX_BYTES"]
 

@@ -1,4 +1,4 @@
-"""Workload specs fitted to vLLM's /metrics histograms and to request logs (servetune.workload_fit).
+"""Workload specs fitted to vLLM's /metrics histograms and to request logs (``workload_fit``).
 
 The real dumps are the H200 runs under tests/fixtures/real_h200 (vLLM 0.26, Llama-3.1-8B): each
 folder's summary.json says what its run sent and requests.json.gz what each request was.
@@ -18,12 +18,12 @@ import yaml
 from servetune.errors import SpecError
 from servetune.spec.schema import StudySpec
 from servetune.workload import Workload
-from servetune.workload_fit import (
+from servetune.engines.vllm.workload_fit import (
     fit_lengths, histogram, histogram_of, metrics_window, parse_prometheus, workload_from_metrics, workload_from_trace,
 )
 
-REAL = Path(__file__).parent / "fixtures" / "real_h200"
-JOBS = Path(__file__).resolve().parents[1] / "jobs" / "workloads"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "real_h200"
+JOBS = Path(__file__).resolve().parents[3] / "jobs" / "workloads"
 #: Runs whose summary.json records a fixed input and output length (every request the same).
 FIXED_RUNS = ("a1_u05_s64", "a2_u05_s256", "a3_preempt_blocks4096_s128", "b1_eager_s64", "b2_s256_mbt2048",
               "b3_preempt_blocks1024_s64", "c1_loadgen_vs_bench")
