@@ -24,7 +24,7 @@ from typing import Any
 
 from servetune.errors import SpecError, did_you_mean
 
-__all__ = ["LengthDist", "RequestSpec", "Workload"]
+__all__ = ["LengthDist", "RequestSpec", "Workload", "read_jsonl"]
 
 _DISTS = ("fixed", "uniform", "normal", "lognormal")
 MAX_REQUESTS = 1_000_000
@@ -256,6 +256,11 @@ def _int(data: Mapping[str, Any], key: str, field: str, minimum: int, default: i
     if value < minimum:
         raise SpecError(f"{field}.{key}", f"must be >= {minimum}, got {value}", f"use a value >= {minimum}")
     return value
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file, one a line; a broken line is a :class:`SpecError` naming it."""
+    return _jsonl(path)
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:

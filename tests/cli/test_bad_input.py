@@ -1,4 +1,4 @@
-"""Every sub-command (tune, best, report, plan, simulate, diagnose) walked through missing files,
+"""Every sub-command (tune, best, report, plan, simulate, diagnose, workload) walked through missing files,
 missing databases, unreadable files and closed pipes: one line on stderr naming what is missing and
 the fix, exit 2, never a traceback; a closed pipe drops the output, not the work or the exit code.
 
@@ -97,6 +97,16 @@ CASES = [
     (["diagnose", "latin1.yaml"], "LOG: latin1.yaml is not a vLLM log"),
     (["diagnose", str(REPO / "README.md")], "README.md is not a vLLM log"),
     (["diagnose", str(SERVED_LOG), "--metrics", "missing.txt"], "--metrics: no such file: missing.txt"),
+    # workload: the /metrics dumps and the request log
+    (["workload", "from-metrics", "missing.txt"], "source: no such file: missing.txt"),
+    (["workload", "from-metrics", "folder"], "source: folder is a folder"),
+    (["workload", "from-metrics", "latin1.yaml"], "source: latin1.yaml is not text"),
+    (["workload", "from-metrics", str(REPO / "README.md")], "source: not vLLM /metrics text"),
+    (["workload", "from-metrics", str(SERVED_LOG), "--wait", "5"], "--wait: takes one URL"),
+    (["workload", "from-metrics", "ftp://host/metrics"], "source: ftp://host/metrics: only http:// and https:// URLs are read"),
+    (["workload", "from-trace", "folder"], "trace: folder is a folder"),
+    (["workload", "from-trace", str(REPO / "README.md")], "README.md:1: not valid JSON"),
+    (["workload", "from-trace", "missing.jsonl", "--num-requests", "0"], "--num-requests: must be >= 1, got 0"),
 ]
 
 

@@ -1,4 +1,4 @@
-"""``servetune``: tune | best | report | plan | simulate | diagnose.
+"""``servetune``: tune | best | report | plan | simulate | diagnose | workload.
 
 Every command validates its input before any trial starts; bad input prints ``error: FIELD: what
 is wrong (fix: ...)`` on stderr and exits with code 2. That holds for a missing or unreadable file
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     from servetune.cli import _diagnose as _cli_diagnose
     from servetune.cli import _plan as _cli_plan
     from servetune.cli import _simulate as _cli_simulate
+    from servetune.cli import _workload as _cli_workload
 
     parser = argparse.ArgumentParser(prog="servetune", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cli_plan.add_parser(sub)
     _cli_simulate.add_parser(sub)
     _cli_diagnose.add_parser(sub)
+    _cli_workload.add_parser(sub)
     return parser
 
 
@@ -158,6 +160,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from servetune.cli import _diagnose as _cli_diagnose
 
             return _cli_diagnose.run(args)
+        if args.command == "workload":
+            from servetune.cli import _workload as _cli_workload
+
+            return _cli_workload.run(args)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

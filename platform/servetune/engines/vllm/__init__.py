@@ -8,7 +8,9 @@
   load generators (servetune's streaming client, ``vllm bench serve``);
 * :mod:`~servetune.engines.vllm.serve_cli`: the installed ``vllm serve --help=all`` as a flag check;
 * :mod:`~servetune.engines.vllm.infra`: infrastructure failures, confirmed from evidence;
-* :mod:`~servetune.engines.vllm.diagnose`: a failed start explained, for ``servetune diagnose``.
+* :mod:`~servetune.engines.vllm.diagnose`: a failed start explained, for ``servetune diagnose``;
+* :mod:`~servetune.engines.vllm.workload_fit`: the workload a server saw, fitted to its ``/metrics``
+  histograms or a request log, for ``servetune workload``.
 """
 
 from servetune.engines.vllm.engine import VllmEngine, VllmLaunch, read_serve_help, run_vllm_trial
