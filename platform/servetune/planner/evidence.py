@@ -25,7 +25,8 @@ import yaml
 from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv
 from servetune.planner.gpus import get_gpu, under_wddm
-from servetune.planner.memory import ACT_FIXED_GIB, plan_memory, resolve_engine_config
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.model_memory import ACT_FIXED_GIB
 from servetune.planner.modelinfo import ModelProfile, load_model
 
 __all__ = ["PublishedStart", "Judgement", "parse_index", "load_index", "judge", "fit_constants", "summarize",
