@@ -24,8 +24,9 @@ import yaml
 
 from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv
+from servetune.planner.engine_config import resolve_engine_config
 from servetune.planner.gpus import get_gpu, under_wddm
-from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.memory import plan_memory
 from servetune.planner.model_memory import ACT_FIXED_GIB
 from servetune.planner.modelinfo import ModelProfile, load_model
 

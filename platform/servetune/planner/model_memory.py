@@ -20,7 +20,7 @@ from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import GiB, memory_rules
 
 if TYPE_CHECKING:
-    from servetune.planner.memory import EngineConfig
+    from servetune.planner.engine_config import EngineConfig
 
 __all__ = ["ACT_FIXED_GIB", "COLD_COMPILE_FLOOR_TENSORS", "ACT_MLP_ELEMS_PER_TOKEN", "ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED",
            "ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER", "SAMPLER_BYTES_PER_LOGIT", "SAMPLER_BYTES_PER_LOGIT_V1",
@@ -176,7 +176,7 @@ def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: i
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
-        >>> from servetune.planner.memory import resolve_engine_config
+        >>> from servetune.planner.engine_config import resolve_engine_config
         >>> from servetune.planner.modelinfo import load_model
         >>> m, g = load_model("llama-3.1-8b"), get_gpu("A100-40GB")
         >>> sort = sampler_profile_bytes(m, resolve_engine_config({}, m, g, "0.11.2"), 256)
@@ -210,7 +210,7 @@ def persistent_runner_bytes(model: ModelProfile, config: EngineConfig) -> int:
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
-        >>> from servetune.planner.memory import resolve_engine_config
+        >>> from servetune.planner.engine_config import resolve_engine_config
         >>> from servetune.planner.modelinfo import load_model
         >>> m, g = load_model("llama-3.1-8b"), get_gpu("L40S")
         >>> persistent_runner_bytes(m, resolve_engine_config({}, m, g, "0.26.0"))

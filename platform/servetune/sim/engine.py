@@ -37,7 +37,8 @@ from servetune.sim.scheduler import SimScheduler
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
-    from servetune.planner.memory import EngineConfig, MemoryPlan
+    from servetune.planner.engine_config import EngineConfig
+    from servetune.planner.memory import MemoryPlan
     from servetune.planner.modelinfo import ModelProfile
     from servetune.workload import Workload
 

@@ -97,7 +97,7 @@ from servetune.errors import SpecError, did_you_mean
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
-    from servetune.planner.memory import EngineConfig
+    from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "StepCost", "calibration_for", "with_calibration",

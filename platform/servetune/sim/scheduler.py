@@ -50,7 +50,7 @@ from servetune.vllm_version import version_tuple
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
-    from servetune.planner.memory import EngineConfig
+    from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["SchedulerOutput", "StepResult", "SimScheduler"]

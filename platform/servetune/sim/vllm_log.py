@@ -38,7 +38,8 @@ from servetune.planner.comm import CONTEXT_GIB_MULTI, CONTEXT_GIB_SINGLE, SERVET
 
 if TYPE_CHECKING:  # the planner's types; only their attributes are read here
     from servetune.planner.gpus import GpuSpec
-    from servetune.planner.memory import EngineConfig, MemoryPlan
+    from servetune.planner.engine_config import EngineConfig
+    from servetune.planner.memory import MemoryPlan
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = [
