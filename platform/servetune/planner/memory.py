@@ -2,12 +2,12 @@
 
 A flag set resolves into an :class:`~servetune.planner.engine_config.EngineConfig` first
 (:func:`~servetune.planner.engine_config.resolve_engine_config`, handed on from here). Then, pure,
-no I/O, :func:`plan_memory` replays the V1 worker's memory profiling (vLLM's ``determine_available_memory`` in
-  ``vllm/v1/worker/gpu_worker.py``, per version):
-  budget = ``total * gpu_memory_utilization`` (or ``kv_cache_memory_bytes``), minus weights, the
-  profile run's activation peak, the non-torch growth and, where that version subtracts it, the
-  CUDA-graph estimate; the rest becomes KV blocks (``vllm/v1/core/kv_cache_utils.py``, minimum over workers), KV tokens and the
-  maximum concurrency, or a startup failure with vLLM's error text.
+no I/O, :func:`plan_memory` replays the V1 worker's memory profiling (vLLM's
+``determine_available_memory`` in ``vllm/v1/worker/gpu_worker.py``, per version): budget =
+``total * gpu_memory_utilization`` (or ``kv_cache_memory_bytes``), minus weights, the profile
+run's activation peak, the non-torch growth and, where that version subtracts it, the CUDA-graph
+estimate; the rest becomes KV blocks (``vllm/v1/core/kv_cache_utils.py``, minimum over workers),
+KV tokens and the maximum concurrency, or a startup failure with vLLM's error text.
 
 What changes with the vLLM version is one rules object (:mod:`.vllm_rules`, chosen once per
 config); what a model class takes in the profile run (activation peak, sampler, CUDA graphs, with
