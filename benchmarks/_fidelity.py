@@ -39,8 +39,7 @@ from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
 from servetune.result import TrialResult, TrialStatus
-from servetune.sim.engine import host_api_cpu_factor, simulate
-from servetune.sim.perf import Calibration, calibration_for, with_calibration
+from servetune.sim import Calibration, calibration_for, host_api_cpu_factor, simulate, with_calibration
 from servetune.workload import Workload
 
 __all__ = ["FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
@@ -238,7 +237,7 @@ UNSEEN_STARTS: tuple[str, ...] = (
 )
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
-#: off (``servetune.sim.engine.host_api_cpu_factor``; the host's first measurement of the studies'
+#: off (``servetune.sim.host_api_cpu_factor``; the host's first measurement of the studies'
 #: prefill-heavy workload, as a study's first trial would be) and the windows judged with that
 #: factor (name prefixes). A host is one machine, booted once: its process ids run on from start to start.
 UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {

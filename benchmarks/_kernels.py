@@ -38,7 +38,7 @@ from steps_vs_sim import profiled_windows, step_batch
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim.perf import PerfModel, calibration_for
+from servetune.sim import PerfModel, calibration_for
 
 __all__ = ["GEMM_MODELS", "MIN_PROBE_S", "PROBE", "PROBES", "fit_gemm", "fit_attention", "gemm_step_groups",
            "kernel_knobs", "traced_steps"]

@@ -36,7 +36,7 @@ if str(ROOT / "platform") not in sys.path:
 from servetune.planner.gpus import get_gpu  # noqa: E402
 from servetune.planner.memory import resolve_engine_config  # noqa: E402
 from servetune.planner.modelinfo import load_model  # noqa: E402
-from servetune.sim.perf import PerfModel, calibration_for  # noqa: E402
+from servetune.sim import PerfModel, calibration_for  # noqa: E402
 from _fidelity import read_knobs  # noqa: E402  (benchmarks/, this script's own folder)
 
 PROBE = ROOT / "tests" / "fixtures" / "real_h200" / "gemm" / "gemm_probe_h200.json"

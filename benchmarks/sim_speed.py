@@ -24,7 +24,7 @@ if str(ROOT / "platform") not in sys.path:
 from servetune.planner.gpus import get_gpu  # noqa: E402
 from servetune.planner.memory import plan_memory, resolve_engine_config  # noqa: E402
 from servetune.planner.modelinfo import load_model  # noqa: E402
-from servetune.sim.engine import simulate  # noqa: E402
+from servetune.sim import simulate  # noqa: E402
 from servetune.workload import Workload  # noqa: E402
 
 CASES = (

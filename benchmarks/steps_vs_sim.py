@@ -29,7 +29,7 @@ from servetune.errors import SpecError
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim.perf import PerfModel, StepCost, calibration_for
+from servetune.sim import PerfModel, StepCost, calibration_for
 
 __all__ = ["KINDS", "StepRow", "compare", "profiled_windows", "step_batch"]
 

@@ -55,7 +55,7 @@ from servetune.records._retry import retry_call
 from servetune.records._storage import open_storage
 from servetune.records.tracking import StudyTracker
 from servetune.search.warmstart import warm_start_flags
-from servetune.sim.perf import calibration_for
+from servetune.sim import calibration_for
 from servetune.spec.schema import StudySpec
 from servetune.spec.space import read_yaml
 from servetune.study import remeasure, run_study

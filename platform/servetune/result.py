@@ -163,7 +163,7 @@ class TrialResult:
     # ``process_cpu_seconds_total`` (the process serving /metrics; the engine core is another
     # process) after minus before; the simulator's modelled API server. Over ``duration_s`` it is the
     # server's busy share of one core (``api_server_busy``): near 1, the host's CPU, not the GPU, set
-    # the pace (:func:`servetune.sim.engine.host_api_cpu_factor` compares the two).
+    # the pace (:func:`servetune.sim.host_cpu.host_api_cpu_factor` compares the two).
     api_server_cpu_s: float | None = None
     requests: list[RequestRecord] = dataclasses.field(default_factory=list)
     log_text: str = ""

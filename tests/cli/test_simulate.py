@@ -10,7 +10,7 @@ import pytest
 
 from servetune.cli import _simulate as _cli_simulate
 from servetune.planner.gpus import get_gpu
-from servetune.sim.perf import calibration_for
+from servetune.sim import calibration_for
 
 
 def run_cli(argv: list[str]) -> int:

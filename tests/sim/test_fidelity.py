@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _fidelity import FOLDS, error_summary, fidelity_rows, load_evidence, load_real_runs, load_study_runs
 from servetune.planner.gpus import get_gpu
-from servetune.sim.perf import calibration_for
+from servetune.sim import calibration_for
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "sim_heldout_h200.json"
 HELD_OUT = json.loads(RESULTS.read_text())["folds"]
@@ -73,7 +73,7 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_
 
 
 def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windows() -> None:
-    """servetune.sim.engine.host_api_cpu_factor on one real window per host (the real API server's
+    """servetune.sim.host_api_cpu_factor on one real window per host (the real API server's
     process_cpu_seconds_total over the simulated API server's CPU, committed calibration), then the
     host's other windows simulated with it (_fidelity.host_checks; `sim_fidelity.py --unseen`).
     Nothing is fitted to throughput and no judged window is the calibrating one.

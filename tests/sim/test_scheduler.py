@@ -8,7 +8,7 @@ import pytest
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import EngineConfig, resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim.engine import SimScheduler, simulate
+from servetune.sim import SimScheduler, simulate
 from servetune.workload import Workload
 
 MODEL = load_model("servetune-test-850m")
@@ -207,7 +207,7 @@ def test_a_figure_the_api_server_bounds_says_it_depends_on_the_host_cpu() -> Non
     and served 30% below the simulated figure on a slow host); a prefill-heavy load does not."""
     import re
 
-    from servetune.sim.engine import FRONTEND_BOUND_SHARE
+    from servetune.sim import FRONTEND_BOUND_SHARE
 
     model, gpu = load_model("llama-3.1-8b"), get_gpu("H200")
     config = resolve_engine_config({"gpu_memory_utilization": 0.9, "max_num_seqs": 256, "max_model_len": 4096},
@@ -231,7 +231,7 @@ def test_the_api_servers_cpu_is_its_per_request_per_token_and_per_chunk_costs_sc
     received (the per-chunk share: a chunk carries the tokens the loop merged) and per streamed
     token per prompt token (the warm-up's excluded); ``api_cpu_factor`` scales all of it, and on a
     load the API server bounds, a slower host's factor lowers the simulated throughput."""
-    from servetune.sim.perf import calibration_for, with_calibration
+    from servetune.sim import calibration_for, with_calibration
 
     model, gpu = load_model("llama-3.1-8b"), get_gpu("H200")
     config = resolve_engine_config({"gpu_memory_utilization": 0.9, "max_num_seqs": 256, "max_model_len": 4096},

@@ -18,7 +18,7 @@ from steps_vs_sim import compare, profiled_windows, step_batch
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim.perf import PerfModel, calibration_for
+from servetune.sim import PerfModel, calibration_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_h200"
 SCALE = FIXTURES / "scale"

@@ -30,10 +30,12 @@ from typing import Any
 from servetune import envs
 from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv
+from servetune.planner.engine_config import EngineConfig, resolve_engine_config
 from servetune.planner.flags import parse_set_option
 from servetune.planner.gpus import GpuSpec, get_gpu, register_gpus_from_yaml
-from servetune.planner.memory import DEFAULT_VLLM_VERSION, EngineConfig, MemoryPlan, plan_memory, resolve_engine_config
+from servetune.planner.memory import MemoryPlan, plan_memory
 from servetune.planner.modelinfo import ModelProfile, load_model
+from servetune.vllm_version import DEFAULT_VLLM_VERSION
 
 __all__ = ["add_parser", "run", "format_plan"]
 

@@ -28,8 +28,7 @@ from servetune.planner.flags import parse_set_option
 from servetune.planner.gpus import register_gpus_from_yaml
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
-from servetune.sim.engine import simulate
-from servetune.sim.perf import with_calibration
+from servetune.sim import simulate, with_calibration
 from servetune.workload import Workload
 
 __all__ = ["add_parser", "run", "EXAMPLE_WORKLOADS"]

@@ -6,8 +6,7 @@ from servetune.engines.base import Engine, TrialTask
 from servetune.planner.gpus import register_gpus_from_yaml
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
-from servetune.sim.engine import simulate
-from servetune.sim.perf import with_calibration
+from servetune.sim import simulate, with_calibration
 
 __all__ = ["SimEngine"]
 

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from servetune.envs import LAUNCH_SAFE_ENV
 from servetune.errors import SpecError
 from servetune.planner.gpus import GpuSpec
+from servetune.planner.vllm_rules import V2_RUNNER
 
 __all__ = ["CommEnv", "CommMemory", "comm_memory", "nvls_buffer_bytes", "symm_mem_buffer_bytes",
            "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV"]
@@ -77,7 +78,6 @@ NON_TORCH_GIB_MULTI_V1 = 0.54
 NON_TORCH_GIB_MULTI_V1_PCIE = 0.02
 #: PCIe 5.0 x16, one direction: anything faster between two GPUs of a node is NVLink.
 PCIE_MAX_GBPS = 64.0
-_V2_RUNNER = (0, 26, 0)
 #: Memory in use before the init snapshot: CUDA context (one GPU), plus NCCL's ring/tree buffers
 #: and the custom all-reduce buffers (world_size > 1): "Free memory on device (139.29/139.8 GiB)"
 #: at TP=1, (138.34/139.8) at TP=2 on the H200 (NVLS off).
@@ -257,7 +257,7 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
         >>> c.multicast, c.reason
         (False, 'L40S has no NVSwitch multicast fabric (NVLS unsupported)')
     """
-    v2 = tuple(version) >= _V2_RUNNER
+    v2 = tuple(version) >= V2_RUNNER
     if tp * pp == 1:
         return CommMemory(int(CONTEXT_GIB_SINGLE * GiB),
                           int((NON_TORCH_GIB_SINGLE if v2 else NON_TORCH_GIB_SINGLE_V1) * GiB), False,

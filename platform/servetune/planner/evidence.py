@@ -24,9 +24,11 @@ import yaml
 
 from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv
+from servetune.planner.engine_config import resolve_engine_config
 from servetune.planner.gpus import get_gpu, under_wddm
 from servetune.planner.modelclass import kv_layout
-from servetune.planner.memory import ACT_FIXED_GIB, plan_memory, resolve_engine_config
+from servetune.planner.memory import plan_memory
+from servetune.planner.model_memory import ACT_FIXED_GIB
 from servetune.planner.modelinfo import ModelProfile, load_model
 
 __all__ = ["PublishedStart", "Judgement", "parse_index", "load_index", "judge", "fit_constants", "summarize",
@@ -259,7 +261,7 @@ def fit_class_constants(starts: list[PublishedStart], models: Mapping[str, Model
     the fit starts of models with a vision tower, mean, to 0.01.
     """
     from servetune.planner import modelclass
-    from servetune.planner.memory import activation_peak_bytes
+    from servetune.planner.model_memory import activation_peak_bytes
     layer, mm = [], []
     for s in (s for s in starts if s.role == "fit"):
         model = models[s.id]

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from servetune.planner.gpus import GpuSpec, get_gpu
-from servetune.planner.memory import EngineConfig, resolve_engine_config
+from servetune.planner.engine_config import EngineConfig, resolve_engine_config
 from servetune.planner.modelinfo import ModelProfile, load_model
 from servetune.vllm_version import DEFAULT_VLLM_VERSION
 

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from servetune.errors import SpecError
-from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.engine_config import resolve_engine_config
+from servetune.planner.memory import plan_memory
 from servetune.planner.prior import optimistic_bound, preemption_bound
 
 if TYPE_CHECKING:

@@ -47,8 +47,9 @@ import optuna
 
 from servetune.engines.early_stop import EarlyStop
 from servetune.errors import SpecError
+from servetune.planner.engine_config import compile_key, resolve_engine_config
 from servetune.planner.flags import gpus_needed
-from servetune.planner.memory import MemoryPlan, compile_key, plan_memory, resolve_engine_config
+from servetune.planner.memory import MemoryPlan, plan_memory
 from servetune.records.outcome import classify, is_screen_cause
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.informed import informed_starts

@@ -15,7 +15,7 @@ trials of this study that already finished on the real backend:
   differs from host to host (1.1-2.2x the calibration's on the 8B/14B windows of measured H200
   hosts), and a decode-heavy load can be bound by it. The study's first real trial measures it
   (``api_server_cpu_s``); against its simulated twin that gives the host's ``api_cpu_factor``
-  (:func:`servetune.sim.engine.host_api_cpu_factor`), and every simulation after it, that trial's
+  (:func:`servetune.sim.host_cpu.host_api_cpu_factor`), and every simulation after it, that trial's
   included, runs with the factor (:func:`learn`). Held out on real hosts it took decode-heavy
   windows' throughput error from 12.5% to 8.3% and 6.7% to 5.8% (``sim_fidelity.py --unseen``).
 
@@ -54,7 +54,7 @@ from servetune.engines import TrialTask, run_trial
 from servetune.planner.flags import flags_key
 from servetune.records.trial_record import SCREEN_PREFIX
 from servetune.result import TrialResult, TrialStatus
-from servetune.sim.engine import host_api_cpu_factor
+from servetune.sim import host_api_cpu_factor
 
 if TYPE_CHECKING:
     from servetune.spec.schema import StudySpec

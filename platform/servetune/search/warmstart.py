@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from servetune.errors import SpecError
-from servetune.planner.memory import resolve_engine_config
+from servetune.planner.engine_config import resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
 from servetune.vllm_version import minor

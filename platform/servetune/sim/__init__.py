@@ -1,0 +1,22 @@
+"""The simulated vLLM V1 engine, in virtual time, and its ``vllm serve`` stand-in.
+
+One trial: :func:`simulate` (:mod:`.engine`) plans the startup memory, runs the engine core
+(:class:`SimScheduler`, :mod:`.scheduler`: schedule -> :class:`SchedulerOutput` -> step time ->
+update) with its KV block pool (:mod:`.blocks`) and per-request state (:mod:`.request`), behind
+vLLM's API server loop (:mod:`.frontend`), driven by the load generator's clients
+(:mod:`.client`), with step times from the roofline model (:mod:`.perf`) and vLLM's log lines
+(:mod:`.vllm_log`). :mod:`.host_cpu` says what the API server's load means for a figure. The
+stand-in server (``python -m servetune.sim.server``) and simulated device memory
+(:mod:`.devices`) are run as programs and are not imported here.
+"""
+
+from servetune.sim.client import LoadClient
+from servetune.sim.engine import simulate
+from servetune.sim.host_cpu import FRONTEND_BOUND_SHARE, frontend_bound_note, host_api_cpu_factor
+from servetune.sim.perf import GPU_CALIBRATION, Calibration, PerfModel, StepCost, calibration_for, with_calibration
+from servetune.sim.request import RequestState
+from servetune.sim.scheduler import SchedulerOutput, SimScheduler, StepResult
+
+__all__ = ["simulate", "SimScheduler", "SchedulerOutput", "StepResult", "RequestState", "LoadClient",
+           "PerfModel", "Calibration", "GPU_CALIBRATION", "StepCost", "calibration_for", "with_calibration",
+           "FRONTEND_BOUND_SHARE", "frontend_bound_note", "host_api_cpu_factor"]

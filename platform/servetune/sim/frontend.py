@@ -1,6 +1,6 @@
 """vLLM's API server process in virtual time: one asyncio loop on one core.
 
-Contract: the engine core model (:class:`servetune.sim.engine.SimScheduler`) hands it every client
+Contract: the engine core model (:class:`servetune.sim.scheduler.SimScheduler`) hands it every client
 send (:meth:`ApiServer.submit`) and every engine step's sampled tokens (:meth:`ApiServer.step_output`);
 :meth:`ApiServer.advance` runs the loop's work in the order vLLM's loop runs it, as far as the
 engine's clock makes that order known, and reports when each request reached the engine core

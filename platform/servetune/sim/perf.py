@@ -74,7 +74,7 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   with few tokens per engine step paying the most: the model has no per-step term).
   ``api_cpu_factor`` scales all four costs, and ``enforce_eager``'s launch floor (the engine's
   Python launching kernels on the same host's CPU); measured on one real window of a host
-  (:func:`servetune.sim.engine.host_api_cpu_factor`), it carries the host's level to its other loads.
+  (:func:`servetune.sim.host_cpu.host_api_cpu_factor`), it carries the host's level to its other loads.
 
 The knobs live in :class:`Calibration`; a :class:`~servetune.gpus.GpuSpec` may override any of them
 through its ``calibration`` mapping, and :data:`GPU_CALIBRATION` holds the values fitted to real
@@ -97,7 +97,7 @@ from servetune.errors import SpecError, did_you_mean
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
-    from servetune.planner.memory import EngineConfig
+    from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["Calibration", "GPU_CALIBRATION", "PerfModel", "StepCost", "calibration_for", "with_calibration",
@@ -162,7 +162,7 @@ class Calibration:
     api_output_slice: float = 128.0
     # The host's API-server CPU against the fitted one: multiplies the four API server costs above
     # and enforce_eager's launch floor (CPU work on the same host). Never fitted (1.0 in every fit);
-    # measured per host (sim.engine.host_api_cpu_factor).
+    # measured per host (sim.host_cpu.host_api_cpu_factor).
     api_cpu_factor: float = 1.0
     graph_launch_s: float = 30e-6  # replaying one full CUDA graph
     full_graph_layer_s: float = 2.119e-06  # per layer of a decode batch replayed as one FULL CUDA graph

@@ -12,7 +12,7 @@ Contract: ``python -m servetune.sim.server MODEL [vLLM serve flags]`` behaves li
 * the HTTP socket listens only once "startup" is done (``GET /health`` -> 200 means ready, as in
   vLLM); ``/v1/models``, ``/v1/completions`` (streaming SSE or not, token-id or text prompts),
   ``/metrics`` (vLLM's Prometheus names), ``/version``, ``/ping`` are served;
-* one asyncio loop drives :class:`servetune.sim.engine.SimScheduler`: each step sleeps
+* one asyncio loop drives :class:`servetune.sim.scheduler.SimScheduler`: each step sleeps
   ``duration / speedup`` wall seconds, then its tokens go to the waiting HTTP streams;
 * SIGTERM/SIGINT stop it within a second and it leaves no process or file behind.
 
@@ -66,7 +66,7 @@ from servetune.planner.memory import plan_memory
 from servetune.planner.modelinfo import load_model
 from servetune.planner.target import resolve_target
 from servetune.sim import devices, vllm_log
-from servetune.sim.engine import SimScheduler
+from servetune.sim.scheduler import SimScheduler
 from servetune.sim.vllm_log import LogRecord
 
 __all__ = ["build_parser", "parse_args", "given_flags", "SimServer", "main"]

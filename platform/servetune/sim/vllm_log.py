@@ -38,14 +38,15 @@ from servetune.planner.comm import CONTEXT_GIB_MULTI, CONTEXT_GIB_SINGLE, SERVET
 
 if TYPE_CHECKING:  # the planner's types; only their attributes are read here
     from servetune.planner.gpus import GpuSpec
-    from servetune.planner.memory import EngineConfig, MemoryPlan
+    from servetune.planner.engine_config import EngineConfig
+    from servetune.planner.memory import MemoryPlan
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = [
     "LogRecord", "StartupScript", "FAIL_MODES",
     "format_gib", "format_record", "non_default_args", "startup_script", "stats_message",
     "runtime_crash_records", "shutdown_records", "access_record", "config_error_records",
-    "worker_procs",
+    "worker_procs", "startup_log_text", "run_log_text",
 ]
 
 #: The ``--sim-fail`` modes of the stand-in server.
@@ -370,216 +371,301 @@ def startup_script(
         >>> script.healthy, script.after_listen[-1].msg  # doctest: +SKIP
         (True, 'INFO:     Application startup complete.')
     """
-    total = float(startup_s if startup_s is not None else plan.startup_s)
-    total = max(total, 1e-3)
-    eager = config.enforce_eager
-    phases = _PHASES_EAGER if eager else _PHASES_COMPILED
-    pre = _PRE_LOG_FRACTION * total
-    span = total - pre
-    t = {k: pre + v * span for k, v in phases.items()}
-    mem = plan.memory
-    world = config.tensor_parallel_size * config.pipeline_parallel_size
-    version = config.vllm_version
-    vt = version_tuple(version) or (0, 0, 0)
-    stage = _fail_stage(plan, fail)
-    recs: list[LogRecord] = []
+    w = _StartupWriter(model, gpu, config, plan, model_ref=model_ref, served_model_name=served_model_name,
+                       host=host, port=port, given_flags=given_flags, fail=fail, startup_s=startup_s)
+    for phase in (w.api_args, lambda: w.device(held_gib), w.weights, w.kv_cache, w.cuda_graphs):
+        ended = phase()
+        if ended is not None:
+            return ended
+    w.memory_summary()
+    return w.ready(api_pid)
 
-    def api(at: float, src: str, msg: str, level: str = "INFO") -> None:
-        recs.append(LogRecord(at, "APIServer", level, src, msg))
 
-    def core(at: float, src: str, msg: str, level: str = "INFO", proc: str = "EngineCore") -> None:
-        recs.append(LogRecord(at, proc, level, src, msg))
+class _StartupWriter:
+    """The startup log being written, phase by phase, in the order vLLM prints it. A phase that
+    ends the startup (a failure, a hang) returns the finished :class:`StartupScript`."""
 
-    def fail_script(records: list[LogRecord]) -> StartupScript:
-        return StartupScript(recs + records, [], False, 1, records[-1].at_s if records else 0.0)
+    def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, plan: MemoryPlan, *,
+                 model_ref: str, served_model_name: str, host: str, port: int, given_flags: Mapping[str, Any],
+                 fail: str | None, startup_s: float | None) -> None:
+        self.model, self.gpu, self.config, self.plan = model, gpu, config, plan
+        self.model_ref, self.served, self.given = model_ref, served_model_name, given_flags
+        self.host, self.port = host, port
+        total = float(startup_s if startup_s is not None else plan.startup_s)
+        total = max(total, 1e-3)
+        self.eager = config.enforce_eager
+        phases = _PHASES_EAGER if self.eager else _PHASES_COMPILED
+        self.pre = _PRE_LOG_FRACTION * total
+        self.span = total - self.pre
+        self.t = {k: self.pre + v * self.span for k, v in phases.items()}
+        self.mem = plan.memory
+        self.world = config.tensor_parallel_size * config.pipeline_parallel_size
+        self.version = config.vllm_version
+        self.vt = version_tuple(self.version) or (0, 0, 0)
+        self.stage = _fail_stage(plan, fail)
+        self.workers = worker_procs(config)
+        self.lead = self.workers[0]
+        self.recs: list[LogRecord] = []
+        self.free_gib = 0.0  # free device memory at startup, once the device phase knows it
+        self.compile_s = _COMPILE_FRACTION * self.span
 
-    # --- API server: args, model config -------------------------------------------------------
-    for line in _BANNER:
-        api(pre, "api_utils.py:345", line.format(version=version, model=model_ref))
-    args = non_default_args(model_ref, host, port, given_flags)
-    api(pre, "api_utils.py:273", f"non-default args: {args}")
-    api(pre, "model.py:623", f"Resolved architecture: {model.architecture}")
-    api(pre, "model.py:1788", f"Using max model len {config.max_model_len}")
-    if stage is not None and stage[0] == "config":
-        return fail_script(_api_failure(pre + 0.5, stage[1], stage[2]))
-    if config.kv_cache_dtype.startswith("fp8"):
-        api(pre, "cache.py:226", f"Using {config.kv_cache_dtype} data type to store kv cache. It reduces the GPU "
-            "memory footprint and boosts the performance. Meanwhile, it may cause accuracy drop without a proper "
-            "scaling factor")
-    if config.enable_chunked_prefill and given_flags.get("max_num_batched_tokens") is None:
-        # vLLM reports the budget it chose, so the line is absent when the flag was given (b2 log).
-        api(pre, "scheduler.py:252",
-            f"Chunked prefill is enabled with max_num_batched_tokens={config.max_num_batched_tokens}.")
-    if config.async_scheduling:
-        api(pre, "vllm.py:1109", "Asynchronous scheduling is enabled.")
-    if eager:
-        api(pre, "vllm.py:1163", "Enforce eager set, disabling torch.compile and CUDAGraphs. This is equivalent to "
-            "setting -cc.mode=none -cc.cudagraph_mode=none", "WARNING")
-        api(pre, "vllm.py:1392", "Cudagraph is disabled under eager mode")
+    def api(self, at: float, src: str, msg: str, level: str = "INFO") -> None:
+        self.recs.append(LogRecord(at, "APIServer", level, src, msg))
 
-    # --- engine core: device, weights ---------------------------------------------------------
-    core(t["engine"], "core.py:116", _engine_config_line(model_ref, served_model_name, model, config))
-    workers = worker_procs(config)
-    lead = workers[0]
-    for rank, proc in enumerate(workers):
-        core(t["device"], "parallel_state.py:1615", f"world_size={world} rank={rank} local_rank={rank} "
-             f"distributed_init_method=tcp://127.0.0.1:{29500 + port % 1000} backend=nccl", proc=proc)
-    core(t["device"], "parallel_state.py:1946", f"rank 0 in world size {world} is assigned as DP rank 0, PP rank 0, "
-         "PCP rank 0, TP rank 0, EP rank N/A, EPLB rank N/A", proc=lead)
-    # What is in use before vLLM's init snapshot: the planner's figure (planner.comm, one
-    # implementation), unless the GPU's calibration overrides it.
-    comm = plan.comm if plan.comm is not None else comm_memory(
-        gpu, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size, env=SERVETUNE_LAUNCH_ENV)
-    context_gib = comm.context_bytes / _GIB
-    if "cuda_context_gib" in gpu.calibration or "nccl_buffers_gib" in gpu.calibration:
-        context_gib = float(gpu.calibration.get("cuda_context_gib", CONTEXT_GIB_SINGLE))
-        if world > 1:
-            context_gib += float(gpu.calibration.get("nccl_buffers_gib", CONTEXT_GIB_MULTI - CONTEXT_GIB_SINGLE))
-    free_gib = mem.total - context_gib - max(0.0, held_gib)
-    util = config.gpu_memory_utilization
-    if stage is None and free_gib < mem.budget:
-        # vLLM's worker compares the free memory at startup with the budget (gpu_worker.py): memory
-        # other processes hold, or a utilization above what an empty GPU has after the context.
-        stage = ("device", "ValueError",
-                 f"Free memory on device ({format_gib(free_gib)}/{format_gib(mem.total)} GiB) on startup is less "
-                 f"than desired GPU memory utilization ({util}, {format_gib(mem.budget)} GiB). Decrease GPU memory "
-                 "utilization or reduce GPU memory used by other processes.")
-    if stage is not None and stage[0] in ("device", "startup_oom"):
-        if stage[0] == "device":
-            message = stage[2]
-        else:  # forced: another process holds part of the GPU, so the util budget is not free
-            free_gib = min(free_gib, mem.budget * 0.5)
-            message = (f"Free memory on device ({format_gib(free_gib)}/{format_gib(mem.total)} GiB) on startup is "
-                       f"less than desired GPU memory utilization ({util}, {format_gib(mem.budget)} GiB). Decrease "
-                       "GPU memory utilization or reduce GPU memory used by other processes.")
-        return fail_script(_engine_failure(t["device"] + 0.5, lead, _INIT_DEVICE_FRAMES, "ValueError", message))
-    core(t["device"], "gpu_worker.py:378", "Using V2 Model Runner", proc=lead)
-    for proc in workers:
-        core(t["load"], "model_runner.py:284", "Loading model from scratch...", proc=proc)
-    if stage is not None and stage[0] == "crash":
-        return fail_script(_engine_failure(t["load"] + 0.3, lead, _FLASHINFER_FRAMES, "ModuleNotFoundError",
-                                           "No module named 'flashinfer'"))
-    core(t["load"], "cuda.py:482", "Using FLASH_ATTN attention backend out of potential backends: "
-         "['FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION'].", proc=lead)
-    if stage is not None and stage[0] == "load":
-        return fail_script(_engine_failure(t["loaded"], lead, _LOAD_FRAMES, stage[1], stage[2]))
-    weights_s = max(0.05, mem.weights / _LOAD_GIB_PER_S)
-    core(t["loaded"], "default_loader.py:430", f"Loading weights took {weights_s:.2f} seconds", proc=lead)
-    for rank, proc in enumerate(workers):
-        load_s = weights_s + _LOAD_FIXED_S + 0.07 * rank
-        core(t["loaded"], "model_runner.py:305", f"Model loading took {format_gib(mem.weights)} GiB and "
-             f"{load_s:.6f} seconds", proc=proc)
-    if stage is not None and stage[0] == "hang":
-        return StartupScript(recs, [], False, None, t["loaded"])
+    def core(self, at: float, src: str, msg: str, level: str = "INFO", proc: str = "EngineCore") -> None:
+        self.recs.append(LogRecord(at, proc, level, src, msg))
 
-    # --- profile, compile, KV cache -----------------------------------------------------------
-    compile_s = _COMPILE_FRACTION * span
-    if not eager:
-        core(t["dynamo"], "backends.py:1094", "Using cache directory: /root/.cache/vllm/torch_compile_cache/"
-             "0c5e1a7b3d/rank_0_0/backbone for vLLM's torch.compile", proc=lead)
-        core(t["dynamo"], "backends.py:1155", f"Dynamo bytecode transform time: {0.285 * compile_s:.2f} s", proc=lead)
-        core(t["compiled"], "backends.py:393", f"Compiling a graph for compile range (1, "
-             f"{config.max_num_batched_tokens}) takes {0.597 * compile_s:.2f} s", proc=lead)
-        verb = "took" if vt >= (0, 18) else "takes"
-        core(t["compiled"], "monitor.py:53", f"torch.compile {verb} {compile_s:.2f} s in total", proc=lead)
-        core(t["compiled"], "monitor.py:81", "Initial profiling/warmup run took 0.16 s", proc=lead)
-    kv_gib = mem.kv_cache
-    need_gib = math.ceil(config.max_model_len / plan.block_size) * plan.block_size * plan.kv_bytes_per_token / _GIB
-    if stage is not None and stage[0] == "kv_too_small":  # forced: pretend half of one max-len request fits
-        kv_gib = need_gib / 2
-    if config.kv_cache_memory_bytes is not None:
-        core(t["kv"], "gpu_worker.py:521", f"Initial free memory {format_gib(free_gib)} GiB, reserved "
-             f"{format_gib(config.kv_cache_memory_bytes / _GIB)} GiB memory for KV Cache as specified by "
-             "kv_cache_memory_bytes config and skipped memory profiling. This does not respect the "
-             "gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual control "
-             "of KV cache memory size. If OOM'ed, check the difference of initial free memory between the current "
-             "run and the previous run where kv_cache_memory_bytes is suggested and update it correspondingly.",
-             proc=lead)
-    else:
-        core(t["kv"], "gpu_worker.py:560", f"Available KV cache memory: {format_gib(kv_gib)} GiB", proc=lead)
-    if stage is not None and stage[0] == "kv_too_small":
-        est = int(kv_gib * _GIB // (plan.kv_bytes_per_token * plan.block_size)) * plan.block_size
-        message = (f"To serve at least one request with the model's max seq len ({config.max_model_len}), "
-                   f"({format_gib(need_gib)} GiB KV cache is needed, which is larger than the available KV cache "
-                   f"memory ({format_gib(kv_gib)} GiB). Based on the available memory, the estimated maximum model "
-                   f"length is {est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
-                   f"initializing the engine. See {_DOCS} for more details.")
-        return fail_script(_engine_failure(t["kv"], "EngineCore", _KV_FRAMES, "ValueError", message))
-    if stage is not None and stage[0] == "kv":
-        return fail_script(_engine_failure(t["kv"], "EngineCore", _KV_FRAMES, stage[1], stage[2]))
-    if config.num_gpu_blocks_override is not None:
-        computed = int(max(mem.kv_cache, 0.0) * _GIB // (plan.kv_bytes_per_token * plan.block_size))
-        core(t["kv"], "kv_cache_utils.py:2115", f"Overriding num_gpu_blocks={computed} with "
-             f"num_gpu_blocks_override={config.num_gpu_blocks_override}")
-    size = f"GPU KV cache size: {_thousands(plan.kv_cache_tokens)} tokens"
-    conc = (f"Maximum concurrency for {_thousands(config.max_model_len)} tokens per request: "
-            f"{plan.max_concurrency:.2f}x")
-    if vt >= (0, 29):
-        core(t["kv"], "kv_cache_utils.py:2177", f"{size}, {conc}")
-    else:
-        core(t["kv"], "kv_cache_utils.py:2177", size)
-        core(t["kv"], "kv_cache_utils.py:2178", conc)
+    def fail_script(self, records: list[LogRecord]) -> StartupScript:
+        return StartupScript(self.recs + records, [], False, 1, records[-1].at_s if records else 0.0)
 
-    # --- CUDA graphs, memory summary, done ----------------------------------------------------
-    sizes = list(config.cudagraph_capture_sizes)
-    if not eager and sizes:
-        full = [s for s in sizes if s <= config.max_num_seqs]
-        n_pw, n_full = len(sizes), len(full)
-        if stage is not None and stage[0] in ("cudagraph_oom",):
-            recs.append(LogRecord(t["kv"] + 0.2, lead, "", "",
-                                  f"Capturing CUDA graphs (PIECEWISE):  40%|████      | {int(n_pw * 0.4)}/{n_pw} "
-                                  "[00:00<00:00, 31.20it/s]"))
-            message = stage[2] if stage[2] else _cuda_oom_text(mem, gpu, 20.0)
-            return fail_script(_engine_failure(t["kv"] + 0.4, lead, _CAPTURE_FRAMES, "torch.OutOfMemoryError", message))
-        recs.append(LogRecord(t["captured"], lead, "", "",
-                              f"Capturing CUDA graphs (PIECEWISE): 100%|██████████| {n_pw}/{n_pw} [00:00<00:00, 37.46it/s]"))
-        recs.append(LogRecord(t["captured"], lead, "", "",
-                              f"Capturing CUDA graphs (FULL): 100%|██████████| {n_full}/{n_full} [00:00<00:00, 56.05it/s]"))
-        capture_s = max(1, round(0.02 * span))
-        for proc in workers:
-            core(t["captured"], "model_runner.py:747",
-                 f"Graph capturing finished in {capture_s:.0f} secs, took {mem.cudagraph:.2f} GiB", proc=proc)
-    elif stage is not None and stage[0] == "cudagraph_oom":  # eager has no graphs: OOM in the sampler warm-up
-        n = min(config.max_num_seqs, config.max_num_batched_tokens)
-        return fail_script(_engine_failure(t["kv"] + 0.2, lead, _CAPTURE_FRAMES[:4], "RuntimeError",
-                                           f"CUDA out of memory occurred when warming up sampler with {n} dummy "
-                                           "requests. Please try lowering `max_num_seqs` or `gpu_memory_utilization` "
-                                           "when initializing the engine."))
-    if config.kv_cache_memory_bytes is None:
-        used = mem.weights + mem.activation_peak + mem.non_torch + mem.cudagraph
-        fit = int(mem.budget * _GIB - used * _GIB - 150 * _MIB)
-        full_use = int(free_gib * _GIB - used * _GIB - 150 * _MIB)
-        for proc in workers:
-            core(t["captured"], "gpu_worker.py:857",
-                 f"Free memory on device ({format_gib(free_gib)}/{format_gib(mem.total)} GiB) on startup. Desired GPU "
-                 f"memory utilization is ({util}, {format_gib(mem.budget)} GiB). Actual usage is "
-                 f"{format_gib(mem.weights)} GiB for weight, {format_gib(mem.activation_peak)} GiB for peak activation, "
-                 f"{format_gib(mem.non_torch)} GiB for non-torch memory, and {format_gib(mem.cudagraph)} GiB for "
-                 f"CUDAGraph memory. Replace gpu_memory_utilization config with `--kv-cache-memory={fit}` "
-                 f"({format_gib(fit / _GIB)} GiB) to fit into requested memory, or `--kv-cache-memory={full_use}` "
-                 f"({format_gib(full_use / _GIB)} GiB) to fully utilize gpu memory. Current kv cache memory in use "
-                 f"is {format_gib(mem.kv_cache)} GiB.", proc=proc)
-    init_s = (_INIT_FRACTION_EAGER if eager else _INIT_FRACTION_COMPILED) * span
-    if vt < (0, 20):
-        done = f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds"
-    elif eager:
-        done = f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} s"
-    else:
-        done = f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} s (compilation: {compile_s:.2f} s)"
-    core(t["done"], "core.py:347" if eager else "core.py:340", done)
+    def _stage_is(self, *names: str) -> bool:
+        return self.stage is not None and self.stage[0] in names
 
-    # --- API server comes up ------------------------------------------------------------------
-    ready = t["ready"]
-    api(ready, "api_server.py:673", "Supported tasks: ['generate']")
-    api(ready, "api_server.py:677", f"Starting vLLM server on http://{_url_host(host)}:{port}")
-    api(ready, "launcher.py:37", "Available routes are:")
-    for route, methods in (("/health", "GET"), ("/load", "GET"), ("/version", "GET"), ("/metrics", "GET"),
-                           ("/v1/models", "GET"), ("/ping", "GET"), ("/v1/completions", "POST")):
-        api(ready, "launcher.py:46", f"Route: {route}, Methods: {methods}")
-    after = [LogRecord(ready, "APIServer", "", "", f"INFO:     Started server process [{api_pid}]"),
-             LogRecord(ready, "APIServer", "", "", "INFO:     Waiting for application startup."),
-             LogRecord(ready, "APIServer", "", "", "INFO:     Application startup complete.")]
-    return StartupScript(recs, after, True, None, ready)
+    def api_args(self) -> StartupScript | None:
+        """The API server: banner, args, model config, the scheduler's and compiler's choices."""
+        config, pre, api = self.config, self.pre, self.api
+        for line in _BANNER:
+            api(pre, "api_utils.py:345", line.format(version=self.version, model=self.model_ref))
+        args = non_default_args(self.model_ref, self.host, self.port, self.given)
+        api(pre, "api_utils.py:273", f"non-default args: {args}")
+        api(pre, "model.py:623", f"Resolved architecture: {self.model.architecture}")
+        api(pre, "model.py:1788", f"Using max model len {config.max_model_len}")
+        if self.stage is not None and self.stage[0] == "config":
+            return self.fail_script(_api_failure(pre + 0.5, self.stage[1], self.stage[2]))
+        if config.kv_cache_dtype.startswith("fp8"):
+            api(pre, "cache.py:226", f"Using {config.kv_cache_dtype} data type to store kv cache. It reduces the GPU "
+                "memory footprint and boosts the performance. Meanwhile, it may cause accuracy drop without a proper "
+                "scaling factor")
+        if config.enable_chunked_prefill and self.given.get("max_num_batched_tokens") is None:
+            # vLLM reports the budget it chose, so the line is absent when the flag was given (b2 log).
+            api(pre, "scheduler.py:252",
+                f"Chunked prefill is enabled with max_num_batched_tokens={config.max_num_batched_tokens}.")
+        if config.async_scheduling:
+            api(pre, "vllm.py:1109", "Asynchronous scheduling is enabled.")
+        if self.eager:
+            api(pre, "vllm.py:1163", "Enforce eager set, disabling torch.compile and CUDAGraphs. This is equivalent to "
+                "setting -cc.mode=none -cc.cudagraph_mode=none", "WARNING")
+            api(pre, "vllm.py:1392", "Cudagraph is disabled under eager mode")
+        return None
+
+
+    def device(self, held_gib: float) -> StartupScript | None:
+        """The engine core and its workers take the devices; the free memory meets the budget."""
+        config, gpu, mem, t, core, lead = self.config, self.gpu, self.mem, self.t, self.core, self.lead
+        world = self.world
+        core(t["engine"], "core.py:116", _engine_config_line(self.model_ref, self.served, self.model, config))
+        for rank, proc in enumerate(self.workers):
+            core(t["device"], "parallel_state.py:1615", f"world_size={world} rank={rank} local_rank={rank} "
+                 f"distributed_init_method=tcp://127.0.0.1:{29500 + self.port % 1000} backend=nccl", proc=proc)
+        core(t["device"], "parallel_state.py:1946", f"rank 0 in world size {world} is assigned as DP rank 0, PP rank 0, "
+             "PCP rank 0, TP rank 0, EP rank N/A, EPLB rank N/A", proc=lead)
+        # What is in use before vLLM's init snapshot: the planner's figure (planner.comm, one
+        # implementation), unless the GPU's calibration overrides it.
+        comm = self.plan.comm if self.plan.comm is not None else comm_memory(
+            gpu, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size, env=SERVETUNE_LAUNCH_ENV)
+        context_gib = comm.context_bytes / _GIB
+        if "cuda_context_gib" in gpu.calibration or "nccl_buffers_gib" in gpu.calibration:
+            context_gib = float(gpu.calibration.get("cuda_context_gib", CONTEXT_GIB_SINGLE))
+            if world > 1:
+                context_gib += float(gpu.calibration.get("nccl_buffers_gib", CONTEXT_GIB_MULTI - CONTEXT_GIB_SINGLE))
+        free_gib = mem.total - context_gib - max(0.0, held_gib)
+        util = config.gpu_memory_utilization
+        if self.stage is None and free_gib < mem.budget:
+            # vLLM's worker compares the free memory at startup with the budget (gpu_worker.py): memory
+            # other processes hold, or a utilization above what an empty GPU has after the context.
+            self.stage = ("device", "ValueError",
+                          f"Free memory on device ({format_gib(free_gib)}/{format_gib(mem.total)} GiB) on startup is "
+                          f"less than desired GPU memory utilization ({util}, {format_gib(mem.budget)} GiB). Decrease "
+                          "GPU memory utilization or reduce GPU memory used by other processes.")
+        self.free_gib = free_gib
+        if self.stage is not None and self.stage[0] in ("device", "startup_oom"):
+            if self.stage[0] == "device":
+                message = self.stage[2]
+            else:  # forced: another process holds part of the GPU, so the util budget is not free
+                free_gib = min(free_gib, mem.budget * 0.5)
+                message = (f"Free memory on device ({format_gib(free_gib)}/{format_gib(mem.total)} GiB) on startup "
+                           f"is less than desired GPU memory utilization ({util}, {format_gib(mem.budget)} GiB). "
+                           "Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+            return self.fail_script(_engine_failure(t["device"] + 0.5, lead, _INIT_DEVICE_FRAMES, "ValueError",
+                                                    message))
+        core(t["device"], "gpu_worker.py:378", "Using V2 Model Runner", proc=lead)
+        return None
+
+    def weights(self) -> StartupScript | None:
+        """Every worker loads its share of the weights."""
+        mem, t, core, lead, stage = self.mem, self.t, self.core, self.lead, self.stage
+        for proc in self.workers:
+            core(t["load"], "model_runner.py:284", "Loading model from scratch...", proc=proc)
+        if stage is not None and stage[0] == "crash":
+            return self.fail_script(_engine_failure(t["load"] + 0.3, lead, _FLASHINFER_FRAMES, "ModuleNotFoundError",
+                                                    "No module named 'flashinfer'"))
+        core(t["load"], "cuda.py:482", "Using FLASH_ATTN attention backend out of potential backends: "
+             "['FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION'].", proc=lead)
+        if stage is not None and stage[0] == "load":
+            return self.fail_script(_engine_failure(t["loaded"], lead, _LOAD_FRAMES, stage[1], stage[2]))
+        weights_s = max(0.05, mem.weights / _LOAD_GIB_PER_S)
+        core(t["loaded"], "default_loader.py:430", f"Loading weights took {weights_s:.2f} seconds", proc=lead)
+        for rank, proc in enumerate(self.workers):
+            load_s = weights_s + _LOAD_FIXED_S + 0.07 * rank
+            core(t["loaded"], "model_runner.py:305", f"Model loading took {format_gib(mem.weights)} GiB and "
+                 f"{load_s:.6f} seconds", proc=proc)
+        if stage is not None and stage[0] == "hang":
+            return StartupScript(self.recs, [], False, None, t["loaded"])
+        return None
+
+    def kv_cache(self) -> StartupScript | None:
+        """torch.compile (unless eager), the profile run, and the KV cache it leaves room for."""
+        config, plan, mem, t, core, lead, stage = self.config, self.plan, self.mem, self.t, self.core, self.lead, self.stage
+        compile_s = self.compile_s
+        if not self.eager:
+            core(t["dynamo"], "backends.py:1094", "Using cache directory: /root/.cache/vllm/torch_compile_cache/"
+                 "0c5e1a7b3d/rank_0_0/backbone for vLLM's torch.compile", proc=lead)
+            core(t["dynamo"], "backends.py:1155", f"Dynamo bytecode transform time: {0.285 * compile_s:.2f} s",
+                 proc=lead)
+            core(t["compiled"], "backends.py:393", f"Compiling a graph for compile range (1, "
+                 f"{config.max_num_batched_tokens}) takes {0.597 * compile_s:.2f} s", proc=lead)
+            verb = "took" if self.vt >= (0, 18) else "takes"
+            core(t["compiled"], "monitor.py:53", f"torch.compile {verb} {compile_s:.2f} s in total", proc=lead)
+            core(t["compiled"], "monitor.py:81", "Initial profiling/warmup run took 0.16 s", proc=lead)
+        kv_gib = mem.kv_cache
+        need_gib = math.ceil(config.max_model_len / plan.block_size) * plan.block_size * plan.kv_bytes_per_token / _GIB
+        if stage is not None and stage[0] == "kv_too_small":  # forced: pretend half of one max-len request fits
+            kv_gib = need_gib / 2
+        if config.kv_cache_memory_bytes is not None:
+            core(t["kv"], "gpu_worker.py:521", f"Initial free memory {format_gib(self.free_gib)} GiB, reserved "
+                 f"{format_gib(config.kv_cache_memory_bytes / _GIB)} GiB memory for KV Cache as specified by "
+                 "kv_cache_memory_bytes config and skipped memory profiling. This does not respect the "
+                 "gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual control "
+                 "of KV cache memory size. If OOM'ed, check the difference of initial free memory between the current "
+                 "run and the previous run where kv_cache_memory_bytes is suggested and update it correspondingly.",
+                 proc=lead)
+        else:
+            core(t["kv"], "gpu_worker.py:560", f"Available KV cache memory: {format_gib(kv_gib)} GiB", proc=lead)
+        if stage is not None and stage[0] == "kv_too_small":
+            est = int(kv_gib * _GIB // (plan.kv_bytes_per_token * plan.block_size)) * plan.block_size
+            message = (f"To serve at least one request with the model's max seq len ({config.max_model_len}), "
+                       f"({format_gib(need_gib)} GiB KV cache is needed, which is larger than the available KV cache "
+                       f"memory ({format_gib(kv_gib)} GiB). Based on the available memory, the estimated maximum model "
+                       f"length is {est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+                       f"initializing the engine. See {_DOCS} for more details.")
+            return self.fail_script(_engine_failure(t["kv"], "EngineCore", _KV_FRAMES, "ValueError", message))
+        if stage is not None and stage[0] == "kv":
+            return self.fail_script(_engine_failure(t["kv"], "EngineCore", _KV_FRAMES, stage[1], stage[2]))
+        if config.num_gpu_blocks_override is not None:
+            computed = int(max(mem.kv_cache, 0.0) * _GIB // (plan.kv_bytes_per_token * plan.block_size))
+            core(t["kv"], "kv_cache_utils.py:2115", f"Overriding num_gpu_blocks={computed} with "
+                 f"num_gpu_blocks_override={config.num_gpu_blocks_override}")
+        size = f"GPU KV cache size: {_thousands(plan.kv_cache_tokens)} tokens"
+        conc = (f"Maximum concurrency for {_thousands(config.max_model_len)} tokens per request: "
+                f"{plan.max_concurrency:.2f}x")
+        if self.vt >= (0, 29):
+            core(t["kv"], "kv_cache_utils.py:2177", f"{size}, {conc}")
+        else:
+            core(t["kv"], "kv_cache_utils.py:2177", size)
+            core(t["kv"], "kv_cache_utils.py:2178", conc)
+        return None
+
+    def cuda_graphs(self) -> StartupScript | None:
+        """CUDA-graph capture (none under eager), where a forced or planned graph OOM ends the start."""
+        config, mem, t, lead, stage = self.config, self.mem, self.t, self.lead, self.stage
+        sizes = list(config.cudagraph_capture_sizes)
+        if not self.eager and sizes:
+            full = [s for s in sizes if s <= config.max_num_seqs]
+            n_pw, n_full = len(sizes), len(full)
+            if stage is not None and stage[0] in ("cudagraph_oom",):
+                self.recs.append(LogRecord(t["kv"] + 0.2, lead, "", "",
+                                           f"Capturing CUDA graphs (PIECEWISE):  40%|████      | "
+                                           f"{int(n_pw * 0.4)}/{n_pw} [00:00<00:00, 31.20it/s]"))
+                message = stage[2] if stage[2] else _cuda_oom_text(mem, self.gpu, 20.0)
+                return self.fail_script(_engine_failure(t["kv"] + 0.4, lead, _CAPTURE_FRAMES,
+                                                        "torch.OutOfMemoryError", message))
+            self.recs.append(LogRecord(t["captured"], lead, "", "", f"Capturing CUDA graphs (PIECEWISE): "
+                                       f"100%|██████████| {n_pw}/{n_pw} [00:00<00:00, 37.46it/s]"))
+            self.recs.append(LogRecord(t["captured"], lead, "", "", f"Capturing CUDA graphs (FULL): "
+                                       f"100%|██████████| {n_full}/{n_full} [00:00<00:00, 56.05it/s]"))
+            capture_s = max(1, round(0.02 * self.span))
+            for proc in self.workers:
+                self.core(t["captured"], "model_runner.py:747",
+                          f"Graph capturing finished in {capture_s:.0f} secs, took {mem.cudagraph:.2f} GiB", proc=proc)
+        elif stage is not None and stage[0] == "cudagraph_oom":  # eager has no graphs: OOM in the sampler warm-up
+            n = min(config.max_num_seqs, config.max_num_batched_tokens)
+            return self.fail_script(_engine_failure(t["kv"] + 0.2, lead, _CAPTURE_FRAMES[:4], "RuntimeError",
+                                                    f"CUDA out of memory occurred when warming up sampler with {n} "
+                                                    "dummy requests. Please try lowering `max_num_seqs` or "
+                                                    "`gpu_memory_utilization` when initializing the engine."))
+        return None
+
+    def memory_summary(self) -> None:
+        """Each worker's memory summary (not with kv_cache_memory_bytes), then "init engine ... took"."""
+        config, mem, t, free_gib = self.config, self.mem, self.t, self.free_gib
+        util = config.gpu_memory_utilization
+        if config.kv_cache_memory_bytes is None:
+            used = mem.weights + mem.activation_peak + mem.non_torch + mem.cudagraph
+            fit = int(mem.budget * _GIB - used * _GIB - 150 * _MIB)
+            full_use = int(free_gib * _GIB - used * _GIB - 150 * _MIB)
+            for proc in self.workers:
+                self.core(t["captured"], "gpu_worker.py:857",
+                          f"Free memory on device ({format_gib(free_gib)}/{format_gib(mem.total)} GiB) on startup. "
+                          f"Desired GPU memory utilization is ({util}, {format_gib(mem.budget)} GiB). Actual usage is "
+                          f"{format_gib(mem.weights)} GiB for weight, {format_gib(mem.activation_peak)} GiB for peak "
+                          f"activation, {format_gib(mem.non_torch)} GiB for non-torch memory, and "
+                          f"{format_gib(mem.cudagraph)} GiB for CUDAGraph memory. Replace gpu_memory_utilization config "
+                          f"with `--kv-cache-memory={fit}` ({format_gib(fit / _GIB)} GiB) to fit into requested memory, "
+                          f"or `--kv-cache-memory={full_use}` ({format_gib(full_use / _GIB)} GiB) to fully utilize gpu "
+                          f"memory. Current kv cache memory in use is {format_gib(mem.kv_cache)} GiB.", proc=proc)
+        init_s = (_INIT_FRACTION_EAGER if self.eager else _INIT_FRACTION_COMPILED) * self.span
+        if self.vt < (0, 20):
+            done = f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} seconds"
+        elif self.eager:
+            done = f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} s"
+        else:
+            done = (f"init engine (profile, create kv cache, warmup model) took {init_s:.2f} s "
+                    f"(compilation: {self.compile_s:.2f} s)")
+        self.core(t["done"], "core.py:347" if self.eager else "core.py:340", done)
+
+    def ready(self, api_pid: int) -> StartupScript:
+        """The API server comes up: routes, then uvicorn's lines once the socket listens."""
+        ready = self.t["ready"]
+        api = self.api
+        api(ready, "api_server.py:673", "Supported tasks: ['generate']")
+        api(ready, "api_server.py:677", f"Starting vLLM server on http://{_url_host(self.host)}:{self.port}")
+        api(ready, "launcher.py:37", "Available routes are:")
+        for route, methods in (("/health", "GET"), ("/load", "GET"), ("/version", "GET"), ("/metrics", "GET"),
+                               ("/v1/models", "GET"), ("/ping", "GET"), ("/v1/completions", "POST")):
+            api(ready, "launcher.py:46", f"Route: {route}, Methods: {methods}")
+        after = [LogRecord(ready, "APIServer", "", "", f"INFO:     Started server process [{api_pid}]"),
+                 LogRecord(ready, "APIServer", "", "", "INFO:     Waiting for application startup."),
+                 LogRecord(ready, "APIServer", "", "", "INFO:     Application startup complete.")]
+        return StartupScript(self.recs, after, True, None, ready)
+
+
+def startup_log_text(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, plan: MemoryPlan) -> str:
+    """vLLM's startup log of a simulated trial, rendered (the stand-in server writes the same records),
+    so log parsers read simulated trials like real ones."""
+    script = startup_script(model, gpu, config, plan, model_ref=model.name, served_model_name=model.name,
+                            host="127.0.0.1", port=8000, given_flags={}, api_pid=0)
+    pids = {"APIServer": 0, "EngineCore": 1}
+    for i, proc in enumerate(worker_procs(config)):
+        pids.setdefault(proc, 2 + i)
+    when = datetime.datetime(2026, 1, 1)
+    return "".join(format_record(r, pids, when) + "\n" for r in (*script.before_listen, *script.after_listen))
+
+
+def run_log_text(prompt_tokens: int, generation_tokens: int, elapsed_s: float, preemptions: int, kv_usage_peak: float,
+                 hit_rate_pct: float, *, seed: int, steps: int, completed: int | None, duration_s: float,
+                 output_throughput: float) -> str:
+    """One vLLM-style stats line for a whole simulated run, plus a simulator summary line."""
+    dur = max(duration_s, 1e-9)
+    line = (f"(APIServer pid=0) INFO 01-01 00:00:10 [loggers.py:1] Engine 000: Avg prompt throughput: "
+            f"{prompt_tokens / max(elapsed_s, 1e-9):.1f} tokens/s, Avg generation throughput: "
+            f"{generation_tokens / max(elapsed_s, 1e-9):.1f} tokens/s, Running: 0 reqs, Waiting: 0 reqs, ")
+    if preemptions:
+        line += f"Preemptions: {preemptions}, "
+    line += f"GPU KV cache usage: {100 * kv_usage_peak:.1f}%, Prefix cache hit rate: {hit_rate_pct:.1f}%"
+    summary = (f"servetune-sim: seed={seed} steps={steps} completed={completed} "
+               f"duration={dur:.3f}s output_throughput={output_throughput:.1f} tok/s "
+               f"preemptions={preemptions}")
+    return line + "\n" + summary + "\n"
 
 
 def _url_host(host: str) -> str:

@@ -1,0 +1,353 @@
+"""How a flag set resolves: every engine flag vLLM would pick by itself, for one version, model and GPU.
+
+:func:`resolve_engine_config` turns the flags a trial sets into an :class:`EngineConfig` with
+every value vLLM would pick by itself for that version, model and GPU (usage-context batch
+defaults by GPU memory tier, ``gpu_memory_utilization`` 0.9 / 0.92, ``max_model_len`` from the
+config, the CUDA-graph capture sizes). Combinations vLLM refuses at startup raise
+:class:`~servetune.errors.SpecError` naming the flag, with vLLM's own message. Pure, no I/O.
+:func:`compile_key` says which resolved configurations share a node's compile cache. What differs
+between vLLM versions comes from :func:`servetune.planner.vllm_rules.memory_rules`.
+
+Example:
+    >>> from servetune.planner.gpus import get_gpu
+    >>> from servetune.planner.modelinfo import load_model
+    >>> cfg = resolve_engine_config({"gpu_memory_utilization": 0.5, "max_num_seqs": 64},
+    ...                             load_model("servetune-test-850m"), get_gpu("H200"))
+    >>> cfg.max_num_batched_tokens, cfg.cudagraph_capture_sizes[-3:]
+    (8192, (112, 120, 128))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from servetune.errors import SpecError
+from servetune.planner.flags import validate_flags
+from servetune.planner.gpus import GpuSpec
+from servetune.planner.modelinfo import ModelProfile
+from servetune.planner.vllm_rules import VllmMemoryRules, memory_rules, parse_vllm_version
+from servetune.vllm_version import DEFAULT_VLLM_VERSION, Version
+
+__all__ = ["EngineConfig", "resolve_engine_config", "batch_defaults", "capture_sizes_for", "compile_key"]
+
+
+def batch_defaults(gpu: GpuSpec, v: Version) -> tuple[int, int]:
+    """``vllm serve`` usage-context defaults ``(max_num_batched_tokens, max_num_seqs)`` for the GPU.
+
+    ``EngineArgs.get_batch_defaults``: ≥160 GiB (0.29+) 16384/1024; ≥70 GiB and not A100/GB10
+    8192/1024; otherwise 2048/256.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> batch_defaults(get_gpu("H200"), (0, 26, 0)), batch_defaults(get_gpu("A100-80GB"), (0, 26, 0))
+        ((8192, 1024), (2048, 256))
+    """
+    name = gpu.name.lower()
+    if memory_rules(v).large_gpu_batch_tier and gpu.memory_gib >= 160:
+        return 16384, 1024
+    if gpu.memory_gib >= 70 and "a100" not in name and "gb10" not in name:
+        return 8192, 1024
+    return 2048, 256
+
+
+# ============================================================================ EngineConfig
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Every engine flag resolved the way vLLM resolves it for one version, model and GPU.
+
+    ``dtype`` and ``quantization`` (after ``vllm_version``) are servetune additions: the
+    ``--dtype`` / ``--quantization`` flags, ``"auto"`` / ``None`` when not set.
+    """
+
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None
+    num_gpu_blocks_override: int | None
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    enforce_eager: bool
+    cudagraph_capture_sizes: tuple[int, ...]  # ascending; () under enforce_eager
+    kv_cache_dtype: str
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    block_size: int
+    long_prefill_token_threshold: int
+    scheduling_policy: str
+    async_scheduling: bool
+    vllm_version: str
+    dtype: str = "auto"
+    quantization: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def version(self) -> Version:
+        return parse_vllm_version(self.vllm_version)
+
+    @property
+    def rules(self) -> VllmMemoryRules:
+        """What this config's vLLM version does at startup (:func:`~servetune.planner.vllm_rules.memory_rules`)."""
+        return memory_rules(self.version)
+
+    @property
+    def max_cudagraph_capture_size(self) -> int:
+        return self.cudagraph_capture_sizes[-1] if self.cudagraph_capture_sizes else 0
+
+    @property
+    def full_cudagraph_sizes(self) -> tuple[int, ...]:
+        """Sizes that also get a FULL decode graph (FULL_AND_PIECEWISE: 1 <= size <= max_num_seqs)."""
+        return tuple(s for s in self.cudagraph_capture_sizes if s <= self.max_num_seqs)
+
+    @property
+    def num_cudagraphs(self) -> int:
+        """PIECEWISE graphs (one per size) plus FULL decode graphs: the log's "19 + 11"."""
+        return len(self.cudagraph_capture_sizes) + len(self.full_cudagraph_sizes)
+
+    def as_flags(self) -> dict[str, Any]:
+        """vLLM flag names -> values, what ``vllm serve`` would be given to start exactly this engine.
+
+        Example:
+            >>> from servetune.planner.gpus import get_gpu
+            >>> from servetune.planner.modelinfo import load_model
+            >>> c = resolve_engine_config({"enforce_eager": True}, load_model("llama-3.1-8b"), get_gpu("L40S"))
+            >>> c.as_flags()["max_num_batched_tokens"], "cudagraph_capture_sizes" in c.as_flags()
+            (2048, False)
+        """
+        out: dict[str, Any] = {
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": self.max_model_len,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "enforce_eager": self.enforce_eager,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "enable_chunked_prefill": self.enable_chunked_prefill,
+            "block_size": self.block_size,
+            "long_prefill_token_threshold": self.long_prefill_token_threshold,
+            "scheduling_policy": self.scheduling_policy,
+            "async_scheduling": self.async_scheduling,
+        }
+        if self.kv_cache_memory_bytes is not None:
+            out["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        if self.num_gpu_blocks_override is not None:
+            out["num_gpu_blocks_override"] = self.num_gpu_blocks_override
+        if not self.enforce_eager:
+            out["cudagraph_capture_sizes"] = list(self.cudagraph_capture_sizes)
+        if self.dtype != "auto":
+            out["dtype"] = self.dtype
+        if self.quantization is not None:
+            out["quantization"] = self.quantization
+        return out
+
+
+def capture_sizes_for(v: Version, *, max_num_seqs: int, max_num_batched_tokens: int,
+                      user_sizes: list[int] | None = None, user_max: int | None = None,
+                      blackwell: bool = False) -> tuple[int, ...]:
+    """vLLM's CUDA-graph capture sizes (``config/vllm.py: _set_cudagraph_sizes``), ascending.
+
+    0.11: ``[1, 2, 4] + range(8, N+1, 8)`` with ``N = min(2*max_num_seqs, 512)``. ≥0.13: step 8 to
+    248, then step 16 from 256, capped at ``min(max_num_batched_tokens, max_cg)``; ≥0.25 appends
+    ``max_num_batched_tokens`` when ≤ the cap; ≥0.33 appends ``max_num_seqs`` likewise. User lists
+    are kept as given, filtered to ``≤ max_num_batched_tokens``.
+
+    Example:
+        >>> s = capture_sizes_for((0, 26, 0), max_num_seqs=64, max_num_batched_tokens=8192)
+        >>> len(s), s[:5], s[-1]
+        (19, (1, 2, 4, 8, 16), 128)
+    """
+    if user_sizes:
+        sizes = sorted({s for s in user_sizes if s <= max_num_batched_tokens})
+        if not sizes:
+            raise SpecError("cudagraph_capture_sizes",
+                            f"every size exceeds max_num_batched_tokens ({max_num_batched_tokens})",
+                            "use capture sizes <= max_num_batched_tokens")
+        if user_max is not None and user_max != sizes[-1]:
+            raise SpecError("max_cudagraph_capture_size",
+                            f"customized max_cudagraph_capture_size(={user_max}) should be consistent with "
+                            f"the max value of cudagraph_capture_sizes(={sizes[-1]})",
+                            "set only one of the two, or make them agree")
+        return tuple(sizes)
+    rules = memory_rules(v)
+    if rules.capture_step8_only:  # --cuda-graph-sizes: one value N -> step 8 all the way
+        n = user_max if user_max is not None else min(max_num_seqs * 2, 512)
+        sizes = [s for s in (1, 2, 4) if s <= n] + list(range(8, n + 1, 8))
+        return tuple(s for s in sizes if s <= max_num_batched_tokens)
+    cap = rules.blackwell_capture_cap if blackwell else 512
+    max_cg = user_max if user_max is not None else min(max_num_seqs * 2, cap)  # decode_query_len = 1
+    max_cg = min(max_num_batched_tokens, max_cg)
+    sizes = [s for s in (1, 2, 4) if s <= max_cg]
+    sizes += list(range(8, min(max_cg + 1, 256), 8)) + list(range(256, max_cg + 1, 16))
+    if rules.capture_adds_token_budget and max_num_batched_tokens <= max_cg and max_num_batched_tokens not in sizes:
+        sizes.append(max_num_batched_tokens)
+    if rules.capture_adds_max_num_seqs and max_num_seqs <= max_cg and max_num_seqs not in sizes:
+        sizes.append(max_num_seqs)
+    return tuple(sorted(sizes))
+
+
+def _check_parallel(model: ModelProfile, tp: int, pp: int) -> None:
+    if model.num_attention_heads % tp:
+        raise SpecError("tensor_parallel_size",
+                        f"Total number of attention heads ({model.num_attention_heads}) must be divisible by "
+                        f"tensor parallel size ({tp}).",
+                        f"use a tensor_parallel_size that divides {model.num_attention_heads}")
+    kv = model.num_kv_heads
+    if kv >= tp and kv % tp:
+        raise SpecError("tensor_parallel_size", f"{kv} is not divisible by {tp} (KV heads vs tensor parallel size)",
+                        f"use a tensor_parallel_size that divides the {kv} KV heads")
+    if kv < tp and tp % kv:
+        raise SpecError("tensor_parallel_size", f"{tp} is not divisible by {kv} (tensor parallel size vs KV heads)",
+                        f"use a multiple of the {kv} KV heads")
+    if pp > model.num_layers:
+        raise SpecError("pipeline_parallel_size",
+                        f"{pp} pipeline stages for {model.num_layers} layers leaves a stage without layers",
+                        f"use pipeline_parallel_size <= {model.num_layers}")
+
+
+def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: GpuSpec,
+                          vllm_version: str = DEFAULT_VLLM_VERSION) -> EngineConfig:
+    """Resolve every engine flag as ``vllm serve`` would; SpecError (naming the flag) on what vLLM refuses.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> c = resolve_engine_config({}, load_model("llama-3.1-8b"), get_gpu("H100-80GB"))
+        >>> c.gpu_memory_utilization, c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len
+        (0.92, 1024, 8192, 131072)
+        >>> resolve_engine_config({"tensor_parallel_size": 3}, load_model("llama-3.1-8b"), get_gpu("H100-80GB"))
+        Traceback (most recent call last):
+        ...
+        servetune.errors.SpecError: tensor_parallel_size: Total number of attention heads (32) must be divisible by tensor parallel size (3). (fix: use a tensor_parallel_size that divides 32)
+    """
+    v = parse_vllm_version(vllm_version)
+    rules = memory_rules(v)
+    # None means "not set" (vLLM's own default), as in a flag set with optional entries.
+    f = validate_flags({k: val for k, val in flags.items() if val is not None})
+    tp = int(f.get("tensor_parallel_size", 1))
+    pp = int(f.get("pipeline_parallel_size", 1))
+    _check_parallel(model, tp, pp)
+
+    limit = model.max_model_len_limit
+    max_model_len = int(f.get("max_model_len") or limit)
+    if max_model_len > limit:
+        raise SpecError("max_model_len",
+                        f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
+                        f"(max_position_embeddings={limit} in model's config.json). To allow overriding this "
+                        "maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.",
+                        f"use max_model_len <= {limit}")
+
+    chunked = bool(f.get("enable_chunked_prefill", True))
+    default_tokens, default_seqs = batch_defaults(gpu, v)
+    user_tokens = f.get("max_num_batched_tokens")
+    user_seqs = f.get("max_num_seqs")
+    if user_tokens is not None:
+        max_num_batched_tokens = int(user_tokens)
+    else:
+        max_num_batched_tokens = default_tokens if chunked else max(max_model_len, default_tokens)
+        # vLLM caps the *default* at what max_num_seqs sequences of max_model_len could use.
+        max_num_batched_tokens = min(max_num_batched_tokens, int(user_seqs or default_seqs) * max_model_len)
+    max_num_seqs = int(user_seqs) if user_seqs is not None else min(default_seqs, max_num_batched_tokens)
+    if max_num_batched_tokens < max_num_seqs:
+        raise SpecError("max_num_batched_tokens",
+                        f"max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal to "
+                        f"max_num_seqs ({max_num_seqs}).",
+                        f"raise max_num_batched_tokens to >= {max_num_seqs} or lower max_num_seqs")
+    if not chunked and max_num_batched_tokens < max_model_len:
+        raise SpecError("max_num_batched_tokens",
+                        f"max_num_batched_tokens ({max_num_batched_tokens}) is smaller than max_model_len "
+                        f"({max_model_len}). This effectively limits the maximum sequence length to "
+                        "max_num_batched_tokens and makes vLLM reject longer sequences. Please increase "
+                        "max_num_batched_tokens or decrease max_model_len.",
+                        "enable chunked prefill, or set max_num_batched_tokens >= max_model_len")
+
+    enforce_eager = bool(f.get("enforce_eager", False))
+    if enforce_eager:
+        sizes: tuple[int, ...] = ()
+    else:
+        sizes = capture_sizes_for(v, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                  user_sizes=f.get("cudagraph_capture_sizes"),
+                                  user_max=f.get("max_cudagraph_capture_size"),
+                                  blackwell=10.0 <= gpu.compute_capability < 11.0)
+
+    quantization = f.get("quantization")
+    if quantization is not None and model.quantization is None and quantization != "fp8":
+        raise SpecError("quantization", f"{quantization} needs a checkpoint quantized with {quantization}; "
+                        f"{model.name} has plain {model.dtype} weights",
+                        "use quantization=fp8 (online) or a pre-quantized checkpoint")
+    dtype = str(f.get("dtype", "auto"))
+    if dtype == "half":
+        dtype = "float16"
+
+    return EngineConfig(
+        gpu_memory_utilization=float(f.get("gpu_memory_utilization", rules.default_gpu_memory_utilization)),
+        kv_cache_memory_bytes=f.get("kv_cache_memory_bytes"),
+        num_gpu_blocks_override=f.get("num_gpu_blocks_override"),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
+        enforce_eager=enforce_eager,
+        cudagraph_capture_sizes=sizes,
+        kv_cache_dtype=str(f.get("kv_cache_dtype", "auto")),
+        enable_prefix_caching=bool(f.get("enable_prefix_caching", True)),
+        enable_chunked_prefill=chunked,
+        block_size=int(f.get("block_size", 16)),
+        long_prefill_token_threshold=int(f.get("long_prefill_token_threshold", 0)),
+        scheduling_policy=str(f.get("scheduling_policy", "fcfs")),
+        # Async scheduling is on by default from 0.16 where supported; vLLM turns it off with PP.
+        async_scheduling=bool(f.get("async_scheduling", rules.async_scheduling_default and pp == 1)),
+        vllm_version=".".join(map(str, v)),
+        dtype=dtype,
+        quantization=quantization,
+    )
+
+
+#: Resolved fields that size the memory budget but not the compiled graphs: vLLM's compile cache
+#: key ignores them (real H200 starts: gpu_memory_utilization 0.02 after 0.03, same max_num_seqs,
+#: hit the cache). ``max_num_seqs`` enters the key only through the CUDA-graph capture sizes it
+#: sets (which ``cudagraph_capture_sizes`` carries).
+_NOT_IN_COMPILE_KEY = frozenset({"gpu_memory_utilization", "kv_cache_memory_bytes", "num_gpu_blocks_override",
+                                 "max_num_seqs"})
+
+
+def compile_key(config: EngineConfig) -> tuple[tuple[str, Any], ...]:
+    """The part of a resolved configuration that decides whether vLLM can reuse compiled graphs on a node.
+
+    Two configurations with the same key share the node's compile cache: the second start loads
+    the graphs ("Directly load AOT compiled function"; faster, and the smaller warm activation
+    peak, see :func:`activation_peak_bytes`). The batch shape is in the key as vLLM compiles it:
+    the compile range ``(1, max_num_batched_tokens)`` and the CUDA-graph capture sizes, which
+    ``max_num_seqs`` sets up to vLLM's cap (``min(2 x max_num_seqs, 512)`` on 0.26), not
+    ``max_num_seqs`` itself. Evidence, real H200 starts on vLLM 0.26.0:
+
+    * tests/fixtures/real_h200/study_l8b: every start whose capture sizes or token budget no
+      earlier start on the host had compiled recompiled (23-27 s) and profiled the cold peak
+      (1.10 GiB at 256 x 8192 after 128 x 8192; 1.01 at 128 x 2048 after 256 x 2048), and every
+      start of a configuration compiled before loaded it and profiled the warm peak (0.88 / 0.24
+      GiB);
+    * tests/fixtures/real_h200/study_l8b_tune: max_num_seqs 512 after 256 (capture sizes up to
+      512 both) loaded the first start's graphs, same cache hash, warm peak 0.88 GiB.
+
+    A start that failed after compiling counts as compiled (the 2 x H200 grid's 0.05 x 128 after
+    the failed 0.012 x 128 profiled warm).
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, g = load_model("llama-3.1-8b"), get_gpu("H200")
+        >>> key = lambda **f: compile_key(resolve_engine_config(f, m, g))
+        >>> key(max_num_seqs=256) == key(max_num_seqs=512, gpu_memory_utilization=0.5)  # both capture up to 512
+        True
+        >>> key(max_num_seqs=128) == key(max_num_seqs=256)  # up to 256 against up to 512
+        False
+    """
+    return tuple((f.name, getattr(config, f.name)) for f in dataclasses.fields(config)
+                 if f.name not in _NOT_IN_COMPILE_KEY)

@@ -1,0 +1,162 @@
+"""What changes with the vLLM version, for startup memory: one rules object per version family.
+
+Every version check the planner makes sits here, each with its evidence, and is decided once:
+:func:`memory_rules` turns a version into a frozen :class:`VllmMemoryRules`, and the defaults, the
+profiling accounting, the KV capacity and vLLM's error texts read its fields. A new vLLM release
+that moves one of these lines is one new threshold below (and a test against its logs).
+
+Example:
+    >>> r = memory_rules((0, 26, 0))
+    >>> r.default_gpu_memory_utilization, r.v2_runner, r.subtracts_cudagraph_estimate
+    (0.92, True, False)
+    >>> memory_rules((0, 22, 0)).subtracts_cudagraph_estimate
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from servetune.errors import SpecError
+from servetune.vllm_version import VERSION_RE, Version
+
+__all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB", "MIN_VERSION", "V2_RUNNER",
+           "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING"]
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+MIN_VERSION: Version = (0, 11, 0)
+#: First version whose profiling the calibration takes from the V2 model runner (0.26, the real
+#: H200 runs); before it, the V1 runner's profile run (the published 0.11 starts).
+V2_RUNNER: Version = (0, 26, 0)
+#: First version whose V1 runner masks top-k/top-p with the Triton kernel (see the sampler
+#: constants of :mod:`servetune.planner.model_memory`).
+TRITON_TOPK_TOPP: Version = (0, 18, 0)
+#: First version whose ``memory_profiling`` (``vllm/utils/mem_utils.py``) charges the KV budget with
+#: ``total_consumed`` (the free-memory drop since the init snapshot, from mem_get_info) plus the
+#: transient peak, instead of weights + torch peak increase + non-torch growth: first seen in the
+#: 0.27.0 wheel (0.26.0 has the old sum). Everything torch allocated after the init snapshot and
+#: still holds after profiling is now charged; see
+#: :func:`servetune.planner.model_memory.persistent_runner_bytes`.
+TOTAL_CONSUMED_ACCOUNTING: Version = (0, 27, 0)
+
+
+def parse_vllm_version(version: str) -> Version:
+    """``"0.26.0"`` / ``"v0.26"`` / ``"0.26.0rc1"`` -> ``(0, 26, 0)``; SpecError for V0-era or bad text.
+
+    Example:
+        >>> parse_vllm_version("v0.13.0rc2")
+        (0, 13, 0)
+    """
+    m = VERSION_RE.fullmatch(str(version).strip())
+    if not m:
+        raise SpecError("vllm_version", f"cannot read {version!r} as a vLLM version", "write e.g. 0.26.0")
+    v = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+    if v < MIN_VERSION:
+        raise SpecError("vllm_version", f"{version} predates the V1 engine's memory profiler (0.11.0)",
+                        "use vLLM 0.11.0 or newer")
+    return v
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmMemoryRules:
+    """How one vLLM version resolves its defaults and accounts its startup memory.
+
+    Built by :func:`memory_rules`; each field names the behaviour and the version it starts at.
+    """
+
+    version: Version
+    #: ``gpu_memory_utilization``'s default: 0.9, 0.92 from 0.20 (``vllm/engine/arg_utils.py``).
+    default_gpu_memory_utilization: float
+    #: Async scheduling on by default where supported (0.16+; vLLM turns it off with PP).
+    async_scheduling_default: bool
+    #: The >= 160 GiB usage-context tier (16384 tokens / 1024 sequences), 0.29+.
+    large_gpu_batch_tier: bool
+    #: ``--cuda-graph-sizes``: one value N, step 8 all the way (before 0.13).
+    capture_step8_only: bool
+    #: The default capture cap on Blackwell (compute capability 10.x): 1024 from 0.29, else 512.
+    blackwell_capture_cap: int
+    #: The capture sizes take ``max_num_batched_tokens`` when it is under the cap (0.25+) ...
+    capture_adds_token_budget: bool
+    #: ... and ``max_num_seqs`` likewise (0.33+).
+    capture_adds_max_num_seqs: bool
+    #: The V2 model runner's profiling (0.26+): the cold-compile floor and its sampler.
+    v2_runner: bool
+    #: The V1 runner's Triton top-k/top-p (0.18-0.25), for batches of 8 rows or more.
+    triton_topk_topp: bool
+    #: 0.27+ charges ``total_consumed``, so the V2 runner's persistent sampler state too.
+    charges_persistent_runner: bool
+    #: The CUDA-graph estimate comes off the KV budget. <=0.16: no estimate at all; 0.18/0.19: only
+    #: with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (default 0); 0.20-0.25: on by default (V1
+    #: model runner). 0.26: the real H200 logs show it is NOT subtracted (69.9 - 1.59 - 0.44 - 0.22
+    #: = 67.65 ≈ the logged 67.64; no "Estimated CUDA graph memory" line): 0.26 runs the V2 model
+    #: runner, which has no profiling pass. Later versions are assumed to keep the V2 runner's
+    #: behaviour until logs say otherwise.
+    subtracts_cudagraph_estimate: bool
+    #: The budget ``total * gpu_memory_utilization`` is rounded up (0.33+), not truncated.
+    budget_rounds_up: bool
+    #: 0.33: the null block comes off the blocks a max-length sequence must fit in, and a
+    #: ``num_gpu_blocks_override`` is checked (and reported) as the KV memory it takes.
+    null_block_first: bool
+    #: KV tokens logged as ``int(max_concurrency * max_model_len)`` (0.25+), not blocks x block size.
+    kv_tokens_from_concurrency: bool
+    #: GiB printed with ``format_gib`` (round to 2, e.g. ``-0.52``) from 0.16, ``%.2f`` before.
+    gib_rounded: bool
+    #: vLLM's long error texts (docs link, CPU-backend note): the long form is what vLLM 0.26
+    #: printed on the H200 (b5_fail_u0012) and 0.33's source has; 0.11 has the short form. The
+    #: switch is placed at 0.20 (between 0.11 and 0.26; not pinned).
+    long_error_texts: bool
+
+    # -- vLLM's texts --------------------------------------------------------------------------
+
+    def gib_text(self, nbytes: float) -> str:
+        return str(round(nbytes / GiB, 2)) if self.gib_rounded else f"{nbytes / GiB:.2f}"
+
+    def no_memory_text(self) -> str:
+        if self.long_error_texts:
+            return ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                    "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, "
+                    "despite its name). See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for "
+                    "more details.")
+        return ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                "initializing the engine.")
+
+    def kv_too_small_text(self, max_model_len: int, need: int, avail: int, est: int) -> str:
+        if self.long_error_texts:
+            return (f"To serve at least one request with the model's max seq len ({max_model_len}), "
+                    f"({self.gib_text(need)} GiB KV cache is needed, which is larger than the available KV cache "
+                    f"memory ({self.gib_text(avail)} GiB). Based on the available memory, the estimated maximum "
+                    f"model length is {est}. Try increasing `gpu_memory_utilization` (which also controls CPU "
+                    "memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. See "
+                    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")
+        return (f"To serve at least one request with the models's max seq len ({max_model_len}), "
+                f"({need / GiB:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+                f"({avail / GiB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
+                f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing "
+                "the engine.")
+
+
+@functools.lru_cache(maxsize=None)
+def memory_rules(v: Version) -> VllmMemoryRules:
+    """The rules of vLLM version ``v`` (a parsed version; see :func:`parse_vllm_version`)."""
+    return VllmMemoryRules(
+        version=v,
+        default_gpu_memory_utilization=0.92 if v >= (0, 20, 0) else 0.9,
+        async_scheduling_default=v >= (0, 16, 0),
+        large_gpu_batch_tier=v >= (0, 29, 0),
+        capture_step8_only=v < (0, 13, 0),
+        blackwell_capture_cap=1024 if v >= (0, 29, 0) else 512,
+        capture_adds_token_budget=v >= (0, 25, 0),
+        capture_adds_max_num_seqs=v >= (0, 33, 0),
+        v2_runner=v >= V2_RUNNER,
+        triton_topk_topp=TRITON_TOPK_TOPP <= v < V2_RUNNER,
+        charges_persistent_runner=v >= TOTAL_CONSUMED_ACCOUNTING,
+        subtracts_cudagraph_estimate=(0, 20, 0) <= v < V2_RUNNER,
+        budget_rounds_up=v >= (0, 33, 0),
+        null_block_first=v >= (0, 33, 0),
+        kv_tokens_from_concurrency=v >= (0, 25, 0),
+        gib_rounded=v >= (0, 16, 0),
+        long_error_texts=v >= (0, 20, 0),
+    )

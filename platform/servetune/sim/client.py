@@ -1,0 +1,141 @@
+"""The load generator's side of a simulated trial: warm-up, then the measured requests, then their records.
+
+:class:`LoadClient` drives one :class:`~servetune.sim.scheduler.SimScheduler` the way ``vllm bench
+serve`` drives a server. Warm-up requests go first, up to the workload's concurrency at a time,
+and are excluded (the window opens once every one is answered). Closed loop (``concurrency``):
+that many clients each send the next request as soon as theirs completes. Timed
+(``request_rate`` or a trace): requests arrive at their ``arrival_s``, at most ``concurrency`` at
+once when that is set too. A request the engine refuses (vLLM's HTTP 400) is recorded as failed
+and frees its slot at once.
+"""
+
+from __future__ import annotations
+
+from servetune.result import RequestRecord
+from servetune.sim.scheduler import SimScheduler
+from servetune.workload import RequestSpec, Workload
+
+__all__ = ["LoadClient"]
+
+
+class LoadClient:
+    """One trial's clients against one simulated engine core.
+
+    Example:
+        >>> # client = LoadClient(sched, workload)
+        >>> # client.warm_up(); client.send_measured(); records = client.records()
+    """
+
+    def __init__(self, sched: SimScheduler, workload: Workload) -> None:
+        self.sched = sched
+        specs = workload.requests(include_warmup=True)
+        #: Warm-up requests come first in the workload's list (a trace has none).
+        self.num_warmup = workload.warmup_requests if workload.trace_file is None else 0
+        self.warm: list[RequestSpec] = specs[:self.num_warmup]
+        self.measured: list[RequestSpec] = specs[self.num_warmup:]
+        self.concurrency = workload.concurrency
+        #: When the measured window opens: the client has the warm-up's last token.
+        self.t0 = 0.0
+        #: The API server's CPU seconds spent before the window opened.
+        self.busy_at_t0 = 0.0
+        self._warm_queue = list(enumerate(self.warm))
+        self._errors: dict[int, str] = {}
+        self._arrival_of: dict[int, float] = {}
+        self._timed = bool(self.measured) and self.measured[0].arrival_s is not None
+        self._next_i = 0
+
+    def run(self) -> list[RequestRecord]:
+        """Warm up, send every measured request, and return their records (window-relative times)."""
+        self.warm_up()
+        self.send_measured()
+        return self.records()
+
+    # -- warm-up --------------------------------------------------------------------------------
+
+    def warm_up(self) -> None:
+        """Send the warm-up requests, up to the concurrency at a time, and run them to the end."""
+        sched = self.sched
+        for _ in range(min(len(self.warm), max(1, self.concurrency or len(self.warm)))):
+            self._warm_next()
+        sched.run_until_idle(self._warm_next)
+        self.t0 = max(sched.now_s, sched.api.free_s, sched.api.client_free_s)
+        self.busy_at_t0 = sched.frontend_busy_s
+
+    def _warm_next(self, _rid: str = "", now: float | None = None) -> None:
+        """Send the next warm-up request the engine accepts (at ``now``, default the engine's clock)."""
+        sched = self.sched
+        while self._warm_queue:
+            i, spec = self._warm_queue.pop(0)
+            try:
+                sched.add_request(f"warmup-{i}", spec.prompt_tokens, spec.output_tokens,
+                                  sched.now_s if now is None else now, spec.prefix_group, spec.prefix_tokens)
+                return
+            except ValueError:
+                continue
+
+    # -- the measured window --------------------------------------------------------------------
+
+    def send_measured(self) -> None:
+        """Send the measured requests: all at their arrival times (timed, no limit), else through
+        ``concurrency`` slots, each freed slot taking the next request; run to the end."""
+        limit = self.concurrency if self.concurrency else None
+        if self._timed and limit is None:
+            for i, spec in enumerate(self.measured):
+                self._send(i, self.t0 + (spec.arrival_s or 0.0))
+            self.sched.run_until_idle()
+            return
+        for _ in range(min(limit or 1, len(self.measured))):
+            self._refill(self.t0)
+        self.sched.run_until_idle(self._on_finish)
+
+    def _send(self, i: int, at: float) -> bool:
+        spec = self.measured[i]
+        rid = str(i)
+        self._arrival_of[i] = at
+        try:
+            self.sched.add_request(rid, spec.prompt_tokens, spec.output_tokens, at,
+                                   spec.prefix_group, spec.prefix_tokens)
+        except ValueError as exc:  # vLLM answers 400; the client records a failed request
+            self._errors[i] = str(exc)
+            return False
+        return True
+
+    def _refill(self, now: float) -> None:
+        """A slot is free at ``now``: send the next request (at its arrival time, when timed)."""
+        measured = self.measured
+        while self._next_i < len(measured):
+            i = self._next_i
+            self._next_i += 1
+            at = now if not self._timed else max(now, self.t0 + (measured[i].arrival_s or 0.0))
+            if self._send(i, at):
+                return  # one slot taken; a refused request frees its slot at once
+
+    def _on_finish(self, rid: str, now: float) -> None:
+        if not rid.startswith("warmup-"):
+            self._refill(now)
+
+    # -- records --------------------------------------------------------------------------------
+
+    def records(self) -> list[RequestRecord]:
+        """Each measured request as the load generator records it, times from the window's start."""
+        sched, t0, offset = self.sched, self.t0, self.num_warmup
+        ends = sched.deliver_s
+        out: list[RequestRecord] = []
+        for i, spec in enumerate(self.measured):
+            arrival = self._arrival_of.get(i, t0) - t0
+            if i in self._errors:
+                out.append(RequestRecord(i + offset, spec.prompt_tokens, 0, arrival, None, None,
+                                         error=self._errors[i]))
+                continue
+            req = sched.request(str(i))
+            times = [ends[s] - t0 for s in req.token_steps]
+            # The client sees chunks: tokens the API server merged arrive together (one ITL gap, as
+            # `vllm bench serve` records it).
+            chunks = [t for j, t in enumerate(times) if j == 0 or t != times[j - 1]]
+            gaps = tuple(b - a for a, b in zip(chunks, chunks[1:]))
+            out.append(RequestRecord(
+                request_id=i + offset, prompt_tokens=req.prompt, output_tokens=req.output, arrival_s=arrival,
+                first_token_s=times[0] if times else None,
+                finish_s=ends[req.finish_step] - t0 if req.finish_step >= 0 else None,
+                itl_s=gaps, preemptions=req.preemptions))
+        return out

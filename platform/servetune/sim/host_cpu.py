@@ -1,0 +1,55 @@
+"""What a simulated figure says about the host's CPU: the API server's share, and the host's factor.
+
+vLLM's API server is one process; from half busy the modelled CPU bounds the figure, so the
+result says so (:func:`frontend_bound_note`), and one real window gives the host's own factor
+(:func:`host_api_cpu_factor`) to simulate the rest with.
+"""
+
+from __future__ import annotations
+
+from servetune.result import TrialResult
+
+__all__ = ["FRONTEND_BOUND_SHARE", "frontend_bound_note", "host_api_cpu_factor"]
+
+#: The modelled API server's busy share of the measured window from which a simulated figure is
+#: flagged as hostage to the host's CPU. Real H200 hosts paid 1.0-2.1x the modelled CPU per streamed
+#: token (56-116 us against 54; the 2.1x in five decode-heavy 8B windows of 2026-12-02, in no fit,
+#: which ran the API server 97-100% busy), so from half busy here a slow host's API server bounds it.
+FRONTEND_BOUND_SHARE = 0.5
+
+
+def frontend_bound_note(busy: float, api_cpu_factor: float = 1.0) -> str:
+    """What a simulated result whose API server is busy ``busy`` of the window says about itself
+    (``api_cpu_factor``: the host factor it ran with, 1.0 for the calibration's hosts)."""
+    head = f"vLLM's API server (one process) was busy {100 * busy:.0f}% of the window: this figure depends "
+    if api_cpu_factor != 1.0:
+        return (head + f"on the host's CPU as much as on the GPU; it was simulated at this host's measured "
+                f"API CPU (--api-cpu-factor {api_cpu_factor:g}) and holds for hosts like it")
+    return (head + "on the host's CPU as much as on the GPU. Measured H200 hosts paid 1.1-2.2x the API CPU "
+            "modelled here over the same windows; on the slowest, decode-heavy 8B loads served up to 30% "
+            "below the simulated figure. Measure yours on one real window (host_api_cpu_factor) and pass "
+            "it as --api-cpu-factor")
+
+
+def host_api_cpu_factor(real: TrialResult, simulated: TrialResult, base: float = 1.0) -> float | None:
+    """The host's ``api_cpu_factor``: ``base`` x the real API server's CPU over the simulated one's.
+
+    ``real`` and ``simulated`` are the same flags and workload on the real engine and on the
+    simulator run with ``api_cpu_factor`` ``base``; both count ``api_server_cpu_s`` over their
+    measured window. vLLM's API server does the same work per request and per streamed token
+    whatever the host, so the ratio is what this host's CPU charges for it against the calibration:
+    a slower core, another Python build, a busier machine. None when either side lacks the figure.
+    A simulation with the factor then predicts the host's other loads (held out on the H200 hosts of
+    ``benchmarks/sim_fidelity.py --unseen``: read off one prefill-heavy window, it took the other
+    windows' throughput error from 12.5% to 8.3% on one host and from 6.1% to 5.5% on another). It
+    carries the host's level, not every load's: one host's windows ranged 1.25-2.06 around 1.39.
+
+    Example:
+        >>> from servetune.result import TrialStatus
+        >>> real = TrialResult(TrialStatus.OK, api_server_cpu_s=15.0)
+        >>> host_api_cpu_factor(real, TrialResult(TrialStatus.OK, api_server_cpu_s=10.0))
+        1.5
+    """
+    if not real.api_server_cpu_s or not simulated.api_server_cpu_s:
+        return None
+    return base * real.api_server_cpu_s / simulated.api_server_cpu_s

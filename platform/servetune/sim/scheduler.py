@@ -1,0 +1,526 @@
+"""The simulated vLLM V1 engine core: the real scheduler's decisions, in virtual time.
+
+:class:`SimScheduler` is one engine core, stepping the way vLLM's V1 core does (vllm-internals.md
+§4; 0.26 behaviour), in the same three moves: ``schedule()`` decides the batch and returns a
+frozen :class:`SchedulerOutput`; the step's duration comes from
+:class:`servetune.sim.perf.PerfModel`; ``update_from_output()`` samples the tokens, finishes
+requests and frees their blocks.
+
+* RUNNING requests first, in admission order, each taking ``total - computed`` tokens (1 for a
+  decode, the rest of the prompt for a partial prefill), capped by ``long_prefill_token_threshold``
+  and the step's token budget ``max_num_batched_tokens``.
+* A running request that cannot get the KV blocks it needs preempts the LAST running request
+  (recompute: its blocks are freed, its progress reset so prompt + generated tokens become the new
+  prefill, and it goes to the FRONT of the waiting queue); if it is itself the last, it stops the
+  running loop.
+* With async scheduling (vLLM >= 0.16, one engine stage) the scheduler forms a batch while the
+  step before it runs (``max_concurrent_batches`` 2): a request that reaches the engine core after
+  that step began waits for the batch after it, so its first token comes one step later than a
+  scheduler at the step's start would give it (``Calibration.schedule_ahead``; vLLM's own
+  ``request_prefill_time`` histograms ran about twice the simulator's before it, on every closed
+  loop of two held-out H200 hosts, ``benchmarks/ttft_split.py``).
+* WAITING requests are admitted, in order, only when nothing was preempted this step, while the
+  budget lasts and fewer than ``max_num_seqs`` run; with ``scheduler_reserve_full_isl`` (vLLM
+  >= 0.19) a request is admitted only if blocks for its whole current sequence are free.
+  Head-of-line blocking: the first one that does not fit stops admission.
+* KV blocks and the prefix cache: :class:`servetune.sim.blocks.BlockPool`; KV usage is
+  ``1 - free / (num_gpu_blocks - 1)``.
+* The step that computes the last prompt token samples the first output token (TTFT); every later
+  step that schedules a request gives it one token; requests stop at ``max_tokens`` (ignore_eos).
+
+Requests reach the engine core, and clients their tokens, through vLLM's API server loop
+(:class:`servetune.sim.frontend.ApiServer`): a request enters WAITING once its intake is done, and
+a step's tokens count as received when the loop has drained them and the load generator has read
+their chunks.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
+
+from servetune.sim.blocks import BlockPool, CacheKey
+from servetune.sim.frontend import ApiServer
+from servetune.sim.perf import PerfModel
+from servetune.sim.request import RequestState, SimRequest
+from servetune.vllm_version import version_tuple
+
+if TYPE_CHECKING:
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.engine_config import EngineConfig
+    from servetune.planner.modelinfo import ModelProfile
+
+__all__ = ["SchedulerOutput", "StepResult", "SimScheduler"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulerOutput:
+    """What ``schedule()`` decided for one step, before it runs (vLLM's ``SchedulerOutput``).
+
+    ``scheduled``: (request, tokens computed this step) in batch order; ``sampled``: the requests
+    whose whole sequence is computed by this step, so it samples one token for each;
+    ``preempted``: the requests sent back to WAITING. The work figures are
+    :meth:`servetune.sim.perf.PerfModel.step_time`'s inputs; ``prefill_*`` is the share of
+    ``kv_context`` / ``attn_work`` that prefill chunks take. ``kv_usage`` is the pool's usage
+    once the step's blocks are allocated.
+    """
+
+    step_no: int
+    scheduled: list[tuple[SimRequest, int]]
+    sampled: list[SimRequest]
+    preempted: list[SimRequest]
+    num_reqs: int
+    num_tokens: int
+    kv_context: int
+    attn_work: int
+    prefill_tokens: int
+    prefill_context: int
+    prefill_attn: int
+    kv_usage: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """What one engine step did."""
+
+    start_s: float
+    duration_s: float
+    new_tokens: dict[str, int]  # request id -> output tokens produced in this step (0/1 without spec decoding)
+    finished: list[str]
+    preempted: list[str]
+    prefill_tokens: int
+    decode_tokens: int
+
+
+class _Tally:
+    """The running sums of a batch being formed (each scheduling phase adds its own once)."""
+
+    __slots__ = ("budget", "num_reqs", "num_tokens", "kv_context", "attn_work", "prefill_tokens",
+                 "prefill_context", "prefill_attn")
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.num_reqs = self.num_tokens = self.kv_context = self.attn_work = 0
+        self.prefill_tokens = self.prefill_context = self.prefill_attn = 0
+
+
+class SimScheduler:
+    """One vLLM V1 engine core in virtual time (see the module docstring for the rules).
+
+    Example:
+        >>> # s = SimScheduler(model, gpu, config, num_gpu_blocks=1024)
+        >>> # s.add_request("r0", prompt_tokens=512, max_tokens=64, arrival_s=0.0)
+        >>> # while s.has_work(): step = s.step()
+    """
+
+    def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, num_gpu_blocks: int,
+                 seed: int = 0, perf: PerfModel | None = None) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError(f"num_gpu_blocks must be >= 2 (one is vLLM's null block), got {num_gpu_blocks}")
+        self.config = config
+        self.seed = seed  # the simulator is deterministic; kept for the contract and the log
+        self.perf = perf if perf is not None else PerfModel(model, gpu, config)
+        self.num_gpu_blocks = num_gpu_blocks
+        self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.long_prefill_threshold = config.long_prefill_token_threshold or 0
+        self.chunked_prefill = config.enable_chunked_prefill
+        self.prefix_caching = config.enable_prefix_caching
+        self.reserve_full_isl = (version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 19)
+        self.pool = BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching, config.block_size)
+        self.now_s = 0.0
+        self.num_preemptions = 0
+        self.num_steps = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.prompt_tokens_computed = 0
+        self.generation_tokens = 0
+        self.kv_usage_peak = 0.0
+        self._kv_area = 0.0  # integral of usage over time, for the time-weighted mean
+        self._kv_time = 0.0
+        self.step_end_s: list[float] = []  # end time of every step, by index
+        # When clients receive each step's tokens (NaN until the API server has delivered them).
+        self.deliver_s: list[float] = []
+        perf = self.perf
+        self.api = ApiServer(perf.request_overhead_s, perf.prompt_token_overhead_s, perf.token_overhead_s,
+                             perf.stream_prompt_token_s, perf.api_chunk_share, perf.api_intake_passes,
+                             perf.client_chunk_s, perf.api_output_slice)
+        # run_until_idle's callback: a client that received its request's last token sends the next.
+        self._on_finish: Callable[[str, float], None] | None = None
+        self._running: list[SimRequest] = []
+        self._waiting: collections.deque[SimRequest] = collections.deque()
+        self._requests: dict[str, SimRequest] = {}
+        self._next_key = 0
+        # With async scheduling vLLM's scheduler forms the next batch while the current step runs
+        # (max_concurrent_batches 2, vllm-internals.md §4.2): a request the engine core received
+        # after the running step began waits for the batch after it (PerfModel.schedule_ahead).
+        self._schedule_ahead = self.perf.schedule_ahead
+        self._step_start = 0.0  # start of the step before the one being formed
+
+    # -- public state -------------------------------------------------------------------------
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.pool.num_free / self.pool.usable
+
+    @property
+    def kv_usage_mean(self) -> float:
+        return self._kv_area / self._kv_time if self._kv_time > 0 else 0.0
+
+    @property
+    def frontend_busy_s(self) -> float:
+        """The API server's CPU seconds so far (requests in, tokens out)."""
+        return self.api.busy_s
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def running_ids(self) -> list[str]:
+        return [r.rid for r in self._running]
+
+    def waiting_ids(self) -> list[str]:
+        return [r.rid for r in self._waiting]
+
+    def request(self, request_id: str) -> SimRequest:
+        """The live state of one request (the client reads its token steps when it records it)."""
+        return self._requests[request_id]
+
+    def request_state(self, request_id: str) -> RequestState:
+        r = self._requests[request_id]
+        first = self._received(r.token_steps[0]) if r.token_steps else None
+        finish = self._received(r.finish_step) if r.finish_step >= 0 else None
+        return RequestState(r.rid, r.status, r.computed, r.output, r.nblk, r.preemptions, first, finish)
+
+    def _received(self, step_no: int) -> float | None:
+        """When clients received step ``step_no``'s tokens; None while the API server has not."""
+        t = self.deliver_s[step_no]
+        return None if math.isnan(t) else t
+
+    def token_times(self, request_id: str) -> list[float]:
+        """When the client receives each output token of the request (after the API server; NaN
+        for tokens it has not delivered yet)."""
+        ends = self.deliver_s
+        return [ends[s] for s in self._requests[request_id].token_steps]
+
+    def has_work(self) -> bool:
+        return bool(self._running or self._waiting or self.api.has_work())
+
+    # -- input --------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_tokens: int, max_tokens: int, arrival_s: float,
+                    prefix_group: int | None = None, prefix_tokens: int = 0) -> None:
+        """Queue a request; it joins WAITING at ``arrival_s`` (now, if that has passed).
+
+        ``max_tokens`` is capped so prompt + output fits ``max_model_len`` (vLLM's "length" finish);
+        a prompt of ``max_model_len`` tokens or more is refused with ``ValueError`` (vLLM's HTTP 400).
+        """
+        if request_id in self._requests:
+            raise ValueError(f"duplicate request id {request_id!r}")
+        if prompt_tokens < 1 or max_tokens < 1:
+            raise ValueError("prompt_tokens and max_tokens must be >= 1")
+        if prompt_tokens >= self.max_model_len:
+            raise ValueError(f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                             f"your prompt contains {prompt_tokens} input tokens")
+        max_tokens = min(max_tokens, self.max_model_len - prompt_tokens)
+        bs = self.block_size
+        if -(-(prompt_tokens + max_tokens) // bs) > self.pool.usable:
+            raise ValueError(f"request needs {-(-(prompt_tokens + max_tokens) // bs)} KV blocks; the cache has "
+                             f"{self.pool.usable}")
+        prefix_blocks = min(prefix_tokens, prompt_tokens) // bs if prefix_group is not None else 0
+        req = SimRequest(request_id, prompt_tokens, max_tokens, arrival_s, prefix_group, prefix_blocks,
+                         self._next_key)
+        self._next_key += 1
+        self._requests[request_id] = req
+        self.api.submit(req, arrival_s, prompt_tokens)
+
+    def _admit_arrivals(self, upto: float | None = None) -> None:
+        """Run the API server as far as the engine's clock is known, then move the requests that
+        reached the engine core by ``upto`` (default: now) to WAITING."""
+        self.api.advance(self.now_s, self._delivered)
+        for req in self.api.pop_entered(self.now_s if upto is None else upto):
+            req.status = "waiting"  # type: ignore[attr-defined]
+            self._waiting.append(req)  # type: ignore[arg-type]
+
+    def _next_entry(self) -> float:
+        """When the next request reaches the engine core, the engine being idle (inf: none will)."""
+        nxt = self.api.next_entry_s()
+        if nxt == math.inf and self.api.has_work():
+            self.api.advance(self.now_s, self._delivered, until_entry=True)
+            nxt = self.api.next_entry_s()
+        return nxt
+
+    def _delivered(self, step_no: int, delivered_s: float, finished: list[Hashable]) -> None:
+        """The API server delivered step ``step_no``'s tokens; the clients of ``finished`` have their last."""
+        self.deliver_s[step_no] = delivered_s
+        if self._on_finish is not None:
+            for req in finished:
+                self._on_finish(req.rid, delivered_s)  # type: ignore[attr-defined]
+
+    def _preempt(self, victim: SimRequest) -> None:
+        self.pool.free(victim)
+        victim.computed = 0
+        victim.status = "waiting"
+        victim.preemptions += 1
+        self.num_preemptions += 1
+        self._waiting.appendleft(victim)
+
+    # -- the step: schedule -> run -> update --------------------------------------------------
+
+    def step(self) -> StepResult:
+        """Run one engine step (or jump the clock to the next arrival when idle) and report it."""
+        start = self.now_s
+        info = self._step(collect=True)
+        if info is None:
+            return StepResult(start, 0.0, {}, [], [], 0, 0)
+        return info
+
+    def run_until_idle(self, on_finish: Callable[[str, float], None] | None = None) -> None:
+        """Step until no work is left (fast path: no per-step report).
+
+        ``on_finish(request_id, finish_s)`` is called for every finished request once its client
+        has the last token (``finish_s``) and may add new requests (a closed-loop client sends the
+        next one when one completes).
+        """
+        self._on_finish = on_finish
+        try:
+            while self._running or self._waiting or self.api.has_work():
+                self._step(collect=False)
+        finally:
+            self._on_finish = None
+
+    def _step(self, collect: bool) -> StepResult | None:
+        """One step. Returns a StepResult (``collect``), else None (finished requests reach
+        ``run_until_idle``'s callback once the API server delivers their last token)."""
+        if not self._enter_step():
+            return None
+        out = self.schedule()
+        if out.num_tokens == 0:
+            return self._idle(out, collect)
+        start = self.now_s
+        duration = self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
+                                       out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
+                                       out.prefill_attn)
+        finished = self.update_from_output(out, duration)
+        if not collect:
+            return None
+        step_no = out.step_no
+        new_tokens = {r.rid: (1 if r.token_steps and r.token_steps[-1] == step_no else 0) for r, _ in out.scheduled}
+        return StepResult(start, duration, new_tokens, [r.rid for r in finished], [r.rid for r in out.preempted],
+                          out.prefill_tokens, out.num_tokens - out.prefill_tokens)
+
+    def _enter_step(self) -> bool:
+        """Admit what reached the engine core (the batch forms when the step before began, with
+        async scheduling); when idle, jump the clock to the next entry. False: no work comes."""
+        formed_at = self._step_start if self._schedule_ahead and self._running else None
+        self._step_start = self.now_s
+        self._admit_arrivals(formed_at)
+        if not self._running and not self._waiting:
+            nxt = self._next_entry()
+            if nxt == math.inf:
+                return False
+            self.now_s = max(self.now_s, nxt)
+            self._admit_arrivals()
+        return True
+
+    def _idle(self, out: SchedulerOutput, collect: bool) -> StepResult | None:
+        """Nothing could be scheduled (every waiting request blocked on KV space that no running
+        request will free): vLLM would idle too. Jump to the next arrival, or stop."""
+        nxt = self._next_entry()
+        if nxt != math.inf:
+            self.now_s = max(self.now_s, nxt)
+            return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in out.preempted], 0, 0) if collect else None
+        raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
+
+    def schedule(self) -> SchedulerOutput:
+        """Form the next batch: RUNNING first, then WAITING unless something was preempted."""
+        tally = _Tally(self.max_num_batched_tokens)
+        scheduled: list[tuple[SimRequest, int]] = []
+        sampled: list[SimRequest] = []
+        preempted: list[SimRequest] = []
+        self._schedule_running(tally, scheduled, sampled, preempted)
+        if not preempted:
+            self._schedule_waiting(tally, scheduled, sampled)
+        return SchedulerOutput(len(self.step_end_s), scheduled, sampled, preempted, tally.num_reqs,
+                               tally.num_tokens, tally.kv_context, tally.attn_work, tally.prefill_tokens,
+                               tally.prefill_context, tally.prefill_attn, self.pool.usage)
+
+    def _schedule_running(self, tally: _Tally, scheduled: list[tuple[SimRequest, int]], sampled: list[SimRequest],
+                          preempted: list[SimRequest]) -> None:
+        """RUNNING requests, in admission order; one that lacks blocks preempts from the back."""
+        bs = self.block_size
+        bsm1 = bs - 1
+        pool = self.pool
+        running = self._running
+        budget = tally.budget
+        threshold = self.long_prefill_threshold
+        caching = pool.caching
+        num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = prefill_context = prefill_attn = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.computed
+            n = req.total - computed
+            if threshold and n > threshold:
+                n = threshold
+            if n > budget:
+                n = budget
+            end = computed + n
+            need = (end + bsm1) // bs - req.nblk
+            if need > 0:
+                if need > pool.num_free:
+                    # Preempt from the back until the blocks fit or this request is the victim.
+                    while need > pool.num_free:
+                        victim = running.pop()
+                        self._preempt(victim)
+                        preempted.append(victim)
+                        if victim is req:
+                            break
+                    if req.status == "waiting":
+                        break
+                pool.take(need)
+                req.nblk += need
+            budget -= n
+            num_reqs += 1
+            num_tokens += n
+            kv_context += end
+            work = n * computed + (n * (n + 1) >> 1)
+            attn_work += work
+            if computed < req.total - 1:
+                prefill_tokens += n
+                prefill_context += end
+                prefill_attn += work
+            req.computed = end
+            if caching and req.group is not None and len(req.shared) < req.npb:
+                pool.register_prefix(req)
+            scheduled.append((req, n))
+            if end == req.total:  # the whole sequence is computed: sample one token
+                sampled.append(req)
+            i += 1
+        tally.budget = budget
+        tally.num_reqs += num_reqs
+        tally.num_tokens += num_tokens
+        tally.kv_context += kv_context
+        tally.attn_work += attn_work
+        tally.prefill_tokens += prefill_tokens
+        tally.prefill_context += prefill_context
+        tally.prefill_attn += prefill_attn
+
+    def _schedule_waiting(self, tally: _Tally, scheduled: list[tuple[SimRequest, int]],
+                          sampled: list[SimRequest]) -> None:
+        """WAITING requests, in order, while the budget, ``max_num_seqs`` and the free blocks last."""
+        bs = self.block_size
+        bsm1 = bs - 1
+        pool = self.pool
+        running = self._running
+        waiting = self._waiting
+        max_seqs = self.max_num_seqs
+        budget = tally.budget
+        threshold = self.long_prefill_threshold
+        caching = pool.caching
+        num_reqs = num_tokens = kv_context = attn_work = 0
+        while waiting and budget > 0 and len(running) < max_seqs:
+            req = waiting[0]
+            hits: list[CacheKey] = []
+            evictable_hits = 0
+            if caching and req.npb:
+                hits, evictable_hits = pool.cache_hits(req)
+            cached = len(hits) * bs
+            n = req.total - cached
+            if not self.chunked_prefill and n > budget:
+                break
+            if threshold and n > threshold:
+                n = threshold
+            if n > budget:
+                n = budget
+            end = cached + n
+            free_after_hits = pool.num_free - evictable_hits
+            if self.reserve_full_isl:
+                if (req.total + bsm1) // bs - len(hits) > free_after_hits:
+                    break
+            need = (end + bsm1) // bs - len(hits)
+            if need > free_after_hits:
+                break
+            waiting.popleft()
+            if caching:  # vLLM records the query once the request is admitted
+                self.prefix_cache_queries += req.total
+                self.prefix_cache_hits += cached
+            for key in hits:
+                pool.touch(key)
+            req.shared = hits
+            req.nblk = len(hits)
+            pool.take(need)
+            req.nblk += need
+            req.status = "running"
+            running.append(req)
+            budget -= n
+            num_reqs += 1
+            num_tokens += n
+            kv_context += end
+            attn_work += n * cached + (n * (n + 1) >> 1)
+            req.computed = end
+            if caching and req.group is not None and len(req.shared) < req.npb:
+                pool.register_prefix(req)
+            scheduled.append((req, n))
+            if end == req.total:
+                sampled.append(req)
+        tally.budget = budget
+        tally.num_reqs += num_reqs
+        tally.num_tokens += num_tokens
+        tally.kv_context += kv_context
+        tally.attn_work += attn_work
+        # Every admitted request runs a prefill chunk.
+        tally.prefill_tokens += num_tokens
+        tally.prefill_context += kv_context
+        tally.prefill_attn += attn_work
+
+    def update_from_output(self, out: SchedulerOutput, duration: float) -> list[SimRequest]:
+        """The step ran for ``duration``: sample its tokens, hand them to the API server, finish the
+        requests that reached ``max_tokens`` and free their blocks. Returns the finished requests."""
+        step_no = out.step_no
+        sampled_reqs: list[tuple[SimRequest, int]] = []  # (request, its prompt tokens) per token sampled
+        finished: list[SimRequest] = []
+        for req in out.sampled:
+            req.token_steps.append(step_no)
+            req.total += 1
+            req.output += 1
+            sampled_reqs.append((req, req.prompt))
+            if req.output >= req.max_tokens:
+                finished.append(req)
+        self.now_s = end_s = self.now_s + duration
+        self.step_end_s.append(end_s)
+        # The API server streams this step's tokens when its loop gets to them (sim/frontend.py).
+        self.deliver_s.append(math.nan if sampled_reqs else end_s)
+        self.api.step_output(step_no, end_s, sampled_reqs, finished)
+        self.num_steps += 1
+        self.prompt_tokens_computed += out.prefill_tokens
+        self.generation_tokens += len(sampled_reqs)
+        usage = out.kv_usage
+        if usage > self.kv_usage_peak:
+            self.kv_usage_peak = usage
+        self._kv_area += usage * duration
+        self._kv_time += duration
+        if finished:
+            for req in finished:
+                req.status = "finished"
+                req.finish_step = step_no
+                self.pool.free(req)
+            self._running = [r for r in self._running if r.status == "running"]
+            if not self._running and not self._waiting:
+                # Idle now: no step comes before a request enters, so the API server runs ahead
+                # (delivering this step's tokens) until one does.
+                self._next_entry()
+        return finished
