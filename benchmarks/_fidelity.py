@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import json
 import math
@@ -151,9 +152,16 @@ def _read(path: Path) -> str:
     return path.read_text() if path.exists() else gzip.decompress(Path(f"{path}.gz").read_bytes()).decode()
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed_dump(path: Path) -> Any:
+    """One window's /metrics dump, parsed once: each window's counters are read many times (a
+    fidelity test loads the same windows in several sets), and parsing is what that costs."""
+    return parse_prometheus(_read(path))
+
+
 def _counter_delta(window_dir: Path, name: str) -> float:
     def read(dump: str) -> float:
-        return counter(parse_prometheus(_read(window_dir / dump)), name) or 0.0
+        return counter(_parsed_dump(window_dir / dump), name) or 0.0
 
     return read("metrics_after.txt") - read("metrics_before.txt")
 

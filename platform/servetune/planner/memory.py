@@ -251,7 +251,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         startup_s=_startup_seconds(config, max(acc.weights), cold_start, verdict.failure, verdict.load_failed),
         fix=verdict.fix, estimated_max_model_len=verdict.estimated_max_model_len,
         num_cudagraphs=config.num_cudagraphs, cudagraph_subtracted=acc.subtract_cg,
-        notes=class_notes(model, config.max_num_batched_tokens) + _notes(gpu, config, env, comm, acc), comm=comm,
+        notes=(*class_notes(model, config.max_num_batched_tokens), *_notes(gpu, config, env, comm, acc)), comm=comm,
     )
 
 
