@@ -354,6 +354,7 @@ class _Driver:
             _recalibrate(spec, self.screen, self.existing, self.backend)
         self.sims: dict[int, TrialResult] = {}
         self.infra_seen = self.quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
+        self.gpu_wait_noted = False  # a trial waiting for Ray to place it was announced
         self.stop = _StopRequest()
         status = "FINISHED"
         no_gpus: NoGpusError | None = None
@@ -471,6 +472,12 @@ class _Driver:
         """Wait briefly for finished trials and tell each; show the pool's infrastructure notes."""
         pool, progress = self.pool, self.progress
         waiting = pool.check_placement(self.spec.budget.wait_for_gpus_s, self.spec.gpu.type)
+        if waiting and not self.gpu_wait_noted:
+            self.gpu_wait_noted = True
+            progress.note(f"servetune: trial #{waiting[0][0]} waits for {waiting[0][1]} {self.spec.gpu.type} GPU(s) that "
+                          f"no live Ray node has free; the study stops after budget.wait_for_gpus_s "
+                          f"({self.spec.budget.wait_for_gpus_s:g} s) unless a node takes it (an autoscaler adding one)")
+            progress.show(self.outcome, len(self.inflight), force=True, waiting=len(waiting))
         progress.show(self.outcome, len(self.inflight), waiting=len(waiting))
         results = pool.wait(timeout_s=0.5)
         for line in pool.infra_notes[self.infra_seen:]:  # the pool re-runs these itself (bounded)

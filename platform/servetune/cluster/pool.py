@@ -59,7 +59,7 @@ from servetune.result import TrialResult, TrialStatus
 
 __all__ = ["TrialActor", "TrialPool", "Runner", "RAY_ACCELERATOR_TYPES", "ray_accelerator_type",
            "accelerator_resource", "node_gpu_capacity", "cluster_inventory", "NoGpusError",
-           "MAX_INFRA_ATTEMPTS", "SLOT_QUARANTINE_AFTER"]
+           "MAX_INFRA_ATTEMPTS", "SLOT_QUARANTINE_AFTER", "PLACEMENT_GRACE_S"]
 
 #: What an actor calls to run a trial: ``engines.run_trial`` unless the pool is given another.
 Runner = Callable[[TrialTask, str], TrialResult]
@@ -83,6 +83,10 @@ SLOT_QUARANTINE_AFTER = 2
 #: How long a re-run after a node loss waits for Ray to declare the node dead (its health check)
 #: before it is launched anyway.
 NODE_DEATH_WAIT_S = 60.0
+#: A trial's actor not placed and started after this long is "waiting for GPUs": starting its Ray
+#: worker process (importing servetune) takes a few seconds (2.4-3.9 s per real H200 trial), which
+#: is not waiting for a GPU. budget.wait_for_gpus_s is at least twice this.
+PLACEMENT_GRACE_S = 5.0
 
 
 def ray_accelerator_type(gpu_type: str) -> str:
@@ -331,12 +335,14 @@ class TrialPool:
         else:
             self._drop_idle()  # another size, or a re-run: Ray gets their GPUs back for this actor
             item.actor = TrialActor.options(**options).remote()
-            item.ready = item.actor.__ray_ready__.remote()  # resolves once Ray placed and started it
+            # Resolves once Ray placed and started it; a GPU-free actor waits for no GPU.
+            item.ready = None if gpu_free else item.actor.__ray_ready__.remote()
         item.ref = item.actor.run.remote(item.task, item.backend, self._runner, time.time())
         self._running[item.ref] = item
 
-    def waiting_for_gpus(self) -> list[tuple[int, int, float]]:
-        """``(trial number, GPUs, seconds waited)`` of the trials Ray has not placed yet."""
+    def waiting_for_gpus(self, grace_s: float = PLACEMENT_GRACE_S) -> list[tuple[int, int, float]]:
+        """``(trial number, GPUs, seconds waited)`` of the trials whose actor Ray has not placed and
+        started within ``grace_s`` of the hand-over."""
         pending = [r for r in self._running.values() if r.ready is not None]
         if pending:
             placed, _ = ray.wait([r.ready for r in pending], num_returns=len(pending), timeout=0)
@@ -345,15 +351,22 @@ class TrialPool:
                 if item.ready in done:
                     item.ready = None
         now = time.monotonic()
-        return [(r.trial_number, r.gpus, now - r.submitted) for r in self._running.values() if r.ready is not None]
+        return [(r.trial_number, r.gpus, now - r.submitted) for r in self._running.values()
+                if r.ready is not None and now - r.submitted > grace_s]
 
     def check_placement(self, limit_s: float, gpu_type: str) -> list[tuple[int, int, float]]:
-        """The trials still waiting for Ray to place them; raises :class:`NoGpusError` for the
-        first that waited longer than ``limit_s``."""
+        """The trials waiting for Ray to place them (:meth:`waiting_for_gpus`); raises
+        :class:`NoGpusError` for the first that waited longer than ``limit_s`` where no live node
+        (of the type) has that many GPUs at all. A trial waiting for GPUs that other work holds
+        waits on: they come back."""
         waiting = self.waiting_for_gpus()
-        for number, gpus, waited in waiting:
-            if waited > limit_s:
-                raise NoGpusError(number, gpus, gpu_type, waited, cluster_inventory(ray.cluster_resources(), ray.nodes()))
+        over = [w for w in waiting if w[2] > limit_s]
+        if over:
+            nodes = ray.nodes()
+            _, per_node = node_gpu_capacity(nodes, self.accelerator)
+            for number, gpus, waited in over:
+                if gpus > per_node:
+                    raise NoGpusError(number, gpus, gpu_type, waited, cluster_inventory(ray.cluster_resources(), nodes))
         return waiting
 
     def wait(self, timeout_s: float) -> list[tuple[int, TrialResult]]:

@@ -91,6 +91,9 @@ _METRIC_ALIASES = {f"{stat}_{stem}_ms": f"{stem}_{stat}_ms"
                    for stem in ("ttft", "itl", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99")}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DEFAULT_RUNS_DIR = "servetune-runs"
+#: The shortest budget.wait_for_gpus_s (a trial's Ray worker takes seconds to start; see
+#: servetune.cluster.pool.PLACEMENT_GRACE_S).
+MIN_WAIT_FOR_GPUS_S = 10.0
 _FEASIBILITY_LIMIT = 20_000  # combinations listed at load time to prove the space can start at all
 
 
@@ -435,8 +438,17 @@ def _parse_budget(raw: Any) -> Budget:
         confirm_top=_int(data.get("confirm_top", Budget.confirm_top), "budget.confirm_top", 0, 100),
         confirm_repeats=_int(data.get("confirm_repeats", Budget.confirm_repeats), "budget.confirm_repeats", 1, 100),
         confirm_on=_choice(data.get("confirm_on", Budget.confirm_on), "budget.confirm_on", CONFIRM_ON),
-        wait_for_gpus_s=_positive(data.get("wait_for_gpus_s", Budget.wait_for_gpus_s), "budget.wait_for_gpus_s"),
+        wait_for_gpus_s=_wait_for_gpus(data.get("wait_for_gpus_s", Budget.wait_for_gpus_s)),
     )
+
+
+def _wait_for_gpus(value: Any) -> float:
+    seconds = _positive(value, "budget.wait_for_gpus_s")
+    if seconds < MIN_WAIT_FOR_GPUS_S:
+        raise SpecError("budget.wait_for_gpus_s", f"must be at least {MIN_WAIT_FOR_GPUS_S:g} s, got {value!r}: "
+                        "starting a trial's Ray worker alone takes seconds",
+                        "write budget.wait_for_gpus_s: 30 (or more where an autoscaler adds GPU nodes)")
+    return seconds
 
 
 def _parse_measurement(raw: Any) -> Measurement:
