@@ -193,9 +193,11 @@ def test_a_job_writing_into_rays_working_dir_is_refused_in_one_line(head: Head, 
     proc = _run_block(script, repo, head)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "failed" in out, out[-3000:]
-    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    # The CLI shows the job's log, then repeats it in the job's status message: one distinct line.
+    errors = sorted({line for line in out.splitlines() if line.startswith("error: ")})
     assert len(errors) == 1 and errors[0].startswith("error: output.runs_dir: 'servetune-runs' resolves into Ray's "
                                                      "temporary copy"), out[-3000:]
+    assert "failed with exit code 2" in out
     assert "fix: give an absolute path" in errors[0] and "Traceback" not in out
     assert not list(head.temp.rglob("optuna.db"))
 

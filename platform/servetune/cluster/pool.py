@@ -486,7 +486,10 @@ class TrialPool:
         item.excluded = []
 
     def _refresh_capacity(self) -> None:
-        """After a node loss: plan with the GPUs of the nodes still alive (minus quarantined slots)."""
+        """After a node loss: plan with the GPUs of the nodes still alive (minus quarantined slots).
+        A cluster that offered no GPUs of the type keeps planning with the spec's count."""
+        if self.offered_gpus == 0:
+            return
         total, per_node = node_gpu_capacity(ray.nodes(), self.accelerator)
         if total < self.cluster_gpus:
             lost = self.cluster_gpus - self.total_gpus
