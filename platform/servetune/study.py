@@ -475,8 +475,9 @@ class _Driver:
         if waiting and not self.gpu_wait_noted:
             self.gpu_wait_noted = True
             progress.note(f"servetune: trial #{waiting[0][0]} waits for {waiting[0][1]} {self.spec.gpu.type} GPU(s) that "
-                          f"no live Ray node has free; the study stops after budget.wait_for_gpus_s "
-                          f"({self.spec.budget.wait_for_gpus_s:g} s) unless a node takes it (an autoscaler adding one)")
+                          f"no live Ray node has free; where no node has them at all, the study stops after "
+                          f"budget.wait_for_gpus_s ({self.spec.budget.wait_for_gpus_s:g} s) unless one comes "
+                          "(an autoscaler adding it)")
             progress.show(self.outcome, len(self.inflight), force=True, waiting=len(waiting))
         progress.show(self.outcome, len(self.inflight), waiting=len(waiting))
         results = pool.wait(timeout_s=0.5)
