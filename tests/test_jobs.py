@@ -95,3 +95,15 @@ def test_inside_rays_working_dir_a_relative_store_is_refused(tmp_path: Path) -> 
     proc = _run("tune.py", "s.yaml", "--runs-dir", str(tmp_path / "runs"), cwd=pkg)
     assert proc.returncode == 2 and proc.stderr.startswith("error: storage.optuna_url: "), proc.stderr
     assert not list(pkg.rglob("*.db")) and not (tmp_path / "runs").exists()
+
+
+def test_the_printed_store_commands_mask_passwords_and_quote_paths() -> None:
+    sys.path.insert(0, str(REPO / "platform"))
+    from servetune.cluster import store_commands
+
+    lines = store_commands("q 1", "postgresql+psycopg://tuner:s3cret-pw@db:5432/optuna", Path("/shared/my runs/dataset"),
+                           Path("/shared/my runs/report.md"), "http://mlflow:5000")
+    assert lines[0] == "servetune best 'q 1' --storage 'postgresql+psycopg://tuner:***@db:5432/optuna'"
+    assert lines[1] == "servetune report --study 'q 1' --dataset '/shared/my runs/dataset' --out '/shared/my runs/report.md'"
+    assert lines[2] == "open http://mlflow:5000 (MLflow server)"
+    assert not any("s3cret" in line for line in lines)
