@@ -95,6 +95,10 @@ def test_inside_rays_working_dir_a_relative_store_is_refused(tmp_path: Path) -> 
     proc = _run("tune.py", "s.yaml", "--runs-dir", str(tmp_path / "runs"), cwd=pkg)
     assert proc.returncode == 2 and proc.stderr.startswith("error: storage.optuna_url: "), proc.stderr
     assert not list(pkg.rglob("*.db")) and not (tmp_path / "runs").exists()
+    proc = _run("nightly.py", str(REPO / "jobs" / "nightly.yaml"), cwd=pkg)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: output.dir: 'servetune-nightly' resolves into "
+                                                           "Ray's temporary copy"), proc.stderr
+    assert not (pkg / "servetune-nightly").exists()
 
 
 def test_the_printed_store_commands_mask_passwords_and_quote_paths() -> None:
