@@ -82,7 +82,7 @@ def test_inside_rays_working_dir_a_relative_store_is_refused(tmp_path: Path) -> 
     """Run from a folder shaped like Ray's temporary copy of a job's working dir: the spec's
     relative runs_dir (the quickstart's) is refused naming output.runs_dir; an absolute
     --runs-dir is taken but a relative SQLite URL in the spec is still refused, by its own name."""
-    pkg = tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123"
+    pkg = tmp_path / "ray-temp" / "runtime_resources" / "working_dir_files" / "_ray_pkg_0123"
     pkg.mkdir(parents=True)
     proc = _run("tune.py", str(REPO / "jobs" / "quickstart.yaml"), cwd=pkg)
     assert proc.returncode == 2 and proc.stderr.startswith("error: output.runs_dir: 'servetune-runs' resolves into "

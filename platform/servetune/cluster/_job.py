@@ -1,7 +1,7 @@
 """A study run as a Ray job: where its results may go, and the commands that reach them afterwards.
 
 ``ray job submit --working-dir .`` runs the entrypoint inside Ray's temporary copy of the working
-dir (``<ray temp>/session_*/runtime_resources/working_dir_files/_ray_pkg_<hash>/``). A store there
+dir (``<ray temp>/.../runtime_resources/working_dir_files/_ray_pkg_<hash>/``). A store there
 (a relative ``output.runs_dir``, a relative SQLite URL) is out of the submitting machine's reach
 and vanishes with Ray's temp dir, so a job refuses it before any trial runs: one
 :class:`~servetune.errors.SpecError` naming the field and the fix (an absolute shared path, or the
@@ -9,7 +9,7 @@ PostgreSQL / ``mlflow server`` stores). At its end a job prints the exact ``serv
 ``servetune report`` / ``mlflow ui`` commands that reach its stores (:func:`store_commands`).
 
 Example:
-    >>> in_ray_working_dir(Path("/tmp/ray/session_1/runtime_resources/working_dir_files/_ray_pkg_ab/runs"))
+    >>> in_ray_working_dir(Path("/tmp/ray/s1/runtime_resources/working_dir_files/_ray_pkg_ab/runs"))
     True
     >>> in_ray_working_dir(Path("/shared/servetune-runs"))
     False
@@ -55,7 +55,7 @@ def job_output_problem(stores: Mapping[str, tuple[str, Path | None]], cwd: Path)
     temporary working dir, as the error to raise; None when every store is reachable.
 
     Example:
-        >>> pkg = Path("/tmp/ray/session_1/runtime_resources/working_dir_files/_ray_pkg_ab")
+        >>> pkg = Path("/tmp/ray/s1/runtime_resources/working_dir_files/_ray_pkg_ab")
         >>> job_output_problem({"output.runs_dir": ("servetune-runs", pkg / "servetune-runs")}, pkg).field
         'output.runs_dir'
     """
