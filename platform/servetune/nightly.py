@@ -62,7 +62,7 @@ from servetune.study import remeasure, run_study
 
 __all__ = ["Cell", "NoiseSettings", "Verdict", "CellNight", "NightlyOutcome", "load_matrix", "expand_matrix",
            "deep_merge", "noise_of", "compare", "scaled_calibration", "render_report",
-           "run_nightly", "today", "MATRIX_KEYS"]
+           "run_nightly", "output_root", "nightly_stores", "today", "MATRIX_KEYS"]
 
 MATRIX_KEYS = ("name", "template", "models", "gpus", "workloads", "overrides", "noise", "output", "tracking")
 _DATE_RE = re.compile(r"^\d{8}$")
@@ -374,12 +374,33 @@ def _inject_gpu_file(gpu_type: str, factor: float, out_dir: Path) -> Path:
     return path
 
 
+def output_root(matrix: Mapping[str, Any], cwd: Path, override: str | Path | None = None) -> Path:
+    """Where a night's outputs go: ``override`` (``--output-dir``), else the matrix's ``output.dir``
+    (default ``servetune-nightly``), resolved from ``cwd``.
+
+    Example:
+        >>> output_root({"output": {"dir": "n"}}, Path("/w")), output_root({}, Path("/w"), "/s/n")
+        (PosixPath('/w/n'), PosixPath('/s/n'))
+    """
+    root = Path(override if override is not None else (matrix.get("output") or {}).get("dir", "servetune-nightly"))
+    return root if root.is_absolute() else cwd / root
+
+
+def nightly_stores(matrix: Mapping[str, Any], root: Path) -> tuple[str, str]:
+    """The night's (Optuna storage URL, MLflow tracking URI): SQLite under ``root`` unless the
+    matrix's ``tracking.mlflow_uri`` names a server."""
+    tdata = matrix.get("tracking") or {}
+    return f"sqlite:///{root}/optuna.db", str(tdata.get("mlflow_uri", f"sqlite:///{root}/mlflow.db"))
+
+
 def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, float] | None = None,
-                out: TextIO | None = None, cwd: str | Path | None = None) -> NightlyOutcome:
+                out: TextIO | None = None, cwd: str | Path | None = None,
+                output_dir: str | Path | None = None) -> NightlyOutcome:
     """Run tonight's study for every cell, compare with earlier nights, write and log the report.
 
     ``inject`` maps cell names to a simulated-engine speed factor (a planted regression, for tests
-    and demos). Output paths resolve from ``cwd`` (default: the working directory).
+    and demos). Output paths resolve from ``cwd`` (default: the working directory); ``output_dir``
+    replaces the matrix's ``output.dir``.
 
     Example:
         >>> outcome = run_nightly("jobs/nightly.yaml", "20260101")    # doctest: +SKIP
@@ -399,15 +420,13 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
                             f"cells: {', '.join(names)}")
     settings = _noise_settings(matrix.get("noise"))
     here = Path(cwd) if cwd is not None else Path.cwd()
-    odata = matrix.get("output") or {}
-    root = Path(odata.get("dir", "servetune-nightly"))
-    root = root if root.is_absolute() else here / root
+    root = output_root(matrix, here, output_dir)
     dataset_dir = root / "dataset"
     history_path = root / "nightly_history.parquet"
     report_dir = root / "reports" / date
     report_dir.mkdir(parents=True, exist_ok=True)
     tdata = matrix.get("tracking") or {}
-    mlflow_uri = tdata.get("mlflow_uri", f"sqlite:///{root}/mlflow.db")
+    optuna_url, mlflow_uri = nightly_stores(matrix, root)
     experiment = tdata.get("experiment", str(matrix.get("name", "servetune-nightly")))
     history = pd.read_parquet(history_path) if history_path.exists() else pd.DataFrame()
     if not history.empty:  # a night run again replaces its rows
@@ -420,7 +439,7 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
         data = deep_merge(cell.spec_data, {
             "name": cell.study_name(date),
             "tracking": {"mlflow_uri": mlflow_uri, "experiment": experiment},
-            "storage": {"optuna_url": f"sqlite:///{root}/optuna.db"},
+            "storage": {"optuna_url": optuna_url},
             "output": {"runs_dir": str(root / "runs"), "dataset_dir": str(dataset_dir)}})
         factor = (inject or {}).get(cell.name)
         original = gpus.get_gpu(cell.gpu_type) if factor is not None else None

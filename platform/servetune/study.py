@@ -42,7 +42,7 @@ import optuna
 
 from servetune import envs
 from servetune.cluster import _ray_session
-from servetune.cluster.pool import TrialPool
+from servetune.cluster.pool import NoGpusError, TrialPool, ray_accelerator_type
 from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line
@@ -161,13 +161,16 @@ class _Progress:
         self.out, self.total, self.tty = out, total, out.isatty()
         self._last = 0.0
 
-    def show(self, o: StudyOutcome, running: int, force: bool = False) -> None:
+    def show(self, o: StudyOutcome, running: int, force: bool = False, waiting: int = 0) -> None:
+        """``waiting``: of the ``running`` trials, those Ray has not placed on GPUs yet."""
         now = time.monotonic()
         if not force and not self.tty and now - self._last < 5:
             return
         self._last = now
         best = "-" if o.best_metrics is None else f"{o.best_metrics.get('output_throughput', 0):,.0f} tok/s (#{o.best_number})"
-        line = (f"trials {o.trials_done}/{self.total} | running {running} | ok {o.ok} | preempting {o.preempting}"
+        line = (f"trials {o.trials_done}/{self.total} | running {running - waiting}"
+                + (f" | waiting for GPUs {waiting}" if waiting else "")
+                + f" | ok {o.ok} | preempting {o.preempting}"
                 f" | startup failed {o.startup_failed} | pruned {o.pruned} | other failed {o.other_failed}"
                 + (f" | infra failed {o.infra_failed}" if o.infra_failed else "")
                 + f" | best {best}")
@@ -351,8 +354,10 @@ class _Driver:
             _recalibrate(spec, self.screen, self.existing, self.backend)
         self.sims: dict[int, TrialResult] = {}
         self.infra_seen = self.quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
+        self.gpu_wait_noted = False  # a trial waiting for Ray to place it was announced
         self.stop = _StopRequest()
         status = "FINISHED"
+        no_gpus: NoGpusError | None = None
         try:
             self._dispatch_until_done()
             if spec.budget.confirm_top > 0 and pool.total_gpus > 0:
@@ -368,13 +373,15 @@ class _Driver:
         except KeyboardInterrupt:
             status = "KILLED"
             self.outcome.interrupted = True
-            killed = pool.cancel_all()
-            # Every RUNNING trial is this driver's (it is the only writer), including one asked a
-            # moment before the signal and not yet tracked in ``inflight``: fail them all.
-            for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+            killed = self._fail_running()
             self.progress.note(f"\nservetune: interrupted; {len(killed)} running trials stopped, "
                                f"{self.outcome.trials_done} finished trials kept (resume with --resume)")
+        except NoGpusError as exc:  # no live node takes a trial: stop, keeping what finished
+            status, no_gpus = "FAILED", exc
+            self.outcome.interrupted = True
+            killed = self._fail_running()
+            self.progress.note(f"servetune: no GPUs for the study; {len(killed)} running trials stopped, "
+                               f"{self.outcome.trials_done} finished trials kept")
         finally:
             pool.close()
             self.stop.restore()
@@ -383,6 +390,20 @@ class _Driver:
             if self.out.isatty():
                 self.out.write("\n")
             _finish_study(spec, self.study, self.tracker, self.outcome, status)
+        if no_gpus is not None:
+            raise SpecError("gpu.type", f"{no_gpus} (budget.wait_for_gpus_s: {spec.budget.wait_for_gpus_s:g} s)",
+                            f"start Ray nodes with {spec.gpu.type} GPUs labelled by type (ray start --num-gpus N "
+                            f"--resources '{{\"accelerator_type:{ray_accelerator_type(spec.gpu.type)}\": 1}}'), "
+                            "raise budget.wait_for_gpus_s while an autoscaler adds them, or run backend: sim")
+
+    def _fail_running(self) -> list[int]:
+        """Stop every running trial and tell it FAIL; returns the pool's trial numbers it stopped."""
+        killed = self.pool.cancel_all()
+        # Every RUNNING trial is this driver's (it is the only writer), including one asked a
+        # moment before the signal and not yet tracked in ``inflight``: fail them all.
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        return killed
 
     def _dispatch_until_done(self) -> None:
         while True:
@@ -450,7 +471,15 @@ class _Driver:
     def _collect(self) -> None:
         """Wait briefly for finished trials and tell each; show the pool's infrastructure notes."""
         pool, progress = self.pool, self.progress
-        progress.show(self.outcome, len(self.inflight))
+        waiting = pool.check_placement(self.spec.budget.wait_for_gpus_s, self.spec.gpu.type)
+        if waiting and not self.gpu_wait_noted:
+            self.gpu_wait_noted = True
+            progress.note(f"servetune: trial #{waiting[0][0]} waits for {waiting[0][1]} {self.spec.gpu.type} GPU(s) that "
+                          f"no live Ray node has free; where no node has them at all, the study stops after "
+                          f"budget.wait_for_gpus_s ({self.spec.budget.wait_for_gpus_s:g} s) unless one comes "
+                          "(an autoscaler adding it)")
+            progress.show(self.outcome, len(self.inflight), force=True, waiting=len(waiting))
+        progress.show(self.outcome, len(self.inflight), waiting=len(waiting))
         results = pool.wait(timeout_s=0.5)
         for line in pool.infra_notes[self.infra_seen:]:  # the pool re-runs these itself (bounded)
             progress.note(f"servetune: infrastructure failure, re-run elsewhere when possible: trial #{line}")

@@ -140,3 +140,56 @@ def test_a_clean_trials_actor_runs_the_next_trial_of_its_size_and_gives_its_gpus
     assert wide.evidence[0] != first.evidence[0] and len(wide.gpu_ids) == 2
     pool.close()
     assert _available_gpus(total) == total
+
+
+def test_on_a_ray_without_gpus_sim_trials_ask_for_none_and_a_real_trial_stops_the_study_in_one_line(
+        local_ray: None, tmp_path) -> None:
+    """A Ray with CPUs and no GPU (a laptop, a CI runner, a CPU head node): simulated trials run
+    without asking Ray for a GPU (the spec's count still bounds them); a real trial Ray cannot
+    place shows as waiting, then stops the study naming what the cluster has; the finished
+    trials stay, the waiting ones are told FAIL."""
+    import io
+    from pathlib import Path
+
+    import optuna
+
+    import servetune
+    from servetune.errors import SpecError
+    from servetune.spec.schema import StudySpec
+    from servetune.study import run_study
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_gpus=0, num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(Path(servetune.__file__).resolve().parents[1])}})
+    pool = TrialPool.start(num_gpus=2)
+    assert (pool.offered_gpus, pool.total_gpus) == (0, 2)
+    assert pool.gpu_free("sim") and not pool.gpu_free("vllm")
+    pool.submit(0, TASK, "sim", gpus=1)
+    pool.submit(1, TASK, "sim", gpus=1)
+    done = wait_all(pool, 2, 120.0)
+    assert all(r.status is TrialStatus.OK and r.gpu_ids == [] for r in done.values())
+
+    data = {"name": "nogpu", "model": "servetune-test-850m", "gpu": {"type": "H200", "count": 2},
+            "workload": {"input_len": 128, "output_len": 16, "num_requests": 8, "concurrency": 4, "seed": 1},
+            "search_space": {"params": {"max_num_seqs": [8, 16, 32, 64]}},
+            "budget": {"trials": 2, "parallel": 2, "wait_for_gpus_s": 10}, "backend": "sim", "seed": 1,
+            "prescreen": False, "baseline_trial": False, "warm_start": False, "multi_fidelity": False,
+            "output": {"runs_dir": str(tmp_path / "runs")}}
+    spec = StudySpec.from_dict(data, tmp_path, cwd=tmp_path)
+    first = run_study(spec, out=io.StringIO())
+    assert first.ok == 2
+    out = io.StringIO()
+    with pytest.raises(SpecError) as err:
+        run_study(spec.with_overrides(backend="vllm", trials=4), resume=True, out=out)
+    assert err.value.field == "gpu.type"
+    message = str(err.value)
+    assert "no live Ray node took it" in message and "0 GPUs, accelerator types: none" in message, message
+    assert "budget.wait_for_gpus_s: 10 s" in message and "accelerator_type:H200" in message
+    text = out.getvalue()
+    assert "waiting for GPUs 2" in text and "waits for 1 H200 GPU(s)" in text, text
+    trials = optuna.load_study(study_name="nogpu", storage=spec.storage.optuna_url).get_trials()
+    states = sorted(t.state.name for t in trials)
+    assert states == ["COMPLETE", "COMPLETE", "FAIL", "FAIL"], states
+    assert ray.available_resources().get("CPU") is not None  # Ray still answers: nothing left hanging
+    ray.shutdown()

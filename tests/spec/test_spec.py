@@ -458,3 +458,17 @@ def test_confirm_on_defaults_to_same_start_and_refuses_other_words(tmp_path: Pat
     with pytest.raises(SpecError) as err:
         StudySpec.from_dict(bad, cwd=tmp_path)
     assert err.value.field == "budget.confirm_on" and "same-start" in str(err.value)
+
+
+def test_wait_for_gpus_defaults_to_30_s_and_refuses_what_a_worker_start_would_exceed(tmp_path: Path) -> None:
+    assert StudySpec.from_dict(copy.deepcopy(BASE), cwd=tmp_path).budget.wait_for_gpus_s == 30.0
+    longer = copy.deepcopy(BASE)
+    longer["budget"]["wait_for_gpus_s"] = 600
+    assert StudySpec.from_dict(longer, cwd=tmp_path).budget.wait_for_gpus_s == 600.0
+    for bad, words in ((5, "at least 10 s"), (0, "positive number"), ("soon", "positive number"),
+                       (True, "positive number")):
+        data = copy.deepcopy(BASE)
+        data["budget"]["wait_for_gpus_s"] = bad
+        with pytest.raises(SpecError) as err:
+            StudySpec.from_dict(data, cwd=tmp_path)
+        assert err.value.field == "budget.wait_for_gpus_s" and words in str(err.value) and err.value.fix

@@ -28,6 +28,13 @@ scheduling is the same there. A trial needing more GPUs than any single node of 
 never be placed: it is answered ``invalid_config`` at once instead of waiting forever. Each result's
 evidence records the node id, the accelerator type, the GPU ids and the wall-clock start/end.
 
+No GPUs of the type: where no live node offers a GPU of the study's type (a laptop, a CI runner, a
+CPU head node), a simulated or replayed trial asks Ray for no GPU at all (the spec's GPU count
+still bounds how many run at once); a real trial is launched and waits for Ray to place it (an
+autoscaler may add nodes). :meth:`TrialPool.waiting_for_gpus` lists the trials Ray has not placed
+yet, and :meth:`TrialPool.check_placement` raises :class:`NoGpusError` for one that waited longer
+than the study allows, naming what the cluster has (:func:`cluster_inventory`).
+
 Example:
     >>> pool = TrialPool.start(num_gpus=2)                         # doctest: +SKIP
     >>> pool.submit(7, task, backend="sim", gpus=1)                # doctest: +SKIP
@@ -51,7 +58,8 @@ from servetune.engines.vllm.infra import SLOT_KINDS, classify_actor_error
 from servetune.result import TrialResult, TrialStatus
 
 __all__ = ["TrialActor", "TrialPool", "Runner", "RAY_ACCELERATOR_TYPES", "ray_accelerator_type",
-           "accelerator_resource", "node_gpu_capacity", "MAX_INFRA_ATTEMPTS", "SLOT_QUARANTINE_AFTER"]
+           "accelerator_resource", "node_gpu_capacity", "cluster_inventory", "NoGpusError",
+           "MAX_INFRA_ATTEMPTS", "SLOT_QUARANTINE_AFTER", "PLACEMENT_GRACE_S"]
 
 #: What an actor calls to run a trial: ``engines.run_trial`` unless the pool is given another.
 Runner = Callable[[TrialTask, str], TrialResult]
@@ -75,6 +83,10 @@ SLOT_QUARANTINE_AFTER = 2
 #: How long a re-run after a node loss waits for Ray to declare the node dead (its health check)
 #: before it is launched anyway.
 NODE_DEATH_WAIT_S = 60.0
+#: A trial's actor not placed and started after this long is "waiting for GPUs": starting its Ray
+#: worker process (importing servetune) takes a few seconds (2.4-3.9 s per real H200 trial), which
+#: is not waiting for a GPU. budget.wait_for_gpus_s is at least twice this.
+PLACEMENT_GRACE_S = 5.0
 
 
 def ray_accelerator_type(gpu_type: str) -> str:
@@ -110,6 +122,34 @@ def node_gpu_capacity(nodes: list[dict[str, Any]], resource: str | None) -> tupl
     gpus = [int(n.get("Resources", {}).get("GPU", 0)) for n in nodes
             if n.get("Alive", True) and (resource is None or n.get("Resources", {}).get(resource, 0) > 0)]
     return sum(gpus), max(gpus, default=0)
+
+
+def cluster_inventory(resources: dict[str, float], nodes: list[dict[str, Any]]) -> str:
+    """What a Ray cluster offers, in words, from ``ray.cluster_resources()`` and ``ray.nodes()``. Pure.
+
+    Example:
+        >>> cluster_inventory({"CPU": 2.0, "memory": 8e9, "accelerator_type:H200": 1.0},
+        ...                   [{"Alive": True}, {"Alive": False}])
+        '1 live node, 2 CPUs, 0 GPUs, accelerator types: H200'
+    """
+    alive = sum(1 for n in nodes if n.get("Alive", True))
+    types = sorted(k[len(_ACCEL_PREFIX):] for k in resources if k.startswith(_ACCEL_PREFIX))
+    return (f"{alive} live node{'s' if alive != 1 else ''}, {int(resources.get('CPU', 0))} CPUs, "
+            f"{int(resources.get('GPU', 0))} GPUs, accelerator types: {', '.join(types) or 'none'}")
+
+
+class NoGpusError(RuntimeError):
+    """A trial waited longer than allowed for Ray to place it: no live node offers its GPUs.
+
+    ``trial_number``, ``gpus``, ``gpu_type`` and ``waited_s`` say which trial and what it asked
+    for; ``inventory`` is what the cluster has (:func:`cluster_inventory`).
+    """
+
+    def __init__(self, trial_number: int, gpus: int, gpu_type: str, waited_s: float, inventory: str) -> None:
+        self.trial_number, self.gpus, self.gpu_type = trial_number, gpus, gpu_type
+        self.waited_s, self.inventory = waited_s, inventory
+        super().__init__(f"trial #{trial_number} waited {waited_s:.0f} s for {gpus} {gpu_type} GPU(s) and no "
+                         f"live Ray node took it; the cluster has {inventory}")
 
 
 def _node_accelerator(node_id: str) -> str | None:
@@ -159,6 +199,7 @@ class _Running:
     attempts: list[str] = dataclasses.field(default_factory=list)  # infrastructure failures so far
     excluded: list[Any] = dataclasses.field(default_factory=list)  # failed actors held so Ray avoids their GPUs
     submitted: float = dataclasses.field(default_factory=time.monotonic)  # this attempt's hand-over to Ray
+    ready: Any = None  # the actor's __ray_ready__ ref: set until Ray has placed and started the actor
 
 
 class TrialPool:
@@ -170,6 +211,9 @@ class TrialPool:
         self.cluster_gpus = total_gpus
         self.accelerator = accelerator  # the Ray resource every trial asks for (None: any node)
         self.max_node_gpus = total_gpus if max_node_gpus is None else max_node_gpus
+        # GPUs the live nodes offer (of the type, once bound); 0: simulated trials ask for none.
+        self.offered_gpus = total_gpus
+        self.requested_gpus = total_gpus  # the spec's count: what the pool plans with where none are offered
         self.labelled = accelerator is not None  # the cluster's nodes advertise accelerator types
         self.quarantined: list[str] = []  # GPU ids held out of service, in the order they were lost
         self.quarantine_notes: list[str] = []  # one line per quarantined slot: which trial, why
@@ -197,7 +241,8 @@ class TrialPool:
         they import the same servetune as the driver. ``runner`` replaces ``engines.run_trial`` in
         the actors (it must be picklable). With ``gpu_type`` on a cluster whose nodes advertise
         accelerator types, the pool plans with the GPUs of that type's nodes only; none there
-        means every trial is answered ``invalid_config``.
+        (or no GPUs at all) means it plans with ``num_gpus``: simulated trials ask Ray for no GPU,
+        real ones wait to be placed (:meth:`check_placement` bounds the wait).
         """
         started_local = False  # this call started a local Ray (recorded by the driver; never a joined one)
         if not ray.is_initialized():
@@ -217,11 +262,12 @@ class TrialPool:
         if gpu_type and labelled:
             resource = accelerator_resource(gpu_type)
             total, per_node = node_gpu_capacity(nodes, resource)
-            pool = cls(total, runner=runner, accelerator=resource, max_node_gpus=per_node)
+            pool = cls(total or num_gpus, runner=runner, accelerator=resource, max_node_gpus=per_node or num_gpus)
         else:
             total, per_node = node_gpu_capacity(nodes, None)
             pool = cls(total or num_gpus, runner=runner, max_node_gpus=per_node or num_gpus)
             pool.labelled = labelled  # the type is bound at the first submit (the task names it)
+        pool.offered_gpus, pool.requested_gpus = total, num_gpus
         pool.started_local_ray = started_local
         return pool
 
@@ -235,6 +281,9 @@ class TrialPool:
             return
         self.accelerator = accelerator_resource(gpu_type)
         total, per_node = node_gpu_capacity(ray.nodes(), self.accelerator)
+        self.offered_gpus = total
+        if total == 0:  # none of the type: plan with the spec's count (see gpu_free)
+            total = per_node = self.requested_gpus
         lost = self.cluster_gpus - self.total_gpus  # quarantined so far
         self.cluster_gpus, self.total_gpus, self.max_node_gpus = total, max(0, total - lost), per_node
 
@@ -253,9 +302,14 @@ class TrialPool:
     def running(self) -> list[int]:
         return [r.trial_number for r in self._running.values()] + [item.trial_number for item, _, _ in self._deferred]
 
+    def gpu_free(self, backend: str) -> bool:
+        """True when a trial of ``backend`` asks Ray for no GPU: a simulated or replayed trial on a
+        cluster that offers no GPU of the type (it would otherwise wait forever for one)."""
+        return backend != "vllm" and self.offered_gpus == 0
+
     def submit(self, trial_number: int, task: TrialTask, backend: str, gpus: int) -> None:
         self.bind_gpu_type(task.gpu)
-        if gpus > self.max_node_gpus:
+        if gpus > self.max_node_gpus and self.offered_gpus > 0:
             # Ray would queue this actor forever: no single node of the type has that many GPUs.
             where = f"nodes with {self.accelerator}" if self.accelerator else "nodes"
             result = TrialResult(status=TrialStatus.INVALID_CONFIG, backend=backend,
@@ -269,18 +323,51 @@ class TrialPool:
 
     def _launch(self, item: _Running) -> None:
         """Start (or start again) ``item``'s flag set in a fresh actor."""
-        options: dict[str, Any] = {"num_gpus": item.gpus, "name": None}
-        if self.accelerator:
+        gpu_free = self.gpu_free(item.backend)
+        options: dict[str, Any] = {"num_gpus": 0 if gpu_free else item.gpus, "name": None}
+        if self.accelerator and not gpu_free:
             options["resources"] = {self.accelerator: _ACCEL_SLIVER}
         item.submitted = time.monotonic()
         idle = self._idle.get(item.gpus) if not item.attempts else None
+        item.ready = None
         if idle:
             item.actor = idle.pop()
         else:
             self._drop_idle()  # another size, or a re-run: Ray gets their GPUs back for this actor
             item.actor = TrialActor.options(**options).remote()
+            # Resolves once Ray placed and started it; a GPU-free actor waits for no GPU.
+            item.ready = None if gpu_free else item.actor.__ray_ready__.remote()
         item.ref = item.actor.run.remote(item.task, item.backend, self._runner, time.time())
         self._running[item.ref] = item
+
+    def waiting_for_gpus(self, grace_s: float = PLACEMENT_GRACE_S) -> list[tuple[int, int, float]]:
+        """``(trial number, GPUs, seconds waited)`` of the trials whose actor Ray has not placed and
+        started within ``grace_s`` of the hand-over."""
+        pending = [r for r in self._running.values() if r.ready is not None]
+        if pending:
+            placed, _ = ray.wait([r.ready for r in pending], num_returns=len(pending), timeout=0)
+            done = set(placed)
+            for item in pending:
+                if item.ready in done:
+                    item.ready = None
+        now = time.monotonic()
+        return [(r.trial_number, r.gpus, now - r.submitted) for r in self._running.values()
+                if r.ready is not None and now - r.submitted > grace_s]
+
+    def check_placement(self, limit_s: float, gpu_type: str) -> list[tuple[int, int, float]]:
+        """The trials waiting for Ray to place them (:meth:`waiting_for_gpus`); raises
+        :class:`NoGpusError` for the first that waited longer than ``limit_s`` where no live node
+        (of the type) has that many GPUs at all. A trial waiting for GPUs that other work holds
+        waits on: they come back."""
+        waiting = self.waiting_for_gpus()
+        over = [w for w in waiting if w[2] > limit_s]
+        if over:
+            nodes = ray.nodes()
+            _, per_node = node_gpu_capacity(nodes, self.accelerator)
+            for number, gpus, waited in over:
+                if gpus > per_node:
+                    raise NoGpusError(number, gpus, gpu_type, waited, cluster_inventory(ray.cluster_resources(), nodes))
+        return waiting
 
     def wait(self, timeout_s: float) -> list[tuple[int, TrialResult]]:
         """Results of the trials that finished within ``timeout_s`` (possibly none)."""
@@ -399,7 +486,10 @@ class TrialPool:
         item.excluded = []
 
     def _refresh_capacity(self) -> None:
-        """After a node loss: plan with the GPUs of the nodes still alive (minus quarantined slots)."""
+        """After a node loss: plan with the GPUs of the nodes still alive (minus quarantined slots).
+        A cluster that offered no GPUs of the type keeps planning with the spec's count."""
+        if self.offered_gpus == 0:
+            return
         total, per_node = node_gpu_capacity(ray.nodes(), self.accelerator)
         if total < self.cluster_gpus:
             lost = self.cluster_gpus - self.total_gpus

@@ -18,7 +18,8 @@ The shape (only ``name``, ``model``, ``gpu``, ``workload`` and ``search_space`` 
     constraints: {max_preemptions: 0, p99_ttft_ms: 2000, p99_itl_ms: 50, p99_e2e_ms: 60000}
     search_space: memory-pair        # a file (relative to this file), a bare name in search_spaces/, or inline
     fixed_flags: {max_model_len: 4096}   # pinned for every trial
-    budget: {trials: 24, parallel: 2, time_limit_s: 600, confirm_top: 0, confirm_repeats: 2, confirm_on: same-start}
+    budget: {trials: 24, parallel: 2, time_limit_s: 600, confirm_top: 0, confirm_repeats: 2, confirm_on: same-start,
+             wait_for_gpus_s: 30}  # wait_for_gpus_s: how long a trial may wait for Ray to place it
     backend: auto                    # auto (vllm where a GPU is visible, else sim) | vllm | sim | replay
     replay_file: landscape.csv       # backend replay only: recorded trials (flag_* + metric columns)
     prescreen: true                  # memory planner: prune predicted startup failures, informed starts
@@ -90,6 +91,9 @@ _METRIC_ALIASES = {f"{stat}_{stem}_ms": f"{stem}_{stat}_ms"
                    for stem in ("ttft", "itl", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99")}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DEFAULT_RUNS_DIR = "servetune-runs"
+#: The shortest budget.wait_for_gpus_s (a trial's Ray worker takes seconds to start; see
+#: servetune.cluster.pool.PLACEMENT_GRACE_S).
+MIN_WAIT_FOR_GPUS_S = 10.0
 _FEASIBILITY_LIMIT = 20_000  # combinations listed at load time to prove the space can start at all
 
 
@@ -164,6 +168,10 @@ class Budget:
     #: configuration left unconfirmed is started again after the budget. ``restart``: every
     #: repeat is a start of its own (it then also samples the start: graph capture, the host).
     confirm_on: str = "same-start"
+    #: How long a trial may wait for Ray to place it on GPUs of the spec's type (a cluster with
+    #: none of them, or an autoscaler still adding nodes) before the study stops, naming what the
+    #: cluster has; a placed trial's own run is not bounded by it.
+    wait_for_gpus_s: float = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,7 +429,7 @@ def _parse_constraints(raw: Any) -> Constraints:
 
 def _parse_budget(raw: Any) -> Budget:
     data = _section(raw, "budget", ("trials", "parallel", "time_limit_s", "confirm_top", "confirm_repeats",
-                                    "confirm_on"), "{trials: 24, parallel: 2}")
+                                    "confirm_on", "wait_for_gpus_s"), "{trials: 24, parallel: 2}")
     time_limit = data.get("time_limit_s")
     return Budget(
         trials=_int(data.get("trials", Budget.trials), "budget.trials", 1, 1_000_000),
@@ -430,7 +438,17 @@ def _parse_budget(raw: Any) -> Budget:
         confirm_top=_int(data.get("confirm_top", Budget.confirm_top), "budget.confirm_top", 0, 100),
         confirm_repeats=_int(data.get("confirm_repeats", Budget.confirm_repeats), "budget.confirm_repeats", 1, 100),
         confirm_on=_choice(data.get("confirm_on", Budget.confirm_on), "budget.confirm_on", CONFIRM_ON),
+        wait_for_gpus_s=_wait_for_gpus(data.get("wait_for_gpus_s", Budget.wait_for_gpus_s)),
     )
+
+
+def _wait_for_gpus(value: Any) -> float:
+    seconds = _positive(value, "budget.wait_for_gpus_s")
+    if seconds < MIN_WAIT_FOR_GPUS_S:
+        raise SpecError("budget.wait_for_gpus_s", f"must be at least {MIN_WAIT_FOR_GPUS_S:g} s, got {value!r}: "
+                        "starting a trial's Ray worker alone takes seconds",
+                        "write budget.wait_for_gpus_s: 30 (or more where an autoscaler adds GPU nodes)")
+    return seconds
 
 
 def _parse_measurement(raw: Any) -> Measurement:
@@ -692,9 +710,13 @@ class StudySpec:
         return gpus.get_gpu(self.gpu.type)
 
     def with_overrides(self, *, backend: str | None = None, trials: int | None = None, parallel: int | None = None,
-                       seed: int | None = None) -> StudySpec:
-        """A re-validated copy with CLI overrides applied (``None`` keeps the spec's value)."""
+                       seed: int | None = None, runs_dir: str | None = None) -> StudySpec:
+        """A re-validated copy with CLI overrides applied (``None`` keeps the spec's value).
+
+        ``runs_dir`` replaces ``output.runs_dir`` (the default stores and dataset follow it)."""
         data = copy.deepcopy(dict(self.source))
+        if runs_dir is not None:
+            data["output"] = {**dict(data.get("output") or {}), "runs_dir": runs_dir}
         if backend is not None:
             data["backend"] = backend
             if backend != "replay":  # a recorded landscape means nothing to the other backends
