@@ -5,15 +5,54 @@ Import from here: ``from servetune.engines import TrialTask, run_trial``. The co
 trial's own failure is a result). The vLLM I/O helpers (log parser, ``/metrics``, load
 generators, ``vllm serve --help`` check, infrastructure evidence, diagnosis) live beside the real
 engine in :mod:`servetune.engines.vllm`.
+
+The names load on first use, so importing a helper module under this package stays cheap.
 """
 
-from servetune.engines._run import ENGINES, get_engine, run_trial
-from servetune.engines._sim import SimEngine
-from servetune.engines.base import (BACKENDS, LOAD_GENERATORS, Engine, LeaderRepeats, TrialTask, gpu_visible,
-                                   resolve_backend)
-from servetune.engines.early_stop import EarlyStop
-from servetune.engines.replay import Landscape, ReplayEngine
-from servetune.engines.vllm import VllmEngine
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from servetune.engines._run import ENGINES, get_engine, run_trial
+    from servetune.engines._sim import SimEngine
+    from servetune.engines.base import (BACKENDS, LOAD_GENERATORS, Engine, LeaderRepeats, TrialTask, gpu_visible,
+                                       resolve_backend)
+    from servetune.engines.early_stop import EarlyStop
+    from servetune.engines.replay import Landscape, ReplayEngine
+    from servetune.engines.vllm import VllmEngine
 
 __all__ = ["Engine", "TrialTask", "LeaderRepeats", "run_trial", "get_engine", "resolve_backend", "gpu_visible", "ENGINES",
            "BACKENDS", "LOAD_GENERATORS", "EarlyStop", "SimEngine", "VllmEngine", "ReplayEngine", "Landscape"]
+
+
+#: Where each public name is defined: imported on first use (PEP 562), so a command that needs
+#: one helper does not pay for every engine's imports (pandas, aiohttp, the load generators).
+_DEFINED_IN = {
+    "ENGINES": "servetune.engines._run",
+    "get_engine": "servetune.engines._run",
+    "run_trial": "servetune.engines._run",
+    "SimEngine": "servetune.engines._sim",
+    "BACKENDS": "servetune.engines.base",
+    "LOAD_GENERATORS": "servetune.engines.base",
+    "Engine": "servetune.engines.base",
+    "LeaderRepeats": "servetune.engines.base",
+    "TrialTask": "servetune.engines.base",
+    "gpu_visible": "servetune.engines.base",
+    "resolve_backend": "servetune.engines.base",
+    "EarlyStop": "servetune.engines.early_stop",
+    "Landscape": "servetune.engines.replay",
+    "ReplayEngine": "servetune.engines.replay",
+    "VllmEngine": "servetune.engines.vllm",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _DEFINED_IN:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_DEFINED_IN[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,9 +11,40 @@
 * :mod:`~servetune.engines.vllm.diagnose`: a failed start explained, for ``servetune diagnose``;
 * :mod:`~servetune.engines.vllm.workload_fit`: the workload a server saw, fitted to its ``/metrics``
   histograms or a request log, for ``servetune workload``.
+
+The names load on first use, so importing one helper (the log parser, say) stays cheap.
 """
 
-from servetune.engines.vllm.engine import VllmEngine, VllmLaunch, read_serve_help, run_vllm_trial
-from servetune.engines.vllm.logs import ParsedLog, classify, parse_log
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from servetune.engines.vllm.engine import VllmEngine, VllmLaunch, read_serve_help, run_vllm_trial
+    from servetune.engines.vllm.logs import ParsedLog, classify, parse_log
 
 __all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "ParsedLog", "parse_log", "classify"]
+
+
+#: Where each public name is defined: imported on first use (PEP 562), so a command that needs
+#: one helper does not pay for every engine's imports (pandas, aiohttp, the load generators).
+_DEFINED_IN = {
+    "VllmEngine": "servetune.engines.vllm.engine",
+    "VllmLaunch": "servetune.engines.vllm.engine",
+    "read_serve_help": "servetune.engines.vllm.engine",
+    "run_vllm_trial": "servetune.engines.vllm.engine",
+    "ParsedLog": "servetune.engines.vllm.logs",
+    "classify": "servetune.engines.vllm.logs",
+    "parse_log": "servetune.engines.vllm.logs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _DEFINED_IN:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_DEFINED_IN[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
