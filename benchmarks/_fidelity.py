@@ -48,7 +48,8 @@ __all__ = ["FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRu
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
            "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read", "fit_alone", "fit_eager_floor", "held_out_cells",
            "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "read_knobs",
-           "format_table", "fit", "held_out", "FOLDS"]
+           "format_table", "fit", "held_out", "FOLDS", "H100_FIXTURES", "H100_GPU", "H100_CALIBRATING", "load_h100_runs",
+           "window_api_cpu_factor", "h100_check"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
@@ -414,6 +415,47 @@ def calibration_host_factors(runs: Iterable[RealRun] | None = None) -> dict[str,
     return {host: host_factor(host, by_name) for host in UNSEEN_HOSTS if host not in HELD_OUT_HOSTS}
 
 
+#: Real vLLM 0.26.0 on one H100 SXM (2026-12-05, ``tests/fixtures/real_h100``): one folder per server
+#: start, one sub-folder per measured window, as ``real_h200/scale``. In no fit of any knob: they
+#: judge the H100 row of the GPU table as it stands (datasheet rates, the H200's fitted knobs).
+H100_FIXTURES = FIXTURES.parent / "real_h100"
+H100_GPU = "H100-80GB"
+#: The H100's first measured window (the anchor's workload at the anchor's flags, a fresh server):
+#: the one its API-server CPU factor is read off, as a study's first trial would be.
+H100_CALIBRATING = "2026-12-05_l8b_u09_s256_mbt8192/p1024_o256_c256"
+
+
+def load_h100_runs(fixtures: Path = H100_FIXTURES) -> list[RealRun]:
+    """Every served, unprofiled window of the H100 starts, named ``<start>/<window>``, sorted by
+    start folder and, within a start, in the order its windows ran."""
+    runs = []
+    for start_summary in sorted(fixtures.glob("*/summary.json")):
+        start = json.loads(start_summary.read_text())
+        for window in start.get("windows", {}):
+            path = start_summary.parent / window / "summary.json"
+            if not path.exists():
+                continue  # skipped by the plan's deadline
+            s = json.loads(path.read_text())
+            if s.get("error") or s.get("output_throughput") is None or not s.get("completed") or s.get("profiled"):
+                continue
+            runs.append(_run(f"{start_summary.parent.name}/{window}", s, path.parent))
+    return runs
+
+
+def h100_check(runs: Sequence[RealRun] | None = None, calibration: Mapping[str, float] | None = None) -> HostCheck:
+    """The H100 judged as the H200 hosts are (:func:`host_checks`): the API-server factor read off
+    :data:`H100_CALIBRATING`, then every window simulated on :data:`H100_GPU` at factor 1
+    (``plain``, the calibrating window included) and every other window at the factor
+    (``with_factor``). Nothing is fitted."""
+    runs = list(runs if runs is not None else load_h100_runs())
+    anchor = next(r for r in runs if r.name == H100_CALIBRATING)
+    factor = window_api_cpu_factor(anchor, calibration, gpu=H100_GPU)
+    judged = [r for r in runs if r is not anchor]
+    with_factor = fidelity_rows({**(calibration or {}), "api_cpu_factor": factor}, judged, gpu=H100_GPU)
+    return HostCheck("H100 2026-12-05", anchor.name, factor, fidelity_rows(calibration, runs, gpu=H100_GPU),
+                     with_factor)
+
+
 def read_knobs(option: str, path: Path) -> dict[str, float] | None:
     """A candidate calibration file's ``knobs`` (``sim_fidelity.py --knobs/--start``,
     ``gemm_vs_sim.py --knobs``), checked by the simulator's own rule for names and ranges
@@ -432,8 +474,8 @@ def read_knobs(option: str, path: Path) -> dict[str, float] | None:
     return knobs
 
 
-def _gpu_with(calibration: Mapping[str, float] | None) -> GpuSpec:
-    return with_calibration(get_gpu(GPU), calibration or {})
+def _gpu_with(calibration: Mapping[str, float] | None, gpu: str = GPU) -> GpuSpec:
+    return with_calibration(get_gpu(gpu), calibration or {})
 
 
 def host_of(run_name: str) -> str | None:
@@ -447,8 +489,9 @@ def host_of(run_name: str) -> str | None:
 
 def fidelity_rows(calibration: Mapping[str, float] | None = None,
                   runs: Iterable[RealRun] | None = None, max_requests: int | None = None,
-                  host_factors: Mapping[str, float] | None = None) -> list[FidelityRow]:
-    """Simulate every real run; ``calibration`` overrides the H200 knobs (for fitting).
+                  host_factors: Mapping[str, float] | None = None, gpu: str = GPU) -> list[FidelityRow]:
+    """Simulate every real run on ``gpu`` (the H200 unless named); ``calibration`` overrides its
+    knobs (for fitting).
 
     ``max_requests`` simulates only the first requests of each window (the fit's inner loop: a
     closed-loop window reaches its steady state within a few rounds of its concurrency).
@@ -456,9 +499,9 @@ def fidelity_rows(calibration: Mapping[str, float] | None = None,
     runs (:func:`host_of`) at its own factor and every other run at the calibration's: runs from
     several hosts judged, or fitted, together.
     """
-    gpus = {None: _gpu_with(calibration)}
+    gpus = {None: _gpu_with(calibration, gpu)}
     for host, factor in (host_factors or {}).items():
-        gpus[host] = _gpu_with({**(calibration or {}), "api_cpu_factor": factor})
+        gpus[host] = _gpu_with({**(calibration or {}), "api_cpu_factor": factor}, gpu)
     rows = []
     models: dict[str, Any] = {}
     for run in runs if runs is not None else load_evidence():
@@ -496,13 +539,17 @@ def host_factor(host: str, runs_by_name: Mapping[str, RealRun],
     """``host_api_cpu_factor`` of the host's calibrating window (:data:`UNSEEN_HOSTS`): its real
     API-server CPU against the simulation of the same window (``calibration``: overrides of the
     committed one, as :func:`fidelity_rows` takes them)."""
-    calibrating = UNSEEN_HOSTS[host][0]
-    anchor = runs_by_name[calibrating]
-    sim = fidelity_rows(calibration, [anchor])[0]
+    return window_api_cpu_factor(runs_by_name[UNSEEN_HOSTS[host][0]], calibration)
+
+
+def window_api_cpu_factor(anchor: RealRun, calibration: Mapping[str, float] | None = None, gpu: str = GPU) -> float:
+    """``host_api_cpu_factor`` of one real window: its API-server CPU against the simulation of the
+    same window on ``gpu`` (``calibration``: overrides of the committed knobs)."""
+    sim = fidelity_rows(calibration, [anchor], gpu=gpu)[0]
     factor = host_api_cpu_factor(TrialResult(TrialStatus.OK, api_server_cpu_s=anchor.api_server_cpu_s),
                                  TrialResult(TrialStatus.OK, api_server_cpu_s=sim.sim_api_server_cpu_s))
     if factor is None:
-        raise ValueError(f"{calibrating}: no API-server CPU on one side")
+        raise ValueError(f"{anchor.name}: no API-server CPU on one side")
     return factor
 
 

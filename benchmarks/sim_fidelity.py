@@ -39,6 +39,9 @@ preemptions, with the relative errors.
   fidelity figures) and those the committed calibration was fitted on since 2026-12-03 (a fit;
   ``_fidelity.in_calibration_fit``). ``--knobs FILE`` judges a candidate calibration (the file's
   ``knobs`` over the committed ones) the same way, each host at the factor read under it.
+* ``--h100``: the real H100 windows (``tests/fixtures/real_h100``, ``_fidelity.h100_check``) on the
+  GPU table's H100 row as it stands, at API-server factor 1 and at the factor read off the first
+  window; the planner's KV capacity against each start's logged KV tokens. Nothing is fitted on them.
 
 Usage::
 
@@ -58,9 +61,10 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _fidelity import (FOLDS, UNSEEN_STARTS, UNSEEN_STUDIES, calibration_host_factors, error_summary,  # noqa: E402
-                       fidelity_rows, fit, fit_eager_floor, fit_fp8_kv_read, fit_frontend, format_table, held_out,
-                       held_out_cells, host_checks, in_calibration_fit, replay_fold,
+from _fidelity import (FOLDS, H100_FIXTURES, H100_GPU, HOST_MODELS, UNSEEN_STARTS, UNSEEN_STUDIES,  # noqa: E402
+                       calibration_host_factors, error_summary, fidelity_rows, fit, fit_eager_floor, fit_fp8_kv_read,
+                       fit_frontend, format_table, h100_check, held_out, held_out_cells, host_checks,
+                       in_calibration_fit, replay_fold, serving_flags,
                        load_calibration_runs, load_evidence, load_study_runs, load_unseen_runs, read_knobs)
 
 
@@ -99,6 +103,33 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
             f"({sim_tps:,.0f} tok/s): {verdict}")
 
 
+def h100_report() -> None:
+    """``--h100``: the planner's KV capacity per start, then the simulator at factor 1 and at the
+    factor read off the first window (the GPU table's H100 row as it stands; nothing fitted)."""
+    import gzip
+
+    from servetune.engines.vllm.logs import parse_log
+    from servetune.planner.gpus import get_gpu
+    from servetune.planner.memory import plan_memory, resolve_engine_config
+    from servetune.planner.modelinfo import load_model
+
+    gpu = get_gpu(H100_GPU)
+    print(f"planner KV capacity on {H100_GPU} against each start's log:")
+    for start in sorted(H100_FIXTURES.glob("*/server.log.gz")):
+        summary = json.loads((start.parent / "summary.json").read_text())
+        log = parse_log(gzip.decompress(start.read_bytes()).decode())
+        model = load_model(HOST_MODELS[summary["model"]])
+        config = resolve_engine_config(serving_flags(summary["flags"]), model, gpu)
+        plan = plan_memory(model, gpu, config, compile_cache_warm=bool(log.compile_cache_hit))
+        print(f"  {start.parent.name}: logged {log.kv_cache_tokens:,} tokens, planned {plan.kv_cache_tokens:,} "
+              f"({100 * (plan.kv_cache_tokens / log.kv_cache_tokens - 1):+.2f}%)")
+    check = h100_check()
+    print(f"\nsimulated on {H100_GPU}, API-server factor 1 (every window):")
+    print(format_table(check.plain))
+    print(f"\nat the factor {check.api_cpu_factor:.2f} read off {check.calibrating_window} (the other windows):")
+    print(format_table(check.with_factor))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
@@ -119,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", action="store_true", help="the 8B fold's knobs on the real grid studies' trials")
     parser.add_argument("--unseen", action="store_true",
                         help="the committed calibration on the studies measured after it was fitted")
+    parser.add_argument("--h100", action="store_true",
+                        help="the real H100 windows on the GPU table's H100 row, and the planner's KV capacity there")
     parser.add_argument("--replay-folds", action="store_true",
                         help="re-simulate the recorded folds under today's engine (API-server loop per fold)")
     parser.add_argument("--fold", action="append", choices=sorted(FOLDS), help="only these folds (repeatable)")
@@ -133,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} works with {mode} only: add {mode}", file=sys.stderr)
             return 2
     t0 = time.perf_counter()
+    if args.h100:
+        h100_report()
+        return 0
     if args.held_out:
         folds = {k: v for k, v in FOLDS.items() if not args.fold or k in args.fold}
         result = {}
