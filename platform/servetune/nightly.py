@@ -56,7 +56,7 @@ from servetune.records._storage import open_storage
 from servetune.records.tracking import StudyTracker
 from servetune.search.warmstart import warm_start_flags
 from servetune.sim.perf import calibration_for
-from servetune.spec.schema import StudySpec
+from servetune.spec.schema import StudySpec, sqlite_url
 from servetune.spec.space import read_yaml
 from servetune.study import remeasure, run_study
 
@@ -407,7 +407,7 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
     report_dir = root / "reports" / date
     report_dir.mkdir(parents=True, exist_ok=True)
     tdata = matrix.get("tracking") or {}
-    mlflow_uri = tdata.get("mlflow_uri", f"sqlite:///{root}/mlflow.db")
+    mlflow_uri = tdata.get("mlflow_uri", sqlite_url(root / "mlflow.db"))
     experiment = tdata.get("experiment", str(matrix.get("name", "servetune-nightly")))
     history = pd.read_parquet(history_path) if history_path.exists() else pd.DataFrame()
     if not history.empty:  # a night run again replaces its rows
@@ -420,7 +420,7 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
         data = deep_merge(cell.spec_data, {
             "name": cell.study_name(date),
             "tracking": {"mlflow_uri": mlflow_uri, "experiment": experiment},
-            "storage": {"optuna_url": f"sqlite:///{root}/optuna.db"},
+            "storage": {"optuna_url": sqlite_url(root / "optuna.db")},
             "output": {"runs_dir": str(root / "runs"), "dataset_dir": str(dataset_dir)}})
         factor = (inject or {}).get(cell.name)
         original = gpus.get_gpu(cell.gpu_type) if factor is not None else None
