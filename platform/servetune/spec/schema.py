@@ -61,7 +61,7 @@ from servetune.engines.replay import missing_columns, read_landscape
 from servetune.engines.vllm.bench_client import bench_argv
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner import gpus, modelinfo
-from servetune.planner.flags import validate_flags
+from servetune.planner.flags import argv_value, validate_flags
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
 from servetune.redact import redact_url
@@ -274,7 +274,10 @@ def find_search_space(ref: str, base_dir: Path | None = None, cwd: Path | None =
 
 
 def _parse_model(raw: Any, serve_raw: Any, base_dir: Path | None) -> tuple[str, str, ModelProfile | None]:
-    text = _text(raw, "model", "llama-3.1-8b (a shipped name), ./my-model (a directory) or org/name (HF id)")
+    text = argv_value(_text(raw, "model", "llama-3.1-8b (a shipped name), ./my-model (a directory) or org/name (HF id)"),
+                      "model")
+    given = None if serve_raw is None else argv_value(  # given to `vllm serve` as is: checked before anything is read
+        _text(serve_raw, "serve_model", "meta-llama/Llama-3.1-8B-Instruct"), "serve_model")
     candidate = _relative(base_dir, text)
     is_path = text.startswith((".", "/", "~")) or text.endswith(".json") or candidate.exists()
     if is_path:
@@ -299,13 +302,13 @@ def _parse_model(raw: Any, serve_raw: Any, base_dir: Path | None) -> tuple[str, 
             shipped_name_or_path = json.loads(Path(profile.source).read_text()).get("_name_or_path")
         except (OSError, ValueError, AttributeError):
             shipped_name_or_path = None
-    if serve_raw is not None:
-        serve = _text(serve_raw, "serve_model", "meta-llama/Llama-3.1-8B-Instruct")
+    if given is not None:
+        serve = given
     elif is_path:
         serve = str(Path(ref).parent) if ref.endswith(".json") else ref
     else:
         serve = shipped_name_or_path if isinstance(shipped_name_or_path, str) and shipped_name_or_path else text
-    return ref, serve, profile
+    return ref, argv_value(serve, "model"), profile
 
 
 _MAX_REQUESTS = 1_000_000  # per trial; more is a typo, and would take minutes just to generate
