@@ -90,6 +90,8 @@ def test_a_running_study_listens_on_loopback_only(tmp_path: Path) -> None:
         assert record and _told(storage) >= 1, "the study finished no trial within 180 s"
         commands = {comm for comm, _, _ in seen}
         assert {"gcs_server", "raylet"} <= commands, f"Ray's own servers were not seen: {sorted(seen)}"
+        # Ray's dashboard (its web UI, default port 8265) is off unless SERVETUNE_RAY_DASHBOARD asks for it.
+        assert not [key for key in seen if key[2] == 8265], f"Ray's dashboard listens: {sorted(seen)}"
         exposed = sorted(key for key in seen if not is_loopback(key[1]))
         print(f"{len(seen)} listening sockets, {len(exposed)} beyond loopback")
         assert not exposed, f"listening beyond loopback (command, address, port): {exposed}"
