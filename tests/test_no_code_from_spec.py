@@ -192,6 +192,7 @@ def test_best_refuses_a_stored_option_as_the_model(tmp_path: Path, capsys) -> No
     trial.suggest_categorical("max_num_seqs", [8])
     trial.set_constraint("max_preemptions", 0.0)  # feasible, as the driver records it
     study.tell(trial, 1.0)
-    assert cli.main(["best", "old", "--storage", url]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: serve_model: ") and "starts with '-'" in err and "\n" not in err
+    for fmt in ("cmd", "yaml"):  # vLLM turns a --config file's keys into arguments too
+        assert cli.main(["best", "old", "--storage", url, "--format", fmt]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: serve_model: ") and "starts with '-'" in err and "\n" not in err

@@ -214,9 +214,13 @@ def to_cli_args(flags: Mapping[str, Any]) -> list[str]:
 
 
 def to_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
-    """A ``vllm serve --config`` file: keys are flag names with dashes, ``model`` included."""
-    doc: dict[str, Any] = {"model": model}
-    doc.update({k.replace("_", "-"): v for k, v in flags.items() if v is not None})
+    """A ``vllm serve --config`` file: keys are flag names with dashes, ``model`` included.
+
+    vLLM turns the file's keys and values into command-line arguments, so the model passes
+    :func:`argv_value` and the flags :func:`validate_flag`, as on the command line (SpecError).
+    """
+    doc: dict[str, Any] = {"model": argv_value(model, "serve_model")}
+    doc.update({k.replace("_", "-"): validate_flag(str(k), v, f"flags.{k}") for k, v in flags.items() if v is not None})
     return yaml.safe_dump(doc, sort_keys=False)
 
 
