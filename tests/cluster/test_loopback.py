@@ -1,8 +1,8 @@
 """The local Ray a study starts listens on loopback only, and the socket reader would see it if not.
 
-A real `servetune tune` (sim backend, logical GPUs, a tiny workload) runs in its own session; while
-its trials run, the listening TCP sockets of the driver's process tree and of its recorded Ray
-session (GCS server, raylet, dashboard and runtime-env agents, Ray's minimal dashboard head,
+A real `servetune tune` (sim backend, logical GPUs, a tiny workload) runs in its own process group;
+while its trials run, the listening TCP sockets of the driver's process tree and of the local Ray it
+recorded (GCS server, raylet, dashboard and runtime-env agents, Ray's minimal dashboard head,
 workers, trial actors, the driver's core worker) are read from /proc as ``ss -ltnp`` reads them,
 and every one must be bound to 127.0.0.1 / ::1. Measured when this was written: 12 listening
 sockets, 11 of them on ``::``, ``0.0.0.0`` or the host's address before the local Ray was bound to
