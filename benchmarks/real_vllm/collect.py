@@ -49,6 +49,7 @@ from servetune.engines.vllm.loadgen import run_workload
 from servetune.engines.vllm.metrics import gauge, parse_prometheus
 from servetune.result import summarize
 from servetune.engines.vllm.engine import gpu_memory_used_mib
+from servetune.planner.flags import argv_value
 from servetune.workload import Workload
 
 MODEL = os.environ.get("SERVETUNE_REAL_MODEL", "/root/model")
@@ -63,7 +64,7 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
 
 
 def _argv(flags: dict, model: str = MODEL) -> list[str]:
-    argv = ["vllm", "serve", model, "--host", "127.0.0.1", "--port", "8011"]
+    argv = ["vllm", "serve", argv_value(model, "model"), "--host", "127.0.0.1", "--port", "8011"]
     for key, value in flags.items():
         opt = "--" + key.replace("_", "-")
         if value is True:

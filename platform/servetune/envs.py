@@ -18,6 +18,8 @@ __all__ = ["serve_command", "startup_timeout_s", "compile_cache_dir", "compile_c
 ENV_VARS = {
     "SERVETUNE_SERVE_COMMAND": "argv before MODEL that starts a server (default: 'vllm serve'); split like a "
                                "shell would split it, but never run through a shell",
+    "SERVETUNE_RAY_DASHBOARD": "1 starts Ray's dashboard (on 127.0.0.1) with the local Ray a study starts (default: off); "
+                               "a joined cluster keeps its own",
     "SERVETUNE_STARTUP_TIMEOUT_S": "seconds a server may take to answer /health (default 600)",
     "SERVETUNE_COMPILE_CACHE_DIR": "a directory for vLLM's compile caches, kept across trials and studies: every "
                                    "real trial gets VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR "

@@ -56,7 +56,7 @@ from servetune.records._storage import open_storage
 from servetune.records.tracking import StudyTracker
 from servetune.search.warmstart import warm_start_flags
 from servetune.sim import calibration_for
-from servetune.spec.schema import StudySpec
+from servetune.spec.schema import StudySpec, sqlite_url
 from servetune.spec.space import read_yaml
 from servetune.study import remeasure, run_study
 
@@ -390,7 +390,7 @@ def nightly_stores(matrix: Mapping[str, Any], root: Path) -> tuple[str, str]:
     """The night's (Optuna storage URL, MLflow tracking URI): SQLite under ``root`` unless the
     matrix's ``tracking.mlflow_uri`` names a server."""
     tdata = matrix.get("tracking") or {}
-    return f"sqlite:///{root}/optuna.db", str(tdata.get("mlflow_uri", f"sqlite:///{root}/mlflow.db"))
+    return sqlite_url(root / "optuna.db"), str(tdata.get("mlflow_uri", sqlite_url(root / "mlflow.db")))
 
 
 def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, float] | None = None,

@@ -172,9 +172,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _sqlite_path(url: str) -> Path | None:
     """The database file of a ``sqlite:///PATH`` URL (``sqlite:////abs`` for an absolute path)."""
-    if not url.startswith("sqlite:///"):
+    import sqlalchemy.exc
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)  # SQLAlchemy's own reading: a %3F in a folder name is a '?' of the path
+    except (sqlalchemy.exc.ArgumentError, ValueError):
         return None
-    path = url[len("sqlite:///"):].split("?", 1)[0]
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    path = parsed.database or ""
     return None if path in ("", ":memory:") else Path(path)
 
 
@@ -287,6 +294,7 @@ def _best(args: argparse.Namespace) -> int:
 
     from servetune.records._storage import open_storage
     from servetune.planner.flags import to_command_line, to_config_yaml
+    from servetune.spec.schema import sqlite_url
     from servetune.study import best_trial
 
     name, storage, model = args.study, args.storage, None
@@ -296,7 +304,7 @@ def _best(args: argparse.Namespace) -> int:
         spec = load_spec(args.study)
         name, storage, model = spec.name, storage or spec.storage.optuna_url, spec.serve_model
     field = "--storage" if args.storage else ("storage.optuna_url" if storage else "--storage")
-    storage = storage or f"sqlite:///{DEFAULT_RUNS_DIR}/optuna.db"
+    storage = storage or sqlite_url(Path(DEFAULT_RUNS_DIR) / "optuna.db")
     _check_study_store(storage, field)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     import sqlalchemy.exc

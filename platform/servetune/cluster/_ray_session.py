@@ -15,6 +15,12 @@ time, the node processes' pids and start times), and the next start of the same 
 
 Linux ``/proc`` only; elsewhere there is nothing to reap and nothing is recorded.
 
+:func:`start_local_ray` starts that local Ray on loopback only: its node address is 127.0.0.1, so the
+GCS server, the raylet, the dashboard and runtime-env agents, the workers and the driver's own core
+worker listen on 127.0.0.1 and nowhere else, and Ray's dashboard is off unless
+``SERVETUNE_RAY_DASHBOARD=1`` asks for it (then on 127.0.0.1 too). A cluster the driver joins is the
+user's Ray, configured by its own ``ray start``.
+
 Example::
 
     reaped = reap_leftovers(runs_dir, "my-study")      # before starting Ray
@@ -32,9 +38,40 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["record_path", "record_local_session", "session_processes", "reap_leftovers"]
+__all__ = ["record_path", "record_local_session", "session_processes", "reap_leftovers", "start_local_ray",
+           "LOOPBACK"]
 
 _PROC = Path("/proc")
+#: The one address a local Ray of servetune's binds to.
+LOOPBACK = "127.0.0.1"
+
+
+def start_local_ray(**init_kwargs: Any) -> None:
+    """``ray.init(**init_kwargs)`` of a new local Ray bound to 127.0.0.1 only (see the module docstring).
+
+    Ray's components listen on loopback only when the node address is literally ``127.0.0.1`` (the
+    GCS server, raylet and core workers compare it; the agents test ``is_localhost``). But Ray 2.60's
+    ``ray.init`` rewrites a loopback ``_node_ip_address`` to the host's routable address
+    (``services.resolve_ip_for_localhost`` -> ``get_node_ip_address``), unless Ray clusters are
+    disabled (``ray_constants.ENABLE_RAY_CLUSTER``, False on macOS and Windows, where Ray keeps its
+    node on loopback). That switch is turned off for the duration of this ``ray.init`` only; once the
+    node exists, every address lookup reads the node's own. A node that still came up elsewhere
+    is shut down and refused: a study never runs on a Ray that listens beyond loopback.
+    """
+    from unittest import mock  # the standard library's scoped attribute patch, restored on exit
+
+    import ray
+    from ray._private import ray_constants
+
+    dashboard = os.environ.get("SERVETUNE_RAY_DASHBOARD", "").strip().lower() in ("1", "true", "yes", "on")
+    init_kwargs.update(_node_ip_address=LOOPBACK, include_dashboard=dashboard, dashboard_host=LOOPBACK)
+    with mock.patch.object(ray_constants, "ENABLE_RAY_CLUSTER", False):
+        ray.init(**init_kwargs)
+    node = getattr(ray._private.worker, "_global_node", None)
+    address = getattr(node, "node_ip_address", None)
+    if address != LOOPBACK:
+        ray.shutdown()
+        raise RuntimeError(f"the local Ray came up on {address!r}, not {LOOPBACK}: refusing to run a study on it")
 
 
 def record_path(runs_dir: str | os.PathLike[str], study: str) -> Path:

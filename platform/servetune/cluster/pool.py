@@ -53,6 +53,7 @@ from typing import Any
 
 import ray
 
+from servetune.cluster import _ray_session
 from servetune.engines import TrialTask, run_trial
 from servetune.engines.vllm.infra import SLOT_KINDS, classify_actor_error
 from servetune.result import TrialResult, TrialStatus
@@ -254,7 +255,9 @@ class TrialPool:
             else:
                 if gpu_type:
                     kwargs["resources"] = {accelerator_resource(gpu_type): 1}
-                ray.init(num_gpus=num_gpus, num_cpus=num_cpus or max(2, os.cpu_count() or 2), **kwargs)
+                # Loopback only, dashboard off unless asked (servetune.cluster._ray_session).
+                _ray_session.start_local_ray(num_gpus=num_gpus, num_cpus=num_cpus or max(2, os.cpu_count() or 2),
+                                             **kwargs)
                 started_local = True
         nodes = ray.nodes()
         labelled = any(k.startswith(_ACCEL_PREFIX) for n in nodes if n.get("Alive", True)

@@ -11,7 +11,7 @@ simulator and the engines can all lean on it.
 """
 
 from servetune.planner.engine_config import EngineConfig, resolve_engine_config
-from servetune.planner.flags import FLAGS, gpus_needed, parse_set_option, to_cli_args, to_command_line, to_config_yaml, validate_flags
+from servetune.planner.flags import FLAGS, argv_value, gpus_needed, parse_set_option, to_cli_args, to_command_line, to_config_yaml, validate_flags
 from servetune.planner.gpus import GpuSpec, get_gpu, known_gpus, register_gpus_from_yaml
 from servetune.planner.memory import MemoryPlan, plan_memory
 from servetune.planner.modelinfo import ModelProfile, known_models, load_model
@@ -20,7 +20,7 @@ from servetune.planner.target import Target, resolve_target
 from servetune.planner.vllm_rules import VllmMemoryRules, memory_rules, parse_vllm_version
 from servetune.vllm_version import DEFAULT_VLLM_VERSION
 
-__all__ = ["FLAGS", "validate_flags", "gpus_needed", "parse_set_option", "to_cli_args", "to_command_line",
+__all__ = ["FLAGS", "argv_value", "validate_flags", "gpus_needed", "parse_set_option", "to_cli_args", "to_command_line",
            "to_config_yaml", "GpuSpec", "get_gpu", "known_gpus", "register_gpus_from_yaml", "DEFAULT_VLLM_VERSION",
            "EngineConfig", "MemoryPlan", "parse_vllm_version", "plan_memory", "resolve_engine_config", "ModelProfile",
            "known_models", "load_model", "preemption_bound", "optimistic_bound", "Target", "resolve_target",

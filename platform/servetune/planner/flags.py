@@ -4,7 +4,10 @@ Every flag a study may set is a :class:`FlagSpec` in :data:`FLAGS`, named exactl
 the engine argument (``gpu_memory_utilization``, not an alias). :func:`validate_flags` checks a
 flag set before any trial starts (types, ranges, choices; values such as ``"0.9; rm -rf /"`` are
 refused), and :func:`to_cli_args` / :func:`to_config_yaml` render it for ``vllm serve`` as an argv
-list (never a shell string) or as a ``vllm serve --config`` file.
+list (never a shell string) or as a ``vllm serve --config`` file. :func:`argv_value` is the one rule
+for a free-text value that becomes an argv element of a command servetune starts (the model of
+``vllm serve``, of its simulator stand-in and of ``vllm bench serve``): no text from a spec is ever
+read as an option by the command that receives it.
 
 Example:
     >>> to_cli_args({"gpu_memory_utilization": 0.9, "enforce_eager": True, "enable_prefix_caching": False})
@@ -24,7 +27,7 @@ import yaml
 from servetune.errors import SpecError, did_you_mean
 
 __all__ = ["FlagSpec", "FLAGS", "validate_flags", "validate_flag", "gpus_needed", "to_cli_args", "to_config_yaml",
-           "to_command_line", "parse_set_option", "flags_key"]
+           "to_command_line", "parse_set_option", "flags_key", "argv_value", "MAX_ARGV_VALUE"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +75,48 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
 )}
 
 _BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+#: The longest model id or path :func:`argv_value` accepts (PATH_MAX on Linux).
+MAX_ARGV_VALUE = 4096
+
+
+def argv_value(value: Any, field: str, what: str = "a model id or path") -> str:
+    """``value`` when it may be one argv element of a command servetune starts; else SpecError naming ``field``.
+
+    The rule, the same wherever text becomes argv: a non-empty string of at most
+    :data:`MAX_ARGV_VALUE` characters, no control character (a newline or NUL would forge log lines or
+    cut the argument), and no leading ``-``: the receiving command (``vllm serve``, its stand-in,
+    ``vllm bench serve``) would read it as an option, e.g. ``--tool-parser-plugin=plugin.py``, which
+    makes vLLM import that file. A path that starts with ``-`` is written ``./-name``.
+
+    Example:
+        >>> argv_value("org/name", "serve_model"), argv_value("./-odd", "serve_model")
+        ('org/name', './-odd')
+        >>> argv_value("--tool-parser-plugin=plugin.py", "serve_model")
+        Traceback (most recent call last):
+        ...
+        servetune.errors.SpecError: serve_model: '--tool-parser-plugin=plugin.py' starts with '-', so the command it is given to would read it as an option (fix: give a model id such as org/name or a path; write a path that starts with '-' as ./-name)
+    """
+    if not isinstance(value, str) or not value:
+        raise SpecError(field, f"expected {what} as non-empty text, got {_shown(value)}",
+                        "give a model id such as org/name, or a path")
+    if len(value) > MAX_ARGV_VALUE:
+        raise SpecError(field, f"{len(value):,} characters, more than the {MAX_ARGV_VALUE:,} {what} may have",
+                        "give a shorter model id or path")
+    bad = next((c for c in value if ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029"), None)
+    if bad is not None:
+        raise SpecError(field, f"{_shown(value)} holds the control character {bad!r}",
+                        f"give {what} on one line, without control characters")
+    if value.startswith("-"):
+        raise SpecError(field, f"{_shown(value)} starts with '-', so the command it is given to would read it as "
+                        "an option", "give a model id such as org/name or a path; write a path that starts with "
+                        "'-' as ./-name")
+    return value
+
+
+def _shown(value: Any, limit: int = 100) -> str:
+    """``repr(value)`` cut to about ``limit`` characters: an error line never echoes a whole input."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
 
 
 def _as_typed(field: str, name: str, text: str) -> str:
@@ -147,12 +192,18 @@ def gpus_needed(flags: Mapping[str, Any]) -> int:
 
 
 def to_cli_args(flags: Mapping[str, Any]) -> list[str]:
-    """``vllm serve`` arguments for a flag set, as an argv list (booleans as ``--x`` / ``--no-x``)."""
+    """``vllm serve`` arguments for a flag set, as an argv list (booleans as ``--x`` / ``--no-x``).
+
+    Only flags of :data:`FLAGS`, each value checked again by :func:`validate_flag` (a SpecError
+    otherwise): whatever reaches this point, an option's name comes from the table and its value is
+    a number, a boolean, a list of integers or one of the flag's choices, never free text.
+    """
     argv: list[str] = []
     for name, value in flags.items():
         if value is None:
             continue
-        cli = FLAGS[name].cli if name in FLAGS else "--" + name.replace("_", "-")
+        value = validate_flag(str(name), value, f"flags.{name}")
+        cli = FLAGS[name].cli
         if isinstance(value, bool):
             argv.append(cli if value else "--no-" + cli[2:])
         elif isinstance(value, list):
@@ -163,9 +214,13 @@ def to_cli_args(flags: Mapping[str, Any]) -> list[str]:
 
 
 def to_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
-    """A ``vllm serve --config`` file: keys are flag names with dashes, ``model`` included."""
-    doc: dict[str, Any] = {"model": model}
-    doc.update({k.replace("_", "-"): v for k, v in flags.items() if v is not None})
+    """A ``vllm serve --config`` file: keys are flag names with dashes, ``model`` included.
+
+    vLLM turns the file's keys and values into command-line arguments, so the model passes
+    :func:`argv_value` and the flags :func:`validate_flag`, as on the command line (SpecError).
+    """
+    doc: dict[str, Any] = {"model": argv_value(model, "serve_model")}
+    doc.update({k.replace("_", "-"): validate_flag(str(k), v, f"flags.{k}") for k, v in flags.items() if v is not None})
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -177,7 +232,7 @@ def to_command_line(model: str, flags: Mapping[str, Any]) -> str:
         >>> to_command_line("a b/m", {"max_model_len": 4096})
         "vllm serve 'a b/m' --max-model-len 4096"
     """
-    return shlex.join(["vllm", "serve", model, *to_cli_args(flags)])
+    return shlex.join(["vllm", "serve", argv_value(model, "serve_model"), *to_cli_args(flags)])
 
 
 def flags_key(flags: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

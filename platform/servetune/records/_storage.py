@@ -78,6 +78,24 @@ def _installed(module: str) -> bool:
         return False
 
 
+def _with_driver(url: str, driver: str, field: str = "storage.optuna_url") -> str:
+    """``url`` with its driver named, through SQLAlchemy's URL builder (user, password, host, database
+    and query kept as SQLAlchemy reads them, never re-pasted as text).
+
+    Example:
+        >>> _with_driver("postgresql://u:p%40ss@db:5432/optuna?sslmode=require", "psycopg")
+        'postgresql+psycopg://u:p%40ss@db:5432/optuna?sslmode=require'
+    """
+    import sqlalchemy.exc
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except (sqlalchemy.exc.ArgumentError, ValueError):
+        raise SpecError(field, "not a URL SQLAlchemy can read", "e.g. postgresql+psycopg://user:pass@host:5432/db") from None
+    return parsed.set(drivername=f"postgresql+{driver}").render_as_string(hide_password=False)
+
+
 def postgres_url(url: str, field: str = "storage.optuna_url") -> str:
     """``url`` with its PostgreSQL driver checked (any other URL unchanged); SpecError when missing.
 
@@ -85,7 +103,7 @@ def postgres_url(url: str, field: str = "storage.optuna_url") -> str:
         >>> postgres_url("sqlite:///optuna.db")
         'sqlite:///optuna.db'
     """
-    scheme, sep, rest = url.partition("://")
+    scheme, sep, _ = url.partition("://")
     dialect, _, driver = scheme.partition("+")
     if not sep or dialect != "postgresql" or driver not in ("", "psycopg", "psycopg2"):
         return url  # not PostgreSQL, or a driver servetune does not ship (asyncpg, pg8000): SQLAlchemy's call
@@ -93,7 +111,7 @@ def postgres_url(url: str, field: str = "storage.optuna_url") -> str:
     if driver == "":
         for module in ("psycopg2", "psycopg"):  # SQLAlchemy's default for a bare postgresql:// first
             if _installed(module):
-                return f"postgresql+{module}://{rest}"
+                return _with_driver(url, module, field)
         raise SpecError(field, "a PostgreSQL URL, but no PostgreSQL driver is installed", install)
     if _installed(driver):
         return url

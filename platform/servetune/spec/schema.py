@@ -62,7 +62,7 @@ from servetune.engines.replay import missing_columns, read_landscape
 from servetune.engines.vllm.bench_client import bench_argv
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner import gpus, modelinfo
-from servetune.planner.flags import validate_flags
+from servetune.planner.flags import argv_value, validate_flags
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
 from servetune.redact import redact_url
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Measurement", "Tracking", "Storage", "Output",
-           "load_spec", "find_search_space", "SPEC_KEYS", "BACKENDS", "SAMPLERS", "METRIC_DIRECTIONS"]
+           "load_spec", "find_search_space", "sqlite_url", "SPEC_KEYS", "BACKENDS", "SAMPLERS", "METRIC_DIRECTIONS"]
 
 SPEC_KEYS = ("name", "description", "model", "serve_model", "gpu", "workload", "objective", "constraints",
              "search_space", "fixed_flags", "budget", "backend", "sampler", "seed", "vllm_version", "tracking",
@@ -282,7 +282,10 @@ def find_search_space(ref: str, base_dir: Path | None = None, cwd: Path | None =
 
 
 def _parse_model(raw: Any, serve_raw: Any, base_dir: Path | None) -> tuple[str, str, ModelProfile | None]:
-    text = _text(raw, "model", "llama-3.1-8b (a shipped name), ./my-model (a directory) or org/name (HF id)")
+    text = argv_value(_text(raw, "model", "llama-3.1-8b (a shipped name), ./my-model (a directory) or org/name (HF id)"),
+                      "model")
+    given = None if serve_raw is None else argv_value(  # given to `vllm serve` as is: checked before anything is read
+        _text(serve_raw, "serve_model", "meta-llama/Llama-3.1-8B-Instruct"), "serve_model")
     candidate = _relative(base_dir, text)
     is_path = text.startswith((".", "/", "~")) or text.endswith(".json") or candidate.exists()
     if is_path:
@@ -307,13 +310,13 @@ def _parse_model(raw: Any, serve_raw: Any, base_dir: Path | None) -> tuple[str, 
             shipped_name_or_path = json.loads(Path(profile.source).read_text()).get("_name_or_path")
         except (OSError, ValueError, AttributeError):
             shipped_name_or_path = None
-    if serve_raw is not None:
-        serve = _text(serve_raw, "serve_model", "meta-llama/Llama-3.1-8B-Instruct")
+    if given is not None:
+        serve = given
     elif is_path:
         serve = str(Path(ref).parent) if ref.endswith(".json") else ref
     else:
         serve = shipped_name_or_path if isinstance(shipped_name_or_path, str) and shipped_name_or_path else text
-    return ref, serve, profile
+    return ref, argv_value(serve, "model"), profile
 
 
 _MAX_REQUESTS = 1_000_000  # per trial; more is a typo, and would take minutes just to generate
@@ -540,6 +543,23 @@ def _parse_replay_file(raw: Any, backend: str, base_dir: Path | None, space: Sea
     return path.resolve()
 
 
+def sqlite_url(path: str | Path) -> str:
+    """The SQLAlchemy URL of the SQLite file at ``path``, built with SQLAlchemy's URL builder (never
+    pasted together): a ``?`` or ``#`` in a folder name stays part of the path instead of starting a
+    query that would point Optuna or MLflow at another file.
+
+    Example:
+        >>> sqlite_url("/runs/victim.db?x/optuna.db")
+        'sqlite:////runs/victim.db%3Fx/optuna.db'
+        >>> from sqlalchemy.engine import make_url
+        >>> make_url(sqlite_url("/runs/victim.db?x/optuna.db")).database
+        '/runs/victim.db?x/optuna.db'
+    """
+    from sqlalchemy.engine import URL  # Optuna's and MLflow's own dependency
+
+    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+
+
 def _parse_output(raw: Any, cwd: Path) -> Output:
     data = _section(raw, "output", ("runs_dir", "dataset_dir"), "{runs_dir: servetune-runs}")
     runs = _relative(cwd, _text(data.get("runs_dir", _DEFAULT_RUNS_DIR), "output.runs_dir", _DEFAULT_RUNS_DIR))
@@ -652,13 +672,13 @@ class StudySpec:
         output = _parse_output(data.get("output"), here)
         tdata = _section(data.get("tracking"), "tracking", ("mlflow_uri", "experiment"), "{experiment: my-study}")
         tracking = Tracking(
-            mlflow_uri=(f"sqlite:///{output.runs_dir}/mlflow.db" if tdata.get("mlflow_uri") is None
+            mlflow_uri=(sqlite_url(output.runs_dir / "mlflow.db") if tdata.get("mlflow_uri") is None
                         else _text(tdata["mlflow_uri"], "tracking.mlflow_uri", "http://mlflow:5000")),
             experiment=name if tdata.get("experiment") is None else _text(tdata["experiment"], "tracking.experiment", name))
         sdata = _section(data.get("storage"), "storage", ("optuna_url",), '{optuna_url: "sqlite:///optuna.db"}')
         url = sdata.get("optuna_url")
         if url is None:
-            optuna_url: str | None = f"sqlite:///{output.runs_dir}/optuna.db"
+            optuna_url: str | None = sqlite_url(output.runs_dir / "optuna.db")
         else:
             url = _text(url, "storage.optuna_url", '"sqlite:///servetune-runs/optuna.db"')
             if url != "memory" and "://" not in url:

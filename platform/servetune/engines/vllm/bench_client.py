@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.errors import SpecError
+from servetune.planner.flags import argv_value
 from servetune.result import LatencySummary
 from servetune.workload import LengthDist, Workload
 
@@ -133,10 +134,11 @@ def bench_argv(
     with ``--served-model-name`` needs that name too. The result JSON lands in
     ``result_dir/result_filename``.
     """
+    # Each free-text value is checked by the one rule (SpecError): none may be read as an option.
     argv = [*command, "--backend", "openai", "--endpoint", "/v1/completions", "--base-url", base_url.rstrip("/"),
-            "--model", model]
+            "--model", argv_value(model, "serve_model")]
     if served_model_name and served_model_name != model:
-        argv += ["--served-model-name", served_model_name]
+        argv += ["--served-model-name", argv_value(served_model_name, "served_model_name", "a served model name")]
     argv += random_dataset_args(workload)
     argv += ["--num-prompts", str(workload.num_requests), "--seed", str(workload.seed)]
     if workload.concurrency is not None:
@@ -148,7 +150,8 @@ def bench_argv(
     argv += ["--ignore-eos", "--temperature", "0",
              "--percentile-metrics", ",".join(_METRICS),
              "--metric-percentiles", ",".join(str(p) for p in BENCH_PERCENTILES),
-             "--save-result", "--result-dir", str(result_dir), "--result-filename", result_filename]
+             "--save-result", "--result-dir", argv_value(str(result_dir), "output.runs_dir", "a folder"),
+             "--result-filename", argv_value(result_filename, "result_filename", "a file name")]
     return argv
 
 

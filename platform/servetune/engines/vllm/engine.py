@@ -60,7 +60,7 @@ from servetune.engines.base import LOAD_GENERATORS, Engine, LeaderRepeats, Trial
 from servetune.engines.early_stop import EarlyStop
 from servetune.envs import LAUNCH_SAFE_ENV, compile_cache_env
 from servetune.errors import SpecError, did_you_mean
-from servetune.planner.flags import gpus_needed, to_cli_args
+from servetune.planner.flags import argv_value, gpus_needed, to_cli_args
 from servetune.engines.vllm.infra import confirm_launch_failure
 from servetune.engines.vllm.loadgen import LoadProgress, run_load
 from servetune.engines.vllm.metrics import counter, gauge, parse_prometheus
@@ -69,7 +69,7 @@ from servetune.engines.vllm.logs import ParsedLog, classify, parse_log
 from servetune.engines.vllm.serve_cli import check_argv, parse_serve_help
 from servetune.workload import Workload
 
-__all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "read_serve_help", "cached_serve_help", "free_port",
+__all__ = ["VllmEngine", "VllmLaunch", "run_vllm_trial", "serve_argv", "read_serve_help", "cached_serve_help", "free_port",
            "gpu_memory_used_mib", "SAFE_ENV"]
 
 #: Set in every vLLM environment (NVLink multicast off: the GPU hosts' operating rule); the one
@@ -210,6 +210,25 @@ def _trial_gpu_ids(launch: VllmLaunch) -> list[str] | None:
     return ids if ids and all(i.isdigit() for i in ids) else None
 
 
+def serve_argv(launch: VllmLaunch, port: int) -> list[str]:
+    """The server's argv (pure): ``serve_command``, the model, 127.0.0.1 and ``port``, the flags.
+
+    Raises SpecError where a value is not what it claims to be: a model that would be read as an
+    option (:func:`servetune.planner.flags.argv_value`), a flag outside the table or of the wrong type
+    (:func:`servetune.planner.flags.to_cli_args`). ``serve_command`` (the operator's environment) and
+    ``extra_args`` (set by code, never from a spec) are taken as given.
+
+    Example:
+        >>> serve_argv(VllmLaunch(model="org/m", flags={"max_num_seqs": 8}), 8011)
+        ['vllm', 'serve', 'org/m', '--host', '127.0.0.1', '--port', '8011', '--max-num-seqs', '8']
+    """
+    argv = [*launch.serve_command, argv_value(launch.model, "serve_model"), "--host", launch.host,
+            "--port", str(port), *to_cli_args(launch.flags), *launch.extra_args]
+    if gpus_needed(launch.flags) > 1 and "--distributed-executor-backend" not in argv:
+        argv += ["--distributed-executor-backend", "mp"]
+    return argv
+
+
 def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
     """Run one real (or stand-in) server trial end to end; see the module docstring.
 
@@ -223,6 +242,12 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
         if launch.env.get(key) not in (None, "", "0"):
             return TrialResult(TrialStatus.INVALID_CONFIG, cause=f"{key} would enable NVLink multicast; refused",
                                backend="vllm")
+    port = free_port(launch.host)
+    try:
+        argv = serve_argv(launch, port)
+    except SpecError as exc:
+        return TrialResult(TrialStatus.INVALID_CONFIG, cause=str(exc), backend="vllm",
+                           evidence=["refused before launch: a value that is not what it claims to be"])
     try:
         _check_load_generator(launch, workload)
     except SpecError as exc:
@@ -237,11 +262,6 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
     log_dir = Path(launch.log_dir or tempfile.mkdtemp(prefix="servetune-trial-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "server.log"
-    port = free_port(launch.host)
-    argv = [*launch.serve_command, launch.model, "--host", launch.host, "--port", str(port),
-            *to_cli_args(launch.flags), *launch.extra_args]
-    if gpus_needed(launch.flags) > 1 and "--distributed-executor-backend" not in argv:
-        argv += ["--distributed-executor-backend", "mp"]
     env = {**os.environ, **SAFE_ENV, **launch.env, "VLLM_PORT": str(free_port(launch.host))}
     if launch.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(launch.gpu_ids)
