@@ -414,9 +414,9 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
     matrix = load_matrix(matrix_file)
     cells = expand_matrix(matrix)
     names = [c.name for c in cells]
-    for cell in inject or {}:
-        if cell not in names:
-            raise SpecError("--inject-regression", f"no cell {cell!r}{did_you_mean(cell, names)}",
+    for cell_name in inject or {}:
+        if cell_name not in names:
+            raise SpecError("--inject-regression", f"no cell {cell_name!r}{did_you_mean(cell_name, names)}",
                             f"cells: {', '.join(names)}")
     settings = _noise_settings(matrix.get("noise"))
     here = Path(cwd) if cwd is not None else Path.cwd()
@@ -456,7 +456,8 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
                                     spec.constraints.max_preemptions)
             study = retry_call(lambda: optuna.create_study(  # the driver's storage: SQLite or PostgreSQL, retried
                 study_name=spec.name, storage=open_storage(spec.storage.optuna_url), load_if_exists=True,
-                directions=list(spec.objective.directions)), what="open the Optuna study")
+                directions=list(spec.objective.directions)),  # type: ignore[arg-type]  # spec: "minimize"|"maximize"
+                what="open the Optuna study")
             if warm and not study.get_trials(deepcopy=False):
                 study.enqueue_trial(warm, skip_if_exists=True)
             out.write(f"nightly {date}: cell {cell.name}: study {spec.name}"

@@ -311,7 +311,7 @@ class TrialResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"status": self.status.value, "cause": self.cause, "backend": self.backend,
+        d: dict[str, Any] = {"status": self.status.value, "cause": self.cause, "backend": self.backend,
              "vllm_version": self.vllm_version}
         d.update(self.metrics())
         return d

@@ -305,6 +305,7 @@ def _read_prompts(path: Path, output_len: LengthDist, seed: int) -> list[Request
         if not isinstance(out, int) or out < 1:
             raise SpecError(f"{path}:{i}", f"output_len must be a positive integer, got {out!r}", "fix the line")
         # Without the model's tokenizer, about 4 characters per token (the usual BPE average).
-        plen = row["prompt_len"] if isinstance(row.get("prompt_len"), int) else max(1, len(prompt) // 4)
+        plen = row["prompt_len"] if isinstance(row.get("prompt_len"), int) or not isinstance(prompt, str) \
+            else max(1, len(prompt) // 4)
         reqs.append(RequestSpec(plen, out, None, prompt=prompt if isinstance(prompt, str) else None))
     return reqs

@@ -337,7 +337,7 @@ class TrialPool:
             item.actor = idle.pop()
         else:
             self._drop_idle()  # another size, or a re-run: Ray gets their GPUs back for this actor
-            item.actor = TrialActor.options(**options).remote()
+            item.actor = TrialActor.options(**options).remote()  # type: ignore[attr-defined]  # added by @ray.remote
             # Resolves once Ray placed and started it; a GPU-free actor waits for no GPU.
             item.ready = None if gpu_free else item.actor.__ray_ready__.remote()
         item.ref = item.actor.run.remote(item.task, item.backend, self._runner, time.time())

@@ -95,7 +95,7 @@ def _present(value: Any) -> bool:
 
 
 def _number(row: Mapping[str, Any], key: str) -> float | None:
-    value = row.get(key)
+    value: Any = row.get(key)
     return float(value) if _present(value) else None
 
 

@@ -329,7 +329,9 @@ def _spec_from_mapping(entry: Any, field: str) -> GpuSpec:
         raise SpecError(f"{field}.platform", f"expected cuda or rocm, got {plat!r}", "write platform: cuda")
     return GpuSpec(name=name.strip(), calibration=types.MappingProxyType({k: float(v) for k, v in calib.items()}),
                    compute_capability=float(cc), nvlink_multicast=multicast, platform=plat,
-                   source=str(entry.get("source") or f"user GPU file ({field})"), **values)
+                   source=str(entry.get("source") or f"user GPU file ({field})"),
+                   memory_gib=values["memory_gib"], hbm_gbps=values["hbm_gbps"], bf16_tflops=values["bf16_tflops"],
+                   fp8_tflops=values["fp8_tflops"], interconnect_gbps=values["interconnect_gbps"])
 
 
 def register_gpu(spec: GpuSpec) -> None:

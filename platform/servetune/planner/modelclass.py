@@ -114,7 +114,8 @@ def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
         ...     print(err.field, "|", err.message)
         config.json: model_type | Mamba / linear-attention layers (qwen3_next) are not modelled by the planner
     """
-    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else {}
+    text_config = cfg.get("text_config")
+    text: Mapping[str, Any] = text_config if isinstance(text_config, Mapping) else {}
     fix = ("size it with one vLLM start of its own (its \"Available KV cache memory\" line), or plan a model "
            "whose attention is full, sliding-window or MLA")
     for c in (cfg, text):

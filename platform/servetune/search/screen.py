@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from servetune.engines import TrialTask, run_trial
@@ -202,7 +202,7 @@ def learn(screen: SimScreen, spec: StudySpec, flags: Mapping[str, Any], sim: Tri
     screen.observe(sim, real)
 
 
-def recalibrate(screen: SimScreen, spec: StudySpec, measured: list[tuple[Mapping[str, Any], TrialResult]]) -> int:
+def recalibrate(screen: SimScreen, spec: StudySpec, measured: Sequence[tuple[Mapping[str, Any], TrialResult]]) -> int:
     """Feed ``screen`` the trials a study already measured (a resumed study): each one's flags are
     simulated again (deterministic) and learnt with its stored result, the host factor included.
     Returns how many."""

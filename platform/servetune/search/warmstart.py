@@ -203,7 +203,9 @@ def warm_starts(history: pd.DataFrame, spec: StudySpec) -> list[WarmStart]:
             continue
         names = [c[len("flag_"):] for c in group.columns if c.startswith("flag_")]
         row = _best_feasible_row(group, names, objective, direction, spec.constraints.max_preemptions)
-        flags = None if row is None else _row_flags(row, names)
+        if row is None:
+            continue
+        flags = _row_flags(row, names)
         if not flags:
             continue
         params = fit_to_space(flags, spec.search_space)

@@ -226,7 +226,8 @@ _ITERATION_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2
 
 def _buckets_1_2_5(limit: int) -> tuple[float, ...]:
     """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, 20, 50, ... up to ``limit``."""
-    out, exp = [], 0
+    out: list[int] = []
+    exp = 0
     while True:
         for m in (1, 2, 5):
             v = m * 10**exp
@@ -920,7 +921,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     ns = parse_args(argv)
     try:
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     except (AttributeError, ValueError):
         pass
     return asyncio.run(SimServer(ns).run())

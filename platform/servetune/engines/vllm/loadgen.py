@@ -302,7 +302,7 @@ async def run_load(
                 await asyncio.sleep(check_s)
                 idle = time.perf_counter() - activity.last_progress
                 why = should_stop() if should_stop is not None else None
-                stalled = why is None and bool(stall_timeout_s) and activity.inflight > 0 and idle > stall_timeout_s
+                stalled = why is None and stall_timeout_s is not None and stall_timeout_s != 0 and activity.inflight > 0 and idle > stall_timeout_s
                 if stalled:
                     why = (f"stalled: no token on any of {activity.inflight} in-flight streams for "
                            f"{idle:.1f} s (stall timeout {stall_timeout_s:g} s)")

@@ -818,8 +818,7 @@ def is_vllm_log(text: str) -> bool:
 
 
 def _dedupe(lines: list[str]) -> list[str]:
-    seen: set[str] = set()
-    return [x for x in lines if not (x in seen or seen.add(x))]
+    return list(dict.fromkeys(lines))  # the first of each, in order
 
 
 def _classify_oom(segs: Sequence[_Seg], idx: int, ready_idx: int | None) -> Classification:
