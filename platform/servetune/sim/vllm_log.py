@@ -366,9 +366,15 @@ def startup_script(
     is not free at startup, and a budget above what is left fails as vLLM's worker does.
 
     Example:
-        >>> script = startup_script(model, gpu, config, plan, model_ref="servetune-test-850m",  # doctest: +SKIP
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.memory import plan_memory, resolve_engine_config
+        >>> from servetune.planner.modelinfo import load_model
+        >>> model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
+        >>> config = resolve_engine_config({}, model, gpu, "0.26.0")
+        >>> plan = plan_memory(model, gpu, config)
+        >>> script = startup_script(model, gpu, config, plan, model_ref="servetune-test-850m",
         ...                         served_model_name="m", host="127.0.0.1", port=8000, given_flags={}, api_pid=1)
-        >>> script.healthy, script.after_listen[-1].msg  # doctest: +SKIP
+        >>> script.healthy, script.after_listen[-1].msg
         (True, 'INFO:     Application startup complete.')
     """
     w = _StartupWriter(model, gpu, config, plan, model_ref=model_ref, served_model_name=served_model_name,
