@@ -20,6 +20,7 @@ class SpecError(ValueError):
     """
 
     def __init__(self, field: str, message: str, fix: str | None = None) -> None:
+        field, message = _clip(field, 300), _clip(message, _MAX_MESSAGE)
         self.field = field
         self.message = message
         self.fix = fix
@@ -27,6 +28,17 @@ class SpecError(ValueError):
         if fix:
             text += f" (fix: {fix})"
         super().__init__(text)
+
+
+_MAX_MESSAGE = 600  # a message that prints a whole value (a 1 MB description) keeps its start and end
+
+
+def _clip(text: str, width: int) -> str:
+    """``text``, or its start and end around a note of how much was left out: one readable line."""
+    if len(text) <= width:
+        return text
+    head, tail = text[: width * 2 // 3], text[-(width // 4):]
+    return f"{head}...[{len(text) - len(head) - len(tail):,} characters]...{tail}"
 
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:

@@ -55,7 +55,7 @@ W = ["--model", "servetune-test-850m", "--gpu", "H200", "--workload"]
 CASES = [
     # tune: the spec file, then the stores it writes
     (["tune", "missing.yaml"], "spec: file not found: missing.yaml"),
-    (["tune", "folder"], "Is a directory"),
+    (["tune", "folder"], "spec: folder is a folder, not a regular file"),
     (["tune", "latin1.yaml"], "cannot read latin1.yaml"),
     (["tune", "afile/spec.yaml"], "Not a directory"),
     (["tune", "runs_is_a_file.yaml"], "output.runs_dir: "),
@@ -77,7 +77,7 @@ CASES = [
     (["plan", "--model", "missing-model", "--gpu", "H200"], "no model config found for 'missing-model'"),
     (["plan", "--model", "nomodel", "--gpu", "H200"], "config.json does not exist"),
     (["plan", "--model", "llama-3.1-8b", "--gpu", "A100"], "ambiguous GPU 'A100': it names A100-40GB, A100-80GB"),
-    (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--gpu-file", "missing.yaml"], "--gpu-file: cannot read"),
+    (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--gpu-file", "missing.yaml"], "--gpu-file: file not found"),
     (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--gpu-file", "latin1.yaml"], "not UTF-8 text"),
     # plan --set: the fix is written the way the value was typed, on the command line
     (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--set", "enforce_eager=maybe"],
@@ -92,11 +92,11 @@ CASES = [
     (["simulate", *W, "folder"], "--workload: folder is a folder"),
     (["simulate", *W, "latin1.yaml"], "--workload: cannot read latin1.yaml: not UTF-8"),
     # diagnose: the log and the metrics file
-    (["diagnose", "missing.log"], "LOG: no such file: missing.log"),
-    (["diagnose", "folder"], "LOG: cannot read folder"),
+    (["diagnose", "missing.log"], "LOG: file not found: missing.log"),
+    (["diagnose", "folder"], "LOG: folder is a folder"),
     (["diagnose", "latin1.yaml"], "LOG: latin1.yaml is not a vLLM log"),
     (["diagnose", str(REPO / "README.md")], "README.md is not a vLLM log"),
-    (["diagnose", str(SERVED_LOG), "--metrics", "missing.txt"], "--metrics: no such file: missing.txt"),
+    (["diagnose", str(SERVED_LOG), "--metrics", "missing.txt"], "--metrics: file not found: missing.txt"),
 ]
 
 

@@ -64,9 +64,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from servetune.errors import SpecError, did_you_mean
+from servetune.inputs import load_yaml, missing, read_yaml_file, shown
 from servetune.planner.flags import FLAGS, validate_flag
 
 if TYPE_CHECKING:  # imported for annotations only; optuna is imported lazily where it is used
@@ -114,6 +113,8 @@ _MAX_CONST = 10**12  # the largest number a rule may write (|x|)
 _MAX_STR_CONST = 64  # the longest string a rule may write
 _MAX_VALUE = 10**18  # the largest magnitude a rule may compute
 _MAX_GRID = 1_000_000
+_MAX_RULES = 256  # rules of one space; each is judged on every proposed flag set
+_MAX_RULE_WORK = 200_000  # (combinations listed) x (rules) that feasibility() judges before giving up listing
 _PARAM_KEYS = ("type", "low", "high", "step", "log", "choices", "when")
 _SPACE_KEYS = ("params", "rules", "description")
 
@@ -701,6 +702,9 @@ class SearchSpace:
         if not isinstance(raw_rules, list):
             raise SpecError(f"{field}.rules", f"expected a list of expressions, got {type(raw_rules).__name__}",
                             "e.g. rules: [max_num_batched_tokens >= max_num_seqs]")
+        if len(raw_rules) > _MAX_RULES:
+            raise SpecError(f"{field}.rules", f"{len(raw_rules):,} rules, above the limit of {_MAX_RULES}",
+                            "merge rules with `and`, or drop the ones the search space cannot break")
         rules = []
         for i, raw in enumerate(raw_rules):
             rfield = f"{field}.rules[{i}]"
@@ -797,14 +801,15 @@ class SearchSpace:
 
         Only the parameters that a rule or a condition reads are listed (gpu_memory_utilization,
         say, never changes whether a flag set passes the rules). When they have more than ``limit``
-        combinations, or one of them is a continuous float, only TP and PP are listed and the
-        answer is marked ``exhaustive=False``.
+        combinations (or more than ``_MAX_RULE_WORK`` rule judgements: combinations x rules), or one of
+        them is a continuous float, only TP and PP are listed and the answer is marked ``exhaustive=False``.
         """
         relevant = set(_BUILTIN_RULE_NAMES).union(*(r.expr.names for r in self.rules),
                                                  *(p.when.names for p in self.params if p.when is not None))
         subset = [p for p in self.params if p.name in relevant]
+        judged = len(self.rules) + 1  # judgements per listed combination: the space's rules and the built-in check
         exhaustive = all(p.is_finite for p in subset) and \
-            SearchSpace(tuple(subset), pinned=self.pinned).size() <= limit
+            SearchSpace(tuple(subset), pinned=self.pinned).size() <= min(limit, _MAX_RULE_WORK // max(judged, 1))
         if not exhaustive:
             subset = [p for p in self.params if p.name in ("tensor_parallel_size", "pipeline_parallel_size")]
         listed = {p.name for p in subset}
@@ -940,45 +945,15 @@ class SearchSpace:
 # ---------------------------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, which PyYAML would otherwise silently overwrite."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-        if isinstance(key, (str, int, float, bool)) and key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key) if isinstance(key, (str, int, float, bool)) else None
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)  # type: ignore[arg-type]
-
-
 def parse_yaml(text: str, field: str, source: str = "<string>") -> Any:
-    """YAML text -> data; a syntax error or duplicate key is a :class:`SpecError` with the line."""
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-        if context and cmark is not None and (mark is None or cmark.line != mark.line):
-            problem += f" ({context} at line {cmark.line + 1})"  # e.g. where an unclosed [ was opened
-        fix = ("keep one of the two entries" if "duplicate key" in problem
-               else "fix the YAML syntax (indentation, colons, quotes, brackets) on that line")
-        raise SpecError(field, f"malformed YAML at {where}: {problem}", fix) from None
+    """YAML text -> data; a syntax error, a duplicate key, too deep a nesting or an alias bomb is a
+    :class:`SpecError` with the line (:func:`servetune.inputs.load_yaml`)."""
+    return load_yaml(text, field, source)
 
 
 def read_yaml(path: Path, field: str) -> Any:
-    """Read a YAML file; a missing file or bad YAML is a :class:`SpecError` naming ``field``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(field, f"file not found: {path}", "check the path (relative paths resolve from the spec file)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(field, f"cannot read {path}: {exc}", "give a readable UTF-8 YAML file") from None
-    return parse_yaml(text, field, str(path))
+    """Read a YAML file (a regular file within the YAML size cap, :mod:`servetune.inputs`); a missing file or
+    bad YAML is a :class:`SpecError` naming ``field``."""
+    if missing(path):
+        raise SpecError(field, f"file not found: {path}", "check the path (relative paths resolve from the spec file)")
+    return read_yaml_file(path, field)
