@@ -309,7 +309,8 @@ def load_yaml(text: str, field: str, source: str = "<string>") -> Any:
             fix = "keep one of the two entries"
         else:
             fix = "fix the YAML syntax (indentation, colons, quotes, brackets) on that line"
-        raise SpecError(field, f"malformed YAML at {where}: {problem}", fix) from None
+        what = "YAML over a limit" if isinstance(exc, _LimitError) else "malformed YAML"
+        raise SpecError(field, f"{what} at {where}: {problem}", fix) from None
     except RecursionError:  # PyYAML's constructor on a deep key; the depth bound makes this unreachable
         raise SpecError(field, f"malformed YAML in {source}: nested too deep", "flatten the document") from None
 
