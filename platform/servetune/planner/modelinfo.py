@@ -371,6 +371,9 @@ def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config
         raise SpecError(f"{source}: kv_lora_rank", "MLA attention (DeepSeek-style) is not modelled by the planner",
                         "use a model with standard multi-head / grouped-query attention")
     archs = cfg.get("architectures") or [str(cfg.get("model_type", "unknown"))]
+    if not isinstance(archs, list) or not isinstance(archs[0], str):
+        raise SpecError(f"{source}: architectures", f"expected a list of class names, got {shown(archs)}",
+                        'e.g. "architectures": ["LlamaForCausalLM"]')
     architecture = str(archs[0])
     hidden = _as_int(_get(cfg, ("hidden_size", "n_embd", "d_model"), source), "hidden_size", source)
     layers = _as_int(_get(cfg, ("num_hidden_layers", "n_layer", "num_layers"), source), "num_hidden_layers", source)
@@ -491,7 +494,7 @@ def load_model(ref: str | os.PathLike[str]) -> ModelProfile:
     cfg = read_json_file(path, str(path))
     try:
         return profile_from_config(cfg, name=name, source=str(path))
-    except (AttributeError, TypeError, ValueError, OverflowError, ZeroDivisionError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as exc:
         if isinstance(exc, SpecError):
             raise
         raise SpecError(str(path), f"a value in config.json is not what a Hugging Face config holds "
