@@ -89,13 +89,13 @@ def _alias_bomb(levels: int = 9) -> str:
     """Billion laughs: 9 levels of 9 aliases each, 9**9 (387M) strings once expanded."""
     lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
-    return "\n".join(lines) + f"\nname: *a{levels - 1}\n"
+    return "\n".join(lines) + f"\nname: bomb\ndescription: *a{levels - 1}\n"  # a wrong type: the error prints it
 
 
 def _flow_alias_bomb() -> str:
-    """The same bomb on one line, as a ``--set`` value."""
+    """The same bomb on one line, as a ``--set`` value: 9 levels, 9**9 strings once expanded."""
     parts = ["a: &a [x,x,x,x,x,x,x,x,x]"]
-    names = "abcdefg"
+    names = "abcdefghi"
     parts += [f"{n}: &{n} [" + ",".join([f"*{p}"] * 9) + "]" for p, n in zip(names, names[1:])]
     return "{" + ", ".join(parts) + "}"
 

@@ -10,7 +10,7 @@ device (``/dev/zero``), a 1 GB log or a YAML alias bomb. Every reader here
 * parses YAML with its nesting depth and its alias expansion bounded (:data:`MAX_YAML_DEPTH`,
   :data:`MAX_YAML_VALUES` values counted while composing, before anything is expanded), and JSON
   with finite numbers only (``NaN``, ``Infinity``, ``1e999`` and integers beyond 1e18 are refused);
-* streams line files (JSONL prompt sets and traces, logs) with a cap on lines and on each line.
+* streams line files (JSONL prompt sets and traces) with a cap on lines and on each line.
 
 :func:`shown` is how an error message prints a value: at most ~100 characters, whatever its size.
 
@@ -41,7 +41,7 @@ import yaml
 from servetune.errors import SpecError
 
 __all__ = ["LIMITS", "Limit", "MAX_YAML_DEPTH", "MAX_YAML_VALUES", "MAX_JSON_INT", "BoundedLoader", "limit",
-           "missing", "open_regular", "read_bytes", "read_text", "iter_lines", "load_yaml", "load_json", "read_yaml_file",
+           "missing", "open_regular", "open_capped", "read_bytes", "read_text", "iter_lines", "load_yaml", "load_json", "read_yaml_file",
            "read_json_file", "shown", "finite"]
 
 _MiB = 1 << 20
@@ -63,6 +63,7 @@ LIMITS: dict[str, Limit] = {
     "yaml": Limit("a YAML document", 1 * _MiB, "SERVETUNE_MAX_YAML_BYTES"),
     "json": Limit("a JSON document", 1 * _MiB, "SERVETUNE_MAX_JSON_BYTES"),
     "log": Limit("a log", 16 * _MiB, "SERVETUNE_MAX_LOG_BYTES"),
+    "table": Limit("a landscape table", 256 * _MiB, "SERVETUNE_MAX_TABLE_BYTES"),
     "jsonl": Limit("a JSONL file", 256 * _MiB, "SERVETUNE_MAX_JSONL_BYTES", 1_000_000, "SERVETUNE_MAX_JSONL_LINES",
                    max_line_bytes=4 * _MiB),
 }
@@ -175,13 +176,22 @@ def _too_big(name: str, kind: str, cap: Limit, field: str, size: int | None = No
                      f"give a smaller file, or raise the limit with {cap.env}=BYTES")
 
 
+def open_capped(path: str | os.PathLike[str], kind: str, field: str) -> BinaryIO:
+    """:func:`open_regular`, refused when the file is over the cap of ``kind`` (for a reader that takes a file
+    object: pandas, pyarrow)."""
+    cap, name = limit(kind), os.fspath(path)
+    fh = open_regular(name, field)
+    size = os.fstat(fh.fileno()).st_size
+    if size > cap.max_bytes:
+        fh.close()
+        raise _too_big(name, kind, cap, field, size)
+    return fh
+
+
 def read_bytes(path: str | os.PathLike[str], kind: str, field: str) -> bytes:
     """The bytes of a regular file of at most :func:`limit` ``(kind).max_bytes``."""
     cap, name = limit(kind), os.fspath(path)
-    with open_regular(name, field) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if size > cap.max_bytes:
-            raise _too_big(name, kind, cap, field, size)
+    with open_capped(name, kind, field) as fh:
         data = fh.read(cap.max_bytes + 1)
     if len(data) > cap.max_bytes:  # grew while being read
         raise _too_big(name, kind, cap, field)
