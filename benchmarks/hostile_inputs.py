@@ -85,11 +85,16 @@ def _write_spec(folder: Path, spec: dict, name: str = "spec.yaml") -> Path:
     return path
 
 
-def _alias_bomb(levels: int = 9) -> str:
-    """Billion laughs: 9 levels of 9 aliases each, 9**9 (387M) strings once expanded."""
-    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    lines += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
-    return "\n".join(lines) + f"\nname: bomb\ndescription: *a{levels - 1}\n"  # a wrong type: the error prints it
+def _alias_bomb(folder: Path, levels: int = 9) -> str:
+    """The quickstart with billion laughs as its ``description``: 9 levels of 9 aliases each, 9**9 (387M)
+    strings once expanded (description wants text: the wrong-type message printed the whole mapping)."""
+    import yaml
+
+    spec = _quickstart(folder)
+    spec.pop("description", None)
+    lines = ["description:", '  a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"  a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return yaml.safe_dump(spec) + "\n".join(lines) + "\n"
 
 
 def _flow_alias_bomb() -> str:
@@ -154,7 +159,7 @@ PLAN = ["plan", "--model", "llama-3.1-8b", "--gpu", "H200"]
 
 CASES: list[Case] = [
     # memory and time
-    Case("spec: YAML alias bomb", lambda d: ["tune", str(_write(d / "spec.yaml", _alias_bomb()))],
+    Case("spec: YAML alias bomb", lambda d: ["tune", str(_write(d / "spec.yaml", _alias_bomb(d)))],
          "more than 50,000 values with its aliases expanded"),
     Case("plan --set: YAML alias bomb", lambda d: [*PLAN, "--set", "max_num_seqs=" + _flow_alias_bomb()],
          "more than 50,000 values"),
@@ -245,6 +250,27 @@ def run_case(case: Case, folder: Path, platform: Path = PLATFORM, mem_bytes: int
     return Run(code, out_path.read_text(errors="replace"), err_path.read_text(errors="replace"), wall, rss_kib / 1024)
 
 
+_REDACTION_CODE = """
+import sys, time
+from servetune.redact import redact_text
+size = int(sys.argv[1])
+text = ("a" * size)  # one long word: the shape the quadratic credential regex scanned from every letter
+start = time.perf_counter()
+redact_text(text, environ={})
+print(f"{time.perf_counter() - start:.3f}")
+"""
+
+
+def redaction_seconds(platform: Path, size: int, timeout_s: float) -> str:
+    """Seconds ``redact_text`` takes on ``size`` characters of one word, in a child importing ``platform``."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", _REDACTION_CODE, str(size)], capture_output=True, text=True,
+                              timeout=timeout_s, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(platform)})
+    except subprocess.TimeoutExpired:
+        return f"> {timeout_s:.0f}"
+    return proc.stdout.strip() or f"failed: {proc.stderr.strip().splitlines()[-1:]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--platform", action="append", type=Path,
@@ -252,8 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=TIMEOUT_S, help="seconds per case")
     parser.add_argument("--mem-mib", type=int, default=MEM_BYTES >> 20, help="address-space limit per case")
     parser.add_argument("-k", default="", help="only the cases whose id holds this text")
+    parser.add_argument("--redaction", action="store_true", help="time redact_text on 10 kB, 80 kB and 1 MB instead")
     args = parser.parse_args(argv)
     platforms = args.platform or [PLATFORM]
+    if args.redaction:
+        print("| characters | " + " | ".join(f"{p}: s" for p in platforms) + " |")
+        for size in (10_000, 80_000, 1_000_000):
+            cells = [redaction_seconds(p.resolve(), size, args.timeout) for p in platforms]
+            print(f"| {size:,} | {' | '.join(cells)} |", flush=True)
+        return 0
     print(f"# {len(platforms)} source tree(s); limits: {args.mem_mib} MiB address space, {args.timeout:.0f} s")
     header = " | ".join(f"{label}: status, wall s, max RSS MiB" for label in
                         (str(p) if len(platforms) == 1 else ("before", "after")[i] if len(platforms) == 2 else str(p)
