@@ -46,7 +46,7 @@ from servetune.cluster.pool import TrialPool
 from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line
-from servetune.records import dataset, report
+from servetune.records import dataset, lease, report
 from servetune.records._retry import retry_call
 from servetune.records._storage import open_storage
 from servetune.records.tracking import StudyTracker
@@ -225,13 +225,24 @@ def run_study(
     5. Confirm the top configurations (``budget.confirm_top``).
     6. Close: the pool, the parent run's summary and plots, the outcome.
 
+    Only one driver runs a study at a time (:mod:`servetune.records.lease`): a second one is refused
+    with :class:`servetune.records.lease.StudyBusy` before it reads or writes anything.
+
     SIGTERM or Ctrl-C stops at the next safe point: running trials are killed and told FAIL, their
     MLflow runs end KILLED, every finished trial is kept.
     """
-    driver = _Driver.open(spec, resume=resume, out=out or sys.stdout, on_result=on_result)  # 1
-    driver.recover()  # 2
-    driver.enqueue_starts()  # 3
-    driver.run()  # 4-6
+    # One driver per study: its lease, in the study's own storage, before anything of the study is
+    # read or written (a live holder: StudyBusy, one line; a dead one's is taken over).
+    Path(spec.output.runs_dir).mkdir(parents=True, exist_ok=True)
+    held = None if spec.storage.optuna_url is None else lease.acquire(spec.storage.optuna_url, spec.name)
+    try:
+        driver = _Driver.open(spec, resume=resume, out=out or sys.stdout, on_result=on_result)  # 1
+        driver.recover()  # 2
+        driver.enqueue_starts()  # 3
+        driver.run()  # 4-6
+    finally:
+        if held is not None:
+            held.release()
     return driver.outcome
 
 
