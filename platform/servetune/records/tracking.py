@@ -206,6 +206,9 @@ class StudyTracker:
         self.tracking_uri = postgres_url(tracking_uri.rstrip("/"), "tracking.mlflow_uri")
         self.experiment = experiment
         self._check_reachable(connect_timeout_s)
+        from servetune.records._mlflow_store import ensure_sqlite_store
+
+        ensure_sqlite_store(self.tracking_uri)  # a local store is built whole, never half (a kill mid-creation)
         # Deferred: importing mlflow costs about a second. MlflowClient, entities and exceptions
         # are all in mlflow-skinny (the core dependency); the full mlflow is only for the UI/server.
         from mlflow import MlflowClient
