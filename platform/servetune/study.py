@@ -93,6 +93,7 @@ class StudyOutcome:
     experiment_id: str | None = None  # the MLflow experiment (its UI page: records.tracking.ui_url)
     confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.search.confirm.Choice.to_dict()
     interrupted: bool = False  # stopped by SIGTERM / Ctrl-C before its budget: resume with --resume
+    stopped_by: int | None = None  # the signal that interrupted it (SIGINT for Ctrl-C, SIGTERM)
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -379,6 +380,7 @@ class _Driver:
         except KeyboardInterrupt:
             status = "KILLED"
             self.outcome.interrupted = True
+            self.outcome.stopped_by = int(self.stop.signum or signal.SIGINT)
             killed = pool.cancel_all()
             # Every RUNNING trial is this driver's (it is the only writer), including one asked a
             # moment before the signal and not yet tracked in ``inflight``: fail them all.
@@ -567,7 +569,7 @@ class _Driver:
                 *_infra_failed_trials(study)]
         if not told:
             return 0
-        in_mlflow = self.tracker.recorded_trial_numbers()
+        in_mlflow = self.tracker.reconcile_trial_runs()  # one run per trial: unfinished and duplicate runs go
         df = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
         in_rows = {int(n) for n in df["trial_number"]} if not df.empty else set()
         written = 0
@@ -800,6 +802,7 @@ class _StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum: int | None = None  # the first signal received
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -808,7 +811,7 @@ class _StopRequest:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signum
 
     def check(self) -> None:
         if self.requested:

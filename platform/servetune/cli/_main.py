@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -124,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout, sys.stderr = _ClosedPipeSafe(real_out), _ClosedPipeSafe(real_err)
     try:
         return _dispatch(args)
+    except KeyboardInterrupt:  # a second Ctrl-C (the first one stops a study at its next safe point)
+        print("servetune: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
     except BrokenPipeError:  # a write that bypassed the guard (a library holding the raw stream)
         _ClosedPipeSafe(real_out)._to_devnull()
         return 141  # what a shell tool killed by SIGPIPE returns
@@ -192,6 +196,20 @@ def _check_study_store(url: str, field: str) -> None:
         raise SpecError(field, f"cannot read {where}: {exc.strerror}", "give a readable SQLite file") from None
     if head and head != b"SQLite format 3\x00":
         raise SpecError(field, f"{where} is not an SQLite database", "point --storage at the optuna.db `servetune tune` wrote")
+    if not _holds_studies(path):
+        raise SpecError(field, f"{where} holds no Optuna study (an empty database)",
+                        "run `servetune tune SPEC` first, or pass --storage with the database tune wrote")
+
+
+def _holds_studies(path: Path) -> bool:
+    """Whether the SQLite file has Optuna's ``studies`` table, read without writing a byte."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)) as db:
+            return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'studies'").fetchone() is not None
+    except sqlite3.Error:
+        return False
 
 
 def _check_run_store(spec: Any) -> None:
@@ -254,12 +272,15 @@ def _tune(args: argparse.Namespace) -> int:
     # Before the outcome, so that an interrupted study still ends with the command that resumes it.
     print(f"servetune: Optuna's, MLflow's and Ray's own messages are in {log_file}")
     resume = f"servetune tune {args.spec} --resume"
+    # An interrupted study ends as the signal's 128 + N (130 for Ctrl-C, 143 for SIGTERM), so that
+    # `servetune tune x && next-step` does not go on with half a study.
+    stopped = 128 + outcome.stopped_by if outcome.interrupted and outcome.stopped_by else None
     if outcome.best_flags is None:
         if outcome.interrupted:
             print(f"servetune: interrupted before any trial met the constraints; continue with: {resume}")
         else:
             print("servetune: no trial met the constraints; widen the search space or relax the constraints")
-        return 1
+        return stopped or 1
     m = outcome.best_metrics or {}
     print(f"servetune: best trial #{outcome.best_number}"
           + (" so far (the study was interrupted)" if outcome.interrupted else "")
@@ -273,13 +294,13 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"servetune: compare trials in MLflow: {_mlflow_hint(outcome)}")
     if outcome.interrupted:
         print(f"servetune: continue the study with: {resume}")
-    return 0
+    return stopped or 0
 
 
 def _best(args: argparse.Namespace) -> int:
     import optuna
 
-    from servetune.records._storage import open_storage
+    from servetune.records._storage import open_storage_read_only
     from servetune.planner.flags import to_command_line, to_config_yaml
     from servetune.study import best_trial
 
@@ -298,9 +319,11 @@ def _best(args: argparse.Namespace) -> int:
     from servetune.redact import redact_url
 
     try:
-        study = optuna.load_study(study_name=name, storage=open_storage(storage))
+        # Read-only: `best` never creates a table or stamps a version into the database it reads.
+        readonly = open_storage_read_only(storage)
+        study = optuna.load_study(study_name=name, storage=readonly)
     except KeyError:
-        known = optuna.get_all_study_names(storage) if storage else []
+        known = optuna.get_all_study_names(readonly)
         raise SpecError("study", f"no study named {name!r} in {redact_url(storage)}",
                         f"known studies: {', '.join(known) or 'none'}; or pass the spec file") from None
     except SpecError:
