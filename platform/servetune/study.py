@@ -46,7 +46,7 @@ from servetune.cluster.pool import TrialPool
 from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line
-from servetune.records import dataset, lease, report
+from servetune.records import dataset, diskspace, lease, report
 from servetune.records._retry import retry_call
 from servetune.records._storage import open_storage
 from servetune.records.tracking import StudyTracker
@@ -365,6 +365,8 @@ class _Driver:
         self.infra_seen = self.quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
         self.stop = _StopRequest()
         status = "FINISHED"
+        reserve = diskspace.Reserve(self.runs_dir)  # room to close the records if the disk fills
+        full: BaseException | None = None
         try:
             self._dispatch_until_done()
             if spec.budget.confirm_top > 0 and pool.total_gpus > 0:
@@ -388,6 +390,11 @@ class _Driver:
                 self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             self.progress.note(f"\nservetune: interrupted; {len(killed)} running trials stopped, "
                                f"{self.outcome.trials_done} finished trials kept (resume with --resume)")
+        except Exception as exc:
+            if not diskspace.is_disk_full(exc):
+                raise
+            full, status = exc, "FAILED"  # stop at once: every write from here on may fail the same way
+            pool.cancel_all()
         finally:
             pool.close()
             self.stop.restore()
@@ -395,7 +402,24 @@ class _Driver:
             self.progress.show(self.outcome, 0, force=True)
             if self.out.isatty():
                 self.out.write("\n")
-            _finish_study(spec, self.study, self.tracker, self.outcome, status)
+            if full is None:
+                reserve.release()
+                _finish_study(spec, self.study, self.tracker, self.outcome, status)
+        if full is not None:
+            self._stop_on_full_disk(full, reserve)
+
+    def _stop_on_full_disk(self, full: BaseException, reserve: diskspace.Reserve) -> None:
+        """The disk filled: free the reserve, end the MLflow runs (FAILED, no child left RUNNING) and
+        the Optuna trials still running (FAIL: the resume measures them again), raise DiskFull."""
+        reserve.release()
+        self.tracker.close_after_failure()
+        try:
+            for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        except Exception:  # noqa: BLE001 - left RUNNING, the resume re-queues them the same way
+            pass
+        raise diskspace.DiskFull(f"the disk holding {self.runs_dir} is full ({diskspace.full_disk_reason(full)}); "
+                                 f"the study stopped, its {self.outcome.trials_done} finished trials kept") from None
 
     def _dispatch_until_done(self) -> None:
         while True:

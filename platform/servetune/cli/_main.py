@@ -261,8 +261,18 @@ def _tune(args: argparse.Namespace) -> int:
 
     # Optuna's, MLflow's and Ray's own INFO lines go to the study's log file, not between ours.
     log_file = Path(spec.output.runs_dir) / "logs" / f"{_file_name(spec.name)}.log"
-    with libraries_to_file(log_file):
-        outcome = run_study(spec, resume=args.resume)
+    from servetune.records.diskspace import DiskFull, full_disk_reason, is_disk_full
+
+    resume = f"servetune tune {args.spec} --resume"
+    try:
+        with libraries_to_file(log_file):
+            outcome = run_study(spec, resume=args.resume)
+    except Exception as exc:  # a full disk anywhere in the study: one line, exit 1, how to go on
+        if not (isinstance(exc, DiskFull) or is_disk_full(exc)) or os.environ.get("SERVETUNE_DEBUG"):
+            raise
+        what = str(exc) if isinstance(exc, DiskFull) else f"the disk is full ({full_disk_reason(exc)})"
+        print(f"error: {what}; free some space, then continue with: {resume}", file=sys.stderr)
+        return 1
     print(f"\nservetune: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served "
           f"({outcome.preempting} of them preempted), {outcome.startup_failed} failed at startup, "
           f"{outcome.pruned} pruned before launch (predicted startup failures), "
@@ -271,7 +281,6 @@ def _tune(args: argparse.Namespace) -> int:
           + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""))
     # Before the outcome, so that an interrupted study still ends with the command that resumes it.
     print(f"servetune: Optuna's, MLflow's and Ray's own messages are in {log_file}")
-    resume = f"servetune tune {args.spec} --resume"
     # An interrupted study ends as the signal's 128 + N (130 for Ctrl-C, 143 for SIGTERM), so that
     # `servetune tune x && next-step` does not go on with half a study.
     stopped = 128 + outcome.stopped_by if outcome.interrupted and outcome.stopped_by else None

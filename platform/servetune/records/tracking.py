@@ -395,6 +395,19 @@ class StudyTracker:
                                  "left RUNNING by an earlier submission; marked KILLED on resume")
             self._client.set_terminated(child.info.run_id, status="KILLED")
 
+    def close_after_failure(self) -> None:
+        """End the study's run ``FAILED`` at once, deleting any child a failed write left ``RUNNING``
+        (the resume writes it again from Optuna's record). Direct calls, nothing staged on disk:
+        what a driver does when its disk is full. Best effort: a failure is logged, not raised."""
+        parent = self._require_study()
+        try:
+            for child in self._search(f"tags.`{TAG_PARENT}` = '{parent}' AND attributes.status = 'RUNNING'"):
+                self._client.delete_run(child.info.run_id)
+            self._client.set_terminated(parent, status="FAILED")
+        except Exception as exc:  # noqa: BLE001 - the resume sweeps what is left
+            _log.warning("MLflow at %s: could not close the study run after the failure (the next --resume "
+                         "does): %s", self._safe_uri, redact_text(str(exc)).splitlines()[0][:300] if str(exc) else exc)
+
     # -- trials ------------------------------------------------------------------------------
 
     def log_trial(self, trial_number: int, flags: Mapping[str, Any], result: TrialResult,
