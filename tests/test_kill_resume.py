@@ -19,6 +19,8 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
+from _kill import kill_all_started_by
+
 from servetune.records import dataset
 from servetune.spec.schema import StudySpec
 from servetune.study import run_study
@@ -87,18 +89,6 @@ def _told(db: Path) -> int:
         return 0
 
 
-def _kill_session(sid: int) -> None:
-    """SIGKILL every process of the session (the driver, its Ray, its workers), as a node's OOM killer
-    or a scheduler's `kill -9 -PGID` would."""
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3]) == sid:
-                    os.kill(int(pid), signal.SIGKILL)
-            except (OSError, IndexError, ValueError):
-                pass
-
-
 @pytest.mark.slow
 def test_process_group_killed_twice_then_resumed_has_one_child_run_per_trial(tmp_path: Path,
                                                                               mlflow_server: str) -> None:
@@ -119,7 +109,7 @@ def test_process_group_killed_twice_then_resumed_has_one_child_run_per_trial(tmp
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
-            _kill_session(proc.pid)
+            kill_all_started_by(proc.pid)
     done = _told(db)
     resumed = subprocess.run([*cmd, "--resume", "--trials", str(done + 2)], capture_output=True, text=True, env=env,
                              timeout=600)

@@ -20,6 +20,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
+from _kill import kill_all_started_by
+
 from servetune.records import lease
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,21 +116,6 @@ def _complete(db: Path) -> int:
         return 0
 
 
-def _kill_session(sid: int) -> None:
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 @pytest.mark.slow
 def test_a_second_tune_is_refused_while_the_first_runs_and_takes_over_after_a_kill(tmp_path: Path) -> None:
     spec = _spec(tmp_path, "lease-study", trials=500)
@@ -154,7 +141,7 @@ def test_a_second_tune_is_refused_while_the_first_runs_and_takes_over_after_a_ki
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
-        _kill_session(first.pid)
+        kill_all_started_by(first.pid)
     done = _complete(db)
     assert done >= 4
     resumed = subprocess.run([*cmd, "--resume", "--trials", str(done + 2)], capture_output=True, text=True,
