@@ -119,10 +119,11 @@ def open_storage_read_only(url: str) -> BaseStorage:
     read-only command reports an outage at once. What ``servetune best`` reads through.
 
     Example:
-        >>> open_storage_read_only("sqlite:////nonexistent/optuna.db")  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        sqlalchemy.exc.OperationalError: ...
+        >>> import tempfile
+        >>> url = f"sqlite:///{tempfile.mkdtemp()}/optuna.db"
+        >>> _ = optuna.create_study(study_name="s", storage=url)
+        >>> optuna.get_all_study_names(open_storage_read_only(url))
+        ['s']
     """
     import sqlite3
     from pathlib import Path
