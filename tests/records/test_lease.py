@@ -155,3 +155,31 @@ def test_a_second_tune_is_refused_while_the_first_runs_and_takes_over_after_a_ki
     with engine.connect() as conn:  # released at the end
         assert conn.execute(sa.text(f"SELECT count(*) FROM {lease.TABLE}")).scalar() == 0
     engine.dispose()
+
+
+_RACE = """
+import sys, time
+from servetune.records import lease
+url, start = sys.argv[1], float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+try:
+    held = lease.acquire(url, "raced")
+except lease.StudyBusy:
+    print("busy", flush=True)
+else:
+    print("won", flush=True)
+    time.sleep(3)
+    held.release()
+"""
+
+
+def test_drivers_starting_together_on_a_fresh_database_let_exactly_one_in(storage_url: str) -> None:
+    """Four processes take the same study's lease at the same instant on a database without the
+    table yet: the table is created once and one of them wins."""
+    env = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"}
+    start = time.time() + 4  # after the four interpreters have imported SQLAlchemy
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, storage_url, str(start)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+    answers = [p.communicate(timeout=120) for p in procs]
+    words = sorted(out.strip() for out, _ in answers)
+    assert words == ["busy", "busy", "busy", "won"], answers
