@@ -365,7 +365,7 @@ class _Driver:
         self.infra_seen = self.quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
         self.stop = _StopRequest()
         status = "FINISHED"
-        reserve = diskspace.Reserve(self.runs_dir)  # room to close the records if the disk fills
+        reserve = diskspace.Reserve(self.runs_dir, spec.name)  # room to close the records if the disk fills
         full: BaseException | None = None
         try:
             self._dispatch_until_done()

@@ -69,10 +69,13 @@ def full_disk_reason(exc: BaseException) -> str | None:
 
 
 class Reserve:
-    """A file of :data:`RESERVE_BYTES` in ``folder``, released when the disk fills."""
+    """A file of :data:`RESERVE_BYTES` in ``folder`` for study ``owner``, released when the disk fills
+    (and at the end of the study)."""
 
-    def __init__(self, folder: Path, size: int = RESERVE_BYTES) -> None:
-        self.path: Path | None = Path(folder) / RESERVE_NAME
+    def __init__(self, folder: Path, owner: str, size: int = RESERVE_BYTES) -> None:
+        # One file per study (studies may share a runs folder); a killed driver's is reused by its resume.
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in owner)[:100]
+        self.path: Path | None = Path(folder) / f"{RESERVE_NAME}-{safe}"
         try:
             with open(self.path, "wb") as fh:
                 fh.write(b"\0" * size)  # written, not sparse: the blocks are really taken
