@@ -58,6 +58,7 @@ def test_best_on_an_empty_postgresql_database_creates_no_table(postgres_server: 
     url = postgres_server.create_database("best_readonly")
     proc = _best(tmp_path, "quickstart", "--storage", url)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "holds no Optuna study" in proc.stderr
     with psycopg.connect(f"{postgres_server.admin_dsn.replace('dbname=postgres', 'dbname=best_readonly')}") as conn:
         (tables,) = conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'").fetchone()
     assert tables == 0

@@ -119,10 +119,25 @@ def _os_error_text(exc: OSError | UnicodeError) -> str:
     return f"{where}: {why} (fix: check that path: it must be a readable file or a writable folder)"
 
 
+def _unraisable_but_interrupts(previous: Any) -> Any:
+    """A ``sys.unraisablehook`` that keeps quiet about a Ctrl-C landing where Python cannot raise it
+    (a weakref callback, a ``__del__``): the study is already stopping on the first one, and the
+    command exits 130 all the same; anything else goes to ``previous``."""
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        previous(unraisable)
+
+    return hook
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     real_out, real_err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _ClosedPipeSafe(real_out), _ClosedPipeSafe(real_err)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _unraisable_but_interrupts(previous_hook)
     try:
         return _dispatch(args)
     except KeyboardInterrupt:  # a second Ctrl-C (the first one stops a study at its next safe point)
@@ -140,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         sys.stdout, sys.stderr = real_out, real_err
+        sys.unraisablehook = previous_hook
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -339,6 +355,11 @@ def _best(args: argparse.Namespace) -> int:
         raise  # already one line naming its field and fix (e.g. a PostgreSQL driver that is not installed)
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        chain = " ".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+        if "version_info" in chain and ("does not exist" in chain or "no such table" in chain):
+            # Read-only, no table is created: a database without Optuna's tables says so.
+            raise SpecError(field, f"{redact_url(storage)} holds no Optuna study (an empty database)",
+                            "run `servetune tune SPEC` first, or pass --storage with the database tune wrote") from None
         raise SpecError(field, f"cannot open the Optuna storage {redact_url(storage)}: {first}",
                         "check the URL, that the database server runs, and that this is the database tune wrote") from None
     best = best_trial(study)
