@@ -40,7 +40,7 @@ preemptions, with the relative errors.
   ``_fidelity.in_calibration_fit``). ``--knobs FILE`` judges a candidate calibration (the file's
   ``knobs`` over the committed ones) the same way, each host at the factor read under it.
 * ``--h100``: the real H100 windows (``tests/fixtures/real_h100``, ``_fidelity.h100_check``) on the
-  GPU table's H100 row as it stands, at API-server factor 1 and at the factor read off the first
+  GPU table's H100 row, at API-server factor 1 and at the factor read off the first
   window; the planner's KV capacity against each start's logged KV tokens. The windows split before
   the fit (``_fidelity.H100_FIT_STARTS`` / ``H100_JUDGED_STARTS``): the held-out half before the
   H100's own knob (``servetune.sim.GPU_FAMILY_OVERRIDES``; the H200's value, ``h200_knobs_on``) and
@@ -109,7 +109,7 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
 
 def h100_report() -> None:
     """``--h100``: the planner's KV capacity per start, then the simulator at factor 1 and at the
-    factor read off the first window (the GPU table's H100 row as it stands; nothing fitted)."""
+    factor read off the first window, each half of the split apart, before the H100's own knob and after."""
     import gzip
 
     from servetune.engines.vllm.logs import parse_log
