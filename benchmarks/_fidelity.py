@@ -40,7 +40,7 @@ from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
 from servetune.result import TrialResult, TrialStatus
-from servetune.sim import Calibration, calibration_for, host_api_cpu_factor, simulate, with_calibration
+from servetune.sim import GPU_FAMILY_OVERRIDES, Calibration, calibration_for, host_api_cpu_factor, simulate, with_calibration
 from servetune.workload import Workload
 
 __all__ = ["FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
@@ -49,7 +49,9 @@ __all__ = ["FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRu
            "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read", "fit_alone", "fit_eager_floor", "held_out_cells",
            "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "read_knobs",
            "format_table", "fit", "held_out", "FOLDS", "H100_FIXTURES", "H100_GPU", "H100_CALIBRATING", "load_h100_runs",
-           "window_api_cpu_factor", "h100_check"]
+           "window_api_cpu_factor", "h100_check",
+           "H100_FIT_STARTS", "H100_JUDGED_STARTS", "in_h100_fit", "h100_hbm_read_share", "fit_h100_kv_read",
+           "h200_knobs_on"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
@@ -416,8 +418,9 @@ def calibration_host_factors(runs: Iterable[RealRun] | None = None) -> dict[str,
 
 
 #: Real vLLM 0.26.0 on one H100 SXM (2026-12-05, ``tests/fixtures/real_h100``): one folder per server
-#: start, one sub-folder per measured window, as ``real_h200/scale``. In no fit of any knob: they
-#: judge the H100 row of the GPU table as it stands (datasheet rates, the H200's fitted knobs).
+#: start, one sub-folder per measured window, as ``real_h200/scale``. The windows of
+#: :data:`H100_FIT_STARTS` fitted the H100's one own knob (``servetune.sim.GPU_FAMILY_OVERRIDES``:
+#: ``kv_read_efficiency``); those of :data:`H100_JUDGED_STARTS` are in no fit and judge it.
 H100_FIXTURES = FIXTURES.parent / "real_h100"
 H100_GPU = "H100-80GB"
 #: The H100's first measured window (the anchor's workload at the anchor's flags, a fresh server):
@@ -446,7 +449,8 @@ def h100_check(runs: Sequence[RealRun] | None = None, calibration: Mapping[str, 
     """The H100 judged as the H200 hosts are (:func:`host_checks`): the API-server factor read off
     :data:`H100_CALIBRATING`, then every window simulated on :data:`H100_GPU` at factor 1
     (``plain``, the calibrating window included) and every other window at the factor
-    (``with_factor``). Nothing is fitted."""
+    (``with_factor``). ``calibration``: overrides of the committed knobs (:func:`h200_knobs_on`: the
+    H100 before its own fit). Rows of :data:`H100_FIT_STARTS` are fitting data (:func:`in_h100_fit`)."""
     runs = list(runs if runs is not None else load_h100_runs())
     anchor = next(r for r in runs if r.name == H100_CALIBRATING)
     factor = window_api_cpu_factor(anchor, calibration, gpu=H100_GPU)
@@ -454,6 +458,46 @@ def h100_check(runs: Sequence[RealRun] | None = None, calibration: Mapping[str, 
     with_factor = fidelity_rows({**(calibration or {}), "api_cpu_factor": factor}, judged, gpu=H100_GPU)
     return HostCheck("H100 2026-12-05", anchor.name, factor, fidelity_rows(calibration, runs, gpu=H100_GPU),
                      with_factor)
+
+
+#: The H100 windows split before any fit: the H100's GPU_FAMILY_OVERRIDES are fitted on the starts
+#: of H100_FIT_STARTS (8 windows) and judged on those of H100_JUDGED_STARTS (8). Whole starts stay
+#: together (a start's windows share its compile and its server process). Stratified by flags and
+#: load: the fit has the anchor flags (256 x 8192, cold) and a 2,048-token budget, each with its
+#: prefill-heavy window at 256 in flight and decode at 4-128 in flight plus the Poisson load; the
+#: judged half has the anchor flags again (kernels cached: decode at 1 and at 256 in flight, the
+#: largest batch x context of all 16, prefill-heavy at 128), 64 sequences (prefill-heavy and decode)
+#: and enforce_eager (every eager window, so the fit never sees the launch floor it does not set).
+H100_FIT_STARTS: tuple[str, ...] = ("2026-12-05_l8b_u09_s256_mbt8192", "2026-12-05_l8b_u09_s256_mbt2048")
+H100_JUDGED_STARTS: tuple[str, ...] = ("2026-12-05_l8b_u09_s256_mbt8192_b", "2026-12-05_l8b_u09_s64_mbt8192",
+                                       "2026-12-05_l8b_u09_s256_eager")
+
+
+def in_h100_fit(run_name: str) -> bool:
+    """Whether an H100 window (``<start>/<window>``) is fitting data (:data:`H100_FIT_STARTS`)."""
+    return run_name.split("/", 1)[0] in H100_FIT_STARTS
+
+
+def h100_hbm_read_share(fixtures: Path = H100_FIXTURES) -> float:
+    """The H100 host's read-only HBM probe (``hbm_h100.json``: a 4 GiB sum) over the GPU table's
+    datasheet bandwidth: the ceiling of the H100's ``kv_read_efficiency`` fit."""
+    probe = json.loads((fixtures / "2026-12-05_h100_host" / "hbm_h100.json").read_text())
+    return float(probe["sum_read_gb_s"]) / get_gpu(H100_GPU).hbm_gbps
+
+
+def fit_h100_kv_read(calibration: Mapping[str, float] | None = None, tolerance: float = 1e-3) -> float:
+    """``kv_read_efficiency`` on the H100 fitted alone (:func:`fit_alone`) on the windows of
+    :data:`H100_FIT_STARTS` at API-server factor 1, between 0.5 and :func:`h100_hbm_read_share`."""
+    runs = [r for r in load_h100_runs() if in_h100_fit(r.name)]
+    return fit_alone("kv_read_efficiency", runs, (0.5, h100_hbm_read_share()), calibration=calibration,
+                     tolerance=tolerance, gpu=H100_GPU)
+
+
+def h200_knobs_on(gpu: str) -> dict[str, float]:
+    """Overrides that put back the H200's value of every knob ``gpu``'s family replaces
+    (``servetune.sim.GPU_FAMILY_OVERRIDES``): the GPU judged as it was before its own fit."""
+    h200 = calibration_for(get_gpu(GPU))
+    return {k: getattr(h200, k) for k in GPU_FAMILY_OVERRIDES.get(get_gpu(gpu).name, {})}
 
 
 def read_knobs(option: str, path: Path) -> dict[str, float] | None:
@@ -716,10 +760,10 @@ def _weighted_loss(rows: list[FidelityRow], ttft_weight: float) -> float:
 
 def fit_alone(knob: str, runs: list[RealRun], bounds: tuple[float, float],
               host_factors: Mapping[str, float] | None = None, calibration: Mapping[str, float] | None = None,
-              tolerance: float = 1e-3) -> float:
+              tolerance: float = 1e-3, gpu: str = GPU) -> float:
     """One knob fitted alone: the value in ``bounds`` that minimises the fit's loss on ``runs``
-    (each host's runs at ``host_factors``) with every other knob at ``calibration`` (default: the
-    committed one), by golden-section search. The loss is the fit's without its TTFT term: a knob
+    (each host's runs at ``host_factors``, simulated on ``gpu``) with every other knob at
+    ``calibration`` (default: the committed one), by golden-section search. The loss is the fit's without its TTFT term: a knob
     fitted alone sets a rate or a floor, and the TTFT misses (the simulator's closed-loop first
     tokens come early, whatever the knob) made the full loss multimodal (``fp8_kv_read_efficiency``
     had local minima at 0.35 and 0.45 on the *_h6_* host's windows); throughput and TPOT alone are
@@ -727,7 +771,7 @@ def fit_alone(knob: str, runs: list[RealRun], bounds: tuple[float, float],
     base = dict(calibration or {})
 
     def loss(value: float) -> float:
-        rows = fidelity_rows({**base, knob: value}, runs, host_factors=host_factors)
+        rows = fidelity_rows({**base, knob: value}, runs, host_factors=host_factors, gpu=gpu)
         return _weighted_loss(rows, ttft_weight=0.0)
 
     golden = (math.sqrt(5) - 1) / 2

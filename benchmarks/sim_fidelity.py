@@ -40,12 +40,16 @@ preemptions, with the relative errors.
   ``_fidelity.in_calibration_fit``). ``--knobs FILE`` judges a candidate calibration (the file's
   ``knobs`` over the committed ones) the same way, each host at the factor read under it.
 * ``--h100``: the real H100 windows (``tests/fixtures/real_h100``, ``_fidelity.h100_check``) on the
-  GPU table's H100 row as it stands, at API-server factor 1 and at the factor read off the first
-  window; the planner's KV capacity against each start's logged KV tokens. Nothing is fitted on them.
+  GPU table's H100 row, at API-server factor 1 and at the factor read off the first
+  window; the planner's KV capacity against each start's logged KV tokens. The windows split before
+  the fit (``_fidelity.H100_FIT_STARTS`` / ``H100_JUDGED_STARTS``): the held-out half before the
+  H100's own knob (``servetune.sim.GPU_FAMILY_OVERRIDES``; the H200's value, ``h200_knobs_on``) and
+  after, then the fitting half apart (fitting data, not evidence). ``--fit-h100`` refits that knob
+  (``_fidelity.fit_h100_kv_read``) and prints it.
 
 Usage::
 
-    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--fit-fp8] [--fit-eager] [--fit-frontend] [--json]
+    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--fit-fp8] [--fit-eager] [--fit-frontend] [--fit-h100] [--h100] [--json]
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
 
 from _fidelity import (FOLDS, H100_FIXTURES, H100_GPU, HOST_MODELS, UNSEEN_STARTS, UNSEEN_STUDIES,  # noqa: E402
                        calibration_host_factors, error_summary, fidelity_rows, fit, fit_eager_floor, fit_fp8_kv_read,
-                       fit_frontend, format_table, h100_check, held_out, held_out_cells, host_checks,
+                       fit_frontend, fit_h100_kv_read, format_table, h100_check, h200_knobs_on, in_h100_fit, held_out, held_out_cells, host_checks,
                        in_calibration_fit, replay_fold, serving_flags,
                        load_calibration_runs, load_evidence, load_study_runs, load_unseen_runs, read_knobs)
 
@@ -105,7 +109,7 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
 
 def h100_report() -> None:
     """``--h100``: the planner's KV capacity per start, then the simulator at factor 1 and at the
-    factor read off the first window (the GPU table's H100 row as it stands; nothing fitted)."""
+    factor read off the first window, each half of the split apart, before the H100's own knob and after."""
     import gzip
 
     from servetune.engines.vllm.logs import parse_log
@@ -123,11 +127,16 @@ def h100_report() -> None:
         plan = plan_memory(model, gpu, config, compile_cache_warm=bool(log.compile_cache_hit))
         print(f"  {start.parent.name}: logged {log.kv_cache_tokens:,} tokens, planned {plan.kv_cache_tokens:,} "
               f"({100 * (plan.kv_cache_tokens / log.kv_cache_tokens - 1):+.2f}%)")
-    check = h100_check()
-    print(f"\nsimulated on {H100_GPU}, API-server factor 1 (every window):")
-    print(format_table(check.plain))
-    print(f"\nat the factor {check.api_cpu_factor:.2f} read off {check.calibrating_window} (the other windows):")
-    print(format_table(check.with_factor))
+    before, after = h100_check(calibration=h200_knobs_on(H100_GPU)), h100_check()
+    for label, check in (("with the H200's knobs (before the H100's own)", before),
+                         ("with the H100's own knobs (GPU_FAMILY_OVERRIDES)", after)):
+        for half, fitted in (("held out", False), ("FITTING DATA, not evidence", True)):
+            plain = [r for r in check.plain if in_h100_fit(r.name) is fitted]
+            print(f"\n{label}, {half}, API-server factor 1:")
+            print(format_table(plain))
+            factored = [r for r in check.with_factor if in_h100_fit(r.name) is fitted]
+            print(f"\n{label}, {half}, at the factor {check.api_cpu_factor:.2f} read off {check.calibrating_window}:")
+            print(format_table(factored))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                              "committed ones")
     parser.add_argument("--fit-fp8", action="store_true", help="fit fp8_kv_read_efficiency alone and print it")
     parser.add_argument("--fit-eager", action="store_true", help="fit eager_layer_overhead_s alone and print it")
+    parser.add_argument("--fit-h100", action="store_true",
+                        help="fit the H100's kv_read_efficiency alone on its fitting starts and print it")
     parser.add_argument("--fit-frontend", action="store_true",
                         help="choose api_chunk_share, api_intake_passes and client_chunk_s on a grid")
     parser.add_argument("--held-out", type=int, metavar="TRIALS", help="fit per fold, report the held-out runs")
@@ -168,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if args.h100:
         h100_report()
+        return 0
+    if args.fit_h100:
+        print(json.dumps({"kv_read_efficiency": float(f"{fit_h100_kv_read():.4g}")}))
         return 0
     if args.held_out:
         folds = {k: v for k, v in FOLDS.items() if not args.fold or k in args.fold}

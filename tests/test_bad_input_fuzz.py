@@ -1,11 +1,16 @@
 """Bad-input fuzz: broken variants of jobs/quickstart.yaml are refused with SpecError only.
 
-A seeded generator (no hypothesis: not installed) derives broken specs from the valid quickstart:
-dropped required keys, wrong types, unknown keys, out-of-range numbers, impossible combinations,
-broken YAML, a model directory without config.json, a search space with no valid point, workload
-files with broken lines, and random pairs of those. Every case must raise :class:`SpecError` on
-``load_spec`` (never another exception, never acceptance); a sample goes through the real CLI,
-which must exit 2, name the field on stderr and create no runs dir.
+A seeded generator derives broken specs from the valid quickstart: dropped required keys, wrong
+types, unknown keys, out-of-range numbers, impossible combinations, broken YAML, a model directory
+without config.json, a search space with no valid point, workload files with broken lines, and
+random pairs of those. Every case must raise :class:`SpecError` on ``load_spec`` (never another
+exception, never acceptance); a sample goes through the real CLI, which must exit 2, name the field
+on stderr and create no runs dir.
+
+Beside it, a property-based fuzz (hypothesis, derandomized, 50 examples per reader) of the spec, the
+workload, the trace and the config.json readers: any value anywhere (NaN, infinities, 30-digit
+integers, strings, nested lists and mappings) and any text, where each reader must either parse or
+raise :class:`SpecError`: never another exception.
 """
 
 from __future__ import annotations
@@ -291,3 +296,130 @@ def test_cli_refuses_with_exit_2_naming_the_field(tmp_path: Path, case_id: str, 
     assert field in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "servetune-runs").exists()
+
+
+# ------------------------------------------------------------------------------------ property-based fuzz
+import json  # noqa: E402 - the property-based part's own imports
+import math  # noqa: E402
+import tempfile  # noqa: E402
+
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from servetune.planner.modelinfo import load_model  # noqa: E402
+from servetune.workload import Workload  # noqa: E402
+
+FUZZ = settings(max_examples=50, derandomize=True, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+_NUMBERS = st.one_of(st.integers(-10**30, 10**30), st.floats(allow_nan=True, allow_infinity=True),
+                     st.sampled_from([0, -1, 1, 2, 64, 2**31, 2**63, 1e308, 0.5, -0.0]))
+_SCALARS = st.one_of(st.none(), st.booleans(), _NUMBERS, st.text(max_size=12))
+_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(st.text(max_size=8), inner, max_size=3)),
+                       max_leaves=8)
+_YAML_TEXT = st.text(alphabet="[]{}:&*!|>-#'\"\n ,.0123456789aeinx_", max_size=300)
+
+# Where a value can go: every key of the quickstart, and the workload's keys.
+_SPEC_PATHS = sorted({f"{k}.{sub}" if sub else k for k, v in QUICKSTART.items()
+                      for sub in (list(v) if isinstance(v, dict) else [""])}
+                     | {f"workload.{k}" for k in Workload.KEYS if k not in ("prompt_file", "trace_file")}
+                     | {"workload.input_len.dist", "workload.input_len.mean", "workload.input_len.max",
+                        "budget.time_limit_s", "constraints.p99_ttft_ms", "fixed_flags.gpu_memory_utilization"})
+
+
+def _refused_or_parsed(read: Callable[[], Any]) -> None:
+    """The property: ``read()`` returns, or raises SpecError with a field, or the one-line message."""
+    try:
+        read()
+    except SpecError as exc:
+        assert str(exc) and "\n" not in str(exc)
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(_SPEC_PATHS), _VALUES), min_size=1, max_size=3))
+def test_fuzz_spec_values_parse_or_raise_spec_error(changes: list[tuple[str, Any]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _write_case([_set(where, value) for where, value in changes], Path(tmp))
+        _refused_or_parsed(lambda: load_spec(path))
+
+
+@FUZZ
+@given(_YAML_TEXT)
+def test_fuzz_spec_text_parses_or_raises_spec_error(text: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "spec.yaml"
+        path.write_text(text)
+        _refused_or_parsed(lambda: load_spec(path))
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from([k for k in Workload.KEYS if k not in ("prompt_file", "trace_file")]),
+                       _VALUES, max_size=6))
+@example({"input_len": 512, "output_len": 128, "num_requests": 10, "request_rate": math.nan})  # was accepted
+@example({"input_len": {"dist": "normal", "mean": 100, "std": 1, "max": math.inf}, "output_len": 1, "num_requests": 1,
+          "concurrency": 1})
+def test_fuzz_workload_parses_or_raises_spec_error(data: dict[str, Any]) -> None:
+    def read() -> None:
+        w = Workload.from_dict(data)
+        assert w.token_bound() >= 0
+        if w.request_rate is not None:
+            assert math.isfinite(w.request_rate) and w.request_rate > 0
+    _refused_or_parsed(read)
+
+
+_TRACE_NUMBER = st.one_of(st.integers(-10, 10**6), st.floats(allow_nan=True, allow_infinity=True),
+                          st.sampled_from([0, -5, 1, 0.5, 10**30]), _SCALARS)
+_TRACE_LINE = st.one_of(
+    st.fixed_dictionaries({"timestamp": _TRACE_NUMBER, "input_length": _TRACE_NUMBER, "output_length": _TRACE_NUMBER})
+    .map(lambda row: json.dumps(row, allow_nan=True)),
+    st.fixed_dictionaries({"timestamp": st.floats(allow_nan=True, allow_infinity=True),
+                           "input_length": st.integers(-3, 3), "output_length": st.integers(-3, 3)})
+    .map(lambda row: json.dumps(row, allow_nan=True)),
+    st.text(alphabet='{}[]":,0123456789.-eNaInfity ', max_size=60))
+
+
+@FUZZ
+@given(st.lists(_TRACE_LINE, min_size=1, max_size=5))
+@example(['{"timestamp": NaN, "input_length": 5, "output_length": 3}'])  # the cases found by hand
+@example(['{"timestamp": 0, "input_length": -5, "output_length": 3}'])
+@example(['{"timestamp": 0, "input_length": 5, "output_length": 0}'])
+def test_fuzz_trace_parses_or_raises_spec_error(lines: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "trace.jsonl").write_text("\n".join(lines) + "\n")
+
+        def read() -> None:
+            w = Workload.from_dict({"trace_file": "trace.jsonl"}, base_dir=Path(tmp))
+            for r in w.requests():  # what a parsed trace holds: finite times, positive lengths
+                assert r.prompt_tokens >= 1 and r.output_tokens >= 1
+                assert r.arrival_s is not None and math.isfinite(r.arrival_s) and r.arrival_s >= 0
+        _refused_or_parsed(read)
+
+
+_CONFIG = json.loads((REPO / "platform" / "servetune" / "data" / "models" / "mixtral-8x7b" / "config.json").read_text())
+# The keys the planner reads, and the nested ones it reads values from.
+_CONFIG_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "vocab_size", "max_position_embeddings", "num_local_experts", "num_experts_per_tok", "head_dim",
+                "moe_intermediate_size", "torch_dtype", "architectures", "quantization_config", "rope_scaling",
+                "text_config"]
+_CONFIG_VALUES = st.one_of(_NUMBERS, _VALUES, st.fixed_dictionaries(
+    {"quant_method": st.sampled_from(["awq", "gptq", "compressed-tensors", "fp8"]), "bits": _NUMBERS,
+     "group_size": _NUMBERS, "config_groups": _VALUES}), st.fixed_dictionaries(
+    {"rope_type": st.sampled_from(["yarn", "linear", "dynamic"]), "factor": _NUMBERS,
+     "original_max_position_embeddings": _NUMBERS}))
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(_CONFIG_KEYS), _CONFIG_VALUES), min_size=1, max_size=3),
+       st.sampled_from(["", "NaN", "Infinity", "-Infinity", "1e999", "1" * 400, '"64"']))
+def test_fuzz_config_json_parses_or_raises_spec_error(changes: list[tuple[str, Any]], raw: str) -> None:
+    cfg = dict(_CONFIG)
+    for key, value in changes:
+        cfg[key] = value
+    text = json.dumps(cfg, allow_nan=True)
+    if raw:  # a raw token json.dumps would not write, in place of the first change's value
+        cfg[changes[0][0]] = "__RAW__"
+        text = json.dumps(cfg, allow_nan=True).replace('"__RAW__"', raw)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(text)
+        _refused_or_parsed(lambda: load_model(tmp))

@@ -20,6 +20,8 @@ class SpecError(ValueError):
     """
 
     def __init__(self, field: str, message: str, fix: str | None = None) -> None:
+        field, message = _clip(_one_line(field), 300), _clip(_one_line(message), _MAX_MESSAGE)
+        fix = _one_line(fix) if fix else fix
         self.field = field
         self.message = message
         self.fix = fix
@@ -27,6 +29,22 @@ class SpecError(ValueError):
         if fix:
             text += f" (fix: {fix})"
         super().__init__(text)
+
+
+_MAX_MESSAGE = 600  # a message that prints a whole value (a 1 MB description) keeps its start and end
+
+
+def _one_line(text: str) -> str:
+    """A line break inside a value (a key ``"a\\nb"`` in a spec) written as ``\\n``: the error stays one line."""
+    return text.replace("\r", "\\r").replace("\n", "\\n") if "\n" in text or "\r" in text else text
+
+
+def _clip(text: str, width: int) -> str:
+    """``text``, or its start and end around a note of how much was left out: one readable line."""
+    if len(text) <= width:
+        return text
+    head, tail = text[: width * 2 // 3], text[-(width // 4):]
+    return f"{head}...[{len(text) - len(head) - len(tail):,} characters]...{tail}"
 
 
 def did_you_mean(word: str, known: Iterable[str]) -> str:

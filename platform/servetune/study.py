@@ -46,7 +46,7 @@ from servetune.cluster.pool import NoGpusError, TrialPool, ray_accelerator_type
 from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line
-from servetune.records import dataset, report
+from servetune.records import dataset, diskspace, lease, report
 from servetune.records._retry import retry_call
 from servetune.records._storage import open_storage
 from servetune.records.tracking import StudyTracker
@@ -93,6 +93,7 @@ class StudyOutcome:
     experiment_id: str | None = None  # the MLflow experiment (its UI page: records.tracking.ui_url)
     confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.search.confirm.Choice.to_dict()
     interrupted: bool = False  # stopped by SIGTERM / Ctrl-C before its budget: resume with --resume
+    stopped_by: int | None = None  # the signal that interrupted it (SIGINT for Ctrl-C, SIGTERM)
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -228,13 +229,24 @@ def run_study(
     5. Confirm the top configurations (``budget.confirm_top``).
     6. Close: the pool, the parent run's summary and plots, the outcome.
 
+    Only one driver runs a study at a time (:mod:`servetune.records.lease`): a second one is refused
+    with :class:`servetune.records.lease.StudyBusy` before it reads or writes anything.
+
     SIGTERM or Ctrl-C stops at the next safe point: running trials are killed and told FAIL, their
     MLflow runs end KILLED, every finished trial is kept.
     """
-    driver = _Driver.open(spec, resume=resume, out=out or sys.stdout, on_result=on_result)  # 1
-    driver.recover()  # 2
-    driver.enqueue_starts()  # 3
-    driver.run()  # 4-6
+    # One driver per study: its lease, in the study's own storage, before anything of the study is
+    # read or written (a live holder: StudyBusy, one line; a dead one's is taken over).
+    Path(spec.output.runs_dir).mkdir(parents=True, exist_ok=True)
+    held = None if spec.storage.optuna_url is None else lease.acquire(spec.storage.optuna_url, spec.name)
+    try:
+        driver = _Driver.open(spec, resume=resume, out=out or sys.stdout, on_result=on_result)  # 1
+        driver.recover()  # 2
+        driver.enqueue_starts()  # 3
+        driver.run()  # 4-6
+    finally:
+        if held is not None:
+            held.release()
     return driver.outcome
 
 
@@ -358,6 +370,8 @@ class _Driver:
         self.stop = _StopRequest()
         status = "FINISHED"
         no_gpus: NoGpusError | None = None
+        reserve = diskspace.Reserve(self.runs_dir, spec.name)  # room to close the records if the disk fills
+        full: BaseException | None = None
         try:
             self._dispatch_until_done()
             if spec.budget.confirm_top > 0 and pool.total_gpus > 0:
@@ -374,6 +388,7 @@ class _Driver:
             status = "KILLED"
             self.outcome.interrupted = True
             killed = self._fail_running()
+            self.outcome.stopped_by = int(self.stop.signum or signal.SIGINT)
             self.progress.note(f"\nservetune: interrupted; {len(killed)} running trials stopped, "
                                f"{self.outcome.trials_done} finished trials kept (resume with --resume)")
         except NoGpusError as exc:  # no live node takes a trial: stop, keeping what finished
@@ -382,6 +397,11 @@ class _Driver:
             killed = self._fail_running()
             self.progress.note(f"servetune: no GPUs for the study; {len(killed)} running trials stopped, "
                                f"{self.outcome.trials_done} finished trials kept")
+        except Exception as exc:
+            if not diskspace.is_disk_full(exc):
+                raise
+            full, status = exc, "FAILED"  # stop at once: every write from here on may fail the same way
+            pool.cancel_all()
         finally:
             pool.close()
             self.stop.restore()
@@ -389,7 +409,11 @@ class _Driver:
             self.progress.show(self.outcome, 0, force=True)
             if self.out.isatty():
                 self.out.write("\n")
-            _finish_study(spec, self.study, self.tracker, self.outcome, status)
+            if full is None:
+                reserve.release()
+                _finish_study(spec, self.study, self.tracker, self.outcome, status)
+        if full is not None:
+            self._stop_on_full_disk(full, reserve)
         if no_gpus is not None:
             raise SpecError("gpu.type", f"{no_gpus} (budget.wait_for_gpus_s: {spec.budget.wait_for_gpus_s:g} s)",
                             f"start Ray nodes with {spec.gpu.type} GPUs labelled by type (ray start --num-gpus N "
@@ -404,6 +428,19 @@ class _Driver:
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         return killed
+
+    def _stop_on_full_disk(self, full: BaseException, reserve: diskspace.Reserve) -> None:
+        """The disk filled: free the reserve, end the MLflow runs (FAILED, no child left RUNNING) and
+        the Optuna trials still running (FAIL: the resume measures them again), raise DiskFull."""
+        reserve.release()
+        self.tracker.close_after_failure()
+        try:
+            for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                self.study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        except Exception:  # noqa: BLE001 - left RUNNING, the resume re-queues them the same way
+            pass
+        raise diskspace.DiskFull(f"the disk holding {self.runs_dir} is full ({diskspace.full_disk_reason(full)}); "
+                                 f"the study stopped, its {self.outcome.trials_done} finished trials kept") from None
 
     def _dispatch_until_done(self) -> None:
         while True:
@@ -585,7 +622,7 @@ class _Driver:
                 *_infra_failed_trials(study)]
         if not told:
             return 0
-        in_mlflow = self.tracker.recorded_trial_numbers()
+        in_mlflow = self.tracker.reconcile_trial_runs()  # one run per trial: unfinished and duplicate runs go
         df = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
         in_rows = {int(n) for n in df["trial_number"]} if not df.empty else set()
         written = 0
@@ -818,6 +855,7 @@ class _StopRequest:
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum: int | None = None  # the first signal received
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -826,7 +864,7 @@ class _StopRequest:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.signum = True, signum
 
     def check(self) -> None:
         if self.requested:

@@ -15,7 +15,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import random
 from collections.abc import Mapping
@@ -23,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from servetune.errors import SpecError, did_you_mean
+from servetune.inputs import finite, iter_lines, load_json, shown
 
 __all__ = ["LengthDist", "RequestSpec", "Workload", "read_jsonl"]
 
 _DISTS = ("fixed", "uniform", "normal", "lognormal")
 MAX_REQUESTS = 1_000_000
+_MAX_TOKENS = 10_000_000  # one request's prompt or output: beyond any model's context
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +64,16 @@ class LengthDist:
 
     @classmethod
     def parse(cls, value: Any, field: str) -> LengthDist:
+        dist = cls._parse(value, field)
+        if dist.upper > _MAX_TOKENS:
+            raise SpecError(field, f"reaches {dist.upper:,} tokens, above the limit of {_MAX_TOKENS:,} per request",
+                            "give token counts a model can hold")
+        return dist
+
+    @classmethod
+    def _parse(cls, value: Any, field: str) -> LengthDist:
         if isinstance(value, bool):
-            raise SpecError(field, f"expected a token count or a distribution, got {value!r}",
+            raise SpecError(field, f"expected a token count or a distribution, got {shown(value)}",
                             "write e.g. 1024 or {dist: uniform, min: 512, max: 1536}")
         if isinstance(value, int):
             if value < 1:
@@ -82,7 +91,7 @@ class LengthDist:
             return cls("uniform" if hi > lo else "fixed", mean, lo, hi)
         dist = data.get("dist", "fixed")
         if dist not in _DISTS:
-            raise SpecError(f"{field}.dist", f"unknown distribution {dist!r}{did_you_mean(str(dist), _DISTS)}",
+            raise SpecError(f"{field}.dist", f"unknown distribution {shown(dist)}{did_you_mean(str(dist), _DISTS)}",
                             f"use one of {', '.join(_DISTS)}")
         allowed = {"fixed": {"dist", "mean", "value"}, "uniform": {"dist", "min", "max"},
                    "normal": {"dist", "mean", "std", "min", "max"},
@@ -101,8 +110,8 @@ class LengthDist:
             return cls("uniform", (lo + hi) / 2, lo, hi)
         mean = _num(data, "mean", field)
         spread = _num(data, "std" if dist == "normal" else "sigma", field)
-        lo = int(data.get("min", 1))
-        hi = int(data.get("max", max(lo, int(mean * 8))))
+        lo = int(_num(data, "min", field)) if "min" in data else 1
+        hi = int(_num(data, "max", field)) if "max" in data else max(lo, int(min(mean * 8, _MAX_TOKENS)))
         if mean < 1 or spread < 0 or not 1 <= lo <= hi:
             raise SpecError(field, "needs mean >= 1, a non-negative spread and 1 <= min <= max",
                             "check mean, std/sigma, min and max")
@@ -113,9 +122,7 @@ def _num(data: Mapping[str, Any], key: str, field: str) -> float:
     if key not in data:
         raise SpecError(f"{field}.{key}", "is required", f"add {key}: <number>")
     value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise SpecError(f"{field}.{key}", f"expected a finite number, got {value!r}", "write a plain number")
-    return float(value)
+    return finite(value, f"{field}.{key}", minimum=None if key == "mean" else 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,19 +195,34 @@ class Workload:
         if concurrency is not None:
             concurrency = _int(data, "concurrency", field, 1)
         if rate is not None:
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
-                raise SpecError(f"{field}.request_rate", f"must be a positive number, got {rate!r}",
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1e9:  # NaN fails too
+                raise SpecError(f"{field}.request_rate", f"must be a positive finite number, got {shown(rate)}",
                                 "requests per second, e.g. 10")
             rate = float(rate)
         w = cls(input_len=input_len, output_len=output_len, num_requests=num_requests,
                 concurrency=concurrency, request_rate=rate,
                 warmup_requests=_int(data, "warmup_requests", field, 0, default=0),
                 seed=_int(data, "seed", field, 0, default=0),
-                prefix_len=_int(data, "prefix_len", field, 0, default=0),
+                prefix_len=min(_int(data, "prefix_len", field, 0, default=0), _MAX_TOKENS + 1),
                 num_prefix_groups=_int(data, "num_prefix_groups", field, 1, default=1),
                 prompt_file=prompt_file, trace_file=trace_file)
-        w.requests()  # read the files now, so a broken line is an error before any trial starts
+        if trace_file is not None or prompt_file is not None:
+            w.requests()  # read the files now, so a broken line is an error before any trial starts
         return w
+
+    def token_bound(self) -> int:
+        """An upper bound on the tokens (prompt + output) the workload sends, warm-up included, known
+        before any request is drawn for a synthetic workload (a file's requests are read, within its caps).
+
+        Example:
+            >>> Workload.from_dict({"input_len": 1000, "output_len": 24, "num_requests": 10,
+            ...                     "concurrency": 1, "warmup_requests": 2}).token_bound()
+            12288
+        """
+        if self.trace_file is not None or self.prompt_file is not None:
+            return sum(r.prompt_tokens + r.output_tokens for r in self.requests(include_warmup=True))
+        per_request = max(self.input_len.upper, self.prefix_len + 1) + self.output_len.upper
+        return (self.num_requests + self.warmup_requests) * per_request
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -252,7 +274,7 @@ def _int(data: Mapping[str, Any], key: str, field: str, minimum: int, default: i
         return default
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{field}.{key}", f"expected an integer, got {value!r}", "write a whole number")
+        raise SpecError(f"{field}.{key}", f"expected an integer, got {shown(value)}", "write a whole number")
     if value < minimum:
         raise SpecError(f"{field}.{key}", f"must be >= {minimum}, got {value}", f"use a value >= {minimum}")
     return value
@@ -265,13 +287,14 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    for lineno, line in iter_lines(path, "jsonl", str(path)):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"{path}:{lineno}", f"not valid JSON ({exc.msg})", "one JSON object per line") from None
+            row = load_json(line, f"{path}:{lineno}", f"{path}:{lineno}")
+        except SpecError as exc:
+            raise SpecError(exc.field, f"{exc.message.replace('not valid JSON: ', 'not valid JSON (')})",
+                            "one JSON object per line, with finite numbers") from None
         if not isinstance(row, dict):
             raise SpecError(f"{path}:{lineno}", "expected a JSON object", "one JSON object per line")
         rows.append(row)
@@ -282,12 +305,17 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _read_trace(path: Path) -> list[RequestSpec]:
     reqs = []
+    example = 'e.g. {"timestamp": 0.5, "input_length": 812, "output_length": 190}'
     for i, row in enumerate(_jsonl(path), start=1):
-        try:
-            reqs.append(RequestSpec(int(row["input_length"]), int(row["output_length"]), float(row["timestamp"])))
-        except (KeyError, TypeError, ValueError):
-            raise SpecError(f"{path}:{i}", "needs numeric timestamp, input_length and output_length",
-                            'e.g. {"timestamp": 0.5, "input_length": 812, "output_length": 190}') from None
+        missing = [k for k in ("timestamp", "input_length", "output_length") if k not in row]
+        if missing:
+            raise SpecError(f"{path}:{i}", f"needs numeric timestamp, input_length and output_length; no {missing[0]}",
+                            example)
+        when = finite(row["timestamp"], f"{path}:{i}: timestamp", minimum=0)
+        lengths = [int(finite(row[k], f"{path}:{i}: {k}", minimum=1, integer=True)) for k in ("input_length", "output_length")]
+        if max(lengths) > _MAX_TOKENS:
+            raise SpecError(f"{path}:{i}", f"a length of {max(lengths):,} tokens, above {_MAX_TOKENS:,}", example)
+        reqs.append(RequestSpec(lengths[0], lengths[1], when))
     t0 = min(r.arrival_s or 0.0 for r in reqs)
     return sorted((dataclasses.replace(r, arrival_s=(r.arrival_s or 0.0) - t0) for r in reqs),
                   key=lambda r: r.arrival_s or 0.0)
@@ -302,8 +330,12 @@ def _read_prompts(path: Path, output_len: LengthDist, seed: int) -> list[Request
             raise SpecError(f"{path}:{i}", "needs a string 'prompt' or an integer 'prompt_len'",
                             'e.g. {"prompt": "Summarize ...", "output_len": 200}')
         out = row.get("output_len", output_len.sample(rng))
-        if not isinstance(out, int) or out < 1:
-            raise SpecError(f"{path}:{i}", f"output_len must be a positive integer, got {out!r}", "fix the line")
+        if isinstance(out, bool) or not isinstance(out, int) or not 1 <= out <= _MAX_TOKENS:
+            raise SpecError(f"{path}:{i}", f"output_len must be a whole number in [1, {_MAX_TOKENS:,}], got {shown(out)}",
+                            "fix the line")
+        if isinstance(row.get("prompt_len"), int) and not 1 <= row["prompt_len"] <= _MAX_TOKENS:
+            raise SpecError(f"{path}:{i}", f"prompt_len must be in [1, {_MAX_TOKENS:,}], got {shown(row['prompt_len'])}",
+                            "fix the line")
         # Without the model's tokenizer, about 4 characters per token (the usual BPE average).
         plen = row["prompt_len"] if isinstance(row.get("prompt_len"), int) or not isinstance(prompt, str) \
             else max(1, len(prompt) // 4)

@@ -55,7 +55,7 @@ W = ["--model", "servetune-test-850m", "--gpu", "H200", "--workload"]
 CASES = [
     # tune: the spec file, then the stores it writes
     (["tune", "missing.yaml"], "spec: file not found: missing.yaml"),
-    (["tune", "folder"], "Is a directory"),
+    (["tune", "folder"], "spec: folder is a folder, not a regular file"),
     (["tune", "latin1.yaml"], "cannot read latin1.yaml"),
     (["tune", "afile/spec.yaml"], "Not a directory"),
     (["tune", "runs_is_a_file.yaml"], "output.runs_dir: "),
@@ -77,7 +77,7 @@ CASES = [
     (["plan", "--model", "missing-model", "--gpu", "H200"], "no model config found for 'missing-model'"),
     (["plan", "--model", "nomodel", "--gpu", "H200"], "config.json does not exist"),
     (["plan", "--model", "llama-3.1-8b", "--gpu", "A100"], "ambiguous GPU 'A100': it names A100-40GB, A100-80GB"),
-    (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--gpu-file", "missing.yaml"], "--gpu-file: cannot read"),
+    (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--gpu-file", "missing.yaml"], "--gpu-file: file not found"),
     (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--gpu-file", "latin1.yaml"], "not UTF-8 text"),
     # plan --set: the fix is written the way the value was typed, on the command line
     (["plan", "--model", "llama-3.1-8b", "--gpu", "H200", "--set", "enforce_eager=maybe"],
@@ -92,19 +92,19 @@ CASES = [
     (["simulate", *W, "folder"], "--workload: folder is a folder"),
     (["simulate", *W, "latin1.yaml"], "--workload: cannot read latin1.yaml: not UTF-8"),
     # diagnose: the log and the metrics file
-    (["diagnose", "missing.log"], "LOG: no such file: missing.log"),
-    (["diagnose", "folder"], "LOG: cannot read folder"),
+    (["diagnose", "missing.log"], "LOG: file not found: missing.log"),
+    (["diagnose", "folder"], "LOG: folder is a folder"),
     (["diagnose", "latin1.yaml"], "LOG: latin1.yaml is not a vLLM log"),
     (["diagnose", str(REPO / "README.md")], "README.md is not a vLLM log"),
-    (["diagnose", str(SERVED_LOG), "--metrics", "missing.txt"], "--metrics: no such file: missing.txt"),
+    (["diagnose", str(SERVED_LOG), "--metrics", "missing.txt"], "--metrics: file not found: missing.txt"),
     # workload: the /metrics dumps and the request log
-    (["workload", "from-metrics", "missing.txt"], "source: no such file: missing.txt"),
-    (["workload", "from-metrics", "folder"], "source: folder is a folder"),
+    (["workload", "from-metrics", "missing.txt"], "source: file not found: missing.txt"),
+    (["workload", "from-metrics", "folder"], "source: folder is a folder, not a regular file"),
     (["workload", "from-metrics", "latin1.yaml"], "source: latin1.yaml is not text"),
     (["workload", "from-metrics", str(REPO / "README.md")], "source: not vLLM /metrics text"),
     (["workload", "from-metrics", str(SERVED_LOG), "--wait", "5"], "--wait: takes one URL"),
     (["workload", "from-metrics", "ftp://host/metrics"], "source: ftp://host/metrics: only http:// and https:// URLs are read"),
-    (["workload", "from-trace", "folder"], "trace: folder is a folder"),
+    (["workload", "from-trace", "folder"], "folder is a folder, not a regular file"),
     (["workload", "from-trace", str(REPO / "README.md")], "README.md:1: not valid JSON"),
     (["workload", "from-trace", "missing.jsonl", "--num-requests", "0"], "--num-requests: must be >= 1, got 0"),
 ]

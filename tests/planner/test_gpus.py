@@ -119,5 +119,5 @@ def test_yaml_nothing_registered_when_one_entry_is_bad(tmp_path):
 
 
 def test_missing_yaml_file_is_a_spec_error(tmp_path):
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(SpecError, match="file not found"):
         register_gpus_from_yaml(tmp_path / "nope.yaml")

@@ -110,3 +110,28 @@ def test_a_second_study_starts_from_the_first_ones_best_and_tags_origins(tmp_pat
     origins = {r.data.tags.get("servetune.origin") for r in runs if "optuna.trial_number" in r.data.tags}
     assert {"informed", "baseline"} <= origins and None not in origins
     assert not math.isnan(float(df["objective"].max()))
+
+
+def test_a_damaged_dataset_part_is_skipped_with_one_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A junk part-*.parquet beside good ones: warm start reads the good ones and says which file it skipped."""
+    from servetune.result import TrialResult, TrialStatus
+    from servetune.search.warmstart import enqueue_warm_starts
+
+    spec = _spec(tmp_path, "now")
+    good = TrialResult(status=TrialStatus.OK, backend="sim", vllm_version="0.26.0", output_throughput=900.0,
+                       preemptions=0)
+    files = dataset.append_trials(tmp_path / "dataset", [dataset.trial_row(
+        "before", 0, {"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "max_model_len": 4096}, good,
+        "A100-40GB", "llama-3.1-8b")])
+    junk = files[0].with_name("part-junk.parquet")
+    junk.write_bytes(b"PAR1 but not really")
+    study = optuna.create_study(direction="maximize")
+    starts = enqueue_warm_starts(spec, study)
+    assert [w.study for w in starts] == ["before"]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warning: warm start skipped" in err and "part-junk.parquet" in err
+    assert "Traceback" not in err
+    import pyarrow as pa
+
+    with pytest.raises(pa.ArrowException):  # without on_damaged, the reader still refuses the folder
+        dataset.read_trials(tmp_path / "dataset")

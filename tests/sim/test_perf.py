@@ -11,7 +11,7 @@ from servetune.errors import SpecError
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim.perf import GPU_CALIBRATION, Calibration, PerfModel, calibration_for, wave_fill
+from servetune.sim.perf import GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, PerfModel, calibration_for, wave_fill
 
 LLAMA8B = load_model("llama-3.1-8b")
 QWEN14B = load_model("qwen2.5-14b")
@@ -224,8 +224,9 @@ def test_async_scheduling_hides_engine_cpu() -> None:
 
 
 def test_calibration_lookup_and_overrides() -> None:
-    assert calibration_for(H100) == Calibration().with_overrides(GPU_CALIBRATION.get("H100-80GB", {}))
     h200 = calibration_for(H200)
+    # A GPU without its own fitted row: the H200's, with its family's overrides on top.
+    assert calibration_for(H100) == h200.with_overrides(GPU_FAMILY_OVERRIDES.get("H100-80GB", {}))
     for key, value in GPU_CALIBRATION["H200"].items():
         assert getattr(h200, key) == pytest.approx(value)
     custom = dataclasses.replace(H200, calibration=types.MappingProxyType({"step_overhead_s": 0.01}))

@@ -28,6 +28,8 @@ from typing import Any
 
 from servetune.engines.vllm.diagnose import Diagnosis, diagnose
 from servetune.engines.vllm.logs import ParsedLog, classify, is_vllm_log, parse_log
+from servetune.errors import SpecError
+from servetune.inputs import read_text
 from servetune.result import TrialStatus
 
 __all__ = ["add_parser", "run", "format_diagnosis"]
@@ -47,14 +49,12 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _read(path: str, what: str) -> str | None:
+    """A log's text, read as a regular file within the log cap (:mod:`servetune.inputs`); bytes that are not
+    UTF-8 replaced, carriage returns kept (tqdm's), so evidence line numbers match `grep -n`."""
     try:
-        # newline="" keeps tqdm's carriage returns, so evidence line numbers match `grep -n`.
-        with open(path, encoding="utf-8", errors="replace", newline="") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        print(f"error: {what}: no such file: {path}", file=sys.stderr)
-    except (IsADirectoryError, PermissionError, OSError) as exc:
-        print(f"error: {what}: cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        return read_text(path, "log", what, errors="replace")
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
     return None
 
 
@@ -74,9 +74,13 @@ def run(args: argparse.Namespace) -> int:
         metrics_text = _read(args.metrics, "--metrics")
         if metrics_text is None:
             return 2
-    parsed = parse_log(text)
-    # A log alone: the server was healthy if it said so; a failure shows in the log itself.
-    result = diagnose(parsed, classify(text, healthy=parsed.server_ready), metrics_text)
+    try:
+        parsed = parse_log(text)
+        # A log alone: the server was healthy if it said so; a failure shows in the log itself.
+        result = diagnose(parsed, classify(text, healthy=parsed.server_ready), metrics_text)
+    except (ValueError, OverflowError) as exc:  # LogFigureError, or a figure that breaks the arithmetic
+        print(f"error: LOG: {args.log}: {str(exc)[:200]} (fix: give an unedited `vllm serve` log)", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:

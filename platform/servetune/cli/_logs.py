@@ -6,6 +6,8 @@ servetune's progress lines. While a study runs, every record of theirs goes to
 ``<runs_dir>/logs/<study>.log`` (INFO and above, with the logger's name and a timestamp); the
 terminal keeps servetune's own lines and the libraries' real warnings and errors (WARNING and
 above), less :data:`NOTICES`: messages a library logs as a warning that say nothing is wrong.
+On the terminal each record is one line (a traceback stays in the file, which the line names); a
+record the file cannot take (a full disk) is dropped there without a "Logging error" traceback.
 
 Example:
     >>> import logging, tempfile
@@ -48,6 +50,33 @@ class _NotNotice(logging.Filter):
         return not any(p.search(text) for p in NOTICES)
 
 
+class _LogFile(logging.FileHandler):
+    """The study's log file; a record it cannot write (a full disk) is dropped, not printed to the
+    terminal as a "--- Logging error ---" traceback: the terminal handler still shows the warnings."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        return None
+
+
+class _OneLine(logging.Formatter):
+    """A record on the terminal is one line: a traceback or the rest of a multi-line message (a
+    library's SQL and parameters) stays in the log file, which the line names."""
+
+    def __init__(self, fmt: str, log_file: Path) -> None:
+        super().__init__(fmt)
+        self.log_file = log_file
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            text = super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+        first, _, rest = text.partition("\n")
+        return first + (f" (details in {self.log_file})" if rest or any(saved) else "")
+
+
 def _import_libraries() -> None:
     """Import the libraries first: MLflow and Ray install their terminal handlers at import, which
     would otherwise come back after ours are set."""
@@ -67,13 +96,13 @@ def libraries_to_file(path: Path) -> Iterator[Path]:
     """
     _import_libraries()
     path.parent.mkdir(parents=True, exist_ok=True)
-    to_file = logging.FileHandler(path, encoding="utf-8")
+    to_file = _LogFile(path, encoding="utf-8")
     to_file.setLevel(logging.INFO)
     to_file.setFormatter(logging.Formatter(_FORMAT))
     to_terminal = logging.StreamHandler(sys.stderr)
     to_terminal.setLevel(logging.WARNING)
     to_terminal.addFilter(_NotNotice())
-    to_terminal.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    to_terminal.setFormatter(_OneLine("%(levelname)s %(name)s: %(message)s", path))
 
     # The handlers hang on the root only, and the libraries' loggers propagate to it: ray.init
     # clears the "ray" logger's handlers (configure_logging=False), which would leave its records to

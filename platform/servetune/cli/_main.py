@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -120,12 +121,30 @@ def _os_error_text(exc: OSError | UnicodeError) -> str:
     return f"{where}: {why} (fix: check that path: it must be a readable file or a writable folder)"
 
 
+def _unraisable_but_interrupts(previous: Any) -> Any:
+    """A ``sys.unraisablehook`` that keeps quiet about a Ctrl-C landing where Python cannot raise it
+    (a weakref callback, a ``__del__``): the study is already stopping on the first one, and the
+    command exits 130 all the same; anything else goes to ``previous``."""
+
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        previous(unraisable)
+
+    return hook
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     real_out, real_err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _ClosedPipeSafe(real_out), _ClosedPipeSafe(real_err)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _unraisable_but_interrupts(previous_hook)
     try:
         return _dispatch(args)
+    except KeyboardInterrupt:  # a second Ctrl-C (the first one stops a study at its next safe point)
+        print("servetune: interrupted", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command Ctrl-C ended
     except BrokenPipeError:  # a write that bypassed the guard (a library holding the raw stream)
         _ClosedPipeSafe(real_out)._to_devnull()
         return 141  # what a shell tool killed by SIGPIPE returns
@@ -138,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
         sys.stdout, sys.stderr = real_out, real_err
+        sys.unraisablehook = previous_hook
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -205,6 +225,20 @@ def _check_study_store(url: str, field: str) -> None:
         raise SpecError(field, f"cannot read {where}: {exc.strerror}", "give a readable SQLite file") from None
     if head and head != b"SQLite format 3\x00":
         raise SpecError(field, f"{where} is not an SQLite database", "point --storage at the optuna.db `servetune tune` wrote")
+    if not _holds_studies(path):
+        raise SpecError(field, f"{where} holds no Optuna study (an empty database)",
+                        "run `servetune tune SPEC` first, or pass --storage with the database tune wrote")
+
+
+def _holds_studies(path: Path) -> bool:
+    """Whether the SQLite file has Optuna's ``studies`` table, read without writing a byte."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)) as db:
+            return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'studies'").fetchone() is not None
+    except sqlite3.Error:
+        return False
 
 
 def _check_run_store(spec: Any) -> None:
@@ -256,8 +290,18 @@ def _tune(args: argparse.Namespace) -> int:
 
     # Optuna's, MLflow's and Ray's own INFO lines go to the study's log file, not between ours.
     log_file = Path(spec.output.runs_dir) / "logs" / f"{_file_name(spec.name)}.log"
-    with libraries_to_file(log_file):
-        outcome = run_study(spec, resume=args.resume)
+    from servetune.records.diskspace import DiskFull, full_disk_reason, is_disk_full
+
+    resume = f"servetune tune {args.spec} --resume"
+    try:
+        with libraries_to_file(log_file):
+            outcome = run_study(spec, resume=args.resume)
+    except Exception as exc:  # a full disk anywhere in the study: one line, exit 1, how to go on
+        if not (isinstance(exc, DiskFull) or is_disk_full(exc)) or os.environ.get("SERVETUNE_DEBUG"):
+            raise
+        what = str(exc) if isinstance(exc, DiskFull) else f"the disk is full ({full_disk_reason(exc)})"
+        print(f"error: {what}; free some space, then continue with: {resume}", file=sys.stderr)
+        return 1
     print(f"\nservetune: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served "
           f"({outcome.preempting} of them preempted), {outcome.startup_failed} failed at startup, "
           f"{outcome.pruned} pruned before launch (predicted startup failures), "
@@ -266,13 +310,15 @@ def _tune(args: argparse.Namespace) -> int:
           + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""))
     # Before the outcome, so that an interrupted study still ends with the command that resumes it.
     print(f"servetune: Optuna's, MLflow's and Ray's own messages are in {log_file}")
-    resume = f"servetune tune {args.spec} --resume"
+    # An interrupted study ends as the signal's 128 + N (130 for Ctrl-C, 143 for SIGTERM), so that
+    # `servetune tune x && next-step` does not go on with half a study.
+    stopped = 128 + outcome.stopped_by if outcome.interrupted and outcome.stopped_by else None
     if outcome.best_flags is None:
         if outcome.interrupted:
             print(f"servetune: interrupted before any trial met the constraints; continue with: {resume}")
         else:
             print("servetune: no trial met the constraints; widen the search space or relax the constraints")
-        return 1
+        return stopped or 1
     m = outcome.best_metrics or {}
     print(f"servetune: best trial #{outcome.best_number}"
           + (" so far (the study was interrupted)" if outcome.interrupted else "")
@@ -286,13 +332,13 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"servetune: compare trials in MLflow: {_mlflow_hint(outcome)}")
     if outcome.interrupted:
         print(f"servetune: continue the study with: {resume}")
-    return 0
+    return stopped or 0
 
 
 def _best(args: argparse.Namespace) -> int:
     import optuna
 
-    from servetune.records._storage import open_storage
+    from servetune.records._storage import open_storage_read_only
     from servetune.planner.flags import to_command_line, to_config_yaml
     from servetune.spec.schema import sqlite_url
     from servetune.study import best_trial
@@ -312,15 +358,22 @@ def _best(args: argparse.Namespace) -> int:
     from servetune.redact import redact_url
 
     try:
-        study = optuna.load_study(study_name=name, storage=open_storage(storage))
+        # Read-only: `best` never creates a table or stamps a version into the database it reads.
+        readonly = open_storage_read_only(storage)
+        study = optuna.load_study(study_name=name, storage=readonly)
     except KeyError:
-        known = optuna.get_all_study_names(storage) if storage else []
+        known = optuna.get_all_study_names(readonly)
         raise SpecError("study", f"no study named {name!r} in {redact_url(storage)}",
                         f"known studies: {', '.join(known) or 'none'}; or pass the spec file") from None
     except SpecError:
         raise  # already one line naming its field and fix (e.g. a PostgreSQL driver that is not installed)
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        chain = " ".join(str(e) for e in (exc, exc.__cause__, exc.__context__) if e is not None)
+        if "version_info" in chain and ("does not exist" in chain or "no such table" in chain):
+            # Read-only, no table is created: a database without Optuna's tables says so.
+            raise SpecError(field, f"{redact_url(storage)} holds no Optuna study (an empty database)",
+                            "run `servetune tune SPEC` first, or pass --storage with the database tune wrote") from None
         raise SpecError(field, f"cannot open the Optuna storage {redact_url(storage)}: {first}",
                         "check the URL, that the database server runs, and that this is the database tune wrote") from None
     best = best_trial(study)

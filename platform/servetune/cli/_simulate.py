@@ -21,9 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from servetune.errors import SpecError
+from servetune.inputs import load_yaml, missing, read_text
 from servetune.planner.flags import parse_set_option
 from servetune.planner.gpus import register_gpus_from_yaml
 from servetune.planner.target import resolve_target
@@ -31,7 +30,11 @@ from servetune.result import TrialResult
 from servetune.sim import simulate, with_calibration
 from servetune.workload import Workload
 
-__all__ = ["add_parser", "run", "EXAMPLE_WORKLOADS"]
+__all__ = ["add_parser", "run", "check_work", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
+
+#: The most tokens (prompt + output) ``simulate`` serves unless ``--max-tokens`` says more: about half a
+#: minute of simulation (3,840 requests x 1,536 tokens, 5.9M tokens, took 8 s on one core).
+DEFAULT_MAX_TOKENS = 20_000_000
 
 #: The example workloads shipped next to the example studies (``jobs/workloads/``), one per kind
 #: of traffic; each is run by the tests (tests/test_example_workloads.py).
@@ -70,6 +73,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "simulated one for the same flags and workload. Decode-heavy loads are bound "
                         "by it, and so are enforce_eager's kernel launches (the same host's CPU); "
                         "8B/14B windows on measured H200 hosts were 1.1-2.2")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
+                   help=f"refuse a workload that sends more than N tokens, prompt plus output, warm-up included "
+                        f"(default {DEFAULT_MAX_TOKENS:,}: about half a minute of simulation on one core)")
     p.add_argument("--seed", type=int, default=0, help="simulator seed")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
@@ -79,18 +85,25 @@ def _load_workload(path_text: str) -> Any:
     path = Path(path_text)
     if path.is_dir():
         raise SpecError("--workload", f"{path} is a folder", "give the path of a workload YAML file")
-    if not path.is_file():
+    if missing(path):
         raise SpecError("--workload", f"file not found: {path}", "give the path of a workload YAML file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        why = exc.strerror if isinstance(exc, OSError) else f"not UTF-8 text ({exc.reason})"
-        raise SpecError("--workload", f"cannot read {path}: {why}", "give a readable UTF-8 YAML file") from None
-    except yaml.YAMLError as exc:
-        raise SpecError("--workload", f"not valid YAML ({exc.__class__.__name__})", "check the file's syntax") from None
+    data = load_yaml(read_text(path, "yaml", "--workload"), "--workload", str(path))
     if isinstance(data, dict) and "workload" in data and isinstance(data["workload"], dict):
         data = data["workload"]  # a study spec's workload section works too
     return Workload.from_dict(data, field="workload", base_dir=path.parent)
+
+
+def check_work(workload: Workload, max_tokens: int) -> int:
+    """The workload's token bound (:meth:`Workload.token_bound`), or a :class:`SpecError` above ``max_tokens``:
+    simulated time grows with the tokens served, so a 1M x 8,192-token workload is refused, not run for hours."""
+    if max_tokens < 1:
+        raise SpecError("--max-tokens", f"must be >= 1, got {max_tokens}", "give a token count, e.g. 20000000")
+    bound = workload.token_bound()
+    if bound > max_tokens:
+        raise SpecError("workload", f"sends up to {bound:,} tokens (prompt + output, warm-up included), above "
+                        f"the simulation limit of {max_tokens:,}",
+                        "send fewer or shorter requests (a steady state needs a few thousand), or raise --max-tokens")
+    return bound
 
 
 def _simulate(args: argparse.Namespace) -> TrialResult:
@@ -105,6 +118,7 @@ def _simulate(args: argparse.Namespace) -> TrialResult:
         raise SpecError("--api-cpu-factor", f"{factor} is outside 0.05-20",
                         "give the real API server's CPU over the simulated one for one window, e.g. 1.4")
     workload = _load_workload(args.workload)
+    check_work(workload, args.max_tokens)  # before a request is drawn
     target = resolve_target(args.model, args.gpu, flags, args.vllm_version)
     gpu = with_calibration(target.gpu, {"api_cpu_factor": factor} if factor is not None else {})
     return simulate(target.model, gpu, target.config, workload, seed=args.seed)

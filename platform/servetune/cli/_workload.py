@@ -102,15 +102,9 @@ def read_source(source: str, field: str) -> tuple[str, float]:
         if "://" in source:
             raise SpecError(field, f"{source}: only http:// and https:// URLs are read",
                             "give the server's http(s)://HOST:PORT/metrics, or a saved copy")
+        from servetune.inputs import read_bytes  # the one bounded reader: regular files only, capped as a log
         path = Path(source)
-        if path.is_dir():
-            raise SpecError(field, f"{source} is a folder", "give a saved /metrics text file or an http(s):// URL")
-        if not path.is_file():
-            raise SpecError(field, f"no such file: {source}", "give a saved /metrics text file or an http(s):// URL")
-        if path.stat().st_size > MAX_BYTES:
-            raise SpecError(field, f"{source} is over {MAX_BYTES // 2**20} MiB: not a /metrics dump",
-                            "give a saved /metrics text file")
-        data, when = path.read_bytes(), path.stat().st_mtime
+        data, when = read_bytes(path, "log", field), path.stat().st_mtime
     if len(data) > MAX_BYTES:
         raise SpecError(field, f"{source} sent over {MAX_BYTES // 2**20} MiB: not a /metrics page",
                         "give the server's /metrics URL")
@@ -150,11 +144,7 @@ def _from_metrics(args: argparse.Namespace) -> str:
 def _from_trace(args: argparse.Namespace) -> str:
     from servetune.workload import read_jsonl
 
-    path = Path(args.trace)
-    if path.is_dir():
-        raise SpecError("trace", f"{args.trace} is a folder", "give a JSONL request log")
-    if not path.is_file():
-        raise SpecError("trace", f"no such file: {args.trace}", "give a JSONL request log")
+    path = Path(args.trace)  # read_jsonl streams it through servetune.inputs' caps
     return workload_from_trace(read_jsonl(path), path.name, num_requests=args.num_requests,
                                concurrency=args.concurrency, seed=args.seed)
 

@@ -45,6 +45,7 @@ import pandas as pd
 
 from servetune.engines.base import Engine, TrialTask
 from servetune.errors import SpecError
+from servetune.inputs import open_capped
 from servetune.records.dataset import read_trials
 from servetune.result import LatencySummary, MemoryBreakdown, TrialResult, TrialStatus
 
@@ -72,9 +73,11 @@ def read_landscape(path: str | Path) -> pd.DataFrame:
     if p.is_dir():
         return read_trials(p)
     if p.suffix.lower() == ".csv":
-        return pd.read_csv(p)
+        with open_capped(p, "table", "replay_file") as fh:
+            return pd.read_csv(fh)
     if p.suffix.lower() in (".parquet", ".pq"):
-        return pd.read_parquet(p)
+        with open_capped(p, "table", "replay_file") as fh:
+            return pd.read_parquet(fh)
     raise SpecError("replay_file", f"cannot read {p}: expected a .csv or .parquet file or a dataset directory",
                     "export the landscape with pandas to_csv/to_parquet, or point at a servetune dataset_dir")
 

@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
+import math
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from servetune.errors import SpecError, did_you_mean
+from servetune.inputs import load_json, load_yaml, shown
 
 __all__ = ["FlagSpec", "FLAGS", "validate_flags", "validate_flag", "gpus_needed", "to_cli_args", "to_config_yaml",
            "to_command_line", "parse_set_option", "flags_key", "argv_value", "MAX_ARGV_VALUE"]
@@ -137,28 +138,29 @@ def validate_flag(name: str, value: Any, field: str | None = None) -> Any:
     field = field or name
     spec = FLAGS.get(name)
     if spec is None:
-        raise SpecError(field, f"unknown vLLM flag {name!r}{did_you_mean(name, FLAGS)}",
+        raise SpecError(field, f"unknown vLLM flag {shown(name)}{did_you_mean(name, FLAGS)}",
                         f"use one of: {', '.join(sorted(FLAGS))}")
     if spec.kind is bool:
         if not isinstance(value, bool):
-            raise SpecError(field, f"expected true or false, got {value!r}",
+            raise SpecError(field, f"expected true or false, got {shown(value)}",
                             f"write {_as_typed(field, name, 'true')} or {_as_typed(field, name, 'false')}")
         return value
     if spec.kind is list:
         if not isinstance(value, list) or not value or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value):
-            raise SpecError(field, f"expected a non-empty list of positive integers, got {value!r}", "e.g. [1, 2, 4, 8, 16]")
+            raise SpecError(field, f"expected a non-empty list of positive integers, got {shown(value)}", "e.g. [1, 2, 4, 8, 16]")
         return sorted(set(value))
     if spec.kind is str:
         if not isinstance(value, str) or (spec.choices is not None and value not in spec.choices):
             choices = ", ".join(spec.choices or ())
-            raise SpecError(field, f"invalid value {value!r}{did_you_mean(str(value), spec.choices or ())}",
+            raise SpecError(field, f"invalid value {shown(value)}{did_you_mean(str(value), spec.choices or ())}",
                             f"use one of: {choices}")
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(field, f"expected a number, got {value!r}", f"write a plain {spec.kind.__name__}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpecError(field, f"expected a {'finite ' if isinstance(value, float) else ''}number, got {shown(value)}",
+                        f"write a plain {spec.kind.__name__}")
     if spec.kind is int:
         if isinstance(value, float) and not value.is_integer():
-            raise SpecError(field, f"expected an integer, got {value!r}", "write a whole number")
+            raise SpecError(field, f"expected an integer, got {shown(value)}", "write a whole number")
         value = int(value)
     else:
         value = float(value)
@@ -247,16 +249,23 @@ def flags_key(flags: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), repr(v)) for k, v in flags.items()))
 
 
+_MAX_SET_CHARS = 4096  # one flag's value on the command line
+
+
 def parse_set_option(item: str) -> tuple[str, Any]:
     """``FLAG=VALUE`` from ``--set``; the value is read as a YAML scalar, the flag validated."""
     if "=" not in item:
-        raise SpecError("--set", f"expected FLAG=VALUE, got {item!r}", "e.g. --set gpu_memory_utilization=0.5")
+        raise SpecError("--set", f"expected FLAG=VALUE, got {shown(item)}", "e.g. --set gpu_memory_utilization=0.5")
     name, raw = item.split("=", 1)
     name = name.strip().lstrip("-").replace("-", "_")
+    if len(raw) > _MAX_SET_CHARS:
+        raise SpecError(f"--set {name}", f"a value of {len(raw):,} characters, above the limit of {_MAX_SET_CHARS:,}",
+                        "give a flag's value, e.g. --set max_num_seqs=64")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        raise SpecError(f"--set {name}", f"cannot read {raw!r} as a value", "quote plain values") from None
-    if isinstance(value, str) and value.startswith("["):
-        value = json.loads(value)
+        value = load_yaml(raw, f"--set {name}", "the value") if raw.strip() else None
+        if isinstance(value, str) and value.startswith("["):
+            value = load_json(value, f"--set {name}", "the value")
+    except SpecError as exc:
+        raise SpecError(f"--set {name}", f"cannot read {shown(raw)} as a value ({exc.message})",
+                        "quote plain values; a list as JSON, e.g. --set 'cuda_graph_sizes=[1, 2, 4]'") from None
     return name, validate_flag(name, value, f"--set {name}")

@@ -29,14 +29,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
 from servetune.errors import SpecError, did_you_mean
+from servetune.inputs import load_yaml, read_text, shown
 
 __all__ = ["GpuSpec", "get_gpu", "known_gpus", "register_gpus_from_yaml", "register_gpu", "under_wddm"]
 
@@ -272,7 +272,7 @@ def get_gpu(name: str) -> GpuSpec:
         32.0
     """
     if not isinstance(name, str) or not name.strip():
-        raise SpecError("gpu", f"expected a GPU name, got {name!r}", f"use one of: {', '.join(known_gpus())}")
+        raise SpecError("gpu", f"expected a GPU name, got {shown(name)}", f"use one of: {', '.join(known_gpus())}")
     key = name.strip().lower()
     if key in _REGISTRY:  # an exact name (built-in or registered) always wins
         return _REGISTRY[key]
@@ -293,7 +293,7 @@ _NUMERIC_FIELDS = ("memory_gib", "hbm_gbps", "bf16_tflops", "fp8_tflops", "inter
 
 def _spec_from_mapping(entry: Any, field: str) -> GpuSpec:
     if not isinstance(entry, Mapping):
-        raise SpecError(field, f"expected a mapping, got {entry!r}", "write name: ..., memory_gib: ...")
+        raise SpecError(field, f"expected a mapping, got {shown(entry)}", "write name: ..., memory_gib: ...")
     unknown = set(entry) - {"name", "compute_capability", "calibration", "nvlink_multicast", "platform", "source",
                             *_NUMERIC_FIELDS}
     if unknown:
@@ -303,30 +303,31 @@ def _spec_from_mapping(entry: Any, field: str) -> GpuSpec:
                         "nvlink_multicast, platform, source")
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip():
-        raise SpecError(f"{field}.name", f"expected a non-empty string, got {name!r}", "e.g. name: RTX-6000-Ada")
+        raise SpecError(f"{field}.name", f"expected a non-empty string, got {shown(name)}", "e.g. name: RTX-6000-Ada")
     values: dict[str, float] = {}
     for key in _NUMERIC_FIELDS:
         value = entry.get(key)
         if value is None:
             raise SpecError(f"{field}.{key}", "missing", f"add {key} (a positive number) for GPU {name!r}")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise SpecError(f"{field}.{key}", f"expected a positive number, got {value!r}", "write a plain number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e12:  # NaN fails too
+            raise SpecError(f"{field}.{key}", f"expected a positive finite number, got {shown(value)}", "write a plain number")
         values[key] = float(value)
     cc = entry.get("compute_capability", 0.0)
-    if isinstance(cc, bool) or not isinstance(cc, (int, float)) or cc < 0:
-        raise SpecError(f"{field}.compute_capability", f"expected a number such as 9.0, got {cc!r}", "e.g. 8.9")
+    if isinstance(cc, bool) or not isinstance(cc, (int, float)) or not 0 <= cc < 100:
+        raise SpecError(f"{field}.compute_capability", f"expected a number such as 9.0, got {shown(cc)}", "e.g. 8.9")
     calib = entry.get("calibration") or {}
     if not isinstance(calib, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) for k, v in calib.items()):
-        raise SpecError(f"{field}.calibration", f"expected a mapping of names to numbers, got {calib!r}",
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and abs(v) < 1e12 for k, v in calib.items()):
+        raise SpecError(f"{field}.calibration", f"expected a mapping of names to finite numbers, got {shown(calib)}",
                         "e.g. calibration: {decode_overhead_ms: 0.3}")
     multicast = entry.get("nvlink_multicast", False)
     if not isinstance(multicast, bool):
-        raise SpecError(f"{field}.nvlink_multicast", f"expected true or false, got {multicast!r}",
+        raise SpecError(f"{field}.nvlink_multicast", f"expected true or false, got {shown(multicast)}",
                         "true only for an NVSwitch board (HGX/DGX)")
     plat = entry.get("platform", "cuda")
     if plat not in ("cuda", "rocm"):
-        raise SpecError(f"{field}.platform", f"expected cuda or rocm, got {plat!r}", "write platform: cuda")
+        raise SpecError(f"{field}.platform", f"expected cuda or rocm, got {shown(plat)}", "write platform: cuda")
     return GpuSpec(name=name.strip(), calibration=types.MappingProxyType({k: float(v) for k, v in calib.items()}),
                    compute_capability=float(cc), nvlink_multicast=multicast, platform=plat,
                    source=str(entry.get("source") or f"user GPU file ({field})"),
@@ -354,16 +355,7 @@ def register_gpus_from_yaml(path: str | os.PathLike[str]) -> list[str]:
         (['X1'], 10.0)
     """
     text_path = os.fspath(path)
-    try:
-        with open(text_path, encoding="utf-8") as fh:
-            doc = yaml.safe_load(fh)
-    except OSError as exc:
-        raise SpecError("--gpu-file", f"cannot read {text_path}: {exc.strerror}", "give an existing YAML file") from None
-    except UnicodeDecodeError as exc:
-        raise SpecError("--gpu-file", f"cannot read {text_path}: not UTF-8 text ({exc.reason})",
-                        "give a UTF-8 YAML file") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(text_path, f"not valid YAML: {exc}", "fix the YAML syntax") from None
+    doc = load_yaml(read_text(text_path, "yaml", "--gpu-file"), text_path, text_path)
     entries = doc.get("gpus") if isinstance(doc, Mapping) else doc
     if not isinstance(entries, list) or not entries:
         raise SpecError(f"{text_path}: gpus", "expected a non-empty list of GPUs", "write gpus: [{name: ..., ...}]")

@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from servetune.errors import SpecError, did_you_mean
+from servetune.inputs import MAX_JSON_INT, finite, read_json_file, shown
 from servetune.planner import modelclass
 
 __all__ = ["ModelProfile", "load_model", "known_models", "profile_from_config", "hf_cache_dir"]
@@ -346,10 +346,24 @@ def _get(cfg: Mapping[str, Any], keys: tuple[str, ...], source: str, *, required
 
 
 def _as_int(value: Any, key: str, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value <= 0:
-        raise SpecError(f"{source}: {key}", f"expected a positive integer, got {value!r}",
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or int(value) != value or value <= 0 or value > MAX_JSON_INT:
+        raise SpecError(f"{source}: {key}", f"expected a positive integer, got {shown(value)}",
                         "fix the config.json value")
     return int(value)
+
+
+#: config.json counts the model-class rules (``modelclass``) read: each a whole number >= 0 where set.
+_CLASS_COUNTS = ("first_k_dense_replace", "kv_lora_rank", "moe_intermediate_size", "n_shared_experts",
+                 "num_local_experts", "n_routed_experts", "num_experts", "q_lora_rank", "qk_nope_head_dim",
+                 "qk_rope_head_dim", "shared_expert_intermediate_size", "sliding_window", "sliding_window_pattern",
+                 "v_head_dim", "num_experts_per_tok")
+
+
+def _opt_count(cfg: Mapping[str, Any], keys: tuple[str, ...], source: str) -> int:
+    """The first of ``keys`` that is set, as a count >= 0 (0 when none is set): MoE sizes, expert counts."""
+    value = next((cfg[k] for k in keys if cfg.get(k)), 0)
+    return 0 if value == 0 and not isinstance(value, bool) else _as_int(value, keys[0], source)
 
 
 def _quantization(cfg: Mapping[str, Any], source: str) -> tuple[str | None, float]:
@@ -363,7 +377,7 @@ def _quantization(cfg: Mapping[str, Any], source: str) -> tuple[str | None, floa
     if not q:
         return None, 0.0
     if not isinstance(q, Mapping):
-        raise SpecError(f"{source}: quantization_config", f"expected a mapping, got {q!r}", "fix config.json")
+        raise SpecError(f"{source}: quantization_config", f"expected a mapping, got {shown(q)}", "fix config.json")
     method = str(q.get("quant_method") or q.get("quantization") or "").lower()
     if not method:
         raise SpecError(f"{source}: quantization_config.quant_method", "missing", "name the quantization method")
@@ -379,17 +393,18 @@ def _quantization(cfg: Mapping[str, Any], source: str) -> tuple[str | None, floa
         bits = 8
         for group in (q.get("config_groups") or {}).values():
             weights = (group or {}).get("weights") or {}
-            bits = int(weights.get("num_bits", bits))
+            bits = int(finite(weights.get("num_bits", bits), f"{source}: num_bits", minimum=1, integer=True))
         if bits >= 8:
             return method, bits / 8
         gs = 128
         return method, bits / 8 + (2 + bits / 8) / gs
     if method in ("awq", "gptq", "awq_marlin", "gptq_marlin", "marlin"):
-        bits = int(q.get("bits", q.get("w_bit", 4)))
-        gs = int(q.get("group_size", q.get("q_group_size", 128)) or 128)
+        bits = int(finite(q.get("bits", q.get("w_bit", 4)), f"{source}: quantization_config.bits", minimum=1, integer=True))
+        gs = int(finite(q.get("group_size", q.get("q_group_size", 128)) or 128, f"{source}: quantization_config.group_size",
+                        integer=True))
         gs = gs if gs > 0 else 4096  # group_size -1: one group per column
         return method, bits / 8 + (2 + bits / 8) / gs
-    raise SpecError(f"{source}: quantization_config.quant_method", f"unsupported method {method!r}",
+    raise SpecError(f"{source}: quantization_config.quant_method", f"unsupported method {shown(method)}",
                     "use fp8, awq, gptq, compressed-tensors, bitsandbytes, mxfp4 or nvfp4")
 
 
@@ -401,10 +416,12 @@ def _derived_max_len(cfg: Mapping[str, Any], max_pos: int) -> int:
     rope_type = rope.get("rope_type", rope.get("type"))
     if rope_type in (None, "default", "su", "longrope", "llama3", "mrope"):
         return max_pos
-    factor = float(rope.get("factor", 1.0))
+    factor = finite(rope.get("factor", 1.0), "config.json: rope_scaling.factor", minimum=0)
     if rope_type == "yarn":
-        return int(rope.get("original_max_position_embeddings", max_pos) * factor)
-    return int(max_pos * factor)
+        original = finite(rope.get("original_max_position_embeddings", max_pos),
+                          "config.json: rope_scaling.original_max_position_embeddings", minimum=1)
+        return int(min(original * factor, MAX_JSON_INT))
+    return int(min(max_pos * factor, MAX_JSON_INT))
 
 
 def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config.json") -> ModelProfile:
@@ -419,9 +436,16 @@ def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config
     """
     if not isinstance(cfg, Mapping):
         raise SpecError(source, f"expected a JSON object, got {type(cfg).__name__}", "use a Hugging Face config.json")
+    for part in (cfg, cfg.get("text_config")):  # the counts the model-class rules read, checked first
+        if isinstance(part, Mapping):
+            for key in _CLASS_COUNTS:
+                _opt_count(part, (key,), source)
     modelclass.refuse_unmodelled(cfg, source)
     cfg = modelclass.normalize_config(cfg, source)  # text_config (with its class defaults), layer types
     archs = cfg.get("architectures") or [str(cfg.get("model_type", "unknown"))]
+    if not isinstance(archs, list) or not isinstance(archs[0], str):
+        raise SpecError(f"{source}: architectures", f"expected a list of class names, got {shown(archs)}",
+                        'e.g. "architectures": ["LlamaForCausalLM"]')
     architecture = str(archs[0])
     hidden = _as_int(_get(cfg, ("hidden_size", "n_embd", "d_model"), source), "hidden_size", source)
     layers = _as_int(_get(cfg, ("num_hidden_layers", "n_layer", "num_layers"), source), "num_hidden_layers", source)
@@ -444,17 +468,17 @@ def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config
     raw_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower()
     dtype = _DTYPE_ALIASES.get(raw_dtype, raw_dtype)
     if dtype not in _DTYPE_BYTES:
-        raise SpecError(f"{source}: torch_dtype", f"unsupported dtype {raw_dtype!r}",
+        raise SpecError(f"{source}: torch_dtype", f"unsupported dtype {shown(raw_dtype)}",
                         "use bfloat16, float16 or float32")
     if dtype == "float32":
         # vLLM's dtype="auto" serves float32 checkpoints in bfloat16 on GPUs that support it.
         dtype = "bfloat16"
-    num_experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
-    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("moe_topk") or 0)
+    num_experts = _opt_count(cfg, ("num_local_experts", "num_experts", "n_routed_experts"), source)
+    top_k = _opt_count(cfg, ("num_experts_per_tok", "moe_topk"), source)
     if num_experts and not top_k:
         raise SpecError(f"{source}: num_experts_per_tok", "an MoE config needs num_experts_per_tok",
                         "add num_experts_per_tok to config.json")
-    moe_inter = int(cfg.get("moe_intermediate_size") or 0) if num_experts else 0
+    moe_inter = _opt_count(cfg, ("moe_intermediate_size",), source) if num_experts else 0
     classes = modelclass.class_fields(cfg)
     quant, quant_bytes = _quantization(cfg, source)
     block = (cfg.get("quantization_config") or {}).get("weight_block_size") if quant else None
@@ -542,8 +566,11 @@ def load_model(ref: str | os.PathLike[str]) -> ModelProfile:
     path, name = _resolve_config_path(ref)
     if not path.is_file():
         raise SpecError("model", f"{path} does not exist", "point --model at a directory holding config.json")
+    cfg = read_json_file(path, str(path))
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SpecError(str(path), f"cannot read config.json: {exc}", "use a valid JSON config.json") from None
-    return profile_from_config(cfg, name=name, source=str(path))
+        return profile_from_config(cfg, name=name, source=str(path))
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError, ZeroDivisionError) as exc:
+        if isinstance(exc, SpecError):
+            raise
+        raise SpecError(str(path), f"a value in config.json is not what a Hugging Face config holds "
+                        f"({type(exc).__name__}: {shown(str(exc))})", "fix config.json") from None

@@ -6,7 +6,8 @@
 * :mod:`.report`: plots and the Markdown report from the dataset;
 * the Optuna storage for a URL with every call retried (``open_storage``).
 
-Only the driver writes here (one writer: SQLite stays safe, PostgreSQL works the same way). The
+Only the driver writes here (one writer: SQLite stays safe, PostgreSQL works the same way), and
+one driver per study: :mod:`.lease` keeps a second one out. The
 records know results and flags, not the spec or the search; the replay engine reads them back.
 """
 

@@ -14,7 +14,8 @@ Contract:
   administrator command", "the database system is shutting down / starting up", "Connection
   refused". An ``IntegrityError`` is a real conflict, never retried, and neither is a
   configuration mistake that waiting cannot fix (:data:`PERMANENT_MESSAGES`: a wrong password, a
-  missing database or role, no ``pg_hba.conf`` entry): those fail at once, naming the cause.
+  missing database or role, no ``pg_hba.conf`` entry), nor a full disk
+  (:func:`servetune.records.diskspace.is_disk_full`): those fail at once, naming the cause.
 * Every retry is logged at WARNING on ``servetune.records._retry`` with what was being done, so an outage
   shows up in the driver's log.
 
@@ -40,6 +41,8 @@ import sqlite3
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from servetune.records.diskspace import is_disk_full
 
 __all__ = ["retry_call", "is_transient_storage_error", "backoff_delays", "PERMANENT_MESSAGES"]
 
@@ -67,6 +70,8 @@ def is_transient_storage_error(exc: BaseException) -> bool:
     chain = _chain(exc)
     if any(PERMANENT_MESSAGES.search(str(e)) for e in chain):
         return False  # waiting does not fix a wrong password or a missing database
+    if is_disk_full(exc):
+        return False  # nor a full disk: SQLite says "database or disk is full" as an OperationalError
     for current in chain:
         if isinstance(current, sqlite3.OperationalError):
             return True

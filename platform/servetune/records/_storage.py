@@ -47,7 +47,7 @@ from optuna.trial import FrozenTrial, TrialState
 from servetune.errors import SpecError
 from servetune.records._retry import retry_call
 
-__all__ = ["open_storage", "RetryingStorage", "engine_kwargs_for", "postgres_url"]
+__all__ = ["open_storage", "open_storage_read_only", "RetryingStorage", "engine_kwargs_for", "postgres_url"]
 
 _T = TypeVar("_T")
 
@@ -129,6 +129,34 @@ def open_storage(url: str | None) -> RetryingStorage | None:
     url = postgres_url(url)
     rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs_for(url))
     return RetryingStorage(optuna.storages._CachedStorage(rdb))
+
+
+def open_storage_read_only(url: str) -> BaseStorage:
+    """An existing study storage opened for reading only: no table created, no version stamped, no
+    write possible (SQLite through ``mode=ro``, PostgreSQL sessions read-only). Not retried: a
+    read-only command reports an outage at once. What ``servetune best`` reads through.
+
+    Example:
+        >>> import tempfile
+        >>> url = f"sqlite:///{tempfile.mkdtemp()}/optuna.db"
+        >>> _ = optuna.create_study(study_name="s", storage=url)
+        >>> optuna.get_all_study_names(open_storage_read_only(url))
+        ['s']
+    """
+    import sqlite3
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    url = postgres_url(url)
+    kwargs = engine_kwargs_for(url)
+    if url.startswith("sqlite"):
+        database = make_url(url).database or ""
+        target = Path(database).resolve().as_uri() + "?mode=ro"  # as_uri percent-encodes '?' and '#'
+        kwargs["creator"] = lambda: sqlite3.connect(target, uri=True, check_same_thread=False)
+    elif url.startswith("postgresql"):
+        kwargs["connect_args"] = {**kwargs.get("connect_args", {}), "options": "-c default_transaction_read_only=on"}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, skip_table_creation=True)
 
 
 class RetryingStorage(BaseStorage):

@@ -39,7 +39,7 @@ import math
 import os
 import urllib.parse
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -309,10 +309,12 @@ def _partitioning() -> pads.Partitioning:
     return pads.partitioning(schema, flavor="hive")  # hive segments are URI-decoded by default
 
 
-def read_trials(root: Path, **filters: Any) -> pd.DataFrame:
+def read_trials(root: Path, on_damaged: Callable[[Path, str], None] | None = None, **filters: Any) -> pd.DataFrame:
     """All trials under ``root`` as one frame; ``filters`` are ``column=value`` or ``column=[values]``.
 
-    Filters on the partition columns skip whole directories before any file is opened.
+    Filters on the partition columns skip whole directories before any file is opened. With
+    ``on_damaged``, a part file that is not Parquet is skipped and reported as ``(path, reason)``;
+    without it, reading it raises.
 
     Example:
         >>> import tempfile
@@ -322,6 +324,8 @@ def read_trials(root: Path, **filters: Any) -> pd.DataFrame:
     """
     root = Path(root)
     files = sorted(_files(root, filters))
+    if on_damaged is not None:
+        files = [f for f in files if _readable(f, on_damaged)]
     if files:
         schemas = [pq.read_schema(f) for f in files]
         # Drop the pandas metadata of the first file so the unified schema carries none of it.
@@ -347,6 +351,16 @@ def read_trials(root: Path, **filters: Any) -> pd.DataFrame:
             df = df[df[column] == wanted]
     sort = [c for c in ("study", "trial_number", "timestamp") if c in df.columns]
     return df.sort_values(sort, kind="stable").reset_index(drop=True)
+
+
+def _readable(path: Path, on_damaged: Callable[[Path, str], None]) -> bool:
+    """Whether a part file's Parquet footer reads; if not, ``on_damaged(path, reason)``."""
+    try:
+        pq.read_schema(path)
+    except (pa.ArrowException, OSError) as exc:
+        on_damaged(path, (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200])
+        return False
+    return True
 
 
 def _files(root: Path, filters: Mapping[str, Any]) -> Iterable[Path]:

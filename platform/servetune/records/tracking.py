@@ -9,7 +9,10 @@ Contract:
   tags; at the end ``best_config.yaml`` (a ``vllm serve --config`` file), ``best_command.txt``
   (``vllm serve MODEL --flag value ...``), ``trials.csv`` / ``trials.parquet``, ``plots/*.png``
   and the summary metrics. Resuming reopens the newest parent run with the same study tag and
-  marks child runs an earlier submission left ``RUNNING`` as ``KILLED``.
+  marks child runs an earlier submission left ``RUNNING`` as ``KILLED``; the driver's resume then
+  keeps one complete child per trial number (:meth:`StudyTracker.reconcile_trial_runs`) and writes
+  the missing ones again from Optuna's record, so after kills and resumes every trial has exactly
+  one child run, none ``RUNNING`` or ``KILLED``.
 * Child run ``trial-NNN`` (``mlflow.parentRunId`` = the parent, so the UI nests it): params are
   the flags under their vLLM names plus ``workload.*``; metrics are exactly
   :meth:`TrialResult.metrics`; tags are the study tags, ``servetune.status``,
@@ -62,7 +65,7 @@ import time
 import uuid
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -93,6 +96,7 @@ __all__ = [
     "EXPERIMENT_KIND",
     "ui_url",
     "study_note",
+    "one_run_per_trial",
 ]
 
 _log = logging.getLogger(__name__)
@@ -206,6 +210,9 @@ class StudyTracker:
         self.tracking_uri = postgres_url(tracking_uri.rstrip("/"), "tracking.mlflow_uri")
         self.experiment = experiment
         self._check_reachable(connect_timeout_s)
+        from servetune.records._mlflow_store import ensure_sqlite_store
+
+        ensure_sqlite_store(self.tracking_uri)  # a local store is built whole, never half (a kill mid-creation)
         # Deferred: importing mlflow costs about a second. MlflowClient, entities and exceptions
         # are all in mlflow-skinny (the core dependency); the full mlflow is only for the UI/server.
         from mlflow import MlflowClient
@@ -324,14 +331,24 @@ class StudyTracker:
             f"tags.`{TAG_STUDY}` = '{study_name}' AND tags.`{TAG_ROLE}` = 'study'"))
         return runs[0].info.run_id if runs else None
 
-    def recorded_trial_numbers(self) -> set[int]:
-        """Trial numbers with a complete child run under the current study's parent (KILLED or
-        still-RUNNING children, half-written by a driver that died, do not count)."""
+    def reconcile_trial_runs(self) -> set[int]:
+        """One child run per trial under the current study's parent; returns the trial numbers that
+        have one. Runs a killed driver left behind (``RUNNING``, swept to ``KILLED``) and any second
+        complete run of a trial number are deleted (MLflow's soft delete: restorable, hidden from the
+        runs table), so the driver writes the missing ones again from Optuna's record and every
+        trial appears exactly once (:func:`one_run_per_trial`). Confirmation repeats are left alone."""
         parent = self._require_study()
         runs = self._call("search trial runs", lambda: self._search(
             f"tags.`{TAG_PARENT}` = '{parent}' AND tags.`{TAG_ROLE}` = 'trial'"))
-        return {int(r.data.tags[TAG_TRIAL_NUMBER]) for r in runs
-                if r.info.status in ("FINISHED", "FAILED") and TAG_TRIAL_NUMBER in r.data.tags}
+        numbered = _numbered(runs)
+        keep, drop = one_run_per_trial(numbered)
+        for run_id in drop:
+            self._call("delete a duplicate or unfinished trial run", lambda: self._client.delete_run(run_id))
+        if drop:
+            _log.warning("study %s: %d unfinished or duplicate trial runs deleted from MLflow (trials %s are "
+                         "written again from Optuna's record where needed)", self.study_name, len(drop),
+                         ", ".join(sorted({str(n) for n, _, _, rid in numbered if rid in set(drop)}, key=int)))
+        return set(keep)
 
     def start_study(self, study_name: str, params: Mapping[str, Any], tags: Mapping[str, str],
                     resume: bool = False) -> str:
@@ -377,6 +394,19 @@ class StudyTracker:
             self._client.set_tag(child.info.run_id, "servetune.swept",
                                  "left RUNNING by an earlier submission; marked KILLED on resume")
             self._client.set_terminated(child.info.run_id, status="KILLED")
+
+    def close_after_failure(self) -> None:
+        """End the study's run ``FAILED`` at once, deleting any child a failed write left ``RUNNING``
+        (the resume writes it again from Optuna's record). Direct calls, nothing staged on disk:
+        what a driver does when its disk is full. Best effort: a failure is logged, not raised."""
+        parent = self._require_study()
+        try:
+            for child in self._search(f"tags.`{TAG_PARENT}` = '{parent}' AND attributes.status = 'RUNNING'"):
+                self._client.delete_run(child.info.run_id)
+            self._client.set_terminated(parent, status="FAILED")
+        except Exception as exc:  # noqa: BLE001 - the resume sweeps what is left
+            _log.warning("MLflow at %s: could not close the study run after the failure (the next --resume "
+                         "does): %s", self._safe_uri, redact_text(str(exc)).splitlines()[0][:300] if str(exc) else exc)
 
     # -- trials ------------------------------------------------------------------------------
 
@@ -604,6 +634,29 @@ class StudyTracker:
         op_dir = self._new_op_dir("end")
         _write_op(op_dir, {"kind": "end", "parent": parent, "status": word})
         self._submit(op_dir)
+
+
+def one_run_per_trial(runs: Sequence[tuple[int, str, int, str]]) -> tuple[dict[int, str], list[str]]:
+    """``(trial number, status, start ms, run id)`` of a study's trial runs -> the run kept per trial
+    number (its newest complete one: ``FINISHED`` or ``FAILED``) and the run ids to delete (every
+    other: unfinished ``RUNNING`` / ``KILLED`` ones and older duplicates). Pure.
+
+    Example:
+        >>> one_run_per_trial([(0, "FINISHED", 1, "a"), (0, "KILLED", 2, "b"), (1, "RUNNING", 3, "c"),
+        ...                    (2, "FAILED", 4, "d"), (2, "FINISHED", 5, "e")])
+        ({0: 'a', 2: 'e'}, ['b', 'c', 'd'])
+    """
+    keep: dict[int, tuple[int, str]] = {}
+    for number, status, start, run_id in runs:
+        if status in ("FINISHED", "FAILED") and (number not in keep or (start, run_id) > keep[number]):
+            keep[number] = (start, run_id)
+    kept = {number: run_id for number, (_, run_id) in keep.items()}
+    return kept, sorted(run_id for _, _, _, run_id in runs if run_id not in set(kept.values()))
+
+
+def _numbered(runs: Sequence[Any]) -> list[tuple[int, str, int, str]]:
+    return [(int(r.data.tags[TAG_TRIAL_NUMBER]), r.info.status, r.info.start_time or 0, r.info.run_id)
+            for r in runs if TAG_TRIAL_NUMBER in r.data.tags]
 
 
 def ui_url(base: str, experiment_id: str, run_id: str | None = None) -> str:

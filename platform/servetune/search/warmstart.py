@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -247,12 +248,18 @@ def origin_of(user_attrs: Mapping[str, Any]) -> str:
 
 # -- enqueueing (Optuna, the dataset) ---------------------------------------------------------------
 
+def _warn_damaged(path: Path, reason: str) -> None:
+    """One line on stderr per part file a warm start skips (a damaged file must not stop a new study)."""
+    print(f"servetune: warning: warm start skipped {path}, not a readable Parquet file ({reason}); "
+          "move it out of the dataset folder", file=sys.stderr)
+
+
 def enqueue_warm_starts(spec: StudySpec, study: optuna.Study) -> list[WarmStart]:
     """Read the dataset and enqueue the warm starts (``warm_start`` on); returns them."""
     root = Path(spec.output.dataset_dir)
     if not spec.warm_start or not root.exists():
         return []
-    starts = warm_starts(dataset.read_trials(root, gpu_type=spec.gpu.type), spec)
+    starts = warm_starts(dataset.read_trials(root, on_damaged=_warn_damaged, gpu_type=spec.gpu.type), spec)
     for ws in starts:
         study.enqueue_trial(ws.params, user_attrs={"origin": "warm_start", "warm_start_from": ws.study,
                                                    "warm_start_distance": ws.distance}, skip_if_exists=True)

@@ -61,6 +61,7 @@ from servetune.engines.base import BACKENDS, LOAD_GENERATORS
 from servetune.engines.replay import missing_columns, read_landscape
 from servetune.engines.vllm.bench_client import bench_argv
 from servetune.errors import SpecError, did_you_mean
+from servetune.inputs import shown
 from servetune.planner import gpus, modelinfo
 from servetune.planner.flags import argv_value, validate_flags
 from servetune.planner.gpus import GpuSpec
@@ -209,7 +210,7 @@ def _section(data: Any, field: str, keys: tuple[str, ...], example: str) -> Mapp
     if data is None:
         return {}
     if not isinstance(data, Mapping):
-        raise SpecError(field, f"expected a mapping, got {type(data).__name__} {data!r}", f"write {field}: {example}")
+        raise SpecError(field, f"expected a mapping, got {type(data).__name__} {shown(data)}", f"write {field}: {example}")
     for key in data:
         if key not in keys:
             raise SpecError(f"{field}.{key}", f"unknown key{did_you_mean(str(key), keys)}", f"allowed keys: {', '.join(keys)}")
@@ -221,7 +222,7 @@ def _int(value: Any, field: str, minimum: int, maximum: int | None = None) -> in
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         else:
-            raise SpecError(field, f"expected an integer, got {value!r}", "write a whole number")
+            raise SpecError(field, f"expected an integer, got {shown(value)}", "write a whole number")
     if value < minimum:
         raise SpecError(field, f"must be >= {minimum}, got {value}", f"use a value >= {minimum}")
     if maximum is not None and value > maximum:
@@ -231,19 +232,19 @@ def _int(value: Any, field: str, minimum: int, maximum: int | None = None) -> in
 
 def _positive(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise SpecError(field, f"expected a positive number, got {value!r}", "write a number > 0, or leave it out")
+        raise SpecError(field, f"expected a positive number, got {shown(value)}", "write a number > 0, or leave it out")
     return float(value)
 
 
 def _text(value: Any, field: str, example: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise SpecError(field, f"expected a non-empty string, got {value!r}", f"write {field}: {example}")
+        raise SpecError(field, f"expected a non-empty string, got {shown(value)}", f"write {field}: {example}")
     return value.strip()
 
 
 def _choice(value: Any, field: str, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise SpecError(field, f"invalid value {value!r}{did_you_mean(str(value), choices)}", f"use one of: {', '.join(choices)}")
+        raise SpecError(field, f"invalid value {shown(value)}{did_you_mean(str(value), choices)}", f"use one of: {', '.join(choices)}")
     return value
 
 
@@ -272,7 +273,7 @@ def find_search_space(ref: str, base_dir: Path | None = None, cwd: Path | None =
             if p.is_file():
                 return p
     shipped = sorted(p.stem for p in _repo_search_spaces().glob("*.yaml"))
-    raise SpecError("search_space", f"no search space file {ref!r}{did_you_mean(ref, shipped)} (tried {', '.join(tried)})",
+    raise SpecError("search_space", f"no search space file {shown(ref)}{did_you_mean(ref, shipped)} (tried {', '.join(tried)})",
                     f"give a path relative to the spec file, or a shipped name: {', '.join(shipped) or 'none found'}")
 
 
@@ -339,7 +340,7 @@ def _parse_workload(raw: Any, base_dir: Path | None) -> Workload:
 
 def _parse_gpu(raw: Any, base_dir: Path | None) -> GpuPool:
     if raw is None or not isinstance(raw, Mapping):
-        raise SpecError("gpu", f"expected a mapping, got {raw!r}", "write gpu: {type: A100-40GB, count: 1}")
+        raise SpecError("gpu", f"expected a mapping, got {shown(raw)}", "write gpu: {type: A100-40GB, count: 1}")
     data = _section(raw, "gpu", ("type", "count", "file"), "{type: A100-40GB, count: 1}")
     if "type" not in data:
         raise SpecError("gpu.type", "is required", "add type: e.g. H200, A100-40GB, L40S")
@@ -367,11 +368,11 @@ def _parse_gpu(raw: Any, base_dir: Path | None) -> GpuPool:
 
 def _metric(value: Any, field: str) -> str:
     if not isinstance(value, str):
-        raise SpecError(field, f"expected a metric name, got {value!r}", f"use one of: {', '.join(METRIC_DIRECTIONS)}")
+        raise SpecError(field, f"expected a metric name, got {shown(value)}", f"use one of: {', '.join(METRIC_DIRECTIONS)}")
     name = _METRIC_ALIASES.get(value, value)
     if name not in METRIC_DIRECTIONS:
         known = [*METRIC_DIRECTIONS, *_METRIC_ALIASES]
-        raise SpecError(field, f"unknown metric {value!r}{did_you_mean(value, known)}",
+        raise SpecError(field, f"unknown metric {shown(value)}{did_you_mean(value, known)}",
                         f"use one of: {', '.join(METRIC_DIRECTIONS)}")
     return name
 
@@ -396,14 +397,14 @@ def _parse_objective(raw: Any) -> Objective:
             raise SpecError("objective.direction", "applies to metric only", "use directions: [...] with pareto")
         raw_list = data["pareto"]
         if not isinstance(raw_list, list) or len(raw_list) < 2:
-            raise SpecError("objective.pareto", f"expected a list of at least 2 metrics, got {raw_list!r}",
+            raise SpecError("objective.pareto", f"expected a list of at least 2 metrics, got {shown(raw_list)}",
                             "e.g. pareto: [output_throughput, p99_ttft_ms]; for one metric use metric:")
         metrics = [_metric(m, f"objective.pareto[{i}]") for i, m in enumerate(raw_list)]
         if len(set(metrics)) != len(metrics):
-            raise SpecError("objective.pareto", f"names a metric twice: {raw_list!r}", "list each metric once")
+            raise SpecError("objective.pareto", f"names a metric twice: {shown(raw_list)}", "list each metric once")
         given = data.get("directions")
         if given is not None and (not isinstance(given, list) or len(given) != len(metrics)):
-            raise SpecError("objective.directions", f"expected a list of {len(metrics)} directions, got {given!r}",
+            raise SpecError("objective.directions", f"expected a list of {len(metrics)} directions, got {shown(given)}",
                             "one of maximize/minimize per pareto metric, or leave directions out")
         dfield = "objective.directions"
     natural = [METRIC_DIRECTIONS[m] for m in metrics]
@@ -473,7 +474,7 @@ def _check_grid(space: SearchSpace, fixed: Mapping[str, Any], budget: Budget) ->
     warning: a grid visits each point once."""
     for p in space.params:
         if p.when is not None:
-            raise SpecError("sampler", f"grid cannot search the conditional parameter {p.name!r}",
+            raise SpecError("sampler", f"grid cannot search the conditional parameter {shown(p.name)}",
                             "use sampler: random (or tpe), or make the parameter unconditional")
     size = space.size(fixed)
     if size == math.inf:
@@ -487,7 +488,7 @@ def _check_grid(space: SearchSpace, fixed: Mapping[str, Any], budget: Budget) ->
 def _switch(data: Mapping[str, Any], key: str, default: bool, what: str) -> bool:
     value = data.get(key, default)
     if not isinstance(value, bool):
-        raise SpecError(key, f"expected true or false, got {value!r}", f"write {key}: true ({what}) or {key}: false")
+        raise SpecError(key, f"expected true or false, got {shown(value)}", f"write {key}: true ({what}) or {key}: false")
     return value
 
 
@@ -495,11 +496,11 @@ def _parse_version(raw: Any) -> str:
     if raw is None:
         return DEFAULT_VLLM_VERSION
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        raise SpecError("vllm_version", f"YAML read {raw!r} as a number", f'quote it: vllm_version: "{raw}"')
+        raise SpecError("vllm_version", f"YAML read {shown(raw)} as a number", f'quote it: vllm_version: "{raw}"')
     # A plain release number, as pip and the image tags write it ("0.26.0"); the planner's reader
     # would also take "v0.26", which a spec refuses so that one study is always named one way.
     if not isinstance(raw, str) or raw.strip().startswith("v") or not VERSION_RE.fullmatch(raw.strip()):
-        raise SpecError("vllm_version", f"expected a version like \"0.26.0\", got {raw!r}", 'write vllm_version: "0.26.0"')
+        raise SpecError("vllm_version", f"expected a version like \"0.26.0\", got {shown(raw)}", 'write vllm_version: "0.26.0"')
     return raw.strip()
 
 
@@ -509,7 +510,7 @@ def _parse_search_space(raw: Any, base_dir: Path | None, cwd: Path) -> tuple[Sea
         return SearchSpace.load(path, "search_space"), path.resolve()
     if isinstance(raw, Mapping):
         return SearchSpace.from_dict(raw, "search_space"), None
-    raise SpecError("search_space", f"expected a file name or an inline mapping, got {raw!r}",
+    raise SpecError("search_space", f"expected a file name or an inline mapping, got {shown(raw)}",
                     "write search_space: memory-pair, a path, or {params: {...}, rules: [...]}")
 
 
@@ -652,11 +653,11 @@ class StudySpec:
 
         name = _text(data["name"], "name", "my-study")
         if not _NAME_RE.match(name):
-            raise SpecError("name", f"{name!r} is not a valid study name",
+            raise SpecError("name", f"{shown(name)} is not a valid study name",
                             "use letters, digits, '.', '_' and '-' (it names files and MLflow runs), at most 128")
         description = data.get("description")
         if description is not None and not isinstance(description, str):
-            raise SpecError("description", f"expected text, got {description!r}", "quote it")
+            raise SpecError("description", f"expected text, got {shown(description)}", "quote it")
         model_ref, serve_model, profile = _parse_model(data["model"], data.get("serve_model"), base)
         gpu = _parse_gpu(data["gpu"], base)
         workload = _parse_workload(data["workload"], base)
@@ -682,13 +683,13 @@ class StudySpec:
         else:
             url = _text(url, "storage.optuna_url", '"sqlite:///servetune-runs/optuna.db"')
             if url != "memory" and "://" not in url:
-                raise SpecError("storage.optuna_url", f"expected an SQLAlchemy URL or 'memory', got {url!r}",
+                raise SpecError("storage.optuna_url", f"expected an SQLAlchemy URL or 'memory', got {shown(url)}",
                                 'e.g. "sqlite:///servetune-runs/optuna.db" or "postgresql://user:pass@host/db"')
             optuna_url = None if url == "memory" else url
 
         prescreen = data.get("prescreen", True)
         if not isinstance(prescreen, bool):
-            raise SpecError("prescreen", f"expected true or false, got {prescreen!r}",
+            raise SpecError("prescreen", f"expected true or false, got {shown(prescreen)}",
                             "write prescreen: true (skip predicted startup failures) or prescreen: false")
         switches = {key: _switch(data, key, default, what) for key, default, what in (
             ("early_stopping", True, "end a trial once it is certainly preempting or below the best"),
@@ -698,7 +699,7 @@ class StudySpec:
         if multi_fidelity == "auto" or multi_fidelity is None:
             multi_fidelity = None
         elif not isinstance(multi_fidelity, bool):
-            raise SpecError("multi_fidelity", f"expected true, false or auto, got {multi_fidelity!r}",
+            raise SpecError("multi_fidelity", f"expected true, false or auto, got {shown(multi_fidelity)}",
                             "write multi_fidelity: auto (on for the vllm and replay backends), true or false")
         space, warnings = _combine(space, fixed, profile, gpu, workload, budget)
         if sampler == "grid":
@@ -793,7 +794,7 @@ def _combine(space: SearchSpace, fixed: dict[str, Any], profile: ModelProfile | 
         for dep in sorted(param.when.names):
             if dep not in space.names[:i] and dep not in fixed and dep not in STATIC_DEFAULTS:
                 raise SpecError(f"search_space.params.{param.name}.when",
-                                f"the condition reads {dep!r}, which is neither searched above it nor pinned, and "
+                                f"the condition reads {shown(dep)}, which is neither searched above it nor pinned, and "
                                 "vLLM's default for it depends on the GPU or version",
                                 f"pin {dep} in fixed_flags, or search it above {param.name}")
     space = space.with_pinned(fixed)
@@ -825,8 +826,8 @@ def _combine(space: SearchSpace, fixed: dict[str, Any], profile: ModelProfile | 
         texts = [t for ts in feas.reasons.values() for t in ts]
         reason = next((t for t in texts if t.startswith(f"{name}={values[0]} ")), None) or \
             next((t for t in texts if t.startswith(f"{name}=")), None)
-        shown = ", ".join(f"{name}={v!r}" for v in values)
-        warnings.append(f"search_space.params.{name}: {shown} never passes the rules"
+        listed = ", ".join(f"{name}={v!r}" for v in values)
+        warnings.append(f"search_space.params.{name}: {listed} never passes the rules"
                         + (f" ({reason})" if reason else "") + "; such trials are refused before launch")
     min_world = feas.min_world_size or 1
     if budget.parallel * min_world > gpu.count:

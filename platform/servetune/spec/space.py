@@ -64,9 +64,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from servetune.errors import SpecError, did_you_mean
+from servetune.inputs import load_yaml, missing, read_yaml_file, shown
 from servetune.planner.flags import FLAGS, validate_flag
 
 if TYPE_CHECKING:  # imported for annotations only; optuna is imported lazily where it is used
@@ -114,6 +113,8 @@ _MAX_CONST = 10**12  # the largest number a rule may write (|x|)
 _MAX_STR_CONST = 64  # the longest string a rule may write
 _MAX_VALUE = 10**18  # the largest magnitude a rule may compute
 _MAX_GRID = 1_000_000
+_MAX_RULES = 256  # rules of one space; each is judged on every proposed flag set
+_MAX_RULE_WORK = 200_000  # (combinations listed) x (rules) that feasibility() judges before giving up listing
 _PARAM_KEYS = ("type", "low", "high", "step", "log", "choices", "when")
 _SPACE_KEYS = ("params", "rules", "description")
 
@@ -178,37 +179,37 @@ class Expr:
     def parse(cls, source: Any, field: str, known: Iterable[str] | None = None) -> Expr:
         """Parse and vet ``source``; names must be in ``known`` (default: flags and context names)."""
         if not isinstance(source, str) or not source.strip():
-            raise SpecError(field, f"expected an expression string, got {source!r}",
+            raise SpecError(field, f"expected an expression string, got {shown(source)}",
                             "e.g. max_num_batched_tokens >= max_num_seqs")
         if len(source) > _MAX_EXPR_CHARS:
             raise SpecError(field, f"expression longer than {_MAX_EXPR_CHARS} characters", "split it into rules")
         try:
             tree = ast.parse(source.strip(), mode="eval")
         except SyntaxError as exc:
-            raise SpecError(field, f"not a valid expression: {source!r} ({exc.msg})", _EXPR_FIX) from None
+            raise SpecError(field, f"not a valid expression: {shown(source)} ({exc.msg})", _EXPR_FIX) from None
         except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes; nesting the parser refuses
-            raise SpecError(field, f"not a valid expression: {source!r} ({type(exc).__name__})", _EXPR_FIX) from None
+            raise SpecError(field, f"not a valid expression: {shown(source)} ({type(exc).__name__})", _EXPR_FIX) from None
         _check_shape(tree, field, source)
         known_names = set(known) if known is not None else set(FLAGS) | set(CONTEXT_NAMES)
         names: set[str] = set()
         for node in ast.walk(tree):
             if not isinstance(node, _ALLOWED_NODES):
                 why = _REFUSED_WHY.get(type(node), type(node).__name__)
-                raise SpecError(field, f"{why} are not allowed in a rule: {source!r}", _EXPR_FIX)
+                raise SpecError(field, f"{why} are not allowed in a rule: {shown(source)}", _EXPR_FIX)
             if isinstance(node, ast.Constant):
                 _check_constant(node.value, field)
             if isinstance(node, ast.BinOp):
                 for side in (node.left, node.right):
                     if isinstance(side, ast.Constant) and not _is_number(side.value):
-                        raise SpecError(field, f"arithmetic on {side.value!r} in {source!r}: rules do arithmetic on "
+                        raise SpecError(field, f"arithmetic on {shown(side.value)} in {shown(source)}: rules do arithmetic on "
                                         "numbers only (strings may only be compared)", _EXPR_FIX)
             if isinstance(node, ast.UnaryOp) and not isinstance(node.op, ast.Not) and \
                     isinstance(node.operand, ast.Constant) and not _is_number(node.operand.value):
-                raise SpecError(field, f"sign on {node.operand.value!r} in {source!r}: only numbers take a sign",
+                raise SpecError(field, f"sign on {shown(node.operand.value)} in {shown(source)}: only numbers take a sign",
                                 _EXPR_FIX)
             if isinstance(node, ast.Name) and node.id not in _LITERALS:
                 if node.id not in known_names:
-                    raise SpecError(field, f"unknown name {node.id!r} in {source!r}{did_you_mean(node.id, known_names)}",
+                    raise SpecError(field, f"unknown name {shown(node.id)} in {shown(source)}{did_you_mean(node.id, known_names)}",
                                     "use vLLM flag names (servetune.planner.flags.FLAGS) or " + ", ".join(CONTEXT_NAMES))
                 names.add(node.id)
         return cls(source.strip(), frozenset(names), tree)
@@ -249,7 +250,7 @@ def _check_constant(value: Any, field: str) -> None:
         return
     if _is_number(value):
         raise SpecError(field, f"constant beyond {_MAX_CONST:.0e} in size", "use a number of at most 1e12")
-    raise SpecError(field, f"constant {value!r} is not allowed in a rule", _EXPR_FIX)
+    raise SpecError(field, f"constant {shown(value)} is not allowed in a rule", _EXPR_FIX)
 
 
 def _operand(value: Any) -> int | float:
@@ -320,11 +321,11 @@ class Rule:
         except _Unbound:
             return None  # a flag the trial leaves to vLLM's default: nothing to judge
         except (TypeError, ArithmeticError, RecursionError) as exc:  # _EvalError and ZeroDivisionError included
-            return f"rule {self.expr.source!r} cannot be evaluated: {exc}"
+            return f"rule {shown(self.expr.source)} cannot be evaluated: {exc}"
         if ok:
             return None
-        values = ", ".join(f"{n}={env[n]!r}" for n in sorted(self.expr.names) if n in env)
-        text = f"rule {self.expr.source!r} is false ({values})"
+        values = ", ".join(f"{n}={shown(env[n])}" for n in sorted(self.expr.names) if n in env)
+        text = f"rule {shown(self.expr.source)} is false ({values})"
         return f"{self.message}: {text}" if self.message else text
 
     def to_dict(self) -> str | dict[str, str]:
@@ -407,10 +408,10 @@ class Param:
             return bool(self.when.evaluate(env))
         except _Unbound as exc:
             raise SpecError(f"{field}.params.{self.name}.when",
-                            f"the condition names {exc.name!r}, which is neither searched before "
-                            f"{self.name!r} nor pinned", f"pin {exc.name} in fixed_flags or search it above {self.name}") from None
+                            f"the condition names {shown(exc.name)}, which is neither searched before "
+                            f"{shown(self.name)} nor pinned", f"pin {exc.name} in fixed_flags or search it above {self.name}") from None
         except (TypeError, ArithmeticError, RecursionError) as exc:  # string arithmetic, a bound, x % 0
-            raise SpecError(f"{field}.params.{self.name}.when", f"the condition {self.when.source!r} cannot be "
+            raise SpecError(f"{field}.params.{self.name}.when", f"the condition {shown(self.when.source)} cannot be "
                             f"evaluated: {exc}", "compare flags with values; do arithmetic on numbers only") from None
 
     def to_dict(self) -> dict[str, Any]:
@@ -430,10 +431,10 @@ class Param:
 
 def _number(value: Any, field: str, integer: bool) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)):
-        raise SpecError(field, f"expected a {'whole number' if integer else 'number'}, got {value!r}", "write a plain number")
+        raise SpecError(field, f"expected a {'whole number' if integer else 'number'}, got {shown(value)}", "write a plain number")
     if integer:
         if isinstance(value, float) and not value.is_integer():
-            raise SpecError(field, f"expected a whole number, got {value!r}", "write an integer")
+            raise SpecError(field, f"expected a whole number, got {shown(value)}", "write an integer")
         return int(value)
     return float(value)
 
@@ -457,16 +458,16 @@ def _condition(name: str, raw: Any, field: str) -> Expr:
             terms.append("(" + " or ".join(f"{key} == {option!r}" for option in options) + ")")
         expr = Expr.parse(" and ".join(terms), field, known=FLAGS)
     else:
-        raise SpecError(field, f"expected a mapping or an expression, got {raw!r}",
+        raise SpecError(field, f"expected a mapping or an expression, got {shown(raw)}",
                         "e.g. when: {enforce_eager: false} or when: 'tensor_parallel_size > 1'")
     if name in expr.names:
-        raise SpecError(field, f"{name!r} cannot depend on itself", "name other flags in the condition")
+        raise SpecError(field, f"{shown(name)} cannot depend on itself", "name other flags in the condition")
     return expr
 
 
 def _parse_param(name: str, raw: Any, field: str) -> Param:
     if name not in FLAGS:
-        raise SpecError(field, f"unknown vLLM flag {name!r}{did_you_mean(name, FLAGS)}",
+        raise SpecError(field, f"unknown vLLM flag {shown(name)}{did_you_mean(name, FLAGS)}",
                         "parameter names are vLLM flag names, see servetune.planner.flags.FLAGS")
     flag = FLAGS[name]
     if flag.kind is list:
@@ -475,7 +476,7 @@ def _parse_param(name: str, raw: Any, field: str) -> Param:
     if isinstance(raw, list):  # shorthand: a bare list is a categorical
         raw = {"type": "categorical", "choices": raw}
     if not isinstance(raw, Mapping):
-        raise SpecError(field, f"expected a parameter mapping or a list of choices, got {raw!r}",
+        raise SpecError(field, f"expected a parameter mapping or a list of choices, got {shown(raw)}",
                         f"e.g. {name}: {{type: categorical, choices: [...]}}; pin a single value in fixed_flags")
     for key in raw:
         if key not in _PARAM_KEYS:
@@ -485,7 +486,7 @@ def _parse_param(name: str, raw: Any, field: str) -> Param:
     if kind is None:
         raise SpecError(f"{field}.type", "is required", f"add type: one of {', '.join(PARAM_TYPES)}")
     if kind not in PARAM_TYPES:
-        raise SpecError(f"{field}.type", f"unknown parameter type {kind!r}{did_you_mean(str(kind), PARAM_TYPES)}",
+        raise SpecError(f"{field}.type", f"unknown parameter type {shown(kind)}{did_you_mean(str(kind), PARAM_TYPES)}",
                         f"use one of {', '.join(PARAM_TYPES)}")
     flag_type = flag.kind.__name__
     allowed_keys = {"float": {"low", "high", "step", "log"}, "int": {"low", "high", "step", "log"},
@@ -504,10 +505,10 @@ def _parse_param(name: str, raw: Any, field: str) -> Param:
     if kind == "categorical":
         choices = raw.get("choices")
         if not isinstance(choices, list) or not choices:
-            raise SpecError(f"{field}.choices", f"expected a non-empty list, got {choices!r}", "e.g. choices: [64, 128, 256]")
+            raise SpecError(f"{field}.choices", f"expected a non-empty list, got {shown(choices)}", "e.g. choices: [64, 128, 256]")
         values = [validate_flag(name, c, f"{field}.choices[{i}]") for i, c in enumerate(choices)]
         if len(set(map(repr, values))) != len(values):
-            raise SpecError(f"{field}.choices", f"has duplicates: {choices!r}", "list each value once")
+            raise SpecError(f"{field}.choices", f"has duplicates: {shown(choices)}", "list each value once")
         return Param(name, "categorical", choices=tuple(values), **common)
     # float / int ranges
     if flag.kind not in (int, float) or kind != flag.kind.__name__:
@@ -525,7 +526,7 @@ def _parse_param(name: str, raw: Any, field: str) -> Param:
                         "swap the bounds, or pin a single value in fixed_flags")
     log = raw.get("log", False)
     if not isinstance(log, bool):
-        raise SpecError(f"{field}.log", f"expected true or false, got {log!r}", "write log: true")
+        raise SpecError(f"{field}.log", f"expected true or false, got {shown(log)}", "write log: true")
     step = raw.get("step")
     if step is not None:
         step = _number(step, f"{field}.step", integer)
@@ -692,7 +693,7 @@ class SearchSpace:
             if param.when is not None:
                 later = sorted(n for n in param.when.names if n in raw_params and n not in [p.name for p in params])
                 if later:
-                    raise SpecError(f"{pfield}.when", f"the condition names {later[0]!r}, which is searched after {name!r}",
+                    raise SpecError(f"{pfield}.when", f"the condition names {shown(later[0])}, which is searched after {shown(name)}",
                                     f"move {later[0]} above {name} in params (conditions only see earlier params)")
             params.append(param)
         raw_rules = data.get("rules", [])
@@ -701,6 +702,9 @@ class SearchSpace:
         if not isinstance(raw_rules, list):
             raise SpecError(f"{field}.rules", f"expected a list of expressions, got {type(raw_rules).__name__}",
                             "e.g. rules: [max_num_batched_tokens >= max_num_seqs]")
+        if len(raw_rules) > _MAX_RULES:
+            raise SpecError(f"{field}.rules", f"{len(raw_rules):,} rules, above the limit of {_MAX_RULES}",
+                            "merge rules with `and`, or drop the ones the search space cannot break")
         rules = []
         for i, raw in enumerate(raw_rules):
             rfield = f"{field}.rules[{i}]"
@@ -712,12 +716,12 @@ class SearchSpace:
                                     "write the rule as a string, or as {rule: ..., message: ...}")
                 message = raw.get("message")
                 if message is not None and not isinstance(message, str):
-                    raise SpecError(f"{rfield}.message", f"expected text, got {message!r}", "quote the message")
+                    raise SpecError(f"{rfield}.message", f"expected text, got {shown(message)}", "quote the message")
                 raw = raw["rule"]
             rules.append(Rule(Expr.parse(raw, rfield), message))
         description = data.get("description")
         if description is not None and not isinstance(description, str):
-            raise SpecError(f"{field}.description", f"expected text, got {description!r}", "quote it")
+            raise SpecError(f"{field}.description", f"expected text, got {shown(description)}", "quote it")
         return cls(tuple(params), tuple(rules), description)
 
     @classmethod
@@ -797,14 +801,15 @@ class SearchSpace:
 
         Only the parameters that a rule or a condition reads are listed (gpu_memory_utilization,
         say, never changes whether a flag set passes the rules). When they have more than ``limit``
-        combinations, or one of them is a continuous float, only TP and PP are listed and the
-        answer is marked ``exhaustive=False``.
+        combinations (or more than ``_MAX_RULE_WORK`` rule judgements: combinations x rules), or one of
+        them is a continuous float, only TP and PP are listed and the answer is marked ``exhaustive=False``.
         """
         relevant = set(_BUILTIN_RULE_NAMES).union(*(r.expr.names for r in self.rules),
                                                  *(p.when.names for p in self.params if p.when is not None))
         subset = [p for p in self.params if p.name in relevant]
+        judged = len(self.rules) + 1  # judgements per listed combination: the space's rules and the built-in check
         exhaustive = all(p.is_finite for p in subset) and \
-            SearchSpace(tuple(subset), pinned=self.pinned).size() <= limit
+            SearchSpace(tuple(subset), pinned=self.pinned).size() <= min(limit, _MAX_RULE_WORK // max(judged, 1))
         if not exhaustive:
             subset = [p for p in self.params if p.name in ("tensor_parallel_size", "pipeline_parallel_size")]
         listed = {p.name for p in subset}
@@ -940,45 +945,15 @@ class SearchSpace:
 # ---------------------------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys, which PyYAML would otherwise silently overwrite."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-        if isinstance(key, (str, int, float, bool)) and key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key) if isinstance(key, (str, int, float, bool)) else None
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)  # type: ignore[arg-type]
-
-
 def parse_yaml(text: str, field: str, source: str = "<string>") -> Any:
-    """YAML text -> data; a syntax error or duplicate key is a :class:`SpecError` with the line."""
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-        where = f"{source}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else source
-        problem = getattr(exc, "problem", None) or str(exc)
-        context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-        if context and cmark is not None and (mark is None or cmark.line != mark.line):
-            problem += f" ({context} at line {cmark.line + 1})"  # e.g. where an unclosed [ was opened
-        fix = ("keep one of the two entries" if "duplicate key" in problem
-               else "fix the YAML syntax (indentation, colons, quotes, brackets) on that line")
-        raise SpecError(field, f"malformed YAML at {where}: {problem}", fix) from None
+    """YAML text -> data; a syntax error, a duplicate key, too deep a nesting or an alias bomb is a
+    :class:`SpecError` with the line (:func:`servetune.inputs.load_yaml`)."""
+    return load_yaml(text, field, source)
 
 
 def read_yaml(path: Path, field: str) -> Any:
-    """Read a YAML file; a missing file or bad YAML is a :class:`SpecError` naming ``field``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(field, f"file not found: {path}", "check the path (relative paths resolve from the spec file)") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(field, f"cannot read {path}: {exc}", "give a readable UTF-8 YAML file") from None
-    return parse_yaml(text, field, str(path))
+    """Read a YAML file (a regular file within the YAML size cap, :mod:`servetune.inputs`); a missing file or
+    bad YAML is a :class:`SpecError` naming ``field``."""
+    if missing(path):
+        raise SpecError(field, f"file not found: {path}", "check the path (relative paths resolve from the spec file)")
+    return read_yaml_file(path, field)

@@ -211,7 +211,7 @@ def test_cli_missing_file_exits_2(capsys, tmp_path, which):
     argv = [missing] if which == "log" else [str(REAL / "a1_u05_s64/server.log"), "--metrics", missing]
     assert _cli(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "no such file" in err and missing in err
+    assert err.startswith("error: ") and "file not found" in err and missing in err
 
 
 def test_preemptions_from_the_stats_lines_when_there_is_no_metrics_file():

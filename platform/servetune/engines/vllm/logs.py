@@ -45,7 +45,7 @@ from typing import Any
 from servetune.result import TrialStatus
 from servetune.vllm_version import version_tuple
 
-__all__ = ["LOG_LINE_RE", "WorkerMemory", "ParsedLog", "Classification", "parse_log", "classify", "parse_number",
+__all__ = ["LOG_LINE_RE", "WorkerMemory", "ParsedLog", "Classification", "parse_log", "classify", "parse_number", "LogFigureError",
            "is_vllm_log"]
 
 #: vLLM's log line (vllm-internals.md §1.5): optional ``(<proc> pid=<pid>) `` prefix, then the logger header.
@@ -72,7 +72,17 @@ def parse_number(text: str) -> float:
         >>> parse_number("1,234.5"), parse_number("-0.52")
         (1234.5, -0.52)
     """
-    return float(text.replace(",", ""))
+    value = float(text.replace(",", ""))
+    if not abs(value) <= _MAX_FIGURE:  # NaN fails too
+        raise LogFigureError(f"a figure beyond 1e18 ({text[:40]}{'...' if len(text) > 40 else ''}, {len(text)} characters)")
+    return value
+
+
+class LogFigureError(ValueError):
+    """A figure in a log no vLLM writes (hundreds of digits): the log was edited or is not a vLLM log."""
+
+
+_MAX_FIGURE = 1e18
 
 
 # ================================================================================= the data

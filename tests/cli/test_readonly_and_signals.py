@@ -1,0 +1,103 @@
+"""Read-only commands never write (``best`` on an empty database, a missing study, a real one, on
+SQLite and PostgreSQL), and a double Ctrl-C on ``servetune tune`` exits 130 without a traceback."""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"}
+
+
+def _best(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "servetune", "best", *args], capture_output=True, text=True,
+                          env=ENV, cwd=cwd, timeout=120)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_best_on_an_empty_database_says_so_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "optuna.db").touch()
+    proc = _best(tmp_path, "quickstart", "--storage", "sqlite:///optuna.db")
+    assert proc.returncode == 2 and "holds no Optuna study" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
+    assert (tmp_path / "optuna.db").stat().st_size == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["optuna.db"]  # no journal, no second file
+
+
+def test_best_reads_a_real_database_without_changing_a_byte(tmp_path: Path) -> None:
+    db = tmp_path / "optuna.db"
+    study = optuna.create_study(study_name="real", storage=f"sqlite:///{db}", direction="maximize")
+    trial = study.ask()
+    trial.suggest_int("max_num_seqs", 16, 256)
+    study.tell(trial, 100.0)
+    before = _digest(db)
+    missing = _best(tmp_path, "nope", "--storage", "sqlite:///optuna.db")
+    assert missing.returncode == 2 and "no study named 'nope'" in missing.stderr and "known studies: real" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    found = _best(tmp_path, "real", "--storage", "sqlite:///optuna.db")
+    assert found.returncode == 1 and "no trial that met its constraints" in found.stderr  # no constraints stored
+    assert _digest(db) == before
+
+
+def test_best_on_an_empty_postgresql_database_creates_no_table(postgres_server: Any, tmp_path: Path) -> None:
+    import psycopg
+
+    url = postgres_server.create_database("best_readonly")
+    proc = _best(tmp_path, "quickstart", "--storage", url)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "holds no Optuna study" in proc.stderr
+    with psycopg.connect(f"{postgres_server.admin_dsn.replace('dbname=postgres', 'dbname=best_readonly')}") as conn:
+        (tables,) = conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'").fetchone()
+    assert tables == 0
+
+
+def _told(db: Path) -> int:
+    try:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            return int(conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0])
+    except sqlite3.Error:
+        return 0
+
+
+def test_a_double_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
+    data: dict[str, Any] = {
+        "name": "ctrl-c", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB", "count": 1},
+        "workload": {"input_len": 512, "output_len": 256, "num_requests": 32, "concurrency": 16, "seed": 1},
+        "objective": {"metric": "output_throughput"},
+        "search_space": {"params": {"gpu_memory_utilization": {"type": "float", "low": 0.5, "high": 0.95, "step": 0.01},
+                                    "max_num_seqs": {"type": "int", "low": 8, "high": 512}}},
+        "budget": {"trials": 500, "parallel": 1}, "backend": "sim", "seed": 1,
+        "tracking": {"experiment": "ctrl-c"},
+        "output": {"runs_dir": str(tmp_path / "runs"), "dataset_dir": str(tmp_path / "runs" / "dataset")},
+    }
+    spec = tmp_path / "study.yaml"
+    spec.write_text(yaml.safe_dump(data))
+    proc = subprocess.Popen([sys.executable, "-m", "servetune", "tune", str(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while _told(tmp_path / "runs" / "optuna.db") < 1 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out[-2000:], err[-2000:])
+    assert "Traceback" not in out + err
