@@ -29,6 +29,7 @@ import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 __all__ = ["ensure_sqlite_store", "store_state", "sqlite_store_path"]
 
@@ -54,6 +55,12 @@ def sqlite_store_path(uri: str) -> Path | None:
     return Path(database)
 
 
+def _file_url(path: Path) -> Any:
+    """The SQLAlchemy URL of a SQLite file, built (never pasted: a folder named ``x.db?y`` stays a path)."""
+    from sqlalchemy.engine import URL
+    return URL.create("sqlite", database=str(path.resolve()))
+
+
 def store_state(path: Path) -> str:
     """``missing``, ``complete``, ``incomplete`` (half-built, no run in it) or ``in use`` (runs, or
     a revision other than a fresh one's): what :func:`ensure_sqlite_store` does with the file."""
@@ -64,7 +71,7 @@ def store_state(path: Path) -> str:
     import sqlalchemy as sa
     from mlflow.store.db.utils import _all_tables_exist, _get_latest_schema_revision
 
-    engine = sa.create_engine(f"sqlite:///{path.resolve()}")
+    engine = sa.create_engine(_file_url(path))
     try:
         tables = set(sa.inspect(engine).get_table_names())
         with engine.connect() as conn:
@@ -99,7 +106,7 @@ def _build(path: Path) -> None:
     tmp = path.with_name(path.name + ".creating")
     for leftover in (tmp, tmp.with_name(tmp.name + "-journal")):
         leftover.unlink(missing_ok=True)  # a killed builder's; we hold the lock
-    engine = sa.create_engine(f"sqlite:///{tmp.resolve()}")
+    engine = sa.create_engine(_file_url(tmp))
     try:
         _initialize_tables(engine)
         if _get_schema_version(engine) != _get_latest_schema_revision():
