@@ -4,6 +4,7 @@ MLflow or Optuna; the resume after space is freed finishes with every trial reco
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import subprocess
@@ -26,10 +27,11 @@ ENV = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin", "MLFLOW_DI
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs (needs root, as CI's containers run; refused otherwise, never skipped)."""
+    """A 16 MiB tmpfs (needs root, as CI's containers run; refused otherwise, never skipped): room for the
+    study's first trials (a fresh mlflow.db is ~0.9 MiB, each trial's artifacts ~0.6 MiB), filled by the test."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], capture_output=True, text=True)
     if done.returncode != 0:
         pytest.fail(f"cannot mount a tmpfs here ({done.stderr.strip()}): this test needs root (CI runs as root)")
     try:
@@ -49,13 +51,13 @@ def _told(db: Path) -> int:
 def _fill(folder: Path) -> Path:
     """Write zeros into ``folder`` until the disk refuses (ENOSPC)."""
     filler = folder / "filler"
-    with open(filler, "wb") as fh:
-        try:
+    try:
+        with open(filler, "wb") as fh:
             while True:
                 fh.write(b"\0" * 65536)
                 fh.flush()
-        except OSError:
-            pass
+    except OSError as exc:  # ENOSPC: full (also when the open itself finds no room left)
+        assert exc.errno == errno.ENOSPC, exc
     return filler
 
 
@@ -90,7 +92,7 @@ def test_a_disk_that_fills_mid_study_is_one_line_and_leaves_nothing_running(smal
     assert "Traceback" not in out + err, err[-3000:]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and f"servetune tune {spec} --resume" in errors[0] and "full" in errors[0], err[-3000:]
-    filler.unlink()  # space again: read what the driver left
+    filler.unlink(missing_ok=True)  # space again: read what the driver left
 
     storage = f"sqlite:///{runs / 'optuna.db'}"
     states = [t.state for t in optuna.load_study(study_name="full-disk", storage=storage).get_trials(deepcopy=False)]
