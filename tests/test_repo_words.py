@@ -30,7 +30,7 @@ A line fails on any of these (``WORD_RULES``, case-insensitive):
   (``/root/model``, ``/root/m8b``, ``/root/m14b``, ``/root/m24b``, ``/root/prof/...``,
   ``/root/gpu/...``, ``/root/.pyenv/...``, ``/root/.cache/...``).
 
-``ALLOWED`` lists files not cleaned yet (modules being reshaped elsewhere at the time of writing).
+``ALLOWED`` lists files not cleaned yet (none today).
 It can only shrink: the test fails too when a listed file is already clean, so the entry goes.
 """
 
@@ -68,10 +68,7 @@ _SOURCE_ISSUE = re.compile(r"\bissues?\s+#\d+", re.I)
 _REPO_BEFORE = re.compile(_REPO_NAME + r"\b[^.;]{0,30}$")
 
 #: Files with such words left, to be cleaned where they are being rewritten. Only ever remove entries.
-ALLOWED: frozenset[str] = frozenset({
-    "platform/servetune/engines/vllm/logs.py",  # a path to the GPU host notes in its docstring
-    "platform/servetune/planner/comm.py",  # a tracker number in two comments
-})
+ALLOWED: frozenset[str] = frozenset()
 
 
 def _tracked() -> list[str]:

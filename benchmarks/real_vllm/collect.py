@@ -20,7 +20,7 @@ Its summary says ``"profiled": true``; the worker's raw trace lands beside the p
 ``OUT/trace_<start>_<window>.json.gz`` (kept in the fixtures as the window's
 ``trace.pt.trace.json.gz``) and its engine steps (``trace_steps.py``) as the window's ``steps.json``.
 
-Usage on the host (see ../shared/gpu/README.md), inside ``stage2.sh`` (vLLM's payload first on the
+Usage on the GPU host, inside its ``stage2.sh`` (vLLM's payload first on the
 path) and with the study bundle of ``build_study_payload.sh`` unpacked at ``/tmp/studysite`` (by
 ``run_study_on_gpu.sh``, or ``tar -C /tmp -xJf .gpuwheels/studysite.tar.xz``): servetune's packages
 import optuna, which the vLLM payload lacks::

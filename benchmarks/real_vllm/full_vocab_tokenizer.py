@@ -1,6 +1,6 @@
 """Give a random-weight model a tokenizer whose vocabulary covers the model's (GPU host only).
 
-``../shared/gpu/make_model.py`` trains a 32,000-token BPE for every model, whatever the config's
+The GPU host kit's ``make_model.py`` trains a 32,000-token BPE for every model, whatever the config's
 ``vocab_size``. A random-weight 8B (vocab 128,256) or 14B (152,064) model samples ids uniformly
 over its own vocabulary, so 75-79% of the ids it produced in the 2026-12-01 scale runs had no
 token in the tokenizer, and vLLM's API server detokenized them on a path that real models never

@@ -11,7 +11,7 @@ PostgreSQL / ``mlflow server`` stores). At its end a job prints the exact ``serv
 Example:
     >>> in_ray_working_dir(Path("/tmp/ray/s1/runtime_resources/working_dir_files/_ray_pkg_ab/runs"))
     True
-    >>> in_ray_working_dir(Path("/shared/servetune-runs"))
+    >>> in_ray_working_dir(Path.home() / "servetune-runs")
     False
 """
 
@@ -28,7 +28,7 @@ __all__ = ["in_ray_working_dir", "sqlite_path", "job_output_problem", "store_com
 
 #: What to do about a store inside Ray's temporary working dir (README's cluster section says the same).
 JOB_OUTPUT_FIX = ("give an absolute path on storage the submitting machine reaches (output.runs_dir: "
-                  "/shared/servetune-runs, or --runs-dir /shared/servetune-runs), or use the PostgreSQL "
+                  "RUNS_DIR, or --runs-dir RUNS_DIR, with RUNS_DIR an absolute path), or use the PostgreSQL "
                   "(storage.optuna_url) and `mlflow server` (tracking.mlflow_uri) stores")
 
 

@@ -85,7 +85,7 @@ CONTEXT_GIB_SINGLE = 0.51
 CONTEXT_GIB_MULTI = 1.46
 #: Multicast (NVLS) live, TP >= 2 on an NVSwitch host: the non-torch growth per TP worker is this
 #: plus NCCL's own NVLS buffers (:func:`nvls_buffer_bytes`, 64 MiB at TP=2, 128 MiB at TP=4), in
-#: place of the multicast-off figures. Evidence, and its limits: issue 19's reading of published
+#: place of the multicast-off figures. Evidence, and its limits: the published
 #: vLLM 0.19 (V1 runner) H100 startup logs in the default environment (2.0-2.2 GiB non-torch per
 #: TP worker at TP=2 and TP=4, against 0.25 at TP=1 and 0.07 at PP=2), and vLLM PR #10511 (vLLM
 #: 0.6, H100, Llama-3-8B: non_torch_memory 1.79 GiB at TP=1, 3.58 at TP=2): the 2.10 GiB
@@ -266,7 +266,7 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
     if env.symm_mem and tp >= 2:
         context += symm_mem_buffer_bytes(tp, gpu.compute_capability)
     # PP-only layouts send activations point to point: the lazily connected ring buffers of a
-    # TP all-reduce never appear (0.07 GiB at PP=2 in the published 0.19 logs issue 19 cites).
+    # TP all-reduce never appear (0.07 GiB at PP=2 in llm-d-planner's published 0.19 logs).
     if v2 or tp == 1:
         non_torch = int(NON_TORCH_GIB_MULTI * GiB)
     elif gpu.interconnect_gbps <= PCIE_MAX_GBPS:

@@ -18,8 +18,8 @@ Contract:
   holds GPU memory, the port is taken): the driver retries those elsewhere and does not feed them
   to the sampler.
 
-The texts matched are vLLM's own (``/work/shared/reference/vllm-internals.md`` §1.5, §1.6, §6),
-checked against the real 0.26.0 H200 logs in ``tests/fixtures/real_h200``. Numbers may print as
+The texts matched are vLLM's own (its worker's memory profiling, KV-cache sizing and engine-core
+error messages), checked against the real 0.26.0 H200 logs in ``tests/fixtures/real_h200``. Numbers may print as
 ``12.5``, ``-0.52`` or ``2,216,528``; the line prefix ``(<proc> pid=<pid>)`` may be absent (0.11
 API server, V0) or repeated on interleaved lines.
 
