@@ -9,8 +9,9 @@ engine in :mod:`servetune.engines.vllm`.
 The names load on first use, so importing a helper module under this package stays cheap.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from servetune.lazy import lazy_face
 
 if TYPE_CHECKING:
     from servetune.engines._run import ENGINES, get_engine, run_trial
@@ -46,13 +47,4 @@ _DEFINED_IN = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _DEFINED_IN:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_DEFINED_IN[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_face(__name__, _DEFINED_IN, __all__)

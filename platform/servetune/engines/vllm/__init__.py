@@ -15,8 +15,9 @@
 The names load on first use, so importing one helper (the log parser, say) stays cheap.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from servetune.lazy import lazy_face
 
 if TYPE_CHECKING:
     from servetune.engines.vllm.engine import VllmEngine, VllmLaunch, read_serve_help, run_vllm_trial
@@ -38,13 +39,4 @@ _DEFINED_IN = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _DEFINED_IN:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_DEFINED_IN[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_face(__name__, _DEFINED_IN, __all__)
