@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import os
-import sqlite3
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ import optuna
 import pytest
 import yaml
 from mlflow import MlflowClient
+
+from _study_procs import completed_trials
 
 from servetune.records import dataset
 
@@ -39,13 +40,6 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
-
-def _told(db: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            return int(conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0])
-    except sqlite3.Error:
-        return 0
 
 
 def _fill(folder: Path) -> Path:
@@ -80,7 +74,7 @@ def test_a_disk_that_fills_mid_study_is_one_line_and_leaves_nothing_running(smal
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while _told(runs / "optuna.db") < 2 and time.monotonic() < deadline and proc.poll() is None:
+        while completed_trials(runs / "optuna.db") < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
         assert proc.poll() is None, proc.communicate()
         filler = _fill(small_disk)

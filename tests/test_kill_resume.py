@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import yaml
 from mlflow import MlflowClient
 
 from _kill import kill_all_started_by
+from _study_procs import completed_trials, a100_sim_study
 
 from servetune.records import dataset
 from servetune.spec.schema import StudySpec
@@ -29,19 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _spec_dict(tmp: Path, mlflow_uri: str, name: str, trials: int) -> dict[str, Any]:
-    return {
-        "name": name, "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB", "count": 2},
-        "workload": {"input_len": 512, "output_len": 1024, "num_requests": 96, "concurrency": 96, "seed": 1},
-        "objective": {"metric": "output_throughput"}, "constraints": {"max_preemptions": 0},
-        "search_space": {"params": {
-            "gpu_memory_utilization": {"type": "float", "low": 0.2, "high": 0.95, "step": 0.05},
-            "max_num_seqs": {"type": "categorical", "choices": [16, 32, 64, 128, 256]}}},
-        "fixed_flags": {"max_model_len": 4096}, "budget": {"trials": trials, "parallel": 2},
-        "backend": "sim", "sampler": "tpe", "seed": 3,
-        "tracking": {"mlflow_uri": mlflow_uri, "experiment": f"exp-{name}"},
-        "storage": {"optuna_url": f"sqlite:///{tmp}/optuna.db"},
-        "output": {"runs_dir": str(tmp), "dataset_dir": str(tmp / "dataset")},
-    }
+    data = a100_sim_study(name, trials, tmp, {"mlflow_uri": mlflow_uri, "experiment": f"exp-{name}"})
+    data["storage"] = {"optuna_url": f"sqlite:///{tmp}/optuna.db"}
+    return data
 
 
 def _children(client: MlflowClient, experiment: str) -> list[Any]:
@@ -81,13 +71,6 @@ def test_leftover_child_runs_are_reconciled_to_one_per_trial(tmp_path: Path, mlf
     _assert_once_per_trial(client, "exp-reconcile", _finished(spec.storage.optuna_url, "reconcile"))
 
 
-def _told(db: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            return int(conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-
 
 @pytest.mark.slow
 def test_process_group_killed_twice_then_resumed_has_one_child_run_per_trial(tmp_path: Path,
@@ -101,16 +84,16 @@ def test_process_group_killed_twice_then_resumed_has_one_child_run_per_trial(tmp
         proc = subprocess.Popen([*cmd, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                 start_new_session=True)
         try:
-            target = _told(db) + 3
+            target = completed_trials(db) + 3
             deadline = time.monotonic() + 240
-            while _told(db) < target and time.monotonic() < deadline and proc.poll() is None:
+            while completed_trials(db) < target and time.monotonic() < deadline and proc.poll() is None:
                 time.sleep(0.2)
             assert proc.poll() is None, f"round {round_}: the driver ended early ({proc.returncode})"
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
             kill_all_started_by(proc.pid)
-    done = _told(db)
+    done = completed_trials(db)
     resumed = subprocess.run([*cmd, "--resume", "--trials", str(done + 2)], capture_output=True, text=True, env=env,
                              timeout=600)
     assert resumed.returncode in (0, 1), resumed.stderr[-2000:]

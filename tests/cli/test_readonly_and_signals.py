@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from typing import Any
 
 import optuna
 import yaml
+
+from _study_procs import completed_trials
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"}
@@ -64,13 +65,6 @@ def test_best_on_an_empty_postgresql_database_creates_no_table(postgres_server: 
     assert tables == 0
 
 
-def _told(db: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            return int(conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0])
-    except sqlite3.Error:
-        return 0
-
 
 def test_a_double_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
     data: dict[str, Any] = {
@@ -89,7 +83,7 @@ def test_a_double_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
                             stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while _told(tmp_path / "runs" / "optuna.db") < 1 and time.monotonic() < deadline and proc.poll() is None:
+        while completed_trials(tmp_path / "runs" / "optuna.db") < 1 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import sqlalchemy as sa
 import yaml
 
 from _kill import kill_all_started_by
+from _study_procs import completed_trials, a100_sim_study
 
 from servetune.records import lease
 
@@ -90,30 +90,11 @@ def test_a_dead_pid_on_this_host_is_taken_over_at_once(storage_url: str) -> None
 
 
 def _spec(tmp: Path, name: str, trials: int) -> Path:
-    data: dict[str, Any] = {
-        "name": name, "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB", "count": 2},
-        "workload": {"input_len": 512, "output_len": 1024, "num_requests": 96, "concurrency": 96, "seed": 1},
-        "objective": {"metric": "output_throughput"}, "constraints": {"max_preemptions": 0},
-        "search_space": {"params": {
-            "gpu_memory_utilization": {"type": "float", "low": 0.2, "high": 0.95, "step": 0.05},
-            "max_num_seqs": {"type": "categorical", "choices": [16, 32, 64, 128, 256]}}},
-        "fixed_flags": {"max_model_len": 4096}, "budget": {"trials": trials, "parallel": 2},
-        "backend": "sim", "sampler": "tpe", "seed": 3,
-        "tracking": {"experiment": f"exp-{name}"},  # the runs dir's own mlflow.db
-        "output": {"runs_dir": str(tmp / "runs"), "dataset_dir": str(tmp / "runs" / "dataset")},
-    }
+    data = a100_sim_study(name, trials, tmp / "runs", {"experiment": f"exp-{name}"})  # the runs dir's own mlflow.db
     path = tmp / "study.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
-
-def _complete(db: Path) -> int:
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            (n,) = conn.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()
-            return int(n)
-    except sqlite3.Error:  # not created yet
-        return 0
 
 
 @pytest.mark.slow
@@ -126,9 +107,9 @@ def test_a_second_tune_is_refused_while_the_first_runs_and_takes_over_after_a_ki
                              start_new_session=True, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 240
-        while _complete(db) < 2 and time.monotonic() < deadline and first.poll() is None:
+        while completed_trials(db) < 2 and time.monotonic() < deadline and first.poll() is None:
             time.sleep(0.5)
-        assert _complete(db) >= 2 and first.poll() is None
+        assert completed_trials(db) >= 2 and first.poll() is None
         second = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
         assert second.returncode == 2, second.stderr[-2000:]
         lines = second.stderr.strip().splitlines()
@@ -136,13 +117,13 @@ def test_a_second_tune_is_refused_while_the_first_runs_and_takes_over_after_a_ki
         assert first.poll() is None  # the first driver goes on, its trials untouched
         study = optuna.load_study(study_name="lease-study", storage=f"sqlite:///{db}")
         assert not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-        while _complete(db) < 4 and time.monotonic() < deadline:
+        while completed_trials(db) < 4 and time.monotonic() < deadline:
             time.sleep(0.5)
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         kill_all_started_by(first.pid)
-    done = _complete(db)
+    done = completed_trials(db)
     assert done >= 4
     resumed = subprocess.run([*cmd, "--resume", "--trials", str(done + 2)], capture_output=True, text=True,
                              env=env, timeout=600, cwd=tmp_path)
