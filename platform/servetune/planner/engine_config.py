@@ -27,7 +27,7 @@ from servetune.errors import SpecError
 from servetune.planner.flags import validate_flags
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
-from servetune.planner.vllm_rules import VllmMemoryRules, memory_rules, parse_vllm_version
+from servetune.planner.vllm_rules import VllmMemoryRules, memory_rules, parse_vllm_version, runs_v2_runner, v1_runner_rules
 from servetune.vllm_version import DEFAULT_VLLM_VERSION, Version
 
 __all__ = ["EngineConfig", "resolve_engine_config", "batch_defaults", "capture_sizes_for", "compile_key"]
@@ -81,6 +81,9 @@ class EngineConfig:
     vllm_version: str
     dtype: str = "auto"
     quantization: str | None = None
+    #: The model runs on vLLM's V1 model runner although this version's default is the V2 runner
+    #: (:func:`~servetune.planner.vllm_rules.runs_v2_runner`: most MoE and hybrid models on 0.26+).
+    v1_runner: bool = False
 
     @property
     def world_size(self) -> int:
@@ -92,8 +95,10 @@ class EngineConfig:
 
     @property
     def rules(self) -> VllmMemoryRules:
-        """What this config's vLLM version does at startup (:func:`~servetune.planner.vllm_rules.memory_rules`)."""
-        return memory_rules(self.version)
+        """What this config's vLLM version does at startup (:func:`~servetune.planner.vllm_rules.memory_rules`),
+        on the model runner this model gets (:func:`~servetune.planner.vllm_rules.v1_runner_rules`)."""
+        rules = memory_rules(self.version)
+        return v1_runner_rules(rules) if self.v1_runner else rules
 
     @property
     def max_cudagraph_capture_size(self) -> int:
@@ -307,6 +312,9 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         vllm_version=".".join(map(str, v)),
         dtype=dtype,
         quantization=quantization,
+        # Hybrid (Mamba / linear-attention) models are refused before this point (modelclass).
+        v1_runner=rules.v2_runner and not runs_v2_runner(rules, architecture=model.architecture,
+                                                         is_moe=model.is_moe, is_hybrid=False),
     )
 
 

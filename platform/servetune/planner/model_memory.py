@@ -148,7 +148,7 @@ def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_sta
     tokens = config.max_num_batched_tokens
     compiling = not (config.enforce_eager or compile_cache_warm)
     # The floor is seen on vLLM 0.26's V2 runner only; a published 0.19.1 start logs less than it.
-    cold_floor = compiling and memory_rules(config.version).v2_runner
+    cold_floor = compiling and config.rules.v2_runner
     hidden_elems = ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED if compiling else ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER
     # Triton fused-MoE experts run in workspaces kept past the forward (modelclass.moe_workspace_bytes)
     workspace = moe_workspace_bytes(model, tokens, config.tensor_parallel_size)
@@ -189,7 +189,7 @@ def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: i
         >>> round(sort / 2**30, 3), round(triton / 2**30, 3)
         (1.16, 0.489)
     """
-    rules = memory_rules(config.version)
+    rules = config.rules
     logits = num_reqs * model.vocab_size
     if rules.v2_runner:
         return int(logits * SAMPLER_BYTES_PER_LOGIT)
@@ -223,7 +223,7 @@ def persistent_runner_bytes(model: ModelProfile, config: EngineConfig) -> int:
         >>> round(persistent_runner_bytes(m, resolve_engine_config({}, m, g, "0.28.0")) / 2**30, 3)
         0.126
     """
-    if not memory_rules(config.version).charges_persistent_runner or config.kv_cache_memory_bytes is not None:
+    if not config.rules.charges_persistent_runner or config.kv_cache_memory_bytes is not None:
         return 0
     return config.max_num_seqs * (model.vocab_size + -(-model.vocab_size // 32)) * 4
 

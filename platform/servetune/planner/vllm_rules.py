@@ -22,7 +22,8 @@ from servetune.errors import SpecError
 from servetune.vllm_version import VERSION_RE, Version
 
 __all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB", "MIN_VERSION", "V2_RUNNER",
-           "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING"]
+           "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
+           "v1_runner_rules"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -136,6 +137,56 @@ class VllmMemoryRules:
                 f"({avail / GiB:.2f} GiB). Based on the available memory, the estimated maximum model length is "
                 f"{est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing "
                 "the engine.")
+
+
+#: The MoE architectures vLLM runs on the V2 model runner by default (vLLM 0.26.0,
+#: ``vllm/config/vllm.py`` ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``). Every other MoE model, and
+#: every hybrid (Mamba / linear-attention) or attention-free model, stays on the V1 runner
+#: (``VllmConfig._is_default_v2_model_runner_model``). Later versions are assumed to keep 0.26's
+#: list until their source says otherwise.
+V2_RUNNER_MOE_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
+                                         "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM",
+                                         "Qwen2MoeForCausalLM"})
+
+
+def runs_v2_runner(rules: VllmMemoryRules, *, architecture: str, is_moe: bool, is_hybrid: bool) -> bool:
+    """Whether vLLM starts this model on the V2 model runner (0.26+ for dense models), by vLLM's own rule.
+
+    The real 2026-12-05 H100 starts of a Qwen3-30B-A3B shape (``Qwen3MoeForCausalLM``) logged
+    ``gpu_model_runner.py`` (the V1 runner) and its "Estimated CUDA graph memory" line, where the
+    Llama-3.1-8B starts of the same vLLM 0.26.0 logged ``model_runner.py`` (the V2 runner) and none.
+
+    Example:
+        >>> r = memory_rules((0, 26, 0))
+        >>> runs_v2_runner(r, architecture="Qwen3MoeForCausalLM", is_moe=True, is_hybrid=False)
+        False
+        >>> runs_v2_runner(r, architecture="Qwen2MoeForCausalLM", is_moe=True, is_hybrid=False)
+        True
+        >>> runs_v2_runner(r, architecture="LlamaForCausalLM", is_moe=False, is_hybrid=False)
+        True
+    """
+    if not rules.v2_runner or is_hybrid:
+        return False
+    return architecture in V2_RUNNER_MOE_ARCHITECTURES or not is_moe
+
+
+def v1_runner_rules(rules: VllmMemoryRules) -> VllmMemoryRules:
+    """``rules`` for a model that version runs on the V1 model runner (see :func:`runs_v2_runner`).
+
+    The V1 runner profiles with its own sampler (Triton top-k/top-p from 0.18), subtracts its
+    CUDA-graph estimate from the KV budget (on by default from 0.20), and holds none of the V2
+    runner's persistent sampler state. Every other rule is the version's.
+
+    Example:
+        >>> r = v1_runner_rules(memory_rules((0, 26, 0)))
+        >>> r.v2_runner, r.subtracts_cudagraph_estimate, r.triton_topk_topp, r.default_gpu_memory_utilization
+        (False, True, True, 0.92)
+    """
+    if not rules.v2_runner:
+        return rules
+    v = rules.version
+    return dataclasses.replace(rules, v2_runner=False, triton_topk_topp=v >= TRITON_TOPK_TOPP,
+                               charges_persistent_runner=False, subtracts_cudagraph_estimate=v >= (0, 20, 0))
 
 
 @functools.lru_cache(maxsize=None)
