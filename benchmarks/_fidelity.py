@@ -43,7 +43,7 @@ from servetune.result import TrialResult, TrialStatus
 from servetune.sim import GPU_FAMILY_OVERRIDES, Calibration, calibration_for, host_api_cpu_factor, simulate, with_calibration
 from servetune.workload import Workload
 
-__all__ = ["FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
+__all__ = ["FIXTURES", "H100_CLASSES_FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
            "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
            "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read", "fit_alone", "fit_eager_floor", "held_out_cells",
@@ -58,10 +58,11 @@ FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h2
 GPU = "H200"
 #: The model path each collection used on the GPU host -> servetune's shipped config of that shape.
 HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b",
-               "/root/m24b": "mistral-small-24b"}
+               "/root/m24b": "mistral-small-24b", "/root/q3": "qwen3-30b-a3b", "/root/l8": "llama-3.1-8b"}
 #: Flags the collector passed for its own evidence that change nothing vLLM serves or allocates
-#: (``--profiler-config``: the worker's profiler is built on the first /start_profile).
-DIAGNOSTIC_FLAGS: tuple[str, ...] = ("profiler_config",)
+#: (``--profiler-config``: the worker's profiler is built on the first /start_profile; ``--load-format
+#: dummy``: random weights made on the GPU, as many bytes as the checkpoint's).
+DIAGNOSTIC_FLAGS: tuple[str, ...] = ("profiler_config", "load_format")
 
 
 def serving_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -422,6 +423,9 @@ def calibration_host_factors(runs: Iterable[RealRun] | None = None) -> dict[str,
 #: :data:`H100_FIT_STARTS` fitted the H100's one own knob (``servetune.sim.GPU_FAMILY_OVERRIDES``:
 #: ``kv_read_efficiency``); those of :data:`H100_JUDGED_STARTS` are in no fit and judge it.
 H100_FIXTURES = FIXTURES.parent / "real_h100"
+#: Real H100 starts of other model classes (an MoE shape, FP8 weights, an FP8 KV cache), 2026-12-05:
+#: in no fit; the simulator is judged on them (``sim_fidelity.py --h100-classes``).
+H100_CLASSES_FIXTURES = FIXTURES.parent / "real_h100_classes"
 H100_GPU = "H100-80GB"
 #: The H100's first measured window (the anchor's workload at the anchor's flags, a fresh server):
 #: the one its API-server CPU factor is read off, as a study's first trial would be.
