@@ -40,6 +40,7 @@ from servetune.planner.model_memory import (ACT_FIXED_GIB, CUDAGRAPH_CALIBRATED_
                                             activation_peak_bytes, cudagraph_memory_bytes, effective_model,
                                             persistent_runner_bytes, sampler_profile_bytes)
 from servetune.planner.modelclass import KVLayout, as_loaded_on, class_notes, kv_layout
+from servetune.planner.moe_kernels import moe_kernel_note
 from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import GiB, MiB, VllmMemoryRules, memory_rules, parse_vllm_version
 from servetune.result import MemoryBreakdown, TrialStatus
@@ -251,7 +252,8 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         startup_s=_startup_seconds(config, max(acc.weights), cold_start, verdict.failure, verdict.load_failed),
         fix=verdict.fix, estimated_max_model_len=verdict.estimated_max_model_len,
         num_cudagraphs=config.num_cudagraphs, cudagraph_subtracted=acc.subtract_cg,
-        notes=(*class_notes(model, config.max_num_batched_tokens), *_notes(gpu, config, env, comm, acc)), comm=comm,
+        notes=(*class_notes(model, config.max_num_batched_tokens), *_moe_kernel_notes(model, gpu, config),
+               *_notes(gpu, config, env, comm, acc)), comm=comm,
     )
 
 
@@ -361,6 +363,11 @@ def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Account
     return _Verdict(None, None, None, None, False)
 
 
+def _moe_kernel_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -> tuple[str, ...]:
+    note = moe_kernel_note(model, gpu.name, config.tensor_parallel_size, config.quantization)
+    return (note,) if note else ()
+
+
 def _notes(gpu: GpuSpec, config: EngineConfig, env: CommEnv, comm: CommMemory, acc: _Accounting) -> tuple[str, ...]:
     """The plan's caveats: multicast's cost, a subtracted graph estimate, extrapolation, an over-ask."""
     notes: list[str] = []
@@ -371,7 +378,8 @@ def _notes(gpu: GpuSpec, config: EngineConfig, env: CommEnv, comm: CommMemory, a
                      "GiB non-torch per TP worker (NCCL's NVLS buffers and multicast); that figure is not yet "
                      "checked on held-out startup logs")
     if acc.subtract_cg:
-        notes.append(f"vLLM {config.vllm_version} subtracts the CUDA graph estimate from the KV budget")
+        runner = " runs this model on its V1 model runner, which" if config.v1_runner else ""
+        notes.append(f"vLLM {config.vllm_version}{runner} subtracts the CUDA graph estimate from the KV budget")
     if config.max_cudagraph_capture_size > CUDAGRAPH_CALIBRATED_MAX_SIZE:
         notes.append(f"CUDA graph memory is extrapolated: calibrated on capture sizes up to "
                      f"{CUDAGRAPH_CALIBRATED_MAX_SIZE}, this config captures up to {config.max_cudagraph_capture_size}")

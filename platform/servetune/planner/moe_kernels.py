@@ -1,0 +1,108 @@
+"""Whether vLLM ships a tuned Triton fused-MoE kernel config for a model's experts on a GPU.
+
+vLLM's Triton fused-MoE kernel (the backend it picks for bf16 experts on Hopper and Ampere, and for
+per-tensor FP8 experts where FlashInfer is absent) reads its tile sizes from a JSON file named
+``E=<experts>,N=<intermediate per rank>,device_name=<torch device name>[,dtype=...][,block_shape=...].json``
+(``vllm/model_executor/layers/fused_moe/fused_moe.py``: ``get_config_file_name``, ``get_moe_configs``).
+Where the file is missing it logs "Using default MoE config. Performance might be sub-optimal!" and
+runs a generic tile. On the real 2026-12-05 H100 runs of a Qwen3-30B-A3B shape (vLLM 0.26.0,
+``tests/fixtures/real_h100_classes``: no ``E=128,N=768`` file for the H100, one for the H200) the
+bf16 experts on the default tile served 2.5-3x fewer output tokens per second than the same model's
+FP8 experts (also on a default tile: no ``dtype=fp8_w8a8`` file either) at 128-256 clients, and about
+as many at one client.
+
+The list of files is vLLM 0.26.0's (``data/vllm_moe_configs.json``, with its source); a tuned file
+of one's own (``VLLM_TUNED_CONFIG_FOLDER``, vLLM's ``benchmarks/kernels/benchmark_moe.py --tune``)
+is not seen here.
+
+Example:
+    >>> from servetune.planner.modelinfo import load_model
+    >>> k = moe_kernel_config(load_model("qwen3-30b-a3b"), "H100-80GB", tp=1)
+    >>> k.file_name, k.tuned
+    ('E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3.json', False)
+    >>> moe_kernel_config(load_model("qwen3-30b-a3b"), "H200", tp=1).tuned
+    True
+    >>> moe_kernel_config(load_model("qwen3-30b-a3b"), "H100-80GB", tp=2).tuned  # N = 768 / 2
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from importlib import resources
+from typing import Any
+
+__all__ = ["MoeKernelConfig", "TORCH_DEVICE_NAMES", "moe_kernel_config", "moe_kernel_note", "tuned_config_files"]
+
+#: servetune GPU name -> ``torch.cuda.get_device_name()`` with spaces as underscores (what vLLM's
+#: ``get_device_name_as_file_name`` gives; vLLM maps every H200 variant to ``NVIDIA_H200``).
+#: Only GPUs whose torch name is known from published logs or vLLM's own config files.
+TORCH_DEVICE_NAMES: dict[str, str] = {
+    "H100-80GB": "NVIDIA_H100_80GB_HBM3", "H100-PCIe": "NVIDIA_H100_PCIe", "H100-NVL": "NVIDIA_H100_NVL",
+    "H800": "NVIDIA_H800", "H20": "NVIDIA_H20", "H200": "NVIDIA_H200", "H200-NVL": "NVIDIA_H200",
+    "A100-80GB": "NVIDIA_A100-SXM4-80GB", "A800-80GB": "NVIDIA_A800-SXM4-80GB", "A100-40GB": "NVIDIA_A100-SXM4-40GB",
+    "L40S": "NVIDIA_L40S", "L4": "NVIDIA_L4", "RTX-4090": "NVIDIA_GeForce_RTX_4090", "B200": "NVIDIA_B200",
+    "MI300X": "AMD_Instinct_MI300X",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeKernelConfig:
+    """The tuned-config file vLLM looks for, and whether its release ships it."""
+
+    file_name: str
+    tuned: bool
+    vllm_version: str  # the release whose file list was checked
+
+
+@functools.lru_cache(maxsize=1)
+def tuned_config_files() -> tuple[str, frozenset[str]]:
+    """(vLLM version, the file names it ships) from ``data/vllm_moe_configs.json``."""
+    data = json.loads(resources.files("servetune").joinpath("data/vllm_moe_configs.json").read_text())
+    return str(data["vllm_version"]), frozenset(data["files"])
+
+
+def _dtype_selector(model: Any, quantization: str | None) -> str | None:
+    """vLLM's ``_get_config_dtype_str`` for the experts, or None where the Triton kernel is not the one."""
+    method = quantization or model.quantization
+    if method is None:
+        return ""
+    if method == "fp8":
+        block = model.quant_block_k
+        # Block-quantized FP8 checkpoints use square blocks (``weight_block_size`` [128, 128]).
+        return ",dtype=fp8_w8a8" + (f",block_shape=[{block},{block}]" if block else "")
+    return None  # MXFP4 (triton_kernels), w4a16 (Marlin), ...: other kernels, other tuning
+
+
+def moe_kernel_config(model: Any, gpu_name: str, tp: int, quantization: str | None = None) -> MoeKernelConfig | None:
+    """The fused-MoE tuned config vLLM would look for at ``tp`` (no expert parallelism), or None
+    where the model has no routed experts, its experts run another kernel, or the GPU's torch name
+    is not known."""
+    device = TORCH_DEVICE_NAMES.get(gpu_name)
+    selector = _dtype_selector(model, quantization) if model.is_moe else None
+    if device is None or selector is None or model.quantized_experts_only:
+        return None
+    n = model.expert_intermediate_size // tp
+    name = f"E={model.num_experts},N={n},device_name={device}{selector}.json"
+    version, files = tuned_config_files()
+    return MoeKernelConfig(name, name in files, version)
+
+
+def moe_kernel_note(model: Any, gpu_name: str, tp: int, quantization: str | None = None) -> str | None:
+    """``plan``'s line when vLLM will run this model's experts on its default (untuned) tile, else None.
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> print(moe_kernel_note(load_model("qwen3-30b-a3b"), "H100-80GB", 1))  # doctest: +ELLIPSIS
+        fused-MoE kernel: vLLM 0.26.0 ships no tuned config E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3.json...
+    """
+    k = moe_kernel_config(model, gpu_name, tp, quantization)
+    if k is None or k.tuned:
+        return None
+    return (f"fused-MoE kernel: vLLM {k.vllm_version} ships no tuned config {k.file_name}, so it runs the default "
+            "tile (\"Using default MoE config\"); on a real H100 (Qwen3-30B-A3B shape) bf16 experts on that tile "
+            "served 2.5-3x fewer tokens/s at 128-256 sequences than the same model's FP8 experts: tune one with "
+            "vLLM's benchmarks/kernels/benchmark_moe.py --tune and point VLLM_TUNED_CONFIG_FOLDER at it, or try "
+            "another tensor_parallel_size / quantization")
