@@ -27,7 +27,7 @@ from servetune.planner.flags import parse_set_option
 from servetune.planner.gpus import register_gpus_from_yaml
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
-from servetune.sim import simulate, with_calibration
+from servetune.sim import api_cpu_factor_for_token_cost, simulate, with_calibration
 from servetune.workload import Workload
 
 __all__ = ["add_parser", "run", "check_work", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
@@ -73,6 +73,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "simulated one for the same flags and workload. Decode-heavy loads are bound "
                         "by it, and so are enforce_eager's kernel launches (the same host's CPU); "
                         "8B/14B windows on measured H200 hosts were 1.1-2.2")
+    p.add_argument("--api-cpu-us-per-token", type=float, default=None, metavar="US",
+                   help="this host's vLLM API-server CPU per generated token, in microseconds, as "
+                        "`servetune workload from-metrics` reads it off two /metrics readings of a running "
+                        "server; turned into --api-cpu-factor by simulating the workload once at 1.0")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
                    help=f"refuse a workload that sends more than N tokens, prompt plus output, warm-up included "
                         f"(default {DEFAULT_MAX_TOKENS:,}: about half a minute of simulation on one core)")
@@ -117,11 +121,35 @@ def _simulate(args: argparse.Namespace) -> TrialResult:
     if factor is not None and not (math.isfinite(factor) and 0.05 <= factor <= 20.0):
         raise SpecError("--api-cpu-factor", f"{factor} is outside 0.05-20",
                         "give the real API server's CPU over the simulated one for one window, e.g. 1.4")
+    us = getattr(args, "api_cpu_us_per_token", None)
+    if us is not None and (factor is not None or not (math.isfinite(us) and 1.0 <= us <= 100_000.0)):
+        raise SpecError("--api-cpu-us-per-token", f"{us:g} is outside 1-100,000 us" if factor is None
+                        else "goes instead of --api-cpu-factor, not with it",
+                        "give the us a token that `servetune workload from-metrics` printed (e.g. 95), alone")
     workload = _load_workload(args.workload)
     check_work(workload, args.max_tokens)  # before a request is drawn
     target = resolve_target(args.model, args.gpu, flags, args.vllm_version)
+    if us is not None:
+        return _simulate_at_token_cost(us, target, workload, args.seed)
     gpu = with_calibration(target.gpu, {"api_cpu_factor": factor} if factor is not None else {})
     return simulate(target.model, gpu, target.config, workload, seed=args.seed)
+
+
+def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: int) -> TrialResult:
+    """Simulate at the API-CPU factor that makes the simulated API server spend ``us`` a generated token."""
+    first = simulate(target.model, target.gpu, target.config, workload, seed=seed)
+    base = target.gpu.calibration.get("api_cpu_factor", 1.0) if target.gpu.calibration else 1.0
+    factor = api_cpu_factor_for_token_cost(us, first, base)
+    if factor is None:
+        return first  # nothing served (a failed start, or no tokens): the factor changes nothing
+    if not 0.05 <= factor <= 20.0:
+        raise SpecError("--api-cpu-us-per-token", f"{us:g} us a token is {factor:.3g}x the simulated API server's "
+                        "cost, outside 0.05-20", "check the readings were of this server under load")
+    result = simulate(target.model, with_calibration(target.gpu, {"api_cpu_factor": factor}), target.config,
+                      workload, seed=seed)
+    result.evidence.append(f"host CPU: {us:g} us a generated token measured; simulated at --api-cpu-factor "
+                           f"{factor:.3g} (the simulated API server spent {base * us / factor:.0f} us a token at {base:g})")
+    return result
 
 
 def format_result(result: TrialResult) -> str:

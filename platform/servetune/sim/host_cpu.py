@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from servetune.result import TrialResult
 
-__all__ = ["FRONTEND_BOUND_SHARE", "frontend_bound_note", "host_api_cpu_factor"]
+__all__ = ["FRONTEND_BOUND_SHARE", "frontend_bound_note", "host_api_cpu_factor", "api_cpu_factor_for_token_cost"]
 
 #: The modelled API server's busy share of the measured window from which a simulated figure is
 #: flagged as hostage to the host's CPU. Real H200 hosts paid 1.0-2.1x the modelled CPU per streamed
@@ -53,3 +53,26 @@ def host_api_cpu_factor(real: TrialResult, simulated: TrialResult, base: float =
     if not real.api_server_cpu_s or not simulated.api_server_cpu_s:
         return None
     return base * real.api_server_cpu_s / simulated.api_server_cpu_s
+
+
+def api_cpu_factor_for_token_cost(us_per_token: float, simulated: TrialResult, base: float = 1.0) -> float | None:
+    """The ``api_cpu_factor`` at which the simulated API server spends ``us_per_token`` per generated token.
+
+    ``us_per_token`` is a real server's API-server CPU per generated token, read off two ``/metrics``
+    readings (``process_cpu_seconds_total`` over ``vllm:generation_tokens_total``; ``servetune
+    workload from-metrics`` prints it); ``simulated`` is the same workload simulated at factor
+    ``base``. The simulated API server's CPU per generated token scales with the factor, so the
+    ratio carries the host's level as :func:`host_api_cpu_factor` does, without a real trial of the
+    same flags: the cost per token is the host's, the tokens' pacing the simulation's. None when the
+    simulation served nothing or counted no API-server CPU.
+
+    Example:
+        >>> from servetune.result import TrialStatus
+        >>> sim = TrialResult(TrialStatus.OK, api_server_cpu_s=6.0, output_throughput=10_000.0, duration_s=10.0)
+        >>> api_cpu_factor_for_token_cost(90.0, sim)  # 60 us a token simulated, 90 measured
+        1.5
+    """
+    tokens = (simulated.output_throughput or 0.0) * (simulated.duration_s or 0.0)
+    if not simulated.api_server_cpu_s or tokens <= 0:
+        return None
+    return base * us_per_token * 1e-6 * tokens / simulated.api_server_cpu_s

@@ -267,6 +267,19 @@ class MetricsWindow:
     block_size: int | None
     max_model_len: float
     in_flight_change: float = 0.0  # running + waiting, after minus before: arrivals not yet finished
+    #: The API server process's CPU seconds between two dumps (``process_cpu_seconds_total``) and the
+    #: tokens generated meanwhile (``vllm:generation_tokens_total``); None from one dump (its
+    #: lifetime CPU includes the startup's imports) or where the server does not expose them.
+    api_server_cpu_s: float | None = None
+    generated_tokens: float | None = None
+
+    @property
+    def api_cpu_us_per_token(self) -> float | None:
+        """The API server's CPU per generated token, in microseconds (what ``servetune simulate
+        --api-cpu-us-per-token`` takes), or None where the window does not give it."""
+        if self.api_server_cpu_s is None or not self.generated_tokens or self.api_server_cpu_s <= 0:
+            return None
+        return 1e6 * self.api_server_cpu_s / self.generated_tokens
 
 
 def _read(text: str, field: str) -> MetricsMap:
@@ -315,9 +328,12 @@ def metrics_window(text: str, earlier: str | None = None, seconds: float | None 
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise SpecError(field, f"the time between the dumps must be > 0 s, got {seconds:g}",
                         "give the earlier dump first, or the seconds between them with --seconds")
+    cpu = _delta(after, before, "process_cpu_seconds") if before is not None else None
+    generated = _delta(after, before, "vllm:generation_tokens") if before is not None else None
     return MetricsWindow(prompt, output, share, source if share is not None else "not exposed", seconds,
                          seconds_source, int(block) if block.isdigit() else None,
-                         prompt.bounds[-1] if prompt.bounds else 0.0, in_flight[0] - in_flight[1])
+                         prompt.bounds[-1] if prompt.bounds else 0.0, in_flight[0] - in_flight[1],
+                         api_server_cpu_s=cpu, generated_tokens=generated)
 
 
 def _pacing(rate: float | None, concurrency: int | None) -> str:
@@ -378,6 +394,11 @@ def workload_from_metrics(window: MetricsWindow, source: str, *, num_requests: i
                       "below 2%, no shared prefix written.")
     else:
         header.append("Prefix cache: not exposed by this server; no shared prefix written.")
+    us = window.api_cpu_us_per_token
+    if us is not None:
+        header.append(f"Host CPU: vLLM's API server spent {window.api_server_cpu_s:.2f} CPU-s on {window.generated_tokens:,.0f} "
+                      f"generated tokens, {us:.0f} us a token (process_cpu_seconds_total): simulate this host with "
+                      f"`servetune simulate ... --api-cpu-us-per-token {us:.0f}`.")
     header.append("Not in /metrics: per-request pairing of prompt and output lengths (drawn independently "
                   "here), arrival times, and requests still running at the dump.")
     return render_workload(header, pf, of, num_requests=_num_requests(n, num_requests), rate=rate,
