@@ -336,150 +336,172 @@ def parse_log(text: str) -> ParsedLog:
         >>> p.num_gpu_blocks, p.num_cpu_blocks
         (2048, 512)
     """
-    f: dict[str, Any] = {}
-    workers: dict[str, dict[str, float]] = {}
-    kv_peak: float | None = None
-    running_peak: int | None = None
-    waiting_peak: int | None = None
-    preempt_sum: int | None = None
-    v0_preempt: int | None = None
-    cache_info: dict[str, str] | None = None
+    scan = _LogScan()
+    for seg in _segments(text):
+        scan.config(seg, seg.raw)
+        scan.memory(seg, seg.raw)
+        scan.startup(seg, seg.raw)
+        scan.stats(seg, seg.raw)
+    return _assemble(scan.f, scan.workers, scan.cache_info, scan.kv_peak, scan.running_peak, scan.waiting_peak,
+                     scan.preempt_sum if scan.preempt_sum is not None else scan.v0_preempt)
 
-    def first(key: str, value: Any) -> None:
-        if f.get(key) is None:
-            f[key] = value
 
-    def worker(seg: _Seg, m: re.Match[str], **values: float) -> None:
-        slot = workers.setdefault(seg.proc_at(m.start()), {})
+class _LogScan:
+    """What :func:`parse_log` has read so far: each line group's first (or peak) value per field.
+
+    ``f`` holds the fields (``_``-prefixed ones are resolved in :func:`_assemble`), ``workers`` each
+    worker process's memory lines; a field keeps its first value unless the rule says otherwise.
+    """
+
+    def __init__(self) -> None:
+        self.f: dict[str, Any] = {}
+        self.workers: dict[str, dict[str, float]] = {}
+        self.kv_peak: float | None = None
+        self.running_peak: int | None = None
+        self.waiting_peak: int | None = None
+        self.preempt_sum: int | None = None
+        self.v0_preempt: int | None = None
+        self.cache_info: dict[str, str] | None = None
+
+    def first(self, key: str, value: Any) -> None:
+        if self.f.get(key) is None:
+            self.f[key] = value
+
+    def worker(self, seg: _Seg, m: re.Match[str], **values: float) -> None:
+        slot = self.workers.setdefault(seg.proc_at(m.start()), {})
         for key, value in values.items():
             slot.setdefault(key, value)
 
-    for seg in _segments(text):
-        raw = seg.raw
+    def config(self, seg: _Seg, raw: str) -> None:
+        """The version, the non-default args and the engine's config line."""
         for i, rx in enumerate(_VERSION_RES):  # engine line > server line > banner, resolved in _assemble
-            if f.get(f"_version{i}") is None and (m := rx.search(raw)):
-                f[f"_version{i}"] = m.group(1)
+            if self.f.get(f"_version{i}") is None and (m := rx.search(raw)):
+                self.f[f"_version{i}"] = m.group(1)
         if (m := _ARGS_RE.search(raw)):
-            first("non_default_args", _literal_dict(m.group(1)))
+            self.first("non_default_args", _literal_dict(m.group(1)))
         if (m := _MAX_LEN_RE.search(raw)):
-            first("_max_len_line", int(m.group(1)))
+            self.first("_max_len_line", int(m.group(1)))
         if (m := _AUTO_FIT_RE.search(raw)):
-            f["_auto_fit"] = int(m.group(1))
+            self.f["_auto_fit"] = int(m.group(1))
         if "LLM engine" in raw and "with config" in raw:
             if (m := _MAX_SEQ_LEN_RE.search(raw)):
-                first("_max_seq_len", int(m.group(1)))
+                self.first("_max_seq_len", int(m.group(1)))
             if (m := _TP_RE.search(raw)):
-                first("tensor_parallel_size", int(m.group(1)))
+                self.first("tensor_parallel_size", int(m.group(1)))
             if (m := _PP_RE.search(raw)):
-                first("pipeline_parallel_size", int(m.group(1)))
+                self.first("pipeline_parallel_size", int(m.group(1)))
             if (m := _EAGER_RE.search(raw)):
-                first("enforce_eager", m.group(1) == "True")
+                self.first("enforce_eager", m.group(1) == "True")
             if (m := _KV_DTYPE_RE.search(raw)):
-                first("kv_cache_dtype", m.group(1))
+                self.first("kv_cache_dtype", m.group(1))
             if (m := _MAX_CG_RE.search(raw)):
-                first("max_cudagraph_capture_size", int(m.group(1)))
+                self.first("max_cudagraph_capture_size", int(m.group(1)))
             if (m := _CG_SIZES_RE.search(raw)):
-                first("num_cudagraph_capture_sizes", len([s for s in m.group(1).split(",") if s.strip()]))
+                self.first("num_cudagraph_capture_sizes", len([s for s in m.group(1).split(",") if s.strip()]))
         if (m := _CHUNKED_RE.search(raw)):
-            first("max_num_batched_tokens", int(m.group(1)))
+            self.first("max_num_batched_tokens", int(m.group(1)))
+
+    def memory(self, seg: _Seg, raw: str) -> None:
+        """Weights, profiling and CUDA-graph memory, per worker."""
         if (m := _LOAD_WEIGHTS_RE.search(raw)):
-            worker(seg, m, weights_load_s=_num(m))
+            self.worker(seg, m, weights_load_s=_num(m))
         if (m := _MODEL_LOADING_RE.search(raw)):
-            worker(seg, m, weights_gib=_num(m, 1), model_load_s=_num(m, 2))
+            self.worker(seg, m, weights_gib=_num(m, 1), model_load_s=_num(m, 2))
         if (m := _V0_WEIGHTS_GB_RE.search(raw)):
-            worker(seg, m, weights_gib=_num(m))
+            self.worker(seg, m, weights_gib=_num(m))
         if (m := _AVAILABLE_KV_RE.search(raw)):
-            worker(seg, m, available_kv_gib=_num(m))
+            self.worker(seg, m, available_kv_gib=_num(m))
         if (m := _KV_BYTES_RE.search(raw)):
-            worker(seg, m, available_kv_gib=_num(m))
+            self.worker(seg, m, available_kv_gib=_num(m))
         if (m := _ACTUAL_OLD_RE.search(raw)):
-            worker(seg, m, weights_gib=_num(m, 1), activation_peak_gib=_num(m, 2), non_torch_gib=_num(m, 3),
+            self.worker(seg, m, weights_gib=_num(m, 1), activation_peak_gib=_num(m, 2), non_torch_gib=_num(m, 3),
                    cudagraph_gib=_num(m, 4))
         if (m := _ACTUAL_NEW_RE.search(raw)):
-            worker(seg, m, _consumed_gib=_num(m, 1), activation_peak_gib=_num(m, 2), cudagraph_gib=_num(m, 3))
+            self.worker(seg, m, _consumed_gib=_num(m, 1), activation_peak_gib=_num(m, 2), cudagraph_gib=_num(m, 3))
         if (m := _FREE_START_RE.search(raw)):
-            worker(seg, m, free_at_start_gib=_num(m, 1), total_gib=_num(m, 2))
-            first("gpu_memory_utilization", _num(m, 3))
-            first("requested_gib", _num(m, 4))
+            self.worker(seg, m, free_at_start_gib=_num(m, 1), total_gib=_num(m, 2))
+            self.first("gpu_memory_utilization", _num(m, 3))
+            self.first("requested_gib", _num(m, 4))
         if (m := _V0_TOTAL_RE.search(raw)):
-            worker(seg, m, total_gib=_num(m, 1))
-            first("gpu_memory_utilization", _num(m, 2))
-            first("requested_gib", _num(m, 3))
+            self.worker(seg, m, total_gib=_num(m, 1))
+            self.first("gpu_memory_utilization", _num(m, 2))
+            self.first("requested_gib", _num(m, 3))
         if (m := _V0_BREAKDOWN_RE.search(raw)):
-            worker(seg, m, weights_gib=_num(m, 1), non_torch_gib=_num(m, 2), activation_peak_gib=_num(m, 3),
+            self.worker(seg, m, weights_gib=_num(m, 1), non_torch_gib=_num(m, 2), activation_peak_gib=_num(m, 3),
                    available_kv_gib=_num(m, 4))
         if (m := _MEM_PROFILING_RE.search(raw)):
-            first("memory_profiling_s", _num(m))
+            self.first("memory_profiling_s", _num(m))
             if (d := _DEBUG_PEAK_RE.search(raw)):
-                worker(seg, d, activation_peak_gib=_num(d))
+                self.worker(seg, d, activation_peak_gib=_num(d))
             if (d := _DEBUG_NON_TORCH_RE.search(raw)):
-                worker(seg, d, non_torch_gib=_num(d))
+                self.worker(seg, d, non_torch_gib=_num(d))
             if (d := _DEBUG_WEIGHTS_RE.search(raw)):
-                worker(seg, d, weights_gib=_num(d))
+                self.worker(seg, d, weights_gib=_num(d))
         if (m := _GRAPH_RE.search(raw)):
-            worker(seg, m, graph_capture_s=_num(m, 1), graph_capture_gib=_num(m, 2))
+            self.worker(seg, m, graph_capture_s=_num(m, 1), graph_capture_gib=_num(m, 2))
         if (m := _EST_CG_RE.search(raw)):
-            worker(seg, m, cudagraph_estimate_gib=_num(m))
+            self.worker(seg, m, cudagraph_estimate_gib=_num(m))
+
+    def startup(self, seg: _Seg, raw: str) -> None:
+        """Compile, engine init, KV capacity, overrides, failures and readiness."""
         if (m := _COMPILE_RE.search(raw)):
-            first("torch_compile_s", _num(m))
+            self.first("torch_compile_s", _num(m))
         if _COMPILE_HIT_RE.search(raw):
-            f["_compile_hit"] = True
+            self.f["_compile_hit"] = True
         if _COMPILE_MISS_RE.search(raw):
-            f["_compile_miss"] = True
+            self.f["_compile_miss"] = True
         if (m := _INIT_RE.search(raw)):
-            first("engine_init_s", _num(m, 1))
+            self.first("engine_init_s", _num(m, 1))
             if m.group(2) is not None:
-                first("engine_compile_s", _num(m, 2))
+                self.first("engine_compile_s", _num(m, 2))
         if (m := _KV_TOKENS_RE.search(raw)):
-            first("kv_cache_tokens", _int(m))
+            self.first("kv_cache_tokens", _int(m))
         if (m := _CONCURRENCY_RE.search(raw)):
-            first("max_concurrency_tokens", _int(m, 1))
-            first("max_concurrency", _num(m, 2))
+            self.first("max_concurrency_tokens", _int(m, 1))
+            self.first("max_concurrency", _num(m, 2))
         if (m := _OVERRIDE_RE.search(raw)):
-            f.setdefault("_overrides", []).append((int(m.group(1)), int(m.group(2))))  # (computed, override)
+            self.f.setdefault("_overrides", []).append((int(m.group(1)), int(m.group(2))))  # (computed, override)
         if (m := _V0_BLOCKS_RE.search(raw)):
-            first("_v0_gpu_blocks", int(m.group(2)))
-            first("num_cpu_blocks", int(m.group(3)))
+            self.first("_v0_gpu_blocks", int(m.group(2)))
+            self.first("num_cpu_blocks", int(m.group(3)))
         elif (m := _V1_EARLY_BLOCKS_RE.search(raw)):
-            first("_v0_gpu_blocks", int(m.group(1)))
+            self.first("_v0_gpu_blocks", int(m.group(1)))
         if (m := _V0_PROFILE_RE.search(raw)):
-            first("memory_profiling_s", _num(m, 1))
-            worker(seg, m, total_gib=_num(m, 2), _peak_torch_gib=_num(m, 4), non_torch_gib=_num(m, 6),
+            self.first("memory_profiling_s", _num(m, 1))
+            self.worker(seg, m, total_gib=_num(m, 2), _peak_torch_gib=_num(m, 4), non_torch_gib=_num(m, 6),
                    available_kv_gib=_num(m, 7))
-            first("gpu_memory_utilization", _num(m, 8))
-            first("requested_gib", round(_num(m, 2) * _num(m, 8), 4))
+            self.first("gpu_memory_utilization", _num(m, 8))
+            self.first("requested_gib", round(_num(m, 2) * _num(m, 8), 4))
         if (m := _CACHE_INFO_RE.search(raw)):
-            cache_info = cache_info or dict(_LABEL_RE.findall(m.group(1)))
+            self.cache_info = self.cache_info or dict(_LABEL_RE.findall(m.group(1)))
         if (m := _KV_TOO_SMALL_V1_RE.search(raw)):
-            first("_err_max_len", int(m.group(1)))
-            first("kv_needed_gib", _num(m, 2))
-            worker(seg, m, available_kv_gib=_num(m, 3))
-            first("estimated_max_model_len", int(m.group(4)))
+            self.first("_err_max_len", int(m.group(1)))
+            self.first("kv_needed_gib", _num(m, 2))
+            self.worker(seg, m, available_kv_gib=_num(m, 3))
+            self.first("estimated_max_model_len", int(m.group(4)))
         if (m := _KV_TOO_SMALL_V0_RE.search(raw)):
-            first("_err_max_len", int(m.group(1)))
-            first("_v0_kv_tokens", int(m.group(2)))
+            self.first("_err_max_len", int(m.group(1)))
+            self.first("_v0_kv_tokens", int(m.group(2)))
         if _READY_RE.search(raw):
-            f["server_ready"] = True
+            self.f["server_ready"] = True
+
+    def stats(self, seg: _Seg, raw: str) -> None:
+        """The periodic stats lines: peaks of running, waiting and KV usage; preemptions."""
         if (m := _STATS_RE.search(raw)):
-            running_peak = max(running_peak or 0, int(m.group(1)))
+            self.running_peak = max(self.running_peak or 0, int(m.group(1)))
             if (w := _STATS_WAITING_RE.search(raw)):
-                waiting_peak = max(waiting_peak or 0, int(w.group(1)))
+                self.waiting_peak = max(self.waiting_peak or 0, int(w.group(1)))
             if (k := _STATS_KV_RE.search(raw)):
-                kv_peak = max(kv_peak or 0.0, _num(k) / 100.0)
+                self.kv_peak = max(self.kv_peak or 0.0, _num(k) / 100.0)
             if (p := _STATS_PREEMPT_RE.search(raw)):
-                preempt_sum = (preempt_sum or 0) + int(p.group(1))
+                self.preempt_sum = (self.preempt_sum or 0) + int(p.group(1))
         if (m := _V0_PREEMPT_RE.search(raw)):
-            v0_preempt = max(v0_preempt or 0, int(m.group(1)))
-
-    return _assemble(f, workers, cache_info, kv_peak, running_peak, waiting_peak,
-                     preempt_sum if preempt_sum is not None else v0_preempt)
+            self.v0_preempt = max(self.v0_preempt or 0, int(m.group(1)))
 
 
-def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_info: dict[str, str] | None,
-              kv_peak: float | None, running_peak: int | None, waiting_peak: int | None,
-              preemptions: int | None) -> ParsedLog:
-    """Resolve the sources of each field in order of trust and build the frozen result."""
-    args = f.get("non_default_args")
+def _from_args(f: dict[str, Any], args: Any) -> tuple[str | None, int | None, int | None, float | None]:
+    """(version, max_model_len, max_num_batched_tokens, gpu_memory_utilization), each from its most
+    trusted line, else from the non-default args."""
     version = f.get("_version0") or f.get("_version1") or f.get("_version2")
     max_len = f.get("_auto_fit") or f.get("_max_len_line") or f.get("_max_seq_len") or f.get("_err_max_len")
     if max_len is None and isinstance(args, dict) and isinstance(args.get("max_model_len"), int):
@@ -490,7 +512,11 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
     util = f.get("gpu_memory_utilization")
     if util is None and isinstance(args, dict) and isinstance(args.get("gpu_memory_utilization"), (int, float)):
         util = float(args["gpu_memory_utilization"])
+    return version, max_len, mbt, util
 
+
+def _freeze_workers(workers: dict[str, dict[str, float]]) -> dict[str, WorkerMemory]:
+    """Each worker's memory lines as a :class:`WorkerMemory` (V0 0.6's and 0.29+'s sums split)."""
     # 0.29+ prints "consumed (weights + non-torch)"; split it with the weights of the same worker.
     frozen: dict[str, WorkerMemory] = {}
     for proc, vals in workers.items():
@@ -501,19 +527,21 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
         if consumed is not None and "non_torch_gib" not in vals and vals.get("weights_gib") is not None:
             vals["non_torch_gib"] = round(consumed - vals["weights_gib"], 4)
         frozen[proc] = WorkerMemory(**vals)
+    return frozen
 
-    def agg(key: str, pick: Callable[[Sequence[float]], float]) -> float | None:
-        vals = [getattr(w, key) for w in frozen.values() if getattr(w, key) is not None]
-        return pick(vals) if vals else None
 
-    cudagraph = agg("cudagraph_gib", max)
-    capture_gib = agg("graph_capture_gib", max)
-    block_size = None
+def _block_size(cache_info: dict[str, str] | None, args: Any) -> int | None:
     if cache_info and cache_info.get("block_size", "").isdigit():
-        block_size = int(cache_info["block_size"])
-    elif isinstance(args, dict) and isinstance(args.get("block_size"), int):
-        block_size = args["block_size"]
+        return int(cache_info["block_size"])
+    if isinstance(args, dict) and isinstance(args.get("block_size"), int):
+        return args["block_size"]
+    return None
 
+
+def _kv_blocks(f: dict[str, Any], args: Any, cache_info: dict[str, str] | None, block_size: int | None,
+               max_len: int | None, version: str | None) -> tuple[int | None, bool, int | None, int | None]:
+    """(GPU blocks, whether derived from the token count, the override, KV tokens); sets the
+    override's ``computed_gpu_blocks`` / ``num_gpu_blocks_override`` in ``f``."""
     # An override line is the user's where the start asked for one: not where the non-default args
     # are known and do not name it, and not a computed 0 (the CUDA-graph profiler's minimal cache)
     # while a line with a computed count is there or the args do not name the flag.
@@ -539,6 +567,25 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
         blocks, derived = _blocks_from_tokens(kv_tokens, block_size or 16, max_len, version), True
     if kv_tokens is None and f.get("_v0_kv_tokens") is not None:
         kv_tokens = f["_v0_kv_tokens"]
+    return blocks, derived, override, kv_tokens
+
+
+def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_info: dict[str, str] | None,
+              kv_peak: float | None, running_peak: int | None, waiting_peak: int | None,
+              preemptions: int | None) -> ParsedLog:
+    """Resolve the sources of each field in order of trust and build the frozen result."""
+    args = f.get("non_default_args")
+    version, max_len, mbt, util = _from_args(f, args)
+    frozen = _freeze_workers(workers)
+
+    def agg(key: str, pick: Callable[[Sequence[float]], float]) -> float | None:
+        vals = [getattr(w, key) for w in frozen.values() if getattr(w, key) is not None]
+        return pick(vals) if vals else None
+
+    cudagraph = agg("cudagraph_gib", max)
+    capture_gib = agg("graph_capture_gib", max)
+    block_size = _block_size(cache_info, args)
+    blocks, derived, override, kv_tokens = _kv_blocks(f, args, cache_info, block_size, max_len, version)
 
     return ParsedLog(
         vllm_version=version,
