@@ -5,7 +5,8 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
 
     - id: h100-llama3.1-8b-tp1-rand1024x128-c64   # descriptive: gpu, model, layout, load
       source: https://github.com/vllm-project/vllm/issues/NNNN#issuecomment-MMMM (2025-06-01)
-      vllm_version: "0.9.1"          # as stated; "<=0.9.1" style bounds are written in `assumed`
+      vllm_version: "0.11.0"         # as stated (a bound, e.g. "released before 0.12", goes in `assumed`)
+      sim_vllm_version: "0.11.0"     # only where the stated version predates 0.11 (servetune's oldest rules)
       gpu: H100-80GB                 # a name of servetune's GPU table (planner/gpus.py), exact
       num_gpus: 1                    # tp x pp x dp
       model: llama-3.1-8b            # a shipped model, or a folder under models/ beside the fixture
@@ -14,6 +15,7 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
       quantization: null             # optional (awq, gptq, fp8, ...)
       layout: {tp: 1, pp: 1, dp: 1, ep: 1}
       flags: {max_num_seqs: 256}     # every non-default vLLM flag stated (servetune's flag names)
+      other_flags: [--disable-log-stats]   # stated flags that change nothing simulated (optional)
       workload: {dataset: random, input_len: 1024, output_len: 128, num_prompts: 1000,
                  request_rate: inf, max_concurrency: 64, range_ratio: 0.0}
       client: {tool: vllm bench serve, endpoint: /v1/completions}
@@ -26,7 +28,9 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
         ...
 
 The load shape: ``request_rate`` ``inf`` (or absent) is a closed loop at ``max_concurrency`` (a
-burst of every prompt when there is none); a finite rate is an open (Poisson) loop. The headline
+burst of every prompt when there is none); a finite rate is an open (Poisson) loop, unless
+``loop: closed`` says the run's ``max_concurrency`` bound it (requests arrived faster than that
+many finished). The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. DP replicas are simulated as ``dp`` independent
 engines, each with its share of the prompts and of the load, their throughputs added.
@@ -50,6 +54,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -78,13 +83,14 @@ FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
 LOG_MODELS = ROOT / "tests" / "fixtures" / "published_logs" / "models"
 REQUIRED = ("id", "source", "vllm_version", "gpu", "num_gpus", "model", "layout", "flags", "workload", "client",
             "measured", "split")
-OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes")
+OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes", "sim_vllm_version", "other_flags")
 LAYOUT_KEYS = ("tp", "pp", "dp", "ep")
 WORKLOAD_KEYS = ("dataset", "input_len", "output_len", "num_prompts", "request_rate", "max_concurrency",
-                 "range_ratio", "prefix_len", "num_prefix_groups")
+                 "range_ratio", "prefix_len", "num_prefix_groups", "loop")
 MEASURED_KEYS = ("output_throughput", "request_throughput", "total_token_throughput", "ttft_ms", "tpot_ms",
                  "itl_ms", "e2el_ms", "duration_s", "completed")
 STAT_KEYS = ("mean", "median", "p90", "p99", "std")
+_STATED_VERSION = re.compile(r"v?\d+\.\d+(\.\d+){0,2}((rc|\.post|\.dev)\d+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +112,12 @@ class PublishedRun:
     split: str
     assumed: tuple[str, ...] = ()
     quantization: str | None = None
+    #: The vLLM version simulated: ``vllm_version``, or ``sim_vllm_version`` where that predates 0.11.
+    sim_vllm_version: str = ""
 
     @property
     def closed_loop(self) -> bool:
-        rate = self.workload.get("request_rate")
-        return rate is None or (isinstance(rate, float) and math.isinf(rate))
+        return _closed(self.workload)
 
     @property
     def shape(self) -> str:
@@ -161,6 +168,15 @@ def _rate(where: str, value: Any) -> float | None:
     return float(value)
 
 
+def _closed(w: Mapping[str, Any]) -> bool:
+    """A closed loop: no finite request rate, or ``loop: closed`` (a finite rate the concurrency cap
+    binds: requests arrive faster than ``max_concurrency`` of them finish)."""
+    if w.get("loop") is not None:
+        return bool(w["loop"] == "closed")
+    rate = w.get("request_rate")
+    return rate is None or math.isinf(rate)
+
+
 def _workload(where: str, w: Any) -> dict[str, Any]:
     if not isinstance(w, Mapping):
         raise _fail(where, "workload", "expected a mapping", "write input_len, output_len, num_prompts, ...")
@@ -177,6 +193,10 @@ def _workload(where: str, w: Any) -> dict[str, Any]:
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
         raise _fail(where, "workload.range_ratio", f"expected a number in [0, 1), got {ratio!r}", "write e.g. 0.0")
     out["range_ratio"] = float(ratio)
+    if w.get("loop") is not None and (w["loop"] not in ("closed", "open") or out["request_rate"] is None
+                                      or math.isinf(out["request_rate"]) or w.get("max_concurrency") is None):
+        raise _fail(where, "workload.loop", f"got {w['loop']!r}",
+                    "only with a finite request_rate and a max_concurrency: closed (the cap binds) or open")
     return out
 
 
@@ -215,6 +235,27 @@ def _layout(where: str, layout: Any, num_gpus: int) -> dict[str, int]:
     return out
 
 
+def _sim_version(where: str, entry: Mapping[str, Any]) -> str:
+    """The version a run is simulated at: its own, or, where that predates servetune's oldest rules
+    (0.11.0), the ``sim_vllm_version`` it names (and says so in ``assumed``)."""
+    stated = str(entry["vllm_version"])
+    # Releases with a fourth part (0.10.1.1) are read by their first three.
+    if not _STATED_VERSION.fullmatch(stated.strip()):
+        raise _fail(where, "vllm_version", f"cannot read {stated!r} as a vLLM version", "write e.g. 0.11.0")
+    try:
+        parse_vllm_version(".".join(stated.strip().split(".")[:3]))
+    except SpecError:
+        if "sim_vllm_version" not in entry:
+            raise _fail(where, "vllm_version", f"{stated} predates the oldest version servetune simulates (0.11.0)",
+                        "add sim_vllm_version: 0.11.0 and say so in assumed, or leave the run out") from None
+        parse_vllm_version(str(entry["sim_vllm_version"]))
+        return str(entry["sim_vllm_version"])
+    if "sim_vllm_version" in entry:
+        raise _fail(where, "sim_vllm_version", "only for a run whose vllm_version predates 0.11.0",
+                    "remove it: the run is simulated at its own version")
+    return stated
+
+
 def resolve_model(name: str, fixture_dir: Path = FIXTURES) -> ModelProfile:
     """A run's ``model``: servetune's shipped model of that name, else the config.json in
     ``models/<name>/`` beside the fixture file, else in :data:`LOG_MODELS`."""
@@ -240,10 +281,10 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
     gpu = get_gpu(str(entry["gpu"]))
     if gpu.name != entry["gpu"]:
         raise _fail(where, "gpu", f"{entry['gpu']!r} is an alias", f"write the table's name: {gpu.name}")
-    parse_vllm_version(str(entry["vllm_version"]))
+    sim_version = _sim_version(where, entry)
     num_gpus = _positive_int(where, "num_gpus", entry["num_gpus"])
     workload = _workload(where, entry["workload"])
-    closed = workload["request_rate"] is None or math.isinf(workload["request_rate"])
+    closed = _closed(workload)
     flags = entry["flags"] if entry["flags"] is not None else {}
     if not isinstance(flags, Mapping) or {"tensor_parallel_size", "pipeline_parallel_size"} & set(flags):
         raise _fail(where, "flags", "expected a mapping of vLLM flags without the parallel sizes",
@@ -258,7 +299,8 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
         gpu=gpu.name, num_gpus=num_gpus, model=str(entry["model"]), layout=_layout(where, entry["layout"], num_gpus),
         flags=dict(flags), workload=workload, client=dict(entry["client"]),
         measured=_measured(where, entry["measured"], closed), split=str(entry["split"]),
-        assumed=tuple(map(str, entry.get("assumed") or ())), quantization=entry.get("quantization"))
+        assumed=tuple(map(str, entry.get("assumed") or ())), quantization=entry.get("quantization"),
+        sim_vllm_version=sim_version)
 
 
 def sweep_key(run: PublishedRun) -> str:
@@ -358,7 +400,7 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None) -> 
     """Simulate ``run`` (its model, GPU, layout, flags, vLLM version and load) and pair the figures."""
     flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
     try:
-        target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.vllm_version)
+        target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
     except SpecError as exc:
         return Judged(run, None, None, None, failure=str(exc))
     gpu = with_calibration(target.gpu, calibration or {})
