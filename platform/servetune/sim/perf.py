@@ -187,6 +187,10 @@ class Calibration:
     # only; servetune.sim.perf_classes). 0: the per-architecture share fitted on published MoE runs.
     moe_compute_share: float = 0.0
     moe_mem_share: float = perf_classes.MOE_MEM_SHARE
+    # 1: the model-class rules of servetune.sim.perf_classes (MoE, quantized GEMMs, sliding windows,
+    # since 2026-12-05); 0: every model priced as a dense one at its active experts' width and its
+    # checkpoint's bytes, no window (the rule before; benchmarks/published_runs.py --classes replays it).
+    class_rules: float = 1.0
 
     def with_overrides(self, overrides: Mapping[str, float]) -> Calibration:
         """A copy with the named knobs replaced; unknown names, and values the API-server loop
@@ -215,6 +219,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "kv_write_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of HBM bandwidth between 0 and 1 (0: mem_efficiency)"),
     "moe_compute_share": (lambda v: 0.0 <= v <= 1.0, "a share of the dense GEMM rate, at most 1 (0: the fitted one)"),
     "moe_mem_share": (lambda v: 0.0 < v <= 1.0, "a share of the dense weight-streaming rate: above 0, at most 1"),
+    "class_rules": (lambda v: v in (0.0, 1.0), "1 (the model-class rules) or 0 (the rule before them)"),
 }
 
 
@@ -444,14 +449,15 @@ class PerfModel:
         vocab = -(-model.vocab_size // tp)
         self._head = (vocab, d, vocab * d * wbytes / mem_rate, 2.0 * vocab * d)
         self._moe: perf_classes.MoeShape | None = None
-        if perf_classes.is_class_model(model):
+        rules = cal.class_rules >= 0.5
+        if rules and perf_classes.is_class_model(model):
             self._init_classes(model, gpu, tp, layers, mem_rate, cal)
         kv_per_token = model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype)
         fp8_kv = str(config.kv_cache_dtype or "").startswith("fp8")
         self._t_kv_read = kv_per_token / (bw * (cal.fp8_kv_read_efficiency if fp8_kv else cal.kv_read_efficiency))
         # Sliding-window layers read at most ``window`` tokens of a request (perf_classes): their share
         # of the KV read moves to a per-request term capped at the window.
-        slide = perf_classes.sliding_kv_share(model, layers)
+        slide = perf_classes.sliding_kv_share(model, layers) if cal.class_rules >= 0.5 else 0.0
         self._window = model.sliding_window if slide else 0
         self._t_kv_read_slide = self._t_kv_read * slide
         self._t_kv_read -= self._t_kv_read_slide
