@@ -538,6 +538,8 @@ class PerfModel:
         if m is None or tokens <= 0:
             return 0.0
         touched = perf_classes.distinct_experts(m.experts, m.top_k, tokens)
+        if touched <= 0:
+            return 0.0
         mem_s = touched * m.expert_bytes * m.layers / self._moe_mem_rate
         rows = tokens * m.top_k
         per_expert = rows / touched

@@ -112,9 +112,10 @@ def distinct_experts(experts: int, top_k: int, tokens: int) -> float:
         >>> distinct_experts(128, 8, 1), round(distinct_experts(128, 8, 16), 1), round(distinct_experts(128, 8, 256), 1)
         (8.0, 82.4, 128.0)
     """
-    if tokens <= 0 or experts <= 0:
+    if tokens <= 0 or experts <= 0 or top_k <= 0:
         return 0.0
-    return experts * (1.0 - (1.0 - top_k / experts) ** tokens)
+    share = min(1.0, top_k / experts)  # a config routing to more experts than it has reads them all
+    return experts * (1.0 - (1.0 - share) ** tokens)
 
 
 def moe_block_m(tokens: int, experts: int) -> int:
