@@ -94,6 +94,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from servetune.errors import SpecError, did_you_mean
+from servetune.sim import perf_classes
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -182,6 +183,14 @@ class Calibration:
     sync_overlap: float = 0.3  # the same without async scheduling (output processing still overlaps)
     allreduce_latency_s: float = 10e-6  # one all-reduce, small message
     interconnect_efficiency: float = 0.7  # fraction of the link bandwidth reached by all-reduce
+    # The fused-MoE kernel's compute and weight-streaming rates against the dense GEMMs' (MoE models
+    # only; servetune.sim.perf_classes). 0: the per-architecture share fitted on published MoE runs.
+    moe_compute_share: float = 0.0
+    moe_mem_share: float = perf_classes.MOE_MEM_SHARE
+    # 1: the model-class rules of servetune.sim.perf_classes (MoE, quantized GEMMs, sliding windows,
+    # since 2026-12-05); 0: every model priced as a dense one at its active experts' width and its
+    # checkpoint's bytes, no window (the rule before; benchmarks/published_runs.py --classes replays it).
+    class_rules: float = 1.0
 
     def with_overrides(self, overrides: Mapping[str, float]) -> Calibration:
         """A copy with the named knobs replaced; unknown names, and values the API-server loop
@@ -208,6 +217,9 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "attn_layer_s": (lambda v: v >= 0.0, "seconds per layer: 0 or more"),
     "gemm_token_tile": (lambda v: 0 <= v <= 256 and v == int(v), "a whole number of tokens, 0 (off) to 256"),
     "kv_write_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of HBM bandwidth between 0 and 1 (0: mem_efficiency)"),
+    "moe_compute_share": (lambda v: 0.0 <= v <= 1.0, "a share of the dense GEMM rate, at most 1 (0: the fitted one)"),
+    "moe_mem_share": (lambda v: 0.0 < v <= 1.0, "a share of the dense weight-streaming rate: above 0, at most 1"),
+    "class_rules": (lambda v: v in (0.0, 1.0), "1 (the model-class rules) or 0 (the rule before them)"),
 }
 
 
@@ -436,15 +448,27 @@ class PerfModel:
         # only where it samples); vocab is split over TP ranks.
         vocab = -(-model.vocab_size // tp)
         self._head = (vocab, d, vocab * d * wbytes / mem_rate, 2.0 * vocab * d)
+        self._moe: perf_classes.MoeShape | None = None
+        rules = cal.class_rules >= 0.5
+        if rules and perf_classes.is_class_model(model):
+            self._init_classes(model, gpu, tp, layers, mem_rate, cal)
         kv_per_token = model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype)
         fp8_kv = str(config.kv_cache_dtype or "").startswith("fp8")
         self._t_kv_read = kv_per_token / (bw * (cal.fp8_kv_read_efficiency if fp8_kv else cal.kv_read_efficiency))
+        # Sliding-window layers read at most ``window`` tokens of a request (perf_classes): their share
+        # of the KV read moves to a per-request term capped at the window.
+        slide = perf_classes.sliding_kv_share(model, layers) if cal.class_rules >= 0.5 else 0.0
+        self._window = model.sliding_window if slide else 0
+        self._t_kv_read_slide = self._t_kv_read * slide
+        self._t_kv_read -= self._t_kv_read_slide
         self._t_kv_write = kv_per_token / (bw * cal.kv_write_efficiency if cal.kv_write_efficiency > 0 else mem_rate)
         self._t_attn_layer = cal.attn_layer_s * layers
         self._blend = cal.gemm_blend_exponent
         self._token_tile = int(cal.gemm_token_tile)
         q_heads = max(1, model.num_attention_heads // tp)
         self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * cal.attn_efficiency)
+        self._t_attn_slide = self._t_attn * slide
+        self._t_attn -= self._t_attn_slide
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP.
         if tp > 1:
             link = gpu.interconnect_gbps * 1e9 * cal.interconnect_efficiency
@@ -478,6 +502,51 @@ class PerfModel:
         # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
         # remembered, the tile-grid search runs once per shape instead of once per step.
         self._gemm_memo: dict[tuple[int, int], float] = {}
+
+    def _init_classes(self, model: ModelProfile, gpu: GpuSpec, tp: int, layers: int, mem_rate: float,
+                      cal: Calibration) -> None:
+        """The GEMMs of a MoE, quantized or sliding-window model, from :mod:`servetune.sim.perf_classes`.
+
+        Every GEMM carries its own weight bytes and FLOP rate (its FLOPs are stored in bf16-rate
+        units); the LM head stays in the model dtype; the routed experts are :meth:`moe_seconds`'.
+        """
+        bf16_rate = gpu.bf16_tflops * 1e12 * cal.compute_efficiency
+        self._flop_rate = bf16_rate
+        specs = perf_classes.class_gemms(model, gpu, tp, layers)
+        self._gemms = [(g.n, g.k, g.n * g.k * g.fmt.bytes_per_weight * g.layers / mem_rate,
+                        2.0 * g.n * g.k * g.layers / g.fmt.rate_scale) for g in specs]
+        act = sum(2.0 * (g.n + g.k) * g.layers for g in specs)
+        vocab, d = self._head[0], self._head[1]
+        self._head = (vocab, d, vocab * d * model.dtype_bytes / mem_rate, 2.0 * vocab * d)
+        self._moe = perf_classes.moe_shape(model, gpu, tp, layers)
+        if self._moe is not None:
+            m = self._moe
+            # Each routed row reads its token (H) and writes 2I, then reads I and writes H.
+            act += 2.0 * m.top_k * (m.hidden + 2 * m.inter + m.inter + m.hidden) * m.layers
+            self._moe_mem_rate = mem_rate * cal.moe_mem_share
+            self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share)
+        self._act_bytes_token = act / mem_rate
+
+    def moe_seconds(self, tokens: int) -> float:
+        """The routed experts' grouped GEMMs for ``tokens`` rows over the stage's MoE layers.
+
+        Weight bytes: the touched experts' (:func:`~servetune.sim.perf_classes.distinct_experts`);
+        FLOPs: ``2 x tokens x top_k x 3 H I``, at the share of the tile rows the kernel's
+        per-expert padding to ``BLOCK_SIZE_M`` leaves busy.
+        """
+        m = self._moe
+        if m is None or tokens <= 0:
+            return 0.0
+        touched = perf_classes.distinct_experts(m.experts, m.top_k, tokens)
+        if touched <= 0:
+            return 0.0
+        mem_s = touched * m.expert_bytes * m.layers / self._moe_mem_rate
+        rows = tokens * m.top_k
+        per_expert = rows / touched
+        block = perf_classes.moe_block_m(tokens, m.experts)
+        fill = per_expert / (-(-per_expert // block) * block)
+        comp_s = 2.0 * rows * 3.0 * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill)
+        return self._combine(mem_s, comp_s)
 
     def padded(self, num_tokens: int) -> int:
         """The CUDA graph size a batch of ``num_tokens`` runs as (itself above the largest size)."""
@@ -522,6 +591,8 @@ class PerfModel:
         for seconds in self.layer_gemm_seconds(tokens):
             total += seconds
         n, k, mem_s, flops = self._head
+        if self._moe is not None:
+            total += self.moe_seconds(tokens)
         return total + self._combine(mem_s, flops * rows / (rate * wave_fill(rows, n, sms, self._token_tile)))
 
     def gpu_cost(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
@@ -562,6 +633,9 @@ class PerfModel:
         decode_context = kv_context - prefill_context
         attention = (self._t_kv_read * (decode_context if decode_context > 0 else 0) + self._t_attn * prefill_attn_work
                      + self._t_attn_layer * micro)
+        if self._window:
+            attention += self._sliding_attention(num_tokens - prefill_tokens, decode_context, prefill_tokens,
+                                                 prefill_context, prefill_attn_work)
         kv_write = self._t_kv_write * num_tokens
         comm = self._t_ar_fixed * micro + self._t_ar_token * tokens
         if self.enforce_eager:
@@ -576,6 +650,21 @@ class PerfModel:
         scale = 1.0 if self.pp == 1 else self.pp / micro
         return StepCost(gemm * scale, elementwise * scale, attention * scale, kv_write * scale, comm * scale,
                         launch * scale)
+
+    def _sliding_attention(self, decode_reqs: int, decode_context: int, prefill_tokens: int, prefill_context: int,
+                           prefill_attn_work: int) -> float:
+        """Sliding-window layers' attention: each decode request reads at most the window (from the
+        batch's mean context), and a prefill token attends to at most the window."""
+        w = self._window
+        seconds = 0.0
+        if decode_reqs > 0 and decode_context > 0:
+            mean = decode_context / decode_reqs
+            seconds += self._t_kv_read_slide * decode_reqs * (mean if mean < w else w)
+        if prefill_attn_work > 0 and prefill_tokens > 0:
+            # tokens x context, with each token's context capped at the window (from the chunk's mean)
+            mean = prefill_attn_work / prefill_tokens
+            seconds += self._t_attn_slide * prefill_tokens * (mean if mean < w else w)
+        return seconds
 
     def gpu_time(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
                  decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,

@@ -1,0 +1,525 @@
+"""The simulator on real vLLM benchmark runs that people published: held-out error by GPU, layout and load.
+
+Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run is one published
+``vllm bench serve`` / ``benchmark_serving.py`` (or other client) result with its full configuration::
+
+    - id: h100-llama3.1-8b-tp1-rand1024x128-c64   # descriptive: gpu, model, layout, load
+      source: https://github.com/vllm-project/vllm/issues/NNNN#issuecomment-MMMM (2025-06-01)
+      vllm_version: "0.11.0"         # as stated (a bound, e.g. "released before 0.12", goes in `assumed`)
+      sim_vllm_version: "0.11.0"     # only where the stated version predates 0.11 (servetune's oldest rules)
+      gpu: H100-80GB                 # a name of servetune's GPU table (planner/gpus.py), exact
+      num_gpus: 1                    # tp x pp x dp
+      model: llama-3.1-8b            # a shipped model, or a folder under models/ beside the fixture
+                                     # (or tests/fixtures/published_logs/models/) holding config.json
+      dtype: bfloat16                # optional
+      quantization: null             # optional (awq, gptq, fp8, ...)
+      layout: {tp: 1, pp: 1, dp: 1, ep: 1}
+      flags: {max_num_seqs: 256}     # every non-default vLLM flag stated (servetune's flag names)
+      other_flags: [--disable-log-stats]   # stated flags that change nothing simulated (optional)
+      workload: {dataset: random, input_len: 1024, output_len: 128, num_prompts: 1000,
+                 request_rate: inf, max_concurrency: 64, range_ratio: 0.0}
+      client: {tool: vllm bench serve, endpoint: /v1/completions}
+      measured: {output_throughput: 9876.5, request_throughput: 12.3,
+                 ttft_ms: {mean: 1, median: 1, p99: 1}, tpot_ms: {mean: 1, median: 1, p99: 1},
+                 itl_ms: {mean: 1, median: 1, p99: 1}}
+      assumed: ["what was not stated and what was taken for it"]   # optional
+      split: held_out                # fit | held_out, by the rule below (the loader checks it)
+      raw: |                         # the verbatim published excerpt (short), or raw_file: a file beside
+        ...
+
+The load shape: ``request_rate`` ``inf`` (or absent) is a closed loop at ``max_concurrency`` (a
+burst of every prompt when there is none); a finite rate is an open (Poisson) loop, unless
+``loop: closed`` says the run's ``max_concurrency`` bound it (requests arrived faster than that
+many finished). The headline
+figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
+published) for an open one; TTFT is judged too. DP replicas are simulated as ``dp`` independent
+engines, each with its share of the prompts and of the load, their throughputs added.
+
+The split rule (:func:`split_of`): within one fixture file and one GPU, runs are grouped into
+sweeps (same source page, model, layout and flags: a sweep's runs share a server, so they fit
+or judge together); sweeps are taken in the order of the SHA-256 of their key into the fit half
+while the fit half stays within half the GPU's runs (rounded down); every other run is held out.
+At most half of every GPU's runs are fit, a GPU with one run has it held out, and adding a run can
+move others: the loader checks every run's ``split`` against the rule and names the ones to change.
+
+    .venv/bin/python benchmarks/published_runs.py                 # as committed, held out and fit apart
+    .venv/bin/python benchmarks/published_runs.py --before        # the H200's knobs on every GPU
+    .venv/bin/python benchmarks/published_runs.py --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "platform") not in sys.path:
+    sys.path.insert(0, str(ROOT / "platform"))
+
+from servetune.errors import SpecError  # noqa: E402
+from servetune.planner.gpus import get_gpu  # noqa: E402
+from servetune.planner.memory import plan_memory  # noqa: E402
+from servetune.planner.modelinfo import ModelProfile, load_model  # noqa: E402
+from servetune.planner.target import resolve_target  # noqa: E402
+from servetune.planner.vllm_rules import parse_vllm_version  # noqa: E402
+from servetune.sim import GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, simulate, with_calibration  # noqa: E402
+from servetune.workload import Workload  # noqa: E402
+
+__all__ = ["FIXTURES", "PublishedRun", "Judged", "load_runs", "split_of", "sweep_key", "workload_of", "judge",
+           "judge_all", "cells", "format_cells", "h200_knobs_for", "main"]
+
+FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
+#: Model configs people published beside startup logs (their sources in that folder's SOURCES.md).
+LOG_MODELS = ROOT / "tests" / "fixtures" / "published_logs" / "models"
+REQUIRED = ("id", "source", "vllm_version", "gpu", "num_gpus", "model", "layout", "flags", "workload", "client",
+            "measured", "split")
+OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes", "sim_vllm_version", "other_flags")
+LAYOUT_KEYS = ("tp", "pp", "dp", "ep")
+WORKLOAD_KEYS = ("dataset", "input_len", "output_len", "num_prompts", "request_rate", "max_concurrency",
+                 "range_ratio", "prefix_len", "num_prefix_groups", "loop")
+MEASURED_KEYS = ("output_throughput", "request_throughput", "total_token_throughput", "ttft_ms", "tpot_ms",
+                 "itl_ms", "e2el_ms", "duration_s", "completed")
+STAT_KEYS = ("mean", "median", "p90", "p99", "std")
+_STATED_VERSION = re.compile(r"v?\d+\.\d+(\.\d+){0,2}((rc|\.post|\.dev)\d+)?")
+
+
+@dataclasses.dataclass(frozen=True)
+class PublishedRun:
+    """One published benchmark run, validated (see the module docstring for the fields)."""
+
+    id: str
+    file: str
+    source: str
+    vllm_version: str
+    gpu: str
+    num_gpus: int
+    model: str
+    layout: Mapping[str, int]
+    flags: Mapping[str, Any]
+    workload: Mapping[str, Any]
+    client: Mapping[str, Any]
+    measured: Mapping[str, Any]
+    split: str
+    assumed: tuple[str, ...] = ()
+    quantization: str | None = None
+    #: The vLLM version simulated: ``vllm_version``, or ``sim_vllm_version`` where that predates 0.11.
+    sim_vllm_version: str = ""
+
+    @property
+    def closed_loop(self) -> bool:
+        return _closed(self.workload)
+
+    @property
+    def shape(self) -> str:
+        """``closed`` or ``open``, then ``prefill`` (prompts at least as long as outputs) or ``decode``."""
+        heavy = "prefill" if self.workload["input_len"] >= self.workload["output_len"] else "decode"
+        return f"{'closed' if self.closed_loop else 'open'} {heavy}"
+
+    @property
+    def layout_label(self) -> str:
+        return " ".join(f"{k.upper()}{self.layout[k]}" for k in LAYOUT_KEYS if k == "tp" or self.layout[k] > 1)
+
+    def stat(self, name: str) -> float | None:
+        """The published mean of ``ttft_ms`` / ``tpot_ms`` / ``itl_ms``, else its median; None if neither."""
+        figure = self.measured.get(name)
+        if not isinstance(figure, Mapping):
+            return None
+        value = figure.get("mean", figure.get("median"))
+        return None if value is None else float(value)
+
+    @property
+    def headline(self) -> tuple[str, float]:
+        """The figure a run is judged on: closed-loop output tok/s, open-loop TPOT ms."""
+        if self.closed_loop:
+            return "output_throughput", float(self.measured["output_throughput"])
+        value = self.stat("tpot_ms")
+        assert value is not None  # the loader requires it
+        return "tpot_ms", value
+
+
+def _fail(where: str, field: str, message: str, fix: str) -> SpecError:
+    return SpecError(f"{where}: {field}", message, fix)
+
+
+def _positive_int(where: str, field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _fail(where, field, f"expected a whole number >= 1, got {value!r}", "write e.g. 1")
+    return value
+
+
+def _rate(where: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() == "inf":
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value:
+        raise _fail(where, "workload.request_rate", f"expected a positive number or inf, got {value!r}",
+                    "write the published --request-rate, e.g. 4 or inf")
+    return float(value)
+
+
+def _closed(w: Mapping[str, Any]) -> bool:
+    """A closed loop: no finite request rate, or ``loop: closed`` (a finite rate the concurrency cap
+    binds: requests arrive faster than ``max_concurrency`` of them finish)."""
+    if w.get("loop") is not None:
+        return bool(w["loop"] == "closed")
+    rate = w.get("request_rate")
+    return rate is None or math.isinf(rate)
+
+
+def _workload(where: str, w: Any) -> dict[str, Any]:
+    if not isinstance(w, Mapping):
+        raise _fail(where, "workload", "expected a mapping", "write input_len, output_len, num_prompts, ...")
+    unknown = sorted(set(map(str, w)) - set(WORKLOAD_KEYS))
+    if unknown:
+        raise _fail(where, f"workload.{unknown[0]}", "unknown key", f"use: {', '.join(WORKLOAD_KEYS)}")
+    out = dict(w)
+    for key in ("input_len", "output_len", "num_prompts"):
+        out[key] = _positive_int(where, f"workload.{key}", w.get(key))
+    out["request_rate"] = _rate(where, w.get("request_rate"))
+    if w.get("max_concurrency") is not None:
+        out["max_concurrency"] = _positive_int(where, "workload.max_concurrency", w["max_concurrency"])
+    ratio = w.get("range_ratio", 0.0)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
+        raise _fail(where, "workload.range_ratio", f"expected a number in [0, 1), got {ratio!r}", "write e.g. 0.0")
+    out["range_ratio"] = float(ratio)
+    if w.get("loop") is not None and (w["loop"] not in ("closed", "open") or out["request_rate"] is None
+                                      or math.isinf(out["request_rate"]) or w.get("max_concurrency") is None):
+        raise _fail(where, "workload.loop", f"got {w['loop']!r}",
+                    "only with a finite request_rate and a max_concurrency: closed (the cap binds) or open")
+    return out
+
+
+def _measured(where: str, m: Any, closed: bool) -> dict[str, Any]:
+    if not isinstance(m, Mapping):
+        raise _fail(where, "measured", "expected a mapping", "write output_throughput, ttft_ms, tpot_ms, ...")
+    unknown = sorted(set(map(str, m)) - set(MEASURED_KEYS))
+    if unknown:
+        raise _fail(where, f"measured.{unknown[0]}", "unknown key", f"use: {', '.join(MEASURED_KEYS)}")
+    for key, value in m.items():
+        if key.endswith("_ms"):
+            if not isinstance(value, Mapping) or not value or set(map(str, value)) - set(STAT_KEYS) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value.values()):
+                raise _fail(where, f"measured.{key}", f"expected {{mean/median/p90/p99/std: ms}}, got {value!r}",
+                            "write e.g. {mean: 12.3, median: 11.9, p99: 30.1}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise _fail(where, f"measured.{key}", f"expected a positive number, got {value!r}",
+                        "write the published figure")
+    if closed and "output_throughput" not in m:
+        raise _fail(where, "measured.output_throughput", "missing: a closed loop is judged on it",
+                    "write the published 'Output token throughput (tok/s)'")
+    if not closed and not (isinstance(m.get("tpot_ms"), Mapping) and ({"mean", "median"} & set(m["tpot_ms"]))):
+        raise _fail(where, "measured.tpot_ms", "missing mean and median: an open loop is judged on TPOT",
+                    "write the published 'Mean TPOT (ms)' as tpot_ms: {mean: ...}")
+    return dict(m)
+
+
+def _layout(where: str, layout: Any, num_gpus: int) -> dict[str, int]:
+    if not isinstance(layout, Mapping) or set(map(str, layout)) - set(LAYOUT_KEYS):
+        raise _fail(where, "layout", f"expected a mapping of {', '.join(LAYOUT_KEYS)}, got {layout!r}",
+                    "write layout: {tp: 1, pp: 1, dp: 1, ep: 1}")
+    out = {k: _positive_int(where, f"layout.{k}", layout.get(k, 1)) for k in LAYOUT_KEYS}
+    if out["tp"] * out["pp"] * out["dp"] != num_gpus:
+        raise _fail(where, "num_gpus", f"{num_gpus} is not tp x pp x dp = {out['tp'] * out['pp'] * out['dp']}",
+                    "write the GPUs the run used and the layout that used them")
+    return out
+
+
+def _sim_version(where: str, entry: Mapping[str, Any]) -> str:
+    """The version a run is simulated at: its own, or, where that predates servetune's oldest rules
+    (0.11.0), the ``sim_vllm_version`` it names (and says so in ``assumed``)."""
+    stated = str(entry["vllm_version"])
+    # Releases with a fourth part (0.10.1.1) are read by their first three.
+    if not _STATED_VERSION.fullmatch(stated.strip()):
+        raise _fail(where, "vllm_version", f"cannot read {stated!r} as a vLLM version", "write e.g. 0.11.0")
+    try:
+        parse_vllm_version(".".join(stated.strip().split(".")[:3]))
+    except SpecError:
+        if "sim_vllm_version" not in entry:
+            raise _fail(where, "vllm_version", f"{stated} predates the oldest version servetune simulates (0.11.0)",
+                        "add sim_vllm_version: 0.11.0 and say so in assumed, or leave the run out") from None
+        parse_vllm_version(str(entry["sim_vllm_version"]))
+        return str(entry["sim_vllm_version"])
+    if "sim_vllm_version" in entry:
+        raise _fail(where, "sim_vllm_version", "only for a run whose vllm_version predates 0.11.0",
+                    "remove it: the run is simulated at its own version")
+    return stated
+
+
+def resolve_model(name: str, fixture_dir: Path = FIXTURES) -> ModelProfile:
+    """A run's ``model``: servetune's shipped model of that name, else the config.json in
+    ``models/<name>/`` beside the fixture file, else in :data:`LOG_MODELS`."""
+    for folder in (fixture_dir / "models" / name, LOG_MODELS / name):
+        if (folder / "config.json").is_file():
+            return load_model(str(folder))
+    return load_model(name)
+
+
+def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
+    if not isinstance(entry, Mapping):
+        raise _fail(where, "run", "expected a mapping", "write one mapping per run (see benchmarks/published_runs.py)")
+    missing = [k for k in REQUIRED if k not in entry]
+    if missing:
+        raise _fail(where, missing[0], "missing", "every run states: " + ", ".join(REQUIRED))
+    unknown = sorted(set(map(str, entry)) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        raise _fail(where, unknown[0], "unknown key", f"use: {', '.join(REQUIRED + OPTIONAL)}")
+    if not entry.get("raw") and not entry.get("raw_file"):
+        raise _fail(where, "raw", "missing", "keep the verbatim published excerpt in raw, or a file in raw_file")
+    if entry.get("raw_file") and not (fixture_dir / str(entry["raw_file"])).is_file():
+        raise _fail(where, "raw_file", f"{entry['raw_file']} is not beside the fixture", "add the file or fix its name")
+    gpu = get_gpu(str(entry["gpu"]))
+    if gpu.name != entry["gpu"]:
+        raise _fail(where, "gpu", f"{entry['gpu']!r} is an alias", f"write the table's name: {gpu.name}")
+    sim_version = _sim_version(where, entry)
+    num_gpus = _positive_int(where, "num_gpus", entry["num_gpus"])
+    workload = _workload(where, entry["workload"])
+    closed = _closed(workload)
+    flags = entry["flags"] if entry["flags"] is not None else {}
+    if not isinstance(flags, Mapping) or {"tensor_parallel_size", "pipeline_parallel_size"} & set(flags):
+        raise _fail(where, "flags", "expected a mapping of vLLM flags without the parallel sizes",
+                    "write the parallel sizes in layout, the other non-default flags here")
+    if entry["split"] not in ("fit", "held_out"):
+        raise _fail(where, "split", f"expected fit or held_out, got {entry['split']!r}", "see split_of's rule")
+    if not isinstance(entry["client"], Mapping) or "tool" not in entry["client"]:
+        raise _fail(where, "client", "expected {tool: ..., endpoint: ...}", "write the client that measured it")
+    resolve_model(str(entry["model"]), fixture_dir)
+    return PublishedRun(
+        id=str(entry["id"]), file=file, source=str(entry["source"]), vllm_version=str(entry["vllm_version"]),
+        gpu=gpu.name, num_gpus=num_gpus, model=str(entry["model"]), layout=_layout(where, entry["layout"], num_gpus),
+        flags=dict(flags), workload=workload, client=dict(entry["client"]),
+        measured=_measured(where, entry["measured"], closed), split=str(entry["split"]),
+        assumed=tuple(map(str, entry.get("assumed") or ())), quantization=entry.get("quantization"),
+        sim_vllm_version=sim_version)
+
+
+def sweep_key(run: PublishedRun) -> str:
+    """What a sweep's runs share: the source page (less any #fragment), model, layout and flags."""
+    return json.dumps([run.source.split("#")[0].split(" ")[0], run.model, dict(run.layout),
+                       {k: run.flags[k] for k in sorted(run.flags)}], sort_keys=True, default=str)
+
+
+def split_of(runs: Sequence[PublishedRun]) -> dict[str, str]:
+    """The split rule (module docstring) over one file's runs: run id -> ``fit`` or ``held_out``."""
+    out: dict[str, str] = {}
+    for gpu in sorted({r.gpu for r in runs}):
+        mine = [r for r in runs if r.gpu == gpu]
+        sweeps: dict[str, list[PublishedRun]] = {}
+        for r in mine:
+            sweeps.setdefault(sweep_key(r), []).append(r)
+        budget, fit = len(mine) // 2, 0
+        for key in sorted(sweeps, key=lambda k: hashlib.sha256(k.encode()).hexdigest()):
+            take = fit + len(sweeps[key]) <= budget
+            fit += len(sweeps[key]) if take else 0
+            for r in sweeps[key]:
+                out[r.id] = "fit" if take else "held_out"
+    return out
+
+
+def load_runs(paths: Iterable[Path] | None = None) -> list[PublishedRun]:
+    """Every run of the fixture files (all of :data:`FIXTURES` by default), validated: a
+    :class:`SpecError` names the file, the run and the field at the first fault, and a ``split``
+    that is not :func:`split_of`'s."""
+    runs: list[PublishedRun] = []
+    seen: set[str] = set()
+    for path in sorted(paths if paths is not None else FIXTURES.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        if not isinstance(doc, list) or not doc:
+            raise SpecError(str(path.name), "expected a non-empty list of runs", "write - id: ... per run")
+        mine = [_run(f"{path.name}[{i}] {e.get('id') if isinstance(e, Mapping) else ''}", e, path.name, path.parent)
+                for i, e in enumerate(doc)]
+        rule = split_of(mine)
+        wrong = [r.id for r in mine if rule[r.id] != r.split]
+        if wrong:
+            raise SpecError(f"{path.name}: split", f"{len(wrong)} run(s) not split by the rule, first {wrong[0]}",
+                            f"set split: {rule[wrong[0]]} there (benchmarks/published_runs.py --splits prints all)")
+        for r in mine:
+            if r.id in seen:
+                raise SpecError(f"{path.name}: {r.id}", "id used twice", "give every run its own id")
+            seen.add(r.id)
+        runs.extend(mine)
+    return runs
+
+
+def workload_of(run: PublishedRun, dp_share: bool = True) -> Workload:
+    """The run's load as servetune's :class:`Workload` for one engine (one DP replica's share)."""
+    w, dp = run.workload, run.layout["dp"] if dp_share else 1
+    def length(mean: int) -> Any:
+        return {"mean": mean, "range_ratio": w["range_ratio"]} if w["range_ratio"] > 0 else mean
+    spec: dict[str, Any] = {"input_len": length(w["input_len"]), "output_len": length(w["output_len"]),
+                            "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
+    if w.get("prefix_len"):
+        spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
+    if run.closed_loop:
+        spec["concurrency"] = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // dp)
+    else:
+        spec["request_rate"] = w["request_rate"] / dp
+    return Workload.from_dict(spec)
+
+
+@dataclasses.dataclass(frozen=True)
+class Judged:
+    """One run against its simulation: each figure's simulated value (None where nothing ran)."""
+
+    run: PublishedRun
+    sim_output_throughput: float | None
+    sim_ttft_ms: float | None
+    sim_tpot_ms: float | None
+    failure: str | None = None
+
+    @property
+    def headline_error(self) -> float | None:
+        name, real = self.run.headline
+        sim = self.sim_output_throughput if name == "output_throughput" else self.sim_tpot_ms
+        return None if sim is None else sim / real - 1.0
+
+    @property
+    def ttft_error(self) -> float | None:
+        real = self.run.stat("ttft_ms")
+        return None if real is None or self.sim_ttft_ms is None or real <= 0 else self.sim_ttft_ms / real - 1.0
+
+
+def h200_knobs_for(gpu_name: str) -> dict[str, float]:
+    """Overrides that put the H200's fitted value back on every knob ``gpu_name``'s family replaces
+    (the GPU as it was judged before its own fit)."""
+    h200 = GPU_CALIBRATION["H200"]
+    return {k: h200.get(k, v) for k, v in GPU_FAMILY_OVERRIDES.get(gpu_name, {}).items()}
+
+
+def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None) -> Judged:
+    """Simulate ``run`` (its model, GPU, layout, flags, vLLM version and load) and pair the figures."""
+    flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
+    try:
+        target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
+    except SpecError as exc:
+        return Judged(run, None, None, None, failure=str(exc))
+    gpu = with_calibration(target.gpu, calibration or {})
+    result = simulate(target.model, gpu, target.config, workload_of(run),
+                      plan=plan_memory(target.model, gpu, target.config))
+    if not result.ok:
+        return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
+    return Judged(run, (result.output_throughput or 0.0) * run.layout["dp"],
+                  result.ttft_ms.mean if result.ttft_ms else None, result.tpot_ms.mean if result.tpot_ms else None)
+
+
+def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged]:
+    """Every run simulated as committed, or with ``before``: the H200's knobs on every GPU."""
+    return [judge(r, h200_knobs_for(r.gpu) if before else None) for r in runs]
+
+
+def _summary(rows: Sequence[Judged]) -> dict[str, Any]:
+    head = [abs(j.headline_error) for j in rows if j.headline_error is not None]
+    ttft = [abs(j.ttft_error) for j in rows if j.ttft_error is not None]
+    return {"runs": len(rows), "judged": len(head), "failed": len(rows) - len(head),
+            "headline_mae_pct": round(100 * sum(head) / len(head), 1) if head else None,
+            "headline_within_10pct": sum(e <= 0.10 for e in head),
+            "headline_bias_pct": round(100 * sum(j.headline_error for j in rows if j.headline_error is not None)
+                                       / len(head), 1) if head else None,
+            "ttft_mae_pct": round(100 * sum(ttft) / len(ttft), 1) if ttft else None,
+            "ttft_within_25pct": sum(e <= 0.25 for e in ttft), "ttft_judged": len(ttft)}
+
+
+def cells(judged: Sequence[Judged], split: str) -> dict[str, dict[str, Any]]:
+    """``split``'s runs by GPU x layout x load shape: each cell's :func:`_summary`, then per GPU."""
+    out: dict[str, dict[str, Any]] = {}
+    mine = [j for j in judged if j.run.split == split]
+    for j in sorted(mine, key=lambda j: (j.run.gpu, j.run.layout_label, j.run.shape)):
+        key = f"{j.run.gpu} | {j.run.layout_label} | {j.run.shape}"
+        out.setdefault(key, {})
+    for key in list(out):
+        gpu, layout, shape = key.split(" | ")
+        out[key] = _summary([j for j in mine if (j.run.gpu, j.run.layout_label, j.run.shape) == (gpu, layout, shape)])
+    for gpu in sorted({j.run.gpu for j in mine}):
+        out[f"{gpu} | all | all"] = _summary([j for j in mine if j.run.gpu == gpu])
+    if mine:
+        out["all | all | all"] = _summary(mine)
+    return out
+
+
+def format_cells(table: Mapping[str, Mapping[str, Any]]) -> str:
+    head = f"{'GPU | layout | load':<40}{'runs':>5}{'headline |err|':>16}{'<=10%':>7}{'bias':>8}{'TTFT |err|':>12}{'<=25%':>7}"
+    lines = [head, "-" * len(head)]
+    for key, s in table.items():
+        mae = "-" if s["headline_mae_pct"] is None else f"{s['headline_mae_pct']:.1f}%"
+        bias = "-" if s["headline_bias_pct"] is None else f"{s['headline_bias_pct']:+.1f}%"
+        ttft = "-" if s["ttft_mae_pct"] is None else f"{s['ttft_mae_pct']:.1f}%"
+        failed = f" ({s['failed']} not simulated)" if s["failed"] else ""
+        lines.append(f"{key:<40}{s['runs']:>5}{mae:>16}{s['headline_within_10pct']:>4}/{s['judged']:<2}{bias:>8}"
+                     f"{ttft:>12}{s['ttft_within_25pct']:>4}/{s['ttft_judged']:<2}{failed}")
+    return "\n".join(lines)
+
+
+def _per_run(judged: Sequence[Judged]) -> list[dict[str, Any]]:
+    rows = []
+    for j in judged:
+        name, real = j.run.headline
+        sim = j.sim_output_throughput if name == "output_throughput" else j.sim_tpot_ms
+        rows.append({"id": j.run.id, "split": j.run.split, "gpu": j.run.gpu, "layout": j.run.layout_label,
+                     "shape": j.run.shape, "headline": name, "real": real, "sim": None if sim is None else round(sim, 2),
+                     "error_pct": None if j.headline_error is None else round(100 * j.headline_error, 1),
+                     "ttft_real": j.run.stat("ttft_ms"), "ttft_sim": None if j.sim_ttft_ms is None else round(j.sim_ttft_ms, 1),
+                     "ttft_error_pct": None if j.ttft_error is None else round(100 * j.ttft_error, 1),
+                     "failure": j.failure})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", action="store_true", help="the H200's knobs on every GPU (before per-GPU fits)")
+    ap.add_argument("--file", action="append", type=Path, help="only these fixture files (repeatable)")
+    ap.add_argument("--gpu", action="append", help="only these GPUs (repeatable)")
+    ap.add_argument("--splits", action="store_true", help="print every run's split by the rule and stop")
+    ap.add_argument("--runs", action="store_true", help="print every run's figures too")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        runs = load_runs(args.file)
+    except SpecError as exc:
+        if args.splits:  # the one fault --splits is there to fix
+            return _print_splits(args.file)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.splits:
+        return _print_splits(args.file)
+    runs = [r for r in runs if not args.gpu or r.gpu in args.gpu]
+    judged = judge_all(runs, before=args.before)
+    report = {"calibration": "H200 knobs on every GPU" if args.before else "committed",
+              "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged)}
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    if args.runs:
+        for row in report["runs"]:
+            print(json.dumps(row))
+    print(f"calibration: {report['calibration']}\n\nHELD OUT (the evidence):")
+    print(format_cells(report["held_out"]))
+    print("\nFIT (fitting data, not evidence):")
+    print(format_cells(report["fit"]))
+    return 0
+
+
+def _print_splits(files: Sequence[Path] | None) -> int:
+    """Each file's runs with the split the rule gives, read without the split check."""
+    for path in sorted(files or FIXTURES.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        for i, e in enumerate(doc):
+            e = {**e, "split": "fit"}
+            doc[i] = _run(f"{path.name}[{i}]", e, path.name, path.parent)
+        rule = split_of(doc)
+        for r in doc:
+            print(f"{path.name}\t{r.gpu}\t{r.id}\t{rule[r.id]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

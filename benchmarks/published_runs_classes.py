@@ -1,0 +1,170 @@
+"""The simulator's model-class rules on published runs of MoE, quantized and sliding-window models.
+
+The runs are ``tests/fixtures/published_runs/classes.yaml`` in :mod:`published_runs`' schema, split
+by its rule (at most half of a GPU's runs fit); each is judged by :func:`published_runs.judge`. This
+module adds what the classes need: each run's classes read off its model
+(:func:`run_classes`), the one fitted constant of :mod:`servetune.sim.perf_classes`
+(``MOE_COMPUTE_SHARE``, per GPU architecture, :func:`fit_moe_share` on the fit half only), and the
+held-out table by class, GPU and layout, before (``class_rules`` 0: every model priced as dense at
+its active experts and checkpoint bytes) and after. The target: the headline figure (output
+throughput, closed loop; mean TPOT, open loop) within 15% on 80% of the held-out runs.
+
+    .venv/bin/python benchmarks/published_runs_classes.py            # the table
+    .venv/bin/python benchmarks/published_runs_classes.py --fit-moe  # refit MOE_COMPUTE_SHARE on the fit half
+    .venv/bin/python benchmarks/published_runs_classes.py --json > benchmarks/results/published_runs_classes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from published_runs import FIXTURES, Judged, PublishedRun, judge, load_runs, resolve_model  # noqa: E402
+
+from servetune.planner.gpus import get_gpu  # noqa: E402
+from servetune.planner.modelinfo import ModelProfile  # noqa: E402
+from servetune.sim import perf_classes  # noqa: E402
+
+__all__ = ["CLASS_FILE", "WITHIN", "run_classes", "architecture", "fit_moe_share", "class_rows", "class_table", "main"]
+
+CLASS_FILE = FIXTURES / "classes.yaml"
+#: The held-out target's band on the headline figure.
+WITHIN = 0.15
+#: The shares :func:`fit_moe_share` tries: 0.20 to 1.00 in steps of 0.05.
+SHARE_GRID = tuple(round(0.20 + 0.05 * i, 2) for i in range(17))
+
+
+def run_classes(model: ModelProfile) -> tuple[str, ...]:
+    """The model's classes as the report names them (``dense`` when none applies)."""
+    out = []
+    if model.is_moe:
+        out.append("moe")
+    method = (model.quantization or "").lower()
+    if model.quantized_experts_only:
+        out.append("mxfp4")
+    elif "fp8" in method:
+        out.append("fp8")
+    elif method and model.weight_bytes_per_param >= 1.0:
+        out.append("w8a8")
+    elif method:
+        out.append("w4a16")
+    if model.layer_types:
+        out.append("sliding_window")
+    if model.mla_kv_lora_rank:
+        out.append("mla")
+    return tuple(out) or ("dense",)
+
+
+def architecture(gpu_name: str) -> str:
+    """``hopper`` or ``ampere``: the key of ``perf_classes.MOE_COMPUTE_SHARE`` a GPU takes."""
+    return "hopper" if get_gpu(gpu_name).compute_capability >= 9.0 else "ampere"
+
+
+def _loss(judged: Sequence[Judged]) -> float:
+    errs = [abs(j.headline_error) for j in judged if j.headline_error is not None]
+    return sum(errs) / len(errs) if errs else float("inf")
+
+
+def fit_moe_share(runs: Sequence[PublishedRun], grid: Sequence[float] = SHARE_GRID) -> dict[str, dict[str, Any]]:
+    """Per architecture, the share of :data:`SHARE_GRID` with the least mean |headline error| on the
+    *fit* runs of MoE models (held-out runs are never read), and that loss."""
+    out: dict[str, dict[str, Any]] = {}
+    fit = [r for r in runs if r.split == "fit" and resolve_model(r.model, FIXTURES).is_moe]
+    for arch in sorted({architecture(r.gpu) for r in fit}):
+        mine = [r for r in fit if architecture(r.gpu) == arch]
+        losses = {share: _loss([judge(r, {"moe_compute_share": share}) for r in mine]) for share in grid}
+        best = min(losses, key=lambda s: losses[s])
+        out[arch] = {"share": best, "loss": round(losses[best], 4), "runs": [r.id for r in mine],
+                     "losses": {f"{s:.2f}": round(v, 4) for s, v in losses.items()}}
+    return out
+
+
+def class_rows(runs: Sequence[PublishedRun]) -> list[dict[str, Any]]:
+    """Every run judged with the class rules (after) and without them (before)."""
+    rows = []
+    for r in runs:
+        after, before = judge(r), judge(r, {"class_rules": 0.0})
+        name, real = r.headline
+        rows.append({"id": r.id, "split": r.split, "gpu": r.gpu, "layout": r.layout_label, "shape": r.shape,
+                     "classes": list(run_classes(resolve_model(r.model, FIXTURES))), "headline": name, "real": real,
+                     "error_before_pct": _pct(before.headline_error), "error_after_pct": _pct(after.headline_error),
+                     "ttft_error_after_pct": _pct(after.ttft_error), "failure": after.failure})
+    return rows
+
+
+def _pct(error: float | None) -> float | None:
+    return None if error is None else round(100 * error, 1)
+
+
+def _cell(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    judged = [r for r in rows if r["error_after_pct"] is not None]
+    before = [abs(r["error_before_pct"]) for r in rows if r["error_before_pct"] is not None]
+    after = [abs(r["error_after_pct"]) for r in judged]
+    return {"runs": len(rows), "judged": len(judged),
+            "within_15_before": sum(e <= 100 * WITHIN for e in before),
+            "within_15_after": sum(e <= 100 * WITHIN for e in after),
+            "median_abs_before_pct": round(statistics.median(before), 1) if before else None,
+            "median_abs_after_pct": round(statistics.median(after), 1) if after else None}
+
+
+def class_table(rows: Sequence[dict[str, Any]], split: str = "held_out") -> dict[str, dict[str, Any]]:
+    """``split``'s rows by class, by GPU and by layout, then all together."""
+    mine = [r for r in rows if r["split"] == split]
+    out: dict[str, dict[str, Any]] = {}
+    for cls in sorted({c for r in mine for c in r["classes"]}):
+        out[f"class {cls}"] = _cell([r for r in mine if cls in r["classes"]])
+    for gpu in sorted({r["gpu"] for r in mine}):
+        out[f"gpu {gpu}"] = _cell([r for r in mine if r["gpu"] == gpu])
+    for layout in sorted({r["layout"] for r in mine}):
+        out[f"layout {layout}"] = _cell([r for r in mine if r["layout"] == layout])
+    out["all"] = _cell(mine)
+    return out
+
+
+def _format(table: dict[str, dict[str, Any]]) -> str:
+    lines = [f"{'cell':<24}{'runs':>5}{'judged':>7}{'<=15% before':>14}{'<=15% after':>13}{'median before':>15}"
+             f"{'median after':>14}"]
+    for key, c in table.items():
+        med_b = "-" if c["median_abs_before_pct"] is None else f"{c['median_abs_before_pct']:.1f}%"
+        med_a = "-" if c["median_abs_after_pct"] is None else f"{c['median_abs_after_pct']:.1f}%"
+        lines.append(f"{key:<24}{c['runs']:>5}{c['judged']:>7}{c['within_15_before']:>14}{c['within_15_after']:>13}"
+                     f"{med_b:>15}{med_a:>14}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fit-moe", action="store_true", help="refit MOE_COMPUTE_SHARE per architecture on the fit half")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    runs = load_runs([CLASS_FILE])
+    if args.fit_moe:
+        fitted = fit_moe_share(runs)
+        print(json.dumps({"fitted": fitted, "committed": perf_classes.MOE_COMPUTE_SHARE}, indent=1))
+        return 0
+    rows = class_rows(runs)
+    held, fit = class_table(rows, "held_out"), class_table(rows, "fit")
+    report: dict[str, Any] = {"target": f"headline within {WITHIN:.0%} on 80% of held-out runs",
+              "moe_compute_share": perf_classes.MOE_COMPUTE_SHARE,
+              "held_out": held, "fit": fit, "runs": rows}
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    print("HELD OUT (the evidence): headline error, before = class_rules 0, after = committed")
+    print(_format(held))
+    print("\nFIT (fitting data, not evidence)")
+    print(_format(fit))
+    for row in rows:
+        print(f"{row['split']:<9}{row['id']:<62}{row['error_before_pct']!s:>8}{row['error_after_pct']!s:>8}"
+              f"  {row['failure'] or ''}"[:160])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

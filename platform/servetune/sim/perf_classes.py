@@ -1,0 +1,212 @@
+"""Step-time rules of the model classes beyond dense bf16: MoE, quantized GEMMs, sliding-window attention.
+
+:class:`~servetune.sim.perf.PerfModel` stays the one step-time model; this module gives it, per
+class, what a layer's GEMMs read and compute on one TP rank. A dense bf16 (or fp16) model without
+sliding layers never reaches these rules (``PerfModel`` keeps its own arithmetic for it, byte for
+byte), so the dense fidelity figures do not move.
+
+* **MoE (routed experts).** A batch of ``B`` tokens, each routed to ``k`` of ``E`` experts
+  uniformly at random, touches ``E (1 - (1 - k/E)^B)`` distinct experts per layer in expectation
+  (:func:`distinct_experts`): one token reads ``k`` experts' weights, a large batch all ``E``.
+  vLLM's fused-MoE kernel (Triton ``fused_moe_kernel``; MXFP4's ``matmul_ogs`` on Hopper) streams
+  only the experts that have tokens (``moe_align_block_size`` sorts tokens by expert and pads each
+  expert's rows to ``BLOCK_SIZE_M``), so the weight bytes of a step are the touched experts'. Its
+  FLOPs are ``2 B k x 3 H I / tp``, at the tile rows the padding leaves: ``BLOCK_SIZE_M`` is 16 while
+  the batch has at most ``E`` tokens and 64 above (vLLM ``fused_moe.py`` ``get_default_config``).
+  The grouped GEMM's rate against cuBLAS's dense rate (``MOE_COMPUTE_SHARE``, per GPU
+  architecture) is the one constant of this module fitted on published runs; its weight streaming
+  rate (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. The router (``E x H``,
+  bf16, replicated) and shared experts (dense, every token) are ordinary GEMMs; DeepSeek's leading
+  dense layers (``first_k_dense_replace``) run the dense MLP.
+* **Quantized weights** (:func:`weight_format`): fp8 checkpoints and ``--quantization fp8`` read 1 byte
+  a weight and run on the fp8 tensor cores where the GPU has them (``GpuSpec.fp8_tflops``, compute
+  capability >= 8.9); below that vLLM serves fp8 weight-only through Marlin (1 byte plus one bf16
+  scale per 128 weights, ``modelclass.as_loaded_on``) at the bf16 rate. 8-bit compressed-tensors
+  (W8A8) read 1 byte at the GPU's 8-bit rate (Hopper's int8 and fp8 rates are equal). 4-bit
+  integer formats (AWQ, GPTQ, compressed-tensors W4A16) read ``0.5 + scale / group`` bytes and run
+  through Marlin at the bf16 rate times ``W4A16_COMPUTE_SHARE`` (its dequantization in the main
+  loop). MXFP4 (gpt-oss) quantizes only the experts: 4.25 bits a weight (4-bit values plus one
+  e8m0 scale per 32), attention, router and LM head in bf16; Hopper has no fp4 tensor cores, so the
+  experts compute at the bf16 rate.
+* **Sliding-window layers** read at most ``window`` tokens of a decode request's context
+  (:func:`sliding_kv_share`), and a prefill chunk's attention on them spans at most ``window``
+  tokens of context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.modelinfo import ModelProfile
+
+__all__ = ["ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES",
+           "WeightFormat", "class_gemms", "distinct_experts", "is_class_model", "moe_block_m", "moe_compute_share", "moe_shape",
+           "sliding_kv_share", "weight_format"]
+
+#: Share of the dense GEMMs' compute rate (``Calibration.compute_efficiency`` x the GPU's peak) that
+#: vLLM's grouped fused-MoE kernels (Triton ``fused_moe_kernel``; ``matmul_ogs`` for MXFP4) reach on
+#: their padded tiles, by GPU architecture: Triton's kernels reach a smaller share of Hopper's
+#: (three times higher) peak than of Ampere's. **Fitted** on the fit half of the published MoE runs
+#: (``benchmarks/published_runs.py --fit-moe``: gpt-oss-20b on one H100 and one A100, gpt-oss-120b on
+#: one A100, vLLM 0.11.0); ``Calibration.moe_compute_share`` > 0 replaces it.
+MOE_COMPUTE_SHARE: dict[str, float] = {"hopper": 0.30, "ampere": 0.45}
+#: Share of the dense GEMMs' weight-streaming rate (``Calibration.mem_efficiency``) the fused-MoE
+#: kernel reaches reading the touched experts at small batches. Not fitted: every published MoE run
+#: collected is prefill-bound (bursts of long prompts), so none measures it; 1.0 (the dense rate).
+MOE_MEM_SHARE: float = 1.0
+#: Marlin's (AWQ / GPTQ / W4A16) compute rate against the bf16 GEMM's at large batches: its main
+#: loop dequantizes every 4-bit weight before the tensor-core MMA. Not measured here: an
+#: assumption from the Marlin paper (Frantar et al., "MARLIN: Mixed-Precision Auto-Regressive
+#: Parallel Inference on Large Language Models", 2024), whose large-batch end runs close to, and
+#: below, the fp16 GEMM; the AWQ / W4A16 runs judge it.
+W4A16_COMPUTE_SHARE: float = 0.9
+#: MXFP4: a 4-bit value plus one 8-bit (e8m0) scale per 32 values (OCP Microscaling spec v1.0).
+MXFP4_BYTES: float = 0.5 + 1.0 / 32
+#: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM fused_moe.py
+#: get_default_config, bf16 / fp8 without a tuned config file).
+_MOE_BLOCK_M_SMALL, _MOE_BLOCK_M_LARGE = 16, 64
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightFormat:
+    """How one kind of linear weight is read and computed: bytes a weight, FLOP rate against bf16."""
+
+    bytes_per_weight: float
+    rate_scale: float  # the GPU's rate for this format over its bf16 rate (fp8 on Hopper: 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassGemm:
+    """One GEMM of a layer on one TP rank: output width ``n``, input ``k``, over ``layers`` layers."""
+
+    n: int
+    k: int
+    layers: int
+    fmt: WeightFormat
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeShape:
+    """The routed experts of a MoE model on one TP rank."""
+
+    experts: int
+    top_k: int
+    hidden: int
+    inter: int  # one expert's intermediate width on this rank (intermediate / tp)
+    layers: int  # MoE layers on the stage
+    fmt: WeightFormat
+
+    @property
+    def expert_bytes(self) -> float:
+        """Weight bytes of one expert on this rank (gate_up ``2I x H`` and down ``H x I``)."""
+        return 3.0 * self.hidden * self.inter * self.fmt.bytes_per_weight
+
+
+def distinct_experts(experts: int, top_k: int, tokens: int) -> float:
+    """Expected distinct experts ``tokens`` tokens touch, each picking ``top_k`` of ``experts`` uniformly.
+
+    Example:
+        >>> distinct_experts(128, 8, 1), round(distinct_experts(128, 8, 16), 1), round(distinct_experts(128, 8, 256), 1)
+        (8.0, 82.4, 128.0)
+    """
+    if tokens <= 0 or experts <= 0 or top_k <= 0:
+        return 0.0
+    share = min(1.0, top_k / experts)  # a config routing to more experts than it has reads them all
+    return experts * (1.0 - (1.0 - share) ** tokens)
+
+
+def moe_block_m(tokens: int, experts: int) -> int:
+    """fused_moe's BLOCK_SIZE_M for a batch of ``tokens`` (``get_default_config``)."""
+    return _MOE_BLOCK_M_SMALL if tokens <= experts else _MOE_BLOCK_M_LARGE
+
+
+def moe_compute_share(gpu: GpuSpec, override: float = 0.0) -> float:
+    """:data:`MOE_COMPUTE_SHARE` for ``gpu``'s architecture (compute capability 9.0 and up: Hopper's), or
+    ``override`` when it is above 0."""
+    if override > 0:
+        return override
+    return MOE_COMPUTE_SHARE["hopper" if gpu.compute_capability >= 9.0 else "ampere"]
+
+
+def weight_format(model: ModelProfile, gpu: GpuSpec, experts: bool = False) -> WeightFormat:
+    """The :class:`WeightFormat` of the model's linear weights (``experts``: its routed experts).
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> oss, h100 = load_model("gpt-oss-20b"), get_gpu("H100-80GB")
+        >>> weight_format(oss, h100).bytes_per_weight, weight_format(oss, h100, experts=True).bytes_per_weight
+        (2.0, 0.53125)
+    """
+    method = (model.quantization or "").lower()
+    bf16 = WeightFormat(float(model.dtype_bytes), 1.0)
+    if not method or (model.quantized_experts_only and not experts):
+        return bf16
+    if model.quantized_experts_only:  # MXFP4 experts: no fp4 tensor cores before Blackwell
+        return WeightFormat(MXFP4_BYTES, 1.0)
+    wbytes = model.weight_bytes_per_param
+    fp8_rate = gpu.fp8_tflops / gpu.bf16_tflops if gpu.bf16_tflops else 1.0
+    if "fp8" in method or method == "modelopt":
+        if gpu.fp8_compute:
+            return WeightFormat(wbytes, fp8_rate)
+        return WeightFormat(wbytes, W4A16_COMPUTE_SHARE)  # weight-only through Marlin (as_loaded_on)
+    if wbytes >= 1.0:  # W8A8 (compressed-tensors / bitsandbytes 8-bit): 8-bit tensor cores
+        return WeightFormat(wbytes, fp8_rate if gpu.fp8_compute else 1.0)
+    return WeightFormat(wbytes, W4A16_COMPUTE_SHARE)  # 4-bit weights, 16-bit activations (Marlin)
+
+
+def is_class_model(model: ModelProfile) -> bool:
+    """Whether any rule here applies (MoE, a quantized checkpoint, sliding-window layers)."""
+    return bool(model.is_moe or model.quantization or model.layer_types)
+
+
+def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeShape | None:
+    """The routed experts on one TP rank of a stage of ``layers`` layers (None for a dense model)."""
+    if not model.is_moe:
+        return None
+    moe_layers = layers - min(model.first_k_dense_replace, layers)
+    return MoeShape(model.num_experts, model.num_experts_per_tok, model.hidden_size,
+                    max(1, model.expert_intermediate_size // tp), moe_layers, weight_format(model, gpu, experts=True))
+
+
+def class_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list[ClassGemm]:
+    """The ordinary (non-routed) GEMMs of one stage's layers on one TP rank.
+
+    Attention's q/k/v and o (MLA: its projections as one GEMM of the same weight count), the dense
+    MLP of a dense model or of DeepSeek's leading dense layers, a MoE model's shared experts and
+    its router (bf16, replicated). The routed experts are :func:`moe_shape`'s.
+    """
+    d = model.hidden_size
+    fmt = weight_format(model, gpu)
+    attn_fmt = fmt
+    out: list[ClassGemm] = []
+    if model.mla_kv_lora_rank:
+        attn = model._attention_params(tp)
+        out.append(ClassGemm(max(1, attn // d), d, layers, attn_fmt))
+    else:
+        q = model.q_size // tp
+        kv = model.kv_heads_per_gpu(tp) * model.head_dim
+        out += [ClassGemm(q + 2 * kv, d, layers, attn_fmt), ClassGemm(d, q, layers, attn_fmt)]
+    dense_layers = layers if not model.is_moe else min(model.first_k_dense_replace, layers)
+    if dense_layers:
+        inter = max(1, model.intermediate_size // tp)
+        out += [ClassGemm(2 * inter, d, dense_layers, fmt), ClassGemm(d, inter, dense_layers, fmt)]
+    moe_layers = layers - dense_layers
+    if moe_layers:
+        bf16 = WeightFormat(float(model.dtype_bytes), 1.0)
+        out.append(ClassGemm(model.num_experts, d, moe_layers, bf16))  # the router
+        shared = model.shared_expert_intermediate_size // tp
+        if shared:
+            out += [ClassGemm(2 * shared, d, moe_layers, fmt), ClassGemm(d, shared, moe_layers, fmt)]
+    return out
+
+
+def sliding_kv_share(model: ModelProfile, layers: int) -> float:
+    """Share of the stage's layers that slide (read at most ``model.sliding_window`` tokens)."""
+    kinds = model.layer_types[:layers] if model.layer_types else ()
+    if not kinds or not model.sliding_window:
+        return 0.0
+    return sum(1 for k in kinds if k == "sliding") / len(kinds)

@@ -1,0 +1,121 @@
+"""The step-time rules of the model classes (servetune.sim.perf_classes): MoE, quantized GEMMs, sliding windows."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from servetune.errors import SpecError
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import resolve_engine_config
+from servetune.planner.modelinfo import ModelProfile, load_model
+from servetune.sim import perf_classes
+from servetune.sim.perf import Calibration, PerfModel
+
+H100 = get_gpu("H100-80GB")
+A100 = get_gpu("A100-80GB")
+QWEN_MOE = load_model("qwen3-30b-a3b")
+LLAMA8B = load_model("llama-3.1-8b")
+GPT_OSS = load_model("gpt-oss-20b")
+GEMMA2 = load_model("gemma-2-27b")
+
+
+def perf(model: ModelProfile, gpu=H100, **flags: object) -> PerfModel:
+    return PerfModel(model, gpu, resolve_engine_config(flags, model, gpu))
+
+
+def weight_rate(p: PerfModel, gpu=H100) -> float:
+    return gpu.hbm_gbps * 1e9 * p.calibration.mem_efficiency
+
+
+def test_distinct_experts_runs_from_top_k_to_all() -> None:
+    e, k = QWEN_MOE.num_experts, QWEN_MOE.num_experts_per_tok
+    counts = [perf_classes.distinct_experts(e, k, b) for b in (1, 2, 8, 32, 128, 1024)]
+    assert counts[0] == pytest.approx(k)
+    assert counts == sorted(counts)
+    assert counts[-1] == pytest.approx(e, rel=1e-6)
+
+
+def test_moe_decode_reads_the_active_experts_at_batch_one_and_all_of_them_at_a_large_batch() -> None:
+    p = perf(QWEN_MOE)
+    shape = perf_classes.moe_shape(QWEN_MOE, H100, 1, QWEN_MOE.num_layers)
+    assert shape is not None
+    rate = weight_rate(p) * p.calibration.moe_mem_share
+    active = QWEN_MOE.num_experts_per_tok * shape.expert_bytes * shape.layers / rate
+    every = QWEN_MOE.num_experts * shape.expert_bytes * shape.layers / rate
+    assert p.moe_seconds(1) == pytest.approx(active, rel=0.02)
+    # At 256 tokens every expert is touched: at least all the experts' bytes, and the step is not
+    # priced at the active experts' (the rule before, which read top-k experts at any batch).
+    assert p.moe_seconds(256) >= every
+    assert p.moe_seconds(256) > 10 * p.moe_seconds(1)
+
+
+def test_moe_prefill_is_compute_bound_at_the_fitted_share_of_the_dense_rate() -> None:
+    p = perf(QWEN_MOE)
+    tokens = 8192
+    flops = 2.0 * tokens * QWEN_MOE.num_experts_per_tok * 3 * QWEN_MOE.hidden_size * QWEN_MOE.moe_intermediate_size
+    dense_rate = H100.bf16_tflops * 1e12 * p.calibration.compute_efficiency
+    at_share = flops * QWEN_MOE.num_layers / (dense_rate * perf_classes.MOE_COMPUTE_SHARE["hopper"])
+    assert p.moe_seconds(tokens) == pytest.approx(at_share, rel=0.05)
+    # A100 (Ampere) runs the same kernel at its own fitted share.
+    assert perf_classes.moe_compute_share(A100) == perf_classes.MOE_COMPUTE_SHARE["ampere"]
+    assert perf_classes.moe_compute_share(A100, override=0.7) == 0.7
+
+
+def test_fp8_checkpoint_halves_the_memory_bound_step_and_the_compute_bound_one() -> None:
+    fp8 = dataclasses.replace(LLAMA8B, quantization="fp8", quant_bytes_per_param=1.0)
+    bf16, q = perf(LLAMA8B), perf(fp8)
+    small = sum(q.layer_gemm_seconds(1)) / sum(bf16.layer_gemm_seconds(1))
+    large = sum(q.layer_gemm_seconds(8192)) / sum(bf16.layer_gemm_seconds(8192))
+    assert 0.45 < small < 0.55  # 1 byte a weight instead of 2
+    assert 0.45 < large < 0.55  # the fp8 tensor cores' rate, twice bf16's on Hopper
+    # On an A100 (no fp8 tensor cores) vLLM runs fp8 weight-only through Marlin: the bytes halve, the rate does not.
+    a_bf16, a_fp8 = perf(LLAMA8B, A100), perf(fp8, A100)
+    assert sum(a_fp8.layer_gemm_seconds(8192)) > sum(a_bf16.layer_gemm_seconds(8192))
+
+
+def test_w4a16_reads_a_quarter_of_the_bytes_and_pays_marlins_dequantization_at_large_batches() -> None:
+    w4 = dataclasses.replace(LLAMA8B, quantization="awq", quant_bytes_per_param=0.5 + 2.5 / 128)
+    bf16, q = perf(LLAMA8B), perf(w4)
+    small = sum(q.layer_gemm_seconds(1)) / sum(bf16.layer_gemm_seconds(1))
+    large = sum(q.layer_gemm_seconds(8192)) / sum(bf16.layer_gemm_seconds(8192))
+    assert 0.24 < small < 0.30
+    assert large == pytest.approx(1 / perf_classes.W4A16_COMPUTE_SHARE, rel=0.05)
+
+
+def test_mxfp4_quantizes_only_the_experts() -> None:
+    attn = perf_classes.weight_format(GPT_OSS, H100)
+    experts = perf_classes.weight_format(GPT_OSS, H100, experts=True)
+    assert attn.bytes_per_weight == 2.0
+    assert experts.bytes_per_weight == pytest.approx(4.25 / 8)
+    assert experts.rate_scale == 1.0  # Hopper has no fp4 tensor cores
+
+
+def test_sliding_layers_read_at_most_the_window() -> None:
+    window = GEMMA2.sliding_window
+    full = dataclasses.replace(GEMMA2, layer_types=(), sliding_window=0)
+    slid, plain = perf(GEMMA2), perf(full)
+
+    def attention(p: PerfModel, context: int) -> float:
+        return p.gpu_cost(64, 64, 64 * context, 64 * context, decode_only=True).attention
+
+    # Below the window both read the whole context; past it only the full layers' read grows.
+    assert attention(slid, window // 2) == pytest.approx(attention(plain, window // 2), rel=1e-9)
+    share = perf_classes.sliding_kv_share(GEMMA2, GEMMA2.num_layers)
+    assert share == pytest.approx(0.5)
+    grow_slid = attention(slid, 4 * window) - attention(slid, 2 * window)
+    grow_plain = attention(plain, 4 * window) - attention(plain, 2 * window)
+    assert grow_slid == pytest.approx(grow_plain * (1 - share), rel=1e-6)
+
+
+def test_dense_bf16_models_take_none_of_the_class_rules() -> None:
+    assert not perf_classes.is_class_model(LLAMA8B)
+    assert perf(LLAMA8B).moe_seconds(64) == 0.0
+
+
+def test_moe_knobs_out_of_range_are_refused() -> None:
+    with pytest.raises(SpecError, match="moe_compute_share"):
+        Calibration().with_overrides({"moe_compute_share": 1.5})
+    with pytest.raises(SpecError, match="moe_mem_share"):
+        Calibration().with_overrides({"moe_mem_share": 0.0})

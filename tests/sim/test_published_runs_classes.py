@@ -1,0 +1,56 @@
+"""The model-class rules judged on published runs (benchmarks/published_runs_classes.py, classes.yaml).
+
+The fitted constant (perf_classes.MOE_COMPUTE_SHARE) is the least-loss share of its grid on the fit
+half alone, and the committed held-out report (benchmarks/results/published_runs_classes.json) is
+what the simulator gives now, so a change that moves a held-out run shows.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from published_runs import load_runs, resolve_model
+from published_runs_classes import CLASS_FILE, class_rows, class_table, fit_moe_share, run_classes
+
+from servetune.planner.modelinfo import load_model
+from servetune.sim import perf_classes
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_classes.json"
+RUNS = load_runs([CLASS_FILE])
+
+
+def test_each_run_is_labelled_by_the_classes_of_its_model() -> None:
+    assert run_classes(load_model("gpt-oss-20b")) == ("moe", "mxfp4", "sliding_window")
+    assert run_classes(load_model("qwen3-235b-a22b-2507-fp8")) == ("moe", "fp8")
+    assert run_classes(load_model("llama-3.1-8b")) == ("dense",)
+    assert {c for r in RUNS for c in run_classes(resolve_model(r.model))} >= {"moe", "mxfp4", "fp8", "sliding_window"}
+
+
+def test_the_committed_moe_share_is_the_least_loss_of_its_neighbours_on_the_fit_half() -> None:
+    step = 0.05
+    for arch, share in perf_classes.MOE_COMPUTE_SHARE.items():
+        fitted = fit_moe_share([r for r in RUNS if r.split == "fit"], grid=(share - step, share, share + step))
+        assert fitted[arch]["share"] == pytest.approx(share), fitted[arch]["losses"]
+        assert all(r in {x.id for x in RUNS if x.split == "fit"} for r in fitted[arch]["runs"])
+
+
+def test_the_held_out_report_is_what_the_simulator_gives_now() -> None:
+    committed = json.loads(RESULTS.read_text())
+    held = [r for r in RUNS if r.split == "held_out"]
+    rows = class_rows(held)
+    by_id = {row["id"]: row for row in committed["runs"]}
+    for row in rows:
+        then = by_id[row["id"]]
+        for key in ("error_before_pct", "error_after_pct"):
+            if then[key] is None:
+                assert row[key] is None, (row["id"], key)
+            else:
+                assert row[key] == pytest.approx(then[key], abs=0.3), (row["id"], key)
+    now = class_table(rows, "held_out")["all"]
+    assert now == committed["held_out"]["all"]
+    # The rules help on every class they cover: no class's held-out median error is worse than before.
+    for key, cell in committed["held_out"].items():
+        if key.startswith("class ") and cell["judged"]:
+            assert cell["median_abs_after_pct"] <= cell["median_abs_before_pct"], key
