@@ -43,7 +43,7 @@ from servetune.result import TrialResult, TrialStatus
 from servetune.sim import GPU_FAMILY_OVERRIDES, Calibration, calibration_for, host_api_cpu_factor, simulate, with_calibration
 from servetune.workload import Workload
 
-__all__ = ["FIXTURES", "H100_CLASSES_FIXTURES", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
+__all__ = ["FIXTURES", "H100_CLASSES_FIXTURES", "MOE_FLOOR_FIT_START", "fit_moe_floor", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
            "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
            "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read", "fit_alone", "fit_eager_floor", "held_out_cells",
@@ -495,6 +495,18 @@ def fit_h100_kv_read(calibration: Mapping[str, float] | None = None, tolerance: 
     runs = [r for r in load_h100_runs() if in_h100_fit(r.name)]
     return fit_alone("kv_read_efficiency", runs, (0.5, h100_hbm_read_share()), calibration=calibration,
                      tolerance=tolerance, gpu=H100_GPU)
+
+
+#: The real H100 model-class start the fused-MoE floor (``moe_layer_floor_s``) is fitted on; the
+#: other MoE starts of :data:`H100_CLASSES_FIXTURES` judge it (the dense FP8 starts are in no fit).
+MOE_FLOOR_FIT_START = "2026-12-05_q3moe_fp8_u09_s256_mbt8192"
+
+
+def fit_moe_floor(tolerance: float = 2e-7) -> float:
+    """``moe_layer_floor_s`` fitted alone (:func:`fit_alone`, 0 to 100 us) on the windows of
+    :data:`MOE_FLOOR_FIT_START`, simulated on the H100 at API-server factor 1."""
+    runs = [r for r in load_h100_runs(H100_CLASSES_FIXTURES) if r.name.startswith(MOE_FLOOR_FIT_START + "/")]
+    return fit_alone("moe_layer_floor_s", runs, (0.0, 1e-4), tolerance=tolerance, gpu=H100_GPU)
 
 
 def h200_knobs_on(gpu: str) -> dict[str, float]:

@@ -65,7 +65,7 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _fidelity import (FOLDS, H100_CLASSES_FIXTURES, H100_FIXTURES, H100_GPU, HOST_MODELS, UNSEEN_STARTS, UNSEEN_STUDIES,  # noqa: E402
+from _fidelity import (FOLDS, H100_CLASSES_FIXTURES, H100_FIXTURES, fit_moe_floor, H100_GPU, HOST_MODELS, UNSEEN_STARTS, UNSEEN_STUDIES,  # noqa: E402
                        calibration_host_factors, error_summary, fidelity_rows, fit, fit_eager_floor, fit_fp8_kv_read,
                        fit_frontend, fit_h100_kv_read, format_table, h100_check, h200_knobs_on, in_h100_fit, held_out, held_out_cells, host_checks,
                        in_calibration_fit, replay_fold, serving_flags,
@@ -165,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the real H100 windows on the GPU table's H100 row, and the planner's KV capacity there")
     parser.add_argument("--h100-classes", action="store_true",
                         help="the real H100 windows of an MoE shape and FP8 starts (in no fit), per start")
+    parser.add_argument("--fit-moe-floor", action="store_true",
+                        help="fit moe_layer_floor_s alone on the real H100 FP8 MoE start and print it")
     parser.add_argument("--replay-folds", action="store_true",
                         help="re-simulate the recorded folds under today's engine (API-server loop per fold)")
     parser.add_argument("--fold", action="append", choices=sorted(FOLDS), help="only these folds (repeatable)")
@@ -189,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             e = error_summary([r for r in rows if r.name.startswith(start + "/")])
             print(f"  {start}: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
                   f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} windows)")
+        return 0
+    if args.fit_moe_floor:
+        print(json.dumps({"moe_layer_floor_s": float(f"{fit_moe_floor():.3g}")}))
         return 0
     if args.fit_h100:
         print(json.dumps({"kv_read_efficiency": float(f"{fit_h100_kv_read():.4g}")}))

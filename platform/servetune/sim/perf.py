@@ -94,6 +94,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from servetune.errors import SpecError, did_you_mean
+from servetune.planner.model_memory import effective_model
 from servetune.sim import perf_classes
 
 if TYPE_CHECKING:
@@ -187,6 +188,13 @@ class Calibration:
     # only; servetune.sim.perf_classes). 0: the per-architecture share fitted on published MoE runs.
     moe_compute_share: float = 0.0
     moe_mem_share: float = perf_classes.MOE_MEM_SHARE
+    # The fused-MoE path's floor per MoE layer and step, GPU seconds: its small kernels (router
+    # top-k, moe_align_block_size, two fused_moe launches, the activation, the weighted sum) take
+    # this long however few rows they get, so a small batch's routed experts cost at least
+    # layers x this (moe_seconds). Fitted alone (benchmarks/sim_fidelity.py --fit-moe-floor) on the
+    # real H100 FP8 MoE start 2026-12-05_q3moe_fp8_u09_s256_mbt8192 (3 windows,
+    # tests/fixtures/real_h100_classes); judged on the two bf16 MoE starts beside it (8 windows).
+    moe_layer_floor_s: float = 6.07e-05
     # 1: the model-class rules of servetune.sim.perf_classes (MoE, quantized GEMMs, sliding windows,
     # since 2026-12-05); 0: every model priced as a dense one at its active experts' width and its
     # checkpoint's bytes, no window (the rule before; benchmarks/published_runs.py --classes replays it).
@@ -220,6 +228,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "moe_compute_share": (lambda v: 0.0 <= v <= 1.0, "a share of the dense GEMM rate, at most 1 (0: the fitted one)"),
     "moe_mem_share": (lambda v: 0.0 < v <= 1.0, "a share of the dense weight-streaming rate: above 0, at most 1"),
     "class_rules": (lambda v: v in (0.0, 1.0), "1 (the model-class rules) or 0 (the rule before them)"),
+    "moe_layer_floor_s": (lambda v: 0.0 <= v <= 1e-3, "seconds per MoE layer and step, 0 to 0.001"),
 }
 
 
@@ -422,6 +431,7 @@ class PerfModel:
                  calibration: Calibration | None = None) -> None:
         cal = calibration if calibration is not None else calibration_for(gpu)
         self.calibration = cal
+        model = effective_model(model, config)  # the model as served: --dtype, online --quantization fp8
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.pp = pp
         layers = max(model.stage_layers(pp)) if pp > 1 else model.num_layers
@@ -525,6 +535,7 @@ class PerfModel:
             act += 2.0 * m.top_k * (m.hidden + 2 * m.inter + m.inter + m.hidden) * m.layers
             self._moe_mem_rate = mem_rate * cal.moe_mem_share
             self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share)
+            self._moe_floor_s = m.layers * cal.moe_layer_floor_s
         self._act_bytes_token = act / mem_rate
 
     def moe_seconds(self, tokens: int) -> float:
@@ -546,7 +557,7 @@ class PerfModel:
         block = perf_classes.moe_block_m(tokens, m.experts)
         fill = per_expert / (-(-per_expert // block) * block)
         comp_s = 2.0 * rows * 3.0 * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill)
-        return self._combine(mem_s, comp_s)
+        return max(self._combine(mem_s, comp_s), self._moe_floor_s)
 
     def padded(self, num_tokens: int) -> int:
         """The CUDA graph size a batch of ``num_tokens`` runs as (itself above the largest size)."""
