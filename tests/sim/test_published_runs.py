@@ -34,8 +34,9 @@ def test_every_fixture_loads_and_is_split_by_the_rule_with_at_most_half_fit_per_
 
 
 def _write(tmp_path: Path, edit: dict) -> Path:
-    """The first committed run with ``edit`` applied (a value None removes the key), alone in a file."""
-    entry = yaml.safe_load((FIXTURES / "dense.yaml").read_text())[0]
+    """The first committed run with ``edit`` applied (a value None removes the key), alone in a file
+    (so held out by the split rule, unless ``edit`` says otherwise)."""
+    entry = {**yaml.safe_load((FIXTURES / "dense.yaml").read_text())[0], "split": "held_out"}
     for key, value in edit.items():
         node, *path = key.split(".")
         target = entry
@@ -127,3 +128,16 @@ def test_the_fitted_knobs_are_the_committed_ones_and_fitting_reads_no_held_out_r
     assert h200_knobs_for("L4") == {}
     with pytest.raises(SpecError):
         fit_knob(RUNS, "L4", "attn_efficiency", (0.2, 0.7))  # no fit run on the L4
+
+
+def test_dp_replicas_each_take_their_share_of_the_load(tmp_path: Path) -> None:
+    """A DP=2 run is two engines behind one front end: each simulated with half the prompts and
+    half the concurrency (an open loop: half the rate)."""
+    closed = load_runs([_write(tmp_path, {"layout": {"tp": 1, "pp": 1, "dp": 2, "ep": 1}, "num_gpus": 2,
+                                          "workload.max_concurrency": 64})])[0]
+    w = workload_of(closed)
+    assert (w.num_requests, w.concurrency) == (closed.workload["num_prompts"] // 2, 32)
+    opened = load_runs([_write(tmp_path, {"layout": {"tp": 1, "pp": 1, "dp": 2, "ep": 1}, "num_gpus": 2,
+                                          "workload.request_rate": 8, "measured.tpot_ms": {"mean": 20.0}})])[0]
+    assert not opened.closed_loop and workload_of(opened).request_rate == pytest.approx(4.0)
+    assert opened.headline == ("tpot_ms", 20.0)
