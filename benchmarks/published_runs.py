@@ -46,8 +46,10 @@ move others: the loader checks every run's ``split`` against the rule and names 
 
     .venv/bin/python benchmarks/published_runs.py                 # as committed, held out and fit apart
     .venv/bin/python benchmarks/published_runs.py --before        # before the fits on published runs
-    .venv/bin/python benchmarks/published_runs.py --fit A100-80GB attn_efficiency 0.2681 0.73
-    .venv/bin/python benchmarks/published_runs.py --compare --json > benchmarks/results/published_runs_heldout.json
+    .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
+        --fit A100-80GB attn_efficiency 0.2681 0.73
+    .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
+        --compare --json > benchmarks/results/published_runs_heldout.json   # the recorded results
 """
 
 from __future__ import annotations

@@ -302,8 +302,9 @@ GPU_FAMILY_OVERRIDES: dict[str, dict[str, float]] = {
     "H100-80GB": {"kv_read_efficiency": 0.8981},
     # A100 SXM4 80GB (GA100, FlashAttention-2: vLLM's FLASH_ATTN backend on compute capability 8.0,
     # not the H200's FlashAttention-3), from published real vLLM runs (tests/fixtures/published_runs,
-    # benchmarks/published_runs.py). attn_efficiency fitted alone (published_runs.py --fit
-    # A100-80GB attn_efficiency 0.2681 0.73: golden-section on mean |output tok/s error| + mean
+    # benchmarks/published_runs.py). attn_efficiency fitted alone (published_runs.py --file
+    # tests/fixtures/published_runs/dense.yaml --fit A100-80GB attn_efficiency 0.2681 0.73:
+    # golden-section on mean |output tok/s error| + mean
     # |TTFT error|, every other knob the H200's) on the A100's fit runs, gpustack's vLLM 0.11.0
     # Qwen3-14B bursts (a100-qwen3-14b-tp1-rand32000x100-burst100, -rand4000x200-burst500,
     # -rand2000x100-burst500, -rand128x4-burst1000); bounded above by FlashAttention-2's own A100
