@@ -81,7 +81,7 @@ from servetune.sim import GPU_CALIBRATION, Calibration, simulate, with_calibrati
 from servetune.workload import Workload  # noqa: E402
 
 __all__ = ["FIXTURES", "PublishedRun", "Judged", "load_runs", "split_of", "sweep_key", "workload_of", "judge",
-           "judge_all", "cells", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
+           "judge_all", "cells", "rankings", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
 #: Model configs people published beside startup logs (their sources in that folder's SOURCES.md).
@@ -524,16 +524,51 @@ def _per_run(judged: Sequence[Judged]) -> list[dict[str, Any]]:
     return rows
 
 
+def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
+    """Each published comparison of configurations: runs of one source page and model under the same
+    load (lengths, prompts, rate or concurrency) with two or more layouts or flag sets. Per
+    comparison, the configuration the real runs put first (highest output tok/s for a closed loop,
+    lowest TPOT for an open one) and the one the simulator does, and whether they agree: the
+    simulator agrees where it puts the real best within 1% of its own best (it cannot tell them
+    apart). Runs the simulator could not start rank last."""
+    groups: dict[str, list[Judged]] = {}
+    for j in judged:
+        w = {k: j.run.workload[k] for k in sorted(j.run.workload)}
+        groups.setdefault(json.dumps([j.run.source.split("#")[0].split(" ")[0], j.run.model, w], default=str),
+                          []).append(j)
+    out = []
+    for group in groups.values():
+        if len({(json.dumps(dict(j.run.layout)), json.dumps(dict(j.run.flags), sort_keys=True)) for j in group}) < 2:
+            continue
+        closed = group[0].run.closed_loop
+        real = {j.run.id: j.run.headline[1] for j in group}
+        sim = {j.run.id: (j.sim_output_throughput if closed else j.sim_tpot_ms) for j in group}
+        pick = max if closed else min
+        real_best = pick(real, key=lambda i: real[i])
+        worst = -math.inf if closed else math.inf
+        sim_best = pick(sim, key=lambda i: worst if sim[i] is None else sim[i])
+        best, mine = sim[sim_best], sim[real_best]
+        agree = best is not None and mine is not None and abs(mine / best - 1.0) <= 0.01
+        out.append({"runs": sorted(real), "real_best": real_best, "sim_best": sim_best, "agree": agree})
+    return out
+
+
 def _report(runs: Sequence[PublishedRun], before: bool) -> dict[str, Any]:
     judged = judge_all(runs, before=before)
     return {"calibration": "before the fits on published runs" if before else "committed",
-            "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged)}
+            "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged),
+            "rankings": rankings(judged)}
 
 
 def format_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
     """Each cell's headline and TTFT error before the fits on published runs and as committed,
     held out first, then the fit half (labelled: fitting data, not evidence)."""
     lines = []
+    agree = [r for r in after["rankings"] if r["agree"]]
+    lines.append(f"published comparisons of configurations: the simulator puts the real best first in "
+                 f"{len(agree)} of {len(after['rankings'])}")
+    lines.extend(f"  {'agree   ' if r['agree'] else 'DIFFERENT'} real best {r['real_best']}, simulated best "
+                 f"{r['sim_best']}" for r in after["rankings"])
     for split, title in (("held_out", "HELD OUT (the evidence)"), ("fit", "FIT (fitting data, not evidence)")):
         lines.append(f"{title}\n{'GPU | layout | load':<40}{'runs':>5}  headline |err| before -> after"
                      f"   within 10%   TTFT |err| before -> after")

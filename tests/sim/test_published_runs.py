@@ -7,6 +7,7 @@ is judged on, and the split the rule gives (at most half of a GPU's runs in a fi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -14,7 +15,8 @@ from pathlib import Path
 import published_runs
 import pytest
 import yaml
-from published_runs import FITTED_HERE, FIXTURES, fit_knob, h200_knobs_for, judge, load_runs, split_of, workload_of
+from published_runs import (FITTED_HERE, FIXTURES, Judged, fit_knob, h200_knobs_for, judge, load_runs, rankings,
+                            split_of, workload_of)
 
 from servetune.errors import SpecError
 from servetune.sim import GPU_FAMILY_OVERRIDES
@@ -144,3 +146,19 @@ def test_dp_replicas_each_take_their_share_of_the_load(tmp_path: Path) -> None:
                                           "workload.request_rate": 8, "measured.tpot_ms": {"mean": 20.0}})])[0]
     assert not opened.closed_loop and workload_of(opened).request_rate == pytest.approx(4.0)
     assert opened.headline == ("tpot_ms", 20.0)
+
+
+def test_a_published_comparison_is_ranked_by_the_real_best_and_a_near_tie_counts_as_agreement() -> None:
+    """rankings: runs of one page, model and load with different flags form a comparison; the
+    simulator agrees where the real best is within 1% of its own best."""
+    base = next(r for r in DENSE if r.closed_loop)
+    a = dataclasses.replace(base, id="a", flags={"max_num_seqs": 64},
+                            measured={**base.measured, "output_throughput": 100.0})
+    b = dataclasses.replace(base, id="b", flags={"max_num_seqs": 128},
+                            measured={**base.measured, "output_throughput": 120.0})
+    other_load = dataclasses.replace(base, id="c", workload={**base.workload, "num_prompts": 7})
+    wrong = rankings([Judged(a, 130.0, 1.0, 1.0), Judged(b, 110.0, 1.0, 1.0), Judged(other_load, 1.0, 1.0, 1.0)])
+    assert wrong == [{"runs": ["a", "b"], "real_best": "b", "sim_best": "a", "agree": False}]
+    tie = rankings([Judged(a, 130.0, 1.0, 1.0), Judged(b, 129.5, 1.0, 1.0)])
+    assert tie[0]["agree"] and tie[0]["real_best"] == "b"
+    assert rankings([Judged(a, None, None, None), Judged(b, 110.0, 1.0, 1.0)])[0]["sim_best"] == "b"
