@@ -36,15 +36,20 @@ published) for an open one; TTFT is judged too. DP replicas are simulated as ``d
 engines, each with its share of the prompts and of the load, their throughputs added.
 
 The split rule (:func:`split_of`): within one fixture file and one GPU, runs are grouped into
-sweeps (same source page, model, layout and flags: a sweep's runs share a server, so they fit
-or judge together); sweeps are taken in the order of the SHA-256 of their key into the fit half
-while the fit half stays within half the GPU's runs (rounded down); every other run is held out.
+sweeps (same source page and model: one publisher's runs of one model share a host, a client
+and usually a server start, so they fit or judge together and a held-out run never has a
+near-twin in the fit half); sweeps are taken in the order of the SHA-256 of their key into the
+fit half while the fit half stays within half the GPU's runs (rounded down); every other run is
+held out.
 At most half of every GPU's runs are fit, a GPU with one run has it held out, and adding a run can
 move others: the loader checks every run's ``split`` against the rule and names the ones to change.
 
     .venv/bin/python benchmarks/published_runs.py                 # as committed, held out and fit apart
-    .venv/bin/python benchmarks/published_runs.py --before        # the H200's knobs on every GPU
-    .venv/bin/python benchmarks/published_runs.py --json
+    .venv/bin/python benchmarks/published_runs.py --before        # before the fits on published runs
+    .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
+        --fit A100-80GB attn_efficiency 0.2681 0.73
+    .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
+        --compare --json > benchmarks/results/published_runs_heldout.json   # the recorded results
 """
 
 from __future__ import annotations
@@ -72,11 +77,11 @@ from servetune.planner.memory import plan_memory  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile, load_model  # noqa: E402
 from servetune.planner.target import resolve_target  # noqa: E402
 from servetune.planner.vllm_rules import parse_vllm_version  # noqa: E402
-from servetune.sim import GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, simulate, with_calibration  # noqa: E402
+from servetune.sim import GPU_CALIBRATION, Calibration, simulate, with_calibration  # noqa: E402
 from servetune.workload import Workload  # noqa: E402
 
 __all__ = ["FIXTURES", "PublishedRun", "Judged", "load_runs", "split_of", "sweep_key", "workload_of", "judge",
-           "judge_all", "cells", "format_cells", "h200_knobs_for", "main"]
+           "judge_all", "cells", "rankings", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
 #: Model configs people published beside startup logs (their sources in that folder's SOURCES.md).
@@ -304,9 +309,8 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
 
 
 def sweep_key(run: PublishedRun) -> str:
-    """What a sweep's runs share: the source page (less any #fragment), model, layout and flags."""
-    return json.dumps([run.source.split("#")[0].split(" ")[0], run.model, dict(run.layout),
-                       {k: run.flags[k] for k in sorted(run.flags)}], sort_keys=True, default=str)
+    """What a sweep's runs share: the source page (its address less any #fragment) and the model."""
+    return json.dumps([run.source.split("#")[0].split(" ")[0], run.model])
 
 
 def split_of(runs: Sequence[PublishedRun]) -> dict[str, str]:
@@ -389,11 +393,16 @@ class Judged:
         return None if real is None or self.sim_ttft_ms is None or real <= 0 else self.sim_ttft_ms / real - 1.0
 
 
+#: The knobs of ``servetune.sim.GPU_FAMILY_OVERRIDES`` fitted on these fixtures' fit runs
+#: (:func:`fit_knob`), by GPU; the other overrides come from elsewhere (the H100's from its own host).
+FITTED_HERE: dict[str, tuple[str, ...]] = {"A100-80GB": ("attn_efficiency",)}
+
+
 def h200_knobs_for(gpu_name: str) -> dict[str, float]:
-    """Overrides that put the H200's fitted value back on every knob ``gpu_name``'s family replaces
-    (the GPU as it was judged before its own fit)."""
-    h200 = GPU_CALIBRATION["H200"]
-    return {k: h200.get(k, v) for k, v in GPU_FAMILY_OVERRIDES.get(gpu_name, {}).items()}
+    """Overrides that put the H200's fitted value back on every knob of ``gpu_name`` that
+    :data:`FITTED_HERE` names (the GPU as it was judged before the fits on published runs)."""
+    h200 = dataclasses.asdict(Calibration().with_overrides(GPU_CALIBRATION["H200"]))
+    return {k: h200[k] for k in FITTED_HERE.get(gpu_name, ())}
 
 
 def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None) -> Judged:
@@ -413,8 +422,50 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None) -> 
 
 
 def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged]:
-    """Every run simulated as committed, or with ``before``: the H200's knobs on every GPU."""
+    """Every run simulated as committed, or with ``before``: the knobs :data:`FITTED_HERE` names at the H200's values."""
     return [judge(r, h200_knobs_for(r.gpu) if before else None) for r in runs]
+
+
+def fit_loss(judged: Sequence[Judged]) -> float:
+    """What a per-GPU fit minimises: mean |headline error| plus mean |TTFT error| (runs the
+    simulator could not start count 1 each, so a knob cannot win by refusing them)."""
+    head = [1.0 if j.headline_error is None else abs(j.headline_error) for j in judged]
+    ttft = [abs(j.ttft_error) for j in judged if j.ttft_error is not None]
+    return sum(head) / len(head) + (sum(ttft) / len(ttft) if ttft else 0.0)
+
+
+def golden_section(loss: Any, lo: float, hi: float, tolerance: float = 0.01) -> float:
+    """The minimum of a one-dimensional ``loss`` on [lo, hi] (unimodal assumed), to ``tolerance``
+    of the interval.
+
+    Example:
+        >>> round(golden_section(lambda x: (x - 0.3) ** 2, 0.0, 1.0, 1e-4), 3)
+        0.3
+    """
+    ratio = (5 ** 0.5 - 1) / 2
+    a, b = lo, hi
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = loss(c), loss(d)
+    while b - a > tolerance * (hi - lo):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = loss(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = loss(d)
+    return (a + b) / 2
+
+
+def fit_knob(runs: Sequence[PublishedRun], gpu: str, knob: str, bounds: tuple[float, float],
+             tolerance: float = 0.01) -> float:
+    """One simulator knob for ``gpu`` fitted alone (:func:`golden_section` on :func:`fit_loss`) on
+    that GPU's ``fit`` runs, every other knob as committed. Never reads a held-out run."""
+    mine = [r for r in runs if r.gpu == gpu and r.split == "fit"]
+    if not mine:
+        raise SpecError(f"--fit {gpu}", "no fit run on that GPU", "fit only GPUs whose fixtures have fit runs")
+    return golden_section(lambda v: fit_loss([judge(r, {knob: v}) for r in mine]), bounds[0], bounds[1], tolerance)
 
 
 def _summary(rows: Sequence[Judged]) -> dict[str, Any]:
@@ -473,13 +524,74 @@ def _per_run(judged: Sequence[Judged]) -> list[dict[str, Any]]:
     return rows
 
 
+def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
+    """Each published comparison of configurations: runs of one source page and model under the same
+    load (lengths, prompts, rate or concurrency) with two or more layouts or flag sets. Per
+    comparison, the configuration the real runs put first (highest output tok/s for a closed loop,
+    lowest TPOT for an open one) and the one the simulator does, and whether they agree: the
+    simulator agrees where it puts the real best within 1% of its own best (it cannot tell them
+    apart). Runs the simulator could not start rank last."""
+    groups: dict[str, list[Judged]] = {}
+    for j in judged:
+        w = {k: j.run.workload[k] for k in sorted(j.run.workload)}
+        groups.setdefault(json.dumps([j.run.source.split("#")[0].split(" ")[0], j.run.model, w], default=str),
+                          []).append(j)
+    out = []
+    for group in groups.values():
+        if len({(json.dumps(dict(j.run.layout)), json.dumps(dict(j.run.flags), sort_keys=True)) for j in group}) < 2:
+            continue
+        closed = group[0].run.closed_loop
+        real = {j.run.id: j.run.headline[1] for j in group}
+        sim = {j.run.id: (j.sim_output_throughput if closed else j.sim_tpot_ms) for j in group}
+        pick = max if closed else min
+        real_best = pick(real, key=lambda i: real[i])
+        worst = -math.inf if closed else math.inf
+        sim_best = pick(sim, key=lambda i: worst if sim[i] is None else sim[i])
+        best, mine = sim[sim_best], sim[real_best]
+        agree = best is not None and mine is not None and abs(mine / best - 1.0) <= 0.01
+        out.append({"runs": sorted(real), "real_best": real_best, "sim_best": sim_best, "agree": agree})
+    return out
+
+
+def _report(runs: Sequence[PublishedRun], before: bool) -> dict[str, Any]:
+    judged = judge_all(runs, before=before)
+    return {"calibration": "before the fits on published runs" if before else "committed",
+            "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged),
+            "rankings": rankings(judged)}
+
+
+def format_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    """Each cell's headline and TTFT error before the fits on published runs and as committed,
+    held out first, then the fit half (labelled: fitting data, not evidence)."""
+    lines = []
+    agree = [r for r in after["rankings"] if r["agree"]]
+    lines.append(f"published comparisons of configurations: the simulator puts the real best first in "
+                 f"{len(agree)} of {len(after['rankings'])}")
+    lines.extend(f"  {'agree   ' if r['agree'] else 'DIFFERENT'} real best {r['real_best']}, simulated best "
+                 f"{r['sim_best']}" for r in after["rankings"])
+    for split, title in (("held_out", "HELD OUT (the evidence)"), ("fit", "FIT (fitting data, not evidence)")):
+        lines.append(f"{title}\n{'GPU | layout | load':<40}{'runs':>5}  headline |err| before -> after"
+                     f"   within 10%   TTFT |err| before -> after")
+        for key, a in after[split].items():
+            b = before[split][key]
+            lines.append(f"{key:<40}{a['runs']:>5}  {b['headline_mae_pct']!s:>8}% -> {a['headline_mae_pct']!s:>6}%"
+                         f"   {b['headline_within_10pct']:>3} -> {a['headline_within_10pct']:>2}/{a['judged']:<3}"
+                         f"   {b['ttft_mae_pct']!s:>8}% -> {a['ttft_mae_pct']!s:>6}%")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", action="store_true", help="the H200's knobs on every GPU (before per-GPU fits)")
+    ap.add_argument("--before", action="store_true",
+                    help="the H200's value on every knob FITTED_HERE names (before the fits on published runs)")
     ap.add_argument("--file", action="append", type=Path, help="only these fixture files (repeatable)")
     ap.add_argument("--gpu", action="append", help="only these GPUs (repeatable)")
     ap.add_argument("--splits", action="store_true", help="print every run's split by the rule and stop")
     ap.add_argument("--runs", action="store_true", help="print every run's figures too")
+    ap.add_argument("--compare", action="store_true",
+                    help="before the fits on published runs and as committed, cell by cell (--json: both reports)")
+    ap.add_argument("--fit", nargs=4, metavar=("GPU", "KNOB", "LOW", "HIGH"),
+                    help="fit one knob for one GPU on its fit runs and print it")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -492,9 +604,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.splits:
         return _print_splits(args.file)
     runs = [r for r in runs if not args.gpu or r.gpu in args.gpu]
-    judged = judge_all(runs, before=args.before)
-    report = {"calibration": "H200 knobs on every GPU" if args.before else "committed",
-              "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged)}
+    if args.fit:
+        gpu, knob, low, high = args.fit
+        value = fit_knob(runs, gpu, knob, (float(low), float(high)))
+        print(json.dumps({"gpu": gpu, knob: float(f"{value:.4g}"),
+                          "fit_on": [r.id for r in runs if r.gpu == gpu and r.split == "fit"]}, indent=1))
+        return 0
+    if args.compare:
+        both = {"before": _report(runs, before=True), "committed": _report(runs, before=False)}
+        if args.json:
+            print(json.dumps(both, indent=1))
+        else:
+            print(format_comparison(both["before"], both["committed"]))
+        return 0
+    report = _report(runs, before=args.before)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

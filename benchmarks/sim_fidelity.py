@@ -46,10 +46,13 @@ preemptions, with the relative errors.
   H100's own knob (``servetune.sim.GPU_FAMILY_OVERRIDES``; the H200's value, ``h200_knobs_on``) and
   after, then the fitting half apart (fitting data, not evidence). ``--fit-h100`` refits that knob
   (``_fidelity.fit_h100_kv_read``) and prints it.
+* ``--published``: the real vLLM benchmark runs other people published, on GPUs besides the H200
+  (``tests/fixtures/published_runs``, ``benchmarks/published_runs.py``): by GPU x layout x load
+  shape, held out apart from the fit half, before the per-GPU fits on them and as committed.
 
 Usage::
 
-    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--fit-fp8] [--fit-eager] [--fit-frontend] [--fit-h100] [--h100] [--json]
+    .venv/bin/python benchmarks/sim_fidelity.py [--held-out 120 [--fold "size 14B"]] [--fit 120] [--fit-fp8] [--fit-eager] [--fit-frontend] [--fit-h100] [--h100] [--published] [--json]
 """
 
 from __future__ import annotations
@@ -169,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="fit moe_layer_floor_s alone on the real H100 FP8 MoE start and print it")
     parser.add_argument("--replay-folds", action="store_true",
                         help="re-simulate the recorded folds under today's engine (API-server loop per fold)")
+    parser.add_argument("--published", action="store_true",
+                        help="the published runs on other GPUs (benchmarks/published_runs.py --compare)")
     parser.add_argument("--fold", action="append", choices=sorted(FOLDS), help="only these folds (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the result as JSON to this file")
@@ -181,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name} works with {mode} only: add {mode}", file=sys.stderr)
             return 2
     t0 = time.perf_counter()
+    if args.published:
+        import published_runs
+
+        return published_runs.main(["--compare", *(["--json"] if args.json else [])])
     if args.h100:
         h100_report()
         return 0

@@ -106,3 +106,17 @@ def test_a_gpu_files_impossible_api_server_knob_exits_2_with_the_field(
     assert run_cli(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "calibration.api_chunk_share" in err and "Traceback" not in err
+
+
+def test_a_gpu_no_real_run_has_judged_says_so_in_one_line_and_a_judged_one_does_not(
+        workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GpuSpec.sim_evidence is the rule: the A10G has none (one note line), the H200 and the
+    A100-80GB have own or published runs judged held out (no note)."""
+    base = ["--model", "servetune-test-850m", "--workload", str(workload_file)]
+    assert not get_gpu("A10G").sim_evidence and get_gpu("A100-80GB").sim_evidence
+    assert run_cli([*base, "--gpu", "A10G"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "no real vLLM run" in line]
+    assert len(notes) == 1 and notes[0].startswith("note: A10G:")
+    for judged in ("H200", "A100-80GB"):
+        assert run_cli([*base, "--gpu", judged]) == 0
+        assert "no real vLLM run" not in capsys.readouterr().out

@@ -24,13 +24,13 @@ from typing import Any
 from servetune.errors import SpecError
 from servetune.inputs import load_yaml, missing, read_text
 from servetune.planner.flags import parse_set_option
-from servetune.planner.gpus import register_gpus_from_yaml
+from servetune.planner.gpus import GpuSpec, register_gpus_from_yaml
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim import api_cpu_factor_for_token_cost, simulate, with_calibration
 from servetune.workload import Workload
 
-__all__ = ["add_parser", "run", "check_work", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
+__all__ = ["add_parser", "run", "check_work", "unjudged_gpu_note", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
 
 #: The most tokens (prompt + output) ``simulate`` serves unless ``--max-tokens`` says more: about half a
 #: minute of simulation (3,840 requests x 1,536 tokens, 5.9M tokens, took 8 s on one core).
@@ -132,7 +132,26 @@ def _simulate(args: argparse.Namespace) -> TrialResult:
     if us is not None:
         return _simulate_at_token_cost(us, target, workload, args.seed)
     gpu = with_calibration(target.gpu, {"api_cpu_factor": factor} if factor is not None else {})
-    return simulate(target.model, gpu, target.config, workload, seed=args.seed)
+    result = simulate(target.model, gpu, target.config, workload, seed=args.seed)
+    note = unjudged_gpu_note(target.gpu)
+    if note and result.ok:
+        result.evidence.append(note)
+    return result
+
+
+def unjudged_gpu_note(gpu: GpuSpec) -> str | None:
+    """The one line ``simulate`` prints beside its figures on a GPU whose simulated step times no
+    real vLLM run has judged (``GpuSpec.sim_evidence`` empty); None where some have.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> unjudged_gpu_note(get_gpu("H200")) is None, unjudged_gpu_note(get_gpu("A10G")).startswith("A10G:")
+        (True, True)
+    """
+    if gpu.sim_evidence:
+        return None
+    return (f"{gpu.name}: no real vLLM run on this GPU has judged the simulator; its step times are the H200's "
+            f"calibration at {gpu.name}'s datasheet bandwidth and FLOP/s (docs/accuracy.md)")
 
 
 def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: int) -> TrialResult:

@@ -50,8 +50,10 @@ class GpuSpec:
     backend follow from it, see the properties), ``nvlink_multicast`` (an NVSwitch host where
     NCCL's NVLS multicast algorithm is available: more memory outside torch per TP worker,
     :mod:`servetune.planner.comm`), ``platform`` ("cuda" or "rocm"), ``source`` (where the figures
-    come from) and ``log_evidence`` (the vLLM >= 0.11 startup logs in this repository that the
-    planner was checked against on this GPU; empty: none, and ``plan`` says so).
+    come from), ``log_evidence`` (the vLLM >= 0.11 startup logs in this repository that the
+    planner was checked against on this GPU; empty: none, and ``plan`` says so) and
+    ``sim_evidence`` (the real vLLM benchmark runs the simulator's throughput and latency were
+    judged against on this GPU, held out; empty: none, and ``simulate`` says so).
     """
 
     name: str
@@ -71,6 +73,7 @@ class GpuSpec:
     #: ``mem_get_info`` gives the whole framebuffer instead of Linux's total less the driver's
     #: reservation; None where no such figure has been seen. See :func:`under_wddm`.
     wddm_memory_gib: float | None = None
+    sim_evidence: str = ""
 
     @property
     def memory_bytes(self) -> int:
@@ -127,7 +130,10 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, NVLS not live), a vLLM 0.19.1 "
                          "start at TP=1 (qBraid/evolving-quantum-compilers, SXM or PCIe not stated: +0.5%) and "
                          "vLLM 0.19.0 starts on SXM boards (llm-d-planner, TP 1-4 with NVLS live, PP 2 and 4: "
-                         "11 of 12 within 0.4%, Qwen2.5-72B at TP=2 +5.6% with 3 GiB of KV)"),
+                         "11 of 12 within 0.4%, Qwen2.5-72B at TP=2 +5.6% with 3 GiB of KV)",
+            sim_evidence="servetune's own vLLM 0.26.0 windows (8B, TP=1, 2026-12-05, held out: 8.6% "
+                         "throughput) and published vLLM 0.11.0 runs (gpustack: Qwen3-8B at 1-8 in flight, held "
+                         "out: 4.1%; Qwen3-14B bursts, fit half: +75%, the host unexplained)"),
     GpuSpec("H100-PCIe", 79.19, 2039.0, 756.0, 1513.0, 64.0, compute_capability=9.0,
             source=f"{_NV} H100 PCIe (HBM2e 2.0 TB/s); memory as the SXM part (same 80 GB), estimated"),
     GpuSpec("H100-NVL", 93.1, 3938.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
@@ -141,13 +147,18 @@ _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("H200", 139.8, 4800.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
             source=f"{_NV} H200 SXM; memory from servetune's own vLLM 0.26 logs",
             log_evidence="servetune's own vLLM 0.26.0 startup logs (TP 1-2, PP 2, NVLS off) and a published vLLM "
-                         "0.11.2 startup log (faradawn/bench3, TP=1: the planner is +0.03% there)"),
+                         "0.11.2 startup log (faradawn/bench3, TP=1: the planner is +0.03% there)",
+            sim_evidence="servetune's own vLLM 0.26.0 windows (0.85B-24B, TP=1-2, held out: "
+                         "docs/accuracy.md)"),
     GpuSpec("H200-NVL", 139.8, 4800.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
             source=f"{_NV} H200 NVL (NVLink bridge 900 GB/s 2/4-way, PCIe 5.0); memory as H200 SXM, estimated"),
     GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 80GB",
             log_evidence="a published vLLM 0.17.1 startup log at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
-                         "there)"),
+                         "there)",
+            sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1, TP=1 held out 7.0% "
+                         "(20 bursts), TP=2 on a host without GPU P2P +65-84%; Qwen3-14B bursts at 0.11.0 fit "
+                         "its attention rate"),
     GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0,
             source=f"{_NV} A800 SXM4 80GB (the A100's export part: NVLink 400 GB/s); memory as A100-80GB, "
                    "estimated. vLLM names it 'NVIDIA A800-SXM4-80GB', without 'a100', so its serve defaults are "
@@ -162,12 +173,16 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             log_evidence="published vLLM 0.11.2 startup logs (natoscott/benchmarks, TP=2 over PCIe: the planner "
                          "is -0.5% to 0.0% there), a start stated as vLLM 0.28.0 (TP=1: -1.6%) and a vLLM 0.19.0 "
                          "Qwen2.5-72B start at TP=4 over PCIe (5.11 GiB left for KV: the planner is 5.4% high), a "
-                         "vLLM 0.11.2 Qwen2.5-Coder-14B start at TP=1 (-0.9%)"),
+                         "vLLM 0.11.2 Qwen2.5-Coder-14B start at TP=1 (-0.9%)",
+            sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight, held out: -2% and -4% "
+                         "throughput)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
     GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4",
             log_evidence="a published vLLM 0.11.0 startup log (abinavChandar/demo_env_l4, Colab, TP=1, 4.75 GiB "
-                         "left for KV: the planner is 5.5% low there, unexplained)"),
+                         "left for KV: the planner is 5.5% low there, unexplained)",
+            sim_evidence="published vLLM 0.23.0 runs (Qwen2.5-0.5B at 1-32 in flight, held out: +5% to "
+                         "+18% throughput)"),
     GpuSpec("A10G", 22.19, 600.0, 70.0, 70.0, 32.0, compute_capability=8.6,
             source="AWS g5 (A10G, 24 GB GDDR6, 600 GB/s; ~70 TFLOPS bf16 dense, estimated from AWS's 250 TOPS "
                    "int8 sparse); memory from torch OOM messages on g5 ('total capacity of 22.19 GiB')"),
