@@ -38,7 +38,8 @@ def test_distinct_experts_runs_from_top_k_to_all() -> None:
 
 
 def test_moe_decode_reads_the_active_experts_at_batch_one_and_all_of_them_at_a_large_batch() -> None:
-    p = perf(QWEN_MOE)
+    p = PerfModel(QWEN_MOE, H100, resolve_engine_config({}, QWEN_MOE, H100),
+                  Calibration().with_overrides({"moe_layer_floor_s": 0.0}))  # the bytes alone, no kernel floor
     shape = perf_classes.moe_shape(QWEN_MOE, H100, 1, QWEN_MOE.num_layers)
     assert shape is not None
     rate = weight_rate(p) * p.calibration.moe_mem_share
@@ -49,6 +50,19 @@ def test_moe_decode_reads_the_active_experts_at_batch_one_and_all_of_them_at_a_l
     # priced at the active experts' (the rule before, which read top-k experts at any batch).
     assert p.moe_seconds(256) >= every
     assert p.moe_seconds(256) > 10 * p.moe_seconds(1)
+
+
+def test_a_small_batchs_experts_cost_at_least_the_fused_moe_floor() -> None:
+    # Real H100 Qwen3-30B-A3B shape (2026-12-05): one client decoded at 4.7-4.8 ms a token with bf16
+    # and with FP8 experts alike, where the active experts' bytes take well under 1 ms: the fused-MoE
+    # path's small kernels set a floor per MoE layer (Calibration.moe_layer_floor_s).
+    p = perf(QWEN_MOE)
+    floor = QWEN_MOE.num_layers * p.calibration.moe_layer_floor_s
+    assert p.calibration.moe_layer_floor_s > 0
+    assert p.moe_seconds(1) == pytest.approx(floor)
+    assert perf(QWEN_MOE, quantization="fp8").moe_seconds(1) == pytest.approx(floor)  # half the bytes, same floor
+    assert p.moe_seconds(256) > floor  # a large batch is priced by its work
+    assert perf(LLAMA8B).moe_seconds(1) == 0.0  # no experts, no floor
 
 
 def test_moe_prefill_is_compute_bound_at_the_fitted_share_of_the_dense_rate() -> None:

@@ -50,9 +50,10 @@ __all__ = ["ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "W4A16
 #: vLLM's grouped fused-MoE kernels (Triton ``fused_moe_kernel``; ``matmul_ogs`` for MXFP4) reach on
 #: their padded tiles, by GPU architecture: Triton's kernels reach a smaller share of Hopper's
 #: (three times higher) peak than of Ampere's. **Fitted** on the fit half of the published MoE runs
-#: (``benchmarks/published_runs.py --fit-moe``: gpt-oss-20b on one H100 and one A100, gpt-oss-120b on
-#: one A100, vLLM 0.11.0); ``Calibration.moe_compute_share`` > 0 replaces it.
-MOE_COMPUTE_SHARE: dict[str, float] = {"hopper": 0.30, "ampere": 0.45}
+#: (``benchmarks/published_runs_classes.py --fit-moe``, the split of ``benchmarks/published_runs.py``'s
+#: rule: gpt-oss-20b on one A100, gpt-oss-120b on one H100 at TP 1 and 2, Qwen3-235B-A22B bf16 at TP=8
+#: on an H100 and an A100, vLLM 0.10-0.11; a 0.05 grid); ``Calibration.moe_compute_share`` > 0 replaces it.
+MOE_COMPUTE_SHARE: dict[str, float] = {"hopper": 0.25, "ampere": 0.25}
 #: Share of the dense GEMMs' weight-streaming rate (``Calibration.mem_efficiency``) the fused-MoE
 #: kernel reaches reading the touched experts at small batches. Not fitted: every published MoE run
 #: collected is prefill-bound (bursts of long prompts), so none measures it; 1.0 (the dense rate).
