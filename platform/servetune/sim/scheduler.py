@@ -36,6 +36,7 @@ their chunks.
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import math
@@ -143,9 +144,9 @@ class SimScheduler:
         self.kv_usage_peak = 0.0
         self._kv_area = 0.0  # integral of usage over time, for the time-weighted mean
         self._kv_time = 0.0
-        self.step_end_s: list[float] = []  # end time of every step, by index
+        self.step_end_s = array.array("d")  # end time of every step, by index
         # When clients receive each step's tokens (NaN until the API server has delivered them).
-        self.deliver_s: list[float] = []
+        self.deliver_s = array.array("d")
         perf = self.perf
         self.api = ApiServer(perf.request_overhead_s, perf.prompt_token_overhead_s, perf.token_overhead_s,
                              perf.stream_prompt_token_s, perf.api_chunk_share, perf.api_intake_passes,
@@ -201,7 +202,7 @@ class SimScheduler:
 
     def request_state(self, request_id: str) -> RequestState:
         r = self._requests[request_id]
-        first = self._received(r.token_steps[0]) if r.token_steps else None
+        first = self._received(r.first_step) if r.last_step >= 0 else None
         finish = self._received(r.finish_step) if r.finish_step >= 0 else None
         return RequestState(r.rid, r.status, r.computed, r.output, r.nblk, r.preemptions, first, finish)
 
@@ -318,7 +319,7 @@ class SimScheduler:
         if not collect:
             return None
         step_no = out.step_no
-        new_tokens = {r.rid: (1 if r.token_steps and r.token_steps[-1] == step_no else 0) for r, _ in out.scheduled}
+        new_tokens = {r.rid: (1 if r.last_step == step_no else 0) for r, _ in out.scheduled}
         return StepResult(start, duration, new_tokens, [r.rid for r in finished], [r.rid for r in out.preempted],
                           out.prefill_tokens, out.num_tokens - out.prefill_tokens)
 
@@ -492,9 +493,13 @@ class SimScheduler:
         requests that reached ``max_tokens`` and free their blocks. Returns the finished requests."""
         step_no = out.step_no
         sampled_reqs: list[tuple[SimRequest, int]] = []  # (request, its prompt tokens) per token sampled
+        prev = step_no - 1
         finished: list[SimRequest] = []
         for req in out.sampled:
-            req.token_steps.append(step_no)
+            if req.last_step == prev:
+                req.last_step = step_no
+            else:
+                req.note_token(step_no)
             req.total += 1
             req.output += 1
             sampled_reqs.append((req, req.prompt))
