@@ -31,7 +31,7 @@ class SimRequest:
 
     __slots__ = ("rid", "prompt", "max_tokens", "arrival", "computed", "total", "output", "nblk",
                  "shared", "group", "npb", "last_step", "run_start", "runs", "preemptions", "finish_step",
-                 "status", "order")
+                 "status", "order", "dec")
 
     def __init__(self, rid: str, prompt: int, max_tokens: int, arrival: float, group: int | None,
                  prefix_blocks: int, order: int) -> None:
@@ -56,6 +56,9 @@ class SimRequest:
         self.finish_step = -1
         self.status = "pending"
         self.order = order
+        # The step from which the scheduler advances it in bulk with the other decoding requests
+        # (its counts then hold their values before that step); -1 while its counts are its own.
+        self.dec = -1
 
     def note_token(self, step_no: int) -> None:
         """Step ``step_no`` produced an output token for this request (steps come in order)."""

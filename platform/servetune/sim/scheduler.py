@@ -40,7 +40,7 @@ import array
 import collections
 import dataclasses
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from servetune.sim.blocks import BlockPool, CacheKey
@@ -108,6 +108,24 @@ class _Tally:
         self.prefill_tokens = self.prefill_context = self.prefill_attn = 0
 
 
+class _Prompts(Sequence[int]):
+    """The prompt tokens of a step's sampled requests, read from them where needed."""
+
+    __slots__ = ("_reqs",)
+
+    def __init__(self, reqs: list[SimRequest]) -> None:
+        self._reqs = reqs
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        return self._reqs[i].prompt
+
+    def __iter__(self) -> Iterator[int]:
+        return (r.prompt for r in self._reqs)
+
+
 class SimScheduler:
     """One vLLM V1 engine core in virtual time (see the module docstring for the rules).
 
@@ -162,6 +180,15 @@ class SimScheduler:
         # after the running step began waits for the batch after it (PerfModel.schedule_ahead).
         self._schedule_ahead = self.perf.schedule_ahead
         self._step_start = 0.0  # start of the step before the one being formed
+        # run_until_idle's bulk decode: the first _dec_n running requests each decode one token a
+        # step (SimRequest.dec), counted together: sum of (computed - dec), how many need a new
+        # block at a step k (by (dec - computed) % block_size == k % block_size), their prompt
+        # tokens, and who of them samples its last token at step k.
+        self._dec_n = 0
+        self._dec_off = 0
+        self._dec_need = [0] * self.block_size
+        self._dec_prompts = 0
+        self._dec_fin: dict[int, list[SimRequest]] = {}
 
     # -- public state -------------------------------------------------------------------------
 
@@ -301,6 +328,7 @@ class SimScheduler:
             while self._running or self._waiting or self.api.has_work():
                 self._step(collect=False)
         finally:
+            self._dissolve()
             self._on_finish = None
 
     def _step(self, collect: bool) -> StepResult | None:
@@ -308,15 +336,18 @@ class SimScheduler:
         ``run_until_idle``'s callback once the API server delivers their last token)."""
         if not self._enter_step():
             return None
+        if not collect:
+            if self._dec_n and self._step_decoding():
+                return None
+            self._dissolve()
         out = self.schedule()
         if out.num_tokens == 0:
             return self._idle(out, collect)
         start = self.now_s
-        duration = self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
-                                       out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
-                                       out.prefill_attn)
+        duration = self._duration(out)
         finished = self.update_from_output(out, duration)
         if not collect:
+            self._join_decoding(out.step_no + 1)
             return None
         step_no = out.step_no
         new_tokens = {r.rid: (1 if r.last_step == step_no else 0) for r, _ in out.scheduled}
@@ -346,13 +377,99 @@ class SimScheduler:
             return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in out.preempted], 0, 0) if collect else None
         raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
 
+    def _duration(self, out: SchedulerOutput) -> float:
+        return self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
+                                   out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
+                                   out.prefill_attn)
+
+    # -- bulk decode (run_until_idle) ---------------------------------------------------------
+
+    def _step_decoding(self) -> bool:
+        """One step in which the first ``_dec_n`` running requests each decode one token, counted
+        in bulk (the sums :meth:`_schedule_running` would form one by one: a decode of ``c``
+        computed tokens adds ``c + 1`` to the KV context and the attention work, and takes a block
+        when ``c`` is a multiple of the block size); the rest of the batch is formed as usual.
+        False, with nothing changed, when they do not all fit the token budget and the free blocks
+        (one then preempts: a step request by request decides whom)."""
+        n = self._dec_n
+        k = len(self.step_end_s)
+        need = self._dec_need[k % self.block_size]
+        if n > self.max_num_batched_tokens or need > self.pool.num_free:
+            return False
+        if need:
+            self.pool.take(need)
+        tally = _Tally(self.max_num_batched_tokens - n)
+        tally.num_reqs = tally.num_tokens = n
+        tally.kv_context = tally.attn_work = self._dec_off + n * (k + 1)
+        out = self._form(tally, n)
+        self.update_from_output(out, self._duration(out), decoding=n)
+        self._join_decoding(k + 1)
+        return True
+
+    def _join_decoding(self, k0: int) -> None:
+        """Running requests after the bulk decoders, in order, join them from step ``k0`` while each
+        is a plain decode: sampled at the step before, whole sequence computed, blocks for it and
+        no more, no prefix blocks left to register."""
+        running = self._running
+        bs = self.block_size
+        caching = self.pool.caching
+        fin = self._dec_fin
+        last = k0 - 1
+        for i in range(self._dec_n, len(running)):
+            req = running[i]
+            c = req.computed
+            if (req.last_step != last or c != req.total - 1 or req.nblk != (c + bs - 1) // bs
+                    or (caching and req.group is not None and len(req.shared) < req.npb)):
+                break
+            req.dec = k0
+            self._dec_n += 1
+            self._dec_off += c - k0
+            self._dec_need[(k0 - c) % bs] += 1
+            self._dec_prompts += req.prompt
+            end = k0 + req.max_tokens - req.output - 1  # the step that samples its last token
+            bucket = fin.get(end)
+            if bucket is None:
+                fin[end] = [req]
+            else:
+                bucket.append(req)
+
+    def _leave_decoding(self, req: SimRequest, upto: int) -> None:
+        """Take ``req`` out of the bulk decoders, its counts brought to where steps up to ``upto``
+        (excluded) left them."""
+        bs = self.block_size
+        k0 = req.dec
+        self._dec_n -= 1
+        self._dec_off -= req.computed - k0
+        self._dec_need[(k0 - req.computed) % bs] -= 1
+        self._dec_prompts -= req.prompt
+        done = upto - k0
+        if done > 0:
+            req.computed += done
+            req.total += done
+            req.output += done
+            req.nblk = (req.computed + bs - 1) // bs
+            req.last_step = upto - 1
+        req.dec = -1
+
+    def _dissolve(self) -> None:
+        """Bring every bulk decoder's counts up to date and end the bulk (before a step request by
+        request, and when run_until_idle returns)."""
+        if self._dec_n:
+            upto = len(self.step_end_s)
+            for req in self._running[:self._dec_n]:
+                self._leave_decoding(req, upto)
+            self._dec_fin.clear()
+
     def schedule(self) -> SchedulerOutput:
         """Form the next batch: RUNNING first, then WAITING unless something was preempted."""
-        tally = _Tally(self.max_num_batched_tokens)
+        return self._form(_Tally(self.max_num_batched_tokens))
+
+    def _form(self, tally: _Tally, start: int = 0) -> SchedulerOutput:
+        """Form the batch from the ``start``-th running request on (those before it are in ``tally``)."""
         scheduled: list[tuple[SimRequest, int]] = []
         sampled: list[SimRequest] = []
         preempted: list[SimRequest] = []
-        self._schedule_running(tally, scheduled, sampled, preempted)
+        self._schedule_running(tally, scheduled, sampled, preempted, start)
         if not preempted:
             self._schedule_waiting(tally, scheduled, sampled)
         return SchedulerOutput(len(self.step_end_s), scheduled, sampled, preempted, tally.num_reqs,
@@ -360,8 +477,9 @@ class SimScheduler:
                                tally.prefill_context, tally.prefill_attn, self.pool.usage)
 
     def _schedule_running(self, tally: _Tally, scheduled: list[tuple[SimRequest, int]], sampled: list[SimRequest],
-                          preempted: list[SimRequest]) -> None:
-        """RUNNING requests, in admission order; one that lacks blocks preempts from the back."""
+                          preempted: list[SimRequest], start: int = 0) -> None:
+        """RUNNING requests from the ``start``-th, in admission order; one that lacks blocks
+        preempts from the back."""
         bs = self.block_size
         bsm1 = bs - 1
         pool = self.pool
@@ -370,7 +488,7 @@ class SimScheduler:
         threshold = self.long_prefill_threshold
         caching = pool.caching
         num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = prefill_context = prefill_attn = 0
-        i = 0
+        i = start
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.computed
@@ -488,13 +606,22 @@ class SimScheduler:
         tally.prefill_context += kv_context
         tally.prefill_attn += attn_work
 
-    def update_from_output(self, out: SchedulerOutput, duration: float) -> list[SimRequest]:
+    def update_from_output(self, out: SchedulerOutput, duration: float, decoding: int = 0) -> list[SimRequest]:
         """The step ran for ``duration``: sample its tokens, hand them to the API server, finish the
-        requests that reached ``max_tokens`` and free their blocks. Returns the finished requests."""
+        requests that reached ``max_tokens`` and free their blocks. Returns the finished requests.
+        ``decoding``: the first running requests that decoded in bulk (not in ``out``) before it."""
         step_no = out.step_no
-        sampled_reqs: list[tuple[SimRequest, int]] = []  # (request, its prompt tokens) per token sampled
         prev = step_no - 1
         finished: list[SimRequest] = []
+        if decoding:  # the bulk decoders sampled first, in running order
+            keys = self._running[:decoding]
+            prompt_sum = self._dec_prompts
+            for req in self._dec_fin.pop(step_no, ()):
+                self._leave_decoding(req, step_no + 1)
+                finished.append(req)
+        else:
+            keys = []
+            prompt_sum = 0
         for req in out.sampled:
             if req.last_step == prev:
                 req.last_step = step_no
@@ -502,17 +629,18 @@ class SimScheduler:
                 req.note_token(step_no)
             req.total += 1
             req.output += 1
-            sampled_reqs.append((req, req.prompt))
+            keys.append(req)
+            prompt_sum += req.prompt
             if req.output >= req.max_tokens:
                 finished.append(req)
         self.now_s = end_s = self.now_s + duration
         self.step_end_s.append(end_s)
         # The API server streams this step's tokens when its loop gets to them (sim/frontend.py).
-        self.deliver_s.append(math.nan if sampled_reqs else end_s)
-        self.api.step_output(step_no, end_s, sampled_reqs, finished)
+        self.deliver_s.append(math.nan if keys else end_s)
+        self.api.step_keys(step_no, end_s, keys, _Prompts(keys), prompt_sum, finished)
         self.num_steps += 1
         self.prompt_tokens_computed += out.prefill_tokens
-        self.generation_tokens += len(sampled_reqs)
+        self.generation_tokens += len(keys)
         usage = out.kv_usage
         if usage > self.kv_usage_peak:
             self.kv_usage_peak = usage
