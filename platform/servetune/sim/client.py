@@ -141,7 +141,7 @@ class LoadClient:
                 itl_s=ChunkGaps(times, runs), preemptions=req.preemptions))
         return out
 
-    def pooled_itl_s(self) -> tuple[np.ndarray, np.ndarray]:
+    def pooled_itl_s(self) -> tuple[list[float], list[int]]:
         """Every inter-chunk gap of the completed measured requests, pooled: distinct gaps (s) and
         how often each occurs (what :func:`servetune.result.summarize` takes as ``pooled_itl_s``).
 
@@ -174,8 +174,7 @@ class LoadClient:
         counts = np.cumsum(span)[1:len(times)]  # runs holding steps j-1 and j, for j >= 1
         gaps = times[1:] - times[:-1]
         keep = (counts > 0) & (gaps != 0)
-        return (np.concatenate([gaps[keep], np.asarray(resumed, dtype=float)]),
-                np.concatenate([counts[keep], np.ones(len(resumed), dtype=np.int64)]))
+        return (gaps[keep].tolist() + resumed, counts[keep].tolist() + [1] * len(resumed))
 
 
 class ChunkGaps(Sequence[float]):

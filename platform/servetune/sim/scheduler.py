@@ -389,22 +389,59 @@ class SimScheduler:
         in bulk (the sums :meth:`_schedule_running` would form one by one: a decode of ``c``
         computed tokens adds ``c + 1`` to the KV context and the attention work, and takes a block
         when ``c`` is a multiple of the block size); the rest of the batch is formed as usual.
-        False, with nothing changed, when they do not all fit the token budget and the free blocks
-        (one then preempts: a step request by request decides whom)."""
+        False, with nothing changed, when they do not all fit the token budget."""
         n = self._dec_n
+        if n > self.max_num_batched_tokens:
+            return False
         k = len(self.step_end_s)
         need = self._dec_need[k % self.block_size]
-        if n > self.max_num_batched_tokens or need > self.pool.num_free:
-            return False
-        if need:
+        preempted: list[SimRequest] = []
+        if need > self.pool.num_free:
+            self._preempt_decoding(k, preempted)
+            n = self._dec_n
+        elif need:
             self.pool.take(need)
         tally = _Tally(self.max_num_batched_tokens - n)
         tally.num_reqs = tally.num_tokens = n
         tally.kv_context = tally.attn_work = self._dec_off + n * (k + 1)
-        out = self._form(tally, n)
+        out = self._form(tally, n, preempted)
         self.update_from_output(out, self._duration(out), decoding=n)
         self._join_decoding(k + 1)
         return True
+
+    def _preempt_decoding(self, k: int, preempted: list[SimRequest]) -> None:
+        """The bulk decoders' blocks at step ``k`` when not all are free, as :meth:`_schedule_running`
+        gives them: in running order each that needs one takes it; one that finds none preempts
+        from the back (a bulk decoder among the victims brought up to date first) until one is
+        free or it is the victim itself, which ends the step's running requests."""
+        running = self._running
+        pool = self.pool
+        bs = self.block_size
+        needers = [r for r in running[:self._dec_n] if (r.dec - r.computed - k) % bs == 0]
+        taken = 0  # blocks given out since the last preemption, taken together
+        for req in needers:
+            if req.dec < 0:
+                break  # preempted already, as is every request behind it
+            if pool.num_free - taken >= 1:
+                taken += 1
+                continue
+            if taken:
+                pool.take(taken)
+                taken = 0
+            while pool.num_free < 1:
+                victim = running.pop()
+                if victim.dec >= 0:
+                    self._dec_fin[victim.dec + victim.max_tokens - victim.output - 1].remove(victim)
+                    self._leave_decoding(victim, k)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status == "waiting":
+                break
+            taken += 1
+        if taken:
+            pool.take(taken)
 
     def _join_decoding(self, k0: int) -> None:
         """Running requests after the bulk decoders, in order, join them from step ``k0`` while each
@@ -464,13 +501,15 @@ class SimScheduler:
         """Form the next batch: RUNNING first, then WAITING unless something was preempted."""
         return self._form(_Tally(self.max_num_batched_tokens))
 
-    def _form(self, tally: _Tally, start: int = 0) -> SchedulerOutput:
-        """Form the batch from the ``start``-th running request on (those before it are in ``tally``)."""
+    def _form(self, tally: _Tally, start: int = 0, preempted: list[SimRequest] | None = None) -> SchedulerOutput:
+        """Form the batch from the ``start``-th running request on (those before it are in ``tally``;
+        ``preempted``: whom they preempted)."""
         scheduled: list[tuple[SimRequest, int]] = []
         sampled: list[SimRequest] = []
-        preempted: list[SimRequest] = []
-        self._schedule_running(tally, scheduled, sampled, preempted, start)
-        if not preempted:
+        preempted = [] if preempted is None else preempted
+        if start < len(self._running):
+            self._schedule_running(tally, scheduled, sampled, preempted, start)
+        if not preempted and self._waiting:
             self._schedule_waiting(tally, scheduled, sampled)
         return SchedulerOutput(len(self.step_end_s), scheduled, sampled, preempted, tally.num_reqs,
                                tally.num_tokens, tally.kv_context, tally.attn_work, tally.prefill_tokens,
