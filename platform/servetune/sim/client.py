@@ -12,13 +12,14 @@ and frees its slot at once.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from servetune.result import RequestRecord
 from servetune.sim.scheduler import SimScheduler
 from servetune.workload import RequestSpec, Workload
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["LoadClient", "ChunkGaps"]
 
@@ -123,6 +124,8 @@ class LoadClient:
 
     def records(self) -> list[RequestRecord]:
         """Each measured request as the load generator records it, times from the window's start."""
+        import numpy as np
+
         sched, t0, offset = self.sched, self.t0, self.num_warmup
         times = np.asarray(sched.deliver_s, dtype=float) - t0  # when the client got each step's tokens
         out: list[RequestRecord] = []
@@ -150,6 +153,8 @@ class LoadClient:
         step ``j`` is the step timeline's ``times[j] - times[j-1]`` when that is not 0, so the pool
         is each step's gap weighted by how many runs span it, plus one gap where a run resumes.
         """
+        import numpy as np
+
         sched, t0 = self.sched, self.t0
         times = np.asarray(sched.deliver_s, dtype=float) - t0
         firsts: list[int] = []
@@ -189,6 +194,8 @@ class ChunkGaps(Sequence[float]):
         self._runs = runs
 
     def _gaps(self) -> tuple[float, ...]:
+        import numpy as np
+
         if not self._runs:
             return ()
         steps = np.concatenate([np.arange(first, last + 1) for first, last in self._runs])

@@ -28,6 +28,12 @@ requests and frees their blocks.
 * The step that computes the last prompt token samples the first output token (TTFT); every later
   step that schedules a request gives it one token; requests stop at ``max_tokens`` (ignore_eos).
 
+In :meth:`SimScheduler.run_until_idle` (a trial) the running requests that only decode, from the
+first in running order, are advanced together by counters (their KV context and attention sums,
+how many cross a block boundary at each step, which step samples each one's last token), so a
+step costs the same whatever its batch; everything else is decided request by request, with the
+same figures, to the bit, as stepping every request (``bulk_decode=False``).
+
 Requests reach the engine core, and clients their tokens, through vLLM's API server loop
 (:class:`servetune.sim.frontend.ApiServer`): a request enters WAITING once its intake is done, and
 a step's tokens count as received when the loop has drained them and the load generator has read
@@ -136,7 +142,7 @@ class SimScheduler:
     """
 
     def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, num_gpu_blocks: int,
-                 seed: int = 0, perf: PerfModel | None = None) -> None:
+                 seed: int = 0, perf: PerfModel | None = None, bulk_decode: bool = True) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 (one is vLLM's null block), got {num_gpu_blocks}")
         self.config = config
@@ -184,6 +190,10 @@ class SimScheduler:
         # step (SimRequest.dec), counted together: sum of (computed - dec), how many need a new
         # block at a step k (by (dec - computed) % block_size == k % block_size), their prompt
         # tokens, and who of them samples its last token at step k.
+        #: Whether run_until_idle decodes in bulk (False: every step request by request, the
+        #: reference the bulk steps equal); how many steps it ran so.
+        self.bulk_decode = bulk_decode
+        self.num_bulk_steps = 0
         self._dec_n = 0
         self._dec_off = 0
         self._dec_need = [0] * self.block_size
@@ -317,7 +327,9 @@ class SimScheduler:
         return info
 
     def run_until_idle(self, on_finish: Callable[[str, float], None] | None = None) -> None:
-        """Step until no work is left (fast path: no per-step report).
+        """Step until no work is left (fast path: no per-step report; with ``bulk_decode`` the
+        running requests that only decode advance together by counters, the same figures as
+        step by step).
 
         ``on_finish(request_id, finish_s)`` is called for every finished request once its client
         has the last token (``finish_s``) and may add new requests (a closed-loop client sends the
@@ -347,7 +359,8 @@ class SimScheduler:
         duration = self._duration(out)
         finished = self.update_from_output(out, duration)
         if not collect:
-            self._join_decoding(out.step_no + 1)
+            if self.bulk_decode:
+                self._join_decoding(out.step_no + 1)
             return None
         step_no = out.step_no
         new_tokens = {r.rid: (1 if r.last_step == step_no else 0) for r, _ in out.scheduled}
@@ -407,6 +420,7 @@ class SimScheduler:
         out = self._form(tally, n, preempted)
         self.update_from_output(out, self._duration(out), decoding=n)
         self._join_decoding(k + 1)
+        self.num_bulk_steps += 1
         return True
 
     def _preempt_decoding(self, k: int, preempted: list[SimRequest]) -> None:
