@@ -11,6 +11,7 @@ that falls behind (merged chunks), open and closed loops.
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from servetune.sim import LoadClient, SimScheduler, simulate
 from servetune.workload import Workload
 
 L8B = "llama-3.1-8b"
-CASES = {
+CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # 400 in flight against a cache for about 160: decoders preempt from the back.
     "preempting_closed_loop": (L8B, {"num_gpu_blocks_override": 12000},
                                {"input_len": 1024, "output_len": 128, "num_requests": 600, "concurrency": 400}),
@@ -111,5 +112,6 @@ def test_a_trials_records_do_not_grow_with_the_output_length() -> None:
         sizes[out] = len(pickle.dumps(result.requests))
         for r in result.requests[:8]:
             gaps = list(r.itl_s)
+            assert r.finish_s is not None and r.first_token_s is not None
             assert 0 < len(gaps) <= out - 1 and sum(gaps) == pytest.approx(r.finish_s - r.first_token_s, rel=1e-9)
     assert sizes[1024] - sizes[64] < 0.02 * 256 * (1024 - 64) * 8, sizes
