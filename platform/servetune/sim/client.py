@@ -193,21 +193,28 @@ class ChunkGaps(Sequence[float]):
         self._times = times
         self._runs = runs
 
-    def _gaps(self) -> tuple[float, ...]:
+    def _token_times(self) -> np.ndarray:
         import numpy as np
 
+        runs = self._runs
+        if len(runs) == 1:
+            return self._times[runs[0][0]:runs[0][1] + 1]
+        return np.concatenate([self._times[first:last + 1] for first, last in runs])
+
+    def _gaps(self) -> tuple[float, ...]:
         if not self._runs:
             return ()
-        steps = np.concatenate([np.arange(first, last + 1) for first, last in self._runs])
-        t = self._times[steps]
-        new = np.empty(len(t), dtype=bool)
-        new[0] = True
-        new[1:] = t[1:] != t[:-1]
-        chunks = t[new]
-        return tuple((chunks[1:] - chunks[:-1]).tolist())
+        # A token whose time differs from the one before starts a chunk; the gap to it is the
+        # difference of the two chunks' times (every token of a chunk has the chunk's time).
+        t = self._token_times()
+        gaps = t[1:] - t[:-1]
+        return tuple(gaps[gaps != 0].tolist())
 
     def __len__(self) -> int:
-        return len(self._gaps())
+        if not self._runs:
+            return 0
+        t = self._token_times()
+        return int((t[1:] != t[:-1]).sum())
 
     def __getitem__(self, index):  # type: ignore[no-untyped-def]
         return self._gaps()[index]
