@@ -390,7 +390,7 @@ class SimScheduler:
             return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in out.preempted], 0, 0) if collect else None
         raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
 
-    def _duration(self, out: SchedulerOutput) -> float:
+    def _duration(self, out: SchedulerOutput | _Tally) -> float:
         return self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
                                    out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
                                    out.prefill_attn)
@@ -417,8 +417,9 @@ class SimScheduler:
         tally = _Tally(self.max_num_batched_tokens - n)
         tally.num_reqs = tally.num_tokens = n
         tally.kv_context = tally.attn_work = self._dec_off + n * (k + 1)
-        out = self._form(tally, n, preempted)
-        self.update_from_output(out, self._duration(out), decoding=n)
+        sampled = self._batch(tally, n, preempted)[1]
+        usage = self.pool.usage
+        self._update(k, sampled, tally.prefill_tokens, usage, self._duration(tally), n)
         self._join_decoding(k + 1)
         self.num_bulk_steps += 1
         return True
@@ -515,19 +516,24 @@ class SimScheduler:
         """Form the next batch: RUNNING first, then WAITING unless something was preempted."""
         return self._form(_Tally(self.max_num_batched_tokens))
 
-    def _form(self, tally: _Tally, start: int = 0, preempted: list[SimRequest] | None = None) -> SchedulerOutput:
-        """Form the batch from the ``start``-th running request on (those before it are in ``tally``;
-        ``preempted``: whom they preempted)."""
-        scheduled: list[tuple[SimRequest, int]] = []
-        sampled: list[SimRequest] = []
-        preempted = [] if preempted is None else preempted
-        if start < len(self._running):
-            self._schedule_running(tally, scheduled, sampled, preempted, start)
-        if not preempted and self._waiting:
-            self._schedule_waiting(tally, scheduled, sampled)
+    def _form(self, tally: _Tally) -> SchedulerOutput:
+        preempted: list[SimRequest] = []
+        scheduled, sampled = self._batch(tally, 0, preempted)
         return SchedulerOutput(len(self.step_end_s), scheduled, sampled, preempted, tally.num_reqs,
                                tally.num_tokens, tally.kv_context, tally.attn_work, tally.prefill_tokens,
                                tally.prefill_context, tally.prefill_attn, self.pool.usage)
+
+    def _batch(self, tally: _Tally, start: int,
+               preempted: list[SimRequest]) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]:
+        """Form the batch from the ``start``-th running request on (those before it are in ``tally``,
+        whom they preempted in ``preempted``): (request, tokens) scheduled, and those that sample."""
+        scheduled: list[tuple[SimRequest, int]] = []
+        sampled: list[SimRequest] = []
+        if start < len(self._running):
+            self._schedule_running(tally, scheduled, sampled, preempted, start)
+        if not preempted and self._waiting and len(self._running) < self.max_num_seqs and tally.budget > 0:
+            self._schedule_waiting(tally, scheduled, sampled)
+        return scheduled, sampled
 
     def _schedule_running(self, tally: _Tally, scheduled: list[tuple[SimRequest, int]], sampled: list[SimRequest],
                           preempted: list[SimRequest], start: int = 0) -> None:
@@ -663,7 +669,10 @@ class SimScheduler:
         """The step ran for ``duration``: sample its tokens, hand them to the API server, finish the
         requests that reached ``max_tokens`` and free their blocks. Returns the finished requests.
         ``decoding``: the first running requests that decoded in bulk (not in ``out``) before it."""
-        step_no = out.step_no
+        return self._update(out.step_no, out.sampled, out.prefill_tokens, out.kv_usage, duration, decoding)
+
+    def _update(self, step_no: int, sampled: list[SimRequest], prefill_tokens: int, usage: float, duration: float,
+                decoding: int) -> list[SimRequest]:
         prev = step_no - 1
         finished: list[SimRequest] = []
         if decoding:  # the bulk decoders sampled first, in running order
@@ -675,7 +684,7 @@ class SimScheduler:
         else:
             keys = []
             prompt_sum = 0
-        for req in out.sampled:
+        for req in sampled:
             if req.last_step == prev:
                 req.last_step = step_no
             else:
@@ -692,9 +701,8 @@ class SimScheduler:
         self.deliver_s.append(math.nan if keys else end_s)
         self.api.step_keys(step_no, end_s, keys, _Prompts(keys), prompt_sum, finished)
         self.num_steps += 1
-        self.prompt_tokens_computed += out.prefill_tokens
+        self.prompt_tokens_computed += prefill_tokens
         self.generation_tokens += len(keys)
-        usage = out.kv_usage
         if usage > self.kv_usage_peak:
             self.kv_usage_peak = usage
         self._kv_area += usage * duration
