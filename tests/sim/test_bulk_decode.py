@@ -109,9 +109,11 @@ def test_a_trials_records_do_not_grow_with_the_output_length() -> None:
         w = Workload.from_dict({"input_len": 128, "output_len": out, "num_requests": 256, "concurrency": 256})
         result = simulate(model, gpu, config, w)
         assert result.completed == 256 and result.preemptions == 0
-        sizes[out] = len(pickle.dumps(result.requests))
+        sizes[out] = len(pickled := pickle.dumps(result.requests))
+        assert pickle.loads(pickled) == result.requests  # what a trial's worker sends its driver
         for r in result.requests[:8]:
             gaps = list(r.itl_s)
+            assert r.itl_s == tuple(gaps) and len(r.itl_s) == len(gaps)
             assert r.finish_s is not None and r.first_token_s is not None
             assert 0 < len(gaps) <= out - 1 and sum(gaps) == pytest.approx(r.finish_s - r.first_token_s, rel=1e-9)
     assert sizes[1024] - sizes[64] < 0.02 * 256 * (1024 - 64) * 8, sizes
