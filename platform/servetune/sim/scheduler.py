@@ -288,8 +288,11 @@ class SimScheduler:
     def _admit_arrivals(self, upto: float | None = None) -> None:
         """Run the API server as far as the engine's clock is known, then move the requests that
         reached the engine core by ``upto`` (default: now) to WAITING."""
-        self.api.advance(self.now_s, self._delivered)
-        for req in self.api.pop_entered(self.now_s if upto is None else upto):
+        api = self.api
+        api.advance(self.now_s, self._delivered)
+        if api.next_entry_s() > (self.now_s if upto is None else upto):
+            return
+        for req in api.pop_entered(self.now_s if upto is None else upto):
             req.status = "waiting"  # type: ignore[attr-defined]
             self._waiting.append(req)  # type: ignore[arg-type]
 
@@ -420,7 +423,8 @@ class SimScheduler:
         sampled = self._batch(tally, n, preempted)[1]
         usage = self.pool.usage
         self._update(k, sampled, tally.prefill_tokens, usage, self._duration(tally), n)
-        self._join_decoding(k + 1)
+        if self._dec_n < len(self._running):
+            self._join_decoding(k + 1)
         self.num_bulk_steps += 1
         return True
 
