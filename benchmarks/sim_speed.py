@@ -8,7 +8,7 @@ allocates (Python's tracemalloc, per 1000 requests). The target is 0.1 CPU-secon
 hundreds of simulated trials takes seconds and a million-request trace fits a laptop.
 
 Measured 2026-12-05 on this project's 2-core machines (shared), the same machine and hour for
-both: 0.027-0.106 CPU-s per 1000-request trial (9,400-37,000 requests per CPU-second; the
+both: 0.026-0.099 CPU-s per 1000-request trial (10,000-38,500 requests per CPU-second; the
 64-sequence 2048-block case, 9,434 steps, is the slowest) and 1.2-2.6 MiB peak per 1000
 requests, against 0.26-0.37 CPU-s and 22 MiB before bulk decode and step-pooled ITL;
 ``--num-requests 100000`` peaks at 132 MiB traced.
