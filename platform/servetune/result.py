@@ -89,6 +89,42 @@ class LatencySummary:
             p99=_percentile(vals, 99),
         )
 
+    @classmethod
+    def of_counts(cls, values_ms: Sequence[float], counts: Sequence[int]) -> LatencySummary | None:
+        """The summary of a multiset given as values and how often each occurs: the same
+        percentiles as :meth:`of` over the values repeated (the mean to rounding), without the
+        repeated list.
+
+        Example:
+            >>> LatencySummary.of_counts([2.0, 1.0], [1, 3]) == LatencySummary.of([1.0, 1.0, 1.0, 2.0])
+            True
+        """
+        import numpy as np
+
+        vals = np.asarray(values_ms, dtype=float)
+        reps = np.asarray(counts, dtype=np.int64)
+        keep = (reps > 0) & ~np.isnan(vals)
+        vals, reps = vals[keep], reps[keep]
+        if not len(vals):
+            return None
+        order = np.argsort(vals, kind="stable")
+        vals, reps = vals[order], reps[order]
+        ends = np.cumsum(reps)  # the rank after each value's last copy
+        n = int(ends[-1])
+
+        def at(rank: int) -> float:
+            return float(vals[int(np.searchsorted(ends, rank, side="right"))])
+
+        def pct(q: float) -> float:
+            if n == 1:
+                return at(0)
+            pos = (n - 1) * q / 100.0
+            lo = math.floor(pos)
+            lo_v, hi_v = at(lo), at(min(lo + 1, n - 1))
+            return float(lo_v + (hi_v - lo_v) * (pos - lo))
+
+        return cls(mean=math.fsum((vals * reps).tolist()) / n, p50=pct(50), p90=pct(90), p99=pct(99))
+
 
 def _percentile(sorted_vals: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile, numpy's default method (the one ``vllm bench serve`` uses)."""
@@ -110,7 +146,9 @@ class RequestRecord:
     arrival_s: float
     first_token_s: float | None
     finish_s: float | None
-    itl_s: tuple[float, ...] = ()
+    #: The gaps between the chunks the client received (a tuple; the simulator's records compute
+    #: theirs on demand from the step times, :class:`servetune.sim.client.ChunkGaps`).
+    itl_s: Sequence[float] = ()
     preemptions: int = 0
     error: str | None = None
 
@@ -347,12 +385,16 @@ _WORKER_PARTS = ("weights", "activation_peak", "non_torch", "cudagraph", "kv_cac
 
 
 def summarize(
-    records: Sequence[RequestRecord], duration_s: float
+    records: Sequence[RequestRecord], duration_s: float,
+    pooled_itl_s: tuple[Sequence[float], Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """Throughput and latency figures from per-request records, as ``vllm bench serve`` computes them.
 
     Output throughput counts the output tokens of completed requests over the whole window;
-    TPOT is per request, ITL pools every inter-token gap.
+    TPOT is per request, ITL pools every inter-token gap. ``pooled_itl_s``: those gaps of the
+    completed requests already pooled, as distinct values (seconds) and how often each occurs
+    (the simulator's, whose gaps repeat across the requests of a batch); the records' own
+    ``itl_s`` are then not read.
     """
     done = [r for r in records if r.error is None and r.finish_s is not None]
     out_tokens = sum(r.output_tokens for r in done)
@@ -367,6 +409,7 @@ def summarize(
         "request_throughput": len(done) / dur,
         "ttft_ms": LatencySummary.of([r.ttft_ms for r in done if r.ttft_ms is not None]),
         "tpot_ms": LatencySummary.of([r.tpot_ms for r in done if r.tpot_ms is not None]),
-        "itl_ms": LatencySummary.of([g * 1e3 for r in done for g in r.itl_s]),
+        "itl_ms": (LatencySummary.of([g * 1e3 for r in done for g in r.itl_s]) if pooled_itl_s is None else
+                   LatencySummary.of_counts([g * 1e3 for g in pooled_itl_s[0]], pooled_itl_s[1])),
         "e2e_ms": LatencySummary.of([r.e2e_ms for r in done if r.e2e_ms is not None]),
     }

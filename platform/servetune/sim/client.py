@@ -11,11 +11,17 @@ and frees its slot at once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
 from servetune.result import RequestRecord
 from servetune.sim.scheduler import SimScheduler
 from servetune.workload import RequestSpec, Workload
 
-__all__ = ["LoadClient"]
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["LoadClient", "ChunkGaps"]
 
 
 class LoadClient:
@@ -118,8 +124,10 @@ class LoadClient:
 
     def records(self) -> list[RequestRecord]:
         """Each measured request as the load generator records it, times from the window's start."""
+        import numpy as np
+
         sched, t0, offset = self.sched, self.t0, self.num_warmup
-        ends = sched.deliver_s
+        times = np.asarray(sched.deliver_s, dtype=float) - t0  # when the client got each step's tokens
         out: list[RequestRecord] = []
         for i, spec in enumerate(self.measured):
             arrival = self._arrival_of.get(i, t0) - t0
@@ -128,14 +136,102 @@ class LoadClient:
                                          error=self._errors[i]))
                 continue
             req = sched.request(str(i))
-            times = [ends[s] - t0 for s in req.token_steps]
-            # The client sees chunks: tokens the API server merged arrive together (one ITL gap, as
-            # `vllm bench serve` records it).
-            chunks = [t for j, t in enumerate(times) if j == 0 or t != times[j - 1]]
-            gaps = tuple(b - a for a, b in zip(chunks, chunks[1:]))
+            runs = tuple(req.token_runs())
             out.append(RequestRecord(
                 request_id=i + offset, prompt_tokens=req.prompt, output_tokens=req.output, arrival_s=arrival,
-                first_token_s=times[0] if times else None,
-                finish_s=ends[req.finish_step] - t0 if req.finish_step >= 0 else None,
-                itl_s=gaps, preemptions=req.preemptions))
+                first_token_s=float(times[runs[0][0]]) if runs else None,
+                finish_s=float(times[req.finish_step]) if req.finish_step >= 0 else None,
+                itl_s=ChunkGaps(times, runs), preemptions=req.preemptions))
         return out
+
+    def pooled_itl_s(self) -> tuple[list[float], list[int]]:
+        """Every inter-chunk gap of the completed measured requests, pooled: distinct gaps (s) and
+        how often each occurs (what :func:`servetune.result.summarize` takes as ``pooled_itl_s``).
+
+        The client sees chunks: tokens the API server delivered together arrive as one (one ITL gap,
+        as ``vllm bench serve`` records it). Within a run of consecutive steps a request's gap at
+        step ``j`` is the step timeline's ``times[j] - times[j-1]`` when that is not 0, so the pool
+        is each step's gap weighted by how many runs span it, plus one gap where a run resumes.
+        """
+        import numpy as np
+
+        sched, t0 = self.sched, self.t0
+        times = np.asarray(sched.deliver_s, dtype=float) - t0
+        firsts: list[int] = []
+        lasts: list[int] = []
+        resumed: list[float] = []
+        for i in range(len(self.measured)):
+            if i in self._errors:
+                continue
+            req = sched.request(str(i))
+            if req.finish_step < 0:
+                continue
+            prev = -1
+            for first, last in req.token_runs():
+                firsts.append(first)
+                lasts.append(last)
+                if prev >= 0 and times[first] != times[prev]:
+                    resumed.append(float(times[first] - times[prev]))
+                prev = last
+        span = np.zeros(len(times) + 1, dtype=np.int64)
+        np.add.at(span, np.asarray(firsts, dtype=np.int64) + 1, 1)
+        np.add.at(span, np.asarray(lasts, dtype=np.int64) + 1, -1)
+        counts = np.cumsum(span)[1:len(times)]  # runs holding steps j-1 and j, for j >= 1
+        gaps = times[1:] - times[:-1]
+        keep = (counts > 0) & (gaps != 0)
+        return (gaps[keep].tolist() + resumed, counts[keep].tolist() + [1] * len(resumed))
+
+
+class ChunkGaps(Sequence[float]):
+    """One request's inter-chunk gaps (s), computed on demand from the step timeline it shares
+    with the other requests of its trial and the runs of steps that produced its tokens: a
+    record keeps no per-token list. Equal to the tuple of the same gaps."""
+
+    __slots__ = ("_times", "_runs")
+
+    def __init__(self, times: np.ndarray, runs: tuple[tuple[int, int], ...]) -> None:
+        self._times = times
+        self._runs = runs
+
+    def _token_times(self) -> np.ndarray:
+        import numpy as np
+
+        runs = self._runs
+        if len(runs) == 1:
+            return self._times[runs[0][0]:runs[0][1] + 1]
+        return np.concatenate([self._times[first:last + 1] for first, last in runs])
+
+    def _gaps(self) -> tuple[float, ...]:
+        if not self._runs:
+            return ()
+        # A token whose time differs from the one before starts a chunk; the gap to it is the
+        # difference of the two chunks' times (every token of a chunk has the chunk's time).
+        t = self._token_times()
+        gaps = t[1:] - t[:-1]
+        return tuple(gaps[gaps != 0].tolist())
+
+    def __len__(self) -> int:
+        if not self._runs:
+            return 0
+        t = self._token_times()
+        return int((t[1:] != t[:-1]).sum())
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        return self._gaps()[index]
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._gaps())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ChunkGaps | tuple | list):
+            return self._gaps() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._gaps())
+
+    def __repr__(self) -> str:
+        return repr(self._gaps())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ChunkGaps, (self._times, self._runs))

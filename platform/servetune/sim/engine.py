@@ -80,7 +80,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
     client = LoadClient(sched, workload)
     records = client.run()
     finish_times = [r.finish_s for r in records if r.finish_s is not None]
-    fig = summarize(records, max(finish_times) if finish_times else 0.0)
+    fig = summarize(records, max(finish_times) if finish_times else 0.0, pooled_itl_s=client.pooled_itl_s())
     result = TrialResult(
         status=TrialStatus.OK, **base,
         duration_s=fig["duration_s"], completed=fig["completed"], failed=fig["failed"],

@@ -64,6 +64,9 @@ __all__ = ["ApiServer"]
 #: ``on_delivered(step_no, delivered_s, keys)``: the step's tokens reached their clients at
 #: ``delivered_s``; ``keys`` are the requests whose last token was among them.
 OnDelivered = Callable[[int, float, list[Hashable]], None]
+#: One step's output waiting for the loop: (step_no, end_s, keys sampled, their prompt tokens, the
+#: sum of those, the keys whose last token it carries).
+_Output = tuple[int, float, Sequence[Hashable], Sequence[int], int, Sequence[Hashable]]
 
 
 class ApiServer:
@@ -100,10 +103,9 @@ class ApiServer:
         # heap: (ready_s, order, key, prompt tokens, passes done): a send is ready at its send time,
         # then again after each pass of the loop its intake takes.
         self._sends: list[tuple[float, int, Hashable, int, int]] = []
-        # Steps whose tokens no client has yet: (step_no, end_s, sampled [(key, prompt tokens)],
-        # the keys whose last token they carry).
-        self._outputs: collections.deque[tuple[int, float, Sequence[tuple[Hashable, int]], Sequence[Hashable]]] = (
-            collections.deque())
+        # Steps whose tokens no client has yet: (step_no, end_s, the keys sampled, their prompt
+        # tokens (one each, in order), the sum of those, the keys whose last token they carry).
+        self._outputs: collections.deque[_Output] = collections.deque()
         self._entered: list[tuple[float, int, Hashable]] = []  # heap: (entry_s, order, key)
         self._order = 0
 
@@ -119,7 +121,15 @@ class ApiServer:
         """The engine step ``step_no`` ended at ``end_s`` having sampled one token for each
         ``(key, prompt tokens)`` of ``sampled``; ``finished`` sampled their last one. Steps come in order."""
         if sampled:  # a step that sampled nothing streams nothing and finished nothing
-            self._outputs.append((step_no, end_s, sampled, finished))
+            prompts = [p for _, p in sampled]
+            self._outputs.append((step_no, end_s, [k for k, _ in sampled], prompts, sum(prompts), finished))
+
+    def step_keys(self, step_no: int, end_s: float, keys: Sequence[Hashable], prompts: Sequence[int],
+                  prompt_sum: int, finished: Sequence[Hashable] = ()) -> None:
+        """:meth:`step_output` with the sampled requests given as ``keys`` and their ``prompts``
+        (one each, in order; read only where an output slice needs them) and ``prompt_sum``, their sum."""
+        if keys:
+            self._outputs.append((step_no, end_s, keys, prompts, prompt_sum, finished))
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -188,39 +198,38 @@ class ApiServer:
         tokens = 0
         prompt_tokens = 0
         while n < len(outputs) and outputs[n][1] <= start:
-            sampled = outputs[n][2]
-            tokens += len(sampled)
-            prompt_tokens += sum(p for _, p in sampled)
+            tokens += len(outputs[n][2])
+            prompt_tokens += outputs[n][4]
             n += 1
         drained = [outputs.popleft() for _ in range(n)]
-        chunks = len(drained[0][2]) if n == 1 else len({key for _, _, sampled, _ in drained for key, _ in sampled})
+        chunks = len(drained[0][2]) if n == 1 else len(set().union(*[out[2] for out in drained]))
         cost = tokens * self._token_s + prompt_tokens * self._stream_prompt_token_s + chunks * self._chunk_s
         self.busy_s += cost
         self.free_s = start
-        if self._slice:
-            self._yield_between_slices(drained)
+        if self._slice and self._sends and any(len(out[2]) > self._slice for out in drained):
+            self._yield_between_slices(drained)  # (no boundary, or nothing to run at one: nothing to do)
         t = self.free_s + cost
         self.free_s = t
         if self._client_chunk_s:  # the client reads the chunks after the loop wrote them, one at a time
             t = max(t, self.client_free_s) + chunks * self._client_chunk_s
             self.client_free_s = t
         if on_delivered is not None:
-            for step_no, _, _, finished in drained:
-                on_delivered(step_no, t, list(finished))
+            for out in drained:
+                on_delivered(out[0], t, list(out[5]))
         return True
 
-    def _yield_between_slices(self, drained: Sequence[tuple[int, float, Sequence[tuple[Hashable, int]],
-                                                             Sequence[Hashable]]]) -> None:
+    def _yield_between_slices(self, drained: Sequence[_Output]) -> None:
         """Run the intake passes that asyncio lets in at the drain's slice boundaries: at each, every
         send whose next pass was ready by then runs once, in order (the handler goes to the back of
         the ready queue; a pass that ends there is behind it). ``free_s`` moves by their cost only;
         the caller adds the drain's own. The slices' SSE chunks are still written after the drain."""
         start = self.free_s
         work = shift = 0.0  # the drain's own work so far, and the intake run inside it
-        for _, _, sampled, _ in drained:
-            for i, (_, prompt) in enumerate(sampled):
+        for out in drained:
+            prompts = out[3]
+            for i, prompt in enumerate(prompts):
                 work += self._token_s + prompt * self._stream_prompt_token_s
-                if (i + 1) % self._slice or i + 1 == len(sampled):
+                if (i + 1) % self._slice or i + 1 == len(prompts):
                     continue  # no boundary here: slices are cut within one step's outputs
                 boundary = start + work + shift
                 while self._sends and self._sends[0][0] <= boundary:

@@ -30,8 +30,8 @@ class SimRequest:
     """Mutable per-request state; ``__slots__`` because the hot loop touches it every step."""
 
     __slots__ = ("rid", "prompt", "max_tokens", "arrival", "computed", "total", "output", "nblk",
-                 "shared", "group", "npb", "token_steps", "preemptions", "finish_step", "status",
-                 "order")
+                 "shared", "group", "npb", "last_step", "run_start", "runs", "preemptions", "finish_step",
+                 "status", "order", "dec")
 
     def __init__(self, rid: str, prompt: int, max_tokens: int, arrival: float, group: int | None,
                  prefix_blocks: int, order: int) -> None:
@@ -46,8 +46,44 @@ class SimRequest:
         self.shared: list[tuple[int, int | None, int]] = []  # cache keys of the first len(shared) blocks
         self.group = group
         self.npb = prefix_blocks  # full blocks of the group's shared prefix
-        self.token_steps: list[int] = []  # index of the step that produced each output token
+        # The steps that produced its output tokens, as runs of consecutive steps (a request in
+        # decode gets one token a step, so one run unless it was preempted or starved): the run
+        # being extended is run_start..last_step, the closed ones are in ``runs`` (start, end, ...).
+        self.last_step = -2  # none yet (never step_no - 1)
+        self.run_start = -1
+        self.runs: list[int] | None = None
         self.preemptions = 0
         self.finish_step = -1
         self.status = "pending"
         self.order = order
+        # The step from which the scheduler advances it in bulk with the other decoding requests
+        # (its counts then hold their values before that step); -1 while its counts are its own.
+        self.dec = -1
+
+    def note_token(self, step_no: int) -> None:
+        """Step ``step_no`` produced an output token for this request (steps come in order)."""
+        if self.last_step != step_no - 1:
+            if self.last_step >= 0:
+                if self.runs is None:
+                    self.runs = []
+                self.runs += (self.run_start, self.last_step)
+            self.run_start = step_no
+        self.last_step = step_no
+
+    def token_runs(self) -> list[tuple[int, int]]:
+        """The steps that produced its output tokens: ``(first, last)`` of each run, in order."""
+        runs = self.runs or []
+        out = [(runs[i], runs[i + 1]) for i in range(0, len(runs), 2)]
+        if self.last_step >= 0:
+            out.append((self.run_start, self.last_step))
+        return out
+
+    @property
+    def token_steps(self) -> list[int]:
+        """The step that produced each output token, one per token (built on demand)."""
+        return [k for first, last in self.token_runs() for k in range(first, last + 1)]
+
+    @property
+    def first_step(self) -> int:
+        """The step that produced its first output token (negative: none yet)."""
+        return self.runs[0] if self.runs else self.run_start

@@ -28,6 +28,12 @@ requests and frees their blocks.
 * The step that computes the last prompt token samples the first output token (TTFT); every later
   step that schedules a request gives it one token; requests stop at ``max_tokens`` (ignore_eos).
 
+In :meth:`SimScheduler.run_until_idle` (a trial) the running requests that only decode, from the
+first in running order, are advanced together by counters (their KV context and attention sums,
+how many cross a block boundary at each step, which step samples each one's last token), so a
+step costs the same whatever its batch; everything else is decided request by request, with the
+same figures, to the bit, as stepping every request (``bulk_decode=False``).
+
 Requests reach the engine core, and clients their tokens, through vLLM's API server loop
 (:class:`servetune.sim.frontend.ApiServer`): a request enters WAITING once its intake is done, and
 a step's tokens count as received when the loop has drained them and the load generator has read
@@ -36,10 +42,11 @@ their chunks.
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from servetune.sim.blocks import BlockPool, CacheKey
@@ -107,6 +114,24 @@ class _Tally:
         self.prefill_tokens = self.prefill_context = self.prefill_attn = 0
 
 
+class _Prompts(Sequence[int]):
+    """The prompt tokens of a step's sampled requests, read from them where needed."""
+
+    __slots__ = ("_reqs",)
+
+    def __init__(self, reqs: list[SimRequest]) -> None:
+        self._reqs = reqs
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        return self._reqs[i].prompt
+
+    def __iter__(self) -> Iterator[int]:
+        return (r.prompt for r in self._reqs)
+
+
 class SimScheduler:
     """One vLLM V1 engine core in virtual time (see the module docstring for the rules).
 
@@ -117,7 +142,7 @@ class SimScheduler:
     """
 
     def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, num_gpu_blocks: int,
-                 seed: int = 0, perf: PerfModel | None = None) -> None:
+                 seed: int = 0, perf: PerfModel | None = None, bulk_decode: bool = True) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 (one is vLLM's null block), got {num_gpu_blocks}")
         self.config = config
@@ -143,9 +168,9 @@ class SimScheduler:
         self.kv_usage_peak = 0.0
         self._kv_area = 0.0  # integral of usage over time, for the time-weighted mean
         self._kv_time = 0.0
-        self.step_end_s: list[float] = []  # end time of every step, by index
+        self.step_end_s = array.array("d")  # end time of every step, by index
         # When clients receive each step's tokens (NaN until the API server has delivered them).
-        self.deliver_s: list[float] = []
+        self.deliver_s = array.array("d")
         perf = self.perf
         self.api = ApiServer(perf.request_overhead_s, perf.prompt_token_overhead_s, perf.token_overhead_s,
                              perf.stream_prompt_token_s, perf.api_chunk_share, perf.api_intake_passes,
@@ -161,6 +186,19 @@ class SimScheduler:
         # after the running step began waits for the batch after it (PerfModel.schedule_ahead).
         self._schedule_ahead = self.perf.schedule_ahead
         self._step_start = 0.0  # start of the step before the one being formed
+        # run_until_idle's bulk decode: the first _dec_n running requests each decode one token a
+        # step (SimRequest.dec), counted together: sum of (computed - dec), how many need a new
+        # block at a step k (by (dec - computed) % block_size == k % block_size), their prompt
+        # tokens, and who of them samples its last token at step k.
+        #: Whether run_until_idle decodes in bulk (False: every step request by request, the
+        #: reference the bulk steps equal); how many steps it ran so.
+        self.bulk_decode = bulk_decode
+        self.num_bulk_steps = 0
+        self._dec_n = 0
+        self._dec_off = 0
+        self._dec_need = [0] * self.block_size
+        self._dec_prompts = 0
+        self._dec_fin: dict[int, list[SimRequest]] = {}
 
     # -- public state -------------------------------------------------------------------------
 
@@ -201,7 +239,7 @@ class SimScheduler:
 
     def request_state(self, request_id: str) -> RequestState:
         r = self._requests[request_id]
-        first = self._received(r.token_steps[0]) if r.token_steps else None
+        first = self._received(r.first_step) if r.last_step >= 0 else None
         finish = self._received(r.finish_step) if r.finish_step >= 0 else None
         return RequestState(r.rid, r.status, r.computed, r.output, r.nblk, r.preemptions, first, finish)
 
@@ -250,8 +288,11 @@ class SimScheduler:
     def _admit_arrivals(self, upto: float | None = None) -> None:
         """Run the API server as far as the engine's clock is known, then move the requests that
         reached the engine core by ``upto`` (default: now) to WAITING."""
-        self.api.advance(self.now_s, self._delivered)
-        for req in self.api.pop_entered(self.now_s if upto is None else upto):
+        api = self.api
+        api.advance(self.now_s, self._delivered)
+        if api.next_entry_s() > (self.now_s if upto is None else upto):
+            return
+        for req in api.pop_entered(self.now_s if upto is None else upto):
             req.status = "waiting"  # type: ignore[attr-defined]
             self._waiting.append(req)  # type: ignore[arg-type]
 
@@ -289,7 +330,9 @@ class SimScheduler:
         return info
 
     def run_until_idle(self, on_finish: Callable[[str, float], None] | None = None) -> None:
-        """Step until no work is left (fast path: no per-step report).
+        """Step until no work is left (fast path: no per-step report; with ``bulk_decode`` the
+        running requests that only decode advance together by counters, the same figures as
+        step by step).
 
         ``on_finish(request_id, finish_s)`` is called for every finished request once its client
         has the last token (``finish_s``) and may add new requests (a closed-loop client sends the
@@ -300,6 +343,7 @@ class SimScheduler:
             while self._running or self._waiting or self.api.has_work():
                 self._step(collect=False)
         finally:
+            self._dissolve()
             self._on_finish = None
 
     def _step(self, collect: bool) -> StepResult | None:
@@ -307,18 +351,22 @@ class SimScheduler:
         ``run_until_idle``'s callback once the API server delivers their last token)."""
         if not self._enter_step():
             return None
+        if not collect:
+            if self._dec_n and self._step_decoding():
+                return None
+            self._dissolve()
         out = self.schedule()
         if out.num_tokens == 0:
             return self._idle(out, collect)
         start = self.now_s
-        duration = self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
-                                       out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
-                                       out.prefill_attn)
+        duration = self._duration(out)
         finished = self.update_from_output(out, duration)
         if not collect:
+            if self.bulk_decode:
+                self._join_decoding(out.step_no + 1)
             return None
         step_no = out.step_no
-        new_tokens = {r.rid: (1 if r.token_steps and r.token_steps[-1] == step_no else 0) for r, _ in out.scheduled}
+        new_tokens = {r.rid: (1 if r.last_step == step_no else 0) for r, _ in out.scheduled}
         return StepResult(start, duration, new_tokens, [r.rid for r in finished], [r.rid for r in out.preempted],
                           out.prefill_tokens, out.num_tokens - out.prefill_tokens)
 
@@ -345,22 +393,156 @@ class SimScheduler:
             return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in out.preempted], 0, 0) if collect else None
         raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
 
+    def _duration(self, out: SchedulerOutput | _Tally) -> float:
+        return self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
+                                   out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
+                                   out.prefill_attn)
+
+    # -- bulk decode (run_until_idle) ---------------------------------------------------------
+
+    def _step_decoding(self) -> bool:
+        """One step in which the first ``_dec_n`` running requests each decode one token, counted
+        in bulk (the sums :meth:`_schedule_running` would form one by one: a decode of ``c``
+        computed tokens adds ``c + 1`` to the KV context and the attention work, and takes a block
+        when ``c`` is a multiple of the block size); the rest of the batch is formed as usual.
+        False, with nothing changed, when they do not all fit the token budget."""
+        n = self._dec_n
+        if n > self.max_num_batched_tokens:
+            return False
+        k = len(self.step_end_s)
+        need = self._dec_need[k % self.block_size]
+        preempted: list[SimRequest] = []
+        if need > self.pool.num_free:
+            self._preempt_decoding(k, preempted)
+            n = self._dec_n
+        elif need:
+            self.pool.take(need)
+        tally = _Tally(self.max_num_batched_tokens - n)
+        tally.num_reqs = tally.num_tokens = n
+        tally.kv_context = tally.attn_work = self._dec_off + n * (k + 1)
+        sampled = self._batch(tally, n, preempted)[1]
+        usage = self.pool.usage
+        self._update(k, sampled, tally.prefill_tokens, usage, self._duration(tally), n)
+        if self._dec_n < len(self._running):
+            self._join_decoding(k + 1)
+        self.num_bulk_steps += 1
+        return True
+
+    def _preempt_decoding(self, k: int, preempted: list[SimRequest]) -> None:
+        """The bulk decoders' blocks at step ``k`` when not all are free, as :meth:`_schedule_running`
+        gives them: in running order each that needs one takes it; one that finds none preempts
+        from the back (a bulk decoder among the victims brought up to date first) until one is
+        free or it is the victim itself, which ends the step's running requests."""
+        running = self._running
+        pool = self.pool
+        bs = self.block_size
+        needers = [r for r in running[:self._dec_n] if (r.dec - r.computed - k) % bs == 0]
+        taken = 0  # blocks given out since the last preemption, taken together
+        for req in needers:
+            if req.dec < 0:
+                break  # preempted already, as is every request behind it
+            if pool.num_free - taken >= 1:
+                taken += 1
+                continue
+            if taken:
+                pool.take(taken)
+                taken = 0
+            while pool.num_free < 1:
+                victim = running.pop()
+                if victim.dec >= 0:
+                    self._dec_fin[victim.dec + victim.max_tokens - victim.output - 1].remove(victim)
+                    self._leave_decoding(victim, k)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status == "waiting":
+                break
+            taken += 1
+        if taken:
+            pool.take(taken)
+
+    def _join_decoding(self, k0: int) -> None:
+        """Running requests after the bulk decoders, in order, join them from step ``k0`` while each
+        is a plain decode: sampled at the step before, whole sequence computed, blocks for it and
+        no more, no prefix blocks left to register."""
+        running = self._running
+        bs = self.block_size
+        caching = self.pool.caching
+        fin = self._dec_fin
+        last = k0 - 1
+        for i in range(self._dec_n, len(running)):
+            req = running[i]
+            c = req.computed
+            if (req.last_step != last or c != req.total - 1 or req.nblk != (c + bs - 1) // bs
+                    or (caching and req.group is not None and len(req.shared) < req.npb)):
+                break
+            req.dec = k0
+            self._dec_n += 1
+            self._dec_off += c - k0
+            self._dec_need[(k0 - c) % bs] += 1
+            self._dec_prompts += req.prompt
+            end = k0 + req.max_tokens - req.output - 1  # the step that samples its last token
+            bucket = fin.get(end)
+            if bucket is None:
+                fin[end] = [req]
+            else:
+                bucket.append(req)
+
+    def _leave_decoding(self, req: SimRequest, upto: int) -> None:
+        """Take ``req`` out of the bulk decoders, its counts brought to where steps up to ``upto``
+        (excluded) left them."""
+        bs = self.block_size
+        k0 = req.dec
+        self._dec_n -= 1
+        self._dec_off -= req.computed - k0
+        self._dec_need[(k0 - req.computed) % bs] -= 1
+        self._dec_prompts -= req.prompt
+        done = upto - k0
+        if done > 0:
+            req.computed += done
+            req.total += done
+            req.output += done
+            req.nblk = (req.computed + bs - 1) // bs
+            req.last_step = upto - 1
+        req.dec = -1
+
+    def _dissolve(self) -> None:
+        """Bring every bulk decoder's counts up to date and end the bulk (before a step request by
+        request, and when run_until_idle returns)."""
+        if self._dec_n:
+            upto = len(self.step_end_s)
+            for req in self._running[:self._dec_n]:
+                self._leave_decoding(req, upto)
+            self._dec_fin.clear()
+
     def schedule(self) -> SchedulerOutput:
         """Form the next batch: RUNNING first, then WAITING unless something was preempted."""
-        tally = _Tally(self.max_num_batched_tokens)
-        scheduled: list[tuple[SimRequest, int]] = []
-        sampled: list[SimRequest] = []
+        return self._form(_Tally(self.max_num_batched_tokens))
+
+    def _form(self, tally: _Tally) -> SchedulerOutput:
         preempted: list[SimRequest] = []
-        self._schedule_running(tally, scheduled, sampled, preempted)
-        if not preempted:
-            self._schedule_waiting(tally, scheduled, sampled)
+        scheduled, sampled = self._batch(tally, 0, preempted)
         return SchedulerOutput(len(self.step_end_s), scheduled, sampled, preempted, tally.num_reqs,
                                tally.num_tokens, tally.kv_context, tally.attn_work, tally.prefill_tokens,
                                tally.prefill_context, tally.prefill_attn, self.pool.usage)
 
+    def _batch(self, tally: _Tally, start: int,
+               preempted: list[SimRequest]) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]:
+        """Form the batch from the ``start``-th running request on (those before it are in ``tally``,
+        whom they preempted in ``preempted``): (request, tokens) scheduled, and those that sample."""
+        scheduled: list[tuple[SimRequest, int]] = []
+        sampled: list[SimRequest] = []
+        if start < len(self._running):
+            self._schedule_running(tally, scheduled, sampled, preempted, start)
+        if not preempted and self._waiting and len(self._running) < self.max_num_seqs and tally.budget > 0:
+            self._schedule_waiting(tally, scheduled, sampled)
+        return scheduled, sampled
+
     def _schedule_running(self, tally: _Tally, scheduled: list[tuple[SimRequest, int]], sampled: list[SimRequest],
-                          preempted: list[SimRequest]) -> None:
-        """RUNNING requests, in admission order; one that lacks blocks preempts from the back."""
+                          preempted: list[SimRequest], start: int = 0) -> None:
+        """RUNNING requests from the ``start``-th, in admission order; one that lacks blocks
+        preempts from the back."""
         bs = self.block_size
         bsm1 = bs - 1
         pool = self.pool
@@ -369,7 +551,7 @@ class SimScheduler:
         threshold = self.long_prefill_threshold
         caching = pool.caching
         num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = prefill_context = prefill_attn = 0
-        i = 0
+        i = start
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.computed
@@ -487,28 +669,44 @@ class SimScheduler:
         tally.prefill_context += kv_context
         tally.prefill_attn += attn_work
 
-    def update_from_output(self, out: SchedulerOutput, duration: float) -> list[SimRequest]:
+    def update_from_output(self, out: SchedulerOutput, duration: float, decoding: int = 0) -> list[SimRequest]:
         """The step ran for ``duration``: sample its tokens, hand them to the API server, finish the
-        requests that reached ``max_tokens`` and free their blocks. Returns the finished requests."""
-        step_no = out.step_no
-        sampled_reqs: list[tuple[SimRequest, int]] = []  # (request, its prompt tokens) per token sampled
+        requests that reached ``max_tokens`` and free their blocks. Returns the finished requests.
+        ``decoding``: the first running requests that decoded in bulk (not in ``out``) before it."""
+        return self._update(out.step_no, out.sampled, out.prefill_tokens, out.kv_usage, duration, decoding)
+
+    def _update(self, step_no: int, sampled: list[SimRequest], prefill_tokens: int, usage: float, duration: float,
+                decoding: int) -> list[SimRequest]:
+        prev = step_no - 1
         finished: list[SimRequest] = []
-        for req in out.sampled:
-            req.token_steps.append(step_no)
+        if decoding:  # the bulk decoders sampled first, in running order
+            keys = self._running[:decoding]
+            prompt_sum = self._dec_prompts
+            for req in self._dec_fin.pop(step_no, ()):
+                self._leave_decoding(req, step_no + 1)
+                finished.append(req)
+        else:
+            keys = []
+            prompt_sum = 0
+        for req in sampled:
+            if req.last_step == prev:
+                req.last_step = step_no
+            else:
+                req.note_token(step_no)
             req.total += 1
             req.output += 1
-            sampled_reqs.append((req, req.prompt))
+            keys.append(req)
+            prompt_sum += req.prompt
             if req.output >= req.max_tokens:
                 finished.append(req)
         self.now_s = end_s = self.now_s + duration
         self.step_end_s.append(end_s)
         # The API server streams this step's tokens when its loop gets to them (sim/frontend.py).
-        self.deliver_s.append(math.nan if sampled_reqs else end_s)
-        self.api.step_output(step_no, end_s, sampled_reqs, finished)
+        self.deliver_s.append(math.nan if keys else end_s)
+        self.api.step_keys(step_no, end_s, keys, _Prompts(keys), prompt_sum, finished)
         self.num_steps += 1
-        self.prompt_tokens_computed += out.prefill_tokens
-        self.generation_tokens += len(sampled_reqs)
-        usage = out.kv_usage
+        self.prompt_tokens_computed += prefill_tokens
+        self.generation_tokens += len(keys)
         if usage > self.kv_usage_peak:
             self.kv_usage_peak = usage
         self._kv_area += usage * duration
