@@ -134,3 +134,12 @@ def test_bad_env_exits_2_naming_the_setting(capsys, argv, needle):
     assert _run(["--model", "llama-3.1-8b", "--gpu", "H100-80GB", *argv]) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["data_parallel_size=2", "enable_expert_parallel=true",
+                                  "speculative_config=ngram"])
+def test_a_flag_servetune_does_not_model_is_refused_saying_so(capsys, flag):
+    assert _run(["--model", "qwen3-30b-a3b", "--gpu", "H100-80GB", "--set", flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not modelled by the planner or the simulator" in err
+    assert "unknown vLLM flag" not in err
