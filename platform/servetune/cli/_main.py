@@ -330,7 +330,8 @@ def _tune(args: argparse.Namespace) -> int:
           + (" so far (the study was interrupted)" if outcome.interrupted else "")
           + f": {_figure(m.get('output_throughput'), ',.0f', 'output tok/s')}, "
           f"p99 TTFT {_figure(m.get('ttft_p99_ms'), ',.0f', 'ms')}, p99 ITL {_figure(m.get('itl_p99_ms'), ',.1f', 'ms')}, "
-          f"{int(m.get('preemptions') or 0)} preemptions")
+          f"{int(m.get('preemptions') or 0)} preemptions"
+          + (f", ${m['cost_per_mtok']:,.3f} per million good output tokens" if m.get("cost_per_mtok") else ""))
     note = api_server_note(m)
     if note:
         print(f"servetune: note: {note}")
