@@ -29,7 +29,7 @@ from servetune.cli._simulate import DEFAULT_MAX_TOKENS, _load_workload, check_wo
 from servetune.cost import TP_SIZES, CapacityRow, PriceTable, capacity_table, cost_per_mtok, load_prices
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner.flags import parse_set_option
-from servetune.planner.gpus import known_gpus, register_gpus_from_yaml
+from servetune.planner.gpus import get_gpu, known_gpus, register_gpus_from_yaml
 from servetune.planner.modelinfo import load_model
 from servetune.vllm_version import DEFAULT_VLLM_VERSION
 
@@ -105,6 +105,13 @@ def parse_slo(items: Sequence[str]) -> dict[str, float]:
     if pre != int(pre):
         raise SpecError("--slo", f"max_preemptions must be a whole number, got {pre:g}", "e.g. --slo max_preemptions=0")
     return Constraints(max_preemptions=int(pre), **given).limits()
+
+
+def _gpu_name(text: str) -> str:
+    try:
+        return get_gpu(text).name
+    except SpecError as exc:
+        raise SpecError("--gpu", exc.message, exc.fix) from None
 
 
 def _tp_sizes(text: str | None) -> tuple[tuple[int, ...], int]:
@@ -197,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         workload = _load_workload(args.workload)
         check_work(workload, args.max_tokens)
         model = load_model(args.model)
-        gpus = args.gpu or [g for g in sorted(prices.prices) if g in known_gpus()]
+        gpus = [_gpu_name(g) for g in args.gpu] or [g for g in sorted(prices.prices) if g in known_gpus()]
         for g in gpus:
             prices.price(g, "--gpu")  # every GPU priced, before any simulation
         real = real_trials(args.dataset, model.name, prices) if args.dataset else None

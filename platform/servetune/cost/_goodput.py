@@ -80,8 +80,8 @@ def cost_per_mtok(usd_per_gpu_hour: float, gpus: int, output_tok_s: float) -> fl
     """Dollars per million output tokens: ``usd_per_gpu_hour x gpus`` an hour over the tokens of that hour.
 
     Example:
-        >>> cost_per_mtok(2.0, 2, 1000.0), cost_per_mtok(2.0, 1, 0.0)
-        (1.1111111111111112, None)
+        >>> round(cost_per_mtok(2.0, 2, 1000.0), 4), cost_per_mtok(2.0, 1, 0.0)
+        (1.1111, None)
     """
     if output_tok_s <= 0:
         return None

@@ -363,7 +363,7 @@ def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str
         elif screened is not None and screened[0] is not None:
             result, ran = screened[0], False
         else:
-            result, ran = evaluate(p.flags), True
+            result, ran = with_slo_figures(spec, p.flags, evaluate(p.flags)), True
             dispatched += 1
             if screen is not None and screened is not None:
                 learn(screen, spec, p.flags, screened[1], result)
