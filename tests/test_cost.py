@@ -170,3 +170,24 @@ def test_capacity_end_to_end_on_the_simulated_engine(small_workload: Path) -> No
 
 def test_calibration_evidence_names_the_judged_gpus() -> None:
     assert calibration_evidence(get_gpu("H100-80GB"))[0] and not calibration_evidence(get_gpu("A100-40GB"))[0]
+
+
+def test_capacity_shows_the_real_trials_of_a_dataset(small_workload: Path) -> None:
+    real = REPO / "tests" / "fixtures" / "real_h200" / "study_l8b_tune" / "dataset"
+    proc = _capacity("--model", "llama-3.1-8b", "--workload", str(small_workload), "--rate", "5",
+                     "--slo", "p99_ttft_ms=1000", "--gpu", "H200", "--tp", "1", "--dataset", str(real),
+                     "--dataset-model", "/root/m8b", "--json")
+    assert proc.returncode == 0, proc.stderr
+    from servetune.records import dataset
+
+    rows = dataset.read_trials(real)
+    served = rows[(rows["backend"] == "vllm") & (rows["status"] == "ok")]
+    best = served.loc[served["output_throughput"].idxmax()]
+    note = json.loads(proc.stdout)["real_trials"]["H200"]
+    price = {e["gpu"]: e["usd_per_gpu_hour"] for e in yaml.safe_load(SHIPPED.read_text())["prices"]}["H200"]
+    assert note.startswith(f"{len(served)} real trial(s); best {best['output_throughput']:,.0f} output tok/s")
+    assert f"#{int(best['trial_number'])}" in note
+    assert f"${price / (best['output_throughput'] * 3600) * 1e6:,.3f}/Mtok" in note
+    missing = _capacity("--model", "llama-3.1-8b", "--workload", str(small_workload), "--rate", "5",
+                        "--slo", "p99_ttft_ms=1000", "--gpu", "H200", "--dataset", str(real / "nothing"))
+    assert missing.returncode == 2 and missing.stderr.startswith("error: --dataset: no dataset folder")

@@ -64,6 +64,9 @@ def add_parser(subparsers: Any) -> None:
                    help="a vLLM flag pinned for every layout, e.g. --set kv_cache_dtype=fp8")
     p.add_argument("--dataset", default=None, metavar="DIR",
                    help="a servetune Parquet dataset: its real (vllm backend) trials of this model are shown per GPU")
+    p.add_argument("--dataset-model", default=None, metavar="MODEL",
+                   help="the model as the dataset's model column names it (default: --model as given), e.g. the "
+                        "path a study on a GPU host was given")
     p.add_argument("--gpu-file", default=None, help="YAML file with extra GPU definitions")
     p.add_argument("--vllm-version", default=DEFAULT_VLLM_VERSION, help="vLLM version to mimic")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
@@ -207,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
         gpus = [_gpu_name(g) for g in args.gpu] or [g for g in sorted(prices.prices) if g in known_gpus()]
         for g in gpus:
             prices.price(g, "--gpu")  # every GPU priced, before any simulation
-        real = real_trials(args.dataset, model.name, prices) if args.dataset else None
+        real = real_trials(args.dataset, args.dataset_model or args.model, prices) if args.dataset else None
         rows = capacity_table(model, workload, args.rate, limits, gpus, prices, fixed=fixed,
                               vllm_version=args.vllm_version, tp_sizes=sizes, most_layouts=most)
     except SpecError as exc:
