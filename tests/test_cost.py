@@ -130,6 +130,10 @@ def test_spec_prices_and_cost_objective_are_validated(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as err:
         StudySpec.from_dict({**base, "prices": "missing.yaml"}, tmp_path, cwd=tmp_path)
     assert err.value.field == "prices"
+    with pytest.raises(SpecError) as err:  # vllm bench serve's output holds no per-request latencies to count
+        StudySpec.from_dict({**base, "prices": "mine.yaml", "measurement": {"load_generator": "vllm-bench"}},
+                            tmp_path, cwd=tmp_path)
+    assert err.value.field == "objective" and "load_generator: servetune" in err.value.fix
 
 
 def test_capacity_end_to_end_on_the_simulated_engine(small_workload: Path) -> None:

@@ -106,7 +106,8 @@ def with_slo_figures(spec: StudySpec, flags: Mapping[str, Any], result: TrialRes
     price = None if spec.gpu_price is None else spec.gpu_price.usd_per_gpu_hour
     limits = spec.constraints.limits()
     for r in (result, *result.repeats):
-        r.slo = slo_figures(r, limits, price, gpus_needed(flags))
+        if r.requests:  # a replayed result keeps the figures its landscape recorded
+            r.slo = slo_figures(r, limits, price, gpus_needed(flags))
     return result
 
 

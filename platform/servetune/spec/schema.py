@@ -733,6 +733,11 @@ class StudySpec:
         measurement = _parse_measurement(data.get("measurement"))
         if measurement.load_generator == "vllm-bench":
             bench_argv(workload, base_url="http://127.0.0.1:1", model=serve_model, result_dir=".")  # SpecError if it cannot
+            per_request = sorted({"goodput_output_throughput", "cost_per_mtok"} & set(objective.metrics))
+            if per_request:  # goodput counts requests one by one; servetune reads no per-request times from it
+                raise SpecError("objective", f"{per_request[0]} needs each request's latencies, which servetune's "
+                                "own load generator records and measurement.load_generator: vllm-bench does not",
+                                "use measurement: {load_generator: servetune}, or another objective")
         replay_file = _parse_replay_file(data.get("replay_file"), backend, base, space, fixed, objective, constraints)
         gpu_price, prices_file = _parse_prices(data.get("prices"), base, gpu, objective)
         return cls(name=name, model_ref=model_ref, serve_model=serve_model, gpu=gpu, workload=workload,
