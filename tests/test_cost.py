@@ -107,6 +107,8 @@ def test_bad_price_table_is_one_line_exit_2(tmp_path: Path, small_workload: Path
     (["--slo", "p99_ttft_ms=500", "--gpu", "H100"], "error: --gpu: ambiguous GPU 'H100'"),
     (["--slo", "p99_ttft_ms=500", "--rate", "-1"], "error: --rate: must be a positive number"),
     (["--slo", "p99_ttft_ms=500", "--tp", "3"], "error: --tp: expected sizes"),
+    (["--slo", "p99_ttft_ms=500", "--workload", str(REPO / "jobs" / "workloads" / "trace.yaml")],
+     "error: --workload: a trace replays its own arrival times"),
 ])
 def test_capacity_bad_input_is_one_line_exit_2(small_workload: Path, args: list[str], needle: str) -> None:
     base = ["--model", "servetune-test-850m", "--workload", str(small_workload), "--rate", "5"]

@@ -205,6 +205,9 @@ def run(args: argparse.Namespace) -> int:
         if "tensor_parallel_size" in fixed:
             raise SpecError("--set", "tensor_parallel_size is what capacity compares", "give --tp 1,2 instead")
         workload = _load_workload(args.workload)
+        if workload.trace_file is not None:
+            raise SpecError("--workload", "a trace replays its own arrival times, and capacity sets the rate itself",
+                            f"turn it into length distributions: servetune workload from-trace {workload.trace_file}")
         check_work(workload, args.max_tokens)
         model = load_model(args.model)
         gpus = [_gpu_name(g) for g in args.gpu] or [g for g in sorted(prices.prices) if g in known_gpus()]
