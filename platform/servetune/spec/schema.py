@@ -489,6 +489,19 @@ def _parse_measurement(raw: Any) -> Measurement:
     )
 
 
+def _check_load_generator(measurement: Measurement, workload: Workload, serve_model: str, objective: Objective) -> None:
+    """``vllm bench serve`` must be able to send the workload, and it records no per-request latencies,
+    which goodput and cost count request by request."""
+    if measurement.load_generator != "vllm-bench":
+        return
+    bench_argv(workload, base_url="http://127.0.0.1:1", model=serve_model, result_dir=".")  # SpecError if it cannot
+    per_request = sorted({"goodput_output_throughput", "cost_per_mtok"} & set(objective.metrics))
+    if per_request:
+        raise SpecError("objective", f"{per_request[0]} needs each request's latencies, which servetune's "
+                        "own load generator records and measurement.load_generator: vllm-bench does not",
+                        "use measurement: {load_generator: servetune}, or another objective")
+
+
 def _check_grid(space: SearchSpace, fixed: Mapping[str, Any], budget: Budget) -> tuple[Budget, list[str]]:
     """``sampler: grid`` needs a finite space without conditional parameters (Optuna's GridSampler
     fixes every parameter of every trial). A budget above the grid's size is capped at it, with a
@@ -731,13 +744,7 @@ class StudySpec:
             budget, grid_warnings = _check_grid(space, fixed, budget)
             warnings = [*warnings, *grid_warnings]
         measurement = _parse_measurement(data.get("measurement"))
-        if measurement.load_generator == "vllm-bench":
-            bench_argv(workload, base_url="http://127.0.0.1:1", model=serve_model, result_dir=".")  # SpecError if it cannot
-            per_request = sorted({"goodput_output_throughput", "cost_per_mtok"} & set(objective.metrics))
-            if per_request:  # goodput counts requests one by one; servetune reads no per-request times from it
-                raise SpecError("objective", f"{per_request[0]} needs each request's latencies, which servetune's "
-                                "own load generator records and measurement.load_generator: vllm-bench does not",
-                                "use measurement: {load_generator: servetune}, or another objective")
+        _check_load_generator(measurement, workload, serve_model, objective)
         replay_file = _parse_replay_file(data.get("replay_file"), backend, base, space, fixed, objective, constraints)
         gpu_price, prices_file = _parse_prices(data.get("prices"), base, gpu, objective)
         return cls(name=name, model_ref=model_ref, serve_model=serve_model, gpu=gpu, workload=workload,
