@@ -18,7 +18,8 @@ from mlflow.tracking import MlflowClient
 
 from servetune.records import dataset
 from servetune.errors import SpecError
-from servetune.nightly import NoiseSettings, compare, expand_matrix, noise_of, run_nightly, scaled_calibration
+from servetune.nightly import (CellNight, NoiseSettings, Verdict, compare, expand_matrix, noise_of, rank_by_cost,
+                               render_report, run_nightly, scaled_calibration)
 from servetune.search.warmstart import warm_start_flags
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +69,26 @@ def test_warm_start_and_scaled_calibration() -> None:
     assert knobs == {"compute_efficiency": 0.2, "token_overhead_s": 8e-5, "async_overlap": 0.9}
 
 
+def test_report_ranks_gpu_types_by_cost_per_model_and_workload() -> None:
+    v = Verdict(False, None, None, math.nan, "first night")
+
+    def night(cell: str, cost: float | None) -> CellNight:
+        return CellNight(cell, f"{cell}-20260101", "20260101", "output_throughput", "maximize", 1000.0, [], 0.0,
+                         None, None, v, cost_per_mtok=cost, goodput=900.0, gpu_type=cell.split(".")[1],
+                         price="$1.00/GPU-h (2026-01-01, x)")
+
+    nights = [night("m.H200.chat", 0.40), night("m.L4.chat", 0.15), night("m.A100-40GB.chat", 0.25),
+              night("m.H200.long", 0.9), night("m.L4.long", None)]
+    ranked = rank_by_cost(nights)
+    assert [n.gpu_type for n in ranked["m.*.chat"]] == ["L4", "A100-40GB", "H200"]
+    assert [n.gpu_type for n in ranked["m.*.long"]] == ["H200"]  # no price or nothing feasible: not ranked
+    report = render_report("20260101", nights, pd.DataFrame(), {})
+    section = report.split("## GPU types by cost per million output tokens at the SLO")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")
+            or line.startswith("| 3 |")]
+    assert rows[0].startswith("| 1 | L4 | 0.150 |") and rows[2].startswith("| 3 | H200 | 0.400 |")
+
+
 def _matrix(tmp: Path, mlflow_uri: str) -> Path:
     data = {
         "name": "nightly-test",
@@ -115,6 +136,13 @@ def test_two_nights_detect_a_planted_regression(tmp_path: Path, mlflow_server: s
     assert h200_line.endswith("| REGRESSION |") and a100_line.endswith("| ok |")
     assert "Planted regression: the simulated engine ran at 0.5 x its speed." in report
     assert "Warm start from earlier nights" in report
+    # GPU types ranked by cost per million good output tokens; the H200 cell at half speed costs more.
+    ranking = report.split("## GPU types by cost per million output tokens at the SLO")[1]
+    ranked = [line.split(" | ")[1] for line in ranking.splitlines() if line.startswith(("| 1 |", "| 2 |"))][:2]
+    night2_cost = {c: float(line.split(" | ")[2].replace(",", "")) for c, line in
+                   (("H200" if "| H200 |" in line else "A100-40GB", line) for line in ranking.splitlines()
+                    if line.startswith(("| 1 |", "| 2 |")))}
+    assert ranked == sorted(night2_cost, key=night2_cost.get) and set(ranked) == {"H200", "A100-40GB"}
     assert (tmp_path / "nightly" / "reports" / "20261102" / f"{H200_CELL}.png").stat().st_size > 1000
 
     history = pd.read_parquet(tmp_path / "nightly" / "nightly_history.parquet")
@@ -123,6 +151,9 @@ def test_two_nights_detect_a_planted_regression(tmp_path: Path, mlflow_server: s
     assert bool(night2.loc[H200_CELL, "regressed"]) and not bool(night2.loc[A100_CELL, "regressed"])
     h200 = history[history["cell"] == H200_CELL].set_index("date")["best"]
     assert h200["20261102"] < 0.7 * h200["20261101"]  # half speed shows as a large drop
+    h200_cost = history[history["cell"] == H200_CELL].set_index("date")["cost_per_mtok"]
+    assert h200_cost["20261102"] > 1.3 * h200_cost["20261101"]  # and as a higher cost per token
+    assert night2_cost["H200"] == pytest.approx(h200_cost["20261102"], abs=5e-4)  # the report shows 3 decimals
     # The warm start enqueued night one's best as night two's first trial.
     trials = dataset.read_trials(tmp_path / "nightly" / "dataset", study=f"{A100_CELL}-20261102")
     best1 = json.loads(history[(history["cell"] == A100_CELL) & (history["date"] == "20261101")]["flags"].iloc[0])
@@ -136,5 +167,6 @@ def test_two_nights_detect_a_planted_regression(tmp_path: Path, mlflow_server: s
     assert set(runs) == {"nightly-20261101", "nightly-20261102"}
     run2 = runs["nightly-20261102"]
     assert run2.data.tags["servetune.regressions"] == "1"
+    assert run2.data.metrics[f"{H200_CELL}.cost_per_mtok"] == pytest.approx(h200_cost["20261102"])
     names = {a.path for a in client.list_artifacts(run2.info.run_id, "report")}
     assert {"report/report.md", f"report/{H200_CELL}.png", f"report/{A100_CELL}.png"} <= names

@@ -13,14 +13,17 @@ The contract:
   the measurement noise. A regression is tonight's best below the previous night's best by more
   than ``max(noise.sigmas x noise, noise.min_relative x previous)`` (throughputs; the sign flips
   for latency objectives).
+- Cost: each cell's cheapest feasible trial in dollars per million good output tokens (its GPU
+  type's list price, :mod:`servetune.cost`); the report ranks the GPU types of each model and
+  workload by it.
 - Outputs: ``<output.dir>/nightly_history.parquet`` (one row per cell and night), and beside it
-  ``reports/<YYYYMMDD>/report.md`` with a table and one plot per cell; both the report and the
+  ``reports/<YYYYMMDD>/report.md`` with a table, the GPU types by cost, and one plot per cell; both the report and the
   plots are logged to MLflow as artifacts of a run named ``nightly-<YYYYMMDD>``
   (tag ``servetune.role=nightly``). :func:`run_nightly` returns the cells' verdicts; the job exits
   1 when any cell regressed.
 
 Pure pieces (no I/O): :func:`expand_matrix`, :func:`deep_merge`, :func:`noise_of`, :func:`compare`,
-:func:`scaled_calibration`, :func:`render_report`. The rest does I/O.
+:func:`scaled_calibration`, :func:`rank_by_cost`, :func:`render_report`. The rest does I/O.
 
 Example:
     >>> from servetune.nightly import compare
@@ -61,7 +64,7 @@ from servetune.spec.space import read_yaml
 from servetune.study import remeasure, run_study
 
 __all__ = ["Cell", "NoiseSettings", "Verdict", "CellNight", "NightlyOutcome", "load_matrix", "expand_matrix",
-           "deep_merge", "noise_of", "compare", "scaled_calibration", "render_report",
+           "deep_merge", "noise_of", "compare", "scaled_calibration", "render_report", "rank_by_cost",
            "run_nightly", "output_root", "nightly_stores", "today", "MATRIX_KEYS"]
 
 MATRIX_KEYS = ("name", "template", "models", "gpus", "workloads", "overrides", "noise", "output", "tracking")
@@ -273,6 +276,13 @@ class CellNight:
     warm_start: dict[str, Any] | None
     verdict: Verdict
     injected: float | None = None  # the speed factor planted for a test, if any
+    #: The cheapest feasible trial tonight: dollars per million good output tokens at the cell's
+    #: constraints (servetune.cost), its good output tokens/s and GPUs; None where nothing was
+    #: feasible or the GPU type has no price.
+    cost_per_mtok: float | None = None
+    goodput: float | None = None
+    gpu_type: str = ""
+    price: str = ""  # the price it rests on: $/GPU-h, date, source
 
 
 @dataclasses.dataclass
@@ -286,6 +296,43 @@ class NightlyOutcome:
     @property
     def regressions(self) -> list[CellNight]:
         return [c for c in self.cells if c.verdict.regressed]
+
+
+def rank_by_cost(nights: Sequence[CellNight]) -> dict[str, list[CellNight]]:
+    """Per model and workload (``<model>.*.<workload>``), the cells with a cost, cheapest per million
+    good output tokens first. Pure.
+
+    Example:
+        >>> v = Verdict(False, None, None, math.nan, "")
+        >>> a = CellNight("m.H200.chat", "s", "d", "o", "maximize", 1.0, [], 0.0, None, None, v, cost_per_mtok=0.5)
+        >>> b = CellNight("m.L4.chat", "s", "d", "o", "maximize", 1.0, [], 0.0, None, None, v, cost_per_mtok=0.2)
+        >>> [n.cell for n in rank_by_cost([a, b])["m.*.chat"]]
+        ['m.L4.chat', 'm.H200.chat']
+    """
+    groups: dict[str, list[CellNight]] = {}
+    for n in nights:
+        model, _, rest = n.cell.partition(".")
+        workload = rest.partition(".")[2]
+        groups.setdefault(f"{model}.*.{workload}", [])
+        if n.cost_per_mtok is not None:
+            groups[f"{model}.*.{workload}"].append(n)
+    return {k: sorted(v, key=lambda n: (n.cost_per_mtok, n.cell)) for k, v in groups.items() if v}
+
+
+def _cost_section(nights: Sequence[CellNight]) -> list[str]:
+    """The report's ranking of GPU types by cost per million good output tokens (empty without costs)."""
+    ranked = rank_by_cost(nights)
+    if not ranked:
+        return []
+    lines = ["", "## GPU types by cost per million output tokens at the SLO", "",
+             "The cheapest feasible trial of each cell: its GPU type's list price x its GPUs over the output tokens "
+             "of the requests that met the cell's latency targets (servetune.cost)."]
+    for group, cells in ranked.items():
+        lines += ["", f"**{group}**", "", "| rank | GPU type | $/Mtok | good output tok/s | price |", "|---|---|---|---|---|"]
+        for i, n in enumerate(cells, start=1):
+            good = "-" if n.goodput is None else f"{n.goodput:,.0f}"
+            lines.append(f"| {i} | {n.gpu_type or n.cell} | {n.cost_per_mtok:,.3f} | {good} | {n.price or '-'} |")
+    return lines
 
 
 def render_report(date: str, nights: Sequence[CellNight], history: pd.DataFrame, plots: Mapping[str, str]) -> str:
@@ -311,6 +358,7 @@ def render_report(date: str, nights: Sequence[CellNight], history: pd.DataFrame,
         best = "-" if n.best is None else f"{n.best:,.1f}"
         word = "REGRESSION" if n.verdict.regressed else "ok"
         lines.append(f"| {n.cell} | {best} | {prev} | {change} | {n.noise:,.1f} | {tol} | {word} |")
+    lines += _cost_section(nights)
     for n in nights:
         lines += ["", f"## {n.cell}", "",
                   f"Study `{n.study}`, objective `{n.objective}` ({n.direction}). {n.verdict.reason}."]
@@ -476,20 +524,23 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
             if original is not None:  # the planted GPU table must not leak into the next cells
                 gpus.register_gpu(original)
         noise = noise_of(repeats)
+        cost, good = _cheapest(study)
         prev = history[history["cell"] == cell.name].sort_values("date") if not history.empty else history
         prev = prev[(prev["date"] < date) & prev["best"].notna()] if not prev.empty else prev
         earlier = [float(v) for v in prev["best"]] if not prev.empty else []
         earlier_noise = max([float(v) for v in prev["noise"]], default=0.0) if not prev.empty else 0.0
         verdict = compare(best, earlier, max(noise, earlier_noise), direction, settings)
         nights.append(CellNight(cell.name, spec.name, date, objective, direction, best, repeats, noise,
-                                outcome.best_flags, warm, verdict, factor))
+                                outcome.best_flags, warm, verdict, factor, cost, good, spec.gpu.type,
+                                "" if spec.gpu_price is None else spec.gpu_price.describe()))
         out.write(f"nightly {date}: cell {cell.name}: best {best}, noise {noise:.2f}: "
                   f"{'REGRESSION' if verdict.regressed else 'ok'} ({verdict.reason})\n")
 
     rows = pd.DataFrame([{"date": n.date, "cell": n.cell, "study": n.study, "objective": n.objective,
                           "best": n.best, "noise": n.noise, "repeats": json.dumps(n.repeats),
                           "flags": json.dumps(n.flags, sort_keys=True), "regressed": n.verdict.regressed,
-                          "baseline": n.verdict.baseline, "injected": n.injected} for n in nights])
+                          "baseline": n.verdict.baseline, "injected": n.injected,
+                          "cost_per_mtok": n.cost_per_mtok} for n in nights])
     history = pd.concat([history, rows], ignore_index=True) if not history.empty else rows
     history = history.sort_values(["cell", "date"]).reset_index(drop=True)
     history.to_parquet(history_path, index=False)
@@ -518,10 +569,26 @@ def _log_to_mlflow(uri: str, experiment: str, root: Path, date: str, nights: Seq
         if n.best is not None:
             metrics[f"{key}.best"] = n.best
         metrics[f"{key}.noise"] = n.noise
+        if n.cost_per_mtok is not None:
+            metrics[f"{key}.cost_per_mtok"] = n.cost_per_mtok
         metrics[f"{key}.regressed"] = float(n.verdict.regressed)
     return tracker.log_run(f"nightly-{date}", {"servetune.role": "nightly", "servetune.nightly_date": date,
                                                "servetune.regressions": str(sum(n.verdict.regressed for n in nights))},
                            metrics, artifacts_dir=report_dir, artifact_path="report")
+
+
+def _cheapest(study: optuna.Study) -> tuple[float | None, float | None]:
+    """``(cost per million good output tokens, good output tokens/s)`` of the study's cheapest trial
+    that met every constraint; ``(None, None)`` where none did or none was priced."""
+    best: tuple[float, float] | None = None
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        metrics = t.user_attrs.get("metrics") or {}
+        cost = metrics.get("cost_per_mtok")
+        if cost is None or not (t.constraints and all(c <= 0 for c in t.constraints.values())):
+            continue
+        if best is None or cost < best[0]:
+            best = (float(cost), float(metrics.get("goodput_output_throughput") or 0.0))
+    return (None, None) if best is None else best
 
 
 def today() -> str:

@@ -20,7 +20,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["TrialStatus", "MemoryBreakdown", "LatencySummary", "RequestRecord", "TrialResult", "summarize",
-           "API_SERVER_SATURATED", "api_server_note"]
+           "API_SERVER_SATURATED", "api_server_note", "SLO_METRICS"]
+
+#: Figures a study derives from a result against its latency targets and GPU price
+#: (:func:`servetune.cost.slo_figures`): output tokens/s of the requests that met every target, their
+#: share of the requests, and dollars per million of those tokens. Kept in :attr:`TrialResult.slo`.
+SLO_METRICS = ("goodput_output_throughput", "good_request_share", "cost_per_mtok")
 
 
 class TrialStatus(str, enum.Enum):
@@ -259,6 +264,9 @@ class TrialResult:
     # same flag set (one line each: attempt, where, why) when the pool re-ran it elsewhere.
     infrastructure: str | None = None
     infra_attempts: list[str] = dataclasses.field(default_factory=list)
+    #: The study's goodput and cost figures for this result (:data:`SLO_METRICS` keys), set by the
+    #: driver, which knows the targets and the price; empty until then.
+    slo: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -301,6 +309,7 @@ class TrialResult:
         overhead = self.overhead_s
         if overhead is not None and self.backend == "vllm":  # the simulator's seconds are virtual
             out["overhead_s"] = overhead
+        out.update({k: float(v) for k, v in self.slo.items() if k in SLO_METRICS})
         return out
 
     @classmethod
@@ -346,6 +355,7 @@ class TrialResult:
             out.compile_cache_hit = bool(m["compile_cache_hit"])
         if "dispatch_s" in m:
             out.dispatch_s = float(m["dispatch_s"])
+        out.slo = {k: float(m[k]) for k in SLO_METRICS if k in m}
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from servetune.search import confirm, warmstart
 from servetune.search import screen as fidelity
 from servetune.search.propose import (FEASIBLE, INFEASIBLE, Proposal, StoredTrial, constraint_values, early_stop_rule,
                                       enqueue_informed_starts, maximises_output_throughput, meets_constraints,
-                                      objective_values, propose, sim_screen, tell)
+                                      objective_values, propose, sim_screen, tell, with_slo_figures)
 from servetune.spec.schema import StudySpec
 from servetune.workload import Workload
 
@@ -527,6 +527,7 @@ class _Driver:
         self.quarantine_seen = len(pool.quarantine_notes)
         for number, result in results:
             trial, flags = self.inflight.pop(number)
+            with_slo_figures(self.spec, flags, result)  # goodput and cost at the targets (servetune.cost)
             if self.screen is not None and number in self.sims:  # recalibrate on the real measurement
                 factor = self.screen.api_cpu_factor
                 fidelity.learn(self.screen, self.spec, flags, self.sims.pop(number), result)
@@ -700,7 +701,7 @@ class _Driver:
                     progress.note(f"servetune: repeat {k} of trial #{t.number} lost to an infrastructure failure: "
                                   f"{result.cause}")
                     continue
-                value = objective_values(spec, result)[0]
+                value = objective_values(spec, with_slo_figures(spec, StoredTrial.of(t).flags, result))[0]
                 ok = meets_constraints(spec, result)
                 runs[t.number].append((value, ok))
                 self._write(self._record(t.number, StoredTrial.of(t).flags, result, value,
@@ -748,7 +749,7 @@ def remeasure(spec: StudySpec, flags: Mapping[str, Any], seeds: Sequence[int],
             for k, result in pool.wait(timeout_s=0.5):
                 inflight.discard(k)
                 if not result.status.is_infrastructure:
-                    done[k] = result
+                    done[k] = with_slo_figures(spec, flags, result)
     finally:
         pool.close()
     return [done[k] for k in sorted(done)]

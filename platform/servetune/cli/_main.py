@@ -1,4 +1,4 @@
-"""``servetune``: tune | best | report | plan | simulate | diagnose | workload.
+"""``servetune``: tune | best | report | plan | simulate | capacity | diagnose | workload.
 
 Every command validates its input before any trial starts; bad input prints ``error: FIELD: what
 is wrong (fix: ...)`` on stderr and exits with code 2. That holds for a missing or unreadable file
@@ -34,6 +34,7 @@ DEFAULT_RUNS_DIR = "servetune-runs"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from servetune.cli import _capacity as _cli_capacity
     from servetune.cli import _diagnose as _cli_diagnose
     from servetune.cli import _plan as _cli_plan
     from servetune.cli import _simulate as _cli_simulate
@@ -61,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _cli_plan.add_parser(sub)
     _cli_simulate.add_parser(sub)
+    _cli_capacity.add_parser(sub)
     _cli_diagnose.add_parser(sub)
     _cli_workload.add_parser(sub)
     return parser
@@ -176,6 +178,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             from servetune.cli import _simulate as _cli_simulate
 
             return _cli_simulate.run(args)
+        if args.command == "capacity":
+            from servetune.cli import _capacity as _cli_capacity
+
+            return _cli_capacity.run(args)
         if args.command == "diagnose":
             from servetune.cli import _diagnose as _cli_diagnose
 
@@ -324,7 +330,8 @@ def _tune(args: argparse.Namespace) -> int:
           + (" so far (the study was interrupted)" if outcome.interrupted else "")
           + f": {_figure(m.get('output_throughput'), ',.0f', 'output tok/s')}, "
           f"p99 TTFT {_figure(m.get('ttft_p99_ms'), ',.0f', 'ms')}, p99 ITL {_figure(m.get('itl_p99_ms'), ',.1f', 'ms')}, "
-          f"{int(m.get('preemptions') or 0)} preemptions")
+          f"{int(m.get('preemptions') or 0)} preemptions"
+          + (f", ${m['cost_per_mtok']:,.3f} per million good output tokens" if m.get("cost_per_mtok") else ""))
     note = api_server_note(m)
     if note:
         print(f"servetune: note: {note}")

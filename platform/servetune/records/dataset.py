@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner.flags import FLAGS
-from servetune.result import LatencySummary, MemoryBreakdown, RequestRecord, TrialResult, TrialStatus
+from servetune.result import SLO_METRICS, LatencySummary, MemoryBreakdown, RequestRecord, TrialResult, TrialStatus
 
 __all__ = [
     "PARTITION_COLUMNS",
@@ -98,6 +98,7 @@ def _known_metric_names() -> tuple[str, ...]:
         e2e_ms=lat, preemptions=0, kv_cache_usage_peak=1.0, kv_cache_usage_mean=1.0,
         memory=MemoryBreakdown(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0), kv_cache_tokens=1,
         num_gpu_blocks=1, max_concurrency=1.0, startup_s=1.0, wall_s=1.0, api_server_cpu_s=1.0,
+        slo={k: 1.0 for k in SLO_METRICS},
     )
     return tuple(full.metrics())
 

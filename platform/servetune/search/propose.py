@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
+from servetune.cost import slo_figures
 from servetune.engines.early_stop import EarlyStop
 from servetune.errors import SpecError
 from servetune.planner.engine_config import compile_key, resolve_engine_config
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
 
 __all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
            "objective_values", "StoredTrial", "early_stop_rule", "enqueue_informed_starts", "run_local", "sim_screen",
-           "best_feasible", "meets_constraints", "maximises_output_throughput"]
+           "best_feasible", "meets_constraints", "maximises_output_throughput", "with_slo_figures"]
 
 INFEASIBLE = 1.0
 FEASIBLE = -1.0
@@ -96,6 +97,18 @@ def maximises_output_throughput(spec: StudySpec) -> bool:
     """Whether the study's first objective is output throughput, maximised: what a running trial
     can be compared on against the best so far (early stopping, same-start confirmation)."""
     return spec.objective.metrics[:1] == ("output_throughput",) and spec.objective.directions[0] == "maximize"
+
+
+def with_slo_figures(spec: StudySpec, flags: Mapping[str, Any], result: TrialResult) -> TrialResult:
+    """``result`` (and its same-start repeats) with the study's goodput and cost figures set
+    (:attr:`TrialResult.slo`, :func:`servetune.cost.slo_figures`): the requests that met the
+    spec's latency constraints, priced at its GPU type's price x the flags' GPUs. Returns ``result``."""
+    price = None if spec.gpu_price is None else spec.gpu_price.usd_per_gpu_hour
+    limits = spec.constraints.limits()
+    for r in (result, *result.repeats):
+        if r.requests:  # a replayed result keeps the figures its landscape recorded
+            r.slo = slo_figures(r, limits, price, gpus_needed(flags))
+    return result
 
 
 def objective_values(spec: StudySpec, result: TrialResult) -> list[float]:
@@ -351,7 +364,7 @@ def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str
         elif screened is not None and screened[0] is not None:
             result, ran = screened[0], False
         else:
-            result, ran = evaluate(p.flags), True
+            result, ran = with_slo_figures(spec, p.flags, evaluate(p.flags)), True
             dispatched += 1
             if screen is not None and screened is not None:
                 learn(screen, spec, p.flags, screened[1], result)

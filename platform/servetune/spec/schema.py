@@ -14,7 +14,8 @@ The shape (only ``name``, ``model``, ``gpu``, ``workload`` and ``search_space`` 
     serve_model: meta-llama/Llama-3.1-8B-Instruct   # optional: what `vllm serve` gets (default: derived)
     gpu: {type: A100-40GB, count: 2, file: my-gpus.yaml}  # count: GPUs the study may use; file: optional table
     workload: {input_len: 512, output_len: 1024, num_requests: 384, concurrency: 192}
-    objective: {metric: output_throughput}          # or {pareto: [output_throughput, p99_ttft_ms]}
+    objective: {metric: output_throughput}          # or {pareto: [output_throughput, p99_ttft_ms]}, or cost_per_mtok
+    prices: my-prices.yaml           # optional: your GPU price table (default: servetune/data/gpu_prices.yaml)
     constraints: {max_preemptions: 0, p99_ttft_ms: 2000, p99_itl_ms: 50, p99_e2e_ms: 60000}
     search_space: memory-pair        # a file (relative to this file), a bare name in search_spaces/, or inline
     fixed_flags: {max_model_len: 4096}   # pinned for every trial
@@ -60,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 from servetune.engines.base import BACKENDS, LOAD_GENERATORS
 from servetune.engines.replay import missing_columns, read_landscape
 from servetune.engines.vllm.bench_client import bench_argv
+from servetune.cost import GpuPrice, load_prices
 from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import shown
 from servetune.planner import gpus, modelinfo
@@ -80,13 +82,16 @@ __all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Measur
 SPEC_KEYS = ("name", "description", "model", "serve_model", "gpu", "workload", "objective", "constraints",
              "search_space", "fixed_flags", "budget", "backend", "sampler", "seed", "vllm_version", "tracking",
              "storage", "output", "prescreen", "replay_file", "measurement", "early_stopping", "multi_fidelity",
-             "warm_start", "baseline_trial")
+             "warm_start", "baseline_trial", "prices")
 REQUIRED_KEYS = ("name", "model", "gpu", "workload", "search_space")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 _THROUGHPUT = ("output_throughput", "total_token_throughput", "request_throughput")
 _LATENCY = tuple(f"{stem}_{stat}_ms" for stem in ("ttft", "itl", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99"))
 #: Objective metrics (TrialResult.metrics() keys) and the direction each is optimised in.
-METRIC_DIRECTIONS: Mapping[str, str] = {**{m: "maximize" for m in _THROUGHPUT}, **{m: "minimize" for m in _LATENCY}}
+METRIC_DIRECTIONS: Mapping[str, str] = {**{m: "maximize" for m in _THROUGHPUT}, **{m: "minimize" for m in _LATENCY},
+                                        # goodput and cost at the SLO (servetune.cost): only requests that met the
+                                        # latency constraints count; cost is the GPU type's price x GPUs over them
+                                        "goodput_output_throughput": "maximize", "cost_per_mtok": "minimize"}
 # `vllm bench serve` writes p99_ttft_ms; TrialResult.metrics() writes ttft_p99_ms.
 _METRIC_ALIASES = {f"{stat}_{stem}_ms": f"{stem}_{stat}_ms"
                    for stem in ("ttft", "itl", "tpot", "e2e") for stat in ("mean", "p50", "p90", "p99")}
@@ -418,6 +423,22 @@ def _parse_objective(raw: Any) -> Objective:
     return Objective(tuple(metrics), tuple(natural))
 
 
+def _parse_prices(raw: Any, base_dir: Path | None, gpu: GpuPool, objective: Objective) -> tuple[GpuPrice | None, Path | None]:
+    """``prices``: the spec's own price table (relative to the spec file) or the shipped one; the
+    study's GPU type must be priced when an objective is ``cost_per_mtok``."""
+    path = None
+    if raw is not None:
+        path = _relative(base_dir, _text(raw, "prices", "my-prices.yaml"))
+        if not path.is_file():
+            raise SpecError("prices", f"file not found: {path}", "paths resolve relative to the spec file")
+        path = path.resolve()
+    table = load_prices(path, "prices")
+    price = table.get(gpu.type)
+    if price is None and "cost_per_mtok" in objective.metrics:
+        table.price(gpu.type, "prices")  # raises: the table, the GPU, the fix
+    return price, path
+
+
 def _parse_constraints(raw: Any) -> Constraints:
     keys = ("max_preemptions", "p99_ttft_ms", "p99_itl_ms", "p99_e2e_ms")
     data = _section(raw, "constraints", keys, "{max_preemptions: 0, p99_ttft_ms: 2000}")
@@ -466,6 +487,19 @@ def _parse_measurement(raw: Any) -> Measurement:
         stall_timeout_s=_positive(data.get("stall_timeout_s", Measurement.stall_timeout_s),
                                   "measurement.stall_timeout_s"),
     )
+
+
+def _check_load_generator(measurement: Measurement, workload: Workload, serve_model: str, objective: Objective) -> None:
+    """``vllm bench serve`` must be able to send the workload, and it records no per-request latencies,
+    which goodput and cost count request by request."""
+    if measurement.load_generator != "vllm-bench":
+        return
+    bench_argv(workload, base_url="http://127.0.0.1:1", model=serve_model, result_dir=".")  # SpecError if it cannot
+    per_request = sorted({"goodput_output_throughput", "cost_per_mtok"} & set(objective.metrics))
+    if per_request:
+        raise SpecError("objective", f"{per_request[0]} needs each request's latencies, which servetune's "
+                        "own load generator records and measurement.load_generator: vllm-bench does not",
+                        "use measurement: {load_generator: servetune}, or another objective")
 
 
 def _check_grid(space: SearchSpace, fixed: Mapping[str, Any], budget: Budget) -> tuple[Budget, list[str]]:
@@ -614,6 +648,10 @@ class StudySpec:
     multi_fidelity: bool | None = None
     warm_start: bool = True  # enqueue earlier studies' best configs (:mod:`servetune.search.warmstart`)
     baseline_trial: bool = True  # enqueue one trial with vLLM's defaults for the searched flags
+    #: The GPU type's list price (``prices:``, else the shipped table; None where the table has no
+    #: entry): what ``cost_per_mtok`` multiplies (:mod:`servetune.cost`).
+    gpu_price: GpuPrice | None = None
+    prices_file: Path | None = None  # the spec's own price table, when it names one
 
     def multi_fidelity_on(self, backend: str) -> bool:
         """Whether proposals are screened on the simulator for trials run on ``backend``."""
@@ -706,16 +744,17 @@ class StudySpec:
             budget, grid_warnings = _check_grid(space, fixed, budget)
             warnings = [*warnings, *grid_warnings]
         measurement = _parse_measurement(data.get("measurement"))
-        if measurement.load_generator == "vllm-bench":
-            bench_argv(workload, base_url="http://127.0.0.1:1", model=serve_model, result_dir=".")  # SpecError if it cannot
+        _check_load_generator(measurement, workload, serve_model, objective)
         replay_file = _parse_replay_file(data.get("replay_file"), backend, base, space, fixed, objective, constraints)
+        gpu_price, prices_file = _parse_prices(data.get("prices"), base, gpu, objective)
         return cls(name=name, model_ref=model_ref, serve_model=serve_model, gpu=gpu, workload=workload,
                    objective=objective, constraints=constraints, search_space=space, fixed_flags=fixed,
                    budget=budget, backend=backend, sampler=sampler, seed=seed, vllm_version=vllm_version,
                    tracking=tracking, storage=Storage(optuna_url), output=output, description=description,
                    search_space_file=space_file, warnings=tuple(warnings), model_profile=profile, base_dir=base,
                    cwd=here, source=copy.deepcopy(dict(data)), prescreen=prescreen, replay_file=replay_file,
-                   measurement=measurement, multi_fidelity=multi_fidelity, **switches)
+                   measurement=measurement, multi_fidelity=multi_fidelity, gpu_price=gpu_price,
+                   prices_file=prices_file, **switches)
 
     # -- use ----------------------------------------------------------------------------------
 
@@ -775,6 +814,7 @@ class StudySpec:
             "early_stopping": self.early_stopping,
             "multi_fidelity": "auto" if self.multi_fidelity is None else self.multi_fidelity,
             "warm_start": self.warm_start, "baseline_trial": self.baseline_trial,
+            "prices": None if self.prices_file is None else str(self.prices_file),
             "tracking": {"mlflow_uri": redact_url(self.tracking.mlflow_uri), "experiment": self.tracking.experiment},
             "storage": {"optuna_url": "memory" if self.storage.optuna_url is None else redact_url(self.storage.optuna_url)},
             "output": {"runs_dir": str(self.output.runs_dir), "dataset_dir": str(self.output.dataset_dir)},
