@@ -45,7 +45,7 @@ from servetune.planner.memory import plan_memory
 from servetune.planner.modelinfo import ModelProfile, load_model
 from servetune.planner.prior import preemption_bound
 from servetune.result import TrialResult
-from servetune.sim import GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, simulate
+from servetune.sim import simulate
 from servetune.workload import Workload
 
 __all__ = ["CapacityRow", "ReplicaCapacity", "capacity_table", "replica_capacity", "layouts", "calibration_evidence",
@@ -58,16 +58,15 @@ _UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization
 
 
 def calibration_evidence(gpu: GpuSpec) -> tuple[bool, str]:
-    """``(judged, what)``: whether the simulator's step times were judged on held-out real windows of
-    this GPU type, and in words. One place, so that a richer per-GPU note can replace it.
+    """``(judged, what)``: whether real vLLM runs of this GPU type judged the simulator's step times
+    (the GPU table's ``sim_evidence``, what ``servetune simulate`` also prints), and in words.
 
     Example:
-        >>> calibration_evidence(get_gpu("H200"))[0], calibration_evidence(get_gpu("L4"))[0]
+        >>> calibration_evidence(get_gpu("H200"))[0], calibration_evidence(get_gpu("T4"))[0]
         (True, False)
     """
-    if gpu.name in GPU_CALIBRATION or gpu.name in GPU_FAMILY_OVERRIDES:
-        return True, (f"simulator judged on held-out real vLLM 0.26.0 windows of the {gpu.name} "
-                      "(README, How accurate it is)")
+    if gpu.sim_evidence:
+        return True, f"simulator judged on the {gpu.name}: {gpu.sim_evidence}"
     return False, (f"simulator not judged on the {gpu.name}: the H200's fitted constants at the {gpu.name}'s "
                    "datasheet rates; an estimate")
 
