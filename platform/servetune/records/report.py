@@ -627,6 +627,8 @@ def plot_headroom(data: Any) -> Figure:
             if limit is not None and metric != "output_throughput":
                 axes[row][col].axhline(limit, color="tab:red", linewidth=0.8)
             axes[row][0].set_ylabel(label, fontsize="small")
+            if metric == "preemptions":
+                axes[row][col].set_ylim(bottom=0)
         axes[-1][col].set_xlabel(title)
     axes[0][1].legend(fontsize="small", frameon=False)
     fig.suptitle("Headroom: simulated, dashed where each flag set first breaks a constraint", fontsize="medium")

@@ -240,22 +240,29 @@ class Headroom:
         return f"{self.baseline_load * scale:,.2f} req/s"
 
     def metrics(self, prefix: str = "headroom.") -> dict[str, float]:
-        """Flat figures for MLflow: ``headroom.x``, ``headroom.<axis>_x`` and each edge's
-        ``headroom.<axis>.<criterion>_x`` (its ``first_fail``; ``max_scale`` where it held)."""
+        """Flat figures for MLflow: ``headroom.x`` (:attr:`headroom`), per axis ``headroom.rate_x``
+        or ``headroom.concurrency_x`` and ``headroom.prompt_len_x`` (:meth:`axis_headroom`), the
+        scales searched up to (``headroom.max_<axis>_scale``), and for each criterion that broke
+        the scale where it first did (``headroom.prompt_len.preemptions_first_fail_x``)."""
         out = {f"{prefix}x": self.headroom, f"{prefix}simulations": float(self.simulations)}
         axis_words = {"load": "rate" if self.load_axis == "request_rate" else "concurrency", "prompt_len": "prompt_len"}
         for axis in AXES:
             out[f"{prefix}{axis_words[axis]}_x"] = self.axis_headroom(axis)
+            out[f"{prefix}max_{axis_words[axis]}_scale"] = self.max_scale[axis]
         for e in self.edges:
-            fail = self.max_scale[e.axis] if e.first_fail is None else e.first_fail
-            out[f"{prefix}{axis_words[e.axis]}.{e.criterion}_x"] = fail
+            if e.first_fail is not None:
+                out[f"{prefix}{axis_words[e.axis]}.{e.criterion}_first_fail_x"] = e.first_fail
         return out
 
     def lines(self, label: str = "", band: bool = True) -> list[str]:
         """A compact block of text: the headroom, then per axis where each criterion first breaks."""
         top = min(self.max_scale.values())
-        head = (f"{label}headroom x{self.headroom:.2f}" if self.headroom < top else f"{label}headroom x{top:g} or more")
-        out = [head + f" (every constraint met up to there on both axes; {self.simulations} simulations)"]
+        if self.headroom == 0.0:
+            head = f"{label}no headroom: a constraint breaks at the measured load already (in the simulator)"
+        else:
+            head = (f"{label}headroom x{self.headroom:.2f}" if self.headroom < top else f"{label}headroom x{top:g} or more")
+            head += " (every constraint met up to there on both axes"
+        out = [head + f"{'; ' if self.headroom else ' ('}{self.simulations} simulations)"]
         for axis in AXES:
             edges = sorted((e for e in self.edges if e.axis == axis), key=lambda e: e.first_fail or math.inf)
             parts = [_edge_text(self, e) for e in edges if e.first_fail is not None]
