@@ -441,14 +441,38 @@ class _Driver:
                                          api_cpu_factor=None if screen is None else screen.api_cpu_factor)
         if result is None:
             return
-        summary = result.to_dict()
-        retry_call(lambda: study.set_user_attr(HEADROOM_ATTR, summary), what="store the headroom")
-        self.outcome.headroom = summary
-        _update_best(study, self.outcome)
         self.progress.note(f"servetune: headroom of the winner and the runner-up: {result.winner.simulations} + "
                            f"{0 if result.runner_up is None else result.runner_up.simulations} simulations in "
-                           f"{time.monotonic() - started:.1f} s"
-                           + ("" if self.backend == "sim" else "; no confirmation window at the edge was run"))
+                           f"{time.monotonic() - started:.1f} s")
+        self._store_headroom(result)
+        edge = headroom.first_edge(result.winner)
+        if self.backend == "vllm" and edge is not None and gpus_needed(result.winner.flags) <= self.pool.total_gpus:
+            self._store_headroom(dataclasses.replace(result, edge_window=self._edge_window(result.winner, edge)))
+
+    def _store_headroom(self, result: headroom.StudyHeadroom) -> None:
+        summary = result.to_dict()
+        retry_call(lambda: self.study.set_user_attr(HEADROOM_ATTR, summary), what="store the headroom")
+        self.outcome.headroom = summary
+        _update_best(self.study, self.outcome)
+
+    def _edge_window(self, winner: headroom.Headroom, edge: headroom.Edge) -> dict[str, Any]:
+        """One window of the winner on the real engine at its first predicted edge (a start of its
+        own, the full window: no early stop), not an Optuna trial; bounded by the trial's own
+        startup and stall timeouts."""
+        spec, number = self.spec, winner.trial_number
+        assert edge.first_fail is not None
+        self.progress.note(f"servetune: measuring the winner at its predicted edge ({edge.axis} x{edge.first_fail:.2f}, "
+                           f"{edge.criterion}) on the real engine")
+        name = f"{dataset.trial_dir_name(number or 0)}-edge"
+        task = _trial_task(spec, dict(winner.flags), self.runs_dir / "trials" / spec.name / name,
+                           workload=headroom.scaled_workload(spec.workload, edge.axis, edge.first_fail))
+        key = 2_000_000  # pool keys of edge windows, apart from trials and repeats
+        self.pool.submit(key, task, self.backend, gpus=gpus_needed(winner.flags))
+        measured: TrialResult | None = None
+        while measured is None:
+            self.stop.check()
+            measured = next((r for k, r in self.pool.wait(timeout_s=0.5) if k == key), None)
+        return headroom.edge_window(edge, number, measured, spec.constraints.limits())
 
     def _fail_running(self) -> list[int]:
         """Stop every running trial and tell it FAIL; returns the pool's trial numbers it stopped."""

@@ -164,3 +164,43 @@ def test_headroom_settings_parse() -> None:
     assert spec.selection.min_headroom == 1.5
     assert not _spec(headroom=False).headroom.enabled and _spec().selection.min_headroom is None
     assert spec.to_dict()["selection"] == {"min_headroom": 1.5}
+
+
+@pytest.mark.slow
+def test_on_the_real_engine_one_window_checks_the_winners_edge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm backend, the simulated vLLM server as `vllm serve`: after the trials, the study starts the
+    winner once more at its first predicted edge (prompts x1.09 preempt a 100-block KV cache here),
+    measures one whole window, and says whether the edge held; it is not an Optuna trial."""
+    import io
+    import sys
+
+    import optuna
+
+    from servetune.study import run_study
+
+    monkeypatch.setenv("SERVETUNE_SERVE_COMMAND", f"{sys.executable} -m servetune.sim.server --sim-speedup 1")
+    monkeypatch.setenv("SERVETUNE_SIM_STARTUP_S", "0.2")
+    spec = StudySpec.from_dict({
+        "name": "edge", "model": "servetune-test-850m", "gpu": {"type": "H200", "count": 1},
+        "workload": {"input_len": 128, "output_len": 64, "num_requests": 24, "concurrency": 8, "seed": 1},
+        "constraints": {"max_preemptions": 0}, "search_space": {"params": {"max_num_seqs": [8, 4]}},
+        "fixed_flags": {"num_gpu_blocks_override": 100, "max_model_len": 1024}, "backend": "vllm", "sampler": "grid",
+        "multi_fidelity": False, "baseline_trial": False, "budget": {"trials": 2, "parallel": 1},
+        "tracking": {"mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db", "experiment": "edge"},
+        "output": {"runs_dir": str(tmp_path)},
+    }, cwd=tmp_path)
+    out = io.StringIO()
+    outcome = run_study(spec, out=out)
+    assert outcome.best_flags is not None and outcome.best_flags["max_num_seqs"] == 8, out.getvalue()[-3000:]
+    stored = outcome.headroom
+    assert stored is not None and stored["edge_window"] is not None, out.getvalue()[-3000:]
+    window = stored["edge_window"]
+    edge = hr.first_edge(hr.Headroom.from_dict(stored["winner"]))
+    assert edge is not None and (window["axis"], window["scale"]) == (edge.axis, edge.first_fail)
+    assert window["status"] == "ok" and window["confirmed"] is True and "preemptions" in window["measured_broken"]
+    assert window["metrics"]["preemptions"] > 0
+    assert "edge window on the real engine at prompt length x1.09" in "\n".join(stored["text"])
+    # Two trials, two trial starts and one edge start; Optuna holds the two trials only.
+    assert len(list((tmp_path / "trials" / "edge").glob("*-edge/server.log"))) == 1
+    study = optuna.load_study(study_name="edge", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert len(study.trials) == 2 and study.user_attrs["headroom"]["edge_window"] == window

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AXES", "ErrorBand", "Edge", "Point", "Headroom", "find_edges", "scaled_workload", "load_axis_name",
            "error_band", "criteria", "broken_criteria", "meets_at", "SERVING", "for_spec", "spec_simulator",
-           "StudyHeadroom", "study_headroom"]
+           "StudyHeadroom", "study_headroom", "first_edge", "edge_window"]
 
 #: The axes searched: the workload's pacing, and the prompts' length.
 AXES = ("load", "prompt_len")
@@ -439,6 +439,8 @@ class StudyHeadroom:
     min_headroom: float | None = None
     selected: int | None = None  # the trial chosen for its headroom (None: no selection, or none met it)
     checked: tuple[tuple[int, bool], ...] = ()  # (trial number, met every constraint at min_headroom)
+    #: On real GPUs, the one window measured at the winner's first predicted edge (:func:`edge_window`).
+    edge_window: dict[str, Any] | None = None
 
     def lines(self) -> list[str]:
         out = []
@@ -454,6 +456,14 @@ class StudyHeadroom:
             shown = ", ".join(f"{k} {v}" for k, v in sorted(other.items()))
             out += self.runner_up.lines(f"runner-up (trial #{self.runner_up.trial_number}, {shown}): ", band=False)
         out.append(f"error band: {self.winner.band.text()}")
+        window = self.edge_window
+        if window is not None:
+            where = f"{'prompt length' if window['axis'] == 'prompt_len' else self.winner.load_axis.replace('_', ' ')} x{window['scale']:.2f}"
+            measured = ", ".join(window["measured_broken"]) or "nothing"
+            out.append(f"edge window on the real engine at {where} (predicted to break {window['criterion']}): "
+                       + ("not measured, the machine failed" if window["confirmed"] is None else
+                          f"confirmed, it broke {measured}" if window["confirmed"] else
+                          f"not confirmed, it broke {measured}: the edge lies further out than predicted"))
         return out
 
     def metrics(self) -> dict[str, float]:
@@ -468,12 +478,13 @@ class StudyHeadroom:
     def to_dict(self) -> dict[str, Any]:
         return {"winner": self.winner.to_dict(), "runner_up": None if self.runner_up is None else self.runner_up.to_dict(),
                 "min_headroom": self.min_headroom, "selected": self.selected, "checked": [list(c) for c in self.checked],
-                "text": self.lines()}
+                "edge_window": self.edge_window, "text": self.lines()}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> StudyHeadroom:
         return cls(Headroom.from_dict(d["winner"]), None if d.get("runner_up") is None else Headroom.from_dict(d["runner_up"]),
-                   d.get("min_headroom"), d.get("selected"), tuple((int(n), bool(ok)) for n, ok in d.get("checked", ())))
+                   d.get("min_headroom"), d.get("selected"), tuple((int(n), bool(ok)) for n, ok in d.get("checked", ())),
+                   d.get("edge_window"))
 
 
 #: At most this many flag sets are checked at ``selection.min_headroom`` (two simulations each).
@@ -506,3 +517,21 @@ def study_headroom(spec: StudySpec, ranked: Sequence[tuple[int, Mapping[str, Any
     heads = [for_spec(spec, flags, api_cpu_factor=api_cpu_factor, calibration=calibration, trial_number=number)
              for number, flags in [ranked[win], *rest[:1]]]
     return StudyHeadroom(heads[0], heads[1] if len(heads) > 1 else None, x, selected, tuple(checked))
+
+
+def first_edge(h: Headroom) -> Edge | None:
+    """The edge a confirmation window checks: the lowest ``first_fail`` over both axes among the
+    edges with a bracket (one already broken at the measured load has nothing to confirm)."""
+    return min((e for e in h.edges if e.first_fail is not None and e.last_ok is not None),
+               key=lambda e: e.first_fail or 0.0, default=None)
+
+
+def edge_window(edge: Edge, trial_number: int | None, measured: TrialResult, limits: Mapping[str, float]) -> dict[str, Any]:
+    """What one real window at ``edge`` says: the criteria it broke, and whether it confirms the
+    predicted edge (None where the machine failed, not the flags)."""
+    broken = broken_criteria(measured, limits)
+    m = measured.metrics()
+    return {"trial_number": trial_number, "axis": edge.axis, "scale": edge.first_fail, "criterion": edge.criterion,
+            "status": measured.status.value, "measured_broken": list(broken),
+            "confirmed": None if measured.status.is_infrastructure else edge.criterion in broken,
+            "metrics": {k: m[k] for k in (*_SHOWN, "preemptions") if k in m}}
