@@ -437,7 +437,12 @@ class _Driver:
         started = time.monotonic()
         screen = self.screen
         calibration = {} if screen is None else {"real_over_sim_throughput": screen.ratio, "real_trials": len(screen.ratios)}
-        result = headroom.study_headroom(spec, ranked_flag_sets(study), calibration=calibration,
+        ranked = ranked_flag_sets(study)
+        # A simulated study's trial is the simulator's own figure at scale 1: not simulated again.
+        told = {t.number: t for t in study.get_trials(deepcopy=False)}
+        measured = ({n: StoredTrial.of(told[n]).result(self.backend, spec.vllm_version) for n, _ in ranked}
+                    if self.backend == "sim" else None)
+        result = headroom.study_headroom(spec, ranked, calibration=calibration, measured=measured,
                                          api_cpu_factor=None if screen is None else screen.api_cpu_factor)
         if result is None:
             return

@@ -66,7 +66,14 @@ def test_tune_then_best_headroom_end_to_end(tmp_path: Path, capsys: pytest.Captu
         if number == chosen:
             break
     assert stored["winner"]["trial_number"] == chosen and stored["runner_up"]["trial_number"] == ranked[0][0]
-    assert hr.StudyHeadroom.from_dict(stored).winner.headroom >= MIN_HEADROOM
+    winner = hr.StudyHeadroom.from_dict(stored).winner
+    assert winner.headroom >= MIN_HEADROOM
+    # A simulated study's own trial is the search's baseline (not simulated again): the same figures.
+    direct = hr.spec_simulator(spec, dict(ranked)[chosen])(spec.workload)
+    base = winner.baseline()
+    assert base is not None and base.broken == hr.broken_criteria(direct, limits) == ()
+    assert base.metrics["output_throughput"] == pytest.approx(direct.output_throughput)
+    assert base.metrics["tpot_p99_ms"] == pytest.approx(direct.metrics()["tpot_p99_ms"])
 
     # `best` prints the chosen flag set and the stored headroom block.
     assert main(["best", "robust", "--storage", storage, "--headroom"]) == 0

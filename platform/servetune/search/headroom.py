@@ -336,11 +336,13 @@ class _Prober:
         if point is None:
             self.runs += 1
             result = self.simulate(scaled_workload(self.workload, axis, key[1]) if scale != 1.0 else self.workload)
-            m = result.metrics()
-            point = self.points[key] = Point(axis if scale != 1.0 else "base", key[1],
-                                             broken_criteria(result, self.limits),
-                                             {k: m[k] for k in _SHOWN if k in m} | {"preemptions": m.get("preemptions", 0.0)})
+            point = self.points[key] = self.point(axis if scale != 1.0 else "base", key[1], result)
         return point
+
+    def point(self, axis: str, scale: float, result: TrialResult) -> Point:
+        m = result.metrics()
+        return Point(axis, scale, broken_criteria(result, self.limits),
+                     {k: m[k] for k in _SHOWN if k in m} | {"preemptions": m.get("preemptions", 0.0)})
 
 
 def _bracket(prober: _Prober, axis: str, criterion: str, max_scale: float, tolerance: float
@@ -374,12 +376,15 @@ def _bracket(prober: _Prober, axis: str, criterion: str, max_scale: float, toler
 def find_edges(simulate: Simulate, workload: Workload, limits: Mapping[str, float], *, flags: Mapping[str, Any],
                max_scale: Mapping[str, float] | None = None, tolerance: float = 0.1, max_simulations: int = 12,
                band: ErrorBand | None = None, calibration: Mapping[str, Any] | None = None,
-               trial_number: int | None = None) -> Headroom:
+               trial_number: int | None = None, baseline: TrialResult | None = None) -> Headroom:
     """The headroom of ``flags``: ``simulate`` (the flag set's simulated engine, a workload in,
     its result out) run on scaled copies of ``workload``, each axis and criterion bracketed.
-    ``limits``: the study's ``Constraints.limits()``. At most ``max_simulations`` calls."""
+    ``limits``: the study's ``Constraints.limits()``. At most ``max_simulations`` calls.
+    ``baseline``: ``simulate(workload)`` already known (a simulated study's own trial), not run again."""
     scales = {"load": 2.0, "prompt_len": 2.0, **(max_scale or {})}
     prober = _Prober(simulate, workload, limits, max_simulations)
+    if baseline is not None:
+        prober.points[("base", 1.0)] = prober.point("base", 1.0, baseline)
     edges = []
     for axis in AXES:
         for name, limit in criteria(limits).items():
@@ -415,7 +420,8 @@ def spec_simulator(spec: StudySpec, flags: Mapping[str, Any], api_cpu_factor: fl
 
 
 def for_spec(spec: StudySpec, flags: Mapping[str, Any], *, api_cpu_factor: float | None = None,
-             calibration: Mapping[str, Any] | None = None, trial_number: int | None = None) -> Headroom:
+             calibration: Mapping[str, Any] | None = None, trial_number: int | None = None,
+             baseline: TrialResult | None = None) -> Headroom:
     """:func:`find_edges` for one flag set of a study: its workload, constraints, GPU and the
     spec's ``headroom`` settings, with the error band of its GPU, TP size and model class."""
     settings = spec.headroom
@@ -426,7 +432,7 @@ def for_spec(spec: StudySpec, flags: Mapping[str, Any], *, api_cpu_factor: float
     return find_edges(spec_simulator(spec, flags, api_cpu_factor), spec.workload, spec.constraints.limits(), flags=flags,
                       max_scale={"load": settings.max_load_scale, "prompt_len": settings.max_prompt_scale},
                       tolerance=settings.tolerance, max_simulations=settings.max_simulations, band=band,
-                      calibration=calib, trial_number=trial_number)
+                      calibration=calib, trial_number=trial_number, baseline=baseline)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -493,12 +499,13 @@ MAX_SELECTION_CANDIDATES = 8
 
 def study_headroom(spec: StudySpec, ranked: Sequence[tuple[int, Mapping[str, Any]]], *,
                    api_cpu_factor: float | None = None, calibration: Mapping[str, Any] | None = None,
-                   ) -> StudyHeadroom | None:
+                   measured: Mapping[int, TrialResult] | None = None) -> StudyHeadroom | None:
     """The headroom a study ends with. ``ranked``: its feasible flag sets, best first, one per flag
     set (``(trial number, flags)``). With ``selection.min_headroom`` X, the first of them (at most
     :data:`MAX_SELECTION_CANDIDATES`) that meets every constraint at X times the load and X times
     the prompts becomes the winner; the runner-up is the best other flag set. None when nothing
-    is feasible."""
+    is feasible. ``measured``: trial number -> its result where that is the simulator's own at
+    scale 1 (a simulated study), used as the baseline instead of simulating it again."""
     if not ranked:
         return None
     limits = spec.constraints.limits()
@@ -514,8 +521,8 @@ def study_headroom(spec: StudySpec, ranked: Sequence[tuple[int, Mapping[str, Any
                 break
     win = next((i for i, (n, _) in enumerate(ranked) if n == selected), 0)
     rest = [r for i, r in enumerate(ranked) if i != win]
-    heads = [for_spec(spec, flags, api_cpu_factor=api_cpu_factor, calibration=calibration, trial_number=number)
-             for number, flags in [ranked[win], *rest[:1]]]
+    heads = [for_spec(spec, flags, api_cpu_factor=api_cpu_factor, calibration=calibration, trial_number=number,
+                      baseline=(measured or {}).get(number)) for number, flags in [ranked[win], *rest[:1]]]
     return StudyHeadroom(heads[0], heads[1] if len(heads) > 1 else None, x, selected, tuple(checked))
 
 
