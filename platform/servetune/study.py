@@ -450,7 +450,8 @@ class _Driver:
                            f"{0 if result.runner_up is None else result.runner_up.simulations} simulations in "
                            f"{time.monotonic() - started:.1f} s")
         self._store_headroom(result)
-        edge = headroom.first_edge(result.winner)
+        # A prompt file's texts are sent as written: only its load can be scaled on a real server.
+        edge = headroom.first_edge(result.winner, ("load",) if spec.workload.prompt_file else headroom.AXES)
         if self.backend == "vllm" and edge is not None and gpus_needed(result.winner.flags) <= self.pool.total_gpus:
             self._store_headroom(dataclasses.replace(result, edge_window=self._edge_window(result.winner, edge)))
 

@@ -462,6 +462,13 @@ class StudyHeadroom:
             shown = ", ".join(f"{k} {v}" for k, v in sorted(other.items()))
             out += self.runner_up.lines(f"runner-up (trial #{self.runner_up.trial_number}, {shown}): ", band=False)
         out.append(f"error band: {self.winner.band.text()}")
+        calib = self.winner.calibration
+        if calib.get("api_cpu_factor") is not None or calib.get("real_over_sim_throughput") is not None:
+            factor, ratio = calib.get("api_cpu_factor"), calib.get("real_over_sim_throughput")
+            out.append("calibration on the study's real trials: "
+                       + ("host API-server CPU not measured" if factor is None else f"host API-server CPU x{factor:.2f}")
+                       + ("" if ratio is None else f"; real/simulated throughput {ratio:.2f} over "
+                          f"{calib.get('real_trials', 0)} trials (the edges are the simulator's)"))
         window = self.edge_window
         if window is not None:
             where = f"{'prompt length' if window['axis'] == 'prompt_len' else self.winner.load_axis.replace('_', ' ')} x{window['scale']:.2f}"
@@ -526,10 +533,10 @@ def study_headroom(spec: StudySpec, ranked: Sequence[tuple[int, Mapping[str, Any
     return StudyHeadroom(heads[0], heads[1] if len(heads) > 1 else None, x, selected, tuple(checked))
 
 
-def first_edge(h: Headroom) -> Edge | None:
-    """The edge a confirmation window checks: the lowest ``first_fail`` over both axes among the
+def first_edge(h: Headroom, axes: Sequence[str] = AXES) -> Edge | None:
+    """The edge a confirmation window checks: the lowest ``first_fail`` over ``axes`` among the
     edges with a bracket (one already broken at the measured load has nothing to confirm)."""
-    return min((e for e in h.edges if e.first_fail is not None and e.last_ok is not None),
+    return min((e for e in h.edges if e.axis in axes and e.first_fail is not None and e.last_ok is not None),
                key=lambda e: e.first_fail or 0.0, default=None)
 
 
