@@ -447,8 +447,10 @@ class _Driver:
         if result is None:
             return
         self.progress.note(f"servetune: headroom of the winner and the runner-up: {result.winner.simulations} + "
-                           f"{0 if result.runner_up is None else result.runner_up.simulations} simulations in "
-                           f"{time.monotonic() - started:.1f} s")
+                           f"{0 if result.runner_up is None else result.runner_up.simulations} simulations"
+                           + (f", {len(result.checked)} flag sets checked at x{result.min_headroom:g}"
+                              if result.min_headroom is not None else "")
+                           + f" in {time.monotonic() - started:.1f} s")
         self._store_headroom(result)
         # A prompt file's texts are sent as written: only its load can be scaled on a real server.
         edge = headroom.first_edge(result.winner, ("load",) if spec.workload.prompt_file else headroom.AXES)

@@ -139,6 +139,42 @@ def test_the_error_band_is_the_readme_accuracy_table() -> None:
     assert not hr.error_band("H200", moe=True).checked
 
 
+def test_selection_takes_the_first_flag_set_that_meets_every_constraint_at_the_scale() -> None:
+    ranked = [(0, _flags(0.65)), (1, _flags(0.75)), (2, _flags(0.8))]
+    chosen = hr.study_headroom(_spec(selection={"min_headroom": 1.5}), ranked)
+    assert chosen is not None and chosen.selected == 1 and chosen.checked == ((0, False), (1, True))
+    assert chosen.winner.trial_number == 1 and chosen.runner_up is not None and chosen.runner_up.trial_number == 0
+    assert chosen.winner.headroom >= 1.5 > chosen.runner_up.headroom
+    assert "trial #1 is the best flag set that meets every constraint there" in chosen.lines()[0]
+    # None meets it: the objective's best stays the winner, and the output says so.
+    none = hr.study_headroom(_spec(selection={"min_headroom": 1.5}), ranked[:1])
+    assert none is not None and none.selected is None and none.winner.trial_number == 0 and none.runner_up is None
+    assert "no flag set checked meets it" in none.lines()[0]
+    # Without a selection the objective's best is the winner; nothing feasible, no headroom.
+    plain = hr.study_headroom(_spec(), ranked)
+    assert plain is not None and plain.winner.trial_number == 0 and plain.checked == () and plain.min_headroom is None
+    assert hr.study_headroom(_spec(), []) is None
+    assert hr.StudyHeadroom.from_dict(chosen.to_dict()).to_dict() == chosen.to_dict()
+
+
+def test_a_criterion_breaks_exactly_where_the_study_counts_its_constraint_violated() -> None:
+    """The headroom's criteria are the study's constraints (search.propose.constraint_values, what
+    Optuna is told), plus failed requests: checked on real simulations around the edges."""
+    from servetune.search.propose import constraint_values
+
+    spec = _spec(POISSON, constraints={"max_preemptions": 0, "p99_itl_ms": 60, "p99_ttft_ms": 150})
+    names = {"preemptions": "preemptions", "itl_p99_ms": "p99_itl_ms", "ttft_p99_ms": "p99_ttft_ms"}
+    seen = set()
+    for util, scale in ((0.9, 1.0), (0.9, 1.7), (0.5, 2.0), (0.45, 1.0)):
+        result = hr.spec_simulator(spec, _flags(util))(hr.scaled_workload(spec.workload, "load", scale))
+        broken = set(hr.broken_criteria(result, spec.constraints.limits()))
+        violated = {k for k, v in constraint_values(spec, result).items() if v > 0}
+        assert {names[b] for b in broken - {hr.SERVING}} == violated - {"startup"}, (util, scale, broken, violated)
+        assert ("startup" in violated) <= (hr.SERVING in broken)
+        seen |= broken
+    assert {"itl_p99_ms", "ttft_p99_ms"} <= seen  # the cases reach past the limits
+
+
 @pytest.mark.parametrize(("section", "field"), [
     ({"headroom": {"max_load_scale": 1.0}}, "headroom.max_load_scale"),
     ({"headroom": {"max_prompt_scale": "x"}}, "headroom.max_prompt_scale"),

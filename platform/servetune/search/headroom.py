@@ -96,8 +96,9 @@ def criteria(limits: Mapping[str, float]) -> dict[str, float]:
 
 
 def broken_criteria(result: TrialResult, limits: Mapping[str, float]) -> tuple[str, ...]:
-    """The criteria ``result`` breaks (every one when it did not serve; a latency not measured
-    counts as broken)."""
+    """The criteria ``result`` breaks: the study's own rule per limit
+    (:func:`servetune.search.propose.constraint_values`: every one when it did not serve, a
+    latency not measured counts as broken), and :data:`SERVING` also when a request failed."""
     crit = criteria(limits)
     if not result.ok or (result.failed or 0) > 0:
         return tuple(crit)
