@@ -432,6 +432,10 @@ class _Driver:
         screen is (:mod:`servetune.search.headroom`); with ``selection.min_headroom``, the winner
         chosen for it. Kept as the study's user attr ``headroom`` (``servetune best --headroom``)."""
         spec, study = self.spec, self.study
+        if not spec.headroom.enabled and study.user_attrs.get(HEADROOM_ATTR):
+            # Turned off on a resume: an earlier run's selection must not choose the winner any more.
+            retry_call(lambda: study.set_user_attr(HEADROOM_ATTR, None), what="clear the headroom")
+            _update_best(study, self.outcome)
         if not spec.headroom.enabled or spec.model_profile is None or self.stop.requested:
             return
         started = time.monotonic()
