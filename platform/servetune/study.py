@@ -1020,7 +1020,7 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
         plots["headroom.png"] = report.plot_headroom(outcome.headroom)
         summary.update(headroom.StudyHeadroom.from_dict(outcome.headroom).metrics())
         files["headroom.json"] = json.dumps(outcome.headroom, indent=2, sort_keys=True)
-        folder = Path(spec.output.runs_dir) / "headroom"  # beside the dataset, for `servetune report`
+        folder = Path(spec.output.dataset_dir).parent / "headroom"  # beside the dataset, for `servetune report`
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{spec.name}.json").write_text(files["headroom.json"], encoding="utf-8")
     tracker.finish_study(outcome.best_flags, spec.serve_model, everything, plots, summary, files=files)

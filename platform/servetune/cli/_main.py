@@ -461,8 +461,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _stored_headroom(folder: Path) -> dict[str, Any]:
-    """Each study's end headroom that ``servetune tune`` wrote beside the dataset
-    (``<runs_dir>/headroom/<study>.json``), by study name; an unreadable file is left out."""
+    """Each study's end headroom that ``servetune tune`` wrote beside the dataset folder
+    (``headroom/<study>.json``), by study name; an unreadable file is left out."""
     out: dict[str, Any] = {}
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
