@@ -109,10 +109,16 @@ def test_the_number_of_simulations_is_bounded() -> None:
 
     cut = hr.find_edges(counted, spec.workload, spec.constraints.limits(), flags=_flags(0.65), max_simulations=3)
     assert calls == cut.simulations == 3 < full.simulations
-    # Cut short, an edge keeps a wider bracket that still holds the full search's edge.
+    # Cut short, an edge keeps a wider bracket that still holds the full search's edge, and claims
+    # no more than it simulated: an edge that never broke held up to its last simulated scale only.
+    scales = {p.scale for p in cut.points}
     for short, whole in zip(cut.edges, full.edges):
         if whole.first_fail is not None and short.first_fail is not None:
             assert (short.last_ok or 0.0) <= (whole.last_ok or 0.0) and short.first_fail >= whole.first_fail
+        if short.first_fail is None:
+            assert short.last_ok in scales
+    assert cut.headroom <= full.headroom
+    assert cut.headroom == min(e.last_ok or 0.0 for e in cut.edges) < spec.headroom.max_prompt_scale
 
 
 def test_a_flag_set_that_already_fails_has_no_headroom() -> None:

@@ -137,7 +137,7 @@ class Edge:
     axis: str
     criterion: str
     limit: float
-    first_fail: float | None  # None: it held up to the search's max_scale
+    first_fail: float | None  # None: no simulation broke it (up to last_ok: max_scale, or where the bound cut)
     last_ok: float | None  # None: it breaks at the measured load already
 
     def to_dict(self) -> dict[str, Any]:
@@ -212,15 +212,14 @@ class Headroom:
 
     @property
     def headroom(self) -> float:
-        """The smallest scale up to which every criterion held on every axis (``max_scale`` where
-        none broke); 0.0 when one already breaks at the measured load."""
-        lows = [e.last_ok if e.first_fail is not None else self.max_scale[e.axis] for e in self.edges]
-        return min((0.0 if v is None else v for v in lows), default=min(self.max_scale.values()))
+        """The smallest scale up to which every criterion was seen to hold on every axis (each
+        edge's ``last_ok``: ``max_scale`` where none broke, less where the simulation bound cut the
+        search); 0.0 when one already breaks at the measured load."""
+        return min((e.last_ok or 0.0 for e in self.edges), default=min(self.max_scale.values()))
 
     def axis_headroom(self, axis: str) -> float:
         """:attr:`headroom` along one axis."""
-        lows = [e.last_ok if e.first_fail is not None else self.max_scale[axis] for e in self.edges if e.axis == axis]
-        return min((0.0 if v is None else v for v in lows), default=self.max_scale[axis])
+        return min((e.last_ok or 0.0 for e in self.edges if e.axis == axis), default=self.max_scale[axis])
 
     def first_edge(self, axis: str) -> Edge | None:
         """The criterion that breaks first along ``axis`` (None: none broke up to ``max_scale``)."""
@@ -268,7 +267,9 @@ class Headroom:
             edges = sorted((e for e in self.edges if e.axis == axis), key=lambda e: e.first_fail or math.inf)
             parts = [_edge_text(self, e) for e in edges if e.first_fail is not None]
             held = [e for e in edges if e.first_fail is None and e.criterion != SERVING]
-            top_text = f" up to x{self.max_scale[axis]:g} ({self.absolute(axis, self.max_scale[axis])})"
+            reach = min((e.last_ok or 0.0 for e in edges if e.first_fail is None), default=self.max_scale[axis])
+            top_text = (f" up to x{reach:g} ({self.absolute(axis, reach)})"
+                        + ("" if reach >= self.max_scale[axis] else ", searched no further (max_simulations)"))
             if len(parts) == 0:
                 parts.append("every constraint met" + top_text)
             elif held:
