@@ -74,3 +74,21 @@ def test_a_broken_line_in_a_trace_names_the_file_and_line(tmp_path: Path) -> Non
     with pytest.raises(SpecError) as err:
         Workload.from_dict({"trace_file": str(trace)})
     assert err.value.field.endswith("t.jsonl:2")
+
+
+def test_what_if_scales_lengthen_prompts_and_compress_arrivals() -> None:
+    """The headroom search's scales (servetune.search.headroom): prompts times prompt_scale with the
+    shared prefix kept whole, arrivals rate_scale times as frequent, the token bound following."""
+    import dataclasses
+
+    base = Workload.from_dict({"input_len": {"dist": "uniform", "min": 100, "max": 400}, "output_len": 32,
+                               "num_requests": 20, "request_rate": 5, "prefix_len": 90, "seed": 4})
+    scaled = dataclasses.replace(base, prompt_scale=1.5, rate_scale=2.0)
+    for a, b in zip(base.requests(), scaled.requests(), strict=True):
+        assert b.prompt_tokens == max(91, round(a.prompt_tokens * 1.5)) and b.prefix_tokens == a.prefix_tokens
+        assert b.arrival_s == pytest.approx((a.arrival_s or 0.0) / 2.0)
+        assert b.output_tokens == a.output_tokens
+    assert scaled.token_bound() >= sum(r.prompt_tokens + r.output_tokens for r in scaled.requests())
+    assert scaled.to_dict()["prompt_scale"] == 1.5 and "prompt_scale" not in base.to_dict()
+    shrunk = dataclasses.replace(base, prompt_scale=0.1)
+    assert all(r.prompt_tokens == 91 for r in shrunk.requests())  # never below the shared prefix + 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import math
 import signal
 import sys
@@ -53,7 +54,7 @@ from servetune.records.tracking import StudyTracker
 from servetune.records.trial_record import Prediction, Screen, TrialRecord
 from servetune.redact import redact_text
 from servetune.result import TrialResult, TrialStatus
-from servetune.search import confirm, warmstart
+from servetune.search import confirm, headroom, warmstart
 from servetune.search import screen as fidelity
 from servetune.search.propose import (FEASIBLE, INFEASIBLE, Proposal, StoredTrial, constraint_values, early_stop_rule,
                                       enqueue_informed_starts, maximises_output_throughput, meets_constraints,
@@ -67,7 +68,7 @@ if TYPE_CHECKING:
     from servetune.search.warmstart import WarmStart
 
 __all__ = ["StudyOutcome", "run_study", "remeasure", "make_sampler", "constraint_values", "objective_values", "best_trial",
-           "INFEASIBLE", "FEASIBLE"]
+           "INFEASIBLE", "FEASIBLE", "ranked_flag_sets", "HEADROOM_ATTR"]
 
 
 @dataclasses.dataclass
@@ -94,6 +95,7 @@ class StudyOutcome:
     confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.search.confirm.Choice.to_dict()
     interrupted: bool = False  # stopped by SIGTERM / Ctrl-C before its budget: resume with --resume
     stopped_by: int | None = None  # the signal that interrupted it (SIGINT for Ctrl-C, SIGTERM)
+    headroom: dict[str, Any] | None = None  # servetune.search.headroom.StudyHeadroom.to_dict(), the study's end
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -138,9 +140,13 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     """The best feasible completed trial (first objective), or None when none is feasible.
 
     After a confirmation (``budget.confirm_top``), the winner on confirmed figures (the study's
-    user attr ``confirmation``) instead of the best single measurement.
+    user attr ``confirmation``) instead of the best single measurement; with
+    ``selection.min_headroom``, the flag set the study's end chose for its headroom (user attr
+    ``headroom``, :func:`servetune.search.headroom.study_headroom`).
     """
-    winner = (study.user_attrs.get("confirmation") or {}).get("winner")
+    winner = (study.user_attrs.get(HEADROOM_ATTR) or {}).get("selected")
+    if winner is None:
+        winner = (study.user_attrs.get("confirmation") or {}).get("winner")
     if winner is not None:
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
             if t.number == winner:
@@ -384,6 +390,7 @@ class _Driver:
                                        "larger time_limit_s to confirm them)")
                 else:
                     self._confirm_top()
+            self._headroom()
         except KeyboardInterrupt:
             status = "KILLED"
             self.outcome.interrupted = True
@@ -419,6 +426,65 @@ class _Driver:
                             f"start Ray nodes with {spec.gpu.type} GPUs labelled by type (ray start --num-gpus N "
                             f"--resources '{{\"accelerator_type:{ray_accelerator_type(spec.gpu.type)}\": 1}}'), "
                             "raise budget.wait_for_gpus_s while an autoscaler adds them, or run backend: sim")
+
+    def _headroom(self) -> None:
+        """The winner's and the runner-up's headroom on the simulator, calibrated as the study's
+        screen is (:mod:`servetune.search.headroom`); with ``selection.min_headroom``, the winner
+        chosen for it. Kept as the study's user attr ``headroom`` (``servetune best --headroom``)."""
+        spec, study = self.spec, self.study
+        if not spec.headroom.enabled and study.user_attrs.get(HEADROOM_ATTR):
+            # Turned off on a resume: an earlier run's selection must not choose the winner any more.
+            retry_call(lambda: study.set_user_attr(HEADROOM_ATTR, None), what="clear the headroom")
+            _update_best(study, self.outcome)
+        if not spec.headroom.enabled or spec.model_profile is None or self.stop.requested:
+            return
+        started = time.monotonic()
+        screen = self.screen
+        calibration = {} if screen is None else {"real_over_sim_throughput": screen.ratio, "real_trials": len(screen.ratios)}
+        ranked = ranked_flag_sets(study)
+        # A simulated study's trial is the simulator's own figure at scale 1: not simulated again.
+        told = {t.number: t for t in study.get_trials(deepcopy=False)}
+        measured = ({n: StoredTrial.of(told[n]).result(self.backend, spec.vllm_version) for n, _ in ranked}
+                    if self.backend == "sim" else None)
+        result = headroom.study_headroom(spec, ranked, calibration=calibration, measured=measured,
+                                         api_cpu_factor=None if screen is None else screen.api_cpu_factor)
+        if result is None:
+            return
+        self.progress.note(f"servetune: headroom of the winner and the runner-up: {result.winner.simulations} + "
+                           f"{0 if result.runner_up is None else result.runner_up.simulations} simulations"
+                           + (f", {len(result.checked)} flag sets checked at x{result.min_headroom:g}"
+                              if result.min_headroom is not None else "")
+                           + f" in {time.monotonic() - started:.1f} s")
+        self._store_headroom(result)
+        # A prompt file's texts are sent as written: only its load can be scaled on a real server.
+        edge = headroom.first_edge(result.winner, ("load",) if spec.workload.prompt_file else headroom.AXES)
+        if self.backend == "vllm" and edge is not None and gpus_needed(result.winner.flags) <= self.pool.total_gpus:
+            self._store_headroom(dataclasses.replace(result, edge_window=self._edge_window(result.winner, edge)))
+
+    def _store_headroom(self, result: headroom.StudyHeadroom) -> None:
+        summary = result.to_dict()
+        retry_call(lambda: self.study.set_user_attr(HEADROOM_ATTR, summary), what="store the headroom")
+        self.outcome.headroom = summary
+        _update_best(self.study, self.outcome)
+
+    def _edge_window(self, winner: headroom.Headroom, edge: headroom.Edge) -> dict[str, Any]:
+        """One window of the winner on the real engine at its first predicted edge (a start of its
+        own, the full window: no early stop), not an Optuna trial; bounded by the trial's own
+        startup and stall timeouts."""
+        spec, number = self.spec, winner.trial_number
+        assert edge.first_fail is not None
+        self.progress.note(f"servetune: measuring the winner at its predicted edge ({edge.axis} x{edge.first_fail:.2f}, "
+                           f"{edge.criterion}) on the real engine")
+        name = f"{dataset.trial_dir_name(number or 0)}-edge"
+        task = _trial_task(spec, dict(winner.flags), self.runs_dir / "trials" / spec.name / name,
+                           workload=headroom.scaled_workload(spec.workload, edge.axis, edge.first_fail))
+        key = 2_000_000  # pool keys of edge windows, apart from trials and repeats
+        self.pool.submit(key, task, self.backend, gpus=gpus_needed(winner.flags))
+        measured: TrialResult | None = None
+        while measured is None:
+            self.stop.check()
+            measured = next((r for k, r in self.pool.wait(timeout_s=0.5) if k == key), None)
+        return headroom.edge_window(edge, number, measured, spec.constraints.limits())
 
     def _fail_running(self) -> list[int]:
         """Stop every running trial and tell it FAIL; returns the pool's trial numbers it stopped."""
@@ -908,6 +974,25 @@ def _count(outcome: StudyOutcome, status: TrialStatus, preemptions: int) -> None
         outcome.other_failed += 1
 
 
+#: The study user attr holding its end's headroom (:class:`servetune.search.headroom.StudyHeadroom`).
+HEADROOM_ATTR = "headroom"
+
+
+def ranked_flag_sets(study: optuna.Study) -> list[tuple[int, dict[str, Any]]]:
+    """The feasible flag sets, best first (the confirmed winner first), one trial per flag set."""
+    sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    feasible = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if t.constraints and all(c <= 0 for c in t.constraints.values()) and t.values]
+    confirmed = (study.user_attrs.get("confirmation") or {}).get("winner")
+    feasible.sort(key=lambda t: (t.number != confirmed, -sign * t.values[0]))
+    out: list[tuple[int, dict[str, Any]]] = []
+    for t in feasible:
+        flags = StoredTrial.of(t).flags
+        if all(flags != f for _, f in out):
+            out.append((t.number, flags))
+    return out
+
+
 def _update_best(study: optuna.Study, outcome: StudyOutcome) -> None:
     best = best_trial(study)
     if best is not None:
@@ -930,7 +1015,16 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
         plots = {f"{stem}.png": fig for stem, fig in figures.items()}
     if outcome.best_flags is not None:
         outcome.best_command = to_command_line(spec.serve_model, outcome.best_flags)
-    tracker.finish_study(outcome.best_flags, spec.serve_model, everything, plots, outcome.best_metrics or {})
+    summary = dict(outcome.best_metrics or {})
+    files: dict[str, str] = {}
+    if outcome.headroom is not None:  # the winner's headroom: its curve, figures and JSON on the parent run
+        plots["headroom.png"] = report.plot_headroom(outcome.headroom)
+        summary.update(headroom.StudyHeadroom.from_dict(outcome.headroom).metrics())
+        files["headroom.json"] = json.dumps(outcome.headroom, indent=2, sort_keys=True)
+        folder = Path(spec.output.dataset_dir).parent / "headroom"  # beside the dataset, for `servetune report`
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{spec.name}.json").write_text(files["headroom.json"], encoding="utf-8")
+    tracker.finish_study(outcome.best_flags, spec.serve_model, everything, plots, summary, files=files)
     tracker.end(status)
     left = tracker.flush(wait_s=tracker.flush_wait_s)  # bounded wait for a server that went away
     if left:

@@ -152,6 +152,11 @@ class Workload:
     num_prefix_groups: int = 1
     prompt_file: Path | None = None  # JSONL: {"prompt": str, "output_len": int?} or {"prompt_len": int, ...}
     trace_file: Path | None = None  # JSONL: {"timestamp": s, "input_length": n, "output_length": m}
+    #: What-if scales, not spec keys (a headroom search sets them, :mod:`servetune.search.headroom`):
+    #: every prompt's length times ``prompt_scale`` (the shared prefix kept), and arrivals
+    #: ``rate_scale`` times as frequent (a Poisson rate or a trace's timestamps).
+    prompt_scale: float = 1.0
+    rate_scale: float = 1.0
 
     KEYS = ("input_len", "output_len", "num_requests", "concurrency", "request_rate", "warmup_requests",
             "seed", "prefix_len", "num_prefix_groups", "prompt_file", "trace_file")
@@ -221,7 +226,7 @@ class Workload:
         """
         if self.trace_file is not None or self.prompt_file is not None:
             return sum(r.prompt_tokens + r.output_tokens for r in self.requests(include_warmup=True))
-        per_request = max(self.input_len.upper, self.prefix_len + 1) + self.output_len.upper
+        per_request = max(math.ceil(self.input_len.upper * self.prompt_scale), self.prefix_len + 1) + self.output_len.upper
         return (self.num_requests + self.warmup_requests) * per_request
 
     @property
@@ -255,7 +260,17 @@ class Workload:
                 timed.append(dataclasses.replace(r, arrival_s=t))
                 t += rng.expovariate(self.request_rate)
             reqs = timed
-        return reqs if include_warmup else reqs[self.warmup_requests:]
+        return self._scaled(reqs) if include_warmup else self._scaled(reqs)[self.warmup_requests:]
+
+    def _scaled(self, reqs: list[RequestSpec]) -> list[RequestSpec]:
+        """``reqs`` under the what-if scales (unchanged at 1.0)."""
+        if self.prompt_scale != 1.0:
+            reqs = [dataclasses.replace(r, prompt_tokens=max(r.prefix_tokens + 1, round(r.prompt_tokens * self.prompt_scale)))
+                    for r in reqs]
+        if self.rate_scale != 1.0:
+            reqs = [r if r.arrival_s is None else dataclasses.replace(r, arrival_s=r.arrival_s / self.rate_scale)
+                    for r in reqs]
+        return reqs
 
     def to_dict(self) -> dict[str, Any]:
         """A flat description for MLflow params and the Parquet dataset."""
@@ -264,6 +279,7 @@ class Workload:
             "output_len_mean": self.output_len.mean, "output_len_max": self.output_len.upper,
             "num_requests": self.num_requests, "concurrency": self.concurrency,
             "request_rate": self.request_rate, "seed": self.seed, "prefix_len": self.prefix_len,
+            **{k: v for k, v in (("prompt_scale", self.prompt_scale), ("rate_scale", self.rate_scale)) if v != 1.0},
         }
 
 

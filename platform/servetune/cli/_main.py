@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     best.add_argument("study", help="the spec file or the study name")
     best.add_argument("--format", choices=("cmd", "yaml", "json"), default="cmd")
     best.add_argument("--storage", help=f"Optuna storage URL (default: sqlite:///{DEFAULT_RUNS_DIR}/optuna.db)")
+    best.add_argument("--headroom", action="store_true",
+                      help="also the winner's and the runner-up's headroom: the load and prompt-length scale at which "
+                           "each first preempts or breaks a latency target (simulated; the study's end stores it, "
+                           "or give the spec file to compute it)")
 
     rep = sub.add_parser("report", help="write a report (Markdown + plots) from the Parquet dataset")
     rep.add_argument("--study", help="only this study")
@@ -336,6 +340,8 @@ def _tune(args: argparse.Namespace) -> int:
     if note:
         print(f"servetune: note: {note}")
     print(f"servetune: run it with:\n  {outcome.best_command}")
+    for line in (outcome.headroom or {}).get("text", []):  # the winner's headroom (search.headroom)
+        print(f"servetune: {line}")
     print(f"servetune: compare trials in MLflow: {_mlflow_hint(outcome)}")
     if outcome.interrupted:
         print(f"servetune: continue the study with: {resume}")
@@ -350,7 +356,7 @@ def _best(args: argparse.Namespace) -> int:
     from servetune.spec.schema import sqlite_url
     from servetune.study import best_trial
 
-    name, storage, model = args.study, args.storage, None
+    name, storage, model, spec = args.study, args.storage, None, None
     if Path(args.study).suffix in (".yaml", ".yml") or Path(args.study).is_file():
         from servetune.spec.schema import load_spec
 
@@ -389,13 +395,44 @@ def _best(args: argparse.Namespace) -> int:
         return 1
     flags: dict[str, Any] = dict(best.user_attrs.get("flags", best.params))
     model = model or str(study.user_attrs.get("serve_model") or study.user_attrs.get("model", "MODEL"))
+    headroom = _best_headroom(study, best.number, spec) if args.headroom else None
     if args.format == "json":
-        print(json.dumps(flags, indent=2, sort_keys=True))
+        print(json.dumps(flags if headroom is None else {"flags": flags, "headroom": headroom}, indent=2, sort_keys=True))
     elif args.format == "yaml":
         print(to_config_yaml(model, flags), end="")
     else:
         print(to_command_line(model, flags))
+    if headroom is not None and args.format != "json":
+        print("\n".join(f"# {line}" if args.format == "yaml" else line for line in headroom["text"]))
     return 0
+
+
+def _best_headroom(study: Any, number: int, spec: Any) -> dict[str, Any]:
+    """The headroom ``best --headroom`` prints: the one the study's end stored for this winner, else
+    computed now from the spec file (on the simulator, at the host factor the study stored)."""
+    from servetune.study import HEADROOM_ATTR, ranked_flag_sets
+
+    stored = study.user_attrs.get(HEADROOM_ATTR)
+    if stored and (stored.get("winner") or {}).get("trial_number") == number:
+        return dict(stored)
+    if spec is None:
+        raise SpecError("--headroom", f"study {study.study_name!r} holds no headroom for its winner #{number} "
+                        "(its spec has headroom: false, or the study ended before it was computed)",
+                        "pass the spec file instead of the name: servetune best STUDY.yaml --headroom")
+    if spec.model_profile is None:
+        raise SpecError("model", f"{spec.model_ref} has no model profile for the simulator",
+                        "give a shipped model name or a folder holding config.json")
+    import dataclasses
+
+    from servetune.search.headroom import study_headroom
+    from servetune.spec.schema import Selection
+
+    factor = ((stored or {}).get("winner") or {}).get("calibration", {}).get("api_cpu_factor")
+    ranked = ranked_flag_sets(study)
+    ranked.sort(key=lambda r: r[0] != number)  # the winner first, whatever chose it
+    result = study_headroom(dataclasses.replace(spec, selection=Selection()), ranked, api_cpu_factor=factor)
+    assert result is not None  # the study has a feasible winner
+    return result.to_dict()
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -421,12 +458,25 @@ def _report(args: argparse.Namespace) -> int:
         raise SpecError("--dataset", f"no trials found in {args.dataset}" + (f" for study {args.study!r}" if args.study else ""),
                         "run `servetune tune` first, or point --dataset at the dataset folder")
     try:
-        path = report.write_report(df, Path(args.out), title=f"servetune report: {args.study or 'all studies'}")
+        path = report.write_report(df, Path(args.out), title=f"servetune report: {args.study or 'all studies'}",
+                                   headroom=_stored_headroom(root.parent / "headroom"))
     except OSError as exc:
         raise SpecError("--out", f"cannot write {exc.filename or args.out}: {exc.strerror or exc}",
                         "give a path in a writable folder") from None
     print(f"servetune: wrote {path}")
     return 0
+
+
+def _stored_headroom(folder: Path) -> dict[str, Any]:
+    """Each study's end headroom that ``servetune tune`` wrote beside the dataset folder
+    (``headroom/<study>.json``), by study name; an unreadable file is left out."""
+    out: dict[str, Any] = {}
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            out[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ __all__ = [
     "searched_flags",
     "top_trials",
     "study_plots",
+    "plot_headroom",
     "winner",
     "Winner",
     "write_report",
@@ -584,7 +585,58 @@ def study_plots(df: pd.DataFrame, objective: str = "output_throughput",
     return figures
 
 
-def _study_blocks(name: str, df: pd.DataFrame, objective: str, top_n: int, prefix: str) -> list[tuple[Any, ...]]:
+_HEADROOM_ROWS = {"output_throughput": "output tok/s", "preemptions": "preemptions"}
+_LATENCY_ROWS = {"ttft_p99_ms": "p99 TTFT (ms)", "itl_p99_ms": "p99 ITL (ms)", "e2e_p99_ms": "p99 E2E (ms)",
+                 "tpot_p99_ms": "p99 TPOT (ms)"}
+
+
+def plot_headroom(data: Any) -> Figure:
+    """The headroom curve of a study's end (``StudyHeadroom.to_dict()``: the winner's and the
+    runner-up's simulations): output throughput, a p99 latency (the first target the study sets,
+    else TPOT) and preemptions against the scale of the load and of the prompts, each flag set's
+    first edge marked with a dashed line. Pure: plain data in, a figure out.
+
+    Example:
+        >>> pts = [{"axis": "base", "scale": 1.0, "broken": [], "metrics": {"output_throughput": 10.0}},
+        ...        {"axis": "load", "scale": 2.0, "broken": ["preemptions"], "metrics": {"preemptions": 3.0}}]
+        >>> head = {"points": pts, "edges": [], "load_axis": "concurrency", "trial_number": 4}
+        >>> len(plot_headroom({"winner": head, "runner_up": None}).axes)
+        6
+    """
+    heads = [(role, h) for role, h in (("winner", data.get("winner")), ("runner-up", data.get("runner_up"))) if h]
+    edges = [e for _, h in heads for e in h.get("edges", [])]
+    latency = next((e["criterion"] for e in edges if e["criterion"] in _LATENCY_ROWS), "tpot_p99_ms")
+    rows = [("output_throughput", "output tok/s"), (latency, _LATENCY_ROWS[latency]), ("preemptions", "preemptions")]
+    fig = _figure(7.0, 5.4)
+    axes = fig.subplots(len(rows), 2, sharex="col", squeeze=False)
+    load_name = (heads[0][1].get("load_axis", "load") if heads else "load").replace("_", " ")
+    for col, (axis, title) in enumerate((("load", f"{load_name} x"), ("prompt_len", "prompt length x"))):
+        for (role, h), colour in zip(heads, ("tab:blue", "tab:orange")):
+            pts = sorted((p for p in h.get("points", []) if p["axis"] in ("base", axis)), key=lambda p: p["scale"])
+            xs = [p["scale"] for p in pts]
+            first = min((e["first_fail"] for e in h.get("edges", []) if e["axis"] == axis and e.get("first_fail")),
+                        default=None)
+            for row, (metric, _) in enumerate(rows):
+                ax = axes[row][col]
+                ax.plot(xs, [p["metrics"].get(metric, math.nan) for p in pts], marker="o", color=colour,
+                        label=f"{role} #{h.get('trial_number')}")
+                if first is not None:
+                    ax.axvline(first, color=colour, linestyle="--", linewidth=1)
+        for row, (metric, label) in enumerate(rows):
+            limit = next((e["limit"] for e in edges if e["criterion"] == metric), None)
+            if limit is not None and metric != "output_throughput":
+                axes[row][col].axhline(limit, color="tab:red", linewidth=0.8)
+            axes[row][0].set_ylabel(label, fontsize="small")
+            if metric == "preemptions":
+                axes[row][col].set_ylim(bottom=0)
+        axes[-1][col].set_xlabel(title)
+    axes[0][1].legend(fontsize="small", frameon=False)
+    fig.suptitle("Headroom: simulated, dashed where each flag set first breaks a constraint", fontsize="medium")
+    return fig
+
+
+def _study_blocks(name: str, df: pd.DataFrame, objective: str, top_n: int, prefix: str,
+                  headroom: Any = None) -> list[tuple[Any, ...]]:
     """One study's section: the winner's figures, command and config first, then what happened, then plots."""
     ident = {c: str(df[c].dropna().iloc[0]) for c in ("model", "gpu_type") if c in df.columns and df[c].notna().any()}
     blocks: list[tuple[Any, ...]] = [("h2", f"Study {name}: {ident.get('model', '?')} on {ident.get('gpu_type', '?')}")]
@@ -607,6 +659,10 @@ def _study_blocks(name: str, df: pd.DataFrame, objective: str, top_n: int, prefi
     header, rows = _table_rows(top_trials(df, top_n, objective))
     blocks.append(("h3", "Top trials (served, no preemption)"))
     blocks.append(("table", header, rows) if rows else ("p", "No successful preemption-free trial."))
+    if headroom:
+        blocks.append(("h3", "Headroom of the winner (simulated)"))
+        blocks.append(("code", "text", "\n".join(headroom.get("text", []))))
+        blocks.append(("img", f"{prefix}headroom", plot_headroom(headroom)))
     blocks.append(("h3", "Plots"))
     for stem, fig in study_plots(df, objective).items():
         blocks.append(("img", f"{prefix}{stem}", fig))
@@ -618,7 +674,7 @@ def _slug(text: str) -> str:
 
 
 def write_report(df: pd.DataFrame, out: Path, title: str, objective: str = "output_throughput",
-                 top_n: int = 10) -> Path:
+                 top_n: int = 10, headroom: Any = None) -> Path:
     """Write the report, one section per study (winner, command and config at its top); returns its path.
 
     Several studies (several models or GPU types) are never mixed into one table: an overview
@@ -629,6 +685,8 @@ def write_report(df: pd.DataFrame, out: Path, title: str, objective: str = "outp
     ``out`` ending in ``.html`` gives one self-contained HTML file (PNGs embedded as base64);
     anything else gives Markdown (``.md`` appended if missing) with PNGs in ``<stem>_files/``
     next to it, linked relatively so the folder can be moved or attached as one MLflow artifact.
+    ``headroom`` (study name -> its end's headroom, ``StudyHeadroom.to_dict()``) adds each
+    study's headroom block and curve.
 
     Example:
         >>> import pandas as pd, tempfile
@@ -668,7 +726,8 @@ def write_report(df: pd.DataFrame, out: Path, title: str, objective: str = "outp
         blocks += _study_blocks("(unnamed)", df, objective, top_n, "")
     for name in studies:
         part = df[df["study"].astype(str) == name]
-        blocks += _study_blocks(name, part, objective, top_n, "" if len(studies) == 1 else f"{_slug(name)}-")
+        blocks += _study_blocks(name, part, objective, top_n, "" if len(studies) == 1 else f"{_slug(name)}-",
+                                (headroom or {}).get(name))
     if as_html:
         out.write_text(_render_html(title, blocks), encoding="utf-8")
     else:

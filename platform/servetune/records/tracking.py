@@ -578,8 +578,10 @@ class StudyTracker:
     # -- end of study ------------------------------------------------------------------------
 
     def finish_study(self, best_flags: Mapping[str, Any] | None, model: str, trials: pd.DataFrame,
-                     plots: Mapping[str, Any], summary_metrics: Mapping[str, float]) -> None:
-        """Log the outcome on the parent run: best config and command, trials table, plots, metrics.
+                     plots: Mapping[str, Any], summary_metrics: Mapping[str, float],
+                     files: Mapping[str, str] | None = None) -> None:
+        """Log the outcome on the parent run: best config and command, trials table, plots, metrics,
+        and ``files`` (name -> text, e.g. ``headroom.json``; redacted like the rest).
 
         ``plots`` maps a name (``history`` or ``history.png``) to a matplotlib Figure or a PNG
         path; each becomes ``plots/<name>.png``.
@@ -593,6 +595,8 @@ class StudyTracker:
         op_dir = self._new_op_dir("finish")
         try:
             tags, metrics = _write_finish_files(op_dir / "artifacts", best_flags, model, trials, plots, summary_metrics)
+            for name, text in (files or {}).items():
+                (op_dir / "artifacts" / Path(name).name).write_text(redact_text(text), encoding="utf-8")
         except BaseException:
             shutil.rmtree(op_dir, ignore_errors=True)
             raise

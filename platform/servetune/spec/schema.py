@@ -28,6 +28,9 @@ The shape (only ``name``, ``model``, ``gpu``, ``workload`` and ``search_space`` 
     multi_fidelity: auto             # screen proposals on the calibrated simulator (auto: on for vllm/replay)
     warm_start: true                 # enqueue earlier studies' best configs (same/nearest model x GPU x vLLM)
     baseline_trial: true             # one trial with vLLM's defaults for the searched flags
+    headroom: {enabled: true, max_load_scale: 2, max_prompt_scale: 2, tolerance: 0.1, max_simulations: 12}
+                                     # the winner's headroom at the end (or headroom: false)
+    selection: {min_headroom: 1.3}   # optional: the best flag set still meeting the constraints at 1.3x load and prompts
     measurement: {load_generator: servetune, startup_timeout_s: 600, stall_timeout_s: 180}  # vllm backend
     sampler: tpe                     # tpe | nsga2 | gp | random | grid (every point of a finite space)
     seed: 0
@@ -77,12 +80,13 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = ["StudySpec", "GpuPool", "Objective", "Constraints", "Budget", "Measurement", "Tracking", "Storage", "Output",
+           "HeadroomSettings", "Selection",
            "load_spec", "find_search_space", "sqlite_url", "SPEC_KEYS", "BACKENDS", "SAMPLERS", "METRIC_DIRECTIONS"]
 
 SPEC_KEYS = ("name", "description", "model", "serve_model", "gpu", "workload", "objective", "constraints",
              "search_space", "fixed_flags", "budget", "backend", "sampler", "seed", "vllm_version", "tracking",
              "storage", "output", "prescreen", "replay_file", "measurement", "early_stopping", "multi_fidelity",
-             "warm_start", "baseline_trial", "prices")
+             "warm_start", "baseline_trial", "prices", "headroom", "selection")
 REQUIRED_KEYS = ("name", "model", "gpu", "workload", "search_space")
 SAMPLERS = ("tpe", "nsga2", "gp", "random", "grid")
 _THROUGHPUT = ("output_throughput", "total_token_throughput", "request_throughput")
@@ -204,6 +208,26 @@ class Storage:
 class Output:
     runs_dir: Path
     dataset_dir: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadroomSettings:
+    """The winner's headroom at the end of a study (:mod:`servetune.search.headroom`): how far
+    each axis is searched, how fine, and at most how many simulations per flag set."""
+
+    enabled: bool = True
+    max_load_scale: float = 2.0
+    max_prompt_scale: float = 2.0
+    tolerance: float = 0.1
+    max_simulations: int = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """How the winner is chosen beyond the objective: ``min_headroom`` X picks the best flag set
+    that still meets every constraint with load and prompts X times the workload's."""
+
+    min_headroom: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -502,6 +526,49 @@ def _check_load_generator(measurement: Measurement, workload: Workload, serve_mo
                         "use measurement: {load_generator: servetune}, or another objective")
 
 
+def _scale(value: Any, field: str, limit: float = 64.0) -> float:
+    number = _positive(value, field)
+    if not 1.0 < number <= limit:
+        raise SpecError(field, f"must be above 1 and at most {limit:g}, got {shown(value)}",
+                        "write a scale of the workload, e.g. 2 (twice the load or the prompt length)")
+    return number
+
+
+def _parse_headroom(raw: Any) -> HeadroomSettings:
+    if raw is None or isinstance(raw, bool):
+        return HeadroomSettings(enabled=True if raw is None else raw)
+    keys = ("enabled", "max_load_scale", "max_prompt_scale", "tolerance", "max_simulations")
+    data = _section(raw, "headroom", keys, "{enabled: true, max_load_scale: 4}  (or headroom: false)")
+    enabled = data.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise SpecError("headroom.enabled", f"expected true or false, got {shown(enabled)}",
+                        "write headroom: {enabled: false} (or headroom: false) to skip it")
+    tolerance = _positive(data.get("tolerance", HeadroomSettings.tolerance), "headroom.tolerance")
+    if tolerance >= 1.0:
+        raise SpecError("headroom.tolerance", f"must be below 1, got {shown(data.get('tolerance'))}",
+                        "write the bracket's relative width, e.g. 0.1 (edges within 10%)")
+    return HeadroomSettings(
+        enabled=enabled,
+        max_load_scale=_scale(data.get("max_load_scale", HeadroomSettings.max_load_scale), "headroom.max_load_scale"),
+        max_prompt_scale=_scale(data.get("max_prompt_scale", HeadroomSettings.max_prompt_scale),
+                                "headroom.max_prompt_scale"),
+        tolerance=tolerance,
+        max_simulations=_int(data.get("max_simulations", HeadroomSettings.max_simulations), "headroom.max_simulations",
+                             2, 500))
+
+
+def _parse_selection(raw: Any, headroom: HeadroomSettings) -> Selection:
+    data = _section(raw, "selection", ("min_headroom",), "{min_headroom: 1.3}")
+    if data.get("min_headroom") is None:
+        return Selection()
+    top = min(headroom.max_load_scale, headroom.max_prompt_scale)
+    value = _scale(data["min_headroom"], "selection.min_headroom", top)
+    if not headroom.enabled:
+        raise SpecError("selection.min_headroom", "selects on the headroom, which headroom: false turns off",
+                        "turn headroom on (remove headroom: false), or drop selection")
+    return Selection(min_headroom=value)
+
+
 def _check_grid(space: SearchSpace, fixed: Mapping[str, Any], budget: Budget) -> tuple[Budget, list[str]]:
     """``sampler: grid`` needs a finite space without conditional parameters (Optuna's GridSampler
     fixes every parameter of every trial). A budget above the grid's size is capped at it, with a
@@ -652,6 +719,8 @@ class StudySpec:
     #: entry): what ``cost_per_mtok`` multiplies (:mod:`servetune.cost`).
     gpu_price: GpuPrice | None = None
     prices_file: Path | None = None  # the spec's own price table, when it names one
+    headroom: HeadroomSettings = HeadroomSettings()  # the winner's headroom at the end of the study
+    selection: Selection = Selection()  # robustness: the best flag set with headroom >= min_headroom
 
     def multi_fidelity_on(self, backend: str) -> bool:
         """Whether proposals are screened on the simulator for trials run on ``backend``."""
@@ -747,6 +816,8 @@ class StudySpec:
         _check_load_generator(measurement, workload, serve_model, objective)
         replay_file = _parse_replay_file(data.get("replay_file"), backend, base, space, fixed, objective, constraints)
         gpu_price, prices_file = _parse_prices(data.get("prices"), base, gpu, objective)
+        headroom = _parse_headroom(data.get("headroom"))
+        selection = _parse_selection(data.get("selection"), headroom)
         return cls(name=name, model_ref=model_ref, serve_model=serve_model, gpu=gpu, workload=workload,
                    objective=objective, constraints=constraints, search_space=space, fixed_flags=fixed,
                    budget=budget, backend=backend, sampler=sampler, seed=seed, vllm_version=vllm_version,
@@ -754,7 +825,7 @@ class StudySpec:
                    search_space_file=space_file, warnings=tuple(warnings), model_profile=profile, base_dir=base,
                    cwd=here, source=copy.deepcopy(dict(data)), prescreen=prescreen, replay_file=replay_file,
                    measurement=measurement, multi_fidelity=multi_fidelity, gpu_price=gpu_price,
-                   prices_file=prices_file, **switches)
+                   prices_file=prices_file, headroom=headroom, selection=selection, **switches)
 
     # -- use ----------------------------------------------------------------------------------
 
@@ -815,6 +886,7 @@ class StudySpec:
             "multi_fidelity": "auto" if self.multi_fidelity is None else self.multi_fidelity,
             "warm_start": self.warm_start, "baseline_trial": self.baseline_trial,
             "prices": None if self.prices_file is None else str(self.prices_file),
+            "headroom": dataclasses.asdict(self.headroom), "selection": dataclasses.asdict(self.selection),
             "tracking": {"mlflow_uri": redact_url(self.tracking.mlflow_uri), "experiment": self.tracking.experiment},
             "storage": {"optuna_url": "memory" if self.storage.optuna_url is None else redact_url(self.storage.optuna_url)},
             "output": {"runs_dir": str(self.output.runs_dir), "dataset_dir": str(self.output.dataset_dir)},
