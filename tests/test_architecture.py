@@ -18,8 +18,6 @@ LONG_FUNCTIONS_ALLOWED = frozenset({
 
 #: Imports of another package's private module today, as "importing module -> private module".
 PRIVATE_IMPORTS_ALLOWED = frozenset({
-    "servetune.__main__ -> servetune.cli._main",
-    "servetune.cli._main -> servetune.records._storage",
     "servetune.nightly -> servetune.records._retry",
     "servetune.nightly -> servetune.records._storage",
     "servetune.study -> servetune.cluster._ray_session",

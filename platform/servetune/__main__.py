@@ -1,3 +1,3 @@
-from servetune.cli._main import main
+from servetune.cli import main
 
 raise SystemExit(main())

@@ -351,7 +351,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _best(args: argparse.Namespace) -> int:
     import optuna
 
-    from servetune.records._storage import open_storage_read_only
+    from servetune.records import open_storage_read_only
     from servetune.planner.flags import to_command_line, to_config_yaml
     from servetune.spec.schema import sqlite_url
     from servetune.study import best_trial
