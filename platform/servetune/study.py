@@ -42,7 +42,7 @@ import optuna
 
 from servetune import envs
 from servetune.cluster import _ray_session
-from servetune.cluster.pool import NoGpusError, TrialPool, ray_accelerator_type
+from servetune.cluster.base import NoGpusError, Pool, ray_accelerator_type, start_pool
 from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line
@@ -94,6 +94,7 @@ class StudyOutcome:
     confirmation: dict[str, Any] | None = None  # budget.confirm_top: servetune.search.confirm.Choice.to_dict()
     interrupted: bool = False  # stopped by SIGTERM / Ctrl-C before its budget: resume with --resume
     stopped_by: int | None = None  # the signal that interrupted it (SIGINT for Ctrl-C, SIGTERM)
+    trials_run: int | None = None  # trials this run launched or told; 0: a --resume with nothing left to do
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -210,6 +211,87 @@ def _recover_interrupted(study: optuna.Study) -> int:
     return n
 
 
+def _open_study(spec: StudySpec, resume: bool) -> tuple[optuna.Study, list[optuna.trial.FrozenTrial]]:
+    """The Optuna study of the spec (created or loaded) and its finished trials; a study that
+    already has trials is refused without ``resume`` (SpecError), before anything else starts."""
+    runs_dir = Path(spec.output.runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    storage = spec.storage.optuna_url
+    n_obj = len(spec.objective.metrics)
+    grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
+    # Storage calls are retried with backoff (servetune.records._retry): a briefly locked SQLite file or a
+    # restarting database delays the driver instead of ending the study. open_storage retries every
+    # call of the storage itself (servetune.records._storage), so reads between the retried steps below
+    # (best trial, counts) ride out an outage too.
+    study = retry_call(lambda: optuna.create_study(
+        study_name=spec.name, storage=open_storage(storage), load_if_exists=True,
+        directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
+    ), what="open the Optuna study")
+    existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    if existing and spec.sampler != "grid":
+        # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
+        # the pairs it has already measured again. Offset the seed by the trials already told.
+        # Not the grid's: GridSampler shuffles its points with the seed and stores only each
+        # trial's index into that order (system attr grid_id), so another seed maps the visited
+        # indices to other points and re-measures visited ones (the real H200 8B grid's resume
+        # did, twice); with the same seed the storage alone says what is left.
+        study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj, grid)
+    if existing and not resume:
+        raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
+                        "pass --resume to continue it, or give the study a new name")
+    return study, existing
+
+
+#: The study user attr the driver sets last, once every told trial is in MLflow and the dataset:
+#: ``{"at": UTC time, "finished": trials in a finished state then, "experiment_id", "parent_run_id"}``.
+FINISHED = "finished"
+
+
+def resume_is_noop(attrs: Mapping[str, Any], finished_now: int, unfinished: int, requeue: int, told: int,
+                   budget: int, confirm_top: int, feasible: bool, buffered: bool) -> bool:
+    """True when a ``--resume`` would run nothing and write nothing: the last driver finished after
+    the last told trial (``finished_now`` trials then and now), no trial is left running or waiting,
+    none to re-queue, the budget is told, the confirmation (if asked for and possible) stored, and
+    no MLflow write is waiting in the buffer. Pure.
+
+    Example:
+        >>> done = {FINISHED: {"finished": 30}}
+        >>> resume_is_noop(done, 30, 0, 0, 30, 30, 0, True, False)
+        True
+        >>> resume_is_noop(done, 31, 0, 0, 31, 40, 0, True, False)  # a trial told since: the resume runs
+        False
+    """
+    record = attrs.get(FINISHED) or {}
+    confirmed = confirm_top <= 0 or not feasible or "confirmation" in attrs
+    return (record.get("finished") == finished_now and unfinished == 0 and requeue == 0 and told >= budget
+            and confirmed and not buffered)
+
+
+def _nothing_to_do(spec: StudySpec, study: optuna.Study) -> StudyOutcome | None:
+    """The outcome of a ``--resume`` that would run nothing (:func:`resume_is_noop`), read from
+    Optuna alone (no MLflow, no pool); None when the resume has work to do."""
+    trials = study.get_trials(deepcopy=False)
+    finished = sum(t.state.is_finished() for t in trials)
+    unfinished = sum(t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING) for t in trials)
+    requeue = sum(t.state == optuna.trial.TrialState.FAIL and "status" not in t.user_attrs and bool(t.params)
+                  for t in trials)
+    outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri)
+    _count_existing(study, outcome)
+    buffer = Path(spec.output.runs_dir) / "mlflow-buffer"
+    buffered = buffer.is_dir() and any((p / "op.json").is_file() for p in buffer.iterdir())
+    attrs = study.user_attrs
+    if not resume_is_noop(attrs, finished, unfinished, requeue, outcome.trials_done, spec.budget.trials,
+                          spec.budget.confirm_top, outcome.best_number is not None, buffered):
+        return None
+    record = attrs[FINISHED]
+    outcome.experiment_id, outcome.parent_run_id = record.get("experiment_id"), record.get("parent_run_id")
+    outcome.confirmation = attrs.get("confirmation")
+    outcome.trials_run = 0
+    if outcome.best_flags is not None:
+        outcome.best_command = to_command_line(spec.serve_model, outcome.best_flags)
+    return outcome
+
+
 def run_study(
     spec: StudySpec,
     *,
@@ -240,7 +322,17 @@ def run_study(
     Path(spec.output.runs_dir).mkdir(parents=True, exist_ok=True)
     held = None if spec.storage.optuna_url is None else lease.acquire(spec.storage.optuna_url, spec.name)
     try:
-        driver = _Driver.open(spec, resume=resume, out=out or sys.stdout, on_result=on_result)  # 1
+        started = time.monotonic()
+        study, existing = _open_study(spec, resume)
+        done = _nothing_to_do(spec, study) if resume else None
+        if done is not None:  # decided before MLflow, the pool or any worker starts
+            done.wall_s = time.monotonic() - started
+            (out or sys.stdout).write(f"servetune: study {spec.name!r} already holds its {done.trials_done} told trials "
+                                      f"(budget.trials {spec.budget.trials}) and their records; no trial ran "
+                                      "(raise --trials to run more)\n")
+            return done
+        driver = _Driver.open(spec, study, existing, resume=resume, out=out or sys.stdout, on_result=on_result,
+                              started=started)  # 1
         driver.recover()  # 2
         driver.enqueue_starts()  # 3
         driver.run()  # 4-6
@@ -262,40 +354,17 @@ class _Driver:
         self.outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=tracker.parent_run_id,
                                     experiment_id=tracker.experiment_id)
         _count_existing(study, self.outcome)
+        self.told_before = self.outcome.trials_done  # trials_run counts from here
         self.progress = _Progress(out, spec.budget.trials)
 
     # -- 1. open -------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, spec: StudySpec, *, resume: bool, out: TextIO,
-             on_result: Callable[[int, dict[str, Any], TrialResult], None] | None) -> _Driver:
-        started = time.monotonic()
+    def open(cls, spec: StudySpec, study: optuna.Study, existing: list[optuna.trial.FrozenTrial], *, resume: bool,
+             out: TextIO, on_result: Callable[[int, dict[str, Any], TrialResult], None] | None,
+             started: float) -> _Driver:
         backend = resolve_backend(spec.backend)
         runs_dir = Path(spec.output.runs_dir)
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        storage = spec.storage.optuna_url
-        n_obj = len(spec.objective.metrics)
-        grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
-        # Storage calls are retried with backoff (servetune.records._retry): a briefly locked SQLite file or a
-        # restarting database delays the driver instead of ending the study. open_storage retries every
-        # call of the storage itself (servetune.records._storage), so reads between the retried steps below
-        # (best trial, counts) ride out an outage too.
-        study = retry_call(lambda: optuna.create_study(
-            study_name=spec.name, storage=open_storage(storage), load_if_exists=True,
-            directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
-        ), what="open the Optuna study")
-        existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-        if existing and spec.sampler != "grid":
-            # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
-            # the pairs it has already measured again. Offset the seed by the trials already told.
-            # Not the grid's: GridSampler shuffles its points with the seed and stores only each
-            # trial's index into that order (system attr grid_id), so another seed maps the visited
-            # indices to other points and re-measures visited ones (the real H200 8B grid's resume
-            # did, twice); with the same seed the storage alone says what is left.
-            study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj, grid)
-        if existing and not resume:
-            raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
-                            "pass --resume to continue it, or give the study a new name")
         # Optuna's storage is a file anyone with the runs dir can read: no credentials in it.
         study.set_user_attr("model", redact_text(spec.model_ref))
         study.set_user_attr("gpu_type", spec.gpu.type)
@@ -353,7 +422,9 @@ class _Driver:
         reaped = _ray_session.reap_leftovers(self.runs_dir, spec.name)
         if reaped:
             self.progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
-        self.pool = pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+        # Simulated trials run in local worker processes unless a Ray is asked for (servetune.cluster.base).
+        pool: Pool = start_pool(self.backend, num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+        self.pool = pool
         pool.reuse_actors = True  # closed in the finally below
         if pool.started_local_ray:
             _ray_session.record_local_session(self.runs_dir, spec.name)
@@ -406,6 +477,7 @@ class _Driver:
             pool.close()
             self.stop.restore()
             self.outcome.wall_s = time.monotonic() - self.started
+            self.outcome.trials_run = self.outcome.trials_done - self.told_before
             self.progress.show(self.outcome, 0, force=True)
             if self.out.isatty():
                 self.out.write("\n")
@@ -732,7 +804,7 @@ def remeasure(spec: StudySpec, flags: Mapping[str, Any], seeds: Sequence[int],
     backend = backend or resolve_backend(spec.backend)
     runs_dir = Path(spec.output.runs_dir)
     need = gpus_needed(flags)
-    pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+    pool = start_pool(backend, num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
     todo = list(enumerate(seeds, start=1))
     inflight: set[int] = set()
     done: dict[int, TrialResult] = {}
@@ -935,5 +1007,9 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
     if left:
         print(f"servetune: MLflow unreachable; {left} buffered operations kept in {tracker.buffer_dir} "
               "(delivered by the next run of this study, e.g. --resume)", file=sys.stderr)
-    retry_call(lambda: study.set_user_attr("finished_at", dt.datetime.now(dt.timezone.utc).isoformat()),
-               what="mark the study finished")
+    finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+    record = {"at": dt.datetime.now(dt.timezone.utc).isoformat(), "finished": finished,
+              "experiment_id": outcome.experiment_id, "parent_run_id": outcome.parent_run_id}
+    retry_call(lambda: study.set_user_attr("finished_at", record["at"]), what="mark the study finished")
+    if not left:  # a write still buffered for MLflow: the next --resume delivers it, so it is no no-op
+        retry_call(lambda: study.set_user_attr(FINISHED, record), what="mark the study finished")
