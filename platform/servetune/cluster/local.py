@@ -8,8 +8,10 @@ machine. :class:`LocalPool` keeps the same promises with the standard library:
 
 - slots: ``num_gpus`` logical GPUs (ids ``"0"``, ``"1"``, ...); a trial takes ``gpus`` of them
   while it runs, and its result records which (``gpu_ids``, evidence ``local_gpu_ids=[...]``);
-- workers: one process per running trial, kept for the next one (they import servetune once, in
-  the ``forkserver`` that forks them, never from the driver's threads);
+- workers: one process per running trial (``python -m servetune.cluster.local``, the driver's own
+  interpreter and package path; never a fork of the driver's threads, and never a re-run of the
+  driver's own script, as ``multiprocessing`` would do), kept for the next trial: each imports
+  servetune once per study;
 - a trial's own failure is its result (``engines.run_trial``); a worker that dies (killed, out of
   memory) gives its trial a ``crashed`` result naming the exit, the study goes on, and finished
   trials are never touched;
@@ -27,11 +29,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import multiprocessing.connection
+import os
 import signal
+import subprocess
+import sys
 import time
-from multiprocessing.context import BaseContext
+from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from servetune.cluster.base import MAX_INFRA_ATTEMPTS, Runner
@@ -40,8 +45,7 @@ from servetune.result import TrialResult, TrialStatus
 
 __all__ = ["LocalPool", "exit_cause"]
 
-#: Modules the forkserver imports once, so that each worker forked from it starts warm.
-_PRELOAD = ["servetune.engines._run"]
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 #: How long ``close`` waits for an idle worker to exit before it is killed.
 _EXIT_WAIT_S = 2.0
 
@@ -65,44 +69,67 @@ def exit_cause(exitcode: int | None) -> str:
     return f"the trial's worker process exited with code {exitcode}"
 
 
-def _serve(conn: multiprocessing.connection.Connection, runner: Runner | None) -> None:
-    """A worker's loop: run each ``(task, backend)`` received, send its result back; ``None`` or
-    the driver's end closing ends it. Ctrl-C is the driver's to handle (it stops the workers)."""
+def _serve(tasks: Connection, results: Connection) -> None:
+    """A worker's loop: run each ``(task, backend, runner)`` received, send its result back;
+    ``None`` or the driver's end closing ends it. Ctrl-C is the driver's to handle (it stops the
+    workers)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from servetune.engines import run_trial
 
-    run = runner or run_trial
     while True:
         try:
-            message = conn.recv()
+            message = tasks.recv()
         except (EOFError, OSError):
             return
         if message is None:
             return
-        task, backend = message
-        result = run(task, backend)
+        task, backend, runner = message
+        result = (runner or run_trial)(task, backend)
         try:
-            conn.send(result)
+            results.send(result)
         except (BrokenPipeError, OSError):
             return
 
 
 @dataclasses.dataclass
 class _Worker:
-    process: Any  # multiprocessing's Process of the context
-    conn: multiprocessing.connection.Connection
+    process: subprocess.Popen[bytes]
+    tasks: Connection  # the driver's end of the task pipe
+    results: Connection  # the driver's end of the result pipe
+
+    @classmethod
+    def start(cls) -> _Worker:
+        """A worker process on the driver's interpreter and servetune, talking over two pipes."""
+        task_r, task_w = os.pipe()
+        result_r, result_w = os.pipe()
+        # The driver's servetune first, then the driver's own path: a runner given to the pool is
+        # unpickled by reference, from the module that defines it.
+        path = os.pathsep.join(dict.fromkeys(p for p in (_PACKAGE_PARENT, *sys.path) if p))
+        try:
+            process = subprocess.Popen([sys.executable, "-m", "servetune.cluster.local", str(task_r), str(result_w)],
+                                       pass_fds=(task_r, result_w), env={**os.environ, "PYTHONPATH": path},
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
+        finally:
+            os.close(task_r)
+            os.close(result_w)
+        return cls(process, Connection(task_w, readable=False), Connection(result_r, writable=False))
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
 
     def stop(self, wait_s: float) -> None:
         """Ask it to end (an idle one does at once), then kill it if it is still there."""
         try:
-            self.conn.send(None)
+            self.tasks.send(None)
         except (BrokenPipeError, OSError):
             pass
-        self.process.join(wait_s)
-        if self.process.is_alive():
+        try:
+            self.process.wait(wait_s)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.join(wait_s)
-        self.conn.close()
+            self.process.wait(wait_s)
+        self.tasks.close()
+        self.results.close()
 
 
 @dataclasses.dataclass
@@ -119,15 +146,14 @@ class _Running:
 class LocalPool:
     """Runs trials in local worker processes while free (logical) GPU slots allow; collects results."""
 
-    def __init__(self, total_gpus: int, runner: Runner | None = None, context: BaseContext | None = None) -> None:
+    def __init__(self, total_gpus: int, runner: Runner | None = None) -> None:
         self.total_gpus = self.cluster_gpus = total_gpus
         self.quarantined: list[str] = []  # never filled: a simulated GPU keeps no memory behind
         self.quarantine_notes: list[str] = []
         self.infra_notes: list[str] = []
         self.started_local_ray = False
         self.reuse_actors = True  # a worker is a process, not GPUs: always kept for the next trial
-        self._runner = runner
-        self._context = context or _default_context()
+        self._runner = runner  # replaces engines.run_trial in the workers (picklable: a module-level function)
         self._free_ids = [str(i) for i in range(total_gpus)]
         self._running: dict[int, _Running] = {}
         self._idle: list[_Worker] = []
@@ -162,20 +188,15 @@ class LocalPool:
     def _worker(self) -> _Worker:
         while self._idle:
             worker = self._idle.pop()
-            if worker.process.is_alive():
+            if worker.alive():
                 return worker
-            worker.conn.close()
-        parent, child = self._context.Pipe()
-        process = self._context.Process(target=_serve, args=(child, self._runner), daemon=True,  # type: ignore[attr-defined]
-                                        name="servetune-trial-worker")
-        process.start()
-        child.close()
-        return _Worker(process, parent)
+            worker.stop(0.0)
+        return _Worker.start()
 
     def _launch(self, item: _Running) -> None:
         item.submitted = time.monotonic()
         try:
-            item.worker.conn.send((item.task, item.backend))
+            item.worker.tasks.send((item.task, item.backend, self._runner))
         except (BrokenPipeError, OSError):
             pass  # the worker is gone: wait() sees its end and answers crashed
         self._running[item.trial_number] = item
@@ -191,9 +212,8 @@ class LocalPool:
         """Results of the trials that finished within ``timeout_s`` (possibly none)."""
         if not self._running:
             return []
-        waits: list[Any] = [r.worker.conn for r in self._running.values()]
-        waits += [r.worker.process.sentinel for r in self._running.values()]
-        multiprocessing.connection.wait(waits, timeout=timeout_s)
+        # A worker that dies closes its end of the result pipe: the wait wakes for it too.
+        multiprocessing.connection.wait([r.worker.results for r in self._running.values()], timeout=timeout_s)
         out = []
         for number, item in list(self._running.items()):
             result, died = self._receive(item)
@@ -207,18 +227,22 @@ class LocalPool:
 
     def _receive(self, item: _Running) -> tuple[TrialResult | None, bool]:
         """``(result, worker died)`` of a finished trial, ``(None, False)`` while it runs."""
-        conn, process = item.worker.conn, item.worker.process
+        results, process = item.worker.results, item.worker.process
         try:
-            if conn.poll():
-                return conn.recv(), False
+            if results.poll():
+                return results.recv(), False
         except (EOFError, OSError):
             pass
         else:
-            if process.is_alive():
+            if process.poll() is None:
                 return None, False
-        process.join(_EXIT_WAIT_S)
-        return TrialResult(status=TrialStatus.CRASHED, backend=item.backend, cause=exit_cause(process.exitcode),
-                           evidence=[f"local_worker_exitcode={process.exitcode}"]), True
+        try:
+            process.wait(_EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:  # its pipe broke but it lingers: it is done for
+            process.kill()
+            process.wait(_EXIT_WAIT_S)
+        return TrialResult(status=TrialStatus.CRASHED, backend=item.backend, cause=exit_cause(process.returncode),
+                           evidence=[f"local_worker_exitcode={process.returncode}"]), True
 
     def _finish(self, item: _Running, result: TrialResult, died: bool) -> TrialResult:
         """Stamp the slots and the driver's view of the trial; give its slots and worker back."""
@@ -248,7 +272,7 @@ class LocalPool:
         return True
 
     def _release(self, worker: _Worker, keep: bool) -> None:
-        if keep and worker.process.is_alive():
+        if keep and worker.alive():
             self._idle.append(worker)
         else:
             worker.stop(_EXIT_WAIT_S)
@@ -271,11 +295,5 @@ class LocalPool:
         return numbers
 
 
-def _default_context() -> BaseContext:
-    """``forkserver`` where the platform has it (workers forked from a clean server that imported
-    servetune once, never from the driver's threads), else ``spawn``."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(_PRELOAD)
-        return context
-    return multiprocessing.get_context("spawn")
+if __name__ == "__main__":  # a worker: python -m servetune.cluster.local TASK_FD RESULT_FD
+    _serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
