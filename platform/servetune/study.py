@@ -652,7 +652,8 @@ class _Driver:
                                  prediction=prediction, screen=screen))
         _count(self.outcome, result.status, result.preemptions or 0)
         self.outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
-        _update_best(self.study, self.outcome)
+        if not result.status.is_infrastructure and all(v <= 0 for v in constraint_values(self.spec, result).values()):
+            _update_best(self.study, self.outcome)  # only a feasible trial can become the best (best_trial)
         if self.on_result is not None:
             self.on_result(trial.number, flags, result)
 

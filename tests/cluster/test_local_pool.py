@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,3 +160,26 @@ def test_the_pool_for_a_study_is_local_for_simulated_trials_unless_ray_is_asked_
     monkeypatch.setenv("SERVETUNE_POOL", "rays")
     with pytest.raises(SpecError, match="SERVETUNE_POOL: unknown pool 'rays'"):
         start_pool("sim", num_gpus=2)
+
+
+def test_an_idle_worker_exits_when_its_driver_is_killed_outright(tmp_path: Path) -> None:
+    """A SIGKILLed driver runs no cleanup: its idle worker sees the task pipe close and exits."""
+    code = ("import sys, time; from pathlib import Path; from servetune.cluster import LocalPool;"
+            "from test_local_pool import _collect, _pid_runner, _task;"
+            "pool = LocalPool.start(num_gpus=1, runner=_pid_runner);"
+            f"pool.submit(0, _task(Path({str(tmp_path)!r})), 'sim', gpus=1); _collect(pool, 1);"
+            "print('ready', flush=True); time.sleep(120)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert driver.stdout is not None and driver.stdout.readline().strip() == "ready"
+        pids = _pids(tmp_path)
+        assert len(pids) == 1 and _alive(pids[0])
+        driver.kill()
+        driver.wait(timeout=30)
+        deadline = time.monotonic() + 15
+        while _alive(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(pids[0]), "the worker outlived its SIGKILLed driver"
+    finally:
+        driver.kill()
