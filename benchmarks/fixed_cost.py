@@ -9,7 +9,8 @@ command and of every process it started, its trial workers and a local Ray's ser
 In process (``--driver``): the same study run by :func:`servetune.study.run_study`, with the
 driver's CPU split into its phases: open (Optuna, MLflow store and runs), the dispatch loop
 (propose, tell, MLflow, dataset, waiting for results), its share per trial, and the end (plots,
-the study's MLflow run). The trial workers' CPU is what the pool's processes used.
+the study's MLflow run). The trial workers' CPU is what the local pool's processes used (a local
+Ray's processes are still running then, so they are not in it).
 
 Usage::
 
@@ -101,8 +102,7 @@ def driver_phases() -> dict[str, Any]:
         c0, w0, k0 = time.process_time(), time.monotonic(), _children_cpu()
         outcome = st.run_study(spec, out=io.StringIO())
         total, wall = time.process_time() - c0, time.monotonic() - w0
-        _reap_all()
-        workers = _children_cpu() - k0
+        workers = _children_cpu() - k0  # the pool's workers, reaped at its close (a local Ray's live on)
     return {"trials": outcome.trials_done, "wall_s": wall, "driver_cpu_s": total, "workers_cpu_s": workers,
             **{f"{k}_cpu_s": v for k, v in spent.items()},
             "dispatch_cpu_per_trial_ms": 1000 * spent["dispatch"] / max(1, outcome.trials_done)}

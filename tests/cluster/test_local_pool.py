@@ -149,14 +149,17 @@ def test_cancel_all_kills_the_running_workers(pool: LocalPool, tmp_path: Path) -
 
 def test_the_pool_for_a_study_is_local_for_simulated_trials_unless_ray_is_asked_for(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.delenv("SERVETUNE_POOL", raising=False)
-    pool = start_pool("sim", num_gpus=2)
-    assert isinstance(pool, LocalPool) and not pool.started_local_ray
+    # The choice itself (pure): auto is local for sim and replay, Ray for real trials and wherever
+    # a cluster is named or a Ray already runs in the process (another test's, here, possibly).
+    assert pool_kind("sim", ray_address=None, ray_running=False, asked=None) == "local"
     assert pool_kind("replay", ray_address=None, ray_running=False, asked=None) == "local"
+    assert pool_kind("vllm", ray_address=None, ray_running=False, asked=None) == "ray"
     assert pool_kind("sim", ray_address=None, ray_running=False, asked="ray") == "ray"
     assert pool_kind("sim", ray_address=None, ray_running=True, asked=None) == "ray"
     assert pool_kind("sim", ray_address="127.0.0.1:6379", ray_running=False, asked="local") == "local"
+    monkeypatch.setenv("SERVETUNE_POOL", "local")  # start_pool reads the setting
+    pool = start_pool("sim", num_gpus=2)
+    assert isinstance(pool, LocalPool) and not pool.started_local_ray and pool.total_gpus == 2
     monkeypatch.setenv("SERVETUNE_POOL", "rays")
     with pytest.raises(SpecError, match="SERVETUNE_POOL: unknown pool 'rays'"):
         start_pool("sim", num_gpus=2)
