@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import math
@@ -597,6 +598,30 @@ class _Driver:
             if "infrastructure failures" in note:  # (memory left behind is reported with its trial below)
                 progress.note(f"servetune: slot quarantined: {note}")
         self.quarantine_seen = len(pool.quarantine_notes)
+        # Each result is told to Optuna at once; its MLflow run and dataset row are written after the
+        # next trials are on their way (a worker does not wait for the driver's records), and always.
+        deferred: list[Callable[[], None]] = []
+        told = False
+        try:
+            self._tell_results(results, deferred)
+            if results and not self.stop.requested and not self._out_of_time():
+                self._propose_while_room()
+                self._submit_what_fits()
+            told = True
+        finally:
+            for write in deferred:
+                if told:
+                    write()
+                else:  # already failing: write what can be written (a --resume writes the rest from Optuna)
+                    with contextlib.suppress(Exception):
+                        write()
+        if results:
+            progress.show(self.outcome, len(self.inflight), force=True)
+        self.stop.check()
+
+    def _tell_results(self, results: list[tuple[int, TrialResult]], deferred: list[Callable[[], None]]) -> None:
+        """Tell each finished trial (Optuna, the counts, the best); its records go to ``deferred``."""
+        progress = self.progress
         for number, result in results:
             trial, flags = self.inflight.pop(number)
             if self.screen is not None and number in self.sims:  # recalibrate on the real measurement
@@ -614,18 +639,16 @@ class _Driver:
             if summary:  # kept on the trial before it is told: a told trial's attrs are fixed
                 retry_call(lambda: trial.set_user_attr(SAME_START_REPEATS, summary),
                            what=f"store trial #{number}'s repeats")
-            self.tell_and_record(trial, flags, result)
+            self.tell_and_record(trial, flags, result, deferred=deferred)
             for (k, repeat), kept in zip(repeats, summary):
-                self._write(self._record(number, flags, repeat, kept["value"], origin="repeat", repeat=k),
-                            workload=_repeat_workload(self.spec, k))
+                record = self._record(number, flags, repeat, kept["value"], origin="repeat", repeat=k)
+                deferred.append(lambda record=record, k=k: self._write(record, workload=_repeat_workload(self.spec, k)))
             if repeats:
                 progress.note(f"servetune: trial #{number} led the study: {len(repeats)} confirmation "
                               "repeat(s) measured on its own server start")
             if result.quarantined_gpus:
                 progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
                               f"GPUs {', '.join(result.quarantined_gpus)} quarantined")
-            progress.show(self.outcome, len(self.inflight), force=True)
-            self.stop.check()
 
     def _screen_on_sim(self, proposal: Proposal) -> tuple[TrialResult, Screen] | None:
         """Multi-fidelity (:mod:`servetune.search.screen`): ``(pruned result, the screen's verdict)``
@@ -645,17 +668,28 @@ class _Driver:
     # -- telling and recording ----------------------------------------------------------------
 
     def tell_and_record(self, trial: optuna.trial.Trial, flags: dict[str, Any], result: TrialResult, *,
-                        prediction: Prediction | None = None, screen: Screen | None = None) -> None:
-        """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the record."""
+                        prediction: Prediction | None = None, screen: Screen | None = None,
+                        deferred: list[Callable[[], None]] | None = None) -> None:
+        """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the
+        record (the next ``--resume`` writes it from Optuna's). With ``deferred``, the records are
+        appended to it for the caller to write instead of written now."""
         objective = retry_call(lambda: tell(self.spec, self.study, trial, result), what=f"tell trial #{trial.number}")
-        self._write(self._record(trial.number, flags, result, objective[0], origin=warmstart.origin_of(trial.user_attrs),
-                                 prediction=prediction, screen=screen))
+        record = self._record(trial.number, flags, result, objective[0], origin=warmstart.origin_of(trial.user_attrs),
+                              prediction=prediction, screen=screen)
         _count(self.outcome, result.status, result.preemptions or 0)
         self.outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
         if not result.status.is_infrastructure and all(v <= 0 for v in constraint_values(self.spec, result).values()):
             _update_best(self.study, self.outcome)  # only a feasible trial can become the best (best_trial)
-        if self.on_result is not None:
-            self.on_result(trial.number, flags, result)
+
+        def write() -> None:
+            self._write(record)
+            if self.on_result is not None:
+                self.on_result(trial.number, flags, result)
+
+        if deferred is None:
+            write()
+        else:
+            deferred.append(write)
 
     def _record(self, number: int, flags: Mapping[str, Any], result: TrialResult, objective: float,
                 **kind: Any) -> TrialRecord:
