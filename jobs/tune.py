@@ -131,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     finish = [f"servetune job: results: {line}" for line in store_commands(
         spec.name, spec.storage.optuna_url, spec.output.dataset_dir, spec.output.runs_dir / "report.md",
         spec.tracking.mlflow_uri)]
-    print(f"servetune job: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served, "
+    ran = (f"no trial ran; the study holds {outcome.trials_done} told trials" if outcome.trials_run == 0
+           else f"{outcome.trials_done} trials in {outcome.wall_s:.1f} s")
+    print(f"servetune job: {ran}: {outcome.ok} served, "
           f"{outcome.startup_failed} failed at startup, {outcome.pruned} pruned, {outcome.other_failed} other failures"
           + (f", {outcome.infra_failed} infrastructure failures" if outcome.infra_failed else "")
           + (f"; {outcome.infra_retried} re-run after an infrastructure failure" if outcome.infra_retried else ""),

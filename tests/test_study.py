@@ -67,7 +67,9 @@ def test_constraints_have_the_same_keys_for_every_outcome(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_study_runs_trials_on_ray_and_records_everything(tmp_path: Path, mlflow_server: str) -> None:
+def test_study_runs_trials_on_ray_and_records_everything(tmp_path: Path, mlflow_server: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVETUNE_POOL", "ray")  # simulated trials run locally unless Ray is asked for
     spec = StudySpec.from_dict(_spec_dict(tmp_path, mlflow_server, "landscape", trials=10))
     seen: list[tuple[int, dict[str, Any], TrialResult]] = []
     outcome = run_study(spec, out=io.StringIO(), on_result=lambda n, f, r: seen.append((n, f, r)))

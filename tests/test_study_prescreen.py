@@ -1,7 +1,7 @@
-"""The driver's pre-screen end to end: real local Ray, real `mlflow server`, real Optuna SQLite.
+"""The driver's pre-screen end to end: the trial pool, real `mlflow server`, real Optuna SQLite.
 
 A flag set the memory planner predicts to fail at startup must be told to Optuna as infeasible
-without ever reaching Ray, and recorded in MLflow (a ``pruned`` child run with the prediction)
+without ever reaching the pool, and recorded in MLflow (a ``pruned`` child run with the prediction)
 and in the dataset; a fresh study starts from the preemption prior's informed point.
 """
 
@@ -24,7 +24,7 @@ from servetune.study import run_study
 
 
 @pytest.mark.slow
-def test_pruned_trials_never_reach_ray_and_are_recorded(tmp_path: Path, mlflow_server: str) -> None:
+def test_pruned_trials_never_reach_the_pool_and_are_recorded(tmp_path: Path, mlflow_server: str) -> None:
     spec = StudySpec.from_dict({
         "name": "prescreened", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB", "count": 2},
         "workload": {"input_len": 512, "output_len": 256, "num_requests": 24, "concurrency": 24, "seed": 1},
@@ -55,11 +55,11 @@ def test_pruned_trials_never_reach_ray_and_are_recorded(tmp_path: Path, mlflow_s
         assert set(t.constraints) == {"startup", "preemptions"} and all(c > 0 for c in t.constraints.values())
         assert t.values == [0.0] and t.user_attrs["predicted_failure"] == "startup_oom"
         result = seen[t.number]
-        # Never dispatched: a Ray actor would have appended its GPU ids to the evidence.
-        assert not any("ray_gpu_ids" in e for e in result.evidence)
+        # Never dispatched: the pool (Ray's actor or a local worker) gives every trial it ran its GPU ids.
+        assert not result.gpu_ids and not any("gpu_ids=" in e for e in result.evidence)
         assert result.evidence[0].startswith("prescreen: the memory planner predicts startup_oom")
     launched = [t for t in trials if t.user_attrs["status"] != "pruned"]
-    assert launched and all(any("ray_gpu_ids" in e for e in seen[t.number].evidence) for t in launched)
+    assert launched and all(seen[t.number].gpu_ids for t in launched)
     assert all(t.params["gpu_memory_utilization"] == 0.9 for t in launched)
 
     client = MlflowClient(mlflow_server)
@@ -80,7 +80,7 @@ def test_pruned_trials_never_reach_ray_and_are_recorded(tmp_path: Path, mlflow_s
 
 
 @pytest.mark.slow
-def test_sim_screened_proposals_never_reach_ray_and_are_recorded(tmp_path: Path, mlflow_server: str) -> None:
+def test_sim_screened_proposals_never_reach_the_pool_and_are_recorded(tmp_path: Path, mlflow_server: str) -> None:
     """Multi-fidelity in the driver (replay backend: on by default): a proposal the calibrated
     simulator rules out is told `pruned` with cause `sim_screen: ...`, never dispatched, and
     recorded with its predicted figures (MLflow tags, dataset columns, Optuna user attr)."""
@@ -111,7 +111,7 @@ def test_sim_screened_proposals_never_reach_ray_and_are_recorded(tmp_path: Path,
     for t in screened:
         assert t.user_attrs["status"] == "pruned" and all(c > 0 for c in t.constraints.values())
         assert set(t.user_attrs["sim_prediction"]) == {"output_throughput", "preemptions"}
-        assert not any("ray_gpu_ids" in e for e in seen[t.number].evidence)  # never dispatched
+        assert not seen[t.number].gpu_ids  # never dispatched
     assert len(screened) <= 5  # at most half of the proposals
 
     client = MlflowClient(mlflow_server)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 
-__all__ = ["serve_command", "startup_timeout_s", "compile_cache_dir", "compile_cache_env", "ENV_VARS",
+__all__ = ["serve_command", "pool", "startup_timeout_s", "compile_cache_dir", "compile_cache_env", "ENV_VARS",
            "LAUNCH_SAFE_ENV", "COMM_ENV_VARS", "comm_settings"]
 
 #: name -> what it does. Read only through the functions below.
@@ -20,6 +20,10 @@ ENV_VARS = {
                                "shell would split it, but never run through a shell",
     "SERVETUNE_RAY_DASHBOARD": "1 starts Ray's dashboard (on 127.0.0.1) with the local Ray a study starts (default: off); "
                                "a joined cluster keeps its own",
+    "SERVETUNE_POOL": "where a study's trials run: auto (default: simulated and replayed trials in local worker "
+                      "processes unless RAY_ADDRESS names a cluster or a Ray already runs in the process; real "
+                      "trials on Ray), ray (always Ray: a local one with logical GPUs where no cluster is named), "
+                      "local (sim and replay in local workers even beside a Ray)",
     "SERVETUNE_STARTUP_TIMEOUT_S": "seconds a server may take to answer /health (default 600)",
     "SERVETUNE_COMPILE_CACHE_DIR": "a directory for vLLM's compile caches, kept across trials and studies: every "
                                    "real trial gets VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR "
@@ -58,6 +62,11 @@ def comm_settings() -> dict[str, str]:
 def serve_command() -> tuple[str, ...]:
     raw = os.environ.get("SERVETUNE_SERVE_COMMAND", "").strip()
     return tuple(shlex.split(raw)) if raw else ("vllm", "serve")
+
+
+def pool() -> str | None:
+    """``SERVETUNE_POOL`` as set (None: unset; ``servetune.cluster.base.pool_kind`` checks the value)."""
+    return os.environ.get("SERVETUNE_POOL") or None
 
 
 def startup_timeout_s() -> float:

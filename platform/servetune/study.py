@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -43,7 +44,7 @@ import optuna
 
 from servetune import envs
 from servetune.cluster import _ray_session
-from servetune.cluster.pool import NoGpusError, TrialPool, ray_accelerator_type
+from servetune.cluster.base import NoGpusError, Pool, ray_accelerator_type, start_pool
 from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line
@@ -96,6 +97,7 @@ class StudyOutcome:
     interrupted: bool = False  # stopped by SIGTERM / Ctrl-C before its budget: resume with --resume
     stopped_by: int | None = None  # the signal that interrupted it (SIGINT for Ctrl-C, SIGTERM)
     headroom: dict[str, Any] | None = None  # servetune.search.headroom.StudyHeadroom.to_dict(), the study's end
+    trials_run: int | None = None  # trials this run launched or told; 0: a --resume with nothing left to do
 
 
 # -- pure pieces: what Optuna is told --------------------------------------------------------------
@@ -216,6 +218,87 @@ def _recover_interrupted(study: optuna.Study) -> int:
     return n
 
 
+def _open_study(spec: StudySpec, resume: bool) -> tuple[optuna.Study, list[optuna.trial.FrozenTrial]]:
+    """The Optuna study of the spec (created or loaded) and its finished trials; a study that
+    already has trials is refused without ``resume`` (SpecError), before anything else starts."""
+    runs_dir = Path(spec.output.runs_dir)
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    storage = spec.storage.optuna_url
+    n_obj = len(spec.objective.metrics)
+    grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
+    # Storage calls are retried with backoff (servetune.records._retry): a briefly locked SQLite file or a
+    # restarting database delays the driver instead of ending the study. open_storage retries every
+    # call of the storage itself (servetune.records._storage), so reads between the retried steps below
+    # (best trial, counts) ride out an outage too.
+    study = retry_call(lambda: optuna.create_study(
+        study_name=spec.name, storage=open_storage(storage), load_if_exists=True,
+        directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
+    ), what="open the Optuna study")
+    existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    if existing and spec.sampler != "grid":
+        # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
+        # the pairs it has already measured again. Offset the seed by the trials already told.
+        # Not the grid's: GridSampler shuffles its points with the seed and stores only each
+        # trial's index into that order (system attr grid_id), so another seed maps the visited
+        # indices to other points and re-measures visited ones (the real H200 8B grid's resume
+        # did, twice); with the same seed the storage alone says what is left.
+        study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj, grid)
+    if existing and not resume:
+        raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
+                        "pass --resume to continue it, or give the study a new name")
+    return study, existing
+
+
+#: The study user attr the driver sets last, once every told trial is in MLflow and the dataset:
+#: ``{"at": UTC time, "finished": trials in a finished state then, "experiment_id", "parent_run_id"}``.
+FINISHED = "finished"
+
+
+def resume_is_noop(attrs: Mapping[str, Any], finished_now: int, unfinished: int, requeue: int, told: int,
+                   budget: int, confirm_top: int, feasible: bool, buffered: bool) -> bool:
+    """True when a ``--resume`` would run nothing and write nothing: the last driver finished after
+    the last told trial (``finished_now`` trials then and now), no trial is left running or waiting,
+    none to re-queue, the budget is told, the confirmation (if asked for and possible) stored, and
+    no MLflow write is waiting in the buffer. Pure.
+
+    Example:
+        >>> done = {FINISHED: {"finished": 30}}
+        >>> resume_is_noop(done, 30, 0, 0, 30, 30, 0, True, False)
+        True
+        >>> resume_is_noop(done, 31, 0, 0, 31, 40, 0, True, False)  # a trial told since: the resume runs
+        False
+    """
+    record = attrs.get(FINISHED) or {}
+    confirmed = confirm_top <= 0 or not feasible or "confirmation" in attrs
+    return (record.get("finished") == finished_now and unfinished == 0 and requeue == 0 and told >= budget
+            and confirmed and not buffered)
+
+
+def _nothing_to_do(spec: StudySpec, study: optuna.Study) -> StudyOutcome | None:
+    """The outcome of a ``--resume`` that would run nothing (:func:`resume_is_noop`), read from
+    Optuna alone (no MLflow, no pool); None when the resume has work to do."""
+    trials = study.get_trials(deepcopy=False)
+    finished = sum(t.state.is_finished() for t in trials)
+    unfinished = sum(t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING) for t in trials)
+    requeue = sum(t.state == optuna.trial.TrialState.FAIL and "status" not in t.user_attrs and bool(t.params)
+                  for t in trials)
+    outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri)
+    _count_existing(study, outcome)
+    buffer = Path(spec.output.runs_dir) / "mlflow-buffer"
+    buffered = buffer.is_dir() and any((p / "op.json").is_file() for p in buffer.iterdir())
+    attrs = study.user_attrs
+    if not resume_is_noop(attrs, finished, unfinished, requeue, outcome.trials_done, spec.budget.trials,
+                          spec.budget.confirm_top, outcome.best_number is not None, buffered):
+        return None
+    record = attrs[FINISHED]
+    outcome.experiment_id, outcome.parent_run_id = record.get("experiment_id"), record.get("parent_run_id")
+    outcome.confirmation = attrs.get("confirmation")
+    outcome.trials_run = 0
+    if outcome.best_flags is not None:
+        outcome.best_command = to_command_line(spec.serve_model, outcome.best_flags)
+    return outcome
+
+
 def run_study(
     spec: StudySpec,
     *,
@@ -246,7 +329,17 @@ def run_study(
     Path(spec.output.runs_dir).mkdir(parents=True, exist_ok=True)
     held = None if spec.storage.optuna_url is None else lease.acquire(spec.storage.optuna_url, spec.name)
     try:
-        driver = _Driver.open(spec, resume=resume, out=out or sys.stdout, on_result=on_result)  # 1
+        started = time.monotonic()
+        study, existing = _open_study(spec, resume)
+        done = _nothing_to_do(spec, study) if resume else None
+        if done is not None:  # decided before MLflow, the pool or any worker starts
+            done.wall_s = time.monotonic() - started
+            (out or sys.stdout).write(f"servetune: study {spec.name!r} already holds its {done.trials_done} told trials "
+                                      f"(budget.trials {spec.budget.trials}) and their records; no trial ran "
+                                      "(raise --trials to run more)\n")
+            return done
+        driver = _Driver.open(spec, study, existing, resume=resume, out=out or sys.stdout, on_result=on_result,
+                              started=started)  # 1
         driver.recover()  # 2
         driver.enqueue_starts()  # 3
         driver.run()  # 4-6
@@ -268,40 +361,17 @@ class _Driver:
         self.outcome = StudyOutcome(spec.name, mlflow_uri=spec.tracking.mlflow_uri, parent_run_id=tracker.parent_run_id,
                                     experiment_id=tracker.experiment_id)
         _count_existing(study, self.outcome)
+        self.told_before = self.outcome.trials_done  # trials_run counts from here
         self.progress = _Progress(out, spec.budget.trials)
 
     # -- 1. open -------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, spec: StudySpec, *, resume: bool, out: TextIO,
-             on_result: Callable[[int, dict[str, Any], TrialResult], None] | None) -> _Driver:
-        started = time.monotonic()
+    def open(cls, spec: StudySpec, study: optuna.Study, existing: list[optuna.trial.FrozenTrial], *, resume: bool,
+             out: TextIO, on_result: Callable[[int, dict[str, Any], TrialResult], None] | None,
+             started: float) -> _Driver:
         backend = resolve_backend(spec.backend)
         runs_dir = Path(spec.output.runs_dir)
-        runs_dir.mkdir(parents=True, exist_ok=True)
-        storage = spec.storage.optuna_url
-        n_obj = len(spec.objective.metrics)
-        grid = spec.search_space.grid_values() if spec.sampler == "grid" else None
-        # Storage calls are retried with backoff (servetune.records._retry): a briefly locked SQLite file or a
-        # restarting database delays the driver instead of ending the study. open_storage retries every
-        # call of the storage itself (servetune.records._storage), so reads between the retried steps below
-        # (best trial, counts) ride out an outage too.
-        study = retry_call(lambda: optuna.create_study(
-            study_name=spec.name, storage=open_storage(storage), load_if_exists=True,
-            directions=list(spec.objective.directions), sampler=make_sampler(spec.sampler, spec.seed, n_obj, grid),
-        ), what="open the Optuna study")
-        existing = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-        if existing and spec.sampler != "grid":
-            # Sampler state is not stored: reseeded with the spec's seed, a resumed study would draw
-            # the pairs it has already measured again. Offset the seed by the trials already told.
-            # Not the grid's: GridSampler shuffles its points with the seed and stores only each
-            # trial's index into that order (system attr grid_id), so another seed maps the visited
-            # indices to other points and re-measures visited ones (the real H200 8B grid's resume
-            # did, twice); with the same seed the storage alone says what is left.
-            study.sampler = make_sampler(spec.sampler, spec.seed + len(existing), n_obj, grid)
-        if existing and not resume:
-            raise SpecError("name", f"study {spec.name!r} already has {len(existing)} trials in {storage}",
-                            "pass --resume to continue it, or give the study a new name")
         # Optuna's storage is a file anyone with the runs dir can read: no credentials in it.
         study.set_user_attr("model", redact_text(spec.model_ref))
         study.set_user_attr("gpu_type", spec.gpu.type)
@@ -359,7 +429,9 @@ class _Driver:
         reaped = _ray_session.reap_leftovers(self.runs_dir, spec.name)
         if reaped:
             self.progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
-        self.pool = pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+        # Simulated trials run in local worker processes unless a Ray is asked for (servetune.cluster.base).
+        pool: Pool = start_pool(self.backend, num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+        self.pool = pool
         pool.reuse_actors = True  # closed in the finally below
         if pool.started_local_ray:
             _ray_session.record_local_session(self.runs_dir, spec.name)
@@ -413,6 +485,7 @@ class _Driver:
             pool.close()
             self.stop.restore()
             self.outcome.wall_s = time.monotonic() - self.started
+            self.outcome.trials_run = self.outcome.trials_done - self.told_before
             self.progress.show(self.outcome, 0, force=True)
             if self.out.isatty():
                 self.out.write("\n")
@@ -591,6 +664,30 @@ class _Driver:
             if "infrastructure failures" in note:  # (memory left behind is reported with its trial below)
                 progress.note(f"servetune: slot quarantined: {note}")
         self.quarantine_seen = len(pool.quarantine_notes)
+        # Each result is told to Optuna at once; its MLflow run and dataset row are written after the
+        # next trials are on their way (a worker does not wait for the driver's records), and always.
+        deferred: list[Callable[[], None]] = []
+        told = False
+        try:
+            self._tell_results(results, deferred)
+            if results and not self.stop.requested and not self._out_of_time():
+                self._propose_while_room()
+                self._submit_what_fits()
+            told = True
+        finally:
+            for write in deferred:
+                if told:
+                    write()
+                else:  # already failing: write what can be written (a --resume writes the rest from Optuna)
+                    with contextlib.suppress(Exception):
+                        write()
+        if results:
+            progress.show(self.outcome, len(self.inflight), force=True)
+        self.stop.check()
+
+    def _tell_results(self, results: list[tuple[int, TrialResult]], deferred: list[Callable[[], None]]) -> None:
+        """Tell each finished trial (Optuna, the counts, the best); its records go to ``deferred``."""
+        progress = self.progress
         for number, result in results:
             trial, flags = self.inflight.pop(number)
             with_slo_figures(self.spec, flags, result)  # goodput and cost at the targets (servetune.cost)
@@ -609,18 +706,16 @@ class _Driver:
             if summary:  # kept on the trial before it is told: a told trial's attrs are fixed
                 retry_call(lambda: trial.set_user_attr(SAME_START_REPEATS, summary),
                            what=f"store trial #{number}'s repeats")
-            self.tell_and_record(trial, flags, result)
+            self.tell_and_record(trial, flags, result, deferred=deferred)
             for (k, repeat), kept in zip(repeats, summary):
-                self._write(self._record(number, flags, repeat, kept["value"], origin="repeat", repeat=k),
-                            workload=_repeat_workload(self.spec, k))
+                record = self._record(number, flags, repeat, kept["value"], origin="repeat", repeat=k)
+                deferred.append(lambda record=record, k=k: self._write(record, workload=_repeat_workload(self.spec, k)))
             if repeats:
                 progress.note(f"servetune: trial #{number} led the study: {len(repeats)} confirmation "
                               "repeat(s) measured on its own server start")
             if result.quarantined_gpus:
                 progress.note(f"servetune: GPU memory did not come back after trial #{number}: "
                               f"GPUs {', '.join(result.quarantined_gpus)} quarantined")
-            progress.show(self.outcome, len(self.inflight), force=True)
-            self.stop.check()
 
     def _screen_on_sim(self, proposal: Proposal) -> tuple[TrialResult, Screen] | None:
         """Multi-fidelity (:mod:`servetune.search.screen`): ``(pruned result, the screen's verdict)``
@@ -640,16 +735,28 @@ class _Driver:
     # -- telling and recording ----------------------------------------------------------------
 
     def tell_and_record(self, trial: optuna.trial.Trial, flags: dict[str, Any], result: TrialResult, *,
-                        prediction: Prediction | None = None, screen: Screen | None = None) -> None:
-        """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the record."""
+                        prediction: Prediction | None = None, screen: Screen | None = None,
+                        deferred: list[Callable[[], None]] | None = None) -> None:
+        """Tell Optuna, then MLflow, then the dataset: in that order, so a crash loses at most the
+        record (the next ``--resume`` writes it from Optuna's). With ``deferred``, the records are
+        appended to it for the caller to write instead of written now."""
         objective = retry_call(lambda: tell(self.spec, self.study, trial, result), what=f"tell trial #{trial.number}")
-        self._write(self._record(trial.number, flags, result, objective[0], origin=warmstart.origin_of(trial.user_attrs),
-                                 prediction=prediction, screen=screen))
+        record = self._record(trial.number, flags, result, objective[0], origin=warmstart.origin_of(trial.user_attrs),
+                              prediction=prediction, screen=screen)
         _count(self.outcome, result.status, result.preemptions or 0)
         self.outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
-        _update_best(self.study, self.outcome)
-        if self.on_result is not None:
-            self.on_result(trial.number, flags, result)
+        if not result.status.is_infrastructure and all(v <= 0 for v in constraint_values(self.spec, result).values()):
+            _update_best(self.study, self.outcome)  # only a feasible trial can become the best (best_trial)
+
+        def write() -> None:
+            self._write(record)
+            if self.on_result is not None:
+                self.on_result(trial.number, flags, result)
+
+        if deferred is None:
+            write()
+        else:
+            deferred.append(write)
 
     def _record(self, number: int, flags: Mapping[str, Any], result: TrialResult, objective: float,
                 **kind: Any) -> TrialRecord:
@@ -799,7 +906,7 @@ def remeasure(spec: StudySpec, flags: Mapping[str, Any], seeds: Sequence[int],
     backend = backend or resolve_backend(spec.backend)
     runs_dir = Path(spec.output.runs_dir)
     need = gpus_needed(flags)
-    pool = TrialPool.start(num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
+    pool = start_pool(backend, num_gpus=spec.gpu.count, num_cpus=max(2, spec.budget.parallel))
     todo = list(enumerate(seeds, start=1))
     inflight: set[int] = set()
     done: dict[int, TrialResult] = {}
@@ -1030,5 +1137,9 @@ def _finish_study(spec: StudySpec, study: optuna.Study, tracker: StudyTracker, o
     if left:
         print(f"servetune: MLflow unreachable; {left} buffered operations kept in {tracker.buffer_dir} "
               "(delivered by the next run of this study, e.g. --resume)", file=sys.stderr)
-    retry_call(lambda: study.set_user_attr("finished_at", dt.datetime.now(dt.timezone.utc).isoformat()),
-               what="mark the study finished")
+    finished = sum(t.state.is_finished() for t in study.get_trials(deepcopy=False))
+    record = {"at": dt.datetime.now(dt.timezone.utc).isoformat(), "finished": finished,
+              "experiment_id": outcome.experiment_id, "parent_run_id": outcome.parent_run_id}
+    retry_call(lambda: study.set_user_attr("finished_at", record["at"]), what="mark the study finished")
+    if not left:  # a write still buffered for MLflow: the next --resume delivers it, so it is no no-op
+        retry_call(lambda: study.set_user_attr(FINISHED, record), what="mark the study finished")

@@ -36,3 +36,22 @@ def test_library_info_goes_to_the_file_and_warnings_to_the_terminal(tmp_path: Pa
     # Afterwards the libraries print as they did before.
     assert logging.getLogger("optuna").handlers == optuna_handlers
     assert not any(getattr(h, "baseFilename", None) == str(log) for h in logging.getLogger().handlers)
+
+
+def test_a_library_imported_during_the_study_still_logs_to_the_file(tmp_path: Path) -> None:
+    """MLflow installs its terminal handler at import; imported inside the study (as the driver now
+    does, only when it needs it), its INFO lines still go to the file, not the terminal."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "s.log"
+    code = ("import logging, sys; from pathlib import Path; from servetune.cli._logs import libraries_to_file\n"
+            "assert 'mlflow' not in sys.modules\n"
+            f"with libraries_to_file(Path({str(log)!r})):\n"
+            "    import mlflow\n"
+            "    logging.getLogger('mlflow.store.db.utils').info('Creating initial MLflow database tables...')\n"
+            "    assert mlflow.__spec__.loader is not None\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Creating initial MLflow" in log.read_text()
+    assert "Creating initial MLflow" not in proc.stdout + proc.stderr

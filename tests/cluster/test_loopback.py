@@ -69,7 +69,7 @@ def test_a_running_study_listens_on_loopback_only(tmp_path: Path) -> None:
     spec_path = tmp_path / "study.yaml"
     spec_path.write_text(yaml.safe_dump(_spec(tmp_path)))
     env = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin", "RAY_AUTH_MODE": "disabled",
-           "HOME": str(tmp_path), "MLFLOW_DISABLE_TELEMETRY": "true"}
+           "SERVETUNE_POOL": "ray", "HOME": str(tmp_path), "MLFLOW_DISABLE_TELEMETRY": "true"}
     storage = f"sqlite:///{tmp_path}/optuna.db"
     driver = subprocess.Popen([sys.executable, "-m", "servetune", "tune", str(spec_path)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)

@@ -63,7 +63,7 @@ def test_resume_stops_the_killed_drivers_ray_and_leaves_none_of_its_own(tmp_path
     spec_path = tmp_path / "study.yaml"
     spec_path.write_text(yaml.safe_dump(_spec(tmp_path, trials=500)))
     env = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin", "RAY_AUTH_MODE": "disabled",
-           "HOME": str(tmp_path), "MLFLOW_DISABLE_TELEMETRY": "true"}
+           "SERVETUNE_POOL": "ray", "HOME": str(tmp_path), "MLFLOW_DISABLE_TELEMETRY": "true"}
     cmd = [sys.executable, "-m", "servetune", "tune", str(spec_path)]
     storage = f"sqlite:///{tmp_path}/optuna.db"
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,

@@ -22,12 +22,16 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import logging
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 __all__ = ["libraries_to_file", "LIBRARY_LOGGERS", "NOTICES"]
 
@@ -77,14 +81,55 @@ class _OneLine(logging.Formatter):
         return first + (f" (details in {self.log_file})" if rest or any(saved) else "")
 
 
-def _import_libraries() -> None:
-    """Import the libraries first: MLflow and Ray install their terminal handlers at import, which
-    would otherwise come back after ours are set."""
-    for name in ("optuna", "mlflow", "ray"):
+class _LoadedThen(importlib.abc.MetaPathFinder):
+    """Runs ``then()`` right after one of ``names`` is first imported, whoever imports it.
+
+    MLflow and Ray install their terminal handlers at import. They used to be imported up front so
+    that ours came after; that cost every ``servetune tune`` 1-4 s, a refused re-run or a resume
+    with nothing to do included, which need neither. Now ``then`` takes their handlers off when
+    (and if) the study imports them."""
+
+    def __init__(self, names: tuple[str, ...], then: Callable[[], None]) -> None:
+        self.names, self.then, self._finding = names, then, False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.names or self._finding:
+            return None
+        self._finding = True
         try:
-            __import__(name)
-        except ImportError:  # a core install always has them; a missing one has nothing to redirect
-            pass
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding = False
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _ThenLoader(spec.loader, self.then)
+        return spec
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """The module's own loader, and ``then()`` once the module has run."""
+
+    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+        self._loader, self._then = loader, then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._then()
+
+    def __getattr__(self, name: str) -> Any:  # resource readers and the rest: the real loader's
+        return getattr(self._loader, name)
+
+
+def _to_root(names: tuple[str, ...]) -> None:
+    """The loggers' own handlers off, their records to the root's (ours)."""
+    for name in names:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
 
 
 @contextlib.contextmanager
@@ -94,7 +139,6 @@ def libraries_to_file(path: Path) -> Iterator[Path]:
     Records of Optuna, MLflow, Ray and alembic go to the file from INFO up; every logger's records
     from WARNING up go to the file and to stderr (less :data:`NOTICES`), servetune's own included.
     """
-    _import_libraries()
     path.parent.mkdir(parents=True, exist_ok=True)
     to_file = _LogFile(path, encoding="utf-8")
     to_file.setLevel(logging.INFO)
@@ -116,6 +160,11 @@ def libraries_to_file(path: Path) -> Iterator[Path]:
         logger.propagate = True
     for name in _INFO_LOGGERS:  # their INFO lines are worth keeping in the file; the others' are noise
         logging.getLogger(name).setLevel(logging.INFO)
+    # A library imported from here on (MLflow, Ray: not before the study needs them) loses the
+    # handlers it installs at import too.
+    hook = _LoadedThen(tuple(n for n in ("optuna", "mlflow", "ray") if n not in sys.modules),
+                       lambda: _to_root(LIBRARY_LOGGERS))
+    sys.meta_path.insert(0, hook)
     root = logging.getLogger()
     root.addHandler(to_file)
     root.addHandler(to_terminal)  # without it, a handler on the root silences Python's last-resort stderr
@@ -126,6 +175,8 @@ def libraries_to_file(path: Path) -> Iterator[Path]:
     try:
         yield path
     finally:
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
         if previous_url_env is None:
             os.environ.pop("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", None)
         else:

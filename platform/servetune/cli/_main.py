@@ -312,7 +312,9 @@ def _tune(args: argparse.Namespace) -> int:
         what = str(exc) if isinstance(exc, DiskFull) else f"the disk is full ({full_disk_reason(exc)})"
         print(f"error: {what}; free some space, then continue with: {resume}", file=sys.stderr)
         return 1
-    print(f"\nservetune: {outcome.trials_done} trials in {outcome.wall_s:.1f} s: {outcome.ok} served "
+    ran = (f"no trial ran ({outcome.wall_s:.1f} s); the study holds {outcome.trials_done} told trials"
+           if outcome.trials_run == 0 else f"{outcome.trials_done} trials in {outcome.wall_s:.1f} s")
+    print(f"\nservetune: {ran}: {outcome.ok} served "
           f"({outcome.preempting} of them preempted), {outcome.startup_failed} failed at startup, "
           f"{outcome.pruned} pruned before launch (predicted startup failures), "
           f"{outcome.other_failed} other failures"

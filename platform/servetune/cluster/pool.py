@@ -47,13 +47,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
 
 from servetune.cluster import _ray_session
+from servetune.cluster.base import MAX_INFRA_ATTEMPTS, RAY_ACCELERATOR_TYPES, NoGpusError, Runner, ray_accelerator_type
 from servetune.engines import TrialTask, run_trial
 from servetune.engines.vllm.infra import SLOT_KINDS, classify_actor_error
 from servetune.result import TrialResult, TrialStatus
@@ -62,23 +62,12 @@ __all__ = ["TrialActor", "TrialPool", "Runner", "RAY_ACCELERATOR_TYPES", "ray_ac
            "accelerator_resource", "node_gpu_capacity", "cluster_inventory", "NoGpusError",
            "MAX_INFRA_ATTEMPTS", "SLOT_QUARANTINE_AFTER", "PLACEMENT_GRACE_S"]
 
-#: What an actor calls to run a trial: ``engines.run_trial`` unless the pool is given another.
-Runner = Callable[[TrialTask, str], TrialResult]
-
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
-#: servetune GPU name -> Ray's accelerator type (``ray.util.accelerators``), where they differ in
-#: spelling; a name not listed is used as it is (user GPUs: label the nodes with that name).
-RAY_ACCELERATOR_TYPES: dict[str, str] = {
-    "H200": "H200", "H100-80GB": "H100", "A100-80GB": "A100-80G", "A100-40GB": "A100-40G",
-    "L40S": "L40S", "L4": "L4", "B200": "B200",
-}
 _ACCEL_PREFIX = "accelerator_type:"
 # Each node advertises its accelerator resource with capacity 1; a trial asks for a sliver of it,
 # so any number of trials fit on a node as far as this resource goes (the GPUs are what limit).
 _ACCEL_SLIVER = 0.001
-#: Attempts of one flag set that infrastructure may spoil (the first run and two re-runs).
-MAX_INFRA_ATTEMPTS = 3
 #: Slot-bound infrastructure failures of one GPU before the pool takes it out of service.
 SLOT_QUARANTINE_AFTER = 2
 #: How long a re-run after a node loss waits for Ray to declare the node dead (its health check)
@@ -88,16 +77,6 @@ NODE_DEATH_WAIT_S = 60.0
 #: worker process (importing servetune) takes a few seconds (2.4-3.9 s per real H200 trial), which
 #: is not waiting for a GPU. budget.wait_for_gpus_s is at least twice this.
 PLACEMENT_GRACE_S = 5.0
-
-
-def ray_accelerator_type(gpu_type: str) -> str:
-    """Ray's name for a servetune GPU type.
-
-    Example:
-        >>> ray_accelerator_type("A100-40GB"), ray_accelerator_type("H200"), ray_accelerator_type("MyGPU")
-        ('A100-40G', 'H200', 'MyGPU')
-    """
-    return RAY_ACCELERATOR_TYPES.get(gpu_type, gpu_type)
 
 
 def accelerator_resource(gpu_type: str) -> str:
@@ -137,20 +116,6 @@ def cluster_inventory(resources: dict[str, float], nodes: list[dict[str, Any]]) 
     types = sorted(k[len(_ACCEL_PREFIX):] for k in resources if k.startswith(_ACCEL_PREFIX))
     return (f"{alive} live node{'s' if alive != 1 else ''}, {int(resources.get('CPU', 0))} CPUs, "
             f"{int(resources.get('GPU', 0))} GPUs, accelerator types: {', '.join(types) or 'none'}")
-
-
-class NoGpusError(RuntimeError):
-    """A trial waited longer than allowed for Ray to place it: no live node offers its GPUs.
-
-    ``trial_number``, ``gpus``, ``gpu_type`` and ``waited_s`` say which trial and what it asked
-    for; ``inventory`` is what the cluster has (:func:`cluster_inventory`).
-    """
-
-    def __init__(self, trial_number: int, gpus: int, gpu_type: str, waited_s: float, inventory: str) -> None:
-        self.trial_number, self.gpus, self.gpu_type = trial_number, gpus, gpu_type
-        self.waited_s, self.inventory = waited_s, inventory
-        super().__init__(f"trial #{trial_number} waited {waited_s:.0f} s for {gpus} {gpu_type} GPU(s) and no "
-                         f"live Ray node took it; the cluster has {inventory}")
 
 
 def _node_accelerator(node_id: str) -> str | None:

@@ -34,7 +34,7 @@ Example:
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, TypeVar
 
 import optuna
@@ -246,6 +246,29 @@ class RetryingStorage(BaseStorage):
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
         self._call(f"set trial attribute {key}", lambda: self.inner.set_trial_system_attr(trial_id, key, value))
 
+    def set_trial_attrs(self, trial_id: int, user: Mapping[str, Any], system: Mapping[str, Any]) -> None:
+        """Several user and system attributes of a running trial in ONE transaction where the
+        storage is Optuna's RDB storage (one commit, one fsync, instead of one per attribute:
+        about half the storage time of a told trial); one call each elsewhere. Retried whole."""
+        rdb = getattr(self.inner, "_backend", None)
+        if not isinstance(rdb, optuna.storages.RDBStorage):
+            for key, value in user.items():
+                self.set_trial_user_attr(trial_id, key, value)
+            for key, value in system.items():
+                self.set_trial_system_attr(trial_id, key, value)
+            return
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        def write() -> None:
+            with _create_scoped_session(rdb.scoped_session, True) as session:
+                for key, value in user.items():
+                    rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)
+                for key, value in system.items():
+                    rdb._set_trial_attr_without_commit(session, models.TrialSystemAttributeModel, trial_id, key, value)
+
+        self._call(f"set trial attributes {', '.join([*user, *system])}", write)
+
     def get_trial(self, trial_id: int) -> FrozenTrial:
         return self._call("read a trial", lambda: self.inner.get_trial(trial_id))
 
@@ -273,3 +296,4 @@ class RetryingStorage(BaseStorage):
 
     def check_trial_is_updatable(self, trial_id: int, trial_state: TrialState) -> None:
         self.inner.check_trial_is_updatable(trial_id, trial_state)
+

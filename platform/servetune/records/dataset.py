@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import math
 import os
@@ -43,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -400,18 +402,13 @@ def requests_table(records: Sequence[RequestRecord], redact: Any = None) -> pa.T
         ("itl_s", pa.list_(pa.float64())), ("preemptions", pa.int64()), ("error", pa.string()),
     ])
     scrub = redact or (lambda text: text)
-    cols: dict[str, list[Any]] = {name: [] for name in schema.names}
-    for r in records:
-        cols["request_id"].append(r.request_id)
-        cols["prompt_tokens"].append(r.prompt_tokens)
-        cols["output_tokens"].append(r.output_tokens)
-        cols["arrival_s"].append(r.arrival_s)
-        cols["first_token_s"].append(r.first_token_s)
-        cols["finish_s"].append(r.finish_s)
-        cols["ttft_ms"].append(r.ttft_ms)
-        cols["tpot_ms"].append(r.tpot_ms)
-        cols["e2e_ms"].append(r.e2e_ms)
-        cols["itl_s"].append(list(r.itl_s))
-        cols["preemptions"].append(r.preemptions)
-        cols["error"].append(None if r.error is None else scrub(r.error))
-    return pa.Table.from_pydict(cols, schema=schema)
+    columns: dict[str, Any] = {name: [getattr(r, name) for r in records]
+                               for name in schema.names if name not in ("itl_s", "error")}
+    # The inter-token gaps (most of the table: one float per output token) as one flat array and
+    # offsets, not a Python list per request.
+    offsets = np.zeros(len(records) + 1, dtype=np.int64)
+    np.cumsum([len(r.itl_s) for r in records], out=offsets[1:])
+    gaps = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in records), dtype=np.float64, count=int(offsets[-1]))
+    columns["itl_s"] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(gaps, pa.float64()))
+    columns["error"] = [None if r.error is None else scrub(r.error) for r in records]
+    return pa.Table.from_pydict({name: columns[name] for name in schema.names}, schema=schema)

@@ -296,6 +296,9 @@ class StudyTracker:
         param_list = [Param(k, _param_value(v)) for k, v in (params or {}).items()]
         tag_list = [RunTag(k, _tag_value(v)) for k, v in (tags or {}).items()]
         metric_list = [Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()]
+        if len(param_list) + len(tag_list) <= _MAX_PARAMS_TAGS_PER_BATCH and len(metric_list) <= _MAX_METRICS_PER_BATCH:
+            self._client.log_batch(run_id, params=param_list, tags=tag_list, metrics=metric_list)  # one write
+            return
         for chunk in _chunks(param_list, _MAX_PARAMS_TAGS_PER_BATCH):
             self._client.log_batch(run_id, params=chunk)
         for chunk in _chunks(tag_list, _MAX_PARAMS_TAGS_PER_BATCH):
@@ -483,7 +486,7 @@ class StudyTracker:
             if self.pending():  # still down: queue behind the older operations, keeping the order
                 return self._enqueue(op_dir)
             try:
-                return self._deliver(op_dir)
+                return self._deliver(op_dir, first=True)
             except TrackingError:
                 if self.buffer_dir is None or self._server_up():
                     raise  # refused by a live server (or no buffer): a real error
@@ -534,13 +537,14 @@ class StudyTracker:
                 return len(self.pending())
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
-    def _deliver(self, op_dir: Path) -> str | None:
-        """Write one operation to MLflow (idempotent: a redelivery replaces a half-written run)."""
+    def _deliver(self, op_dir: Path, first: bool = False) -> str | None:
+        """Write one operation to MLflow (idempotent: a redelivery replaces a half-written run).
+        ``first``: its first attempt, straight from the driver (no half-written run can exist yet)."""
         op = json.loads((op_dir / "op.json").read_text(encoding="utf-8"))
         artifacts = op_dir / "artifacts"
         kind = op["kind"]
         if kind == "trial":
-            return self._call("log the trial", lambda: self._deliver_trial(op, artifacts))
+            return self._call("log the trial", lambda: self._deliver_trial(op, artifacts, first))
         if kind == "finish":
             self._call("log the study outcome", lambda: self._deliver_finish(op, artifacts))
         elif kind == "end":
@@ -549,10 +553,13 @@ class StudyTracker:
             raise TrackingError(f"unknown buffered operation {kind!r} in {op_dir}")
         return None
 
-    def _deliver_trial(self, op: Mapping[str, Any], artifacts: Path) -> str:
+    def _deliver_trial(self, op: Mapping[str, Any], artifacts: Path, first: bool = False) -> str:
         delivery = op["tags"][TAG_DELIVERY]
-        page = self._client.search_runs([op["experiment_id"]], filter_string=f"tags.`{TAG_DELIVERY}` = '{delivery}'")
-        for partial in page:  # an earlier attempt died half-way: replace its run
+        # An earlier attempt that died half-way left a run: replace it. The first attempt has none
+        # to find (the search read every run's tags: a cost that grew with the study).
+        page = [] if first else self._client.search_runs([op["experiment_id"]],
+                                                         filter_string=f"tags.`{TAG_DELIVERY}` = '{delivery}'")
+        for partial in page:
             self._client.delete_run(partial.info.run_id)
         run = self._client.create_run(op["experiment_id"], tags=op["tags"], run_name=op["run_name"],
                                       start_time=op.get("start_ms"))

@@ -52,6 +52,7 @@ from servetune.planner.engine_config import compile_key, resolve_engine_config
 from servetune.planner.flags import gpus_needed
 from servetune.planner.memory import MemoryPlan, plan_memory
 from servetune.records.outcome import classify, is_screen_cause
+from servetune.records.trial_attrs import set_trial_attrs
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.informed import informed_starts
 from servetune.search.screen import SimScreen, learn, prediction_attrs, screened_result, simulated
@@ -205,24 +206,26 @@ def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str 
     backend = backend or spec.backend
     trial = study.ask()
     flags = {**spec.fixed_flags, **spec.search_space.suggest(trial)}
-    trial.set_user_attr("flags", flags)
+    attrs: dict[str, Any] = {"flags": flags}  # written in one storage call below (set_trial_attrs)
     need = gpus_needed(flags)
     problems = spec.search_space.check(flags, spec.model_profile, spec.gpu.count, spec.workload)
     if not problems and need > total_gpus:
         problems = [f"needs {need} GPUs, the cluster has {total_gpus}"]
     if problems:  # refused before launch: no GPU time spent, the sampler still learns
+        set_trial_attrs(trial, attrs)
         return Proposal(trial, flags, need, TrialResult(status=TrialStatus.INVALID_CONFIG, cause="; ".join(problems),
                                                         backend=backend))
     if not spec.prescreen:
+        set_trial_attrs(trial, attrs)
         return Proposal(trial, flags, need)
     model = spec.model_profile
     warm = model is not None and compile_cache_warm(study, flags, model, spec.gpu_spec(), spec.vllm_version)
     refused, plan = prescreen(spec, flags, backend, compile_cache_warm=warm)
     if plan is not None:
-        trial.set_user_attr("predicted_kv_cache_tokens", plan.kv_cache_tokens)
-        trial.set_user_attr("predicted_compile_cache_warm", warm)
+        attrs.update(predicted_kv_cache_tokens=plan.kv_cache_tokens, predicted_compile_cache_warm=warm)
     if refused is not None and plan is not None:
-        trial.set_user_attr("predicted_failure", (plan.failure or TrialStatus.STARTUP_OOM).value)
+        attrs["predicted_failure"] = (plan.failure or TrialStatus.STARTUP_OOM).value
+    set_trial_attrs(trial, attrs)
     return Proposal(trial, flags, need, refused, plan)
 
 
@@ -236,22 +239,17 @@ def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result
     # What happened, in the words of every plot and MLflow (servetune.records.outcome), so that
     # optuna-dashboard's trials table shows it too.
     outcome = classify(result.status, result.preemptions, screened=is_screen_cause(result.cause)).value
+    attrs: dict[str, Any] = {"status": result.status.value, "outcome": outcome, "cause": (result.cause or "")[:1000]}
     if result.status.is_infrastructure:
-        trial.set_user_attr("status", result.status.value)
-        trial.set_user_attr("outcome", outcome)
-        trial.set_user_attr("cause", (result.cause or "")[:1000])
-        trial.set_user_attr("infra_attempts", [a[:300] for a in result.infra_attempts][:10])
+        attrs["infra_attempts"] = [a[:300] for a in result.infra_attempts][:10]
+        set_trial_attrs(trial, attrs)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
         return objective_values(spec, result)
-    for key, value in constraint_values(spec, result).items():
-        trial.set_constraint(key, value)
-    trial.set_user_attr("status", result.status.value)
-    trial.set_user_attr("outcome", outcome)
-    trial.set_user_attr("cause", (result.cause or "")[:1000])
-    trial.set_user_attr("metrics", result.metrics())
-    trial.set_user_attr("preemptions", result.preemptions or 0)
+    attrs.update(metrics=result.metrics(), preemptions=result.preemptions or 0)
     if result.early_stopped:  # measured over a shortened window: the figures are marked as such
-        trial.set_user_attr("early_stopped", result.early_stopped)
+        attrs["early_stopped"] = result.early_stopped
+    # One storage write for the constraints and attributes (set_trial_attrs), then the tell.
+    set_trial_attrs(trial, attrs, constraint_values(spec, result))
     values = objective_values(spec, result)
     study.tell(trial, values)
     return values
