@@ -17,12 +17,7 @@ LONG_FUNCTIONS_ALLOWED = frozenset({
 })
 
 #: Imports of another package's private module today, as "importing module -> private module".
-PRIVATE_IMPORTS_ALLOWED = frozenset({
-    "servetune.nightly -> servetune.records._retry",
-    "servetune.nightly -> servetune.records._storage",
-    "servetune.study -> servetune.cluster._ray_session",
-    "servetune.study -> servetune.records._retry",
-    "servetune.study -> servetune.records._storage",
+PRIVATE_IMPORTS_ALLOWED: frozenset[str] = frozenset({
 })
 
 

@@ -54,8 +54,7 @@ from servetune.cluster.pool import TrialPool
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner import gpus
 from servetune.records import dataset
-from servetune.records._retry import retry_call
-from servetune.records._storage import open_storage
+from servetune.records import open_storage, retry_call
 from servetune.records.tracking import StudyTracker
 from servetune.search.warmstart import warm_start_flags
 from servetune.sim import calibration_for

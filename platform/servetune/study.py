@@ -43,14 +43,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 import optuna
 
 from servetune import envs
-from servetune.cluster import _ray_session
+from servetune.cluster import reap_leftovers, record_local_session
 from servetune.cluster.base import NoGpusError, Pool, ray_accelerator_type, start_pool
 from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line
 from servetune.records import dataset, diskspace, lease, report
-from servetune.records._retry import retry_call
-from servetune.records._storage import open_storage
+from servetune.records import open_storage, retry_call
 from servetune.records.tracking import StudyTracker
 from servetune.records.trial_record import Prediction, Screen, TrialRecord
 from servetune.redact import redact_text
@@ -426,7 +425,7 @@ class _Driver:
         # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
         # A local Ray left by an earlier, killed driver of this study is stopped first; the local Ray
         # this driver starts is recorded so that the next start can do the same (servetune.cluster._ray_session).
-        reaped = _ray_session.reap_leftovers(self.runs_dir, spec.name)
+        reaped = reap_leftovers(self.runs_dir, spec.name)
         if reaped:
             self.progress.note(f"servetune: stopped {len(reaped)} processes left by the earlier driver's local Ray")
         # Simulated trials run in local worker processes unless a Ray is asked for (servetune.cluster.base).
@@ -434,7 +433,7 @@ class _Driver:
         self.pool = pool
         pool.reuse_actors = True  # closed in the finally below
         if pool.started_local_ray:
-            _ray_session.record_local_session(self.runs_dir, spec.name)
+            record_local_session(self.runs_dir, spec.name)
         self.queued: list[tuple[optuna.trial.Trial, dict[str, Any], int]] = []  # asked, waiting for free GPUs
         self.inflight: dict[int, tuple[optuna.trial.Trial, dict[str, Any]]] = {}
         # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its

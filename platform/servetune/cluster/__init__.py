@@ -17,6 +17,7 @@ from servetune.lazy import lazy_face
 
 if TYPE_CHECKING:
     from servetune.cluster._job import in_ray_working_dir, job_output_problem, sqlite_path, store_commands
+    from servetune.cluster._ray_session import reap_leftovers, record_local_session, start_local_ray
     from servetune.cluster.base import (MAX_INFRA_ATTEMPTS, NoGpusError, Pool, pool_kind, ray_accelerator_type,
                                         start_pool)
     from servetune.cluster.local import LocalPool
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TrialPool", "TrialActor", "LocalPool", "Pool", "start_pool", "pool_kind", "accelerator_resource",
            "ray_accelerator_type", "MAX_INFRA_ATTEMPTS", "NoGpusError", "cluster_inventory", "in_ray_working_dir",
-           "job_output_problem", "sqlite_path", "store_commands"]
+           "job_output_problem", "sqlite_path", "store_commands", "reap_leftovers", "record_local_session",
+           "start_local_ray"]
 
 _DEFINED_IN = {
     "TrialPool": "servetune.cluster.pool",
@@ -42,6 +44,9 @@ _DEFINED_IN = {
     "job_output_problem": "servetune.cluster._job",
     "sqlite_path": "servetune.cluster._job",
     "store_commands": "servetune.cluster._job",
+    "reap_leftovers": "servetune.cluster._ray_session",
+    "record_local_session": "servetune.cluster._ray_session",
+    "start_local_ray": "servetune.cluster._ray_session",
 }
 
 __getattr__, __dir__ = lazy_face(__name__, _DEFINED_IN, __all__)
