@@ -42,6 +42,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from servetune.errors import SpecError
+from servetune.planner.gpus import get_gpu
 from servetune.result import TrialResult
 from servetune.workload import Workload
 
@@ -166,6 +168,8 @@ class ErrorBand:
     def text(self) -> str:
         if not self.checked:
             return f"not checked against real runs ({self.where}): treat the edges as estimates ({self.source})"
+        if not self.throughput:
+            return f"judged on {self.where} ({self.source})"
         return (f"held-out mean |error| {self.where}: throughput {self.throughput}, TPOT {self.tpot}, "
                 f"TTFT {self.ttft}; preemption verdict {self.preemption} ({self.source})")
 
@@ -178,18 +182,31 @@ def error_band(gpu_type: str, gpus_per_engine: int = 1, moe: bool = False) -> Er
         >>> error_band("H200").checked, error_band("A100-40GB").checked
         (True, False)
     """
-    if moe:
-        return ErrorBand(False, "MoE models")
     if gpus_per_engine > 1:
         return ErrorBand(False, f"{gpus_per_engine} GPUs per engine (TP x PP > 1)")
-    family = gpu_type.upper()
-    if family.startswith("H200"):
+    if moe:
+        if gpu_type == "H100-80GB":
+            return ErrorBand(True, "MoE on H100 SXM, vLLM 0.26.0, TP=1, a Qwen3-30B-A3B shape in bf16 (8 windows, "
+                             "docs/model-classes.md)", throughput="5.6%", tpot="6.2%", ttft="17.5%",
+                             preemption="right on all 8 windows", source="docs/model-classes.md")
+        return ErrorBand(False, f"MoE models on the {gpu_type}")
+    if gpu_type == "H200":
         return ErrorBand(True, "on H200, vLLM 0.26.0, TP=1, dense 8B/14B/24B (66 windows)", throughput="1.7-5.5%",
                          tpot="1.4-6.9%", ttft="4.3-17.2%", preemption="right on all 77 windows")
-    if family.startswith("H100"):
+    if gpu_type == "H100-80GB":
         return ErrorBand(True, "on H100 SXM, vLLM 0.26.0, TP=1, 8B (8 windows, docs/evidence-h100.md)",
                          throughput="8.6%", tpot="9.2%", ttft="9.2%", preemption="not judged on the H100")
-    return ErrorBand(False, f"{gpu_type}: only the H200 and H100 were judged")
+    evidence = _sim_evidence(gpu_type)
+    if evidence:  # published runs of this GPU type (the GPU table's note, what `simulate` prints)
+        return ErrorBand(True, evidence)
+    return ErrorBand(False, f"{gpu_type}: no real run of this GPU type judged the simulator")
+
+
+def _sim_evidence(gpu_type: str) -> str:
+    try:
+        return get_gpu(gpu_type).sim_evidence
+    except SpecError:
+        return ""
 
 
 @dataclasses.dataclass(frozen=True)
