@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from servetune.planner.gpus import get_gpu
-
 from servetune.errors import SpecError
+from servetune.planner.gpus import get_gpu
 from servetune.search import headroom as hr
 from servetune.spec.schema import StudySpec
 
