@@ -77,9 +77,8 @@ def _rule_case(src: str) -> tuple[str, str]:
 
 def _limit(mem: int, cpu: int) -> None:
     """Limit this process: ``mem`` bytes of address space beyond what it holds now, ``cpu`` seconds."""
-    # The limit is on what a case may add to the address space the imports already hold
-    # (servetune.spec pulls in numpy, pandas, pyarrow and optuna, which reserve far more address
-    # space than they use): ``mem`` bytes beyond today's size.
+    # The limit is on what a case may add to the address space the imports already hold (a
+    # library may reserve far more address space than it uses): ``mem`` bytes beyond today's size.
     with open("/proc/self/status") as status:
         vm_size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
     resource.setrlimit(resource.RLIMIT_AS, (vm_size + mem, vm_size + mem))
