@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from _fidelity import FIXTURES, HOST_MODELS, serving_flags
-from real_vllm.trace_steps import load_trace, steps_from_trace
+from real_vllm.trace_steps import window_steps
 from steps_vs_sim import profiled_windows, step_batch
 
 from servetune.planner.gpus import get_gpu
@@ -132,7 +132,7 @@ def traced_steps(windows: Iterable[Path] | None = None) -> list[tuple[PerfModel,
         model = load_model(HOST_MODELS[summary["model"]])
         config = resolve_engine_config(serving_flags(summary["flags"]), model, gpu)
         perf = PerfModel(model, gpu, config)
-        for step in steps_from_trace(load_trace(window / "trace.pt.trace.json.gz"))["steps"]:
+        for step in window_steps(window / "trace.pt.trace.json.gz")["steps"]:
             out.append((perf, {**step, "_model": model, "_config": config}))
     return out
 

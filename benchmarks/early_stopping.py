@@ -35,11 +35,14 @@ import argparse
 import bisect
 import dataclasses
 import gzip
+import itertools
 import json
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "platform") not in sys.path:
@@ -98,17 +101,30 @@ class RealWindow:
     """One recorded real window: when its output tokens arrived and when its requests finished."""
 
     name: str
-    token_times: tuple[float, ...]  # seconds into the window, sorted
-    tokens_by: tuple[float, ...]  # output tokens received by token_times[i], cumulative
+    token_times: np.ndarray  # seconds into the window, sorted (float64)
+    tokens_by: np.ndarray  # output tokens received by token_times[i], cumulative (float64)
     finishes: tuple[float, ...]  # each measured request's finish, sorted
 
     @property
     def final_throughput(self) -> float:
-        return self.tokens_by[-1] / self.finishes[-1]
+        return float(self.tokens_by[-1]) / self.finishes[-1]
 
     def tokens_at(self, t: float) -> float:
-        i = bisect.bisect_right(self.token_times, t)
-        return self.tokens_by[i - 1] if i else 0.0
+        i = int(np.searchsorted(self.token_times, t, side="right"))
+        return float(self.tokens_by[i - 1]) if i else 0.0
+
+
+def _arrivals(records: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Every streamed chunk's arrival, sorted by (time, tokens), and the output tokens received by
+    then: a chunk carries its request's tokens spread evenly over the request's chunks. A chunk's
+    time is the request's first token plus its gaps, added one by one (as the client saw them)."""
+    times = np.fromiter(itertools.chain.from_iterable(
+        itertools.accumulate(r["itl_s"], initial=r["first_token_s"]) for r in records), dtype=np.float64)
+    chunks = np.fromiter((len(r["itl_s"]) + 1 for r in records), dtype=np.int64, count=len(records))
+    per_chunk = np.repeat(np.fromiter((r["output_tokens"] for r in records), dtype=np.float64, count=len(records))
+                          / chunks, chunks)
+    order = np.lexsort((per_chunk, times))  # by time, then tokens: the order sorted() gives the pairs
+    return times[order], np.cumsum(per_chunk[order])  # a running sum, added in that order
 
 
 def real_windows(fixtures: Path = FIXTURES) -> list[RealWindow]:
@@ -123,20 +139,9 @@ def real_windows(fixtures: Path = FIXTURES) -> list[RealWindow]:
                    if r.get("request_id", 0) >= 0 and not r.get("error") and r.get("first_token_s") is not None]
         if not records:
             continue
-        arrivals: list[tuple[float, float]] = []
-        for r in records:  # a chunk carries the request's tokens spread evenly over its chunks
-            per_chunk, t = r["output_tokens"] / (len(r["itl_s"]) + 1), r["first_token_s"]
-            arrivals.append((t, per_chunk))
-            for gap in r["itl_s"]:
-                t += gap
-                arrivals.append((t, per_chunk))
-        arrivals.sort()
-        cumulative, total = [], 0.0
-        for _, n in arrivals:
-            total += n
-            cumulative.append(total)
-        out.append(RealWindow(str(path.parent.relative_to(fixtures)), tuple(t for t, _ in arrivals),
-                              tuple(cumulative), tuple(sorted(r["finish_s"] for r in records))))
+        times, cumulative = _arrivals(records)
+        out.append(RealWindow(str(path.parent.relative_to(fixtures)), times, cumulative,
+                              tuple(sorted(r["finish_s"] for r in records))))
     return out
 
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from _fidelity import FIXTURES, HOST_MODELS, serving_flags
-from real_vllm.trace_steps import load_trace, steps_from_trace
+from real_vllm.trace_steps import window_steps
 
 from servetune.errors import SpecError
 from servetune.planner.gpus import get_gpu
@@ -75,7 +75,7 @@ def compare(window: Path, knobs: Mapping[str, float] | None = None) -> list[Step
     model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H200")
     config = resolve_engine_config(serving_flags(summary["flags"]), model, gpu)
     perf = PerfModel(model, gpu, config, calibration_for(gpu).with_overrides(knobs or {}))
-    trace = steps_from_trace(load_trace(window / "trace.pt.trace.json.gz"))
+    trace = window_steps(window / "trace.pt.trace.json.gz")
     name = f"{window.parent.name}/{window.name}"
     rows = []
     for step in trace["steps"]:

@@ -8,6 +8,9 @@
 * ``mlflow_server_pg`` (session): a second ``mlflow server``, backed by a database on
   ``postgres_server`` (PostgreSQL, the production backend); yields the tracking URI.
 * ``tmp_runs_dir``: an empty directory for one test's trial run outputs.
+* ``fresh_ray``: no local Ray in this process when the test starts and none when it ends, for a
+  test whose trials must see environment variables it sets (Ray's workers keep the environment of
+  the moment Ray started; a study reuses a Ray an earlier test left running).
 """
 
 from __future__ import annotations
@@ -142,3 +145,20 @@ def tmp_runs_dir(tmp_path: Path) -> Path:
     path = tmp_path / "runs"
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def fresh_ray() -> Iterator[None]:
+    """No local Ray in this process when the test starts, and none left when it ends: the test's own
+    study starts one after the test has set its environment. Ray's workers (the trials' actors and
+    the servers they start) keep the environment of the moment Ray started, so with a Ray an earlier
+    test left running, a variable set by ``monkeypatch.setenv`` never reaches them."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    try:
+        yield
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()

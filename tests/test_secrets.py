@@ -115,8 +115,8 @@ def test_the_vllm_launch_argv_binds_loopback(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_planted_token_appears_nowhere_a_study_writes(tmp_path: Path, mlflow_server: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_TOKEN", SECRET)
+                                                        monkeypatch: pytest.MonkeyPatch, fresh_ray: None) -> None:
+    monkeypatch.setenv("HF_TOKEN", SECRET)  # in the trials' environment too: a Ray of its own (fresh_ray)
     runs = tmp_path / "runs"
     spec = StudySpec.from_dict({
         "name": "secret-study",

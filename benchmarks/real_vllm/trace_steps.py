@@ -25,6 +25,7 @@ Usage (here or on the GPU host)::
 from __future__ import annotations
 
 import bisect
+import functools
 import gzip
 import json
 import re
@@ -149,6 +150,13 @@ def load_trace(path: Path, max_bytes: int = 2 << 30) -> dict:
     if len(data) > max_bytes:
         raise ValueError(f"{path}: more than {max_bytes} bytes unpacked; take fewer profiler iterations")
     return json.loads(data)
+
+
+@functools.lru_cache(maxsize=64)
+def window_steps(path: Path) -> dict:
+    """``steps_from_trace(load_trace(path))``, read once per process: the traced windows' steps are
+    read by several benchmarks and tests (~0.7 CPU-s a trace). Shared: callers must not modify it."""
+    return steps_from_trace(load_trace(path))
 
 
 def main() -> None:

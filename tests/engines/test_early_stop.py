@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import dataclasses
 
-from early_stopping import margin_needed, real_windows, replay
+import pytest
+from early_stopping import RealWindow, margin_needed, real_windows, replay
 
 from servetune.engines.early_stop import EarlyStop
 
-WINDOWS = real_windows()
+
+@pytest.fixture(scope="module")
+def windows() -> list[RealWindow]:
+    """The recorded windows, read once for the module (not at collection: ~8 CPU-s of JSON)."""
+    return real_windows()
 
 
-def test_every_real_window_with_recorded_requests_is_replayed() -> None:
+def test_every_real_window_with_recorded_requests_is_replayed(windows: list[RealWindow]) -> None:
     # The 0.85B model's windows and the user-scale starts' (163 of them: 8B, 14B and the 21 of a 24B
     # model, 2026-12-04, *_h10_* to *_h16_*; the profiled windows are left out), all recorded.
-    assert len(WINDOWS) == 171
+    assert len(windows) == 171
     # The smallest: the *_h16_* host's 8B eager window at 4 in flight, 8 requests.
-    assert all(w.final_throughput > 0 and len(w.finishes) >= 8 for w in WINDOWS)
+    assert all(w.final_throughput > 0 and len(w.finishes) >= 8 for w in windows)
 
 
-def test_the_rule_never_cuts_a_real_window_that_would_tie_the_best() -> None:
+def test_the_rule_never_cuts_a_real_window_that_would_tie_the_best(windows: list[RealWindow]) -> None:
     """With the best so far equal to the window's own final rate, the shipped rule lets every
     real window run to its end (under margin 1.5, ten of them were cut, by up to 3%). The margin
     was chosen on the H200 windows of 2026-12-01 and 2026-12-02 before *_h4_*; the 80 windows of
@@ -40,18 +45,18 @@ def test_the_rule_never_cuts_a_real_window_that_would_tie_the_best() -> None:
     (in no choice of the rule) needed at most 1.582 (the 24B anchor) and 1.503 (the 8B anchor; both
     cut by 1.5); its eager windows at most 1.456."""
     rule = EarlyStop(max_preemptions=0)
-    for w in WINDOWS:
+    for w in windows:
         assert replay(dataclasses.replace(rule, best_throughput=w.final_throughput), w) is None, w.name
-    assert max(margin_needed(w) for w in WINDOWS) < rule.margin
+    assert max(margin_needed(w) for w in windows) < rule.margin
     assert sum(replay(dataclasses.replace(rule, margin=1.5, best_throughput=w.final_throughput), w) is not None
-               for w in WINDOWS) == 18
+               for w in windows) == 18
 
 
-def test_the_rule_still_cuts_clear_losers_early() -> None:
+def test_the_rule_still_cuts_clear_losers_early(windows: list[RealWindow]) -> None:
     """40% below the best, nearly every real window is decided before its end, and the verdict
     says what it saw."""
     rule = EarlyStop(max_preemptions=0)
-    cut = [replay(dataclasses.replace(rule, best_throughput=w.final_throughput / 0.6), w) for w in WINDOWS]
+    cut = [replay(dataclasses.replace(rule, best_throughput=w.final_throughput / 0.6), w) for w in windows]
     decided = [v for v in cut if v is not None]
-    assert len(decided) > 0.85 * len(WINDOWS)
+    assert len(decided) > 0.85 * len(windows)
     assert all(reason.startswith("throughput: at most") for reason, _ in decided)

@@ -110,7 +110,7 @@ def test_no_repeat_starts_after_the_time_limit_and_resume_confirms(tmp_path: Pat
 
 @pytest.mark.slow
 def test_a_leading_trial_is_confirmed_on_its_own_start_and_restart_pays_a_start(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_ray: None) -> None:
     """budget.confirm_on (vllm backend, the simulated vLLM server as `vllm serve`): with
     same-start, every trial whose window led the study when it ran measured its repeat on its own
     server, so the winner (the better of two, which led when it ran) needs no start after the
@@ -121,7 +121,7 @@ def test_a_leading_trial_is_confirmed_on_its_own_start_and_restart_pays_a_start(
     # a busy 2-core box, set each window, so 32 sequences beat 2 by ~3.5x every time (at speedup 20 and
     # 16 tokens the two were inside each other's noise and a cold first window could lead or not).
     monkeypatch.setenv("SERVETUNE_SERVE_COMMAND", f"{sys.executable} -m servetune.sim.server --sim-speedup 1")
-    monkeypatch.setenv("SERVETUNE_SIM_STARTUP_S", "0.2")
+    monkeypatch.setenv("SERVETUNE_SIM_STARTUP_S", "0.2")  # reaches the servers: a Ray of its own (fresh_ray)
 
     def run(confirm_on: str) -> tuple[dict, int, object]:
         root = tmp_path / confirm_on

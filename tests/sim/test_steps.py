@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from real_vllm.trace_steps import kernel_kind, load_trace, parse_step_label, steps_from_trace
+from real_vllm.trace_steps import kernel_kind, load_trace, parse_step_label, steps_from_trace, window_steps
 from steps_vs_sim import compare, profiled_windows, step_batch
 
 from servetune.planner.gpus import get_gpu
@@ -27,7 +27,7 @@ LAYERS = {"l8b": 32, "q14b": 48, "m24b": 40}
 
 @pytest.fixture(scope="module")
 def traces() -> dict[str, dict]:
-    return {f"{w.parent.name}/{w.name}": steps_from_trace(load_trace(w / "trace.pt.trace.json.gz"))
+    return {f"{w.parent.name}/{w.name}": window_steps(w / "trace.pt.trace.json.gz")
             for w in profiled_windows()}
 
 

@@ -28,23 +28,24 @@ CASE_S = 5.0
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_cases(cases: list[dict[str, str]]) -> tuple[list[dict], int, str]:
-    """Run cases in one limited worker; (results in order, exit code, stderr tail)."""
-    proc = subprocess.run([sys.executable, str(WORKER), str(MEM_BYTES), str(CPU_S), str(CASE_S)],
+def run_cases(cases: list[dict[str, str]], fork_each: bool = False) -> tuple[list[dict], int, str]:
+    """Run cases in one limited worker (``fork_each``: each in a limited process of its own, forked
+    by the worker after its imports); (results in order, exit code, stderr tail)."""
+    proc = subprocess.run([sys.executable, str(WORKER), str(MEM_BYTES), str(CPU_S), str(CASE_S),
+                           *(["--fork-each"] if fork_each else [])],
                           input="".join(json.dumps(c) + "\n" for c in cases), capture_output=True, text=True,
-                          timeout=CPU_S * 3, cwd=ROOT)
+                          timeout=CPU_S * 3 + (CASE_S * len(cases) if fork_each else 0), cwd=ROOT)
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"i"')]
     return results, proc.returncode, proc.stderr[-2000:]
 
 
 def run_each(cases: list[dict[str, str]]) -> list[dict]:
-    """Every case in its own limited worker process."""
-    out = []
-    for case in cases:
-        results, code, err = run_cases([case])
-        assert code == 0 and len(results) == 1, f"worker died (exit {code}) on {case['src'][:80]!r}: {err}"
-        out.append(results[0])
-    return out
+    """Every case in its own limited process (forked by one worker, after the imports)."""
+    results, code, err = run_cases(cases, fork_each=True)
+    died = cases[len(results)]["src"][:80] if len(results) < len(cases) else None
+    assert code == 0 and len(results) == len(cases), f"worker died (exit {code}) on {died!r}: {err}"
+    assert [r["i"] for r in results] == list(range(len(cases)))
+    return results
 
 
 # ----------------------------------------------------------------------------- resource bombs

@@ -62,7 +62,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from servetune.engines.base import BACKENDS, LOAD_GENERATORS
-from servetune.engines.replay import missing_columns, read_landscape
 from servetune.engines.vllm.bench_client import bench_argv
 from servetune.cost import GpuPrice, load_prices
 from servetune.errors import SpecError, did_you_mean
@@ -631,6 +630,9 @@ def _parse_replay_file(raw: Any, backend: str, base_dir: Path | None, space: Sea
     if backend != "replay":
         raise SpecError("replay_file", f"applies to backend: replay only (backend is {backend})",
                         "set backend: replay, or remove replay_file")
+    # pandas and the dataset reader only for a replay spec: every other spec loads without them.
+    from servetune.engines.replay import missing_columns, read_landscape
+
     try:
         frame = read_landscape(path)
     except SpecError:
