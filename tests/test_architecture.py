@@ -112,3 +112,35 @@ def test_the_checks_find_what_they_look_for() -> None:
         "servetune.study -> servetune.records._storage"}
     assert private_imports({"servetune.records.tracking": imports}) == {
         "servetune.records.tracking -> servetune.cluster._ray_session"}
+
+
+#: Backend names: code outside ``engines/`` asks ``servetune.backends.capabilities`` instead of
+#: comparing a backend to one of them.
+BACKEND_NAMES = frozenset({"vllm", "sim", "replay"})
+
+
+def backend_compares(modules: dict[str, ast.Module]) -> set[str]:
+    """``module:line`` of every ``==`` / ``!=`` between something and a backend name, outside ``engines``."""
+    found = set()
+    for name, tree in modules.items():
+        if name.startswith("servetune.engines"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Constant) and s.value in BACKEND_NAMES for s in sides):
+                    found.add(f"{name}:{node.lineno}")
+    return found
+
+
+def test_no_backend_name_is_compared_outside_the_engines() -> None:
+    found = sorted(backend_compares(_modules()))
+    assert not found, f"compare capabilities (servetune.backends), not backend names: {found}"
+    assert backend_compares({"servetune.m": ast.parse("if backend != 'vllm':\n    pass\n")}) == {"servetune.m:1"}
+
+
+def test_each_engine_declares_its_row_of_capabilities() -> None:
+    from servetune.backends import CAPABILITIES
+    from servetune.engines import ENGINES
+
+    assert {name: engine.capabilities for name, engine in ENGINES.items()} == CAPABILITIES

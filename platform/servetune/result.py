@@ -19,6 +19,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from servetune.backends import capabilities
+
 __all__ = ["TrialStatus", "MemoryBreakdown", "LatencySummary", "RequestRecord", "TrialResult", "summarize",
            "API_SERVER_SATURATED", "api_server_note", "SLO_METRICS"]
 
@@ -307,7 +309,7 @@ class TrialResult:
         if self.dispatch_s is not None:
             out["dispatch_s"] = float(self.dispatch_s)
         overhead = self.overhead_s
-        if overhead is not None and self.backend == "vllm":  # the simulator's seconds are virtual
+        if overhead is not None and capabilities(self.backend).real_gpus:  # the simulator's seconds are virtual
             out["overhead_s"] = overhead
         out.update({k: float(v) for k, v in self.slo.items() if k in SLO_METRICS})
         return out

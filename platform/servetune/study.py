@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import optuna
 
 from servetune import envs
+from servetune.backends import capabilities
 from servetune.cluster import reap_leftovers, record_local_session
 from servetune.cluster.base import NoGpusError, Pool, ray_accelerator_type, start_pool
 from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
@@ -517,7 +518,7 @@ class _Driver:
         # A simulated study's trial is the simulator's own figure at scale 1: not simulated again.
         told = {t.number: t for t in study.get_trials(deepcopy=False)}
         measured = ({n: StoredTrial.of(told[n]).result(self.backend, spec.vllm_version) for n, _ in ranked}
-                    if self.backend == "sim" else None)
+                    if capabilities(self.backend).virtual_time else None)
         result = headroom.study_headroom(spec, ranked, calibration=calibration, measured=measured,
                                          api_cpu_factor=None if screen is None else screen.api_cpu_factor)
         if result is None:
@@ -530,7 +531,7 @@ class _Driver:
         self._store_headroom(result)
         # A prompt file's texts are sent as written: only its load can be scaled on a real server.
         edge = headroom.first_edge(result.winner, ("load",) if spec.workload.prompt_file else headroom.AXES)
-        if self.backend == "vllm" and edge is not None and gpus_needed(result.winner.flags) <= self.pool.total_gpus:
+        if capabilities(self.backend).real_gpus and edge is not None and gpus_needed(result.winner.flags) <= self.pool.total_gpus:
             self._store_headroom(dataclasses.replace(result, edge_window=self._edge_window(result.winner, edge)))
 
     def _store_headroom(self, result: headroom.StudyHeadroom) -> None:
@@ -776,7 +777,7 @@ class _Driver:
             self.tracker.log_trial(
                 record.number, record.flags, record.result, record.mlflow_tags(),
                 workload=(workload or spec.workload).to_dict(),
-                artifacts_dir=trial_dir if record.run_backend == "vllm" and trial_dir.is_dir() else None,
+                artifacts_dir=trial_dir if capabilities(record.run_backend).real_gpus and trial_dir.is_dir() else None,
                 role="trial" if repeat is None else "repeat",
                 run_name=None if repeat is None else f"trial-{record.number:03d}-repeat-{repeat}")
         if rows:
@@ -950,7 +951,7 @@ def _early_stop_rule(spec: StudySpec, outcome: StudyOutcome, backend: str) -> Ea
     """The early-stop rule handed to the next real trial: the preemption constraint and the best
     feasible throughput so far (:mod:`servetune.engines.early_stop`). Only the vllm backend measures over
     time; the sim and replay backends answer at once."""
-    if backend != "vllm":
+    if not capabilities(backend).real_gpus:
         return None
     best = (outcome.best_metrics or {}).get("output_throughput")
     return early_stop_rule(spec, best)
@@ -974,7 +975,7 @@ def _leader_repeats(spec: StudySpec, outcome: StudyOutcome, backend: str, runs_d
     with confirmation on and output throughput the first objective, maximised (what the engine
     can compare against the best so far)."""
     budget = spec.budget
-    if (backend != "vllm" or budget.confirm_top <= 0 or budget.confirm_on != "same-start"
+    if (not capabilities(backend).real_gpus or budget.confirm_top <= 0 or budget.confirm_on != "same-start"
             or not maximises_output_throughput(spec)):
         return None
     ks = range(1, budget.confirm_repeats + 1)

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servetune.backends import capabilities
 from servetune.cli._simulate import DEFAULT_MAX_TOKENS, _load_workload, check_work
 from servetune.cost import TP_SIZES, CapacityRow, PriceTable, capacity_table, cost_per_mtok, load_prices
 from servetune.errors import SpecError, did_you_mean
@@ -141,7 +142,7 @@ def real_trials(dataset_dir: str, model: str, prices: PriceTable) -> dict[str, s
     df = dataset.read_trials(root, model=model)
     if df.empty:
         return {}
-    df = df[(df["backend"] == "vllm") & (df["status"] == "ok")]
+    df = df[df["backend"].map(lambda b: capabilities(b).real_gpus).astype(bool) & (df["status"] == "ok")]
     out: dict[str, str] = {}
     for gpu, rows in df.groupby("gpu_type"):
         has_good = "goodput_output_throughput" in rows and rows["goodput_output_throughput"].notna().any()

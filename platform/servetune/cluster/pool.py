@@ -52,6 +52,7 @@ from typing import Any
 
 import ray
 
+from servetune.backends import capabilities
 from servetune.cluster import _ray_session
 from servetune.cluster.base import MAX_INFRA_ATTEMPTS, RAY_ACCELERATOR_TYPES, NoGpusError, Runner, ray_accelerator_type
 from servetune.engines import TrialTask, run_trial
@@ -273,7 +274,7 @@ class TrialPool:
     def gpu_free(self, backend: str) -> bool:
         """True when a trial of ``backend`` asks Ray for no GPU: a simulated or replayed trial on a
         cluster that offers no GPU of the type (it would otherwise wait forever for one)."""
-        return backend != "vllm" and self.offered_gpus == 0
+        return not capabilities(backend).real_gpus and self.offered_gpus == 0
 
     def submit(self, trial_number: int, task: TrialTask, backend: str, gpus: int) -> None:
         self.bind_gpu_type(task.gpu)

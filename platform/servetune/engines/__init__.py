@@ -16,7 +16,8 @@ from servetune.lazy import lazy_face
 if TYPE_CHECKING:
     from servetune.engines._run import ENGINES, get_engine, run_trial
     from servetune.engines._sim import SimEngine
-    from servetune.engines.base import (BACKENDS, LOAD_GENERATORS, Engine, LeaderRepeats, TrialTask, gpu_visible,
+    from servetune.backends import BACKENDS
+    from servetune.engines.base import (LOAD_GENERATORS, Engine, LeaderRepeats, TrialTask, gpu_visible,
                                        resolve_backend)
     from servetune.engines.early_stop import EarlyStop
     from servetune.engines.replay import Landscape, ReplayEngine
@@ -33,7 +34,7 @@ _DEFINED_IN = {
     "get_engine": "servetune.engines._run",
     "run_trial": "servetune.engines._run",
     "SimEngine": "servetune.engines._sim",
-    "BACKENDS": "servetune.engines.base",
+    "BACKENDS": "servetune.backends",
     "LOAD_GENERATORS": "servetune.engines.base",
     "Engine": "servetune.engines.base",
     "LeaderRepeats": "servetune.engines.base",

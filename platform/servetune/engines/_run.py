@@ -7,7 +7,8 @@ import time
 import traceback
 
 from servetune.engines._sim import SimEngine
-from servetune.engines.base import BACKENDS, Engine, TrialTask
+from servetune.backends import BACKENDS
+from servetune.engines.base import Engine, TrialTask
 from servetune.engines.replay import ReplayEngine
 from servetune.engines.vllm.engine import VllmEngine
 from servetune.errors import SpecError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from servetune.backends import CAPABILITIES
 from servetune.engines.base import Engine, TrialTask
 from servetune.planner.gpus import register_gpus_from_yaml
 from servetune.planner.target import resolve_target
@@ -16,6 +17,7 @@ class SimEngine(Engine):
     and run in virtual time; the startup accounting is the planner's."""
 
     name = "sim"
+    capabilities = CAPABILITIES["sim"]
 
     def run(self, task: TrialTask) -> TrialResult:
         if task.gpu_file:  # a user GPU table travels with the task to the Ray worker

@@ -37,14 +37,13 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from servetune.engines.early_stop import EarlyStop
+from servetune.backends import BACKENDS, Capabilities
 from servetune.errors import SpecError
 from servetune.result import TrialResult, TrialStatus
 from servetune.workload import Workload
 
 __all__ = ["Engine", "TrialTask", "LeaderRepeats", "resolve_backend", "gpu_visible", "BACKENDS", "LOAD_GENERATORS"]
 
-#: The engines a spec may name; ``auto`` is vllm where a GPU is visible, else sim.
-BACKENDS = ("auto", "vllm", "sim", "replay")
 #: The load generators of the vllm backend: servetune's own streaming client
 #: (:mod:`servetune.engines.vllm.loadgen`, per-request records), or ``vllm bench serve``.
 LOAD_GENERATORS = ("servetune", "vllm-bench")
@@ -137,6 +136,9 @@ class Engine(abc.ABC):
     name: ClassVar[str]
     #: Whether :meth:`run` sets ``wall_s`` itself.
     reports_wall_s: ClassVar[bool] = False
+    #: What this engine's trials are (:data:`servetune.backends.CAPABILITIES`, its row): what the
+    #: rest of servetune asks instead of comparing backend names.
+    capabilities: ClassVar[Capabilities]
 
     @abc.abstractmethod
     def run(self, task: TrialTask) -> TrialResult:

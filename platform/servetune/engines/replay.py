@@ -43,6 +43,7 @@ from typing import Any
 
 import pandas as pd
 
+from servetune.backends import CAPABILITIES
 from servetune.engines.base import Engine, TrialTask
 from servetune.errors import SpecError
 from servetune.inputs import open_capped
@@ -246,6 +247,7 @@ class ReplayEngine(Engine):
     the row for ``task.repeat``); the result's ``wall_s`` is the recorded GPU cost."""
 
     name = "replay"
+    capabilities = CAPABILITIES["replay"]
     reports_wall_s = True
 
     def run(self, task: TrialTask) -> TrialResult:

@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from servetune.backends import capabilities
 from servetune.planner.memory import MemoryPlan
 from servetune.records.dataset import trial_dir_name, trial_row
 from servetune.records.outcome import SCREEN_PREFIX, TrialOutcome, classify, is_screen_cause
@@ -137,7 +138,7 @@ class TrialRecord:
         if outcome.served:
             lines += ["", f"Requests: {r.completed or 0} completed, {r.failed or 0} failed."]
             if r.duration_s is not None:
-                clock = "simulated " if self.run_backend == "sim" else ""
+                clock = "simulated " if capabilities(self.run_backend).virtual_time else ""
                 lines.append(f"Measured window: {r.duration_s:,.1f} s {clock}after a startup of "
                              f"{figure(r.startup_s, ',.1f', 's')}.")
         if r.early_stopped:

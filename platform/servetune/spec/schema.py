@@ -61,7 +61,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from servetune.engines.base import BACKENDS, LOAD_GENERATORS
+from servetune.backends import BACKENDS, capabilities
+from servetune.engines.base import LOAD_GENERATORS
 from servetune.engines.vllm.bench_client import bench_argv
 from servetune.cost import GpuPrice, load_prices
 from servetune.errors import SpecError, did_you_mean
@@ -620,14 +621,14 @@ def _parse_replay_file(raw: Any, backend: str, base_dir: Path | None, space: Sea
     the study reads (status, ``flag_<name>`` for every searched and pinned flag, the objective and
     constraint metrics)."""
     if raw is None:
-        if backend == "replay":
+        if capabilities(backend).reads_landscape:
             raise SpecError("replay_file", "backend replay needs a recorded landscape",
                             "add replay_file: landscape.csv (a CSV/Parquet of trials, e.g. a servetune dataset export)")
         return None
     path = _relative(base_dir, _text(raw, "replay_file", "landscape.csv"))
     if not path.exists():
         raise SpecError("replay_file", f"file not found: {path}", "paths resolve relative to the spec file")
-    if backend != "replay":
+    if not capabilities(backend).reads_landscape:
         raise SpecError("replay_file", f"applies to backend: replay only (backend is {backend})",
                         "set backend: replay, or remove replay_file")
     # pandas and the dataset reader only for a replay spec: every other spec loads without them.
@@ -726,7 +727,7 @@ class StudySpec:
 
     def multi_fidelity_on(self, backend: str) -> bool:
         """Whether proposals are screened on the simulator for trials run on ``backend``."""
-        return backend != "sim" if self.multi_fidelity is None else self.multi_fidelity
+        return capabilities(backend).costly if self.multi_fidelity is None else self.multi_fidelity
 
     @classmethod
     def from_dict(cls, data: Any, base_dir: str | Path | None = None, *, cwd: str | Path | None = None) -> StudySpec:
@@ -852,7 +853,7 @@ class StudySpec:
             data["output"] = {**dict(data.get("output") or {}), "runs_dir": runs_dir}
         if backend is not None:
             data["backend"] = backend
-            if backend != "replay":  # a recorded landscape means nothing to the other backends
+            if not capabilities(backend).reads_landscape:  # a landscape means nothing to the other backends
                 data.pop("replay_file", None)
         if seed is not None:
             data["seed"] = seed

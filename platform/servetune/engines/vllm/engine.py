@@ -55,6 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from servetune.backends import CAPABILITIES
 from servetune.engines.vllm.bench_client import BENCH_COMMAND, bench_argv, run_bench
 from servetune.engines.base import LOAD_GENERATORS, Engine, LeaderRepeats, TrialTask
 from servetune.engines.early_stop import EarlyStop
@@ -744,6 +745,7 @@ class VllmEngine(Engine):
     ``serve_command`` stand-in), run by :func:`run_vllm_trial`."""
 
     name = "vllm"
+    capabilities = CAPABILITIES["vllm"]
 
     def run(self, task: TrialTask) -> TrialResult:
         launch = VllmLaunch(model=task.serve_model or task.model, flags=dict(task.flags),
