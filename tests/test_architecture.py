@@ -1,10 +1,12 @@
-"""The code's shape, checked by reading it: no function over 100 lines, no reach into another
-package's private module. Each rule has an allow-list of today's exceptions, by name; a name
+"""The code's shape, checked by reading it: imports go down docs/architecture.md's table, no function
+over 100 lines, no reach into another package's private module, no backend name compared outside the
+engines. Each rule with exceptions has an allow-list of today's exceptions, by name; a name
 whose function got short (or whose import went) must leave its list, so the lists only shrink."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "servetune"
@@ -144,3 +146,59 @@ def test_each_engine_declares_its_row_of_capabilities() -> None:
     from servetune.engines import ENGINES
 
     assert {name: engine.capabilities for name, engine in ENGINES.items()} == CAPABILITIES
+
+
+ARCHITECTURE = PACKAGE.parents[1] / "docs" / "architecture.md"
+
+
+def layers_from_docs(text: str) -> dict[str, int]:
+    """The first column of docs/architecture.md's boundaries table, top to bottom: each package or
+    top-level module named there -> its row (vocabulary is row 0, ``cli/`` the last)."""
+    table = text[text.index("## The boundaries, and why each is there"):]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| package")]
+    order: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        for name in re.findall(r"`([a-z_]+)(?:/|\.py)?`", row.split("|")[1]):
+            order[name] = i
+        if row.startswith("| `cli/`"):
+            break
+    return order
+
+
+def upward_imports(modules: dict[str, ast.Module], order: dict[str, int]) -> set[str]:
+    """``importer -> imported`` for every servetune import (in function bodies too) of a layer
+    further down the table than the importer's; a module the table does not place is one too."""
+
+    def row(module: str) -> int | None:
+        parts = module.split(".")
+        return order.get(parts[1]) if len(parts) > 1 else None
+
+    found = set()
+    for name, tree in modules.items():
+        if name in ("servetune", "servetune.__main__"):
+            continue  # the package's top: the command and its lazily loaded names
+        mine = row(name)
+        if mine is None:
+            found.add(f"{name} (not in the table)")
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("servetune."):
+                targets = [node.module or ""]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith("servetune.")]
+            else:
+                continue
+            for target in targets:
+                theirs = row(target)
+                if theirs is None or theirs > mine:
+                    found.add(f"{name} -> {target}")
+    return found
+
+
+def test_imports_go_down_the_architecture_table() -> None:
+    order = layers_from_docs(ARCHITECTURE.read_text())
+    assert order["errors"] == 0 and order["planner"] < order["sim"] < order["engines"] < order["spec"] < order["cli"]
+    assert not sorted(upward_imports(_modules(), order))
+    # The check finds what it looks for: a planner module reaching up into the engines.
+    bad = {"servetune.planner.x": ast.parse("def f():\n    from servetune.engines import run_trial\n")}
+    assert upward_imports(bad, order) == {"servetune.planner.x -> servetune.engines"}
