@@ -14,7 +14,6 @@ MAX_FUNCTION_LINES = 100
 
 #: Functions over MAX_FUNCTION_LINES today, as "module:Qualified.name" (split them, then strike them).
 LONG_FUNCTIONS_ALLOWED = frozenset({
-    "servetune.engines.vllm.loadgen:run_load",
     "servetune.nightly:run_nightly",
 })
 

@@ -26,7 +26,7 @@ import dataclasses
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -276,36 +276,13 @@ async def run_load(
         load = asyncio.create_task(send_all())
         stop = asyncio.Event()
 
-        async def ticker() -> None:
-            if on_tick is None:
-                return
-            # The first sample is taken as the window opens: a window shorter than one tick
-            # interval still gets one (the gauges are only ever read here).
-            waits = [asyncio.ensure_future(opened.wait()), asyncio.ensure_future(stop.wait())]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            for w in waits:
-                w.cancel()
-            while not stop.is_set() or (measuring and not ticked):
-                if measuring:
-                    await on_tick()
-                    ticked.append(True)
-                try:
-                    await asyncio.wait_for(stop.wait(), tick_interval_s)
-                except asyncio.TimeoutError:
-                    pass
-
         async def watchdog() -> None:
             check_s = min(0.5, stall_timeout_s / 4) if stall_timeout_s else 0.5
             if decide is not None:  # decide on the sampler's clock: it reads the counters it needs
                 check_s = min(check_s, tick_interval_s)
             while not load.done():
                 await asyncio.sleep(check_s)
-                idle = time.perf_counter() - activity.last_progress
-                why = should_stop() if should_stop is not None else None
-                stalled = why is None and stall_timeout_s is not None and stall_timeout_s != 0 and activity.inflight > 0 and idle > stall_timeout_s
-                if stalled:
-                    why = (f"stalled: no token on any of {activity.inflight} in-flight streams for "
-                           f"{idle:.1f} s (stall timeout {stall_timeout_s:g} s)")
+                why, stalled = _stop_reason(activity, stall_timeout_s, should_stop)
                 if why is not None:
                     early.update(reason=why, stalled=stalled)
                     load.cancel()
@@ -318,7 +295,7 @@ async def run_load(
                     load.cancel()
                     return
 
-        tick_task = asyncio.create_task(ticker())
+        tick_task = asyncio.create_task(_ticker(on_tick, opened, stop, lambda: measuring, ticked, tick_interval_s))
         dog = asyncio.create_task(watchdog()) if (stall_timeout_s or should_stop or decide) else None
         try:
             await load
@@ -333,10 +310,51 @@ async def run_load(
                 dog.cancel()
                 await asyncio.gather(dog, return_exceptions=True)
     sent = activity.sent_total - window_start["sent"] if measuring else 0
+    return _load_run(out, specs, workload, early, duration, sent)
+
+
+async def _ticker(on_tick: Callable[[], Awaitable[None]] | None, opened: asyncio.Event, stop: asyncio.Event,
+                  measuring: Callable[[], bool], ticked: list[bool], tick_interval_s: float) -> None:
+    """Call ``on_tick`` every ``tick_interval_s`` through the measured window, at least once."""
+    if on_tick is None:
+        return
+    # The first sample is taken as the window opens: a window shorter than one tick
+    # interval still gets one (the gauges are only ever read here).
+    waits = [asyncio.ensure_future(opened.wait()), asyncio.ensure_future(stop.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for w in waits:
+        w.cancel()
+    while not stop.is_set() or (measuring() and not ticked):
+        if measuring():
+            await on_tick()
+            ticked.append(True)
+        try:
+            await asyncio.wait_for(stop.wait(), tick_interval_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+def _stop_reason(activity: _Activity, stall_timeout_s: float | None,
+                 should_stop: Callable[[], str | None] | None) -> tuple[str | None, bool]:
+    """Why the load must stop now (the caller's reason, or a server-wide stall), and whether it stalled."""
+    idle = time.perf_counter() - activity.last_progress
+    why = should_stop() if should_stop is not None else None
+    stalled = (why is None and stall_timeout_s is not None and stall_timeout_s != 0 and activity.inflight > 0
+               and idle > stall_timeout_s)
+    if stalled:
+        why = (f"stalled: no token on any of {activity.inflight} in-flight streams for "
+               f"{idle:.1f} s (stall timeout {stall_timeout_s:g} s)")
+    return why, stalled
+
+
+def _load_run(out: list[RequestRecord], specs: Sequence[RequestSpec], workload: Workload, early: Mapping[str, Any],
+              duration: float, sent: int) -> LoadRun:
+    """The run's result: an early decision keeps the answered records only; any other early stop
+    records every unanswered request as failed with the reason, so each request has a record."""
     if early.get("decided"):  # not a failure: the unsent and cancelled requests are simply not measured
         out.sort(key=lambda r: r.request_id)
         return LoadRun(out, duration, early_stopped=early["decided"], sent=sent)
-    if early:  # the requests left unanswered fail with the reason, so every request has a record
+    if early:
         seen = {r.request_id for r in out}
         offset = workload.warmup_requests
         out += [RequestRecord(i + offset, spec.prompt_tokens, 0, spec.arrival_s or 0.0, None, None,
