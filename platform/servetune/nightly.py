@@ -465,93 +465,126 @@ def run_nightly(matrix_path: str | Path, date: str, *, inject: Mapping[str, floa
         if cell_name not in names:
             raise SpecError("--inject-regression", f"no cell {cell_name!r}{did_you_mean(cell_name, names)}",
                             f"cells: {', '.join(names)}")
-    settings = _noise_settings(matrix.get("noise"))
     here = Path(cwd) if cwd is not None else Path.cwd()
     root = output_root(matrix, here, output_dir)
-    dataset_dir = root / "dataset"
-    history_path = root / "nightly_history.parquet"
     report_dir = root / "reports" / date
     report_dir.mkdir(parents=True, exist_ok=True)
-    tdata = matrix.get("tracking") or {}
     optuna_url, mlflow_uri = nightly_stores(matrix, root)
-    experiment = tdata.get("experiment", str(matrix.get("name", "servetune-nightly")))
+    history_path = root / "nightly_history.parquet"
     history = pd.read_parquet(history_path) if history_path.exists() else pd.DataFrame()
     if not history.empty:  # a night run again replaces its rows
         history = history[history["date"] != date]
+    night = _Night(date=date, matrix_file=matrix_file, here=here, root=root, report_dir=report_dir,
+                   optuna_url=optuna_url, mlflow_uri=mlflow_uri,
+                   experiment=(matrix.get("tracking") or {}).get("experiment", str(matrix.get("name", "servetune-nightly"))),
+                   settings=_noise_settings(matrix.get("noise")), history=history, inject=dict(inject or {}), out=out)
 
     # One Ray for the night, with the largest GPU count any cell asks for (logical GPUs locally).
     TrialPool.start(num_gpus=max(int(c.spec_data.get("gpu", {}).get("count", 1)) for c in cells))
-    nights: list[CellNight] = []
-    for cell in cells:
-        data = deep_merge(cell.spec_data, {
-            "name": cell.study_name(date),
-            "tracking": {"mlflow_uri": mlflow_uri, "experiment": experiment},
-            "storage": {"optuna_url": optuna_url},
-            "output": {"runs_dir": str(root / "runs"), "dataset_dir": str(dataset_dir)}})
-        factor = (inject or {}).get(cell.name)
-        original = gpus.get_gpu(cell.gpu_type) if factor is not None else None
-        if factor is not None:
-            data["gpu"] = {**data["gpu"], "file": str(_inject_gpu_file(cell.gpu_type, factor, report_dir))}
-        try:
-            spec = StudySpec.from_dict(data, matrix_file.parent, cwd=here)
-            objective, direction = spec.objective.metrics[0], spec.objective.directions[0]
-            earlier_rows = dataset.read_trials(dataset_dir, gpu_type=spec.gpu.type) if dataset_dir.exists() else pd.DataFrame()
-            if not earlier_rows.empty:
-                earlier_rows = earlier_rows[earlier_rows["study"].astype(str).str.startswith(f"{cell.name}-")
-                                            & (earlier_rows["study"] != spec.name)]
-            warm = warm_start_flags(earlier_rows, spec.search_space.names, objective, direction,
-                                    spec.constraints.max_preemptions)
-            study = retry_call(lambda: optuna.create_study(  # the driver's storage: SQLite or PostgreSQL, retried
-                study_name=spec.name, storage=open_storage(spec.storage.optuna_url), load_if_exists=True,
-                directions=list(spec.objective.directions)),  # type: ignore[arg-type]  # spec: "minimize"|"maximize"
-                what="open the Optuna study")
-            if warm and not study.get_trials(deepcopy=False):
-                study.enqueue_trial(warm, skip_if_exists=True)
-            out.write(f"nightly {date}: cell {cell.name}: study {spec.name}"
-                      + (f", warm start {warm}" if warm else "") + (f", planted speed x{factor:g}" if factor else "")
-                      + "\n")
-            outcome = run_study(spec, out=out)
-            best = None if outcome.best_metrics is None else outcome.best_metrics.get(objective)
-            repeats: list[float] = []
-            if outcome.best_flags is not None:  # on the Ray pool, like the study's own trials
-                seeds = [spec.seed + 1000 + k for k in range(1, settings.repeats + 1)]
-                for r in remeasure(spec, outcome.best_flags, seeds):
-                    value = r.metrics().get(objective)
-                    if value is not None:
-                        repeats.append(float(value))
-        finally:
-            if original is not None:  # the planted GPU table must not leak into the next cells
-                gpus.register_gpu(original)
-        noise = noise_of(repeats)
-        cost, good = _cheapest(study)
-        prev = history[history["cell"] == cell.name].sort_values("date") if not history.empty else history
-        prev = prev[(prev["date"] < date) & prev["best"].notna()] if not prev.empty else prev
-        earlier = [float(v) for v in prev["best"]] if not prev.empty else []
-        earlier_noise = max([float(v) for v in prev["noise"]], default=0.0) if not prev.empty else 0.0
-        verdict = compare(best, earlier, max(noise, earlier_noise), direction, settings)
-        nights.append(CellNight(cell.name, spec.name, date, objective, direction, best, repeats, noise,
-                                outcome.best_flags, warm, verdict, factor, cost, good, spec.gpu.type,
-                                "" if spec.gpu_price is None else spec.gpu_price.describe()))
-        out.write(f"nightly {date}: cell {cell.name}: best {best}, noise {noise:.2f}: "
-                  f"{'REGRESSION' if verdict.regressed else 'ok'} ({verdict.reason})\n")
+    nights = [_run_cell(night, cell) for cell in cells]
+    return _write_night(night, nights, history_path)
 
+
+@dataclasses.dataclass(frozen=True)
+class _Night:
+    """What every cell of one night shares: where it writes, its stores, the earlier nights."""
+
+    date: str
+    matrix_file: Path
+    here: Path
+    root: Path
+    report_dir: Path
+    optuna_url: str
+    mlflow_uri: str
+    experiment: str
+    settings: NoiseSettings
+    history: pd.DataFrame  # the earlier nights (tonight's rows dropped)
+    inject: Mapping[str, float]
+    out: TextIO
+
+    @property
+    def dataset_dir(self) -> Path:
+        return self.root / "dataset"
+
+
+def _run_cell(night: _Night, cell: Any) -> CellNight:
+    """One cell's study tonight (warm-started from its earlier nights), its best re-measured, and
+    its verdict against the earlier nights."""
+    date, out, history = night.date, night.out, night.history
+    data = deep_merge(cell.spec_data, {
+        "name": cell.study_name(date),
+        "tracking": {"mlflow_uri": night.mlflow_uri, "experiment": night.experiment},
+        "storage": {"optuna_url": night.optuna_url},
+        "output": {"runs_dir": str(night.root / "runs"), "dataset_dir": str(night.dataset_dir)}})
+    factor = night.inject.get(cell.name)
+    original = gpus.get_gpu(cell.gpu_type) if factor is not None else None
+    if factor is not None:
+        data["gpu"] = {**data["gpu"], "file": str(_inject_gpu_file(cell.gpu_type, factor, night.report_dir))}
+    try:
+        spec = StudySpec.from_dict(data, night.matrix_file.parent, cwd=night.here)
+        objective, direction = spec.objective.metrics[0], spec.objective.directions[0]
+        earlier_rows = (dataset.read_trials(night.dataset_dir, gpu_type=spec.gpu.type) if night.dataset_dir.exists()
+                        else pd.DataFrame())
+        if not earlier_rows.empty:
+            earlier_rows = earlier_rows[earlier_rows["study"].astype(str).str.startswith(f"{cell.name}-")
+                                        & (earlier_rows["study"] != spec.name)]
+        warm = warm_start_flags(earlier_rows, spec.search_space.names, objective, direction,
+                                spec.constraints.max_preemptions)
+        study = retry_call(lambda: optuna.create_study(  # the driver's storage: SQLite or PostgreSQL, retried
+            study_name=spec.name, storage=open_storage(spec.storage.optuna_url), load_if_exists=True,
+            directions=list(spec.objective.directions)),  # type: ignore[arg-type]  # spec: "minimize"|"maximize"
+            what="open the Optuna study")
+        if warm and not study.get_trials(deepcopy=False):
+            study.enqueue_trial(warm, skip_if_exists=True)
+        out.write(f"nightly {date}: cell {cell.name}: study {spec.name}"
+                  + (f", warm start {warm}" if warm else "") + (f", planted speed x{factor:g}" if factor else "")
+                  + "\n")
+        outcome = run_study(spec, out=out)
+        best = None if outcome.best_metrics is None else outcome.best_metrics.get(objective)
+        repeats: list[float] = []
+        if outcome.best_flags is not None:  # on the Ray pool, like the study's own trials
+            seeds = [spec.seed + 1000 + k for k in range(1, night.settings.repeats + 1)]
+            for r in remeasure(spec, outcome.best_flags, seeds):
+                value = r.metrics().get(objective)
+                if value is not None:
+                    repeats.append(float(value))
+    finally:
+        if original is not None:  # the planted GPU table must not leak into the next cells
+            gpus.register_gpu(original)
+    noise = noise_of(repeats)
+    cost, good = _cheapest(study)
+    prev = history[history["cell"] == cell.name].sort_values("date") if not history.empty else history
+    prev = prev[(prev["date"] < date) & prev["best"].notna()] if not prev.empty else prev
+    earlier = [float(v) for v in prev["best"]] if not prev.empty else []
+    earlier_noise = max([float(v) for v in prev["noise"]], default=0.0) if not prev.empty else 0.0
+    verdict = compare(best, earlier, max(noise, earlier_noise), direction, night.settings)
+    out.write(f"nightly {date}: cell {cell.name}: best {best}, noise {noise:.2f}: "
+              f"{'REGRESSION' if verdict.regressed else 'ok'} ({verdict.reason})\n")
+    return CellNight(cell.name, spec.name, date, objective, direction, best, repeats, noise,
+                     outcome.best_flags, warm, verdict, factor, cost, good, spec.gpu.type,
+                     "" if spec.gpu_price is None else spec.gpu_price.describe())
+
+
+def _write_night(night: _Night, nights: list[CellNight], history_path: Path) -> NightlyOutcome:
+    """Tonight's rows added to the history, the per-cell plots, the report, and the MLflow run."""
     rows = pd.DataFrame([{"date": n.date, "cell": n.cell, "study": n.study, "objective": n.objective,
                           "best": n.best, "noise": n.noise, "repeats": json.dumps(n.repeats),
                           "flags": json.dumps(n.flags, sort_keys=True), "regressed": n.verdict.regressed,
                           "baseline": n.verdict.baseline, "injected": n.injected,
                           "cost_per_mtok": n.cost_per_mtok} for n in nights])
-    history = pd.concat([history, rows], ignore_index=True) if not history.empty else rows
+    history = pd.concat([night.history, rows], ignore_index=True) if not night.history.empty else rows
     history = history.sort_values(["cell", "date"]).reset_index(drop=True)
     history.to_parquet(history_path, index=False)
     plots = {}
     for n in nights:
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", n.cell) + ".png"
-        _plot(history[history["cell"] == n.cell], n.cell, n.objective, report_dir / name)
+        _plot(history[history["cell"] == n.cell], n.cell, n.objective, night.report_dir / name)
         plots[n.cell] = name
-    report = report_dir / "report.md"
-    report.write_text(render_report(date, nights, history, plots))
-    result = NightlyOutcome(date, nights, report, history_path)
-    result.mlflow_run_id = _log_to_mlflow(mlflow_uri, experiment, root, date, nights, report_dir)
+    report = night.report_dir / "report.md"
+    report.write_text(render_report(night.date, nights, history, plots))
+    result = NightlyOutcome(night.date, nights, report, history_path)
+    result.mlflow_run_id = _log_to_mlflow(night.mlflow_uri, night.experiment, night.root, night.date, nights,
+                                          night.report_dir)
     return result
 
 
