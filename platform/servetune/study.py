@@ -45,7 +45,8 @@ import optuna
 from servetune import envs
 from servetune.backends import capabilities
 from servetune.cluster import reap_leftovers, record_local_session
-from servetune.cluster.base import NoGpusError, Pool, ray_accelerator_type, start_pool
+from servetune.cluster.base import NoGpusError, Pool, ray_accelerator_type
+from servetune.cluster.start import start_pool
 from servetune.engines import LeaderRepeats, TrialTask, resolve_backend
 from servetune.errors import SpecError
 from servetune.planner.flags import flags_key, gpus_needed, to_command_line

@@ -18,8 +18,8 @@ from servetune.lazy import lazy_face
 if TYPE_CHECKING:
     from servetune.cluster._job import in_ray_working_dir, job_output_problem, sqlite_path, store_commands
     from servetune.cluster._ray_session import reap_leftovers, record_local_session, start_local_ray
-    from servetune.cluster.base import (MAX_INFRA_ATTEMPTS, NoGpusError, Pool, pool_kind, ray_accelerator_type,
-                                        start_pool)
+    from servetune.cluster.base import MAX_INFRA_ATTEMPTS, NoGpusError, Pool, pool_kind, ray_accelerator_type
+    from servetune.cluster.start import start_pool
     from servetune.cluster.local import LocalPool
     from servetune.cluster.pool import TrialActor, TrialPool, accelerator_resource, cluster_inventory
 
@@ -35,7 +35,7 @@ _DEFINED_IN = {
     "cluster_inventory": "servetune.cluster.pool",
     "LocalPool": "servetune.cluster.local",
     "Pool": "servetune.cluster.base",
-    "start_pool": "servetune.cluster.base",
+    "start_pool": "servetune.cluster.start",
     "pool_kind": "servetune.cluster.base",
     "ray_accelerator_type": "servetune.cluster.base",
     "MAX_INFRA_ATTEMPTS": "servetune.cluster.base",

@@ -8,8 +8,8 @@ a worker that dies gives its trial a ``crashed`` result and loses no finished on
 infrastructure failure is re-run up to :data:`MAX_INFRA_ATTEMPTS` attempts, and ``close`` /
 ``cancel_all`` leave no worker behind.
 
-:func:`pool_kind` decides which runs a study (pure); :func:`start_pool` starts it. This module
-imports no Ray: a study that never needs it (a refused re-run, a simulated study) never pays for it.
+:func:`pool_kind` decides which runs a study (pure); :func:`~servetune.cluster.start.start_pool`
+starts it. This module imports neither implementation, nor Ray: a study that never needs it (a refused re-run, a simulated study) never pays for it.
 
 Example:
     >>> pool_kind("sim", ray_address=None, ray_running=False, asked=None)
@@ -22,12 +22,10 @@ Example:
 
 from __future__ import annotations
 
-import os
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from servetune import envs
+from servetune.backends import capabilities
 from servetune.errors import SpecError
 
 if TYPE_CHECKING:
@@ -48,9 +46,6 @@ MAX_INFRA_ATTEMPTS = 3
 #: simulated study on a local Ray, as the Ray tests run it), ``local`` (worker processes for the
 #: sim and replay backends even beside a Ray; the vllm backend always runs on Ray).
 POOL_KINDS = ("auto", "ray", "local")
-
-#: Backends whose trials need no GPU and no node of a cluster: the local pool may run them.
-_LOCAL_BACKENDS = ("sim", "replay")
 
 #: servetune GPU name -> Ray's accelerator type (``ray.util.accelerators``), where they differ in
 #: spelling; a name not listed is used as it is (user GPUs: label the nodes with that name).
@@ -122,25 +117,8 @@ def pool_kind(backend: str, *, ray_address: str | None, ray_running: bool, asked
     asked = (asked or "auto").strip().lower()
     if asked not in POOL_KINDS:
         raise SpecError("SERVETUNE_POOL", f"unknown pool {asked!r}", f"use one of {', '.join(POOL_KINDS)}")
-    if backend not in _LOCAL_BACKENDS or asked == "ray":
+    if capabilities(backend).real_gpus or asked == "ray":  # only trials without real GPUs run locally
         return "ray"
     if asked == "local":
         return "local"
     return "ray" if (ray_address or ray_running) else "local"
-
-
-def start_pool(backend: str, num_gpus: int, num_cpus: int | None = None, runner: Runner | None = None) -> Pool:
-    """The pool for a study of ``backend`` with ``num_gpus`` GPUs (:func:`pool_kind` on this
-    process's environment), started: worker processes on this machine, or Ray (joined at
-    ``RAY_ADDRESS``, else a local one; imported here, so a study that runs locally never loads it)."""
-    ray = sys.modules.get("ray")
-    running = bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
-    kind = pool_kind(backend, ray_address=os.environ.get("RAY_ADDRESS"), ray_running=running,
-                     asked=envs.pool())
-    if kind == "local":
-        from servetune.cluster.local import LocalPool
-
-        return LocalPool.start(num_gpus, runner=runner)
-    from servetune.cluster.pool import TrialPool  # imports Ray
-
-    return TrialPool.start(num_gpus=num_gpus, num_cpus=num_cpus, runner=runner)
