@@ -21,7 +21,9 @@ SHIPPED = REPO / "platform" / "servetune" / "data" / "gpu_prices.yaml"
 
 
 @pytest.mark.timeout(240)
-def test_cost_objective_picks_the_cheapest_feasible_trial(tmp_path: Path, mlflow_server: str) -> None:
+def test_cost_objective_picks_the_cheapest_feasible_trial(tmp_path: Path, mlflow_server: str, fresh_ray: None) -> None:
+    # fresh_ray: a Ray another test left running would run these trials with its GPUs, not this
+    # study's two (a TP=2 trial then waits for GPUs that never come and the study stops early).
     spec = StudySpec.from_dict({
         "name": "cost-objective", "model": "servetune-test-850m", "gpu": {"type": "H200", "count": 2},
         "workload": {"input_len": 256, "output_len": 64, "num_requests": 40, "concurrency": 16, "seed": 0},
