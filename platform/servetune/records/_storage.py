@@ -261,11 +261,13 @@ class RetryingStorage(BaseStorage):
         from optuna.storages._rdb.storage import _create_scoped_session
 
         def write() -> None:
-            with _create_scoped_session(rdb.scoped_session, True) as session:
+            with _create_scoped_session(rdb.scoped_session, True) as transaction:
                 for key, value in user.items():
-                    rdb._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial_id, key, value)
+                    rdb._set_trial_attr_without_commit(transaction, models.TrialUserAttributeModel, trial_id, key,
+                                                       value)
                 for key, value in system.items():
-                    rdb._set_trial_attr_without_commit(session, models.TrialSystemAttributeModel, trial_id, key, value)
+                    rdb._set_trial_attr_without_commit(transaction, models.TrialSystemAttributeModel, trial_id, key,
+                                                       value)
 
         self._call(f"set trial attributes {', '.join([*user, *system])}", write)
 
