@@ -1,11 +1,11 @@
-"""Small helpers the Ray tests share (imported as ``_ray_helpers``, like ``_postgres``)."""
+"""Small helpers the pool tests share (imported as ``_ray_helpers``, like ``_postgres``)."""
 
 from __future__ import annotations
 
 import socket
 import time
 
-from servetune.cluster.pool import TrialPool
+from servetune.cluster.base import Pool
 from servetune.result import TrialResult
 
 
@@ -21,7 +21,7 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def wait_all(pool: TrialPool, n: int, timeout_s: float) -> dict[int, TrialResult]:
+def wait_all(pool: Pool, n: int, timeout_s: float) -> dict[int, TrialResult]:
     """Collect ``n`` trial results from ``pool``; fails the test naming those that never finished."""
     done: dict[int, TrialResult] = {}
     deadline = time.monotonic() + timeout_s

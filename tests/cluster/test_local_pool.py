@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _ray_helpers import wait_all
 
 from servetune.cluster import LocalPool, pool_kind, start_pool
 from servetune.engines import TrialTask
@@ -62,15 +63,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _collect(pool: LocalPool, n: int, timeout_s: float = 60.0) -> dict[int, TrialResult]:
-    done: dict[int, TrialResult] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(done) < n and time.monotonic() < deadline:
-        done.update(pool.wait(timeout_s=1.0))
-    assert len(done) == n, f"only {sorted(done)} of {n} trials finished"
-    return done
-
-
 @pytest.fixture
 def pool() -> Iterator[LocalPool]:
     pool = LocalPool.start(num_gpus=2, runner=_pid_runner)
@@ -83,7 +75,7 @@ def test_the_default_runner_simulates_in_a_worker_and_records_its_slot(tmp_path:
     try:
         pool.submit(0, _task(tmp_path / "t0"), "sim", gpus=1)
         assert (pool.free_gpus, pool.running) == (1, [0])
-        result = _collect(pool, 1)[0]
+        result = wait_all(pool, 1, 60.0)[0]
     finally:
         pool.close()
     assert result.status is TrialStatus.OK and result.output_throughput and result.output_throughput > 0
@@ -94,10 +86,10 @@ def test_the_default_runner_simulates_in_a_worker_and_records_its_slot(tmp_path:
 
 def test_a_clean_worker_runs_the_next_trial_and_close_ends_it(pool: LocalPool, tmp_path: Path) -> None:
     pool.submit(0, _task(tmp_path), "sim", gpus=1)
-    _collect(pool, 1)
+    wait_all(pool, 1, 60.0)
     pool.submit(1, _task(tmp_path, seed=0), "sim", gpus=2)  # another size: slots are only a count
     assert pool.free_gpus == 0
-    result = _collect(pool, 1)[1]
+    result = wait_all(pool, 1, 60.0)[1]
     assert sorted(result.gpu_ids) == ["0", "1"]
     pids = _pids(tmp_path)
     assert len(pids) == 1, f"the second trial started a new worker: {pids}"
@@ -110,21 +102,21 @@ def test_a_clean_worker_runs_the_next_trial_and_close_ends_it(pool: LocalPool, t
 
 def test_a_killed_worker_is_a_crashed_trial_and_the_finished_ones_are_kept(pool: LocalPool, tmp_path: Path) -> None:
     pool.submit(0, _task(tmp_path / "ok"), "sim", gpus=1)
-    first = _collect(pool, 1)[0]
+    first = wait_all(pool, 1, 60.0)[0]
     assert first.status is TrialStatus.OK
     pool.submit(1, _task(tmp_path / "dies", seed=2), "sim", gpus=1)
     pool.submit(2, _task(tmp_path / "ok2"), "sim", gpus=1)
-    done = _collect(pool, 2)
+    done = wait_all(pool, 2, 60.0)
     assert done[1].status is TrialStatus.CRASHED and "killed by SIGKILL" in (done[1].cause or "")
     assert done[2].status is TrialStatus.OK
     assert pool.free_gpus == 2
     pool.submit(3, _task(tmp_path / "after"), "sim", gpus=1)  # the pool goes on with a fresh worker
-    assert _collect(pool, 1)[3].status is TrialStatus.OK
+    assert wait_all(pool, 1, 60.0)[3].status is TrialStatus.OK
 
 
 def test_an_infrastructure_failure_is_run_again_in_a_fresh_worker(pool: LocalPool, tmp_path: Path) -> None:
     pool.submit(5, _task(tmp_path, seed=3), "sim", gpus=1)
-    result = _collect(pool, 1)[5]
+    result = wait_all(pool, 1, 60.0)[5]
     assert result.status is TrialStatus.OK
     assert len(result.infra_attempts) == 1 and "port_in_use" in result.infra_attempts[0]
     assert pool.infra_notes and pool.infra_notes[0].startswith("trial 5: attempt 1")
@@ -168,9 +160,9 @@ def test_the_pool_for_a_study_is_local_for_simulated_trials_unless_ray_is_asked_
 def test_an_idle_worker_exits_when_its_driver_is_killed_outright(tmp_path: Path) -> None:
     """A SIGKILLed driver runs no cleanup: its idle worker sees the task pipe close and exits."""
     code = ("import sys, time; from pathlib import Path; from servetune.cluster import LocalPool;"
-            "from test_local_pool import _collect, _pid_runner, _task;"
+            "from _ray_helpers import wait_all; from test_local_pool import _pid_runner, _task;"
             "pool = LocalPool.start(num_gpus=1, runner=_pid_runner);"
-            f"pool.submit(0, _task(Path({str(tmp_path)!r})), 'sim', gpus=1); _collect(pool, 1);"
+            f"pool.submit(0, _task(Path({str(tmp_path)!r})), 'sim', gpus=1); wait_all(pool, 1, 60.0);"
             "print('ready', flush=True); time.sleep(120)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     driver = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
