@@ -595,7 +595,7 @@ class _StartupWriter:
             for proc in self.workers:
                 self.core(t["captured"], "model_runner.py:747",
                           f"Graph capturing finished in {capture_s:.0f} secs, took {mem.cudagraph:.2f} GiB", proc=proc)
-            if warmup:
+            if warmup and stage is not None:
                 exc, _, message = stage[2].partition(": ")
                 return self.fail_script(_engine_failure(t["captured"] + 0.2, lead, _CAPTURE_FRAMES[:4], exc, message))
         elif stage is not None and stage[0] == "cudagraph_oom":  # eager has no graphs: OOM in the sampler warm-up
