@@ -402,3 +402,24 @@ def test_027_charges_the_v2_runners_penalty_state_to_the_kv_budget():
     # kv_cache_memory_bytes skips profiling: nothing is charged.
     fixed = resolve_engine_config({**flags, "kv_cache_memory_bytes": 8 << 30}, m, g, "0.27.0")
     assert persistent_runner_bytes(m, fixed) == 0
+
+
+def test_v1_sampler_warm_up_after_graph_capture_must_fit_what_is_left():
+    """vLLM's V1 runner re-runs the dummy sampler after CUDA-graph capture (compile_or_warm_up_model), outside the
+    profiled budget: at 0.99 on 0.19 the graphs eat the 1% headroom, so the sampler's fp32 tensors no longer fit.
+    vLLM raises "CUDA out of memory occurred when warming up sampler with N dummy requests" (cudagraph_oom)."""
+    model, h100 = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+    config, plan = _plan({"gpu_memory_utilization": 0.99}, model, h100, "0.19.0")
+    rows = min(config.max_num_seqs, config.max_num_batched_tokens)
+    assert plan.failure is TrialStatus.CUDAGRAPH_OOM and plan.kv_cache_tokens == 0
+    assert f"warming up sampler with {rows} dummy requests" in plan.cause and plan.cause.startswith("RuntimeError")
+    # the fix it names starts, and so does eager (no graphs); fewer rows help once the forward, not the sampler,
+    # sets the profiled peak (at 1,024 rows the KV budget grows by whatever the warm-up would save)
+    util = float(re.search(r"gpu_memory_utilization to <= ([\d.]+)", plan.fix).group(1))
+    assert 0.9 < util < 0.99 and "enforce_eager" in plan.fix
+    assert _plan({"gpu_memory_utilization": util}, model, h100, "0.19.0")[1].fits
+    assert _plan({"gpu_memory_utilization": 0.99, "max_num_seqs": 256}, model, h100, "0.19.0")[1].fits
+    # 0.26 runs this dense model on the V2 runner, which warms up with real steps: not this failure
+    assert _plan({"gpu_memory_utilization": 0.99}, model, h100, "0.26.0")[1].failure is not TrialStatus.CUDAGRAPH_OOM
+    # eager: no graphs, the headroom holds the warm-up
+    assert _plan({"gpu_memory_utilization": 0.99, "enforce_eager": True}, model, h100, "0.19.0")[1].fits

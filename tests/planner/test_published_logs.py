@@ -281,6 +281,14 @@ CLASS_KV_BANDS = {
     "llmdplanner_granite_vision33_2b_tp1_h100": 0.05,  # +1.4% (the SigLIP tower not counted)
     "llmdplanner_kimi_vl_a3b_tp1_h100": 0.50,         # refused (MLA)
     "llmdplanner_kimi_vl_a3b_tp2_h100": 0.22,         # refused (MLA)
+    # Added with the AWQ class and judged once, nothing changed for them (no "before": the rules were in place)
+    "natoscott_qwen3_32b_awq_tp2_l40s": -0.28,        # vLLM 0.11.2, 2 x L40S
+    "jinwoong_qwen3_14b_awq_tp1_l40s": -0.11,         # stated 0.28.0 (V2 runner), one L40S
+    "jinwoong_qwen3_14b_awq_tuned_tp1_l40s": 0.19,    # the same at 0.95 x 8 sequences x 1,024 tokens
+    "jinwoong_qwen3_14b_awq_tp2_l4": 1.77,            # 2 x L4 over PCIe
+    "jinwoong_qwen3_14b_awq_pp2_l4": -1.30,           # the same two L4s at PP=2
+    "pageindex_qwen3_32b_awq_tp2_rtx5090": -5.23,     # a miss, see CLASS_KNOWN_MISSES
+    "llmd_mistral_small32_tp1_h100": -10.66,          # a miss, see CLASS_KNOWN_MISSES
 }
 
 #: Held-out class starts outside the 3% target, kept as misses (nothing refitted on them).
@@ -289,13 +297,21 @@ CLASS_KNOWN_MISSES = {
     # the MXFP4 weights are planned high (64.53 against 64.38; MXFP4_LAYER_BYTES was fitted on 0.19.0's 20b)
     # is -4.0%. The table's gpu_memory_utilization (0.9) contradicts its own figures (they add up to 0.95).
     "llmd_gpt_oss_120b_tp1_h100_011",
+    # Qwen3-32B-AWQ at TP=2 on two RTX 5090s, vLLM 0.11.0 at 256 rows: the plan's 1.47 GiB activation peak (0.11's
+    # sort-based sampler, SAMPLER_BYTES_PER_LOGIT_V1 fitted at 1,024 rows) against ~0.6 GiB the logged 126,112
+    # tokens leave for peak + non-torch; the same small-row overestimate as the dense L4 miss (index.yaml).
+    "pageindex_qwen3_32b_awq_tp2_rtx5090",
+    # Mistral-Small-3.2 stated as vLLM 0.11.0: its logged 2.12 GiB peak is the 0.18+ Triton sampler's at 1,024 rows
+    # (the plan at 0.19.0's rules is -0.28%), and its 79.19 GiB total is printed as the 0.19 logs print it, not as
+    # the 0.11.0 rows of the same table (79.18); judged at the version the source states.
+    "llmd_mistral_small32_tp1_h100",
 }
 
 
 def test_class_starts_fit_on_at_most_half_and_name_their_class():
     roles = [s.role for s in CLASS_STARTS]
-    assert len(CLASS_STARTS) >= 33 and roles.count("fit") <= len(roles) // 2
-    assert {s.kind for s in CLASS_STARTS} >= {"moe", "mxfp4", "fp8", "w8a8", "w4a16", "fp8_kv", "sliding_window", "mla",
+    assert len(CLASS_STARTS) >= 40 and roles.count("fit") <= len(roles) // 2
+    assert {s.kind for s in CLASS_STARTS} >= {"moe", "mxfp4", "fp8", "w8a8", "w4a16", "awq", "fp8_kv", "sliding_window", "mla",
                                               "vision"}
     assert all(s.kind != "dense" for s in CLASS_STARTS)
     assert all(memory.parse_vllm_version(s.vllm) >= (0, 11, 0) for s in CLASS_STARTS)
@@ -310,7 +326,7 @@ def test_class_constants_are_what_the_fit_starts_give():
 
 
 def test_held_out_class_starts_kv_within_their_bands_and_3pct():
-    """The issue's target on held-out starts: KV within 3% on 90%; here 25 of 26 (all 25 within 1%)."""
+    """The target on held-out starts: KV within 3% on 90%; here 30 of 33 (28 of them within 1%)."""
     held = [j for j in CLASS_JUDGED.values() if j.start.role == "held_out" and not j.start.failed]
     assert {j.start.id for j in held} == set(CLASS_KV_BANDS)
     for j in held:
@@ -326,7 +342,10 @@ def test_class_weights_match_model_loading():
     gpt-oss-20b at TP=1 on vLLM 0.11.0, 0.9% over (0.11.0 logged 13.47 GiB, 0.19.0 13.64 for the same
     checkpoint; MXFP4_LAYER_BYTES was fitted on a 0.19.0 start), and Kimi-VL at TP=2, 1.2% under (the
     MoonViT tower is counted as split by TP like the language model; how vLLM shards it is not checked)."""
-    gaps = {"llmd_gpt_oss_20b_tp1_h100_011": (0.6, 1.2), "llmdplanner_kimi_vl_a3b_tp2_h100": (-1.5, -0.9)}
+    gaps = {"llmd_gpt_oss_20b_tp1_h100_011": (0.6, 1.2), "llmdplanner_kimi_vl_a3b_tp2_h100": (-1.5, -0.9),
+            # Qwen3-14B-AWQ: 9.30 GiB planned (4 bits + an fp16 scale and a 4-bit zero per 128) against the post's
+            # 9.44; what the AWQ-Marlin repacking holds beyond the checkpoint is not traced
+            "jinwoong_qwen3_14b_awq_tp1_l40s": (-1.8, -1.2)}
     checked = [j for j in CLASS_JUDGED.values() if "weights" in j.start.logged]
     assert len(checked) >= 20
     for j in checked:
@@ -339,9 +358,15 @@ def test_class_failures_foreseen_and_the_open_one_kept_visible():
     """gpt-oss-120b at the default 131,072 tokens on one H100 (vLLM issue #27508): refused for KV, as vLLM did.
 
     The two gpt-oss-20b starts at gpu_memory_utilization 0.95 died after the KV cache was sized, warming up
-    the sampler over 1,024 rows (cudagraph_oom in the product's words): not foreseen. The same accounting
-    gives DeepSeek-V2-Lite, which started, as little room after graph capture (1.9 GiB over its profile
-    peak), so no rule read from these logs separates them; held here as called fits so a change shows.
+    the sampler over 1,024 rows (cudagraph_oom in the product's words): not foreseen. The planner checks that
+    warm-up (memory._warmup_verdict): its 2.78 GiB of logits and fp32 sampler tensors against what is left
+    after the KV cache and the graphs, 5.73 GiB (TP=1) and 4.72 (TP=2) as planned, 4.48 and 3.28 by vLLM's own
+    DEBUG line. Both died with the room for the tensors themselves: their OOM messages show 1.78 and 1.62 GiB
+    reserved by PyTorch but unallocated (fragmentation), which no rule here models. By vLLM's DEBUG lines the room
+    over the profiled peak was 1.61 GiB (TP=1) and 0.41 (TP=2), where served starts of the campaign had 1.88 and
+    up at TP=1 and 0.58-0.77 at TP>=2 (Llama-3.3-70B w8a8, Kimi-VL, Llama-4-Scout): only a margin per layout,
+    fitted on these two failures, would separate them, and nothing would be left to judge it on.
+    Held here as called fits so a change shows.
     """
     assert CLASS_JUDGED["vllm27508_gpt_oss_120b_tp1_h100_failed"].failure == "kv_too_small"
     assert CLASS_JUDGED["llmd_deepseek_r1_fp8_tp1_h100_failed"].failure == "startup_oom"  # 671B in FP8 on one GPU
@@ -354,7 +379,10 @@ def test_class_excerpts_read_as_their_logged_figures():
     fields = {"weights": "weights_gib", "activation_peak": "activation_peak_gib", "non_torch": "non_torch_gib",
               "kv_cache": "available_kv_gib", "kv_tokens": "kv_cache_tokens", "max_concurrency": "max_concurrency"}
     kept = [s for s in CLASS_STARTS if s.log is not None]
-    assert len(kept) >= len(CLASS_STARTS) - 3  # llm-d's table (three starts) has figures, not log lines
+    # Sources that publish figures, not log lines: llm-d's tables, natoscott's table, a blog's and a report's figures
+    figures_only = {"llmd_empirical_classes", "llmd_empirical_mistral", "natoscott_l40s_classes", "jinwoong_awq",
+                    "pageindex_rtx5090"}
+    assert {s.source for s in CLASS_STARTS if s.log is None} <= figures_only
     for s in kept:
         with open(CLASS_INDEX.parent / s.log, "rb") as fh:
             data = fh.read(1 << 20)

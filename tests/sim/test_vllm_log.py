@@ -248,3 +248,22 @@ def test_non_default_args_order_matches_vllm() -> None:
                                       "gpu_memory_utilization": 0.5})
     real = _one(_real_messages(FIXTURES / "a3_preempt_blocks4096_s128" / "server.log"), "non-default args")
     assert f"non-default args: {args}" == real
+
+
+def test_a_planned_sampler_warm_up_oom_fails_after_the_graphs_with_vllms_text() -> None:
+    """The planner's sampler warm-up failure (V1 runner, after capture): the simulated log captures every graph,
+    then dies with the warm-up's RuntimeError, which the product's log parser reads as cudagraph_oom."""
+    from servetune.engines.vllm.logs import classify
+    from servetune.result import TrialStatus
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+    flags = {"gpu_memory_utilization": 0.99}
+    config = resolve_engine_config(flags, model, gpu, "0.19.0")
+    plan = plan_memory(model, gpu, config)
+    assert plan.failure is TrialStatus.CUDAGRAPH_OOM
+    script = startup_script(model, gpu, config, plan, model_ref="/root/model", served_model_name="/root/model",
+                            host="127.0.0.1", port=8011, given_flags=flags, api_pid=1742)
+    text = "\n".join(_lines(script))
+    assert script.exit_code == 1 and not script.healthy
+    assert text.index("Graph capturing finished") < text.index("RuntimeError: CUDA out of memory occurred when "
+                                                               "warming up sampler with 1024 dummy requests")
+    assert classify(text, exit_code=1).status is TrialStatus.CUDAGRAPH_OOM

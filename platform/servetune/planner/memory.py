@@ -38,8 +38,8 @@ from servetune.planner.engine_config import (EngineConfig, batch_defaults, captu
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.model_memory import (ACT_FIXED_GIB, CUDAGRAPH_CALIBRATED_MAX_SIZE, SAMPLER_BYTES_PER_LOGIT_V1,
                                             activation_peak_bytes, cudagraph_memory_bytes, effective_model,
-                                            persistent_runner_bytes, sampler_profile_bytes)
-from servetune.planner.modelclass import KVLayout, as_loaded_on, class_notes, kv_layout
+                                            persistent_runner_bytes, sampler_profile_bytes, sampler_warmup_bytes)
+from servetune.planner.modelclass import KVLayout, as_loaded_on, class_notes, kv_layout, moe_workspace_bytes
 from servetune.planner.moe_kernels import moe_kernel_note
 from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import GiB, MiB, VllmMemoryRules, memory_rules, parse_vllm_version
@@ -180,6 +180,9 @@ class _Accounting:
     layouts: tuple[KVLayout, ...]  # every stage's
     blocks_per_seq: int  # the blocks one max_model_len request takes in every group
     one_seq: int  # the blocks of one max_model_len sequence, in bytes
+    warmup_rows: int  # the V1 runner's sampler warm-up after graph capture (last stage) ...
+    warmup_need: int  # ... the tensors it allocates (0: no such warm-up) ...
+    warmup_free: int  # ... and what the weights, kept workspaces, KV cache and graphs leave it
 
     @property
     def headroom(self) -> int:
@@ -290,14 +293,21 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
     bind = min(range(pp), key=lambda s: (stages[s][2], stages[s][1]))
     act, available, blocks = stages[bind]
     computed_blocks = int(blocks)
+    num_blocks = config.num_gpu_blocks_override or computed_blocks
     blocks_per_seq = layouts[bind].blocks_per_request(config.max_model_len, config.block_size,
                                                       config.max_num_batched_tokens)
+    # The sampler warm-up runs on the last stage, every stage holding the same number of blocks.
+    rows, need = sampler_warmup_bytes(model, config)
+    kept = moe_workspace_bytes(model, config.max_num_batched_tokens, tp)  # held past the profile run
+    warmup_free = (total - comm.context_bytes - weights[-1] - kept - non_torch - num_blocks * bytes_per_block[-1]
+                   - cg)
     return _Accounting(
         total=total, context=comm.context_bytes, budget=budget, non_torch=non_torch, cudagraph=cg,
         subtract_cg=subtract_cg, weights=weights, bind=bind, act=act, available=int(available),
-        computed_blocks=computed_blocks, num_blocks=config.num_gpu_blocks_override or computed_blocks,
+        computed_blocks=computed_blocks, num_blocks=num_blocks,
         block_bytes=bytes_per_block[bind], layout=layouts[bind], layouts=tuple(layouts),
-        blocks_per_seq=blocks_per_seq, one_seq=blocks_per_seq * bytes_per_block[bind])
+        blocks_per_seq=blocks_per_seq, one_seq=blocks_per_seq * bytes_per_block[bind],
+        warmup_rows=rows, warmup_need=need, warmup_free=int(warmup_free))
 
 
 def _verdict(model: ModelProfile, config: EngineConfig, rules: VllmMemoryRules, acc: _Accounting) -> _Verdict:
@@ -360,7 +370,27 @@ def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Account
             return _Verdict(TrialStatus.CUDAGRAPH_OOM, _cuda_oom_text(cg, acc.total, free_for_graphs),
                             f"lower gpu_memory_utilization to <= {math.floor(util * 100) / 100:.2f}, lower "
                             "max_num_seqs / max_cudagraph_capture_size, or set enforce_eager", None, False)
-    return _Verdict(None, None, None, None, False)
+    return _warmup_verdict(config, rules, acc)
+
+
+def _warmup_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Accounting) -> _Verdict:
+    """The V1 runner's sampler warm-up after graph capture: do its tensors fit in what is left?
+
+    vLLM's own check, not a margin: ``_dummy_sampler_run`` raises its RuntimeError when the
+    allocation fails (``rules.sampler_warmup_oom_text``); the product reports it as ``cudagraph_oom``
+    (the engine dies after sizing its KV cache, in the warm-up that follows graph capture).
+    """
+    need, free = acc.warmup_need, acc.warmup_free
+    if not need or free >= need or acc.headroom < 0:  # an over-asked budget is vLLM's free-memory check (a note)
+        return _Verdict(None, None, None, None, False)
+    # Where the sampler sets the profiled peak, fewer rows shrink the KV budget's deduction as much as the
+    # warm-up's need: what frees room is a smaller budget, fewer or smaller graphs, or none.
+    fix = "shrink the CUDA graphs captured before it (max_cudagraph_capture_size, max_num_seqs) or set enforce_eager"
+    if config.kv_cache_memory_bytes is None:
+        util = (acc.budget - (need - free)) / acc.total
+        fix = f"lower gpu_memory_utilization to <= {math.floor(util * 100) / 100:.2f}, or " + fix
+    return _Verdict(TrialStatus.CUDAGRAPH_OOM, "RuntimeError: " + rules.sampler_warmup_oom_text(acc.warmup_rows),
+                    fix, None, False)
 
 
 def _moe_kernel_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -> tuple[str, ...]:

@@ -27,7 +27,8 @@ __all__ = ["ACT_FIXED_GIB", "COLD_COMPILE_FLOOR_TENSORS", "ACT_MLP_ELEMS_PER_TOK
            "ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER", "SAMPLER_BYTES_PER_LOGIT", "SAMPLER_BYTES_PER_LOGIT_V1",
            "SAMPLER_V1_TRITON_FP32_COPIES", "SAMPLER_V1_TRITON_MIN_ROWS", "SAMPLER_V1_TRITON_BUFFER_ROWS",
            "CUDAGRAPH_FIXED_GIB", "CUDAGRAPH_GIB_PER_CAPTURED_TOKEN", "CUDAGRAPH_CALIBRATED_MAX_SIZE",
-           "effective_model", "activation_peak_bytes", "sampler_profile_bytes", "persistent_runner_bytes",
+           "effective_model", "activation_peak_bytes", "sampler_profile_bytes", "sampler_warmup_bytes",
+           "persistent_runner_bytes",
            "cudagraph_memory_bytes"]
 
 # =============================================================================== Calibration
@@ -199,6 +200,33 @@ def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: i
         return int(logits * (model.dtype_bytes + 4 * SAMPLER_V1_TRITON_FP32_COPIES)
                    + buffer_rows * model.vocab_size * 4)
     return int(logits * SAMPLER_BYTES_PER_LOGIT_V1)
+
+
+def sampler_warmup_bytes(model: ModelProfile, config: EngineConfig) -> tuple[int, int]:
+    """``(rows, bytes)`` the V1 runner's sampler warm-up allocates after CUDA-graph capture; ``(rows, 0)`` where none runs.
+
+    ``compile_or_warm_up_model`` (``v1/worker/gpu_worker.py``) runs, after ``capture_model``, a dummy
+    forward of ``min(max_num_seqs, max_num_batched_tokens)`` tokens and ``_dummy_sampler_run`` over as many
+    rows (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.sampler_warmup_after_capture`): the same
+    sampler call as the profile run's, so the same tensors (:func:`sampler_profile_bytes`), now allocated
+    in what the KV cache and the graphs left free rather than inside the profiled budget.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.engine_config import resolve_engine_config
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, g = load_model("gpt-oss-20b"), get_gpu("H100-80GB")
+        >>> rows, need = sampler_warmup_bytes(m, resolve_engine_config({}, m, g, "0.19.0"))
+        >>> rows, round(need / 2**30, 2)
+        (1024, 2.78)
+        >>> dense = load_model("llama-3.1-8b")  # on 0.26's V2 runner: no sampler warm-up of this kind
+        >>> sampler_warmup_bytes(dense, resolve_engine_config({}, dense, g, "0.26.0"))[1]
+        0
+    """
+    rows = min(config.max_num_seqs, config.max_num_batched_tokens)
+    if not config.rules.sampler_warmup_after_capture:
+        return rows, 0
+    return rows, sampler_profile_bytes(model, config, rows)
 
 
 def persistent_runner_bytes(model: ModelProfile, config: EngineConfig) -> int:

@@ -105,6 +105,15 @@ class VllmMemoryRules:
     kv_tokens_from_concurrency: bool
     #: GiB printed with ``format_gib`` (round to 2, e.g. ``-0.52``) from 0.16, ``%.2f`` before.
     gib_rounded: bool
+    #: The V1 model runner warms its sampler up after CUDA-graph capture, outside the profiled budget
+    #: (``v1/worker/gpu_worker.py: compile_or_warm_up_model``: a dummy run of
+    #: ``min(max_num_seqs, max_num_batched_tokens)`` tokens, then ``_dummy_sampler_run`` over as many
+    #: rows, allocating the logits and the sampler's fp32 tensors afresh in what the KV cache and the
+    #: graphs left of the GPU; "CUDA out of memory occurred when warming up sampler with N dummy
+    #: requests" when they do not fit). Every V1-runner version from 0.11 (the published 0.19.0
+    #: gpt-oss-20b starts died there); the V2 runner (0.26+) warms up with two real engine steps
+    #: (``v1/worker/gpu/warmup.py: warmup_kernels``) instead, not modelled as a failure point.
+    sampler_warmup_after_capture: bool
     #: vLLM's long error texts (docs link, CPU-backend note): the long form is what vLLM 0.26
     #: printed on the H200 (b5_fail_u0012) and 0.33's source has; 0.11 has the short form. The
     #: switch is placed at 0.20 (between 0.11 and 0.26; not pinned).
@@ -123,6 +132,11 @@ class VllmMemoryRules:
                     "more details.")
         return ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
                 "initializing the engine.")
+
+    def sampler_warmup_oom_text(self, num_reqs: int) -> str:
+        """``gpu_model_runner.py: _dummy_sampler_run``'s error (the same text from 0.11 to 0.26)."""
+        return (f"CUDA out of memory occurred when warming up sampler with {num_reqs} dummy requests. Please try "
+                "lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.")
 
     def kv_too_small_text(self, max_model_len: int, need: int, avail: int, est: int) -> str:
         if self.long_error_texts:
@@ -181,12 +195,15 @@ def v1_runner_rules(rules: VllmMemoryRules) -> VllmMemoryRules:
         >>> r = v1_runner_rules(memory_rules((0, 26, 0)))
         >>> r.v2_runner, r.subtracts_cudagraph_estimate, r.triton_topk_topp, r.default_gpu_memory_utilization
         (False, True, True, 0.92)
+        >>> r.sampler_warmup_after_capture, memory_rules((0, 26, 0)).sampler_warmup_after_capture
+        (True, False)
     """
     if not rules.v2_runner:
         return rules
     v = rules.version
     return dataclasses.replace(rules, v2_runner=False, triton_topk_topp=v >= TRITON_TOPK_TOPP,
-                               charges_persistent_runner=False, subtracts_cudagraph_estimate=v >= (0, 20, 0))
+                               charges_persistent_runner=False, subtracts_cudagraph_estimate=v >= (0, 20, 0),
+                               sampler_warmup_after_capture=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -210,4 +227,5 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         kv_tokens_from_concurrency=v >= (0, 25, 0),
         gib_rounded=v >= (0, 16, 0),
         long_error_texts=v >= (0, 20, 0),
+        sampler_warmup_after_capture=v < V2_RUNNER,
     )

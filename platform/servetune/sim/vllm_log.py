@@ -575,10 +575,12 @@ class _StartupWriter:
         """CUDA-graph capture (none under eager), where a forced or planned graph OOM ends the start."""
         config, mem, t, lead, stage = self.config, self.mem, self.t, self.lead, self.stage
         sizes = list(config.cudagraph_capture_sizes)
+        # the planner's sampler warm-up failure: the graphs are captured, the warm-up after them runs out
+        warmup = stage is not None and stage[0] == "cudagraph_oom" and "warming up sampler" in stage[2]
         if not self.eager and sizes:
             full = [s for s in sizes if s <= config.max_num_seqs]
             n_pw, n_full = len(sizes), len(full)
-            if stage is not None and stage[0] in ("cudagraph_oom",):
+            if stage is not None and stage[0] in ("cudagraph_oom",) and not warmup:
                 self.recs.append(LogRecord(t["kv"] + 0.2, lead, "", "",
                                            f"Capturing CUDA graphs (PIECEWISE):  40%|████      | "
                                            f"{int(n_pw * 0.4)}/{n_pw} [00:00<00:00, 31.20it/s]"))
@@ -593,6 +595,9 @@ class _StartupWriter:
             for proc in self.workers:
                 self.core(t["captured"], "model_runner.py:747",
                           f"Graph capturing finished in {capture_s:.0f} secs, took {mem.cudagraph:.2f} GiB", proc=proc)
+            if warmup and stage is not None:
+                exc, _, message = stage[2].partition(": ")
+                return self.fail_script(_engine_failure(t["captured"] + 0.2, lead, _CAPTURE_FRAMES[:4], exc, message))
         elif stage is not None and stage[0] == "cudagraph_oom":  # eager has no graphs: OOM in the sampler warm-up
             n = min(config.max_num_seqs, config.max_num_batched_tokens)
             return self.fail_script(_engine_failure(t["kv"] + 0.2, lead, _CAPTURE_FRAMES[:4], "RuntimeError",
