@@ -13,9 +13,12 @@ byte), so the dense fidelity figures do not move.
   expert's rows to ``BLOCK_SIZE_M``), so the weight bytes of a step are the touched experts'. Its
   FLOPs are ``2 B k x 3 H I / tp``, at the tile rows the padding leaves: ``BLOCK_SIZE_M`` is 16 while
   the batch has at most ``E`` tokens and 64 above (vLLM ``fused_moe.py`` ``get_default_config``).
-  The grouped GEMM's rate against cuBLAS's dense rate (``MOE_COMPUTE_SHARE``, per GPU
-  architecture) is the one constant of this module fitted on published runs; its weight streaming
-  rate (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. The router (``E x H``,
+  The grouped GEMM's rate against cuBLAS's dense rate (``MOE_COMPUTE_SHARE``) depends on the kernel
+  vLLM picks for the experts' format on the GPU (:func:`moe_kernel`: Triton, or Marlin where the
+  format has no tensor cores there) and on the GPU architecture; it is fitted on published runs,
+  as is the prefill rate of the Triton attention vLLM runs attention sinks on below Hopper
+  (``TRITON_ATTN_EFFICIENCY``, :func:`runs_triton_attention`). Its weight streaming rate
+  (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. The router (``E x H``,
   bf16, replicated) and shared experts (dense, every token) are ordinary GEMMs; DeepSeek's leading
   dense layers (``first_k_dense_replace``) run the dense MLP.
 * **Quantized weights** (:func:`weight_format`): fp8 checkpoints and ``--quantization fp8`` read 1 byte
@@ -31,6 +34,9 @@ byte), so the dense fidelity figures do not move.
 * **Sliding-window layers** read at most ``window`` tokens of a decode request's context
   (:func:`sliding_kv_share`), and a prefill chunk's attention on them spans at most ``window``
   tokens of context.
+* **MLA attention** (DeepSeek-V2/V3) is priced from its own dimensions by ``PerfModel._init_mla``:
+  the compressed latent read once per context token, prefill at ``qk + v`` head dims, and the
+  earlier context's latents up-projected again for each chunk.
 """
 
 from __future__ import annotations
