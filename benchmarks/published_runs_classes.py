@@ -3,14 +3,15 @@
 The runs are ``tests/fixtures/published_runs/classes.yaml`` in :mod:`published_runs`' schema, split
 by its rule (at most half of a GPU's runs fit); each is judged by :func:`published_runs.judge`. This
 module adds what the classes need: each run's classes read off its model
-(:func:`run_classes`), the one fitted constant of :mod:`servetune.sim.perf_classes`
-(``MOE_COMPUTE_SHARE``, per GPU architecture, :func:`fit_moe_share` on the fit half only), and the
-held-out table by class, GPU and layout, before (``class_rules`` 0: every model priced as dense at
+(:func:`run_classes`), the fitted constants of :mod:`servetune.sim.perf_classes`
+(``MOE_COMPUTE_SHARE`` per MoE kernel and GPU architecture, :func:`moe_cell`; ``TRITON_ATTN_EFFICIENCY``
+with the cell whose runs serve attention sinks on Triton attention; :func:`fit_moe_share` on the fit
+half only), and the held-out table by class, MoE kernel, GPU and layout, before (``class_rules`` 0: every model priced as dense at
 its active experts and checkpoint bytes) and after. The target: the headline figure (output
 throughput, closed loop; mean TPOT, open loop) within 15% on 80% of the held-out runs.
 
     .venv/bin/python benchmarks/published_runs_classes.py            # the table
-    .venv/bin/python benchmarks/published_runs_classes.py --fit-moe  # refit MOE_COMPUTE_SHARE on the fit half
+    .venv/bin/python benchmarks/published_runs_classes.py --fit-moe  # refit MOE_COMPUTE_SHARE (and the Triton attention rate) on the fit half
     .venv/bin/python benchmarks/published_runs_classes.py --json > benchmarks/results/published_runs_classes.json
 """
 
@@ -31,13 +32,16 @@ from servetune.planner.gpus import get_gpu  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile  # noqa: E402
 from servetune.sim import perf_classes  # noqa: E402
 
-__all__ = ["CLASS_FILE", "WITHIN", "run_classes", "architecture", "fit_moe_share", "class_rows", "class_table", "main"]
+__all__ = ["CLASS_FILE", "WITHIN", "run_classes", "architecture", "moe_cell", "fit_moe_share", "class_rows", "class_table", "main"]
 
 CLASS_FILE = FIXTURES / "classes.yaml"
 #: The held-out target's band on the headline figure.
 WITHIN = 0.15
 #: The shares :func:`fit_moe_share` tries: 0.20 to 1.00 in steps of 0.05.
 SHARE_GRID = tuple(round(0.20 + 0.05 * i, 2) for i in range(17))
+#: The Triton attention rates :func:`fit_moe_share` tries with a cell whose runs have attention sinks
+#: below Hopper: 0.05 to 0.40 of the dense peak in steps of 0.025.
+TRITON_ATTN_GRID = tuple(round(0.05 + 0.025 * i, 3) for i in range(15))
 
 
 def run_classes(model: ModelProfile) -> tuple[str, ...]:
@@ -71,17 +75,35 @@ def _loss(judged: Sequence[Judged]) -> float:
     return sum(errs) / len(errs) if errs else float("inf")
 
 
-def fit_moe_share(runs: Sequence[PublishedRun], grid: Sequence[float] = SHARE_GRID) -> dict[str, dict[str, Any]]:
-    """Per architecture, the share of :data:`SHARE_GRID` with the least mean |headline error| on the
-    *fit* runs of MoE models (held-out runs are never read), and that loss."""
+def moe_cell(run: PublishedRun) -> str:
+    """``kernel/architecture``: the :data:`perf_classes.MOE_COMPUTE_SHARE` entry a MoE run's experts take."""
+    gpu = get_gpu(run.gpu)
+    return f"{perf_classes.moe_kernel(resolve_model(run.model, FIXTURES), gpu)}/{architecture(run.gpu)}"
+
+
+def _sinks_on_triton(run: PublishedRun) -> bool:
+    return perf_classes.runs_triton_attention(resolve_model(run.model, FIXTURES), get_gpu(run.gpu))
+
+
+def fit_moe_share(runs: Sequence[PublishedRun], grid: Sequence[float] = SHARE_GRID,
+                  attn_grid: Sequence[float] = TRITON_ATTN_GRID) -> dict[str, dict[str, Any]]:
+    """Per MoE kernel and architecture (:func:`moe_cell`), the share of ``grid`` with the least mean
+    |headline error| on the *fit* runs of MoE models (held-out runs are never read), and that loss.
+    A cell whose runs serve attention sinks on ``TRITON_ATTN`` fits
+    ``perf_classes.TRITON_ATTN_EFFICIENCY`` with it, over ``attn_grid`` (the long prompts set one,
+    the short ones the other)."""
     out: dict[str, dict[str, Any]] = {}
     fit = [r for r in runs if r.split == "fit" and resolve_model(r.model, FIXTURES).is_moe]
-    for arch in sorted({architecture(r.gpu) for r in fit}):
-        mine = [r for r in fit if architecture(r.gpu) == arch]
-        losses = {share: _loss([judge(r, {"moe_compute_share": share}) for r in mine]) for share in grid}
-        best = min(losses, key=lambda s: losses[s])
-        out[arch] = {"share": best, "loss": round(losses[best], 4), "runs": [r.id for r in mine],
-                     "losses": {f"{s:.2f}": round(v, 4) for s, v in losses.items()}}
+    for cell in sorted({moe_cell(r) for r in fit}):
+        mine = [r for r in fit if moe_cell(r) == cell]
+        attn = attn_grid if any(_sinks_on_triton(r) for r in mine) else (0.0,)
+        losses = {(share, eff): _loss([judge(r, {"moe_compute_share": share, "triton_attn_efficiency": eff})
+                                       for r in mine]) for share in grid for eff in attn}
+        best = min(losses, key=lambda key: losses[key])
+        out[cell] = {"share": best[0], "loss": round(losses[best], 4), "runs": [r.id for r in mine],
+                     "losses": {f"{s:.2f}": round(min(v for (s2, _), v in losses.items() if s2 == s), 4) for s in grid}}
+        if best[1]:
+            out[cell]["triton_attn_efficiency"] = best[1]
     return out
 
 
@@ -92,7 +114,9 @@ def class_rows(runs: Sequence[PublishedRun]) -> list[dict[str, Any]]:
         after, before = judge(r), judge(r, {"class_rules": 0.0})
         name, real = r.headline
         rows.append({"id": r.id, "split": r.split, "gpu": r.gpu, "layout": r.layout_label, "shape": r.shape,
-                     "classes": list(run_classes(resolve_model(r.model, FIXTURES))), "headline": name, "real": real,
+                     "classes": list(run_classes(resolve_model(r.model, FIXTURES))),
+                     "moe_cell": moe_cell(r) if resolve_model(r.model, FIXTURES).is_moe else None,
+                     "headline": name, "real": real,
                      "error_before_pct": _pct(before.headline_error), "error_after_pct": _pct(after.headline_error),
                      "ttft_error_after_pct": _pct(after.ttft_error), "failure": after.failure})
     return rows
@@ -119,6 +143,8 @@ def class_table(rows: Sequence[dict[str, Any]], split: str = "held_out") -> dict
     out: dict[str, dict[str, Any]] = {}
     for cls in sorted({c for r in mine for c in r["classes"]}):
         out[f"class {cls}"] = _cell([r for r in mine if cls in r["classes"]])
+    for cell in sorted({r["moe_cell"] for r in mine if r.get("moe_cell")}):
+        out[f"moe {cell}"] = _cell([r for r in mine if r.get("moe_cell") == cell])
     for gpu in sorted({r["gpu"] for r in mine}):
         out[f"gpu {gpu}"] = _cell([r for r in mine if r["gpu"] == gpu])
     for layout in sorted({r["layout"] for r in mine}):
@@ -128,30 +154,33 @@ def class_table(rows: Sequence[dict[str, Any]], split: str = "held_out") -> dict
 
 
 def _format(table: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'cell':<24}{'runs':>5}{'judged':>7}{'<=15% before':>14}{'<=15% after':>13}{'median before':>15}"
+    lines = [f"{'cell':<26}{'runs':>5}{'judged':>7}{'<=15% before':>14}{'<=15% after':>13}{'median before':>15}"
              f"{'median after':>14}"]
     for key, c in table.items():
         med_b = "-" if c["median_abs_before_pct"] is None else f"{c['median_abs_before_pct']:.1f}%"
         med_a = "-" if c["median_abs_after_pct"] is None else f"{c['median_abs_after_pct']:.1f}%"
-        lines.append(f"{key:<24}{c['runs']:>5}{c['judged']:>7}{c['within_15_before']:>14}{c['within_15_after']:>13}"
+        lines.append(f"{key:<26}{c['runs']:>5}{c['judged']:>7}{c['within_15_before']:>14}{c['within_15_after']:>13}"
                      f"{med_b:>15}{med_a:>14}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit-moe", action="store_true", help="refit MOE_COMPUTE_SHARE per architecture on the fit half")
+    ap.add_argument("--fit-moe", action="store_true",
+                    help="refit MOE_COMPUTE_SHARE per kernel and architecture (and TRITON_ATTN_EFFICIENCY) on the fit half")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     runs = load_runs([CLASS_FILE])
     if args.fit_moe:
         fitted = fit_moe_share(runs)
-        print(json.dumps({"fitted": fitted, "committed": perf_classes.MOE_COMPUTE_SHARE}, indent=1))
+        print(json.dumps({"fitted": fitted, "committed": perf_classes.MOE_COMPUTE_SHARE,
+                          "committed_triton_attn_efficiency": perf_classes.TRITON_ATTN_EFFICIENCY}, indent=1))
         return 0
     rows = class_rows(runs)
     held, fit = class_table(rows, "held_out"), class_table(rows, "fit")
     report: dict[str, Any] = {"target": f"headline within {WITHIN:.0%} on 80% of held-out runs",
               "moe_compute_share": perf_classes.MOE_COMPUTE_SHARE,
+              "triton_attn_efficiency": perf_classes.TRITON_ATTN_EFFICIENCY,
               "held_out": held, "fit": fit, "runs": rows}
     if args.json:
         print(json.dumps(report, indent=1))

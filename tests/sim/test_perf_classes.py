@@ -70,11 +70,73 @@ def test_moe_prefill_is_compute_bound_at_the_fitted_share_of_the_dense_rate() ->
     tokens = 8192
     flops = 2.0 * tokens * QWEN_MOE.num_experts_per_tok * 3 * QWEN_MOE.hidden_size * QWEN_MOE.moe_intermediate_size
     dense_rate = H100.bf16_tflops * 1e12 * p.calibration.compute_efficiency
-    at_share = flops * QWEN_MOE.num_layers / (dense_rate * perf_classes.MOE_COMPUTE_SHARE["hopper"])
+    at_share = flops * QWEN_MOE.num_layers / (dense_rate * perf_classes.MOE_COMPUTE_SHARE["triton"]["hopper"])
     assert p.moe_seconds(tokens) == pytest.approx(at_share, rel=0.05)
     # A100 (Ampere) runs the same kernel at its own fitted share.
-    assert perf_classes.moe_compute_share(A100) == perf_classes.MOE_COMPUTE_SHARE["ampere"]
+    assert perf_classes.moe_compute_share(A100) == perf_classes.MOE_COMPUTE_SHARE["triton"]["ampere"]
     assert perf_classes.moe_compute_share(A100, override=0.7) == 0.7
+
+
+def test_the_moe_kernel_is_the_one_vllm_picks_for_the_experts_format_on_the_gpu() -> None:
+    qwen_fp8 = dataclasses.replace(QWEN_MOE, quantization="fp8", quant_bytes_per_param=1.0)
+    qwen_awq = dataclasses.replace(QWEN_MOE, quantization="awq", quant_bytes_per_param=0.5 + 2.5 / 128)
+    assert perf_classes.moe_kernel(QWEN_MOE, A100) == perf_classes.moe_kernel(QWEN_MOE, H100) == "triton"
+    assert perf_classes.moe_kernel(GPT_OSS, H100) == "triton"  # triton_kernels' matmul_ogs on SM90
+    assert perf_classes.moe_kernel(GPT_OSS, A100) == "marlin-mxfp4"
+    assert perf_classes.moe_kernel(qwen_fp8, H100) == "triton"  # fp8 tensor cores
+    assert perf_classes.moe_kernel(qwen_fp8, A100) == "marlin"  # fp8 weight-only below 8.9
+    assert perf_classes.moe_kernel(qwen_awq, H100) == "marlin"
+    # A kernel without a fitted cell prices at the architecture's Triton share; MXFP4 Marlin at its own.
+    assert perf_classes.moe_compute_share(A100, kernel="marlin") == perf_classes.MOE_COMPUTE_SHARE["triton"]["ampere"]
+    assert perf_classes.moe_compute_share(A100, kernel="marlin-mxfp4") == perf_classes.MOE_COMPUTE_SHARE["marlin-mxfp4"]["ampere"]
+
+
+def test_gpt_oss_experts_on_an_a100_compute_at_marlins_share() -> None:
+    tokens = 8192
+    a100 = perf(GPT_OSS, A100)
+    shape = perf_classes.moe_shape(GPT_OSS, A100, 1, GPT_OSS.num_layers)
+    assert shape is not None and shape.kernel == "marlin-mxfp4"
+    flops = 2.0 * tokens * shape.top_k * 3 * shape.hidden * shape.inter * shape.layers
+    rate = A100.bf16_tflops * 1e12 * a100.calibration.compute_efficiency * perf_classes.MOE_COMPUTE_SHARE["marlin-mxfp4"]["ampere"]
+    assert a100.moe_seconds(tokens) == pytest.approx(flops / rate, rel=0.05)
+
+
+def test_attention_sinks_below_hopper_run_on_triton_attention() -> None:
+    # gpt-oss's sinks: FlashAttention 2 (the A100's) has none, so vLLM serves them on TRITON_ATTN,
+    # whose prefill rate is perf_classes.TRITON_ATTN_EFFICIENCY of the peak; Hopper's FA3 has sinks.
+    assert perf_classes.runs_triton_attention(GPT_OSS, A100)
+    assert not perf_classes.runs_triton_attention(GPT_OSS, H100)
+    assert not perf_classes.runs_triton_attention(QWEN_MOE, A100)
+
+    def prefill_attention(cal: Calibration) -> float:
+        p = PerfModel(GPT_OSS, A100, resolve_engine_config({}, GPT_OSS, A100), cal)
+        return p.gpu_cost(1, 2048, 2048, 2048 * 2049 // 2, decode_only=False).attention
+
+    base = Calibration().with_overrides({"attn_efficiency": 0.5, "attn_layer_s": 0.0})  # the FLOPs alone
+    triton = prefill_attention(base)
+    as_flash = prefill_attention(base.with_overrides({"triton_attn_efficiency": 0.5}))
+    assert triton / as_flash == pytest.approx(0.5 / perf_classes.TRITON_ATTN_EFFICIENCY, rel=1e-6)
+
+
+def test_mla_attention_reads_the_latent_and_computes_at_its_own_head_dims() -> None:
+    ds = load_model("deepseek-v2-lite")
+    p = perf(ds)
+    layers, heads = ds.num_layers, ds.num_attention_heads
+    latent = ds.mla_kv_lora_rank + ds.mla_rope_dim
+    assert ds.kv_bytes_per_token(1, 1) == latent * 2 * layers  # compressed: 576 elements a token and layer
+    # Decode: the latent's bytes (memory-bound on an H100 at 16 heads), not 2 x heads x head_dim.
+    kv_rate = H100.hbm_gbps * 1e9 * p.calibration.kv_read_efficiency
+    assert p._t_kv_read == pytest.approx(latent * 2 * layers / kv_rate)
+    # Prefill: 2 (qk + v) FLOPs a head per (token, context) pair, qk = nope + rope = 192, v = 128.
+    attn_rate = H100.bf16_tflops * 1e12 * p.calibration.attn_efficiency
+    qk, v = ds.mla_nope_dim + ds.mla_rope_dim, ds.mla_v_dim
+    assert p._t_attn == pytest.approx(2 * heads * (qk + v) * layers / attn_rate)
+    # A chunk whose request has earlier context up-projects those latents through kv_b again.
+    fresh = p.gpu_cost(1, 2048, 2048, 2048 * 2049 // 2, decode_only=False).attention
+    later = p.gpu_cost(1, 2048, 6144, 2048 * 4096 + 2048 * 2049 // 2, decode_only=False).attention
+    up = 2 * ds.mla_kv_lora_rank * heads * (ds.mla_nope_dim + v) * layers * 4096
+    gemm_rate = H100.bf16_tflops * 1e12 * p.calibration.compute_efficiency
+    assert later - fresh == pytest.approx(up / gemm_rate + p._t_attn * 2048 * 4096, rel=1e-6)
 
 
 def test_fp8_checkpoint_halves_the_memory_bound_step_and_the_compute_bound_one() -> None:

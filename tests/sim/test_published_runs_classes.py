@@ -1,6 +1,7 @@
 """The model-class rules judged on published runs (benchmarks/published_runs_classes.py, classes.yaml).
 
-The fitted constant (perf_classes.MOE_COMPUTE_SHARE) is the least-loss share of its grid on the fit
+The fitted constants (perf_classes.MOE_COMPUTE_SHARE per MoE kernel and architecture, and
+perf_classes.TRITON_ATTN_EFFICIENCY with the MXFP4 Marlin cell) are the least-loss points of their grid on the fit
 half alone, and the committed held-out report (benchmarks/results/published_runs_classes.json) is
 what the simulator gives now, so a change that moves a held-out run shows.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from published_runs import load_runs, resolve_model
-from published_runs_classes import CLASS_FILE, class_rows, class_table, fit_moe_share, run_classes
+from published_runs_classes import CLASS_FILE, class_rows, class_table, fit_moe_share, moe_cell, run_classes
 
 from servetune.planner.modelinfo import load_model
 from servetune.sim import perf_classes
@@ -28,12 +29,22 @@ def test_each_run_is_labelled_by_the_classes_of_its_model() -> None:
     assert {c for r in RUNS for c in run_classes(resolve_model(r.model))} >= {"moe", "mxfp4", "fp8", "sliding_window"}
 
 
-def test_the_committed_moe_share_is_the_least_loss_of_its_neighbours_on_the_fit_half() -> None:
-    step = 0.05
-    for arch, share in perf_classes.MOE_COMPUTE_SHARE.items():
-        fitted = fit_moe_share([r for r in RUNS if r.split == "fit"], grid=(share - step, share, share + step))
-        assert fitted[arch]["share"] == pytest.approx(share), fitted[arch]["losses"]
-        assert all(r in {x.id for x in RUNS if x.split == "fit"} for r in fitted[arch]["runs"])
+def test_the_committed_moe_shares_are_the_least_loss_of_their_neighbours_on_the_fit_half() -> None:
+    # Each fitted cell (kernel/architecture), and the Triton attention rate fitted with the MXFP4
+    # Marlin cell, against the grid points beside it; held-out runs are never read.
+    step, attn_step = 0.05, 0.025
+    fit_runs = [r for r in RUNS if r.split == "fit"]
+    attn = perf_classes.TRITON_ATTN_EFFICIENCY
+    for kernel, archs in perf_classes.MOE_COMPUTE_SHARE.items():
+        for arch, share in archs.items():
+            cell = f"{kernel}/{arch}"
+            mine = [r for r in fit_runs if moe_cell(r) == cell]
+            assert mine, cell
+            fitted = fit_moe_share(mine, grid=(share - step, share, share + step),
+                                   attn_grid=(attn - attn_step, attn, attn + attn_step))
+            assert fitted[cell]["share"] == pytest.approx(share), fitted[cell]["losses"]
+            assert fitted[cell].get("triton_attn_efficiency", attn) == pytest.approx(attn)
+            assert all(r in {x.id for x in fit_runs} for r in fitted[cell]["runs"])
 
 
 def test_the_held_out_report_is_what_the_simulator_gives_now() -> None:

@@ -195,6 +195,9 @@ class Calibration:
     # real H100 FP8 MoE start 2026-12-05_q3moe_fp8_u09_s256_mbt8192 (3 windows,
     # tests/fixtures/real_h100_classes); judged on the two bf16 MoE starts beside it (8 windows).
     moe_layer_floor_s: float = 6.07e-05
+    # Share of the dense peak TRITON_ATTN's prefill reaches where vLLM runs it instead of
+    # FlashAttention (attention sinks below compute capability 9.0; perf_classes); 0: the fitted one.
+    triton_attn_efficiency: float = 0.0
     # 1: the model-class rules of servetune.sim.perf_classes (MoE, quantized GEMMs, sliding windows,
     # since 2026-12-05); 0: every model priced as a dense one at its active experts' width and its
     # checkpoint's bytes, no window (the rule before; benchmarks/published_runs.py --classes replays it).
@@ -229,6 +232,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "moe_mem_share": (lambda v: 0.0 < v <= 1.0, "a share of the dense weight-streaming rate: above 0, at most 1"),
     "class_rules": (lambda v: v in (0.0, 1.0), "1 (the model-class rules) or 0 (the rule before them)"),
     "moe_layer_floor_s": (lambda v: 0.0 <= v <= 1e-3, "seconds per MoE layer and step, 0 to 0.001"),
+    "triton_attn_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of the dense peak, at most 1 (0: the fitted one)"),
 }
 
 
@@ -489,7 +493,13 @@ class PerfModel:
         self._blend = cal.gemm_blend_exponent
         self._token_tile = int(cal.gemm_token_tile)
         q_heads = max(1, model.num_attention_heads // tp)
-        self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * cal.attn_efficiency)
+        attn_eff = cal.attn_efficiency
+        if rules and perf_classes.runs_triton_attention(model, gpu):
+            attn_eff = cal.triton_attn_efficiency or perf_classes.TRITON_ATTN_EFFICIENCY or attn_eff
+        self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * attn_eff)
+        self._t_mla_context = 0.0
+        if rules and model.mla_kv_lora_rank:
+            self._init_mla(model, q_heads, layers, gpu.bf16_tflops * 1e12 * attn_eff)
         self._t_attn_slide = self._t_attn * slide
         self._t_attn -= self._t_attn_slide
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP.
@@ -547,9 +557,36 @@ class PerfModel:
             # Each routed row reads its token (H) and writes 2I, then reads I and writes H.
             act += 2.0 * m.top_k * (m.hidden + 2 * m.inter + m.inter + m.hidden) * m.layers
             self._moe_mem_rate = mem_rate * cal.moe_mem_share
-            self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share)
+            self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share,
+                                                                                                m.kernel)
             self._moe_floor_s = m.layers * cal.moe_layer_floor_s
         self._act_bytes_token = act / mem_rate
+
+    def _init_mla(self, model: ModelProfile, heads: int, layers: int, attn_rate: float) -> None:
+        """MLA attention (DeepSeek-V2/V3) from its own dimensions, not the dense rules' ``head_dim``.
+
+        vLLM's MLA backends (``attention/backends/mla``; the ``MLACommonImpl`` both prefill and decode
+        go through) cache one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per token and
+        layer, on every TP rank (``ModelProfile.kv_bytes_per_token``), and:
+
+        * **prefill** up-projects the chunk's latents through ``kv_b_proj`` and runs ordinary
+          attention, scores over ``qk_nope_head_dim + qk_rope_head_dim`` and values over
+          ``v_head_dim``: ``2 (qk + v)`` FLOPs a head per (token, context) pair where the dense rule
+          has ``4 head_dim``; a chunk whose request already has context up-projects that context's
+          cached latents again (``_compute_prefill_context``): ``2 kv_lora_rank heads (nope + v)``
+          FLOPs per context token and layer, at the GEMM rate.
+        * **decode** runs absorbed (``W_UK_T``, ``W_UV``): every head scores the latent and its
+          rope part (``kv_lora_rank + rope``) and sums latents (``kv_lora_rank``), reading each
+          cached latent once for all heads, so a context token costs the larger of its bytes and
+          ``2 heads (2 kv_lora_rank + rope)`` FLOPs at the attention rate.
+        """
+        lora, rope = model.mla_kv_lora_rank, model.mla_rope_dim
+        qk, v = model.mla_nope_dim + rope, model.mla_v_dim
+        self._t_attn = 2.0 * heads * (qk + v) * layers / attn_rate
+        self._t_mla_context = 2.0 * lora * heads * (model.mla_nope_dim + v) * layers / self._flop_rate
+        decode_flops = 2.0 * heads * (2 * lora + rope) * layers / attn_rate
+        if decode_flops > self._t_kv_read:
+            self._t_kv_read = decode_flops
 
     def moe_seconds(self, tokens: int) -> float:
         """The routed experts' grouped GEMMs for ``tokens`` rows over the stage's MoE layers.
@@ -657,6 +694,8 @@ class PerfModel:
         decode_context = kv_context - prefill_context
         attention = (self._t_kv_read * (decode_context if decode_context > 0 else 0) + self._t_attn * prefill_attn_work
                      + self._t_attn_layer * micro)
+        if self._t_mla_context and prefill_context > prefill_tokens:
+            attention += self._t_mla_context * (prefill_context - prefill_tokens)  # MLA: the chunks' earlier context
         if self._window:
             attention += self._sliding_attention(num_tokens - prefill_tokens, decode_context, prefill_tokens,
                                                  prefill_context, prefill_attn_work)

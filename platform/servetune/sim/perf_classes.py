@@ -13,9 +13,12 @@ byte), so the dense fidelity figures do not move.
   expert's rows to ``BLOCK_SIZE_M``), so the weight bytes of a step are the touched experts'. Its
   FLOPs are ``2 B k x 3 H I / tp``, at the tile rows the padding leaves: ``BLOCK_SIZE_M`` is 16 while
   the batch has at most ``E`` tokens and 64 above (vLLM ``fused_moe.py`` ``get_default_config``).
-  The grouped GEMM's rate against cuBLAS's dense rate (``MOE_COMPUTE_SHARE``, per GPU
-  architecture) is the one constant of this module fitted on published runs; its weight streaming
-  rate (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. The router (``E x H``,
+  The grouped GEMM's rate against cuBLAS's dense rate (``MOE_COMPUTE_SHARE``) depends on the kernel
+  vLLM picks for the experts' format on the GPU (:func:`moe_kernel`: Triton, or Marlin where the
+  format has no tensor cores there) and on the GPU architecture; it is fitted on published runs,
+  as is the prefill rate of the Triton attention vLLM runs attention sinks on below Hopper
+  (``TRITON_ATTN_EFFICIENCY``, :func:`runs_triton_attention`). Its weight streaming rate
+  (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. The router (``E x H``,
   bf16, replicated) and shared experts (dense, every token) are ordinary GEMMs; DeepSeek's leading
   dense layers (``first_k_dense_replace``) run the dense MLP.
 * **Quantized weights** (:func:`weight_format`): fp8 checkpoints and ``--quantization fp8`` read 1 byte
@@ -31,6 +34,9 @@ byte), so the dense fidelity figures do not move.
 * **Sliding-window layers** read at most ``window`` tokens of a decode request's context
   (:func:`sliding_kv_share`), and a prefill chunk's attention on them spans at most ``window``
   tokens of context.
+* **MLA attention** (DeepSeek-V2/V3) is priced from its own dimensions by ``PerfModel._init_mla``:
+  the compressed latent read once per context token, prefill at ``qk + v`` head dims, and the
+  earlier context's latents up-projected again for each chunk.
 """
 
 from __future__ import annotations
@@ -42,18 +48,28 @@ if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES",
-           "WeightFormat", "class_gemms", "distinct_experts", "is_class_model", "moe_block_m", "moe_compute_share", "moe_shape",
+__all__ = ["ATTENTION_SINK_ARCHITECTURES", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
+           "is_class_model", "moe_block_m", "moe_compute_share", "moe_kernel", "moe_shape", "runs_triton_attention",
            "sliding_kv_share", "weight_format"]
 
 #: Share of the dense GEMMs' compute rate (``Calibration.compute_efficiency`` x the GPU's peak) that
-#: vLLM's grouped fused-MoE kernels (Triton ``fused_moe_kernel``; ``matmul_ogs`` for MXFP4) reach on
-#: their padded tiles, by GPU architecture: Triton's kernels reach a smaller share of Hopper's
-#: (three times higher) peak than of Ampere's. **Fitted** on the fit half of the published MoE runs
-#: (``benchmarks/published_runs_classes.py --fit-moe``, the split of ``benchmarks/published_runs.py``'s
-#: rule: gpt-oss-20b on one A100, gpt-oss-120b on one H100 at TP 1 and 2, Qwen3-235B-A22B bf16 at TP=8
-#: on an H100 and an A100, vLLM 0.10-0.11; a 0.05 grid); ``Calibration.moe_compute_share`` > 0 replaces it.
-MOE_COMPUTE_SHARE: dict[str, float] = {"hopper": 0.25, "ampere": 0.25}
+#: vLLM's grouped MoE kernels reach on their padded tiles, by kernel (:func:`moe_kernel`) and GPU
+#: architecture. ``triton``: the Triton ``fused_moe_kernel`` (bf16 experts, fp8 experts on fp8
+#: tensor cores) and, for MXFP4 on Hopper, ``triton_kernels``' ``matmul_ogs``; Triton's kernels reach
+#: a smaller share of Hopper's (three times higher) peak than of Ampere's. ``marlin-mxfp4``: vLLM's
+#: ``fused_marlin_moe`` on MXFP4 experts, the weight-only kernel it runs where the GPU has no fp4
+#: tensor cores and no ``triton_kernels`` path (below compute capability 9.0), dequantizing e2m1
+#: values and e8m0 scales in registers before Ampere-style ``mma.sync`` MMAs. ``marlin`` (fp8
+#: experts below compute capability 8.9, 4-bit integer experts) has no fitted cell yet: a kernel
+#: and architecture without one take ``triton``'s value of the architecture (:func:`moe_compute_share`).
+#: **Fitted** on the fit half of the published MoE runs (``benchmarks/published_runs_classes.py
+#: --fit-moe``: per cell, the least mean |headline error| on a 0.05 grid; the split of
+#: ``benchmarks/published_runs.py``'s rule): ``triton``/Hopper on gpt-oss-120b MXFP4 on H100 at
+#: TP=2, ``triton``/Ampere on Qwen3-235B-A22B bf16 on A100 at TP=8, ``marlin-mxfp4``/Ampere on
+#: gpt-oss-20b on one A100 (jointly with :data:`TRITON_ATTN_EFFICIENCY`: 0.65, from 0.25 when it
+#: shared Ampere's one value), vLLM 0.10.2-0.11.0. ``Calibration.moe_compute_share`` > 0 replaces every one.
+MOE_COMPUTE_SHARE: dict[str, dict[str, float]] = {"triton": {"hopper": 0.25, "ampere": 0.25},
+                                                  "marlin-mxfp4": {"ampere": 0.65}}
 #: Share of the dense GEMMs' weight-streaming rate (``Calibration.mem_efficiency``) the fused-MoE
 #: kernel reaches reading the touched experts at small batches. Not fitted: every published MoE run
 #: collected is prefill-bound (bursts of long prompts), so none measures it; 1.0 (the dense rate).
@@ -69,6 +85,17 @@ MXFP4_BYTES: float = 0.5 + 1.0 / 32
 #: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM fused_moe.py
 #: get_default_config, bf16 / fp8 without a tuned config file).
 _MOE_BLOCK_M_SMALL, _MOE_BLOCK_M_LARGE = 16, 64
+#: Architectures whose attention carries learned sinks (vLLM passes ``sinks=`` to ``Attention``:
+#: ``model_executor/models/gpt_oss.py``). FlashAttention serves sinks only in its version 3 (Hopper)
+#: and 4 (``fa_utils.flash_attn_supports_sinks``), FlashInfer only on SM100's trtllm path
+#: (``FlashInferBackend.supports_sink``), so below compute capability 9.0 vLLM runs them on
+#: ``TRITON_ATTN`` (the next backend of ``platforms/cuda.py``'s priority list that supports sinks).
+ATTENTION_SINK_ARCHITECTURES: frozenset[str] = frozenset({"GptOssForCausalLM"})
+#: Share of the dense peak vLLM's Triton attention (``TRITON_ATTN``'s ``unified_attention``) reaches
+#: on prefill, where it replaces FlashAttention (:func:`runs_triton_attention`). **Fitted** on the fit
+#: half's A100 gpt-oss runs (``published_runs_classes.py --fit-moe``); ``Calibration.triton_attn_efficiency``
+#: > 0 replaces it.
+TRITON_ATTN_EFFICIENCY: float = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +126,7 @@ class MoeShape:
     inter: int  # one expert's intermediate width on this rank (intermediate / tp)
     layers: int  # MoE layers on the stage
     fmt: WeightFormat
+    kernel: str = "triton"  # moe_kernel's
 
     @property
     def expert_bytes(self) -> float:
@@ -124,12 +152,53 @@ def moe_block_m(tokens: int, experts: int) -> int:
     return _MOE_BLOCK_M_SMALL if tokens <= experts else _MOE_BLOCK_M_LARGE
 
 
-def moe_compute_share(gpu: GpuSpec, override: float = 0.0) -> float:
-    """:data:`MOE_COMPUTE_SHARE` for ``gpu``'s architecture (compute capability 9.0 and up: Hopper's), or
-    ``override`` when it is above 0."""
+def runs_triton_attention(model: ModelProfile, gpu: GpuSpec) -> bool:
+    """Whether vLLM serves this model's attention on ``TRITON_ATTN`` rather than FlashAttention:
+    attention sinks (:data:`ATTENTION_SINK_ARCHITECTURES`) on a GPU below compute capability 9.0."""
+    return model.architecture in ATTENTION_SINK_ARCHITECTURES and gpu.compute_capability < 9.0
+
+
+def moe_kernel(model: ModelProfile, gpu: GpuSpec) -> str:
+    """The grouped-GEMM kernel vLLM runs this model's routed experts with on ``gpu``, as
+    :data:`MOE_COMPUTE_SHARE` keys it: ``marlin-mxfp4`` / ``marlin`` where the experts' format has
+    no tensor cores of its own there, else ``triton``.
+
+    vLLM 0.11.0: MXFP4 (``quantization/mxfp4.py``, ``get_mxfp4_backend``) takes Triton's
+    ``matmul_ogs`` on SM90, FlashInfer on SM100 and Marlin below; fp8 (``Fp8MoEMethod``) takes
+    Marlin below compute capability 8.9 (``use_marlin``); AWQ / GPTQ / W4A16 experts run
+    ``fused_marlin_moe`` (or its WNA16 Triton cousin, priced alike); bf16 experts the Triton ``fused_moe``.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> oss = load_model("gpt-oss-20b")
+        >>> moe_kernel(oss, get_gpu("H100-80GB")), moe_kernel(oss, get_gpu("A100-80GB"))
+        ('triton', 'marlin-mxfp4')
+    """
+    method = (model.quantization or "").lower()
+    if not method:
+        return "triton"
+    if model.quantized_experts_only:  # MXFP4
+        return "triton" if gpu.compute_capability >= 9.0 else "marlin-mxfp4"
+    if "fp8" in method or method == "modelopt" or model.weight_bytes_per_param >= 1.0:
+        return "triton" if gpu.fp8_compute else "marlin"
+    return "marlin"
+
+
+def moe_compute_share(gpu: GpuSpec, override: float = 0.0, kernel: str = "triton") -> float:
+    """:data:`MOE_COMPUTE_SHARE` of ``kernel`` for ``gpu``'s architecture (compute capability 9.0 and
+    up: Hopper's; a cell not fitted: ``triton``'s), or ``override`` when it is above 0.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> a100 = get_gpu("A100-80GB")
+        >>> moe_compute_share(a100, kernel="marlin-mxfp4"), moe_compute_share(a100, kernel="marlin")
+        (0.65, 0.25)
+    """
     if override > 0:
         return override
-    return MOE_COMPUTE_SHARE["hopper" if gpu.compute_capability >= 9.0 else "ampere"]
+    arch = "hopper" if gpu.compute_capability >= 9.0 else "ampere"
+    return MOE_COMPUTE_SHARE.get(kernel, {}).get(arch, MOE_COMPUTE_SHARE["triton"][arch])
 
 
 def weight_format(model: ModelProfile, gpu: GpuSpec, experts: bool = False) -> WeightFormat:
@@ -170,7 +239,8 @@ def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeSha
         return None
     moe_layers = layers - min(model.first_k_dense_replace, layers)
     return MoeShape(model.num_experts, model.num_experts_per_tok, model.hidden_size,
-                    max(1, model.expert_intermediate_size // tp), moe_layers, weight_format(model, gpu, experts=True))
+                    max(1, model.expert_intermediate_size // tp), moe_layers, weight_format(model, gpu, experts=True),
+                    moe_kernel(model, gpu))
 
 
 def class_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list[ClassGemm]:
