@@ -49,7 +49,10 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   steps of that batch); a 24B decode step at 128 in flight with short contexts, GEMM-bound,
   22.6 ms against 16.6 ms of GPU work (the ``*_h15_*`` host's trace of that load). The whole step's work
   hiding the launches (the rule until then) ran that host's prefill-heavy eager windows 12-28% fast.
-* TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / interconnect``.
+* TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / bandwidth``, both
+  by the host's interconnect (:func:`servetune.planner.comm.allreduce_cost`: NVLink and PCIe with
+  P2P at the calibrated knobs and the link's rate; without GPU P2P, NCCL's SHM path through host
+  memory at its published figures).
 * PP splits the layers; up to ``pp`` micro-batches are in flight, so a step costs
   ``pp * stage_time(batch / microbatches)`` (a lone request still pays every stage: the bubble).
 * CPU: the engine core spends ``step_overhead_s`` per step plus ``seq_overhead_s`` per scheduled
@@ -94,6 +97,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from servetune.errors import SpecError, did_you_mean
+from servetune.planner.comm import allreduce_cost
 from servetune.planner.model_memory import effective_model
 from servetune.sim import perf_classes
 
@@ -492,11 +496,13 @@ class PerfModel:
         self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * cal.attn_efficiency)
         self._t_attn_slide = self._t_attn * slide
         self._t_attn -= self._t_attn_slide
-        # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP.
+        # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
+        # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
+        # knobs, no P2P at NCCL's published SHM figures).
         if tp > 1:
-            link = gpu.interconnect_gbps * 1e9 * cal.interconnect_efficiency
-            self._t_ar_fixed = 2 * layers * cal.allreduce_latency_s
-            self._t_ar_token = 2 * layers * 2.0 * (tp - 1) / tp * model.hidden_size * 2 / link
+            ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
+            self._t_ar_fixed = 2 * layers * ar.latency_s
+            self._t_ar_token = 2 * layers * (ar.seconds(tp, model.hidden_size * 2) - ar.latency_s)
         else:
             self._t_ar_fixed = self._t_ar_token = 0.0
         self.enforce_eager = config.enforce_eager
