@@ -24,7 +24,7 @@ from typing import Any
 from servetune.errors import SpecError
 from servetune.inputs import load_yaml, missing, read_text
 from servetune.planner.flags import parse_set_option
-from servetune.planner.gpus import GpuSpec, get_gpu, register_gpus_from_yaml, with_interconnect
+from servetune.planner.gpus import GpuSpec, get_gpu, register_gpus_from_yaml, unjudged_note, with_interconnect
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim import api_cpu_factor_for_token_cost, simulate, with_calibration
@@ -152,10 +152,7 @@ def unjudged_gpu_note(gpu: GpuSpec) -> str | None:
         >>> unjudged_gpu_note(get_gpu("H200")) is None, unjudged_gpu_note(get_gpu("A10G")).startswith("A10G:")
         (True, True)
     """
-    if gpu.sim_evidence:
-        return None
-    return (f"{gpu.name}: no real vLLM run on this GPU has judged the simulator; its step times are the H200's "
-            f"calibration at {gpu.name}'s datasheet bandwidth and FLOP/s (docs/accuracy.md)")
+    return unjudged_note(gpu)
 
 
 def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: int) -> TrialResult:

@@ -39,7 +39,7 @@ from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import load_yaml, read_text, shown
 
 __all__ = ["GpuSpec", "INTERCONNECTS", "get_gpu", "known_gpus", "register_gpus_from_yaml", "register_gpu", "under_wddm",
-           "with_interconnect"]
+           "unjudged_note", "with_interconnect"]
 
 #: How the GPUs of one host reach each other, as the TP all-reduce sees it
 #: (:func:`servetune.planner.comm.allreduce_cost` prices each): ``nvlink`` (NVLink / NVSwitch, or
@@ -325,6 +325,20 @@ def with_interconnect(gpu: GpuSpec, interconnect: Any, field: str = "gpu.interco
                         f"use one of: {', '.join(INTERCONNECTS)} (a host without GPU P2P: vLLM's startup log says "
                         "'Custom allreduce is disabled because your platform lacks GPU P2P capability')")
     return dataclasses.replace(gpu, interconnect=interconnect.strip().lower())
+
+
+def unjudged_note(gpu: GpuSpec) -> str | None:
+    """One line for figures simulated on a GPU whose simulated step times no real vLLM run has judged
+    (``GpuSpec.sim_evidence`` empty); None where some have (``simulate`` and the nightly print it).
+
+    Example:
+        >>> unjudged_note(get_gpu("H200")) is None, unjudged_note(get_gpu("A10G")).startswith("A10G:")
+        (True, True)
+    """
+    if gpu.sim_evidence:
+        return None
+    return (f"{gpu.name}: no real vLLM run on this GPU has judged the simulator; its step times are the H200's "
+            f"calibration at {gpu.name}'s datasheet bandwidth and FLOP/s (docs/accuracy.md)")
 
 
 def known_gpus() -> list[str]:
