@@ -372,11 +372,18 @@ def workload_of(run: PublishedRun, dp_share: bool = True) -> Workload:
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
-    if run.closed_loop:
-        spec["concurrency"] = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // dp)
-    else:
-        spec["request_rate"] = w["request_rate"] / dp
-    return Workload.from_dict(spec)
+    rate = w.get("request_rate")
+    cap = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // dp)
+    if rate is None or math.isinf(rate):
+        spec["concurrency"] = cap
+        return Workload.from_dict(spec)
+    # A finite rate: vllm bench serve draws Poisson arrivals at it and holds at most max_concurrency
+    # in flight (its semaphore), so a capped run's requests start staggered by their arrivals, even
+    # where the cap binds (loop: closed); the simulated client does the same (sim.client: timed
+    # requests, at most ``concurrency`` at once).
+    spec["request_rate"] = rate / dp
+    load = Workload.from_dict(spec)
+    return dataclasses.replace(load, concurrency=cap) if w.get("max_concurrency") is not None else load
 
 
 @dataclasses.dataclass(frozen=True)
