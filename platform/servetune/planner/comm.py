@@ -112,6 +112,13 @@ NO_P2P_BUS_GBPS = 5.2
 #: send/recv step through host memory per peer). NCCL's own tuning model (src/graph/tuning.cc,
 #: NCCL 2.19+: Ring/LL base latency 6.6 us + 1.0 us per PCI step, two steps at TP=2) gives 8.6 us
 #: for a small all-reduce; the measured 11.7 is taken. Not fitted.
+#: How far the host moves these (a sensitivity, not a choice): noonghunna/club-3090,
+#: docs/PCIE_P2P.md, p2pBandwidthLatencyTest on two RTX 3090s (PCIe 4.0 x16, P2P off): 11.28 GB/s
+#: one way, 15.23 us a copy. Taken instead (11.28 GB/s, two 11.7 us steps per TP=2 all-reduce), the
+#: held-out A100 TP=2 runs of tests/fixtures/published_runs/dense.yaml come out 31.5% off on
+#: throughput (+24.1% bias) and 80.2% on TTFT, against 19.3% (-1.8%) and 152.8% with the figures
+#: above (docs/accuracy.md): the real path sits between the two sources; no run outside that
+#: held-out set measures it, so the figures first taken stay.
 NO_P2P_LATENCY_S = 11.7e-6
 
 # ====================================================================== NCCL / vLLM source figures
