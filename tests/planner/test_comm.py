@@ -157,3 +157,23 @@ def test_a_gpu_file_may_state_its_hosts_interconnect(tmp_path) -> None:
     with pytest.raises(SpecError) as err:
         register_gpus_from_yaml(path)
     assert err.value.field.endswith("gpus[0].interconnect")
+
+
+def test_a_pipeline_boundary_is_priced_by_the_interconnect_and_only_under_pp() -> None:
+    """PP>1: each micro-batch's hidden states and residual (2 x hidden x dtype bytes a token, each
+    TP rank its slice) cross pp - 1 boundaries (a lone request pays all of them; a full pipeline
+    its stages' average); over PCIe P2P at the link's calibrated rate, through host memory (no
+    P2P) at NCCL's SHM figures. PP=1 pays nothing."""
+    from servetune.sim.perf import PerfModel
+    model = load_model("llama-3.1-8b")
+    l40s = get_gpu("L40S")
+    args = dict(num_reqs=64, num_tokens=2048, kv_context=64 * 1000, attn_work=2048 * 1000, decode_only=False)
+    pp2 = resolve_engine_config({"pipeline_parallel_size": 2}, model, l40s)
+    p2p_cost = PerfModel(model, l40s, pp2).gpu_cost(**args).comm
+    shm_cost = PerfModel(model, with_interconnect(l40s, "pcie-no-p2p"), pp2).gpu_cost(**args).comm
+    assert 0 < p2p_cost < shm_cost
+    # Two micro-batches fill the pipeline: each stage's share of the one boundary ((pp - 1) / pp, the
+    # last stage sends nothing) of the 2,048 tokens' 2 x 4,096 bf16 values at 5.2 GB/s, one send each.
+    expected = 0.5 * (NO_P2P_LATENCY_S * 2 + 2048 * 2 * model.hidden_size * 2 / (NO_P2P_BUS_GBPS * 1e9))
+    assert shm_cost == pytest.approx(expected, rel=0.05)
+    assert PerfModel(model, l40s, resolve_engine_config({}, model, l40s)).gpu_cost(**args).comm == 0.0

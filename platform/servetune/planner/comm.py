@@ -40,7 +40,7 @@ from servetune.errors import SpecError
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.vllm_rules import V2_RUNNER
 
-__all__ = ["AllReduceCost", "CommEnv", "CommMemory", "allreduce_cost", "comm_memory", "nvls_buffer_bytes",
+__all__ = ["AllReduceCost", "CommEnv", "CommMemory", "allreduce_cost", "comm_memory", "nvls_buffer_bytes", "sendrecv_cost",
            "symm_mem_buffer_bytes", "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV", "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S"]
 
 GiB = 1 << 30
@@ -323,6 +323,10 @@ class AllReduceCost:
             return 0.0
         return self.latency_s + 2.0 * (tp - 1) / tp * message_bytes / self.bus_bytes_per_s
 
+    def sendrecv_seconds(self, message_bytes: float) -> float:
+        """One point-to-point send of ``message_bytes`` to the next rank (a pipeline boundary)."""
+        return self.latency_s + message_bytes / self.bus_bytes_per_s
+
 
 def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float) -> AllReduceCost:
     """How a TP all-reduce is priced on ``gpu``'s host (:attr:`GpuSpec.link`).
@@ -359,3 +363,30 @@ def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float
     if tp == 2:
         return AllReduceCost("custom all-reduce over PCIe P2P (NCCL above its max size)", latency_s, rate)
     return AllReduceCost("NCCL P2P over PCIe (custom all-reduce off above two PCIe GPUs)", latency_s, rate)
+
+
+def sendrecv_cost(gpu: GpuSpec, *, latency_s: float, efficiency: float) -> AllReduceCost:
+    """How a pipeline stage's send of its activations to the next stage is priced on ``gpu``'s host.
+
+    vLLM sends a stage's ``IntermediateTensors`` (hidden states and residual, each ``[tokens,
+    hidden]`` in the model's dtype; under TP each rank its 1/TP slice, gathered on arrival) with
+    NCCL's point-to-point send/recv (``parallel_state.send_tensor_dict``), never with the custom
+    all-reduce: over NVLink or PCIe P2P at the link's rate and the calibrated knobs (as the
+    all-reduce), without P2P through NCCL's SHM transport at :data:`NO_P2P_LATENCY_S` (nccl-tests'
+    one send/recv step) and :data:`NO_P2P_BUS_GBPS`. The metadata vLLM sends beside the tensors over
+    the CPU group is not priced (no published figure). Not fitted: no PP run in the published sets.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu, with_interconnect
+        >>> l40s = get_gpu("L40S")
+        >>> round(sendrecv_cost(l40s, latency_s=10e-6, efficiency=0.7).sendrecv_seconds(2**20) * 1e6, 1)
+        56.8
+        >>> sendrecv_cost(with_interconnect(l40s, "pcie-no-p2p"), latency_s=10e-6, efficiency=0.7).path
+        'NCCL send/recv through host memory (SHM: no GPU P2P)'
+    """
+    link = gpu.link
+    if link == "pcie-no-p2p":
+        return AllReduceCost("NCCL send/recv through host memory (SHM: no GPU P2P)", NO_P2P_LATENCY_S,
+                             NO_P2P_BUS_GBPS * 1e9)
+    rate = gpu.interconnect_gbps * 1e9 * efficiency
+    return AllReduceCost(f"NCCL send/recv over {'NVLink' if link == 'nvlink' else 'PCIe P2P'}", latency_s, rate)
