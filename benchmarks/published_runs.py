@@ -363,8 +363,10 @@ def load_runs(paths: Iterable[Path] | None = None) -> list[PublishedRun]:
     return runs
 
 
-def workload_of(run: PublishedRun, dp_share: bool = True) -> Workload:
-    """The run's load as servetune's :class:`Workload` for one engine (one DP replica's share)."""
+def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) -> Workload:
+    """The run's load as servetune's :class:`Workload` for one engine (one DP replica's share).
+    ``as_sent`` False: a capped finite-rate run (``loop: closed``) as the closed loop from t=0 it was
+    simulated as before arrivals were kept (``--before``)."""
     w, dp = run.workload, run.layout["dp"] if dp_share else 1
     def length(mean: int) -> Any:
         return {"mean": mean, "range_ratio": w["range_ratio"]} if w["range_ratio"] > 0 else mean
@@ -374,7 +376,7 @@ def workload_of(run: PublishedRun, dp_share: bool = True) -> Workload:
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
     rate = w.get("request_rate")
     cap = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // dp)
-    if rate is None or math.isinf(rate):
+    if rate is None or math.isinf(rate) or (not as_sent and run.closed_loop):
         spec["concurrency"] = cap
         return Workload.from_dict(spec)
     # A finite rate: vllm bench serve draws Poisson arrivals at it and holds at most max_concurrency
@@ -420,15 +422,16 @@ def h200_knobs_for(gpu_name: str) -> dict[str, float]:
     return {k: h200[k] for k in FITTED_HERE.get(gpu_name, ())}
 
 
-def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None) -> Judged:
-    """Simulate ``run`` (its model, GPU, layout, flags, vLLM version and load) and pair the figures."""
+def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_sent: bool = True) -> Judged:
+    """Simulate ``run`` (its model, GPU, layout, flags, vLLM version and load) and pair the figures
+    (``as_sent``: :func:`workload_of`'s)."""
     flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
     try:
         target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
     except SpecError as exc:
         return Judged(run, None, None, None, failure=str(exc))
     gpu = with_calibration(with_interconnect(target.gpu, run.interconnect or None), calibration or {})
-    result = simulate(target.model, gpu, target.config, workload_of(run),
+    result = simulate(target.model, gpu, target.config, workload_of(run, as_sent=as_sent),
                       plan=plan_memory(target.model, gpu, target.config))
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
@@ -438,11 +441,12 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None) -> 
 
 def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged]:
     """Every run simulated as committed, or with ``before``: the knobs :data:`FITTED_HERE` names at
-    the H200's values and every run on its GPU type's usual host (the stated ``interconnect``
-    ignored: the simulator before it took the interconnect as an input)."""
+    the H200's values, every run on its GPU type's usual host (the stated ``interconnect``
+    ignored: the simulator before it took the interconnect as an input) and capped finite-rate
+    runs as closed loops from t=0 (before their arrivals were kept)."""
     if before:
-        return [dataclasses.replace(judge(dataclasses.replace(r, interconnect=""), h200_knobs_for(r.gpu)), run=r)
-                for r in runs]
+        return [dataclasses.replace(judge(dataclasses.replace(r, interconnect=""), h200_knobs_for(r.gpu),
+                                          as_sent=False), run=r) for r in runs]
     return [judge(r) for r in runs]
 
 
@@ -575,13 +579,13 @@ def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
 
 def _report(runs: Sequence[PublishedRun], before: bool) -> dict[str, Any]:
     judged = judge_all(runs, before=before)
-    return {"calibration": "before the fits on published runs" if before else "committed",
+    return {"calibration": "before the fits, stated interconnects and kept arrivals of published runs" if before else "committed",
             "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged),
             "rankings": rankings(judged)}
 
 
 def format_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
-    """Each cell's headline and TTFT error before the fits on published runs and as committed,
+    """Each cell's headline and TTFT error before what the published runs taught (--before) and as committed,
     held out first, then the fit half (labelled: fitting data, not evidence)."""
     lines = []
     agree = [r for r in after["rankings"] if r["agree"]]
@@ -603,7 +607,8 @@ def format_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", action="store_true",
-                    help="the H200's value on every knob FITTED_HERE names (before the fits on published runs)")
+                    help="the H200's value on every knob FITTED_HERE names, every run on its GPU type's usual "
+                         "host and capped finite-rate runs as closed loops (before the published runs taught them)")
     ap.add_argument("--file", action="append", type=Path, help="only these fixture files (repeatable)")
     ap.add_argument("--gpu", action="append", help="only these GPUs (repeatable)")
     ap.add_argument("--splits", action="store_true", help="print every run's split by the rule and stop")
