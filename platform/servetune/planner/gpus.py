@@ -203,8 +203,8 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                          "is -0.5% to 0.0% there), a start stated as vLLM 0.28.0 (TP=1: -1.6%) and a vLLM 0.19.0 "
                          "Qwen2.5-72B start at TP=4 over PCIe (5.11 GiB left for KV: the planner is 5.4% high), a "
                          "vLLM 0.11.2 Qwen2.5-Coder-14B start at TP=1 (-0.9%)",
-            sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight, held out: -2% and -4% "
-                         "throughput)"),
+            sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight under a request rate, held "
+                         "out: -1.6% and -4.2% throughput, TTFT +5.6% and +16.2%)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
     GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4",
