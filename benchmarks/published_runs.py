@@ -14,6 +14,8 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
       dtype: bfloat16                # optional
       quantization: null             # optional (awq, gptq, fp8, ...)
       layout: {tp: 1, pp: 1, dp: 1, ep: 1}
+      interconnect: pcie-no-p2p      # optional: how the GPUs reach each other where the source shows it
+                                     # (nvlink | pcie | pcie-no-p2p; default: the part's usual host)
       flags: {max_num_seqs: 256}     # every non-default vLLM flag stated (servetune's flag names)
       other_flags: [--disable-log-stats]   # stated flags that change nothing simulated (optional)
       workload: {dataset: random, input_len: 1024, output_len: 128, num_prompts: 1000,
@@ -49,7 +51,7 @@ move others: the loader checks every run's ``split`` against the rule and names 
     .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
         --fit A100-80GB attn_efficiency 0.2681 0.73
     .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
-        --compare --json > benchmarks/results/published_runs_heldout.json   # the recorded results
+        --compare --json > benchmarks/results/published_runs_heldout_links.json   # the recorded results
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ if str(ROOT / "platform") not in sys.path:
     sys.path.insert(0, str(ROOT / "platform"))
 
 from servetune.errors import SpecError  # noqa: E402
-from servetune.planner.gpus import get_gpu  # noqa: E402
+from servetune.planner.gpus import get_gpu, with_interconnect  # noqa: E402
 from servetune.planner.memory import plan_memory  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile, load_model  # noqa: E402
 from servetune.planner.target import resolve_target  # noqa: E402
@@ -88,7 +90,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
 LOG_MODELS = ROOT / "tests" / "fixtures" / "published_logs" / "models"
 REQUIRED = ("id", "source", "vllm_version", "gpu", "num_gpus", "model", "layout", "flags", "workload", "client",
             "measured", "split")
-OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes", "sim_vllm_version", "other_flags")
+OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes", "sim_vllm_version", "other_flags",
+            "interconnect")
 LAYOUT_KEYS = ("tp", "pp", "dp", "ep")
 WORKLOAD_KEYS = ("dataset", "input_len", "output_len", "num_prompts", "request_rate", "max_concurrency",
                  "range_ratio", "prefix_len", "num_prefix_groups", "loop")
@@ -119,6 +122,8 @@ class PublishedRun:
     quantization: str | None = None
     #: The vLLM version simulated: ``vllm_version``, or ``sim_vllm_version`` where that predates 0.11.
     sim_vllm_version: str = ""
+    #: The host's interconnect where the source shows it (servetune.planner.gpus.INTERCONNECTS), else "".
+    interconnect: str = ""
 
     @property
     def closed_loop(self) -> bool:
@@ -132,7 +137,9 @@ class PublishedRun:
 
     @property
     def layout_label(self) -> str:
-        return " ".join(f"{k.upper()}{self.layout[k]}" for k in LAYOUT_KEYS if k == "tp" or self.layout[k] > 1)
+        """``TP2 PP2`` and, where a TP group's host link was stated, the link (``TP2 pcie-no-p2p``)."""
+        label = " ".join(f"{k.upper()}{self.layout[k]}" for k in LAYOUT_KEYS if k == "tp" or self.layout[k] > 1)
+        return f"{label} {self.interconnect}" if self.interconnect and self.layout["tp"] > 1 else label
 
     def stat(self, name: str) -> float | None:
         """The published mean of ``ttft_ms`` / ``tpot_ms`` / ``itl_ms``, else its median; None if neither."""
@@ -284,6 +291,7 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
     if entry.get("raw_file") and not (fixture_dir / str(entry["raw_file"])).is_file():
         raise _fail(where, "raw_file", f"{entry['raw_file']} is not beside the fixture", "add the file or fix its name")
     gpu = get_gpu(str(entry["gpu"]))
+    link = with_interconnect(gpu, entry.get("interconnect"), f"{where}: interconnect").interconnect
     if gpu.name != entry["gpu"]:
         raise _fail(where, "gpu", f"{entry['gpu']!r} is an alias", f"write the table's name: {gpu.name}")
     sim_version = _sim_version(where, entry)
@@ -305,7 +313,7 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
         flags=dict(flags), workload=workload, client=dict(entry["client"]),
         measured=_measured(where, entry["measured"], closed), split=str(entry["split"]),
         assumed=tuple(map(str, entry.get("assumed") or ())), quantization=entry.get("quantization"),
-        sim_vllm_version=sim_version)
+        sim_vllm_version=sim_version, interconnect=link)
 
 
 def sweep_key(run: PublishedRun) -> str:
@@ -355,8 +363,10 @@ def load_runs(paths: Iterable[Path] | None = None) -> list[PublishedRun]:
     return runs
 
 
-def workload_of(run: PublishedRun, dp_share: bool = True) -> Workload:
-    """The run's load as servetune's :class:`Workload` for one engine (one DP replica's share)."""
+def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) -> Workload:
+    """The run's load as servetune's :class:`Workload` for one engine (one DP replica's share).
+    ``as_sent`` False: a capped finite-rate run (``loop: closed``) as the closed loop from t=0 it was
+    simulated as before arrivals were kept (``--before``)."""
     w, dp = run.workload, run.layout["dp"] if dp_share else 1
     def length(mean: int) -> Any:
         return {"mean": mean, "range_ratio": w["range_ratio"]} if w["range_ratio"] > 0 else mean
@@ -364,11 +374,18 @@ def workload_of(run: PublishedRun, dp_share: bool = True) -> Workload:
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
-    if run.closed_loop:
-        spec["concurrency"] = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // dp)
-    else:
-        spec["request_rate"] = w["request_rate"] / dp
-    return Workload.from_dict(spec)
+    rate = w.get("request_rate")
+    cap = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // dp)
+    if rate is None or math.isinf(rate) or (not as_sent and run.closed_loop):
+        spec["concurrency"] = cap
+        return Workload.from_dict(spec)
+    # A finite rate: vllm bench serve draws Poisson arrivals at it and holds at most max_concurrency
+    # in flight (its semaphore), so a capped run's requests start staggered by their arrivals, even
+    # where the cap binds (loop: closed); the simulated client does the same (sim.client: timed
+    # requests, at most ``concurrency`` at once).
+    spec["request_rate"] = rate / dp
+    load = Workload.from_dict(spec)
+    return dataclasses.replace(load, concurrency=cap) if w.get("max_concurrency") is not None else load
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,15 +422,16 @@ def h200_knobs_for(gpu_name: str) -> dict[str, float]:
     return {k: h200[k] for k in FITTED_HERE.get(gpu_name, ())}
 
 
-def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None) -> Judged:
-    """Simulate ``run`` (its model, GPU, layout, flags, vLLM version and load) and pair the figures."""
+def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_sent: bool = True) -> Judged:
+    """Simulate ``run`` (its model, GPU, layout, flags, vLLM version and load) and pair the figures
+    (``as_sent``: :func:`workload_of`'s)."""
     flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
     try:
         target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
     except SpecError as exc:
         return Judged(run, None, None, None, failure=str(exc))
-    gpu = with_calibration(target.gpu, calibration or {})
-    result = simulate(target.model, gpu, target.config, workload_of(run),
+    gpu = with_calibration(with_interconnect(target.gpu, run.interconnect or None), calibration or {})
+    result = simulate(target.model, gpu, target.config, workload_of(run, as_sent=as_sent),
                       plan=plan_memory(target.model, gpu, target.config))
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
@@ -422,8 +440,14 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None) -> 
 
 
 def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged]:
-    """Every run simulated as committed, or with ``before``: the knobs :data:`FITTED_HERE` names at the H200's values."""
-    return [judge(r, h200_knobs_for(r.gpu) if before else None) for r in runs]
+    """Every run simulated as committed, or with ``before``: the knobs :data:`FITTED_HERE` names at
+    the H200's values, every run on its GPU type's usual host (the stated ``interconnect``
+    ignored: the simulator before it took the interconnect as an input) and capped finite-rate
+    runs as closed loops from t=0 (before their arrivals were kept)."""
+    if before:
+        return [dataclasses.replace(judge(dataclasses.replace(r, interconnect=""), h200_knobs_for(r.gpu),
+                                          as_sent=False), run=r) for r in runs]
+    return [judge(r) for r in runs]
 
 
 def fit_loss(judged: Sequence[Judged]) -> float:
@@ -555,13 +579,13 @@ def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
 
 def _report(runs: Sequence[PublishedRun], before: bool) -> dict[str, Any]:
     judged = judge_all(runs, before=before)
-    return {"calibration": "before the fits on published runs" if before else "committed",
+    return {"calibration": "before the fits, stated interconnects and kept arrivals of published runs" if before else "committed",
             "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged),
             "rankings": rankings(judged)}
 
 
 def format_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
-    """Each cell's headline and TTFT error before the fits on published runs and as committed,
+    """Each cell's headline and TTFT error before what the published runs taught (--before) and as committed,
     held out first, then the fit half (labelled: fitting data, not evidence)."""
     lines = []
     agree = [r for r in after["rankings"] if r["agree"]]
@@ -583,7 +607,8 @@ def format_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> st
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", action="store_true",
-                    help="the H200's value on every knob FITTED_HERE names (before the fits on published runs)")
+                    help="the H200's value on every knob FITTED_HERE names, every run on its GPU type's usual "
+                         "host and capped finite-rate runs as closed loops (before the published runs taught them)")
     ap.add_argument("--file", action="append", type=Path, help="only these fixture files (repeatable)")
     ap.add_argument("--gpu", action="append", help="only these GPUs (repeatable)")
     ap.add_argument("--splits", action="store_true", help="print every run's split by the rule and stop")

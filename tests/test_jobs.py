@@ -48,11 +48,15 @@ def test_shipped_nightly_matrix_expands_to_valid_specs(tmp_path: Path) -> None:
     from servetune.nightly import expand_matrix, load_matrix
     from servetune.spec.schema import StudySpec
 
+    from servetune.nightly import calibration_warning
+
     cells = expand_matrix(load_matrix(REPO / "jobs" / "nightly.yaml"))
-    assert [c.name for c in cells] == ["servetune-test-850m.H200.chat", "servetune-test-850m.A100-40GB.chat"]
+    assert [c.name for c in cells] == ["servetune-test-850m.H200.chat", "servetune-test-850m.A100-80GB.chat"]
     for cell in cells:
         spec = StudySpec.from_dict({**cell.spec_data, "name": cell.study_name("20260101")}, REPO / "jobs", cwd=tmp_path)
         assert spec.gpu.type == cell.gpu_type and spec.name.endswith("-20260101")
+        # the shipped nightly runs judged GPU types only: no cell carries the report's warning
+        assert calibration_warning(spec.gpu_spec(), "sim") == "", cell.name
 
 
 def test_a_python_without_servetunes_core_is_one_line_naming_what_it_lacks(tmp_path: Path) -> None:

@@ -18,8 +18,9 @@ from mlflow.tracking import MlflowClient
 
 from servetune.records import dataset
 from servetune.errors import SpecError
-from servetune.nightly import (CellNight, NoiseSettings, Verdict, compare, expand_matrix, noise_of, rank_by_cost,
-                               render_report, run_nightly, scaled_calibration)
+from servetune.nightly import (CellNight, NoiseSettings, Verdict, calibration_warning, compare, expand_matrix, noise_of,
+                               rank_by_cost, render_report, run_nightly, scaled_calibration)
+from servetune.planner.gpus import get_gpu
 from servetune.search.warmstart import warm_start_flags
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,6 +90,28 @@ def test_report_ranks_gpu_types_by_cost_per_model_and_workload() -> None:
     assert rows[0].startswith("| 1 | L4 | 0.150 |") and rows[2].startswith("| 3 | H200 | 0.400 |")
 
 
+def test_a_cell_on_a_gpu_type_whose_calibration_is_not_judged_runs_with_a_warning_and_is_not_ranked() -> None:
+    """The rule the nightly applies (calibration_warning): simulated cells on GPU types without
+    sim_evidence are flagged in the report and left out of the ranking across GPU types; a judged
+    GPU type, or trials on real GPUs or a recorded landscape, carry no warning."""
+    assert calibration_warning(get_gpu("A100-80GB"), "sim") == ""  # judged on published runs
+    assert calibration_warning(get_gpu("L4"), "sim") == ""
+    assert calibration_warning(get_gpu("A100-40GB"), "vllm") == calibration_warning(get_gpu("A10G"), "replay") == ""
+    warn = calibration_warning(get_gpu("A100-40GB"), "sim")
+    assert warn.startswith("A100-40GB: no real vLLM run") and calibration_warning(get_gpu("A10G"), "auto")
+    v = Verdict(False, None, None, math.nan, "first night")
+    judged = CellNight("m.H200.chat", "s", "20260101", "output_throughput", "maximize", 1000.0, [], 0.0, None, None,
+                       v, cost_per_mtok=0.40, gpu_type="H200")
+    cheap = CellNight("m.A100-40GB.chat", "s", "20260101", "output_throughput", "maximize", 1000.0, [], 0.0, None,
+                      None, v, cost_per_mtok=0.10, gpu_type="A100-40GB", calibration_warning=warn)
+    assert [n.gpu_type for n in rank_by_cost([judged, cheap])["m.*.chat"]] == ["H200"]
+    report = render_report("20260101", [judged, cheap], pd.DataFrame(), {})
+    assert "**Warning: calibration not judged** on A100-40GB:" in report
+    assert "Not ranked (calibration not judged): m.A100-40GB.chat 0.100 $/Mtok." in report
+    assert f"**Warning:** {warn}." in report.split("## m.A100-40GB.chat")[1]
+    assert "calibration not judged" not in render_report("20260101", [judged], pd.DataFrame(), {})
+
+
 def _matrix(tmp: Path, mlflow_uri: str) -> Path:
     data = {
         "name": "nightly-test",
@@ -136,13 +159,20 @@ def test_two_nights_detect_a_planted_regression(tmp_path: Path, mlflow_server: s
     assert h200_line.endswith("| REGRESSION |") and a100_line.endswith("| ok |")
     assert "Planted regression: the simulated engine ran at 0.5 x its speed." in report
     assert "Warm start from earlier nights" in report
-    # GPU types ranked by cost per million good output tokens; the H200 cell at half speed costs more.
-    ranking = report.split("## GPU types by cost per million output tokens at the SLO")[1]
-    ranked = [line.split(" | ")[1] for line in ranking.splitlines() if line.startswith(("| 1 |", "| 2 |"))][:2]
-    night2_cost = {c: float(line.split(" | ")[2].replace(",", "")) for c, line in
-                   (("H200" if "| H200 |" in line else "A100-40GB", line) for line in ranking.splitlines()
-                    if line.startswith(("| 1 |", "| 2 |")))}
-    assert ranked == sorted(night2_cost, key=night2_cost.get) and set(ranked) == {"H200", "A100-40GB"}
+    # GPU types ranked by cost per million good output tokens: only the judged ones. The A100-40GB's
+    # simulator calibration no real run has judged: its cell ran (its verdict above) with a warning,
+    # and its cost is shown, not ranked.
+    ranking = report.split("## GPU types by cost per million output tokens at the SLO")[1].split("\n## ")[0]
+    ranked = [line.split(" | ")[1] for line in ranking.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    night2_cost = {"H200": float(next(line for line in ranking.splitlines()
+                                      if line.startswith("| 1 | H200 |")).split(" | ")[2].replace(",", ""))}
+    assert ranked == ["H200"]
+    assert f"Not ranked (calibration not judged): {A100_CELL} " in ranking
+    assert "**Warning: calibration not judged** on A100-40GB" in report
+    a100_section = report.split(f"## {A100_CELL}")[1]
+    assert "**Warning:** A100-40GB: no real vLLM run on this GPU has judged the simulator" in a100_section
+    assert "**Warning:**" not in report.split(f"## {H200_CELL}")[1].split(f"## {A100_CELL}")[0]
+    assert f"cell {A100_CELL}: warning: A100-40GB" in proc.stdout
     assert (tmp_path / "nightly" / "reports" / "20261102" / f"{H200_CELL}.png").stat().st_size > 1000
 
     history = pd.read_parquet(tmp_path / "nightly" / "nightly_history.parquet")

@@ -16,6 +16,12 @@ The contract:
 - Cost: each cell's cheapest feasible trial in dollars per million good output tokens (its GPU
   type's list price, :mod:`servetune.cost`); the report ranks the GPU types of each model and
   workload by it.
+- Judged GPUs only: a cell simulated on a GPU type whose simulator calibration no real vLLM run has
+  judged (``GpuSpec.sim_evidence`` empty, :func:`~servetune.planner.gpus.unjudged_note`) still runs
+  (its regressions still count), but the report says so beside it and leaves it out of the cost
+  ranking across GPU types: comparing such a type's simulated cost with a judged one's would rest on
+  the H200's constants at another GPU's datasheet rates. Cells measured on real GPUs (backend
+  ``vllm``) are judged by being real.
 - Outputs: ``<output.dir>/nightly_history.parquet`` (one row per cell and night), and beside it
   ``reports/<YYYYMMDD>/report.md`` with a table, the GPU types by cost, and one plot per cell; both the report and the
   plots are logged to MLflow as artifacts of a run named ``nightly-<YYYYMMDD>``
@@ -23,7 +29,8 @@ The contract:
   1 when any cell regressed.
 
 Pure pieces (no I/O): :func:`expand_matrix`, :func:`deep_merge`, :func:`noise_of`, :func:`compare`,
-:func:`scaled_calibration`, :func:`rank_by_cost`, :func:`render_report`. The rest does I/O.
+:func:`scaled_calibration`, :func:`calibration_warning`, :func:`rank_by_cost`, :func:`render_report`.
+The rest does I/O.
 
 Example:
     >>> from servetune.nightly import compare
@@ -50,6 +57,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
+from servetune.backends import capabilities
 from servetune.cluster.pool import TrialPool
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner import gpus
@@ -282,6 +290,8 @@ class CellNight:
     goodput: float | None = None
     gpu_type: str = ""
     price: str = ""  # the price it rests on: $/GPU-h, date, source
+    #: Why this cell's simulated figures rest on an unjudged calibration (calibration_warning); "" if judged.
+    calibration_warning: str = ""
 
 
 @dataclasses.dataclass
@@ -297,9 +307,26 @@ class NightlyOutcome:
         return [c for c in self.cells if c.verdict.regressed]
 
 
+def calibration_warning(gpu: gpus.GpuSpec, backend: str) -> str:
+    """The report's warning for a cell on ``gpu`` run by ``backend``: "" where the simulator's
+    calibration on that GPU type has been judged on real runs, or where no simulator ran the trials
+    (``vllm``, ``replay``); else :func:`~servetune.planner.gpus.unjudged_note`'s line. Pure.
+
+    Example:
+        >>> calibration_warning(gpus.get_gpu("H200"), "sim"), calibration_warning(gpus.get_gpu("A10G"), "vllm")
+        ('', '')
+        >>> calibration_warning(gpus.get_gpu("A10G"), "sim").startswith("A10G: no real vLLM run")
+        True
+    """
+    can = capabilities(backend)
+    if can.real_gpus or can.reads_landscape:  # measured on real GPUs, or a recorded landscape: no simulator
+        return ""
+    return gpus.unjudged_note(gpu) or ""
+
+
 def rank_by_cost(nights: Sequence[CellNight]) -> dict[str, list[CellNight]]:
-    """Per model and workload (``<model>.*.<workload>``), the cells with a cost, cheapest per million
-    good output tokens first. Pure.
+    """Per model and workload (``<model>.*.<workload>``), the cells with a cost on a judged GPU type
+    (no :attr:`CellNight.calibration_warning`), cheapest per million good output tokens first. Pure.
 
     Example:
         >>> v = Verdict(False, None, None, math.nan, "")
@@ -313,7 +340,7 @@ def rank_by_cost(nights: Sequence[CellNight]) -> dict[str, list[CellNight]]:
         model, _, rest = n.cell.partition(".")
         workload = rest.partition(".")[2]
         groups.setdefault(f"{model}.*.{workload}", [])
-        if n.cost_per_mtok is not None:
+        if n.cost_per_mtok is not None and not n.calibration_warning:
             groups[f"{model}.*.{workload}"].append(n)
     return {k: sorted(v, key=lambda n: (n.cost_per_mtok, n.cell)) for k, v in groups.items() if v}
 
@@ -321,16 +348,21 @@ def rank_by_cost(nights: Sequence[CellNight]) -> dict[str, list[CellNight]]:
 def _cost_section(nights: Sequence[CellNight]) -> list[str]:
     """The report's ranking of GPU types by cost per million good output tokens (empty without costs)."""
     ranked = rank_by_cost(nights)
-    if not ranked:
+    unjudged = [n for n in nights if n.calibration_warning and n.cost_per_mtok is not None]
+    if not ranked and not unjudged:
         return []
     lines = ["", "## GPU types by cost per million output tokens at the SLO", "",
              "The cheapest feasible trial of each cell: its GPU type's list price x its GPUs over the output tokens "
-             "of the requests that met the cell's latency targets (servetune.cost)."]
+             "of the requests that met the cell's latency targets (servetune.cost). Only GPU types whose simulator "
+             "calibration real runs have judged are ranked."]
     for group, cells in ranked.items():
         lines += ["", f"**{group}**", "", "| rank | GPU type | $/Mtok | good output tok/s | price |", "|---|---|---|---|---|"]
         for i, n in enumerate(cells, start=1):
             good = "-" if n.goodput is None else f"{n.goodput:,.0f}"
             lines.append(f"| {i} | {n.gpu_type or n.cell} | {n.cost_per_mtok:,.3f} | {good} | {n.price or '-'} |")
+    if unjudged:
+        lines += ["", "Not ranked (calibration not judged): "
+                  + "; ".join(f"{n.cell} {n.cost_per_mtok:,.3f} $/Mtok" for n in unjudged) + "."]
     return lines
 
 
@@ -348,6 +380,11 @@ def render_report(date: str, nights: Sequence[CellNight], history: pd.DataFrame,
     bad = [n for n in nights if n.verdict.regressed]
     lines.append(f"**{len(bad)} regression(s)** in {len(nights)} cell(s)." if bad else
                  f"No regression in {len(nights)} cell(s).")
+    unjudged = sorted({n.gpu_type or n.cell for n in nights if n.calibration_warning})
+    if unjudged:
+        lines += ["", f"**Warning: calibration not judged** on {', '.join(unjudged)}: their cells ran on the "
+                  "simulator without real vLLM runs on that GPU type behind it; their figures are shown, not "
+                  "ranked against judged GPU types."]
     lines += ["", "| cell | best | previous | change | noise (stdev) | tolerance | verdict |",
               "|---|---|---|---|---|---|---|"]
     for n in nights:
@@ -361,6 +398,8 @@ def render_report(date: str, nights: Sequence[CellNight], history: pd.DataFrame,
     for n in nights:
         lines += ["", f"## {n.cell}", "",
                   f"Study `{n.study}`, objective `{n.objective}` ({n.direction}). {n.verdict.reason}."]
+        if n.calibration_warning:
+            lines.append(f"**Warning:** {n.calibration_warning}.")
         if n.injected is not None:
             lines.append(f"Planted regression: the simulated engine ran at {n.injected:g} x its speed.")
         if n.warm_start:
@@ -522,6 +561,10 @@ def _run_cell(night: _Night, cell: Any) -> CellNight:
         data["gpu"] = {**data["gpu"], "file": str(_inject_gpu_file(cell.gpu_type, factor, night.report_dir))}
     try:
         spec = StudySpec.from_dict(data, night.matrix_file.parent, cwd=night.here)
+        # Read before a planted table replaces the GPU (its sim_evidence is the real type's).
+        judged_note = calibration_warning(original or spec.gpu_spec(), spec.backend)
+        if judged_note:
+            out.write(f"nightly {date}: cell {cell.name}: warning: {judged_note}\n")
         objective, direction = spec.objective.metrics[0], spec.objective.directions[0]
         earlier_rows = (dataset.read_trials(night.dataset_dir, gpu_type=spec.gpu.type) if night.dataset_dir.exists()
                         else pd.DataFrame())
@@ -562,7 +605,7 @@ def _run_cell(night: _Night, cell: Any) -> CellNight:
               f"{'REGRESSION' if verdict.regressed else 'ok'} ({verdict.reason})\n")
     return CellNight(cell.name, spec.name, date, objective, direction, best, repeats, noise,
                      outcome.best_flags, warm, verdict, factor, cost, good, spec.gpu.type,
-                     "" if spec.gpu_price is None else spec.gpu_price.describe())
+                     "" if spec.gpu_price is None else spec.gpu_price.describe(), judged_note)
 
 
 def _write_night(night: _Night, nights: list[CellNight], history_path: Path) -> NightlyOutcome:

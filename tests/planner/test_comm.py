@@ -6,9 +6,9 @@ import pytest
 
 from servetune.engines.vllm.engine import SAFE_ENV
 from servetune.errors import SpecError
-from servetune.planner.comm import (NON_TORCH_GIB_MULTI, SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv, comm_memory,
-                                    nvls_buffer_bytes)
-from servetune.planner.gpus import get_gpu
+from servetune.planner.comm import (NO_P2P_BUS_GBPS, NO_P2P_LATENCY_S, NON_TORCH_GIB_MULTI, SERVETUNE_LAUNCH_ENV,
+                                    VLLM_DEFAULT_ENV, CommEnv, allreduce_cost, comm_memory, nvls_buffer_bytes)
+from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 
@@ -99,3 +99,81 @@ def test_v1_runner_tp_growth_over_pcie_is_ncclsource_two_channel_figure_not_the_
         assert gib(pcie) == pytest.approx(NON_TORCH_GIB_MULTI_V1_PCIE, abs=1e-6), pcie
     assert gib("L40S", tp=1, pp=2) == gib("H100-80GB", tp=1, pp=2)  # PP only: no ring all-reduce
     assert gib("L40S", v=(0, 26, 0)) == gib("H100-80GB", v=(0, 26, 0))  # V2 runner: 0.06 everywhere
+
+
+@pytest.mark.parametrize(("gpu", "link"), [("H200", "nvlink"), ("A100-80GB", "nvlink"), ("B200", "nvlink"),
+                                           ("L40S", "pcie"), ("L4", "pcie"), ("H100-PCIe", "pcie"), ("RTX-4090", "pcie")])
+def test_each_part_defaults_to_its_usual_host(gpu: str, link: str) -> None:
+    assert get_gpu(gpu).link == link
+
+
+def test_the_all_reduce_path_follows_the_interconnect_and_vllms_custom_all_reduce_rules() -> None:
+    """NVLink and PCIe with P2P: the calibrated latency and efficiency of the link's rate (custom
+    all-reduce at TP=2 on PCIe, NCCL above two PCIe GPUs); without P2P: NCCL's SHM figures,
+    whatever the part's link rate."""
+    a100, l40s = get_gpu("A100-80GB"), get_gpu("L40S")
+    nv = allreduce_cost(a100, 2, latency_s=10e-6, efficiency=0.7)
+    assert (nv.latency_s, nv.bus_bytes_per_s) == (10e-6, pytest.approx(300e9 * 0.7))
+    assert "custom all-reduce" in allreduce_cost(l40s, 2, latency_s=10e-6, efficiency=0.7).path
+    assert "custom all-reduce off" in allreduce_cost(l40s, 4, latency_s=10e-6, efficiency=0.7).path
+    for gpu in (a100, l40s):
+        shm = allreduce_cost(with_interconnect(gpu, "pcie-no-p2p"), 2, latency_s=10e-6, efficiency=0.7)
+        assert (shm.latency_s, shm.bus_bytes_per_s) == (NO_P2P_LATENCY_S, NO_P2P_BUS_GBPS * 1e9)
+    # 2 (tp-1)/tp of the message crosses at the bus rate: 8 MiB at TP=2 over SHM is ~1.6 ms
+    shm = allreduce_cost(with_interconnect(a100, "pcie-no-p2p"), 2, latency_s=0.0, efficiency=1.0)
+    assert shm.seconds(2, 8 << 20) == pytest.approx(NO_P2P_LATENCY_S + (8 << 20) / 5.2e9)
+    assert shm.seconds(1, 8 << 20) == 0.0
+    assert shm.seconds(4, 8 << 20) == pytest.approx(NO_P2P_LATENCY_S + 1.5 * (8 << 20) / 5.2e9)
+
+
+def test_the_simulated_tp_step_slows_on_a_host_without_p2p_and_only_there() -> None:
+    from servetune.sim.perf import PerfModel
+    model = load_model("llama-3.1-8b")
+    a100 = get_gpu("A100-80GB")
+    config = resolve_engine_config({"tensor_parallel_size": 2}, model, a100)
+    args = dict(num_reqs=64, num_tokens=64, kv_context=64 * 1000, attn_work=64 * 1000, decode_only=True)
+    nvlink = PerfModel(model, a100, config).gpu_cost(**args)
+    shm = PerfModel(model, with_interconnect(a100, "pcie-no-p2p"), config).gpu_cost(**args)
+    assert shm.comm > 5 * nvlink.comm
+    assert (shm.gemm, shm.attention) == (nvlink.gemm, nvlink.attention)
+    single = resolve_engine_config({}, model, a100)
+    assert PerfModel(model, with_interconnect(a100, "pcie-no-p2p"), single).gpu_cost(**args).comm == 0.0
+
+
+@pytest.mark.parametrize("value", ["pcie_no_p2p", "NVSwitch", 3, ["nvlink"]])
+def test_a_bad_interconnect_is_refused_naming_the_field(value: object) -> None:
+    with pytest.raises(SpecError) as err:
+        with_interconnect(get_gpu("A100-80GB"), value, "gpu.interconnect")
+    assert err.value.field == "gpu.interconnect" and "pcie-no-p2p" in err.value.fix
+
+
+def test_a_gpu_file_may_state_its_hosts_interconnect(tmp_path) -> None:
+    path = tmp_path / "gpus.yaml"
+    path.write_text("gpus:\n  - {name: Cloud-A100, memory_gib: 79, hbm_gbps: 1935, bf16_tflops: 312, fp8_tflops: 312,"
+                    " interconnect_gbps: 32, interconnect: pcie-no-p2p}\n")
+    assert register_gpus_from_yaml(path) == ["Cloud-A100"] and get_gpu("Cloud-A100").link == "pcie-no-p2p"
+    path.write_text("gpus:\n  - {name: Cloud-B, memory_gib: 79, hbm_gbps: 1935, bf16_tflops: 312, fp8_tflops: 312,"
+                    " interconnect_gbps: 32, interconnect: infiniband}\n")
+    with pytest.raises(SpecError) as err:
+        register_gpus_from_yaml(path)
+    assert err.value.field.endswith("gpus[0].interconnect")
+
+
+def test_a_pipeline_boundary_is_priced_by_the_interconnect_and_only_under_pp() -> None:
+    """PP>1: each micro-batch's hidden states and residual (2 x hidden x dtype bytes a token, each
+    TP rank its slice) cross pp - 1 boundaries (a lone request pays all of them; a full pipeline
+    its stages' average); over PCIe P2P at the link's calibrated rate, through host memory (no
+    P2P) at NCCL's SHM figures. PP=1 pays nothing."""
+    from servetune.sim.perf import PerfModel
+    model = load_model("llama-3.1-8b")
+    l40s = get_gpu("L40S")
+    args = dict(num_reqs=64, num_tokens=2048, kv_context=64 * 1000, attn_work=2048 * 1000, decode_only=False)
+    pp2 = resolve_engine_config({"pipeline_parallel_size": 2}, model, l40s)
+    p2p_cost = PerfModel(model, l40s, pp2).gpu_cost(**args).comm
+    shm_cost = PerfModel(model, with_interconnect(l40s, "pcie-no-p2p"), pp2).gpu_cost(**args).comm
+    assert 0 < p2p_cost < shm_cost
+    # Two micro-batches fill the pipeline: each stage's share of the one boundary ((pp - 1) / pp, the
+    # last stage sends nothing) of the 2,048 tokens' 2 x 4,096 bf16 values at 5.2 GB/s, one send each.
+    expected = 0.5 * (NO_P2P_LATENCY_S * 2 + 2048 * 2 * model.hidden_size * 2 / (NO_P2P_BUS_GBPS * 1e9))
+    assert shm_cost == pytest.approx(expected, rel=0.05)
+    assert PerfModel(model, l40s, resolve_engine_config({}, model, l40s)).gpu_cost(**args).comm == 0.0

@@ -206,6 +206,8 @@ BAD: list[tuple[str, dict[str, Any], str, str]] = [
     ("gpu string", {"gpu": "H200"}, "gpu", "type:"),
     ("gpu type unknown", {"gpu": {"type": "H300", "count": 1}}, "gpu.type", "H200"),
     ("gpu type missing", {"gpu": {"count": 1}}, "gpu.type", "is required"),
+    ("gpu interconnect unknown", {"gpu": {"type": "A100-80GB", "count": 2, "interconnect": "pcie-nop2p"}},
+     "gpu.interconnect", "did you mean 'pcie-no-p2p'"),
     ("gpu count zero", {"gpu": {"type": "H200", "count": 0}}, "gpu.count", ">= 1"),
     ("gpu count text", {"gpu": {"type": "H200", "count": "two"}}, "gpu.count", "integer"),
     ("gpu unknown key", {"gpu": {"type": "H200", "cout": 2}}, "gpu.cout", "did you mean 'count'"),
@@ -472,3 +474,12 @@ def test_wait_for_gpus_defaults_to_30_s_and_refuses_what_a_worker_start_would_ex
         with pytest.raises(SpecError) as err:
             StudySpec.from_dict(data, cwd=tmp_path)
         assert err.value.field == "budget.wait_for_gpus_s" and words in str(err.value) and err.value.fix
+
+
+def test_gpu_interconnect_defaults_by_type_and_a_stated_one_reaches_the_gpu_spec(tmp_path: Path) -> None:
+    """gpu.interconnect is optional: unset, the GPU type's usual host (an SXM part's NVLink); set, the
+    study's GPU is priced on it (the simulator's TP all-reduce, planner.comm.allreduce_cost)."""
+    assert build(tmp_path, gpu={"type": "A100-80GB", "count": 2}).gpu_spec().link == "nvlink"
+    spec = build(tmp_path, gpu={"type": "A100-80GB", "count": 2, "interconnect": "PCIe-No-P2P"})
+    assert spec.gpu.interconnect == "pcie-no-p2p" and spec.gpu_spec().link == "pcie-no-p2p"
+    assert spec.gpu_spec().name == "A100-80GB"

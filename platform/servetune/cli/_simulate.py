@@ -24,7 +24,7 @@ from typing import Any
 from servetune.errors import SpecError
 from servetune.inputs import load_yaml, missing, read_text
 from servetune.planner.flags import parse_set_option
-from servetune.planner.gpus import GpuSpec, register_gpus_from_yaml
+from servetune.planner.gpus import GpuSpec, get_gpu, register_gpus_from_yaml, unjudged_note, with_interconnect
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim import api_cpu_factor_for_token_cost, simulate, with_calibration
@@ -67,6 +67,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a vLLM flag, e.g. --set max_num_seqs=64 (repeatable)")
     p.add_argument("--vllm-version", default=None, help="vLLM version to mimic (default: the project's)")
     p.add_argument("--gpu-file", default=None, help="YAML file with extra GPU definitions")
+    p.add_argument("--interconnect", default=None, metavar="LINK",
+                   help="how the GPUs reach each other: nvlink, pcie or pcie-no-p2p (a host without GPU P2P); "
+                        "default: the GPU type's usual host (SXM parts NVLink, L4/L40S PCIe)")
     p.add_argument("--api-cpu-factor", type=float, default=None, metavar="X",
                    help="this host's vLLM API-server CPU cost against the calibration's (default 1.0): "
                         "a real trial's api_server_cpu_s (MLflow / the dataset) divided by the "
@@ -128,7 +131,8 @@ def _simulate(args: argparse.Namespace) -> TrialResult:
                         "give the us a token that `servetune workload from-metrics` printed (e.g. 95), alone")
     workload = _load_workload(args.workload)
     check_work(workload, args.max_tokens)  # before a request is drawn
-    target = resolve_target(args.model, args.gpu, flags, args.vllm_version)
+    link = with_interconnect(get_gpu(args.gpu), getattr(args, "interconnect", None), "--interconnect")
+    target = resolve_target(args.model, link, flags, args.vllm_version)
     if us is not None:
         return _simulate_at_token_cost(us, target, workload, args.seed)
     gpu = with_calibration(target.gpu, {"api_cpu_factor": factor} if factor is not None else {})
@@ -148,10 +152,7 @@ def unjudged_gpu_note(gpu: GpuSpec) -> str | None:
         >>> unjudged_gpu_note(get_gpu("H200")) is None, unjudged_gpu_note(get_gpu("A10G")).startswith("A10G:")
         (True, True)
     """
-    if gpu.sim_evidence:
-        return None
-    return (f"{gpu.name}: no real vLLM run on this GPU has judged the simulator; its step times are the H200's "
-            f"calibration at {gpu.name}'s datasheet bandwidth and FLOP/s (docs/accuracy.md)")
+    return unjudged_note(gpu)
 
 
 def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: int) -> TrialResult:

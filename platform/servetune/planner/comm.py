@@ -40,8 +40,8 @@ from servetune.errors import SpecError
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.vllm_rules import V2_RUNNER
 
-__all__ = ["CommEnv", "CommMemory", "comm_memory", "nvls_buffer_bytes", "symm_mem_buffer_bytes",
-           "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV"]
+__all__ = ["AllReduceCost", "CommEnv", "CommMemory", "allreduce_cost", "comm_memory", "nvls_buffer_bytes", "sendrecv_cost",
+           "symm_mem_buffer_bytes", "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV", "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -96,6 +96,30 @@ CONTEXT_GIB_MULTI = 1.46
 #: recommended granularity and NCCL's registration of vLLM's buffers are the likely remainder
 #: (not verified). ``plan`` says so whenever this term is in a plan.
 MULTICAST_NON_TORCH_GIB = 2.04
+
+# ============================================================ TP all-reduce time, by interconnect
+#: NCCL all-reduce bus bandwidth between GPUs without peer-to-peer (``NCCL_P2P_DISABLE=1``, or a
+#: host whose GPUs cannot reach each other's memory): NCCL's SHM transport stages every chunk
+#: through pinned host memory, each byte crossing PCIe twice. Published nccl-tests figure:
+#: eugenesiow/LLM-Insights, infrastructure/hardware/README.md, ``all_reduce_perf -b 1G -e 10G -g 4``
+#: on four GPUs of an 8-GPU NVLink node with ``NCCL_P2P_DISABLE=1`` (NCCL 2.16.2): 5.20 GB/s bus
+#: bandwidth at 1-8 GiB, flat (222-235 GB/s with NVLink on the same GPUs). Bus bandwidth is NCCL's
+#: rank-count-free figure (nccl-tests doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n for all-reduce),
+#: so it is taken for TP=2 as well. Not fitted.
+NO_P2P_BUS_GBPS = 5.2
+#: The same path's fixed cost per collective: tinygrad/open-gpu-kernel-modules#17, nccl-tests on two
+#: RTX 4090s with P2P disabled, 8-64 B messages: 11.3-11.9 us a collective (alltoall_perf; one
+#: send/recv step through host memory per peer). NCCL's own tuning model (src/graph/tuning.cc,
+#: NCCL 2.19+: Ring/LL base latency 6.6 us + 1.0 us per PCI step, two steps at TP=2) gives 8.6 us
+#: for a small all-reduce; the measured 11.7 is taken. Not fitted.
+#: How far the host moves these (a sensitivity, not a choice): noonghunna/club-3090,
+#: docs/PCIE_P2P.md, p2pBandwidthLatencyTest on two RTX 3090s (PCIe 4.0 x16, P2P off): 11.28 GB/s
+#: one way, 15.23 us a copy. Taken instead (11.28 GB/s, two 11.7 us steps per TP=2 all-reduce), the
+#: held-out A100 TP=2 runs of tests/fixtures/published_runs/dense.yaml come out 31.5% off on
+#: throughput (+24.1% bias) and 80.2% on TTFT, against 19.3% (-1.8%) and 152.8% with the figures
+#: above (docs/accuracy.md): the real path sits between the two sources; no run outside that
+#: held-out set measures it, so the figures first taken stay.
+NO_P2P_LATENCY_S = 11.7e-6
 
 # ====================================================================== NCCL / vLLM source figures
 #: ``src/transport/nvls.cc`` (NCCL 2.27-2.30): NVLS_NCHANNELS_SM90 16, NVLS_NCHANNELS_SM100_NVL 24
@@ -281,3 +305,88 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
     # not the multicast term (see MULTICAST_NON_TORCH_GIB), nor a symmetric-memory buffer in the context.
     symm = symm_mem_buffer_bytes(tp, gpu.compute_capability) if env.symm_mem else 0
     return CommMemory(context, non_torch, live, reason, validated=not live and symm == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceCost:
+    """What one TP all-reduce costs on a host: ``latency_s`` per collective plus ``2 (tp-1)/tp x
+    bytes / bus_bytes_per_s`` (the ring's traffic at NCCL's bus bandwidth); ``path`` says which
+    implementation vLLM takes there, in words."""
+
+    path: str
+    latency_s: float
+    bus_bytes_per_s: float
+
+    def seconds(self, tp: int, message_bytes: float) -> float:
+        """One all-reduce of ``message_bytes`` over ``tp`` ranks (0 at TP=1)."""
+        if tp < 2:
+            return 0.0
+        return self.latency_s + 2.0 * (tp - 1) / tp * message_bytes / self.bus_bytes_per_s
+
+    def sendrecv_seconds(self, message_bytes: float) -> float:
+        """One point-to-point send of ``message_bytes`` to the next rank (a pipeline boundary)."""
+        return self.latency_s + message_bytes / self.bus_bytes_per_s
+
+
+def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float) -> AllReduceCost:
+    """How a TP all-reduce is priced on ``gpu``'s host (:attr:`GpuSpec.link`).
+
+    vLLM (0.10-0.26, ``custom_all_reduce.py``) all-reduces a message below its custom all-reduce's
+    ``max_size`` (8 MiB; larger on Hopper/Blackwell, ``all_reduce_utils.py``) with its own
+    one-shot/two-shot kernels where every GPU can read its peers' memory, and hands the rest to
+    NCCL: that is every message over NVLink, at TP=2 over PCIe with peer-to-peer (above two PCIe
+    GPUs the custom all-reduce is off: "not supported on more than two PCIe-only GPUs"), and none
+    without peer-to-peer ("your platform lacks GPU P2P capability"), where NCCL falls back to its
+    SHM transport through host memory. With P2P (NVLink, PCIe) both implementations are priced by
+    the simulator's calibrated knobs, ``latency_s`` and ``efficiency`` of the link's datasheet
+    rate (fitted on the H200 over NVLink; no run separates the two implementations). Without P2P the
+    link's rate does not apply: the published SHM figures :data:`NO_P2P_LATENCY_S` and
+    :data:`NO_P2P_BUS_GBPS` do, for every message size.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu, with_interconnect
+        >>> a100 = get_gpu("A100-80GB")
+        >>> nv = allreduce_cost(a100, 2, latency_s=10e-6, efficiency=0.7)
+        >>> shm = allreduce_cost(with_interconnect(a100, "pcie-no-p2p"), 2, latency_s=10e-6, efficiency=0.7)
+        >>> round(nv.seconds(2, 7168 * 256) * 1e6, 1), round(shm.seconds(2, 7168 * 256) * 1e6, 1)
+        (18.7, 364.6)
+        >>> shm.path
+        'NCCL SHM through host memory (no GPU P2P: custom all-reduce off)'
+    """
+    link = gpu.link
+    if link == "pcie-no-p2p":
+        return AllReduceCost("NCCL SHM through host memory (no GPU P2P: custom all-reduce off)",
+                             NO_P2P_LATENCY_S, NO_P2P_BUS_GBPS * 1e9)
+    rate = gpu.interconnect_gbps * 1e9 * efficiency
+    if link == "nvlink":
+        return AllReduceCost("custom all-reduce / NCCL over NVLink", latency_s, rate)
+    if tp == 2:
+        return AllReduceCost("custom all-reduce over PCIe P2P (NCCL above its max size)", latency_s, rate)
+    return AllReduceCost("NCCL P2P over PCIe (custom all-reduce off above two PCIe GPUs)", latency_s, rate)
+
+
+def sendrecv_cost(gpu: GpuSpec, *, latency_s: float, efficiency: float) -> AllReduceCost:
+    """How a pipeline stage's send of its activations to the next stage is priced on ``gpu``'s host.
+
+    vLLM sends a stage's ``IntermediateTensors`` (hidden states and residual, each ``[tokens,
+    hidden]`` in the model's dtype; under TP each rank its 1/TP slice, gathered on arrival) with
+    NCCL's point-to-point send/recv (``parallel_state.send_tensor_dict``), never with the custom
+    all-reduce: over NVLink or PCIe P2P at the link's rate and the calibrated knobs (as the
+    all-reduce), without P2P through NCCL's SHM transport at :data:`NO_P2P_LATENCY_S` (nccl-tests'
+    one send/recv step) and :data:`NO_P2P_BUS_GBPS`. The metadata vLLM sends beside the tensors over
+    the CPU group is not priced (no published figure). Not fitted: no PP run in the published sets.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu, with_interconnect
+        >>> l40s = get_gpu("L40S")
+        >>> round(sendrecv_cost(l40s, latency_s=10e-6, efficiency=0.7).sendrecv_seconds(2**20) * 1e6, 1)
+        56.8
+        >>> sendrecv_cost(with_interconnect(l40s, "pcie-no-p2p"), latency_s=10e-6, efficiency=0.7).path
+        'NCCL send/recv through host memory (SHM: no GPU P2P)'
+    """
+    link = gpu.link
+    if link == "pcie-no-p2p":
+        return AllReduceCost("NCCL send/recv through host memory (SHM: no GPU P2P)", NO_P2P_LATENCY_S,
+                             NO_P2P_BUS_GBPS * 1e9)
+    rate = gpu.interconnect_gbps * 1e9 * efficiency
+    return AllReduceCost(f"NCCL send/recv over {'NVLink' if link == 'nvlink' else 'PCIe P2P'}", latency_s, rate)

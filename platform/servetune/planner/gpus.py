@@ -38,7 +38,19 @@ from typing import Any
 from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import load_yaml, read_text, shown
 
-__all__ = ["GpuSpec", "get_gpu", "known_gpus", "register_gpus_from_yaml", "register_gpu", "under_wddm"]
+__all__ = ["GpuSpec", "INTERCONNECTS", "get_gpu", "known_gpus", "register_gpus_from_yaml", "register_gpu", "under_wddm",
+           "unjudged_note", "with_interconnect"]
+
+#: How the GPUs of one host reach each other, as the TP all-reduce sees it
+#: (:func:`servetune.planner.comm.allreduce_cost` prices each): ``nvlink`` (NVLink / NVSwitch, or
+#: an NVLink bridge), ``pcie`` (PCIe with GPU peer-to-peer: vLLM's custom all-reduce at TP=2 and
+#: NCCL's P2P transport), ``pcie-no-p2p`` (PCIe without peer-to-peer, as in most cloud VMs with
+#: passed-through GPUs and on consumer cards: vLLM disables its custom all-reduce, "Custom allreduce
+#: is disabled because your platform lacks GPU P2P capability", and NCCL stages every all-reduce
+#: through host memory, its SHM transport).
+INTERCONNECTS = ("nvlink", "pcie", "pcie-no-p2p")
+#: PCIe 5.0 x16, one direction: a faster link between two GPUs of a node is NVLink.
+_PCIE_MAX_GBPS = 64.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +86,22 @@ class GpuSpec:
     #: reservation; None where no such figure has been seen. See :func:`under_wddm`.
     wddm_memory_gib: float | None = None
     sim_evidence: str = ""
+    #: One of :data:`INTERCONNECTS`, or "" for the part's usual host (:attr:`link`).
+    interconnect: str = ""
+
+    @property
+    def link(self) -> str:
+        """How this part's GPUs reach each other: ``interconnect`` where set, else the usual host for
+        the part: NVLink above PCIe 5.0's 64 GB/s a direction (SXM boards, NVLink bridges), PCIe
+        with peer-to-peer below it (L4, L40S, the PCIe cards).
+
+        Example:
+            >>> get_gpu("A100-80GB").link, get_gpu("L40S").link, with_interconnect(get_gpu("L40S"), "pcie-no-p2p").link
+            ('nvlink', 'pcie', 'pcie-no-p2p')
+        """
+        if self.interconnect:
+            return self.interconnect
+        return "nvlink" if self.interconnect_gbps > _PCIE_MAX_GBPS else "pcie"
 
     @property
     def memory_bytes(self) -> int:
@@ -157,7 +185,8 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             log_evidence="a published vLLM 0.17.1 startup log at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
                          "there)",
             sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1, TP=1 held out 7.0% "
-                         "(20 bursts), TP=2 on a host without GPU P2P +65-84%; Qwen3-14B bursts at 0.11.0 fit "
+                         "(20 bursts), TP=2 on a host without GPU P2P (interconnect pcie-no-p2p) held out 19.3% "
+                         "(23 bursts; +80.6% when priced as NVLink); Qwen3-14B bursts at 0.11.0 fit "
                          "its attention rate"),
     GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0,
             source=f"{_NV} A800 SXM4 80GB (the A100's export part: NVLink 400 GB/s); memory as A100-80GB, "
@@ -174,8 +203,8 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                          "is -0.5% to 0.0% there), a start stated as vLLM 0.28.0 (TP=1: -1.6%) and a vLLM 0.19.0 "
                          "Qwen2.5-72B start at TP=4 over PCIe (5.11 GiB left for KV: the planner is 5.4% high), a "
                          "vLLM 0.11.2 Qwen2.5-Coder-14B start at TP=1 (-0.9%)",
-            sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight, held out: -2% and -4% "
-                         "throughput)"),
+            sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight under a request rate, held "
+                         "out: -1.6% and -4.2% throughput, TTFT +5.6% and +16.2%)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
     GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4",
@@ -274,6 +303,44 @@ def under_wddm(gpu: GpuSpec) -> GpuSpec:
     return dataclasses.replace(gpu, memory_gib=gpu.wddm_memory_gib)
 
 
+def with_interconnect(gpu: GpuSpec, interconnect: Any, field: str = "gpu.interconnect") -> GpuSpec:
+    """``gpu`` on a host whose GPUs are linked by ``interconnect`` (one of :data:`INTERCONNECTS`;
+    None or "" keeps the part's default, :attr:`GpuSpec.link`); anything else is a :class:`SpecError`
+    naming ``field``.
+
+    Example:
+        >>> with_interconnect(get_gpu("A100-80GB"), "pcie-no-p2p").link
+        'pcie-no-p2p'
+        >>> with_interconnect(get_gpu("A100-80GB"), "pcie_nop2p")
+        Traceback (most recent call last):
+        ...
+        servetune.errors.SpecError: gpu.interconnect: unknown interconnect 'pcie_nop2p' (did you mean 'pcie-no-p2p'?) (fix: use one of: nvlink, pcie, pcie-no-p2p (a host without GPU P2P: vLLM's startup log says 'Custom allreduce is disabled because your platform lacks GPU P2P capability'))
+    """
+    if interconnect is None or interconnect == "":
+        return gpu
+    if not isinstance(interconnect, str) or interconnect.strip().lower() not in INTERCONNECTS:
+        shown_value = interconnect if isinstance(interconnect, str) else shown(interconnect)
+        hint = did_you_mean(interconnect, INTERCONNECTS) if isinstance(interconnect, str) else ""
+        raise SpecError(field, f"unknown interconnect {shown_value!r}{hint}",
+                        f"use one of: {', '.join(INTERCONNECTS)} (a host without GPU P2P: vLLM's startup log says "
+                        "'Custom allreduce is disabled because your platform lacks GPU P2P capability')")
+    return dataclasses.replace(gpu, interconnect=interconnect.strip().lower())
+
+
+def unjudged_note(gpu: GpuSpec) -> str | None:
+    """One line for figures simulated on a GPU whose simulated step times no real vLLM run has judged
+    (``GpuSpec.sim_evidence`` empty); None where some have (``simulate`` and the nightly print it).
+
+    Example:
+        >>> unjudged_note(get_gpu("H200")) is None, unjudged_note(get_gpu("A10G")).startswith("A10G:")
+        (True, True)
+    """
+    if gpu.sim_evidence:
+        return None
+    return (f"{gpu.name}: no real vLLM run on this GPU has judged the simulator; its step times are the H200's "
+            f"calibration at {gpu.name}'s datasheet bandwidth and FLOP/s (docs/accuracy.md)")
+
+
 def known_gpus() -> list[str]:
     """Names of every GPU in the table (built-in and registered)."""
     return sorted(g.name for g in _REGISTRY.values())
@@ -310,12 +377,12 @@ def _spec_from_mapping(entry: Any, field: str) -> GpuSpec:
     if not isinstance(entry, Mapping):
         raise SpecError(field, f"expected a mapping, got {shown(entry)}", "write name: ..., memory_gib: ...")
     unknown = set(entry) - {"name", "compute_capability", "calibration", "nvlink_multicast", "platform", "source",
-                            *_NUMERIC_FIELDS}
+                            "interconnect", *_NUMERIC_FIELDS}
     if unknown:
         bad = sorted(map(str, unknown))[0]
         raise SpecError(f"{field}.{bad}", f"unknown GPU field{did_you_mean(bad, _NUMERIC_FIELDS)}",
                         f"use: name, {', '.join(_NUMERIC_FIELDS)}, compute_capability, calibration, "
-                        "nvlink_multicast, platform, source")
+                        "nvlink_multicast, platform, source, interconnect")
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SpecError(f"{field}.name", f"expected a non-empty string, got {shown(name)}", "e.g. name: RTX-6000-Ada")
@@ -343,11 +410,12 @@ def _spec_from_mapping(entry: Any, field: str) -> GpuSpec:
     plat = entry.get("platform", "cuda")
     if plat not in ("cuda", "rocm"):
         raise SpecError(f"{field}.platform", f"expected cuda or rocm, got {shown(plat)}", "write platform: cuda")
-    return GpuSpec(name=name.strip(), calibration=types.MappingProxyType({k: float(v) for k, v in calib.items()}),
+    spec = GpuSpec(name=name.strip(), calibration=types.MappingProxyType({k: float(v) for k, v in calib.items()}),
                    compute_capability=float(cc), nvlink_multicast=multicast, platform=plat,
                    source=str(entry.get("source") or f"user GPU file ({field})"),
                    memory_gib=values["memory_gib"], hbm_gbps=values["hbm_gbps"], bf16_tflops=values["bf16_tflops"],
                    fp8_tflops=values["fp8_tflops"], interconnect_gbps=values["interconnect_gbps"])
+    return with_interconnect(spec, entry.get("interconnect"), f"{field}.interconnect")
 
 
 def register_gpu(spec: GpuSpec) -> None:

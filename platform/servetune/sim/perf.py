@@ -49,9 +49,15 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   steps of that batch); a 24B decode step at 128 in flight with short contexts, GEMM-bound,
   22.6 ms against 16.6 ms of GPU work (the ``*_h15_*`` host's trace of that load). The whole step's work
   hiding the launches (the rule until then) ran that host's prefill-heavy eager windows 12-28% fast.
-* TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / interconnect``.
+* TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / bandwidth``, both
+  by the host's interconnect (:func:`servetune.planner.comm.allreduce_cost`: NVLink and PCIe with
+  P2P at the calibrated knobs and the link's rate; without GPU P2P, NCCL's SHM path through host
+  memory at its published figures).
 * PP splits the layers; up to ``pp`` micro-batches are in flight, so a step costs
-  ``pp * stage_time(batch / microbatches)`` (a lone request still pays every stage: the bubble).
+  ``pp * stage_time(batch / microbatches)`` (a lone request still pays every stage: the bubble),
+  and each micro-batch's hidden states and residual cross ``pp - 1`` boundaries by NCCL
+  send/recv, priced by the interconnect as the all-reduce is
+  (:func:`servetune.planner.comm.sendrecv_cost`).
 * CPU: the engine core spends ``step_overhead_s`` per step plus ``seq_overhead_s`` per scheduled
   request (schedule, prepare inputs, sample); async scheduling hides most of it behind the GPU.
 * The API server (and the client) is one more serial stage: one asyncio loop on one core,
@@ -94,6 +100,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from servetune.errors import SpecError, did_you_mean
+from servetune.planner.comm import allreduce_cost, sendrecv_cost
 from servetune.planner.model_memory import effective_model
 from servetune.sim import perf_classes
 
@@ -413,7 +420,7 @@ class StepCost:
     ``gemm``: the layers' four GEMMs and the LM head (with their activations' traffic);
     ``elementwise``: norms, rotary, SiLU-and-mul, residual adds (Inductor's fused Triton kernels);
     ``attention``: decode KV reads and prefill attention; ``kv_write``: the new tokens' KV;
-    ``comm``: TP all-reduces; ``launch``: what launching costs beyond the kernels (CUDA-graph
+    ``comm``: TP all-reduces and PP sends; ``launch``: what launching costs beyond the kernels (CUDA-graph
     replay, piecewise and compiled-layer floors, an eager step's launch-bound excess).
     """
 
@@ -502,13 +509,27 @@ class PerfModel:
             self._init_mla(model, q_heads, layers, gpu.bf16_tflops * 1e12 * attn_eff)
         self._t_attn_slide = self._t_attn * slide
         self._t_attn -= self._t_attn_slide
-        # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP.
+        # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
+        # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
+        # knobs, no P2P at NCCL's published SHM figures).
         if tp > 1:
-            link = gpu.interconnect_gbps * 1e9 * cal.interconnect_efficiency
-            self._t_ar_fixed = 2 * layers * cal.allreduce_latency_s
-            self._t_ar_token = 2 * layers * 2.0 * (tp - 1) / tp * model.hidden_size * 2 / link
+            ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
+            self._t_ar_fixed = 2 * layers * ar.latency_s
+            self._t_ar_token = 2 * layers * (ar.seconds(tp, model.hidden_size * 2) - ar.latency_s)
         else:
             self._t_ar_fixed = self._t_ar_token = 0.0
+        # A pipeline boundary: the stage's hidden states and residual (each rank its 1/TP slice)
+        # sent to the next stage (planner.comm.sendrecv_cost), pp - 1 sends per micro-batch: a lone
+        # request pays all of them (the bubble), a full pipeline the stages' average (the last
+        # stage sends nothing), as every other term is spread over equal stages.
+        if pp > 1:
+            p2p = sendrecv_cost(gpu, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
+            share = (pp - 1) / pp  # scaled back up by the step's pp / micro (gpu_cost)
+            self._t_pp_fixed = p2p.latency_s * share
+            self._t_pp_token = (p2p.sendrecv_seconds(2.0 * model.hidden_size * model.dtype_bytes / tp)
+                                - p2p.latency_s) * share
+        else:
+            self._t_pp_fixed = self._t_pp_token = 0.0
         self.enforce_eager = config.enforce_eager
         self.capture_sizes: tuple[int, ...] = tuple(sorted(config.cudagraph_capture_sizes or ()))
         self.max_capture = self.capture_sizes[-1] if self.capture_sizes and not config.enforce_eager else 0
@@ -700,7 +721,7 @@ class PerfModel:
             attention += self._sliding_attention(num_tokens - prefill_tokens, decode_context, prefill_tokens,
                                                  prefill_context, prefill_attn_work)
         kv_write = self._t_kv_write * num_tokens
-        comm = self._t_ar_fixed * micro + self._t_ar_token * tokens
+        comm = (self._t_ar_fixed + self._t_pp_fixed) * micro + (self._t_ar_token + self._t_pp_token) * tokens
         if self.enforce_eager:
             # Python launches every kernel: the GEMMs and the small kernels cover the launches as
             # far as their GPU time reaches; the attention kernels do not (module docstring).

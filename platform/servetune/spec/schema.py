@@ -13,6 +13,7 @@ The shape (only ``name``, ``model``, ``gpu``, ``workload`` and ``search_space`` 
     model: llama-3.1-8b              # shipped name, a path (relative to this file) or an HF id in the cache
     serve_model: meta-llama/Llama-3.1-8B-Instruct   # optional: what `vllm serve` gets (default: derived)
     gpu: {type: A100-40GB, count: 2, file: my-gpus.yaml}  # count: GPUs the study may use; file: optional table
+                                     # interconnect: nvlink | pcie | pcie-no-p2p (optional; default by type)
     workload: {input_len: 512, output_len: 1024, num_requests: 384, concurrency: 192}
     objective: {metric: output_throughput}          # or {pareto: [output_throughput, p99_ttft_ms]}, or cost_per_mtok
     prices: my-prices.yaml           # optional: your GPU price table (default: servetune/data/gpu_prices.yaml)
@@ -119,6 +120,8 @@ class GpuPool:
     type: str
     count: int = 1
     file: str | None = None  # a user GPU table (YAML), registered before ``type`` is looked up
+    #: How the GPUs reach each other (servetune.planner.gpus.INTERCONNECTS); None: the type's usual host.
+    interconnect: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,7 +373,7 @@ def _parse_workload(raw: Any, base_dir: Path | None) -> Workload:
 def _parse_gpu(raw: Any, base_dir: Path | None) -> GpuPool:
     if raw is None or not isinstance(raw, Mapping):
         raise SpecError("gpu", f"expected a mapping, got {shown(raw)}", "write gpu: {type: A100-40GB, count: 1}")
-    data = _section(raw, "gpu", ("type", "count", "file"), "{type: A100-40GB, count: 1}")
+    data = _section(raw, "gpu", ("type", "count", "file", "interconnect"), "{type: A100-40GB, count: 1}")
     if "type" not in data:
         raise SpecError("gpu.type", "is required", "add type: e.g. H200, A100-40GB, L40S")
     gpu_type = _text(data["type"], "gpu.type", "A100-40GB")
@@ -389,10 +392,12 @@ def _parse_gpu(raw: Any, base_dir: Path | None) -> GpuPool:
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise SpecError("gpu.file", f"cannot read {file}: {exc}", "see servetune.planner.gpus for the table format") from None
     try:
-        gpu_type = gpus.get_gpu(gpu_type).name  # canonical spelling ("a100-40gb" -> "A100-40GB")
+        gpu = gpus.get_gpu(gpu_type)
+        gpu_type = gpu.name  # canonical spelling ("a100-40gb" -> "A100-40GB")
     except SpecError as exc:
         raise SpecError("gpu.type", exc.message, exc.fix) from None
-    return GpuPool(gpu_type, count, file)
+    link = gpus.with_interconnect(gpu, data.get("interconnect"), "gpu.interconnect").interconnect
+    return GpuPool(gpu_type, count, file, link or None)
 
 
 def _metric(value: Any, field: str) -> str:
@@ -841,7 +846,8 @@ class StudySpec:
         return self.search_space.check(flags, self.model_profile, self.gpu.count, self.workload)
 
     def gpu_spec(self) -> GpuSpec:
-        return gpus.get_gpu(self.gpu.type)
+        """The study's GPU type, on the host ``gpu.interconnect`` names (the type's usual one if unset)."""
+        return gpus.with_interconnect(gpus.get_gpu(self.gpu.type), self.gpu.interconnect)
 
     def with_overrides(self, *, backend: str | None = None, trials: int | None = None, parallel: int | None = None,
                        seed: int | None = None, runs_dir: str | None = None) -> StudySpec:
