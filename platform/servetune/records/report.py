@@ -309,7 +309,7 @@ def param_importances(df: pd.DataFrame, objective: str = "output_throughput",
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory" line
     try:
-        study = optuna.create_study(direction=direction, storage=None)
+        study = optuna.create_study(direction="minimize" if direction == "minimize" else "maximize", storage=None)
     finally:
         optuna.logging.set_verbosity(verbosity)
     for _, row in served.iterrows():
@@ -483,7 +483,7 @@ def _format_cell(value: Any) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, (float, np.floating)):
-        return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
+        return f"{value:,.1f}" if abs(float(value)) >= 100 else f"{value:.3g}"
     if isinstance(value, (list, tuple, np.ndarray)):
         return "[" + ", ".join(str(v) for v in value) + "]"
     return str(value)

@@ -25,7 +25,7 @@ headroom of a flag set is the smallest ``last_ok`` over every edge (``max_scale`
 broke): the scale of both axes up to which the simulator saw every constraint met.
 
 How far to trust the figures is :class:`ErrorBand`: the held-out errors docs/accuracy.md
-reports for the simulator (the README's accuracy table), for the GPU families where real runs
+reports for the simulator (its row-by-row table; README's groups them), for the GPU families where real runs
 judged it, and "not checked" elsewhere.
 
 Example:
@@ -175,8 +175,8 @@ class ErrorBand:
 
 
 def error_band(gpu_type: str, gpus_per_engine: int = 1, moe: bool = False) -> ErrorBand:
-    """The band that applies to a flag set on ``gpu_type``: the README's accuracy table (the
-    simulator's held-out rows; docs/accuracy.md has every run). Pure.
+    """The band that applies to a flag set on ``gpu_type``: docs/accuracy.md's held-out table (the
+    simulator's rows; README's accuracy table groups them). Pure.
 
     Example:
         >>> error_band("H200").checked, error_band("A100-40GB").checked

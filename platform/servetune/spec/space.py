@@ -496,12 +496,12 @@ def _parse_param(name: str, raw: Any, field: str) -> Param:
             raise SpecError(f"{field}.{key}", f"does not apply to type {kind}",
                             f"type {kind} takes: {', '.join(sorted(allowed_keys))}")
     when = _condition(name, raw["when"], f"{field}.when") if "when" in raw else None
-    common = {"when": when, "when_source": raw.get("when")}
+    when_source = raw.get("when")
     if kind == "bool":
         if flag.kind is not bool:
             raise SpecError(f"{field}.type", f"{name} is a {flag_type} flag, not a boolean",
                             f"use type: {'int' if flag.kind is int else 'float' if flag.kind is float else 'categorical'}")
-        return Param(name, "bool", **common)
+        return Param(name, "bool", when=when, when_source=when_source)
     if kind == "categorical":
         choices = raw.get("choices")
         if not isinstance(choices, list) or not choices:
@@ -509,7 +509,7 @@ def _parse_param(name: str, raw: Any, field: str) -> Param:
         values = [validate_flag(name, c, f"{field}.choices[{i}]") for i, c in enumerate(choices)]
         if len(set(map(repr, values))) != len(values):
             raise SpecError(f"{field}.choices", f"has duplicates: {shown(choices)}", "list each value once")
-        return Param(name, "categorical", choices=tuple(values), **common)
+        return Param(name, "categorical", choices=tuple(values), when=when, when_source=when_source)
     # float / int ranges
     if flag.kind not in (int, float) or kind != flag.kind.__name__:
         better = {int: "int", float: "float", bool: "bool"}.get(flag.kind, "categorical")
@@ -544,7 +544,7 @@ def _parse_param(name: str, raw: Any, field: str) -> Param:
         raise SpecError(f"{field}.low", f"a log range needs low > 0, got {low}", "raise low or drop log")
     if integer and step is None:
         step = 1
-    return Param(name, kind, low=low, high=high, step=step, log=log, **common)
+    return Param(name, kind, low=low, high=high, step=step, log=log, when=when, when_source=when_source)
 
 
 # ---------------------------------------------------------------------------------------------
