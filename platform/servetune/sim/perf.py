@@ -509,27 +509,7 @@ class PerfModel:
             self._init_mla(model, q_heads, layers, gpu.bf16_tflops * 1e12 * attn_eff)
         self._t_attn_slide = self._t_attn * slide
         self._t_attn -= self._t_attn_slide
-        # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
-        # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
-        # knobs, no P2P at NCCL's published SHM figures).
-        if tp > 1:
-            ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
-            self._t_ar_fixed = 2 * layers * ar.latency_s
-            self._t_ar_token = 2 * layers * (ar.seconds(tp, model.hidden_size * 2) - ar.latency_s)
-        else:
-            self._t_ar_fixed = self._t_ar_token = 0.0
-        # A pipeline boundary: the stage's hidden states and residual (each rank its 1/TP slice)
-        # sent to the next stage (planner.comm.sendrecv_cost), pp - 1 sends per micro-batch: a lone
-        # request pays all of them (the bubble), a full pipeline the stages' average (the last
-        # stage sends nothing), as every other term is spread over equal stages.
-        if pp > 1:
-            p2p = sendrecv_cost(gpu, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
-            share = (pp - 1) / pp  # scaled back up by the step's pp / micro (gpu_cost)
-            self._t_pp_fixed = p2p.latency_s * share
-            self._t_pp_token = (p2p.sendrecv_seconds(2.0 * model.hidden_size * model.dtype_bytes / tp)
-                                - p2p.latency_s) * share
-        else:
-            self._t_pp_fixed = self._t_pp_token = 0.0
+        self._init_comm(model, gpu, tp, pp, layers, cal)
         self.enforce_eager = config.enforce_eager
         self.capture_sizes: tuple[int, ...] = tuple(sorted(config.cudagraph_capture_sizes or ()))
         self.max_capture = self.capture_sizes[-1] if self.capture_sizes and not config.enforce_eager else 0
@@ -556,6 +536,31 @@ class PerfModel:
         # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
         # remembered, the tile-grid search runs once per shape instead of once per step.
         self._gemm_memo: dict[tuple[int, int], float] = {}
+
+    def _init_comm(self, model: ModelProfile, gpu: GpuSpec, tp: int, pp: int, layers: int,
+                   cal: Calibration) -> None:
+        """The per-step communication terms: TP all-reduces and PP sends, priced by the interconnect."""
+        # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
+        # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
+        # knobs, no P2P at NCCL's published SHM figures).
+        if tp > 1:
+            ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
+            self._t_ar_fixed = 2 * layers * ar.latency_s
+            self._t_ar_token = 2 * layers * (ar.seconds(tp, model.hidden_size * 2) - ar.latency_s)
+        else:
+            self._t_ar_fixed = self._t_ar_token = 0.0
+        # A pipeline boundary: the stage's hidden states and residual (each rank its 1/TP slice)
+        # sent to the next stage (planner.comm.sendrecv_cost), pp - 1 sends per micro-batch: a lone
+        # request pays all of them (the bubble), a full pipeline the stages' average (the last
+        # stage sends nothing), as every other term is spread over equal stages.
+        if pp > 1:
+            p2p = sendrecv_cost(gpu, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
+            share = (pp - 1) / pp  # scaled back up by the step's pp / micro (gpu_cost)
+            self._t_pp_fixed = p2p.latency_s * share
+            self._t_pp_token = (p2p.sendrecv_seconds(2.0 * model.hidden_size * model.dtype_bytes / tp)
+                                - p2p.latency_s) * share
+        else:
+            self._t_pp_fixed = self._t_pp_token = 0.0
 
     def _init_classes(self, model: ModelProfile, gpu: GpuSpec, tp: int, layers: int, mem_rate: float,
                       cal: Calibration) -> None:
