@@ -29,15 +29,14 @@ import pytest
 from servetune.engines.vllm.logs import classify, parse_log
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
-from servetune.planner.modelinfo import ModelProfile, load_model, profile_from_config
+from servetune.planner.modelinfo import load_model
 from servetune.result import TrialStatus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_h100_classes"
 #: The model folders on the GPU machine -> servetune's shipped configs of the same shape.
+#: The 16-layer Mixtral-8x7B shape has no shipped config: its config.json is kept with its evidence.
 HOST_MODELS = {"/root/q3": "qwen3-30b-a3b", "/root/l8": "llama-3.1-8b", "/root/g2": "gemma-2-27b",
-               "/root/mx16": "mixtral-8x7b"}
-#: Model folders made from a shipped config with fewer layers (the rest of config.json as shipped).
-HOST_LAYERS = {"/root/mx16": 16}
+               "/root/mx16": str(FIXTURES / "2026-12-05_h100_host_c" / "mx16")}
 #: Flags of the collection that only say how the weights were made (random, on the GPU).
 NOT_PLANNED = ("load_format",)
 STARTS = sorted(p.parent.name for p in FIXTURES.glob("2026-*/server.log.gz"))
@@ -51,17 +50,8 @@ def _start(name: str) -> tuple[dict, str]:
     return json.loads((d / "summary.json").read_text()), gzip.decompress((d / "server.log.gz").read_bytes()).decode()
 
 
-def _model(host_folder: str) -> ModelProfile:
-    shipped = load_model(HOST_MODELS[host_folder])
-    if host_folder not in HOST_LAYERS:
-        return shipped
-    cfg = json.loads(Path(shipped.source).read_text())
-    cfg["num_hidden_layers"] = HOST_LAYERS[host_folder]
-    return profile_from_config(cfg, name=Path(host_folder).name, source=host_folder)
-
-
 def _plan(summary: dict, text: str):
-    model, gpu = _model(summary["model"]), get_gpu("H100-80GB")
+    model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H100-80GB")
     flags = {k: v for k, v in summary["flags"].items() if k not in NOT_PLANNED}
     config = resolve_engine_config(flags, model, gpu, "0.26.0")
     return config, plan_memory(model, gpu, config, compile_cache_warm=bool(parse_log(text).compile_cache_hit))
