@@ -154,7 +154,8 @@ def test_the_refused_gemma2_start_is_foreseen_with_vllms_reason_and_a_length_tha
     assert "(2.88 GiB KV cache is needed" in plan.cause
     # Before KVLayout.longest_fitting_len the plan said 8192, the length that failed; now 7488
     # (+2.9%: the plan leaves 2.63 GiB for KV, vLLM 2.56).
-    estimated = int(plan.cause.split("estimated maximum model length is ")[1].split(".")[0])
-    assert estimated < config.max_model_len
+    estimated = plan.estimated_max_model_len
+    assert estimated is not None and estimated < config.max_model_len
+    assert f"the estimated maximum model length is {estimated}." in plan.cause
     assert estimated == pytest.approx(parsed.estimated_max_model_len, rel=0.04)
     assert f"lower max_model_len to <= {estimated}" in plan.fix
