@@ -58,7 +58,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h2
 GPU = "H200"
 #: The model path each collection used on the GPU host -> servetune's shipped config of that shape.
 HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b",
-               "/root/m24b": "mistral-small-24b", "/root/q3": "qwen3-30b-a3b", "/root/l8": "llama-3.1-8b"}
+               "/root/m24b": "mistral-small-24b", "/root/q3": "qwen3-30b-a3b", "/root/l8": "llama-3.1-8b",
+               "/root/g2": "gemma-2-27b",
+               # The 16-layer Mixtral-8x7B shape has no shipped config: its config.json is kept with its evidence.
+               "/root/mx16": str(FIXTURES.parent / "real_h100_classes" / "2026-12-05_h100_host_c" / "mx16")}
 #: Flags the collector passed for its own evidence that change nothing vLLM serves or allocates
 #: (``--profiler-config``: the worker's profiler is built on the first /start_profile; ``--load-format
 #: dummy``: random weights made on the GPU, as many bytes as the checkpoint's).

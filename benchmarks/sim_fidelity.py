@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--h100", action="store_true",
                         help="the real H100 windows on the GPU table's H100 row, and the planner's KV capacity there")
     parser.add_argument("--h100-classes", action="store_true",
-                        help="the real H100 windows of an MoE shape and FP8 starts (in no fit), per start")
+                        help="the real H100 windows of the model-class starts (Qwen3-MoE, Mixtral-16L, gemma-2, FP8; "
+                             "in no fit but the MoE floor's start), per start")
     parser.add_argument("--fit-moe-floor", action="store_true",
                         help="fit moe_layer_floor_s alone on the real H100 FP8 MoE start and print it")
     parser.add_argument("--replay-folds", action="store_true",

@@ -4,6 +4,9 @@ The fused-MoE floor (``Calibration.moe_layer_floor_s``) is the only constant fit
 FP8 MoE start (``_fidelity.MOE_FLOOR_FIT_START``); the two bf16 MoE starts and the dense FP8 starts
 judge the simulator (``benchmarks/sim_fidelity.py --h100-classes``; docs/model-classes.md). A change
 that moves these figures is to update the figures and the page together.
+
+The second set of that host (the fixtures' README), in no fit: a Mixtral-8x7B shape cut to 16 layers
+(bf16 and FP8 weights) and the gemma-2-27b shape (bf16 and fp8 KV cache), nine windows.
 """
 
 from __future__ import annotations
@@ -40,3 +43,39 @@ def test_the_fp8_8b_windows_are_priced_at_fp8(rows) -> None:
     fp8 = [r for n, r in rows.items() if n.startswith("2026-12-05_l8b_fp8_")]
     assert len(fp8) == 5
     assert all(abs(r.throughput_error) < 0.11 for r in fp8), [round(r.throughput_error, 3) for r in fp8]
+
+
+def test_the_gemma2_windows_held_out(rows) -> None:
+    """gemma-2-27b (sliding window 4,096 on every other layer, logit soft-capping): within 10% on
+    throughput where vLLM did not preempt (-4.8%, -7.9%, fp8 KV -7.1%), TPOT within 10%.
+
+    The miss: at 64 clients of 1,024-token prompts vLLM preempted 17 times and the simulator not
+    once (+18.9% throughput, TTFT -50.7%). vLLM's hybrid KV manager gives each KV group (global,
+    sliding) its own blocks of the one pool, so a request within the window holds two blocks per
+    16 tokens; the simulator's scheduler holds one. Its pool halved for this model, the window
+    reads -5.9% with 20 preemptions: a scheduler rule, not a constant.
+    """
+    g2 = [r for n, r in rows.items() if "_g2_" in n]
+    assert len(g2) == 4
+    missed = rows["2026-12-05_g2_u09_s128_mbt8192/p1024_o256_c64"]
+    assert missed.real.preemptions > 0 and missed.sim_preemptions == 0
+    assert missed.throughput_error > 0.10 and missed.ttft_error < -0.30
+    for r in (r for r in g2 if r is not missed):
+        assert r.real.preemptions == r.sim_preemptions == 0
+        assert abs(r.throughput_error) < 0.10 and abs(r.tpot_error) < 0.10, (r.name, r.throughput_error, r.tpot_error)
+
+
+def test_the_mixtral_windows_held_out(rows) -> None:
+    """Mixtral-8x7B cut to 16 layers (8 experts of 14,336, top-2). One client: -6.5% (TPOT +7.5%).
+    Batched, the simulator's MoE step is too slow for this shape: bf16 -42.0% at 256 clients and
+    -28.5% at 64 (TPOT +72% and +38%; vLLM had no tuned fused-MoE config for it, as for the
+    Qwen3-MoE shape the MoE rules were judged on); FP8 (a tuned config shipped) -17.8% and -5.7%."""
+    mx = {n: r for n, r in rows.items() if "_mx16_" in n}
+    assert len(mx) == 5 and all(r.real.preemptions == r.sim_preemptions == 0 for r in mx.values())
+    one = rows["2026-12-05_mx16_u09_s256_mbt8192/p256_o256_c1"]
+    assert abs(one.throughput_error) < 0.10 and abs(one.tpot_error) < 0.10
+    bf16 = [r for n, r in mx.items() if n.startswith("2026-12-05_mx16_u09_") and r is not one]
+    assert all(-0.50 < r.throughput_error < -0.20 and r.tpot_error > 0.30 for r in bf16), \
+        [(r.name, r.throughput_error) for r in bf16]
+    fp8 = [r for n, r in mx.items() if n.startswith("2026-12-05_mx16_fp8_")]
+    assert all(abs(r.throughput_error) < 0.20 for r in fp8), [(r.name, r.throughput_error) for r in fp8]

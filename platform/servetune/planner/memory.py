@@ -347,7 +347,8 @@ def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Account
         check_avail = override * block_bytes  # 0.33 fits the override
     fit_avail = check_avail - (block_bytes if rules.null_block_first else 0)  # 0.33: null block first
     if acc.one_seq > fit_avail:
-        est_len = min(config.max_model_len, max(fit_avail, 0) // block_bytes * config.block_size)
+        est_len = acc.layout.longest_fitting_len(max(fit_avail, 0), config.max_model_len, config.block_size,
+                                                 config.max_num_batched_tokens)
         util = (acc.fixed_need + acc.one_seq + block_bytes) / acc.total
         fix = (f"lower max_model_len to <= {est_len}"
                + (f" or raise gpu_memory_utilization to >= {math.ceil(util * 100) / 100:.2f}"

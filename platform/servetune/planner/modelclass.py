@@ -306,6 +306,28 @@ class KVLayout:
         sliding = -(-window // block_size) + 1
         return sum(sliding if g == _SLIDING else full for g in self.groups)
 
+    def longest_fitting_len(self, avail_bytes: int, max_model_len: int, block_size: int,
+                            max_num_batched_tokens: int) -> int:
+        """The longest ``max_model_len`` whose one request fits ``avail_bytes`` (0: none).
+
+        vLLM's ``estimate_max_model_len`` (``vllm/v1/core/kv_cache_utils.py``): a binary search
+        over the length, every group's blocks counted, so a sliding-window / global hybrid
+        (gemma-2) pays for its global layers and its window at once.
+
+        Example:
+            >>> KVLayout(page_bytes=1, group_size=1, groups=("full", "sliding"), sliding_window=4096
+            ...          ).longest_fitting_len(911, 8192, 16, 8192)
+            7280
+        """
+        left, right, best = 1, max_model_len, 0
+        while left <= right:
+            mid = (left + right) // 2
+            if self.blocks_per_request(mid, block_size, max_num_batched_tokens) * self.block_bytes <= avail_bytes:
+                best, left = mid, mid + 1
+            else:
+                right = mid - 1
+        return best
+
 
 def kv_layout(model: Any, tp: int, stage: int, pp: int, block_size: int, kv_dtype_bytes: int) -> KVLayout:
     """The :class:`KVLayout` of one pipeline stage's worker (``model``: a ModelProfile).
