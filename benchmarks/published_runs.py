@@ -19,7 +19,8 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
       flags: {max_num_seqs: 256}     # every non-default vLLM flag stated (servetune's flag names)
       other_flags: [--disable-log-stats]   # stated flags that change nothing simulated (optional)
       workload: {dataset: random, input_len: 1024, output_len: 128, num_prompts: 1000,
-                 request_rate: inf, max_concurrency: 64, range_ratio: 0.0}
+                 request_rate: inf, max_concurrency: 64, range_ratio: 0.0,
+                 prefix_cache_hit_rate: 0.43}   # optional: see below
       client: {tool: vllm bench serve, endpoint: /v1/completions}
       measured: {output_throughput: 9876.5, request_throughput: 12.3,
                  ttft_ms: {mean: 1, median: 1, p99: 1}, tpot_ms: {mean: 1, median: 1, p99: 1},
@@ -33,6 +34,10 @@ The load shape: ``request_rate`` ``inf`` (or absent) is a closed loop at ``max_c
 burst of every prompt when there is none); a finite rate is an open (Poisson) loop, unless
 ``loop: closed`` says the run's ``max_concurrency`` bound it (requests arrived faster than that
 many finished). The headline
+``prefix_cache_hit_rate`` is for a run that re-sent prompts the server had already seen (one server,
+one seed, a sweep of runs): the "Prefix cache hit rate" the server logged during the run (vLLM's
+rate over its most recent 1000 requests), as a fraction. That share of each prompt is simulated as
+cached from the earlier run (``Workload.cached_fraction``), never fitted. The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. DP replicas are simulated as ``dp`` independent
 engines, each with its share of the prompts and of the load, their throughputs added.
@@ -94,7 +99,7 @@ OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes", "sim
             "interconnect")
 LAYOUT_KEYS = ("tp", "pp", "dp", "ep")
 WORKLOAD_KEYS = ("dataset", "input_len", "output_len", "num_prompts", "request_rate", "max_concurrency",
-                 "range_ratio", "prefix_len", "num_prefix_groups", "loop")
+                 "range_ratio", "prefix_len", "num_prefix_groups", "loop", "prefix_cache_hit_rate")
 MEASURED_KEYS = ("output_throughput", "request_throughput", "total_token_throughput", "ttft_ms", "tpot_ms",
                  "itl_ms", "e2el_ms", "duration_s", "completed")
 STAT_KEYS = ("mean", "median", "p90", "p99", "std")
@@ -205,6 +210,11 @@ def _workload(where: str, w: Any) -> dict[str, Any]:
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
         raise _fail(where, "workload.range_ratio", f"expected a number in [0, 1), got {ratio!r}", "write e.g. 0.0")
     out["range_ratio"] = float(ratio)
+    hit = w.get("prefix_cache_hit_rate")
+    if hit is not None and (isinstance(hit, bool) or not isinstance(hit, (int, float)) or not 0 <= hit < 1
+                            or w.get("prefix_len")):
+        raise _fail(where, "workload.prefix_cache_hit_rate", f"expected a fraction in [0, 1), got {hit!r}",
+                    "write the logged 'Prefix cache hit rate' as a fraction, e.g. 0.43 (not with prefix_len)")
     if w.get("loop") is not None and (w["loop"] not in ("closed", "open") or out["request_rate"] is None
                                       or math.isinf(out["request_rate"]) or w.get("max_concurrency") is None):
         raise _fail(where, "workload.loop", f"got {w['loop']!r}",
@@ -366,7 +376,7 @@ def load_runs(paths: Iterable[Path] | None = None) -> list[PublishedRun]:
 def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) -> Workload:
     """The run's load as servetune's :class:`Workload` for one engine (one DP replica's share).
     ``as_sent`` False: a capped finite-rate run (``loop: closed``) as the closed loop from t=0 it was
-    simulated as before arrivals were kept (``--before``)."""
+    simulated as before arrivals were kept, and re-sent prompts as new ones (``--before``)."""
     w, dp = run.workload, run.layout["dp"] if dp_share else 1
     def length(mean: int) -> Any:
         return {"mean": mean, "range_ratio": w["range_ratio"]} if w["range_ratio"] > 0 else mean
@@ -374,6 +384,17 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
+    return _resent(_paced(spec, w, run, dp, as_sent), w, as_sent)
+
+
+def _resent(load: Workload, w: Mapping[str, Any], as_sent: bool) -> Workload:
+    """``load`` with the logged prefix-cache hit rate as the share of each prompt cached before."""
+    hit = w.get("prefix_cache_hit_rate")
+    return dataclasses.replace(load, cached_fraction=float(hit)) if as_sent and hit else load
+
+
+def _paced(spec: dict[str, Any], w: Mapping[str, Any], run: PublishedRun, dp: int, as_sent: bool) -> Workload:
+    """The pacing half of :func:`workload_of`: a closed loop at the cap, or timed arrivals."""
     rate = w.get("request_rate")
     cap = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // dp)
     if rate is None or math.isinf(rate) or (not as_sent and run.closed_loop):
