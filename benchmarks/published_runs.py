@@ -571,14 +571,15 @@ def _per_run(judged: Sequence[Judged]) -> list[dict[str, Any]]:
 
 def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
     """Each published comparison of configurations: runs of one source page and model under the same
-    load (lengths, prompts, rate or concurrency) with two or more layouts or flag sets. Per
+    load (lengths, prompts, rate or concurrency; not the logged prefix-cache hit rate, which is the
+    server's) with two or more layouts or flag sets. Per
     comparison, the configuration the real runs put first (highest output tok/s for a closed loop,
     lowest TPOT for an open one) and the one the simulator does, and whether they agree: the
     simulator agrees where it puts the real best within 1% of its own best (it cannot tell them
     apart). Runs the simulator could not start rank last."""
     groups: dict[str, list[Judged]] = {}
     for j in judged:
-        w = {k: j.run.workload[k] for k in sorted(j.run.workload)}
+        w = {k: j.run.workload[k] for k in sorted(j.run.workload) if k != "prefix_cache_hit_rate"}  # a log figure
         groups.setdefault(json.dumps([j.run.source.split("#")[0].split(" ")[0], j.run.model, w], default=str),
                           []).append(j)
     out = []

@@ -175,7 +175,8 @@ def test_a_published_comparison_is_ranked_by_the_real_best_and_a_near_tie_counts
     a = dataclasses.replace(base, id="a", flags={"max_num_seqs": 64},
                             measured={**base.measured, "output_throughput": 100.0})
     b = dataclasses.replace(base, id="b", flags={"max_num_seqs": 128},
-                            measured={**base.measured, "output_throughput": 120.0})
+                            measured={**base.measured, "output_throughput": 120.0},
+                            workload={**base.workload, "prefix_cache_hit_rate": 0.4})  # the server's, not the load
     other_load = dataclasses.replace(base, id="c", workload={**base.workload, "num_prompts": 7})
     wrong = rankings([Judged(a, 130.0, 1.0, 1.0), Judged(b, 110.0, 1.0, 1.0), Judged(other_load, 1.0, 1.0, 1.0)])
     assert wrong == [{"runs": ["a", "b"], "real_best": "b", "sim_best": "a", "agree": False}]
