@@ -249,3 +249,21 @@ def test_the_logged_hit_rate_brings_the_resent_runs_ttft_closer_held_out() -> No
         return sum(abs(e) for e in errors if e is not None) / len(errors)
 
     assert mae(as_sent=True) < 0.75 * mae(as_sent=False)
+
+
+def test_the_rtx_3060_runs_are_open_loops_judged_on_tpot_held_out_and_nothing_is_fitted_on_them() -> None:
+    """A fifth GPU besides the H200 (aerlabsAI/nano-vllm's vLLM 0.15.1 sweeps on an RTX 3060 12GB):
+    sent at 1 request/s, so judged on mean TPOT; no knob of ``FITTED_HERE`` is the RTX 3060's, so
+    the split's fit half is judged with nothing fitted too. Every run within 20% on TPOT and 55% on
+    TTFT, and the GPU table says it was judged."""
+    from servetune.planner.gpus import get_gpu
+
+    runs = [r for r in DENSE if r.gpu == "RTX-3060"]
+    assert len(runs) == 12 and {r.model for r in runs} == {"qwen3-0.6b", "qwen2.5-3b"}
+    assert "RTX-3060" not in FITTED_HERE and "RTX-3060" not in GPU_FAMILY_OVERRIDES
+    for run in runs:
+        judged = judge(run)
+        assert run.headline[0] == "tpot_ms" and judged.headline_error is not None, run.id
+        assert abs(judged.headline_error) < 0.2, run.id
+        assert judged.ttft_error is not None and abs(judged.ttft_error) < 0.55, run.id
+    assert "held out" in get_gpu("RTX-3060").sim_evidence
