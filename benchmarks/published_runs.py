@@ -463,8 +463,9 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_
 def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged]:
     """Every run simulated as committed, or with ``before``: the knobs :data:`FITTED_HERE` names at
     the H200's values, every run on its GPU type's usual host (the stated ``interconnect``
-    ignored: the simulator before it took the interconnect as an input) and capped finite-rate
-    runs as closed loops from t=0 (before their arrivals were kept)."""
+    ignored: the simulator before it took the interconnect as an input), capped finite-rate
+    runs as closed loops from t=0 (before their arrivals were kept) and re-sent prompts as new
+    ones (before the logged prefix-cache hit rate was an input)."""
     if before:
         return [dataclasses.replace(judge(dataclasses.replace(r, interconnect=""), h200_knobs_for(r.gpu),
                                           as_sent=False), run=r) for r in runs]
@@ -601,7 +602,7 @@ def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
 
 def _report(runs: Sequence[PublishedRun], before: bool) -> dict[str, Any]:
     judged = judge_all(runs, before=before)
-    return {"calibration": "before the fits, stated interconnects and kept arrivals of published runs" if before else "committed",
+    return {"calibration": "before the fits, stated interconnects, kept arrivals and cached re-sent prompts of published runs" if before else "committed",
             "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged),
             "rankings": rankings(judged)}
 
@@ -630,7 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", action="store_true",
                     help="the H200's value on every knob FITTED_HERE names, every run on its GPU type's usual "
-                         "host and capped finite-rate runs as closed loops (before the published runs taught them)")
+                         "host, capped finite-rate runs as closed loops and re-sent prompts as new (before the "
+                         "published runs taught them)")
     ap.add_argument("--file", action="append", type=Path, help="only these fixture files (repeatable)")
     ap.add_argument("--gpu", action="append", help="only these GPUs (repeatable)")
     ap.add_argument("--splits", action="store_true", help="print every run's split by the rule and stop")
