@@ -161,6 +161,7 @@ class Workload:
     #: so this fraction of each prompt's tokens (whole KV blocks of it) sits in its prefix cache
     #: when the measured window opens, as after a benchmark re-run with the same seed. Each
     #: request is its own prefix group; :class:`servetune.sim.client.LoadClient` primes the cache.
+    #: Synthetic lengths without ``prefix_len`` only (a prompt or trace file's requests are as read).
     cached_fraction: float = 0.0
 
     def __post_init__(self) -> None:
