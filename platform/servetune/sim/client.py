@@ -6,8 +6,8 @@ and are excluded (the window opens once every one is answered). Re-sent prompts
 (``Workload.cached_fraction``) are primed among them: one request per measured prompt, its cached
 part plus one token and one output token, last prompt first, so the blocks the server holds from
 the earlier run are evictable cached blocks when the window opens, the first prompts' the newest.
-Closed loop (``concurrency``): that many clients each send the next request as soon as theirs completes. Timed
-(``request_rate`` or a trace): requests arrive at their ``arrival_s``, at most ``concurrency`` at
+Closed loop (``concurrency``): that many clients each send the next request as soon as theirs
+completes. Timed (``request_rate`` or a trace): requests arrive at their ``arrival_s``, at most ``concurrency`` at
 once when that is set too. A request the engine refuses (vLLM's HTTP 400) is recorded as failed
 and frees its slot at once.
 """
