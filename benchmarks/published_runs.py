@@ -19,7 +19,8 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
       flags: {max_num_seqs: 256}     # every non-default vLLM flag stated (servetune's flag names)
       other_flags: [--disable-log-stats]   # stated flags that change nothing simulated (optional)
       workload: {dataset: random, input_len: 1024, output_len: 128, num_prompts: 1000,
-                 request_rate: inf, max_concurrency: 64, range_ratio: 0.0}
+                 request_rate: inf, max_concurrency: 64, range_ratio: 0.0,
+                 prefix_cache_hit_rate: 0.43}   # optional: see below
       client: {tool: vllm bench serve, endpoint: /v1/completions}
       measured: {output_throughput: 9876.5, request_throughput: 12.3,
                  ttft_ms: {mean: 1, median: 1, p99: 1}, tpot_ms: {mean: 1, median: 1, p99: 1},
@@ -33,6 +34,10 @@ The load shape: ``request_rate`` ``inf`` (or absent) is a closed loop at ``max_c
 burst of every prompt when there is none); a finite rate is an open (Poisson) loop, unless
 ``loop: closed`` says the run's ``max_concurrency`` bound it (requests arrived faster than that
 many finished). The headline
+``prefix_cache_hit_rate`` is for a run that re-sent prompts the server had already seen (one server,
+one seed, a sweep of runs): the "Prefix cache hit rate" the server logged during the run (vLLM's
+rate over its most recent 1000 requests), as a fraction. That share of each prompt is simulated as
+cached from the earlier run (``Workload.cached_fraction``), never fitted. The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. DP replicas are simulated as ``dp`` independent
 engines, each with its share of the prompts and of the load, their throughputs added.
@@ -94,7 +99,7 @@ OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes", "sim
             "interconnect")
 LAYOUT_KEYS = ("tp", "pp", "dp", "ep")
 WORKLOAD_KEYS = ("dataset", "input_len", "output_len", "num_prompts", "request_rate", "max_concurrency",
-                 "range_ratio", "prefix_len", "num_prefix_groups", "loop")
+                 "range_ratio", "prefix_len", "num_prefix_groups", "loop", "prefix_cache_hit_rate")
 MEASURED_KEYS = ("output_throughput", "request_throughput", "total_token_throughput", "ttft_ms", "tpot_ms",
                  "itl_ms", "e2el_ms", "duration_s", "completed")
 STAT_KEYS = ("mean", "median", "p90", "p99", "std")
@@ -205,6 +210,11 @@ def _workload(where: str, w: Any) -> dict[str, Any]:
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio < 1:
         raise _fail(where, "workload.range_ratio", f"expected a number in [0, 1), got {ratio!r}", "write e.g. 0.0")
     out["range_ratio"] = float(ratio)
+    hit = w.get("prefix_cache_hit_rate")
+    if hit is not None and (isinstance(hit, bool) or not isinstance(hit, (int, float)) or not 0 <= hit < 1
+                            or w.get("prefix_len")):
+        raise _fail(where, "workload.prefix_cache_hit_rate", f"expected a fraction in [0, 1), got {hit!r}",
+                    "write the logged 'Prefix cache hit rate' as a fraction, e.g. 0.43 (not with prefix_len)")
     if w.get("loop") is not None and (w["loop"] not in ("closed", "open") or out["request_rate"] is None
                                       or math.isinf(out["request_rate"]) or w.get("max_concurrency") is None):
         raise _fail(where, "workload.loop", f"got {w['loop']!r}",
@@ -366,7 +376,7 @@ def load_runs(paths: Iterable[Path] | None = None) -> list[PublishedRun]:
 def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) -> Workload:
     """The run's load as servetune's :class:`Workload` for one engine (one DP replica's share).
     ``as_sent`` False: a capped finite-rate run (``loop: closed``) as the closed loop from t=0 it was
-    simulated as before arrivals were kept (``--before``)."""
+    simulated as before arrivals were kept, and re-sent prompts as new ones (``--before``)."""
     w, dp = run.workload, run.layout["dp"] if dp_share else 1
     def length(mean: int) -> Any:
         return {"mean": mean, "range_ratio": w["range_ratio"]} if w["range_ratio"] > 0 else mean
@@ -374,6 +384,17 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
+    return _resent(_paced(spec, w, run, dp, as_sent), w, as_sent)
+
+
+def _resent(load: Workload, w: Mapping[str, Any], as_sent: bool) -> Workload:
+    """``load`` with the logged prefix-cache hit rate as the share of each prompt cached before."""
+    hit = w.get("prefix_cache_hit_rate")
+    return dataclasses.replace(load, cached_fraction=float(hit)) if as_sent and hit else load
+
+
+def _paced(spec: dict[str, Any], w: Mapping[str, Any], run: PublishedRun, dp: int, as_sent: bool) -> Workload:
+    """The pacing half of :func:`workload_of`: a closed loop at the cap, or timed arrivals."""
     rate = w.get("request_rate")
     cap = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // dp)
     if rate is None or math.isinf(rate) or (not as_sent and run.closed_loop):
@@ -442,8 +463,9 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_
 def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged]:
     """Every run simulated as committed, or with ``before``: the knobs :data:`FITTED_HERE` names at
     the H200's values, every run on its GPU type's usual host (the stated ``interconnect``
-    ignored: the simulator before it took the interconnect as an input) and capped finite-rate
-    runs as closed loops from t=0 (before their arrivals were kept)."""
+    ignored: the simulator before it took the interconnect as an input), capped finite-rate
+    runs as closed loops from t=0 (before their arrivals were kept) and re-sent prompts as new
+    ones (before the logged prefix-cache hit rate was an input)."""
     if before:
         return [dataclasses.replace(judge(dataclasses.replace(r, interconnect=""), h200_knobs_for(r.gpu),
                                           as_sent=False), run=r) for r in runs]
@@ -550,14 +572,15 @@ def _per_run(judged: Sequence[Judged]) -> list[dict[str, Any]]:
 
 def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
     """Each published comparison of configurations: runs of one source page and model under the same
-    load (lengths, prompts, rate or concurrency) with two or more layouts or flag sets. Per
+    load (lengths, prompts, rate or concurrency; not the logged prefix-cache hit rate, which is the
+    server's) with two or more layouts or flag sets. Per
     comparison, the configuration the real runs put first (highest output tok/s for a closed loop,
     lowest TPOT for an open one) and the one the simulator does, and whether they agree: the
     simulator agrees where it puts the real best within 1% of its own best (it cannot tell them
     apart). Runs the simulator could not start rank last."""
     groups: dict[str, list[Judged]] = {}
     for j in judged:
-        w = {k: j.run.workload[k] for k in sorted(j.run.workload)}
+        w = {k: j.run.workload[k] for k in sorted(j.run.workload) if k != "prefix_cache_hit_rate"}  # a log figure
         groups.setdefault(json.dumps([j.run.source.split("#")[0].split(" ")[0], j.run.model, w], default=str),
                           []).append(j)
     out = []
@@ -579,7 +602,7 @@ def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
 
 def _report(runs: Sequence[PublishedRun], before: bool) -> dict[str, Any]:
     judged = judge_all(runs, before=before)
-    return {"calibration": "before the fits, stated interconnects and kept arrivals of published runs" if before else "committed",
+    return {"calibration": "before the fits, stated interconnects, kept arrivals and cached re-sent prompts of published runs" if before else "committed",
             "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged),
             "rankings": rankings(judged)}
 
@@ -608,7 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", action="store_true",
                     help="the H200's value on every knob FITTED_HERE names, every run on its GPU type's usual "
-                         "host and capped finite-rate runs as closed loops (before the published runs taught them)")
+                         "host, capped finite-rate runs as closed loops and re-sent prompts as new (before the "
+                         "published runs taught them)")
     ap.add_argument("--file", action="append", type=Path, help="only these fixture files (repeatable)")
     ap.add_argument("--gpu", action="append", help="only these GPUs (repeatable)")
     ap.add_argument("--splits", action="store_true", help="print every run's split by the rule and stop")

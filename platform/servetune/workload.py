@@ -157,6 +157,17 @@ class Workload:
     #: ``rate_scale`` times as frequent (a Poisson rate or a trace's timestamps).
     prompt_scale: float = 1.0
     rate_scale: float = 1.0
+    #: Re-sent prompts (simulator only, not a spec key): the server ran these same prompts before,
+    #: so this fraction of each prompt's tokens (whole KV blocks of it) sits in its prefix cache
+    #: when the measured window opens, as after a benchmark re-run with the same seed. Each
+    #: request is its own prefix group; :class:`servetune.sim.client.LoadClient` primes the cache.
+    #: Synthetic lengths without ``prefix_len`` only (a prompt or trace file's requests are as read).
+    cached_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.cached_fraction < 1.0:
+            raise SpecError("workload.cached_fraction", f"must be in [0, 1), got {shown(self.cached_fraction)}",
+                            "the share of each prompt the server cached before, e.g. 0.4")
 
     KEYS = ("input_len", "output_len", "num_requests", "concurrency", "request_rate", "warmup_requests",
             "seed", "prefix_len", "num_prefix_groups", "prompt_file", "trace_file")
@@ -251,7 +262,11 @@ class Workload:
             for i in range(self.num_requests + self.warmup_requests):
                 plen = max(self.input_len.sample(rng), self.prefix_len + 1)
                 group = (i % self.num_prefix_groups) if self.prefix_len else None
-                reqs.append(RequestSpec(plen, self.output_len.sample(rng), None, group, self.prefix_len))
+                out = self.output_len.sample(rng)
+                if self.cached_fraction and not self.prefix_len:  # a prompt of its own, seen before
+                    reqs.append(RequestSpec(plen, out, None, i, int(self.cached_fraction * plen)))
+                else:
+                    reqs.append(RequestSpec(plen, out, None, group, self.prefix_len))
         if self.request_rate is not None and self.trace_file is None:
             rng = random.Random(self.seed + 7919)
             t = 0.0
@@ -280,6 +295,7 @@ class Workload:
             "num_requests": self.num_requests, "concurrency": self.concurrency,
             "request_rate": self.request_rate, "seed": self.seed, "prefix_len": self.prefix_len,
             **{k: v for k, v in (("prompt_scale", self.prompt_scale), ("rate_scale", self.rate_scale)) if v != 1.0},
+            **({"cached_fraction": self.cached_fraction} if self.cached_fraction else {}),
         }
 
 

@@ -11,7 +11,7 @@ from servetune.planner.gpus import GpuSpec, get_gpu, known_gpus, register_gpus_f
 @pytest.mark.parametrize(("name", "memory_gib"), [
     ("H100-80GB", 79.19), ("H200", 139.8), ("A100-80GB", 79.25), ("A100-40GB", 39.39),
     ("L40S", 44.39), ("L4", 22.05), ("B200", 178.4), ("T4", 14.58), ("V100-16GB", 15.77), ("V100-32GB", 31.74),
-    ("A6000", 47.54), ("RTX-3090", 23.69), ("RTX-4090", 23.65), ("A10G", 22.19),
+    ("A6000", 47.54), ("RTX-3060", 11.76), ("RTX-3090", 23.69), ("RTX-4090", 23.65), ("A10G", 22.19),
 ])
 def test_builtin_memory_is_what_torch_reports(name, memory_gib):
     g = get_gpu(name)
@@ -26,7 +26,8 @@ def test_relative_figures_are_sane():
     assert b200.fp8_tflops == 2 * b200.bf16_tflops and b200.compute_capability == 10.0
 
 
-REQUIRED = ("A10G", "A10", "L4", "L40", "L40S", "T4", "V100-16GB", "V100-32GB", "A6000", "RTX-6000-Ada", "RTX-3090",
+REQUIRED = ("A10G", "A10", "L4", "L40", "L40S", "T4", "V100-16GB", "V100-32GB", "A6000", "RTX-6000-Ada", "RTX-3060",
+            "RTX-3090",
             "RTX-4090", "RTX-5090", "H100-PCIe", "H100-80GB", "H100-NVL", "H800", "H20", "GH200-96GB", "H200",
             "H200-NVL", "B200", "MI300X")
 
@@ -46,6 +47,17 @@ def test_what_the_gpu_changes_in_vllm_follows_its_compute_capability():
     assert b200.attention_backend == "FLASHINFER" and mi.attention_backend == "ROCM_ATTN"
     assert not a10g.fp8_compute and l4.fp8_compute and h100.fp8_compute
     assert any("fp16" in n for n in t4.vllm_notes()) and not any("fp16" in n for n in h100.vllm_notes())
+
+
+def test_the_rtx_3060_is_a_ga10x_at_a_third_of_the_3090s_sms_with_360_gbps():
+    """28 SMs at 1.78 GHz against the 3090's 82 at 1.70 (the GA10x SM rate), 192-bit GDDR6 at 15 Gbps;
+    under WSL 2 torch sees the whole 12 GB. (Only the 12 GB board's names: an 8 GB RTX 3060 exists.)"""
+    from servetune.planner.gpus import under_wddm
+
+    r3060, r3090 = get_gpu("RTX 3060 12GB"), get_gpu("RTX-3090")
+    assert r3060.hbm_gbps == 360.0 and r3060.compute_capability == r3090.compute_capability == 8.6
+    assert r3060.bf16_tflops == pytest.approx(r3090.bf16_tflops * (28 * 1.777) / (82 * 1.695), rel=0.01)
+    assert under_wddm(r3060).memory_gib == 12.0 and r3060.memory_gib < 12.0
 
 
 def test_multicast_only_on_nvswitch_boards():

@@ -184,9 +184,10 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             source=f"{_NV} A100 SXM4 80GB",
             log_evidence="a published vLLM 0.17.1 startup log at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
                          "there)",
-            sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1, TP=1 held out 7.0% "
-                         "(20 bursts), TP=2 on a host without GPU P2P (interconnect pcie-no-p2p) held out 19.3% "
-                         "(23 bursts; +80.6% when priced as NVLink); Qwen3-14B bursts at 0.11.0 fit "
+            sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1, TP=1 held out 8.4% "
+                         "(20 bursts), TP=2 on a host without GPU P2P (interconnect pcie-no-p2p) held out 17.8% "
+                         "(23 bursts; +80.6% when priced as NVLink); TTFT 42% / 65% with the server's logged "
+                         "prefix-cache hits of re-sent prompts taken as cached; Qwen3-14B bursts at 0.11.0 fit "
                          "its attention rate"),
     GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0,
             source=f"{_NV} A800 SXM4 80GB (the A100's export part: NVLink 400 GB/s); memory as A100-80GB, "
@@ -233,6 +234,16 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                    "('47.54 GiB total capacity'); PCIe 4.0 (NVLink bridge 112.5 GB/s optional)"),
     GpuSpec("RTX-6000-Ada", 47.5, 960.0, 364.0, 728.0, 32.0, compute_capability=8.9,
             source=f"{_NV} RTX 6000 Ada (1,457 TFLOPS fp8 sparse); memory estimated (48 GB GDDR6 ECC)"),
+    GpuSpec("RTX-3060", 11.76, 360.0, 25.4, 25.4, 32.0, compute_capability=8.6,
+            source=f"{_NV} GeForce RTX 3060 (12 GB GDDR6, 192-bit at 15 Gbps: 360 GB/s; 28 SMs, 1.78 GHz boost) "
+                   "with the GA102 whitepaper's GA10x SM rate (RTX 3090: 71 TFLOPS fp16/bf16 with fp32 accumulate, "
+                   "dense, on 82 SMs at 1.70 GHz: 511 FLOPs per SM per clock) -> 25.4 TFLOPS; memory from torch "
+                   "OOM messages of 12 GB cards ('11.76 GiB total capacity'); under WSL 2 the whole 12,288 MiB",
+            wddm_memory_gib=12.0,
+            sim_evidence="published vLLM 0.15.1 runs (docs/accuracy.md; WSL 2, an open loop at 1 request/s, "
+                         "4,096/512-token prompts, six max_num_seqs / max_num_batched_tokens settings): Qwen3-0.6B "
+                         "held out, mean TPOT 11.0% (+11.0%, 3 of 6 within 10%), TTFT 11.5%; Qwen2.5-3B, "
+                         "nothing fitted on it either, 6.6% and 26.0%"),
     GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6,
             source=f"{_NV} GA102 whitepaper (71 TFLOPS bf16 with fp32 accumulate, dense); memory from torch OOM "
                    "messages ('23.69 GiB total capacity'); under Windows / WSL 2 24.00 GiB, the whole 24,576 MiB "
@@ -265,6 +276,7 @@ _ALIASES = {"h100-sxm": "H100-80GB", "h100-80g": "H100-80GB", "h100_80gb": "H100
             "h200-nvl-141gb": "H200-NVL", "gh200-96g": "GH200-96GB",
             "rtx-a6000": "A6000", "rtx a6000": "A6000", "a6000-48gb": "A6000",
             "rtx-6000-ada-generation": "RTX-6000-Ada", "rtx 6000 ada": "RTX-6000-Ada", "6000-ada": "RTX-6000-Ada",
+            "rtx3060-12gb": "RTX-3060", "rtx 3060 12gb": "RTX-3060", "rtx-3060-12gb": "RTX-3060",
             "rtx3090": "RTX-3090", "rtx 3090": "RTX-3090", "3090": "RTX-3090", "geforce-rtx-3090": "RTX-3090",
             "rtx4090": "RTX-4090", "rtx 4090": "RTX-4090", "4090": "RTX-4090", "geforce-rtx-4090": "RTX-4090",
             "rtx5090": "RTX-5090", "rtx 5090": "RTX-5090", "5090": "RTX-5090", "geforce-rtx-5090": "RTX-5090",

@@ -2,9 +2,12 @@
 
 :class:`LoadClient` drives one :class:`~servetune.sim.scheduler.SimScheduler` the way ``vllm bench
 serve`` drives a server. Warm-up requests go first, up to the workload's concurrency at a time,
-and are excluded (the window opens once every one is answered). Closed loop (``concurrency``):
-that many clients each send the next request as soon as theirs completes. Timed
-(``request_rate`` or a trace): requests arrive at their ``arrival_s``, at most ``concurrency`` at
+and are excluded (the window opens once every one is answered). Re-sent prompts
+(``Workload.cached_fraction``) are primed among them: one request per measured prompt, its cached
+part plus one token and one output token, last prompt first, so the blocks the server holds from
+the earlier run are evictable cached blocks when the window opens, the first prompts' the newest.
+Closed loop (``concurrency``): that many clients each send the next request as soon as theirs
+completes. Timed (``request_rate`` or a trace): requests arrive at their ``arrival_s``, at most ``concurrency`` at
 once when that is set too. A request the engine refuses (vLLM's HTTP 400) is recorded as failed
 and frees its slot at once.
 """
@@ -24,6 +27,12 @@ if TYPE_CHECKING:
 __all__ = ["LoadClient", "ChunkGaps"]
 
 
+def _primes(measured: Sequence[RequestSpec]) -> list[RequestSpec]:
+    """The requests that leave each re-sent prompt's cached part in the prefix cache (last first)."""
+    return [RequestSpec(s.prefix_tokens + 1, 1, None, s.prefix_group, s.prefix_tokens)
+            for s in reversed(measured) if s.prefix_group is not None and s.prefix_tokens]
+
+
 class LoadClient:
     """One trial's clients against one simulated engine core.
 
@@ -37,8 +46,9 @@ class LoadClient:
         specs = workload.requests(include_warmup=True)
         #: Warm-up requests come first in the workload's list (a trace has none).
         self.num_warmup = workload.warmup_requests if workload.trace_file is None else 0
-        self.warm: list[RequestSpec] = specs[:self.num_warmup]
         self.measured: list[RequestSpec] = specs[self.num_warmup:]
+        self.warm: list[RequestSpec] = specs[:self.num_warmup] + (_primes(self.measured)
+                                                                  if workload.cached_fraction else [])
         self.concurrency = workload.concurrency
         #: When the measured window opens: the client has the warm-up's last token.
         self.t0 = 0.0
