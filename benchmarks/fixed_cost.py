@@ -79,7 +79,7 @@ def whole_processes(repeat: int) -> dict[str, list[tuple[float, float]]]:
 
 def driver_phases() -> dict[str, Any]:
     """One in-process quickstart with the driver's CPU per phase (process_time) and the workers'."""
-    from servetune import study as st
+    from servetune.study import _driver as st
     from servetune.spec.schema import load_spec
 
     spent: dict[str, float] = {"open": 0.0, "dispatch": 0.0, "end": 0.0}
