@@ -44,8 +44,13 @@ def run_study(
     resume: bool = False,
     out: TextIO | None = None,
     on_result: Callable[[int, dict[str, Any], TrialResult], None] | None = None,
+    progress: StudyProgress | None = None,
 ) -> StudyOutcome:
     """Run (or resume) the study the spec describes; returns its outcome.
+
+    ``on_result`` is called with each told trial once it is written down; ``progress`` gets the
+    driver's events (default: :class:`~servetune.study.TerminalProgress`, servetune's lines on
+    ``out``, standard output unless given).
 
     1. Open the Optuna study (``--resume`` continues one of the same name) and its MLflow parent run.
     2. On resume: re-queue the trials a killed driver left running, and write the told trials it
@@ -67,7 +72,7 @@ def run_study(
     # read or written (a live holder: StudyBusy, one line; a dead one's is taken over).
     Path(spec.output.runs_dir).mkdir(parents=True, exist_ok=True)
     held = None if spec.storage.optuna_url is None else lease.acquire(spec.storage.optuna_url, spec.name)
-    progress = TerminalProgress(out or sys.stdout, spec.budget.trials)
+    progress = progress or TerminalProgress(out or sys.stdout, spec.budget.trials)
     try:
         started = time.monotonic()
         study, existing = open_study(spec, resume)
