@@ -79,7 +79,8 @@ def whole_processes(repeat: int) -> dict[str, list[tuple[float, float]]]:
 
 def driver_phases() -> dict[str, Any]:
     """One in-process quickstart with the driver's CPU per phase (process_time) and the workers'."""
-    from servetune import study as st
+    from servetune.study import _driver as st
+    from servetune.study import _recorder
     from servetune.spec.schema import load_spec
 
     spent: dict[str, float] = {"open": 0.0, "dispatch": 0.0, "end": 0.0}
@@ -94,8 +95,8 @@ def driver_phases() -> dict[str, Any]:
         return wrapper
 
     st._Driver.open = classmethod(timed("open", st._Driver.open.__func__))  # type: ignore[method-assign]
-    st._Driver._dispatch_until_done = timed("dispatch", st._Driver._dispatch_until_done)  # type: ignore[method-assign]
-    st._finish_study = timed("end", st._finish_study)
+    st._Driver.dispatch_trials = timed("dispatch", st._Driver.dispatch_trials)  # type: ignore[method-assign]
+    _recorder.Recorder.finish = timed("end", _recorder.Recorder.finish)  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory(prefix="fixed-cost-") as tmp:
         os.chdir(tmp)
         spec = load_spec(QUICKSTART)

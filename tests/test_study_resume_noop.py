@@ -14,7 +14,8 @@ from mlflow import MlflowClient
 
 from _study_procs import a100_sim_study
 
-from servetune import study as study_module
+from servetune.study import _driver as study_driver
+from servetune.study import _recorder as study_recorder
 from servetune.errors import SpecError
 from servetune.spec.schema import StudySpec
 from servetune.study import FINISHED, run_study
@@ -49,8 +50,8 @@ def test_a_finished_study_resumed_runs_nothing_and_one_with_a_larger_budget_runs
         raise AssertionError("a no-op resume opened MLflow")
 
     with monkeypatch.context() as m:
-        m.setattr(study_module, "start_pool", no_pool)
-        m.setattr(study_module, "StudyTracker", no_tracker)
+        m.setattr(study_driver, "start_pool", no_pool)
+        m.setattr(study_recorder, "StudyTracker", no_tracker)
         out = io.StringIO()
         again = run_study(_spec(tmp_path, 3), resume=True, out=out)
     assert again.trials_run == 0 and again.trials_done == 3 and "no trial ran" in out.getvalue()
