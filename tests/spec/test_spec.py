@@ -483,3 +483,22 @@ def test_gpu_interconnect_defaults_by_type_and_a_stated_one_reaches_the_gpu_spec
     spec = build(tmp_path, gpu={"type": "A100-80GB", "count": 2, "interconnect": "PCIe-No-P2P"})
     assert spec.gpu.interconnect == "pcie-no-p2p" and spec.gpu_spec().link == "pcie-no-p2p"
     assert spec.gpu_spec().name == "A100-80GB"
+
+
+def test_a_stated_interconnect_reaches_the_studys_simulated_trials_and_screen(tmp_path: Path) -> None:
+    """The spec's gpu.interconnect travels with every trial's task (study._tasks.trial_task) and the
+    screen's simulations (search.screen.simulate_flags): a TP=2 trial on a host without GPU P2P is
+    simulated slower than on the part's usual NVLink, where the planner's memory is the same."""
+    from servetune.search.screen import simulate_flags
+    from servetune.study._tasks import trial_task
+
+    gpu = {"type": "A100-80GB", "count": 2}
+    nvlink = build(tmp_path, gpu=gpu)
+    no_p2p = build(tmp_path, gpu={**gpu, "interconnect": "pcie-no-p2p"})
+    assert trial_task(no_p2p, {}, tmp_path).interconnect == "pcie-no-p2p"
+    assert trial_task(nvlink, {}, tmp_path).interconnect is None
+    flags = {"tensor_parallel_size": 2, "max_num_seqs": 16}
+    fast, slow = simulate_flags(nvlink, flags), simulate_flags(no_p2p, flags)
+    assert fast.status.value == slow.status.value == "ok"
+    assert fast.kv_cache_tokens == slow.kv_cache_tokens
+    assert slow.output_throughput < 0.97 * fast.output_throughput

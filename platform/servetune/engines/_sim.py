@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from servetune.backends import CAPABILITIES
 from servetune.engines.base import Engine, TrialTask
-from servetune.planner.gpus import register_gpus_from_yaml
+from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim import simulate, with_calibration
@@ -22,6 +22,8 @@ class SimEngine(Engine):
     def run(self, task: TrialTask) -> TrialResult:
         if task.gpu_file:  # a user GPU table travels with the task to the Ray worker
             register_gpus_from_yaml(task.gpu_file)
-        target = resolve_target(task.model, task.gpu, task.flags, task.vllm_version)
+        # The host's link prices TP all-reduces and PP sends (planner.comm), as `simulate --interconnect`.
+        host = with_interconnect(get_gpu(task.gpu), task.interconnect, "gpu.interconnect")
+        target = resolve_target(task.model, host, task.flags, task.vllm_version)
         gpu = with_calibration(target.gpu, task.sim_calibration)
         return simulate(target.model, gpu, target.config, task.workload, seed=task.seed)

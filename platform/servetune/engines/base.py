@@ -99,6 +99,7 @@ class TrialTask:
     vllm_version: str | None = None
     seed: int = 0
     gpu_file: str | None = None  # a user GPU table (YAML) to register on the worker
+    interconnect: str | None = None  # the host's GPU link (spec ``gpu.interconnect``); None: the type's usual one
     serve_model: str | None = None  # what `vllm serve` is given (vllm backend); default: ``model``
     serve_command: tuple[str, ...] = ("vllm", "serve")  # argv before MODEL; the sim stand-in in tests
     startup_timeout_s: float = 600.0

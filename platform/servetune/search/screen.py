@@ -70,6 +70,7 @@ def simulate_flags(spec: StudySpec, flags: Mapping[str, Any], seed: int | None =
     host's ``api_cpu_factor`` when one was measured)."""
     task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=dict(flags), workload=spec.workload,
                      vllm_version=spec.vllm_version, seed=spec.seed if seed is None else seed, gpu_file=spec.gpu.file,
+                     interconnect=spec.gpu.interconnect,
                      sim_calibration={} if api_cpu_factor is None else {"api_cpu_factor": api_cpu_factor})
     return run_trial(task, "sim")
 

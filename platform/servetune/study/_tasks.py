@@ -66,7 +66,7 @@ def trial_task(spec: StudySpec, flags: dict[str, Any], log_dir: Path, **varies: 
     ``workload``, ``seed`` and ``repeat``)."""
     fields: dict[str, Any] = {"workload": spec.workload, "seed": spec.seed, **varies}
     return TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=flags, vllm_version=spec.vllm_version,
-                     gpu_file=spec.gpu.file, serve_model=spec.serve_model, serve_command=envs.serve_command(),
+                     gpu_file=spec.gpu.file, interconnect=spec.gpu.interconnect, serve_model=spec.serve_model, serve_command=envs.serve_command(),
                      startup_timeout_s=spec.measurement.startup_timeout_s or envs.startup_timeout_s(),
                      load_generator=spec.measurement.load_generator, stall_timeout_s=spec.measurement.stall_timeout_s,
                      compile_cache_dir=envs.compile_cache_dir(), log_dir=str(log_dir),
