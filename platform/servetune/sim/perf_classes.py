@@ -12,7 +12,10 @@ byte), so the dense fidelity figures do not move.
   only the experts that have tokens (``moe_align_block_size`` sorts tokens by expert and pads each
   expert's rows to ``BLOCK_SIZE_M``), so the weight bytes of a step are the touched experts'. Its
   FLOPs are ``2 B k x 3 H I / tp``, at the tile rows the padding leaves: ``BLOCK_SIZE_M`` is 16 while
-  the batch has at most ``E`` tokens and 64 above (vLLM ``fused_moe.py`` ``get_default_config``).
+  the batch has at most ``E`` tokens and 64 above in vLLM 0.11 (``fused_moe.py`` ``get_default_config``);
+  0.26's default tile grows with the batch (:func:`moe_tile`, up to 128 x 128), and from 0.26 the
+  step prices it at the dense GEMMs' tile model's rate over 0.11's 64 x 64 tile
+  (``perf.moe_tile_share``).
   The grouped GEMM's rate against cuBLAS's dense rate (``MOE_COMPUTE_SHARE``) depends on the kernel
   vLLM picks for the experts' format on the GPU (:func:`moe_kernel`: Triton, or Marlin where the
   format has no tensor cores there) and on the GPU architecture; it is fitted on published runs,
@@ -63,6 +66,8 @@ __all__ = ["ATTENTION_SINK_ARCHITECTURES", "ClassGemm", "MoeShape", "MOE_COMPUTE
 #: values and e8m0 scales in registers before Ampere-style ``mma.sync`` MMAs. ``marlin`` (fp8
 #: experts below compute capability 8.9, 4-bit integer experts) has no fitted cell yet: a kernel
 #: and architecture without one take ``triton``'s value of the architecture (:func:`moe_compute_share`).
+#: The share is the one reached on vLLM 0.11's default 64 x 64 tile; from 0.26 ``PerfModel.moe_seconds``
+#: scales it by the larger default tile's rate (:func:`moe_tile`, ``perf.moe_tile_share``).
 #: **Fitted** on the fit half of the published MoE runs (``benchmarks/published_runs_classes.py
 #: --fit-moe``: per cell, the least mean |headline error| on a 0.05 grid; the split of
 #: ``benchmarks/published_runs.py``'s rule): ``triton``/Hopper on gpt-oss-120b MXFP4 on H100 at
