@@ -650,7 +650,7 @@ class PerfModel:
         if m.fused_moe:
             block, width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)
         else:  # MXFP4's matmul_ogs, Marlin: priced at 0.11's fused_moe rows, as they were fitted
-            block, width = perf_classes.moe_tile(tokens, m.experts, (0, 11, 0))
+            block, width = perf_classes.moe_tile(tokens, m.experts, perf_classes.MOE_TILE_FITTED_VERSION)
         fill = per_expert / (-(-per_expert // block) * block)
         new_tiles = m.fused_moe and self._version >= perf_classes.MOE_TILE_BY_BATCH_SINCE
         tile = moe_tile_share(block, width) if new_tiles else 1.0

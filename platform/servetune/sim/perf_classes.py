@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["ATTENTION_SINK_ARCHITECTURES", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
-           "is_class_model", "MOE_TILE_BY_BATCH_SINCE", "moe_block_m", "moe_compute_share", "moe_kernel", "moe_shape",
+           "is_class_model", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
            "moe_tile", "runs_triton_attention",
            "sliding_kv_share", "weight_format"]
 
@@ -95,6 +95,9 @@ _MOE_BLOCK_M_SMALL, _MOE_BLOCK_M_LARGE = 16, 64
 #: the release read (``get_default_config``); releases before it are priced at 0.11's tiles, which
 #: :data:`MOE_COMPUTE_SHARE` was fitted under.
 MOE_TILE_BY_BATCH_SINCE: tuple[int, int, int] = (0, 26, 0)
+#: The vLLM release whose default tiles :data:`MOE_COMPUTE_SHARE` was fitted under (the published
+#: runs: 0.10.2-0.11.0); the kernels other than ``fused_moe`` keep its row padding.
+MOE_TILE_FITTED_VERSION: tuple[int, int, int] = (0, 11, 0)
 #: vLLM 0.26's default tile by batch (``get_default_config``, bf16 and per-tensor fp8): tokens up to
 #: each bound -> (BLOCK_SIZE_M, BLOCK_SIZE_N); above the last, 128 x 128.
 _MOE_TILES_BY_BATCH: tuple[tuple[int, int, int], ...] = ((32, 16, 64), (64, 32, 64), (96, 32, 128), (512, 64, 128))
@@ -160,11 +163,6 @@ def distinct_experts(experts: int, top_k: int, tokens: int) -> float:
         return 0.0
     share = min(1.0, top_k / experts)  # a config routing to more experts than it has reads them all
     return experts * (1.0 - (1.0 - share) ** tokens)
-
-
-def moe_block_m(tokens: int, experts: int) -> int:
-    """fused_moe's BLOCK_SIZE_M for a batch of ``tokens`` (vLLM 0.11's ``get_default_config``)."""
-    return _MOE_BLOCK_M_SMALL if tokens <= experts else _MOE_BLOCK_M_LARGE
 
 
 def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE_BY_BATCH_SINCE,
