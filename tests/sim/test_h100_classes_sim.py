@@ -30,8 +30,8 @@ def test_the_held_out_moe_windows(rows) -> None:
     judged = {n: r for n, r in rows.items() if "q3moe" in n and not n.startswith(MOE_FLOOR_FIT_START)}
     assert len(judged) == 8
     errors = sorted(abs(r.throughput_error) for r in judged.values())
-    # Measured: 6 of 8 within 10%, -12.2% at 256 clients of 1,024-token prompts, +16.1% for the
-    # 4-client decode; the one-client window -5.3% (+34.7% before the floor).
+    # Measured: 7 of 8 within 10% (mean 6.0%; 5.6% before vLLM 0.26's tiles, moe_tile), +16.2% for
+    # the 4-client decode; the one-client window -5.1% (+34.7% before the floor).
     assert sum(e <= 0.10 for e in errors) >= 6 and errors[-1] < 0.20, errors
     one_client = rows["2026-12-05_q3moe_u09_s256_mbt8192/p256_o256_c1"]
     assert abs(one_client.tpot_error) < 0.10
@@ -66,16 +66,18 @@ def test_the_gemma2_windows_held_out(rows) -> None:
 
 
 def test_the_mixtral_windows_held_out(rows) -> None:
-    """Mixtral-8x7B cut to 16 layers (8 experts of 14,336, top-2). One client: -6.5% (TPOT +7.5%).
-    Batched, the simulator's MoE step is too slow for this shape: bf16 -42.0% at 256 clients and
-    -28.5% at 64 (TPOT +72% and +38%; vLLM had no tuned fused-MoE config for it, as for the
-    Qwen3-MoE shape the MoE rules were judged on); FP8 (a tuned config shipped) -17.8% and -5.7%."""
+    """Mixtral-8x7B cut to 16 layers (8 experts of 14,336, top-2). One client: -6.3% (TPOT +7.5%).
+    Batched, priced at vLLM 0.26's default fused-MoE tiles (perf_classes.moe_tile: 128 x 128 above
+    512 tokens, 32 x 64 at 64) by the dense tile model (perf.moe_tile_share): bf16 -16.5% at 256
+    clients and -15.8% at 64 (-42.0% and -28.5% at 0.11's 64 x 64 tile, TPOT +23% and +19%, from +72%
+    and +38%); FP8 (vLLM shipped a tuned config, priced as the default) +12.5% and +9.2% (from
+    -17.8% and -5.7%)."""
     mx = {n: r for n, r in rows.items() if "_mx16_" in n}
     assert len(mx) == 5 and all(r.real.preemptions == r.sim_preemptions == 0 for r in mx.values())
     one = rows["2026-12-05_mx16_u09_s256_mbt8192/p256_o256_c1"]
     assert abs(one.throughput_error) < 0.10 and abs(one.tpot_error) < 0.10
     bf16 = [r for n, r in mx.items() if n.startswith("2026-12-05_mx16_u09_") and r is not one]
-    assert all(-0.50 < r.throughput_error < -0.20 and r.tpot_error > 0.30 for r in bf16), \
-        [(r.name, r.throughput_error) for r in bf16]
+    assert all(-0.20 < r.throughput_error < -0.10 and 0.10 < r.tpot_error < 0.30 for r in bf16), \
+        [(r.name, r.throughput_error, r.tpot_error) for r in bf16]
     fp8 = [r for n, r in mx.items() if n.startswith("2026-12-05_mx16_fp8_")]
-    assert all(abs(r.throughput_error) < 0.20 for r in fp8), [(r.name, r.throughput_error) for r in fp8]
+    assert all(0.05 < r.throughput_error < 0.15 for r in fp8), [(r.name, r.throughput_error) for r in fp8]

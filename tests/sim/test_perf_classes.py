@@ -65,16 +65,38 @@ def test_a_small_batchs_experts_cost_at_least_the_fused_moe_floor() -> None:
     assert perf(LLAMA8B).moe_seconds(1) == 0.0  # no experts, no floor
 
 
+def perf_at(model: ModelProfile, version: str, gpu=H100) -> PerfModel:
+    return PerfModel(model, gpu, resolve_engine_config({}, model, gpu, vllm_version=version))
+
+
 def test_moe_prefill_is_compute_bound_at_the_fitted_share_of_the_dense_rate() -> None:
-    p = perf(QWEN_MOE)
     tokens = 8192
     flops = 2.0 * tokens * QWEN_MOE.num_experts_per_tok * 3 * QWEN_MOE.hidden_size * QWEN_MOE.moe_intermediate_size
-    dense_rate = H100.bf16_tflops * 1e12 * p.calibration.compute_efficiency
+    old = perf_at(QWEN_MOE, "0.11.0")
+    dense_rate = H100.bf16_tflops * 1e12 * old.calibration.compute_efficiency
     at_share = flops * QWEN_MOE.num_layers / (dense_rate * perf_classes.MOE_COMPUTE_SHARE["triton"]["hopper"])
-    assert p.moe_seconds(tokens) == pytest.approx(at_share, rel=0.05)
+    # vLLM 0.11's default tile (64 x 64 above E tokens), the one the share was fitted under.
+    assert old.moe_seconds(tokens) == pytest.approx(at_share, rel=0.05)
+    # vLLM 0.26's default grows to 128 x 128 above 512 tokens: the dense tile model prices it at
+    # 0.9 of the large tile's rate against the 64 x 64 tile's 0.5, 1.8 times as fast.
+    assert perf_at(QWEN_MOE, "0.26.0").moe_seconds(tokens) == pytest.approx(at_share / 1.8, rel=0.05)
     # A100 (Ampere) runs the same kernel at its own fitted share.
     assert perf_classes.moe_compute_share(A100) == perf_classes.MOE_COMPUTE_SHARE["triton"]["ampere"]
     assert perf_classes.moe_compute_share(A100, override=0.7) == 0.7
+
+
+def test_the_default_fused_moe_tile_follows_the_vllm_release() -> None:
+    # vLLM 0.26 get_default_config: by batch; 0.11: 16 rows up to E tokens, 64 x 64 above.
+    assert [perf_classes.moe_tile(t, 8) for t in (1, 32, 64, 96, 512, 513)] == \
+        [(16, 64), (16, 64), (32, 64), (32, 128), (64, 128), (128, 128)]
+    assert perf_classes.moe_tile(64, 8, (0, 11, 0)) == (64, 64)
+    assert perf_classes.moe_tile(64, 128, (0, 11, 0)) == (16, 32)
+    assert perf_classes.moe_tile(64, 8, block_quant=True) == (16, 128)
+    # A Mixtral-shaped decode of 64 tokens (16 rows an expert): 0.26 pads them to 32 rows, 0.11 to
+    # 64, so the same batch's experts compute faster under 0.26.
+    mixtral = load_model("mixtral-8x7b")
+    new, old = perf_at(mixtral, "0.26.0"), perf_at(mixtral, "0.11.0")
+    assert new.moe_seconds(64) < old.moe_seconds(64)
 
 
 def test_the_moe_kernel_is_the_one_vllm_picks_for_the_experts_format_on_the_gpu() -> None:

@@ -109,8 +109,8 @@ if TYPE_CHECKING:
     from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["Calibration", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES", "PerfModel", "StepCost", "calibration_for", "with_calibration",
-           "wave_fill"]
+__all__ = ["Calibration", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES", "PerfModel", "StepCost", "calibration_for", "moe_tile_share",
+           "with_calibration", "wave_fill"]
 
 #: Output tiles a Hopper bf16 GEMM can run with, and the share of the large tile's rate each
 #: reaches (smaller tiles reuse less of what they load): the wave-quantisation model of wave_fill.
@@ -374,6 +374,20 @@ def with_calibration(gpu: GpuSpec, overrides: Mapping[str, float]) -> GpuSpec:
     return dataclasses.replace(gpu, calibration=knobs)
 
 
+def moe_tile_share(block_m: int, block_n: int) -> float:
+    """The rate of a fused-MoE ``block_m x block_n`` tile against the 64 x 64 tile vLLM 0.11's default
+    ran (the one ``perf_classes.MOE_COMPUTE_SHARE`` was fitted on), by the dense GEMMs' tile model:
+    :func:`_token_tile_efficiency` for the token rows, a 64-wide weight tile at ``_TILES``' 64 x 64
+    over 64 x 128 (two thirds).
+
+    Example:
+        >>> moe_tile_share(128, 128), moe_tile_share(64, 128), round(moe_tile_share(16, 64), 6)
+        (1.8, 1.5, 1.0)
+    """
+    narrow = 1.0 if block_n >= 128 else _TILES[3][2] / _TILES[2][2]
+    return _token_tile_efficiency(block_m) * narrow / _TILES[3][2]
+
+
 def _token_tile_efficiency(width: int) -> float:
     """Share of the large tile's rate a tile ``width`` tokens wide reaches: ``_TILES``' 0.75 at 64
     rows and 0.9 at 128, linear between them and on to 1.0 at 256 (less reuse of what it loads)."""
@@ -484,6 +498,7 @@ class PerfModel:
         self._head = (vocab, d, vocab * d * wbytes / mem_rate, 2.0 * vocab * d)
         self._moe: perf_classes.MoeShape | None = None
         rules = cal.class_rules >= 0.5
+        self._version = config.version
         if rules and perf_classes.is_class_model(model):
             self._init_classes(model, gpu, tp, layers, mem_rate, cal)
         kv_per_token = model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype)
@@ -619,7 +634,9 @@ class PerfModel:
 
         Weight bytes: the touched experts' (:func:`~servetune.sim.perf_classes.distinct_experts`);
         FLOPs: ``2 x tokens x top_k x 3 H I``, at the share of the tile rows the kernel's
-        per-expert padding to ``BLOCK_SIZE_M`` leaves busy.
+        per-expert padding to ``BLOCK_SIZE_M`` leaves busy, and from vLLM 0.26 (whose default tile
+        grows with the batch, :func:`~servetune.sim.perf_classes.moe_tile`) at that tile's rate
+        against the 64 x 64 tile the compute share was fitted on (:func:`moe_tile_share`).
         """
         m = self._moe
         if m is None or tokens <= 0:
@@ -630,9 +647,14 @@ class PerfModel:
         mem_s = touched * m.expert_bytes * m.layers / self._moe_mem_rate
         rows = tokens * m.top_k
         per_expert = rows / touched
-        block = perf_classes.moe_block_m(tokens, m.experts)
+        if m.fused_moe:
+            block, width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)
+        else:  # MXFP4's matmul_ogs, Marlin: priced at 0.11's fused_moe rows, as they were fitted
+            block, width = perf_classes.moe_tile(tokens, m.experts, perf_classes.MOE_TILE_FITTED_VERSION)
         fill = per_expert / (-(-per_expert // block) * block)
-        comp_s = 2.0 * rows * 3.0 * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill)
+        new_tiles = m.fused_moe and self._version >= perf_classes.MOE_TILE_BY_BATCH_SINCE
+        tile = moe_tile_share(block, width) if new_tiles else 1.0
+        comp_s = 2.0 * rows * 3.0 * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)
 
     def padded(self, num_tokens: int) -> int:

@@ -12,7 +12,10 @@ byte), so the dense fidelity figures do not move.
   only the experts that have tokens (``moe_align_block_size`` sorts tokens by expert and pads each
   expert's rows to ``BLOCK_SIZE_M``), so the weight bytes of a step are the touched experts'. Its
   FLOPs are ``2 B k x 3 H I / tp``, at the tile rows the padding leaves: ``BLOCK_SIZE_M`` is 16 while
-  the batch has at most ``E`` tokens and 64 above (vLLM ``fused_moe.py`` ``get_default_config``).
+  the batch has at most ``E`` tokens and 64 above in vLLM 0.11 (``fused_moe.py`` ``get_default_config``);
+  0.26's default tile grows with the batch (:func:`moe_tile`, up to 128 x 128), and from 0.26 the
+  step prices it at the dense GEMMs' tile model's rate over 0.11's 64 x 64 tile
+  (``perf.moe_tile_share``).
   The grouped GEMM's rate against cuBLAS's dense rate (``MOE_COMPUTE_SHARE``) depends on the kernel
   vLLM picks for the experts' format on the GPU (:func:`moe_kernel`: Triton, or Marlin where the
   format has no tensor cores there) and on the GPU architecture; it is fitted on published runs,
@@ -49,7 +52,8 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["ATTENTION_SINK_ARCHITECTURES", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
-           "is_class_model", "moe_block_m", "moe_compute_share", "moe_kernel", "moe_shape", "runs_triton_attention",
+           "is_class_model", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
+           "moe_tile", "runs_triton_attention",
            "sliding_kv_share", "weight_format"]
 
 #: Share of the dense GEMMs' compute rate (``Calibration.compute_efficiency`` x the GPU's peak) that
@@ -62,6 +66,8 @@ __all__ = ["ATTENTION_SINK_ARCHITECTURES", "ClassGemm", "MoeShape", "MOE_COMPUTE
 #: values and e8m0 scales in registers before Ampere-style ``mma.sync`` MMAs. ``marlin`` (fp8
 #: experts below compute capability 8.9, 4-bit integer experts) has no fitted cell yet: a kernel
 #: and architecture without one take ``triton``'s value of the architecture (:func:`moe_compute_share`).
+#: The share is the one reached on vLLM 0.11's default 64 x 64 tile; from 0.26 ``PerfModel.moe_seconds``
+#: scales it by the larger default tile's rate (:func:`moe_tile`, ``perf.moe_tile_share``).
 #: **Fitted** on the fit half of the published MoE runs (``benchmarks/published_runs_classes.py
 #: --fit-moe``: per cell, the least mean |headline error| on a 0.05 grid; the split of
 #: ``benchmarks/published_runs.py``'s rule): ``triton``/Hopper on gpt-oss-120b MXFP4 on H100 at
@@ -82,9 +88,19 @@ MOE_MEM_SHARE: float = 1.0
 W4A16_COMPUTE_SHARE: float = 0.9
 #: MXFP4: a 4-bit value plus one 8-bit (e8m0) scale per 32 values (OCP Microscaling spec v1.0).
 MXFP4_BYTES: float = 0.5 + 1.0 / 32
-#: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM fused_moe.py
-#: get_default_config, bf16 / fp8 without a tuned config file).
+#: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM 0.11's fused_moe.py
+#: get_default_config, bf16 / fp8 without a tuned config file: 16x32 and 64x64 tiles).
 _MOE_BLOCK_M_SMALL, _MOE_BLOCK_M_LARGE = 16, 64
+#: The first vLLM release whose default fused-MoE tile (:func:`moe_tile`) grows with the batch: 0.26.0,
+#: the release read (``get_default_config``); releases before it are priced at 0.11's tiles, which
+#: :data:`MOE_COMPUTE_SHARE` was fitted under.
+MOE_TILE_BY_BATCH_SINCE: tuple[int, int, int] = (0, 26, 0)
+#: The vLLM release whose default tiles :data:`MOE_COMPUTE_SHARE` was fitted under (the published
+#: runs: 0.10.2-0.11.0); the kernels other than ``fused_moe`` keep its row padding.
+MOE_TILE_FITTED_VERSION: tuple[int, int, int] = (0, 11, 0)
+#: vLLM 0.26's default tile by batch (``get_default_config``, bf16 and per-tensor fp8): tokens up to
+#: each bound -> (BLOCK_SIZE_M, BLOCK_SIZE_N); above the last, 128 x 128.
+_MOE_TILES_BY_BATCH: tuple[tuple[int, int, int], ...] = ((32, 16, 64), (64, 32, 64), (96, 32, 128), (512, 64, 128))
 #: Architectures whose attention carries learned sinks (vLLM passes ``sinks=`` to ``Attention``:
 #: ``model_executor/models/gpt_oss.py``). FlashAttention serves sinks only in its version 3 (Hopper)
 #: and 4 (``fa_utils.flash_attn_supports_sinks``), FlashInfer only on SM100's trtllm path
@@ -127,6 +143,8 @@ class MoeShape:
     layers: int  # MoE layers on the stage
     fmt: WeightFormat
     kernel: str = "triton"  # moe_kernel's
+    block_quant: bool = False  # block-quantized fp8 experts (moe_tile's other default)
+    fused_moe: bool = False  # vLLM's Triton fused_moe_kernel with its default tiles (moe_tile)
 
     @property
     def expert_bytes(self) -> float:
@@ -147,9 +165,27 @@ def distinct_experts(experts: int, top_k: int, tokens: int) -> float:
     return experts * (1.0 - (1.0 - share) ** tokens)
 
 
-def moe_block_m(tokens: int, experts: int) -> int:
-    """fused_moe's BLOCK_SIZE_M for a batch of ``tokens`` (``get_default_config``)."""
-    return _MOE_BLOCK_M_SMALL if tokens <= experts else _MOE_BLOCK_M_LARGE
+def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE_BY_BATCH_SINCE,
+             block_quant: bool = False) -> tuple[int, int]:
+    """fused_moe's default (BLOCK_SIZE_M, BLOCK_SIZE_N) for a batch of ``tokens`` under vLLM ``version``.
+
+    vLLM 0.26 (``get_default_config``): 16 x 64 up to 32 tokens, 32 x 64 up to 64, 32 x 128 up to
+    96, 64 x 128 up to 512 and 128 x 128 above (block-quantized fp8: 16 x 128 up to 64 tokens, 64 x
+    128 above); before :data:`MOE_TILE_BY_BATCH_SINCE`, 0.11's 16 x 32 up to ``experts`` tokens and
+    64 x 64 above.
+
+    Example:
+        >>> moe_tile(8192, 8), moe_tile(64, 8), moe_tile(8192, 8, (0, 11, 0))
+        ((128, 128), (32, 64), (64, 64))
+    """
+    if tuple(version) < MOE_TILE_BY_BATCH_SINCE:
+        return (_MOE_BLOCK_M_SMALL, 32) if tokens <= experts else (_MOE_BLOCK_M_LARGE, 64)
+    if block_quant:
+        return (16, 128) if tokens <= 64 else (64, 128)
+    for bound, block_m, block_n in _MOE_TILES_BY_BATCH:
+        if tokens <= bound:
+            return block_m, block_n
+    return 128, 128
 
 
 def runs_triton_attention(model: ModelProfile, gpu: GpuSpec) -> bool:
@@ -238,9 +274,10 @@ def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeSha
     if not model.is_moe:
         return None
     moe_layers = layers - min(model.first_k_dense_replace, layers)
+    kernel = moe_kernel(model, gpu)
     return MoeShape(model.num_experts, model.num_experts_per_tok, model.hidden_size,
                     max(1, model.expert_intermediate_size // tp), moe_layers, weight_format(model, gpu, experts=True),
-                    moe_kernel(model, gpu))
+                    kernel, bool(model.quant_block_k), kernel == "triton" and not model.quantized_experts_only)
 
 
 def class_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list[ClassGemm]:
