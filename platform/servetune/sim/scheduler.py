@@ -27,8 +27,7 @@ requests and frees their blocks.
   ``1 - free / (num_gpu_blocks - 1)``. A sliding-window / full-attention hybrid (gemma-2/3,
   gpt-oss) holds a block per ``block_size`` tokens in each of its KV groups, its sliding groups
   freeing what slid out of the window before the request's allocation
-  (:class:`servetune.sim.blocks.KVGroups`, :func:`kv_groups`); such a model's steps are all decided
-  request by request (no bulk decode).
+  (:class:`servetune.sim.blocks.KVGroups`, :func:`kv_groups`).
 * The step that computes the last prompt token samples the first output token (TTFT); every later
   step that schedules a request gives it one token; requests stop at ``max_tokens`` (ignore_eos).
 
@@ -218,13 +217,17 @@ class SimScheduler:
         # tokens, and who of them samples its last token at step k.
         #: Whether run_until_idle decodes in bulk (False: every step request by request, the
         #: reference the bulk steps equal); how many steps it ran so.
-        self.bulk_decode = bulk_decode and self.groups is None
+        self.bulk_decode = bulk_decode
         self.num_bulk_steps = 0
         self._dec_n = 0
         self._dec_off = 0
         self._dec_need = [0] * self.block_size
         self._dec_prompts = 0
         self._dec_fin: dict[int, list[SimRequest]] = {}
+        # A hybrid's bulk decoders past the window's edge, by the phase of the steps at which their
+        # sliding groups free a block (k % block_size), and those that reach the edge at a step.
+        self._dec_slide = [0] * self.block_size
+        self._dec_edge: dict[int, list[SimRequest]] = {}
 
     # -- public state -------------------------------------------------------------------------
 
@@ -440,11 +443,18 @@ class SimScheduler:
         k = len(self.step_end_s)
         need = self._dec_need[k % self.block_size]
         preempted: list[SimRequest] = []
+        freed = 0
+        if self.groups is not None:
+            if need * self.groups.total > self.pool.num_free:
+                return False  # request by request: each frees what left its window before it allocates
+            need, freed = self._slide_decoding(k, need)
         if need > self.pool.num_free:
             self._preempt_decoding(k, preempted)
             n = self._dec_n
         elif need:
             self.pool.take(need)
+        if freed:
+            self.pool.give_anonymous(freed)
         tally = _Tally(self.max_num_batched_tokens - n)
         tally.num_reqs = tally.num_tokens = n
         tally.kv_context = tally.attn_work = self._dec_off + n * (k + 1)
@@ -503,7 +513,8 @@ class SimScheduler:
             req = running[i]
             c = req.computed
             if (req.last_step != last or c != req.total - 1 or req.nblk != (c + bs - 1) // bs
-                    or (caching and req.group is not None and len(req.shared) < req.npb)):
+                    or (caching and req.group is not None and len(req.shared) < req.npb)
+                    or (self.groups is not None and not self._joins_sliding(req, k0))):
                 break
             req.dec = k0
             self._dec_n += 1
@@ -526,6 +537,8 @@ class SimScheduler:
         self._dec_off -= req.computed - k0
         self._dec_need[(k0 - req.computed) % bs] -= 1
         self._dec_prompts -= req.prompt
+        if self.groups is not None:
+            self._leave_sliding(req, upto)
         done = upto - k0
         if done > 0:
             req.computed += done
@@ -533,6 +546,9 @@ class SimScheduler:
             req.output += done
             req.nblk = (req.computed + bs - 1) // bs
             req.last_step = upto - 1
+            if self.groups is not None:  # the last bulk step's slide, one token in flight
+                req.swskip = self.groups.skipped_blocks(req.computed - 1 - self._in_flight)
+                req.lastk, req.lastn = upto - 1, 1
         req.dec = -1
 
     def _dissolve(self) -> None:
@@ -543,6 +559,7 @@ class SimScheduler:
             for req in self._running[:self._dec_n]:
                 self._leave_decoding(req, upto)
             self._dec_fin.clear()
+            self._dec_edge.clear()
 
     def _slide(self, req: SimRequest, pos: int, n: int, k: int) -> int:
         """A hybrid's running request about to get ``n`` tokens at step ``k`` (``pos`` new block-table
@@ -558,6 +575,50 @@ class SimScheduler:
             req.swskip = skip
         req.lastk, req.lastn = k, n
         return pos * groups.total if pos > 0 else 0
+
+    # -- a hybrid's bulk decoders: their sliding groups' frees, counted -----------------------------
+    # A bulk decoder that joined at step k0 with c computed tokens has x = c - lag - window + 1
+    # (lag: its one token in flight) at k0 and x + k - k0 at step k; its sliding groups free a block
+    # at each step whose x is a positive multiple of the block size (what _slide gives it).
+
+    def _joins_sliding(self, req: SimRequest, k0: int) -> bool:
+        """Whether ``req`` can decode in bulk from step ``k0``: its sliding groups freed what the
+        step before left (one token in flight, no chunk), so each later step frees by the rule
+        above. Registers it if so."""
+        groups = self.groups
+        assert groups is not None
+        lag = int(self._in_flight)
+        c = req.computed
+        if (lag and req.lastn != 1) or req.swskip != groups.skipped_blocks(c - 1 - lag):
+            return False
+        x0 = c - lag - groups.window + 1
+        if x0 > 0:
+            self._dec_slide[(k0 - x0) % self.block_size] += 1
+        else:  # reaches the window's edge (x = 1) later
+            self._dec_edge.setdefault(k0 + 1 - x0, []).append(req)
+        return True
+
+    def _leave_sliding(self, req: SimRequest, upto: int) -> None:
+        """Undo :meth:`_joins_sliding` for a decoder leaving before step ``upto``."""
+        groups = self.groups
+        assert groups is not None
+        k0 = req.dec
+        x0 = req.computed - int(self._in_flight) - groups.window + 1
+        if x0 > 0 or k0 + 1 - x0 < upto:  # past the edge (reached at a bulk step that ran)
+            self._dec_slide[(k0 - x0) % self.block_size] -= 1
+        else:
+            self._dec_edge[k0 + 1 - x0].remove(req)
+
+    def _slide_decoding(self, k: int, positions: int) -> tuple[int, int]:
+        """The bulk decoders' blocks at step ``k``: (taken for ``positions`` new block-table entries,
+        freed by their sliding groups)."""
+        groups = self.groups
+        assert groups is not None
+        bs = self.block_size
+        for req in self._dec_edge.pop(k, ()):
+            x0 = req.computed - int(self._in_flight) - groups.window + 1
+            self._dec_slide[(req.dec - x0) % bs] += 1
+        return positions * groups.total, self._dec_slide[k % bs] * groups.sliding
 
     def _admit_blocks(self, req: SimRequest, hits: int, cached: int, end: int) -> tuple[int, int]:
         """A hybrid's waiting request with ``hits`` prefix-cache blocks (``cached`` tokens) admitted
