@@ -90,3 +90,18 @@ def test_the_pool_binds_at_two_blocks_per_16_tokens() -> None:
     most, s = most_running(GEMMA2)
     assert most == 1 and s.num_preemptions == 0 and s.num_free_blocks == s.pool.usable
     assert most_running(LLAMA)[0] == 2
+
+
+def test_a_sequence_past_the_window_is_admitted_at_the_sliding_groups_cap() -> None:
+    # gpt-oss, 256-token budget, sync: the admission gate reserves 125 full blocks and
+    # cdiv(min(127 + 256, 4096), 16) + 1 = 25 sliding ones for a 2,000-token sequence (150 of 159
+    # usable; two whole groups would be 250 and never fit), and the window keeps it within them.
+    s = scheduler(GPT_OSS, 160, max_num_batched_tokens=256, async_scheduling=False)
+    assert s.groups is not None and s.groups.admission_cap == 25
+    s.add_request("a", 1900, 100, arrival_s=0.0)
+    most = 0
+    while s.has_work():
+        s.step()
+        most = max(most, held(s))
+    assert s.num_preemptions == 0 and s.request_state("a").num_output_tokens == 100
+    assert 125 < most <= 159
