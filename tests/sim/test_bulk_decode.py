@@ -47,6 +47,21 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
                                     {"input_len": {"dist": "uniform", "min": 50, "max": 2000},
                                      "output_len": {"dist": "uniform", "min": 50, "max": 900}, "num_requests": 150,
                                      "request_rate": 50.0, "prefix_len": 600, "num_prefix_groups": 5}),
+    # Sliding-window hybrids (sim.blocks.KVGroups): gpt-oss's 128-token window slides during
+    # decode, freeing a block every 16 steps, under preemption; gemma-2's 4,096-token window with
+    # prefix groups and prompts past it; gpt-oss without async scheduling (nothing in flight).
+    "hybrid_window_preempting": ("gpt-oss-20b", {"max_num_seqs": 128, "num_gpu_blocks_override": 1500},
+                                 {"input_len": {"dist": "uniform", "min": 50, "max": 1500},
+                                  "output_len": {"dist": "uniform", "min": 1, "max": 600}, "num_requests": 300,
+                                  "concurrency": 128}),
+    "hybrid_prefix_groups_past_window": ("gemma-2-27b", {"max_model_len": 8192, "num_gpu_blocks_override": 1200},
+                                         {"input_len": {"dist": "uniform", "min": 200, "max": 6000},
+                                          "output_len": {"dist": "uniform", "min": 1, "max": 400},
+                                          "num_requests": 120, "concurrency": 24, "prefix_len": 800,
+                                          "num_prefix_groups": 3}),
+    "hybrid_window_sync": ("gpt-oss-20b", {"async_scheduling": False, "num_gpu_blocks_override": 2000},
+                           {"input_len": {"dist": "uniform", "min": 50, "max": 1000}, "output_len": 300,
+                            "num_requests": 200, "concurrency": 96}),
     # The 0.85B model at 256 in flight: its API server falls behind and merges chunks.
     "api_server_behind": ("servetune-test-850m", {"gpu_memory_utilization": 0.5},
                           {"input_len": 512, "output_len": {"dist": "uniform", "min": 1, "max": 60},
@@ -75,7 +90,7 @@ def test_bulk_decode_gives_the_step_by_step_figures_to_the_bit(name: str) -> Non
     assert plain.num_bulk_steps == 0 and bulk.num_bulk_steps > bulk.num_steps // 2
     assert _engine_figures(bulk) == _engine_figures(plain)
     assert bulk_records == plain_records  # times, token counts, every ITL gap, preemptions
-    if name.startswith(("preempting", "small_cache", "open_loop_preempting")):
+    if name.startswith(("preempting", "small_cache", "open_loop_preempting", "hybrid_window_preempting")):
         assert bulk.num_preemptions > 0
     if "prefix" in name:
         assert bulk.prefix_cache_hits > 0

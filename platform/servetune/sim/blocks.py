@@ -5,6 +5,13 @@ usable. Full blocks of a prefix group's shared prefix are cached by content; a n
 the longest chain of cached full blocks, at most ``num_tokens - 1`` tokens (the last token is
 always recomputed). Hit blocks are shared and ref-counted; cached blocks no request holds stay
 evictable in a FIFO free queue and count as free.
+
+Sliding-window / full-attention hybrids (gemma-2/3, gpt-oss): :class:`KVGroups`. vLLM's hybrid KV
+cache manager (``vllm/v1/core/kv_cache_coordinator.py``, ``single_type_kv_cache_manager.py``) gives
+every KV cache group its own blocks of the one pool, so a request holds one block per
+``block_size`` tokens in each group, except that a sliding group frees the blocks that fell out of
+its window (``SlidingWindowManager.remove_skipped_blocks``). The pool is the ``num_gpu_blocks`` vLLM
+reports, each block spanning one group's layers.
 """
 
 from __future__ import annotations
@@ -14,11 +21,53 @@ from typing import Any
 
 from servetune.sim.request import SimRequest
 
-__all__ = ["BlockPool", "CacheKey"]
+__all__ = ["BlockPool", "CacheKey", "KVGroups"]
 
 #: ``(0, prefix group, block index)``: a prefix group's shared block (other blocks hold random
 #: tokens nobody else asks for, so they are anonymous and have no key).
 CacheKey = tuple[int, int | None, int]
+
+
+class KVGroups:
+    """A hybrid model's KV cache groups, as vLLM's scheduler holds blocks for them (vLLM 0.26).
+
+    ``full`` full-attention groups and ``sliding`` sliding-window groups of ``window`` tokens. A
+    request's block table has the same length in every group (``SimRequest.nblk``: one entry per
+    ``block_size`` tokens allocated); in a sliding group the first ``SimRequest.swskip`` entries are
+    vLLM's null block, freed once the window left them: ``get_num_skipped_tokens`` =
+    ``max(0, processed - window + 1)``, on the processed-token basis (``allocate_slots`` frees
+    before it allocates, with the tokens of the step still in flight not yet processed).
+    ``admission_cap``: a sliding group's per-request reservation in the full-sequence admission
+    gate (``SlidingWindowSpec.max_admission_blocks_per_request``:
+    ``cdiv(min(window - 1 + max_in_flight_tokens, max_model_len), block_size) + 1``).
+
+    Example:
+        >>> g = KVGroups(full=1, sliding=1, window=4096, block_size=16, admission_cap=513)
+        >>> g.skipped_blocks(4095), g.skipped_blocks(4111), g.held(80, 0)   # two blocks per 16 tokens
+        (0, 1, 160)
+    """
+
+    __slots__ = ("full", "sliding", "window", "block_size", "admission_cap", "total")
+
+    def __init__(self, full: int, sliding: int, window: int, block_size: int, admission_cap: int) -> None:
+        self.full = full
+        self.sliding = sliding
+        self.window = window
+        self.block_size = block_size
+        self.admission_cap = admission_cap
+        self.total = full + sliding
+
+    def skipped_blocks(self, processed: int) -> int:
+        """Leading entries of a sliding group's block table out of the window once ``processed`` tokens are."""
+        return max(0, processed - self.window + 1) // self.block_size
+
+    def held(self, nblk: int, swskip: int) -> int:
+        """Blocks of the pool a request with ``nblk`` table entries, ``swskip`` of them slid out, holds."""
+        return self.total * nblk - self.sliding * swskip
+
+    def admission_blocks(self, positions: int) -> int:
+        """The blocks vLLM's admission gate reserves for a whole sequence of ``positions`` blocks."""
+        return self.full * positions + self.sliding * min(positions, self.admission_cap)
 
 
 class BlockPool:
@@ -28,9 +77,9 @@ class BlockPool:
     again (lazy deletion).
     """
 
-    __slots__ = ("num_free", "usable", "fresh", "queue", "cache", "caching", "block_size")
+    __slots__ = ("num_free", "usable", "fresh", "queue", "cache", "caching", "block_size", "groups")
 
-    def __init__(self, usable: int, caching: bool, block_size: int) -> None:
+    def __init__(self, usable: int, caching: bool, block_size: int, groups: KVGroups | None = None) -> None:
         self.usable = usable
         self.num_free = usable  # fresh + anonymous queued + evictable cached
         self.fresh = usable  # never-used blocks sit at the head of the free queue
@@ -38,6 +87,9 @@ class BlockPool:
         self.cache: dict[CacheKey, list[int]] = {}
         self.caching = caching
         self.block_size = block_size
+        #: A hybrid's KV groups (None: one group). The prefix cache's keys are the first (full)
+        #: group's; the other groups' blocks are held privately and freed anonymously.
+        self.groups = groups
 
     @property
     def usage(self) -> float:
@@ -120,8 +172,13 @@ class BlockPool:
         blocks are freed uncached: the real vLLM 0.26 runs show no prefix-cache hits when
         preempted requests resume (496 hit tokens over 192 preemptions in b3), so the simulator
         does not let a resumed request skip its recompute.
+
+        A hybrid's other groups (:class:`KVGroups`) follow the first one's, as vLLM frees group by
+        group: their blocks still held (a sliding group's less those slid out) go back anonymous.
         """
         nshared = len(req.shared)
+        groups = self.groups
+        extra = groups.held(req.nblk, req.swskip) - req.nblk if groups is not None else 0
         if self.caching:
             full = min(req.computed // self.block_size, req.npb)
             anon = 0
@@ -136,9 +193,11 @@ class BlockPool:
             for key in reversed(req.shared):
                 self.release_key(key)
             req.shared = []
+            self.give_anonymous(extra)
         else:
-            self.num_free += req.nblk - nshared
+            self.num_free += req.nblk - nshared + extra
         req.nblk = 0
+        req.swskip = 0
 
     def register_prefix(self, req: SimRequest) -> None:
         """Cache the prefix-group blocks this request just filled, so others of its group hit them."""

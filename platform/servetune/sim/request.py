@@ -31,7 +31,7 @@ class SimRequest:
 
     __slots__ = ("rid", "prompt", "max_tokens", "arrival", "computed", "total", "output", "nblk",
                  "shared", "group", "npb", "last_step", "run_start", "runs", "preemptions", "finish_step",
-                 "status", "order", "dec")
+                 "status", "order", "dec", "swskip", "lastk", "lastn")
 
     def __init__(self, rid: str, prompt: int, max_tokens: int, arrival: float, group: int | None,
                  prefix_blocks: int, order: int) -> None:
@@ -59,6 +59,12 @@ class SimRequest:
         # The step from which the scheduler advances it in bulk with the other decoding requests
         # (its counts then hold their values before that step); -1 while its counts are its own.
         self.dec = -1
+        # A sliding-window hybrid's (blocks.KVGroups): the leading block-table entries its sliding
+        # groups freed, and the step that last scheduled it with its tokens (in flight while the
+        # next batch forms, with async scheduling).
+        self.swskip = 0
+        self.lastk = -2
+        self.lastn = 0
 
     def note_token(self, step_no: int) -> None:
         """Step ``step_no`` produced an output token for this request (steps come in order)."""

@@ -24,7 +24,10 @@ requests and frees their blocks.
   >= 0.19) a request is admitted only if blocks for its whole current sequence are free.
   Head-of-line blocking: the first one that does not fit stops admission.
 * KV blocks and the prefix cache: :class:`servetune.sim.blocks.BlockPool`; KV usage is
-  ``1 - free / (num_gpu_blocks - 1)``.
+  ``1 - free / (num_gpu_blocks - 1)``. A sliding-window / full-attention hybrid (gemma-2/3,
+  gpt-oss) holds a block per ``block_size`` tokens in each of its KV groups, its sliding groups
+  freeing what slid out of the window before the request's allocation
+  (:class:`servetune.sim.blocks.KVGroups`, :func:`kv_groups`).
 * The step that computes the last prompt token samples the first output token (TTFT); every later
   step that schedules a request gives it one token; requests stop at ``max_tokens`` (ignore_eos).
 
@@ -49,7 +52,8 @@ import math
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from servetune.sim.blocks import BlockPool, CacheKey
+from servetune.planner.modelclass import kv_layout
+from servetune.sim.blocks import BlockPool, CacheKey, KVGroups
 from servetune.sim.frontend import ApiServer
 from servetune.sim.perf import PerfModel
 from servetune.sim.request import RequestState, SimRequest
@@ -60,7 +64,25 @@ if TYPE_CHECKING:
     from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["SchedulerOutput", "StepResult", "SimScheduler"]
+__all__ = ["SchedulerOutput", "StepResult", "SimScheduler", "kv_groups"]
+
+
+def kv_groups(model: ModelProfile, config: EngineConfig) -> KVGroups | None:
+    """The KV cache groups vLLM's hybrid KV cache manager gives ``model`` (None: one group, or no
+    sliding-window layers beside full-attention ones): the model's layers grouped as
+    :func:`servetune.planner.modelclass.kv_layout` groups them (``kv_cache_utils.py``).
+
+    The admission cap takes ``max_in_flight_tokens`` = ``max_num_batched_tokens`` times the
+    concurrent batches (2 with async scheduling).
+    """
+    groups = kv_layout(model, 1, 0, 1, config.block_size, 2).groups
+    full, sliding = groups.count("full"), groups.count("sliding")
+    if not full or not sliding:
+        return None
+    window = model.sliding_window
+    in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
+    cap = -(-min(window - 1 + in_flight, config.max_model_len) // config.block_size) + 1
+    return KVGroups(full, sliding, window, config.block_size, cap)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -157,7 +179,10 @@ class SimScheduler:
         self.chunked_prefill = config.enable_chunked_prefill
         self.prefix_caching = config.enable_prefix_caching
         self.reserve_full_isl = (version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 19)
-        self.pool = BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching, config.block_size)
+        #: A sliding-window hybrid's KV groups (None: one group).
+        self.groups = kv_groups(model, config)
+        self._in_flight = config.async_scheduling  # a step's tokens are unprocessed while the next forms
+        self.pool = BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching, config.block_size, self.groups)
         self.now_s = 0.0
         self.num_preemptions = 0
         self.num_steps = 0
@@ -199,6 +224,10 @@ class SimScheduler:
         self._dec_need = [0] * self.block_size
         self._dec_prompts = 0
         self._dec_fin: dict[int, list[SimRequest]] = {}
+        # A hybrid's bulk decoders past the window's edge, by the phase of the steps at which their
+        # sliding groups free a block (k % block_size), and those that reach the edge at a step.
+        self._dec_slide = [0] * self.block_size
+        self._dec_edge: dict[int, list[SimRequest]] = {}
 
     # -- public state -------------------------------------------------------------------------
 
@@ -275,9 +304,11 @@ class SimScheduler:
                              f"your prompt contains {prompt_tokens} input tokens")
         max_tokens = min(max_tokens, self.max_model_len - prompt_tokens)
         bs = self.block_size
-        if -(-(prompt_tokens + max_tokens) // bs) > self.pool.usable:
-            raise ValueError(f"request needs {-(-(prompt_tokens + max_tokens) // bs)} KV blocks; the cache has "
-                             f"{self.pool.usable}")
+        blocks = -(-(prompt_tokens + max_tokens) // bs)
+        if self.groups is not None:
+            blocks = self.groups.admission_blocks(blocks)
+        if blocks > self.pool.usable:
+            raise ValueError(f"request needs {blocks} KV blocks; the cache has {self.pool.usable}")
         prefix_blocks = min(prefix_tokens, prompt_tokens) // bs if prefix_group is not None else 0
         req = SimRequest(request_id, prompt_tokens, max_tokens, arrival_s, prefix_group, prefix_blocks,
                          self._next_key)
@@ -412,11 +443,18 @@ class SimScheduler:
         k = len(self.step_end_s)
         need = self._dec_need[k % self.block_size]
         preempted: list[SimRequest] = []
+        freed = 0
+        if self.groups is not None:
+            if need * self.groups.total > self.pool.num_free:
+                return False  # request by request: each frees what left its window before it allocates
+            need, freed = self._slide_decoding(k, need)
         if need > self.pool.num_free:
             self._preempt_decoding(k, preempted)
             n = self._dec_n
         elif need:
             self.pool.take(need)
+        if freed:
+            self.pool.give_anonymous(freed)
         tally = _Tally(self.max_num_batched_tokens - n)
         tally.num_reqs = tally.num_tokens = n
         tally.kv_context = tally.attn_work = self._dec_off + n * (k + 1)
@@ -475,7 +513,8 @@ class SimScheduler:
             req = running[i]
             c = req.computed
             if (req.last_step != last or c != req.total - 1 or req.nblk != (c + bs - 1) // bs
-                    or (caching and req.group is not None and len(req.shared) < req.npb)):
+                    or (caching and req.group is not None and len(req.shared) < req.npb)
+                    or (self.groups is not None and not self._joins_sliding(req, k0))):
                 break
             req.dec = k0
             self._dec_n += 1
@@ -498,6 +537,8 @@ class SimScheduler:
         self._dec_off -= req.computed - k0
         self._dec_need[(k0 - req.computed) % bs] -= 1
         self._dec_prompts -= req.prompt
+        if self.groups is not None:
+            self._leave_sliding(req, upto)
         done = upto - k0
         if done > 0:
             req.computed += done
@@ -505,6 +546,9 @@ class SimScheduler:
             req.output += done
             req.nblk = (req.computed + bs - 1) // bs
             req.last_step = upto - 1
+            if self.groups is not None:  # the last bulk step's slide, one token in flight
+                req.swskip = self.groups.skipped_blocks(req.computed - 1 - self._in_flight)
+                req.lastk, req.lastn = upto - 1, 1
         req.dec = -1
 
     def _dissolve(self) -> None:
@@ -515,6 +559,81 @@ class SimScheduler:
             for req in self._running[:self._dec_n]:
                 self._leave_decoding(req, upto)
             self._dec_fin.clear()
+            self._dec_edge.clear()
+
+    def _slide(self, req: SimRequest, pos: int, n: int, k: int) -> int:
+        """A hybrid's running request about to get ``n`` tokens at step ``k`` (``pos`` new block-table
+        entries): its sliding groups free the blocks out of the window first, on the processed-token
+        basis (the tokens of the step before still in flight with async scheduling: vLLM's
+        ``allocate_slots``, ``remove_skipped_blocks``). Returns the blocks it takes from the pool."""
+        groups = self.groups
+        assert groups is not None
+        processed = req.computed - (req.lastn if self._in_flight and req.lastk == k - 1 else 0)
+        skip = min(groups.skipped_blocks(processed), req.nblk)
+        if skip > req.swskip:
+            self.pool.give_anonymous((skip - req.swskip) * groups.sliding)
+            req.swskip = skip
+        req.lastk, req.lastn = k, n
+        return pos * groups.total if pos > 0 else 0
+
+    # -- a hybrid's bulk decoders: their sliding groups' frees, counted -----------------------------
+    # A bulk decoder that joined at step k0 with c computed tokens has x = c - lag - window + 1
+    # (lag: its one token in flight) at k0 and x + k - k0 at step k; its sliding groups free a block
+    # at each step whose x is a positive multiple of the block size (what _slide gives it).
+
+    def _joins_sliding(self, req: SimRequest, k0: int) -> bool:
+        """Whether ``req`` can decode in bulk from step ``k0``: its sliding groups freed what the
+        step before left (one token in flight, no chunk), so each later step frees by the rule
+        above. Registers it if so."""
+        groups = self.groups
+        assert groups is not None
+        lag = int(self._in_flight)
+        c = req.computed
+        if (lag and req.lastn != 1) or req.swskip != groups.skipped_blocks(c - 1 - lag):
+            return False
+        x0 = c - lag - groups.window + 1
+        if x0 > 0:
+            self._dec_slide[(k0 - x0) % self.block_size] += 1
+        else:  # reaches the window's edge (x = 1) later
+            self._dec_edge.setdefault(k0 + 1 - x0, []).append(req)
+        return True
+
+    def _leave_sliding(self, req: SimRequest, upto: int) -> None:
+        """Undo :meth:`_joins_sliding` for a decoder leaving before step ``upto``."""
+        groups = self.groups
+        assert groups is not None
+        k0 = req.dec
+        x0 = req.computed - int(self._in_flight) - groups.window + 1
+        if x0 > 0 or k0 + 1 - x0 < upto:  # past the edge (reached at a bulk step that ran)
+            self._dec_slide[(k0 - x0) % self.block_size] -= 1
+        else:
+            self._dec_edge[k0 + 1 - x0].remove(req)
+
+    def _slide_decoding(self, k: int, positions: int) -> tuple[int, int]:
+        """The bulk decoders' blocks at step ``k``: (taken for ``positions`` new block-table entries,
+        freed by their sliding groups)."""
+        groups = self.groups
+        assert groups is not None
+        bs = self.block_size
+        for req in self._dec_edge.pop(k, ()):
+            x0 = req.computed - int(self._in_flight) - groups.window + 1
+            self._dec_slide[(req.dec - x0) % bs] += 1
+        return positions * groups.total, self._dec_slide[k % bs] * groups.sliding
+
+    def _admit_blocks(self, req: SimRequest, hits: int, cached: int, end: int) -> tuple[int, int]:
+        """A hybrid's waiting request with ``hits`` prefix-cache blocks (``cached`` tokens) admitted
+        up to ``end`` tokens: (the blocks vLLM's full-sequence admission gate asks for, the blocks
+        it takes now). The prefix cache holds the first full group's blocks; the hit's entries of
+        the other groups are taken as new blocks (a sliding group's only those inside the window)."""
+        groups = self.groups
+        assert groups is not None
+        bs = self.block_size
+        skip = min(groups.skipped_blocks(cached), hits)
+        whole = -(-req.total // bs)
+        other = (groups.full - 1) * hits + groups.sliding * (hits - skip)
+        gate = groups.full * (whole - hits) + groups.sliding * max(min(whole, groups.admission_cap) - hits, 0) + other
+        take = groups.full * (-(-end // bs) - hits) + groups.sliding * (-(-end // bs) - hits) + other
+        return gate, take
 
     def schedule(self) -> SchedulerOutput:
         """Form the next batch: RUNNING first, then WAITING unless something was preempted."""
@@ -550,6 +669,8 @@ class SimScheduler:
         budget = tally.budget
         threshold = self.long_prefill_threshold
         caching = pool.caching
+        hybrid = self.groups is not None
+        k = len(self.step_end_s)
         num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = prefill_context = prefill_attn = 0
         i = start
         while i < len(running) and budget > 0:
@@ -561,7 +682,8 @@ class SimScheduler:
             if n > budget:
                 n = budget
             end = computed + n
-            need = (end + bsm1) // bs - req.nblk
+            pos = (end + bsm1) // bs - req.nblk  # new block-table entries (blocks of each KV group)
+            need = self._slide(req, pos, n, k) if hybrid else pos
             if need > 0:
                 if need > pool.num_free:
                     # Preempt from the back until the blocks fit or this request is the victim.
@@ -574,7 +696,7 @@ class SimScheduler:
                     if req.status == "waiting":
                         break
                 pool.take(need)
-                req.nblk += need
+                req.nblk += pos
             budget -= n
             num_reqs += 1
             num_tokens += n
@@ -613,6 +735,7 @@ class SimScheduler:
         budget = tally.budget
         threshold = self.long_prefill_threshold
         caching = pool.caching
+        groups = self.groups
         num_reqs = num_tokens = kv_context = attn_work = 0
         while waiting and budget > 0 and len(running) < max_seqs:
             req = waiting[0]
@@ -630,10 +753,15 @@ class SimScheduler:
                 n = budget
             end = cached + n
             free_after_hits = pool.num_free - evictable_hits
-            if self.reserve_full_isl:
-                if (req.total + bsm1) // bs - len(hits) > free_after_hits:
+            pos = (end + bsm1) // bs - len(hits)
+            if groups is None:
+                if self.reserve_full_isl and (req.total + bsm1) // bs - len(hits) > free_after_hits:
                     break
-            need = (end + bsm1) // bs - len(hits)
+                need = pos
+            else:
+                whole, need = self._admit_blocks(req, len(hits), cached, end)
+                if self.reserve_full_isl and whole > free_after_hits:
+                    break
             if need > free_after_hits:
                 break
             waiting.popleft()
@@ -645,7 +773,10 @@ class SimScheduler:
             req.shared = hits
             req.nblk = len(hits)
             pool.take(need)
-            req.nblk += need
+            req.nblk += pos
+            if groups is not None:
+                req.swskip = min(groups.skipped_blocks(cached), len(hits))
+                req.lastk, req.lastn = len(self.step_end_s), n
             req.status = "running"
             running.append(req)
             budget -= n

@@ -1,0 +1,107 @@
+"""The simulated scheduler's KV blocks for sliding-window / full-attention hybrids (sim.blocks.KVGroups).
+
+vLLM's hybrid KV cache manager gives each KV group its own blocks of the one pool: a request holds
+a block per 16 tokens in the full-attention group and in the sliding group, and the sliding group
+frees the blocks the window left, on the processed-token basis, before the request's allocation.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import resolve_engine_config
+from servetune.planner.modelinfo import load_model
+from servetune.sim import SimScheduler
+from servetune.sim.scheduler import kv_groups
+
+GPU = get_gpu("H100-80GB")
+LLAMA = load_model("llama-3.1-8b")
+GEMMA2 = load_model("gemma-2-27b")  # 4,096-token window on every other layer: one full, one sliding group
+GPT_OSS = load_model("gpt-oss-20b")  # 128-token window on half the layers
+
+
+def scheduler(model, num_gpu_blocks: int, **flags: object) -> SimScheduler:
+    base: dict[str, object] = {"max_model_len": 4096, "max_num_seqs": 16, "max_num_batched_tokens": 2048}
+    base.update(flags)
+    return SimScheduler(model, GPU, resolve_engine_config(base, model, GPU), num_gpu_blocks=num_gpu_blocks)
+
+
+def held(s: SimScheduler) -> int:
+    return s.pool.usable - s.num_free_blocks
+
+
+def test_the_groups_read_off_the_model() -> None:
+    cfg = resolve_engine_config({"max_model_len": 8192, "max_num_batched_tokens": 8192}, GEMMA2, GPU)
+    g = kv_groups(GEMMA2, cfg)
+    assert g is not None and (g.full, g.sliding, g.window) == (1, 1, 4096)
+    # SlidingWindowSpec.max_admission_blocks_per_request: cdiv(min(4095 + 2 x 8192, 8192), 16) + 1
+    assert g.admission_cap == 513
+    assert kv_groups(LLAMA, resolve_engine_config({}, LLAMA, GPU)) is None
+
+
+def test_a_request_inside_the_window_holds_a_block_per_group() -> None:
+    s = scheduler(GEMMA2, 1000)
+    s.add_request("a", 1024, 8, arrival_s=0.0)
+    s.step()
+    assert held(s) == 2 * 64
+    s.step()  # the first decode token: position 1024 opens a 65th entry in both groups
+    assert held(s) == 2 * 65
+    single = scheduler(LLAMA, 1000)
+    single.add_request("a", 1024, 8, arrival_s=0.0)
+    single.step()
+    assert held(single) == 64
+
+
+@pytest.mark.parametrize("async_scheduling, freed_at", [(True, 2), (False, 1)])
+def test_the_sliding_group_frees_what_left_the_window(async_scheduling: bool, freed_at: int) -> None:
+    # gpt-oss: 128-token window. After a 1,024-token prefill the sliding group needs only the
+    # blocks of the last 127 processed tokens; with async scheduling the prefill is still in flight
+    # while the next batch forms, so its blocks go one step later.
+    s = scheduler(GPT_OSS, 1000, async_scheduling=async_scheduling)
+    s.add_request("a", 1024, 8, arrival_s=0.0)
+    s.step()
+    assert held(s) == 2 * 64
+    counts = []
+    for _ in range(3):
+        s.step()
+        counts.append(held(s))
+    # Freed: (1024 - 128 + 1) // 16 = 56 blocks once 1,024 tokens are processed; then the window
+    # moves one token a step and frees no other whole block in these steps.
+    assert counts[freed_at - 1:] == [2 * 65 - 56] * (4 - freed_at)
+    assert counts[:freed_at - 1] == [2 * 65] * (freed_at - 1)
+    s.run_until_idle()
+    assert s.num_free_blocks == s.pool.usable  # everything back: the slid-out blocks are not freed twice
+
+
+def test_the_pool_binds_at_two_blocks_per_16_tokens() -> None:
+    # 1,024-token prompts, 139 usable blocks: one-group accounting runs two at once (65 blocks
+    # each); the hybrid's two groups fit one, and the second waits for it.
+    def most_running(model) -> tuple[int, SimScheduler]:
+        s = scheduler(model, 140, max_num_batched_tokens=4096)
+        s.add_request("a", 1024, 4, arrival_s=0.0)
+        s.add_request("b", 1024, 4, arrival_s=0.0)
+        most = 0
+        while s.has_work():
+            s.step()
+            most = max(most, s.num_running)
+        return most, s
+
+    most, s = most_running(GEMMA2)
+    assert most == 1 and s.num_preemptions == 0 and s.num_free_blocks == s.pool.usable
+    assert most_running(LLAMA)[0] == 2
+
+
+def test_a_sequence_past_the_window_is_admitted_at_the_sliding_groups_cap() -> None:
+    # gpt-oss, 256-token budget, sync: the admission gate reserves 125 full blocks and
+    # cdiv(min(127 + 256, 4096), 16) + 1 = 25 sliding ones for a 2,000-token sequence (150 of 159
+    # usable; two whole groups would be 250 and never fit), and the window keeps it within them.
+    s = scheduler(GPT_OSS, 160, max_num_batched_tokens=256, async_scheduling=False)
+    assert s.groups is not None and s.groups.admission_cap == 25
+    s.add_request("a", 1900, 100, arrival_s=0.0)
+    most = 0
+    while s.has_work():
+        s.step()
+        most = max(most, held(s))
+    assert s.num_preemptions == 0 and s.request_state("a").num_output_tokens == 100
+    assert 125 < most <= 159
