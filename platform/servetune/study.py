@@ -752,6 +752,7 @@ class _Driver:
         def write() -> None:
             self._write(record)
             if self.on_result is not None:
+                self.tracker.settle()  # the callback sees the trial's MLflow run written (or buffered)
                 self.on_result(trial.number, flags, result)
 
         if deferred is None:
