@@ -45,12 +45,14 @@ Contract:
   up is not a transport error: it raises :class:`TrackingError` (a buffered one is moved to
   ``<buffer_dir>/rejected/``).
 * With a ``buffer_dir`` the driver does not wait for MLflow (``background``, the default there):
-  ``log_trial`` / ``finish_study`` / ``end`` write the operation into the buffer (on disk, complete,
-  before the call returns) and a writer thread (:mod:`._writer`) delivers the buffer oldest first
-  while the driver goes on; a refusal reaches the driver at its next call. :meth:`StudyTracker.settle`
-  waits until what was handed over was tried; :meth:`StudyTracker.flush` (the end of a study) ends
-  the thread and delivers the rest itself, so a finished study has every trial in MLflow when it
-  returns, and a driver killed first leaves its trials in the buffer, delivered by ``--resume``.
+  ``log_trial`` / ``finish_study`` / ``end`` hand the operation to a writer thread (:mod:`._writer`),
+  which stages it in the buffer (a trial's files and ``op.json``, in the order handed over) and
+  delivers the buffer oldest first while the driver goes on; a refusal reaches the driver at its
+  next call. :meth:`StudyTracker.settle` waits until what was handed over was tried;
+  :meth:`StudyTracker.flush` (the end of a study) ends the thread and stages and delivers the rest
+  itself, so a finished study has every trial in MLflow when it returns. A driver killed first
+  leaves its staged trials in the buffer (delivered by ``--resume``); one it had not staged yet is
+  told to Optuna and in the dataset, and ``--resume`` writes its run from Optuna's record.
 
 Example:
     >>> tracker = StudyTracker("http://127.0.0.1:5000", "servetune")  # doctest: +SKIP
@@ -202,8 +204,8 @@ class StudyTracker:
                  flush_wait_s: float = 120.0, background: bool | None = None) -> None:
         # ``buffer_dir``: where writes wait while the server is unreachable (None: no buffering,
         # a failed write raises). ``flush_wait_s``: how long the end of a study waits for it.
-        # ``background`` (the default with a buffer): a trial's write is staged on disk in the
-        # buffer by the caller and delivered by a writer thread (see the module's docstring).
+        # ``background`` (the default with a buffer): writes are staged in the buffer and
+        # delivered by a writer thread (see the module's docstring).
         self.buffer_dir = None if buffer_dir is None else Path(buffer_dir)
         self.flush_wait_s = flush_wait_s
         self._seq = 0
