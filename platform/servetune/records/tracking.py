@@ -632,6 +632,8 @@ class StudyTracker:
             if not entries:
                 return True
             entry = entries[0]
+            if entry.name in self._warned and not self._server_up():
+                return False  # still down: no delivery attempt (MLflow's own retries take seconds)
             first = entry.name in self._fresh  # a half-written run can exist only after a first try
             self._fresh.discard(entry.name)
             try:
