@@ -25,13 +25,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 import optuna
 from _postgres import PostgresServer
-from _ray_helpers import free_ports
+from _ray_helpers import alive_nodes, free_ports
 from mlflow.tracking import MlflowClient
 
 from servetune.records import dataset
@@ -48,13 +47,6 @@ _NODE_ENV = {**{k: v for k, v in _ENV.items() if k != "PYTHONPATH"},
              "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
              "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
 
-
-
-def _alive_nodes(address: str) -> list[dict[str, Any]]:
-    code = ("import json, ray; ray.init(address=%r, log_to_driver=False); "
-            "print(json.dumps([n['Resources'] for n in ray.nodes() if n['Alive']]))" % address)
-    out = subprocess.run([sys.executable, "-c", code], env=_ENV, capture_output=True, text=True, timeout=60)
-    return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else []
 
 
 @dataclass(frozen=True)
@@ -96,7 +88,7 @@ def cluster() -> Iterator[Cluster]:
                 procs.append(subprocess.Popen(cmd, env=_NODE_ENV, stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True))
             deadline = time.monotonic() + 60  # one node at a time: 2 cores, and no start-up races
-            while len(_alive_nodes(address)) < i + 1:
+            while len(alive_nodes(address, _ENV, want=i + 1)) < i + 1:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                     logs = "\n".join((temp / f"node{j}.log").read_text()[-1500:] for j in range(len(procs)))
                     raise RuntimeError(f"the Ray cluster did not come up:\n{logs}")

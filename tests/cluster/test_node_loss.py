@@ -29,7 +29,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from servetune.records import dataset
-from _ray_helpers import free_ports
+from _ray_helpers import alive_nodes, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
@@ -79,13 +79,6 @@ def _standin_under(pgid: int) -> bool:
     return False
 
 
-def _alive_nodes(address: str) -> int:
-    code = ("import ray; ray.init(address=%r, log_to_driver=False); "
-            "print(sum(1 for n in ray.nodes() if n['Alive']))" % address)
-    out = subprocess.run([sys.executable, "-c", code], env=_ENV, capture_output=True, text=True, timeout=60)
-    return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
-
-
 @pytest.fixture
 def cluster() -> Iterator[tuple[str, list[subprocess.Popen[bytes]], set[int]]]:
     """Head + node A + node B; yields (address, [head, A, B], pids to kill at the end)."""
@@ -115,7 +108,7 @@ def cluster() -> Iterator[tuple[str, list[subprocess.Popen[bytes]], set[int]]]:
                 procs.append(subprocess.Popen(cmd, env=_ENV, stdout=log, stderr=subprocess.STDOUT,
                                               start_new_session=True))
             deadline = time.monotonic() + 90
-            while _alive_nodes(address) < i + 1:
+            while len(alive_nodes(address, _ENV, want=i + 1)) < i + 1:
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                     logs = "\n".join((temp / f"node{j}.log").read_text()[-1500:] for j in range(len(procs)))
                     raise RuntimeError(f"the Ray cluster did not come up:\n{logs}")

@@ -34,7 +34,6 @@ Example:
 from __future__ import annotations
 
 import datetime as _dt
-import itertools
 import json
 import math
 import os
@@ -384,6 +383,11 @@ def _files(root: Path, filters: Mapping[str, Any]) -> Iterable[Path]:
     return out
 
 
+def _gap_array(gaps: Sequence[float]) -> np.ndarray:
+    as_array = getattr(gaps, "as_array", None)  # servetune.sim.client.ChunkGaps
+    return np.asarray(as_array() if as_array is not None else gaps, dtype=np.float64)
+
+
 def requests_table(records: Sequence[RequestRecord], redact: Any = None) -> pa.Table:
     """Per-request results as an Arrow table (seconds as recorded, latencies in ms as derived).
 
@@ -405,10 +409,11 @@ def requests_table(records: Sequence[RequestRecord], redact: Any = None) -> pa.T
     columns: dict[str, Any] = {name: [getattr(r, name) for r in records]
                                for name in schema.names if name not in ("itl_s", "error")}
     # The inter-token gaps (most of the table: one float per output token) as one flat array and
-    # offsets, not a Python list per request.
+    # offsets, not a Python list per request; a simulated request's gaps are an array already.
+    parts = [_gap_array(r.itl_s) for r in records]
     offsets = np.zeros(len(records) + 1, dtype=np.int64)
-    np.cumsum([len(r.itl_s) for r in records], out=offsets[1:])
-    gaps = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in records), dtype=np.float64, count=int(offsets[-1]))
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    gaps = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
     columns["itl_s"] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(gaps, pa.float64()))
     columns["error"] = [None if r.error is None else scrub(r.error) for r in records]
     return pa.Table.from_pydict({name: columns[name] for name in schema.names}, schema=schema)

@@ -44,6 +44,15 @@ Contract:
   left with that id, so every trial appears exactly once. A write the server refuses while it is
   up is not a transport error: it raises :class:`TrackingError` (a buffered one is moved to
   ``<buffer_dir>/rejected/``).
+* With a ``buffer_dir`` the driver does not wait for MLflow (``background``, the default there):
+  ``log_trial`` / ``finish_study`` / ``end`` hand the operation to a writer thread (:mod:`._writer`),
+  which stages it in the buffer (a trial's files and ``op.json``, in the order handed over) and
+  delivers the buffer oldest first while the driver goes on; a refusal reaches the driver at its
+  next call. :meth:`StudyTracker.settle` waits until what was handed over was tried;
+  :meth:`StudyTracker.flush` (the end of a study) ends the thread and stages and delivers the rest
+  itself, so a finished study has every trial in MLflow when it returns. A driver killed first
+  leaves its staged trials in the buffer (delivered by ``--resume``); one it had not staged yet is
+  told to Optuna and in the dataset, and ``--resume`` writes its run from Optuna's record.
 
 Example:
     >>> tracker = StudyTracker("http://127.0.0.1:5000", "servetune")  # doctest: +SKIP
@@ -56,15 +65,18 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -72,7 +84,9 @@ from typing import Any, TypeVar
 import pandas as pd
 import pyarrow.parquet as pq
 
+from servetune.records._writer import BackgroundWriter
 from servetune.records.dataset import requests_table
+from servetune.records.diskspace import is_disk_full
 from servetune.records.outcome import TrialOutcome, classify_frame
 from servetune.records.trial_record import figure
 from servetune.errors import SpecError
@@ -187,12 +201,23 @@ class StudyTracker:
 
     def __init__(self, tracking_uri: str, experiment: str, *, connect_timeout_s: float = 10.0,
                  artifact_location: str | None = None, buffer_dir: str | Path | None = None,
-                 flush_wait_s: float = 120.0) -> None:
+                 flush_wait_s: float = 120.0, background: bool | None = None) -> None:
         # ``buffer_dir``: where writes wait while the server is unreachable (None: no buffering,
         # a failed write raises). ``flush_wait_s``: how long the end of a study waits for it.
+        # ``background`` (the default with a buffer): writes are staged in the buffer and
+        # delivered by a writer thread (see the module's docstring).
         self.buffer_dir = None if buffer_dir is None else Path(buffer_dir)
         self.flush_wait_s = flush_wait_s
         self._seq = 0
+        if background and self.buffer_dir is None:
+            raise ValueError("StudyTracker: background delivery needs a buffer_dir")
+        self._writer = (BackgroundWriter(self._drain_pass, name="servetune-mlflow-writer")
+                        if self.buffer_dir is not None and background is not False else None)
+        self._queue: deque[tuple[Path, Callable[[Path], None] | None]] = deque()  # handed over, not staged yet
+        self._queue_lock = threading.Lock()
+        self._fresh: set[str] = set()  # operations handed to the writer, never tried yet
+        self._warned: set[str] = set()  # operations already reported as waiting for the server
+        self._client_lock = threading.RLock()  # one MLflow call at a time (the writer and the driver)
         if self.buffer_dir is not None:
             # MLflow's client retries a refused connection 7 times with exponential backoff (minutes)
             # before failing; with a buffer the driver should fail over in seconds instead. Only a
@@ -259,7 +284,8 @@ class StudyTracker:
         from mlflow.exceptions import MlflowException
 
         try:
-            return fn()
+            with self._client_lock:
+                return fn()
         except (MlflowException, OSError) as exc:
             raise TrackingError(f"MLflow at {self._safe_uri}: could not {what}: {redact_text(str(exc))}") from exc
         except Exception as exc:  # requests' ConnectionError and friends are not OSErrors
@@ -403,6 +429,11 @@ class StudyTracker:
         (the resume writes it again from Optuna's record). Direct calls, nothing staged on disk:
         what a driver does when its disk is full. Best effort: a failure is logged, not raised."""
         parent = self._require_study()
+        if self._writer is not None:
+            self._writer.stop()  # its writes stay in the buffer for the resume
+            with contextlib.suppress(Exception):  # a full disk may refuse them: the resume writes them from Optuna's record
+                self._stage_queued()
+            self._writer.take_error()
         try:
             for child in self._search(f"tags.`{TAG_PARENT}` = '{parent}' AND attributes.status = 'RUNNING'"):
                 self._client.delete_run(child.info.run_id)
@@ -420,7 +451,8 @@ class StudyTracker:
 
         ``workload`` (the workload description) is logged as ``workload.*`` params; files in
         ``artifacts_dir`` are uploaded under ``files/`` (text files redacted). While the server is
-        unreachable the trial is buffered on disk and ``""`` is returned (no run id yet).
+        unreachable the trial is buffered on disk and ``""`` is returned (no run id yet); with a
+        writer thread it is handed to it and ``""`` is returned too.
 
         Example:
             >>> tracker.log_trial(7, {"max_num_seqs": 64}, result, {"sampler": "tpe"})  # doctest: +SKIP
@@ -446,17 +478,16 @@ class StudyTracker:
             run_tags[TAG_CAUSE] = redact_text(result.cause)
         run_tags[TAG_DELIVERY] = uuid.uuid4().hex
         run_tags = {k: _tag_value(v) for k, v in run_tags.items()}
-        op_dir = self._new_op_dir("trial")
-        try:
+        op = {"kind": "trial", "experiment_id": self.experiment_id, "run_name": run_name or f"trial-{trial_number:03d}",
+              "tags": run_tags, "params": {k: _param_value(v) for k, v in params.items()},
+              "metrics": {k: float(v) for k, v in result.metrics().items()},
+              "status": _child_status(status), **_run_span(result)}
+
+        def stage(op_dir: Path) -> None:
             _write_trial_files(op_dir / "artifacts", result, artifacts_dir)
-        except BaseException:
-            shutil.rmtree(op_dir, ignore_errors=True)
-            raise
-        _write_op(op_dir, {"kind": "trial", "experiment_id": self.experiment_id, "run_name": run_name or f"trial-{trial_number:03d}",
-                           "tags": run_tags, "params": {k: _param_value(v) for k, v in params.items()},
-                           "metrics": {k: float(v) for k, v in result.metrics().items()},
-                           "status": _child_status(status), **_run_span(result)})
-        return self._submit(op_dir) or ""
+            _write_op(op_dir, op)
+
+        return self._hand_over(self._new_op_dir("trial"), stage) or ""
 
     # -- delivery and the on-disk buffer -----------------------------------------------------
 
@@ -478,30 +509,61 @@ class StudyTracker:
             return []
         return sorted(p for p in self.buffer_dir.iterdir() if p.is_dir() and (p / "op.json").is_file())
 
+    def _hand_over(self, op_dir: Path, stage: Callable[[Path], None] | None) -> str | None:
+        """One operation, its folder staged by ``stage`` (its files and ``op.json``; None: staged
+        already): queued for the writer thread (None: no run id yet), or staged and submitted now."""
+        if self._writer is not None:
+            with self._queue_lock:
+                self._queue.append((op_dir, stage))
+            self._writer.wake()
+            self._raise_writer_error()  # what the live server refused of an earlier write
+            return None
+        if stage is not None:
+            _stage(op_dir, stage)
+        return self._submit(op_dir)
+
+    def _stage_queued(self) -> None:
+        """Put the operations handed to the writer into the buffer, in the order they were handed
+        over (their names sort the same way): from here on a crash leaves them for ``--resume``."""
+        while True:
+            with self._queue_lock:
+                if not self._queue:
+                    return
+                op_dir, stage = self._queue.popleft()
+            if stage is not None:
+                _stage(op_dir, stage)
+            self._fresh.add(op_dir.name)
+            op_dir.rename(self._buffered(op_dir))
+
     def _submit(self, op_dir: Path) -> str | None:
         """Deliver one operation now, or buffer it when the server is unreachable; the run id or None."""
         try:
             if self.pending():
                 self.flush()
             if self.pending():  # still down: queue behind the older operations, keeping the order
-                return self._enqueue(op_dir)
+                self._enqueue(op_dir)
+                return None
             try:
                 return self._deliver(op_dir, first=True)
             except TrackingError:
                 if self.buffer_dir is None or self._server_up():
                     raise  # refused by a live server (or no buffer): a real error
-                return self._enqueue(op_dir)
+                self._enqueue(op_dir)
+                return None
         finally:
             if op_dir.exists():  # delivered or refused; an enqueued folder has moved away
                 shutil.rmtree(op_dir, ignore_errors=True)
 
+    def _buffered(self, op_dir: Path) -> Path:
+        if self.buffer_dir is None:
+            raise RuntimeError("StudyTracker: no buffer_dir to queue an operation in")
+        return self.buffer_dir / op_dir.name
+
     def _enqueue(self, op_dir: Path) -> None:
-        assert self.buffer_dir is not None
-        target = self.buffer_dir / op_dir.name
+        target = self._buffered(op_dir)
         op_dir.rename(target)
         _log.warning("MLflow at %s is unreachable: %s buffered in %s (%d waiting)", self._safe_uri,
                      op_dir.name.split("-", 2)[-1], target, len(self.pending()))
-        return None
 
     def flush(self, wait_s: float = 0.0) -> int:
         """Deliver buffered operations, oldest first; wait up to ``wait_s`` for the server to return.
@@ -512,6 +574,10 @@ class StudyTracker:
             >>> tracker.flush(wait_s=60)  # doctest: +SKIP
             0
         """
+        if self._writer is not None:  # from here on this caller delivers: the writer thread ends first
+            self._writer.stop()
+            self._stage_queued()
+            self._raise_writer_error()
         deadline = time.monotonic() + wait_s
         while True:
             entries = self.pending()
@@ -523,11 +589,7 @@ class StudyTracker:
                         self._deliver(entry)
                     except TrackingError as exc:
                         if self._server_up():  # refused, not unreachable: set it aside, do not block the queue
-                            assert self.buffer_dir is not None
-                            rejected = self.buffer_dir / "rejected"
-                            rejected.mkdir(exist_ok=True)
-                            entry.rename(rejected / entry.name)
-                            _log.error("MLflow refused buffered operation %s (kept in %s): %s", entry.name, rejected, exc)
+                            self._reject(entry, exc)
                             continue
                         break
                     shutil.rmtree(entry, ignore_errors=True)
@@ -536,6 +598,58 @@ class StudyTracker:
             if time.monotonic() >= deadline:
                 return len(self.pending())
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+    def _reject(self, entry: Path, exc: Exception) -> None:
+        """A buffered operation the live server refused: moved to ``rejected/``, out of the queue."""
+        rejected = self._buffered(entry).with_name("rejected")
+        rejected.mkdir(exist_ok=True)
+        entry.rename(rejected / entry.name)
+        _log.error("MLflow refused buffered operation %s (kept in %s): %s", entry.name, rejected, exc)
+
+    def settle(self, timeout_s: float = 300.0) -> None:
+        """Wait until every write handed to the writer thread was tried: delivered, or kept in the
+        buffer while the server is unreachable (bounded by ``timeout_s``); raise what it refused.
+        Without a writer thread every write is tried before its call returns: nothing to wait for."""
+        if self._writer is None:
+            return
+        if not self._writer.settle(timeout_s):
+            _log.warning("MLflow at %s: writes still being delivered after %.0f s", self._safe_uri, timeout_s)
+        self._raise_writer_error()
+
+    def _raise_writer_error(self) -> None:
+        error = self._writer.take_error() if self._writer is not None else None
+        if error is not None:
+            raise error
+
+    def _drain_pass(self) -> bool:
+        """The writer thread's pass: deliver the buffer oldest first; True when it is empty. Stops at
+        the first operation the unreachable server could not take (kept, in order, for the next
+        pass); a refused one is set aside in ``rejected/`` and its error raised for the driver, a
+        full disk's left in the buffer for the next run of the study."""
+        while True:
+            self._stage_queued()
+            entries = self.pending()
+            if not entries:
+                return True
+            entry = entries[0]
+            if entry.name in self._warned and not self._server_up():
+                return False  # still down: no delivery attempt (MLflow's own retries take seconds)
+            first = entry.name in self._fresh  # a half-written run can exist only after a first try
+            self._fresh.discard(entry.name)
+            try:
+                self._deliver(entry, first=first)
+            except TrackingError as exc:
+                if not self._server_up():
+                    if entry.name not in self._warned:
+                        self._warned.add(entry.name)
+                        _log.warning("MLflow at %s is unreachable: %s buffered in %s (%d waiting)", self._safe_uri,
+                                     entry.name.split("-", 2)[-1], entry, len(self.pending()))
+                    return False
+                if not is_disk_full(exc):
+                    self._reject(entry, exc)
+                raise
+            self._warned.discard(entry.name)
+            shutil.rmtree(entry, ignore_errors=True)
 
     def _deliver(self, op_dir: Path, first: bool = False) -> str | None:
         """Write one operation to MLflow (idempotent: a redelivery replaces a half-written run).
@@ -608,7 +722,7 @@ class StudyTracker:
             shutil.rmtree(op_dir, ignore_errors=True)
             raise
         _write_op(op_dir, {"kind": "finish", "parent": parent, "tags": tags, "metrics": metrics})
-        self._submit(op_dir)
+        self._hand_over(op_dir, None)
 
     def log_run(self, run_name: str, tags: Mapping[str, str], metrics: Mapping[str, float],
                 artifacts_dir: Path | None = None, artifact_path: str | None = None) -> str:
@@ -644,7 +758,7 @@ class StudyTracker:
             raise SpecError("status", f"unknown run status {status!r}", "use FINISHED, FAILED or KILLED")
         op_dir = self._new_op_dir("end")
         _write_op(op_dir, {"kind": "end", "parent": parent, "status": word})
-        self._submit(op_dir)
+        self._hand_over(op_dir, None)
 
 
 def one_run_per_trial(runs: Sequence[tuple[int, str, int, str]]) -> tuple[dict[int, str], list[str]]:
@@ -698,6 +812,15 @@ def _run_span(result: TrialResult) -> dict[str, int]:
     return {"start_ms": end_ms - int(took * 1000), "end_ms": end_ms}
 
 
+def _stage(op_dir: Path, stage: Callable[[Path], None]) -> None:
+    """Run ``stage`` on ``op_dir``; a failure leaves no half-staged folder behind."""
+    try:
+        stage(op_dir)
+    except BaseException:
+        shutil.rmtree(op_dir, ignore_errors=True)
+        raise
+
+
 def _write_op(op_dir: Path, op: Mapping[str, Any]) -> None:
     """``op.json`` is written last, through a rename: a folder without it is not an operation yet."""
     tmp = op_dir / "op.json.tmp"
@@ -712,7 +835,10 @@ def _write_trial_files(target: Path, result: TrialResult, artifacts_dir: Path | 
     summary = {**result.to_dict(), "cause": redact_text(result.cause or "") or None,
                "evidence": [redact_text(e) for e in result.evidence]}
     (target / "result.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
-    pq.write_table(requests_table(result.requests, redact=redact_text), target / "requests.parquet")
+    # zstd at its fastest level, no dictionary (gaps are distinct floats): a tenth of the default's
+    # bytes (snappy with dictionaries) in half its time.
+    pq.write_table(requests_table(result.requests, redact=redact_text), target / "requests.parquet",
+                   compression="zstd", compression_level=1, use_dictionary=False)
     if artifacts_dir is not None:
         _stage_redacted(Path(artifacts_dir), target / "files")
 

@@ -211,14 +211,20 @@ class ChunkGaps(Sequence[float]):
             return self._times[runs[0][0]:runs[0][1] + 1]
         return np.concatenate([self._times[first:last + 1] for first, last in runs])
 
-    def _gaps(self) -> tuple[float, ...]:
+    def as_array(self) -> np.ndarray:
+        """The gaps as a float64 array (what the tuple holds, without a Python float per gap)."""
+        import numpy as np
+
         if not self._runs:
-            return ()
+            return np.empty(0, dtype=np.float64)
         # A token whose time differs from the one before starts a chunk; the gap to it is the
         # difference of the two chunks' times (every token of a chunk has the chunk's time).
         t = self._token_times()
         gaps = t[1:] - t[:-1]
-        return tuple(gaps[gaps != 0].tolist())
+        return np.asarray(gaps[gaps != 0], dtype=np.float64)
+
+    def _gaps(self) -> tuple[float, ...]:
+        return tuple(self.as_array().tolist())
 
     def __len__(self) -> int:
         if not self._runs:

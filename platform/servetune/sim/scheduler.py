@@ -342,6 +342,24 @@ class SimScheduler:
             for req in finished:
                 self._on_finish(req.rid, delivered_s)  # type: ignore[attr-defined]
 
+    def _preempt_for(self, req: SimRequest, need: int, preempted: list[SimRequest]) -> bool:
+        """Preempt running requests from the back until ``need`` KV blocks are free or ``req`` is
+        the victim (True: then it and every request behind it are WAITING). A bulk decoder among
+        the victims has its counts brought up to date to the current step first. The one rule of
+        the step path (:meth:`_schedule_running`) and the bulk-decode path (:meth:`_preempt_decoding`)."""
+        running = self._running
+        pool = self.pool
+        while need > pool.num_free:
+            victim = running.pop()
+            if victim.dec >= 0:
+                self._dec_fin[victim.dec + victim.max_tokens - victim.output - 1].remove(victim)
+                self._leave_decoding(victim, len(self.step_end_s))
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is req:
+                return True
+        return False
+
     def _preempt(self, victim: SimRequest) -> None:
         self.pool.free(victim)
         victim.computed = 0
@@ -485,16 +503,7 @@ class SimScheduler:
             if taken:
                 pool.take(taken)
                 taken = 0
-            while pool.num_free < 1:
-                victim = running.pop()
-                if victim.dec >= 0:
-                    self._dec_fin[victim.dec + victim.max_tokens - victim.output - 1].remove(victim)
-                    self._leave_decoding(victim, k)
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is req:
-                    break
-            if req.status == "waiting":
+            if self._preempt_for(req, 1, preempted):
                 break
             taken += 1
         if taken:
@@ -685,16 +694,8 @@ class SimScheduler:
             pos = (end + bsm1) // bs - req.nblk  # new block-table entries (blocks of each KV group)
             need = self._slide(req, pos, n, k) if hybrid else pos
             if need > 0:
-                if need > pool.num_free:
-                    # Preempt from the back until the blocks fit or this request is the victim.
-                    while need > pool.num_free:
-                        victim = running.pop()
-                        self._preempt(victim)
-                        preempted.append(victim)
-                        if victim is req:
-                            break
-                    if req.status == "waiting":
-                        break
+                if need > pool.num_free and self._preempt_for(req, need, preempted):
+                    break
                 pool.take(need)
                 req.nblk += pos
             budget -= n

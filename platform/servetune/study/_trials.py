@@ -191,6 +191,7 @@ class TrialWork(Work[Asked]):
         def write() -> None:
             run.recorder.write(record)
             if self.on_result is not None:
+                run.recorder.tracker.settle()  # the callback sees the trial's MLflow run written (or buffered)
                 self.on_result(trial.number, flags, result)
 
         if writes is None:
