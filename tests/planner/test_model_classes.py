@@ -137,3 +137,17 @@ def test_shipped_class_configs_name_their_source_and_plan_on_one_h200(name):
     gpu = get_gpu("H200")
     plan = plan_memory(m, gpu, resolve_engine_config({"max_model_len": 8192}, m, gpu, "0.19.0"))
     assert plan.fits and plan.notes, name  # every class model says how it is modelled
+
+
+def test_a_sliding_group_reserves_every_in_flight_batch_from_vllm_0_26() -> None:
+    """vLLM 0.26's ``SlidingWindowSpec.max_memory_usage_bytes`` reserves ``window - 1 +
+    max_in_flight_tokens`` tokens of a request, the in-flight tokens being every concurrent batch's
+    ``max_num_batched_tokens`` (async scheduling: two batches on gpt-oss's V1 runner); 0.19 reserves
+    one batch's. gpt-oss-20b at 131,072 tokens and 8,192 batched tokens: a request takes 8,192 full
+    blocks and cdiv(127 + 16,384, 16) + 1 = 1,033 sliding ones on 0.26, 8,192 + 521 on 0.19."""
+    model, gpu = load_model("gpt-oss-20b"), get_gpu("H100-80GB")
+    flags = {"max_model_len": 131072, "max_num_batched_tokens": 8192}
+    for version, per_request in (("0.26.0", 8192 + 1033), ("0.19.0", 8192 + 521)):
+        plan = plan_memory(model, gpu, resolve_engine_config(flags, model, gpu, version))
+        assert plan.fits
+        assert plan.max_concurrency == pytest.approx(plan.num_gpu_blocks / per_request, rel=1e-9), version

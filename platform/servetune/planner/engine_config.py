@@ -101,6 +101,31 @@ class EngineConfig:
         return v1_runner_rules(rules) if self.v1_runner else rules
 
     @property
+    def max_in_flight_tokens(self) -> int:
+        """Tokens scheduled but not yet settled, which a sliding-window KV group reserves room for
+        (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.sliding_reserves_in_flight`; before
+        0.26 one batch's ``max_num_batched_tokens``).
+
+        Example:
+            >>> import dataclasses
+            >>> from servetune.planner import get_gpu, load_model, resolve_engine_config
+            >>> c = resolve_engine_config({"max_num_batched_tokens": 8192}, load_model("gemma-2-27b"),
+            ...                           get_gpu("H100-80GB"), "0.26.0")
+            >>> c.async_scheduling, c.max_in_flight_tokens, dataclasses.replace(c, vllm_version="0.19.0").max_in_flight_tokens
+            (True, 16384, 8192)
+        """
+        rules, pp = self.rules, self.pipeline_parallel_size
+        if not rules.sliding_reserves_in_flight:
+            return self.max_num_batched_tokens
+        if not self.async_scheduling:
+            batches = pp
+        elif rules.v2_runner:
+            batches = pp + 1
+        else:
+            batches = 2 if pp <= 1 else pp
+        return batches * self.max_num_batched_tokens
+
+    @property
     def max_cudagraph_capture_size(self) -> int:
         return self.cudagraph_capture_sizes[-1] if self.cudagraph_capture_sizes else 0
 

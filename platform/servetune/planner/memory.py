@@ -255,7 +255,8 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         startup_s=_startup_seconds(config, max(acc.weights), cold_start, verdict.failure, verdict.load_failed),
         fix=verdict.fix, estimated_max_model_len=verdict.estimated_max_model_len,
         num_cudagraphs=config.num_cudagraphs, cudagraph_subtracted=acc.subtract_cg,
-        notes=(*class_notes(model, config.max_num_batched_tokens), *_moe_kernel_notes(model, gpu, config),
+        notes=(*class_notes(model, config.max_num_batched_tokens, config.max_in_flight_tokens),
+               *_moe_kernel_notes(model, gpu, config),
                *_notes(gpu, config, env, comm, acc)), comm=comm,
     )
 
@@ -295,7 +296,7 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
     computed_blocks = int(blocks)
     num_blocks = config.num_gpu_blocks_override or computed_blocks
     blocks_per_seq = layouts[bind].blocks_per_request(config.max_model_len, config.block_size,
-                                                      config.max_num_batched_tokens)
+                                                      config.max_in_flight_tokens)
     # The sampler warm-up runs on the last stage, every stage holding the same number of blocks.
     rows, need = sampler_warmup_bytes(model, config)
     kept = moe_workspace_bytes(model, config.max_num_batched_tokens, tp)  # held past the profile run
@@ -348,7 +349,7 @@ def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Account
     fit_avail = check_avail - (block_bytes if rules.null_block_first else 0)  # 0.33: null block first
     if acc.one_seq > fit_avail:
         est_len = acc.layout.longest_fitting_len(max(fit_avail, 0), config.max_model_len, config.block_size,
-                                                 config.max_num_batched_tokens)
+                                                 config.max_in_flight_tokens)
         util = (acc.fixed_need + acc.one_seq + block_bytes) / acc.total
         fix = (f"lower max_model_len to <= {est_len}"
                + (f" or raise gpu_memory_utilization to >= {math.ceil(util * 100) / 100:.2f}"

@@ -17,8 +17,9 @@ it follows (v0.19.0 unless said otherwise):
   or the largest one when the two are within 25%); every group shares the same blocks, so one
   block costs ``page x group_size`` bytes and the logged token capacity is
   ``num_blocks // len(groups) x block_size``. A sliding group holds at most
-  ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block) + 1`` blocks of a request
-  (``SlidingWindowSpec.max_memory_usage_bytes``).
+  ``cdiv(min(window - 1 + max_in_flight_tokens, max_model_len), block) + 1`` blocks of a request
+  (``SlidingWindowSpec.max_memory_usage_bytes``; ``EngineConfig.max_in_flight_tokens``: one batch's
+  ``max_num_batched_tokens`` before 0.26, every concurrent batch's from 0.26).
 - **MLA** (DeepSeek-V2/V3, Kimi): one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per token
   and layer, not split by TP (``MLAAttentionSpec``, one KV head); after loading vLLM keeps two
   absorbed copies of ``kv_b_proj`` (``W_UK_T``, ``W_UV``, ``attention/backends/mla``), which the
@@ -299,15 +300,15 @@ class KVLayout:
         """The "GPU KV cache size" vLLM logs: ``num_blocks // len(groups) * block_size``."""
         return num_blocks // len(self.groups) * block_size
 
-    def blocks_per_request(self, max_model_len: int, block_size: int, max_num_batched_tokens: int) -> int:
+    def blocks_per_request(self, max_model_len: int, block_size: int, max_in_flight_tokens: int) -> int:
         """Blocks one ``max_model_len`` request takes (vLLM's ``get_max_concurrency_for_kv_cache_config``)."""
         full = -(-max_model_len // block_size)
-        window = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len) if self.sliding_window else 0
+        window = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len) if self.sliding_window else 0
         sliding = -(-window // block_size) + 1
         return sum(sliding if g == _SLIDING else full for g in self.groups)
 
     def longest_fitting_len(self, avail_bytes: int, max_model_len: int, block_size: int,
-                            max_num_batched_tokens: int) -> int:
+                            max_in_flight_tokens: int) -> int:
         """The longest ``max_model_len`` whose one request fits ``avail_bytes`` (0: none).
 
         vLLM's ``estimate_max_model_len`` (``vllm/v1/core/kv_cache_utils.py``): a binary search
@@ -322,7 +323,7 @@ class KVLayout:
         left, right, best = 1, max_model_len, 0
         while left <= right:
             mid = (left + right) // 2
-            if self.blocks_per_request(mid, block_size, max_num_batched_tokens) * self.block_bytes <= avail_bytes:
+            if self.blocks_per_request(mid, block_size, max_in_flight_tokens) * self.block_bytes <= avail_bytes:
                 best, left = mid, mid + 1
             else:
                 right = mid - 1
@@ -382,13 +383,13 @@ def multimodal_profile_bytes(model: Any, tokens: int) -> int:
     return int(MULTIMODAL_PROFILE_ELEMS_PER_TOKEN * tokens * model.hidden_size * model.dtype_bytes)
 
 
-def class_notes(model: Any, max_num_batched_tokens: int) -> list[str]:
+def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int | None = None) -> list[str]:
     """What ``plan`` says about a model's classes: how each is modelled and what it was checked on."""
     notes: list[str] = []
     if model.layer_types:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "
-                     f"{model.sliding_window} + {max_num_batched_tokens} tokens per request (vLLM's hybrid KV cache "
+                     f"{model.sliding_window} + {in_flight_tokens or max_num_batched_tokens} tokens per request (vLLM's hybrid KV cache "
                      "groups, whose padding the B/token figure counts). Checked on published gemma-2/3 and "
                      "gpt-oss starts (docs/model-classes.md)")
     if model.mla_kv_lora_rank:

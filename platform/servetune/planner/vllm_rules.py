@@ -114,6 +114,12 @@ class VllmMemoryRules:
     #: gpt-oss-20b starts died there); the V2 runner (0.26+) warms up with two real engine steps
     #: (``v1/worker/gpu/warmup.py: warmup_kernels``) instead, not modelled as a failure point.
     sampler_warmup_after_capture: bool
+    #: A sliding-window KV group reserves ``window - 1 + max_in_flight_tokens`` tokens of one request
+    #: (``SlidingWindowSpec.max_memory_usage_bytes``): 0.26's ``VllmConfig.max_in_flight_tokens``,
+    #: every concurrent batch's ``max_num_batched_tokens`` (async scheduling: two batches on the V1
+    #: runner, ``pp + 1`` on the V2 runner; else ``pp``), where earlier releases reserve one batch's.
+    #: Placed at 0.26, the release whose source was read (not pinned earlier).
+    sliding_reserves_in_flight: bool
     #: vLLM's long error texts (docs link, CPU-backend note): the long form is what vLLM 0.26
     #: printed on the H200 (b5_fail_u0012) and 0.33's source has; 0.11 has the short form. The
     #: switch is placed at 0.20 (between 0.11 and 0.26; not pinned).
@@ -228,4 +234,5 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         gib_rounded=v >= (0, 16, 0),
         long_error_texts=v >= (0, 20, 0),
         sampler_warmup_after_capture=v < V2_RUNNER,
+        sliding_reserves_in_flight=v >= V2_RUNNER,
     )

@@ -72,16 +72,14 @@ def kv_groups(model: ModelProfile, config: EngineConfig) -> KVGroups | None:
     sliding-window layers beside full-attention ones): the model's layers grouped as
     :func:`servetune.planner.modelclass.kv_layout` groups them (``kv_cache_utils.py``).
 
-    The admission cap takes ``max_in_flight_tokens`` = ``max_num_batched_tokens`` times the
-    concurrent batches (2 with async scheduling).
+    The admission cap takes the config's ``max_in_flight_tokens`` (the planner's, by vLLM version).
     """
     groups = kv_layout(model, 1, 0, 1, config.block_size, 2).groups
     full, sliding = groups.count("full"), groups.count("sliding")
     if not full or not sliding:
         return None
     window = model.sliding_window
-    in_flight = (2 if config.async_scheduling else 1) * config.max_num_batched_tokens
-    cap = -(-min(window - 1 + in_flight, config.max_model_len) // config.block_size) + 1
+    cap = -(-min(window - 1 + config.max_in_flight_tokens, config.max_model_len) // config.block_size) + 1
     return KVGroups(full, sliding, window, config.block_size, cap)
 
 
