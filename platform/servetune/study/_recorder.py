@@ -33,7 +33,7 @@ from servetune.records.trial_record import Prediction, Screen, TrialRecord
 from servetune.redact import redact_text
 from servetune.result import TrialResult
 from servetune.search import headroom, warmstart
-from servetune.search.propose import StoredTrial, tell
+from servetune.search.propose import StoredTrial, WarmCompiles, tell, warm_compiles
 from servetune.spec.schema import StudySpec
 from servetune.study._open import FINISHED
 from servetune.study._outcome import StudyOutcome, infra_failed_trials
@@ -63,6 +63,7 @@ class Recorder:
     def __init__(self, spec: StudySpec, study: optuna.Study, tracker: StudyTracker, backend: str) -> None:
         self.spec, self.study, self.tracker, self.backend = spec, study, tracker, backend
         self.model, self.serve_model = redact_text(spec.model_ref), redact_text(spec.serve_model)
+        self._compiles: WarmCompiles | None = None
 
     @classmethod
     def open(cls, spec: StudySpec, study: optuna.Study, backend: str, resume: bool) -> Recorder:
@@ -85,11 +86,19 @@ class Recorder:
 
     # -- one trial ------------------------------------------------------------------------------
 
+    def compiles(self) -> WarmCompiles | None:
+        """What the study's finished trials compiled (the pre-screen's warm cache), read from Optuna
+        once, then kept up to date by :meth:`tell` (the driver is the study's one writer)."""
+        if self._compiles is None:
+            self._compiles = warm_compiles(self.spec, self.study)
+        return self._compiles
+
     def tell(self, trial: optuna.trial.Trial, flags: Mapping[str, Any], result: TrialResult, *,
              prediction: Prediction | None = None, screen: Screen | None = None) -> TrialRecord:
         """Tell Optuna the result (redacted) and return its record, for :meth:`write` to write down."""
         safe = redacted(result)
-        objective = retry_call(lambda: tell(self.spec, self.study, trial, safe), what=f"tell trial #{trial.number}")
+        objective = retry_call(lambda: tell(self.spec, self.study, trial, safe, warm=self._compiles),
+                               what=f"tell trial #{trial.number}")
         return self._record(trial.number, flags, safe, objective[0], origin=warmstart.origin_of(trial.user_attrs),
                             prediction=prediction, screen=screen)
 

@@ -17,8 +17,8 @@ from servetune.records import dataset, retry_call
 from servetune.records.trial_record import Prediction, Screen
 from servetune.result import TrialResult, TrialStatus
 from servetune.search import screen as fidelity
-from servetune.search.propose import (Proposal, StoredTrial, constraint_values, meets_constraints, objective_values,
-                                      propose, sim_screen, with_slo_figures)
+from servetune.search.propose import (Proposal, StoredTrial, WarmCompiles, constraint_values, meets_constraints,
+                                      objective_values, propose, sim_screen, with_slo_figures)
 from servetune.spec.schema import StudySpec
 from servetune.study._dispatch import Dispatcher, Job, Work, Write
 from servetune.study._outcome import count, update_best
@@ -31,7 +31,7 @@ OnResult = Callable[[int, dict[str, Any], TrialResult], None]
 
 
 def propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str,
-                       known_running: set[int]) -> Proposal:
+                       known_running: set[int], warm: WarmCompiles | None = None) -> Proposal:
     """``propose`` retried on storage outages. An attempt that failed after ``study.ask`` leaves an
     asked trial nobody owns: before the next attempt it is told FAIL (samplers ignore FAIL trials
     and the budget counts told results only), so a retry never leaves a RUNNING orphan behind."""
@@ -42,7 +42,7 @@ def propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, ba
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
                 if t.number not in known_running:
                     study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        return propose(spec, study, total_gpus, backend)
+        return propose(spec, study, total_gpus, backend, warm=warm)
 
     def mark(_: BaseException) -> None:
         nonlocal failed
@@ -85,7 +85,8 @@ class TrialWork(Work[Asked]):
             return
         while (outcome.trials_done + dispatcher.busy < spec.budget.trials
                and dispatcher.busy < spec.budget.parallel):
-            proposal = propose_with_retry(spec, run.study, dispatcher.pool.total_gpus, run.backend, dispatcher.keys())
+            proposal = propose_with_retry(spec, run.study, dispatcher.pool.total_gpus, run.backend, dispatcher.keys(),
+                                          warm=run.recorder.compiles())
             trial, flags = proposal.trial, proposal.flags
             if proposal.refused is not None:  # invalid or predicted to fail: no GPU time spent
                 self.tell_and_record(trial, flags, proposal.refused,
