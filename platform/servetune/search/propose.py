@@ -308,7 +308,7 @@ class StoredTrial:
     early_stopped: str | None
 
     @classmethod
-    def of(cls, t: optuna.trial.FrozenTrial) -> StoredTrial:
+    def of(cls, t: optuna.trial.FrozenTrial | optuna.trial.Trial) -> StoredTrial:
         a = t.user_attrs
         return cls(t.number, dict(a.get("flags", t.params)), str(a.get("status", "ok")), a.get("cause") or None,
                    dict(a.get("metrics", {})), int(a.get("preemptions", 0) or 0), a.get("early_stopped"))

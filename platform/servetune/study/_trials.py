@@ -21,7 +21,7 @@ from servetune.search.propose import (Proposal, StoredTrial, WarmCompiles, const
                                       objective_values, propose, sim_screen, with_slo_figures)
 from servetune.spec.schema import StudySpec
 from servetune.study._dispatch import Dispatcher, Job, Work, Write
-from servetune.study._outcome import count, update_best
+from servetune.study._outcome import BestSoFar, count
 from servetune.study._state import StudyRun
 from servetune.study._tasks import SAME_START_REPEATS, leader_repeats, trial_early_stop, trial_task
 
@@ -73,6 +73,7 @@ class TrialWork(Work[Asked]):
         self.sims: dict[int, TrialResult] = {}  # the simulated twin of each dispatched trial (multi-fidelity)
         self.infra_seen = self.quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
         self.gpu_wait_noted = False  # a trial waiting for Ray to place it was announced
+        self.best = BestSoFar()  # the outcome's best, kept as trials are told
 
     # -- the loop's hooks -------------------------------------------------------------------------
 
@@ -187,7 +188,7 @@ class TrialWork(Work[Asked]):
         count(run.outcome, result.status, result.preemptions or 0)
         run.outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
         if not result.status.is_infrastructure and all(v <= 0 for v in constraint_values(run.spec, result).values()):
-            update_best(run.study, run.outcome)  # only a feasible trial can become the best (best_trial)
+            self.best.told(run.study, run.outcome, trial, record.objective)  # only a feasible trial can be the best
 
         def write() -> None:
             run.recorder.write(record)
