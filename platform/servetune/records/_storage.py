@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from collections.abc import Callable, Container, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -265,16 +265,17 @@ class RetryingStorage(BaseStorage):
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session
 
-        kinds = ((models.TrialUserAttributeModel, user), (models.TrialSystemAttributeModel, system))
+        kinds: tuple[tuple[Any, Mapping[str, Any]], ...] = (
+            (models.TrialUserAttributeModel, user), (models.TrialSystemAttributeModel, system))
 
         def write() -> None:
             with _create_scoped_session(rdb.scoped_session, True) as transaction:
                 trial = models.TrialModel.find_or_raise_by_id(trial_id, transaction)
-                rdb.check_trial_is_updatable(trial_id, trial.state)
+                rdb.check_trial_is_updatable(trial_id, cast(TrialState, trial.state))
                 for model, attrs in kinds:
                     if not attrs:
                         continue
-                    held = {a.key: a for a in transaction.query(model).filter(
+                    held: dict[str, Any] = {a.key: a for a in transaction.query(model).filter(
                         model.trial_id == trial_id, model.key.in_(list(attrs)))}
                     for key, value in attrs.items():
                         text = json.dumps(value)
