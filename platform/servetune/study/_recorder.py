@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,8 +47,10 @@ if TYPE_CHECKING:
 
 def redacted(result: TrialResult, environ: Mapping[str, str] | None = None) -> TrialResult:
     """A copy of ``result`` whose texts are safe to write down (the figures are the same objects)."""
+    env = dict(os.environ if environ is None else environ)  # read once for all of its texts
+
     def safe(text: str) -> str:
-        return redact_text(text, environ)
+        return redact_text(text, env)
 
     requests = [r if r.error is None else dataclasses.replace(r, error=safe(r.error)) for r in result.requests]
     return dataclasses.replace(
