@@ -23,7 +23,9 @@ from mlflow.tracking import MlflowClient
 from servetune.records import dataset
 from servetune.result import LatencySummary, TrialResult, TrialStatus
 from servetune.spec.schema import StudySpec
+from servetune.records.trial_attrs import set_trial_attrs
 from servetune.study import constraint_values, objective_values, run_study
+from servetune.study._outcome import BestSoFar, StudyOutcome, best_trial
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -357,3 +359,29 @@ def test_resumed_grid_measures_only_the_points_left(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="grid-resume", storage=rest.storage.optuna_url)
     points = sorted((t.params["gpu_memory_utilization"], t.params["max_num_seqs"]) for t in study.trials)
     assert points == [(u, s) for u in (0.5, 0.9) for s in (16, 64, 256)]
+
+
+def test_the_best_kept_as_trials_are_told_is_the_one_best_trial_reads() -> None:
+    """Told out of trial order, with ties: the best after each tell is best_trial's (the lowest number
+    of equal values), and a confirmed winner fixes it whatever is told after."""
+    study = optuna.create_study(direction="maximize")
+    trials = [study.ask() for _ in range(7)]
+    outcome, best = StudyOutcome("s"), BestSoFar()
+    for k, value in ((3, 5.0), (1, 4.0), (5, 7.0), (4, 7.0), (0, 2.0), (2, 7.0)):
+        trial = trials[k]
+        set_trial_attrs(trial, {"flags": {"max_num_seqs": k}, "metrics": {"output_throughput": value}},
+                        {"startup": -1.0})
+        study.tell(trial, value)
+        best.told(study, outcome, trial, value)
+        expected = best_trial(study)
+        assert expected is not None and outcome.best_number == expected.number
+        assert outcome.best_flags == {"max_num_seqs": expected.number}
+        assert outcome.best_metrics == {"output_throughput": expected.value}
+    assert outcome.best_number == 2
+    study.set_user_attr("confirmation", {"winner": 4})
+    fixed = BestSoFar()
+    set_trial_attrs(trials[6], {"flags": {"max_num_seqs": 6}, "metrics": {"output_throughput": 9.0}}, {"startup": -1.0})
+    study.tell(trials[6], 9.0)
+    for _ in range(2):
+        fixed.told(study, outcome, trials[6], 9.0)
+        assert outcome.best_number == 4

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
@@ -69,8 +70,15 @@ def is_secret_key(key: str) -> bool:
 def _env_secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     """Values of secret-named environment variables, longest first (so no partial masking)."""
     env = os.environ if environ is None else environ
-    values = {v for k, v in env.items() if is_secret_key(k) and len(v) >= 6}
-    return sorted(values, key=len, reverse=True)
+    return list(_secret_values_of(tuple(env.items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _secret_values_of(items: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    """:func:`_env_secret_values` of one environment's items (the same environment is read for
+    every text of a trial: its keys are judged once)."""
+    values = {v for k, v in items if is_secret_key(k) and len(v) >= 6}
+    return tuple(sorted(values, key=len, reverse=True))
 
 
 def _mask_secrets(text: str, environ: Mapping[str, str] | None) -> str:

@@ -22,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from servetune.records import dataset
 from servetune.records._storage import RetryingStorage, open_storage
+from servetune.records.trial_attrs import defer_trial_attrs, set_trial_attrs
 from servetune.result import TrialResult
 from servetune.spec.schema import StudySpec
 from servetune.study import run_study
@@ -72,6 +73,22 @@ def test_the_storage_is_the_retrying_one_for_every_url(backend: dict[str, str]) 
     study.tell(trial, 1.0)
     again = optuna.load_study(study_name="probe", storage=backend["optuna_url"])  # plain Optuna reads it
     assert [t.value for t in again.get_trials()] == [1.0]
+
+
+def test_a_trials_attributes_are_written_in_one_call_with_those_kept_since_it_was_asked(
+        backend: dict[str, str]) -> None:
+    study = optuna.create_study(study_name="attrs", storage=open_storage(backend["optuna_url"]))
+    trial = study.ask()
+    defer_trial_attrs(trial, {"flags": {"max_num_seqs": 64}, "status": "asked"})
+    assert trial.user_attrs["flags"] == {"max_num_seqs": 64} and study.get_trials()[0].user_attrs == {}
+    set_trial_attrs(trial, {"status": "ok", "metrics": {"tok_s": 1.5}}, {"startup": -1.0, "preemptions": 2.0})
+    set_trial_attrs(trial, {"status": "crashed"}, {"preemptions": 0.0})  # keys it holds are replaced
+    study.tell(trial, 1.0)
+    stored = optuna.load_study(study_name="attrs", storage=backend["optuna_url"]).trials[0]  # plain Optuna
+    assert stored.user_attrs == {"flags": {"max_num_seqs": 64}, "status": "crashed", "metrics": {"tok_s": 1.5}}
+    assert stored.constraints == {"startup": -1.0, "preemptions": 0.0}
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):  # a told trial's attributes are fixed
+        set_trial_attrs(trial, {"status": "ok"})
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import pytest
 
 from servetune.engines.replay import Landscape
 from servetune.result import TrialResult, TrialStatus
-from servetune.search.propose import prescreen, run_local
+from servetune.search.propose import prescreen, propose, run_local, tell, warm_compiles
 from servetune.spec.schema import StudySpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +65,19 @@ def test_run_local_prunes_without_evaluating_and_tells_the_same_constraints() ->
         if r.result.status is TrialStatus.PRUNED:
             assert all(c > 0 for c in t.constraints.values()) and t.values == [0.0]
             assert t.user_attrs["predicted_failure"] == "startup_oom"
+
+
+def test_the_warm_compile_view_kept_on_tell_is_the_one_read_from_the_study() -> None:
+    spec = _spec()
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=2))
+    warm = warm_compiles(spec, study)
+    assert warm is not None and not warm.keys
+    for _ in range(10):
+        p = propose(spec, study, 1, warm=warm)
+        tell(spec, study, p.trial, p.refused or _evaluate(p.flags), warm=warm)
+        assert warm.keys == warm_compiles(spec, study).keys  # what a fresh read of the study finds
+    assert warm.keys and any(t.user_attrs["predicted_compile_cache_warm"] for t in study.get_trials())
+    assert all(t.user_attrs["flags"]["max_model_len"] == 4096 for t in study.get_trials())  # written at the tell
 
 
 def test_prescreen_off_launches_everything() -> None:

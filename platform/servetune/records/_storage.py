@@ -34,8 +34,9 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Callable, Container, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import optuna
 from optuna.distributions import BaseDistribution
@@ -249,7 +250,11 @@ class RetryingStorage(BaseStorage):
     def set_trial_attrs(self, trial_id: int, user: Mapping[str, Any], system: Mapping[str, Any]) -> None:
         """Several user and system attributes of a running trial in ONE transaction where the
         storage is Optuna's RDB storage (one commit, one fsync, instead of one per attribute:
-        about half the storage time of a told trial); one call each elsewhere. Retried whole."""
+        about half the storage time of a told trial); one call each elsewhere. Retried whole.
+
+        In that transaction the trial is read and checked once, and the attributes it already
+        holds are read in one query per kind (Optuna's own path for databases without an upsert),
+        not once per attribute."""
         rdb = getattr(self.inner, "_backend", None)
         if not isinstance(rdb, optuna.storages.RDBStorage):
             for key, value in user.items():
@@ -260,14 +265,24 @@ class RetryingStorage(BaseStorage):
         from optuna.storages._rdb import models
         from optuna.storages._rdb.storage import _create_scoped_session
 
+        kinds: tuple[tuple[Any, Mapping[str, Any]], ...] = (
+            (models.TrialUserAttributeModel, user), (models.TrialSystemAttributeModel, system))
+
         def write() -> None:
             with _create_scoped_session(rdb.scoped_session, True) as transaction:
-                for key, value in user.items():
-                    rdb._set_trial_attr_without_commit(transaction, models.TrialUserAttributeModel, trial_id, key,
-                                                       value)
-                for key, value in system.items():
-                    rdb._set_trial_attr_without_commit(transaction, models.TrialSystemAttributeModel, trial_id, key,
-                                                       value)
+                trial = models.TrialModel.find_or_raise_by_id(trial_id, transaction)
+                rdb.check_trial_is_updatable(trial_id, cast(TrialState, trial.state))
+                for model, attrs in kinds:
+                    if not attrs:
+                        continue
+                    held: dict[str, Any] = {a.key: a for a in transaction.query(model).filter(
+                        model.trial_id == trial_id, model.key.in_(list(attrs)))}
+                    for key, value in attrs.items():
+                        text = json.dumps(value)
+                        if key in held:
+                            held[key].value_json = text
+                        else:
+                            transaction.add(model(trial_id=trial_id, key=key, value_json=text))
 
         self._call(f"set trial attributes {', '.join([*user, *system])}", write)
 

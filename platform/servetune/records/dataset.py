@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -163,15 +164,21 @@ def row_flags(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def trials_schema(extra: pa.Schema | None = None) -> pa.Schema:
     """The columns every file carries (partition columns excluded), plus ``extra`` fields."""
-    fields = [pa.field(k, t) for k, t in _IDENTITY_TYPES.items() if k not in PARTITION_COLUMNS]
-    fields += [pa.field(flag_column(n), _FLAG_ARROW_TYPES[s.kind]) for n, s in FLAGS.items()]
-    fields += [pa.field(m, pa.float64()) for m in METRIC_COLUMNS]
-    schema = pa.schema(fields)
+    schema = _base_schema()
     if extra is not None:
         for f in extra:
             if schema.get_field_index(f.name) < 0:
                 schema = schema.append(f)
     return schema
+
+
+@functools.lru_cache(maxsize=1)
+def _base_schema() -> pa.Schema:
+    """:func:`trials_schema` without extra fields (built once: the registries are fixed)."""
+    fields = [pa.field(k, t) for k, t in _IDENTITY_TYPES.items() if k not in PARTITION_COLUMNS]
+    fields += [pa.field(flag_column(n), _FLAG_ARROW_TYPES[s.kind]) for n, s in FLAGS.items()]
+    fields += [pa.field(m, pa.float64()) for m in METRIC_COLUMNS]
+    return pa.schema(fields)
 
 
 def _full_schema() -> pa.Schema:

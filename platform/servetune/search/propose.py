@@ -52,7 +52,7 @@ from servetune.planner.engine_config import compile_key, resolve_engine_config
 from servetune.planner.flags import gpus_needed
 from servetune.planner.memory import MemoryPlan, plan_memory
 from servetune.records.outcome import classify, is_screen_cause
-from servetune.records.trial_attrs import set_trial_attrs
+from servetune.records.trial_attrs import defer_trial_attrs, set_trial_attrs
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.informed import informed_starts
 from servetune.search.screen import SimScreen, learn, prediction_attrs, screened_result, simulated
@@ -64,7 +64,8 @@ if TYPE_CHECKING:
 
 __all__ = ["INFEASIBLE", "FEASIBLE", "Proposal", "Told", "prescreen", "propose", "tell", "constraint_values",
            "objective_values", "StoredTrial", "early_stop_rule", "enqueue_informed_starts", "run_local", "sim_screen",
-           "best_feasible", "meets_constraints", "maximises_output_throughput", "with_slo_figures"]
+           "best_feasible", "meets_constraints", "maximises_output_throughput", "with_slo_figures",
+           "WarmCompiles", "warm_compiles"]
 
 INFEASIBLE = 1.0
 FEASIBLE = -1.0
@@ -184,53 +185,88 @@ def compile_cache_warm(study: optuna.Study, flags: Mapping[str, Any], model: Mod
     trials on two GPUs both compiled). On a cluster the caches are per node unless
     ``SERVETUNE_COMPILE_CACHE_DIR`` is shared: this is the study-wide approximation.
     """
-    def key(f: Mapping[str, Any]) -> tuple | None:
+    return WarmCompiles(study, model, gpu, vllm_version).warm(flags)
+
+
+class WarmCompiles:
+    """The compile keys the finished trials of a study compiled (:func:`compile_cache_warm`'s
+    rule), read from the study once and kept up to date by :meth:`told` for each trial told
+    COMPLETE: the driver's view, so that a proposal does not read every trial back from the storage."""
+
+    def __init__(self, study: optuna.Study, model: ModelProfile, gpu: GpuSpec, vllm_version: str) -> None:
+        self.model, self.gpu, self.vllm_version = model, gpu, vllm_version
+        self.keys: set[tuple] = set()
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            self.told(t.user_attrs)
+
+    def _key(self, flags: Mapping[str, Any]) -> tuple | None:
         try:
-            return compile_key(resolve_engine_config(f, model, gpu, vllm_version))
+            return compile_key(resolve_engine_config(flags, self.model, self.gpu, self.vllm_version))
         except SpecError:  # a flag set vLLM refuses compiled nothing
             return None
 
-    wanted = key(flags)
-    if wanted is None:
-        return False
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        earlier = t.user_attrs.get("flags")
-        if isinstance(earlier, dict) and t.user_attrs.get("status") not in _NOT_COMPILED \
-                and not earlier.get("enforce_eager") and key(earlier) == wanted:
-            return True
-    return False
+    def told(self, user_attrs: Mapping[str, Any]) -> None:
+        """A trial told COMPLETE with these user attributes (its flags and status)."""
+        earlier = user_attrs.get("flags")
+        if isinstance(earlier, dict) and user_attrs.get("status") not in _NOT_COMPILED \
+                and not earlier.get("enforce_eager"):
+            key = self._key(earlier)
+            if key is not None:
+                self.keys.add(key)
+
+    def warm(self, flags: Mapping[str, Any]) -> bool:
+        """Whether a finished trial compiled the configuration ``flags`` needs."""
+        wanted = self._key(flags)
+        return wanted is not None and wanted in self.keys
 
 
-def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str | None = None) -> Proposal:
-    """Ask Optuna for a trial and decide whether it may launch (rules, GPU count, pre-screen)."""
+def warm_compiles(spec: StudySpec, study: optuna.Study) -> WarmCompiles | None:
+    """The view :func:`propose` and :func:`tell` keep for ``study`` (None: no pre-screen reads it)."""
+    if not spec.prescreen or spec.model_profile is None:
+        return None
+    return WarmCompiles(study, spec.model_profile, spec.gpu_spec(), spec.vllm_version)
+
+
+def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str | None = None,
+            warm: WarmCompiles | None = None) -> Proposal:
+    """Ask Optuna for a trial and decide whether it may launch (rules, GPU count, pre-screen).
+
+    Its flags and the planner's prediction are kept on the trial (:func:`defer_trial_attrs`) and
+    written when it is told (:func:`tell`), in the same transaction as its result. ``warm``: the
+    study's :class:`WarmCompiles` (:func:`warm_compiles`), kept by the caller across proposals;
+    without it the study's trials are read for each pre-screened proposal.
+    """
     backend = backend or spec.backend
     trial = study.ask()
     flags = {**spec.fixed_flags, **spec.search_space.suggest(trial)}
-    attrs: dict[str, Any] = {"flags": flags}  # written in one storage call below (set_trial_attrs)
+    attrs: dict[str, Any] = {"flags": flags}  # written with the result, when the trial is told
     need = gpus_needed(flags)
     problems = spec.search_space.check(flags, spec.model_profile, spec.gpu.count, spec.workload)
     if not problems and need > total_gpus:
         problems = [f"needs {need} GPUs, the cluster has {total_gpus}"]
     if problems:  # refused before launch: no GPU time spent, the sampler still learns
-        set_trial_attrs(trial, attrs)
+        defer_trial_attrs(trial, attrs)
         return Proposal(trial, flags, need, TrialResult(status=TrialStatus.INVALID_CONFIG, cause="; ".join(problems),
                                                         backend=backend))
     if not spec.prescreen:
-        set_trial_attrs(trial, attrs)
+        defer_trial_attrs(trial, attrs)
         return Proposal(trial, flags, need)
-    model = spec.model_profile
-    warm = model is not None and compile_cache_warm(study, flags, model, spec.gpu_spec(), spec.vllm_version)
-    refused, plan = prescreen(spec, flags, backend, compile_cache_warm=warm)
+    if warm is None:
+        warm = warm_compiles(spec, study)
+    is_warm = warm is not None and warm.warm(flags)
+    refused, plan = prescreen(spec, flags, backend, compile_cache_warm=is_warm)
     if plan is not None:
-        attrs.update(predicted_kv_cache_tokens=plan.kv_cache_tokens, predicted_compile_cache_warm=warm)
+        attrs.update(predicted_kv_cache_tokens=plan.kv_cache_tokens, predicted_compile_cache_warm=is_warm)
     if refused is not None and plan is not None:
         attrs["predicted_failure"] = (plan.failure or TrialStatus.STARTUP_OOM).value
-    set_trial_attrs(trial, attrs)
+    defer_trial_attrs(trial, attrs)
     return Proposal(trial, flags, need, refused, plan)
 
 
-def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult) -> list[float]:
-    """Tell Optuna one result: constraints, user attributes, objective values (returned).
+def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result: TrialResult,
+         warm: WarmCompiles | None = None) -> list[float]:
+    """Tell Optuna one result: constraints, user attributes (with those :func:`propose` kept on the
+    trial), objective values (returned); ``warm`` learns what the trial compiled.
 
     An ``infra_error`` (the machine failed, not the flags; the pool's re-runs exhausted) is told
     FAIL, which Optuna's samplers ignore: no constraint, so the flag set is never learnt as
@@ -252,6 +288,8 @@ def tell(spec: StudySpec, study: optuna.Study, trial: optuna.trial.Trial, result
     set_trial_attrs(trial, attrs, constraint_values(spec, result))
     values = objective_values(spec, result)
     study.tell(trial, values)
+    if warm is not None:
+        warm.told(trial.user_attrs)
     return values
 
 
@@ -270,7 +308,7 @@ class StoredTrial:
     early_stopped: str | None
 
     @classmethod
-    def of(cls, t: optuna.trial.FrozenTrial) -> StoredTrial:
+    def of(cls, t: optuna.trial.FrozenTrial | optuna.trial.Trial) -> StoredTrial:
         a = t.user_attrs
         return cls(t.number, dict(a.get("flags", t.params)), str(a.get("status", "ok")), a.get("cause") or None,
                    dict(a.get("metrics", {})), int(a.get("preemptions", 0) or 0), a.get("early_stopped"))
@@ -310,7 +348,7 @@ def sim_screen(spec: StudySpec, screen: SimScreen | None, proposal: Proposal, be
     reason = screen.verdict(sim, best)
     if reason is None:
         return None, sim
-    proposal.trial.set_user_attr("sim_prediction", prediction_attrs(sim))
+    defer_trial_attrs(proposal.trial, {"sim_prediction": prediction_attrs(sim)})
     return screened_result(sim, reason, backend or spec.backend), sim
 
 
@@ -354,8 +392,9 @@ def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str
     gpus = total_gpus if total_gpus is not None else spec.gpu.count
     told: list[Told] = []
     dispatched = 0
+    warm = warm_compiles(spec, study)
     while dispatched < max_dispatched and len(told) < limit:
-        p = propose(spec, study, gpus)
+        p = propose(spec, study, gpus, warm=warm)
         screened = None if p.refused is not None else sim_screen(spec, screen, p, best_feasible(spec, told))
         if p.refused is not None:
             result, ran = p.refused, False
@@ -366,7 +405,7 @@ def run_local(spec: StudySpec, study: optuna.Study, evaluate: Callable[[dict[str
             dispatched += 1
             if screen is not None and screened is not None:
                 learn(screen, spec, p.flags, screened[1], result)
-        tell(spec, study, p.trial, result)
+        tell(spec, study, p.trial, result, warm=warm)
         told.append(Told(p.trial.number, p.flags, result, ran))
         if stop is not None and stop(told):
             break

@@ -88,9 +88,43 @@ def ranked_flag_sets(study: optuna.Study) -> list[tuple[int, dict[str, Any]]]:
 def update_best(study: optuna.Study, outcome: StudyOutcome) -> None:
     best = best_trial(study)
     if best is not None:
-        outcome.best_number = best.number
-        stored = StoredTrial.of(best)
-        outcome.best_flags, outcome.best_metrics = stored.flags, stored.metrics
+        _set_best(outcome, best)
+
+
+def _set_best(outcome: StudyOutcome, best: optuna.trial.FrozenTrial | optuna.trial.Trial) -> None:
+    outcome.best_number = best.number
+    stored = StoredTrial.of(best)
+    outcome.best_flags, outcome.best_metrics = stored.flags, stored.metrics
+
+
+class BestSoFar:
+    """:func:`update_best` as one dispatch loop tells trials: the study is read at the first
+    feasible trial (the best so far, and whether a confirmed or headroom winner fixes it), then each
+    feasible trial is compared with the best so far as :func:`best_trial` compares them (the first
+    objective; of equal values, the lowest trial number). The driver is the study's one writer,
+    and the winners are set after the trials, so the study need not be read again for each trial."""
+
+    def __init__(self) -> None:
+        self._sign = 0.0  # 0: the study not read yet
+        self._fixed = False  # a confirmed or headroom winner is the best whatever is told
+        self._best: tuple[float, int] | None = None  # (sign x first objective, trial number)
+
+    def told(self, study: optuna.Study, outcome: StudyOutcome, trial: optuna.trial.Trial, value: float) -> None:
+        """``trial``, feasible, was told COMPLETE with ``value`` as its first objective."""
+        if not self._sign or self._fixed:
+            self._sign = 1.0 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1.0
+            attrs = study.user_attrs
+            self._fixed = (attrs.get(HEADROOM_ATTR) or {}).get("selected") is not None \
+                or (attrs.get("confirmation") or {}).get("winner") is not None
+            best = best_trial(study)  # this trial included
+            if best is not None:
+                _set_best(outcome, best)
+                self._best = (self._sign * (best.values or [0.0])[0], best.number)
+            return
+        mine = (self._sign * value, trial.number)
+        if self._best is None or mine[0] > self._best[0] or (mine[0] == self._best[0] and mine[1] < self._best[1]):
+            self._best = mine
+            _set_best(outcome, trial)
 
 
 def count_existing(study: optuna.Study, outcome: StudyOutcome) -> None:

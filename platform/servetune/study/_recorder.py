@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from servetune.records.trial_record import Prediction, Screen, TrialRecord
 from servetune.redact import redact_text
 from servetune.result import TrialResult
 from servetune.search import headroom, warmstart
-from servetune.search.propose import StoredTrial, tell
+from servetune.search.propose import StoredTrial, WarmCompiles, tell, warm_compiles
 from servetune.spec.schema import StudySpec
 from servetune.study._open import FINISHED
 from servetune.study._outcome import StudyOutcome, infra_failed_trials
@@ -46,8 +47,10 @@ if TYPE_CHECKING:
 
 def redacted(result: TrialResult, environ: Mapping[str, str] | None = None) -> TrialResult:
     """A copy of ``result`` whose texts are safe to write down (the figures are the same objects)."""
+    env = dict(os.environ if environ is None else environ)  # read once for all of its texts
+
     def safe(text: str) -> str:
-        return redact_text(text, environ)
+        return redact_text(text, env)
 
     requests = [r if r.error is None else dataclasses.replace(r, error=safe(r.error)) for r in result.requests]
     return dataclasses.replace(
@@ -63,6 +66,7 @@ class Recorder:
     def __init__(self, spec: StudySpec, study: optuna.Study, tracker: StudyTracker, backend: str) -> None:
         self.spec, self.study, self.tracker, self.backend = spec, study, tracker, backend
         self.model, self.serve_model = redact_text(spec.model_ref), redact_text(spec.serve_model)
+        self._compiles: WarmCompiles | None = None
 
     @classmethod
     def open(cls, spec: StudySpec, study: optuna.Study, backend: str, resume: bool) -> Recorder:
@@ -85,11 +89,19 @@ class Recorder:
 
     # -- one trial ------------------------------------------------------------------------------
 
+    def compiles(self) -> WarmCompiles | None:
+        """What the study's finished trials compiled (the pre-screen's warm cache), read from Optuna
+        once, then kept up to date by :meth:`tell` (the driver is the study's one writer)."""
+        if self._compiles is None:
+            self._compiles = warm_compiles(self.spec, self.study)
+        return self._compiles
+
     def tell(self, trial: optuna.trial.Trial, flags: Mapping[str, Any], result: TrialResult, *,
              prediction: Prediction | None = None, screen: Screen | None = None) -> TrialRecord:
         """Tell Optuna the result (redacted) and return its record, for :meth:`write` to write down."""
         safe = redacted(result)
-        objective = retry_call(lambda: tell(self.spec, self.study, trial, safe), what=f"tell trial #{trial.number}")
+        objective = retry_call(lambda: tell(self.spec, self.study, trial, safe, warm=self._compiles),
+                               what=f"tell trial #{trial.number}")
         return self._record(trial.number, flags, safe, objective[0], origin=warmstart.origin_of(trial.user_attrs),
                             prediction=prediction, screen=screen)
 

@@ -17,11 +17,11 @@ from servetune.records import dataset, retry_call
 from servetune.records.trial_record import Prediction, Screen
 from servetune.result import TrialResult, TrialStatus
 from servetune.search import screen as fidelity
-from servetune.search.propose import (Proposal, StoredTrial, constraint_values, meets_constraints, objective_values,
-                                      propose, sim_screen, with_slo_figures)
+from servetune.search.propose import (Proposal, StoredTrial, WarmCompiles, constraint_values, meets_constraints,
+                                      objective_values, propose, sim_screen, with_slo_figures)
 from servetune.spec.schema import StudySpec
 from servetune.study._dispatch import Dispatcher, Job, Work, Write
-from servetune.study._outcome import count, update_best
+from servetune.study._outcome import BestSoFar, count
 from servetune.study._state import StudyRun
 from servetune.study._tasks import SAME_START_REPEATS, leader_repeats, trial_early_stop, trial_task
 
@@ -31,7 +31,7 @@ OnResult = Callable[[int, dict[str, Any], TrialResult], None]
 
 
 def propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str,
-                       known_running: set[int]) -> Proposal:
+                       known_running: set[int], warm: WarmCompiles | None = None) -> Proposal:
     """``propose`` retried on storage outages. An attempt that failed after ``study.ask`` leaves an
     asked trial nobody owns: before the next attempt it is told FAIL (samplers ignore FAIL trials
     and the budget counts told results only), so a retry never leaves a RUNNING orphan behind."""
@@ -42,7 +42,7 @@ def propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, ba
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
                 if t.number not in known_running:
                     study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        return propose(spec, study, total_gpus, backend)
+        return propose(spec, study, total_gpus, backend, warm=warm)
 
     def mark(_: BaseException) -> None:
         nonlocal failed
@@ -73,6 +73,7 @@ class TrialWork(Work[Asked]):
         self.sims: dict[int, TrialResult] = {}  # the simulated twin of each dispatched trial (multi-fidelity)
         self.infra_seen = self.quarantine_seen = 0  # pool.infra_notes / pool.quarantine_notes already shown
         self.gpu_wait_noted = False  # a trial waiting for Ray to place it was announced
+        self.best = BestSoFar()  # the outcome's best, kept as trials are told
 
     # -- the loop's hooks -------------------------------------------------------------------------
 
@@ -85,7 +86,8 @@ class TrialWork(Work[Asked]):
             return
         while (outcome.trials_done + dispatcher.busy < spec.budget.trials
                and dispatcher.busy < spec.budget.parallel):
-            proposal = propose_with_retry(spec, run.study, dispatcher.pool.total_gpus, run.backend, dispatcher.keys())
+            proposal = propose_with_retry(spec, run.study, dispatcher.pool.total_gpus, run.backend, dispatcher.keys(),
+                                          warm=run.recorder.compiles())
             trial, flags = proposal.trial, proposal.flags
             if proposal.refused is not None:  # invalid or predicted to fail: no GPU time spent
                 self.tell_and_record(trial, flags, proposal.refused,
@@ -186,7 +188,7 @@ class TrialWork(Work[Asked]):
         count(run.outcome, result.status, result.preemptions or 0)
         run.outcome.infra_retried += bool(result.infra_attempts) and not result.status.is_infrastructure
         if not result.status.is_infrastructure and all(v <= 0 for v in constraint_values(run.spec, result).values()):
-            update_best(run.study, run.outcome)  # only a feasible trial can become the best (best_trial)
+            self.best.told(run.study, run.outcome, trial, record.objective)  # only a feasible trial can be the best
 
         def write() -> None:
             run.recorder.write(record)
