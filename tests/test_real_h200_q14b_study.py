@@ -48,8 +48,9 @@ def test_every_cell_was_measured_and_only_util_05_with_256_seqs_preempts():
 
 
 def test_the_cell_an_interrupt_cut_was_measured_on_resume(tmp_path):
-    """Trial 2 was cut by the first host's command deadline (FAIL, no status stored); the resume
-    on the second host re-queued its params (study._open.recover_interrupted), and trial 6 measured them."""
+    """Trial 2 was cut when the collecting command reached its time limit (FAIL, no status stored);
+    `--resume`, on a fresh H200 machine, re-queued its params (study._open.recover_interrupted), and
+    trial 6 measured them."""
     shutil.copy(STUDY / "optuna.db", tmp_path / "optuna.db")
     study = optuna.load_study(study_name="h200-q14b-grid", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     cut = study.trials[2]
