@@ -43,7 +43,7 @@ from servetune.result import TrialResult, TrialStatus
 from servetune.sim import GPU_FAMILY_OVERRIDES, Calibration, calibration_for, host_api_cpu_factor, simulate, with_calibration
 from servetune.workload import Workload
 
-__all__ = ["FIXTURES", "H100_CLASSES_FIXTURES", "MOE_FLOOR_FIT_START", "fit_moe_floor", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
+__all__ = ["golden_section", "FIXTURES", "H100_CLASSES_FIXTURES", "MOE_FLOOR_FIT_START", "fit_moe_floor", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
            "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
            "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read", "fit_alone", "fit_eager_floor", "held_out_cells",
@@ -810,12 +810,24 @@ def fit_alone(knob: str, runs: list[RealRun], bounds: tuple[float, float],
         rows = fidelity_rows({**base, knob: value}, runs, host_factors=host_factors, gpu=gpu)
         return _weighted_loss(rows, ttft_weight=0.0)
 
+    return golden_section(loss, bounds[0], bounds[1], tolerance, ties_go_low=False)
+
+
+def golden_section(loss: Callable[[float], float], lo: float, hi: float, tolerance: float, *,
+                   ties_go_low: bool = True) -> float:
+    """The minimum of a one-dimensional ``loss`` on [lo, hi] (unimodal assumed), to an interval of
+    ``tolerance``; on equal losses the search keeps the lower part (``ties_go_low``) or the upper
+    one. The one search every fit here runs (``fit_alone``; ``published_runs.golden_section``).
+
+    Example:
+        >>> round(golden_section(lambda x: (x - 0.3) ** 2, 0.0, 1.0, 1e-4), 3)
+        0.3
+    """
     golden = (math.sqrt(5) - 1) / 2
-    lo, hi = bounds
     a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
     fa, fb = loss(a), loss(b)
     while hi - lo > tolerance:
-        if fa < fb:
+        if fa <= fb if ties_go_low else fa < fb:
             hi, b, fb = b, a, fa
             a = hi - golden * (hi - lo)
             fa = loss(a)

@@ -75,8 +75,9 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "platform") not in sys.path:
-    sys.path.insert(0, str(ROOT / "platform"))
+for _path in (ROOT / "platform", ROOT / "benchmarks"):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 from servetune.errors import SpecError  # noqa: E402
 from servetune.planner.gpus import get_gpu, with_interconnect  # noqa: E402
@@ -86,6 +87,8 @@ from servetune.planner.target import resolve_target  # noqa: E402
 from servetune.planner.vllm_rules import parse_vllm_version  # noqa: E402
 from servetune.sim import GPU_CALIBRATION, Calibration, simulate, with_calibration  # noqa: E402
 from servetune.workload import Workload  # noqa: E402
+
+import _fidelity  # noqa: E402
 
 __all__ = ["FIXTURES", "PublishedRun", "Judged", "load_runs", "split_of", "sweep_key", "workload_of", "judge",
            "judge_all", "cells", "rankings", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
@@ -482,26 +485,13 @@ def fit_loss(judged: Sequence[Judged]) -> float:
 
 def golden_section(loss: Any, lo: float, hi: float, tolerance: float = 0.01) -> float:
     """The minimum of a one-dimensional ``loss`` on [lo, hi] (unimodal assumed), to ``tolerance``
-    of the interval.
+    of the interval; equal losses keep the lower part (``_fidelity.golden_section``'s search).
 
     Example:
         >>> round(golden_section(lambda x: (x - 0.3) ** 2, 0.0, 1.0, 1e-4), 3)
         0.3
     """
-    ratio = (5 ** 0.5 - 1) / 2
-    a, b = lo, hi
-    c, d = b - ratio * (b - a), a + ratio * (b - a)
-    fc, fd = loss(c), loss(d)
-    while b - a > tolerance * (hi - lo):
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - ratio * (b - a)
-            fc = loss(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + ratio * (b - a)
-            fd = loss(d)
-    return (a + b) / 2
+    return _fidelity.golden_section(loss, lo, hi, tolerance * (hi - lo), ties_go_low=True)
 
 
 def fit_knob(runs: Sequence[PublishedRun], gpu: str, knob: str, bounds: tuple[float, float],
