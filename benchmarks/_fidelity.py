@@ -43,7 +43,7 @@ from servetune.result import TrialResult, TrialStatus
 from servetune.sim import GPU_FAMILY_OVERRIDES, Calibration, calibration_for, host_api_cpu_factor, simulate, with_calibration
 from servetune.workload import Workload
 
-__all__ = ["golden_section", "FIXTURES", "H100_CLASSES_FIXTURES", "MOE_FLOOR_FIT_START", "fit_moe_floor", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
+__all__ = ["golden_section", "FIXTURES", "H100_CLASSES_FIXTURES", "H200_CLASSES_FIXTURES", "MOE_FLOOR_FIT_START", "fit_moe_floor", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
            "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
            "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read", "fit_alone", "fit_eager_floor", "held_out_cells",
@@ -59,7 +59,7 @@ GPU = "H200"
 #: The model path each collection used on the GPU host -> servetune's shipped config of that shape.
 HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b", "/root/m14b": "qwen2.5-14b",
                "/root/m24b": "mistral-small-24b", "/root/q3": "qwen3-30b-a3b", "/root/l8": "llama-3.1-8b",
-               "/root/g2": "gemma-2-27b",
+               "/root/g2": "gemma-2-27b", "/root/go20": "gpt-oss-20b",
                # The 16-layer Mixtral-8x7B shape has no shipped config: its config.json is kept with its evidence.
                "/root/mx16": str(FIXTURES.parent / "real_h100_classes" / "2026-12-05_h100_host_c" / "mx16")}
 #: Flags the collector passed for its own evidence that change nothing vLLM serves or allocates
@@ -429,6 +429,8 @@ H100_FIXTURES = FIXTURES.parent / "real_h100"
 #: Real H100 starts of other model classes (an MoE shape, FP8 weights, an FP8 KV cache), 2026-12-05:
 #: in no fit; the simulator is judged on them (``sim_fidelity.py --h100-classes``).
 H100_CLASSES_FIXTURES = FIXTURES.parent / "real_h100_classes"
+#: The H200 MoE and MXFP4 starts of 2026-12-05 (their README), in no fit; read with :func:`load_h100_runs`.
+H200_CLASSES_FIXTURES = FIXTURES.parent / "real_h200_classes"
 H100_GPU = "H100-80GB"
 #: The H100's first measured window (the anchor's workload at the anchor's flags, a fresh server):
 #: the one its API-server CPU factor is read off, as a study's first trial would be.

@@ -68,7 +68,7 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from _fidelity import (FOLDS, H100_CLASSES_FIXTURES, H100_FIXTURES, fit_moe_floor, H100_GPU, HOST_MODELS, UNSEEN_STARTS, UNSEEN_STUDIES,  # noqa: E402
+from _fidelity import (FOLDS, H100_CLASSES_FIXTURES, H100_FIXTURES, H200_CLASSES_FIXTURES, fit_moe_floor, H100_GPU, HOST_MODELS, UNSEEN_STARTS, UNSEEN_STUDIES,  # noqa: E402
                        calibration_host_factors, error_summary, fidelity_rows, fit, fit_eager_floor, fit_fp8_kv_read,
                        fit_frontend, fit_h100_kv_read, format_table, h100_check, h200_knobs_on, in_h100_fit, held_out, held_out_cells, host_checks,
                        in_calibration_fit, replay_fold, serving_flags,
@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--h100-classes", action="store_true",
                         help="the real H100 windows of the model-class starts (Qwen3-MoE, Mixtral-16L, gemma-2, FP8; "
                              "in no fit but the MoE floor's start), per start")
+    parser.add_argument("--h200-classes", action="store_true",
+                        help="the real H200 windows of the model-class starts (Qwen3-MoE bf16 and FP8, gpt-oss-20b; "
+                             "in no fit), per start")
     parser.add_argument("--fit-moe-floor", action="store_true",
                         help="fit moe_layer_floor_s alone on the real H100 FP8 MoE start and print it")
     parser.add_argument("--replay-folds", action="store_true",
@@ -194,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.h100:
         h100_report()
         return 0
-    if args.h100_classes:
-        rows = fidelity_rows(None, load_h100_runs(H100_CLASSES_FIXTURES), gpu=H100_GPU)
+    if args.h100_classes or args.h200_classes:
+        rows = fidelity_rows(None, load_h100_runs(H100_CLASSES_FIXTURES), gpu=H100_GPU) if args.h100_classes \
+            else fidelity_rows(None, load_h100_runs(H200_CLASSES_FIXTURES), gpu="H200")
         print(format_table(rows))
         for start in sorted({r.name.split("/")[0] for r in rows}):
             e = error_summary([r for r in rows if r.name.startswith(start + "/")])
