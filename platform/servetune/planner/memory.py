@@ -277,7 +277,7 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
         budget = math.ceil(total * config.gpu_memory_utilization) if rules.budget_rounds_up \
             else int(total * config.gpu_memory_utilization)
 
-    weights = model.stage_weight_bytes(tp, pp)
+    weights = model.stage_weight_bytes(tp, pp, mxfp4_scale_copies=2 if rules.mxfp4_keeps_loaded_scales else 1)
     # KV pages per stage: layers grouped as vLLM's KV cache manager groups them (modelclass.kv_layout)
     layouts = [kv_layout(model, tp, s, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype))
                for s in range(pp)]
@@ -316,7 +316,8 @@ def _verdict(model: ModelProfile, config: EngineConfig, rules: VllmMemoryRules, 
     total, context, budget = acc.total, acc.context, acc.budget
     if max(acc.weights) > total - context:
         need_tp = config.tensor_parallel_size
-        while need_tp < 64 and max(model.stage_weight_bytes(need_tp, config.pipeline_parallel_size)) > \
+        copies = 2 if rules.mxfp4_keeps_loaded_scales else 1
+        while need_tp < 64 and max(model.stage_weight_bytes(need_tp, config.pipeline_parallel_size, copies)) > \
                 (total - context) * 0.85:
             need_tp *= 2
         return _Verdict(

@@ -409,23 +409,26 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
     return notes
 
 
-def mxfp4_expert_bytes(model: Any, tp: int) -> int:
+def mxfp4_expert_bytes(model: Any, tp: int, scale_copies: int = 2) -> int:
     """One MoE layer's MXFP4 experts on one TP rank as vLLM's Triton backend holds them after loading.
 
     ``I = round_up(intermediate / TP, 64)`` (``mxfp4_round_up_hidden_size_and_intermediate_size``); per
-    expert ``3 x H x I`` 4-bit values (gate_up ``2I x H``, down ``H x I``), two copies of their e8m0 scales
-    (one per 32 values: the loaded ``w13/w2_weight_scale`` stay on the layer beside the swizzled ones),
-    and the ``2I + H`` biases in bf16 and again in fp32; plus :data:`MXFP4_LAYER_BYTES`.
+    expert ``3 x H x I`` 4-bit values (gate_up ``2I x H``, down ``H x I``), ``scale_copies`` copies of their
+    e8m0 scales (one per 32 values: before vLLM 0.26 the loaded ``w13/w2_weight_scale`` stay on the layer
+    beside the swizzled ones; 0.26 deletes them, see
+    :attr:`~servetune.planner.vllm_rules.VllmMemoryRules.mxfp4_keeps_loaded_scales`), and the ``2I + H``
+    biases in bf16 and again in fp32; plus :data:`MXFP4_LAYER_BYTES`.
 
     Example:
         >>> from servetune.planner.modelinfo import load_model
-        >>> round(mxfp4_expert_bytes(load_model("gpt-oss-20b"), 1) / 2**20, 1)   # MiB per layer at TP=1
-        436.2
+        >>> m = load_model("gpt-oss-20b")
+        >>> round(mxfp4_expert_bytes(m, 1) / 2**20, 1), round(mxfp4_expert_bytes(m, 1, scale_copies=1) / 2**20, 1)
+        (436.2, 412.5)
     """
     inter = -(-(model.expert_intermediate_size // tp) // 64) * 64
     values = 3 * model.hidden_size * inter
     biases = 2 * inter + model.hidden_size
-    per_expert = values // 2 + 2 * (values // 32) + biases * (2 + 4)
+    per_expert = values // 2 + scale_copies * (values // 32) + biases * (2 + 4)
     return model.num_experts * per_expert + MXFP4_LAYER_BYTES
 
 

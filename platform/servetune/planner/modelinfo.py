@@ -255,7 +255,7 @@ class ModelProfile:
         """KV heads on each TP rank: ``max(1, kv_heads // tp)`` (replicated when TP > KV heads)."""
         return max(1, self.num_kv_heads // tp)
 
-    def stage_weight_bytes(self, tp: int, pp: int) -> list[int]:
+    def stage_weight_bytes(self, tp: int, pp: int, mxfp4_scale_copies: int = 2) -> list[int]:
         """Weight bytes on one TP rank of each pipeline stage.
 
         Sharded matrices and the vocab-parallel embedding / LM head are divided by ``tp``; norms and
@@ -267,7 +267,7 @@ class ModelProfile:
         """
         layers = self.stage_layers(pp)
         act = self.dtype_bytes
-        layer_bytes = [self._layer_bytes(tp, dense=True), self._layer_bytes(tp)]
+        layer_bytes = [self._layer_bytes(tp, dense=True), self._layer_bytes(tp, scale_copies=mxfp4_scale_copies)]
         vocab = self._vocab_rows(tp) * self.hidden_size * act
         rotary_dim = self.mla_rope_dim or self.head_dim
         rotary = (self.max_model_len_limit + self.extra_rotary_positions) * rotary_dim * act
@@ -286,13 +286,13 @@ class ModelProfile:
             out.append(int(b))
         return out
 
-    def _layer_bytes(self, tp: int, dense: bool = False) -> float:
+    def _layer_bytes(self, tp: int, dense: bool = False, scale_copies: int = 2) -> float:
         """Bytes of one decoder layer on one TP rank as vLLM loads it (see :mod:`modelclass` for MLA, MXFP4)."""
         act = self.dtype_bytes
         plain = self._layer_plain_params(tp, dense) * act
         linear = self._layer_linear_params(tp, dense=dense)
         if self.quantized_experts_only and self.is_moe and not dense:
-            return plain + (linear - self._expert_params(tp)) * act + modelclass.mxfp4_expert_bytes(self, tp)
+            return plain + (linear - self._expert_params(tp)) * act + modelclass.mxfp4_expert_bytes(self, tp, scale_copies)
         b = plain + linear * self.weight_bytes_per_param
         if self.mla_kv_lora_rank:
             # vLLM's MLA keeps W_UK_T and W_UV, the absorbed halves of kv_b_proj, beside it (model dtype)

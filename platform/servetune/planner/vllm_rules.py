@@ -124,6 +124,12 @@ class VllmMemoryRules:
     #: printed on the H200 (b5_fail_u0012) and 0.33's source has; 0.11 has the short form. The
     #: switch is placed at 0.20 (between 0.11 and 0.26; not pinned).
     long_error_texts: bool
+    #: The Triton MXFP4 MoE backends keep the loaded e8m0 scales beside the swizzled copy (two copies:
+    #: vLLM 0.19.0's gpt-oss-20b starts logged 13.64 GiB at TP=1, 7.01 at TP=2). 0.26 deletes them after
+    #: swizzling (``fused_moe/oracle/mxfp4.py``: ``del layer.w13_weight_scale``), and its gpt-oss-20b start
+    #: on the H200 logged 13.03 GiB, one copy less (``tests/fixtures/real_h200_classes``). Placed at 0.26,
+    #: the release whose source was read and whose log shows it (not pinned between 0.19 and 0.26).
+    mxfp4_keeps_loaded_scales: bool
 
     # -- vLLM's texts --------------------------------------------------------------------------
 
@@ -235,4 +241,5 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         long_error_texts=v >= (0, 20, 0),
         sampler_warmup_after_capture=v < V2_RUNNER,
         sliding_reserves_in_flight=v >= V2_RUNNER,
+        mxfp4_keeps_loaded_scales=v < V2_RUNNER,
     )
