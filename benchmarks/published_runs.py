@@ -72,6 +72,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,12 +86,14 @@ from servetune.planner.memory import plan_memory  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile, load_model  # noqa: E402
 from servetune.planner.target import resolve_target  # noqa: E402
 from servetune.planner.vllm_rules import parse_vllm_version  # noqa: E402
-from servetune.sim import GPU_CALIBRATION, Calibration, simulate, with_calibration  # noqa: E402
-from servetune.workload import Workload  # noqa: E402
+from servetune.sim import (FA2_KNOBS, GPU_CALIBRATION, Calibration, runs_flash_attention_2, simulate,  # noqa: E402
+                           with_calibration)
+from servetune.workload import RequestSpec, Workload  # noqa: E402
 
 import _fidelity  # noqa: E402
 
-__all__ = ["FIXTURES", "PublishedRun", "Judged", "load_runs", "split_of", "sweep_key", "workload_of", "judge",
+__all__ = ["FIXTURES", "PublishedRun", "Judged", "ReplayedLoad", "load_runs", "split_of", "sweep_key", "workload_of",
+           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "judge",
            "judge_all", "cells", "rankings", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
@@ -281,6 +284,22 @@ def _sim_version(where: str, entry: Mapping[str, Any]) -> str:
     return stated
 
 
+def _client_seed(where: str, client: Mapping[str, Any], workload: Mapping[str, Any]) -> None:
+    """A stated ``client.seed`` is a whole number, and for ``vllm bench serve``'s random dataset it
+    comes with ``client.special_tokens`` (the tokenizer's ``num_special_tokens_to_add()``), which
+    its drawn prompt lengths depend on (:func:`bench_serve_lengths`)."""
+    seed = client.get("seed")
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise _fail(where, "client.seed", f"expected a whole number >= 0, got {seed!r}", "write the --seed the run used")
+    special = client.get("special_tokens")
+    if client["tool"] == "vllm bench serve" and workload.get("dataset") == "random" and (
+            isinstance(special, bool) or not isinstance(special, int) or special < 0):
+        raise _fail(where, "client.special_tokens", f"expected a whole number >= 0 beside a seed, got {special!r}",
+                    "write the tokenizer's num_special_tokens_to_add(): 0 for Qwen's, 1 for Llama's (BOS)")
+
+
 def resolve_model(name: str, fixture_dir: Path = FIXTURES) -> ModelProfile:
     """A run's ``model``: servetune's shipped model of that name, else the config.json in
     ``models/<name>/`` beside the fixture file, else in :data:`LOG_MODELS`."""
@@ -319,6 +338,7 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
         raise _fail(where, "split", f"expected fit or held_out, got {entry['split']!r}", "see split_of's rule")
     if not isinstance(entry["client"], Mapping) or "tool" not in entry["client"]:
         raise _fail(where, "client", "expected {tool: ..., endpoint: ...}", "write the client that measured it")
+    _client_seed(where, entry["client"], workload)
     resolve_model(str(entry["model"]), fixture_dir)
     return PublishedRun(
         id=str(entry["id"]), file=file, source=str(entry["source"]), vllm_version=str(entry["vllm_version"]),
@@ -376,6 +396,84 @@ def load_runs(paths: Iterable[Path] | None = None) -> list[PublishedRun]:
     return runs
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplayedLoad(Workload):
+    """A :class:`Workload` whose requests are given (a published client's own draws, in order) rather
+    than drawn from its lengths and rate: :meth:`requests` returns ``replayed``."""
+
+    replayed: tuple[RequestSpec, ...] = ()
+
+    def requests(self, include_warmup: bool = False) -> list[RequestSpec]:
+        return list(self.replayed)
+
+
+def bench_serve_lengths(seed: int, num_prompts: int, input_len: int, output_len: int, range_ratio: float,
+                        special_tokens: int) -> tuple[list[int], list[int]]:
+    """The prompt and output lengths ``vllm bench serve --dataset-name random --seed SEED`` sends.
+
+    vLLM 0.11+ ``benchmarks/datasets.py`` ``RandomDataset``: its own ``np.random.default_rng(seed)``
+    draws every input length (uniform integers in ``[floor(n (1 - r)), ceil(n (1 + r))]``, ``n`` the
+    input length less the tokenizer's ``num_special_tokens_to_add()``), then every output length
+    (at least 1), then the vocabulary offsets. The decode / re-encode round trip keeps the drawn
+    lengths for the tokenizers here (the published JSONs' ``input_lens`` are the drawn ones).
+
+    Example:
+        >>> bench_serve_lengths(42, 3, 4096, 512, 0.3334, 0)
+        ([2973, 4845, 4518], [491, 489, 635])
+    """
+    rng = np.random.default_rng(seed)
+    real = max(0, input_len - special_tokens)
+    low, high = math.floor(real * (1 - range_ratio)), math.ceil(real * (1 + range_ratio))
+    out_low = max(1, math.floor(output_len * (1 - range_ratio)))
+    out_high = max(1, math.ceil(output_len * (1 + range_ratio)))
+    inputs = rng.integers(low, high + 1, size=num_prompts)
+    outputs = rng.integers(out_low, out_high + 1, size=num_prompts)
+    return [int(x) for x in inputs], [int(x) for x in outputs]
+
+
+def bench_serve_arrivals(seed: int, num_prompts: int, request_rate: float, burstiness: float = 1.0) -> list[float]:
+    """When ``vllm bench serve --request-rate R --burstiness B --seed SEED`` sends each request, in
+    seconds from the start.
+
+    vLLM 0.10+ ``benchmarks/serve.py``: ``np.random.seed(seed)`` at the start (the random dataset
+    draws from its own generator, so nothing else takes from this one), then ``get_request`` draws
+    each gap from ``np.random.gamma(shape=B, scale=1 / (R B))`` (B = 1: a Poisson process), adds
+    them up, and scales them so that the last request goes out at ``num_prompts / R`` ("to close
+    the gap for stabilizing the throughput data from different random seeds"). The first request
+    waits its own gap too.
+
+    Example:
+        >>> [round(t, 3) for t in bench_serve_arrivals(42, 3, 1.0)]
+        [0.294, 2.176, 3.0]
+    """
+    state = np.random.RandomState(seed)  # the legacy global generator np.random.seed(seed) sets
+    gaps = [float(state.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness))) for _ in range(num_prompts)]
+    times, total = [], 0.0
+    for gap in gaps:
+        total += gap
+        times.append(total)
+    scale = num_prompts / request_rate / times[-1] if times and times[-1] > 0 else 1.0
+    return [t * scale for t in times]
+
+
+def bench_serve_requests(run: PublishedRun) -> list[RequestSpec] | None:
+    """The requests a seeded ``vllm bench serve`` run of the random dataset sent (its lengths and, at
+    a finite rate, its arrival times: :func:`bench_serve_lengths`, :func:`bench_serve_arrivals`),
+    for a run whose ``client`` states its ``seed`` and the tokenizer's ``special_tokens``; None
+    otherwise (other clients, datasets, shared prefixes, DP replicas: drawn as before)."""
+    c, w = run.client, run.workload
+    if (c.get("tool") != "vllm bench serve" or c.get("seed") is None or w.get("dataset") != "random"
+            or w.get("prefix_len") or run.layout["dp"] != 1):
+        return None
+    inputs, outputs = bench_serve_lengths(int(c["seed"]), w["num_prompts"], w["input_len"], w["output_len"],
+                                          w["range_ratio"], int(c["special_tokens"]))
+    rate = w.get("request_rate")
+    if rate is None or math.isinf(rate):
+        return [RequestSpec(i, o) for i, o in zip(inputs, outputs)]
+    times = bench_serve_arrivals(int(c["seed"]), w["num_prompts"], rate, float(c.get("burstiness", 1.0)))
+    return [RequestSpec(i, o, t) for i, o, t in zip(inputs, outputs, times)]
+
+
 def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) -> Workload:
     """The run's load as servetune's :class:`Workload` for one engine (one DP replica's share).
     ``as_sent`` False: a capped finite-rate run (``loop: closed``) as the closed loop from t=0 it was
@@ -387,7 +485,11 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
-    return _resent(_paced(spec, w, run, dp, as_sent), w, as_sent)
+    load = _resent(_paced(spec, w, run, dp, as_sent), w, as_sent)
+    sent = bench_serve_requests(run) if as_sent else None
+    if sent is None:
+        return load
+    return ReplayedLoad(**{f.name: getattr(load, f.name) for f in dataclasses.fields(Workload)}, replayed=tuple(sent))
 
 
 def _resent(load: Workload, w: Mapping[str, Any], as_sent: bool) -> Workload:
@@ -441,9 +543,17 @@ FITTED_HERE: dict[str, tuple[str, ...]] = {"A100-80GB": ("attn_efficiency",)}
 
 def h200_knobs_for(gpu_name: str) -> dict[str, float]:
     """Overrides that put the H200's fitted value back on every knob of ``gpu_name`` that
-    :data:`FITTED_HERE` names (the GPU as it was judged before the fits on published runs)."""
+    :data:`FITTED_HERE` names, and on the FlashAttention-2 parts' knobs (``servetune.sim.FA2_KNOBS``,
+    the A100's fit carried to every compute capability 8.x part): the GPU as it was judged before
+    the fits on published runs.
+
+    Example:
+        >>> h200_knobs_for("L4"), h200_knobs_for("H100-80GB")
+        ({'attn_efficiency': 0.2681}, {})
+    """
     h200 = dataclasses.asdict(Calibration().with_overrides(GPU_CALIBRATION["H200"]))
-    return {k: h200[k] for k in FITTED_HERE.get(gpu_name, ())}
+    names = set(FITTED_HERE.get(gpu_name, ())) | (set(FA2_KNOBS) if runs_flash_attention_2(get_gpu(gpu_name)) else set())
+    return {k: h200[k] for k in sorted(names)}
 
 
 def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_sent: bool = True) -> Judged:
