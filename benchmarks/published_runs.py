@@ -21,7 +21,9 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
       workload: {dataset: random, input_len: 1024, output_len: 128, num_prompts: 1000,
                  request_rate: inf, max_concurrency: 64, range_ratio: 0.0,
                  prefix_cache_hit_rate: 0.43}   # optional: see below
-      client: {tool: vllm bench serve, endpoint: /v1/completions}
+      client: {tool: vllm bench serve, endpoint: /v1/completions,
+               seed: 42, special_tokens: 0}   # optional: a stated --seed (random dataset: with the tokenizer's
+                                              # num_special_tokens_to_add()); the requests it drew are replayed
       measured: {output_throughput: 9876.5, request_throughput: 12.3,
                  ttft_ms: {mean: 1, median: 1, p99: 1}, tpot_ms: {mean: 1, median: 1, p99: 1},
                  itl_ms: {mean: 1, median: 1, p99: 1}}
@@ -39,7 +41,9 @@ one seed, a sweep of runs): the "Prefix cache hit rate" the server logged during
 rate over its most recent 1000 requests), as a fraction. That share of each prompt is simulated as
 cached from the earlier run (``Workload.cached_fraction``), never fitted. The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
-published) for an open one; TTFT is judged too. DP replicas are simulated as ``dp`` independent
+published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
+states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
+finite rate, their arrival times (:func:`bench_serve_requests`); other runs draw servetune's own. DP replicas are simulated as ``dp`` independent
 engines, each with its share of the prompts and of the load, their throughputs added.
 
 The split rule (:func:`split_of`): within one fixture file and one GPU, runs are grouped into
