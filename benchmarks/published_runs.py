@@ -57,6 +57,7 @@ move others: the loader checks every run's ``split`` against the rule and names 
 
     .venv/bin/python benchmarks/published_runs.py                 # as committed, held out and fit apart
     .venv/bin/python benchmarks/published_runs.py --before        # before the fits on published runs
+    .venv/bin/python benchmarks/published_runs.py --breakdown a100-qwen2-7b-tp2-u025-rand1024x1024-burst1
     .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
         --fit A100-80GB attn_efficiency 0.2681 0.73
     .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
@@ -90,14 +91,14 @@ from servetune.planner.memory import plan_memory  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile, load_model  # noqa: E402
 from servetune.planner.target import resolve_target  # noqa: E402
 from servetune.planner.vllm_rules import parse_vllm_version  # noqa: E402
-from servetune.sim import (FA2_KNOBS, GPU_CALIBRATION, Calibration, runs_flash_attention_2, simulate,  # noqa: E402
-                           with_calibration)
+from servetune.sim import (FA2_KNOBS, GPU_CALIBRATION, Calibration, PerfModel, runs_flash_attention_2,  # noqa: E402
+                           simulate, with_calibration)
 from servetune.workload import RequestSpec, Workload  # noqa: E402
 
 import _fidelity  # noqa: E402
 
 __all__ = ["FIXTURES", "PublishedRun", "Judged", "ReplayedLoad", "load_runs", "split_of", "sweep_key", "workload_of",
-           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "judge",
+           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "step_breakdown", "judge",
            "judge_all", "cells", "rankings", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
@@ -577,6 +578,38 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_
                   result.ttft_ms.mean if result.ttft_ms else None, result.tpot_ms.mean if result.tpot_ms else None)
 
 
+def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
+    """Where the simulator puts a run's time: one engine step's GPU milliseconds by kind of kernel
+    (``PerfModel.gpu_cost``: gemm, elementwise, attention, kv_write, comm, launch) and the whole step
+    with the engine CPU it leaves visible (``step_ms``), for a decode step of 1, 8, the run's
+    concurrency and 256 requests at the run's mean context (prompt plus half the output), and for one
+    prompt's prefill within the token budget (``prefill``). Which term dominates a miss, in one call
+    (``published_runs.py --breakdown ID``).
+
+    Example:
+        >>> run = next(r for r in load_runs() if r.id == "a100-qwen2-7b-tp2-u025-rand1024x1024-burst1")
+        >>> b = step_breakdown(run)
+        >>> b["decode 1"]["comm"] > 0 and b["decode 1"]["gemm"] > b["decode 1"]["attention"]
+        True
+    """
+    flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
+    target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
+    perf = PerfModel(target.model, with_interconnect(target.gpu, run.interconnect or None), target.config)
+    w = run.workload
+    context = w["input_len"] + w["output_len"] // 2
+    cap = min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"])
+    out: dict[str, dict[str, float]] = {}
+    for batch in sorted({1, 8, cap, 256}):
+        args = (batch, batch, batch * context, batch * context, True)
+        out[f"decode {batch}"] = {**{k: 1e3 * v for k, v in dataclasses.asdict(perf.gpu_cost(*args)).items()},
+                                  "step_ms": 1e3 * perf.step_time(*args)}
+    n = min(w["input_len"], target.config.max_num_batched_tokens)
+    args = (1, n, n, n * n // 2, False)
+    out["prefill"] = {**{k: 1e3 * v for k, v in dataclasses.asdict(perf.gpu_cost(*args)).items()},
+                      "step_ms": 1e3 * perf.step_time(*args)}
+    return out
+
+
 def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged]:
     """Every run simulated as committed, or with ``before``: the knobs :data:`FITTED_HERE` names at
     the H200's values, every run on its GPU type's usual host (the stated ``interconnect``
@@ -745,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="before the fits on published runs and as committed, cell by cell (--json: both reports)")
     ap.add_argument("--fit", nargs=4, metavar=("GPU", "KNOB", "LOW", "HIGH"),
                     help="fit one knob for one GPU on its fit runs and print it")
+    ap.add_argument("--breakdown", metavar="ID", help="one run's simulated step time by kind of kernel, and stop")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -757,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.splits:
         return _print_splits(args.file)
     runs = [r for r in runs if not args.gpu or r.gpu in args.gpu]
+    if args.breakdown:
+        return _print_breakdown(runs, args.breakdown)
     if args.fit:
         gpu, knob, low, high = args.fit
         value = fit_knob(runs, gpu, knob, (float(low), float(high)))
@@ -781,6 +817,18 @@ def main(argv: list[str] | None = None) -> int:
     print(format_cells(report["held_out"]))
     print("\nFIT (fitting data, not evidence):")
     print(format_cells(report["fit"]))
+    return 0
+
+
+def _print_breakdown(runs: Sequence[PublishedRun], run_id: str) -> int:
+    """``--breakdown``: :func:`step_breakdown` of one run, a line per step, in milliseconds."""
+    run = next((r for r in runs if r.id == run_id), None)
+    if run is None:
+        print(f"error: --breakdown: no run {run_id!r} (fix: use an id from --runs)", file=sys.stderr)
+        return 2
+    print(f"{run.id} ({run.gpu}, {run.layout_label}, vLLM {run.sim_vllm_version} rules): ms per step")
+    for step, kinds in step_breakdown(run).items():
+        print(f"  {step:<12}" + "  ".join(f"{k} {v:.3f}" for k, v in kinds.items()))
     return 0
 
 

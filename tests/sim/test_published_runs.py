@@ -318,3 +318,21 @@ def test_the_rtx_3060_qwen3_runs_replayed_as_sent_meet_the_targets_held_out() ->
     assert len(head) == 6 and max(head) < 0.11 and sum(e <= 0.10 for e in head) >= 5
     drawn = [judge(r, as_sent=False) for r in runs]
     assert not all(j.ttft_error is not None and abs(j.ttft_error) <= 0.25 for j in drawn)
+
+
+def test_a_runs_step_breakdown_names_where_the_simulated_time_goes(capsys: pytest.CaptureFixture[str]) -> None:
+    """published_runs.py --breakdown: a run's decode and prefill steps by kind of kernel, the whole
+    step with the visible engine CPU beside them; a TP=2 host without P2P pays all-reduces, TP=1 none,
+    and an unknown id is one line, exit 2."""
+    tp2 = next(r for r in DENSE if r.id == "a100-qwen2-7b-tp2-u025-rand1024x1024-burst1")
+    tp1 = next(r for r in DENSE if r.id == "a100-qwen2-7b-tp1-u025-rand1024x1024-burst1")
+    two, one = published_runs.step_breakdown(tp2), published_runs.step_breakdown(tp1)
+    assert set(two) == {"decode 1", "decode 8", "decode 256", "prefill"}
+    kinds = {"gemm", "elementwise", "attention", "kv_write", "comm", "launch"}
+    for step in two.values():
+        assert set(step) == kinds | {"step_ms"} and step["step_ms"] >= sum(step[k] for k in kinds)
+    assert all(s["comm"] > 0 for s in two.values()) and all(s["comm"] == 0 for s in one.values())
+    assert two["decode 1"]["gemm"] == pytest.approx(one["decode 1"]["gemm"] / 2, rel=0.05)  # weights split
+    assert published_runs.main(["--breakdown", tp2.id]) == 0 and "comm" in capsys.readouterr().out
+    assert published_runs.main(["--breakdown", "no-such-run"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
