@@ -21,7 +21,9 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
       workload: {dataset: random, input_len: 1024, output_len: 128, num_prompts: 1000,
                  request_rate: inf, max_concurrency: 64, range_ratio: 0.0,
                  prefix_cache_hit_rate: 0.43}   # optional: see below
-      client: {tool: vllm bench serve, endpoint: /v1/completions}
+      client: {tool: vllm bench serve, endpoint: /v1/completions,
+               seed: 42, special_tokens: 0}   # optional: a stated --seed (random dataset: with the tokenizer's
+                                              # num_special_tokens_to_add()); the requests it drew are replayed
       measured: {output_throughput: 9876.5, request_throughput: 12.3,
                  ttft_ms: {mean: 1, median: 1, p99: 1}, tpot_ms: {mean: 1, median: 1, p99: 1},
                  itl_ms: {mean: 1, median: 1, p99: 1}}
@@ -39,7 +41,9 @@ one seed, a sweep of runs): the "Prefix cache hit rate" the server logged during
 rate over its most recent 1000 requests), as a fraction. That share of each prompt is simulated as
 cached from the earlier run (``Workload.cached_fraction``), never fitted. The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
-published) for an open one; TTFT is judged too. DP replicas are simulated as ``dp`` independent
+published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
+states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
+finite rate, their arrival times (:func:`bench_serve_requests`); other runs draw servetune's own. DP replicas are simulated as ``dp`` independent
 engines, each with its share of the prompts and of the load, their throughputs added.
 
 The split rule (:func:`split_of`): within one fixture file and one GPU, runs are grouped into
@@ -53,6 +57,7 @@ move others: the loader checks every run's ``split`` against the rule and names 
 
     .venv/bin/python benchmarks/published_runs.py                 # as committed, held out and fit apart
     .venv/bin/python benchmarks/published_runs.py --before        # before the fits on published runs
+    .venv/bin/python benchmarks/published_runs.py --breakdown a100-qwen2-7b-tp2-u025-rand1024x1024-burst1
     .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
         --fit A100-80GB attn_efficiency 0.2681 0.73
     .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
@@ -72,6 +77,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,12 +91,14 @@ from servetune.planner.memory import plan_memory  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile, load_model  # noqa: E402
 from servetune.planner.target import resolve_target  # noqa: E402
 from servetune.planner.vllm_rules import parse_vllm_version  # noqa: E402
-from servetune.sim import GPU_CALIBRATION, Calibration, simulate, with_calibration  # noqa: E402
-from servetune.workload import Workload  # noqa: E402
+from servetune.sim import (FA2_KNOBS, GPU_CALIBRATION, Calibration, PerfModel, runs_flash_attention_2,  # noqa: E402
+                           simulate, with_calibration)
+from servetune.workload import RequestSpec, Workload  # noqa: E402
 
 import _fidelity  # noqa: E402
 
-__all__ = ["FIXTURES", "PublishedRun", "Judged", "load_runs", "split_of", "sweep_key", "workload_of", "judge",
+__all__ = ["FIXTURES", "PublishedRun", "Judged", "ReplayedLoad", "load_runs", "split_of", "sweep_key", "workload_of",
+           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "step_breakdown", "judge",
            "judge_all", "cells", "rankings", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
@@ -281,6 +289,22 @@ def _sim_version(where: str, entry: Mapping[str, Any]) -> str:
     return stated
 
 
+def _client_seed(where: str, client: Mapping[str, Any], workload: Mapping[str, Any]) -> None:
+    """A stated ``client.seed`` is a whole number, and for ``vllm bench serve``'s random dataset it
+    comes with ``client.special_tokens`` (the tokenizer's ``num_special_tokens_to_add()``), which
+    its drawn prompt lengths depend on (:func:`bench_serve_lengths`)."""
+    seed = client.get("seed")
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise _fail(where, "client.seed", f"expected a whole number >= 0, got {seed!r}", "write the --seed the run used")
+    special = client.get("special_tokens")
+    if client["tool"] == "vllm bench serve" and workload.get("dataset") == "random" and (
+            isinstance(special, bool) or not isinstance(special, int) or special < 0):
+        raise _fail(where, "client.special_tokens", f"expected a whole number >= 0 beside a seed, got {special!r}",
+                    "write the tokenizer's num_special_tokens_to_add(): 0 for Qwen's, 1 for Llama's (BOS)")
+
+
 def resolve_model(name: str, fixture_dir: Path = FIXTURES) -> ModelProfile:
     """A run's ``model``: servetune's shipped model of that name, else the config.json in
     ``models/<name>/`` beside the fixture file, else in :data:`LOG_MODELS`."""
@@ -319,6 +343,7 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
         raise _fail(where, "split", f"expected fit or held_out, got {entry['split']!r}", "see split_of's rule")
     if not isinstance(entry["client"], Mapping) or "tool" not in entry["client"]:
         raise _fail(where, "client", "expected {tool: ..., endpoint: ...}", "write the client that measured it")
+    _client_seed(where, entry["client"], workload)
     resolve_model(str(entry["model"]), fixture_dir)
     return PublishedRun(
         id=str(entry["id"]), file=file, source=str(entry["source"]), vllm_version=str(entry["vllm_version"]),
@@ -376,6 +401,84 @@ def load_runs(paths: Iterable[Path] | None = None) -> list[PublishedRun]:
     return runs
 
 
+@dataclasses.dataclass(frozen=True)
+class ReplayedLoad(Workload):
+    """A :class:`Workload` whose requests are given (a published client's own draws, in order) rather
+    than drawn from its lengths and rate: :meth:`requests` returns ``replayed``."""
+
+    replayed: tuple[RequestSpec, ...] = ()
+
+    def requests(self, include_warmup: bool = False) -> list[RequestSpec]:
+        return list(self.replayed)
+
+
+def bench_serve_lengths(seed: int, num_prompts: int, input_len: int, output_len: int, range_ratio: float,
+                        special_tokens: int) -> tuple[list[int], list[int]]:
+    """The prompt and output lengths ``vllm bench serve --dataset-name random --seed SEED`` sends.
+
+    vLLM 0.11+ ``benchmarks/datasets.py`` ``RandomDataset``: its own ``np.random.default_rng(seed)``
+    draws every input length (uniform integers in ``[floor(n (1 - r)), ceil(n (1 + r))]``, ``n`` the
+    input length less the tokenizer's ``num_special_tokens_to_add()``), then every output length
+    (at least 1), then the vocabulary offsets. The decode / re-encode round trip keeps the drawn
+    lengths for the tokenizers here (the published JSONs' ``input_lens`` are the drawn ones).
+
+    Example:
+        >>> bench_serve_lengths(42, 3, 4096, 512, 0.3334, 0)
+        ([2973, 4845, 4518], [491, 489, 635])
+    """
+    rng = np.random.default_rng(seed)
+    real = max(0, input_len - special_tokens)
+    low, high = math.floor(real * (1 - range_ratio)), math.ceil(real * (1 + range_ratio))
+    out_low = max(1, math.floor(output_len * (1 - range_ratio)))
+    out_high = max(1, math.ceil(output_len * (1 + range_ratio)))
+    inputs = rng.integers(low, high + 1, size=num_prompts)
+    outputs = rng.integers(out_low, out_high + 1, size=num_prompts)
+    return [int(x) for x in inputs], [int(x) for x in outputs]
+
+
+def bench_serve_arrivals(seed: int, num_prompts: int, request_rate: float, burstiness: float = 1.0) -> list[float]:
+    """When ``vllm bench serve --request-rate R --burstiness B --seed SEED`` sends each request, in
+    seconds from the start.
+
+    vLLM 0.10+ ``benchmarks/serve.py``: ``np.random.seed(seed)`` at the start (the random dataset
+    draws from its own generator, so nothing else takes from this one), then ``get_request`` draws
+    each gap from ``np.random.gamma(shape=B, scale=1 / (R B))`` (B = 1: a Poisson process), adds
+    them up, and scales them so that the last request goes out at ``num_prompts / R`` ("to close
+    the gap for stabilizing the throughput data from different random seeds"). The first request
+    waits its own gap too.
+
+    Example:
+        >>> [round(t, 3) for t in bench_serve_arrivals(42, 3, 1.0)]
+        [0.294, 2.176, 3.0]
+    """
+    state = np.random.RandomState(seed)  # the legacy global generator np.random.seed(seed) sets
+    gaps = [float(state.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness))) for _ in range(num_prompts)]
+    times, total = [], 0.0
+    for gap in gaps:
+        total += gap
+        times.append(total)
+    scale = num_prompts / request_rate / times[-1] if times and times[-1] > 0 else 1.0
+    return [t * scale for t in times]
+
+
+def bench_serve_requests(run: PublishedRun) -> list[RequestSpec] | None:
+    """The requests a seeded ``vllm bench serve`` run of the random dataset sent (its lengths and, at
+    a finite rate, its arrival times: :func:`bench_serve_lengths`, :func:`bench_serve_arrivals`),
+    for a run whose ``client`` states its ``seed`` and the tokenizer's ``special_tokens``; None
+    otherwise (other clients, datasets, shared prefixes, DP replicas: drawn as before)."""
+    c, w = run.client, run.workload
+    if (c.get("tool") != "vllm bench serve" or c.get("seed") is None or w.get("dataset") != "random"
+            or w.get("prefix_len") or run.layout["dp"] != 1):
+        return None
+    inputs, outputs = bench_serve_lengths(int(c["seed"]), w["num_prompts"], w["input_len"], w["output_len"],
+                                          w["range_ratio"], int(c["special_tokens"]))
+    rate = w.get("request_rate")
+    if rate is None or math.isinf(rate):
+        return [RequestSpec(i, o) for i, o in zip(inputs, outputs)]
+    times = bench_serve_arrivals(int(c["seed"]), w["num_prompts"], rate, float(c.get("burstiness", 1.0)))
+    return [RequestSpec(i, o, t) for i, o, t in zip(inputs, outputs, times)]
+
+
 def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) -> Workload:
     """The run's load as servetune's :class:`Workload` for one engine (one DP replica's share).
     ``as_sent`` False: a capped finite-rate run (``loop: closed``) as the closed loop from t=0 it was
@@ -387,7 +490,11 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
-    return _resent(_paced(spec, w, run, dp, as_sent), w, as_sent)
+    load = _resent(_paced(spec, w, run, dp, as_sent), w, as_sent)
+    sent = bench_serve_requests(run) if as_sent else None
+    if sent is None:
+        return load
+    return ReplayedLoad(**{f.name: getattr(load, f.name) for f in dataclasses.fields(Workload)}, replayed=tuple(sent))
 
 
 def _resent(load: Workload, w: Mapping[str, Any], as_sent: bool) -> Workload:
@@ -441,9 +548,17 @@ FITTED_HERE: dict[str, tuple[str, ...]] = {"A100-80GB": ("attn_efficiency",)}
 
 def h200_knobs_for(gpu_name: str) -> dict[str, float]:
     """Overrides that put the H200's fitted value back on every knob of ``gpu_name`` that
-    :data:`FITTED_HERE` names (the GPU as it was judged before the fits on published runs)."""
+    :data:`FITTED_HERE` names, and on the FlashAttention-2 parts' knobs (``servetune.sim.FA2_KNOBS``,
+    the A100's fit carried to every compute capability 8.x part): the GPU as it was judged before
+    the fits on published runs.
+
+    Example:
+        >>> h200_knobs_for("L4"), h200_knobs_for("H100-80GB")
+        ({'attn_efficiency': 0.2681}, {})
+    """
     h200 = dataclasses.asdict(Calibration().with_overrides(GPU_CALIBRATION["H200"]))
-    return {k: h200[k] for k in FITTED_HERE.get(gpu_name, ())}
+    names = set(FITTED_HERE.get(gpu_name, ())) | (set(FA2_KNOBS) if runs_flash_attention_2(get_gpu(gpu_name)) else set())
+    return {k: h200[k] for k in sorted(names)}
 
 
 def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_sent: bool = True) -> Judged:
@@ -461,6 +576,38 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
     return Judged(run, (result.output_throughput or 0.0) * run.layout["dp"],
                   result.ttft_ms.mean if result.ttft_ms else None, result.tpot_ms.mean if result.tpot_ms else None)
+
+
+def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
+    """Where the simulator puts a run's time: one engine step's GPU milliseconds by kind of kernel
+    (``PerfModel.gpu_cost``: gemm, elementwise, attention, kv_write, comm, launch) and the whole step
+    with the engine CPU it leaves visible (``step_ms``), for a decode step of 1, 8, the run's
+    concurrency and 256 requests at the run's mean context (prompt plus half the output), and for one
+    prompt's prefill within the token budget (``prefill``). Which term dominates a miss, in one call
+    (``published_runs.py --breakdown ID``).
+
+    Example:
+        >>> run = next(r for r in load_runs() if r.id == "a100-qwen2-7b-tp2-u025-rand1024x1024-burst1")
+        >>> b = step_breakdown(run)
+        >>> b["decode 1"]["comm"] > 0 and b["decode 1"]["gemm"] > b["decode 1"]["attention"]
+        True
+    """
+    flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
+    target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
+    perf = PerfModel(target.model, with_interconnect(target.gpu, run.interconnect or None), target.config)
+    w = run.workload
+    context = w["input_len"] + w["output_len"] // 2
+    cap = min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"])
+    out: dict[str, dict[str, float]] = {}
+    for batch in sorted({1, 8, cap, 256}):
+        args = (batch, batch, batch * context, batch * context, True)
+        out[f"decode {batch}"] = {**{k: 1e3 * v for k, v in dataclasses.asdict(perf.gpu_cost(*args)).items()},
+                                  "step_ms": 1e3 * perf.step_time(*args)}
+    n = min(w["input_len"], target.config.max_num_batched_tokens)
+    args = (1, n, n, n * n // 2, False)
+    out["prefill"] = {**{k: 1e3 * v for k, v in dataclasses.asdict(perf.gpu_cost(*args)).items()},
+                      "step_ms": 1e3 * perf.step_time(*args)}
+    return out
 
 
 def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged]:
@@ -631,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="before the fits on published runs and as committed, cell by cell (--json: both reports)")
     ap.add_argument("--fit", nargs=4, metavar=("GPU", "KNOB", "LOW", "HIGH"),
                     help="fit one knob for one GPU on its fit runs and print it")
+    ap.add_argument("--breakdown", metavar="ID", help="one run's simulated step time by kind of kernel, and stop")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -643,6 +791,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.splits:
         return _print_splits(args.file)
     runs = [r for r in runs if not args.gpu or r.gpu in args.gpu]
+    if args.breakdown:
+        return _print_breakdown(runs, args.breakdown)
     if args.fit:
         gpu, knob, low, high = args.fit
         value = fit_knob(runs, gpu, knob, (float(low), float(high)))
@@ -667,6 +817,18 @@ def main(argv: list[str] | None = None) -> int:
     print(format_cells(report["held_out"]))
     print("\nFIT (fitting data, not evidence):")
     print(format_cells(report["fit"]))
+    return 0
+
+
+def _print_breakdown(runs: Sequence[PublishedRun], run_id: str) -> int:
+    """``--breakdown``: :func:`step_breakdown` of one run, a line per step, in milliseconds."""
+    run = next((r for r in runs if r.id == run_id), None)
+    if run is None:
+        print(f"error: --breakdown: no run {run_id!r} (fix: use an id from --runs)", file=sys.stderr)
+        return 2
+    print(f"{run.id} ({run.gpu}, {run.layout_label}, vLLM {run.sim_vllm_version} rules): ms per step")
+    for step, kinds in step_breakdown(run).items():
+        print(f"  {step:<12}" + "  ".join(f"{k} {v:.3f}" for k, v in kinds.items()))
     return 0
 
 

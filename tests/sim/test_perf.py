@@ -11,7 +11,8 @@ from servetune.errors import SpecError
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim.perf import GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, PerfModel, calibration_for, wave_fill
+from servetune.sim.perf import (FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, PerfModel, calibration_for,
+                                runs_flash_attention_2, wave_fill)
 
 LLAMA8B = load_model("llama-3.1-8b")
 QWEN14B = load_model("qwen2.5-14b")
@@ -233,6 +234,32 @@ def test_calibration_lookup_and_overrides() -> None:
     assert calibration_for(custom).step_overhead_s == 0.01
     with pytest.raises(SpecError, match="calibration.step_overhead_ms"):
         Calibration().with_overrides({"step_overhead_ms": 1.0})
+
+
+def test_every_flashattention_2_part_takes_the_a100s_fitted_prefill_rate_and_hopper_keeps_fa3s() -> None:
+    """vLLM runs FlashAttention-2 on compute capability 8.x (fa_utils.get_flash_attn_version: FA3
+    only on 9.x): those parts price prefill attention at the A100's fitted FA2 share of their own
+    peak; Hopper keeps the H200's FA3 value, and a part below 8.0 (no FLASH_ATTN backend) the default."""
+    fa2 = GPU_FAMILY_OVERRIDES["A100-80GB"]["attn_efficiency"]
+    assert FA2_KNOBS == {"attn_efficiency": fa2} and fa2 > GPU_CALIBRATION["H200"]["attn_efficiency"]
+    for name in ("A100-40GB", "A800-80GB", "A10", "L4", "L40S", "RTX-3060", "RTX-3090", "RTX-4090"):
+        assert runs_flash_attention_2(get_gpu(name)), name
+        assert calibration_for(get_gpu(name)).attn_efficiency == pytest.approx(fa2), name
+    for name in ("H200", "H100-80GB", "H100-PCIe", "T4", "V100-16GB", "B200", "MI300X"):
+        assert not runs_flash_attention_2(get_gpu(name)), name
+        assert calibration_for(get_gpu(name)).attn_efficiency == pytest.approx(GPU_CALIBRATION["H200"]["attn_efficiency"])
+    # A GPU file's own calibration still wins over the family rule.
+    own = dataclasses.replace(get_gpu("L4"), calibration=types.MappingProxyType({"attn_efficiency": 0.3}))
+    assert calibration_for(own).attn_efficiency == 0.3
+    # The rule changes prefill, not decode: a 4,096-token prefill of the 8B on the A100-40GB.
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("A100-40GB")
+    config = resolve_engine_config({}, model, gpu)
+    fa2_perf = PerfModel(model, gpu, config)
+    fa3_perf = PerfModel(model, gpu, config, calibration_for(gpu).with_overrides(GPU_CALIBRATION["H200"]))
+    n = 4096
+    fa2_cost, fa3_cost = (p.gpu_cost(1, n, n, n * n // 2, False) for p in (fa2_perf, fa3_perf))
+    assert fa2_cost.attention < 0.6 * fa3_cost.attention and fa2_cost.gemm == pytest.approx(fa3_cost.gemm)
+    assert fa2_perf.gpu_time(8, 8, 8 * n, 8 * n, True) == pytest.approx(fa3_perf.gpu_time(8, 8, 8 * n, 8 * n, True))
 
 
 @pytest.mark.parametrize("key, value", [("api_chunk_share", 1.5), ("api_chunk_share", -0.1),

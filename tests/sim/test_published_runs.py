@@ -15,8 +15,8 @@ from pathlib import Path
 import published_runs
 import pytest
 import yaml
-from published_runs import (FITTED_HERE, FIXTURES, Judged, fit_knob, h200_knobs_for, judge, load_runs, rankings,
-                            split_of, workload_of)
+from published_runs import (FITTED_HERE, FIXTURES, Judged, ReplayedLoad, bench_serve_arrivals, bench_serve_lengths,
+                            fit_knob, h200_knobs_for, judge, load_runs, rankings, split_of, workload_of)
 
 from servetune.errors import SpecError
 from servetune.sim import GPU_FAMILY_OVERRIDES
@@ -70,6 +70,8 @@ def _write(tmp_path: Path, edit: dict) -> Path:
     ({"flags": {"tensor_parallel_size": 2}}, "flags"),
     ({"interconnect": "pcie-nop2p"}, "interconnect"),             # not one of nvlink, pcie, pcie-no-p2p
     ({"workload.prefix_cache_hit_rate": 43}, "workload.prefix_cache_hit_rate"),   # a percent, not a fraction
+    ({"client": {"tool": "vllm bench serve", "seed": "42", "special_tokens": 0}}, "client.seed"),
+    ({"client": {"tool": "vllm bench serve", "seed": 42}}, "client.special_tokens"),   # the random dataset's lengths
 ])
 def test_a_bad_run_is_refused_naming_its_field(tmp_path: Path, edit: dict, field: str) -> None:
     with pytest.raises(SpecError) as err:
@@ -150,7 +152,8 @@ def test_the_fitted_knobs_are_the_committed_ones_and_fitting_reads_no_held_out_r
     assert value == pytest.approx(GPU_FAMILY_OVERRIDES["A100-80GB"]["attn_efficiency"], abs=0.005)
     assert seen and set(seen) == {"fit"}
     assert h200_knobs_for("A100-80GB") == {"attn_efficiency": pytest.approx(0.2681)}
-    assert h200_knobs_for("L4") == {}
+    assert h200_knobs_for("L4") == {"attn_efficiency": pytest.approx(0.2681)}  # FlashAttention-2: the A100's fit
+    assert h200_knobs_for("H100-80GB") == {}
     with pytest.raises(SpecError):
         fit_knob(DENSE, "L4", "attn_efficiency", (0.2, 0.7))  # no fit run on the L4
 
@@ -267,3 +270,69 @@ def test_the_rtx_3060_runs_are_open_loops_judged_on_tpot_held_out_and_nothing_is
         assert abs(judged.headline_error) < 0.2, run.id
         assert judged.ttft_error is not None and abs(judged.ttft_error) < 0.55, run.id
     assert "held out" in get_gpu("RTX-3060").sim_evidence
+
+
+#: aerlabsAI/nano-vllm f244d5f, docs/data/vllm-gpu/qwen3-0.6b/openai-1.0qps-Qwen3-0.6B-20260223-211942.json
+#: (the rtx3060 Qwen3-0.6B chunk_512_s16 run's own `vllm bench serve --save-result` JSON, --seed 42,
+#: 20 prompts of 4,096 +- 33.34% / 512 +- 33.34% tokens): the lengths it sent, verbatim.
+PUBLISHED_INPUT_LENS = [2973, 4845, 4518, 3929, 3913, 5076, 2964, 4635, 3280, 2987, 4168, 5396, 4740, 4810, 4690,
+                        4878, 4132, 3080, 5025, 3960]
+PUBLISHED_OUTPUT_LENS = [512, 468, 403, 658, 609, 561, 479, 623, 528, 493, 495, 418, 372, 531, 645, 362, 635, 624,
+                         435, 557]
+
+
+def test_a_seeded_vllm_bench_serve_run_is_simulated_with_the_lengths_and_arrivals_it_sent() -> None:
+    """`vllm bench serve --seed S` draws the random dataset's lengths from its own generator and the
+    arrival gaps from numpy's global one, scaled to end at N / rate: a run stating its seed is
+    simulated with those requests (a published JSON's lengths match them exactly), and --before
+    (as_sent False) with servetune's own Poisson draws of the stated means."""
+    assert bench_serve_lengths(42, 20, 4096, 512, 0.3334, 0) == (PUBLISHED_INPUT_LENS, PUBLISHED_OUTPUT_LENS)
+    assert bench_serve_lengths(43, 20, 4096, 512, 0.3334, 0)[0] != PUBLISHED_INPUT_LENS
+    times = bench_serve_arrivals(42, 20, 1.0)
+    assert times[0] > 0 and all(b > a for a, b in zip(times, times[1:])) and times[-1] == pytest.approx(20.0)
+    assert bench_serve_arrivals(42, 20, 2.0) == pytest.approx([t / 2 for t in times])
+    run = next(r for r in DENSE if r.id == "rtx3060-qwen3-0.6b-tp1-rand4096x512r033-rate1-chunk-512-s16")
+    sent = workload_of(run)
+    assert isinstance(sent, ReplayedLoad)
+    assert [r.prompt_tokens for r in sent.requests()] == PUBLISHED_INPUT_LENS
+    assert [r.output_tokens for r in sent.requests()] == PUBLISHED_OUTPUT_LENS
+    assert [r.arrival_s for r in sent.requests()] == pytest.approx(times)
+    drawn = workload_of(run, as_sent=False)
+    assert not isinstance(drawn, ReplayedLoad) and drawn.requests()[0].prompt_tokens != PUBLISHED_INPUT_LENS[0]
+    # A closed loop of fixed lengths (the L4 sweep, seed stated) sends the same requests either way.
+    l4 = next(r for r in DENSE if r.gpu == "L4" and r.client.get("seed") is not None)
+    assert {(q.prompt_tokens, q.output_tokens, q.arrival_s) for q in workload_of(l4).requests()} == {(256, 128, None)}
+    # A run without a stated seed (or another client) is drawn as before.
+    assert not any(isinstance(workload_of(r), ReplayedLoad) for r in DENSE if r.client.get("seed") is None)
+
+
+def test_the_rtx_3060_qwen3_runs_replayed_as_sent_meet_the_targets_held_out() -> None:
+    """The held-out RTX 3060 Qwen3-0.6B sweep, replayed as sent and priced at FlashAttention-2's rate
+    (nothing fitted on the GPU): every TTFT within 25% and mean TPOT within 11% (5 of 6 within 10%);
+    with servetune's own Poisson draws (--before's arrivals), TTFT is not within 25% on all six."""
+    runs = [r for r in DENSE if r.gpu == "RTX-3060" and r.model == "qwen3-0.6b"]
+    assert len(runs) == 6 and {r.split for r in runs} == {"held_out"}
+    judged = [judge(r) for r in runs]
+    assert all(j.ttft_error is not None and abs(j.ttft_error) <= 0.25 for j in judged), [j.ttft_error for j in judged]
+    head = [abs(j.headline_error) for j in judged if j.headline_error is not None]
+    assert len(head) == 6 and max(head) < 0.11 and sum(e <= 0.10 for e in head) >= 5
+    drawn = [judge(r, as_sent=False) for r in runs]
+    assert not all(j.ttft_error is not None and abs(j.ttft_error) <= 0.25 for j in drawn)
+
+
+def test_a_runs_step_breakdown_names_where_the_simulated_time_goes(capsys: pytest.CaptureFixture[str]) -> None:
+    """published_runs.py --breakdown: a run's decode and prefill steps by kind of kernel, the whole
+    step with the visible engine CPU beside them; a TP=2 host without P2P pays all-reduces, TP=1 none,
+    and an unknown id is one line, exit 2."""
+    tp2 = next(r for r in DENSE if r.id == "a100-qwen2-7b-tp2-u025-rand1024x1024-burst1")
+    tp1 = next(r for r in DENSE if r.id == "a100-qwen2-7b-tp1-u025-rand1024x1024-burst1")
+    two, one = published_runs.step_breakdown(tp2), published_runs.step_breakdown(tp1)
+    assert set(two) == {"decode 1", "decode 8", "decode 256", "prefill"}
+    kinds = {"gemm", "elementwise", "attention", "kv_write", "comm", "launch"}
+    for step in two.values():
+        assert set(step) == kinds | {"step_ms"} and step["step_ms"] >= sum(step[k] for k in kinds)
+    assert all(s["comm"] > 0 for s in two.values()) and all(s["comm"] == 0 for s in one.values())
+    assert two["decode 1"]["gemm"] == pytest.approx(one["decode 1"]["gemm"] / 2, rel=0.05)  # weights split
+    assert published_runs.main(["--breakdown", tp2.id]) == 0 and "comm" in capsys.readouterr().out
+    assert published_runs.main(["--breakdown", "no-such-run"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

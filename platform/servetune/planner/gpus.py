@@ -205,7 +205,7 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                          "Qwen2.5-72B start at TP=4 over PCIe (5.11 GiB left for KV: the planner is 5.4% high), a "
                          "vLLM 0.11.2 Qwen2.5-Coder-14B start at TP=1 (-0.9%)",
             sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight under a request rate, held "
-                         "out: -1.6% and -4.2% throughput, TTFT +5.6% and +16.2%)"),
+                         "out: -1.6% and -4.2% throughput, TTFT +5.5% and +15.8%)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
     GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4",
@@ -242,8 +242,9 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             wddm_memory_gib=12.0,
             sim_evidence="published vLLM 0.15.1 runs (docs/accuracy.md; WSL 2, an open loop at 1 request/s, "
                          "4,096/512-token prompts, six max_num_seqs / max_num_batched_tokens settings): Qwen3-0.6B "
-                         "held out, mean TPOT 11.0% (+11.0%, 3 of 6 within 10%), TTFT 11.5%; Qwen2.5-3B, "
-                         "nothing fitted on it either, 6.6% and 26.0%"),
+                         "held out, mean TPOT 4.7% (+4.7%, 5 of 6 within 10%), TTFT 6.5% (6 of 6 within 25%) with "
+                         "each run's seeded requests replayed and FlashAttention-2's prefill rate; Qwen2.5-3B, "
+                         "nothing fitted on it either, 5.1% and 27.8%"),
     GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6,
             source=f"{_NV} GA102 whitepaper (71 TFLOPS bf16 with fp32 accumulate, dense); memory from torch OOM "
                    "messages ('23.69 GiB total capacity'); under Windows / WSL 2 24.00 GiB, the whole 24,576 MiB "

@@ -13,10 +13,10 @@ stand-in server (``python -m servetune.sim.server``) and simulated device memory
 from servetune.sim.client import LoadClient
 from servetune.sim.engine import simulate
 from servetune.sim.host_cpu import FRONTEND_BOUND_SHARE, api_cpu_factor_for_token_cost, frontend_bound_note, host_api_cpu_factor
-from servetune.sim.perf import GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, PerfModel, StepCost, calibration_for, with_calibration
+from servetune.sim.perf import FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, PerfModel, StepCost, calibration_for, runs_flash_attention_2, with_calibration
 from servetune.sim.request import RequestState
 from servetune.sim.scheduler import SchedulerOutput, SimScheduler, StepResult
 
 __all__ = ["simulate", "SimScheduler", "SchedulerOutput", "StepResult", "RequestState", "LoadClient",
-           "PerfModel", "Calibration", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES", "StepCost", "calibration_for", "with_calibration",
+           "PerfModel", "Calibration", "FA2_KNOBS", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES", "StepCost", "calibration_for", "runs_flash_attention_2", "with_calibration",
            "FRONTEND_BOUND_SHARE", "frontend_bound_note", "host_api_cpu_factor", "api_cpu_factor_for_token_cost"]

@@ -109,7 +109,7 @@ if TYPE_CHECKING:
     from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["Calibration", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES", "PerfModel", "StepCost", "calibration_for", "moe_tile_share",
+__all__ = ["Calibration", "FA2_KNOBS", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES", "PerfModel", "runs_flash_attention_2", "StepCost", "calibration_for", "moe_tile_share",
            "with_calibration", "wave_fill"]
 
 #: Output tiles a Hopper bf16 GEMM can run with, and the share of the large tile's rate each
@@ -347,13 +347,37 @@ GPU_FAMILY_OVERRIDES: dict[str, dict[str, float]] = {
     "A100-80GB": {"attn_efficiency": 0.4843},
 }
 
+#: The FlashAttention generation vLLM's FLASH_ATTN backend runs on an NVIDIA GPU, by compute
+#: capability (vLLM 0.26 ``v1/attention/backends/fa_utils.get_flash_attn_version``: FA3 on major 9,
+#: FA4 on major 10 where it is built, FA2 otherwise; the backend needs 8.0 or above). Every Ampere
+#: and Ada part (8.0-8.9: A100, A10, L4, L40S, the RTX 30 and 40 series) runs the FA2 kernels whose
+#: prefill rate was fitted on the A100 (``GPU_FAMILY_OVERRIDES["A100-80GB"]``), so they take that
+#: share of their own dense peak instead of the H200's FA3 one. Applied to the other 8.x parts on
+#: 2026-12-05 after their held-out published runs had been seen (docs/accuracy.md says so).
+FA2_COMPUTE_CAPABILITY = (8.0, 9.0)
+FA2_KNOBS: dict[str, float] = {"attn_efficiency": GPU_FAMILY_OVERRIDES["A100-80GB"]["attn_efficiency"]}
+
+
+def runs_flash_attention_2(gpu: GpuSpec) -> bool:
+    """Whether vLLM runs FlashAttention-2 on ``gpu`` (an NVIDIA part of compute capability 8.x).
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> [runs_flash_attention_2(get_gpu(n)) for n in ("A100-40GB", "L4", "RTX-3060", "H200", "T4")]
+        [True, True, True, False, False]
+    """
+    low, high = FA2_COMPUTE_CAPABILITY
+    return gpu.platform != "rocm" and low <= gpu.compute_capability < high
+
 
 def calibration_for(gpu: GpuSpec) -> Calibration:
-    """Defaults, then this module's fitted table (a GPU without a row of its own: the H200's, with its
-    family's :data:`GPU_FAMILY_OVERRIDES`), then ``gpu.calibration`` (the most specific wins)."""
+    """Defaults, then this module's fitted table (a GPU without a row of its own: the H200's, with
+    :data:`FA2_KNOBS` where vLLM runs FlashAttention-2 and its family's :data:`GPU_FAMILY_OVERRIDES`),
+    then ``gpu.calibration`` (the most specific wins)."""
     fitted = GPU_CALIBRATION.get(gpu.name)
     if fitted is None:
-        fitted = {**GPU_CALIBRATION["H200"], **GPU_FAMILY_OVERRIDES.get(gpu.name, {})}
+        attention = FA2_KNOBS if runs_flash_attention_2(gpu) else {}
+        fitted = {**GPU_CALIBRATION["H200"], **attention, **GPU_FAMILY_OVERRIDES.get(gpu.name, {})}
     cal = Calibration().with_overrides(fitted)
     extra = getattr(gpu, "calibration", None) or {}
     return cal.with_overrides(extra) if extra else cal
