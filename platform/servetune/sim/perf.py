@@ -205,6 +205,12 @@ class Calibration:
     # Share of the dense peak TRITON_ATTN's prefill reaches where vLLM runs it instead of
     # FlashAttention (attention sinks below compute capability 9.0; perf_classes); 0: the fitted one.
     triton_attn_efficiency: float = 0.0
+    # 1: each grouped-MoE kernel pads an expert's rows to its own row block (perf_classes.moe_block_m:
+    # fused_moe's tile, matmul_ogs's and Marlin's rules from vLLM's source), and the padding is
+    # the expected one over the experts' binomial row counts (perf_classes.moe_row_fill); 0: every
+    # kernel at vLLM 0.11's fused_moe rows, padded from the mean count (the rule before 2026-12-05's
+    # refit of perf_classes.MOE_COMPUTE_SHARE, whose shares were fitted under it: 0.25, 0.25, 0.65).
+    moe_row_blocks: float = 1.0
     # 1: the model-class rules of servetune.sim.perf_classes (MoE, quantized GEMMs, sliding windows,
     # since 2026-12-05); 0: every model priced as a dense one at its active experts' width and its
     # checkpoint's bytes, no window (the rule before; benchmarks/published_runs.py --classes replays it).
@@ -240,6 +246,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "class_rules": (lambda v: v in (0.0, 1.0), "1 (the model-class rules) or 0 (the rule before them)"),
     "moe_layer_floor_s": (lambda v: 0.0 <= v <= 1e-3, "seconds per MoE layer and step, 0 to 0.001"),
     "triton_attn_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of the dense peak, at most 1 (0: the fitted one)"),
+    "moe_row_blocks": (lambda v: v in (0.0, 1.0), "1 (each kernel's row block, binomial padding) or 0 (the rule before)"),
 }
 
 
@@ -601,6 +608,7 @@ class PerfModel:
             self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share,
                                                                                                 m.kernel)
             self._moe_floor_s = m.layers * cal.moe_layer_floor_s
+            self._moe_row_blocks = cal.moe_row_blocks >= 0.5
         self._act_bytes_token = act / mem_rate
 
     def _init_mla(self, model: ModelProfile, heads: int, layers: int, attn_rate: float) -> None:
@@ -646,12 +654,17 @@ class PerfModel:
             return 0.0
         mem_s = touched * m.expert_bytes * m.layers / self._moe_mem_rate
         rows = tokens * m.top_k
-        per_expert = rows / touched
-        if m.fused_moe:
-            block, width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)
-        else:  # MXFP4's matmul_ogs, Marlin: priced at 0.11's fused_moe rows, as they were fitted
-            block, width = perf_classes.moe_tile(tokens, m.experts, perf_classes.MOE_TILE_FITTED_VERSION)
-        fill = per_expert / (-(-per_expert // block) * block)
+        if self._moe_row_blocks:  # each kernel's own row block, padded per expert (perf_classes.moe_row_fill)
+            block = perf_classes.moe_block_m(m.grouped_gemm, tokens, m.experts, m.top_k, self._version, m.block_quant)
+            width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)[1]
+            fill = perf_classes.moe_row_fill(tokens, m.experts, m.top_k, block)
+        else:  # the rule before: 0.11's fused_moe rows for every kernel, padding from the mean count
+            if m.fused_moe:
+                block, width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)
+            else:
+                block, width = perf_classes.moe_tile(tokens, m.experts, perf_classes.MOE_TILE_FITTED_VERSION)
+            per_expert = rows / touched
+            fill = per_expert / (-(-per_expert // block) * block)
         new_tiles = m.fused_moe and self._version >= perf_classes.MOE_TILE_BY_BATCH_SINCE
         tile = moe_tile_share(block, width) if new_tiles else 1.0
         comp_s = 2.0 * rows * 3.0 * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
