@@ -151,6 +151,15 @@ class Calibration:
     # Fraction of HBM bandwidth the KV-cache write (reshape_and_cache) reaches; 0 (off): mem_efficiency.
     kv_write_efficiency: float = 0.1092
     attn_efficiency: float = 0.2681  # fraction of dense peak reached by prefill attention
+    # FlashAttention-3 (compute capability 9.x) at long contexts: the share of the dense peak its
+    # forward pass reaches on long sequences, and the mean context attn_efficiency was read at
+    # (PerfModel._prefill_attention: the rate rises from attn_efficiency there towards this one).
+    # 0.65: FlashAttention-3's paper (Shah et al. 2024, Fig. 5), BF16 forward with a causal mask,
+    # head dim 128, 16K tokens on an H100 SXM5, about 640 of 989 TFLOP/s; 2,048: attn_efficiency
+    # was read off the H200 traces of 1-2K-token prompts (GPU_CALIBRATION), at most 2,048 tokens of
+    # context. 0 (off): every context at attn_efficiency (the rule before 2026-12-05's class change).
+    attn_long_efficiency: float = 0.65
+    attn_fit_context: float = 2048.0
     step_overhead_s: float = 0.0024  # engine-core CPU per step (scheduler, input prep, sampler)
     seq_overhead_s: float = 1.116e-05  # engine-core CPU per scheduled request per step
     request_overhead_s: float = 0.001633  # API server + client CPU per request, before the engine sees it
@@ -246,6 +255,8 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "class_rules": (lambda v: v in (0.0, 1.0), "1 (the model-class rules) or 0 (the rule before them)"),
     "moe_layer_floor_s": (lambda v: 0.0 <= v <= 1e-3, "seconds per MoE layer and step, 0 to 0.001"),
     "triton_attn_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of the dense peak, at most 1 (0: the fitted one)"),
+    "attn_long_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of the dense peak, at most 1 (0: off)"),
+    "attn_fit_context": (lambda v: v > 0.0, "tokens of context: above 0"),
     "moe_row_blocks": (lambda v: v in (0.0, 1.0), "1 (each kernel's row block, binomial padding) or 0 (the rule before)"),
 }
 
@@ -526,6 +537,14 @@ class PerfModel:
         if rules and perf_classes.runs_triton_attention(model, gpu):
             attn_eff = cal.triton_attn_efficiency or perf_classes.TRITON_ATTN_EFFICIENCY or attn_eff
         self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * attn_eff)
+        # FlashAttention-3's rate rises with the context a query block loops over (_prefill_attention):
+        # vLLM runs FA3 on compute capability 9.x only (fa_utils.get_flash_attn_version), and only
+        # where attention is not on TRITON_ATTN.
+        long_eff = cal.attn_long_efficiency
+        self._attn_long_k = 0.0
+        if long_eff > attn_eff and 9.0 <= gpu.compute_capability < 10.0 and attn_eff == cal.attn_efficiency:
+            self._attn_long_k = cal.attn_fit_context * (long_eff / attn_eff - 1.0)
+            self._attn_long_ratio = attn_eff / long_eff
         self._t_mla_context = 0.0
         if rules and model.mla_kv_lora_rank:
             self._init_mla(model, q_heads, layers, gpu.bf16_tflops * 1e12 * attn_eff)
@@ -753,8 +772,8 @@ class PerfModel:
         gemm = self._gemm_time(per_micro, rows) * micro
         elementwise = self._elementwise_token * tokens
         decode_context = kv_context - prefill_context
-        attention = (self._t_kv_read * (decode_context if decode_context > 0 else 0) + self._t_attn * prefill_attn_work
-                     + self._t_attn_layer * micro)
+        attention = (self._t_kv_read * (decode_context if decode_context > 0 else 0)
+                     + self._prefill_attention(prefill_tokens, prefill_attn_work) + self._t_attn_layer * micro)
         if self._t_mla_context and prefill_context > prefill_tokens:
             attention += self._t_mla_context * (prefill_context - prefill_tokens)  # MLA: the chunks' earlier context
         if self._window:
@@ -774,6 +793,21 @@ class PerfModel:
         scale = 1.0 if self.pp == 1 else self.pp / micro
         return StepCost(gemm * scale, elementwise * scale, attention * scale, kv_write * scale, comm * scale,
                         launch * scale)
+
+    def _prefill_attention(self, prefill_tokens: int, prefill_attn_work: int) -> float:
+        """Prefill attention's seconds: ``prefill_attn_work`` (tokens x context) at ``attn_efficiency``
+        of the peak, or on FlashAttention-3 (``_attn_long_k`` > 0) at the rate its query blocks
+        reach over the batch's mean context ``c``: ``long x c / (c + k)``, ``long`` =
+        ``Calibration.attn_long_efficiency`` and ``k`` tokens set so the rate is ``attn_efficiency``
+        at ``attn_fit_context`` (where it was read), never below it. A query block's fixed work
+        (loading it, the epilogue, its launch share) is paid once whatever the context it loops
+        over, so a long context runs nearer the kernel's long-sequence rate."""
+        seconds = self._t_attn * prefill_attn_work
+        if not self._attn_long_k or prefill_tokens <= 0 or prefill_attn_work <= 0:
+            return seconds
+        context = prefill_attn_work / prefill_tokens
+        share = (context + self._attn_long_k) / context * self._attn_long_ratio  # attn_eff / the rate reached
+        return seconds * share if share < 1.0 else seconds
 
     def _sliding_attention(self, decode_reqs: int, decode_context: int, prefill_tokens: int, prefill_context: int,
                            prefill_attn_work: int) -> float:
