@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,3 +252,21 @@ def test_moe_knobs_out_of_range_are_refused() -> None:
         Calibration().with_overrides({"moe_compute_share": 1.5})
     with pytest.raises(SpecError, match="moe_mem_share"):
         Calibration().with_overrides({"moe_mem_share": 0.0})
+
+
+def test_block_fp8_experts_in_triton_fused_moe_compute_at_the_bf16_rate() -> None:
+    # fused_moe_kernel's block-scaled branch rescales every BLOCK_K step's dot outside the fp8
+    # accumulation chain (perf_classes.BLOCK_FP8_MOE_RATE_SCALE); per-tensor fp8 keeps Hopper's fp8 rate.
+    h200 = get_gpu("H200")
+    r1 = load_model(str(Path(__file__).resolve().parents[1] / "fixtures" / "published_logs" / "models" / "deepseek-r1"))
+    assert r1.quant_block_k and "fp8" in (r1.quantization or "")
+    block = perf_classes.moe_shape(r1, h200, 8, r1.num_layers)
+    assert block is not None and block.fused_moe and block.block_quant
+    assert block.fmt.rate_scale == perf_classes.BLOCK_FP8_MOE_RATE_SCALE == 1.0
+    assert block.fmt.bytes_per_weight == pytest.approx(1.0)  # still one byte a weight
+    per_tensor = dataclasses.replace(QWEN_MOE, quantization="fp8", quant_bytes_per_param=1.0)
+    shape = perf_classes.moe_shape(per_tensor, h200, 1, per_tensor.num_layers)
+    assert shape is not None and not shape.block_quant
+    assert shape.fmt.rate_scale == pytest.approx(h200.fp8_tflops / h200.bf16_tflops)
+    # the dense block-fp8 GEMMs (attention projections, shared experts) keep the fp8 rate
+    assert all(g.fmt.rate_scale > 1.0 for g in perf_classes.class_gemms(r1, h200, 8, r1.num_layers) if g.fmt.bytes_per_weight == 1.0)

