@@ -24,7 +24,8 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   8B and 14B decode only 1-10% faster than bf16 on two H200 hosts, where halving the bytes at the
   bf16 rate predicted 13-22%); prefill chunks do ``4 * q_heads * head_dim * sum(tokens x
   context)`` FLOPs (causal) at ``attn_efficiency`` of the dense peak (FlashAttention-3 does not
-  reach the GEMM rate), and write their new KV.
+  reach the GEMM rate; on Hopper its rate rises with the context towards ``attn_long_efficiency``,
+  ``PerfModel._prefill_attention``), and write their new KV.
 * **Launch costs**: a decode-only batch up to the largest capture size replays one FULL CUDA graph
   (``graph_launch_s``), padded to the next capture size, and pays ``full_graph_layer_s`` per layer:
   inside a graph nothing is launched, but each of a layer's ~10 kernels still fills and drains the

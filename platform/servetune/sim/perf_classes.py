@@ -15,7 +15,10 @@ byte), so the dense fidelity figures do not move.
   the batch has at most ``E`` tokens and 64 above in vLLM 0.11 (``fused_moe.py`` ``get_default_config``);
   0.26's default tile grows with the batch (:func:`moe_tile`, up to 128 x 128), and from 0.26 the
   step prices it at the dense GEMMs' tile model's rate over 0.11's 64 x 64 tile
-  (``perf.moe_tile_share``).
+  (``perf.moe_tile_share``). Each kernel pads to its own row block (:func:`moe_block_m`: fused_moe's
+  tile, ``matmul_ogs``' and Marlin's rules), the padding expected over the experts' binomial row
+  counts (:func:`moe_row_fill`); block-fp8 experts in ``fused_moe`` compute at the bf16 rate
+  (:data:`BLOCK_FP8_MOE_RATE_SCALE`).
   The grouped GEMM's rate against cuBLAS's dense rate (``MOE_COMPUTE_SHARE``) depends on the kernel
   vLLM picks for the experts' format on the GPU (:func:`moe_kernel`: Triton, or Marlin where the
   format has no tensor cores there) and on the GPU architecture; it is fitted on published runs,
