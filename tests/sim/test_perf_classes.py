@@ -144,7 +144,8 @@ def test_each_grouped_moe_kernel_pads_to_its_own_row_block() -> None:
 
 def test_padding_follows_the_experts_binomial_row_counts() -> None:
     rng = np.random.default_rng(0)
-    for tokens, experts, top_k, block in ((2048, 128, 4, 64), (300, 64, 2, 16), (8192, 32, 4, 128), (700, 128, 4, 16)):
+    for tokens, experts, top_k, block in ((2048, 128, 4, 64), (300, 64, 2, 16), (8192, 32, 4, 128), (700, 128, 4, 16),
+                                          (1000, 8, 7, 64)):
         # routing picks top_k distinct experts a token; each expert's row count is binomial(tokens,
         # top_k / experts), and the expected blocks add up over the experts whatever their correlation
         counts = rng.binomial(tokens, top_k / experts, size=(4000, experts))

@@ -259,7 +259,7 @@ def expected_row_blocks(tokens: int, experts: int, top_k: int, block_m: int) -> 
     if p >= 1.0:
         return experts * float(-(-tokens // block_m))
     mean, var = tokens * p, tokens * p * (1.0 - p)
-    if var < 25.0:  # exact tail from the binomial pmf (a few dozen terms)
+    if var < 25.0 and p <= 0.5:  # exact tail from the binomial pmf (a few dozen terms; (1-p)^n does not underflow)
         pmf, cdf, total, j = (1.0 - p) ** tokens, 0.0, 0.0, 0
         ratio = p / (1.0 - p)
         top = int(mean + 12.0 * math.sqrt(var) + 12.0)
