@@ -542,7 +542,7 @@ class PerfModel:
         # vLLM runs FA3 on compute capability 9.x only (fa_utils.get_flash_attn_version), and only
         # where attention is not on TRITON_ATTN.
         long_eff = cal.attn_long_efficiency
-        self._attn_long_k = 0.0
+        self._attn_long_k, self._attn_long_ratio = 0.0, 1.0
         if long_eff > attn_eff and 9.0 <= gpu.compute_capability < 10.0 and attn_eff == cal.attn_efficiency:
             self._attn_long_k = cal.attn_fit_context * (long_eff / attn_eff - 1.0)
             self._attn_long_ratio = attn_eff / long_eff
