@@ -332,3 +332,36 @@ def test_the_gemms_timed_on_the_h200_are_the_ones_the_simulator_prices() -> None
     priced = {name: perf(load_model(name), H200).layer_gemm_shapes for name in models}
     for row in rows:
         assert (row["n"], row["k"]) == priced[row["model"]][order.index(row["gemm"])], row
+
+
+def _prefill_attention(p: PerfModel, chunk: int, context: int) -> float:
+    """GPU seconds of the attention of one ``chunk``-token prefill chunk whose tokens see ``context`` on average."""
+    work = chunk * context
+    return p.gpu_cost(1, chunk, context, work, False, prefill_tokens=chunk, prefill_context=context,
+                      prefill_attn_work=work).attention
+
+
+def test_flash_attention_3_reaches_its_long_sequence_rate_at_long_contexts() -> None:
+    cal = calibration_for(H200)
+    off = Calibration().with_overrides({**GPU_CALIBRATION["H200"], "attn_long_efficiency": 0.0})
+    on, flat = PerfModel(LLAMA8B, H200, resolve_engine_config({}, LLAMA8B, H200)), \
+        PerfModel(LLAMA8B, H200, resolve_engine_config({}, LLAMA8B, H200), off)
+    # Up to the context attn_efficiency was read at, nothing moves.
+    for context in (256, 1024, 2048):
+        assert _prefill_attention(on, 2048, context) == pytest.approx(_prefill_attention(flat, 2048, context))
+    # Beyond it the rate rises as context / (context + k) towards attn_long_efficiency (FA3's
+    # long-sequence figure), from attn_efficiency at attn_fit_context.
+    k = cal.attn_fit_context * (cal.attn_long_efficiency / cal.attn_efficiency - 1.0)
+    fixed = cal.attn_layer_s * LLAMA8B.num_layers
+    for context in (4096, 16384, 32768):
+        rate = cal.attn_long_efficiency * context / (context + k)
+        got = (_prefill_attention(on, 8192, context) - fixed) / (_prefill_attention(flat, 8192, context) - fixed)
+        assert got == pytest.approx(cal.attn_efficiency / rate, rel=1e-6)
+    assert _prefill_attention(on, 8192, 32768) < 0.55 * _prefill_attention(flat, 8192, 32768)
+    # FlashAttention-3 is vLLM's on compute capability 9.x only: the A100 (FA2, its attn_efficiency
+    # fitted on 32K-token prompts) keeps one rate.
+    a100 = get_gpu("A100-80GB")
+    a_on = PerfModel(LLAMA8B, a100, resolve_engine_config({}, LLAMA8B, a100))
+    a_off = PerfModel(LLAMA8B, a100, resolve_engine_config({}, LLAMA8B, a100),
+                      calibration_for(a100).with_overrides({"attn_long_efficiency": 0.0}))
+    assert _prefill_attention(a_on, 8192, 32768) == pytest.approx(_prefill_attention(a_off, 8192, 32768))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from servetune.errors import SpecError
@@ -11,7 +13,7 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import ModelProfile, load_model
 from servetune.sim import perf_classes
-from servetune.sim.perf import Calibration, PerfModel
+from servetune.sim.perf import Calibration, PerfModel, calibration_for
 
 H100 = get_gpu("H100-80GB")
 A100 = get_gpu("A100-80GB")
@@ -75,11 +77,17 @@ def test_moe_prefill_is_compute_bound_at_the_fitted_share_of_the_dense_rate() ->
     old = perf_at(QWEN_MOE, "0.11.0")
     dense_rate = H100.bf16_tflops * 1e12 * old.calibration.compute_efficiency
     at_share = flops * QWEN_MOE.num_layers / (dense_rate * perf_classes.MOE_COMPUTE_SHARE["triton"]["hopper"])
-    # vLLM 0.11's default tile (64 x 64 above E tokens), the one the share was fitted under.
-    assert old.moe_seconds(tokens) == pytest.approx(at_share, rel=0.05)
+    # vLLM 0.11's default tile (64 x 64 above E tokens), the one the share was fitted under; 512 rows
+    # an expert on average, binomially spread, so about half the experts pay a ninth 64-row block.
+    fill_64 = perf_classes.moe_row_fill(tokens, 128, 8, 64)
+    assert 0.90 < fill_64 < 0.97
+    assert old.moe_seconds(tokens) == pytest.approx(at_share / fill_64, rel=0.05)
     # vLLM 0.26's default grows to 128 x 128 above 512 tokens: the dense tile model prices it at
-    # 0.9 of the large tile's rate against the 64 x 64 tile's 0.5, 1.8 times as fast.
-    assert perf_at(QWEN_MOE, "0.26.0").moe_seconds(tokens) == pytest.approx(at_share / 1.8, rel=0.05)
+    # 0.9 of the large tile's rate against the 64 x 64 tile's 0.5, 1.8 times as fast, on 128-row
+    # blocks that pad more.
+    fill_128 = perf_classes.moe_row_fill(tokens, 128, 8, 128)
+    assert fill_128 < fill_64
+    assert perf_at(QWEN_MOE, "0.26.0").moe_seconds(tokens) == pytest.approx(at_share / 1.8 / fill_128, rel=0.05)
     # A100 (Ampere) runs the same kernel at its own fitted share.
     assert perf_classes.moe_compute_share(A100) == perf_classes.MOE_COMPUTE_SHARE["triton"]["ampere"]
     assert perf_classes.moe_compute_share(A100, override=0.7) == 0.7
@@ -120,7 +128,33 @@ def test_gpt_oss_experts_on_an_a100_compute_at_marlins_share() -> None:
     assert shape is not None and shape.kernel == "marlin-mxfp4"
     flops = 2.0 * tokens * shape.top_k * 3 * shape.hidden * shape.inter * shape.layers
     rate = A100.bf16_tflops * 1e12 * a100.calibration.compute_efficiency * perf_classes.MOE_COMPUTE_SHARE["marlin-mxfp4"]["ampere"]
-    assert a100.moe_seconds(tokens) == pytest.approx(flops / rate, rel=0.05)
+    fill = perf_classes.moe_row_fill(tokens, shape.experts, shape.top_k, 64)  # Marlin's 64-row blocks
+    assert a100.moe_seconds(tokens) == pytest.approx(flops / rate / fill, rel=0.05)
+
+
+def test_each_grouped_moe_kernel_pads_to_its_own_row_block() -> None:
+    # triton_kernels' matmul_ogs (MXFP4 on Hopper): next power of two of the rows an expert expects, 16 to 128.
+    assert [perf_classes.moe_block_m("matmul_ogs", t, 128, 4) for t in (1, 64, 1024, 2048, 8192)] == [16, 16, 32, 64, 128]
+    # Marlin: the first of 8, 16, 32, 48, 64 the expected rows fill less than 0.9 of, else 64.
+    assert [perf_classes.moe_block_m("marlin", t, 128, 4) for t in (16, 64, 512, 1024, 2048)] == [8, 8, 32, 48, 64]
+    # fused_moe: its default tile's rows (moe_tile).
+    assert perf_classes.moe_block_m("fused_moe", 8192, 128, 8, (0, 11, 0)) == 64
+    assert perf_classes.moe_block_m("fused_moe", 8192, 128, 8) == 128
+
+
+def test_padding_follows_the_experts_binomial_row_counts() -> None:
+    rng = np.random.default_rng(0)
+    for tokens, experts, top_k, block in ((2048, 128, 4, 64), (300, 64, 2, 16), (8192, 32, 4, 128), (700, 128, 4, 16),
+                                          (1000, 8, 7, 64)):
+        # routing picks top_k distinct experts a token; each expert's row count is binomial(tokens,
+        # top_k / experts), and the expected blocks add up over the experts whatever their correlation
+        counts = rng.binomial(tokens, top_k / experts, size=(4000, experts))
+        blocks = float(np.ceil(counts / block).sum(axis=1).mean())
+        assert perf_classes.expected_row_blocks(tokens, experts, top_k, block) == pytest.approx(blocks, rel=0.01)
+    # a mean of 64 rows on 64-row blocks: about half the experts pay a second block (the mean alone: none)
+    assert perf_classes.moe_row_fill(2048, 128, 4, 64) == pytest.approx(0.68, abs=0.02)
+    # far below one block, padding is one block per touched expert, as distinct_experts counts them
+    assert perf_classes.expected_row_blocks(16, 128, 8, 64) == pytest.approx(perf_classes.distinct_experts(128, 8, 16))
 
 
 def test_attention_sinks_below_hopper_run_on_triton_attention() -> None:
@@ -142,7 +176,9 @@ def test_attention_sinks_below_hopper_run_on_triton_attention() -> None:
 
 def test_mla_attention_reads_the_latent_and_computes_at_its_own_head_dims() -> None:
     ds = load_model("deepseek-v2-lite")
-    p = perf(ds)
+    # one prefill rate whatever the context (FA3's long-context rise is test_perf's)
+    p = PerfModel(ds, H100, resolve_engine_config({}, ds, H100),
+                  calibration_for(H100).with_overrides({"attn_long_efficiency": 0.0}))
     layers, heads = ds.num_layers, ds.num_attention_heads
     latent = ds.mla_kv_lora_rank + ds.mla_rope_dim
     assert ds.kv_bytes_per_token(1, 1) == latent * 2 * layers  # compressed: 576 elements a token and layer
@@ -217,3 +253,21 @@ def test_moe_knobs_out_of_range_are_refused() -> None:
         Calibration().with_overrides({"moe_compute_share": 1.5})
     with pytest.raises(SpecError, match="moe_mem_share"):
         Calibration().with_overrides({"moe_mem_share": 0.0})
+
+
+def test_block_fp8_experts_in_triton_fused_moe_compute_at_the_bf16_rate() -> None:
+    # fused_moe_kernel's block-scaled branch rescales every BLOCK_K step's dot outside the fp8
+    # accumulation chain (perf_classes.BLOCK_FP8_MOE_RATE_SCALE); per-tensor fp8 keeps Hopper's fp8 rate.
+    h200 = get_gpu("H200")
+    r1 = load_model(str(Path(__file__).resolve().parents[1] / "fixtures" / "published_logs" / "models" / "deepseek-r1"))
+    assert r1.quant_block_k and "fp8" in (r1.quantization or "")
+    block = perf_classes.moe_shape(r1, h200, 8, r1.num_layers)
+    assert block is not None and block.fused_moe and block.block_quant
+    assert block.fmt.rate_scale == perf_classes.BLOCK_FP8_MOE_RATE_SCALE == 1.0
+    assert block.fmt.bytes_per_weight == pytest.approx(1.0)  # still one byte a weight
+    per_tensor = dataclasses.replace(QWEN_MOE, quantization="fp8", quant_bytes_per_param=1.0)
+    shape = perf_classes.moe_shape(per_tensor, h200, 1, per_tensor.num_layers)
+    assert shape is not None and not shape.block_quant
+    assert shape.fmt.rate_scale == pytest.approx(h200.fp8_tflops / h200.bf16_tflops)
+    # the dense block-fp8 GEMMs (attention projections, shared experts) keep the fp8 rate
+    assert all(g.fmt.rate_scale > 1.0 for g in perf_classes.class_gemms(r1, h200, 8, r1.num_layers) if g.fmt.bytes_per_weight == 1.0)

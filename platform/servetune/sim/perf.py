@@ -24,7 +24,8 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   8B and 14B decode only 1-10% faster than bf16 on two H200 hosts, where halving the bytes at the
   bf16 rate predicted 13-22%); prefill chunks do ``4 * q_heads * head_dim * sum(tokens x
   context)`` FLOPs (causal) at ``attn_efficiency`` of the dense peak (FlashAttention-3 does not
-  reach the GEMM rate), and write their new KV.
+  reach the GEMM rate; on Hopper its rate rises with the context towards ``attn_long_efficiency``,
+  ``PerfModel._prefill_attention``), and write their new KV.
 * **Launch costs**: a decode-only batch up to the largest capture size replays one FULL CUDA graph
   (``graph_launch_s``), padded to the next capture size, and pays ``full_graph_layer_s`` per layer:
   inside a graph nothing is launched, but each of a layer's ~10 kernels still fills and drains the
@@ -151,6 +152,15 @@ class Calibration:
     # Fraction of HBM bandwidth the KV-cache write (reshape_and_cache) reaches; 0 (off): mem_efficiency.
     kv_write_efficiency: float = 0.1092
     attn_efficiency: float = 0.2681  # fraction of dense peak reached by prefill attention
+    # FlashAttention-3 (compute capability 9.x) at long contexts: the share of the dense peak its
+    # forward pass reaches on long sequences, and the mean context attn_efficiency was read at
+    # (PerfModel._prefill_attention: the rate rises from attn_efficiency there towards this one).
+    # 0.65: FlashAttention-3's paper (Shah et al. 2024, Fig. 5), BF16 forward with a causal mask,
+    # head dim 128, 16K tokens on an H100 SXM5, about 640 of 989 TFLOP/s; 2,048: attn_efficiency
+    # was read off the H200 traces of 1-2K-token prompts (GPU_CALIBRATION), at most 2,048 tokens of
+    # context. 0 (off): every context at attn_efficiency (the rule before 2026-12-05's class change).
+    attn_long_efficiency: float = 0.65
+    attn_fit_context: float = 2048.0
     step_overhead_s: float = 0.0024  # engine-core CPU per step (scheduler, input prep, sampler)
     seq_overhead_s: float = 1.116e-05  # engine-core CPU per scheduled request per step
     request_overhead_s: float = 0.001633  # API server + client CPU per request, before the engine sees it
@@ -205,6 +215,12 @@ class Calibration:
     # Share of the dense peak TRITON_ATTN's prefill reaches where vLLM runs it instead of
     # FlashAttention (attention sinks below compute capability 9.0; perf_classes); 0: the fitted one.
     triton_attn_efficiency: float = 0.0
+    # 1: each grouped-MoE kernel pads an expert's rows to its own row block (perf_classes.moe_block_m:
+    # fused_moe's tile, matmul_ogs's and Marlin's rules from vLLM's source), and the padding is
+    # the expected one over the experts' binomial row counts (perf_classes.moe_row_fill); 0: every
+    # kernel at vLLM 0.11's fused_moe rows, padded from the mean count (the rule before 2026-12-05's
+    # refit of perf_classes.MOE_COMPUTE_SHARE, whose shares were fitted under it: 0.25, 0.25, 0.65).
+    moe_row_blocks: float = 1.0
     # 1: the model-class rules of servetune.sim.perf_classes (MoE, quantized GEMMs, sliding windows,
     # since 2026-12-05); 0: every model priced as a dense one at its active experts' width and its
     # checkpoint's bytes, no window (the rule before; benchmarks/published_runs.py --classes replays it).
@@ -240,6 +256,9 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "class_rules": (lambda v: v in (0.0, 1.0), "1 (the model-class rules) or 0 (the rule before them)"),
     "moe_layer_floor_s": (lambda v: 0.0 <= v <= 1e-3, "seconds per MoE layer and step, 0 to 0.001"),
     "triton_attn_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of the dense peak, at most 1 (0: the fitted one)"),
+    "attn_long_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of the dense peak, at most 1 (0: off)"),
+    "attn_fit_context": (lambda v: v > 0.0, "tokens of context: above 0"),
+    "moe_row_blocks": (lambda v: v in (0.0, 1.0), "1 (each kernel's row block, binomial padding) or 0 (the rule before)"),
 }
 
 
@@ -543,6 +562,14 @@ class PerfModel:
         if rules and perf_classes.runs_triton_attention(model, gpu):
             attn_eff = cal.triton_attn_efficiency or perf_classes.TRITON_ATTN_EFFICIENCY or attn_eff
         self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * attn_eff)
+        # FlashAttention-3's rate rises with the context a query block loops over (_prefill_attention):
+        # vLLM runs FA3 on compute capability 9.x only (fa_utils.get_flash_attn_version), and only
+        # where attention is not on TRITON_ATTN.
+        long_eff = cal.attn_long_efficiency
+        self._attn_long_k, self._attn_long_ratio = 0.0, 1.0
+        if long_eff > attn_eff and 9.0 <= gpu.compute_capability < 10.0 and attn_eff == cal.attn_efficiency:
+            self._attn_long_k = cal.attn_fit_context * (long_eff / attn_eff - 1.0)
+            self._attn_long_ratio = attn_eff / long_eff
         self._t_mla_context = 0.0
         if rules and model.mla_kv_lora_rank:
             self._init_mla(model, q_heads, layers, gpu.bf16_tflops * 1e12 * attn_eff)
@@ -625,6 +652,7 @@ class PerfModel:
             self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share,
                                                                                                 m.kernel)
             self._moe_floor_s = m.layers * cal.moe_layer_floor_s
+            self._moe_row_blocks = cal.moe_row_blocks >= 0.5
         self._act_bytes_token = act / mem_rate
 
     def _init_mla(self, model: ModelProfile, heads: int, layers: int, attn_rate: float) -> None:
@@ -670,12 +698,17 @@ class PerfModel:
             return 0.0
         mem_s = touched * m.expert_bytes * m.layers / self._moe_mem_rate
         rows = tokens * m.top_k
-        per_expert = rows / touched
-        if m.fused_moe:
-            block, width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)
-        else:  # MXFP4's matmul_ogs, Marlin: priced at 0.11's fused_moe rows, as they were fitted
-            block, width = perf_classes.moe_tile(tokens, m.experts, perf_classes.MOE_TILE_FITTED_VERSION)
-        fill = per_expert / (-(-per_expert // block) * block)
+        if self._moe_row_blocks:  # each kernel's own row block, padded per expert (perf_classes.moe_row_fill)
+            block = perf_classes.moe_block_m(m.grouped_gemm, tokens, m.experts, m.top_k, self._version, m.block_quant)
+            width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)[1]
+            fill = perf_classes.moe_row_fill(tokens, m.experts, m.top_k, block)
+        else:  # the rule before: 0.11's fused_moe rows for every kernel, padding from the mean count
+            if m.fused_moe:
+                block, width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)
+            else:
+                block, width = perf_classes.moe_tile(tokens, m.experts, perf_classes.MOE_TILE_FITTED_VERSION)
+            per_expert = rows / touched
+            fill = per_expert / (-(-per_expert // block) * block)
         new_tiles = m.fused_moe and self._version >= perf_classes.MOE_TILE_BY_BATCH_SINCE
         tile = moe_tile_share(block, width) if new_tiles else 1.0
         comp_s = 2.0 * rows * 3.0 * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
@@ -764,8 +797,8 @@ class PerfModel:
         gemm = self._gemm_time(per_micro, rows) * micro
         elementwise = self._elementwise_token * tokens
         decode_context = kv_context - prefill_context
-        attention = (self._t_kv_read * (decode_context if decode_context > 0 else 0) + self._t_attn * prefill_attn_work
-                     + self._t_attn_layer * micro)
+        attention = (self._t_kv_read * (decode_context if decode_context > 0 else 0)
+                     + self._prefill_attention(prefill_tokens, prefill_attn_work) + self._t_attn_layer * micro)
         if self._t_mla_context and prefill_context > prefill_tokens:
             attention += self._t_mla_context * (prefill_context - prefill_tokens)  # MLA: the chunks' earlier context
         if self._window:
@@ -785,6 +818,21 @@ class PerfModel:
         scale = 1.0 if self.pp == 1 else self.pp / micro
         return StepCost(gemm * scale, elementwise * scale, attention * scale, kv_write * scale, comm * scale,
                         launch * scale)
+
+    def _prefill_attention(self, prefill_tokens: int, prefill_attn_work: int) -> float:
+        """Prefill attention's seconds: ``prefill_attn_work`` (tokens x context) at ``attn_efficiency``
+        of the peak, or on FlashAttention-3 (``_attn_long_k`` > 0) at the rate its query blocks
+        reach over the batch's mean context ``c``: ``long x c / (c + k)``, ``long`` =
+        ``Calibration.attn_long_efficiency`` and ``k`` tokens set so the rate is ``attn_efficiency``
+        at ``attn_fit_context`` (where it was read), never below it. A query block's fixed work
+        (loading it, the epilogue, its launch share) is paid once whatever the context it loops
+        over, so a long context runs nearer the kernel's long-sequence rate."""
+        seconds = self._t_attn * prefill_attn_work
+        if not self._attn_long_k or prefill_tokens <= 0 or prefill_attn_work <= 0:
+            return seconds
+        context = prefill_attn_work / prefill_tokens
+        share = (context + self._attn_long_k) / context * self._attn_long_ratio  # attn_eff / the rate reached
+        return seconds * share if share < 1.0 else seconds
 
     def _sliding_attention(self, decode_reqs: int, decode_context: int, prefill_tokens: int, prefill_context: int,
                            prefill_attn_work: int) -> float:

@@ -15,7 +15,10 @@ byte), so the dense fidelity figures do not move.
   the batch has at most ``E`` tokens and 64 above in vLLM 0.11 (``fused_moe.py`` ``get_default_config``);
   0.26's default tile grows with the batch (:func:`moe_tile`, up to 128 x 128), and from 0.26 the
   step prices it at the dense GEMMs' tile model's rate over 0.11's 64 x 64 tile
-  (``perf.moe_tile_share``).
+  (``perf.moe_tile_share``). Each kernel pads to its own row block (:func:`moe_block_m`: fused_moe's
+  tile, ``matmul_ogs``' and Marlin's rules), the padding expected over the experts' binomial row
+  counts (:func:`moe_row_fill`); block-fp8 experts in ``fused_moe`` compute at the bf16 rate
+  (:data:`BLOCK_FP8_MOE_RATE_SCALE`).
   The grouped GEMM's rate against cuBLAS's dense rate (``MOE_COMPUTE_SHARE``) depends on the kernel
   vLLM picks for the experts' format on the GPU (:func:`moe_kernel`: Triton, or Marlin where the
   format has no tensor cores there) and on the GPU architecture; it is fitted on published runs,
@@ -45,14 +48,15 @@ byte), so the dense fidelity figures do not move.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["ATTENTION_SINK_ARCHITECTURES", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
-           "is_class_model", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
+__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
+           "expected_row_blocks", "is_class_model", "moe_block_m", "moe_row_fill", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
            "moe_tile", "runs_triton_attention",
            "sliding_kv_share", "weight_format"]
 
@@ -66,16 +70,21 @@ __all__ = ["ATTENTION_SINK_ARCHITECTURES", "ClassGemm", "MoeShape", "MOE_COMPUTE
 #: values and e8m0 scales in registers before Ampere-style ``mma.sync`` MMAs. ``marlin`` (fp8
 #: experts below compute capability 8.9, 4-bit integer experts) has no fitted cell yet: a kernel
 #: and architecture without one take ``triton``'s value of the architecture (:func:`moe_compute_share`).
-#: The share is the one reached on vLLM 0.11's default 64 x 64 tile; from 0.26 ``PerfModel.moe_seconds``
-#: scales it by the larger default tile's rate (:func:`moe_tile`, ``perf.moe_tile_share``).
+#: The share is the one reached on the rows the kernel computes, its padding included: each kernel's
+#: own row block (:func:`moe_block_m`), the expected padding over the experts' binomial row counts
+#: (:func:`moe_row_fill`); fused_moe's at vLLM 0.11's default 64 x 64 tile, from 0.26 scaled by
+#: the larger default tile's rate (:func:`moe_tile`, ``perf.moe_tile_share``).
 #: **Fitted** on the fit half of the published MoE runs (``benchmarks/published_runs_classes.py
 #: --fit-moe``: per cell, the least mean |headline error| on a 0.05 grid; the split of
 #: ``benchmarks/published_runs.py``'s rule): ``triton``/Hopper on gpt-oss-120b MXFP4 on H100 at
-#: TP=2, ``triton``/Ampere on Qwen3-235B-A22B bf16 on A100 at TP=8, ``marlin-mxfp4``/Ampere on
-#: gpt-oss-20b on one A100 (jointly with :data:`TRITON_ATTN_EFFICIENCY`: 0.65, from 0.25 when it
-#: shared Ampere's one value), vLLM 0.10.2-0.11.0. ``Calibration.moe_compute_share`` > 0 replaces every one.
-MOE_COMPUTE_SHARE: dict[str, dict[str, float]] = {"triton": {"hopper": 0.25, "ampere": 0.25},
-                                                  "marlin-mxfp4": {"ampere": 0.65}}
+#: TP=2 (and the decode-bound Qwen3-30B-A3B run), ``triton``/Ampere on Qwen3-235B-A22B bf16 on A100
+#: at TP=8, ``marlin-mxfp4``/Ampere on gpt-oss-20b on one A100 (jointly with
+#: :data:`TRITON_ATTN_EFFICIENCY`), vLLM 0.10.2-0.11.0. Refitted 2026-12-05 with the row-block
+#: padding rule: 0.3, 0.3 and 0.7 (0.25, 0.25 and 0.65 under padding from the mean row count at
+#: 0.11's fused_moe rows for every kernel, ``Calibration.moe_row_blocks`` 0).
+#: ``Calibration.moe_compute_share`` > 0 replaces every one.
+MOE_COMPUTE_SHARE: dict[str, dict[str, float]] = {"triton": {"hopper": 0.3, "ampere": 0.3},
+                                                  "marlin-mxfp4": {"ampere": 0.7}}
 #: Share of the dense GEMMs' weight-streaming rate (``Calibration.mem_efficiency``) the fused-MoE
 #: kernel reaches reading the touched experts at small batches. Not fitted: every published MoE run
 #: collected is prefill-bound (bursts of long prompts), so none measures it; 1.0 (the dense rate).
@@ -86,6 +95,16 @@ MOE_MEM_SHARE: float = 1.0
 #: Parallel Inference on Large Language Models", 2024), whose large-batch end runs close to, and
 #: below, the fp16 GEMM; the AWQ / W4A16 runs judge it.
 W4A16_COMPUTE_SHARE: float = 0.9
+#: The rate of block-quantized fp8 experts (DeepSeek-V3 / R1's 128 x 128 blocks) in vLLM's Triton
+#: ``fused_moe_kernel`` against the bf16 rate. Its block-scaled branch (``fused_moe.py``: ``group_k > 0
+#: and group_n > 0``) computes ``accumulator += tl.dot(a, b) * a_scale[:, None] * b_scale[None, :]``
+#: every BLOCK_K (128) step, where per-tensor fp8 accumulates in the MMA chain (``tl.dot(a, b,
+#: acc=accumulator)``, "fp8_fast_accum"): each step's fp8 MMA result waits for an FP32 rescale of the
+#: whole tile on the CUDA cores before the next. Priced at the bf16 rate (1.0, against 2.0 for
+#: per-tensor fp8 on Hopper): an assumption, not fitted (no fit-half run has block-fp8 experts), chosen
+#: 2026-12-05 after the held-out DeepSeek-R1-0528 bursts on 8 x H200 were seen (their 2K and 4K
+#: prompts ran +32% and +24% fast at 2.0); those runs are no blind check of it.
+BLOCK_FP8_MOE_RATE_SCALE: float = 1.0
 #: MXFP4: a 4-bit value plus one 8-bit (e8m0) scale per 32 values (OCP Microscaling spec v1.0).
 MXFP4_BYTES: float = 0.5 + 1.0 / 32
 #: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM 0.11's fused_moe.py
@@ -147,6 +166,14 @@ class MoeShape:
     fused_moe: bool = False  # vLLM's Triton fused_moe_kernel with its default tiles (moe_tile)
 
     @property
+    def grouped_gemm(self) -> str:
+        """The grouped GEMM whose row blocks :func:`moe_block_m` reads: ``fused_moe`` (vLLM's Triton
+        kernel at its default tiles), ``matmul_ogs`` (``triton_kernels``, MXFP4 on Hopper) or ``marlin``."""
+        if self.fused_moe:
+            return "fused_moe"
+        return "marlin" if self.kernel.startswith("marlin") else "matmul_ogs"
+
+    @property
     def expert_bytes(self) -> float:
         """Weight bytes of one expert on this rank (gate_up ``2I x H`` and down ``H x I``)."""
         return 3.0 * self.hidden * self.inter * self.fmt.bytes_per_weight
@@ -186,6 +213,80 @@ def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE
         if tokens <= bound:
             return block_m, block_n
     return 128, 128
+
+
+def moe_block_m(grouped_gemm: str, tokens: int, experts: int, top_k: int,
+                version: tuple[int, int, int] = MOE_TILE_BY_BATCH_SINCE, block_quant: bool = False) -> int:
+    """The rows per block the grouped GEMM pads each expert's tokens to, for a batch of ``tokens``.
+
+    * ``fused_moe``: :func:`moe_tile`'s ``BLOCK_SIZE_M`` (vLLM's ``get_default_config``).
+    * ``matmul_ogs`` (``triton_kernels``' ``make_default_opt_flags_nvidia``, as vendored in vLLM 0.26,
+      ``third_party/triton_kernels/matmul_ogs_details/opt_flags.py``): ``max(16, min(next_pow2(t), 128))``
+      for ``t = tokens x top_k // experts`` rows an expert expects.
+    * ``marlin`` (vLLM 0.26 ``fused_moe/experts/marlin_moe.py``): the first of 8, 16, 32, 48, 64 with
+      ``t / block < 0.9``, else 64.
+
+    Example:
+        >>> moe_block_m("matmul_ogs", 8192, 128, 4), moe_block_m("marlin", 2048, 128, 4), moe_block_m("marlin", 64, 128, 4)
+        (128, 64, 8)
+    """
+    if grouped_gemm == "fused_moe":
+        return moe_tile(tokens, experts, version, block_quant)[0]
+    per_expert = tokens * top_k / max(1, experts)
+    if grouped_gemm == "matmul_ogs":
+        want = max(1, int(per_expert))
+        return max(16, min(1 << (want - 1).bit_length(), 128))
+    for block in (8, 16, 32, 48, 64):
+        if per_expert / block < 0.9:
+            return block
+    return 64
+
+
+def expected_row_blocks(tokens: int, experts: int, top_k: int, block_m: int) -> float:
+    """Expected row blocks of ``block_m`` over all experts, each expert's row count binomial
+    (``tokens`` tokens, each routed to a given expert with probability ``top_k / experts``):
+    ``experts x sum_j P(rows > j block_m)``. With ``block_m`` at or above every count this is
+    :func:`distinct_experts`; where the mean count nears a block, the experts that draw a few rows
+    over it pay a whole extra block (``moe_align_block_size`` pads each expert on its own).
+
+    Example:
+        >>> round(expected_row_blocks(2048, 128, 4, 64), 1), round(expected_row_blocks(64, 128, 4, 64), 1)
+        (188.8, 111.2)
+    """
+    if tokens <= 0 or experts <= 0 or top_k <= 0 or block_m <= 0:
+        return 0.0
+    p = min(1.0, top_k / experts)
+    if p >= 1.0:
+        return experts * float(-(-tokens // block_m))
+    mean, var = tokens * p, tokens * p * (1.0 - p)
+    if var < 25.0 and p <= 0.5:  # exact tail from the binomial pmf (a few dozen terms; (1-p)^n does not underflow)
+        pmf, cdf, total, j = (1.0 - p) ** tokens, 0.0, 0.0, 0
+        ratio = p / (1.0 - p)
+        top = int(mean + 12.0 * math.sqrt(var) + 12.0)
+        for k in range(0, min(tokens, top) + 1):
+            if k == j * block_m:  # P(rows > j block_m) = 1 - CDF(j block_m)
+                total += 1.0 - (cdf + pmf)
+                j += 1
+            cdf += pmf
+            pmf *= (tokens - k) / (k + 1) * ratio
+        return experts * total
+    sd, total, j = math.sqrt(var), 0.0, 0
+    while j * block_m <= mean + 10.0 * sd:  # the normal tail, with continuity correction
+        total += 0.5 * math.erfc((j * block_m + 0.5 - mean) / (sd * math.sqrt(2.0)))
+        j += 1
+    return experts * total
+
+
+def moe_row_fill(tokens: int, experts: int, top_k: int, block_m: int) -> float:
+    """Share of the padded row blocks' rows that carry a token: ``tokens x top_k`` over
+    :func:`expected_row_blocks` x ``block_m``.
+
+    Example:
+        >>> round(moe_row_fill(2048, 128, 4, 64), 2), round(moe_row_fill(8192, 32, 4, 128), 2)
+        (0.68, 0.94)
+    """
+    blocks = expected_row_blocks(tokens, experts, top_k, block_m)
+    return tokens * min(top_k, experts) / (blocks * block_m) if blocks > 0 else 1.0
 
 
 def runs_triton_attention(model: ModelProfile, gpu: GpuSpec) -> bool:
@@ -229,7 +330,7 @@ def moe_compute_share(gpu: GpuSpec, override: float = 0.0, kernel: str = "triton
         >>> from servetune.planner.gpus import get_gpu
         >>> a100 = get_gpu("A100-80GB")
         >>> moe_compute_share(a100, kernel="marlin-mxfp4"), moe_compute_share(a100, kernel="marlin")
-        (0.65, 0.25)
+        (0.7, 0.3)
     """
     if override > 0:
         return override
@@ -275,9 +376,13 @@ def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeSha
         return None
     moe_layers = layers - min(model.first_k_dense_replace, layers)
     kernel = moe_kernel(model, gpu)
+    fmt = weight_format(model, gpu, experts=True)
+    fused = kernel == "triton" and not model.quantized_experts_only
+    if fused and model.quant_block_k and fmt.rate_scale > BLOCK_FP8_MOE_RATE_SCALE:
+        fmt = WeightFormat(fmt.bytes_per_weight, BLOCK_FP8_MOE_RATE_SCALE)
     return MoeShape(model.num_experts, model.num_experts_per_tok, model.hidden_size,
-                    max(1, model.expert_intermediate_size // tp), moe_layers, weight_format(model, gpu, experts=True),
-                    kernel, bool(model.quant_block_k), kernel == "triton" and not model.quantized_experts_only)
+                    max(1, model.expert_intermediate_size // tp), moe_layers, fmt,
+                    kernel, bool(model.quant_block_k), fused)
 
 
 def class_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list[ClassGemm]:
