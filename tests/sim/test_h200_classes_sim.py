@@ -2,16 +2,22 @@
 
 In no fit: the Qwen3-30B-A3B shape at bf16 and online FP8, and gpt-oss-20b (MXFP4 experts on vLLM's
 Triton backend, FlashAttention 3 with sinks), three windows each, on the GPU whose dense calibration
-is the simulator's own. Measured when they arrived (``benchmarks/sim_fidelity.py --h200-classes``):
+is the simulator's own (``benchmarks/sim_fidelity.py --h200-classes``). Throughput at 256 clients of
+1,024-token prompts / 64 clients of 1,024-token outputs / one client:
 
-- bf16 MoE: +4.5% (256 clients of 1,024-token prompts), -8.6% (64 clients, 1,024-token outputs),
-  -13.4% (one client);
-- FP8 MoE: +19.2%, **-43.2%**, -5.5%; gpt-oss-20b: -10.2%, **-46.7%**, +4.9%.
+- when they arrived: bf16 MoE +4.5%, -8.6%, -13.4%; FP8 MoE +19.2%, -43.2%, -5.5%; gpt-oss-20b
+  -10.2%, -46.7% (TPOT +151%), +4.9%;
+- under the per-kernel MoE row blocks (``perf_classes.moe_row_fill``, a rule made on published runs
+  before these windows were read with it): bf16 +8.6%, -5.8%, -13.3%; FP8 +22.6%, **-41.7%**, -5.4%;
+  gpt-oss-20b +2.8%, **+35.1%** (TPOT -4.7%), +5.6%.
 
-The two misses are the quantized models' decode at 64 clients: real TPOT 6.4 ms (FP8) and 6.0 ms
-(MXFP4), where reading every expert's weights once a step at the H200's 4.8 TB/s takes about 6.0 and
-2.2 ms; the simulator prices 11.6 and 15.1 ms. A change that moves these figures is to update the
-figures and docs/model-classes.md together.
+The two misses. FP8 MoE at 64 clients: real TPOT 6.4 ms, where reading all 29 GB of FP8 experts once
+a step (uniform routing over 64 rows touches ~126 of 128 experts) takes 6.0 ms at the datasheet's
+4.8 TB/s and the KV another ~1 ms, so those steps touched fewer experts than uniform routing says
+(random weights; the H100's 128-client window showed the same). gpt-oss-20b at 64 clients: the TPOT
+is right, but real TTFT averaged 2.3 s for 256-token prompts, a first-use stall (the MXFP4 Triton
+kernels' first shapes) the simulator does not have, and the window is 12 s long.
+A change that moves these figures is to update the figures and docs/model-classes.md together.
 """
 
 from __future__ import annotations
@@ -41,12 +47,18 @@ def test_one_client_and_prefill_bound_windows_of_the_quantized_models(rows) -> N
     for start in ("2026-12-05_q3moe_fp8_u09_s256_mbt8192_h200", "2026-12-05_gptoss20_u09_s256_mbt8192_h200"):
         one = rows[f"{start}/p256_o256_c1"]
         assert abs(one.throughput_error) < 0.10 and abs(one.tpot_error) < 0.10, (start, one.tpot_error)
-        assert -0.15 < rows[f"{start}/p1024_o256_c256"].throughput_error < 0.25
+        assert -0.10 < rows[f"{start}/p1024_o256_c256"].throughput_error < 0.25
 
 
-def test_the_quantized_decode_at_64_clients_is_the_open_miss(rows) -> None:
-    """Both simulated 35-55% slow: the simulator's FP8 and MXFP4 expert GEMMs at 64 rows read far less
-    than the H200's bandwidth allows (see the module docstring)."""
-    for start in ("2026-12-05_q3moe_fp8_u09_s256_mbt8192_h200", "2026-12-05_gptoss20_u09_s256_mbt8192_h200"):
-        r = rows[f"{start}/p256_o1024_c64"]
-        assert -0.55 < r.throughput_error < -0.35 and r.tpot_error > 0.5, (start, r.throughput_error, r.tpot_error)
+def test_gpt_oss_decode_at_64_clients_is_priced_right(rows) -> None:
+    """MXFP4's matmul_ogs pads each expert's rows to its own small block: TPOT -4.7% (+151% under
+    0.11's 64-row tile); the throughput miss is the window's first-use stall (module docstring)."""
+    r = rows["2026-12-05_gptoss20_u09_s256_mbt8192_h200/p256_o1024_c64"]
+    assert abs(r.tpot_error) < 0.10, r.tpot_error
+    assert r.real.ttft_mean_ms > 2000 and r.ttft_error < -0.5, (r.real.ttft_mean_ms, r.ttft_error)
+
+
+def test_the_fp8_decode_at_64_clients_is_the_open_miss(rows) -> None:
+    """Simulated ~40% slow: fewer experts touched than uniform routing says (module docstring)."""
+    r = rows["2026-12-05_q3moe_fp8_u09_s256_mbt8192_h200/p256_o1024_c64"]
+    assert -0.55 < r.throughput_error < -0.30 and r.tpot_error > 0.5, (r.throughput_error, r.tpot_error)
