@@ -187,7 +187,7 @@ def error_band(gpu_type: str, gpus_per_engine: int = 1, moe: bool = False) -> Er
     if moe:
         if gpu_type == "H100-80GB":
             return ErrorBand(True, "MoE on H100 SXM, vLLM 0.26.0, TP=1, a Qwen3-30B-A3B shape in bf16 (8 windows, "
-                             "docs/model-classes.md)", throughput="6.0%", tpot="6.9%", ttft="22.3%",
+                             "docs/model-classes.md)", throughput="5.4%", tpot="6.4%", ttft="22.4%",
                              preemption="right on all 8 windows", source="docs/model-classes.md")
         return ErrorBand(False, f"MoE models on the {gpu_type}")
     if gpu_type == "H200":
