@@ -7,8 +7,10 @@ module adds what the classes need: each run's classes read off its model
 (``MOE_COMPUTE_SHARE`` per MoE kernel and GPU architecture, :func:`moe_cell`; ``TRITON_ATTN_EFFICIENCY``
 with the cell whose runs serve attention sinks on Triton attention; :func:`fit_moe_share` on the fit
 half only), and the held-out table by class, MoE kernel, GPU and layout, before (``class_rules`` 0: every model priced as dense at
-its active experts and checkpoint bytes) and after. The target: the headline figure (output
-throughput, closed loop; mean TPOT, open loop) within 15% on 80% of the held-out runs.
+its active experts and checkpoint bytes) and after, and what ``--async-scheduling`` alone gained on
+each page's baseline / optimized pair, real and simulated (:func:`async_pairs`). The target: the
+headline figure (output throughput, closed loop; mean TPOT, open loop) within 15% on 80% of the
+held-out runs.
 
     .venv/bin/python benchmarks/published_runs_classes.py            # the table
     .venv/bin/python benchmarks/published_runs_classes.py --fit-moe  # refit MOE_COMPUTE_SHARE (and the Triton attention rate) on the fit half
