@@ -7,8 +7,10 @@ module adds what the classes need: each run's classes read off its model
 (``MOE_COMPUTE_SHARE`` per MoE kernel and GPU architecture, :func:`moe_cell`; ``TRITON_ATTN_EFFICIENCY``
 with the cell whose runs serve attention sinks on Triton attention; :func:`fit_moe_share` on the fit
 half only), and the held-out table by class, MoE kernel, GPU and layout, before (``class_rules`` 0: every model priced as dense at
-its active experts and checkpoint bytes) and after. The target: the headline figure (output
-throughput, closed loop; mean TPOT, open loop) within 15% on 80% of the held-out runs.
+its active experts and checkpoint bytes) and after, and what ``--async-scheduling`` alone gained on
+each page's baseline / optimized pair, real and simulated (:func:`async_pairs`). The target: the
+headline figure (output throughput, closed loop; mean TPOT, open loop) within 15% on 80% of the
+held-out runs.
 
     .venv/bin/python benchmarks/published_runs_classes.py            # the table
     .venv/bin/python benchmarks/published_runs_classes.py --fit-moe  # refit MOE_COMPUTE_SHARE (and the Triton attention rate) on the fit half
@@ -32,7 +34,8 @@ from servetune.planner.gpus import get_gpu  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile  # noqa: E402
 from servetune.sim import perf_classes  # noqa: E402
 
-__all__ = ["CLASS_FILE", "WITHIN", "run_classes", "architecture", "moe_cell", "fit_moe_share", "class_rows", "class_table", "main"]
+__all__ = ["CLASS_FILE", "WITHIN", "run_classes", "architecture", "moe_cell", "fit_moe_share", "class_rows", "class_table",
+           "async_pairs", "main"]
 
 CLASS_FILE = FIXTURES / "classes.yaml"
 #: The held-out target's band on the headline figure.
@@ -153,6 +156,44 @@ def class_table(rows: Sequence[dict[str, Any]], split: str = "held_out") -> dict
     return out
 
 
+def _same_but_async(base: PublishedRun, opt: PublishedRun) -> bool:
+    """Whether ``opt`` is ``base`` with ``--async-scheduling`` added and nothing else changed (but
+    the mean output length, which each run states as it measured it: no ``--ignore-eos``)."""
+    def rest(run: PublishedRun) -> tuple[dict[str, Any], dict[str, Any]]:
+        return ({k: v for k, v in run.flags.items() if k != "async_scheduling"},
+                {k: v for k, v in run.workload.items() if k != "output_len"})
+    return (bool(opt.flags.get("async_scheduling")) and not base.flags.get("async_scheduling")
+            and rest(opt) == rest(base)
+            and (opt.model, opt.gpu, opt.sim_vllm_version, dict(opt.layout))
+            == (base.model, base.gpu, base.sim_vllm_version, dict(base.layout)))
+
+
+def async_pairs(runs: Sequence[PublishedRun], rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What ``--async-scheduling`` alone gained on the headline, real and simulated: each page's
+    baseline run ``ID`` and its optimized ``ID-opt`` whose flags differ by that flag only (the
+    simulated gain from :func:`class_rows`' committed errors, to 0.1 point).
+
+    Example:
+        >>> runs = [r for r in load_runs([CLASS_FILE]) if "gpt-oss-20b-tp1-rand32000" in r.id and r.gpu == "H100-80GB"]
+        >>> [(p["opt"], p["real_gain_pct"]) for p in async_pairs(runs, class_rows(runs))]
+        [('h100-gpt-oss-20b-tp1-rand32000x100-burst100-opt', 0.5)]
+    """
+    by_id = {r.id: r for r in runs}
+    err = {row["id"]: row["error_after_pct"] for row in rows}
+    out = []
+    for opt in runs:
+        base = by_id.get(opt.id.removesuffix("-opt")) if opt.id.endswith("-opt") else None
+        if base is None or not _same_but_async(base, opt):
+            continue
+        real = opt.headline[1] / base.headline[1]
+        e_base, e_opt = err.get(base.id), err.get(opt.id)
+        sim = None if e_base is None or e_opt is None else real * (1 + e_opt / 100) / (1 + e_base / 100)
+        out.append({"base": base.id, "opt": opt.id, "split": opt.split, "headline": opt.headline[0],
+                    "real_gain_pct": round(100 * (real - 1), 1),
+                    "sim_gain_pct": None if sim is None else round(100 * (sim - 1), 1)})
+    return out
+
+
 def _format(table: dict[str, dict[str, Any]]) -> str:
     lines = [f"{'cell':<26}{'runs':>5}{'judged':>7}{'<=15% before':>14}{'<=15% after':>13}{'median before':>15}"
              f"{'median after':>14}"]
@@ -181,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"target": f"headline within {WITHIN:.0%} on 80% of held-out runs",
               "moe_compute_share": perf_classes.MOE_COMPUTE_SHARE,
               "triton_attn_efficiency": perf_classes.TRITON_ATTN_EFFICIENCY,
-              "held_out": held, "fit": fit, "runs": rows}
+              "held_out": held, "fit": fit, "runs": rows, "async_pairs": async_pairs(runs, rows)}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -192,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['split']:<9}{row['id']:<62}{row['error_before_pct']!s:>8}{row['error_after_pct']!s:>8}"
               f"  {row['failure'] or ''}"[:160])
+    print("\n--async-scheduling alone (baseline -> optimized, same page): headline gain, real and simulated")
+    for pair in report["async_pairs"]:
+        print(f"{pair['split']:<9}{pair['opt']:<62}{pair['real_gain_pct']:>+7.1f}%"
+              f"{'-' if pair['sim_gain_pct'] is None else format(pair['sim_gain_pct'], '+.1f') + '%':>9}")
     return 0
 
 

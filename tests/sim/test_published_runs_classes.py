@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 from published_runs import load_runs, resolve_model
-from published_runs_classes import CLASS_FILE, class_rows, class_table, fit_moe_share, moe_cell, run_classes
+from published_runs_classes import (CLASS_FILE, async_pairs, class_rows, class_table, fit_moe_share, moe_cell,
+                                    run_classes)
 
 from servetune.planner.modelinfo import load_model
-from servetune.sim import perf_classes
+from servetune.planner.target import resolve_target
+from servetune.sim import PerfModel, calibration_for, perf_classes
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_classes.json"
 RUNS = load_runs([CLASS_FILE])
@@ -65,3 +67,41 @@ def test_the_held_out_report_is_what_the_simulator_gives_now() -> None:
     for key, cell in committed["held_out"].items():
         if key.startswith("class ") and cell["judged"]:
             assert cell["median_abs_after_pct"] <= cell["median_abs_before_pct"], key
+
+
+def test_a_published_0_11_runs_async_scheduling_flag_reaches_the_simulated_engine() -> None:
+    # vLLM 0.11 steps synchronously unless --async-scheduling is given: the page's optimized run
+    # (the flag) hides async_overlap of the engine CPU behind the GPU and forms each batch a step
+    # ahead; its baseline (no flag, 0.11's default) hides sync_overlap and forms none ahead.
+    by_id = {r.id: r for r in RUNS}
+    engines = []
+    for run_id in ("h100-gpt-oss-20b-tp1-rand128x4-burst1000", "h100-gpt-oss-20b-tp1-rand128x4-burst1000-opt"):
+        run = by_id[run_id]
+        flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
+        target = resolve_target(resolve_model(run.model), run.gpu, flags, run.sim_vllm_version)
+        engines.append((target, PerfModel(target.model, target.gpu, target.config)))
+    (base, sync), (opt, asyn) = engines
+    assert base.config.vllm_version == opt.config.vllm_version == "0.11.0"
+    assert (base.config.async_scheduling, opt.config.async_scheduling) == (False, True)
+    assert (sync.schedule_ahead, asyn.schedule_ahead) == (False, True)
+    # One of the burst's mixed steps: 250 requests, 64 of them 128-token prompts, 8,192 tokens.
+    step = (250, 8192, 250 * 130, 64 * 128 * 128 // 2 + 186 * 130, False, 8192 - 186, 0, 64 * 128 * 128 // 2)
+    assert sync.gpu_time(*step) == asyn.gpu_time(*step)
+    cal = calibration_for(base.gpu)
+    cpu = cal.step_overhead_s + cal.seq_overhead_s * 250
+    assert cal.async_overlap > cal.sync_overlap
+    assert sync.step_time(*step) - asyn.step_time(*step) == pytest.approx(cpu * (cal.async_overlap - cal.sync_overlap))
+
+
+def test_the_async_scheduling_pairs_are_the_pages_runs_that_differ_by_that_flag_alone() -> None:
+    # Each gpt-oss-20b page (H100 held out, A100 fit) ran its four bursts with and without the flag
+    # and nothing else changed; gpt-oss-120b's optimized runs change other flags too and are no pair.
+    committed = json.loads(RESULTS.read_text())
+    pairs = async_pairs(RUNS, committed["runs"])
+    assert pairs == committed["async_pairs"]
+    assert len(pairs) == 8 and all("gpt-oss-20b" in p["opt"] and p["opt"] == p["base"] + "-opt" for p in pairs)
+    assert {p["split"] for p in pairs if p["opt"].startswith("h100")} == {"held_out"}
+    assert {p["split"] for p in pairs if p["opt"].startswith("a100")} == {"fit"}
+    by_id = {r.id: r for r in RUNS}
+    assert not async_pairs([by_id["a100-gpt-oss-120b-tp1-rand128x4-burst1000"],
+                            by_id["a100-gpt-oss-120b-tp1-rand128x4-burst1000-opt"]], committed["runs"])
