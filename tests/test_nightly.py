@@ -200,3 +200,48 @@ def test_two_nights_detect_a_planted_regression(tmp_path: Path, mlflow_server: s
     assert run2.data.metrics[f"{H200_CELL}.cost_per_mtok"] == pytest.approx(h200_cost["20261102"])
     names = {a.path for a in client.list_artifacts(run2.info.run_id, "report")}
     assert {"report/report.md", f"report/{H200_CELL}.png", f"report/{A100_CELL}.png"} <= names
+
+
+SECRET = "hf_nightlysecret123"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_planted_token_appears_nowhere_a_night_writes(tmp_path: Path, mlflow_server: str,
+                                                        monkeypatch: pytest.MonkeyPatch, fresh_ray: None) -> None:
+    """The night's own records (history, report, its MLflow run) pass the study's recorder like its
+    cells' trials: a token in the environment, the spec and the price table's source is nowhere."""
+    monkeypatch.setenv("HF_TOKEN", SECRET)  # before the night's Ray starts (fresh_ray): its workers see it too
+    prices = tmp_path / "prices.yaml"  # the report prints each ranked GPU type's price with its source
+    prices.write_text(yaml.safe_dump({"prices": [{"gpu": "H200", "usd_per_gpu_hour": 4.54, "as_of": "2026-03-17",
+                                                  "source": f"https://buyer:{SECRET}@prices.example/list"}]}))
+    data = yaml.safe_load(_matrix(tmp_path, mlflow_server).read_text())
+    data["tracking"]["experiment"] = "nightly-secret"
+    data["gpus"] = [{"type": "H200", "count": 1}]
+    data["noise"]["repeats"] = 2
+    data["template"].update({"budget": {"trials": 2, "parallel": 1}, "prices": str(prices),
+                             "description": f"pulled with {SECRET}",
+                             "serve_model": f"https://user:{SECRET}@hub.example/org/servetune-test-850m"})
+    matrix = tmp_path / "nightly.yaml"
+    matrix.write_text(yaml.safe_dump(data))
+    night = run_nightly(matrix, "20261101", out=io.StringIO(), cwd=tmp_path)
+    assert [c.cell for c in night.cells] == [H200_CELL] and night.cells[0].cost_per_mtok is not None
+    report = night.report.read_text()
+    assert "https://***@prices.example/list" in report  # the price's source, redacted: it was there to leak
+
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("nightly-secret")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    assert {r.data.tags.get("servetune.role") for r in runs} == {"nightly", "study", "trial"}
+    for run in runs:
+        for key, value in [*run.data.params.items(), *run.data.tags.items()]:
+            assert SECRET not in value, (run.info.run_name, key)
+        local = Path(client.download_artifacts(run.info.run_id, "", str(tmp_path / "dl" / run.info.run_id)))
+        for path in local.rglob("*"):
+            assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
+    nightly_run = next(r for r in runs if r.data.tags.get("servetune.role") == "nightly")
+    names = {a.path for a in client.list_artifacts(nightly_run.info.run_id, "report")}
+    assert {"report/report.md", f"report/{H200_CELL}.png"} <= names
+    files = [p for p in (tmp_path / "nightly").rglob("*") if p.is_file()]  # history, report, dataset, Optuna
+    assert {"nightly_history.parquet", "report.md", "optuna.db"} <= {p.name for p in files}
+    assert [str(p) for p in files if SECRET.encode() in p.read_bytes()] == []

@@ -4,6 +4,8 @@ The end-to-end check runs a real study (sim backend, real Ray, real ``mlflow ser
 planted Hugging Face token in the environment and in spec fields, then reads back EVERYTHING the
 study left: every param, tag and artifact of every MLflow run (parent and children), the Parquet
 dataset and every file under the runs dir (Optuna's SQLite included). The token must be nowhere.
+The recorder's own check hands it a real trial's result and files holding secrets (the one place
+that redacts); the nightly's is in tests/test_nightly.py.
 """
 
 from __future__ import annotations
@@ -16,20 +18,25 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
 from servetune.errors import SpecError
-from servetune.planner.flags import parse_set_option, validate_flag
+from servetune.planner.flags import FLAGS, parse_set_option, validate_flag
+from servetune.records import Screen, read_trials
+from servetune.result import RequestRecord, TrialResult, TrialStatus
 from servetune.spec.schema import StudySpec
 from servetune.study import run_study
+from servetune.study._recorder import Recorder
 from servetune.engines.vllm.engine import VllmLaunch, run_vllm_trial
 from servetune.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "platform" / "servetune"
 SECRET = "hf_plantedsecret123"
+PLAIN_SECRET = "Zq9plainpw"  # not token-shaped: only the environment-value rule can catch it
 INJECTION = "0.9; rm -rf /"
 
 
@@ -158,3 +165,77 @@ def test_a_planted_token_appears_nowhere_a_study_writes(tmp_path: Path, mlflow_s
     assert any(p.name == "optuna.db" for p in files)
     leaks = [str(p) for p in files if SECRET.encode() in p.read_bytes()]
     assert leaks == []
+
+
+def test_no_flag_value_can_carry_a_secret() -> None:
+    """The recorder gives flags no redaction pass: every string flag takes one of a fixed set of words."""
+    for name, spec in FLAGS.items():
+        if spec.kind is str:
+            assert spec.choices, name
+            with pytest.raises(SpecError):
+                validate_flag(name, SECRET)
+
+
+def _leaks(text: str) -> bool:
+    return SECRET in text or PLAIN_SECRET in text
+
+
+def test_the_recorder_redacts_a_real_trials_texts_and_files_once_for_every_sink(
+        tmp_path: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", PLAIN_SECRET)
+    runs = tmp_path / "runs"
+    spec = StudySpec.from_dict({
+        "name": "recorder-secret", "description": f"pulled with {PLAIN_SECRET}", "model": "llama-3.1-8b",
+        "serve_model": f"https://user:{SECRET}@hub.example/meta-llama/Llama-3.1-8B-Instruct",
+        "gpu": {"type": "H200", "count": 1},
+        "workload": {"input_len": 128, "output_len": 64, "num_requests": 4, "concurrency": 2, "seed": 1},
+        "search_space": {"params": {"max_num_seqs": {"type": "categorical", "choices": [16, 32]}}},
+        "budget": {"trials": 1, "parallel": 1}, "backend": "sim",
+        "tracking": {"mlflow_uri": mlflow_server, "experiment": "exp-recorder-secret"},
+        "output": {"runs_dir": str(runs), "dataset_dir": str(runs / "dataset")},
+    })
+    study = optuna.create_study(directions=list(spec.objective.directions))
+    recorder = Recorder.open(spec, study, "sim", resume=False)
+    result = TrialResult(  # a real engine's trial that failed serving, every text holding a secret
+        TrialStatus.CRASHED, backend="vllm", vllm_version="0.26.0", cause=f"pull https://u:{SECRET}@hub.example failed",
+        evidence=[f"HF_TOKEN={SECRET}"], log_text=f"INFO start\npassword {PLAIN_SECRET}\n",
+        infra_attempts=[f"slot 0: {PLAIN_SECRET}"], early_stopped=f"stopped near {SECRET}",
+        requests=[RequestRecord(0, 128, 0, 0.0, None, None, error=f"HTTP 401 for {SECRET}")])
+    trial = study.ask({"max_num_seqs": optuna.distributions.CategoricalDistribution([16, 32])})
+    record = recorder.tell(trial, {"max_num_seqs": trial.params["max_num_seqs"]}, result,
+                           screen=Screen(f"sim_screen: slower than {PLAIN_SECRET}", 812.0, 0.0))
+    trial_dir = runs / "trials" / spec.name / record.trial_dir_name  # what a real trial leaves there
+    (trial_dir / "nested").mkdir(parents=True)
+    (trial_dir / "metrics_after.txt").write_text(f"vllm:num_preemptions_total 0\n# token {SECRET}\n")
+    (trial_dir / "server.log").write_text(f"raw log {SECRET}\n")  # the run's engine.log is the redacted one
+    (trial_dir / "nested" / "blob.bin").write_bytes(b"\x00\xff\x10binary")
+    recorder.write(record)
+    assert recorder.tracker.flush(wait_s=60) == 0
+
+    client = MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("exp-recorder-secret")
+    runs_found = client.search_runs([exp.experiment_id])
+    assert len(runs_found) == 2  # the study's parent and the trial
+    for run in runs_found:
+        for key, value in [*run.data.params.items(), *run.data.tags.items()]:
+            assert not _leaks(value), (run.info.run_name, key)
+    child = next(r for r in runs_found if r.data.tags.get("servetune.role") == "trial")
+    assert child.data.tags["servetune.cause"] == "pull https://***@hub.example failed"
+    assert child.data.tags["servetune.sim_screen"] == "sim_screen: slower than ***"
+    local = Path(client.download_artifacts(child.info.run_id, "", str(tmp_path / "dl")))
+    assert (local / "files" / "metrics_after.txt").read_text() == "vllm:num_preemptions_total 0\n# token ***\n"
+    assert (local / "files" / "nested" / "blob.bin").read_bytes() == b"\x00\xff\x10binary"
+    assert not (local / "files" / "server.log").exists()
+    assert (local / "engine.log").read_text() == "INFO start\npassword ***\n"
+    for path in local.rglob("*"):
+        if path.is_file():
+            assert SECRET.encode() not in path.read_bytes() and PLAIN_SECRET.encode() not in path.read_bytes(), path
+    assert pq.read_table(local / "requests.parquet").column("error").to_pylist() == ["HTTP 401 for ***"]
+
+    rows = read_trials(runs / "dataset", study=spec.name)
+    assert len(rows) == 1 and not _leaks(str(rows.to_dict()))
+    assert rows["serve_model"].iloc[0] == "https://***@hub.example/meta-llama/Llama-3.1-8B-Instruct"
+    told = study.trials[0]
+    assert not _leaks(str(told.user_attrs)) and not _leaks(str(study.user_attrs))
+    assert told.user_attrs["cause"] == "pull https://***@hub.example failed"

@@ -25,8 +25,10 @@ The contract:
 - Outputs: ``<output.dir>/nightly_history.parquet`` (one row per cell and night), and beside it
   ``reports/<YYYYMMDD>/report.md`` with a table, the GPU types by cost, and one plot per cell; both the report and the
   plots are logged to MLflow as artifacts of a run named ``nightly-<YYYYMMDD>``
-  (tag ``servetune.role=nightly``). :func:`run_nightly` returns the cells' verdicts; the job exits
-  1 when any cell regressed.
+  (tag ``servetune.role=nightly``). The history, the report and the run are written through the
+  study's recorder (:func:`servetune.study.record_night`), which redacts them once, as it does a
+  study's trials (the cells' studies are recorded by :func:`~servetune.study.run_study` itself).
+  :func:`run_nightly` returns the cells' verdicts; the job exits 1 when any cell regressed.
 
 Pure pieces (no I/O): :func:`expand_matrix`, :func:`deep_merge`, :func:`noise_of`, :func:`compare`,
 :func:`scaled_calibration`, :func:`calibration_warning`, :func:`rank_by_cost`, :func:`render_report`.
@@ -63,12 +65,11 @@ from servetune.errors import SpecError, did_you_mean
 from servetune.planner import gpus
 from servetune.records import dataset
 from servetune.records import open_storage, retry_call
-from servetune.records.tracking import StudyTracker
 from servetune.search.warmstart import warm_start_flags
 from servetune.sim import calibration_for
 from servetune.spec.schema import StudySpec, sqlite_url
 from servetune.spec.space import read_yaml
-from servetune.study import remeasure, run_study
+from servetune.study import NightRecords, record_night, remeasure, run_study
 
 __all__ = ["Cell", "NoiseSettings", "Verdict", "CellNight", "NightlyOutcome", "load_matrix", "expand_matrix",
            "deep_merge", "noise_of", "compare", "scaled_calibration", "render_report", "rank_by_cost",
@@ -609,7 +610,8 @@ def _run_cell(night: _Night, cell: Any) -> CellNight:
 
 
 def _write_night(night: _Night, nights: list[CellNight], history_path: Path) -> NightlyOutcome:
-    """Tonight's rows added to the history, the per-cell plots, the report, and the MLflow run."""
+    """Tonight's rows added to the history, the per-cell plots, then the history, the report and
+    the MLflow run written down through the study's recorder (redacted there, once)."""
     rows = pd.DataFrame([{"date": n.date, "cell": n.cell, "study": n.study, "objective": n.objective,
                           "best": n.best, "noise": n.noise, "repeats": json.dumps(n.repeats),
                           "flags": json.dumps(n.flags, sort_keys=True), "regressed": n.verdict.regressed,
@@ -617,27 +619,28 @@ def _write_night(night: _Night, nights: list[CellNight], history_path: Path) -> 
                           "cost_per_mtok": n.cost_per_mtok} for n in nights])
     history = pd.concat([night.history, rows], ignore_index=True) if not night.history.empty else rows
     history = history.sort_values(["cell", "date"]).reset_index(drop=True)
-    history.to_parquet(history_path, index=False)
     plots = {}
     for n in nights:
         name = re.sub(r"[^A-Za-z0-9._-]+", "-", n.cell) + ".png"
         _plot(history[history["cell"] == n.cell], n.cell, n.objective, night.report_dir / name)
         plots[n.cell] = name
-    report = night.report_dir / "report.md"
-    report.write_text(render_report(night.date, nights, history, plots))
-    result = NightlyOutcome(night.date, nights, report, history_path)
-    result.mlflow_run_id = _log_to_mlflow(night.mlflow_uri, night.experiment, night.root, night.date, nights,
-                                          night.report_dir)
-    return result
+    local = not night.mlflow_uri.startswith(("http://", "https://"))
+    records = NightRecords(f"nightly-{night.date}", _night_tags(night.date, nights), _night_metrics(nights),
+                           history, render_report(night.date, nights, history, plots))
+    run_id = record_night(records, history_path=history_path, report_dir=night.report_dir,
+                          mlflow_uri=night.mlflow_uri, experiment=night.experiment,
+                          artifact_location=(night.root / "mlartifacts").resolve().as_uri() if local else None)
+    return NightlyOutcome(night.date, nights, night.report_dir / "report.md", history_path, mlflow_run_id=run_id)
 
 
-def _log_to_mlflow(uri: str, experiment: str, root: Path, date: str, nights: Sequence[CellNight],
-                   report_dir: Path) -> str:
-    """One run ``nightly-<date>`` (tag ``servetune.role=nightly``): per-cell metrics, the report;
-    written through the studies' own MLflow writer (redaction, experiment-creation race)."""
-    local = not uri.startswith(("http://", "https://"))
-    tracker = StudyTracker(uri, experiment,
-                           artifact_location=(root / "mlartifacts").resolve().as_uri() if local else None)
+def _night_tags(date: str, nights: Sequence[CellNight]) -> dict[str, str]:
+    """The nightly run's tags (``servetune.role=nightly``): its date and how many cells regressed."""
+    return {"servetune.role": "nightly", "servetune.nightly_date": date,
+            "servetune.regressions": str(sum(n.verdict.regressed for n in nights))}
+
+
+def _night_metrics(nights: Sequence[CellNight]) -> dict[str, float]:
+    """The nightly run's metrics: per cell its best, noise, cost and whether it regressed."""
     metrics: dict[str, float] = {}
     for n in nights:
         key = re.sub(r"[^A-Za-z0-9_.-]", "_", n.cell)
@@ -647,9 +650,7 @@ def _log_to_mlflow(uri: str, experiment: str, root: Path, date: str, nights: Seq
         if n.cost_per_mtok is not None:
             metrics[f"{key}.cost_per_mtok"] = n.cost_per_mtok
         metrics[f"{key}.regressed"] = float(n.verdict.regressed)
-    return tracker.log_run(f"nightly-{date}", {"servetune.role": "nightly", "servetune.nightly_date": date,
-                                               "servetune.regressions": str(sum(n.verdict.regressed for n in nights))},
-                           metrics, artifacts_dir=report_dir, artifact_path="report")
+    return metrics
 
 
 def _cheapest(study: optuna.Study) -> tuple[float | None, float | None]:

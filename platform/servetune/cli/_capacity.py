@@ -43,7 +43,7 @@ SLO_KEYS = ("p99_ttft_ms", "p99_itl_ms", "p99_e2e_ms", "max_preemptions")
 def add_parser(subparsers: Any) -> None:
     """Register ``capacity`` on the ``servetune`` subcommand parser."""
     p = subparsers.add_parser(
-        "capacity", help="replicas and cost per GPU type for a request rate at latency targets",
+        "capacity", help="replicas and cost per GPU type at a rate and targets",
         description="Per GPU type and layout (TP size): a replica's highest request rate within the latency "
                     "targets on the simulated engine, the replicas a target rate needs, GPUs, dollars per hour "
                     "and per million good output tokens (only requests that met the targets count).")

@@ -1,4 +1,5 @@
-"""``servetune``: tune | best | report | plan | simulate | capacity | diagnose | workload.
+"""``servetune``: tune vLLM's serving flags for a model, a GPU type and a workload, and read what a
+study found.
 
 Every command validates its input before any trial starts; bad input prints ``error: FIELD: what
 is wrong (fix: ...)`` on stderr and exits with code 2. That holds for a missing or unreadable file
@@ -40,8 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     from servetune.cli import _simulate as _cli_simulate
     from servetune.cli import _workload as _cli_workload
 
-    parser = argparse.ArgumentParser(prog="servetune", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    from servetune.cli._text import HelpFormatter, examples, summary
+
+    # The help shows the docstrings' words, not their markup (:mod:`servetune.cli._text`).
+    parser = argparse.ArgumentParser(prog="servetune", description=summary(__doc__), epilog=examples(__doc__),
+                                     formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
     tune = sub.add_parser("tune", help="run (or resume) a tuning study from a spec file")
     tune.add_argument("spec", help="the study spec (YAML), e.g. jobs/quickstart.yaml")
@@ -50,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--parallel", type=int, help="override budget.parallel")
     tune.add_argument("--resume", action="store_true", help="continue a study of the same name")
 
-    best = sub.add_parser("best", help="print the best preemption-free configuration of a study")
+    best = sub.add_parser("best", help="print a study's best preemption-free flags")
     best.add_argument("study", help="the spec file or the study name")
     best.add_argument("--format", choices=("cmd", "yaml", "json"), default="cmd")
     best.add_argument("--storage", help=f"Optuna storage URL (default: sqlite:///{DEFAULT_RUNS_DIR}/optuna.db)")
@@ -59,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "each first preempts or breaks a latency target (simulated; the study's end stores it, "
                            "or give the spec file to compute it)")
 
-    rep = sub.add_parser("report", help="write a report (Markdown + plots) from the Parquet dataset")
+    rep = sub.add_parser("report", help="write a Markdown report with plots from the dataset")
     rep.add_argument("--study", help="only this study")
     rep.add_argument("--out", default=f"{DEFAULT_RUNS_DIR}/report.md", help="the report file to write")
     rep.add_argument("--dataset", default=f"{DEFAULT_RUNS_DIR}/dataset", help="the Parquet dataset folder")

@@ -43,7 +43,7 @@ __all__ = ["add_parser", "run", "format_plan"]
 def add_parser(subparsers: Any) -> None:
     """Register ``plan`` on the ``servetune`` subcommand parser."""
     p = subparsers.add_parser(
-        "plan", help="predict vLLM's startup memory, KV cache and verdict for a flag set",
+        "plan", help="predict a flag set's startup memory and KV cache",
         description="Predict vLLM's startup memory accounting (weights, activation peak, non-torch, CUDA "
                     "graphs, KV cache) for a model on a GPU, without a GPU.")
     p.add_argument("--model", required=True,

@@ -57,7 +57,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                "a study spec works too (its workload: section is used).",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="shipped model name, model dir, config.json or cached HF id")
-    p.add_argument("--gpu", required=True, help="GPU name, e.g. H200 (see `servetune plan --help`)")
+    p.add_argument("--gpu", required=True, help="GPU name, e.g. H200 (as for servetune plan)")
     p.add_argument("--workload", required=True,
                    help="workload YAML: input_len, output_len (a token count or a distribution), "
                         "num_requests, and concurrency (closed loop) or request_rate (Poisson, req/s); "
@@ -78,7 +78,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "8B/14B windows on measured H200 hosts were 1.1-2.2")
     p.add_argument("--api-cpu-us-per-token", type=float, default=None, metavar="US",
                    help="this host's vLLM API-server CPU per generated token, in microseconds, as "
-                        "`servetune workload from-metrics` reads it off two /metrics readings of a running "
+                        "servetune workload from-metrics reads it off two /metrics readings of a running "
                         "server; turned into --api-cpu-factor by simulating the workload once at 1.0")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
                    help=f"refuse a workload that sends more than N tokens, prompt plus output, warm-up included "

@@ -35,10 +35,13 @@ MAX_BYTES = 16 * 1024 * 1024  # a vLLM /metrics page is ~50 KB; a few engines an
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``workload`` (with ``from-metrics`` and ``from-trace``) on ``parser.add_subparsers()``'s result."""
-    p = subparsers.add_parser("workload", help="write a workload spec from a vLLM server's /metrics or a request log",
-                              description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="workload_command", required=True)
-    m = sub.add_parser("from-metrics", help="fit a workload to vLLM's /metrics (a URL, a saved dump, or two dumps)",
+    from servetune.cli._text import HelpFormatter, examples, summary
+
+    p = subparsers.add_parser("workload", help="write a workload spec from /metrics or a request log",
+                              description=summary(__doc__), epilog=examples(__doc__),
+                              formatter_class=HelpFormatter)
+    sub = p.add_subparsers(dest="workload_command", required=True, title="commands", metavar="COMMAND")
+    m = sub.add_parser("from-metrics", help="fit a workload to vLLM's /metrics (a URL or saved dumps)",
                        description="Fit prompt and output length distributions to vLLM's per-request histograms, "
                                    "the request rate to the counters' growth between two readings, and the "
                                    "prefix-cache hit share as a shared prefix.")

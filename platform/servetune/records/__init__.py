@@ -1,7 +1,7 @@
 """The records: where a trial's outcome is written down, and read back.
 
-* :mod:`.tracking`: MLflow, one parent run per study and one child per trial (secrets redacted,
-  an offline buffer while the server is down);
+* :mod:`.tracking`: MLflow, one parent run per study and one child per trial (written as handed
+  over: the study's recorder redacted it; an offline buffer while the server is down);
 * :mod:`.dataset`: the Parquet dataset of every trial, partitioned by GPU type, model and study;
 * :mod:`.report`: plots and the Markdown report from the dataset;
 * the Optuna storage for a URL with every call retried (``open_storage``).

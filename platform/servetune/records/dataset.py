@@ -395,10 +395,9 @@ def _gap_array(gaps: Sequence[float]) -> np.ndarray:
     return np.asarray(as_array() if as_array is not None else gaps, dtype=np.float64)
 
 
-def requests_table(records: Sequence[RequestRecord], redact: Any = None) -> pa.Table:
-    """Per-request results as an Arrow table (seconds as recorded, latencies in ms as derived).
-
-    ``redact`` is an optional ``str -> str`` applied to error texts before they are stored.
+def requests_table(records: Sequence[RequestRecord]) -> pa.Table:
+    """Per-request results as an Arrow table (seconds as recorded, latencies in ms as derived;
+    the error texts as they are: the recorder redacted them).
 
     Example:
         >>> from servetune.result import RequestRecord
@@ -412,9 +411,8 @@ def requests_table(records: Sequence[RequestRecord], redact: Any = None) -> pa.T
         ("ttft_ms", pa.float64()), ("tpot_ms", pa.float64()), ("e2e_ms", pa.float64()),
         ("itl_s", pa.list_(pa.float64())), ("preemptions", pa.int64()), ("error", pa.string()),
     ])
-    scrub = redact or (lambda text: text)
     columns: dict[str, Any] = {name: [getattr(r, name) for r in records]
-                               for name in schema.names if name not in ("itl_s", "error")}
+                               for name in schema.names if name != "itl_s"}
     # The inter-token gaps (most of the table: one float per output token) as one flat array and
     # offsets, not a Python list per request; a simulated request's gaps are an array already.
     parts = [_gap_array(r.itl_s) for r in records]
@@ -422,5 +420,4 @@ def requests_table(records: Sequence[RequestRecord], redact: Any = None) -> pa.T
     np.cumsum([len(p) for p in parts], out=offsets[1:])
     gaps = np.concatenate(parts) if parts else np.empty(0, dtype=np.float64)
     columns["itl_s"] = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(gaps, pa.float64()))
-    columns["error"] = [None if r.error is None else scrub(r.error) for r in records]
     return pa.Table.from_pydict({name: columns[name] for name in schema.names}, schema=schema)

@@ -29,10 +29,11 @@ Contract:
   whose driver died mid-trial (set by the resume sweep). A failed trial is a measured outcome,
   but the red icon in the runs table is the fastest way to see which configurations did not
   serve, and its metrics (the memory breakdown of a startup OOM) are still logged and plotted.
-* Secrets never leave the process: :func:`redact` masks keys that name secrets (``HF_TOKEN``,
-  ``*_TOKEN``, ``*_KEY``, ``*SECRET*``, ``*PASSWORD*``...) and, in every value, URL credentials,
-  token-shaped strings and the values of secret-named environment variables. It is applied to
-  params, tags, text artifacts, per-request errors and the trials table.
+* The tracker writes what it is handed, as it is: the driver's recorder (:mod:`servetune.study`,
+  its ``_recorder``) has redacted every text once (:mod:`servetune.redact`'s rules) before Optuna,
+  MLflow and the dataset see it, the nightly's run included; a trial's or a run's files come as
+  ``files`` (a relative path -> the bytes to write), already redacted. Only the tracker's own
+  error lines, which name the MLflow URI, are redacted here.
 * An unreachable server at construction raises :class:`TrackingError` naming the URI: the study
   fails fast, before any trial runs. A server that goes away LATER loses nothing when the tracker
   has a ``buffer_dir``: a ``log_trial`` / ``finish_study`` / ``end`` that fails while ``/health``
@@ -91,7 +92,7 @@ from servetune.records.outcome import TrialOutcome, classify_frame
 from servetune.records.trial_record import figure
 from servetune.errors import SpecError
 from servetune.planner.flags import to_command_line, to_config_yaml
-from servetune.redact import is_secret_key, redact, redact_text
+from servetune.redact import redact_text
 from servetune.result import TrialResult, TrialStatus
 
 __all__ = [
@@ -392,8 +393,8 @@ class StudyTracker:
         """
         self.flush()  # an earlier submission's buffered writes go first
         existing = self.find_study_run(study_name)
-        safe_params = redact(_flatten(params))
-        self._study_tags = {k: str(v) for k, v in redact(tags).items()}
+        safe_params = _flatten(params)
+        self._study_tags = {k: str(v) for k, v in tags.items()}
         run_tags = {**self._study_tags, TAG_STUDY: study_name, TAG_ROLE: "study"}
         if existing is not None and not resume:
             raise SpecError("study.name", f"study {study_name!r} already has MLflow run {existing} in "
@@ -445,12 +446,13 @@ class StudyTracker:
     # -- trials ------------------------------------------------------------------------------
 
     def log_trial(self, trial_number: int, flags: Mapping[str, Any], result: TrialResult,
-                  tags: Mapping[str, str], artifacts_dir: Path | None = None, *,
+                  tags: Mapping[str, str], files: Mapping[str, bytes] | None = None, *,
                   workload: Mapping[str, Any] | None = None, role: str = "trial", run_name: str | None = None) -> str:
         """Record one finished trial as a nested child run; returns the child run id.
 
-        ``workload`` (the workload description) is logged as ``workload.*`` params; files in
-        ``artifacts_dir`` are uploaded under ``files/`` (text files redacted). While the server is
+        ``workload`` (the workload description) is logged as ``workload.*`` params; ``files`` (a
+        relative path -> its bytes, e.g. a real trial's /metrics dumps) are uploaded under
+        ``files/``. Everything is written as handed over (the recorder redacted it). While the server is
         unreachable the trial is buffered on disk and ``""`` is returned (no run id yet); with a
         writer thread it is handed to it and ``""`` is returned too.
 
@@ -460,11 +462,10 @@ class StudyTracker:
         """
         parent = self._require_study()
         status = TrialStatus(result.status)
-        params = redact({**{str(k): v for k, v in flags.items() if v is not None},
-                         **_flatten(workload or {}, "workload.")})
+        params = {**{str(k): v for k, v in flags.items() if v is not None}, **_flatten(workload or {}, "workload.")}
         run_tags: dict[str, Any] = {
             **self._study_tags,
-            **redact(tags),
+            **tags,
             TAG_PARENT: parent,
             TAG_STUDY: self.study_name,
             TAG_ROLE: role,  # "trial", or "repeat" for a confirmation re-run of a trial's flags
@@ -475,7 +476,7 @@ class StudyTracker:
         if result.vllm_version:
             run_tags[TAG_VLLM_VERSION] = result.vllm_version
         if result.cause:
-            run_tags[TAG_CAUSE] = redact_text(result.cause)
+            run_tags[TAG_CAUSE] = result.cause
         run_tags[TAG_DELIVERY] = uuid.uuid4().hex
         run_tags = {k: _tag_value(v) for k, v in run_tags.items()}
         op = {"kind": "trial", "experiment_id": self.experiment_id, "run_name": run_name or f"trial-{trial_number:03d}",
@@ -484,7 +485,7 @@ class StudyTracker:
               "status": _child_status(status), **_run_span(result)}
 
         def stage(op_dir: Path) -> None:
-            _write_trial_files(op_dir / "artifacts", result, artifacts_dir)
+            _write_trial_files(op_dir / "artifacts", result, files or {})
             _write_op(op_dir, op)
 
         return self._hand_over(self._new_op_dir("trial"), stage) or ""
@@ -702,7 +703,7 @@ class StudyTracker:
                      plots: Mapping[str, Any], summary_metrics: Mapping[str, float],
                      files: Mapping[str, str] | None = None) -> None:
         """Log the outcome on the parent run: best config and command, trials table, plots, metrics,
-        and ``files`` (name -> text, e.g. ``headroom.json``; redacted like the rest).
+        and ``files`` (name -> text, e.g. ``headroom.json``), all as handed over (the recorder redacted them).
 
         ``plots`` maps a name (``history`` or ``history.png``) to a matplotlib Figure or a PNG
         path; each becomes ``plots/<name>.png``.
@@ -717,7 +718,7 @@ class StudyTracker:
         try:
             tags, metrics = _write_finish_files(op_dir / "artifacts", best_flags, model, trials, plots, summary_metrics)
             for name, text in (files or {}).items():
-                (op_dir / "artifacts" / Path(name).name).write_text(redact_text(text), encoding="utf-8")
+                (op_dir / "artifacts" / Path(name).name).write_text(text, encoding="utf-8")
         except BaseException:
             shutil.rmtree(op_dir, ignore_errors=True)
             raise
@@ -725,22 +726,21 @@ class StudyTracker:
         self._hand_over(op_dir, None)
 
     def log_run(self, run_name: str, tags: Mapping[str, str], metrics: Mapping[str, float],
-                artifacts_dir: Path | None = None, artifact_path: str | None = None) -> str:
+                files: Mapping[str, bytes] | None = None, artifact_path: str | None = None) -> str:
         """One finished run of its own (not a study's parent or child), e.g. the nightly job's
-        ``nightly-<date>``: tags and metrics redacted like every other write, the files of
-        ``artifacts_dir`` (text files redacted) under ``artifact_path``. Returns the run id.
+        ``nightly-<date>``: its tags, metrics and ``files`` (a relative path -> its bytes) under
+        ``artifact_path``, as handed over (the recorder redacted them). Returns the run id.
 
         Written at once (no offline buffer): it is the last write of its job, which reports a
         failure instead of leaving it for a later delivery nobody would make.
         """
-        safe_tags = {k: str(v) for k, v in redact(tags).items()}
         run = self._call("create the run", lambda: self._client.create_run(
-            self.experiment_id, run_name=run_name, tags=safe_tags))
+            self.experiment_id, run_name=run_name, tags={k: str(v) for k, v in tags.items()}))
         run_id = str(run.info.run_id)
         self._call("log the run's metrics", lambda: self._log(run_id, metrics=metrics))
-        if artifacts_dir is not None:
+        if files:
             with tempfile.TemporaryDirectory(prefix="servetune-run-") as staged:
-                _stage_redacted(Path(artifacts_dir), Path(staged), skip=frozenset())
+                _write_files(Path(staged), files)
                 self._call("upload the run's files",
                            lambda: self._client.log_artifacts(run_id, staged, artifact_path=artifact_path))
         self._call("finish the run", lambda: self._client.set_terminated(run_id, "FINISHED"))
@@ -828,30 +828,36 @@ def _write_op(op_dir: Path, op: Mapping[str, Any]) -> None:
     tmp.rename(op_dir / "op.json")
 
 
-def _write_trial_files(target: Path, result: TrialResult, artifacts_dir: Path | None) -> None:
-    """A trial's artifacts, redacted: engine.log, result.json, requests.parquet, files/..."""
+def _write_trial_files(target: Path, result: TrialResult, files: Mapping[str, bytes]) -> None:
+    """A trial's artifacts, as handed over: engine.log, result.json, requests.parquet, files/..."""
     target.mkdir(parents=True, exist_ok=True)
-    (target / "engine.log").write_text(redact_text(result.log_text), encoding="utf-8")
-    summary = {**result.to_dict(), "cause": redact_text(result.cause or "") or None,
-               "evidence": [redact_text(e) for e in result.evidence]}
-    (target / "result.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
+    (target / "engine.log").write_text(result.log_text, encoding="utf-8")
+    (target / "result.json").write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
     # zstd at its fastest level, no dictionary (gaps are distinct floats): a tenth of the default's
     # bytes (snappy with dictionaries) in half its time.
-    pq.write_table(requests_table(result.requests, redact=redact_text), target / "requests.parquet",
+    pq.write_table(requests_table(result.requests), target / "requests.parquet",
                    compression="zstd", compression_level=1, use_dictionary=False)
-    if artifacts_dir is not None:
-        _stage_redacted(Path(artifacts_dir), target / "files")
+    _write_files(target / "files", files)
+
+
+def _write_files(target: Path, files: Mapping[str, bytes]) -> None:
+    """``files`` (a relative path -> its bytes) under ``target``; a path that climbs out is refused."""
+    for name, data in files.items():
+        dest = target / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise ValueError(f"artifact path {name!r} leaves its folder")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
 
 
 def _write_finish_files(target: Path, best_flags: Mapping[str, Any] | None, model: str, trials: pd.DataFrame,
                         plots: Mapping[str, Any], summary_metrics: Mapping[str, float]
                         ) -> tuple[dict[str, str], dict[str, float]]:
-    """The study outcome's artifacts (redacted) under ``target``; returns the parent's tags and metrics."""
+    """The study outcome's artifacts under ``target``; returns the parent's tags and metrics."""
     target.mkdir(parents=True, exist_ok=True)
-    model = redact_text(model)
     tags: dict[str, str] = {}
     if best_flags is not None:
-        flags = redact(best_flags)
+        flags = dict(best_flags)
         command = to_command_line(model, flags)
         (target / "best_config.yaml").write_text(to_config_yaml(model, flags), encoding="utf-8")
         (target / "best_command.txt").write_text(command + "\n", encoding="utf-8")
@@ -859,7 +865,7 @@ def _write_finish_files(target: Path, best_flags: Mapping[str, Any] | None, mode
     else:
         command = None
     metrics = {k: float(v) for k, v in summary_metrics.items() if v is not None}
-    table = _redact_frame(trials)
+    table = trials
     table.to_csv(target / "trials.csv", index=False)
     table.to_parquet(target / "trials.parquet", index=False)
     if plots:
@@ -904,28 +910,3 @@ def study_note(command: str | None, best: Mapping[str, float], trials: pd.DataFr
     if plots:
         lines += ["", "Plots (Artifacts, `plots/`): " + ", ".join(f"`{p}`" for p in plots) + "."]
     return "\n".join(lines) + "\n"
-
-
-def _redact_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """The trials table without secret-named columns and with secrets masked in text cells."""
-    keep = [c for c in df.columns if not is_secret_key(str(c))]
-    out = df[keep].copy()
-    for column in out.columns:
-        if out[column].dtype == object or pd.api.types.is_string_dtype(out[column]):
-            out[column] = out[column].map(lambda v: redact_text(v) if isinstance(v, str) else v)
-    return out
-
-
-def _stage_redacted(source: Path, target: Path, skip: frozenset[str] = frozenset({"server.log"})) -> None:
-    """Copy ``source`` to ``target``: UTF-8 text files redacted, binary files as they are; names in
-    ``skip`` left out (``server.log`` is the run's ``engine.log`` already)."""
-    for path in sorted(source.rglob("*")):
-        if not path.is_file() or path.is_symlink() or path.name in skip:
-            continue
-        dest = target / path.relative_to(source)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        data = path.read_bytes()
-        try:
-            dest.write_text(redact_text(data.decode("utf-8")), encoding="utf-8")
-        except UnicodeDecodeError:
-            dest.write_bytes(data)

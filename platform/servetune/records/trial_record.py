@@ -32,7 +32,6 @@ from servetune.backends import capabilities
 from servetune.planner.memory import MemoryPlan
 from servetune.records.dataset import trial_dir_name, trial_row
 from servetune.records.outcome import SCREEN_PREFIX, TrialOutcome, classify, is_screen_cause
-from servetune.redact import redact_text
 from servetune.result import TrialResult, TrialStatus
 
 __all__ = ["TrialRecord", "Prediction", "Screen", "SCREEN_PREFIX", "TAG_NOTE", "figure"]
@@ -77,7 +76,10 @@ class Screen:
 
 @dataclasses.dataclass(frozen=True)
 class TrialRecord:
-    """One told trial (or confirmation repeat) with everything its MLflow run and dataset row say."""
+    """One told trial (or confirmation repeat) with everything its MLflow run and dataset row say.
+
+    Its texts are written as they are: the driver's recorder builds it from a redacted result,
+    model names, screen reason and planner fix (secrets are redacted there, once)."""
 
     study: str
     number: int  # the Optuna trial number (a repeat: the repeated trial's)
@@ -181,7 +183,7 @@ class TrialRecord:
         if self.origin is not None:
             extra["origin"] = self.origin
         if self.serve_model is not None:  # the report prints the winner's `vllm serve` command with it
-            extra["serve_model"] = redact_text(self.serve_model)
+            extra["serve_model"] = self.serve_model
         if self.screen is not None:
             # The precision the MLflow tags show, so the two records of a screen agree.
             extra["sim_screen"] = self.screen.reason[:_MAX_TAG_TEXT]

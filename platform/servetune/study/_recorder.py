@@ -2,10 +2,16 @@
 :func:`servetune.search.propose.tell`), then to MLflow (a child run) and the Parquet dataset, in that
 order, so a crash loses at most the records (the next ``--resume`` writes them from Optuna's).
 
-Secrets are redacted once, here, before any of the three sees the result (:func:`redacted`, with
-:mod:`servetune.redact`'s rules): the cause, the evidence, the server log, the infrastructure
-attempts, the early-stop reason and the requests' errors, and the model names the study and every
-record carry. Optuna's storage is a file anyone with the runs dir can read, like the dataset.
+Secrets are redacted once, here, before any sink sees a text (with :mod:`servetune.redact`'s
+rules); the sinks (:class:`~servetune.records.tracking.StudyTracker`, the dataset, Optuna) write
+what they are handed. Redacted here: a result's cause, evidence, server log, infrastructure
+attempts, early-stop reason and requests' errors (:func:`redacted`); the model names, the spec's
+params and tags, the workload, the simulator screen's reason and the planner's fix every record
+carries; a real trial's files (:func:`redacted_files`); the headroom JSON; and the nightly's
+records: its history table, report and MLflow run (:func:`record_night`). The flags need no
+pass: every flag value is a number, a boolean, a list of integers or one of a fixed set of words
+(:func:`servetune.planner.flags.validate_flag` refuses anything else). Optuna's storage is a
+file anyone with the runs dir can read, like the dataset.
 
 Example:
     >>> from servetune.result import TrialResult, TrialStatus
@@ -26,12 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
+import pandas as pd
 
 from servetune.backends import capabilities
 from servetune.records import dataset, report, retry_call
 from servetune.records.tracking import StudyTracker
 from servetune.records.trial_record import Prediction, Screen, TrialRecord
-from servetune.redact import redact_text
+from servetune.redact import is_secret_key, redact, redact_text
 from servetune.result import TrialResult
 from servetune.search import headroom, warmstart
 from servetune.search.propose import StoredTrial, WarmCompiles, tell, warm_compiles
@@ -60,6 +67,31 @@ def redacted(result: TrialResult, environ: Mapping[str, str] | None = None) -> T
         early_stopped=None if result.early_stopped is None else safe(result.early_stopped))
 
 
+def redacted_files(folder: Path, skip: frozenset[str] = frozenset()) -> dict[str, bytes]:
+    """The files under ``folder`` (relative path -> bytes) safe to write down: UTF-8 text redacted,
+    binary files as they are (a PNG, a Parquet file); names in ``skip`` and links left out."""
+    files: dict[str, bytes] = {}
+    for path in sorted(folder.rglob("*")):
+        if not path.is_file() or path.is_symlink() or path.name in skip:
+            continue
+        data = path.read_bytes()
+        try:
+            data = redact_text(data.decode("utf-8")).encode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        files[path.relative_to(folder).as_posix()] = data
+    return files
+
+
+def redacted_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """A table safe to write down: secret-named columns dropped, secrets masked in text cells."""
+    out = df[[c for c in df.columns if not is_secret_key(str(c))]].copy()
+    for column in out.columns:
+        if out[column].dtype == object or pd.api.types.is_string_dtype(out[column]):
+            out[column] = out[column].map(lambda v: redact_text(v) if isinstance(v, str) else v)
+    return out
+
+
 class Recorder:
     """Writes one study down: its trials to Optuna, MLflow and the dataset, and its end."""
 
@@ -82,9 +114,9 @@ class Recorder:
         tracker = StudyTracker(spec.tracking.mlflow_uri, spec.tracking.experiment,
                                artifact_location=(runs_dir / "mlartifacts").resolve().as_uri() if local_store else None,
                                buffer_dir=runs_dir / "mlflow-buffer")
-        tracker.start_study(spec.name, spec.to_dict(), {
+        tracker.start_study(spec.name, redact(spec.to_dict()), redact({
             "model": spec.model_ref, "gpu_type": spec.gpu.type, "backend": backend,
-            "vllm_version": spec.vllm_version, "sampler": spec.sampler}, resume=resume)
+            "vllm_version": spec.vllm_version, "sampler": spec.sampler}), resume=resume)
         return cls(spec, study, tracker, backend)
 
     # -- one trial ------------------------------------------------------------------------------
@@ -110,12 +142,17 @@ class Recorder:
         """The record of confirmation repeat ``repeat`` of trial ``number`` (not an Optuna trial)."""
         return self._record(number, flags, redacted(result), value, origin="repeat", repeat=repeat)
 
-    def _record(self, number: int, flags: Mapping[str, Any], safe: TrialResult, objective: float,
-                **kind: Any) -> TrialRecord:
+    def _record(self, number: int, flags: Mapping[str, Any], safe: TrialResult, objective: float, *,
+                prediction: Prediction | None = None, screen: Screen | None = None, **kind: Any) -> TrialRecord:
+        """The record of a redacted result, its other texts redacted here (the flags need none)."""
         spec = self.spec
+        if prediction is not None and prediction.fix:
+            prediction = dataclasses.replace(prediction, fix=redact_text(prediction.fix))
+        if screen is not None:
+            screen = dataclasses.replace(screen, reason=redact_text(screen.reason))
         return TrialRecord(spec.name, number, dict(flags), safe, objective, gpu_type=spec.gpu.type,
                            model=self.model, backend=self.backend, vllm_version=spec.vllm_version,
-                           serve_model=self.serve_model, **kind)
+                           serve_model=self.serve_model, prediction=prediction, screen=screen, **kind)
 
     def write(self, record: TrialRecord, *, workload: Workload | None = None, mlflow: bool = True,
               rows: bool = True) -> None:
@@ -128,10 +165,11 @@ class Recorder:
             # under files/; the server log is already the run's engine.log.
             trial_dir = Path(spec.output.runs_dir) / "trials" / spec.name / record.trial_dir_name
             repeat = record.repeat
+            real = capabilities(record.run_backend).real_gpus and trial_dir.is_dir()
             self.tracker.log_trial(
                 record.number, record.flags, record.result, record.mlflow_tags(),
-                workload=(workload or spec.workload).to_dict(),
-                artifacts_dir=trial_dir if capabilities(record.run_backend).real_gpus and trial_dir.is_dir() else None,
+                workload=redact((workload or spec.workload).to_dict()),
+                files=redacted_files(trial_dir, skip=frozenset({"server.log"})) if real else None,
                 role="trial" if repeat is None else "repeat",
                 run_name=None if repeat is None else f"trial-{record.number:03d}-repeat-{repeat}")
         if rows:
@@ -171,7 +209,8 @@ class Recorder:
         spec, tracker = self.spec, self.tracker
         everything = dataset.read_trials(Path(spec.output.dataset_dir), study=spec.name)
         plots, summary, files = self._summary(everything, outcome)
-        tracker.finish_study(outcome.best_flags, spec.serve_model, everything, plots, summary, files=files)
+        # The trials table is the dataset's, written from redacted records only: no second pass.
+        tracker.finish_study(outcome.best_flags, self.serve_model, everything, plots, summary, files=files)
         tracker.end(status)
         left = tracker.flush(wait_s=tracker.flush_wait_s)  # bounded wait for a server that went away
         if left:
@@ -200,7 +239,7 @@ class Recorder:
         if outcome.headroom is not None:  # the winner's headroom: its curve, figures and JSON on the parent run
             plots["headroom.png"] = report.plot_headroom(outcome.headroom)
             summary.update(headroom.StudyHeadroom.from_dict(outcome.headroom).metrics())
-            files["headroom.json"] = json.dumps(outcome.headroom, indent=2, sort_keys=True)
+            files["headroom.json"] = redact_text(json.dumps(outcome.headroom, indent=2, sort_keys=True))
             folder = Path(spec.output.dataset_dir).parent / "headroom"  # beside the dataset, for `servetune report`
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{spec.name}.json").write_text(files["headroom.json"], encoding="utf-8")
@@ -209,3 +248,29 @@ class Recorder:
     def close_after_failure(self) -> None:
         """End the MLflow runs after a failure that stops every write (FAILED, no child left RUNNING)."""
         self.tracker.close_after_failure()
+
+
+@dataclasses.dataclass(frozen=True)
+class NightRecords:
+    """What one night of the nightly matrix writes down, before redaction: every night's rows
+    (tonight's included; the table is written whole each night), the Markdown report, and the
+    MLflow run ``run_name``'s tags and metrics; the report's folder (its plots) goes along as the
+    run's ``report/`` files."""
+
+    run_name: str
+    tags: Mapping[str, str]
+    metrics: Mapping[str, float]
+    history: pd.DataFrame
+    report: str
+
+
+def record_night(night: NightRecords, *, history_path: Path, report_dir: Path, mlflow_uri: str,
+                 experiment: str, artifact_location: str | None = None) -> str:
+    """Write a night down, redacted here like a study's trials: the history table (Parquet), the
+    report (``report_dir/report.md``), then one MLflow run with the report's folder. Returns the run id."""
+    redacted_frame(night.history).to_parquet(history_path, index=False)
+    report = redact_text(night.report).encode("utf-8")
+    (report_dir / "report.md").write_bytes(report)
+    files = {**redacted_files(report_dir, skip=frozenset({"report.md"})), "report.md": report}
+    tracker = StudyTracker(mlflow_uri, experiment, artifact_location=artifact_location)
+    return tracker.log_run(night.run_name, redact(night.tags), night.metrics, files=files, artifact_path="report")
