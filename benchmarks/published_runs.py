@@ -24,6 +24,8 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
       client: {tool: vllm bench serve, endpoint: /v1/completions,
                seed: 42, special_tokens: 0}   # optional: a stated --seed (random dataset: with the tokenizer's
                                               # num_special_tokens_to_add()); the requests it drew are replayed
+                                              # an endpoint of /v1/chat/completions: chat requests
+                                              # (Workload.chat: vLLM 0.11.0 parses the template each)
       measured: {output_throughput: 9876.5, request_throughput: 12.3,
                  ttft_ms: {mean: 1, median: 1, p99: 1}, tpot_ms: {mean: 1, median: 1, p99: 1},
                  itl_ms: {mean: 1, median: 1, p99: 1}}
@@ -150,6 +152,11 @@ class PublishedRun:
         """``closed`` or ``open``, then ``prefill`` (prompts at least as long as outputs) or ``decode``."""
         heavy = "prefill" if self.workload["input_len"] >= self.workload["output_len"] else "decode"
         return f"{'closed' if self.closed_loop else 'open'} {heavy}"
+
+    @property
+    def chat(self) -> bool:
+        """Whether the client sent chat requests (its ``endpoint`` is ``/v1/chat/completions``)."""
+        return str(self.client.get("endpoint", "")).rstrip("/").endswith("/chat/completions")
 
     @property
     def layout_label(self) -> str:
@@ -490,7 +497,7 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
-    load = _resent(_paced(spec, w, run, dp, as_sent), w, as_sent)
+    load = dataclasses.replace(_resent(_paced(spec, w, run, dp, as_sent), w, as_sent), chat=run.chat)
     sent = bench_serve_requests(run) if as_sent else None
     if sent is None:
         return load
@@ -614,10 +621,12 @@ def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged
     """Every run simulated as committed, or with ``before``: the knobs :data:`FITTED_HERE` names at
     the H200's values, every run on its GPU type's usual host (the stated ``interconnect``
     ignored: the simulator before it took the interconnect as an input), capped finite-rate
-    runs as closed loops from t=0 (before their arrivals were kept) and re-sent prompts as new
-    ones (before the logged prefix-cache hit rate was an input)."""
+    runs as closed loops from t=0 (before their arrivals were kept), re-sent prompts as new
+    ones (before the logged prefix-cache hit rate was an input) and no chat-template parse per
+    chat request (``chat_template_parse_s`` 0, before vLLM 0.11.0's was priced)."""
     if before:
-        return [dataclasses.replace(judge(dataclasses.replace(r, interconnect=""), h200_knobs_for(r.gpu),
+        return [dataclasses.replace(judge(dataclasses.replace(r, interconnect=""),
+                                          {**h200_knobs_for(r.gpu), "chat_template_parse_s": 0.0},
                                           as_sent=False), run=r) for r in runs]
     return [judge(r) for r in runs]
 
@@ -643,9 +652,11 @@ def golden_section(loss: Any, lo: float, hi: float, tolerance: float = 0.01) -> 
 
 def fit_knob(runs: Sequence[PublishedRun], gpu: str, knob: str, bounds: tuple[float, float],
              tolerance: float = 0.01) -> float:
-    """One simulator knob for ``gpu`` fitted alone (:func:`golden_section` on :func:`fit_loss`) on
-    that GPU's ``fit`` runs, every other knob as committed. Never reads a held-out run."""
-    mine = [r for r in runs if r.gpu == gpu and r.split == "fit"]
+    """One simulator knob for ``gpu`` (or several, comma-separated: ``A100-80GB,H100-80GB``) fitted
+    alone (:func:`golden_section` on :func:`fit_loss`) on those GPUs' ``fit`` runs, every other knob as
+    committed. Never reads a held-out run."""
+    names = set(gpu.split(","))
+    mine = [r for r in runs if r.gpu in names and r.split == "fit"]
     if not mine:
         raise SpecError(f"--fit {gpu}", "no fit run on that GPU", "fit only GPUs whose fixtures have fit runs")
     return golden_section(lambda v: fit_loss([judge(r, {knob: v}) for r in mine]), bounds[0], bounds[1], tolerance)

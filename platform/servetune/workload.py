@@ -163,6 +163,10 @@ class Workload:
     #: request is its own prefix group; :class:`servetune.sim.client.LoadClient` primes the cache.
     #: Synthetic lengths without ``prefix_len`` only (a prompt or trace file's requests are as read).
     cached_fraction: float = 0.0
+    #: Chat requests (simulator only, not a spec key: servetune's own client sends completions): the
+    #: load went to ``/v1/chat/completions``, so vLLM's API server renders the model's chat template
+    #: for each (:attr:`servetune.sim.perf.Calibration.chat_template_parse_s`).
+    chat: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.cached_fraction < 1.0:

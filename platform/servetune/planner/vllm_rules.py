@@ -130,6 +130,15 @@ class VllmMemoryRules:
     #: on the H200 logged 13.03 GiB, one copy less (``tests/fixtures/real_h200_classes``). Placed at 0.26,
     #: the release whose source was read and whose log shows it (not pinned between 0.19 and 0.26).
     mxfp4_keeps_loaded_scales: bool
+    #: The chat endpoint parses the model's whole chat template again for every request, on the API
+    #: server's event loop: vLLM 0.11.0 only. Its ``entrypoints/chat_utils.py:
+    #: resolve_chat_template_kwargs`` (called by ``apply_hf_chat_template`` from
+    #: ``OpenAIServingChat._preprocess_chat``, synchronously) builds a new
+    #: ``jinja2.sandbox.ImmutableSandboxedEnvironment`` and ``env.parse``-s the template each call;
+    #: 0.10.x has no such step, and 0.11.1 caches it (``_cached_resolve_chat_template_kwargs =
+    #: lru_cache(...)``, as 0.26 still does). Read in the released source of 0.10.2, 0.11.0, 0.11.1,
+    #: 0.11.2 and 0.12.0. gpt-oss's chat (Harmony, ``use_harmony``) never renders a Jinja template.
+    chat_template_parsed_per_request: bool
 
     # -- vLLM's texts --------------------------------------------------------------------------
 
@@ -242,4 +251,5 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         sampler_warmup_after_capture=v < V2_RUNNER,
         sliding_reserves_in_flight=v >= V2_RUNNER,
         mxfp4_keeps_loaded_scales=v < V2_RUNNER,
+        chat_template_parsed_per_request=v == (0, 11, 0),
     )

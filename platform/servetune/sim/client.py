@@ -43,6 +43,8 @@ class LoadClient:
 
     def __init__(self, sched: SimScheduler, workload: Workload) -> None:
         self.sched = sched
+        if workload.chat:  # vLLM's chat endpoint: the template work on the API server's loop
+            sched.api.add_request_cost(sched.perf.chat_request_overhead_s)
         specs = workload.requests(include_warmup=True)
         #: Warm-up requests come first in the workload's list (a trace has none).
         self.num_warmup = workload.warmup_requests if workload.trace_file is None else 0

@@ -11,7 +11,8 @@ Why it is shaped so (vLLM 0.26, ``v1/engine/async_llm.py`` and ``output_processo
 
 * **Intake.** An HTTP request is parsed, its prompt tokenized and the request sent to the engine
   core: ``request_overhead_s`` plus ``prompt_token_overhead_s`` per prompt token of loop time
-  before the engine can schedule it.
+  before the engine can schedule it (a chat request on vLLM 0.11.0 adds its chat template's parse,
+  :meth:`ApiServer.add_request_cost`).
 * **Output.** The engine core client's socket reader moves every step output that has arrived
   into a queue; AsyncLLM's output handler takes them one step at a time, and on a non-empty queue
   ``await queue.get()`` returns without yielding, so a loop that fell behind drains every step
@@ -110,6 +111,12 @@ class ApiServer:
         self._order = 0
 
     # -- input ---------------------------------------------------------------------------------
+
+    def add_request_cost(self, seconds: float) -> None:
+        """Every later request's intake takes ``seconds`` more loop CPU (a chat request's template work)."""
+        if seconds < 0.0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        self._request_s += seconds
 
     def submit(self, key: Hashable, send_s: float, prompt_tokens: int) -> None:
         """A client sends a request at ``send_s``."""

@@ -103,6 +103,7 @@ from typing import TYPE_CHECKING
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner.comm import allreduce_cost, sendrecv_cost
 from servetune.planner.model_memory import effective_model
+from servetune.planner.vllm_rules import memory_rules
 from servetune.sim import perf_classes
 
 if TYPE_CHECKING:
@@ -116,6 +117,9 @@ __all__ = ["Calibration", "FA2_KNOBS", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES"
 #: Output tiles a Hopper bf16 GEMM can run with, and the share of the large tile's rate each
 #: reaches (smaller tiles reuse less of what they load): the wave-quantisation model of wave_fill.
 _TILES: tuple[tuple[int, int, float], ...] = ((128, 256, 1.0), (128, 128, 0.9), (64, 128, 0.75), (64, 64, 0.5))
+#: Models whose chat vLLM renders with Harmony (``OpenAIServingChat.use_harmony``: model type
+#: gpt_oss), never with a Jinja chat template.
+HARMONY_ARCHITECTURES: frozenset[str] = frozenset({"GptOssForCausalLM"})
 #: SMs when the GPU table has none: an H100 / H200 SXM.
 DEFAULT_SMS = 132
 #: Batch shapes PerfModel remembers the GEMM time of (a few MB at most).
@@ -164,6 +168,18 @@ class Calibration:
     step_overhead_s: float = 0.0024  # engine-core CPU per step (scheduler, input prep, sampler)
     seq_overhead_s: float = 1.116e-05  # engine-core CPU per scheduled request per step
     request_overhead_s: float = 0.001633  # API server + client CPU per request, before the engine sees it
+    # More API server CPU per chat request where vLLM parses the chat template every request
+    # (VllmMemoryRules.chat_template_parsed_per_request: 0.11.0 only; Workload.chat; not gpt-oss's
+    # Harmony chat); scaled by api_cpu_factor as the other API server costs. 0: not modelled (the
+    # simulator before it). Fitted alone on the fit half of the published dense runs it touches
+    # (tests/fixtures/published_runs/dense.yaml: gpustack's Qwen3-14B chat bursts on an H100 and an
+    # A100 host, vLLM 0.11.0; published_runs.py --fit A100-80GB,H100-80GB chat_template_parse_s 0 0.06):
+    # 16.0 ms, the two hosts alone 18.8 ms (H100) and ~11 ms (A100). Its order is the parse's own: a
+    # fresh ImmutableSandboxedEnvironment's parse of vLLM 0.11.0's 5-6 KB Qwen tool templates
+    # (examples/tool_chat_template_hermes.jinja, _qwen3coder.jinja) took 12-16 ms on a shared 2-core
+    # machine, the 316-byte ChatML one 1.3 ms (a check, not the value). One constant for every chat
+    # template: the published runs' templates are not at hand.
+    chat_template_parse_s: float = 0.01599
     prompt_token_overhead_s: float = 3.305e-08  # API server CPU per prompt token, before the engine sees it
     token_overhead_s: float = 5.866e-05  # API server CPU per streamed output token (measured, _fidelity.api_token_cpu_s)
     stream_prompt_token_s: float = 8.012e-09  # API server CPU per streamed token per token of its request's prompt
@@ -591,6 +607,11 @@ class PerfModel:
         self._seq_cpu = cal.seq_overhead_s
         self.api_cpu_factor = host = cal.api_cpu_factor
         self.request_overhead_s = cal.request_overhead_s * host
+        #: Loop CPU a chat request adds to :attr:`request_overhead_s` (0 where vLLM's chat endpoint
+        #: does not parse the template per request, or the model chats through Harmony).
+        self.chat_request_overhead_s = (cal.chat_template_parse_s * host
+                                        if memory_rules(config.version).chat_template_parsed_per_request
+                                        and model.architecture not in HARMONY_ARCHITECTURES else 0.0)
         self.prompt_token_overhead_s = cal.prompt_token_overhead_s * host
         self.token_overhead_s = cal.token_overhead_s * host
         self.stream_prompt_token_s = cal.stream_prompt_token_s * host
