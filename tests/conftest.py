@@ -77,6 +77,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
 
+        def _assign_work_unit(self, node: Any) -> None:
+            # The groups first: each is the longest unit (~4 min on 2 cores), so the other worker
+            # runs the rest meanwhile and no group is left to run alone at the end.
+            for group in sorted(set(SERIAL_GROUPS.values()) & set(self.workqueue), reverse=True):
+                self.workqueue.move_to_end(group, last=False)
+            super()._assign_work_unit(node)
+
     return _FileOrGroup(config, log)
 
 
