@@ -49,7 +49,7 @@ def _ok_result() -> TrialResult:
         kv_cache_usage_mean=0.21, memory=MemoryBreakdown(139.8, 69.9, 1.59, 1.2, 0.4, 0.35, 66.36),
         kv_cache_tokens=2174688, num_gpu_blocks=135918, max_concurrency=265.5, startup_s=31.5, wall_s=48.25,
         requests=records, log_text="INFO engine started\nHF_TOKEN=*** pw=***\nINFO ready\n",
-        **{k: v for k, v in s.items()},
+        evidence=["ray_accelerator_type=H200", "ray_gpu_ids=[0]"], **{k: v for k, v in s.items()},
     )
 
 
@@ -181,6 +181,8 @@ def test_trial_artifacts(logged_study: dict[str, Any], tmp_path: Path) -> None:
     assert (local / "files" / "metrics_after.txt").read_text() == "vllm:num_preemptions_total 0\n# token ***\n"
     summary = json.loads((local / "result.json").read_text())
     assert summary["status"] == "ok" and summary["output_throughput"] == RESULTS[0].output_throughput
+    # where the trial ran (the cluster tests read the Ray node and GPU ids from it), as handed over
+    assert summary["evidence"] == ["ray_accelerator_type=H200", "ray_gpu_ids=[0]"]
     oom_log = Path(client.download_artifacts(logged_study["children"][1], "engine.log", str(tmp_path / "oom")))
     assert oom_log.read_text() == "ERROR No available memory for the cache blocks\n"
 

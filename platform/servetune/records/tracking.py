@@ -832,7 +832,8 @@ def _write_trial_files(target: Path, result: TrialResult, files: Mapping[str, by
     """A trial's artifacts, as handed over: engine.log, result.json, requests.parquet, files/..."""
     target.mkdir(parents=True, exist_ok=True)
     (target / "engine.log").write_text(result.log_text, encoding="utf-8")
-    (target / "result.json").write_text(json.dumps(result.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
+    summary = {**result.to_dict(), "evidence": list(result.evidence)}  # where the trial ran, as handed over
+    (target / "result.json").write_text(json.dumps(summary, indent=2, sort_keys=True), encoding="utf-8")
     # zstd at its fastest level, no dictionary (gaps are distinct floats): a tenth of the default's
     # bytes (snappy with dictionaries) in half its time.
     pq.write_table(requests_table(result.requests), target / "requests.parquet",

@@ -333,7 +333,7 @@ def moe_compute_share(gpu: GpuSpec, override: float = 0.0, kernel: str = "triton
         >>> from servetune.planner.gpus import get_gpu
         >>> a100 = get_gpu("A100-80GB")
         >>> moe_compute_share(a100, kernel="marlin-mxfp4"), moe_compute_share(a100, kernel="marlin")
-        (0.7, 0.3)
+        (0.7, 0.35)
     """
     if override > 0:
         return override
