@@ -12,7 +12,7 @@
   test whose trials must see environment variables it sets (Ray's workers keep the environment of
   the moment Ray started; a study reuses a Ray an earlier test left running).
 
-Two workers (pytest-xdist, README's test command ``-n 2 --dist loadfile``): each test file runs
+Several workers (pytest-xdist, README's test command ``-n 3 --dist loadfile``): each test file runs
 whole on one worker (its module fixtures start once, its tests keep their order), the files that
 bring up multi-node ``ray start`` clusters run one after another on one worker
 (:data:`SERIAL_GROUPS`). Every worker starts its own session-scoped servers on free ports, in its
@@ -41,7 +41,7 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 _MLFLOW_START_TIMEOUT_S = 90.0
 
-#: Test files that must not overlap one another on two workers: each brings up a Ray cluster of
+#: Test files that must not overlap one another on several workers: each brings up a Ray cluster of
 #: several ``ray start`` nodes (3-4 raylets, a GCS, a dashboard, agents) or a whole local stack;
 #: two of them at once on 2 cores push node start-ups past their deadlines. Under ``--dist loadfile``
 #: the files of one group are one unit of work, run in turn on one worker (:func:`pytest_xdist_make_scheduler`).
