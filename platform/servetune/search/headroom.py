@@ -189,6 +189,10 @@ def error_band(gpu_type: str, gpus_per_engine: int = 1, moe: bool = False) -> Er
             return ErrorBand(True, "MoE on H100 SXM, vLLM 0.26.0, TP=1, a Qwen3-30B-A3B shape in bf16 (8 windows, "
                              "docs/model-classes.md)", throughput="5.4%", tpot="6.4%", ttft="22.4%",
                              preemption="right on all 8 windows", source="docs/model-classes.md")
+        if gpu_type == "H200":
+            return ErrorBand(True, "MoE on H200, vLLM 0.26.0, TP=1, a Qwen3-30B-A3B shape in bf16 and FP8 and "
+                             "gpt-oss-20b (9 windows, docs/model-classes.md)", throughput="15.7%", tpot="16.0%",
+                             ttft="31.7%", preemption="right on all 9 windows", source="docs/model-classes.md")
         return ErrorBand(False, f"MoE models on the {gpu_type}")
     if gpu_type == "H200":
         return ErrorBand(True, "on H200, vLLM 0.26.0, TP=1, dense 8B/14B/24B (66 windows)", throughput="1.7-5.5%",
