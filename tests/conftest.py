@@ -15,8 +15,8 @@
 Several workers (pytest-xdist, README's test command ``-n 3 --dist loadfile``): each test file runs
 whole on one worker (its module fixtures start once, its tests keep their order), the files that
 bring up multi-node ``ray start`` clusters run one after another on one worker
-(:data:`SERIAL_GROUPS`). Every worker starts its own session-scoped servers on free ports, in its
-own ``tmp_path`` tree; a local Ray is per process, so each worker's is its own.
+(:data:`SERIAL_GROUPS`). Every worker starts its own servers (the fixtures above, once per process)
+on free ports, in its own ``tmp_path`` tree; a local Ray is per process, so each worker's is its own.
 """
 
 from __future__ import annotations
