@@ -20,25 +20,15 @@ foreseen with vLLM's reason and needed 2.88 GiB, but with "the estimated maximum
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import pytest
+from _real_starts import folder_bytes, plan_start, read_start, served_whole, window_summaries
 
 from servetune.engines.vllm.logs import classify, parse_log
-from servetune.planner.gpus import get_gpu
-from servetune.planner.memory import plan_memory, resolve_engine_config
-from servetune.planner.modelinfo import load_model
 from servetune.result import TrialStatus
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_h100_classes"
-#: The model folders on the GPU machine -> servetune's shipped configs of the same shape.
-#: The 16-layer Mixtral-8x7B shape has no shipped config: its config.json is kept with its evidence.
-HOST_MODELS = {"/root/q3": "qwen3-30b-a3b", "/root/l8": "llama-3.1-8b", "/root/g2": "gemma-2-27b",
-               "/root/mx16": str(FIXTURES / "2026-12-05_h100_host_c" / "mx16")}
-#: Flags of the collection that only say how the weights were made (random, on the GPU).
-NOT_PLANNED = ("load_format",)
 STARTS = sorted(p.parent.name for p in FIXTURES.glob("2026-*/server.log.gz"))
 REFUSED = ("2026-12-05_q3moe_u074_s256_mbt8192", "2026-12-05_g2_u07_s128_mbt8192")
 SERVED = [s for s in STARTS if s not in REFUSED]
@@ -46,15 +36,11 @@ SECOND_SET = [s for s in SERVED if "_mx16_" in s or "_g2_" in s]
 
 
 def _start(name: str) -> tuple[dict, str]:
-    d = FIXTURES / name
-    return json.loads((d / "summary.json").read_text()), gzip.decompress((d / "server.log.gz").read_bytes()).decode()
+    return read_start(FIXTURES / name)
 
 
 def _plan(summary: dict, text: str):
-    model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H100-80GB")
-    flags = {k: v for k, v in summary["flags"].items() if k not in NOT_PLANNED}
-    config = resolve_engine_config(flags, model, gpu, "0.26.0")
-    return config, plan_memory(model, gpu, config, compile_cache_warm=bool(parse_log(text).compile_cache_hit))
+    return plan_start(summary, text, "H100-80GB")
 
 
 def test_the_evidence_is_all_there() -> None:
@@ -64,13 +50,10 @@ def test_the_evidence_is_all_there() -> None:
                       "2026-12-05_mx16_u09_s256_mbt8192", "2026-12-05_q3moe_fp8_u09_s256_mbt8192",
                       "2026-12-05_q3moe_u074_s256_mbt8192", "2026-12-05_q3moe_u09_s256_mbt8192",
                       "2026-12-05_q3moe_u09_s64_mbt2048"]
-    windows = sorted(FIXTURES.glob("*/*/summary.json"))
+    windows = window_summaries(FIXTURES)
     assert len(windows) == 27
-    for w in windows:
-        s = json.loads(w.read_text())
-        assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w
-    size = sum(f.stat().st_size for f in FIXTURES.rglob("*") if f.is_file())
-    assert size < 18 << 20, size
+    assert [w for w, s in windows.items() if not served_whole(s)] == []
+    assert folder_bytes(FIXTURES) < 18 << 20, folder_bytes(FIXTURES)
 
 
 @pytest.mark.parametrize("name", STARTS)

@@ -11,49 +11,34 @@ against 13.03 logged. vLLM 0.26's Triton MXFP4 backend deletes the loaded scales
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import pytest
+from _real_starts import folder_bytes, plan_start, read_start, served_whole, window_summaries
 
 from servetune.engines.vllm.logs import classify, parse_log
-from servetune.planner.gpus import get_gpu
-from servetune.planner.memory import plan_memory, resolve_engine_config
-from servetune.planner.modelinfo import load_model
 from servetune.planner.vllm_rules import memory_rules, parse_vllm_version
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_h200_classes"
-#: The model folders on the GPU machine -> servetune's shipped configs of the same shape.
-HOST_MODELS = {"/root/q3": "qwen3-30b-a3b", "/root/go20": "gpt-oss-20b"}
-#: Flags of the collection that only say how the weights were made (random, on the GPU).
-NOT_PLANNED = ("load_format",)
 STARTS = sorted(p.parent.name for p in FIXTURES.glob("2026-*/server.log.gz"))
 
 
 def _start(name: str) -> tuple[dict, str]:
-    d = FIXTURES / name
-    return json.loads((d / "summary.json").read_text()), gzip.decompress((d / "server.log.gz").read_bytes()).decode()
+    return read_start(FIXTURES / name)
 
 
 def _plan(summary: dict, text: str, version: str = "0.26.0"):
-    model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H200")
-    flags = {k: v for k, v in summary["flags"].items() if k not in NOT_PLANNED}
-    config = resolve_engine_config(flags, model, gpu, version)
-    return config, plan_memory(model, gpu, config, compile_cache_warm=bool(parse_log(text).compile_cache_hit))
+    return plan_start(summary, text, "H200", version)
 
 
 def test_the_evidence_is_all_there() -> None:
     assert STARTS == ["2026-12-05_gptoss20_u095_default_h200", "2026-12-05_gptoss20_u09_s256_mbt8192_h200",
                       "2026-12-05_q3moe_fp8_u09_s256_mbt8192_h200", "2026-12-05_q3moe_u097_default_h200",
                       "2026-12-05_q3moe_u09_s256_mbt8192_h200"]
-    windows = sorted(FIXTURES.glob("*/*/summary.json"))
+    windows = window_summaries(FIXTURES)
     assert len(windows) == 9
-    for w in windows:
-        s = json.loads(w.read_text())
-        assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w
-    size = sum(f.stat().st_size for f in FIXTURES.rglob("*") if f.is_file())
-    assert size < 8 << 20, size
+    assert [w for w, s in windows.items() if not served_whole(s)] == []
+    assert folder_bytes(FIXTURES) < 8 << 20, folder_bytes(FIXTURES)
 
 
 @pytest.mark.parametrize("name", STARTS)
