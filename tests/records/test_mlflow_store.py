@@ -87,6 +87,41 @@ def test_half_built_stores_without_runs_are_set_aside_and_built_again(tmp_path: 
         _usable(db)
 
 
+def _stamp(db: Path, revision: str) -> None:
+    engine = sa.create_engine(f"sqlite:///{db}")
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+    engine.dispose()
+
+
+def test_a_store_killed_mid_migration_is_set_aside_and_an_older_one_with_experiments_kept(tmp_path: Path) -> None:
+    """MLflow migrating in place, killed between two migrations: every table there, a revision short
+    of the head stamped, nothing in it (MLflow adds its default experiment after the last step).
+    Seen when a loaded machine delayed the kill's point. An older MLflow's store with an experiment
+    in it is left to ``mlflow db upgrade``."""
+    older = "75868b020152"  # one of MLflow's intermediate revisions (the one such a kill left)
+    killed = tmp_path / "killed" / "mlflow.db"
+    killed.parent.mkdir()
+    ensure_sqlite_store(f"sqlite:///{killed}")
+    _stamp(killed, older)
+    assert store_state(killed) == "incomplete"
+    ensure_sqlite_store(f"sqlite:///{killed}")
+    assert store_state(killed) == "complete" and [p.name for p in killed.parent.glob("mlflow.db.incomplete-*")]
+    _usable(killed)
+    kept = tmp_path / "kept" / "mlflow.db"
+    kept.parent.mkdir()
+    _usable(kept)  # a store with its default experiment and a run ...
+    engine = sa.create_engine(f"sqlite:///{kept}")
+    with engine.begin() as conn:
+        for table in ("tags", "params", "latest_metrics", "metrics", "runs"):  # ... now experiments only,
+            conn.execute(sa.text(f"DELETE FROM {table}"))                      # at an older revision
+    engine.dispose()
+    _stamp(kept, older)
+    assert store_state(kept) == "in use"
+    ensure_sqlite_store(f"sqlite:///{kept}")
+    assert not list(kept.parent.glob("mlflow.db.incomplete-*"))
+
+
 @pytest.mark.slow
 def test_in_place_creations_killed_then_a_tune_runs_there(tmp_path: Path) -> None:
     """MLflow's own in-place creation (what servetune did before) killed at several points: some

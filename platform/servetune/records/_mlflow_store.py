@@ -10,11 +10,13 @@ Contract:
   either no ``mlflow.db`` or a complete one (MLflow migrating the final file in place left
   "table webhooks already exists" for good when killed half-way). Two drivers starting together
   serialise on the lock: the second finds the store built.
-* A store left half-built by such a kill (its tables incomplete or no schema revision stamped)
-  that holds no run is moved aside to ``<db>.incomplete-<UTC time>`` (nothing is deleted) and
-  built again. One that holds runs is never touched: MLflow's own error says what to do.
-* A store at another complete revision (an older MLflow's) is MLflow's business (``mlflow db
-  upgrade``), not rebuilt here.
+* A store left half-built by such a kill (its tables incomplete, no schema revision stamped, or
+  stamped at a revision short of the head with neither a run nor an experiment in it: MLflow
+  creates its default experiment only after the last migration) is moved aside to
+  ``<db>.incomplete-<UTC time>`` (nothing is deleted) and built again. One that holds runs is
+  never touched: MLflow's own error says what to do.
+* A store at another complete revision that holds experiments or runs (an older MLflow's) is
+  MLflow's business (``mlflow db upgrade``), not rebuilt here.
 
 Example:
     >>> ensure_sqlite_store("http://127.0.0.1:5000")  # not a local store: nothing to do
@@ -63,7 +65,7 @@ def _file_url(path: Path) -> Any:
 
 def store_state(path: Path) -> str:
     """``missing``, ``complete``, ``incomplete`` (half-built, no run in it) or ``in use`` (runs, or
-    a revision other than a fresh one's): what :func:`ensure_sqlite_store` does with the file."""
+    an older revision's experiments): what :func:`ensure_sqlite_store` does with the file."""
     if not path.exists():
         return "missing"
     if path.stat().st_size == 0:
@@ -78,8 +80,12 @@ def store_state(path: Path) -> str:
             revision = (conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
                         if "alembic_version" in tables else None)
             runs = conn.execute(sa.text("SELECT count(*) FROM runs")).scalar() if "runs" in tables else 0
-        if _all_tables_exist(engine) and revision is not None:
-            return "complete" if revision == _get_latest_schema_revision() else "in use"
+            experiments = (conn.execute(sa.text("SELECT count(*) FROM experiments")).scalar()
+                           if "experiments" in tables else 0)
+        if _all_tables_exist(engine) and revision == _get_latest_schema_revision():
+            return "complete"
+        if revision is not None and _all_tables_exist(engine) and experiments:
+            return "in use"  # an older MLflow's store: `mlflow db upgrade` is MLflow's business
         return "in use" if runs else "incomplete"
     except sa.exc.DatabaseError:  # not an SQLite file at all: MLflow's error names it
         return "in use"
