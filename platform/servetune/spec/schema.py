@@ -72,7 +72,7 @@ from servetune.planner import gpus, modelinfo
 from servetune.planner.flags import argv_value, validate_flags
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
-from servetune.redact import redact_url
+from servetune.redact import redact_text, redact_url
 from servetune.spec.space import STATIC_DEFAULTS, SearchSpace, read_yaml
 from servetune.vllm_version import DEFAULT_VLLM_VERSION, VERSION_RE
 from servetune.workload import Workload
@@ -770,6 +770,12 @@ class StudySpec:
         if not _NAME_RE.match(name):
             raise SpecError("name", f"{shown(name)} is not a valid study name",
                             "use letters, digits, '.', '_' and '-' (it names files and MLflow runs), at most 128")
+        if redact_text(name) != name:
+            # The name is the Optuna study's key and the MLflow run's name: it is never redacted, so
+            # one that holds a token (or a secret environment variable's value) is refused here.
+            raise SpecError("name", "holds a token or a secret environment variable's value",
+                            "name the study without credentials: the name is written to MLflow, Optuna and the "
+                            "runs folder as it is")
         description = data.get("description")
         if description is not None and not isinstance(description, str):
             raise SpecError("description", f"expected text, got {shown(description)}", "quote it")
