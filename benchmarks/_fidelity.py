@@ -44,7 +44,7 @@ from servetune.sim import GPU_FAMILY_OVERRIDES, Calibration, calibration_for, ho
 from servetune.workload import Workload
 
 __all__ = ["golden_section", "FIXTURES", "H100_CLASSES_FIXTURES", "H200_CLASSES_FIXTURES", "MOE_FLOOR_FIT_START", "fit_moe_floor", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
-           "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "HostCheck", "host_checks", "host_of",
+           "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "SCALE_HOSTS", "scale_start", "scale_host", "HostCheck", "host_checks", "host_of",
            "load_unseen_runs", "load_evidence", "HELD_OUT_HOSTS", "load_calibration_runs", "calibration_host_factors",
            "host_factor", "in_calibration_fit", "FP8_FIT_STARTS", "fit_fp8_kv_read", "fit_alone", "fit_eager_floor", "held_out_cells",
            "api_token_cpu_s", "MEASURED", "fidelity_rows", "error_summary", "read_knobs",
@@ -194,62 +194,112 @@ def _run(name: str, s: Mapping[str, Any], window_dir: Path, tokenizer_covers_voc
                    window_dir=window_dir, api_server_cpu_s=_counter_delta(window_dir, "process_cpu_seconds_total"))
 
 
+#: The H200 hosts of the host-keyed ``scale/`` starts (2026-12-02 to 2026-12-04), by key: the UTC date of
+#: the host's first server start (its ``server.log.gz``), then a letter in start order among that date's
+#: keyed hosts. Each key -> the tag its folders were first named with (``l8b_h7_u09_s256_mbt8192``) and
+#: whether they now carry the key instead (``2026-12-03b_l8b_u09_s256_mbt8192``; collect and plan files
+#: ``2026-12-03b_collect_a.txt``, ``2026-12-03b_plan_l8b.json``). The one table of both names
+#: (``scale/README.md`` prints it): renaming a host is ``git mv`` of its files and its flag here.
+SCALE_HOSTS: dict[str, tuple[str, bool]] = {
+    "2026-12-02a": ("h4", True), "2026-12-02b": ("h5", True),
+    "2026-12-03a": ("h6", True), "2026-12-03b": ("h7", True), "2026-12-03c": ("h8", True),
+    "2026-12-04a": ("h9", True), "2026-12-04b": ("h10", False), "2026-12-04c": ("h11", True),
+    "2026-12-04d": ("h12", False), "2026-12-04e": ("h13", False), "2026-12-04f": ("h14", False),
+    "2026-12-04g": ("h15", False), "2026-12-04h": ("h16", True),
+}
+
+
+def scale_start(host: str, start: str) -> str:
+    """The ``scale/`` folder of ``start`` (model, then flags: ``l8b_u09_s256_mbt8192``; ``l8b_`` gives
+    the prefix of the host's 8B starts) on ``host``, a :data:`SCALE_HOSTS` key: ``<host>_<start>``
+    once the host's folders are renamed, else the host's tag after the model (``l8b_h13_u09_s256_mbt8192``)."""
+    tag, renamed = SCALE_HOSTS[host]
+    if renamed:
+        return f"{host}_{start}"
+    model, _, flags = start.partition("_")
+    return f"{model}_{tag}_{flags}"
+
+
+def scale_host(name: str) -> str | None:
+    """The :data:`SCALE_HOSTS` key of a ``scale/`` start folder or window (``scale/<start>/<window>``),
+    by the name the host's folders carry now; None for the starts of no keyed host (``*_fv_*``, ``*_dec``)."""
+    start = name.removeprefix("scale/").split("/")[0]
+    for host, (tag, renamed) in SCALE_HOSTS.items():
+        if start.startswith(f"{host}_") if renamed else f"_{tag}_" in start:
+            return host
+    return None
+
+
+def _starts(host: str, *starts: str) -> tuple[str, ...]:
+    return tuple(scale_start(host, start) for start in starts)
+
+
 #: Collected starts measured after the committed H200 calibration and the held-out folds were
 #: fitted (2026-12-02, H200; plan ``scale/plan_l8b_dec.json``): in no fit, so
 #: :func:`load_real_runs` leaves them out unless asked for them (``sim_fidelity.py --unseen``).
 UNSEEN_STARTS: tuple[str, ...] = (
     "l8b_fv_u09_s256_mbt8192_dec",  # five decode-heavy 8B windows
-    # 2026-12-02 H200, *_h4_*, one fresh host (plans scale/plan_h4_*.json): each start
+    # 2026-12-02a, one fresh host (plans scale/2026-12-02a_plan_*.json): each start
     # measured first on the studies' prefill-heavy workload, then on decode-heavy loads; 15 windows.
-    "l8b_h4_u09_s256_mbt8192", "q14b_h4_u09_s256_mbt8192", "l8b_h4_u09_s128_mbt2048", "q14b_h4_u09_s128_mbt2048",
-    # 2026-12-02 H200, *_h5_*, another fresh host (plans plan_h5_*.json), after a
+    *_starts("2026-12-02a", "l8b_u09_s256_mbt8192", "q14b_u09_s256_mbt8192", "l8b_u09_s128_mbt2048", "q14b_u09_s128_mbt2048"),
+    # 2026-12-02b, another fresh host (plans 2026-12-02b_plan_*.json), after a
     # confirmed tune there: the prefill-heavy anchor, then closed-loop decode at 32-128 in flight; 13 windows.
-    "l8b_h5_u09_s256_mbt8192", "q14b_h5_u09_s256_mbt8192",
-    # 2026-12-03 H200, *_h6_*, another fresh host (plans plan_h6_*.json): the anchor, then
+    *_starts("2026-12-02b", "l8b_u09_s256_mbt8192", "q14b_u09_s256_mbt8192"),
+    # 2026-12-03a, another fresh host (plans 2026-12-03a_plan_*.json): the anchor, then
     # closed-loop decode at 32-192 in flight and 2,048-token outputs, fp8 KV at 8B, 128 x 2048 at 14B; 23 windows.
-    "l8b_h6_u09_s256_mbt8192", "q14b_h6_u09_s256_mbt8192", "l8b_h6_u09_s256_fp8kv", "q14b_h6_u09_s128_mbt2048",
-    # 2026-12-03 H200, *_h7_*, another fresh host (plans plan_h7_*.json): the anchor, bf16 and
+    *_starts("2026-12-03a", "l8b_u09_s256_mbt8192", "q14b_u09_s256_mbt8192", "l8b_u09_s256_fp8kv", "q14b_u09_s128_mbt2048"),
+    # 2026-12-03b, another fresh host (plans 2026-12-03b_plan_*.json): the anchor, bf16 and
     # fp8 KV starts of the same flags at 8B and 14B (decode at 32-192 in flight), a Poisson window; 17 windows.
-    "l8b_h7_u09_s256_mbt8192", "l8b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_mbt8192",
-    "l8b_h7_u09_s256_mbt8192_b", "q14b_h7_u09_s256_mbt8192_b",
-    # 2026-12-03 H200, *_h8_*, another fresh host (plan plan_h8.json), after a confirmed
+    *_starts("2026-12-03b", "l8b_u09_s256_mbt8192", "l8b_u09_s256_fp8kv", "q14b_u09_s256_fp8kv", "q14b_u09_s256_mbt8192",
+             "l8b_u09_s256_mbt8192_b", "q14b_u09_s256_mbt8192_b"),
+    # 2026-12-03c, another fresh host (plan 2026-12-03c_plan.json), after a confirmed
     # tune there: the anchor, then closed-loop decode-heavy windows at 32-160 in flight with 128-512
     # token prompts, bf16 KV, 8B and 14B; 8 windows, collected before any decode-TTFT change.
-    "l8b_h8_u09_s256_mbt8192", "q14b_h8_u09_s256_mbt8192",
-    # 2026-12-03 H200, *_h9_*, a second fresh host of that day (plan plan_h9.json): the anchor, then decode-heavy windows that
+    *_starts("2026-12-03c", "l8b_u09_s256_mbt8192", "q14b_u09_s256_mbt8192"),
+    # 2026-12-04a, the next fresh host (plan 2026-12-04a_plan.json): the anchor, then decode-heavy windows that
     # break the closed loop's lockstep waves (outputs uniform in 512-1536; a Poisson rate); 4 windows.
-    "l8b_h9_u09_s256_mbt8192",
-    # 2026-12-04 H200, *_h10_* and *_h11_*: a size no fit has seen, Mistral-Small-24B's shape (23,572M
-    # parameters; plans plan_h10_m24b.json, plan_h11_m24b*.json). *_h10_*: the anchor, closed-loop
-    # decode at 32-128 in flight, a Poisson rate; *_h11_* (a fresh host, the model rebuilt there):
+    *_starts("2026-12-04a", "l8b_u09_s256_mbt8192"),
+    # 2026-12-04b and 2026-12-04c: a size no fit has seen, Mistral-Small-24B's shape (23,572M
+    # parameters; plans benchmarks/real_vllm/plan_h10_m24b.json, plan_h11_m24b*.json). 2026-12-04b: the anchor, closed-loop
+    # decode at 32-128 in flight, a Poisson rate; 2026-12-04c (a fresh host, the model rebuilt there):
     # 0.9 x 128 x 2048 on the anchor's workload, decode and 2,048-token prompts, fp8 KV decode, then
-    # *_h10_*'s flags on the anchor's workload; 11 windows.
-    "m24b_h10_u09_s256_mbt8192", "m24b_h11_u09_s128_mbt2048", "m24b_h11_u09_s256_fp8kv", "m24b_h11_u09_s256_mbt8192",
-    # 2026-12-04 H200, *_h12_* and *_h13_*: vLLM's torch profiler inside real steps (plans
+    # 2026-12-04b's flags on the anchor's workload; 11 windows.
+    *_starts("2026-12-04b", "m24b_u09_s256_mbt8192"),
+    *_starts("2026-12-04c", "m24b_u09_s128_mbt2048", "m24b_u09_s256_fp8kv", "m24b_u09_s256_mbt8192"),
+    # 2026-12-04d and 2026-12-04e: vLLM's torch profiler inside real steps (plans
     # plan_h12_m24b_prof.json, plan_h13_*_prof*.json). Each start's first window is the clean anchor;
     # its profiled windows (summary "profiled") stall the engine while the trace is written and are
-    # no fidelity windows (load_real_runs leaves them out). *_h12_* ran 24B; *_h13_*
+    # no fidelity windows (load_real_runs leaves them out). 2026-12-04d ran 24B; 2026-12-04e
     # 14B, 8B at budgets 8192 and 2048 and 8B eager: 4 clean windows, 9 traces.
-    "m24b_h12_u09_s256_mbt8192", "q14b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt2048",
-    "l8b_h13_u09_s256_eager",
-    # 2026-12-04 H200, *_h14_* and *_h15_* (plans plan_h14_l8b.json, plan_h15_m24b*.json), collected
-    # before any change fitted that day on them. *_h14_*: 8B at a 2,048-token budget (the anchor,
+    *_starts("2026-12-04d", "m24b_u09_s256_mbt8192"),
+    *_starts("2026-12-04e", "q14b_u09_s256_mbt8192", "l8b_u09_s256_mbt8192", "l8b_u09_s256_mbt2048", "l8b_u09_s256_eager"),
+    # 2026-12-04f and 2026-12-04g (plans plan_h14_l8b.json, plan_h15_m24b*.json), collected
+    # before any change fitted that day on them. 2026-12-04f: 8B at a 2,048-token budget (the anchor,
     # a shared-prefix window; two profiled windows: the first wave's mixed steps, decode at 96 in flight),
     # then 160 sequences x a 4,096-token budget (the anchor's workload, a Poisson load with uneven outputs,
-    # decode at 192 in flight). *_h15_* (a fresh host, the 24B model built there): 24B at a
+    # decode at 192 in flight). 2026-12-04g (a fresh host, the 24B model built there): 24B at a
     # 4,096-token budget (the anchor, decode at 192 in flight with uneven outputs, a shared-prefix window;
     # two profiled), then 24B eager (a prefill-heavy window at 128 in flight; one profiled); 9 clean
     # windows, 5 traces.
-    "l8b_h14_u09_s256_mbt2048", "l8b_h14_u09_s160_mbt4096", "m24b_h15_u09_s256_mbt4096", "m24b_h15_u09_s128_eager",
-    # 2026-12-04 H200, *_h16_*, one fresh host (plans plan_h16_*.json), collected before any change
-    # fitted on it: 24B eager (the *_h15_* host's eager window again, clean eager
+    *_starts("2026-12-04f", "l8b_u09_s256_mbt2048", "l8b_u09_s160_mbt4096"),
+    *_starts("2026-12-04g", "m24b_u09_s256_mbt4096", "m24b_u09_s128_eager"),
+    # 2026-12-04h, one fresh host (plans 2026-12-04h_plan_*.json), collected before any change
+    # fitted on it: 24B eager (the 2026-12-04g host's eager window again, clean eager
     # decode at 128 in flight), then the 24B anchor flags (the anchor, a Poisson load with uneven outputs,
     # decode at 32 in flight); 8B eager under budgets 8192 and 2048 (the anchor's workload, decode at 128,
-    # 64, 16 and 4 in flight), the 8B anchor flags (the anchor, the *_h14_* host's Poisson load, decode
+    # 64, 16 and 4 in flight), the 8B anchor flags (the anchor, the 2026-12-04f host's Poisson load, decode
     # at 32) and 64 sequences (flags no run has used); 16 clean windows, no trace.
-    "m24b_h16_u09_s128_eager", "m24b_h16_u09_s256_mbt8192", "l8b_h16_u09_s256_eager", "l8b_h16_u09_s256_mbt8192",
-    "l8b_h16_u09_s256_mbt2048_eager", "l8b_h16_u09_s64_mbt8192",
+    *_starts("2026-12-04h", "m24b_u09_s128_eager", "m24b_u09_s256_mbt8192", "l8b_u09_s256_eager", "l8b_u09_s256_mbt8192",
+             "l8b_u09_s256_mbt2048_eager", "l8b_u09_s64_mbt8192"),
 )
+
+
+def _keyed_host(host: str, calibrating: str, *models: str) -> tuple[str, tuple[str, ...]]:
+    """A :data:`SCALE_HOSTS` host's entry of :data:`UNSEEN_HOSTS`: its calibrating window
+    (``<start>/<window>``, the start as :func:`scale_start` takes it) and one prefix per model it served."""
+    start, _, window = calibrating.partition("/")
+    return f"scale/{scale_start(host, start)}/{window}", tuple(f"scale/{scale_start(host, f'{m}_')}" for m in models)
+
 
 #: The real hosts of the unseen windows: for each, the one window its API-server CPU factor is read
 #: off (``servetune.sim.host_api_cpu_factor``; the host's first measurement of the studies'
@@ -258,26 +308,23 @@ UNSEEN_STARTS: tuple[str, ...] = (
 UNSEEN_HOSTS: dict[str, tuple[str, tuple[str, ...]]] = {
     # 2026-12-02 H200, a fresh host: the 14B grid's trials 6-8 (study_q14b), then the decode start (*_dec).
     "2026-12-02 H200, study_q14b": ("study_q14b/h200-q14b-grid/0008", ("scale/l8b_fv_u09_s256_mbt8192_dec/",)),
-    "2026-12-02 H200, *_h4_*": ("scale/l8b_h4_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h4_", "scale/q14b_h4_")),
-    "2026-12-02 H200, *_h5_*": ("scale/l8b_h5_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h5_", "scale/q14b_h5_")),
-    "2026-12-03 H200, *_h6_*": ("scale/l8b_h6_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h6_", "scale/q14b_h6_")),
-    "2026-12-03 H200, *_h7_*": ("scale/l8b_h7_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h7_", "scale/q14b_h7_")),
-    "2026-12-03 H200, *_h8_*": ("scale/l8b_h8_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h8_", "scale/q14b_h8_")),
-    "2026-12-03 H200, *_h9_*": ("scale/l8b_h9_u09_s256_mbt8192/p1024_o256_c256", ("scale/l8b_h9_",)),
-    # The 24B hosts. *_h11_*'s first window of the anchor's workload ran under 0.9 x 128 x 2048.
-    "2026-12-04 H200, *_h10_*": ("scale/m24b_h10_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h10_",)),
-    "2026-12-04 H200, *_h11_*": ("scale/m24b_h11_u09_s128_mbt2048/p1024_o256_c256", ("scale/m24b_h11_",)),
-    # The profiling hosts: *_h12_*'s one clean window is its factor's; *_h13_*'s 14B anchor
+    **{host: _keyed_host(host, "l8b_u09_s256_mbt8192/p1024_o256_c256", "l8b", "q14b")
+       for host in ("2026-12-02a", "2026-12-02b", "2026-12-03a", "2026-12-03b", "2026-12-03c")},
+    "2026-12-04a": _keyed_host("2026-12-04a", "l8b_u09_s256_mbt8192/p1024_o256_c256", "l8b"),
+    # The 24B hosts. 2026-12-04c's first window of the anchor's workload ran under 0.9 x 128 x 2048.
+    "2026-12-04b": _keyed_host("2026-12-04b", "m24b_u09_s256_mbt8192/p1024_o256_c256", "m24b"),
+    "2026-12-04c": _keyed_host("2026-12-04c", "m24b_u09_s128_mbt2048/p1024_o256_c256", "m24b"),
+    # The profiling hosts: 2026-12-04d's one clean window is its factor's; 2026-12-04e's 14B anchor
     # sets its factor, its two 8B anchors (budgets 8192 and 2048) are judged.
-    "2026-12-04 H200, *_h12_*": ("scale/m24b_h12_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h12_",)),
-    "2026-12-04 H200, *_h13_*": ("scale/q14b_h13_u09_s256_mbt8192/p1024_o256_c256", ("scale/q14b_h13_", "scale/l8b_h13_")),
-    # *_h14_* and *_h15_*: each start's first window is the anchor's workload; the first
-    # start's sets the host's factor (*_h14_*'s ran under a 2,048-token budget).
-    "2026-12-04 H200, *_h14_*": ("scale/l8b_h14_u09_s256_mbt2048/p1024_o256_c256", ("scale/l8b_h14_",)),
-    "2026-12-04 H200, *_h15_*": ("scale/m24b_h15_u09_s256_mbt4096/p1024_o256_c256", ("scale/m24b_h15_",)),
-    # *_h16_*: its first window of the anchor's workload at the anchor's flags is the
+    "2026-12-04d": _keyed_host("2026-12-04d", "m24b_u09_s256_mbt8192/p1024_o256_c256", "m24b"),
+    "2026-12-04e": _keyed_host("2026-12-04e", "q14b_u09_s256_mbt8192/p1024_o256_c256", "q14b", "l8b"),
+    # 2026-12-04f and 2026-12-04g: each start's first window is the anchor's workload; the first
+    # start's sets the host's factor (2026-12-04f's ran under a 2,048-token budget).
+    "2026-12-04f": _keyed_host("2026-12-04f", "l8b_u09_s256_mbt2048/p1024_o256_c256", "l8b"),
+    "2026-12-04g": _keyed_host("2026-12-04g", "m24b_u09_s256_mbt4096/p1024_o256_c256", "m24b"),
+    # 2026-12-04h: its first window of the anchor's workload at the anchor's flags is the
     # 24B one (the eager start before it served 128 in flight); the 8B starts after it are judged by it.
-    "2026-12-04 H200, *_h16_*": ("scale/m24b_h16_u09_s256_mbt8192/p1024_o256_c256", ("scale/m24b_h16_", "scale/l8b_h16_")),
+    "2026-12-04h": _keyed_host("2026-12-04h", "m24b_u09_s256_mbt8192/p1024_o256_c256", "m24b", "l8b"),
 }
 
 
@@ -379,20 +426,19 @@ def load_evidence(fixtures: Path = FIXTURES) -> list[RealRun]:
 
 
 #: Hosts no fit has seen: the committed calibration (2026-12-03) was fitted on every other host's
-#: runs, and these hosts' windows, collected before that fit (*_h8_*'s after it, before any
-#: change it judges), are its held-out judges. The 2026-12-04 hosts *_h10_* and *_h11_* ran a size no
+#: runs, and these hosts' windows, collected before that fit (2026-12-03c's after it, before any
+#: change it judges), are its held-out judges. The hosts 2026-12-04b and 2026-12-04c ran a size no
 #: fit has seen (24B), collected after every constant of the committed calibration was chosen;
-#: *_h12_* and *_h13_* were profiled (their clean windows only).
-HELD_OUT_HOSTS: tuple[str, ...] = ("2026-12-03 H200, *_h6_*", "2026-12-03 H200, *_h7_*", "2026-12-03 H200, *_h8_*", "2026-12-03 H200, *_h9_*",
-                                   "2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h12_*",
-                                   "2026-12-04 H200, *_h13_*", "2026-12-04 H200, *_h14_*", "2026-12-04 H200, *_h15_*",
-                                   "2026-12-04 H200, *_h16_*")
+#: 2026-12-04d and 2026-12-04e were profiled (their clean windows only).
+HELD_OUT_HOSTS: tuple[str, ...] = ("2026-12-03a", "2026-12-03b", "2026-12-03c", "2026-12-04a", "2026-12-04b",
+                                   "2026-12-04c", "2026-12-04d", "2026-12-04e", "2026-12-04f", "2026-12-04g",
+                                   "2026-12-04h")
 
 
 #: The starts of a held-out host that one knob was fitted on, the rest of the calibration never:
-#: ``fp8_kv_read_efficiency`` (:func:`fit_fp8_kv_read`) on the *_h6_* host's fp8 KV start (2026-12-03),
-#: the only fp8 start with a covering tokenizer before the *_h7_* host, whose fp8 starts judge it.
-FP8_FIT_STARTS: tuple[str, ...] = ("l8b_h6_u09_s256_fp8kv",)
+#: ``fp8_kv_read_efficiency`` (:func:`fit_fp8_kv_read`) on the 2026-12-03a host's fp8 KV start,
+#: the only fp8 start with a covering tokenizer before the 2026-12-03b host, whose fp8 starts judge it.
+FP8_FIT_STARTS: tuple[str, ...] = (scale_start("2026-12-03a", "l8b_u09_s256_fp8kv"),)
 
 
 def in_calibration_fit(run_name: str) -> bool:
@@ -804,7 +850,7 @@ def fit_alone(knob: str, runs: list[RealRun], bounds: tuple[float, float],
     ``calibration`` (default: the committed one), by golden-section search. The loss is the fit's without its TTFT term: a knob
     fitted alone sets a rate or a floor, and the TTFT misses (the simulator's closed-loop first
     tokens come early, whatever the knob) made the full loss multimodal (``fp8_kv_read_efficiency``
-    had local minima at 0.35 and 0.45 on the *_h6_* host's windows); throughput and TPOT alone are
+    had local minima at 0.35 and 0.45 on the 2026-12-03a host's windows); throughput and TPOT alone are
     smooth and unimodal, which the search needs."""
     base = dict(calibration or {})
 

@@ -77,7 +77,7 @@ def fit_gemm(probes: Iterable[Path] = PROBES, models: Iterable[str] = GEMM_MODEL
 
     Both are needed. The first probe timed nothing under 64 tokens; fitted on it alone
     (2026-12-04) the blend came out at 2, which priced 4-256-sequence decode steps' GEMMs 4-13%
-    slow and ran the 24B decode windows of *_h10_* and *_h11_* (2026-12-04) 4-11% slow. The traces timed nothing
+    slow and ran the 24B decode windows of 2026-12-04b and 2026-12-04c 4-11% slow. The traces timed nothing
     between 256 and 2,048 tokens; the second probe (16-8,192 tokens, 30 counts) covers the ridge,
     where the blend decides. ``token_tile``: ``gemm_token_tile``, held (8: the tile widths vLLM's
     cuBLAS kernels were named with in the traces).

@@ -45,9 +45,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT / "platform") not in sys.path:
-    sys.path.insert(0, str(ROOT / "platform"))
+for _p in (ROOT / "platform", ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
+from _fidelity import scale_host  # noqa: E402
 from servetune.engines.early_stop import EarlyStop  # noqa: E402
 from servetune.engines.vllm.engine import VllmLaunch, run_vllm_trial  # noqa: E402
 from servetune.workload import Workload  # noqa: E402
@@ -175,24 +177,24 @@ def margin_needed(window: RealWindow, min_fraction: float = EarlyStop.min_fracti
 
 
 #: The hosts measured after the margin was chosen on the 2026-12-01 and 2026-12-02 windows before them: the
-#: start-name tag of each (``*_h4_*`` ...) and its row label in :func:`real_table`.
+#: key of each (``_fidelity.SCALE_HOSTS``, whichever name its folders carry) and its row label in :func:`real_table`.
 LATER_HOSTS: dict[str, str] = {
-    "_h4_": "2026-12-02 H200, `*_h4_*` (not used to choose the margin)",
-    "_h5_": "2026-12-02 H200, `*_h5_*` (measured after the margin was chosen)",
-    "_h6_": "2026-12-03 H200, `*_h6_*` (measured after the margin was chosen)",
-    "_h7_": "2026-12-03 H200, `*_h7_*` (measured after the margin was chosen)",
-    "_h8_": "2026-12-03 H200, `*_h8_*` (measured after the margin was chosen)",
-    "_h9_": "2026-12-03 H200, `*_h9_*` (measured after the margin was chosen)",
-    "_h10_": "2026-12-04 H200, `*_h10_*`, 24B (measured after the margin was chosen)",
-    "_h11_": "2026-12-04 H200, `*_h11_*`, 24B (measured after the margin was chosen)",
-    "_h12_": "2026-12-04 H200, `*_h12_*`, 24B (measured after the margin was chosen)",
-    "_h13_": "2026-12-04 H200, `*_h13_*`, 8B and 14B (measured after the margin was chosen)",
-    "_h14_": "2026-12-04 H200, `*_h14_*`, 8B (measured after the margin was chosen)",
-    "_h15_": "2026-12-04 H200, `*_h15_*`, 24B (measured after the margin was chosen)",
-    "_h16_": "2026-12-04 H200, `*_h16_*`, 8B and 24B (measured after the margin was chosen)",
+    "2026-12-02a": "2026-12-02a H200 (not used to choose the margin)",
+    "2026-12-02b": "2026-12-02b H200 (measured after the margin was chosen)",
+    "2026-12-03a": "2026-12-03a H200 (measured after the margin was chosen)",
+    "2026-12-03b": "2026-12-03b H200 (measured after the margin was chosen)",
+    "2026-12-03c": "2026-12-03c H200 (measured after the margin was chosen)",
+    "2026-12-04a": "2026-12-04a H200 (measured after the margin was chosen)",
+    "2026-12-04b": "2026-12-04b H200, 24B (measured after the margin was chosen)",
+    "2026-12-04c": "2026-12-04c H200, 24B (measured after the margin was chosen)",
+    "2026-12-04d": "2026-12-04d H200, 24B (measured after the margin was chosen)",
+    "2026-12-04e": "2026-12-04e H200, 8B and 14B (measured after the margin was chosen)",
+    "2026-12-04f": "2026-12-04f H200, 8B (measured after the margin was chosen)",
+    "2026-12-04g": "2026-12-04g H200, 24B (measured after the margin was chosen)",
+    "2026-12-04h": "2026-12-04h H200, 8B and 24B (measured after the margin was chosen)",
 }
-#: The row label of the windows the margin was chosen on (every start without a host tag).
-EARLIER_HOSTS = "2026-12-01 and 2026-12-02 H200, before `*_h4_*`"
+#: The row label of the windows the margin was chosen on (every start of no keyed host).
+EARLIER_HOSTS = "2026-12-01 and 2026-12-02 H200, before 2026-12-02a"
 
 
 def real_table(windows: list[RealWindow]) -> str:
@@ -200,8 +202,8 @@ def real_table(windows: list[RealWindow]) -> str:
     rule = EarlyStop()
     hosts: dict[str, list[RealWindow]] = {EARLIER_HOSTS: [], **{label: [] for label in LATER_HOSTS.values()}}
     for w in windows:
-        tag = next((t for t in LATER_HOSTS if t in w.name), None)
-        hosts.setdefault(LATER_HOSTS[tag] if tag else EARLIER_HOSTS, []).append(w)
+        host = scale_host(w.name)
+        hosts.setdefault(LATER_HOSTS[host] if host else EARLIER_HOSTS, []).append(w)
     lines = [f"margin {rule.margin:g} after {rule.min_fraction:.0%} of the requests answered", "",
              "| windows | n | largest margin needed | windows the rule would cut at a tied best | "
              "window saved, 15% below the best | 30% below |", "|---|---|---|---|---|---|"]

@@ -673,8 +673,8 @@ requests of every real vLLM window in `tests/fixtures/real_h200` (what the decid
 
 Closed loops of 2-4 waves are the hard case: every wave starts with its prefills, and the rate
 so far dips at each. Under the margin of 1.5 used until 2026-12-02, 7 of the 66 windows of
-2026-12-01 and 2026-12-02 up to `*_h4_*` would have been cut below their own final rate (by up to
-3%), and one of `*_h5_*`'s; 1.6 is the first 0.05 step above what the windows before `*_h4_*`
+2026-12-01 and 2026-12-02 up to `2026-12-02a` would have been cut below their own final rate (by up to
+3%), and one of `2026-12-02b`'s; 1.6 is the first 0.05 step above what the windows before `2026-12-02a`
 needed, and the two later hosts' 28 windows, measured after, needed at most 1.521.
 
 ## Pre-screen accuracy on real vLLM 0.26 starts (H200, servetune-test-850m)

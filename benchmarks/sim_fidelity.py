@@ -19,7 +19,7 @@ preemptions, with the relative errors.
   after the committed ones (the committed H200 calibration: ``--fit 36 --kernels --start
   benchmarks/results/sim_kernel_candidate_v2_h200.json``, 2026-12-04).
 * ``--fit-fp8``: ``fp8_kv_read_efficiency`` alone (``_fidelity.fit_fp8_kv_read``) on
-  ``_fidelity.FP8_FIT_STARTS`` (the 2026-12-03 ``*_h6_*`` host's fp8 KV start), every other knob committed.
+  ``_fidelity.FP8_FIT_STARTS`` (the ``2026-12-03a`` host's fp8 KV start), every other knob committed.
 * ``--fit-eager``: ``eager_layer_overhead_s`` alone (``_fidelity.fit_eager_floor``) on the fitting
   runs that ran ``enforce_eager`` (0.85B and 14B), every other knob committed.
 * ``--fit-frontend``: the API server loop's shape and the client's read (``api_chunk_share``,

@@ -8,10 +8,10 @@ confirmation repeat.
 * ``study_l8b_tune`` (2026-12-02): the driver read ``vllm serve --help=all`` before
   starting Ray and sent the warm-up requests one after another. Its wall clock: the study's own
   (its log) and the host script's, to the process's exit.
-* ``study_l8b_tune_b`` (2026-12-02, the ``*_h5_*`` host): the first start reads the help beside its launch and the
+* ``study_l8b_tune_b`` (2026-12-02, the ``2026-12-02b`` host): the first start reads the help beside its launch and the
   warm-ups go out together. ``study_times.log`` stamps every output line with the seconds since
   `servetune tune` started, so its figure is the time to the line naming the confirmed winner.
-* ``study_l8b_tune_c`` (2026-12-03, the ``*_h8_*`` host): ``budget.confirm_on: same-start`` (the default since
+* ``study_l8b_tune_c`` (2026-12-03, the ``2026-12-03c`` host): ``budget.confirm_on: same-start`` (the default since
   2026-12-03): a trial whose window led when it ended measured its repeat on its own server.
 
 Its GPU time is the sum of the starts' dispatch-to-result times (vLLM start, warm-up, window, the

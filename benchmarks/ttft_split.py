@@ -16,7 +16,7 @@ modelled as vLLM's loop in ``servetune.sim.frontend``).
 
 Usage::
 
-    PYTHONPATH=platform:benchmarks .venv/bin/python benchmarks/ttft_split.py [--hosts h6 h7]
+    PYTHONPATH=platform:benchmarks .venv/bin/python benchmarks/ttft_split.py [--hosts 2026-12-03a 2026-12-03b]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ for path in (ROOT / "platform", ROOT / "benchmarks"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-from _fidelity import fidelity_rows, host_factor, host_of, load_unseen_runs  # noqa: E402
+from _fidelity import SCALE_HOSTS, fidelity_rows, host_factor, host_of, load_unseen_runs, scale_host  # noqa: E402
 from servetune.engines.vllm.metrics import counter, parse_prometheus  # noqa: E402
 
 SCALE = ROOT / "tests" / "fixtures" / "real_h200" / "scale"
@@ -52,17 +52,20 @@ def engine_split(window: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", nargs="*", default=["h6", "h7"], help="host tags of the starts (h4 .. h11)")
+    parser.add_argument("--hosts", nargs="*", default=["2026-12-03a", "2026-12-03b"],
+                        help="the hosts' keys (_fidelity.SCALE_HOSTS: 2026-12-02a .. 2026-12-04h) or their first tags (h4 .. h16)")
     args = parser.parse_args(argv)
+    by_tag = {tag: host for host, (tag, _) in SCALE_HOSTS.items()}
+    hosts = [by_tag.get(h, h) for h in args.hosts]
     runs = {r.name: r for r in load_unseen_runs()}
-    shown = {name: run for name, run in runs.items() if any(f"_{tag}_" in name for tag in args.hosts)}
+    shown = {name: run for name, run in runs.items() if scale_host(name) in hosts}
     factors = {h: host_factor(h, runs) for h in {host_of(name) for name in shown} if h is not None}
     print("| window | client TTFT ms | API server + client | engine queue | prefill | steps | tokens/step "
           "| simulated TTFT ms |")
     print("|---|---|---|---|---|---|---|---|")
-    for tag in args.hosts:
+    for host in hosts:
         for name, run in sorted(shown.items()):
-            if f"_{tag}_" not in name:
+            if scale_host(name) != host:
                 continue
             d = engine_split(SCALE / name.removeprefix("scale/"))
             n = d["vllm:request_queue_time_seconds_count"] or 1.0

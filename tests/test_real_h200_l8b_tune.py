@@ -2,7 +2,7 @@
 
 ``study_l8b_tune``, ``study_l8b_tune_b`` and ``study_l8b_tune_c``: `servetune tune
 benchmarks/real_vllm/h200_l8b_tune.yaml`, each on a fresh host, 2026-12-02 and 2026-12-03 (the second
-on the host of ``scale/*_h5_*``, the third on that of ``scale/*_h8_*``, confirming on the leading trials' own starts): the 8B model of
+on the host of ``scale/2026-12-02b_*``, the third on that of ``scale/2026-12-03c_*``, confirming on the leading trials' own starts): the 8B model of
 ``study_l8b`` and its workload, the memory pair (gpu_memory_utilization x max_num_seqs), README's
 GPU defaults, two trials and one confirmation repeat. What each study decided is checked here
 against its records; how long it took against a sweep is a figure, printed by
@@ -120,7 +120,7 @@ def test_the_confirmation_printed_is_the_confirm_rule_on_the_recorded_runs(tune)
 
 
 def test_the_second_tune_ran_its_baseline_to_the_end_and_its_host_was_noisier():
-    """The 2026-12-02 ``*_h5_*`` host: the baseline (0.9 x 512) came within 5.4% of the informed start,
+    """The ``2026-12-02b`` host: the baseline (0.9 x 512) came within 5.4% of the informed start,
     too close for early stopping's margin (``EarlyStop.margin``) to end it, so it ran
     its whole window; the confirmation repeat of the same flags came 9.8% below the first run, its
     API server spending 24% more CPU on the same requests (the host's CPU, not the flags)."""

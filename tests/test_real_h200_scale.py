@@ -2,8 +2,8 @@
 
 vLLM 0.26.0, random weights, one H200 per host; 50 server starts, 177 measured windows (see the
 folder's README): 5 starts of 2026-12-01 whose model folders carried a 32,000-token tokenizer, and
-45 since (``*_fv_*``, ``*_dec``, ``*_h4_*`` to ``*_h16_*``, fourteen more hosts; the ``m24b_*`` starts
-a Mistral-Small-24B shape; 14 windows of the ``*_h12_*`` to ``*_h15_*`` starts profiled by vLLM's torch
+45 since (``*_fv_*``, ``*_dec``, ``2026-12-02a`` to ``2026-12-04h``, fourteen more hosts; the ``m24b_*`` starts
+a Mistral-Small-24B shape; 14 windows of the ``2026-12-04d`` to ``2026-12-04g`` starts profiled by vLLM's torch
 profiler) whose tokenizers cover the models' vocabularies; the simulator's fit and held-out hosts are ``benchmarks/_fidelity.py``'s.
 None of these runs was used to fit the planner: its KV capacity here is held out.
 """
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import pytest
-from _fidelity import HOST_MODELS, serving_flags  # the host's model folder -> the shipped config of that shape
+from _fidelity import HOST_MODELS, SCALE_HOSTS, scale_host, scale_start, serving_flags  # the host's model folder -> the shipped config of that shape
 
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
@@ -37,25 +38,25 @@ def test_the_evidence_is_all_there() -> None:
                      "l8b_fv_u09_s256_mbt8192_dec", "l8b_u09_s256_fp8kv", "l8b_u09_s256_mbt2048", "l8b_u09_s256_mbt8192",
                      "q14b_fv_u09_s128_eager", "q14b_fv_u09_s256_mbt16384", "q14b_fv_u09_s256_mbt8192",
                      "q14b_u09_s128_eager", "q14b_u09_s256_mbt8192"]
-    assert STARTS == sorted(earlier_hosts + ["l8b_h4_u09_s128_mbt2048", "l8b_h4_u09_s256_mbt8192",
-                                      "q14b_h4_u09_s128_mbt2048", "q14b_h4_u09_s256_mbt8192",
-                                      "l8b_h5_u09_s256_mbt8192", "q14b_h5_u09_s256_mbt8192",
-                                      "l8b_h6_u09_s256_mbt8192", "q14b_h6_u09_s256_mbt8192",
-                                      "l8b_h6_u09_s256_fp8kv", "q14b_h6_u09_s128_mbt2048",
-                                      "l8b_h7_u09_s256_mbt8192", "l8b_h7_u09_s256_fp8kv", "l8b_h7_u09_s256_mbt8192_b",
-                                      "q14b_h7_u09_s256_fp8kv", "q14b_h7_u09_s256_mbt8192",
-                                      "q14b_h7_u09_s256_mbt8192_b",
-                                      "l8b_h8_u09_s256_mbt8192", "q14b_h8_u09_s256_mbt8192",
-                                      "l8b_h9_u09_s256_mbt8192",
-                                      "m24b_h10_u09_s256_mbt8192", "m24b_h11_u09_s128_mbt2048",
-                                      "m24b_h11_u09_s256_fp8kv", "m24b_h11_u09_s256_mbt8192",
+    assert STARTS == sorted(earlier_hosts + ["2026-12-02a_l8b_u09_s128_mbt2048", "2026-12-02a_l8b_u09_s256_mbt8192",
+                                      "2026-12-02a_q14b_u09_s128_mbt2048", "2026-12-02a_q14b_u09_s256_mbt8192",
+                                      "2026-12-02b_l8b_u09_s256_mbt8192", "2026-12-02b_q14b_u09_s256_mbt8192",
+                                      "2026-12-03a_l8b_u09_s256_mbt8192", "2026-12-03a_q14b_u09_s256_mbt8192",
+                                      "2026-12-03a_l8b_u09_s256_fp8kv", "2026-12-03a_q14b_u09_s128_mbt2048",
+                                      "2026-12-03b_l8b_u09_s256_mbt8192", "2026-12-03b_l8b_u09_s256_fp8kv", "2026-12-03b_l8b_u09_s256_mbt8192_b",
+                                      "2026-12-03b_q14b_u09_s256_fp8kv", "2026-12-03b_q14b_u09_s256_mbt8192",
+                                      "2026-12-03b_q14b_u09_s256_mbt8192_b",
+                                      "2026-12-03c_l8b_u09_s256_mbt8192", "2026-12-03c_q14b_u09_s256_mbt8192",
+                                      "2026-12-04a_l8b_u09_s256_mbt8192",
+                                      "m24b_h10_u09_s256_mbt8192", "2026-12-04c_m24b_u09_s128_mbt2048",
+                                      "2026-12-04c_m24b_u09_s256_fp8kv", "2026-12-04c_m24b_u09_s256_mbt8192",
                                       "m24b_h12_u09_s256_mbt8192", "q14b_h13_u09_s256_mbt8192",
                                       "l8b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt2048", "l8b_h13_u09_s256_eager",
                                       "l8b_h14_u09_s256_mbt2048", "l8b_h14_u09_s160_mbt4096",
                                       "m24b_h15_u09_s256_mbt4096", "m24b_h15_u09_s128_eager",
-                                      "m24b_h16_u09_s128_eager", "m24b_h16_u09_s256_mbt8192",
-                                      "l8b_h16_u09_s256_eager", "l8b_h16_u09_s256_mbt8192",
-                                      "l8b_h16_u09_s256_mbt2048_eager", "l8b_h16_u09_s64_mbt8192"])
+                                      "2026-12-04h_m24b_u09_s128_eager", "2026-12-04h_m24b_u09_s256_mbt8192",
+                                      "2026-12-04h_l8b_u09_s256_eager", "2026-12-04h_l8b_u09_s256_mbt8192",
+                                      "2026-12-04h_l8b_u09_s256_mbt2048_eager", "2026-12-04h_l8b_u09_s64_mbt8192"])
     assert set(json.loads((SCALE / "tokenizers.json").read_text())["tokenizer_vocab"]) == set(STARTS)
     windows = sorted(SCALE.glob("*/*/summary.json"))
     assert len(windows) == 177
@@ -65,6 +66,35 @@ def test_the_evidence_is_all_there() -> None:
         # A profiled window keeps vLLM's raw worker trace beside its figures (trace_steps.py reads it).
         assert s.get("profiled", False) is (w.parent / "trace.pt.trace.json.gz").exists(), w
     assert sum(json.loads(w.read_text()).get("profiled", False) for w in windows) == 14
+
+
+def _first_log_time(start: str) -> str:
+    """The first ``MM-DD HH:MM:SS`` stamp of a start's server log (vLLM logs the host's clock, UTC)."""
+    match = re.search(r"\b(\d\d-\d\d \d\d:\d\d:\d\d)\b", _start(start)[1])
+    assert match, start
+    return match.group(1)
+
+
+def test_each_host_key_is_its_date_and_its_folders_carry_one_name() -> None:
+    """_fidelity.SCALE_HOSTS: a host's key is the UTC date of its first server start and a letter in
+    start order within that date; its folders carry the key (renamed) or the old tag (not yet),
+    never both, and the folder README's table says which."""
+    readme = (SCALE / "README.md").read_text()
+    firsts = {}
+    for host, (tag, renamed) in SCALE_HOSTS.items():
+        starts = [s for s in STARTS if scale_host(s) == host]
+        assert starts and all(s.startswith(f"{host}_") is renamed for s in starts), (host, starts)
+        assert [s for s in STARTS if f"_{tag}_" in s or s.startswith(f"{host}_")] == starts
+        assert scale_host(scale_start(host, "l8b_u09_s256_mbt8192")) == host
+        firsts[host] = min(_first_log_time(s) for s in starts)
+        assert firsts[host][:5] == host[5:10], (host, firsts[host])
+        row = f"| `{tag}` | `{host}` | {host[:10]} {firsts[host][6:11]} |"
+        assert row in readme and ("(renamed)" if renamed else "(not yet)") in readme.split(row)[1].split("\n")[0]
+    for day in {h[:10] for h in SCALE_HOSTS}:
+        keyed = sorted(h for h in SCALE_HOSTS if h.startswith(day))
+        assert [h[-1] for h in keyed] == list("abcdefgh"[:len(keyed)])
+        assert sorted(keyed, key=firsts.__getitem__) == keyed  # letters in start order
+    assert [scale_host(s) for s in STARTS if scale_host(s) is None] == [None] * 12  # the untagged starts
 
 
 @pytest.mark.parametrize("name", STARTS)
@@ -144,8 +174,8 @@ def test_no_window_preempted_and_the_prefix_cache_saw_what_was_sent() -> None:
             if name.startswith("prefix768"):
                 # 768 of 1024 prompt tokens shared within 8 groups: three quarters hit.
                 assert 0.74 < hit < 0.76, (w, hit)
-            elif k == 0 or "_fv_" in start or "_h4_" in start:
-                # A fresh server has nothing to hit; the *_fv_* and *_h4_* plans seeded each window apart.
+            elif k == 0 or "_fv_" in start or scale_host(start) == "2026-12-02a":
+                # A fresh server has nothing to hit; the *_fv_* and 2026-12-02a plans seeded each window apart.
                 assert hit < 0.01, (w, hit)
             else:
                 # Later windows of a start re-sent earlier windows' prompts (same seed, see the

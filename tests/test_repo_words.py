@@ -17,8 +17,8 @@ A line fails on any of these (``WORD_RULES``, case-insensitive):
 * ``session by session``: a narrative told in the team's working order.
 * ``numbered host``: an ordinal from "fourth" up (optionally "... to ninth", or "H200", "GPU",
   "fresh" between) before "host(s)": "the sixteenth H200 host". "a second fresh host" and "the first
-  host" are ordinary English and pass; from the fourth on, a host is named by its folder tag instead
-  (``*_h16_*``, with its date).
+  host" are ordinary English and pass; from the fourth on, a host is named by its key instead: the
+  date of its runs and a letter (``2026-12-04h``, ``_fidelity.SCALE_HOSTS``).
 * ``ordinal possessive``: an ordinal from "fourth" up with "'s" ("the fourteenth's first window"),
   the same numbering by another name.
 * ``tracker issue``: "issue 12" / "issues 12" (no ``#``): the team's tracker. A source is cited with
@@ -114,7 +114,7 @@ def test_rules_catch_process_words_and_pass_product_words() -> None:
     good = ["start_new_session=True", "the Ray session's logs", "@pytest.fixture(scope=\"session\")",
             "sessions terminated, transactions rolled back", "a second fresh host", "the first host",
             "vLLM issue #51041 ('H20 (95 GiB)')", "ray-project/kuberay#4366", "LMCache issue #1739",
-            "vLLM CI, issue #33297", "2026-12-04 H200, *_h16_*", "model: /root/m8b", "/tmp/ray/session_latest",
+            "vLLM CI, issue #33297", "the 2026-12-04h H200 host", "model: /root/m8b", "/tmp/ray/session_latest",
             "/root/.cache/vllm/torch_compile_cache/", "the fourth calibration", "a third host's GEMMs"]
     assert [b for b in bad if not findings(b)] == []
     assert [(g, findings(g)) for g in good if findings(g)] == []

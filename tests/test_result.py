@@ -93,7 +93,7 @@ def test_the_api_server_note_on_real_windows() -> None:
     from servetune.engines.vllm.metrics import counter, parse_prometheus
     from servetune.result import api_server_note
 
-    start = Path(__file__).parent / "fixtures" / "real_h200" / "scale" / "l8b_h4_u09_s256_mbt8192"
+    start = Path(__file__).parent / "fixtures" / "real_h200" / "scale" / "2026-12-02a_l8b_u09_s256_mbt8192"
 
     def window(name: str) -> TrialResult:
         d = start / name

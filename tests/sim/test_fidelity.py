@@ -38,15 +38,15 @@ def test_fixtures_hold_every_healthy_window_with_its_preemption_counts() -> None
 
 def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_in_no_fit() -> None:
     """The starts measured after the folds were fitted (_fidelity.UNSEEN_STARTS: the decode-heavy 8B
-    start of 2026-12-02 (*_dec), the four starts of *_h4_*, the two of *_h5_*, the four of *_h6_*,
-    the six of *_h7_*, the two of *_h8_*, one of *_h9_*, the four 24B starts of *_h10_* and *_h11_*,
-    the five profiled starts of *_h12_* and *_h13_*, the four of *_h14_* and *_h15_*, the six of
-    *_h16_*; 2026-12-02 to 2026-12-04, H200) are left out of load_evidence,
+    start of 2026-12-02 (*_dec), the four starts of 2026-12-02a, the two of 2026-12-02b, the four of 2026-12-03a,
+    the six of 2026-12-03b, the two of 2026-12-03c, one of 2026-12-04a, the four 24B starts of 2026-12-04b and 2026-12-04c,
+    the five profiled starts of 2026-12-04d and 2026-12-04e, the four of 2026-12-04f and 2026-12-04g, the six of
+    2026-12-04h; 2026-12-02 to 2026-12-04, H200) are left out of load_evidence,
     which every fold reads, and loaded by load_unseen_runs with the unseen studies' trials: 5 + 15 +
     13 + 23 + 17 + 8 + 4 + 11 + 4 + 9 + 16 windows (the clean ones; profiled windows are no fidelity
     windows) + 11 trials, 8B and 14B but for the 24B ones, a size no fit has seen. The committed
     calibration's joint fit (load_calibration_runs) takes all of them but the held-out hosts' 23 +
-    17 + 8 + 4 + 5 + 6 + 1 + 3 + 9 + 16 windows; of those, the *_h6_* host's 4 fp8 KV windows fit
+    17 + 8 + 4 + 5 + 6 + 1 + 3 + 9 + 16 windows; of those, the 2026-12-03a host's 4 fp8 KV windows fit
     fp8_kv_read_efficiency alone, and the other 84 nothing fitted has seen."""
     from _fidelity import (FP8_FIT_STARTS, HELD_OUT_HOSTS, UNSEEN_STARTS, host_of, in_calibration_fit,
                            load_calibration_runs, load_unseen_runs)
@@ -66,7 +66,7 @@ def test_windows_measured_after_the_folds_are_in_no_fold_and_the_held_out_hosts_
     held_out = {name for name in unseen if not in_calibration_fit(name)}
     assert {host_of(name) for name in held_out} == set(HELD_OUT_HOSTS)
     assert len(held_out) == 88 and not calibration & held_out
-    # The *_h6_* host's fp8 start is fitted alone (fp8_kv_read_efficiency), not in the joint fit.
+    # The 2026-12-03a host's fp8 start is fitted alone (fp8_kv_read_efficiency), not in the joint fit.
     fp8_fit = {name for name in unseen if any(name.startswith(f"scale/{s}/") for s in FP8_FIT_STARTS)}
     assert len(fp8_fit) == 4 and all(in_calibration_fit(name) and host_of(name) in HELD_OUT_HOSTS for name in fp8_fit)
     assert calibration == fitted | (set(unseen) - held_out - fp8_fit)
@@ -78,49 +78,49 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
     host's other windows simulated with it (_fidelity.host_checks; `sim_fidelity.py --unseen`).
     Nothing is fitted to throughput and no judged window is the calibrating one.
 
-    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: *_h6_* to *_h16_*, 2026-12-03 and -04, in no
+    Only the held-out hosts (_fidelity.HELD_OUT_HOSTS: 2026-12-03a to 2026-12-04h, 2026-12-03 and -04, in no
     fit but the one start fp8_kv_read_efficiency was fitted on, _fidelity.FP8_FIT_STARTS) judge the
     rule, on their never-fitted windows. Under the 2026-12-04 calibration (kernel-measured GPU
     knobs, vLLM's output slices, the eager rule of that day's second change, whose launch floor
     scales with the factor too) the factor moves throughput little on the hosts without eager
-    windows (*_h6_* 1.9% to 2.0%, *_h7_* 4.6% to 4.3%, *_h8_* 1.6% to 1.7%, *_h9_* 1.6% to
-    1.2%, *_h10_* 4.5% to 4.7%, *_h11_* 1.6%, *_h13_* 5.3% to 2.4%, *_h14_* 2.2% to 3.3%)
-    and much on the two with them (*_h15_* 10.2% to 5.9%, *_h16_* 8.3% to 5.1%):
-    9.5 points gained over the ten. First tokens move both ways: *_h13_*
-    22.6% to 10.3% and *_h7_* 10.6% to 7.4%, but *_h10_* 8.8% to 16.2% (its 24B decode
-    windows' first tokens late at 32 and 128 in flight) and *_h15_* 4.2% to 7.9%;
+    windows (2026-12-03a 1.9% to 2.0%, 2026-12-03b 4.6% to 4.3%, 2026-12-03c 1.6% to 1.7%, 2026-12-04a 1.6% to
+    1.2%, 2026-12-04b 4.5% to 4.7%, 2026-12-04c 1.6%, 2026-12-04e 5.3% to 2.4%, 2026-12-04f 2.2% to 3.3%)
+    and much on the two with them (2026-12-04g 10.2% to 5.9%, 2026-12-04h 8.3% to 5.1%):
+    9.5 points gained over the ten. First tokens move both ways: 2026-12-04e
+    22.6% to 10.3% and 2026-12-03b 10.6% to 7.4%, but 2026-12-04b 8.8% to 16.2% (its 24B decode
+    windows' first tokens late at 32 and 128 in flight) and 2026-12-04g 4.2% to 7.9%;
     over the ten, TTFT gains 0.5 points. (Under the 2026-12-03 calibration,
     benchmarks/results/sim_calibration_2026_12_03_h200.json, it gained TTFT on most hosts: 28.5% to
-    22.2% on *_h9_*.) The three earlier hosts' runs (2026-12-02: study_q14b, *_h4_*, *_h5_*) are in the calibration's
+    22.2% on 2026-12-04a.) The three earlier hosts' runs (2026-12-02: study_q14b, 2026-12-02a, 2026-12-02b) are in the calibration's
     fit, each at its factor, so their rows are a fit. What every host must still show: a factor of
     its own, the preemption verdict right, and no window far off; the bounds hold the measured worst
-    with room (the study_q14b host's 256-in-flight decode window (*_dec), 8.4%; *_h4_*'s, 5.6%; *_h5_*'s
-    8B decode at 128, 5.1%; *_h6_*'s 8B decode at 2,048-token outputs, 5.4%; *_h7_*'s fp8
+    with room (the study_q14b host's 256-in-flight decode window (*_dec), 8.4%; 2026-12-02a's, 5.6%; 2026-12-02b's
+    8B decode at 128, 5.1%; 2026-12-03a's 8B decode at 2,048-token outputs, 5.4%; 2026-12-03b's fp8
     KV decode at 192 in flight, 41.3%: vLLM 0.26's fp8 path served that load 20% slower than bf16
     on the same host, where it was 1-6% faster at 32-128 in flight, and the simulator has no term
-    for it; *_h8_*'s 14B decode at 128, 3.8%; *_h9_*'s 8B decode at 32, 2.9%;
-    *_h10_*'s 24B decode at 128, 6.5%, and *_h11_*'s prefill-heavy anchor workload,
-    3.7%; *_h13_*'s, 3.2%; *_h14_*'s 8B shared-prefix window, 8.9% slow, and
-    *_h15_*'s 24B shared-prefix window, 8.0% slow; *_h16_*'s 8B eager decode at 128 in
-    flight, 21.9% slow (see the targets test). The *_h8_*
+    for it; 2026-12-03c's 14B decode at 128, 3.8%; 2026-12-04a's 8B decode at 32, 2.9%;
+    2026-12-04b's 24B decode at 128, 6.5%, and 2026-12-04c's prefill-heavy anchor workload,
+    3.7%; 2026-12-04e's, 3.2%; 2026-12-04f's 8B shared-prefix window, 8.9% slow, and
+    2026-12-04g's 24B shared-prefix window, 8.0% slow; 2026-12-04h's 8B eager decode at 128 in
+    flight, 21.9% slow (see the targets test). The 2026-12-03c
     host's API server was the cheapest yet (factor 1.08, where the others read 1.19-1.72), so the
     factor's bound is only that it exceeds 1: no real host's API server has been cheaper than the
     simulator's calibration. So each host may lose a little (1.5 points of throughput, 8 of TTFT at
     most), over the held-out hosts throughput must gain, and on one host at least TTFT must gain
-    much (*_h13_*, whose anchor sets a factor of 1.40)."""
+    much (2026-12-04e, whose anchor sets a factor of 1.40)."""
     from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
 
-    worst_allowed = {"2026-12-02 H200, study_q14b": 0.10, "2026-12-02 H200, *_h4_*": 0.08, "2026-12-02 H200, *_h5_*": 0.08,
-                     "2026-12-03 H200, *_h6_*": 0.08, "2026-12-03 H200, *_h7_*": 0.45, "2026-12-03 H200, *_h8_*": 0.06,
-                     "2026-12-03 H200, *_h9_*": 0.05, "2026-12-04 H200, *_h10_*": 0.09, "2026-12-04 H200, *_h11_*": 0.06,
-                     "2026-12-04 H200, *_h13_*": 0.06, "2026-12-04 H200, *_h14_*": 0.11,
-                     "2026-12-04 H200, *_h15_*": 0.10, "2026-12-04 H200, *_h16_*": 0.25}
+    worst_allowed = {"2026-12-02 H200, study_q14b": 0.10, "2026-12-02a": 0.08, "2026-12-02b": 0.08,
+                     "2026-12-03a": 0.08, "2026-12-03b": 0.45, "2026-12-03c": 0.06,
+                     "2026-12-04a": 0.05, "2026-12-04b": 0.09, "2026-12-04c": 0.06,
+                     "2026-12-04e": 0.06, "2026-12-04f": 0.11,
+                     "2026-12-04g": 0.10, "2026-12-04h": 0.25}
     checks = host_checks()
     assert [c.host for c in checks] == list(worst_allowed)
-    assert set(HELD_OUT_HOSTS) == {"2026-12-03 H200, *_h6_*", "2026-12-03 H200, *_h7_*", "2026-12-03 H200, *_h8_*", "2026-12-03 H200, *_h9_*",
-                                   "2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h12_*",
-                                   "2026-12-04 H200, *_h13_*", "2026-12-04 H200, *_h14_*", "2026-12-04 H200, *_h15_*",
-                                   "2026-12-04 H200, *_h16_*"}
+    assert set(HELD_OUT_HOSTS) == {"2026-12-03a", "2026-12-03b", "2026-12-03c", "2026-12-04a",
+                                   "2026-12-04b", "2026-12-04c", "2026-12-04d",
+                                   "2026-12-04e", "2026-12-04f", "2026-12-04g",
+                                   "2026-12-04h"}
     ttft_gains, throughput_gains = [], []
     for check in checks:
         assert 1.0 < check.api_cpu_factor < 2.0, check.host
@@ -134,90 +134,90 @@ def test_the_hosts_api_cpu_factor_read_off_one_window_carries_to_its_other_windo
             assert host["ttft_mae"] < plain["ttft_mae"] + 0.08, check.host
             ttft_gains.append(plain["ttft_mae"] - host["ttft_mae"])
             throughput_gains.append(plain["throughput_mae"] - host["throughput_mae"])
-    assert max(ttft_gains) > 0.10  # the *_h13_* host: 22.6% to 10.3%
+    assert max(ttft_gains) > 0.10  # the 2026-12-04e host: 22.6% to 10.3%
     assert sum(throughput_gains) > 0.05  # over the held-out hosts: 9.5 points
 
 
 def test_the_committed_calibration_meets_the_targets_on_the_held_out_hosts() -> None:
     """The simulator's accuracy targets on the runs no fit has seen (the held-out hosts, each at its factor read
-    off its anchor window, as a study's screen applies it, less the *_h6_* host's fp8 start that
+    off its anchor window, as a study's screen applies it, less the 2026-12-03a host's fp8 start that
     fp8_kv_read_efficiency was fitted on): mean output-throughput error <= 5% and TPOT <= 7% per
     load shape, TTFT <= 20%, the preemption verdict right on every run. Measured under the
     2026-12-04 calibration (its GPU kernels' knobs read off three GEMM probes and the traced steps
-    of the *_h12_* to *_h15_* hosts, in other windows of the same starts; its CPU knobs
-    fitted on the hosts of 2026-12-01 and 2026-12-02) on the bf16 KV starts: *_h6_* prefill-heavy 1.6%,
-    TPOT 1.1%, TTFT 8.1%, decode-heavy 2.1%, 2.2%, 9.9%; *_h7_* decode 1.4%, 1.4%, 8.2%, and
+    of the 2026-12-04d to 2026-12-04g hosts, in other windows of the same starts; its CPU knobs
+    fitted on the hosts of 2026-12-01 and 2026-12-02) on the bf16 KV starts: 2026-12-03a prefill-heavy 1.6%,
+    TPOT 1.1%, TTFT 8.1%, decode-heavy 2.1%, 2.2%, 9.9%; 2026-12-03b decode 1.4%, 1.4%, 8.2%, and
     its one non-anchor prefill-heavy window (Poisson 12 req/s, 1024 in / 256 out) 0.1%, TPOT 14.3%
-    (10.0 ms simulated against 8.7), TTFT 7.6%; *_h8_* (decode only
-    besides its anchor) 1.7%, 1.3%, 14.8%; *_h9_* (outputs uniform in 512-1536 at 32 and
+    (10.0 ms simulated against 8.7), TTFT 7.6%; 2026-12-03c (decode only
+    besides its anchor) 1.7%, 1.3%, 14.8%; 2026-12-04a (outputs uniform in 512-1536 at 32 and
     128 in flight, a Poisson rate) 1.2%, 1.3%, TTFT 26.2%, the TTFT miss left (22.2% under the
     2026-12-03 calibration; the simulated first tokens late at 128 in flight, early at 32 and on
     the Poisson load). The 24B shape (Mistral-Small-24B, in no fit; its kernels traced on the
-    *_h12_* to *_h15_* hosts): *_h10_* decode-heavy 4.7%, 6.1%, TTFT
-    16.2%; *_h11_* decode 1.9%, 1.8%, 5.9%, prefill-heavy 2.6%, 3.1%, 2.4% (under the
+    2026-12-04d to 2026-12-04g hosts): 2026-12-04b decode-heavy 4.7%, 6.1%, TTFT
+    16.2%; 2026-12-04c decode 1.9%, 1.8%, 5.9%, prefill-heavy 2.6%, 3.1%, 2.4% (under the
     2026-12-03 calibration 7.5%, 6.6%: the 24B prefill-heavy miss the kernels explained, GEMMs
-    priced 14-16% fast); *_h13_* (two 8B anchors) 2.4%, 5.1%, 10.3%.
-    *_h14_* and *_h15_* (collected before either calibration of that day): 8B
+    priced 14-16% fast); 2026-12-04e (two 8B anchors) 2.4%, 5.1%, 10.3%.
+    2026-12-04f and 2026-12-04g (collected before either calibration of that day): 8B
     decode-heavy 0.7%, 3.5%, 12.7%, prefill-heavy 5.9%, 6.2%, TTFT 18.6% (its shared-prefix window,
     768 of 1,024 prompt tokens cached, 8.9% slow; 14.3% under the 2026-12-03 calibration); 24B
     decode-heavy (one window, uneven outputs at 192 in flight) 5.7%, 5.5%, 10.2%, prefill-heavy
     6.1%, 7.2%, 6.8%: the eager anchor 4.1% fast (19.9% under the eager rule before, the whole
     step's work hiding the launches, and a floor not scaled with the host's CPU) and the
-    shared-prefix window 8.0% slow. *_h16_* (collected before that rule, in no
+    shared-prefix window 8.0% slow. 2026-12-04h (collected before that rule, in no
     fit): prefill-heavy (8B and 24B, eager and CUDA graphs, 4 to 256 in flight) 3.6%, 5.4%, 4.1%;
     decode-heavy 6.2%, 8.1%, 23.9%: its CUDA-graph windows within 5.5% but its eager decode ones
     slow, 8B at 128 in flight 21.9% and 24B 15.5% (the attention of short contexts hides the
     launches more than the rule lets it), and first tokens late on the eager loads at 16 and 64 in
-    flight (+76%, +45%). Misses held with little room: those, *_h7_*'s Poisson TPOT and
-    *_h9_*'s TTFT.
-    On the fp8 KV windows, judged with the knob fitted on the *_h6_* host's four: the *_h7_* host's
+    flight (+76%, +45%). Misses held with little room: those, 2026-12-03b's Poisson TPOT and
+    2026-12-04a's TTFT.
+    On the fp8 KV windows, judged with the knob fitted on the 2026-12-03a host's four: the 2026-12-03b host's
     nine, eight within 8%, the other one (decode at 192 in flight) 41.3% fast (vLLM's fp8 path ran that
     load 20% slower than bf16 on the same host); the 24B host's two (64 and 128 in flight) within
     1%; all eleven 5.6%, TPOT 4.4%. The bounds are the measured figures with room, so a change that
     makes them worse fails."""
-    from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit
+    from _fidelity import HELD_OUT_HOSTS, host_checks, in_calibration_fit, scale_host
 
     checks = [c for c in host_checks() if c.host in HELD_OUT_HOSTS]
-    # *_h12_* has no check: its one clean window is its factor's.
-    assert [c.host for c in checks] == ["2026-12-03 H200, *_h6_*", "2026-12-03 H200, *_h7_*", "2026-12-03 H200, *_h8_*", "2026-12-03 H200, *_h9_*",
-                                        "2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h13_*",
-                                        "2026-12-04 H200, *_h14_*", "2026-12-04 H200, *_h15_*", "2026-12-04 H200, *_h16_*"]
+    # 2026-12-04d has no check: its one clean window is its factor's.
+    assert [c.host for c in checks] == ["2026-12-03a", "2026-12-03b", "2026-12-03c", "2026-12-04a",
+                                        "2026-12-04b", "2026-12-04c", "2026-12-04e",
+                                        "2026-12-04f", "2026-12-04g", "2026-12-04h"]
     fp8_judged, judged = [], set()
     for check in checks:
         def rows(shape: str, fp8: bool) -> list:
             return [r for r in check.with_factor if r.real.shape == shape and not in_calibration_fit(r.name)
                     and (r.real.flags.get("kv_cache_dtype") == "fp8") is fp8]
 
-        # TTFT: the target, but *_h9_*'s and *_h16_*'s decode windows
+        # TTFT: the target, but 2026-12-04a's and 2026-12-04h's decode windows
         # (the misses left, with room; see the docstring).
-        decode_ttft_bound = {"2026-12-03 H200, *_h9_*": 0.30, "2026-12-04 H200, *_h16_*": 0.26}.get(check.host, 0.20)
+        decode_ttft_bound = {"2026-12-04a": 0.30, "2026-12-04h": 0.26}.get(check.host, 0.20)
         for shape, ttft_bound in (("prefill", 0.20), ("decode", decode_ttft_bound)):
             if not rows(shape, fp8=False):
-                continue  # *_h8_* and *_h9_* measured only their anchor prefill-heavy (asserted below)
+                continue  # 2026-12-03c and 2026-12-04a measured only their anchor prefill-heavy (asserted below)
             judged.add((check.host, shape))
             e = error_summary(rows(shape, fp8=False))
             # Throughput and TPOT: the targets, but the misses left (see the docstring).
-            throughput_bound, tpot_bound = {("2026-12-03 H200, *_h7_*", "prefill"): (0.05, 0.16),
-                                            ("2026-12-04 H200, *_h14_*", "prefill"): (0.07, 0.08),
-                                            ("2026-12-04 H200, *_h15_*", "prefill"): (0.07, 0.08),
-                                            ("2026-12-04 H200, *_h15_*", "decode"): (0.07, 0.07),
-                                            ("2026-12-04 H200, *_h16_*", "decode"): (0.07, 0.09),
+            throughput_bound, tpot_bound = {("2026-12-03b", "prefill"): (0.05, 0.16),
+                                            ("2026-12-04f", "prefill"): (0.07, 0.08),
+                                            ("2026-12-04g", "prefill"): (0.07, 0.08),
+                                            ("2026-12-04g", "decode"): (0.07, 0.07),
+                                            ("2026-12-04h", "decode"): (0.07, 0.09),
                                             }.get((check.host, shape), (0.05, 0.07))
             assert e["throughput_mae"] <= throughput_bound and e["tpot_mae"] <= tpot_bound, (check.host, shape, e)
             assert e["ttft_mae"] < ttft_bound and e["preemption_class_agree"] == 1.0, (check.host, shape, e)
         fp8_judged += rows("prefill", fp8=True) + rows("decode", fp8=True)
     assert judged == ({(h, shape) for h in HELD_OUT_HOSTS for shape in ("prefill", "decode")}
-                      - {("2026-12-03 H200, *_h8_*", "prefill"), ("2026-12-03 H200, *_h9_*", "prefill"),
-                         ("2026-12-04 H200, *_h10_*", "prefill"), ("2026-12-04 H200, *_h12_*", "prefill"), ("2026-12-04 H200, *_h12_*", "decode"),
-                         ("2026-12-04 H200, *_h13_*", "decode")})
-    assert len(fp8_judged) == 11 and all("_h7_" in r.name or "_h11_" in r.name for r in fp8_judged)
+                      - {("2026-12-03c", "prefill"), ("2026-12-04a", "prefill"),
+                         ("2026-12-04b", "prefill"), ("2026-12-04d", "prefill"), ("2026-12-04d", "decode"),
+                         ("2026-12-04e", "decode")})
+    assert len(fp8_judged) == 11 and all(scale_host(r.name) in ("2026-12-03b", "2026-12-04c") for r in fp8_judged)
     e = error_summary(fp8_judged)
     assert e["throughput_mae"] < 0.07 and e["tpot_mae"] < 0.06 and e["preemption_class_agree"] == 1.0, e
     assert sorted(abs(r.throughput_error) for r in fp8_judged)[-2] < 0.08
 
 
 def test_a_size_no_fit_has_seen_ranks_its_two_flag_sets_as_vllm_did() -> None:
-    """The 2026-12-04 H200 host *_h11_* served the 24B shape (Mistral-Small-24B, in no fit) on the anchor's
+    """The H200 host 2026-12-04c served the 24B shape (Mistral-Small-24B, in no fit) on the anchor's
     workload (1024 in / 256 out, 512 requests at 256 in flight) under two flag sets: 0.9 x 256 x
     8192 at 2,378 tok/s and 0.9 x 128 x 2048 at 2,219 (7% less). The committed calibration, at the
     host's factor read off the second of them, ranks them the same way (2,467 against 2,219: the
@@ -226,11 +226,11 @@ def test_a_size_no_fit_has_seen_ranks_its_two_flag_sets_as_vllm_did() -> None:
     from _fidelity import host_factor, load_unseen_runs
 
     unseen = {r.name: r for r in load_unseen_runs()}
-    big = unseen["scale/m24b_h11_u09_s256_mbt8192/p1024_o256_c256"]
-    small = unseen["scale/m24b_h11_u09_s128_mbt2048/p1024_o256_c256"]
+    big = unseen["scale/2026-12-04c_m24b_u09_s256_mbt8192/p1024_o256_c256"]
+    small = unseen["scale/2026-12-04c_m24b_u09_s128_mbt2048/p1024_o256_c256"]
     assert big.size == small.size == "24B" and big.output_throughput > 1.05 * small.output_throughput
-    factor = host_factor("2026-12-04 H200, *_h11_*", unseen)
-    rows = fidelity_rows(None, [big, small], host_factors={"2026-12-04 H200, *_h11_*": factor})
+    factor = host_factor("2026-12-04c", unseen)
+    rows = fidelity_rows(None, [big, small], host_factors={"2026-12-04c": factor})
     assert rows[0].sim_output_throughput > 1.05 * rows[1].sim_output_throughput
     assert all(r.sim_preemptions == r.real.preemptions == 0 for r in rows)
 
@@ -242,12 +242,12 @@ def test_each_hosts_runs_are_simulated_at_that_hosts_factor_and_no_other() -> No
     from _fidelity import host_of, load_unseen_runs
 
     unseen = {r.name: r for r in load_unseen_runs()}
-    fifth = unseen["scale/l8b_h5_u09_s256_mbt8192/p256_o1024_c64"]
-    fourth = unseen["scale/l8b_h4_u09_s256_mbt8192/p256_o1024_c64"]
+    fifth = unseen["scale/2026-12-02b_l8b_u09_s256_mbt8192/p256_o1024_c64"]
+    fourth = unseen["scale/2026-12-02a_l8b_u09_s256_mbt8192/p256_o1024_c64"]
     fitted = RUNS[0]
-    assert [host_of(r.name) for r in (fifth, fourth, fitted)] == ["2026-12-02 H200, *_h5_*", "2026-12-02 H200, *_h4_*", None]
+    assert [host_of(r.name) for r in (fifth, fourth, fitted)] == ["2026-12-02b", "2026-12-02a", None]
     plain = fidelity_rows(None, [fifth, fourth, fitted], max_requests=64)
-    hosted = fidelity_rows(None, [fifth, fourth, fitted], max_requests=64, host_factors={"2026-12-02 H200, *_h5_*": 2.0})
+    hosted = fidelity_rows(None, [fifth, fourth, fitted], max_requests=64, host_factors={"2026-12-02b": 2.0})
     # Every API-server cost doubled, less what a loop that falls further behind saves by merging
     # tokens into fewer chunks (at most api_chunk_share of the per-token cost).
     share = calibration_for(get_gpu("H200")).api_chunk_share
@@ -360,11 +360,11 @@ def test_the_committed_calibration_on_real_studies_measured_after_it_was_fitted(
 def test_the_load_generators_measured_cpu_per_chunk_bounds_the_client_stage() -> None:
     """The simulated load generator reads each SSE chunk in ``client_chunk_s`` times the host's
     factor (sim/frontend.py). That knob was chosen on the fitting windows' latency (60 us; 40 us
-    scored within 1% of it), before any window measured the client. The 24B windows of *_h10_*
-    and *_h11_* (2026-12-04) did (collect.py's ``client_cpu_s``: the collecting process, every thread, the gauge
+    scored within 1% of it), before any window measured the client. The 24B windows of 2026-12-04b
+    and 2026-12-04c did (collect.py's ``client_cpu_s``: the collecting process, every thread, the gauge
     sampler's /metrics reads too): over each window's chunks and at its host's factor, 0.62-0.92
-    of the knob; with the later hosts' 24B windows (to *_h16_*), 0.61-0.98, the top
-    one the *_h16_* host's eager prefill-heavy window. So the knob sits at the top of what the
+    of the knob; with the later hosts' 24B windows (to 2026-12-04h), 0.61-0.98, the top
+    one the 2026-12-04h host's eager prefill-heavy window. So the knob sits at the top of what the
     client spends: a client stage that cost more than it, or under half of it, would contradict
     the one direct measurement."""
     import gzip
@@ -373,8 +373,8 @@ def test_the_load_generators_measured_cpu_per_chunk_bounds_the_client_stage() ->
 
     unseen = {r.name: r for r in load_unseen_runs()}
     knob = calibration_for(get_gpu("H200")).client_chunk_s
-    hosts = ("2026-12-04 H200, *_h10_*", "2026-12-04 H200, *_h11_*", "2026-12-04 H200, *_h12_*", "2026-12-04 H200, *_h15_*",
-             "2026-12-04 H200, *_h16_*")
+    hosts = ("2026-12-04b", "2026-12-04c", "2026-12-04d", "2026-12-04g",
+             "2026-12-04h")
     assert set(UNSEEN_HOSTS) >= set(hosts)
     factors = {host: host_factor(host, unseen) for host in hosts}  # one anchor simulation per host
     ratios = []

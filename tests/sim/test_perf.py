@@ -127,7 +127,7 @@ def test_enforce_eager_launches_hide_behind_gemms_not_attention_and_no_engine_cp
     """The eager rule (servetune.sim.perf): the layers' launch floor is covered by the GEMMs and
     small kernels as far as their GPU time reaches; attention adds to it; the engine CPU is paid
     whole (the launching thread is the scheduling one); the floor scales with the host's CPU
-    factor. Read off the 2026-12-04 H200 host *_h16_*'s 8B eager decode steps: 14.8 ms at 4 in flight,
+    factor. Read off the H200 host 2026-12-04h's 8B eager decode steps: 14.8 ms at 4 in flight,
     31.5 ms at 256 with ~1,150-token contexts, against 18.7 ms with CUDA graphs."""
     cal = Calibration(eager_layer_overhead_s=400e-6)
 

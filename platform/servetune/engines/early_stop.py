@@ -13,9 +13,9 @@ of prefills and ends with a drain at a lower rate, so the mean rate so far is at
 below the final figure. How little is measured, not assumed: replayed on the recorded requests of
 every real vLLM window in ``tests/fixtures/real_h200`` (``benchmarks/early_stopping.py --real``),
 the mean rate so far, once a quarter of the requests were answered, fell to 1/1.546 of the
-window's final rate on the 51 H200 windows of 2026-12-01 and 2026-12-02 before ``*_h4_*`` (a 14B closed loop of
+window's final rate on the 51 H200 windows of 2026-12-01 and 2026-12-02 before ``2026-12-02a`` (a 14B closed loop of
 2048-token prompts, four waves of 64: the rate dips at each wave's prefills). ``margin`` 1.6 is the
-first step of 0.05 above that; the 15 windows of the 2026-12-02 ``*_h4_*`` host, which that choice did
+first step of 0.05 above that; the 15 windows of the ``2026-12-02a`` host, which that choice did
 not use (though they were measured by then), needed at most 1.519. It was 1.5 until then, under
 which 7 of the 66 windows would have been stopped below their final rate, by up to 3%: a trial
 tying the best could be cut and told a lower figure. The price: 30% below the best, the rule now

@@ -29,7 +29,7 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
 * **Launch costs**: a decode-only batch up to the largest capture size replays one FULL CUDA graph
   (``graph_launch_s``), padded to the next capture size, and pays ``full_graph_layer_s`` per layer:
   inside a graph nothing is launched, but each of a layer's ~10 kernels still fills and drains the
-  GPU. The 2026-12-02 H200 host ``*_h5_*``'s closed-loop decode steps (8B and 14B at 32-128 in flight, TPOT against
+  GPU. The H200 host ``2026-12-02b``'s closed-loop decode steps (8B and 14B at 32-128 in flight, TPOT against
   batch) sat 0.85 ms (8B) and 1.38 ms (14B) above the 2026-12-02 model's bytes: 27-29 us a layer,
   or 0.05 ms per GB of weights, so layers and weight bytes tell it apart poorly. The 2026-12-03
   fit put it in the weights' HBM efficiency (0.79, from 0.92) and left this term near zero. A
@@ -43,12 +43,12 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   launches, the scheduling and the input preparation: the GEMMs and element-wise kernels hide the
   launches (``layers * eager_layer_overhead_s``, times the host's CPU factor) only as far as their
   GPU time reaches, the attention kernels add to it, and none of the engine CPU hides. Read off the
-  2026-12-04 H200 host ``*_h16_*`` (``tests/fixtures/real_h200/scale/l8b_h16_*``, 8B, the median
+  H200 host ``2026-12-04h`` (``tests/fixtures/real_h200/scale/2026-12-04h_l8b_*``, 8B, the median
   gap between streamed tokens): 14.8 ms a decode step at 4 in flight, 16.9 ms at 128 with
   256-1,280-token contexts, 31.5 ms at 256 with ~1,150-token ones, where CUDA graphs took 18.7 ms
-  and the GPU's own work is 16.4 ms, 10.3 of it attention (the ``*_h13_*`` host's profiled eager
+  and the GPU's own work is 16.4 ms, 10.3 of it attention (the ``2026-12-04e`` host's profiled eager
   steps of that batch); a 24B decode step at 128 in flight with short contexts, GEMM-bound,
-  22.6 ms against 16.6 ms of GPU work (the ``*_h15_*`` host's trace of that load). The whole step's work
+  22.6 ms against 16.6 ms of GPU work (the ``2026-12-04g`` host's trace of that load). The whole step's work
   hiding the launches (the rule until then) ran that host's prefill-heavy eager windows 12-28% fast.
 * TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / bandwidth``, both
   by the host's interconnect (:func:`servetune.planner.comm.allreduce_cost`: NVLink and PCIe with
@@ -296,12 +296,12 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
     # 0.1821 for the start's knobs (106 us) and 0.222 for the 2026-12-03 calibration; the traces
     # bound that cost at 80 us a layer (FIT_SPACE), so it ran again from its best, clipped to 100 us
     # (trial 0: 0.1805, the best of the second run; v2's knobs 0.1823). Both on the same 80 windows as
-    # that fit (_fidelity.load_calibration_runs: 0.85B a1..d1, scale/*_fv_*, *_dec, *_h4_*, *_h5_*,
+    # that fit (_fidelity.load_calibration_runs: 0.85B a1..d1, scale/*_fv_*, *_dec, 2026-12-02a, 2026-12-02b,
     # the 8B grid, the confirmed 8B tune, the 14B grid), each host at its API-server factor
     # (_fidelity.calibration_host_factors: 1.70, 1.36, 1.55 read under the 2026-12-03 calibration in
     # the first run, 1.72, 1.38, 1.57 under the first run's knobs in the second), with vLLM's
     # output slices on (api_output_slice 128, VLLM_V1_OUTPUT_PROC_CHUNK_SIZE: not fitted).
-    # fp8_kv_read_efficiency refitted alone after the rest (sim_fidelity.py --fit-fp8: the *_h6_*
+    # fp8_kv_read_efficiency refitted alone after the rest (sim_fidelity.py --fit-fp8: the 2026-12-03a
     # host's four fp8 windows, FP8_FIT_STARTS);
     # token_overhead_s measured (_fidelity.api_token_cpu_s); the API server loop's triple
     # (api_chunk_share, api_intake_passes, client_chunk_s) as chosen 2026-12-04 on the fitting
@@ -310,9 +310,9 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
     # (attention does not cover the launches, no engine CPU hides, the floor scales with the host's
     # CPU factor; 604 us under the rule before) by sim_fidelity.py --fit-eager on the fit's two
     # eager windows (b1_eager_s64, scale/q14b_fv_u09_s128_eager), judged on the eager windows of the
-    # *_h15_* and *_h16_* hosts (in no fit). 4 significant figures. Held out: every window of
-    # _fidelity.HELD_OUT_HOSTS (the hosts *_h6_* to *_h16_*, 8B, 14B and 24B: no window of theirs
-    # in the CPU fit; the kernels of the *_h12_* to *_h15_* hosts were traced in other
+    # 2026-12-04g and 2026-12-04h hosts (in no fit). 4 significant figures. Held out: every window of
+    # _fidelity.HELD_OUT_HOSTS (the hosts 2026-12-03a to 2026-12-04h, 8B, 14B and 24B: no window of theirs
+    # in the CPU fit; the kernels of the 2026-12-04d to 2026-12-04g hosts were traced in other
     # windows of the same starts), judged by sim_fidelity.py --unseen, tests/sim/test_fidelity.py and README. The
     # 2026-12-03 calibration this replaces: benchmarks/results/sim_calibration_2026_12_03_h200.json.
     # The folds in benchmarks/results/sim_heldout_h200.json are the 2026-12-02 model's.
