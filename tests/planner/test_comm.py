@@ -167,6 +167,30 @@ def test_an_sxm_part_on_a_pcie_host_is_its_pcie_card() -> None:
     assert kv["pcie-no-p2p"] > kv["nvlink"]
 
 
+def test_without_p2p_each_step_all_gathers_the_sampled_rows_logits_through_host_memory() -> None:
+    """vLLM's LogitsProcessor all-gathers the vocab-parallel logits (one row per sampled request)
+    every step; through NCCL's SHM path that is (tp-1)/tp of rows x vocab x 2 bytes at the SHM bus
+    rate plus one collective's latency, on top of the layers' all-reduces. Over NVLink the step's
+    communication is the all-reduces alone."""
+    from servetune.sim.perf import PerfModel
+    model = load_model("llama-3.1-8b")
+    a100 = get_gpu("A100-80GB")
+    config = resolve_engine_config({"tensor_parallel_size": 2}, model, a100)
+    layers = model.num_layers
+
+    def comm(gpu, rows: int) -> float:
+        return PerfModel(model, gpu, config).gpu_cost(rows, rows, rows * 1000, rows * 1000, True).comm
+
+    shm_gpu = with_interconnect(a100, "pcie-no-p2p")
+    shm = allreduce_cost(shm_gpu, 2, latency_s=0.0, efficiency=1.0)
+    for rows in (8, 32):
+        layer_ar = 2 * layers * shm.seconds(2, rows * model.hidden_size * 2)
+        gather = NO_P2P_LATENCY_S + 0.5 * rows * model.vocab_size * 2 / (NO_P2P_BUS_GBPS * 1e9)
+        assert comm(shm_gpu, rows) == pytest.approx(layer_ar + gather, rel=1e-6)
+    nv = allreduce_cost(a100, 2, latency_s=10e-6, efficiency=0.7)
+    assert comm(a100, 8) == pytest.approx(2 * layers * nv.seconds(2, 8 * model.hidden_size * 2), rel=1e-6)
+
+
 @pytest.mark.parametrize("value", ["pcie_no_p2p", "NVSwitch", 3, ["nvlink"]])
 def test_a_bad_interconnect_is_refused_naming_the_field(value: object) -> None:
     with pytest.raises(SpecError) as err:

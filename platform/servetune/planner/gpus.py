@@ -198,8 +198,8 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                          "there)",
             sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1 on PCIe cards "
                          "(PCIE_CARD_FIGURES), TP=1 held out 5.8% (20 bursts), TP=2 on a host without GPU P2P "
-                         "(interconnect pcie-no-p2p) held out 17.7% (23 bursts; +80.6% when priced as NVLink); "
-                         "TTFT 43% / 66% with the server's logged "
+                         "(interconnect pcie-no-p2p) held out 14.9% (23 bursts; +80.6% when priced as NVLink); "
+                         "TTFT 43% / 68% with the server's logged "
                          "prefix-cache hits of re-sent prompts taken as cached; Qwen3-14B bursts at 0.11.0 fit "
                          "its attention rate"),
     GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0,
