@@ -63,7 +63,7 @@ move others: the loader checks every run's ``split`` against the rule and names 
     .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
         --fit A100-80GB attn_efficiency 0.2681 0.73
     .venv/bin/python benchmarks/published_runs.py --file tests/fixtures/published_runs/dense.yaml \
-        --compare --json > benchmarks/results/published_runs_heldout_links.json   # the recorded results
+        --compare --json > benchmarks/results/published_runs_heldout_pcie_card.json   # the recorded results
 """
 
 from __future__ import annotations

@@ -134,10 +134,61 @@ def test_the_simulated_tp_step_slows_on_a_host_without_p2p_and_only_there() -> N
     args = dict(num_reqs=64, num_tokens=64, kv_context=64 * 1000, attn_work=64 * 1000, decode_only=True)
     nvlink = PerfModel(model, a100, config).gpu_cost(**args)
     shm = PerfModel(model, with_interconnect(a100, "pcie-no-p2p"), config).gpu_cost(**args)
-    assert shm.comm > 5 * nvlink.comm
-    assert (shm.gemm, shm.attention) == (nvlink.gemm, nvlink.attention)
+    p2p = PerfModel(model, with_interconnect(a100, "pcie"), config).gpu_cost(**args)
+    assert shm.comm > 5 * nvlink.comm and shm.comm > p2p.comm
+    assert (shm.gemm, shm.attention) == (p2p.gemm, p2p.attention)  # the same PCIe card either way
     single = resolve_engine_config({}, model, a100)
     assert PerfModel(model, with_interconnect(a100, "pcie-no-p2p"), single).gpu_cost(**args).comm == 0.0
+
+
+def test_an_sxm_part_on_a_pcie_host_is_its_pcie_card() -> None:
+    """An A100 80GB whose host links its GPUs by PCIe (with or without P2P) is the PCIe card: no SXM4
+    module sits outside an NVLink board. The card's datasheet bandwidth (1,935 GB/s against 2,039)
+    slows the simulated weight-streaming decode step by that ratio, its PCIe link prices the
+    custom all-reduce, and NCCL's PCIe channels (not NVLink's) are what vLLM 0.11-0.25 sees grow
+    outside torch: more KV blocks than on the SXM board."""
+    from servetune.sim.perf import PerfModel
+    a100 = get_gpu("A100-80GB")
+    for link in ("pcie", "pcie-no-p2p"):
+        card = with_interconnect(a100, link)
+        assert (card.name, card.hbm_gbps, card.interconnect_gbps, card.bf16_tflops) == ("A100-80GB", 1935.0, 32.0, 312.0)
+        assert card.link == link
+    assert with_interconnect(a100, "nvlink").hbm_gbps == a100.hbm_gbps == 2039.0
+    assert with_interconnect(get_gpu("A100-40GB"), "pcie").hbm_gbps == get_gpu("A100-40GB").hbm_gbps
+    model = load_model("llama-3.1-8b")
+    one = resolve_engine_config({}, model, a100)
+    args = dict(num_reqs=1, num_tokens=1, kv_context=1000, attn_work=1000, decode_only=True)
+    sxm = PerfModel(model, a100, one).gpu_cost(**args)
+    pcie = PerfModel(model, with_interconnect(a100, "pcie-no-p2p"), one).gpu_cost(**args)
+    assert pcie.gemm / sxm.gemm == pytest.approx(2039.0 / 1935.0, rel=1e-3)
+    assert allreduce_cost(with_interconnect(a100, "pcie"), 2, latency_s=0.0, efficiency=1.0).bus_bytes_per_s == 32e9
+    two = resolve_engine_config({"tensor_parallel_size": 2}, model, a100, "0.11.0")  # NCCL's lazy growth: 0.11-0.25
+    kv = {link: plan_memory(model, with_interconnect(a100, link), two).num_gpu_blocks for link in ("nvlink", "pcie-no-p2p")}
+    assert kv["pcie-no-p2p"] > kv["nvlink"]
+
+
+def test_without_p2p_each_step_all_gathers_the_sampled_rows_logits_through_host_memory() -> None:
+    """vLLM's LogitsProcessor all-gathers the vocab-parallel logits (one row per sampled request)
+    every step; through NCCL's SHM path that is (tp-1)/tp of rows x vocab x 2 bytes at the SHM bus
+    rate plus one collective's latency, on top of the layers' all-reduces. Over NVLink the step's
+    communication is the all-reduces alone."""
+    from servetune.sim.perf import PerfModel
+    model = load_model("llama-3.1-8b")
+    a100 = get_gpu("A100-80GB")
+    config = resolve_engine_config({"tensor_parallel_size": 2}, model, a100)
+    layers = model.num_layers
+
+    def comm(gpu, rows: int) -> float:
+        return PerfModel(model, gpu, config).gpu_cost(rows, rows, rows * 1000, rows * 1000, True).comm
+
+    shm_gpu = with_interconnect(a100, "pcie-no-p2p")
+    shm = allreduce_cost(shm_gpu, 2, latency_s=0.0, efficiency=1.0)
+    for rows in (8, 32):
+        layer_ar = 2 * layers * shm.seconds(2, rows * model.hidden_size * 2)
+        gather = NO_P2P_LATENCY_S + 0.5 * rows * model.vocab_size * 2 / (NO_P2P_BUS_GBPS * 1e9)
+        assert comm(shm_gpu, rows) == pytest.approx(layer_ar + gather, rel=1e-6)
+    nv = allreduce_cost(a100, 2, latency_s=10e-6, efficiency=0.7)
+    assert comm(a100, 8) == pytest.approx(2 * layers * nv.seconds(2, 8 * model.hidden_size * 2), rel=1e-6)
 
 
 @pytest.mark.parametrize("value", ["pcie_no_p2p", "NVSwitch", 3, ["nvlink"]])

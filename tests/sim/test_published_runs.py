@@ -118,11 +118,11 @@ def test_a_run_simulates_to_finite_figures_paired_with_the_published_ones() -> N
     assert judged.sim_ttft_ms is not None and judged.sim_ttft_ms > 0
 
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_heldout_links.json"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_heldout_pcie_card.json"
 
 
 def test_the_recorded_held_out_errors_still_hold_on_the_quick_runs() -> None:
-    """benchmarks/results/published_runs_heldout_links.json (``--compare --json``) against the simulator
+    """benchmarks/results/published_runs_heldout_pcie_card.json (``--compare --json``) against the simulator
     today, on the held-out runs that simulate in well under a second (a change to the step-time
     model or the scheduler that moves them shows here; the whole set is the benchmark's)."""
     recorded = {r["id"]: r for r in json.loads(RESULTS.read_text())["committed"]["runs"]}

@@ -38,7 +38,7 @@ from typing import Any
 from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import load_yaml, read_text, shown
 
-__all__ = ["GpuSpec", "INTERCONNECTS", "get_gpu", "known_gpus", "register_gpus_from_yaml", "register_gpu", "under_wddm",
+__all__ = ["GpuSpec", "INTERCONNECTS", "PCIE_CARD_FIGURES", "get_gpu", "known_gpus", "register_gpus_from_yaml", "register_gpu", "under_wddm",
            "unjudged_note", "with_interconnect"]
 
 #: How the GPUs of one host reach each other, as the TP all-reduce sees it
@@ -51,6 +51,18 @@ __all__ = ["GpuSpec", "INTERCONNECTS", "get_gpu", "known_gpus", "register_gpus_f
 INTERCONNECTS = ("nvlink", "pcie", "pcie-no-p2p")
 #: PCIe 5.0 x16, one direction: a faster link between two GPUs of a node is NVLink.
 _PCIE_MAX_GBPS = 64.0
+#: Parts sold both as an SXM module and as a PCIe card with different figures, whose table row is
+#: the SXM module: on a host whose GPUs reach each other only over PCIe (``pcie`` or
+#: ``pcie-no-p2p``) they are the PCIe card, since an SXM module only ever sits on an NVLink board
+#: (HGX), whose GPUs always have peer-to-peer. NVIDIA A100 datasheet: the 80GB PCIe card has
+#: 1,935 GB/s of HBM2e bandwidth (the SXM4 module 2,039) at a 300 W limit (400 W), the same 312
+#: TFLOP/s bf16 peak, and PCIe 4.0 x16 (32 GB/s a direction) between cards; the 40 GB parts share
+#: their 1,555 GB/s. Applied 2026-12-06 after the held-out A100 runs of
+#: tests/fixtures/published_runs/dense.yaml (a host without P2P) had been seen to run 5-14% fast.
+PCIE_CARD_FIGURES: dict[str, dict[str, Any]] = {
+    "A100-80GB": {"hbm_gbps": 1935.0, "interconnect_gbps": 32.0,
+                  "source": "NVIDIA datasheet A100 80GB PCIe (1,935 GB/s, 300 W, PCIe 4.0 x16)"},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,9 +196,10 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             source=f"{_NV} A100 SXM4 80GB",
             log_evidence="a published vLLM 0.17.1 startup log at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
                          "there)",
-            sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1, TP=1 held out 8.4% "
-                         "(20 bursts), TP=2 on a host without GPU P2P (interconnect pcie-no-p2p) held out 17.8% "
-                         "(23 bursts; +80.6% when priced as NVLink); TTFT 42% / 65% with the server's logged "
+            sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1 on PCIe cards "
+                         "(PCIE_CARD_FIGURES), TP=1 held out 5.8% (20 bursts), TP=2 on a host without GPU P2P "
+                         "(interconnect pcie-no-p2p) held out 14.9% (23 bursts; +80.6% when priced as NVLink); "
+                         "TTFT 43% / 68% with the server's logged "
                          "prefix-cache hits of re-sent prompts taken as cached; Qwen3-14B bursts at 0.11.0 fit "
                          "its attention rate"),
     GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0,
@@ -319,11 +332,15 @@ def under_wddm(gpu: GpuSpec) -> GpuSpec:
 def with_interconnect(gpu: GpuSpec, interconnect: Any, field: str = "gpu.interconnect") -> GpuSpec:
     """``gpu`` on a host whose GPUs are linked by ``interconnect`` (one of :data:`INTERCONNECTS`;
     None or "" keeps the part's default, :attr:`GpuSpec.link`); anything else is a :class:`SpecError`
-    naming ``field``.
+    naming ``field``. A part whose row is an SXM module (:data:`PCIE_CARD_FIGURES`) linked by PCIe is
+    its PCIe card: that card's bandwidth and link.
 
     Example:
         >>> with_interconnect(get_gpu("A100-80GB"), "pcie-no-p2p").link
         'pcie-no-p2p'
+        >>> pcie = with_interconnect(get_gpu("A100-80GB"), "pcie")
+        >>> pcie.name, pcie.hbm_gbps, pcie.interconnect_gbps, with_interconnect(get_gpu("A100-80GB"), "nvlink").hbm_gbps
+        ('A100-80GB', 1935.0, 32.0, 2039.0)
         >>> with_interconnect(get_gpu("A100-80GB"), "pcie_nop2p")
         Traceback (most recent call last):
         ...
@@ -337,7 +354,9 @@ def with_interconnect(gpu: GpuSpec, interconnect: Any, field: str = "gpu.interco
         raise SpecError(field, f"unknown interconnect {shown_value!r}{hint}",
                         f"use one of: {', '.join(INTERCONNECTS)} (a host without GPU P2P: vLLM's startup log says "
                         "'Custom allreduce is disabled because your platform lacks GPU P2P capability')")
-    return dataclasses.replace(gpu, interconnect=interconnect.strip().lower())
+    link = interconnect.strip().lower()
+    card = PCIE_CARD_FIGURES.get(gpu.name, {}) if link.startswith("pcie") else {}
+    return dataclasses.replace(gpu, interconnect=link, **card)
 
 
 def unjudged_note(gpu: GpuSpec) -> str | None:

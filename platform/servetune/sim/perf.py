@@ -53,7 +53,8 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
 * TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / bandwidth``, both
   by the host's interconnect (:func:`servetune.planner.comm.allreduce_cost`: NVLink and PCIe with
   P2P at the calibrated knobs and the link's rate; without GPU P2P, NCCL's SHM path through host
-  memory at its published figures).
+  memory at its published figures, where the step's all-gather of the sampled rows' logits is
+  priced too).
 * PP splits the layers; up to ``pp`` micro-batches are in flight, so a step costs
   ``pp * stage_time(batch / microbatches)`` (a lone request still pays every stage: the bubble),
   and each micro-batch's hidden states and residual cross ``pp - 1`` boundaries by NCCL
@@ -630,12 +631,24 @@ class PerfModel:
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
         # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
         # knobs, no P2P at NCCL's published SHM figures).
+        # Once a step, the LM head's vocab-parallel logits (one row per sampled request, the
+        # model's dtype) are all-gathered to every rank: vLLM's LogitsProcessor._gather_logits takes
+        # tensor_model_parallel_all_gather wherever Platform.use_all_gather() holds, every V1
+        # engine (0.10-0.26); each rank receives (tp-1)/tp of the [rows, vocab] tensor. Priced
+        # where the all-reduce is priced from NCCL's published SHM figures (no GPU P2P): there
+        # it is 0.03 ms a request a step for a 152k vocabulary at TP=2, under 1 us over NVLink,
+        # where it stays inside the calibrated all-reduce terms the NVLink windows judged (and the
+        # recorded NVLink runs are not moved by it).
         if tp > 1:
             ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
             self._t_ar_fixed = 2 * layers * ar.latency_s
             self._t_ar_token = 2 * layers * (ar.seconds(tp, model.hidden_size * 2) - ar.latency_s)
         else:
             self._t_ar_fixed = self._t_ar_token = 0.0
+        self._t_gather_fixed = self._t_gather_row = 0.0
+        if tp > 1 and gpu.link == "pcie-no-p2p":
+            self._t_gather_fixed = ar.latency_s
+            self._t_gather_row = (tp - 1) / tp * model.vocab_size * model.dtype_bytes / ar.bus_bytes_per_s
         # A pipeline boundary: the stage's hidden states and residual (each rank its 1/TP slice)
         # sent to the next stage (planner.comm.sendrecv_cost), pp - 1 sends per micro-batch: a lone
         # request pays all of them (the bubble), a full pipeline the stages' average (the last
@@ -826,7 +839,8 @@ class PerfModel:
             attention += self._sliding_attention(num_tokens - prefill_tokens, decode_context, prefill_tokens,
                                                  prefill_context, prefill_attn_work)
         kv_write = self._t_kv_write * num_tokens
-        comm = (self._t_ar_fixed + self._t_pp_fixed) * micro + (self._t_ar_token + self._t_pp_token) * tokens
+        comm = ((self._t_ar_fixed + self._t_pp_fixed + self._t_gather_fixed) * micro
+                + (self._t_ar_token + self._t_pp_token) * tokens + self._t_gather_row * rows * micro)
         if self.enforce_eager:
             # Python launches every kernel: the GEMMs and the small kernels cover the launches as
             # far as their GPU time reaches; the attention kernels do not (module docstring).
