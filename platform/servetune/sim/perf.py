@@ -105,6 +105,7 @@ from servetune.planner.comm import allreduce_cost, sendrecv_cost
 from servetune.planner.model_memory import effective_model
 from servetune.planner.vllm_rules import memory_rules
 from servetune.sim import perf_classes
+from servetune.sim.chat_templates import chat_template_parse_share
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -177,8 +178,9 @@ class Calibration:
     # 16.0 ms, the two hosts alone 18.8 ms (H100) and ~11 ms (A100). Its order is the parse's own: a
     # fresh ImmutableSandboxedEnvironment's parse of vLLM 0.11.0's 5-6 KB Qwen tool templates
     # (examples/tool_chat_template_hermes.jinja, _qwen3coder.jinja) took 12-16 ms on a shared 2-core
-    # machine, the 316-byte ChatML one 1.3 ms (a check, not the value). One constant for every chat
-    # template: the published runs' templates are not at hand.
+    # machine, the 316-byte ChatML one 1.3 ms (a check, not the value). It is the cost of the fit
+    # runs' template (Qwen3's); a model whose template is known pays it times that template's
+    # parse time against Qwen3's (sim.chat_templates.CHAT_TEMPLATE_PARSE_SHARE), others as it is.
     chat_template_parse_s: float = 0.01599
     prompt_token_overhead_s: float = 3.305e-08  # API server CPU per prompt token, before the engine sees it
     token_overhead_s: float = 5.866e-05  # API server CPU per streamed output token (measured, _fidelity.api_token_cpu_s)
@@ -608,8 +610,9 @@ class PerfModel:
         self.api_cpu_factor = host = cal.api_cpu_factor
         self.request_overhead_s = cal.request_overhead_s * host
         #: Loop CPU a chat request adds to :attr:`request_overhead_s` (0 where vLLM's chat endpoint
-        #: does not parse the template per request, or the model chats through Harmony).
-        self.chat_request_overhead_s = (cal.chat_template_parse_s * host
+        #: does not parse the template per request, or the model chats through Harmony), scaled to
+        #: the model's own template where it is known (sim.chat_templates).
+        self.chat_request_overhead_s = (cal.chat_template_parse_s * host * chat_template_parse_share(model)
                                         if memory_rules(config.version).chat_template_parsed_per_request
                                         and model.architecture not in HARMONY_ARCHITECTURES else 0.0)
         self.prompt_token_overhead_s = cal.prompt_token_overhead_s * host
