@@ -180,7 +180,7 @@ class EngineConfig:
 
 #: A model's own largest CUDA-graph capture size, set where the user gave neither capture sizes nor
 #: a largest size: vLLM's ``GptOssForCausalLMConfig.verify_and_update_config``
-#: (``model_executor/models/config.py``, 0.10.2 through 0.26: "Increase the max capture size from
+#: (``model_executor/models/config.py``, in the 0.10-era source and in 0.26's: "Increase the max capture size from
 #: 512 to 1024 for performance"; the published vLLM 0.19.0 gpt-oss-20b starts on an H100 log
 #: "Overriding max cuda graph capture size to 1024 for performance" and capture 83 sizes).
 MODEL_CAPTURE_MAX: dict[str, int] = {"GptOssForCausalLM": 1024}
