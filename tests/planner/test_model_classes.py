@@ -151,3 +151,20 @@ def test_a_sliding_group_reserves_every_in_flight_batch_from_vllm_0_26() -> None
         plan = plan_memory(model, gpu, resolve_engine_config(flags, model, gpu, version))
         assert plan.fits
         assert plan.max_concurrency == pytest.approx(plan.num_gpu_blocks / per_request, rel=1e-9), version
+
+
+def test_gpt_oss_captures_cuda_graphs_up_to_1024_unless_the_user_sets_the_sizes() -> None:
+    # vLLM's GptOssForCausalLMConfig raises the largest capture size from 512 to 1024; the published
+    # 0.19.0 starts on an H100 log "Overriding max cuda graph capture size to 1024" and 83 sizes.
+    oss, dense, h100 = load_model(str(MODELS / "gpt-oss-20b")), load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+    flags = {"max_model_len": 8192, "enable_prefix_caching": False}
+    for version in ("0.11.0", "0.19.0"):
+        sizes = resolve_engine_config(flags, oss, h100, version).cudagraph_capture_sizes
+        assert (len(sizes), sizes[-1]) == (83, 1024), version
+    assert resolve_engine_config(flags, dense, h100, "0.19.0").cudagraph_capture_sizes[-1] == 512
+    own = resolve_engine_config({**flags, "max_cudagraph_capture_size": 256}, oss, h100, "0.19.0")
+    assert own.cudagraph_capture_sizes[-1] == 256
+    # The graphs' memory at 83 + 83 sizes comes near the 1.84 GiB (TP=1) and 1.55 GiB (TP=2) those
+    # starts logged, where 51 + 51 sizes to 512 predicted 0.59 GiB.
+    plan = plan_memory(oss, h100, resolve_engine_config({**flags, "gpu_memory_utilization": 0.95}, oss, h100, "0.19.0"))
+    assert 1.5 < plan.memory.cudagraph < 1.9

@@ -19,7 +19,7 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.result import summarize
-from servetune.sim import LoadClient, SimScheduler, simulate
+from servetune.sim import LoadClient, SimScheduler, simulate, with_calibration
 from servetune.workload import Workload
 
 L8B = "llama-3.1-8b"
@@ -132,3 +132,18 @@ def test_a_trials_records_do_not_grow_with_the_output_length() -> None:
             assert r.finish_s is not None and r.first_token_s is not None
             assert 0 < len(gaps) <= out - 1 and sum(gaps) == pytest.approx(r.finish_s - r.first_token_s, rel=1e-9)
     assert sizes[1024] - sizes[64] < 0.02 * 256 * (1024 - 64) * 8, sizes
+
+
+@pytest.mark.parametrize("name", ["preempting_closed_loop", "hybrid_window_preempting", "prefix_groups_with_evictions"])
+def test_bulk_decode_equals_the_step_path_when_preempted_requests_resume_on_their_cached_blocks(name: str) -> None:
+    # Calibration.resume_hits 1: a victim's own blocks stay cached and its resume hits what is left.
+    model_name, flags, workload = CASES[name]
+    model, gpu = load_model(model_name), with_calibration(get_gpu("H200"), {"resume_hits": 1.0})
+    config = resolve_engine_config(flags, model, gpu)
+    runs = []
+    for bulk in (True, False):
+        sched = SimScheduler(model, gpu, config, plan_memory(model, gpu, config).num_gpu_blocks, bulk_decode=bulk)
+        runs.append((sched, LoadClient(sched, Workload.from_dict(workload)).run()))
+    (bulk_s, bulk_records), (plain_s, plain_records) = runs
+    assert bulk_s.num_preemptions > 0
+    assert _engine_figures(bulk_s) == _engine_figures(plain_s) and bulk_records == plain_records

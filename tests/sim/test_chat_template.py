@@ -12,13 +12,13 @@ import dataclasses
 
 import published_runs
 import pytest
-from published_runs import FIXTURES, Judged, fit_knob, judge, load_runs, workload_of
+from published_runs import FIXTURES, Judged, fit_knob, judge, load_runs, resolve_model, workload_of
 
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.planner.vllm_rules import memory_rules, parse_vllm_version
-from servetune.sim import simulate
+from servetune.sim import CHAT_TEMPLATE_PARSE_SHARE, chat_template_parse_share, simulate
 from servetune.sim.frontend import ApiServer
 from servetune.sim.perf import Calibration, PerfModel
 from servetune.workload import Workload
@@ -101,3 +101,23 @@ def test_fitting_on_several_gpus_reads_their_fit_runs_only(monkeypatch: pytest.M
     monkeypatch.setattr(published_runs, "judge", record)
     fit_knob(RUNS, "A100-80GB,H100-80GB", "chat_template_parse_s", (0.0, 0.06))
     assert seen == {r.id for r in RUNS if r.split == "fit" and r.gpu in ("A100-80GB", "H100-80GB")}
+
+
+def test_a_model_whose_template_is_known_pays_its_share_of_the_fitted_parse_and_others_the_fitted_cost() -> None:
+    # Qwen3 2507 Instruct's template (no thinking branch) parses in 0.52 of the Qwen3 template's time,
+    # the one the fit runs parsed; a model whose template is not known here pays the fitted cost.
+    parse = Calibration().chat_template_parse_s
+    fp8 = load_model("qwen3-235b-a22b-2507-fp8")
+    config = resolve_engine_config({"max_model_len": 4096, "tensor_parallel_size": 4}, fp8, H100, "0.11.0")
+    assert chat_template_parse_share(fp8) == CHAT_TEMPLATE_PARSE_SHARE["qwen3-235b-a22b-2507-fp8"] < 1.0
+    assert PerfModel(fp8, H100, config).chat_request_overhead_s == pytest.approx(parse * chat_template_parse_share(fp8))
+    assert _perf("servetune-test-850m", "0.11.0").chat_request_overhead_s == pytest.approx(parse)
+
+
+def test_the_runs_the_parse_cost_was_fitted_on_parse_the_reference_template() -> None:
+    # chat_template_parse_s is the cost of the fit runs' own template: every fit run it touches
+    # (0.11.0, chat, Jinja) is a model at share 1.0, so scaling by the share leaves the fit as it was.
+    touched = [r for r in RUNS if r.split == "fit" and r.chat
+               and memory_rules(parse_vllm_version(r.sim_vllm_version)).chat_template_parsed_per_request]
+    assert touched
+    assert {chat_template_parse_share(resolve_model(r.model)) for r in touched} == {1.0}

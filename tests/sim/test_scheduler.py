@@ -8,7 +8,8 @@ import pytest
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import EngineConfig, resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim import SimScheduler, simulate
+from servetune.planner.vllm_rules import memory_rules, parse_vllm_version
+from servetune.sim import PerfModel, SimScheduler, simulate, with_calibration
 from servetune.workload import Workload
 
 MODEL = load_model("servetune-test-850m")
@@ -259,3 +260,35 @@ def test_the_api_servers_cpu_is_its_per_request_per_token_and_per_chunk_costs_sc
     # only its per-token share and the client's reads bound the load: 9% lower, not the 1.5x of a FIFO.
     assert 0.8 * plain.output_throughput < slow.output_throughput < 0.95 * plain.output_throughput
     assert any("--api-cpu-factor 1.5" in e for e in slow.evidence)
+
+
+def _preempting_run(resume_hits: float, version: str | None = None) -> SimScheduler:
+    # One block short of what 8 full-length requests need (test_preemption_exactly_when_oversubscribed).
+    flags: dict[str, object] = {"max_model_len": 2048, "max_num_seqs": 16, "max_num_batched_tokens": 512}
+    config = resolve_engine_config(flags, MODEL, GPU, version) if version else make_config()
+    perf = PerfModel(MODEL, with_calibration(GPU, {"resume_hits": resume_hits}), config)
+    s = SimScheduler(MODEL, GPU, config, num_gpu_blocks=48, perf=perf)
+    add_same(s, 8, prompt=64, out=32)
+    run_all(s)
+    assert s.num_preemptions > 0
+    assert all(s.request_state(f"r{i}").num_output_tokens == 32 for i in range(8))
+    return s
+
+
+def test_with_resume_hits_a_preempted_request_resumes_on_its_own_blocks_still_cached() -> None:
+    # vLLM keeps a freed block's hash until the block is handed out again, so a resumed request
+    # recomputes only what the running ones took meanwhile (Calibration.resume_hits 1); at 0 it
+    # recomputes its whole sequence.
+    on, off = _preempting_run(1.0), _preempting_run(0.0)
+    assert on.prompt_tokens_computed < off.prompt_tokens_computed
+    # vLLM's prefix-cache counters leave a resumed request's lookup out from 0.11.1 (pull request 25787),
+    # so these runs count no hit though the resumed requests skipped part of their recompute.
+    assert on.prefix_cache_hits == off.prefix_cache_hits == 0
+    old = _preempting_run(1.0, "0.11.0")
+    assert old.prefix_cache_hits > 0 and old.prefix_cache_hits % 16 == 0
+
+
+def test_the_prefix_cache_counters_leave_resumed_requests_out_from_0_11_1() -> None:
+    assert memory_rules(parse_vllm_version("0.11.0")).prefix_stats_count_preempted
+    assert not memory_rules(parse_vllm_version("0.11.1")).prefix_stats_count_preempted
+    assert not memory_rules(parse_vllm_version("0.26.0")).prefix_stats_count_preempted

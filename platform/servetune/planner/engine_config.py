@@ -30,7 +30,7 @@ from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import VllmMemoryRules, memory_rules, parse_vllm_version, runs_v2_runner, v1_runner_rules
 from servetune.vllm_version import DEFAULT_VLLM_VERSION, Version
 
-__all__ = ["EngineConfig", "resolve_engine_config", "batch_defaults", "capture_sizes_for", "compile_key"]
+__all__ = ["EngineConfig", "resolve_engine_config", "batch_defaults", "capture_sizes_for", "compile_key", "MODEL_CAPTURE_MAX"]
 
 
 def batch_defaults(gpu: GpuSpec, v: Version) -> tuple[int, int]:
@@ -178,15 +178,25 @@ class EngineConfig:
         return out
 
 
+#: A model's own largest CUDA-graph capture size, set where the user gave neither capture sizes nor
+#: a largest size: vLLM's ``GptOssForCausalLMConfig.verify_and_update_config``
+#: (``model_executor/models/config.py``, in the 0.10-era source and in 0.26's: "Increase the max capture size from
+#: 512 to 1024 for performance"; the published vLLM 0.19.0 gpt-oss-20b starts on an H100 log
+#: "Overriding max cuda graph capture size to 1024 for performance" and capture 83 sizes).
+MODEL_CAPTURE_MAX: dict[str, int] = {"GptOssForCausalLM": 1024}
+
+
 def capture_sizes_for(v: Version, *, max_num_seqs: int, max_num_batched_tokens: int,
                       user_sizes: list[int] | None = None, user_max: int | None = None,
-                      blackwell: bool = False) -> tuple[int, ...]:
+                      blackwell: bool = False, model_max: int | None = None) -> tuple[int, ...]:
     """vLLM's CUDA-graph capture sizes (``config/vllm.py: _set_cudagraph_sizes``), ascending.
 
     0.11: ``[1, 2, 4] + range(8, N+1, 8)`` with ``N = min(2*max_num_seqs, 512)``. ≥0.13: step 8 to
     248, then step 16 from 256, capped at ``min(max_num_batched_tokens, max_cg)``; ≥0.25 appends
     ``max_num_batched_tokens`` when ≤ the cap; ≥0.33 appends ``max_num_seqs`` likewise. User lists
-    are kept as given, filtered to ``≤ max_num_batched_tokens``.
+    are kept as given, filtered to ``≤ max_num_batched_tokens``. ``model_max``: a model's own
+    largest size where the user set none (:data:`MODEL_CAPTURE_MAX`); before 0.13 it comes as
+    vLLM 0.10-0.11's list for it, step 8 to 248 then step 16 to ``model_max``.
 
     Example:
         >>> s = capture_sizes_for((0, 26, 0), max_num_seqs=64, max_num_batched_tokens=8192)
@@ -206,6 +216,11 @@ def capture_sizes_for(v: Version, *, max_num_seqs: int, max_num_batched_tokens: 
                             "set only one of the two, or make them agree")
         return tuple(sizes)
     rules = memory_rules(v)
+    if model_max is not None and user_max is None:
+        if rules.capture_step8_only:  # the model's list replaces the default one (vLLM 0.10.2-0.11.0)
+            sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, model_max + 1, 16))
+            return tuple(s for s in sizes if s <= max_num_batched_tokens)
+        user_max = model_max
     if rules.capture_step8_only:  # --cuda-graph-sizes: one value N -> step 8 all the way
         n = user_max if user_max is not None else min(max_num_seqs * 2, 512)
         sizes = [s for s in (1, 2, 4) if s <= n] + list(range(8, n + 1, 8))
@@ -304,7 +319,8 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         sizes = capture_sizes_for(v, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                   user_sizes=f.get("cudagraph_capture_sizes"),
                                   user_max=f.get("max_cudagraph_capture_size"),
-                                  blackwell=10.0 <= gpu.compute_capability < 11.0)
+                                  blackwell=10.0 <= gpu.compute_capability < 11.0,
+                                  model_max=MODEL_CAPTURE_MAX.get(model.architecture))
 
     quantization = f.get("quantization")
     if quantization is not None and model.quantization is None and quantization != "fp8":

@@ -139,6 +139,13 @@ class VllmMemoryRules:
     #: lru_cache(...)``, as 0.26 still does). Read in the released source of 0.10.2, 0.11.0, 0.11.1,
     #: 0.11.2 and 0.12.0. gpt-oss's chat (Harmony, ``use_harmony``) never renders a Jinja template.
     chat_template_parsed_per_request: bool
+    #: vLLM's prefix-cache counters (``vllm:prefix_cache_queries`` / ``_hits``, the logged hit rate)
+    #: take a resumed (preempted) request's lookup like any other: before 0.11.1. vLLM pull request
+    #: 25787 (merged 2025-09-26, "Don't count preempted tokens in prefix cache hit rate") records
+    #: those in ``PrefixCacheStats.preempted_*``, which no counter or log line reads (0.26's
+    #: ``v1/metrics/stats.py``, ``loggers.py``). Placed at 0.11.1, the first release after the merge
+    #: that could hold it (not pinned: 0.11.0 may).
+    prefix_stats_count_preempted: bool
 
     # -- vLLM's texts --------------------------------------------------------------------------
 
@@ -252,4 +259,5 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         sliding_reserves_in_flight=v >= V2_RUNNER,
         mxfp4_keeps_loaded_scales=v < V2_RUNNER,
         chat_template_parsed_per_request=v == (0, 11, 0),
+        prefix_stats_count_preempted=v < (0, 11, 1),
     )

@@ -106,6 +106,7 @@ from servetune.planner.comm import allreduce_cost, sendrecv_cost
 from servetune.planner.model_memory import effective_model
 from servetune.planner.vllm_rules import memory_rules
 from servetune.sim import perf_classes
+from servetune.sim.chat_templates import chat_template_parse_share
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -178,8 +179,9 @@ class Calibration:
     # 16.0 ms, the two hosts alone 18.8 ms (H100) and ~11 ms (A100). Its order is the parse's own: a
     # fresh ImmutableSandboxedEnvironment's parse of vLLM 0.11.0's 5-6 KB Qwen tool templates
     # (examples/tool_chat_template_hermes.jinja, _qwen3coder.jinja) took 12-16 ms on a shared 2-core
-    # machine, the 316-byte ChatML one 1.3 ms (a check, not the value). One constant for every chat
-    # template: the published runs' templates are not at hand.
+    # machine, the 316-byte ChatML one 1.3 ms (a check, not the value). It is the cost of the fit
+    # runs' template (Qwen3's); a model whose template is known pays it times that template's
+    # parse time against Qwen3's (sim.chat_templates.CHAT_TEMPLATE_PARSE_SHARE), others as it is.
     chat_template_parse_s: float = 0.01599
     prompt_token_overhead_s: float = 3.305e-08  # API server CPU per prompt token, before the engine sees it
     token_overhead_s: float = 5.866e-05  # API server CPU per streamed output token (measured, _fidelity.api_token_cpu_s)
@@ -215,6 +217,13 @@ class Calibration:
     # receives mid-step joins the batch after next (vLLM's design, not fitted); 0: at the step's
     # start, the simulator before 2026-12-03 (the folds replay with 0).
     schedule_ahead: float = 1.0
+    # 1: a preempted request resumes on its own full blocks still cached, as vLLM's prefix cache keeps a
+    # freed block's hash until the block is handed out again (sim.blocks.BlockPool.free); 0 (the
+    # committed value): it recomputes from scratch. Off: on brings the published class runs' 32K
+    # bursts in (held out 20 -> 23 of 24 within 15%) and leaves the real H200 / H100 windows as they
+    # were (mean throughput error 3.9% -> 3.9%, preempting or not 36 of 36), but moves three held-out
+    # dense A100 TP=2 runs at 0.25 utilisation out of 10% (docs/accuracy.md).
+    resume_hits: float = 0.0
     sync_overlap: float = 0.3  # the same without async scheduling (output processing still overlaps)
     allreduce_latency_s: float = 10e-6  # one all-reduce, small message
     interconnect_efficiency: float = 0.7  # fraction of the link bandwidth reached by all-reduce
@@ -604,13 +613,15 @@ class PerfModel:
         self._eager_floor = cal.eager_layer_overhead_s * layers * (cal.api_cpu_factor if self._eager_cpu_bound else 1.0)
         self._overlap = cal.async_overlap if config.async_scheduling else cal.sync_overlap
         self.schedule_ahead = bool(cal.schedule_ahead >= 0.5 and config.async_scheduling)
+        self.resume_hits = cal.resume_hits >= 0.5
         self._step_cpu = cal.step_overhead_s
         self._seq_cpu = cal.seq_overhead_s
         self.api_cpu_factor = host = cal.api_cpu_factor
         self.request_overhead_s = cal.request_overhead_s * host
         #: Loop CPU a chat request adds to :attr:`request_overhead_s` (0 where vLLM's chat endpoint
-        #: does not parse the template per request, or the model chats through Harmony).
-        self.chat_request_overhead_s = (cal.chat_template_parse_s * host
+        #: does not parse the template per request, or the model chats through Harmony), scaled to
+        #: the model's own template where it is known (sim.chat_templates).
+        self.chat_request_overhead_s = (cal.chat_template_parse_s * host * chat_template_parse_share(model)
                                         if memory_rules(config.version).chat_template_parsed_per_request
                                         and model.architecture not in HARMONY_ARCHITECTURES else 0.0)
         self.prompt_token_overhead_s = cal.prompt_token_overhead_s * host

@@ -176,6 +176,8 @@ class SimScheduler:
         self.long_prefill_threshold = config.long_prefill_token_threshold or 0
         self.chunked_prefill = config.enable_chunked_prefill
         self.prefix_caching = config.enable_prefix_caching
+        #: Whether vLLM's prefix-cache counters take a resumed request's hits (VllmMemoryRules).
+        self.count_preempted_hits = config.rules.prefix_stats_count_preempted
         self.reserve_full_isl = (version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 19)
         #: A sliding-window hybrid's KV groups (None: one group).
         self.groups = kv_groups(model, config)
@@ -208,6 +210,8 @@ class SimScheduler:
         # (max_concurrent_batches 2, vllm-internals.md §4.2): a request the engine core received
         # after the running step began waits for the batch after it (PerfModel.schedule_ahead).
         self._schedule_ahead = self.perf.schedule_ahead
+        # A preempted request resumes on its own blocks still cached (Calibration.resume_hits).
+        self._resume_hits = self.perf.resume_hits
         self._step_start = 0.0  # start of the step before the one being formed
         # run_until_idle's bulk decode: the first _dec_n running requests each decode one token a
         # step (SimRequest.dec), counted together: sum of (computed - dec), how many need a new
@@ -359,7 +363,7 @@ class SimScheduler:
         return False
 
     def _preempt(self, victim: SimRequest) -> None:
-        self.pool.free(victim)
+        self.pool.free(victim, keep_own=self._resume_hits)
         victim.computed = 0
         victim.status = "waiting"
         victim.preemptions += 1
@@ -740,7 +744,7 @@ class SimScheduler:
             req = waiting[0]
             hits: list[CacheKey] = []
             evictable_hits = 0
-            if caching and req.npb:
+            if caching and (req.npb or req.preemptions):
                 hits, evictable_hits = pool.cache_hits(req)
             cached = len(hits) * bs
             n = req.total - cached
@@ -764,7 +768,8 @@ class SimScheduler:
             if need > free_after_hits:
                 break
             waiting.popleft()
-            if caching:  # vLLM records the query once the request is admitted
+            if caching and (self.count_preempted_hits or not req.preemptions):
+                # vLLM records the query once the request is admitted (a resumed one apart, from 0.11.1)
                 self.prefix_cache_queries += req.total
                 self.prefix_cache_hits += cached
             for key in hits:
