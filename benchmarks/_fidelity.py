@@ -61,7 +61,12 @@ HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b"
                "/root/m24b": "mistral-small-24b", "/root/q3": "qwen3-30b-a3b", "/root/l8": "llama-3.1-8b",
                "/root/g2": "gemma-2-27b", "/root/go20": "gpt-oss-20b",
                # The 16-layer Mixtral-8x7B shape has no shipped config: its config.json is kept with its evidence.
-               "/root/mx16": str(FIXTURES.parent / "real_h100_classes" / "2026-12-05_h100_host_c" / "mx16")}
+               "/root/mx16": str(FIXTURES.parent / "real_h100_classes" / "2026-12-05_h100_host_c" / "mx16"),
+               # gemma-3-27b's text model as a Gemma3ForCausalLM, DeepSeek-V2-Lite and an AWQ Llama-3.1-8B:
+               # the configs vLLM was served are kept with their evidence.
+               "/root/g3t": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host" / "g3t"),
+               "/root/dsv2": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host" / "dsv2"),
+               "/root/awq8": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host" / "awq8")}
 #: Flags the collector passed for its own evidence that change nothing vLLM serves or allocates
 #: (``--profiler-config``: the worker's profiler is built on the first /start_profile; ``--load-format
 #: dummy``: random weights made on the GPU, as many bytes as the checkpoint's).

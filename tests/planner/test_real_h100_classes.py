@@ -33,6 +33,10 @@ STARTS = sorted(p.parent.name for p in FIXTURES.glob("2026-*/server.log.gz"))
 REFUSED = ("2026-12-05_q3moe_u074_s256_mbt8192", "2026-12-05_g2_u07_s128_mbt8192")
 SERVED = [s for s in STARTS if s not in REFUSED]
 SECOND_SET = [s for s in SERVED if "_mx16_" in s or "_g2_" in s]
+#: 2026-12-06 (README, "Third set"): gemma-3-27b's text model (5 sliding : 1 global), DeepSeek-V2-Lite
+#: (MLA + MoE) and an AWQ Llama-3.1-8B, judged before anything was read off them.
+THIRD_SET = [s for s in SERVED if s.startswith("2026-12-06_")]
+AWQ_START = "2026-12-06_awq8_u09_s256_mbt8192"
 
 
 def _start(name: str) -> tuple[dict, str]:
@@ -49,11 +53,13 @@ def test_the_evidence_is_all_there() -> None:
                       "2026-12-05_l8b_kvfp8_u09_s256_mbt8192", "2026-12-05_mx16_fp8_u09_s256_mbt8192",
                       "2026-12-05_mx16_u09_s256_mbt8192", "2026-12-05_q3moe_fp8_u09_s256_mbt8192",
                       "2026-12-05_q3moe_u074_s256_mbt8192", "2026-12-05_q3moe_u09_s256_mbt8192",
-                      "2026-12-05_q3moe_u09_s64_mbt2048"]
+                      "2026-12-05_q3moe_u09_s64_mbt2048", "2026-12-06_awq8_u09_s256_mbt8192",
+                      "2026-12-06_dsv2_u095_default", "2026-12-06_dsv2_u09_s256_mbt8192",
+                      "2026-12-06_g3t_u09_s256_mbt8192"]
     windows = window_summaries(FIXTURES)
-    assert len(windows) == 27
+    assert len(windows) == 36
     assert [w for w, s in windows.items() if not served_whole(s)] == []
-    assert folder_bytes(FIXTURES) < 18 << 20, folder_bytes(FIXTURES)
+    assert folder_bytes(FIXTURES) < 22 << 20, folder_bytes(FIXTURES)
 
 
 @pytest.mark.parametrize("name", STARTS)
@@ -73,7 +79,9 @@ def test_each_start_logs_which_model_runner_vllm_chose(name: str) -> None:
 def test_planner_kv_capacity_held_out(name: str) -> None:
     # Measured: MoE bf16 +0.81% (256 sequences) and +2.06% (64 sequences, 2,048-token budget),
     # MoE FP8 +0.24%, 8B FP8 weights +0.23%, 8B FP8 KV cache +0.19%; the second set, held out likewise:
-    # Mixtral-16L bf16 -0.61%, FP8 -0.10%, gemma-2 bf16 KV -0.13%, fp8 KV +0.04%. The bound is 3%.
+    # Mixtral-16L bf16 -0.61%, FP8 -0.10%, gemma-2 bf16 KV -0.13%, fp8 KV +0.04%; the third set:
+    # gemma-3 text +0.68%, DeepSeek-V2-Lite +0.41% (256 sequences) and -1.07% (1,024 at 0.95), AWQ 8B
+    # +0.28%. The bound is 3%.
     summary, text = _start(name)
     parsed = parse_log(text)
     assert parsed.server_ready and classify(text).status.value == "ok"
@@ -83,13 +91,31 @@ def test_planner_kv_capacity_held_out(name: str) -> None:
                                                                                     parsed.kv_cache_tokens)
 
 
-@pytest.mark.parametrize("name", SERVED)
+@pytest.mark.parametrize("name", [s for s in SERVED if s != AWQ_START])
 def test_weights_as_vllm_loaded_them(name: str) -> None:
     # bf16 56.88 GiB (MoE) and 15.04 (8B); online FP8: 29.06 (MoE, experts and attention in fp8)
-    # and 8.54 (8B); Mixtral-16L 43.75 (bf16) and 22.15 (FP8), gemma-2 50.72: the planner within 0.6%.
+    # and 8.54 (8B); Mixtral-16L 43.75 (bf16) and 22.15 (FP8), gemma-2 50.72, gemma-3 text 50.74,
+    # DeepSeek-V2-Lite 29.34: the planner within 0.6%.
     summary, text = _start(name)
     _, plan = _plan(summary, text)
     assert plan.memory.weights == pytest.approx(parse_log(text).weights_gib, rel=0.006)
+
+
+def test_awq_weights_on_hopper_miss_machetes_fp16_zero_points() -> None:
+    """The AWQ 8B shape: vLLM 0.26 serves AWQ on an H100 through Machete ("Using MacheteLinearKernel
+    for AutoAWQMarlinLinearMethod"), whose ``process_weights_after_loading`` turns the packed 4-bit
+    zero points into ``-zero x scale`` in the activation dtype (``kernels/linear/mixed_precision/
+    machete.py``, ``transform_w_zp``): 2 bytes a group where the checkpoint has half a byte, 0.08 GiB
+    on this model. The planner counts the checkpoint's bytes (5.37 GiB against 5.49 logged, -2.3%);
+    KV tokens are +0.28% all the same. Not modelled yet: this test holds the gap and its cause."""
+    summary, text = _start(AWQ_START)
+    assert "Using MacheteLinearKernel for AutoAWQMarlinLinearMethod" in text
+    _, plan = _plan(summary, text)
+    logged = parse_log(text).weights_gib
+    linear = 32 * (4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336)  # quantized weights of the 8B shape
+    zero_points_as_fp16 = linear / 128 * (2 - 0.5) / 2**30
+    assert -0.03 < plan.memory.weights / logged - 1 < -0.015
+    assert plan.memory.weights + zero_points_as_fp16 == pytest.approx(logged, rel=0.01)
 
 
 def test_the_refused_moe_start_is_foreseen_with_vllms_reason() -> None:

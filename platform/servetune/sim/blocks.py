@@ -173,7 +173,7 @@ class BlockPool:
         looks up (:meth:`cache_hits`), until the free queue hands them out: vLLM caches every full
         block of every request and keeps a freed block's hash until it is evicted
         (``BlockPool.free_blocks`` appends hashed blocks to the free queue's tail), so a preempted
-        request that resumes hits what is left of its own blocks (vLLM issue 25780: a random-prompt
+        request that resumes hits what is left of its own blocks (vLLM issue #25780: a random-prompt
         throughput run logged a 30% hit rate from them). A finished request's own blocks go back
         anonymous: no other request holds their content.
 
