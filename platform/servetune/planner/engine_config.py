@@ -313,14 +313,10 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
                         "enable chunked prefill, or set max_num_batched_tokens >= max_model_len")
 
     enforce_eager = bool(f.get("enforce_eager", False))
-    if enforce_eager:
-        sizes: tuple[int, ...] = ()
-    else:
-        sizes = capture_sizes_for(v, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                  user_sizes=f.get("cudagraph_capture_sizes"),
-                                  user_max=f.get("max_cudagraph_capture_size"),
-                                  blackwell=10.0 <= gpu.compute_capability < 11.0,
-                                  model_max=MODEL_CAPTURE_MAX.get(model.architecture))
+    sizes: tuple[int, ...] = () if enforce_eager else capture_sizes_for(
+        v, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        user_sizes=f.get("cudagraph_capture_sizes"), user_max=f.get("max_cudagraph_capture_size"),
+        blackwell=10.0 <= gpu.compute_capability < 11.0, model_max=MODEL_CAPTURE_MAX.get(model.architecture))
 
     quantization = f.get("quantization")
     if quantization is not None and model.quantization is None and quantization != "fp8":

@@ -614,8 +614,7 @@ class PerfModel:
         self._overlap = cal.async_overlap if config.async_scheduling else cal.sync_overlap
         self.schedule_ahead = bool(cal.schedule_ahead >= 0.5 and config.async_scheduling)
         self.resume_hits = cal.resume_hits >= 0.5
-        self._step_cpu = cal.step_overhead_s
-        self._seq_cpu = cal.seq_overhead_s
+        self._step_cpu, self._seq_cpu = cal.step_overhead_s, cal.seq_overhead_s
         self.api_cpu_factor = host = cal.api_cpu_factor
         self.request_overhead_s = cal.request_overhead_s * host
         #: Loop CPU a chat request adds to :attr:`request_overhead_s` (0 where vLLM's chat endpoint

@@ -683,6 +683,23 @@ def _parse_output(raw: Any, cwd: Path) -> Output:
 # ---------------------------------------------------------------------------------------------
 
 
+def _parse_name(value: Any) -> str:
+    """The study's name: Optuna's key, MLflow's run name and the runs folder's, written as it is.
+
+    It is never redacted, so a name holding a token (or a secret environment variable's value) is
+    refused here.
+    """
+    name = _text(value, "name", "my-study")
+    if not _NAME_RE.match(name):
+        raise SpecError("name", f"{shown(name)} is not a valid study name",
+                        "use letters, digits, '.', '_' and '-' (it names files and MLflow runs), at most 128")
+    if redact_text(name) != name:
+        raise SpecError("name", "holds a token or a secret environment variable's value",
+                        "name the study without credentials: the name is written to MLflow, Optuna and the "
+                        "runs folder as it is")
+    return name
+
+
 @dataclasses.dataclass(frozen=True)
 class StudySpec:
     """A validated study. Build it with :func:`load_spec` or :meth:`from_dict`, never by hand."""
@@ -766,16 +783,7 @@ class StudySpec:
                     "workload": "add workload: {input_len: 512, output_len: 256, num_requests: 200, concurrency: 64}",
                     "search_space": "add search_space: memory-pair"}[key])
 
-        name = _text(data["name"], "name", "my-study")
-        if not _NAME_RE.match(name):
-            raise SpecError("name", f"{shown(name)} is not a valid study name",
-                            "use letters, digits, '.', '_' and '-' (it names files and MLflow runs), at most 128")
-        if redact_text(name) != name:
-            # The name is the Optuna study's key and the MLflow run's name: it is never redacted, so
-            # one that holds a token (or a secret environment variable's value) is refused here.
-            raise SpecError("name", "holds a token or a secret environment variable's value",
-                            "name the study without credentials: the name is written to MLflow, Optuna and the "
-                            "runs folder as it is")
+        name = _parse_name(data["name"])
         description = data.get("description")
         if description is not None and not isinstance(description, str):
             raise SpecError("description", f"expected text, got {shown(description)}", "quote it")
