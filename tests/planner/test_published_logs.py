@@ -21,7 +21,8 @@ JUDGED = [judge(s, MODELS[s.id]) for s in STARTS]
 
 def test_every_start_names_a_known_source_model_and_role():
     assert {s.role for s in STARTS} == {"fit", "held_out"}
-    assert all(memory.parse_vllm_version(s.vllm) >= (0, 11, 0) for s in STARTS)
+    assert all(memory.parse_vllm_version(s.vllm) >= (0, 10, 1) for s in STARTS)
+    assert sum(memory.parse_vllm_version(s.vllm) < (0, 11, 0) for s in STARTS) >= 6  # the 0.10.x starts
     assert all(s.logged.get("status") in ("ok", "failed") for s in STARTS)
 
 
@@ -34,6 +35,9 @@ WEIGHT_GAPS = {
     # The 0.10 GiB more is not explained by the log; both starts' KV figures are within 0.1%.
     "llmlab_qwen25_15b_tp1_t4": (-4.0, -2.5),
     "llmlab_qwen25_15b_tp1_t4_prefix": (-4.0, -2.5),
+    # vLLM 0.10.2 prints 7.5552 GiB for Qwen3-4B (tied embeddings) where its parameters are 7.50 GiB;
+    # the 0.05 GiB more is not explained by the log (its own split says "7.56 GiB for weight"); KV exact.
+    "benyucong_qwen3_4b_tp1_h100": (-1.0, -0.5),
 }
 
 
@@ -104,7 +108,9 @@ def test_held_out_kv_capacity_and_every_failed_start_foreseen():
             low, high = KNOWN_MISSES[j.start.id]
             assert low <= 100 * j.kv_error <= high, (j.start.id, j.kv_error)
             continue
-        line = 2.0 if memory.parse_vllm_version(j.start.vllm) < (0, 20, 0) else 10.0
+        version = memory.parse_vllm_version(j.start.vllm)
+        # 0.10.x: the project's 3% KV target (its sampler rule is counted from the source, not fitted)
+        line = 3.0 if version < (0, 11, 0) else 2.0 if version < (0, 20, 0) else 10.0
         assert abs(100 * j.kv_error) <= line, (j.start.id, j.kv_error)
     assert set(KNOWN_MISSES) <= {j.start.id for j in JUDGED if j.start.role == "held_out"}
     assert all(abs(100 * j.kv_error) <= 2.0 for j in JUDGED if j.start.gpu == "H100-80GB"
@@ -415,3 +421,31 @@ def test_the_committed_class_report_is_what_the_planner_gives_now():
     spec.loader.exec_module(bench)
     committed = json.loads((root / "benchmarks" / "results" / "published_logs_classes.json").read_text())
     assert committed == json.loads(json.dumps(bench.class_report()))
+
+
+def test_the_010_starts_profile_flashinfer_where_their_log_says_it_imports():
+    """vLLM 0.10.x's dummy sampler: FlashInfer's top-k/top-p where it imports, PyTorch's sort where not.
+
+    The 0.10.1.1 A100 starts that log "Using FlashInfer for top-p & top-k sampling" are within 3% with
+    the FlashInfer rule (counted: 14 B a logit in bf16) and 3-26% low with the sort path's fitted
+    37.95 B (0.87 GiB more at 256 rows of a 152,064 vocabulary); the two 0.10.x starts that log
+    "FlashInfer is not available" are within 1% with the sort path, and off without it. Nothing
+    fitted on them: every 0.10.x start is held out.
+    """
+    import dataclasses
+    from servetune.planner.vllm_rules import memory_rules
+    assert memory_rules((0, 10, 1)).flashinfer_topk_topp and memory_rules((0, 10, 2)).flashinfer_topk_topp
+    assert not memory_rules((0, 11, 0)).flashinfer_topk_topp
+    v010 = [j for j in JUDGED if memory.parse_vllm_version(j.start.vllm) < (0, 11, 0)]
+    assert len(v010) >= 6 and all(j.start.role == "held_out" for j in v010)
+    assert {j.start.flashinfer for j in v010} == {True, False}
+    for j in v010:
+        assert abs(j.kv_error) <= (0.03 if j.start.flashinfer else 0.01), (j.start.id, j.kv_error)
+        other = judge(dataclasses.replace(j.start, flashinfer=not j.start.flashinfer), MODELS[j.start.id])
+        assert abs(other.kv_error) > abs(j.kv_error) + 0.005, (j.start.id, other.kv_error)
+
+
+def test_vllm_010_is_accepted_and_the_v0_engine_refused():
+    with pytest.raises(SpecError, match="0.10.1"):
+        memory.parse_vllm_version("0.10.0")
+    assert memory.parse_vllm_version("0.10.1.1") == (0, 10, 1) and memory.parse_vllm_version("v0.10.2") == (0, 10, 2)
