@@ -14,6 +14,7 @@ from servetune.errors import SpecError
 from servetune.planner import comm, memory
 from servetune.planner.evidence import fit_constants, judge, load_index, parse_index, summarize
 
+GIB = 1 << 30
 INDEX = Path(__file__).resolve().parents[1] / "fixtures" / "published_logs" / "index.yaml"
 STARTS, MODELS = load_index(INDEX)
 JUDGED = [judge(s, MODELS[s.id]) for s in STARTS]
@@ -454,3 +455,27 @@ def test_vllm_010_is_accepted_and_the_v0_engine_refused():
     with pytest.raises(SpecError, match="0.10.1"):
         memory.parse_vllm_version("0.10.0")
     assert memory.parse_vllm_version("0.10.1.1") == (0, 10, 1) and memory.parse_vllm_version("v0.10.2") == (0, 10, 2)
+
+
+def test_the_010_starts_capture_piecewise_graphs_only():
+    """vLLM 0.10.x defaults to PIECEWISE CUDA graphs (0.11.0: FULL_AND_PIECEWISE): 67 graphs at the default
+    capture sizes, and the graph pools the 0.10.x logs print at TP=1 lie within 0.15 GiB of the
+    piecewise-only estimate, where the estimate with 0.11.0's FULL decode graphs is 0.2 GiB or more over."""
+    from servetune.engines.vllm.logs import parse_log
+    from servetune.planner.engine_config import resolve_engine_config
+    from servetune.planner.gpus import get_gpu
+    from servetune.planner.model_memory import cudagraph_memory_bytes
+    from servetune.planner.vllm_rules import memory_rules
+    assert not memory_rules((0, 10, 2)).full_decode_graphs and memory_rules((0, 11, 0)).full_decode_graphs
+    checked = 0
+    for s in STARTS:
+        if memory.parse_vllm_version(s.vllm) >= (0, 11, 0) or s.layout != "TP=1":
+            continue
+        logged = parse_log((INDEX.parent / s.log).read_text(encoding="utf-8")).graph_capture_gib
+        config = resolve_engine_config(s.flags, MODELS[s.id], get_gpu(s.gpu), s.vllm)
+        as_011 = resolve_engine_config(s.flags, MODELS[s.id], get_gpu(s.gpu), "0.11.0")
+        assert config.full_cudagraph_sizes == () and config.num_cudagraphs == 67, s.id
+        assert abs(cudagraph_memory_bytes(MODELS[s.id], config) / GIB - logged) <= 0.15, s.id
+        assert cudagraph_memory_bytes(MODELS[s.id], as_011) / GIB - logged >= 0.2, s.id
+        checked += 1
+    assert checked >= 4

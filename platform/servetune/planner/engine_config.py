@@ -138,7 +138,10 @@ class EngineConfig:
 
     @property
     def full_cudagraph_sizes(self) -> tuple[int, ...]:
-        """Sizes that also get a FULL decode graph (FULL_AND_PIECEWISE: 1 <= size <= max_num_seqs)."""
+        """Sizes that also get a FULL decode graph (FULL_AND_PIECEWISE: 1 <= size <= max_num_seqs; none
+        before 0.11.0, whose default is PIECEWISE: ``VllmMemoryRules.full_decode_graphs``)."""
+        if not memory_rules(self.version).full_decode_graphs:
+            return ()
         return tuple(s for s in self.cudagraph_capture_sizes if s <= self.max_num_seqs)
 
     @property

@@ -113,6 +113,13 @@ class VllmMemoryRules:
     #: ("FlashInfer is not available. Falling back to the PyTorch-native implementation") sorts,
     #: and is planned high by the difference (a known miss in tests/planner/test_published_logs.py).
     flashinfer_topk_topp: bool
+    #: CUDA graphs default to FULL_AND_PIECEWISE (a FULL decode graph per capture size up to
+    #: ``max_num_seqs`` besides the piecewise ones) from 0.11.0; 0.10.x defaults to PIECEWISE only
+    #: (``config/__init__.py: VllmConfig.__post_init__``, lines 3550-3560 of 0.10.1.1, 3385-3395 of
+    #: 0.10.2: ``CUDAGraphMode.PIECEWISE`` where 0.11.0 sets ``FULL_AND_PIECEWISE``). The published
+    #: 0.10.x logs capture "(mixed prefill-decode, PIECEWISE)" only, and their pools (0.50-0.54 GiB at
+    #: TP=1) sit nearer the piecewise-only estimate than the one with FULL graphs (+0.2 GiB over).
+    full_decode_graphs: bool
     #: 0.27+ charges ``total_consumed``, so the V2 runner's persistent sampler state too.
     charges_persistent_runner: bool
     #: The CUDA-graph estimate comes off the KV budget. <=0.16: no estimate at all; 0.18/0.19: only
@@ -268,6 +275,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         v2_runner=v >= V2_RUNNER,
         triton_topk_topp=TRITON_TOPK_TOPP <= v < V2_RUNNER,
         flashinfer_topk_topp=v < SORT_TOPK_TOPP_PROFILED,
+        full_decode_graphs=v >= (0, 11, 0),
         charges_persistent_runner=v >= TOTAL_CONSUMED_ACCOUNTING,
         subtracts_cudagraph_estimate=(0, 20, 0) <= v < V2_RUNNER,
         budget_rounds_up=v >= (0, 33, 0),
