@@ -6,7 +6,7 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
     - id: h100-llama3.1-8b-tp1-rand1024x128-c64   # descriptive: gpu, model, layout, load
       source: https://github.com/vllm-project/vllm/issues/NNNN#issuecomment-MMMM (2025-06-01)
       vllm_version: "0.11.0"         # as stated (a bound, e.g. "released before 0.12", goes in `assumed`)
-      sim_vllm_version: "0.11.0"     # only where the stated version predates 0.11 (the simulator's oldest step rules; the KV pool is planned at the stated version from 0.10.1)
+      sim_vllm_version: "0.11.0"     # only where the stated version predates 0.11 (the simulator's oldest step rules; the KV pool is planned at the stated version from 0.10.0)
       gpu: H100-80GB                 # a name of servetune's GPU table (planner/gpus.py), exact
       num_gpus: 1                    # tp x pp x dp
       model: llama-3.1-8b            # a shipped model, or a folder under models/ beside the fixture
@@ -141,7 +141,7 @@ class PublishedRun:
     #: The vLLM version simulated: ``vllm_version``, or ``sim_vllm_version`` where that predates 0.11.
     sim_vllm_version: str = ""
     #: The vLLM version whose startup memory the planner applies (the KV pool, a refused start): the
-    #: stated one wherever the planner accepts it (0.10.1 on), else ``sim_vllm_version``.
+    #: stated one wherever the planner accepts it (0.10.0 on), else ``sim_vllm_version``.
     plan_vllm_version: str = ""
     #: The host's interconnect where the source shows it (servetune.planner.gpus.INTERCONNECTS), else "".
     interconnect: str = ""
@@ -279,7 +279,7 @@ def _layout(where: str, layout: Any, num_gpus: int) -> dict[str, int]:
 
 
 #: The oldest version whose step-time rules the simulator has (the planner's memory rules start at
-#: 0.10.1, see :data:`servetune.planner.vllm_rules.MIN_VERSION`).
+#: 0.10.0, see :data:`servetune.planner.vllm_rules.MIN_VERSION`).
 SIM_OLDEST_VERSION = (0, 11, 0)
 
 
@@ -287,7 +287,7 @@ def _sim_version(where: str, entry: Mapping[str, Any]) -> tuple[str, str]:
     """``(simulated, planned)``: the version a run is simulated at, its own or, where that predates
     the simulator's oldest step rules (0.11.0), the ``sim_vllm_version`` it names (and says so in
     ``assumed``); and the version its startup memory is planned at, its own wherever the planner
-    accepts it (0.10.1 on)."""
+    accepts it (0.10.0 on)."""
     stated = str(entry["vllm_version"])
     # Releases with a fourth part (0.10.1.1) are read by their first three.
     if not _STATED_VERSION.fullmatch(stated.strip()):

@@ -339,7 +339,7 @@ def test_a_runs_step_breakdown_names_where_the_simulated_time_goes(capsys: pytes
 
 
 def test_a_010_run_is_planned_at_its_own_version_and_simulated_at_0110s_step_rules() -> None:
-    """The planner's memory rules reach back to 0.10.1; the simulator's step rules start at 0.11.0.
+    """The planner's memory rules reach back to 0.10.0; the simulator's step rules start at 0.11.0.
 
     A 0.10.x run keeps ``sim_vllm_version: 0.11.0`` for its step times, but its KV pool (and whether
     it starts at all) comes from its own version: gpustack's gpt-oss-120b starts on one H100 at

@@ -28,11 +28,14 @@ __all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB"
 GiB = 1 << 30
 MiB = 1 << 20
 
-#: The oldest release whose V1 worker memory accounting was read (0.10.1.1 and 0.10.2 wheels:
-#: ``v1/worker/gpu_worker.py: determine_available_memory``, ``utils/__init__.py: memory_profiling``,
-#: ``v1/worker/gpu_model_runner.py: profile_run`` / ``_dummy_sampler_run`` are 0.11.0's, line for line,
-#: for a text model). Before it the V0 engine's profiler, which servetune does not model.
-MIN_VERSION: Version = (0, 10, 1)
+#: The oldest release whose V1 worker memory accounting was read (the 0.10.0, 0.10.1.1 and 0.10.2
+#: wheels: ``v1/worker/gpu_worker.py: determine_available_memory``, ``utils/__init__.py:
+#: memory_profiling``, ``v1/worker/gpu_model_runner.py: profile_run`` / ``_dummy_sampler_run`` and
+#: ``v1/core/kv_cache_utils.py: get_num_blocks`` / ``check_enough_kv_cache_memory`` account as 0.11.0's
+#: do for a text model; the default token budgets, sequences, ``gpu_memory_utilization`` and capture
+#: sizes are 0.11.0's). Before it the V0 engine's profiler, which servetune does not model. No published
+#: 0.10.0 start is pinned (the starts that check these rules are 0.10.1.1 and 0.10.2).
+MIN_VERSION: Version = (0, 10, 0)
 #: First version whose V1 sampler leaves FlashInfer's top-k/top-p out of the profile run; see
 #: :attr:`VllmMemoryRules.flashinfer_topk_topp`.
 SORT_TOPK_TOPP_PROFILED: Version = (0, 11, 0)
@@ -69,8 +72,8 @@ def parse_vllm_version(version: str) -> Version:
         raise SpecError("vllm_version", f"cannot read {version!r} as a vLLM version", "write e.g. 0.26.0")
     v = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
     if v < MIN_VERSION:
-        raise SpecError("vllm_version", f"{version} predates the V1 engine's memory profiler servetune models (0.10.1)",
-                        "use vLLM 0.10.1 or newer")
+        raise SpecError("vllm_version", f"{version} predates the V1 engine's memory profiler servetune models (0.10.0)",
+                        "use vLLM 0.10.0 or newer")
     return v
 
 
@@ -102,7 +105,7 @@ class VllmMemoryRules:
     triton_topk_topp: bool
     #: The profile run's dummy sampler takes FlashInfer's top-k/top-p (``flashinfer.sampling.
     #: top_k_top_p_sampling_from_logits``: a top-k-masked fp32 copy and its softmax, no sort) instead
-    #: of PyTorch's sort: 0.10.x. Both 0.10.1.1 and 0.10.2 pick FlashInfer whenever it imports and
+    #: of PyTorch's sort: 0.10.x. 0.10.0, 0.10.1.1 and 0.10.2 pick FlashInfer whenever it imports and
     #: ``VLLM_USE_FLASHINFER_SAMPLER`` is not 0 (``v1/sample/ops/topk_topp_sampler.py:
     #: TopKTopPSampler.__init__``, lines 31-60; ``forward_cuda`` 88-109), and the published 0.10.1.1
     #: starts on A100s that log "Using FlashInfer for top-p & top-k sampling" profile about 0.87 GiB
@@ -116,7 +119,8 @@ class VllmMemoryRules:
     #: CUDA graphs default to FULL_AND_PIECEWISE (a FULL decode graph per capture size up to
     #: ``max_num_seqs`` besides the piecewise ones) from 0.11.0; 0.10.x defaults to PIECEWISE only
     #: (``config/__init__.py: VllmConfig.__post_init__``, lines 3550-3560 of 0.10.1.1, 3385-3395 of
-    #: 0.10.2: ``CUDAGraphMode.PIECEWISE`` where 0.11.0 sets ``FULL_AND_PIECEWISE``). The published
+    #: 0.10.2: ``CUDAGraphMode.PIECEWISE`` where 0.11.0 sets ``FULL_AND_PIECEWISE``; 0.10.0 has no
+    #: cudagraph_mode, only ``CompilationConfig.full_cuda_graph = False``). The published
     #: 0.10.x logs capture "(mixed prefill-decode, PIECEWISE)" only, and their pools (0.50-0.54 GiB at
     #: TP=1) sit nearer the piecewise-only estimate than the one with FULL graphs (+0.2 GiB over).
     full_decode_graphs: bool
