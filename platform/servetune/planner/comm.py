@@ -12,7 +12,7 @@ Which of the two grows depends on the environment the server runs with, not only
   2 = "where the system supports it", ``src/transport/nvls.cc``) on NVSwitch hosts of compute
   capability >= 9.0 (HGX H100/H200/H800/H20, B200), and it sets up its buffers lazily, at the
   first collective that uses it (NCCL >= 2.22 connects at runtime; every vLLM >= 0.11 ships
-  torch >= 2.8 with NCCL >= 2.27). With a TP group of >= 2 GPUs the profile run's all-reduce of
+  torch >= 2.8 with NCCL >= 2.27; the published 0.10.1.1 logs show NCCL 2.26.2). With a TP group of >= 2 GPUs the profile run's all-reduce of
   ``max_num_batched_tokens x hidden`` activations is large enough for NCCL to pick NVLS.
 * servetune's own launches set ``NCCL_NVLS_ENABLE=0`` and ``VLLM_ALLREDUCE_USE_SYMM_MEM=0``
   (:data:`servetune.envs.LAUNCH_SAFE_ENV`), so a servetune trial never pays the multicast memory;
