@@ -6,7 +6,7 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
     - id: h100-llama3.1-8b-tp1-rand1024x128-c64   # descriptive: gpu, model, layout, load
       source: https://github.com/vllm-project/vllm/issues/NNNN#issuecomment-MMMM (2025-06-01)
       vllm_version: "0.11.0"         # as stated (a bound, e.g. "released before 0.12", goes in `assumed`)
-      sim_vllm_version: "0.11.0"     # only where the stated version predates 0.11 (servetune's oldest rules)
+      sim_vllm_version: "0.11.0"     # only where the stated version predates 0.11 (the simulator's oldest step rules; the KV pool is planned at the stated version from 0.10.0)
       gpu: H100-80GB                 # a name of servetune's GPU table (planner/gpus.py), exact
       num_gpus: 1                    # tp x pp x dp
       model: llama-3.1-8b            # a shipped model, or a folder under models/ beside the fixture
@@ -140,6 +140,9 @@ class PublishedRun:
     quantization: str | None = None
     #: The vLLM version simulated: ``vllm_version``, or ``sim_vllm_version`` where that predates 0.11.
     sim_vllm_version: str = ""
+    #: The vLLM version whose startup memory the planner applies (the KV pool, a refused start): the
+    #: stated one wherever the planner accepts it (0.10.0 on), else ``sim_vllm_version``.
+    plan_vllm_version: str = ""
     #: The host's interconnect where the source shows it (servetune.planner.gpus.INTERCONNECTS), else "".
     interconnect: str = ""
 
@@ -275,25 +278,35 @@ def _layout(where: str, layout: Any, num_gpus: int) -> dict[str, int]:
     return out
 
 
-def _sim_version(where: str, entry: Mapping[str, Any]) -> str:
-    """The version a run is simulated at: its own, or, where that predates servetune's oldest rules
-    (0.11.0), the ``sim_vllm_version`` it names (and says so in ``assumed``)."""
+#: The oldest version whose step-time rules the simulator has (the planner's memory rules start at
+#: 0.10.0, see :data:`servetune.planner.vllm_rules.MIN_VERSION`).
+SIM_OLDEST_VERSION = (0, 11, 0)
+
+
+def _sim_version(where: str, entry: Mapping[str, Any]) -> tuple[str, str]:
+    """``(simulated, planned)``: the version a run is simulated at, its own or, where that predates
+    the simulator's oldest step rules (0.11.0), the ``sim_vllm_version`` it names (and says so in
+    ``assumed``); and the version its startup memory is planned at, its own wherever the planner
+    accepts it (0.10.0 on)."""
     stated = str(entry["vllm_version"])
     # Releases with a fourth part (0.10.1.1) are read by their first three.
     if not _STATED_VERSION.fullmatch(stated.strip()):
         raise _fail(where, "vllm_version", f"cannot read {stated!r} as a vLLM version", "write e.g. 0.11.0")
+    three = ".".join(stated.strip().split(".")[:3])
     try:
-        parse_vllm_version(".".join(stated.strip().split(".")[:3]))
+        planned: str | None = three if parse_vllm_version(three) else None
     except SpecError:
+        planned = None
+    if planned is None or parse_vllm_version(planned) < SIM_OLDEST_VERSION:
         if "sim_vllm_version" not in entry:
             raise _fail(where, "vllm_version", f"{stated} predates the oldest version servetune simulates (0.11.0)",
                         "add sim_vllm_version: 0.11.0 and say so in assumed, or leave the run out") from None
         parse_vllm_version(str(entry["sim_vllm_version"]))
-        return str(entry["sim_vllm_version"])
+        return str(entry["sim_vllm_version"]), planned or str(entry["sim_vllm_version"])
     if "sim_vllm_version" in entry:
         raise _fail(where, "sim_vllm_version", "only for a run whose vllm_version predates 0.11.0",
                     "remove it: the run is simulated at its own version")
-    return stated
+    return stated, stated
 
 
 def _client_seed(where: str, client: Mapping[str, Any], workload: Mapping[str, Any]) -> None:
@@ -338,7 +351,7 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
     link = with_interconnect(gpu, entry.get("interconnect"), f"{where}: interconnect").interconnect
     if gpu.name != entry["gpu"]:
         raise _fail(where, "gpu", f"{entry['gpu']!r} is an alias", f"write the table's name: {gpu.name}")
-    sim_version = _sim_version(where, entry)
+    sim_version, plan_version = _sim_version(where, entry)
     num_gpus = _positive_int(where, "num_gpus", entry["num_gpus"])
     workload = _workload(where, entry["workload"])
     closed = _closed(workload)
@@ -358,7 +371,7 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
         flags=dict(flags), workload=workload, client=dict(entry["client"]),
         measured=_measured(where, entry["measured"], closed), split=str(entry["split"]),
         assumed=tuple(map(str, entry.get("assumed") or ())), quantization=entry.get("quantization"),
-        sim_vllm_version=sim_version, interconnect=link)
+        sim_vllm_version=sim_version, plan_vllm_version=plan_version, interconnect=link)
 
 
 def sweep_key(run: PublishedRun) -> str:
@@ -574,11 +587,14 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_
     flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
     try:
         target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
+        # The startup memory (KV pool, refusal) at the run's own version where the planner has its rules
+        planned = target if run.plan_vllm_version in ("", run.sim_vllm_version) else \
+            resolve_target(target.model, target.gpu, flags, run.plan_vllm_version)
     except SpecError as exc:
         return Judged(run, None, None, None, failure=str(exc))
     gpu = with_calibration(with_interconnect(target.gpu, run.interconnect or None), calibration or {})
     result = simulate(target.model, gpu, target.config, workload_of(run, as_sent=as_sent),
-                      plan=plan_memory(target.model, gpu, target.config))
+                      plan=plan_memory(planned.model, gpu, planned.config))
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
     return Judged(run, (result.output_throughput or 0.0) * run.layout["dp"],

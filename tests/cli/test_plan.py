@@ -119,7 +119,7 @@ def test_plan_reads_the_callers_environment_and_says_what_the_other_gives(capsys
 def test_plan_says_where_no_published_log_backs_the_gpu(capsys):
     assert _run(["--model", "llama-3.1-8b", "--gpu", "RTX-4090", "--set", "max_model_len=4096"]) in (0, 1)
     out = capsys.readouterr().out
-    assert "evidence    no vLLM >= 0.11 startup log of RTX-4090 was checked" in out
+    assert "evidence    no vLLM >= 0.10 startup log of RTX-4090 was checked" in out
     assert _run(["--model", "servetune-test-850m", "--gpu", "H200", "--set", "gpu_memory_utilization=0.5"]) == 0
     assert "evidence    servetune's own vLLM 0.26.0 startup logs" in capsys.readouterr().out
 

@@ -336,3 +336,23 @@ def test_a_runs_step_breakdown_names_where_the_simulated_time_goes(capsys: pytes
     assert published_runs.main(["--breakdown", tp2.id]) == 0 and "comm" in capsys.readouterr().out
     assert published_runs.main(["--breakdown", "no-such-run"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_010_run_is_planned_at_its_own_version_and_simulated_at_0110s_step_rules() -> None:
+    """The planner's memory rules reach back to 0.10.0; the simulator's step rules start at 0.11.0.
+
+    A 0.10.x run keeps ``sim_vllm_version: 0.11.0`` for its step times, but its KV pool (and whether
+    it starts at all) comes from its own version: gpustack's gpt-oss-120b starts on one H100 at
+    0.10.2, which served, were refused at 0.11.0's memory rules (the sort sampler's 38 B a logit over
+    1,024 rows of a 201,088 vocabulary) and simulate at 0.10.2's (FlashInfer's top-k/top-p).
+    """
+    v010 = [r for r in RUNS if r.vllm_version.startswith("0.10.")]
+    assert len(v010) >= 50
+    assert all(r.sim_vllm_version == "0.11.0" and r.plan_vllm_version.startswith("0.10.") for r in v010)
+    assert all(r.plan_vllm_version == r.sim_vllm_version for r in RUNS if r not in v010)
+    gpt_oss = [r for r in v010 if r.model.endswith("gpt-oss-120b") and r.gpu == "H100-80GB" and r.layout["tp"] == 1]
+    assert gpt_oss
+    for run in gpt_oss:
+        assert judge(run).failure is None, run.id
+        as_before = judge(dataclasses.replace(run, plan_vllm_version=run.sim_vllm_version))
+        assert as_before.failure and "No available memory for the cache blocks" in as_before.failure, run.id

@@ -9,7 +9,7 @@ The memory each TP worker takes outside torch depends on the environment ``vllm 
 (NVLink multicast: ``NCCL_NVLS_ENABLE``, ``VLLM_ALLREDUCE_USE_SYMM_MEM``, ...). ``plan`` reads those
 settings from the caller's environment (or ``--env NAME=VALUE``; ``--trial-env`` for servetune's
 own launch environment), says which it assumed, and what the KV cache would be if the other held.
-Where no vLLM >= 0.11 startup log of the GPU was checked, it says so.
+Where no vLLM >= 0.10 startup log of the GPU was checked, it says so.
 
 Exit codes: 0 the plan fits, 1 vLLM would fail to start, 2 bad input (unknown flag, GPU or model;
 a flag combination vLLM refuses).
@@ -192,7 +192,7 @@ def format_plan(model: ModelProfile, gpu: GpuSpec | str, config: EngineConfig, p
         for note in gpu.vllm_notes():
             lines.append(f"gpu         {note}")
         if not gpu.log_evidence:
-            lines.append(f"evidence    no vLLM >= 0.11 startup log of {gpu.name} was checked: its figures come from "
+            lines.append(f"evidence    no vLLM >= 0.10 startup log of {gpu.name} was checked: its figures come from "
                          f"{gpu.source or 'a user GPU file'}; the memory constants from servetune's H200 runs")
         else:
             lines.append(f"evidence    {gpu.log_evidence}")

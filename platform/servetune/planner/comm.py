@@ -12,7 +12,7 @@ Which of the two grows depends on the environment the server runs with, not only
   2 = "where the system supports it", ``src/transport/nvls.cc``) on NVSwitch hosts of compute
   capability >= 9.0 (HGX H100/H200/H800/H20, B200), and it sets up its buffers lazily, at the
   first collective that uses it (NCCL >= 2.22 connects at runtime; every vLLM >= 0.11 ships
-  torch >= 2.8 with NCCL >= 2.27). With a TP group of >= 2 GPUs the profile run's all-reduce of
+  torch >= 2.8 with NCCL >= 2.27; the published 0.10.1.1 logs show NCCL 2.26.2). With a TP group of >= 2 GPUs the profile run's all-reduce of
   ``max_num_batched_tokens x hidden`` activations is large enough for NCCL to pick NVLS.
 * servetune's own launches set ``NCCL_NVLS_ENABLE=0`` and ``VLLM_ALLREDUCE_USE_SYMM_MEM=0``
   (:data:`servetune.envs.LAUNCH_SAFE_ENV`), so a servetune trial never pays the multicast memory;
@@ -64,7 +64,7 @@ NON_TORCH_GIB_SINGLE_V1 = 0.13
 #: (+0.43%). Over PCIe it is too high: the held-out 2 x L40S starts (vLLM 0.11.2) imply ~0.0 GiB,
 #: as NCCL opens far fewer channels there, and come out 2.0-2.5% low (not refitted on them).
 NON_TORCH_GIB_MULTI_V1 = 0.54
-#: The same on GPUs linked only by PCIe (GpuSpec.interconnect_gbps <= PCIE_MAX_GBPS). What grows
+#: The same on GPUs linked only by PCIe (GpuSpec.link not NVLink: below PCIE_MAX_GBPS, or stated). What grows
 #: lazily at the first all-reduce is NCCL's per-channel connection buffers, and where they live and
 #: how many there are depends on the transport, not on vLLM: the P2P transport
 #: (``src/transport/p2p.cc``) puts each channel's FIFOs in device memory (NCCL_BUFFSIZE's 4 MiB
@@ -293,8 +293,10 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
     # TP all-reduce never appear (0.07 GiB at PP=2 in llm-d-planner's published 0.19 logs).
     if v2 or tp == 1:
         non_torch = int(NON_TORCH_GIB_MULTI * GiB)
-    elif gpu.interconnect_gbps <= PCIE_MAX_GBPS:
-        non_torch = int(NON_TORCH_GIB_MULTI_V1_PCIE * GiB)  # NCCL's PCIe / SHM rings: few or no device buffers
+    elif gpu.link != "nvlink":
+        # NCCL's PCIe / SHM rings: few or no device buffers. By the link, not the part's rate: an SXM
+        # part stated to sit without P2P (e.g. two A100 40GB over Ray on two nodes) gets no NVLink ring.
+        non_torch = int(NON_TORCH_GIB_MULTI_V1_PCIE * GiB)
     else:
         non_torch = int(NON_TORCH_GIB_MULTI_V1 * GiB)
     live, reason = _multicast_reason(gpu, tp, env)

@@ -84,6 +84,11 @@ class EngineConfig:
     #: The model runs on vLLM's V1 model runner although this version's default is the V2 runner
     #: (:func:`~servetune.planner.vllm_rules.runs_v2_runner`: most MoE and hybrid models on 0.26+).
     v1_runner: bool = False
+    #: FlashInfer imports in the vLLM install (vllm/vllm-openai images ship it; a ``pip install vllm``
+    #: of 0.10.x without ``flashinfer-python`` does not: its log says "FlashInfer is not available").
+    #: Only 0.10.x's profile run depends on it
+    #: (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.flashinfer_topk_topp`).
+    flashinfer_available: bool = True
 
     @property
     def world_size(self) -> int:
@@ -98,6 +103,8 @@ class EngineConfig:
         """What this config's vLLM version does at startup (:func:`~servetune.planner.vllm_rules.memory_rules`),
         on the model runner this model gets (:func:`~servetune.planner.vllm_rules.v1_runner_rules`)."""
         rules = memory_rules(self.version)
+        if not self.flashinfer_available and rules.flashinfer_topk_topp:
+            rules = dataclasses.replace(rules, flashinfer_topk_topp=False)
         return v1_runner_rules(rules) if self.v1_runner else rules
 
     @property
@@ -131,7 +138,10 @@ class EngineConfig:
 
     @property
     def full_cudagraph_sizes(self) -> tuple[int, ...]:
-        """Sizes that also get a FULL decode graph (FULL_AND_PIECEWISE: 1 <= size <= max_num_seqs)."""
+        """Sizes that also get a FULL decode graph (FULL_AND_PIECEWISE: 1 <= size <= max_num_seqs; none
+        before 0.11.0, whose default is PIECEWISE: ``VllmMemoryRules.full_decode_graphs``)."""
+        if not memory_rules(self.version).full_decode_graphs:
+            return ()
         return tuple(s for s in self.cudagraph_capture_sizes if s <= self.max_num_seqs)
 
     @property

@@ -25,7 +25,7 @@ import yaml
 from servetune.errors import SpecError
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv
 from servetune.planner.engine_config import resolve_engine_config
-from servetune.planner.gpus import get_gpu, under_wddm
+from servetune.planner.gpus import get_gpu, under_wddm, with_interconnect
 from servetune.planner.modelclass import kv_layout
 from servetune.planner.memory import plan_memory
 from servetune.planner.model_memory import ACT_FIXED_GIB
@@ -52,6 +52,11 @@ class PublishedStart:
     role: str
     environment: str  # "multicast_off", "multicast_on", "default" (vLLM's and NCCL's defaults) or "wsl"
     log: str | None = None  # the published lines, verbatim, relative to the index (where the source has them)
+    #: How the start's GPUs were linked where the source says so (gpus.INTERCONNECTS, e.g. "pcie-no-p2p"
+    #: for "Custom allreduce is disabled because your platform lacks GPU P2P capability"); "" the part's own.
+    interconnect: str = ""
+    #: False where the log says "FlashInfer is not available" (the sampler falls back to PyTorch's sort).
+    flashinfer: bool = True
     kind: str = "dense"  # the model class (classes.yaml's ``class:``): moe, mxfp4, fp8, sliding_window, mla, ...
 
     @property
@@ -118,7 +123,9 @@ def parse_index(doc: Mapping[str, Any]) -> list[PublishedStart]:
         out.append(PublishedStart(id=str(raw["id"]), source=str(raw["source"]), model=str(raw["model"]),
                                   gpu=str(raw["gpu"]), vllm=str(raw["vllm"]), flags=dict(raw["flags"]),
                                   logged=dict(raw["logged"]), role=str(raw["role"]), environment=env,
-                                  log=log, kind=str(raw.get("class", "dense"))))
+                                  log=log, interconnect=str(raw.get("interconnect", "")),
+                                  flashinfer=bool(raw.get("flashinfer", True)),
+                                  kind=str(raw.get("class", "dense"))))
     ids = [s.id for s in out]
     if len(set(ids)) != len(ids):
         raise SpecError("starts", "duplicate ids", "give every start its own id")
@@ -143,7 +150,10 @@ def judge(start: PublishedStart, model: ModelProfile) -> Judgement:
     gpu = get_gpu(start.gpu)
     if start.environment == "wsl":  # Windows' WDDM driver: torch sees the whole framebuffer
         gpu = under_wddm(gpu)
+    gpu = with_interconnect(gpu, start.interconnect or None, field=f"starts.{start.id}.interconnect")
     config = resolve_engine_config(start.flags, model, gpu, start.vllm)
+    if not start.flashinfer:
+        config = dataclasses.replace(config, flashinfer_available=False)
     plan = plan_memory(model, gpu, config, env=_env(start.environment))
     logged_tokens = None
     if not start.failed and "kv_tokens" in start.logged:  # the logged "GPU KV cache size" itself

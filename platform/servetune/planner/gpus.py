@@ -74,7 +74,7 @@ class GpuSpec:
     backend follow from it, see the properties), ``nvlink_multicast`` (an NVSwitch host where
     NCCL's NVLS multicast algorithm is available: more memory outside torch per TP worker,
     :mod:`servetune.planner.comm`), ``platform`` ("cuda" or "rocm"), ``source`` (where the figures
-    come from), ``log_evidence`` (the vLLM >= 0.11 startup logs in this repository that the
+    come from), ``log_evidence`` (the vLLM >= 0.10 startup logs in this repository that the
     planner was checked against on this GPU; empty: none, and ``plan`` says so) and
     ``sim_evidence`` (the real vLLM benchmark runs the simulator's throughput and latency were
     judged against on this GPU, held out; empty: none, and ``simulate`` says so).
@@ -170,7 +170,8 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, NVLS not live), a vLLM 0.19.1 "
                          "start at TP=1 (qBraid/evolving-quantum-compilers, SXM or PCIe not stated: +0.5%) and "
                          "vLLM 0.19.0 starts on SXM boards (llm-d-planner, TP 1-4 with NVLS live, PP 2 and 4: "
-                         "11 of 12 within 0.4%, Qwen2.5-72B at TP=2 +5.6% with 3 GiB of KV)",
+                         "11 of 12 within 0.4%, Qwen2.5-72B at TP=2 +5.6% with 3 GiB of KV), and a vLLM 0.10.2 "
+                         "start at TP=1 (benyucong/neo4j-graphrag-python, Qwen3-4B without FlashInfer: +0.0%)",
             sim_evidence="servetune's own vLLM 0.26.0 windows (8B, TP=1, 2026-12-05, held out: 8.6% "
                          "throughput) and published vLLM 0.11.0 runs (gpustack: Qwen3-8B at 1-8 in flight, held "
                          "out: 4.1%; Qwen3-14B bursts, fit half: +75%, the host unexplained)"),
@@ -195,11 +196,12 @@ _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 80GB",
             log_evidence="a published vLLM 0.17.1 startup log at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
-                         "there)",
+                         "there) and published vLLM 0.10.1.1 starts (dennislee22/vLLM-benchmarking: Qwen2-7B at "
+                         "TP=1 and at TP=2 without GPU P2P, -2.5% to +0.6%; gpt-oss-120b at TP=4 over Ray, -0.3%)",
             sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1 on PCIe cards "
-                         "(PCIE_CARD_FIGURES), TP=1 held out 5.8% (20 bursts), TP=2 on a host without GPU P2P "
-                         "(interconnect pcie-no-p2p) held out 14.9% (23 bursts; +80.6% when priced as NVLink); "
-                         "TTFT 43% / 68% with the server's logged "
+                         "(PCIE_CARD_FIGURES), TP=1 held out 7.8% (20 bursts), TP=2 on a host without GPU P2P "
+                         "(interconnect pcie-no-p2p) held out 14.2% (23 bursts; +80.6% when priced as NVLink); "
+                         "TTFT 39% / 68% with the server's logged "
                          "prefix-cache hits of re-sent prompts taken as cached; Qwen3-14B bursts at 0.11.0 fit "
                          "its attention rate"),
     GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0,
@@ -211,7 +213,8 @@ _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0,
             source=f"{_NV} A100 SXM4 40GB",
             log_evidence="published vLLM startup logs at TP=1: 0.19.1 (dariustanrd/tokenkaki: the planner is "
-                         "+0.1% there) and 0.11.0 (qweewqq/EnergyLLM: -0.8%)"),
+                         "+0.1% there), 0.11.0 (qweewqq/EnergyLLM: -0.8%) and 0.10.1.1 (Llama-3.1-8B fp16 without "
+                         "FlashInfer: -0.9%), and at TP=2 over Ray on two nodes (0.10.1.1, dennislee22: +0.7%)"),
     GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9, source=f"{_NV} L40S",
             log_evidence="published vLLM 0.11.2 startup logs (natoscott/benchmarks, TP=2 over PCIe: the planner "
                          "is -0.5% to 0.0% there), a start stated as vLLM 0.28.0 (TP=1: -1.6%) and a vLLM 0.19.0 "

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ACT_FIXED_GIB", "COLD_COMPILE_FLOOR_TENSORS", "ACT_MLP_ELEMS_PER_TOKEN", "ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED",
            "ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER", "SAMPLER_BYTES_PER_LOGIT", "SAMPLER_BYTES_PER_LOGIT_V1",
-           "SAMPLER_V1_TRITON_FP32_COPIES", "SAMPLER_V1_TRITON_MIN_ROWS", "SAMPLER_V1_TRITON_BUFFER_ROWS",
+           "SAMPLER_V1_TRITON_FP32_COPIES", "SAMPLER_V1_FLASHINFER_FP32_COPIES", "SAMPLER_V1_TRITON_MIN_ROWS", "SAMPLER_V1_TRITON_BUFFER_ROWS",
            "CUDAGRAPH_FIXED_GIB", "CUDAGRAPH_GIB_PER_CAPTURED_TOKEN", "CUDAGRAPH_CALIBRATED_MAX_SIZE",
            "effective_model", "activation_peak_bytes", "sampler_profile_bytes", "sampler_warmup_bytes",
            "persistent_runner_bytes",
@@ -111,6 +111,12 @@ SAMPLER_BYTES_PER_LOGIT_V1 = 37.95
 #: H100 132, L40S 142: +-14 rows, under 9 MiB at a 152k vocab). Below 8 rows the PyTorch sort
 #: path (SAMPLER_BYTES_PER_LOGIT_V1) still runs.
 SAMPLER_V1_TRITON_FP32_COPIES = 3
+#: vLLM 0.10.x's dummy sampler through FlashInfer (``VllmMemoryRules.flashinfer_topk_topp``): the
+#: model-dtype logits ``_dummy_sampler_run`` holds, their fp32 copy (``sampler.py``), then
+#: FlashInfer 0.2.11's ``top_k_top_p_sampling_from_logits`` (its default ``top_k_first`` order):
+#: ``top_k_mask_logits`` (a new fp32 tensor) and ``torch.softmax`` of it (another), no sort.
+#: Counted, not fitted: dtype_bytes + 3 x 4 bytes a logit (14 in bf16).
+SAMPLER_V1_FLASHINFER_FP32_COPIES = 3
 SAMPLER_V1_TRITON_MIN_ROWS = 8
 SAMPLER_V1_TRITON_BUFFER_ROWS = 128
 #: Non-torch growth and the memory in use before the init snapshot (CUDA context, NCCL and
@@ -176,7 +182,8 @@ def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: i
 
     The dummy sampler asks for top-k (vocab - 1) and top-p (0.9) on every row, so what decides the
     peak is how that version applies them: the V1 runner up to 0.17 sorts the fp32 logits
-    (fitted: SAMPLER_BYTES_PER_LOGIT_V1), the V1 runner from 0.18 masks them in place with a Triton
+    (fitted: SAMPLER_BYTES_PER_LOGIT_V1) where 0.10.x runs FlashInfer's (counted:
+    SAMPLER_V1_FLASHINFER_FP32_COPIES), the V1 runner from 0.18 masks them in place with a Triton
     kernel (counted from the source: SAMPLER_V1_TRITON_*), the V2 runner (0.26+) skips top-k/top-p
     in its dummy run (SAMPLER_BYTES_PER_LOGIT, an estimate).
 
@@ -194,6 +201,8 @@ def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: i
     logits = num_reqs * model.vocab_size
     if rules.v2_runner:
         return int(logits * SAMPLER_BYTES_PER_LOGIT)
+    if rules.flashinfer_topk_topp:
+        return int(logits * (model.dtype_bytes + 4 * SAMPLER_V1_FLASHINFER_FP32_COPIES))
     if rules.triton_topk_topp and num_reqs >= SAMPLER_V1_TRITON_MIN_ROWS:
         buffer_rows = min(1 << (min(num_reqs, SAMPLER_V1_TRITON_BUFFER_ROWS) - 1).bit_length(),
                           SAMPLER_V1_TRITON_BUFFER_ROWS)

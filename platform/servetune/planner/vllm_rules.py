@@ -22,13 +22,23 @@ from servetune.errors import SpecError
 from servetune.vllm_version import VERSION_RE, Version
 
 __all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB", "MIN_VERSION", "V2_RUNNER",
-           "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
+           "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "SORT_TOPK_TOPP_PROFILED", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
            "v1_runner_rules"]
 
 GiB = 1 << 30
 MiB = 1 << 20
 
-MIN_VERSION: Version = (0, 11, 0)
+#: The oldest release whose V1 worker memory accounting was read (the 0.10.0, 0.10.1.1 and 0.10.2
+#: wheels: ``v1/worker/gpu_worker.py: determine_available_memory``, ``utils/__init__.py:
+#: memory_profiling``, ``v1/worker/gpu_model_runner.py: profile_run`` / ``_dummy_sampler_run`` and
+#: ``v1/core/kv_cache_utils.py: get_num_blocks`` / ``check_enough_kv_cache_memory`` account as 0.11.0's
+#: do for a text model; the default token budgets, sequences, ``gpu_memory_utilization`` and capture
+#: sizes are 0.11.0's). Before it the V0 engine's profiler, which servetune does not model. No published
+#: 0.10.0 start is pinned (the starts that check these rules are 0.10.1.1 and 0.10.2).
+MIN_VERSION: Version = (0, 10, 0)
+#: First version whose V1 sampler leaves FlashInfer's top-k/top-p out of the profile run; see
+#: :attr:`VllmMemoryRules.flashinfer_topk_topp`.
+SORT_TOPK_TOPP_PROFILED: Version = (0, 11, 0)
 #: First version whose profiling the calibration takes from the V2 model runner (0.26, the real
 #: H200 runs); before it, the V1 runner's profile run (the published 0.11 starts).
 V2_RUNNER: Version = (0, 26, 0)
@@ -47,17 +57,23 @@ TOTAL_CONSUMED_ACCOUNTING: Version = (0, 27, 0)
 def parse_vllm_version(version: str) -> Version:
     """``"0.26.0"`` / ``"v0.26"`` / ``"0.26.0rc1"`` -> ``(0, 26, 0)``; SpecError for V0-era or bad text.
 
+    A fourth part (``0.10.1.1``) is a patch release of the first three and is read by them.
+
     Example:
-        >>> parse_vllm_version("v0.13.0rc2")
-        (0, 13, 0)
+        >>> parse_vllm_version("v0.13.0rc2"), parse_vllm_version("0.10.1.1")
+        ((0, 13, 0), (0, 10, 1))
     """
-    m = VERSION_RE.fullmatch(str(version).strip())
+    text = str(version).strip()
+    parts = text.split(".")
+    if len(parts) == 4 and all(p.isdigit() for p in parts):
+        text = ".".join(parts[:3])
+    m = VERSION_RE.fullmatch(text)
     if not m:
         raise SpecError("vllm_version", f"cannot read {version!r} as a vLLM version", "write e.g. 0.26.0")
     v = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
     if v < MIN_VERSION:
-        raise SpecError("vllm_version", f"{version} predates the V1 engine's memory profiler (0.11.0)",
-                        "use vLLM 0.11.0 or newer")
+        raise SpecError("vllm_version", f"{version} predates the V1 engine's memory profiler servetune models (0.10.0)",
+                        "use vLLM 0.10.0 or newer")
     return v
 
 
@@ -87,6 +103,27 @@ class VllmMemoryRules:
     v2_runner: bool
     #: The V1 runner's Triton top-k/top-p (0.18-0.25), for batches of 8 rows or more.
     triton_topk_topp: bool
+    #: The profile run's dummy sampler takes FlashInfer's top-k/top-p (``flashinfer.sampling.
+    #: top_k_top_p_sampling_from_logits``: a top-k-masked fp32 copy and its softmax, no sort) instead
+    #: of PyTorch's sort: 0.10.x. 0.10.0, 0.10.1.1 and 0.10.2 pick FlashInfer whenever it imports and
+    #: ``VLLM_USE_FLASHINFER_SAMPLER`` is not 0 (``v1/sample/ops/topk_topp_sampler.py:
+    #: TopKTopPSampler.__init__``, lines 31-60; ``forward_cuda`` 88-109), and the published 0.10.1.1
+    #: starts on A100s that log "Using FlashInfer for top-p & top-k sampling" profile about 0.87 GiB
+    #: below the sort path's 37.95 B a logit at 256 rows x 152,064 (tests/fixtures/published_logs,
+    #: dennislee22_*). 0.11.0's selection reads the same, yet its published starts (llm-d's 0.11.0
+    #: image, the fit of SAMPLER_BYTES_PER_LOGIT_V1) profile at the sort path's size: the switch is
+    #: placed at 0.11.0 by those logs, not by a line of source. A 0.10 install without FlashInfer
+    #: ("FlashInfer is not available. Falling back to the PyTorch-native implementation") sorts,
+    #: and is planned high by the difference (a known miss in tests/planner/test_published_logs.py).
+    flashinfer_topk_topp: bool
+    #: CUDA graphs default to FULL_AND_PIECEWISE (a FULL decode graph per capture size up to
+    #: ``max_num_seqs`` besides the piecewise ones) from 0.11.0; 0.10.x defaults to PIECEWISE only
+    #: (``config/__init__.py: VllmConfig.__post_init__``, lines 3550-3560 of 0.10.1.1, 3385-3395 of
+    #: 0.10.2: ``CUDAGraphMode.PIECEWISE`` where 0.11.0 sets ``FULL_AND_PIECEWISE``; 0.10.0 has no
+    #: cudagraph_mode, only ``CompilationConfig.full_cuda_graph = False``). The published
+    #: 0.10.x logs capture "(mixed prefill-decode, PIECEWISE)" only, and their pools (0.50-0.54 GiB at
+    #: TP=1) sit nearer the piecewise-only estimate than the one with FULL graphs (+0.2 GiB over).
+    full_decode_graphs: bool
     #: 0.27+ charges ``total_consumed``, so the V2 runner's persistent sampler state too.
     charges_persistent_runner: bool
     #: The CUDA-graph estimate comes off the KV budget. <=0.16: no estimate at all; 0.18/0.19: only
@@ -248,6 +285,8 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         capture_adds_max_num_seqs=v >= (0, 33, 0),
         v2_runner=v >= V2_RUNNER,
         triton_topk_topp=TRITON_TOPK_TOPP <= v < V2_RUNNER,
+        flashinfer_topk_topp=v < SORT_TOPK_TOPP_PROFILED,
+        full_decode_graphs=v >= (0, 11, 0),
         charges_persistent_runner=v >= TOTAL_CONSUMED_ACCOUNTING,
         subtracts_cudagraph_estimate=(0, 20, 0) <= v < V2_RUNNER,
         budget_rounds_up=v >= (0, 33, 0),
