@@ -231,7 +231,8 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         ('startup_oom', -0.52)
     """
     rules = config.rules
-    model = as_loaded_on(effective_model(model, config), gpu)  # e.g. Marlin fp8 below compute capability 8.9
+    # e.g. Marlin fp8 below compute capability 8.9, Machete's float zero points on Hopper
+    model = as_loaded_on(effective_model(model, config), gpu, config.rules)
     comm = comm_memory(gpu, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size, env=env,
                        version=config.version)
     acc = _account(model, gpu, config, rules, comm, compile_cache_warm)

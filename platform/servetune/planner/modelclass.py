@@ -432,8 +432,11 @@ def mxfp4_expert_bytes(model: Any, tp: int, scale_copies: int = 2) -> int:
     return model.num_experts * per_expert + MXFP4_LAYER_BYTES
 
 
-def as_loaded_on(model: Any, gpu: Any) -> Any:
-    """The model as vLLM loads it on ``gpu``: block-quantized fp8 on a GPU without fp8 tensor cores.
+def as_loaded_on(model: Any, gpu: Any, rules: Any = None) -> Any:
+    """The model as vLLM loads it on ``gpu``: block-quantized fp8 on a GPU without fp8 tensor cores,
+    and (under ``rules`` that say so, :attr:`~servetune.planner.vllm_rules.VllmMemoryRules.
+    machete_float_zero_points`) an AWQ checkpoint on Hopper, whose zero points Machete keeps in the
+    activation dtype: ``(dtype bytes - 0.5) / group`` more bytes per weight.
 
     Below compute capability 8.9 vLLM serves fp8 checkpoints weight-only through Marlin ("Your GPU
     does not have native support for FP8 computation ... Weight-only FP8 compression will be used
@@ -452,4 +455,8 @@ def as_loaded_on(model: Any, gpu: Any) -> Any:
     """
     if model.quantization == "fp8" and model.quant_block_k and not gpu.fp8_compute:
         return dataclasses.replace(model, quant_bytes_per_param=1.0 + 2 / model.quant_block_k)
+    if (rules is not None and rules.machete_float_zero_points and model.quant_zero_point_group > 0
+            and gpu.compute_capability == 9.0):
+        extra = (model.dtype_bytes - 0.5) / model.quant_zero_point_group
+        return dataclasses.replace(model, quant_bytes_per_param=model.quant_bytes_per_param + extra)
     return model

@@ -176,6 +176,15 @@ class VllmMemoryRules:
     #: lru_cache(...)``, as 0.26 still does). Read in the released source of 0.10.2, 0.11.0, 0.11.1,
     #: 0.11.2 and 0.12.0. gpt-oss's chat (Harmony, ``use_harmony``) never renders a Jinja template.
     chat_template_parsed_per_request: bool
+    #: On Hopper (compute capability 9.0) a 4-bit checkpoint with zero points (AWQ) is served by
+    #: Machete, the first mixed-precision kernel vLLM tries there (``kernels/linear/__init__.py``
+    #: ``_POSSIBLE_KERNELS``), whose ``process_weights_after_loading`` (``mixed_precision/machete.py``,
+    #: ``transform_w_zp``) keeps the zero points as ``-zero x scale`` in the activation dtype: 2 bytes a
+    #: group where the checkpoint packs half a byte. Read in vLLM 0.26.0's source and seen in its log
+    #: ("Using MacheteLinearKernel for AutoAWQMarlinLinearMethod", 5.49 GiB of an AWQ 8B's weights
+    #: on an H100, 2026-12-06, tests/fixtures/real_h100_classes); not traced to an earlier release.
+    #: Made after reading that start.
+    machete_float_zero_points: bool
     #: vLLM's prefix-cache counters (``vllm:prefix_cache_queries`` / ``_hits``, the logged hit rate)
     #: take a resumed (preempted) request's lookup like any other: before 0.11.1. vLLM pull request
     #: 25787 (merged 2025-09-26, "Don't count preempted tokens in prefix cache hit rate") records
@@ -298,5 +307,6 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         sliding_reserves_in_flight=v >= V2_RUNNER,
         mxfp4_keeps_loaded_scales=v < V2_RUNNER,
         chat_template_parsed_per_request=v == (0, 11, 0),
+        machete_float_zero_points=v >= (0, 26, 0),
         prefix_stats_count_preempted=v < (0, 11, 1),
     )
