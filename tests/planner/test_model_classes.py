@@ -5,6 +5,7 @@ The published starts these rules are judged on are in tests/planner/test_publish
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,26 @@ def test_gpt_oss_captures_cuda_graphs_up_to_1024_unless_the_user_sets_the_sizes(
     # starts logged, where 51 + 51 sizes to 512 predicted 0.59 GiB.
     plan = plan_memory(oss, h100, resolve_engine_config({**flags, "gpu_memory_utilization": 0.95}, oss, h100, "0.19.0"))
     assert 1.5 < plan.memory.cudagraph < 1.9
+
+
+@pytest.mark.parametrize("quant, group", [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}, 128),
+    ({"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": False}, 0),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128}, 0),
+    ({"quant_method": "fp8"}, 0),
+])
+def test_only_awq_zero_points_grow_on_hopper(quant: dict, group: int) -> None:
+    """Machete keeps AWQ's zero points in float16 on an H100 from vLLM 0.26 (two bytes a group where the
+    checkpoint packs half a byte); no other checkpoint, GPU or version changes."""
+    shipped = Path(__file__).resolve().parents[2] / "platform" / "servetune" / "data" / "models" / "llama-3.1-8b"
+    base = {k: v for k, v in json.loads((shipped / "config.json").read_text()).items() if not k.startswith("_")}
+    model = profile_from_config({**base, "quantization_config": quant}, "cfg")
+    assert model.quant_zero_point_group == group
+    weights = {}
+    for gpu, version in (("H100-80GB", "0.26.0"), ("H100-80GB", "0.25.0"), ("A100-80GB", "0.26.0")):
+        config = resolve_engine_config({"max_model_len": 4096}, model, get_gpu(gpu), version)
+        weights[gpu, version] = plan_memory(model, get_gpu(gpu), config).memory.weights
+    grown = weights["H100-80GB", "0.26.0"] - weights["H100-80GB", "0.25.0"]
+    assert weights["A100-80GB", "0.26.0"] == pytest.approx(weights["H100-80GB", "0.25.0"], rel=1e-9)
+    linear = 32 * (4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336)
+    assert grown == pytest.approx(linear / group * 1.5 / 2**30 if group else 0.0, abs=1e-6)

@@ -485,7 +485,7 @@ def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config
     block = (cfg.get("quantization_config") or {}).get("weight_block_size") if quant else None
     if isinstance(block, (list, tuple)) and len(block) == 2:
         classes["quant_block_k"] = int(block[1])
-    awq = cfg.get("quantization_config") or {} if quant == "awq" else {}
+    awq = (cfg.get("quantization_config") or {}) if quant == "awq" else {}
     if awq and awq.get("zero_point", True) and int(awq.get("bits", awq.get("w_bit", 4)) or 4) == 4:
         classes["quant_zero_point_group"] = int(awq.get("group_size", awq.get("q_group_size", 128)) or 0)
     qkv_bias = (bool(cfg.get("attention_bias")) or architecture.startswith("Qwen2")) and not classes.get("mla_kv_lora_rank")
