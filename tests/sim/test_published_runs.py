@@ -150,8 +150,11 @@ def test_the_fitted_knobs_are_the_committed_ones_and_fitting_reads_no_held_out_r
     monkeypatch.setattr(published_runs, "judge", judge_and_record)
     value = fit_knob(DENSE, "A100-80GB", "attn_efficiency", (0.2681, 0.73))
     assert value == pytest.approx(GPU_FAMILY_OVERRIDES["A100-80GB"]["attn_efficiency"], abs=0.005)
+    value = fit_knob(DENSE, "A100-80GB", "kv_read_efficiency", (0.4, 0.8984))
+    assert value == pytest.approx(GPU_FAMILY_OVERRIDES["A100-80GB"]["kv_read_efficiency"], abs=0.005)
     assert seen and set(seen) == {"fit"}
-    assert h200_knobs_for("A100-80GB") == {"attn_efficiency": pytest.approx(0.2681)}
+    assert h200_knobs_for("A100-80GB") == {"attn_efficiency": pytest.approx(0.2681),
+                                           "kv_read_efficiency": pytest.approx(0.7716)}
     assert h200_knobs_for("L4") == {"attn_efficiency": pytest.approx(0.2681)}  # FlashAttention-2: the A100's fit
     assert h200_knobs_for("H100-80GB") == {}
     with pytest.raises(SpecError):
@@ -202,11 +205,11 @@ def test_a_stated_host_without_gpu_p2p_prices_the_tp_all_reduce_at_ncclsshm_figu
     assert nvlink.headline_error > 0.5 and abs(now.headline_error) < 0.4
     assert now.sim_output_throughput < nvlink.sim_output_throughput
     before = published_runs.judge_all([run], before=True)[0]
-    # (before also puts the A100's fitted attention rate back, a 1% change on this load, and sends
-    # the run's prompts as new ones)
-    nvlink_new = judge(dataclasses.replace(run, interconnect=""), as_sent=False)
+    # (before also puts the H200's values back on the A100's fitted knobs, and sends the run's
+    # prompts as new ones)
+    nvlink_new = judge(dataclasses.replace(run, interconnect=""), h200_knobs_for(run.gpu), as_sent=False)
     assert before.run is run and before.sim_output_throughput == pytest.approx(nvlink_new.sim_output_throughput,
-                                                                               rel=0.02)
+                                                                               rel=0.001)
 
 
 def test_resent_prompts_are_cached_for_the_logged_share_of_each_prompt_and_nothing_else() -> None:
