@@ -34,16 +34,10 @@ def plan_start(summary: dict[str, Any], text: str, gpu: str, version: str = "0.2
     return config, plan_memory(model, spec, config, compile_cache_warm=bool(parse_log(text).compile_cache_hit))
 
 
-def window_summaries(fixtures: Path) -> dict[Path, dict[str, Any]]:
-    """Every window's ``summary.json`` under the starts of ``fixtures``, by path."""
-    return {w: json.loads(w.read_text()) for w in sorted(fixtures.glob("*/*/summary.json"))}
-
-
-def served_whole(window: dict[str, Any]) -> bool:
-    """A window whose every request completed, with no error."""
-    return window["completed"] == window["workload"]["num_requests"] and not window.get("error")
-
-
-def folder_bytes(fixtures: Path) -> int:
-    """The bytes of every file under ``fixtures`` (what the evidence adds to a clone)."""
-    return sum(f.stat().st_size for f in fixtures.rglob("*") if f.is_file())
+def evidence_at_a_glance(fixtures: Path) -> tuple[int, list[Path], int]:
+    """What a folder of real starts holds: how many windows, those not served whole (a request that did
+    not complete, or an error), and the bytes of every file (what the evidence adds to a clone)."""
+    windows = {w: json.loads(w.read_text()) for w in sorted(fixtures.glob("*/*/summary.json"))}
+    broken = [w for w, s in windows.items()
+              if s["completed"] != s["workload"]["num_requests"] or s.get("error")]
+    return len(windows), broken, sum(f.stat().st_size for f in fixtures.rglob("*") if f.is_file())

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _real_starts import folder_bytes, plan_start, read_start, served_whole, window_summaries
+from _real_starts import evidence_at_a_glance, plan_start, read_start
 
 from servetune.engines.vllm.logs import classify, parse_log
 from servetune.result import TrialStatus
@@ -56,10 +56,10 @@ def test_the_evidence_is_all_there() -> None:
                       "2026-12-05_q3moe_u09_s64_mbt2048", "2026-12-06_awq8_u09_s256_mbt8192",
                       "2026-12-06_dsv2_u095_default", "2026-12-06_dsv2_u09_s256_mbt8192",
                       "2026-12-06_g3t_u09_s256_mbt8192"]
-    windows = window_summaries(FIXTURES)
-    assert len(windows) == 36
-    assert [w for w, s in windows.items() if not served_whole(s)] == []
-    assert folder_bytes(FIXTURES) < 22 << 20, folder_bytes(FIXTURES)
+    windows, not_whole, size = evidence_at_a_glance(FIXTURES)
+    assert windows == 36
+    assert not_whole == []
+    assert size < 22 << 20, size
 
 
 @pytest.mark.parametrize("name", STARTS)

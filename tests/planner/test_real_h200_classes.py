@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _real_starts import folder_bytes, plan_start, read_start, served_whole, window_summaries
+from _real_starts import evidence_at_a_glance, plan_start, read_start
 
 from servetune.engines.vllm.logs import classify, parse_log
 from servetune.planner.vllm_rules import memory_rules, parse_vllm_version
@@ -35,10 +35,10 @@ def test_the_evidence_is_all_there() -> None:
     assert STARTS == ["2026-12-05_gptoss20_u095_default_h200", "2026-12-05_gptoss20_u09_s256_mbt8192_h200",
                       "2026-12-05_q3moe_fp8_u09_s256_mbt8192_h200", "2026-12-05_q3moe_u097_default_h200",
                       "2026-12-05_q3moe_u09_s256_mbt8192_h200"]
-    windows = window_summaries(FIXTURES)
-    assert len(windows) == 9
-    assert [w for w, s in windows.items() if not served_whole(s)] == []
-    assert folder_bytes(FIXTURES) < 8 << 20, folder_bytes(FIXTURES)
+    windows, not_whole, size = evidence_at_a_glance(FIXTURES)
+    assert windows == 9
+    assert not_whole == []
+    assert size < 8 << 20, size
 
 
 @pytest.mark.parametrize("name", STARTS)
