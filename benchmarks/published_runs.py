@@ -294,15 +294,16 @@ def _sim_version(where: str, entry: Mapping[str, Any]) -> tuple[str, str]:
         raise _fail(where, "vllm_version", f"cannot read {stated!r} as a vLLM version", "write e.g. 0.11.0")
     three = ".".join(stated.strip().split(".")[:3])
     try:
-        planned: str | None = three if parse_vllm_version(three) else None
+        version: tuple[int, int, int] | None = parse_vllm_version(three)
     except SpecError:
-        planned = None
-    if planned is None or parse_vllm_version(planned) < SIM_OLDEST_VERSION:
+        version = None  # older than the planner's rules too
+    if version is None or version < SIM_OLDEST_VERSION:
         if "sim_vllm_version" not in entry:
             raise _fail(where, "vllm_version", f"{stated} predates the oldest version servetune simulates (0.11.0)",
                         "add sim_vllm_version: 0.11.0 and say so in assumed, or leave the run out") from None
-        parse_vllm_version(str(entry["sim_vllm_version"]))
-        return str(entry["sim_vllm_version"]), planned or str(entry["sim_vllm_version"])
+        sim = str(entry["sim_vllm_version"])
+        parse_vllm_version(sim)
+        return sim, three if version is not None else sim
     if "sim_vllm_version" in entry:
         raise _fail(where, "sim_vllm_version", "only for a run whose vllm_version predates 0.11.0",
                     "remove it: the run is simulated at its own version")

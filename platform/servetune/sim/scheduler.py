@@ -744,7 +744,7 @@ class SimScheduler:
             req = waiting[0]
             hits: list[CacheKey] = []
             evictable_hits = 0
-            if caching and (req.npb or req.preemptions):
+            if caching and (req.npb or (self._resume_hits and req.preemptions)):
                 hits, evictable_hits = pool.cache_hits(req)
             cached = len(hits) * bs
             n = req.total - cached
