@@ -201,38 +201,32 @@ def _run(name: str, s: Mapping[str, Any], window_dir: Path, tokenizer_covers_voc
 
 #: The H200 hosts of the host-keyed ``scale/`` starts (2026-12-02 to 2026-12-04), by key: the UTC date of
 #: the host's first server start (its ``server.log.gz``), then a letter in start order among that date's
-#: keyed hosts. Each key -> the tag its folders were first named with (``l8b_h7_u09_s256_mbt8192``) and
-#: whether they now carry the key instead (``2026-12-03b_l8b_u09_s256_mbt8192``; collect and plan files
-#: ``2026-12-03b_collect_a.txt``, ``2026-12-03b_plan_l8b.json``). The one table of both names
-#: (``scale/README.md`` prints it): renaming a host is ``git mv`` of its files and its flag here.
-SCALE_HOSTS: dict[str, tuple[str, bool]] = {
-    "2026-12-02a": ("h4", True), "2026-12-02b": ("h5", True),
-    "2026-12-03a": ("h6", True), "2026-12-03b": ("h7", True), "2026-12-03c": ("h8", True),
-    "2026-12-04a": ("h9", True), "2026-12-04b": ("h10", False), "2026-12-04c": ("h11", True),
-    "2026-12-04d": ("h12", False), "2026-12-04e": ("h13", False), "2026-12-04f": ("h14", False),
-    "2026-12-04g": ("h15", False), "2026-12-04h": ("h16", True),
+#: keyed hosts. Each key -> the tag its folders were first named with (``l8b_h7_u09_s256_mbt8192``, now
+#: ``2026-12-03b_l8b_u09_s256_mbt8192``; collect and plan files ``2026-12-03b_collect_a.txt``,
+#: ``2026-12-03b_plan_l8b.json``), which ``scale/README.md`` prints beside the key, the plans in
+#: ``benchmarks/real_vllm/`` (``plan_h7_l8b.json``) and the summaries still carry, and ``ttft_split.py --hosts`` takes.
+SCALE_HOSTS: dict[str, str] = {
+    "2026-12-02a": "h4", "2026-12-02b": "h5",
+    "2026-12-03a": "h6", "2026-12-03b": "h7", "2026-12-03c": "h8",
+    "2026-12-04a": "h9", "2026-12-04b": "h10", "2026-12-04c": "h11",
+    "2026-12-04d": "h12", "2026-12-04e": "h13", "2026-12-04f": "h14",
+    "2026-12-04g": "h15", "2026-12-04h": "h16",
 }
 
 
 def scale_start(host: str, start: str) -> str:
     """The ``scale/`` folder of ``start`` (model, then flags: ``l8b_u09_s256_mbt8192``; ``l8b_`` gives
-    the prefix of the host's 8B starts) on ``host``, a :data:`SCALE_HOSTS` key: ``<host>_<start>``
-    once the host's folders are renamed, else the host's tag after the model (``l8b_h13_u09_s256_mbt8192``)."""
-    tag, renamed = SCALE_HOSTS[host]
-    if renamed:
-        return f"{host}_{start}"
-    model, _, flags = start.partition("_")
-    return f"{model}_{tag}_{flags}"
+    the prefix of the host's 8B starts) on ``host``, a :data:`SCALE_HOSTS` key: ``<host>_<start>``."""
+    if host not in SCALE_HOSTS:
+        raise KeyError(host)
+    return f"{host}_{start}"
 
 
 def scale_host(name: str) -> str | None:
-    """The :data:`SCALE_HOSTS` key of a ``scale/`` start folder or window (``scale/<start>/<window>``),
-    by the name the host's folders carry now; None for the starts of no keyed host (``*_fv_*``, ``*_dec``)."""
+    """The :data:`SCALE_HOSTS` key of a ``scale/`` start folder or window (``scale/<start>/<window>``);
+    None for the starts of no keyed host (``*_fv_*``, ``*_dec``, the 2026-12-01 starts)."""
     start = name.removeprefix("scale/").split("/")[0]
-    for host, (tag, renamed) in SCALE_HOSTS.items():
-        if start.startswith(f"{host}_") if renamed else f"_{tag}_" in start:
-            return host
-    return None
+    return next((host for host in SCALE_HOSTS if start.startswith(f"{host}_")), None)
 
 
 def _starts(host: str, *starts: str) -> tuple[str, ...]:

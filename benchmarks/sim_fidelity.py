@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         for folder in (*UNSEEN_STUDIES, *(f"scale/{start}" for start in UNSEEN_STARTS)):
             group = [r for r in rows if r.real.name.startswith(folder + "/")]
             if not group:
-                continue  # a start whose windows were all profiled (l8b_h13_u09_s256_eager)
+                continue  # a start whose windows were all profiled (2026-12-04e_l8b_u09_s256_eager)
             e = error_summary(group)
             mark = "in the committed fit" if all(in_calibration_fit(r.name) for r in group) else "never fitted"
             print(f"  {folder} ({mark}): throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", nargs="*", default=["2026-12-03a", "2026-12-03b"],
                         help="the hosts' keys (_fidelity.SCALE_HOSTS: 2026-12-02a .. 2026-12-04h) or their first tags (h4 .. h16)")
     args = parser.parse_args(argv)
-    by_tag = {tag: host for host, (tag, _) in SCALE_HOSTS.items()}
+    by_tag = {tag: host for host, tag in SCALE_HOSTS.items()}
     hosts = [by_tag.get(h, h) for h in args.hosts]
     runs = {r.name: r for r in load_unseen_runs()}
     shown = {name: run for name, run in runs.items() if scale_host(name) in hosts}

@@ -48,12 +48,13 @@ def test_the_evidence_is_all_there() -> None:
                                       "2026-12-03b_q14b_u09_s256_mbt8192_b",
                                       "2026-12-03c_l8b_u09_s256_mbt8192", "2026-12-03c_q14b_u09_s256_mbt8192",
                                       "2026-12-04a_l8b_u09_s256_mbt8192",
-                                      "m24b_h10_u09_s256_mbt8192", "2026-12-04c_m24b_u09_s128_mbt2048",
+                                      "2026-12-04b_m24b_u09_s256_mbt8192", "2026-12-04c_m24b_u09_s128_mbt2048",
                                       "2026-12-04c_m24b_u09_s256_fp8kv", "2026-12-04c_m24b_u09_s256_mbt8192",
-                                      "m24b_h12_u09_s256_mbt8192", "q14b_h13_u09_s256_mbt8192",
-                                      "l8b_h13_u09_s256_mbt8192", "l8b_h13_u09_s256_mbt2048", "l8b_h13_u09_s256_eager",
-                                      "l8b_h14_u09_s256_mbt2048", "l8b_h14_u09_s160_mbt4096",
-                                      "m24b_h15_u09_s256_mbt4096", "m24b_h15_u09_s128_eager",
+                                      "2026-12-04d_m24b_u09_s256_mbt8192", "2026-12-04e_q14b_u09_s256_mbt8192",
+                                      "2026-12-04e_l8b_u09_s256_mbt8192", "2026-12-04e_l8b_u09_s256_mbt2048",
+                                      "2026-12-04e_l8b_u09_s256_eager",
+                                      "2026-12-04f_l8b_u09_s256_mbt2048", "2026-12-04f_l8b_u09_s160_mbt4096",
+                                      "2026-12-04g_m24b_u09_s256_mbt4096", "2026-12-04g_m24b_u09_s128_eager",
                                       "2026-12-04h_m24b_u09_s128_eager", "2026-12-04h_m24b_u09_s256_mbt8192",
                                       "2026-12-04h_l8b_u09_s256_eager", "2026-12-04h_l8b_u09_s256_mbt8192",
                                       "2026-12-04h_l8b_u09_s256_mbt2048_eager", "2026-12-04h_l8b_u09_s64_mbt8192"])
@@ -77,19 +78,20 @@ def _first_log_time(start: str) -> str:
 
 def test_each_host_key_is_its_date_and_its_folders_carry_one_name() -> None:
     """_fidelity.SCALE_HOSTS: a host's key is the UTC date of its first server start and a letter in
-    start order within that date; its folders carry the key (renamed) or the old tag (not yet),
-    never both, and the folder README's table says which."""
+    start order within that date; its folders lead with the key, none carries the old tag, and the
+    folder README's table gives both."""
     readme = (SCALE / "README.md").read_text()
     firsts = {}
-    for host, (tag, renamed) in SCALE_HOSTS.items():
+    for host, tag in SCALE_HOSTS.items():
         starts = [s for s in STARTS if scale_host(s) == host]
-        assert starts and all(s.startswith(f"{host}_") is renamed for s in starts), (host, starts)
-        assert [s for s in STARTS if f"_{tag}_" in s or s.startswith(f"{host}_")] == starts
+        assert starts and all(s.startswith(f"{host}_") for s in starts), (host, starts)
+        # no folder, collect output or plan beside them carries the old tag (l8b_h7_*, collect_h7a.txt, plan_h7_l8b.json)
+        assert not [p.name for p in SCALE.iterdir() if re.search(rf"(?<![0-9a-z]){tag}(?![0-9])", p.name)], (host, tag)
         assert scale_host(scale_start(host, "l8b_u09_s256_mbt8192")) == host
         firsts[host] = min(_first_log_time(s) for s in starts)
         assert firsts[host][:5] == host[5:10], (host, firsts[host])
         row = f"| `{tag}` | `{host}` | {host[:10]} {firsts[host][6:11]} |"
-        assert row in readme and ("(renamed)" if renamed else "(not yet)") in readme.split(row)[1].split("\n")[0]
+        assert row in readme and f"`{host}_*`" in readme.split(row)[1].split("\n")[0]
     for day in {h[:10] for h in SCALE_HOSTS}:
         keyed = sorted(h for h in SCALE_HOSTS if h.startswith(day))
         assert [h[-1] for h in keyed] == list("abcdefgh"[:len(keyed)])

@@ -2,7 +2,7 @@
 simulator's per-kind price of the same batches (benchmarks/steps_vs_sim.py, PerfModel.gpu_cost).
 
 The traces are vLLM 0.26.0's own worker profiles of 40 steps in each of fourteen windows on four
-H200 hosts (tests/fixtures/real_h200/scale/*_h12_* to *_h15_*; plans benchmarks/real_vllm/plan_h1[2-5]_*).
+H200 hosts (tests/fixtures/real_h200/scale/2026-12-04d_* to 2026-12-04g_*; plans benchmarks/real_vllm/plan_h1[2-5]_*).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def traces() -> dict[str, dict]:
 def test_every_kernel_lands_in_a_step_and_each_layer_runs_its_four_gemms(traces: dict[str, dict]) -> None:
     assert len(traces) == 14
     for name, trace in traces.items():
-        layers = LAYERS[name.split("_")[0]]
+        layers = LAYERS[name.split("_")[1]]  # <host key>_<model>_<flags>/<window>
         assert len(trace["steps"]) == 40 and trace["unassigned_gpu_events"] == 0, name
         for step in trace["steps"]:
             assert step["tokens"] == step["ctx_tokens"] + step["gen_tokens"] > 0
@@ -104,7 +104,7 @@ def test_gemms_inside_vllm_steps_take_what_the_isolated_cublas_probe_took(traces
     probe = json.loads((FIXTURES / "gemm" / "gemm_probe_h200.json").read_text())["gemms"]
     for prefix, model in (("l8b", "llama-3.1-8b"), ("q14b", "qwen2.5-14b"), ("m24b", "mistral-small-24b")):
         layer_s = sum(r["seconds"] for r in probe if r["model"] == model and r["m"] == 8192)
-        trace = traces[f"{prefix}_{'h12' if prefix == 'm24b' else 'h13'}_u09_s256_mbt8192/p1024_o256_c256_prof"]
+        trace = traces[f"{'2026-12-04d' if prefix == 'm24b' else '2026-12-04e'}_{prefix}_u09_s256_mbt8192/p1024_o256_c256_prof"]
         in_steps = []
         for step in trace["steps"]:
             if step["tokens"] == 8192:
