@@ -296,7 +296,7 @@ GPU_CALIBRATION: dict[str, dict[str, float]] = {
     # kernel_knobs): the GEMMs' compute_efficiency, gemm_blend_exponent and gemm_token_tile on three
     # cuBLAS probes (tests/fixtures/real_h200/gemm/: 64-8,192 tokens; 16-8,192; 1-2,048 replayed
     # from CUDA graphs, three hosts) and the GEMM time of the 560 traced steps of the 14 profiled
-    # windows (scale/*_h12_* to *_h15_*, vLLM's own torch profiler); attn_layer_s,
+    # windows (scale/2026-12-04d_* to 2026-12-04g_*, vLLM's own torch profiler); attn_layer_s,
     # kv_read_efficiency, attn_efficiency and kv_write_efficiency on those steps' attention and
     # reshape_and_cache kernels; mem_efficiency kept from the 2026-12-03 fit (the weight-streaming
     # 4-sequence steps confirm it). With those held, the CPU, launch and front-end knobs
