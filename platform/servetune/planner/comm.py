@@ -111,9 +111,10 @@ NO_P2P_BUS_GBPS = 5.2
 #: two RTX 4090s with P2P disabled, 8-64 B messages: 11.3-11.9 us a collective (alltoall_perf at two
 #: ranks: one send/recv step through host memory, each rank to its one peer at once). A collective
 #: pays it once per step of NCCL's ring (:attr:`AllReduceCost.per_step`): an all-reduce is a
-#: reduce-scatter and an all-gather, 2 (n-1) steps one after the other (NCCL ``runRing``: send,
-#: recvReduceCopySend, recv at n = 2; NCCL's own tuning model, src/graph/tuning.cc, counts the
-#: same 2 (n-1) steps for a ring all-reduce), an all-gather n-1, a pipeline send one. Until
+#: reduce-scatter and an all-gather, 2 (n-1) steps one after the other (NCCL src/device/all_reduce.h
+#: ``runRing``: directSend, then recvReduceCopySend, then recv at n = 2: two transfers in a row;
+#: NCCL's own tuning model, src/graph/tuning.cc, takes ``nsteps`` 2 (n-1) for an all-reduce and
+#: n-1 for an all-gather), an all-gather n-1, a pipeline send one. Until
 #: 2026-12-06 one step priced a whole all-reduce (11.7 us at TP=2, now 23.4; a rule read after the
 #: held-out A100 TP=2 runs of tests/fixtures/published_runs/dense.yaml were seen to run 1-3 ms a
 #: decode step fast, docs/accuracy.md). The step still holds the measured collective's launch
