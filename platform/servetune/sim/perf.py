@@ -647,7 +647,8 @@ class PerfModel:
         """The per-step communication terms: TP all-reduces and PP sends, priced by the interconnect."""
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
         # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
-        # knobs, no P2P at NCCL's published SHM figures).
+        # knobs, no P2P at NCCL's published SHM figures, a fixed cost per step of NCCL's ring:
+        # 2 (tp-1) an all-reduce, tp-1 the all-gather below).
         # Once a step, the LM head's vocab-parallel logits (one row per sampled request, the
         # model's dtype) are all-gathered to every rank: vLLM's LogitsProcessor._gather_logits takes
         # tensor_model_parallel_all_gather wherever Platform.use_all_gather() holds, every V1
@@ -658,13 +659,13 @@ class PerfModel:
         # recorded NVLink runs are not moved by it).
         if tp > 1:
             ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
-            self._t_ar_fixed = 2 * layers * ar.latency_s
-            self._t_ar_token = 2 * layers * (ar.seconds(tp, model.hidden_size * 2) - ar.latency_s)
+            self._t_ar_fixed = 2 * layers * ar.fixed_s(tp)
+            self._t_ar_token = 2 * layers * (ar.seconds(tp, model.hidden_size * 2) - ar.fixed_s(tp))
         else:
             self._t_ar_fixed = self._t_ar_token = 0.0
         self._t_gather_fixed = self._t_gather_row = 0.0
         if tp > 1 and gpu.link == "pcie-no-p2p":
-            self._t_gather_fixed = ar.latency_s
+            self._t_gather_fixed = ar.gather_fixed_s(tp)
             self._t_gather_row = (tp - 1) / tp * model.vocab_size * model.dtype_bytes / ar.bus_bytes_per_s
         # A pipeline boundary: the stage's hidden states and residual (each rank its 1/TP slice)
         # sent to the next stage (planner.comm.sendrecv_cost), pp - 1 sends per micro-batch: a lone
