@@ -1,15 +1,15 @@
 #!/bin/bash
 # One `vllm serve` start, no load (GPU host only, inside shared/gpu's stage2 environment):
-#     MODEL=/root/go20 MML=8192 bash benchmarks/real_vllm/start_only.sh NAME UTIL LIMIT_S [more vllm args]
+#     RES=DIR MODEL=/root/go20 MML=8192 bash benchmarks/real_vllm/start_only.sh NAME UTIL LIMIT_S [more vllm args]
 # Starts vLLM (random weights, no prefix caching, vLLM's default batch sizes, DEBUG log level) in its
 # own process group on 127.0.0.1 with the allocator probe of alloc_probe/ on PYTHONPATH, waits for
 # /health, the process to exit, or LIMIT_S; stops the group and waits for the GPU's memory to return.
-# Writes /root/res/NAME/{server.log,summary.json,gpu_used_at_end.txt}; exit 0 if it served.
+# Writes RES/NAME/{server.log,summary.json,gpu_used_at_end.txt} (RES: a folder on the GPU host); exit 0 if it served.
 # The probe was sent beside this script as .carry/go/probe: point PROBE at its folder.
 set -u
 name=$1; u=$2; limit=$3; shift 3
-d=/root/res/$name; mkdir -p $d
-MODEL=${MODEL:-/root/go20}; MML=${MML:-8192}
+d=${RES:?RES: the results folder on the GPU host}/$name; mkdir -p $d
+MODEL=${MODEL:?MODEL: the model folder}; MML=${MML:-8192}
 argv=(vllm serve $MODEL --host 127.0.0.1 --port 8011 --max-model-len $MML --gpu-memory-utilization $u --no-enable-prefix-caching --load-format dummy "$@")
 t0=$(date +%s.%N)
 ST_PROBE=1 PYTHONPATH=${PROBE:-$PWD/benchmarks/real_vllm/alloc_probe}:$PYTHONPATH VLLM_LOGGING_LEVEL=DEBUG setsid "${argv[@]}" > $d/server.log 2>&1 < /dev/null &

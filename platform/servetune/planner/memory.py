@@ -37,6 +37,7 @@ from servetune.planner.engine_config import (EngineConfig, batch_defaults, captu
                                              resolve_engine_config)
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.model_memory import (ACT_FIXED_GIB, CUDAGRAPH_CALIBRATED_MAX_SIZE, SAMPLER_BYTES_PER_LOGIT_V1,
+                                            WARMUP_SHORTFALL_GIB,
                                             activation_peak_bytes, cudagraph_memory_bytes, effective_model,
                                             persistent_runner_bytes, sampler_profile_bytes, sampler_warmup_bytes)
 from servetune.planner.modelclass import KVLayout, as_loaded_on, class_notes, kv_layout, moe_workspace_bytes
@@ -99,6 +100,9 @@ class MemoryPlan:
     cudagraph_subtracted: bool = False
     notes: tuple[str, ...] = ()
     comm: CommMemory | None = None  # the memory outside torch, and why (multicast or not)
+    #: GiB the V1 runner's sampler warm-up after graph capture finds free past its need, by this plan;
+    #: ``None`` where no such warm-up runs (``VllmMemoryRules.sampler_warmup_after_capture``).
+    warmup_margin: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict; the keys are a contract (``servetune plan --json``).
@@ -128,6 +132,7 @@ class MemoryPlan:
             "notes": list(self.notes),
             "multicast": self.comm.multicast if self.comm is not None else False,
             "comm_reason": self.comm.reason if self.comm is not None else None,
+            "warmup_margin_gib": round(self.warmup_margin, 4) if self.warmup_margin is not None else None,
         }
 
 
@@ -258,7 +263,8 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         num_cudagraphs=config.num_cudagraphs, cudagraph_subtracted=acc.subtract_cg,
         notes=(*class_notes(model, config.max_num_batched_tokens, config.max_in_flight_tokens),
                *_moe_kernel_notes(model, gpu, config),
-               *_notes(gpu, config, env, comm, acc)), comm=comm,
+               *_notes(gpu, config, env, comm, acc), *warmup_note(config, acc)), comm=comm,
+        warmup_margin=(acc.warmup_free - acc.warmup_need) / GiB if acc.warmup_need else None,
     )
 
 
@@ -422,6 +428,41 @@ def _notes(gpu: GpuSpec, config: EngineConfig, env: CommEnv, comm: CommMemory, a
                      f"only ~{(acc.total - acc.context) / GiB:.2f} GiB is free at startup: vLLM will refuse to start "
                      "(\"Free memory on device ... is less than desired GPU memory utilization\")")
     return tuple(notes)
+
+
+def warmup_note(config: EngineConfig, acc: _Accounting) -> tuple[str, ...]:
+    """A warning where the sampler warm-up after graph capture may fail though the plan leaves it room.
+
+    Where vLLM takes its profiled CUDA-graph estimate off the KV budget on the V1 runner (0.20 up to the
+    V2 runner; on 0.26 MoE and other V1-runner models), real starts found less free there than the plan by
+    :data:`~servetune.planner.model_memory.WARMUP_SHORTFALL_GIB` (0.41-1.89 GiB on the starts measured):
+    a plan whose margin is under the band's top is warned, with the ``gpu_memory_utilization`` that keeps
+    the whole band. The verdict is not changed: a margin inside the band has gone both ways.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, g = load_model("gpt-oss-20b"), get_gpu("H100-80GB")
+        >>> p = plan_memory(m, g, resolve_engine_config({"gpu_memory_utilization": 0.985}, m, g, "0.26.0"))
+        >>> p.fits, round(p.warmup_margin, 2), [n[:40] for n in p.notes if n.startswith("sampler warm-up")]
+        (True, 0.77, ['sampler warm-up after CUDA-graph capture'])
+        >>> p = plan_memory(m, g, resolve_engine_config({"gpu_memory_utilization": 0.95}, m, g, "0.26.0"))
+        >>> [n for n in p.notes if n.startswith("sampler warm-up")]
+        []
+    """
+    low, high = WARMUP_SHORTFALL_GIB
+    margin = acc.warmup_free - acc.warmup_need
+    if not acc.warmup_need or not (acc.subtract_cg and config.v1_runner) or margin >= high * GiB or margin < 0:
+        return ()
+    keep = ""
+    if config.kv_cache_memory_bytes is None:
+        util = math.floor((acc.budget - (high * GiB - margin)) / acc.total * 100) / 100
+        keep = f"; gpu_memory_utilization <= {util:.2f} leaves that much"
+    return (f"sampler warm-up after CUDA-graph capture: this plan leaves {margin / GiB:.2f} GiB past its "
+            f"{acc.warmup_need / GiB:.2f} GiB, and real vLLM 0.26 starts found {low:.2f}-{high:.2f} GiB less free "
+            "there than planned (the graph pool beyond vLLM's estimate, the runner's buffers, allocator blocks "
+            "compilation leaves: most on a cold compile cache): this start may fail there (\"CUDA out of memory "
+            f"occurred when warming up sampler with {acc.warmup_rows} dummy requests\"){keep}",)
 
 
 def _kv_capacity(rules: VllmMemoryRules, num_blocks: int, config: EngineConfig, layout: KVLayout,

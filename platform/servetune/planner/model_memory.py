@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 __all__ = ["ACT_FIXED_GIB", "COLD_COMPILE_FLOOR_TENSORS", "ACT_MLP_ELEMS_PER_TOKEN", "ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED",
            "ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER", "SAMPLER_BYTES_PER_LOGIT", "SAMPLER_BYTES_PER_LOGIT_V1",
            "SAMPLER_V1_TRITON_FP32_COPIES", "SAMPLER_V1_FLASHINFER_FP32_COPIES", "SAMPLER_V1_TRITON_MIN_ROWS", "SAMPLER_V1_TRITON_BUFFER_ROWS",
+           "WARMUP_SHORTFALL_GIB",
            "CUDAGRAPH_FIXED_GIB", "CUDAGRAPH_GIB_PER_CAPTURED_TOKEN", "CUDAGRAPH_CALIBRATED_MAX_SIZE",
            "effective_model", "activation_peak_bytes", "sampler_profile_bytes", "sampler_warmup_bytes",
            "persistent_runner_bytes",
@@ -119,6 +120,16 @@ SAMPLER_V1_TRITON_FP32_COPIES = 3
 SAMPLER_V1_FLASHINFER_FP32_COPIES = 3
 SAMPLER_V1_TRITON_MIN_ROWS = 8
 SAMPLER_V1_TRITON_BUFFER_ROWS = 128
+#: What the V1 runner's sampler warm-up after graph capture found free on real vLLM 0.26.0 starts, below
+#: the planner's figure for it (``memory._Accounting.warmup_free``), in GiB: 0.41 and 0.54 (the
+#: Qwen3-30B-A3B shape, warm and cold compile cache), 0.98 and 1.89 (gpt-oss-20b, warm and cold). Read off
+#: the allocator probe (``benchmarks/real_vllm/alloc_probe``) of the six 2026-12-06 H100 SXM starts in
+#: ``tests/fixtures/real_h100_classes`` (README, "Fourth set"): the graph pool captured beyond vLLM's
+#: profiled estimate, which is what the KV budget takes off (0.16 / 0.46 GiB), blocks the caching allocator
+#: keeps free that the sampler's ``[rows, vocab]`` tensors do not fit in (0.06-0.29 GiB warm; 0.19-1.21
+#: cold: compilation leaves them), and the runner's buffers. Measured on two models, not a rule of vLLM's
+#: source: the band a plan is warned by, never a verdict (``memory.warmup_note``).
+WARMUP_SHORTFALL_GIB = (0.41, 1.89)
 #: Non-torch growth and the memory in use before the init snapshot (CUDA context, NCCL and
 #: all-reduce buffers) depend on the parallel layout and on the environment the server runs with
 #: (NVLink multicast): servetune.planner.comm holds those constants and the one function.
