@@ -203,8 +203,9 @@ def _run(name: str, s: Mapping[str, Any], window_dir: Path, tokenizer_covers_voc
 #: the host's first server start (its ``server.log.gz``), then a letter in start order among that date's
 #: keyed hosts. Each key -> the tag its folders were first named with (``l8b_h7_u09_s256_mbt8192``, now
 #: ``2026-12-03b_l8b_u09_s256_mbt8192``; collect and plan files ``2026-12-03b_collect_a.txt``,
-#: ``2026-12-03b_plan_l8b.json``), which ``scale/README.md`` prints beside the key, the plans in
-#: ``benchmarks/real_vllm/`` (``plan_h7_l8b.json``) and the summaries still carry, and ``ttft_split.py --hosts`` takes.
+#: ``2026-12-03b_plan_l8b.json``; plans in ``benchmarks/real_vllm/`` ``plan_2026_12_03b_l8b.json``), which
+#: ``scale/README.md`` prints beside the key, the plans' run names and the summaries still carry, and
+#: ``ttft_split.py --hosts`` takes.
 SCALE_HOSTS: dict[str, str] = {
     "2026-12-02a": "h4", "2026-12-02b": "h5",
     "2026-12-03a": "h6", "2026-12-03b": "h7", "2026-12-03c": "h8",
@@ -259,20 +260,20 @@ UNSEEN_STARTS: tuple[str, ...] = (
     # break the closed loop's lockstep waves (outputs uniform in 512-1536; a Poisson rate); 4 windows.
     *_starts("2026-12-04a", "l8b_u09_s256_mbt8192"),
     # 2026-12-04b and 2026-12-04c: a size no fit has seen, Mistral-Small-24B's shape (23,572M
-    # parameters; plans benchmarks/real_vllm/plan_h10_m24b.json, plan_h11_m24b*.json). 2026-12-04b: the anchor, closed-loop
-    # decode at 32-128 in flight, a Poisson rate; 2026-12-04c (a fresh host, the model rebuilt there):
+    # parameters; plans benchmarks/real_vllm/plan_2026_12_04b_m24b.json, plan_2026_12_04c_m24b*.json).
+    # 2026-12-04b: the anchor, closed-loop decode at 32-128 in flight, a Poisson rate; 2026-12-04c (a fresh host, the model rebuilt there):
     # 0.9 x 128 x 2048 on the anchor's workload, decode and 2,048-token prompts, fp8 KV decode, then
     # 2026-12-04b's flags on the anchor's workload; 11 windows.
     *_starts("2026-12-04b", "m24b_u09_s256_mbt8192"),
     *_starts("2026-12-04c", "m24b_u09_s128_mbt2048", "m24b_u09_s256_fp8kv", "m24b_u09_s256_mbt8192"),
     # 2026-12-04d and 2026-12-04e: vLLM's torch profiler inside real steps (plans
-    # plan_h12_m24b_prof.json, plan_h13_*_prof*.json). Each start's first window is the clean anchor;
-    # its profiled windows (summary "profiled") stall the engine while the trace is written and are
+    # plan_2026_12_04d_m24b_prof.json, plan_2026_12_04e_*_prof*.json). Each start's first window is the
+    # clean anchor; its profiled windows (summary "profiled") stall the engine while the trace is written and are
     # no fidelity windows (load_real_runs leaves them out). 2026-12-04d ran 24B; 2026-12-04e
     # 14B, 8B at budgets 8192 and 2048 and 8B eager: 4 clean windows, 9 traces.
     *_starts("2026-12-04d", "m24b_u09_s256_mbt8192"),
     *_starts("2026-12-04e", "q14b_u09_s256_mbt8192", "l8b_u09_s256_mbt8192", "l8b_u09_s256_mbt2048", "l8b_u09_s256_eager"),
-    # 2026-12-04f and 2026-12-04g (plans plan_h14_l8b.json, plan_h15_m24b*.json), collected
+    # 2026-12-04f and 2026-12-04g (plans plan_2026_12_04f_l8b.json, plan_2026_12_04g_m24b*.json), collected
     # before any change fitted that day on them. 2026-12-04f: 8B at a 2,048-token budget (the anchor,
     # a shared-prefix window; two profiled windows: the first wave's mixed steps, decode at 96 in flight),
     # then 160 sequences x a 4,096-token budget (the anchor's workload, a Poisson load with uneven outputs,

@@ -1,7 +1,7 @@
 """servetune's load generator against `vllm bench serve` on the same real server (H200, vLLM 0.26.0).
 
 Reads tests/fixtures/real_h200/d1_loadgen_vs_bench (benchmarks/real_vllm/collect.py with
-plan_d.json: one server, 1536 requests of 1024 in / 256 out at concurrency 64 per window, the two
+plan_2026_11_30_h200_d.json: one server, 1536 requests of 1024 in / 256 out at concurrency 64 per window, the two
 clients alternated four times: servetune, bench, servetune, bench, ...) and prints each window and
 the mean of each client. Run: ``.venv/bin/python benchmarks/loadgen_agreement.py``.
 """

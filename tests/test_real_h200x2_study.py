@@ -8,7 +8,7 @@
 * ``compile_cache``: the same flags started three times on one host: first start, fresh compile
   caches, filled compile caches (benchmarks/real_vllm/compile_cache.py).
 * ``d1_loadgen_vs_bench``: servetune's load generator and `vllm bench serve` alternated four times
-  on one server (benchmarks/real_vllm/collect.py plan_d.json; figures: benchmarks/loadgen_agreement.py).
+  on one server (benchmarks/real_vllm/collect.py plan_2026_11_30_h200_d.json; figures: benchmarks/loadgen_agreement.py).
 
 Each trial folder holds the server log, the /metrics text before and after the measured window and
 the gauges sampled during it, exactly as the vllm engine wrote them.

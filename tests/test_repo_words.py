@@ -2,9 +2,17 @@
 
 Evidence is named by what it is (date, GPU, model, flags, fixture folder), never by the order in which
 the machines that produced it were lent, nor by the team's tracker. This test reads every tracked file
-(``git ls-files``) that is text and under 2 MB, except fixture data: under ``tests/fixtures``,
-``benchmarks/results`` and ``benchmarks/landscapes`` only ``README*`` / ``SOURCES*`` files are read
-(the data there is what vLLM and the collectors printed, and stays byte for byte).
+(``git ls-files``) that is text and under 2 MB, fixture data included: the notes of plans, results and
+calibration files (JSON), the YAML of specs and published runs, READMEs, CSV landscapes, and the raw
+evidence itself. Every file's name is read too (``test_file_names_say_what_a_file_is``): no ordinal
+session or host, no old host tag (``plan_h13_l8b_prof.json``, ``l8b_h7_*``: a host is named by its key).
+
+One exemption, for raw evidence: what vLLM, ``vllm bench``, the collectors, servetune's CLI and MLflow
+printed on the GPU hosts, kept byte for byte under ``tests/fixtures`` (``RAW_EVIDENCE``: ``*.log`` and
+``*.txt`` there: server and study logs, collect outputs, ``/metrics`` dumps, ``mlflow_runs.txt``,
+``host_setup.txt``) names the host's own paths as it printed them (``/work/main/servetune-runs-l8b/...``,
+``/root/stash``), so the path rule skips those files; the word rules read them like any file. Recorded
+names of what ran (``l8b_h13_u09_s256_mbt8192`` in a summary or a plan) are no words the rules match.
 
 A line fails on any of these (``WORD_RULES``, case-insensitive):
 
@@ -42,8 +50,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_BYTES = 2_000_000
-DATA_DIRS = ("tests/fixtures/", "benchmarks/results/", "benchmarks/landscapes/")
-TEXT_DOCS = re.compile(r"(^|/)(README|SOURCES)[^/]*$")
+#: Raw evidence, as the GPU hosts printed it: exempt from the path rule only (module docstring).
+RAW_EVIDENCE = re.compile(r"^tests/fixtures/.*\.(log|txt)$")
+_PATH_RULE = "path outside the repository"
+#: A host's old tag in a file name (``h7``, ``h13``: the order the hosts came); ``h100``/``h200`` pass.
+_HOST_TAG = re.compile(r"(?<![0-9a-z])h\d{1,2}(?![0-9a-z])", re.I)
 
 _ORD_LOW = "first|second|third"
 _ORD_HIGH = ("fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth|"
@@ -61,7 +72,7 @@ WORD_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         rf"\b({_ORD_HIGH})(\s+(to|and)\s+(the\s+)?({_ORD}))?(\s+(H200|H100|GPU|fresh))?\s+hosts?\b", re.I)),
     ("ordinal possessive", re.compile(rf"\b({_ORD_HIGH})'s\b", re.I)),
     ("tracker issue", re.compile(r"\bissues?\s+\d+", re.I)),
-    ("path outside the repository", re.compile(
+    (_PATH_RULE, re.compile(
         r"(?<![\w.~-])(/work/|/root/(?!(model|m8b|m14b|m24b|q3|l8|g2|go20|g3t|dsv2|awq8|mx16|prof|gpu|\.pyenv|\.cache)\b))")),
 )
 _SOURCE_ISSUE = re.compile(r"\bissues?\s+#\d+", re.I)
@@ -77,9 +88,7 @@ def _tracked() -> list[str]:
 
 
 def _read(rel: str) -> str | None:
-    """The file's text, or None for fixture data, binaries, big files and paths gone from the tree."""
-    if rel.startswith(DATA_DIRS) and not TEXT_DOCS.search(rel):
-        return None
+    """The file's text, or None for binaries (gzip, Parquet, SQLite), big files and paths gone from the tree."""
     path = ROOT / rel
     if not path.is_file() or path.stat().st_size > MAX_BYTES:
         return None
@@ -92,12 +101,14 @@ def _read(rel: str) -> str | None:
         return None
 
 
-def findings(text: str) -> list[tuple[int, str, str]]:
-    """(line number, rule, matched text) for every work-process word or outside path in ``text``."""
+def findings(text: str, raw: bool = False) -> list[tuple[int, str, str]]:
+    """(line number, rule, matched text) for every work-process word or outside path in ``text``;
+    ``raw`` (raw evidence, ``RAW_EVIDENCE``) skips the path rule."""
     found: list[tuple[int, str, str]] = []
     for number, line in enumerate(text.splitlines(), 1):
         for rule, pattern in WORD_RULES:
-            found += [(number, rule, m.group(0)) for m in pattern.finditer(line)]
+            if not (raw and rule == _PATH_RULE):
+                found += [(number, rule, m.group(0)) for m in pattern.finditer(line)]
         for m in _SOURCE_ISSUE.finditer(line):
             if not _REPO_BEFORE.search(line[:m.start()]):
                 found.append((number, "tracker issue", m.group(0)))
@@ -118,6 +129,32 @@ def test_rules_catch_process_words_and_pass_product_words() -> None:
             "/root/.cache/vllm/torch_compile_cache/", "the fourth calibration", "a third host's GEMMs"]
     assert [b for b in bad if not findings(b)] == []
     assert [(g, findings(g)) for g in good if findings(g)] == []
+    # raw evidence keeps the GPU host's paths as printed, never the process words
+    printed = "servetune: Optuna's, MLflow's and Ray's own messages are in /work/main/servetune-runs-l8b/logs/x.log"
+    assert findings(printed) and not findings(printed, raw=True)
+    assert findings('"note": "2026-12-04, twelfth device session"', raw=True)
+    assert RAW_EVIDENCE.match("tests/fixtures/real_h200/study_l8b/study_grid_1.log")
+    assert not RAW_EVIDENCE.match("tests/fixtures/real_h200/scale/2026-12-04h_plan_l8b.json")
+    assert not RAW_EVIDENCE.match("benchmarks/results/sim_heldout_h200.json")
+
+
+def _name_findings(rel: str) -> list[str]:
+    """What in a file's path names it by the work's order: an old host tag, an ordinal session or host
+    (a file citing a source's issue number, ``vllm_issue_12345.log``, is no tracker word here)."""
+    words = rel.replace("_", " ").replace("-", " ")
+    return [m.group(0) for m in _HOST_TAG.finditer(rel)] + [
+        hit for _, rule, hit in findings(words) if rule not in ("tracker issue", _PATH_RULE)]
+
+
+def test_file_names_say_what_a_file_is() -> None:
+    assert _name_findings("benchmarks/real_vllm/plan_h13_l8b_prof.json") == ["h13"]
+    assert _name_findings("tests/fixtures/real_h200/scale/l8b_h7_u09_s256_mbt8192/summary.json") == ["h7"]
+    assert _name_findings("docs/twelfth_session_notes.md") and _name_findings("x/fifth-host/a.json")
+    assert _name_findings("benchmarks/real_vllm/plan_2026_12_04e_l8b_prof.json") == []
+    assert _name_findings("tests/fixtures/real_h200x2/h100_host_c/summary.json") == []
+    assert _name_findings("tests/fixtures/vllm_issue_logs/issue_12345_oom.log") == []
+    named = {rel: hits for rel in _tracked() if (hits := _name_findings(rel))}
+    assert named == {}, "name files by date, GPU, model, flags (a host by its key), not by the order of the work"
 
 
 def test_repository_speaks_of_the_product_only() -> None:
@@ -125,7 +162,7 @@ def test_repository_speaks_of_the_product_only() -> None:
     for rel in _tracked():
         text = _read(rel)
         if text is not None and rel != "tests/test_repo_words.py":
-            hits = findings(text)
+            hits = findings(text, raw=bool(RAW_EVIDENCE.match(rel)))
             if hits:
                 dirty[rel] = hits
     unexpected = {rel: hits[:5] for rel, hits in dirty.items() if rel not in ALLOWED}

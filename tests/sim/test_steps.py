@@ -2,7 +2,7 @@
 simulator's per-kind price of the same batches (benchmarks/steps_vs_sim.py, PerfModel.gpu_cost).
 
 The traces are vLLM 0.26.0's own worker profiles of 40 steps in each of fourteen windows on four
-H200 hosts (tests/fixtures/real_h200/scale/2026-12-04d_* to 2026-12-04g_*; plans benchmarks/real_vllm/plan_h1[2-5]_*).
+H200 hosts (tests/fixtures/real_h200/scale/2026-12-04d_* to 2026-12-04g_*; plans benchmarks/real_vllm/plan_2026_12_04[d-g]_*).
 """
 
 from __future__ import annotations
