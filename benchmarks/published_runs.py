@@ -26,6 +26,11 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
                                               # num_special_tokens_to_add()); the requests it drew are replayed
                                               # an endpoint of /v1/chat/completions: chat requests
                                               # (Workload.chat: vLLM 0.11.0 parses the template each)
+                                              # sampling: greedy | default (required for vllm bench serve
+                                              # from 0.15.0, which sends no temperature unless told);
+                                              # default: generation_config: {temperature: 0.7, top_k: 20,
+                                              # top_p: 0.8, repetition_penalty: 1.1}, the model's, which
+                                              # the server applied (Workload.sampling, sim.sampling)
       measured: {output_throughput: 9876.5, request_throughput: 12.3,
                  ttft_ms: {mean: 1, median: 1, p99: 1}, tpot_ms: {mean: 1, median: 1, p99: 1},
                  itl_ms: {mean: 1, median: 1, p99: 1}}
@@ -95,7 +100,7 @@ from servetune.planner.target import resolve_target  # noqa: E402
 from servetune.planner.vllm_rules import parse_vllm_version  # noqa: E402
 from servetune.sim import (FA2_KNOBS, GPU_CALIBRATION, Calibration, PerfModel, runs_flash_attention_2,  # noqa: E402
                            simulate, with_calibration)
-from servetune.workload import RequestSpec, Workload  # noqa: E402
+from servetune.workload import GREEDY, RequestSpec, Sampling, Workload  # noqa: E402
 
 import _fidelity  # noqa: E402
 
@@ -160,6 +165,14 @@ class PublishedRun:
     def chat(self) -> bool:
         """Whether the client sent chat requests (its ``endpoint`` is ``/v1/chat/completions``)."""
         return str(self.client.get("endpoint", "")).rstrip("/").endswith("/chat/completions")
+
+    @property
+    def sampling(self) -> Sampling:
+        """What the run's requests sampled with: greedy, or (``client.sampling: default``) the model's
+        ``generation_config.json`` the server applied (``client.generation_config``)."""
+        if self.client.get("sampling", "greedy") == "greedy":
+            return GREEDY
+        return Sampling.from_dict(self.client["generation_config"], f"{self.id}: client.generation_config")
 
     @property
     def layout_label(self) -> str:
@@ -326,6 +339,33 @@ def _client_seed(where: str, client: Mapping[str, Any], workload: Mapping[str, A
                     "write the tokenizer's num_special_tokens_to_add(): 0 for Qwen's, 1 for Llama's (BOS)")
 
 
+#: The first ``vllm bench serve`` that sends no ``temperature`` unless told (vLLM pull request 32723,
+#: merged 2026-01-20; ``benchmarks/serve.py`` of the 0.15.0 wheel, where 0.14.1's still set 0.0).
+BENCH_SERVE_UNSET_TEMPERATURE = (0, 15, 0)
+
+
+def _client_sampling(where: str, client: Mapping[str, Any], version: str) -> None:
+    """``client.sampling`` is ``greedy`` or ``default`` (the server's: the model's generation config,
+    given in ``client.generation_config``), and a ``vllm bench serve`` of 0.15.0 or later states it
+    (from that release it sends no temperature unless told; which applies is a per-run judgement
+    written in ``assumed``)."""
+    mode = client.get("sampling")
+    if mode is None:
+        if client["tool"] == "vllm bench serve" and parse_vllm_version(version) >= BENCH_SERVE_UNSET_TEMPERATURE:
+            raise _fail(where, "client.sampling", "missing: vllm bench serve from 0.15.0 sends no temperature unless told",
+                        "write sampling: default (and generation_config) or greedy (a stated --temperature 0)")
+        return
+    if mode not in ("greedy", "default"):
+        raise _fail(where, "client.sampling", f"expected greedy or default, got {mode!r}",
+                    "greedy: temperature 0 sent; default: the model's generation_config.json")
+    config = client.get("generation_config")
+    if mode == "default" and not isinstance(config, Mapping):
+        raise _fail(where, "client.generation_config", "missing beside sampling: default",
+                    "write the model's generation_config.json values: {temperature: 0.7, top_k: 20, top_p: 0.8, ...}")
+    if mode == "default":
+        Sampling.from_dict(config, f"{where}: client.generation_config")
+
+
 def resolve_model(name: str, fixture_dir: Path = FIXTURES) -> ModelProfile:
     """A run's ``model``: servetune's shipped model of that name, else the config.json in
     ``models/<name>/`` beside the fixture file, else in :data:`LOG_MODELS`."""
@@ -365,6 +405,7 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
     if not isinstance(entry["client"], Mapping) or "tool" not in entry["client"]:
         raise _fail(where, "client", "expected {tool: ..., endpoint: ...}", "write the client that measured it")
     _client_seed(where, entry["client"], workload)
+    _client_sampling(where, entry["client"], str(entry["vllm_version"]))
     resolve_model(str(entry["model"]), fixture_dir)
     return PublishedRun(
         id=str(entry["id"]), file=file, source=str(entry["source"]), vllm_version=str(entry["vllm_version"]),
@@ -511,7 +552,8 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
-    load = dataclasses.replace(_resent(_paced(spec, w, run, dp, as_sent), w, as_sent), chat=run.chat)
+    load = dataclasses.replace(_resent(_paced(spec, w, run, dp, as_sent), w, as_sent), chat=run.chat,
+                               sampling=run.sampling if as_sent else GREEDY)
     sent = bench_serve_requests(run) if as_sent else None
     if sent is None:
         return load
@@ -604,7 +646,7 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_
 
 def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
     """Where the simulator puts a run's time: one engine step's GPU milliseconds by kind of kernel
-    (``PerfModel.gpu_cost``: gemm, elementwise, attention, kv_write, comm, launch) and the whole step
+    (``PerfModel.gpu_cost``: gemm, elementwise, attention, kv_write, comm, launch, sampler) and the whole step
     with the engine CPU it leaves visible (``step_ms``), for a decode step of 1, 8, the run's
     concurrency and 256 requests at the run's mean context (prompt plus half the output), and for one
     prompt's prefill within the token budget (``prefill``). Which term dominates a miss, in one call
@@ -618,7 +660,8 @@ def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
     """
     flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
     target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
-    perf = PerfModel(target.model, with_interconnect(target.gpu, run.interconnect or None), target.config)
+    perf = PerfModel(target.model, with_interconnect(target.gpu, run.interconnect or None), target.config,
+                     sampling=run.sampling)
     w = run.workload
     context = w["input_len"] + w["output_len"] // 2
     cap = min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"])

@@ -24,7 +24,7 @@ from typing import Any
 from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import finite, iter_lines, load_json, shown
 
-__all__ = ["LengthDist", "RequestSpec", "Workload", "read_jsonl"]
+__all__ = ["GREEDY", "LengthDist", "RequestSpec", "Sampling", "Workload", "read_jsonl"]
 
 _DISTS = ("fixed", "uniform", "normal", "lognormal")
 MAX_REQUESTS = 1_000_000
@@ -137,6 +137,68 @@ class RequestSpec:
     prompt: str | None = None  # text from a prompt file; the length is then an estimate
 
 
+#: vLLM's ``_SAMPLING_EPS`` (``v1/sample/sampler.py``): a temperature below it is greedy.
+SAMPLING_EPS = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """The sampling parameters the requests reach the sampler with (the client's, else the model's
+    ``generation_config.json``, else vLLM's neutral ones). Greedy by default.
+
+    Example:
+        >>> Sampling.from_dict({"temperature": 0.7, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.1}).penalties
+        True
+        >>> GREEDY.greedy
+        True
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 or -1: off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    KEYS = ("temperature", "top_k", "top_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], field: str = "generation_config") -> Sampling:
+        """The sampler's parameters from a ``generation_config.json``-like mapping; a key left out
+        is vLLM's neutral value (temperature 1.0 where a mapping is given: vLLM's default)."""
+        unknown = sorted(set(map(str, data)) - set(cls.KEYS))
+        if unknown:
+            raise SpecError(f"{field}.{unknown[0]}", "unknown key", f"use: {', '.join(cls.KEYS)}")
+        values: dict[str, Any] = {"temperature": 1.0}
+        for key in cls.KEYS:
+            if key in data:
+                value = data[key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise SpecError(f"{field}.{key}", f"expected a number, got {value!r}", "e.g. top_p: 0.8")
+                values[key] = int(value) if key == "top_k" else float(value)
+        return cls(**values)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
+    @property
+    def penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+    @property
+    def uses_top_k(self) -> bool:
+        return self.top_k > 0
+
+    @property
+    def uses_top_p(self) -> bool:
+        return self.top_p < 1.0
+
+
+#: What every servetune load sends (``temperature 0``), and ``vllm bench serve`` up to 0.14.1.
+GREEDY = Sampling()
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """What a trial sends: lengths, count, and pacing (``concurrency`` or ``request_rate``)."""
@@ -167,6 +229,11 @@ class Workload:
     #: load went to ``/v1/chat/completions``, so vLLM's API server renders the model's chat template
     #: for each (:attr:`servetune.sim.perf.Calibration.chat_template_parse_s`).
     chat: bool = False
+    #: What the requests sample with (simulator only, not a spec key: servetune's own clients send
+    #: ``temperature 0``): greedy, or the parameters a published client's server applied (a
+    #: ``vllm bench serve`` from 0.15.0 sends none, so the model's ``generation_config.json`` holds).
+    #: Priced per step by :mod:`servetune.sim.sampling`.
+    sampling: Sampling = GREEDY
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.cached_fraction < 1.0:

@@ -227,8 +227,8 @@ _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4",
             log_evidence="a published vLLM 0.11.0 startup log (abinavChandar/demo_env_l4, Colab, TP=1, 4.75 GiB "
                          "left for KV: the planner is 5.5% low there, unexplained)",
-            sim_evidence="published vLLM 0.23.0 runs (Qwen2.5-0.5B at 1-32 in flight, held out: +5% to "
-                         "+18% throughput)"),
+            sim_evidence="published vLLM 0.23.0 runs (Qwen2.5-0.5B-Instruct at 1-32 in flight, sampling with its "
+                         "generation config, held out: -8% to +16% throughput, 5 of 6 within 10%)"),
     GpuSpec("A10G", 22.19, 600.0, 70.0, 70.0, 32.0, compute_capability=8.6,
             source="AWS g5 (A10G, 24 GB GDDR6, 600 GB/s; ~70 TFLOPS bf16 dense, estimated from AWS's 250 TOPS "
                    "int8 sparse); memory from torch OOM messages on g5 ('total capacity of 22.19 GiB')"),

@@ -75,7 +75,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         return TrialResult(status=status, cause=plan.cause, evidence=[plan.cause] if plan.cause else [],
                            log_text=startup_log, **base)
 
-    perf = PerfModel(model, gpu, config)
+    perf = PerfModel(model, gpu, config, sampling=workload.sampling)
     sched = SimScheduler(model, gpu, config, plan.num_gpu_blocks, seed=seed, perf=perf)
     client = LoadClient(sched, workload)
     records = client.run()

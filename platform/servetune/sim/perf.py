@@ -55,6 +55,12 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   P2P at the calibrated knobs and the link's rate; without GPU P2P, NCCL's SHM path through host
   memory at its published figures, where the step's all-gather of the sampled rows' logits is
   priced too).
+* The sampler beyond greedy (:mod:`servetune.sim.sampling`): a request that samples (a published
+  ``vllm bench serve`` from 0.15.0 sends no temperature, so the model's generation config holds)
+  moves its counted bytes per vocabulary entry over the whole vocabulary, each step, at the GPU
+  table's bandwidth, and the step pays the sampler's extra eager launches. Every calibration window
+  was greedy, so greedy requests pay nothing here; a version whose sampling path was not read
+  pays nothing either (``PerfModel.sampler_path`` says so).
 * PP splits the layers; up to ``pp`` micro-batches are in flight, so a step costs
   ``pp * stage_time(batch / microbatches)`` (a lone request still pays every stage: the bubble),
   and each micro-batch's hidden states and residual cross ``pp - 1`` boundaries by NCCL
@@ -107,6 +113,8 @@ from servetune.planner.model_memory import effective_model
 from servetune.planner.vllm_rules import memory_rules
 from servetune.sim import perf_classes
 from servetune.sim.chat_templates import chat_template_parse_share
+from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_pass
+from servetune.workload import GREEDY, Sampling
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -511,7 +519,8 @@ class StepCost:
     ``elementwise``: norms, rotary, SiLU-and-mul, residual adds (Inductor's fused Triton kernels);
     ``attention``: decode KV reads and prefill attention; ``kv_write``: the new tokens' KV;
     ``comm``: TP all-reduces and PP sends; ``launch``: what launching costs beyond the kernels (CUDA-graph
-    replay, piecewise and compiled-layer floors, an eager step's launch-bound excess).
+    replay, piecewise and compiled-layer floors, an eager step's launch-bound excess); ``sampler``: what
+    sampling beyond greedy adds (:mod:`servetune.sim.sampling`; 0 for greedy requests).
     """
 
     gemm: float
@@ -520,10 +529,11 @@ class StepCost:
     kv_write: float
     comm: float
     launch: float
+    sampler: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return self.gemm + self.elementwise + self.attention + self.kv_write + self.comm + self.launch
+        return self.gemm + self.elementwise + self.attention + self.kv_write + self.comm + self.launch + self.sampler
 
 
 class PerfModel:
@@ -542,7 +552,7 @@ class PerfModel:
     """
 
     def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig,
-                 calibration: Calibration | None = None) -> None:
+                 calibration: Calibration | None = None, sampling: Sampling | None = None) -> None:
         cal = calibration if calibration is not None else calibration_for(gpu)
         self.calibration = cal
         model = effective_model(model, config)  # the model as served: --dtype, online --quantization fp8
@@ -568,8 +578,7 @@ class PerfModel:
         self._gemms = [(n, k, n * k * wbytes * layers / mem_rate, 2.0 * n * k * layers) for n, k in gemms]
         self._act_bytes_token = sum(2.0 * (n + k) for n, k in gemms) * layers / mem_rate
         self._elementwise_token = (10.5 * d + 3.0 * inter) * 2.0 * layers / mem_rate
-        # The LM head runs on the last stage, one row per scheduled request (vLLM computes logits
-        # only where it samples); vocab is split over TP ranks.
+        # The LM head: last stage, one row per scheduled request (logits only where vLLM samples), vocab split over TP.
         vocab = -(-model.vocab_size // tp)
         self._head = (vocab, d, vocab * d * wbytes / mem_rate, 2.0 * vocab * d)
         self._moe: perf_classes.MoeShape | None = None
@@ -609,6 +618,7 @@ class PerfModel:
         self._t_attn_slide = self._t_attn * slide
         self._t_attn -= self._t_attn_slide
         self._init_comm(model, gpu, tp, pp, layers, cal)
+        self._init_sampler(model, gpu, config, cal, sampling or GREEDY)
         self.enforce_eager = config.enforce_eager
         self.capture_sizes: tuple[int, ...] = tuple(sorted(config.cudagraph_capture_sizes or ()))
         self.max_capture = self.capture_sizes[-1] if self.capture_sizes and not config.enforce_eager else 0
@@ -679,6 +689,25 @@ class PerfModel:
                                 - p2p.latency_s) * share
         else:
             self._t_pp_fixed = self._t_pp_token = 0.0
+
+    def _init_sampler(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, cal: Calibration,
+                      sampling: Sampling) -> None:
+        """The sampler's cost beyond greedy (:mod:`servetune.sim.sampling`): ``sampler_row_s`` per sampled
+        row (its counted bytes per vocabulary entry over the whole vocabulary, which every TP rank samples
+        after the logits' all-gather, at the GPU table's memory bandwidth: no fitted efficiency) and
+        ``sampler_step_s`` per step (its extra launches, run eagerly after the forward's CUDA graph, each
+        a compiled layer's launch cost, ``compiled_layer_overhead_s``, over its ~10 kernels). Both 0 for
+        greedy requests and where the version's sampling path was not counted
+        (:attr:`sampler_path` says which)."""
+        version = config.version
+        v2 = runs_v2_sampler(version, model.architecture, v1_runner=config.v1_runner,
+                             dense=not model.is_moe and not model.quantization)
+        spass = sampler_pass(sampling, version, gpu.compute_capability, v2_runner=v2)
+        #: The sampling path priced ("greedy", a V1 path), or why none is ("... not counted").
+        self.sampler_path = spass.path if spass is not None else (
+            f"{'V2' if v2 else 'V1'} runner at vLLM {config.vllm_version}: not counted, not priced")
+        self.sampler_row_s = spass.bytes_per_logit * model.vocab_size / (gpu.hbm_gbps * 1e9) if spass else 0.0
+        self.sampler_step_s = spass.kernels * cal.compiled_layer_overhead_s / KERNELS_PER_LAYER if spass else 0.0
 
     def _init_classes(self, model: ModelProfile, gpu: GpuSpec, tp: int, layers: int, mem_rate: float,
                       cal: Calibration) -> None:
@@ -869,8 +898,11 @@ class PerfModel:
         # ``micro`` micro-batches each cross pp stages; with fewer than pp of them the pipeline
         # never fills (the bubble): the step lasts pp stage-times of its micro-batches.
         scale = 1.0 if self.pp == 1 else self.pp / micro
+        # The sampler: every scheduled request's row (a partial prefill's too: V1 samples and discards it),
+        # once per micro-batch on the last stage.
+        sampler = self.sampler_row_s * rows * micro + self.sampler_step_s * micro if self.sampler_row_s else 0.0
         return StepCost(gemm * scale, elementwise * scale, attention * scale, kv_write * scale, comm * scale,
-                        launch * scale)
+                        launch * scale, sampler * scale)
 
     def _prefill_attention(self, prefill_tokens: int, prefill_attn_work: int) -> float:
         """Prefill attention's seconds: ``prefill_attn_work`` (tokens x context) at ``attn_efficiency``

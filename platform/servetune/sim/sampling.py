@@ -1,0 +1,158 @@
+"""What a step's sampler costs beyond greedy decoding, counted from vLLM's source.
+
+Every calibration window servetune recorded was greedy: servetune's load generators send
+``temperature 0`` (``engines/vllm/loadgen.py``; ``bench_client.py`` passes ``--temperature 0``), and
+so did ``vllm bench serve`` up to 0.14.1 (``benchmarks/serve.py``: "Default to greedy decoding").
+From 0.15.0 it sends no temperature unless told (vLLM pull request 32723, merged 2026-01-20; the
+0.15.0, 0.15.1 and 0.23.0 wheels print "vllm bench serve no longer sets temperature==0"), so the
+server samples with the model's ``generation_config.json`` (``--generation-config auto``, the
+default: ``ModelConfig.get_diff_sampling_param``). A greedy step's sampler casts the logits to fp32
+and takes their argmax; a random one runs penalties, temperature, top-k/top-p and a draw over the
+whole vocabulary for every sampled row. :class:`~servetune.workload.Sampling` is what the requests asked for;
+:func:`sampler_pass` gives the extra bytes per vocabulary entry of a row and the extra kernel
+launches of a step, where the path that version takes was read.
+
+Counted (the 0.23.0 wheel: ``v1/sample/sampler.py``, ``v1/sample/ops/penalties.py``,
+``model_executor/layers/utils.py: apply_penalties``, ``_custom_ops.py: apply_repetition_penalties``,
+``v1/sample/ops/topk_topp_sampler.py``; FlashInfer 0.6.12, the wheel's pin: ``sampling.py:
+top_k_top_p_sampling_from_logits``, ``include/flashinfer/topk.cuh: RadixTopKMaskLogitsKernel_MultiCTA``,
+``sampling.cuh: TopPSamplingFromProbKernel``; PyTorch's ``aten/src/ATen/native/cuda/SoftMax.cu``),
+per vocabulary entry of one row, reads plus writes:
+
+* greedy (what the calibration holds): ``logits.to(float32)`` 2 + 4, ``argmax`` 4: 10 bytes.
+* penalties, where ``repetition_penalty`` is not 1 or a frequency / presence penalty is set
+  (``apply_all_penalties``; all three run whenever one is on): the prompt's and the output's bin
+  counts, each a ``zeros`` [rows, vocab + 1] int64 (8) and ``> 0`` into a bool mask (8 + 1); the
+  repetition kernel reads both masks (2; it touches the logit only where a token repeats); the
+  frequency term ``penalty * bin_counts`` (8 + 4) and ``logits -=`` it (8 + 4); the presence term
+  ``penalty * mask`` (1 + 4) and ``logits -=`` it (8 + 4): 77 bytes, 16 launches (the output ids'
+  copy, ``== -1`` and ``masked_fill_``, four per bin count, the repetition kernel, two per term).
+* temperature, ``logits.div_`` in place: 8 bytes, 1 launch (``all_random``: no argmax).
+* top-k and top-p together, through FlashInfer (``forward_cuda``, vLLM's default on CUDA from 0.21.0,
+  ``VLLM_USE_FLASHINFER_SAMPLER`` unset, compute capability 7.5 to 12.1; ``top_k_first``): the top-k
+  mask reads the row into shared memory and again to write the masked copy (4 + 4 + 4); PyTorch's
+  softmax over a row too long for shared memory (``cunn_SoftMaxForward``: max, sum of exponentials,
+  then the write) (12 + 4); the top-p rejection sampler at least one round of two reads (8): 36 bytes,
+  3 launches, and the int32 ids' ``.long()`` where greedy's argmax was: 4 launches, less greedy's argmax.
+* neither top-k nor top-p (temperature alone; ``forward_native``): softmax (16), the exponential
+  noise (4), ``probs.div_(q)`` (8 + 4), ``argmax`` (4): 36 bytes, 4 launches.
+
+So a Qwen2.5-Instruct request (top-k 20, top-p 0.8, repetition penalty 1.05-1.1) costs 127 bytes a
+vocabulary entry where greedy cost 10: 117 more, 17.8 MB a row at 151,936 entries. The top-p
+sampler may take more rounds (8 bytes each; data-dependent), and the softmax and top-p kernels run
+one thread block per row, so a few rows may not reach the GPU's bandwidth: the count is a floor
+in rounds and prices every byte at the weights' streaming rate (``PerfModel``).
+
+Not counted (``sampler_pass`` returns None and nothing is priced): the V1 runner before 0.21.0
+(PyTorch's sort below 8 rows, the Triton top-k/top-p mask from 0.18 at 8 or more: their passes
+live in cub's radix sort and a Triton kernel not read here), the V2 model runner (its own sampler,
+``v1/worker/gpu/sample``; the default for Qwen3ForCausalLM from 0.22.0, for Llama and Mistral too
+from 0.23.0, by ``VllmConfig.use_v2_model_runner``), and top-k or top-p alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from servetune.workload import GREEDY, Sampling
+
+__all__ = ["SamplerPass", "sampler_pass", "runs_v2_sampler", "GREEDY_BYTES",
+           "PENALTY_BYTES", "TEMPERATURE_BYTES", "FLASHINFER_TOPK_TOPP_BYTES", "PLAIN_DRAW_BYTES",
+           "FLASHINFER_SAMPLER_DEFAULT", "KERNELS_PER_LAYER"]
+
+#: Bytes per vocabulary entry of one row (module docstring): what greedy's sampler moves (in the
+#: calibration), and what each stage of a random one moves.
+GREEDY_BYTES = 10.0
+FP32_CAST_BYTES = 6.0
+PENALTY_BYTES = 77.0
+TEMPERATURE_BYTES = 8.0
+FLASHINFER_TOPK_TOPP_BYTES = 36.0
+PLAIN_DRAW_BYTES = 36.0
+#: Extra launches per step over greedy's (module docstring).
+PENALTY_KERNELS = 16
+TEMPERATURE_KERNELS = 1
+FLASHINFER_TOPK_TOPP_KERNELS = 3  # top-k mask, softmax, top-p sampler; + .long() - argmax
+PLAIN_DRAW_KERNELS = 3  # softmax, exponential, div; argmax as greedy's
+#: First vLLM release whose ``VLLM_USE_FLASHINFER_SAMPLER`` defaults to on (``envs.py``: None in
+#: 0.15.1, 0.18.0 and 0.20.0, "opt in explicitly"; True in 0.21.0, 0.22.0 and 0.23.0).
+FLASHINFER_SAMPLER_DEFAULT = (0, 21, 0)
+#: ``FlashInferBackend.supports_compute_capability`` (0.23.0): 7.5 to 12.1.
+FLASHINFER_CAPABILITY = (7.5, 12.1)
+#: Kernels a decoder layer launches, by which the per-layer launch costs of ``Calibration`` are
+#: read as per-kernel ones (perf.py's docstring: "each of a layer's ~10 kernels").
+KERNELS_PER_LAYER = 10
+#: Dense architectures vLLM starts on the V2 model runner by default before 0.26 (``config/vllm.py:
+#: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``: 0.22.0 and 0.23.0 read; 0.24 and 0.25 taken as 0.23's).
+V2_DEFAULT_ARCHITECTURES: tuple[tuple[tuple[int, int, int], frozenset[str]], ...] = (
+    ((0, 23, 0), frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"})),
+    ((0, 22, 0), frozenset({"Qwen3ForCausalLM"})),
+)
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerPass:
+    """A step's sampler beyond greedy: bytes per vocabulary entry of each sampled row, launches per step."""
+
+    bytes_per_logit: float
+    kernels: int
+    path: str
+
+
+def runs_v2_sampler(version: tuple[int, int, int], architecture: str, *, v1_runner: bool, dense: bool) -> bool:
+    """Whether vLLM samples this model on the V2 model runner: 0.26+ by the planner's rule (servetune's
+    ``EngineConfig.v1_runner`` says where it does not), 0.22-0.25 for :data:`V2_DEFAULT_ARCHITECTURES`
+    (dense, unquantized models only, as ``_is_default_v2_model_runner_model`` reads).
+
+    Example:
+        >>> runs_v2_sampler((0, 23, 0), "Qwen2ForCausalLM", v1_runner=False, dense=True)
+        False
+        >>> runs_v2_sampler((0, 23, 0), "Qwen3ForCausalLM", v1_runner=False, dense=True)
+        True
+    """
+    if version >= (0, 26, 0):
+        return not v1_runner
+    for since, archs in V2_DEFAULT_ARCHITECTURES:
+        if version >= since:
+            return dense and architecture in archs
+    return False
+
+
+def sampler_pass(sampling: Sampling, version: tuple[int, int, int], compute_capability: float, *,
+                 v2_runner: bool) -> SamplerPass | None:
+    """The extra sampler work of a step for ``sampling`` on vLLM ``version`` (module docstring):
+    zero for greedy, None where that version's path was not read (nothing is then priced).
+
+    Example:
+        >>> qwen = Sampling(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.1)
+        >>> sampler_pass(qwen, (0, 23, 0), 8.9, v2_runner=False)
+        SamplerPass(bytes_per_logit=117.0, kernels=20, path='V1 runner, penalties, FlashInfer top-k/top-p')
+        >>> sampler_pass(qwen, (0, 15, 1), 8.6, v2_runner=False) is None
+        True
+    """
+    if sampling.greedy:
+        return SamplerPass(0.0, 0, "greedy")
+    if v2_runner:
+        return None
+    nbytes = FP32_CAST_BYTES + TEMPERATURE_BYTES - GREEDY_BYTES
+    kernels = TEMPERATURE_KERNELS - 1  # no argmax
+    parts = ["V1 runner"]
+    if sampling.penalties:
+        nbytes += PENALTY_BYTES
+        kernels += PENALTY_KERNELS
+        parts.append("penalties")
+    if sampling.uses_top_k and sampling.uses_top_p:
+        low, high = FLASHINFER_CAPABILITY
+        if version < FLASHINFER_SAMPLER_DEFAULT or not low <= compute_capability <= high:
+            return None
+        nbytes += FLASHINFER_TOPK_TOPP_BYTES
+        kernels += FLASHINFER_TOPK_TOPP_KERNELS + 1
+        parts.append("FlashInfer top-k/top-p")
+    elif sampling.uses_top_k or sampling.uses_top_p:
+        return None
+    else:
+        nbytes += PLAIN_DRAW_BYTES
+        kernels += PLAIN_DRAW_KERNELS + 1
+        parts.append("softmax and exponential draw")
+    return SamplerPass(nbytes, kernels, ", ".join(parts))
