@@ -200,7 +200,8 @@ class SimScheduler:
         #: A sliding-window hybrid's KV groups (None: one group).
         self.groups = kv_groups(model, config)
         self._in_flight = config.async_scheduling  # a step's tokens are unprocessed while the next forms
-        self.pool = BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching, config.block_size, self.groups)
+        self.pool = BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching, config.block_size, self.groups,
+                              unhashed_first=(version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 23))
         self.now_s = 0.0
         self.num_preemptions = 0
         self.num_steps = 0
