@@ -397,6 +397,9 @@ GPU_FAMILY_OVERRIDES: dict[str, dict[str, float]] = {
     # H200's FlashAttention-3 share (0.7716); attn_efficiency under it 0.5077 (from 0.4843); a
     # second round: kv_read_efficiency 0.5646, attn_efficiency 0.51 (within 0.003: kept 0.5077).
     # The KV-read share is the A100's own: not carried to the other 8.x parts (FA2_KNOBS).
+    # Both were fitted while a preempted request recomputed whole (resume_hits 0); refitted with it
+    # on (2026-12-06): kv_read_efficiency 0.402 (at its bound), attn_efficiency 0.546, not adopted
+    # (docs/accuracy.md, "Resumed requests hit their own blocks").
     "A100-80GB": {"attn_efficiency": 0.5077, "kv_read_efficiency": 0.5646},
 }
 

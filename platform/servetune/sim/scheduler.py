@@ -69,7 +69,7 @@ __all__ = ["SchedulerOutput", "StepResult", "SimScheduler", "kv_groups", "LOOKUP
 #: The first vLLM release whose prefix-cache counters take a WAITING request's lookup once, when it
 #: is admitted: 0.27.0 (``v1/core/sched/scheduler.py`` calls ``KVCacheManager.record_prefix_cache_stats``
 #: after ``allocate_slots``, "Record at admission so unscheduled lookups are not counted"; vLLM pull
-#: request 48860, issue 43736). Up to 0.26.0 ``get_computed_blocks`` records every lookup (0.10.1.1
+#: request #48860, vLLM issue #43736). Up to 0.26.0 ``get_computed_blocks`` records every lookup (0.10.1.1
 #: ``v1/core/kv_cache_manager.py`` lines 155-159, 0.11.0 lines 185-189, 0.26.0 lines 272-278), so a
 #: request blocked on KV space is counted again at every step the scheduler retries it.
 LOOKUP_RETRIES_UNTIL = (0, 27, 0)
