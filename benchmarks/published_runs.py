@@ -41,7 +41,9 @@ many finished). The headline
 ``prefix_cache_hit_rate`` is for a run that re-sent prompts the server had already seen (one server,
 one seed, a sweep of runs): the "Prefix cache hit rate" the server logged during the run (vLLM's
 rate over its most recent 1000 requests), as a fraction. That share of each prompt is simulated as
-cached from the earlier run (``Workload.cached_fraction``), never fitted. The headline
+cached from the earlier run (``Workload.cached_fraction``), never fitted; the rate the simulated
+server logs, counted as the run's vLLM version counts (resumed requests' lookups up to 0.11.0, a
+blocked request's at every retry up to 0.26.0), is reported beside it (``hit_rate_sim``). The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
 states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
