@@ -46,7 +46,9 @@ many finished). The headline
 ``prefix_cache_hit_rate`` is for a run that re-sent prompts the server had already seen (one server,
 one seed, a sweep of runs): the "Prefix cache hit rate" the server logged during the run (vLLM's
 rate over its most recent 1000 requests), as a fraction. That share of each prompt is simulated as
-cached from the earlier run (``Workload.cached_fraction``), never fitted. The headline
+cached from the earlier run (``Workload.cached_fraction``), never fitted; the rate the simulated
+server logs, counted as the run's vLLM version counts (resumed requests' lookups up to 0.11.0, a
+blocked request's at every retry up to 0.26.0), is reported beside it (``hit_rate_sim``). The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
 states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
@@ -591,6 +593,10 @@ class Judged:
     sim_ttft_ms: float | None
     sim_tpot_ms: float | None
     failure: str | None = None
+    #: The "Prefix cache hit rate" the simulated server logged at the run's end, counted as the run's
+    #: vLLM version counts (resumed requests' lookups up to 0.11.0, a blocked lookup at every retry
+    #: up to 0.26.0, over the most recent 1000), as a fraction: beside ``workload.prefix_cache_hit_rate``.
+    sim_hit_rate: float | None = None
 
     @property
     def headline_error(self) -> float | None:
@@ -640,8 +646,14 @@ def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_
                       plan=plan_memory(planned.model, gpu, planned.config))
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
+    logged = _HIT_RATE.findall(result.log_text or "")
     return Judged(run, (result.output_throughput or 0.0) * run.layout["dp"],
-                  result.ttft_ms.mean if result.ttft_ms else None, result.tpot_ms.mean if result.tpot_ms else None)
+                  result.ttft_ms.mean if result.ttft_ms else None, result.tpot_ms.mean if result.tpot_ms else None,
+                  sim_hit_rate=float(logged[-1]) / 100 if logged else None)
+
+
+#: The simulated run log's hit rate (``servetune.sim.vllm_log.run_log_text``: vLLM's stats line).
+_HIT_RATE = re.compile(r"Prefix cache hit rate: ([\d.]+)%")
 
 
 def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
@@ -774,7 +786,10 @@ def _per_run(judged: Sequence[Judged]) -> list[dict[str, Any]]:
                      "error_pct": None if j.headline_error is None else round(100 * j.headline_error, 1),
                      "ttft_real": j.run.stat("ttft_ms"), "ttft_sim": None if j.sim_ttft_ms is None else round(j.sim_ttft_ms, 1),
                      "ttft_error_pct": None if j.ttft_error is None else round(100 * j.ttft_error, 1),
-                     "failure": j.failure})
+                     "failure": j.failure,
+                     **({"hit_rate_logged": j.run.workload["prefix_cache_hit_rate"],
+                         "hit_rate_sim": None if j.sim_hit_rate is None else round(j.sim_hit_rate, 3)}
+                        if j.run.workload.get("prefix_cache_hit_rate") else {})})
     return rows
 
 

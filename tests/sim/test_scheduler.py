@@ -288,6 +288,23 @@ def test_with_resume_hits_a_preempted_request_resumes_on_its_own_blocks_still_ca
     assert old.prefix_cache_hits > 0 and old.prefix_cache_hits % 16 == 0
 
 
+def test_the_counters_take_a_blocked_lookup_at_every_retry_until_0_27() -> None:
+    # vLLM up to 0.26.0 records a WAITING request's lookup in get_computed_blocks, before
+    # allocate_slots, so a request blocked on KV space counts again each step; 0.27.0 records at
+    # admission. Every lookup is in SimScheduler.lookups whatever the version counts.
+    old, new = _preempting_run(1.0, "0.26.0"), _preempting_run(1.0, "0.27.0")
+    assert old.lookups == new.lookups
+    fresh, resumed, fresh_retry, resumed_retry = old.lookups
+    assert fresh[0] == 8 and resumed[0] == old.num_preemptions and resumed_retry[0] > 0
+    assert resumed_retry[2] > 0  # a blocked victim finds its own blocks still cached
+    # Both leave the resumed lookups out (0.11.1 on), and 0.11.0 takes them, retries too.
+    assert old.prefix_cache_queries == new.prefix_cache_queries == fresh[1] + fresh_retry[1]
+    v0110 = _preempting_run(1.0, "0.11.0")
+    assert v0110.prefix_cache_hits == sum(row[2] for row in v0110.lookups) > 0
+    assert v0110.logged_hit_rate() == v0110.prefix_cache_hits / v0110.prefix_cache_queries
+    assert v0110.logged_hit_rate(recent=1) == v0110.counted_lookups[-1][1] / v0110.counted_lookups[-1][0]
+
+
 def test_the_prefix_cache_counters_leave_resumed_requests_out_from_0_11_1() -> None:
     assert memory_rules(parse_vllm_version("0.11.0")).prefix_stats_count_preempted
     assert not memory_rules(parse_vllm_version("0.11.1")).prefix_stats_count_preempted

@@ -77,9 +77,10 @@ class BlockPool:
     again (lazy deletion).
     """
 
-    __slots__ = ("num_free", "usable", "fresh", "queue", "cache", "caching", "block_size", "groups")
+    __slots__ = ("num_free", "usable", "fresh", "queue", "cache", "caching", "block_size", "groups", "unhashed_first")
 
-    def __init__(self, usable: int, caching: bool, block_size: int, groups: KVGroups | None = None) -> None:
+    def __init__(self, usable: int, caching: bool, block_size: int, groups: KVGroups | None = None,
+                 unhashed_first: bool = False) -> None:
         self.usable = usable
         self.num_free = usable  # fresh + anonymous queued + evictable cached
         self.fresh = usable  # never-used blocks sit at the head of the free queue
@@ -90,6 +91,12 @@ class BlockPool:
         #: A hybrid's KV groups (None: one group). The prefix cache's keys are the first (full)
         #: group's; the other groups' blocks are held privately and freed anonymously.
         self.groups = groups
+        #: vLLM 0.23.0 on: a freed block with no hash (a request's last, partly filled block) goes to
+        #: the free queue's head, to be handed out before any cached block (``BlockPool.free_blocks``:
+        #: ``prepend_n`` of the blocks without a hash, ``append_n`` of the rest; 0.26.0
+        #: ``v1/core/block_pool.py`` lines 727-740); before, every freed block went to the tail
+        #: (0.10.1.1 lines 240-255, 0.22.0 the same).
+        self.unhashed_first = unhashed_first
 
     @property
     def usage(self) -> float:
@@ -179,15 +186,23 @@ class BlockPool:
 
         A hybrid's other groups (:class:`KVGroups`) follow the first one's, as vLLM frees group by
         group: their blocks still held (a sliding group's less those slid out) go back anonymous.
+        With :attr:`unhashed_first` (vLLM 0.23.0 on) the blocks past the last full computed one go
+        to the head instead, handed out before any cached block.
         """
         nshared = len(req.shared)
         groups = self.groups
         extra = groups.held(req.nblk, req.swskip) - req.nblk if groups is not None else 0
         if self.caching:
-            full = min(req.computed // self.block_size, req.npb)
-            own = req.computed // self.block_size if keep_own else 0
+            computed = req.computed // self.block_size
+            full = min(computed, req.npb)
+            own = computed if keep_own else 0
             anon = 0
-            for idx in range(req.nblk - 1, nshared - 1, -1):  # private blocks, tail first
+            top = req.nblk - 1
+            if self.unhashed_first and top >= max(computed, nshared):  # blocks vLLM has not hashed
+                self.fresh += top + 1 - max(computed, nshared)
+                self.num_free += top + 1 - max(computed, nshared)
+                top = max(computed, nshared) - 1
+            for idx in range(top, nshared - 1, -1):  # private blocks, tail first
                 key = (0, req.group, idx) if idx < full else (1, req.order, idx) if idx < own else None
                 if key is not None and key not in self.cache:
                     self.give_anonymous(anon)  # keep the queue order: what was freed before goes first

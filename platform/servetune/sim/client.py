@@ -56,6 +56,8 @@ class LoadClient:
         self.t0 = 0.0
         #: The API server's CPU seconds spent before the window opened.
         self.busy_at_t0 = 0.0
+        #: The prefix-cache lookups vLLM's counters took before the window opened (the warm-up's).
+        self.lookups_at_t0 = 0
         self._warm_queue = list(enumerate(self.warm))
         self._errors: dict[int, str] = {}
         self._arrival_of: dict[int, float] = {}
@@ -78,6 +80,7 @@ class LoadClient:
         sched.run_until_idle(self._warm_next)
         self.t0 = max(sched.now_s, sched.api.free_s, sched.api.client_free_s)
         self.busy_at_t0 = sched.frontend_busy_s
+        self.lookups_at_t0 = len(sched.counted_lookups)
 
     def _warm_next(self, _rid: str = "", now: float | None = None) -> None:
         """Send the next warm-up request the engine accepts (at ``now``, default the engine's clock)."""

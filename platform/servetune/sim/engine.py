@@ -93,7 +93,8 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
     busy = result.api_server_busy or 0.0
     if busy >= FRONTEND_BOUND_SHARE:
         result.evidence.append(frontend_bound_note(busy, perf.api_cpu_factor))
-    hit_rate = 100.0 * sched.prefix_cache_hits / sched.prefix_cache_queries if sched.prefix_cache_queries else 0.0
+    # The rate vLLM logs at the window's end: its most recent 1000 lookups, the warm-up's left out
+    hit_rate = 100.0 * (sched.logged_hit_rate(client.lookups_at_t0) or 0.0)
     result.log_text = startup_log + vllm_log.run_log_text(
         sched.prompt_tokens_computed, sched.generation_tokens, sched.now_s, sched.num_preemptions,
         sched.kv_usage_peak, hit_rate, seed=seed, steps=sched.num_steps, completed=result.completed,

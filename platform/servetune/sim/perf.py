@@ -225,13 +225,14 @@ class Calibration:
     # receives mid-step joins the batch after next (vLLM's design, not fitted); 0: at the step's
     # start, the simulator before 2026-12-03 (the folds replay with 0).
     schedule_ahead: float = 1.0
-    # 1: a preempted request resumes on its own full blocks still cached, as vLLM's prefix cache keeps a
-    # freed block's hash until the block is handed out again (sim.blocks.BlockPool.free); 0 (the
-    # committed value): it recomputes from scratch. Off: on brings the published class runs' 32K
-    # bursts in (held out 20 -> 23 of 24 within 15%) and leaves the real H200 / H100 windows as they
-    # were (mean throughput error 3.9% -> 3.9%, preempting or not 36 of 36), but moves three held-out
-    # dense A100 TP=2 runs at 0.25 utilisation out of 10% (docs/accuracy.md).
-    resume_hits: float = 0.0
+    # 1 (vLLM's V1 engine, every version simulated): a preempted request resumes on its own full
+    # blocks still cached. vLLM frees a victim's blocks tail first onto the free queue's tail with
+    # their hashes kept (0.10.1.1 v1/core/sched/scheduler.py 263-265, single_type_kv_cache_manager.py
+    # 162-166, block_pool.py 240-255); a hash goes only when get_new_blocks hands its block out again
+    # (block_pool.py 176-181, _maybe_evict_cached_block); the resumed request (num_computed_tokens 0)
+    # looks its own chain up again (scheduler.py 377-380, kv_cache_manager.py 150-153). The same in
+    # 0.11.0, 0.11.1 and 0.26.0. 0: it recomputes from scratch (the simulator before 2026-12-06).
+    resume_hits: float = 1.0
     sync_overlap: float = 0.3  # the same without async scheduling (output processing still overlaps)
     allreduce_latency_s: float = 10e-6  # one all-reduce, small message
     interconnect_efficiency: float = 0.7  # fraction of the link bandwidth reached by all-reduce
@@ -404,6 +405,9 @@ GPU_FAMILY_OVERRIDES: dict[str, dict[str, float]] = {
     # H200's FlashAttention-3 share (0.7716); attn_efficiency under it 0.5077 (from 0.4843); a
     # second round: kv_read_efficiency 0.5646, attn_efficiency 0.51 (within 0.003: kept 0.5077).
     # The KV-read share is the A100's own: not carried to the other 8.x parts (FA2_KNOBS).
+    # Both were fitted while a preempted request recomputed whole (resume_hits 0); refitted with it
+    # on (2026-12-06): kv_read_efficiency 0.402 (at its bound), attn_efficiency 0.546, not adopted
+    # (docs/accuracy.md, "Resumed requests hit their own blocks").
     "A100-80GB": {"attn_efficiency": 0.5077, "kv_read_efficiency": 0.5646},
 }
 

@@ -64,7 +64,15 @@ if TYPE_CHECKING:
     from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["SchedulerOutput", "StepResult", "SimScheduler", "kv_groups"]
+__all__ = ["SchedulerOutput", "StepResult", "SimScheduler", "kv_groups", "LOOKUP_RETRIES_UNTIL"]
+
+#: The first vLLM release whose prefix-cache counters take a WAITING request's lookup once, when it
+#: is admitted: 0.27.0 (``v1/core/sched/scheduler.py`` calls ``KVCacheManager.record_prefix_cache_stats``
+#: after ``allocate_slots``, "Record at admission so unscheduled lookups are not counted"; vLLM pull
+#: request #48860, vLLM issue #43736). Up to 0.26.0 ``get_computed_blocks`` records every lookup (0.10.1.1
+#: ``v1/core/kv_cache_manager.py`` lines 155-159, 0.11.0 lines 185-189, 0.26.0 lines 272-278), so a
+#: request blocked on KV space is counted again at every step the scheduler retries it.
+LOOKUP_RETRIES_UNTIL = (0, 27, 0)
 
 
 def kv_groups(model: ModelProfile, config: EngineConfig) -> KVGroups | None:
@@ -178,11 +186,22 @@ class SimScheduler:
         self.prefix_caching = config.enable_prefix_caching
         #: Whether vLLM's prefix-cache counters take a resumed request's hits (VllmMemoryRules).
         self.count_preempted_hits = config.rules.prefix_stats_count_preempted
+        #: Whether they take a lookup whose request then was not admitted, again at every retry
+        #: (``get_computed_blocks`` records before ``allocate_slots``; :data:`LOOKUP_RETRIES_UNTIL`).
+        self.count_lookup_retries = (version_tuple(config.vllm_version) or (0, 0, 0)) < LOOKUP_RETRIES_UNTIL
+        #: Prefix-cache lookups of WAITING requests by kind: fresh admitted, resumed admitted,
+        #: fresh not admitted (a retry follows), resumed not admitted; each [lookups, tokens queried,
+        #: tokens hit], whatever the version logs (vLLM 0.11.1's ``PrefixCacheStats`` splits the first two).
+        self.lookups = [[0, 0, 0] for _ in range(4)]
+        #: Every lookup the version's counters take, in order: (tokens queried, tokens hit), for the
+        #: logged rate over the most recent requests (:meth:`logged_hit_rate`).
+        self.counted_lookups: list[tuple[int, int]] = []
         self.reserve_full_isl = (version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 19)
         #: A sliding-window hybrid's KV groups (None: one group).
         self.groups = kv_groups(model, config)
         self._in_flight = config.async_scheduling  # a step's tokens are unprocessed while the next forms
-        self.pool = BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching, config.block_size, self.groups)
+        self.pool = BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching, config.block_size, self.groups,
+                              unhashed_first=(version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 23))
         self.now_s = 0.0
         self.num_preemptions = 0
         self.num_steps = 0
@@ -726,6 +745,30 @@ class SimScheduler:
         tally.prefill_context += prefill_context
         tally.prefill_attn += prefill_attn
 
+    def _lookup(self, req: SimRequest, cached: int, admitted: bool) -> None:
+        """Count one prefix-cache lookup of a WAITING request (``cached`` tokens hit) as vLLM's
+        ``PrefixCacheStats`` does (:attr:`lookups`), and in the counters the version logs."""
+        if not self.pool.caching:
+            return
+        resumed = req.preemptions > 0
+        row = self.lookups[(0 if admitted else 2) + resumed]
+        row[0] += 1
+        row[1] += req.total
+        row[2] += cached
+        if (admitted or self.count_lookup_retries) and (self.count_preempted_hits or not resumed):
+            self.prefix_cache_queries += req.total
+            self.prefix_cache_hits += cached
+            self.counted_lookups.append((req.total, cached))
+
+    def logged_hit_rate(self, since: int = 0, recent: int = 1000) -> float | None:
+        """The "Prefix cache hit rate" vLLM logs now: hits over queries of the most recent ``recent``
+        lookups its counters took (``PrefixCachingMetrics``, ``max_recent_requests`` 1000: 0.10.1.1
+        ``v1/core/kv_cache_utils.py`` lines 76-134, kept by step where this keeps by lookup), of
+        those counted from the ``since``-th on; None when none was."""
+        window = self.counted_lookups[max(since, len(self.counted_lookups) - recent):]
+        queries = sum(q for q, _ in window)
+        return sum(h for _, h in window) / queries if queries else None
+
     def _schedule_waiting(self, tally: _Tally, scheduled: list[tuple[SimRequest, int]],
                           sampled: list[SimRequest]) -> None:
         """WAITING requests, in order, while the budget, ``max_num_seqs`` and the free blocks last."""
@@ -749,6 +792,7 @@ class SimScheduler:
             cached = len(hits) * bs
             n = req.total - cached
             if not self.chunked_prefill and n > budget:
+                self._lookup(req, cached, False)
                 break
             if threshold and n > threshold:
                 n = threshold
@@ -758,20 +802,16 @@ class SimScheduler:
             free_after_hits = pool.num_free - evictable_hits
             pos = (end + bsm1) // bs - len(hits)
             if groups is None:
-                if self.reserve_full_isl and (req.total + bsm1) // bs - len(hits) > free_after_hits:
-                    break
+                whole = (req.total + bsm1) // bs - len(hits) if self.reserve_full_isl else 0
                 need = pos
             else:
                 whole, need = self._admit_blocks(req, len(hits), cached, end)
-                if self.reserve_full_isl and whole > free_after_hits:
-                    break
-            if need > free_after_hits:
+                whole = whole if self.reserve_full_isl else 0
+            if need > free_after_hits or whole > free_after_hits:
+                self._lookup(req, cached, False)
                 break
             waiting.popleft()
-            if caching and (self.count_preempted_hits or not req.preemptions):
-                # vLLM records the query once the request is admitted (a resumed one apart, from 0.11.1)
-                self.prefix_cache_queries += req.total
-                self.prefix_cache_hits += cached
+            self._lookup(req, cached, True)
             for key in hits:
                 pool.touch(key)
             req.shared = hits
