@@ -15,7 +15,7 @@ calibration ran 24B prefill-heavy loads 7.5% fast). Here each GPU knob is read o
   a few microseconds and measure cuBLAS's launch and split-K overheads, not a rate (users run 7B-70B).
 * **Attention and the KV-cache write** (``attn_layer_s``, ``kv_read_efficiency``,
   ``attn_efficiency``, ``kv_write_efficiency``) off vLLM's own profiler traces of 560 engine steps
-  (``steps_vs_sim.profiled_windows``: 8B, 14B, 24B on four hosts). Decode-only steps give the
+  (their reduction, each window's ``steps.json.gz``; ``steps_vs_sim.profiled_windows``: 8B, 14B, 24B on four hosts). Decode-only steps give the
   attention kernels' cost per layer and the KV read rate (least squares in layers and KV bytes
   read); mixed steps, less that decode part, the prefill attention rate; every step's
   ``reshape_and_cache`` time over the KV bytes it wrote, the write rate.
@@ -132,7 +132,7 @@ def traced_steps(windows: Iterable[Path] | None = None) -> list[tuple[PerfModel,
         model = load_model(HOST_MODELS[summary["model"]])
         config = resolve_engine_config(serving_flags(summary["flags"]), model, gpu)
         perf = PerfModel(model, gpu, config)
-        for step in window_steps(window / "trace.pt.trace.json.gz")["steps"]:
+        for step in window_steps(window)["steps"]:
             out.append((perf, {**step, "_model": model, "_config": config}))
     return out
 

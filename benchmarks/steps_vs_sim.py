@@ -1,12 +1,12 @@
 """Real vLLM engine steps, kernel by kind, against the simulator's step-time model.
 
 Each profiled window under ``tests/fixtures/real_h200/scale`` (``collect.py`` with
-``profile_after_s``; ``summary.json`` says ``"profiled": true``) keeps vLLM's worker trace of 40
-engine steps. ``real_vllm.trace_steps`` reads each step's batch (context and generation tokens, the
-KV they attend to) and its GPU kernels; :func:`compare` prices the same batch with
-``PerfModel.gpu_cost`` and returns both, kind by kind: GEMMs, attention, KV-cache writes and the
-element-wise rest (Inductor's fused kernels, the sampler, copies). The GPU's busy time of the step is
-set against the simulated GPU time. The CPU gaps between steps are not compared: the profiler
+``profile_after_s``; ``summary.json`` says ``"profiled": true``) keeps the 40 engine steps of vLLM's
+worker trace, reduced to ``steps.json.gz`` (``trace_steps.py --window``): each step's batch (context
+and generation tokens, the KV they attend to) and its GPU kernels. :func:`compare` prices the same
+batch with ``PerfModel.gpu_cost`` and returns both, kind by kind: GEMMs, attention, KV-cache writes
+and the element-wise rest (Inductor's fused kernels, the sampler, copies). The GPU's busy time of the
+step is set against the simulated GPU time. The CPU gaps between steps are not compared: the profiler
 slows the CPU side.
 
     PYTHONPATH=platform:benchmarks .venv/bin/python benchmarks/steps_vs_sim.py [--knob NAME=VALUE ...]
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from _fidelity import FIXTURES, HOST_MODELS, serving_flags
-from real_vllm.trace_steps import window_steps
+from real_vllm.trace_steps import STEPS, TRACE, window_steps
 
 from servetune.errors import SpecError
 from servetune.planner.gpus import get_gpu
@@ -64,8 +64,8 @@ def step_batch(step: Mapping[str, int]) -> dict[str, int | bool]:
 
 
 def profiled_windows(fixtures: Path = FIXTURES) -> list[Path]:
-    """Every window folder whose trace was kept, sorted."""
-    return sorted(p.parent for p in fixtures.glob("scale/*/*/trace.pt.trace.json.gz"))
+    """Every window folder whose engine steps were kept (reduced, or a raw trace), sorted."""
+    return sorted({p.parent for name in (STEPS, TRACE) for p in fixtures.glob(f"scale/*/*/{name}")})
 
 
 def compare(window: Path, knobs: Mapping[str, float] | None = None) -> list[StepRow]:
@@ -75,7 +75,7 @@ def compare(window: Path, knobs: Mapping[str, float] | None = None) -> list[Step
     model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H200")
     config = resolve_engine_config(serving_flags(summary["flags"]), model, gpu)
     perf = PerfModel(model, gpu, config, calibration_for(gpu).with_overrides(knobs or {}))
-    trace = window_steps(window / "trace.pt.trace.json.gz")
+    trace = window_steps(window)
     name = f"{window.parent.name}/{window.name}"
     rows = []
     for step in trace["steps"]:

@@ -64,8 +64,9 @@ def test_the_evidence_is_all_there() -> None:
     for w in windows:
         s = json.loads(w.read_text())
         assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w
-        # A profiled window keeps vLLM's raw worker trace beside its figures (trace_steps.py reads it).
-        assert s.get("profiled", False) is (w.parent / "trace.pt.trace.json.gz").exists(), w
+        # A profiled window keeps its worker trace's engine steps beside its figures (steps.json.gz,
+        # trace_steps.py --window reduced the raw trace to it).
+        assert s.get("profiled", False) is (w.parent / "steps.json.gz").exists(), w
     assert sum(json.loads(w.read_text()).get("profiled", False) for w in windows) == 14
 
 

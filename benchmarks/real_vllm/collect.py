@@ -17,8 +17,9 @@ A window with ``profile_after_s`` is profiled by vLLM's own torch profiler (the 
 ``profiler_config``, a dict passed as JSON: ``torch_profiler_dir``, ``max_iterations``,
 ``detailed_trace_annotation``): /start_profile that far into the window, /stop_profile at its end.
 Its summary says ``"profiled": true``; the worker's raw trace lands beside the packed evidence as
-``OUT/trace_<start>_<window>.json.gz`` (kept in the fixtures as the window's
-``trace.pt.trace.json.gz``) and its engine steps (``trace_steps.py``) as the window's ``steps.json``.
+``OUT/trace_<start>_<window>.json.gz`` and its engine steps (``trace_steps.py``) as the window's
+``steps.json.gz``: the fixtures keep the steps, what every reader of a trace reads (the raw traces,
+0.6-3.7 MB each, were reduced to them with ``trace_steps.py --window``).
 
 Usage on the GPU host, inside its ``stage2.sh`` (vLLM's payload first on the
 path) and with the study bundle of ``build_study_payload.sh`` unpacked at ``/tmp/studysite`` (by
@@ -225,7 +226,7 @@ def _window(base: str, model: str, workload_dict: dict, d: Path, suffix: str = "
 
 
 def _keep_trace(flags: dict, since: float, d: Path, raw_dest: Path, max_raw: int = 15 << 20) -> dict:
-    """The worker trace a profiled window left in the profiler's folder: ``steps.json`` (its engine
+    """The worker trace a profiled window left in the profiler's folder: ``steps.json.gz`` (its engine
     steps, ``trace_steps.steps_from_trace``) in the window's folder, the raw trace beside the
     packed evidence when it fits the host's 16 MiB a file."""
     folder = Path(str((flags.get("profiler_config") or {}).get("torch_profiler_dir", "")))
@@ -244,9 +245,9 @@ def _keep_trace(flags: dict, since: float, d: Path, raw_dest: Path, max_raw: int
         shutil.copyfile(trace, raw_dest)
         info["raw"] = raw_dest.name
     try:
-        from trace_steps import load_trace, steps_from_trace
+        from trace_steps import STEPS, load_trace, steps_from_trace, write_steps
         steps = steps_from_trace(load_trace(trace))
-        (d / "steps.json").write_text(json.dumps(steps))
+        write_steps(steps, d / STEPS)
         info["steps"] = len(steps["steps"])
     except Exception as exc:  # noqa: BLE001 - the raw trace is the evidence; the summary is a convenience
         info["steps_error"] = f"{type(exc).__name__}: {exc}"

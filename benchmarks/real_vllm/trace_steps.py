@@ -17,9 +17,15 @@ kernels, copies, other) and the GPU's busy time (the union of its kernels' inter
 Kernel durations are the GPU's own (CUPTI); the gaps between kernels are not vLLM's unprofiled
 gaps, since the profiler slows the CPU side.
 
+A window's steps are all its readers use (``steps_vs_sim.py``, ``_kernels.py``,
+``tests/sim/test_steps.py``), so the committed windows keep them reduced: ``steps.json.gz``
+(:data:`STEPS`, this module's output, gzipped without a timestamp) beside ``summary.json``;
+:func:`window_steps` reads it, or reduces the raw trace when a window still has one.
+
 Usage (here or on the GPU host)::
 
     python3 benchmarks/real_vllm/trace_steps.py TRACE.pt.trace.json.gz > steps.json
+    python3 benchmarks/real_vllm/trace_steps.py --window WINDOW_DIR ...  # writes WINDOW_DIR/steps.json.gz
 """
 
 from __future__ import annotations
@@ -45,6 +51,10 @@ _DETAILED = re.compile(
     r"sk(?P<gen_sk>\d+)sqsq(?P<gen_sqsq>\d+)sqsk(?P<gen_sqsk>\d+)\)$")
 _SIMPLE = re.compile(r"^execute_context_(?P<ctx_reqs>\d+)\((?P<ctx_tokens>\d+)\)"
                      r"_generation_(?P<gen_reqs>\d+)\((?P<gen_tokens>\d+)\)$")
+#: A window's reduced form, written by :func:`write_steps` and read by :func:`window_steps`.
+STEPS = "steps.json.gz"
+#: A window's raw worker trace, as ``collect.py`` keeps it.
+TRACE = "trace.pt.trace.json.gz"
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
@@ -152,18 +162,43 @@ def load_trace(path: Path, max_bytes: int = 2 << 30) -> dict:
     return json.loads(data)
 
 
+def write_steps(steps: dict, dest: Path) -> None:
+    """``steps`` as gzipped JSON at ``dest``, byte for byte the same for the same steps (no
+    timestamp or file name in the gzip header)."""
+    data = json.dumps(steps, separators=(",", ":")).encode()
+    with open(dest, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=9) as fh:
+        fh.write(data)
+
+
 @functools.lru_cache(maxsize=64)
-def window_steps(path: Path) -> dict:
-    """``steps_from_trace(load_trace(path))``, read once per process: the traced windows' steps are
-    read by several benchmarks and tests (~0.7 CPU-s a trace). Shared: callers must not modify it."""
-    return steps_from_trace(load_trace(path))
+def window_steps(window: Path) -> dict:
+    """The engine steps of a profiled window folder: its :data:`STEPS` when there is one, else
+    ``steps_from_trace`` of its raw :data:`TRACE`; read once per process (several benchmarks and
+    tests read them; a raw trace takes ~0.7 CPU-s). Shared: callers must not modify it."""
+    reduced = window / STEPS
+    if reduced.exists():
+        with gzip.open(reduced, "rb") as fh:
+            return json.loads(fh.read())
+    return steps_from_trace(load_trace(window / TRACE))
+
+
+def reduce_window(window: Path) -> Path:
+    """Write ``window``'s :data:`STEPS` from its raw :data:`TRACE` (the raw trace is left in place)."""
+    dest = window / STEPS
+    write_steps(steps_from_trace(load_trace(window / TRACE)), dest)
+    return dest
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
-        print("usage: trace_steps.py TRACE.pt.trace.json[.gz]", file=sys.stderr)
+    args = sys.argv[1:]
+    if args[:1] == ["--window"] and len(args) > 1:
+        for window in args[1:]:
+            print(reduce_window(Path(window)))
+        return
+    if len(args) != 1:
+        print("usage: trace_steps.py TRACE.pt.trace.json[.gz] | --window WINDOW_DIR ...", file=sys.stderr)
         raise SystemExit(2)
-    json.dump(steps_from_trace(load_trace(Path(sys.argv[1]))), sys.stdout)
+    json.dump(steps_from_trace(load_trace(Path(args[0]))), sys.stdout)
 
 
 if __name__ == "__main__":

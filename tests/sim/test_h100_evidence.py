@@ -58,7 +58,9 @@ def test_the_h100_evidence_is_all_there() -> None:
     for w in windows:
         s = json.loads(w.read_text())
         assert s["completed"] == s["workload"]["num_requests"] and not s.get("error"), w
-        assert {f.name for f in w.parent.iterdir()} == {"summary.json", "gauges.json", "requests.json.gz",
+        # No requests.json.gz: the per-request dumps were read by no test or benchmark and left the
+        # tree on 2026-12-06 (the README says how to get them back from the history).
+        assert {f.name for f in w.parent.iterdir()} == {"summary.json", "gauges.json",
                                                         "metrics_before.txt.gz", "metrics_after.txt.gz"}, w
     # Every window its own seed: no two windows sent the same prompts.
     seeds = [json.loads(w.read_text())["workload"]["seed"] for w in windows]

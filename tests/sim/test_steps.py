@@ -2,7 +2,8 @@
 simulator's per-kind price of the same batches (benchmarks/steps_vs_sim.py, PerfModel.gpu_cost).
 
 The traces are vLLM 0.26.0's own worker profiles of 40 steps in each of fourteen windows on four
-H200 hosts (tests/fixtures/real_h200/scale/2026-12-04d_* to 2026-12-04g_*; plans benchmarks/real_vllm/plan_2026_12_04[d-g]_*).
+H200 hosts (tests/fixtures/real_h200/scale/2026-12-04d_* to 2026-12-04g_*; plans benchmarks/real_vllm/plan_2026_12_04[d-g]_*),
+kept as their reduction (each window's steps.json.gz, ``trace_steps.py --window``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import json
 from pathlib import Path
 
 import pytest
-from real_vllm.trace_steps import kernel_kind, load_trace, parse_step_label, steps_from_trace, window_steps
+from real_vllm.trace_steps import (STEPS, TRACE, kernel_kind, load_trace, parse_step_label, reduce_window,
+                                  steps_from_trace, window_steps)
 from steps_vs_sim import compare, profiled_windows, step_batch
 
 from servetune.planner.gpus import get_gpu
@@ -27,8 +29,7 @@ LAYERS = {"l8b": 32, "q14b": 48, "m24b": 40}
 
 @pytest.fixture(scope="module")
 def traces() -> dict[str, dict]:
-    return {f"{w.parent.name}/{w.name}": window_steps(w / "trace.pt.trace.json.gz")
-            for w in profiled_windows()}
+    return {f"{w.parent.name}/{w.name}": window_steps(w) for w in profiled_windows()}
 
 
 def test_every_kernel_lands_in_a_step_and_each_layer_runs_its_four_gemms(traces: dict[str, dict]) -> None:
@@ -113,6 +114,27 @@ def test_gemms_inside_vllm_steps_take_what_the_isolated_cublas_probe_took(traces
         assert len(in_steps) >= 5
         ratio = sorted(in_steps)[len(in_steps) // 2] / layer_s
         assert 0.97 < ratio < 1.05, (model, ratio)
+
+
+def test_a_window_reads_its_reduced_steps_as_the_raw_trace_gave_them(tmp_path: Path) -> None:
+    """The committed windows keep ``steps.json.gz`` (``trace_steps.py --window``), not the raw trace:
+    read back it is the trace's ``steps_from_trace`` exactly, and written twice it is the same bytes."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": "execute_context_1(100)_generation_2(2)", "ts": 100.0,
+               "dur": 50.0},
+              {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 110.0, "dur": 1.0,
+               "args": {"correlation": 1}},
+              {"ph": "X", "cat": "kernel", "name": "nvjet_sm90_tst", "ts": 120.25, "dur": 40.125,
+               "args": {"correlation": 1}}]
+    raw, reduced = tmp_path / "raw", tmp_path / "reduced"
+    raw.mkdir()
+    (raw / TRACE).write_bytes(gzip.compress(json.dumps({"traceEvents": events}).encode()))
+    expected = steps_from_trace({"traceEvents": events})
+    assert window_steps(raw) == expected  # no reduction yet: the raw trace is read
+    first = reduce_window(raw).read_bytes()
+    assert reduce_window(raw).read_bytes() == first  # no timestamp in the gzip header
+    reduced.mkdir()
+    (reduced / STEPS).write_bytes(first)
+    assert window_steps(reduced) == expected
 
 
 def test_the_step_batch_is_the_simulators_prefill_work() -> None:
