@@ -274,7 +274,7 @@ class VllmMemoryRules:
 #: The MoE architectures vLLM runs on the V2 model runner by default (vLLM 0.26.0,
 #: ``vllm/config/vllm.py`` ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``, line 68). Every other MoE model, and
 #: every hybrid (Mamba / linear-attention) or attention-free model, stays on the V1 runner
-#: (``VllmConfig._is_default_v2_model_runner_model``, line 605). Later versions are assumed to keep 0.26's
+#: (``VllmConfig._is_default_v2_model_runner_model``, lines 605-622). Later versions are assumed to keep 0.26's
 #: list until their source says otherwise.
 V2_RUNNER_MOE_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
                                          "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM",
@@ -303,19 +303,19 @@ class V2RunnerDefault:
 #: ``use_v2_model_runner``, ``_is_default_v2_model_runner_model``); ``VLLM_USE_V2_MODEL_RUNNER`` set
 #: overrides all of them. Before 0.22 no model starts on it by default (:data:`V2_RUNNER_DEFAULT`).
 V2_RUNNER_DEFAULTS: tuple[V2RunnerDefault, ...] = (
-    # 0.22.0: lines 69 (the set), 493-530 (use_v2_model_runner, _is_default_v2_model_runner_model)
+    # 0.22.0: lines 69 (the set), 493-532 (use_v2_model_runner, _is_default_v2_model_runner_model)
     V2RunnerDefault((0, 22, 0), frozenset({"Qwen3ForCausalLM"}), listed_dense_unquantized=True, all_dense=False),
-    # 0.23.0: lines 69-75, 519-556
+    # 0.23.0: lines 69-75, 519-558
     V2RunnerDefault((0, 23, 0), frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
                     listed_dense_unquantized=True, all_dense=False),
-    # 0.24.0: lines 68-77, 522-562: the listed MoE architectures join, and the dense / quantized check goes
+    # 0.24.0: lines 68-77, 522-561: the listed MoE architectures join, and the dense / quantized check goes
     V2RunnerDefault((0, 24, 0), frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
                                            "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}),
                     listed_dense_unquantized=False, all_dense=False),
-    # 0.25.0: lines 68-74, 519-575: every dense model, and the listed MoE architectures
+    # 0.25.0: lines 68-74, 519-574: every dense model, and the listed MoE architectures
     V2RunnerDefault((0, 25, 0), frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
                     listed_dense_unquantized=False, all_dense=True),
-    # 0.26.0: lines 68-77, 550-623
+    # 0.26.0: lines 68-77, 550-622
     V2RunnerDefault((0, 26, 0), V2_RUNNER_MOE_ARCHITECTURES, listed_dense_unquantized=False, all_dense=True),
 )
 
