@@ -82,12 +82,16 @@ class EngineConfig:
     dtype: str = "auto"
     quantization: str | None = None
     #: The model runs on vLLM's V1 model runner although this version's default is the V2 runner
-    #: (:func:`~servetune.planner.vllm_rules.runs_v2_runner`: most MoE and hybrid models on 0.26+).
+    #: (:func:`~servetune.planner.vllm_rules.runs_v2_runner`: per release from 0.22, e.g. every model but
+    #: dense Qwen3 on 0.22, most MoE and hybrid models on 0.25+).
     v1_runner: bool = False
     #: FlashInfer imports in the vLLM install (vllm/vllm-openai images ship it; a ``pip install vllm``
     #: of 0.10.x without ``flashinfer-python`` does not: its log says "FlashInfer is not available").
     #: Only 0.10.x's profile run depends on it
-    #: (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.flashinfer_topk_topp`).
+    #: (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.flashinfer_topk_topp`). From 0.21 vLLM
+    #: needs it to start at all, unless ``VLLM_USE_FLASHINFER_SAMPLER=0``
+    #: (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.flashinfer_sampler_default`); the planner
+    #: does not foresee that failure.
     flashinfer_available: bool = True
 
     @property
@@ -361,7 +365,8 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         quantization=quantization,
         # Hybrid (Mamba / linear-attention) models are refused before this point (modelclass).
         v1_runner=rules.v2_runner and not runs_v2_runner(rules, architecture=model.architecture,
-                                                         is_moe=model.is_moe, is_hybrid=False),
+                                                         is_moe=model.is_moe, is_hybrid=False,
+                                                         is_quantized=model.quantization is not None),
     )
 
 

@@ -74,7 +74,8 @@ ACT_FIXED_GIB = 0.0925
 #:   0.85B mbt 2048 / 8192:   0.18 / 0.44;        F 0.18 / 0.44 (E 0.12)
 #: Warm starts of the same configurations (0.24 / 0.88 GiB at 8B) and eager ones (14B: 0.98) stay
 #: below it, so it is a compile-time allocation, not the forward pass; which tensor vLLM's or
-#: torch.compile's cold path materialises is not settled. Applied from the V2 runner (0.26) on: the
+#: torch.compile's cold path materialises is not settled. Applied on the V2 runner (0.26, and assumed
+#: for its 0.22-0.25 default models, whose V2 runner was not measured): the
 #: published 0.19.1 start (Qwen3-8B, A100-40GB, its compile cache state unknown) logs less than it.
 #: 1.08 centres the three binding rows (8B 2048 +0.05 GiB, 8B 8192 -0.04, 14B -0.04): read off
 #: these starts, so no held-out figure.
@@ -195,8 +196,10 @@ def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: i
     peak is how that version applies them: the V1 runner up to 0.17 sorts the fp32 logits
     (fitted: SAMPLER_BYTES_PER_LOGIT_V1) where 0.10.x runs FlashInfer's (counted:
     SAMPLER_V1_FLASHINFER_FP32_COPIES), the V1 runner from 0.18 masks them in place with a Triton
-    kernel (counted from the source: SAMPLER_V1_TRITON_*), the V2 runner (0.26+) skips top-k/top-p
-    in its dummy run (SAMPLER_BYTES_PER_LOGIT, an estimate).
+    kernel (counted from the source: SAMPLER_V1_TRITON_*; from 0.21 FlashInfer's call runs first and
+    the native call still peaks: ``VllmMemoryRules.flashinfer_sampler_default``), the V2 runner (the
+    default for some models from 0.22) skips top-k/top-p in its dummy run (SAMPLER_BYTES_PER_LOGIT, an
+    estimate).
 
     Example:
         >>> from servetune.planner.gpus import get_gpu

@@ -9,8 +9,8 @@ Example:
     >>> r = memory_rules((0, 26, 0))
     >>> r.default_gpu_memory_utilization, r.v2_runner, r.subtracts_cudagraph_estimate
     (0.92, True, False)
-    >>> memory_rules((0, 22, 0)).subtracts_cudagraph_estimate
-    True
+    >>> memory_rules((0, 21, 0)).subtracts_cudagraph_estimate, v1_runner_rules(memory_rules((0, 22, 0))).subtracts_cudagraph_estimate
+    (True, True)
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from servetune.errors import SpecError
 from servetune.vllm_version import VERSION_RE, Version
 
 __all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB", "MIN_VERSION", "V2_RUNNER",
+           "V2_RUNNER_DEFAULT", "V2_RUNNER_DEFAULTS", "V2RunnerDefault", "v2_runner_default", "FLASHINFER_SAMPLER_DEFAULT",
            "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "SORT_TOPK_TOPP_PROFILED", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
            "v1_runner_rules"]
 
@@ -39,9 +40,22 @@ MIN_VERSION: Version = (0, 10, 0)
 #: First version whose V1 sampler leaves FlashInfer's top-k/top-p out of the profile run; see
 #: :attr:`VllmMemoryRules.flashinfer_topk_topp`.
 SORT_TOPK_TOPP_PROFILED: Version = (0, 11, 0)
-#: First version whose profiling the calibration takes from the V2 model runner (0.26, the real
-#: H200 runs); before it, the V1 runner's profile run (the published 0.11 starts).
+#: First version whose V2 model runner the calibration was measured on (0.26, the real H200 runs),
+#: and whose default-V2 rule is 0.26's (:data:`V2_RUNNER_MOE_ARCHITECTURES`). Version-keyed figures
+#: that were read or measured at 0.26 only (the single-GPU non-torch split in
+#: :mod:`servetune.planner.comm`, ``sliding_reserves_in_flight``, ``mxfp4_keeps_loaded_scales``)
+#: stay keyed to it.
 V2_RUNNER: Version = (0, 26, 0)
+#: First version that starts some models on the V2 model runner by default (0.22.0: Qwen3 dense;
+#: see :data:`V2_RUNNER_DEFAULTS`). 0.20.0 and 0.21.0 run it only with ``VLLM_USE_V2_MODEL_RUNNER=1``
+#: (``envs.py`` line 1675 of 0.20.0, 1711 of 0.21.0: ``os.getenv("VLLM_USE_V2_MODEL_RUNNER", "0")``;
+#: ``v1/worker/gpu_worker.py`` line 153 / 156: ``self.use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER``).
+V2_RUNNER_DEFAULT: Version = (0, 22, 0)
+#: First version whose V1 sampler takes FlashInfer's top-k/top-p by default on CUDA
+#: (``VLLM_USE_FLASHINFER_SAMPLER`` unset reads True: ``envs.py`` lines 726-730 of 0.21.0, 818-822 of
+#: 0.22.0, 820-824 of 0.23.0, 796-800 of 0.24.0, 808-812 of 0.25.0, 841-845 of 0.26.0; 0.20.0's lines
+#: 716-720 read None, opt-in). See :attr:`VllmMemoryRules.flashinfer_sampler_default`.
+FLASHINFER_SAMPLER_DEFAULT: Version = (0, 21, 0)
 #: First version whose V1 runner masks top-k/top-p with the Triton kernel (see the sampler
 #: constants of :mod:`servetune.planner.model_memory`).
 TRITON_TOPK_TOPP: Version = (0, 18, 0)
@@ -99,10 +113,39 @@ class VllmMemoryRules:
     capture_adds_token_budget: bool
     #: ... and ``max_num_seqs`` likewise (0.33+).
     capture_adds_max_num_seqs: bool
-    #: The V2 model runner's profiling (0.26+): the cold-compile floor and its sampler.
+    #: The V2 model runner's profiling: the cold-compile floor and its sampler, no CUDA-graph estimate
+    #: off the KV budget (its ``profile_cudagraph_memory`` returns 0: ``v1/worker/gpu/model_runner.py``
+    #: line 620 of 0.22.0, 660 of 0.23.0, 684 of 0.24.0, 680 of 0.25.0, 705 of 0.26.0) and no sampler
+    #: warm-up after capture (``gpu_worker.py: compile_or_warm_up_model`` runs ``warmup_kernels`` instead,
+    #: line 685 of 0.22.0). True from 0.22 (:data:`V2_RUNNER_DEFAULT`), the first release that starts a
+    #: model on it by default; which models do is :func:`runs_v2_runner`, and the others get
+    #: :func:`v1_runner_rules`.
     v2_runner: bool
-    #: The V1 runner's Triton top-k/top-p (0.18-0.25), for batches of 8 rows or more.
+    #: The V1 runner's Triton top-k/top-p (0.18+), for batches of 8 rows or more: the call that peaks
+    #: in the dummy sampler run, FlashInfer's default (0.21+) notwithstanding
+    #: (:attr:`flashinfer_sampler_default`).
     triton_topk_topp: bool
+    #: ``VLLM_USE_FLASHINFER_SAMPLER`` is on by default (0.21+, :data:`FLASHINFER_SAMPLER_DEFAULT`): the
+    #: V1 runner's ``TopKTopPSampler`` binds ``forward_cuda`` (FlashInfer's
+    #: ``top_k_top_p_sampling_from_logits``) where ``FlashInferBackend.supports_compute_capability``
+    #: holds: 7.5 to 12.1 in 0.21.0-0.23.0 (``v1/attention/backends/flashinfer.py`` lines 409-412 of
+    #: 0.21.0, 408-411 of 0.22.0, 407-410 of 0.23.0), 8.0 to 12.1 from 0.24.0 (lines 426-434; SM75 is
+    #: "currently broken"); outside it vLLM warns and keeps the PyTorch-native path
+    #: (``v1/sample/ops/topk_topp_sampler.py`` lines 39-74 of 0.21.0; ``flashinfer_sampler_supported``,
+    #: lines 21-67 of 0.23.0-0.26.0). The profile run's peak does not move: from the same 0.21.0 the
+    #: dummy sampler (``v1/worker/gpu_model_runner.py: _dummy_sampler_run``, "Also warm
+    #: forward_native", line 5746 of 0.21.0, 5954 of 0.22.0, 6018 of 0.23.0, 6089 of 0.24.0, 6140 of
+    #: 0.25.0) calls the sampler a second time with a per-request generator, which ``forward_cuda``
+    #: hands to ``forward_native``: the Triton top-k/top-p of 0.18-0.20. FlashInfer's call holds the
+    #: model-dtype logits, their fp32 copy, the top-k-masked fp32 copy and its softmax
+    #: (SAMPLER_V1_FLASHINFER_FP32_COPIES: dtype + 12 B a logit); the native call the same three fp32
+    #: tensors (the copy masked in place, the probabilities, the exponential noise) plus the Triton
+    #: kernel's cached buffer, so it is the peak. FlashInfer is a wheel requirement
+    #: (``flashinfer-python`` pinned in the wheels' METADATA); an install without it does not fall back:
+    #: with the variable unset, the sampler's construction imports ``v1/attention/backends/flashinfer.py``,
+    #: whose ``from flashinfer import (...)`` (line 11) raises ``ModuleNotFoundError`` (0.23.0's
+    #: ``flashinfer_sampler_supported`` docstring, lines 29-30: "Assumes flashinfer is installed").
+    flashinfer_sampler_default: bool
     #: The profile run's dummy sampler takes FlashInfer's top-k/top-p (``flashinfer.sampling.
     #: top_k_top_p_sampling_from_logits``: a top-k-masked fp32 copy and its softmax, no sort) instead
     #: of PyTorch's sort: 0.10.x. 0.10.0, 0.10.1.1 and 0.10.2 pick FlashInfer whenever it imports and
@@ -127,11 +170,12 @@ class VllmMemoryRules:
     #: 0.27+ charges ``total_consumed``, so the V2 runner's persistent sampler state too.
     charges_persistent_runner: bool
     #: The CUDA-graph estimate comes off the KV budget. <=0.16: no estimate at all; 0.18/0.19: only
-    #: with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (default 0); 0.20-0.25: on by default (V1
-    #: model runner). 0.26: the real H200 logs show it is NOT subtracted (69.9 - 1.59 - 0.44 - 0.22
-    #: = 67.65 ≈ the logged 67.64; no "Estimated CUDA graph memory" line): 0.26 runs the V2 model
-    #: runner, which has no profiling pass. Later versions are assumed to keep the V2 runner's
-    #: behaviour until logs say otherwise.
+    #: with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (default 0); from 0.20: on by default on the V1
+    #: model runner (:func:`v1_runner_rules`). The V2 runner (0.22+ for the models
+    #: :func:`runs_v2_runner` names) estimates 0 (its ``profile_cudagraph_memory``, see
+    #: :attr:`v2_runner`); the real 0.26 H200 logs agree (69.9 - 1.59 - 0.44 - 0.22 = 67.65 ≈ the
+    #: logged 67.64; no "Estimated CUDA graph memory" line). Later versions are assumed to keep the V2
+    #: runner's behaviour until logs say otherwise.
     subtracts_cudagraph_estimate: bool
     #: The budget ``total * gpu_memory_utilization`` is rounded up (0.33+), not truncated.
     budget_rounds_up: bool
@@ -148,7 +192,7 @@ class VllmMemoryRules:
     #: rows, allocating the logits and the sampler's fp32 tensors afresh in what the KV cache and the
     #: graphs left of the GPU; "CUDA out of memory occurred when warming up sampler with N dummy
     #: requests" when they do not fit). Every V1-runner version from 0.11 (the published 0.19.0
-    #: gpt-oss-20b starts died there); the V2 runner (0.26+) warms up with two real engine steps
+    #: gpt-oss-20b starts died there); the V2 runner (0.22+) warms up with two real engine steps
     #: (``v1/worker/gpu/warmup.py: warmup_kernels``) instead, not modelled as a failure point.
     sampler_warmup_after_capture: bool
     #: A sliding-window KV group reserves ``window - 1 + max_in_flight_tokens`` tokens of one request
@@ -228,21 +272,79 @@ class VllmMemoryRules:
 
 
 #: The MoE architectures vLLM runs on the V2 model runner by default (vLLM 0.26.0,
-#: ``vllm/config/vllm.py`` ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``). Every other MoE model, and
+#: ``vllm/config/vllm.py`` ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``, line 68). Every other MoE model, and
 #: every hybrid (Mamba / linear-attention) or attention-free model, stays on the V1 runner
-#: (``VllmConfig._is_default_v2_model_runner_model``). Later versions are assumed to keep 0.26's
+#: (``VllmConfig._is_default_v2_model_runner_model``, lines 605-622). Later versions are assumed to keep 0.26's
 #: list until their source says otherwise.
 V2_RUNNER_MOE_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM", "InklingForCausalLM",
                                          "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM",
                                          "Qwen2MoeForCausalLM"})
 
 
-def runs_v2_runner(rules: VllmMemoryRules, *, architecture: str, is_moe: bool, is_hybrid: bool) -> bool:
-    """Whether vLLM starts this model on the V2 model runner (0.26+ for dense models), by vLLM's own rule.
+@dataclasses.dataclass(frozen=True)
+class V2RunnerDefault:
+    """One release's ``VllmConfig._is_default_v2_model_runner_model`` (``vllm/config/vllm.py``).
 
-    The real 2026-12-05 H100 starts of a Qwen3-30B-A3B shape (``Qwen3MoeForCausalLM``) logged
-    ``gpu_model_runner.py`` (the V1 runner) and its "Estimated CUDA graph memory" line, where the
-    Llama-3.1-8B starts of the same vLLM 0.26.0 logged ``model_runner.py`` (the V2 runner) and none.
+    A generate model whose architecture is in ``architectures`` starts on the V2 runner (only when
+    dense and not checkpoint-quantized where ``listed_dense_unquantized``: ``not model_config.is_moe
+    and not model_config.is_quantized``, ``is_quantized`` being a ``quantization_config`` in the
+    checkpoint's config, not ``--quantization fp8``); with ``all_dense`` every dense model does too.
+    Hybrid models stay on the V1 runner in every release (0.22-0.24: the listed architectures have
+    none; 0.25+: ``is_hybrid`` is checked first).
+    """
+
+    since: Version
+    architectures: frozenset[str]
+    listed_dense_unquantized: bool
+    all_dense: bool
+
+
+#: Per release, from each wheel's ``vllm/config/vllm.py`` (``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``,
+#: ``use_v2_model_runner``, ``_is_default_v2_model_runner_model``); ``VLLM_USE_V2_MODEL_RUNNER`` set
+#: overrides all of them. Before 0.22 no model starts on it by default (:data:`V2_RUNNER_DEFAULT`).
+V2_RUNNER_DEFAULTS: tuple[V2RunnerDefault, ...] = (
+    # 0.22.0: lines 69 (the set), 493-532 (use_v2_model_runner, _is_default_v2_model_runner_model)
+    V2RunnerDefault((0, 22, 0), frozenset({"Qwen3ForCausalLM"}), listed_dense_unquantized=True, all_dense=False),
+    # 0.23.0: lines 69-75, 519-558
+    V2RunnerDefault((0, 23, 0), frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"}),
+                    listed_dense_unquantized=True, all_dense=False),
+    # 0.24.0: lines 68-77, 522-561: the listed MoE architectures join, and the dense / quantized check goes
+    V2RunnerDefault((0, 24, 0), frozenset({"Qwen3ForCausalLM", "DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM",
+                                           "GraniteMoeForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}),
+                    listed_dense_unquantized=False, all_dense=False),
+    # 0.25.0: lines 68-74, 519-574: every dense model, and the listed MoE architectures
+    V2RunnerDefault((0, 25, 0), frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}),
+                    listed_dense_unquantized=False, all_dense=True),
+    # 0.26.0: lines 68-77, 550-622
+    V2RunnerDefault((0, 26, 0), V2_RUNNER_MOE_ARCHITECTURES, listed_dense_unquantized=False, all_dense=True),
+)
+
+
+def v2_runner_default(v: Version) -> V2RunnerDefault | None:
+    """The default-V2 rule of release ``v`` (:data:`V2_RUNNER_DEFAULTS`); None before 0.22.
+
+    Example:
+        >>> sorted(v2_runner_default((0, 23, 0)).architectures)
+        ['LlamaForCausalLM', 'MistralForCausalLM', 'Qwen3ForCausalLM']
+        >>> v2_runner_default((0, 21, 0)) is None
+        True
+    """
+    found = None
+    for rule in V2_RUNNER_DEFAULTS:
+        if v >= rule.since:
+            found = rule
+    return found
+
+
+def runs_v2_runner(rules: VllmMemoryRules, *, architecture: str, is_moe: bool, is_hybrid: bool,
+                   is_quantized: bool = False) -> bool:
+    """Whether vLLM starts this model on the V2 model runner by default, by that release's own rule.
+
+    ``is_quantized``: the checkpoint carries a ``quantization_config`` (vLLM's
+    ``ModelConfig.is_quantized``; online ``--quantization fp8`` is not). The real 2026-12-05 H100 starts
+    of a Qwen3-30B-A3B shape (``Qwen3MoeForCausalLM``) logged ``gpu_model_runner.py`` (the V1 runner)
+    and its "Estimated CUDA graph memory" line, where the Llama-3.1-8B starts of the same vLLM 0.26.0
+    logged ``model_runner.py`` (the V2 runner) and none.
 
     Example:
         >>> r = memory_rules((0, 26, 0))
@@ -252,10 +354,19 @@ def runs_v2_runner(rules: VllmMemoryRules, *, architecture: str, is_moe: bool, i
         True
         >>> runs_v2_runner(r, architecture="LlamaForCausalLM", is_moe=False, is_hybrid=False)
         True
+        >>> [runs_v2_runner(memory_rules((0, m, 0)), architecture="LlamaForCausalLM", is_moe=False, is_hybrid=False)
+        ...  for m in (21, 22, 23)]
+        [False, False, True]
+        >>> runs_v2_runner(memory_rules((0, 23, 0)), architecture="LlamaForCausalLM", is_moe=False,
+        ...                is_hybrid=False, is_quantized=True)
+        False
     """
-    if not rules.v2_runner or is_hybrid:
+    default = v2_runner_default(rules.version)
+    if not rules.v2_runner or default is None or is_hybrid:
         return False
-    return architecture in V2_RUNNER_MOE_ARCHITECTURES or not is_moe
+    if architecture in default.architectures:
+        return not default.listed_dense_unquantized or not (is_moe or is_quantized)
+    return default.all_dense and not is_moe
 
 
 def v1_runner_rules(rules: VllmMemoryRules) -> VllmMemoryRules:
@@ -292,18 +403,19 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         blackwell_capture_cap=1024 if v >= (0, 29, 0) else 512,
         capture_adds_token_budget=v >= (0, 25, 0),
         capture_adds_max_num_seqs=v >= (0, 33, 0),
-        v2_runner=v >= V2_RUNNER,
-        triton_topk_topp=TRITON_TOPK_TOPP <= v < V2_RUNNER,
+        v2_runner=v >= V2_RUNNER_DEFAULT,
+        triton_topk_topp=TRITON_TOPK_TOPP <= v < V2_RUNNER_DEFAULT,
+        flashinfer_sampler_default=v >= FLASHINFER_SAMPLER_DEFAULT,
         flashinfer_topk_topp=v < SORT_TOPK_TOPP_PROFILED,
         full_decode_graphs=v >= (0, 11, 0),
         charges_persistent_runner=v >= TOTAL_CONSUMED_ACCOUNTING,
-        subtracts_cudagraph_estimate=(0, 20, 0) <= v < V2_RUNNER,
+        subtracts_cudagraph_estimate=(0, 20, 0) <= v < V2_RUNNER_DEFAULT,
         budget_rounds_up=v >= (0, 33, 0),
         null_block_first=v >= (0, 33, 0),
         kv_tokens_from_concurrency=v >= (0, 25, 0),
         gib_rounded=v >= (0, 16, 0),
         long_error_texts=v >= (0, 20, 0),
-        sampler_warmup_after_capture=v < V2_RUNNER,
+        sampler_warmup_after_capture=v < V2_RUNNER_DEFAULT,
         sliding_reserves_in_flight=v >= V2_RUNNER,
         mxfp4_keeps_loaded_scales=v < V2_RUNNER,
         chat_template_parsed_per_request=v == (0, 11, 0),

@@ -47,13 +47,15 @@ Not counted (``sampler_pass`` returns None and nothing is priced): the V1 runner
 (PyTorch's sort below 8 rows, the Triton top-k/top-p mask from 0.18 at 8 or more: their passes
 live in cub's radix sort and a Triton kernel not read here), the V2 model runner (its own sampler,
 ``v1/worker/gpu/sample``; the default for Qwen3ForCausalLM from 0.22.0, for Llama and Mistral too
-from 0.23.0, by ``VllmConfig.use_v2_model_runner``), and top-k or top-p alone.
+from 0.23.0, for every dense model from 0.25.0, by ``VllmConfig.use_v2_model_runner``: the planner's
+``vllm_rules.V2_RUNNER_DEFAULTS``), and top-k or top-p alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from servetune.planner.vllm_rules import memory_rules, runs_v2_runner
 from servetune.workload import GREEDY, Sampling
 
 __all__ = ["SamplerPass", "sampler_pass", "runs_v2_sampler", "GREEDY_BYTES",
@@ -76,21 +78,14 @@ PLAIN_DRAW_KERNELS = 3  # softmax, exponential, div; argmax as greedy's
 #: First vLLM release whose ``VLLM_USE_FLASHINFER_SAMPLER`` defaults to on (``envs.py``: None in
 #: 0.15.1, 0.18.0 and 0.20.0, "opt in explicitly"; True in 0.21.0, 0.22.0 and 0.23.0).
 FLASHINFER_SAMPLER_DEFAULT = (0, 21, 0)
-#: ``FlashInferBackend.supports_compute_capability`` (0.23.0): 7.5 to 12.1.
+#: ``FlashInferBackend.supports_compute_capability``: 7.5 to 12.1 in 0.21.0-0.23.0
+#: (``v1/attention/backends/flashinfer.py`` 407-410 of 0.23.0); from 0.24.0 8.0 to 12.1 (426-434: SM75
+#: "currently broken"), where a T4 keeps the PyTorch-native path (:data:`FLASHINFER_CAPABILITY_FROM_024`).
 FLASHINFER_CAPABILITY = (7.5, 12.1)
+FLASHINFER_CAPABILITY_FROM_024 = (8.0, 12.1)
 #: Kernels a decoder layer launches, by which the per-layer launch costs of ``Calibration`` are
 #: read as per-kernel ones (perf.py's docstring: "each of a layer's ~10 kernels").
 KERNELS_PER_LAYER = 10
-#: Dense architectures vLLM starts on the V2 model runner by default before 0.26 (``config/vllm.py:
-#: DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``: 0.22.0 and 0.23.0 read; 0.24 and 0.25 taken as 0.23's).
-V2_DEFAULT_ARCHITECTURES: tuple[tuple[tuple[int, int, int], frozenset[str]], ...] = (
-    ((0, 23, 0), frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"})),
-    ((0, 22, 0), frozenset({"Qwen3ForCausalLM"})),
-)
-
-
-
-
 @dataclasses.dataclass(frozen=True)
 class SamplerPass:
     """A step's sampler beyond greedy: bytes per vocabulary entry of each sampled row, launches per step."""
@@ -101,22 +96,23 @@ class SamplerPass:
 
 
 def runs_v2_sampler(version: tuple[int, int, int], architecture: str, *, v1_runner: bool, dense: bool) -> bool:
-    """Whether vLLM samples this model on the V2 model runner: 0.26+ by the planner's rule (servetune's
-    ``EngineConfig.v1_runner`` says where it does not), 0.22-0.25 for :data:`V2_DEFAULT_ARCHITECTURES`
-    (dense, unquantized models only, as ``_is_default_v2_model_runner_model`` reads).
+    """Whether vLLM samples this model on the V2 model runner: the planner's per-release rule
+    (:func:`servetune.planner.vllm_rules.runs_v2_runner`, read in the 0.20.0-0.26.0 wheels'
+    ``config/vllm.py``); ``dense`` False stands for MoE or checkpoint-quantized, ``v1_runner`` for
+    servetune's ``EngineConfig.v1_runner``, which that rule set.
 
     Example:
         >>> runs_v2_sampler((0, 23, 0), "Qwen2ForCausalLM", v1_runner=False, dense=True)
         False
         >>> runs_v2_sampler((0, 23, 0), "Qwen3ForCausalLM", v1_runner=False, dense=True)
         True
+        >>> runs_v2_sampler((0, 25, 0), "Qwen2ForCausalLM", v1_runner=False, dense=True)
+        True
     """
-    if version >= (0, 26, 0):
-        return not v1_runner
-    for since, archs in V2_DEFAULT_ARCHITECTURES:
-        if version >= since:
-            return dense and architecture in archs
-    return False
+    rules = memory_rules(version)
+    if v1_runner or not rules.v2_runner:
+        return False
+    return runs_v2_runner(rules, architecture=architecture, is_moe=not dense, is_hybrid=False, is_quantized=not dense)
 
 
 def sampler_pass(sampling: Sampling, version: tuple[int, int, int], compute_capability: float, *,
@@ -143,7 +139,7 @@ def sampler_pass(sampling: Sampling, version: tuple[int, int, int], compute_capa
         kernels += PENALTY_KERNELS
         parts.append("penalties")
     if sampling.uses_top_k and sampling.uses_top_p:
-        low, high = FLASHINFER_CAPABILITY
+        low, high = FLASHINFER_CAPABILITY if version < (0, 24, 0) else FLASHINFER_CAPABILITY_FROM_024
         if version < FLASHINFER_SAMPLER_DEFAULT or not low <= compute_capability <= high:
             return None
         nbytes += FLASHINFER_TOPK_TOPP_BYTES

@@ -1,0 +1,141 @@
+"""Each vLLM 0.20-0.26 release's model-runner and sampler rule, pinned to what its wheel's source says.
+
+The expectations below are read from the released wheels (``pip download vllm==X --no-deps
+--only-binary=:all:``), not from servetune's tables: every row names the file and line it comes
+from. ``vllm/config/vllm.py`` decides the runner (``VllmConfig.use_v2_model_runner`` ->
+``_is_default_v2_model_runner_model`` over ``DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES``); ``envs.py``
+and ``v1/sample/ops/topk_topp_sampler.py`` decide the sampler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from servetune.planner.engine_config import resolve_engine_config
+from servetune.planner.gpus import get_gpu
+from servetune.planner.model_memory import SAMPLER_V1_FLASHINFER_FP32_COPIES, sampler_profile_bytes
+from servetune.planner.modelinfo import load_model
+from servetune.planner.vllm_rules import memory_rules, runs_v2_runner
+
+# (version, architecture, MoE, checkpoint-quantized) -> starts on the V2 model runner by default
+RUNNER_BY_RELEASE = [
+    # 0.20.0 / 0.21.0: envs.py 1675 / 1711, VLLM_USE_V2_MODEL_RUNNER defaults to "0"; no per-model rule
+    ("0.20.0", "Qwen3ForCausalLM", False, False, False),
+    ("0.21.0", "Qwen3ForCausalLM", False, False, False),
+    ("0.21.0", "LlamaForCausalLM", False, False, False),
+    # 0.22.0: config/vllm.py 69 {"Qwen3ForCausalLM"}; 532 "not model_config.is_moe and not model_config.is_quantized"
+    ("0.22.0", "Qwen3ForCausalLM", False, False, True),
+    ("0.22.0", "Qwen3ForCausalLM", False, True, False),
+    ("0.22.0", "LlamaForCausalLM", False, False, False),
+    ("0.22.0", "MistralForCausalLM", False, False, False),
+    ("0.22.0", "Qwen2ForCausalLM", False, False, False),
+    # 0.23.0: config/vllm.py 69-75 {Llama, Mistral, Qwen3}; 558 the same dense / unquantized check
+    ("0.23.0", "LlamaForCausalLM", False, False, True),
+    ("0.23.0", "MistralForCausalLM", False, False, True),
+    ("0.23.0", "Qwen3ForCausalLM", False, False, True),
+    ("0.23.0", "LlamaForCausalLM", False, True, False),
+    ("0.23.0", "Qwen2ForCausalLM", False, False, False),
+    ("0.23.0", "Qwen2MoeForCausalLM", True, False, False),
+    ("0.23.0", "DeepseekV2ForCausalLM", True, False, False),
+    # 0.24.0: config/vllm.py 68-77 adds DeepseekV2 / Qwen2Moe / GraniteMoe; 559-561 membership only
+    ("0.24.0", "LlamaForCausalLM", False, True, True),
+    ("0.24.0", "DeepseekV2ForCausalLM", True, False, True),
+    ("0.24.0", "Qwen2MoeForCausalLM", True, False, True),
+    ("0.24.0", "Qwen2ForCausalLM", False, False, False),
+    ("0.24.0", "MixtralForCausalLM", True, False, False),
+    ("0.24.0", "Qwen3MoeForCausalLM", True, False, False),
+    # 0.25.0: config/vllm.py 68-74 {DeepseekV2, Qwen2Moe, GraniteMoe}; 571-574 "... or not model_config.is_moe"
+    ("0.25.0", "Qwen2ForCausalLM", False, False, True),
+    ("0.25.0", "Gemma2ForCausalLM", False, True, True),
+    ("0.25.0", "DeepseekV2ForCausalLM", True, False, True),
+    ("0.25.0", "MixtralForCausalLM", True, False, False),
+    ("0.25.0", "Qwen3MoeForCausalLM", True, False, False),
+    # 0.26.0: config/vllm.py 68-77 (adds Inkling, LongcatFlashNgram); 619-622 as 0.25
+    ("0.26.0", "Qwen2ForCausalLM", False, False, True),
+    ("0.26.0", "Qwen3MoeForCausalLM", True, False, False),
+    ("0.26.0", "LongcatFlashNgramForCausalLM", True, False, True),
+]
+
+
+@pytest.mark.parametrize("version, architecture, is_moe, is_quantized, v2", RUNNER_BY_RELEASE)
+def test_default_runner_by_release(version: str, architecture: str, is_moe: bool, is_quantized: bool,
+                                   v2: bool) -> None:
+    rules = memory_rules(tuple(int(p) for p in version.split(".")))  # type: ignore[arg-type]
+    assert runs_v2_runner(rules, architecture=architecture, is_moe=is_moe, is_hybrid=False,
+                          is_quantized=is_quantized) is v2
+
+
+@pytest.mark.parametrize("version", ["0.22.0", "0.23.0", "0.24.0", "0.25.0", "0.26.0"])
+def test_hybrid_models_stay_on_v1(version: str) -> None:
+    """0.25/0.26 check ``is_hybrid`` first (config/vllm.py 565 / 613); 0.22-0.24 list no hybrid architecture."""
+    rules = memory_rules(tuple(int(p) for p in version.split(".")))  # type: ignore[arg-type]
+    assert not runs_v2_runner(rules, architecture="Qwen3ForCausalLM", is_moe=False, is_hybrid=True)
+
+
+def _config(model_name: str, version: str, **changes: object):
+    model = load_model(model_name)
+    if changes:
+        model = dataclasses.replace(model, **changes)
+    return model, resolve_engine_config({}, model, get_gpu("H100-80GB"), version)
+
+
+@pytest.mark.parametrize("model_name, v1_through, v2_from", [
+    ("llama-3.1-8b", "0.22.0", "0.23.0"),        # LlamaForCausalLM joins the list in 0.23.0
+    ("mistral-small-24b", "0.22.0", "0.23.0"),   # MistralForCausalLM likewise
+    ("deepseek-v2-lite", "0.23.0", "0.24.0"),    # the first listed MoE architecture, 0.24.0
+    ("qwen2.5-7b", "0.24.0", "0.25.0"),          # unlisted dense: every dense model from 0.25.0
+])
+def test_plan_takes_the_release_runner(model_name: str, v1_through: str, v2_from: str) -> None:
+    """The plan's accounting follows the runner: the V1 runner takes its CUDA-graph estimate off the
+    KV budget and warms its sampler up after capture; the V2 runner's ``profile_cudagraph_memory``
+    returns 0 (v1/worker/gpu/model_runner.py 620 / 660 / 684 / 680 of 0.22-0.25) and it warms up
+    with ``warmup_kernels`` (gpu_worker.py 685 of 0.22.0)."""
+    _, before = _config(model_name, v1_through)
+    _, after = _config(model_name, v2_from)
+    assert not before.rules.v2_runner and before.rules.subtracts_cudagraph_estimate
+    assert before.rules.sampler_warmup_after_capture
+    assert after.rules.v2_runner and not after.rules.subtracts_cudagraph_estimate
+    assert not after.rules.sampler_warmup_after_capture and not after.rules.triton_topk_topp
+
+
+def test_quantized_checkpoint_waits_for_024() -> None:
+    """0.22/0.23 keep a checkpoint with a ``quantization_config`` on V1 (``ModelConfig.is_quantized``);
+    0.24 drops the check. Online ``--quantization fp8`` leaves the checkpoint config unquantized."""
+    quantized = {"quantization": "fp8", "quant_bytes_per_param": 1.0}
+    assert _config("llama-3.1-8b", "0.23.0", **quantized)[1].v1_runner
+    assert not _config("llama-3.1-8b", "0.24.0", **quantized)[1].v1_runner
+    model = load_model("llama-3.1-8b")
+    online = resolve_engine_config({"quantization": "fp8"}, model, get_gpu("H100-80GB"), "0.23.0")
+    assert not online.v1_runner
+
+
+def test_version_keyed_026_rules_do_not_move_with_the_runner() -> None:
+    """Read or measured at 0.26 only, so still keyed to the version: a V2-runner start at 0.25 reserves
+    one batch for a sliding window and keeps MXFP4's loaded scales."""
+    rules = _config("llama-3.1-8b", "0.25.0")[1].rules
+    assert rules.v2_runner and not rules.sliding_reserves_in_flight and rules.mxfp4_keeps_loaded_scales
+
+
+def test_flashinfer_sampler_default_by_release() -> None:
+    """``VLLM_USE_FLASHINFER_SAMPLER`` unset: None (opt-in) in 0.20.0's envs.py 716-720, True from
+    0.21.0 (726-730; 0.22.0 818-822; 0.23.0 820-824; 0.24.0 796-800; 0.25.0 808-812; 0.26.0 841-845)."""
+    assert [memory_rules((0, m, 0)).flashinfer_sampler_default for m in range(20, 27)] == \
+        [False, True, True, True, True, True, True]
+
+
+@pytest.mark.parametrize("version", ["0.20.0", "0.21.0", "0.22.0", "0.23.0", "0.24.0", "0.25.0"])
+def test_v1_profile_peak_is_the_native_call(version: str) -> None:
+    """From 0.21.0 the dummy sampler runs FlashInfer's call, then the sampler again with a generator,
+    which ``forward_cuda`` hands to ``forward_native`` (gpu_model_runner.py 5746 of 0.21.0, "Also warm
+    forward_native"): the Triton path of 0.18-0.20, whose tensors outweigh FlashInfer's (dtype + 3 fp32
+    copies a logit), is the profile's peak in every release, FlashInfer's default notwithstanding."""
+    model, config = _config("qwen2.5-7b", version)  # Qwen2ForCausalLM: the V1 runner through 0.24
+    if config.rules.v2_runner:
+        pytest.skip("0.25 runs this model on the V2 runner")
+    rows = 256
+    _, baseline = _config("qwen2.5-7b", "0.20.0")
+    assert sampler_profile_bytes(model, config, rows) == sampler_profile_bytes(model, baseline, rows)
+    flashinfer_call = rows * model.vocab_size * (model.dtype_bytes + 4 * SAMPLER_V1_FLASHINFER_FP32_COPIES)
+    assert sampler_profile_bytes(model, config, rows) > flashinfer_call
