@@ -39,9 +39,6 @@ WEIGHT_GAPS = {
     # vLLM 0.10.2 prints 7.5552 GiB for Qwen3-4B (tied embeddings) where its parameters are 7.50 GiB;
     # the 0.05 GiB more is not explained by the log (its own split says "7.56 GiB for weight"); KV exact.
     "benyucong_qwen3_4b_tp1_h100": (-1.0, -0.5),
-    # vLLM 0.24.0 prints 0.93 GiB for Qwen2.5-0.5B-Instruct rounded to two places (format_gib); its
-    # parameters are 0.924 GiB, and vLLM 0.11.0 printed 0.9271 GiB for the same model (kuberay4366_qwen25_05b_t4).
-    "hzk_qwen25_05b_tp1_rtx4090": (-1.0, -0.5),
 }
 
 

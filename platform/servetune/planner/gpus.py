@@ -273,7 +273,6 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                    "torch OOM messages ('23.65 GiB total capacity'); under WSL 2 23.99 GiB, the whole 24,564 MiB "
                    "(vLLM's own check on an RTX 4090 under WSL 2: 'Free memory on device cuda:0 (22.45/23.99 GiB)', "
                    "a WSL setup script and a lab note, search-tool copies 66296924232 and 61815222665)",
-            log_evidence="a published vLLM 0.24.0 startup log (Qwen2.5-0.5B-Instruct, Linux, TP=1, held out: +0.4%)",
             wddm_memory_gib=23.99),
     GpuSpec("RTX-5090", 31.36, 1792.0, 209.0, 419.0, 64.0, compute_capability=12.0,
             source=f"{_NV} Blackwell GB202 whitepaper (209.5 TFLOPS bf16, 419 fp8, dense); memory from torch OOM "
