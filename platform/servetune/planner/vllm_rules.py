@@ -233,8 +233,9 @@ class VllmMemoryRules:
     #: take a resumed (preempted) request's lookup like any other: before 0.11.1. vLLM pull request
     #: 25787 (merged 2025-09-26, "Don't count preempted tokens in prefix cache hit rate") records
     #: those in ``PrefixCacheStats.preempted_*``, which no counter or log line reads (0.26's
-    #: ``v1/metrics/stats.py``, ``loggers.py``). Placed at 0.11.1, the first release after the merge
-    #: that could hold it (not pinned: 0.11.0 may).
+    #: ``v1/metrics/stats.py``, ``loggers.py``). Pinned at 0.11.1 by the wheels' source: 0.11.0's
+    #: ``v1/core/kv_cache_manager.py`` (lines 185-189) still counts a resumed request's lookup, 0.11.1's
+    #: (209-213) records it apart.
     prefix_stats_count_preempted: bool
 
     # -- vLLM's texts --------------------------------------------------------------------------
