@@ -81,3 +81,32 @@ def test_a_start_carries_the_token_budget_its_plan_assumed_vllms_default_for_the
     narrow = Workload.from_dict({"input_len": 1024, "output_len": 256, "num_requests": 64, "concurrency": 32})
     starts = informed_starts(ruled, {"max_model_len": 2048}, model, get_gpu("H200"), narrow, "0.26.0")
     assert starts and starts[0]["max_num_seqs"] == 32 and "max_num_batched_tokens" not in starts[0]
+
+
+def test_the_start_steps_down_from_utilizations_whose_sampler_warm_up_is_warned() -> None:
+    """gpt-oss-20b on an H100 at vLLM 0.26 (V1 runner, 1,024 x 201,088 logits in the warm-up after graph
+    capture): the planner says 0.98 and 0.99 start, but their warm-up margins sit inside the shortfall
+    real starts showed, and real starts died there at 0.98 and 0.985 (tests/fixtures/real_h100_classes,
+    "Fourth set"); the start takes 0.97, where real starts served on a warm and a cold compile cache.
+    A model on the V2 runner (no such warm-up) keeps the highest utilization, and a space whose every
+    utilization is warned keeps its highest that starts."""
+    model, gpu = load_model("gpt-oss-20b"), get_gpu("H100-80GB")
+    space = SearchSpace.from_dict({"params": {"gpu_memory_utilization": [0.9, 0.95, 0.97, 0.98, 0.99],
+                                              "max_num_seqs": [256, 512, 1024]}})
+    w = Workload.from_dict({"input_len": 512, "output_len": 512, "num_requests": 2048, "concurrency": 1024})
+
+    def warned(util: float, seqs: int) -> bool:
+        plan = plan_memory(model, gpu, resolve_engine_config(
+            {"gpu_memory_utilization": util, "max_num_seqs": seqs, "max_model_len": 8192}, model, gpu))
+        assert plan.fits
+        return plan.warmup_at_risk
+
+    assert warned(0.99, 1024) and warned(0.98, 1024) and not warned(0.97, 1024)
+    starts = informed_starts(space, {"max_model_len": 8192}, model, gpu, w, "0.26.0")
+    assert starts and {s["gpu_memory_utilization"] for s in starts} == {0.97}
+    assert not any(warned(0.97, s["max_num_seqs"]) for s in starts)
+    dense = informed_starts(space, {"max_model_len": 8192}, load_model("llama-3.1-8b"), gpu, w, "0.26.0")
+    assert dense and dense[0]["gpu_memory_utilization"] == 0.99
+    edge_only = SearchSpace.from_dict({"params": {"gpu_memory_utilization": [0.98, 0.99],
+                                                  "max_num_seqs": [1024]}})
+    assert informed_starts(edge_only, {"max_model_len": 8192}, model, gpu, w, "0.26.0")[0]["gpu_memory_utilization"] == 0.99

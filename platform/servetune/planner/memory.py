@@ -103,6 +103,9 @@ class MemoryPlan:
     #: GiB the V1 runner's sampler warm-up after graph capture finds free past its need, by this plan;
     #: ``None`` where no such warm-up runs (``VllmMemoryRules.sampler_warmup_after_capture``).
     warmup_margin: float | None = None
+    #: The plan fits but its warm-up margin is inside the shortfall real starts showed
+    #: (:func:`warmup_note`): the start may die in the sampler warm-up.
+    warmup_at_risk: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready dict; the keys are a contract (``servetune plan --json``).
@@ -133,6 +136,7 @@ class MemoryPlan:
             "multicast": self.comm.multicast if self.comm is not None else False,
             "comm_reason": self.comm.reason if self.comm is not None else None,
             "warmup_margin_gib": round(self.warmup_margin, 4) if self.warmup_margin is not None else None,
+            "warmup_at_risk": self.warmup_at_risk,
         }
 
 
@@ -251,6 +255,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         activation_peak=acc.act / GiB, non_torch=acc.non_torch / GiB, cudagraph=acc.cudagraph / GiB,
         kv_cache=kv_cache_bytes / GiB)
     ok = verdict.failure is None
+    warmup_warning = warmup_note(config, acc) if ok else ()
     return MemoryPlan(
         fits=ok, failure=verdict.failure, cause=verdict.cause, memory=memory,
         num_gpu_blocks=acc.num_blocks if ok else 0,
@@ -263,8 +268,9 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         num_cudagraphs=config.num_cudagraphs, cudagraph_subtracted=acc.subtract_cg,
         notes=(*class_notes(model, config.max_num_batched_tokens, config.max_in_flight_tokens),
                *_moe_kernel_notes(model, gpu, config),
-               *_notes(gpu, config, env, comm, acc), *warmup_note(config, acc)), comm=comm,
+               *_notes(gpu, config, env, comm, acc), *warmup_warning), comm=comm,
         warmup_margin=(acc.warmup_free - acc.warmup_need) / GiB if acc.warmup_need else None,
+        warmup_at_risk=bool(warmup_warning),
     )
 
 

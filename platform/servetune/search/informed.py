@@ -3,7 +3,8 @@
 The throughput of a memory-pair landscape rises with the batch until the KV cache
 runs out, so the best preemption-free point sits at the most KV memory the space allows and the
 largest ``max_num_seqs`` under the bound. Start 1 is the highest ``gpu_memory_utilization`` of
-the space that the planner says starts, with the largest ``max_num_seqs`` of the space at or under
+the space that the planner says starts (and, where one exists, whose sampler warm-up it does not warn
+about), with the largest ``max_num_seqs`` of the space at or under
 the certain bound (and no larger than the workload's in-flight requests need); start 2, when it
 differs, the largest at or under the optimistic bound, which probes the band where preemption
 depends on timing. The sampler then learns the edge from both sides.
@@ -123,7 +124,10 @@ def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelPr
         return plan_memory(model, gpu, config)
 
     smallest = min(_descending(seqs_param))
-    for util in utils:  # the highest utilization that starts
+    # The highest utilization that starts with no warm-up warning (memory.warmup_note: real starts died
+    # in the sampler warm-up inside that band); where every one is warned, the highest that starts.
+    safe = [u for u in utils if (p := plan(u, smallest)) is not None and p.fits and not p.warmup_at_risk]
+    for util in safe or utils:
         first = plan(util, smallest)
         if first is None or not first.fits:
             continue
@@ -143,7 +147,7 @@ def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelPr
                     break
                 seqs = int(snapped)
             p = plan(util, seqs)
-            if p is None or not p.fits:
+            if p is None or not p.fits or (safe and p.warmup_at_risk):
                 continue
             start: dict[str, Any] = {"max_num_seqs": int(seqs), **budget_flag}
             if budget_flag and space.check({**fixed, **start}, model, workload=workload):
