@@ -126,37 +126,42 @@ def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelPr
     smallest = min(_descending(seqs_param))
     # The highest utilization that starts with no warm-up warning (memory.warmup_note: real starts died
     # in the sampler warm-up inside that band); where every one is warned, the highest that starts.
-    safe = [u for u in utils if (p := plan(u, smallest)) is not None and p.fits and not p.warmup_at_risk]
-    for util in safe or utils:
+    fitting: list[tuple[Any, bool]] = []  # (utilization, warned), highest first, up to the first unwarned
+    for util in utils:
         first = plan(util, smallest)
-        if first is None or not first.fits:
-            continue
-        starts: list[dict[str, Any]] = []
-        for bound_fn in (preemption_bound, optimistic_bound):
-            # KV capacity shrinks a little with max_num_seqs (CUDA graphs, sampler peak): settle it.
-            seqs = smallest
-            for _ in range(3):
-                p = plan(util, seqs)
-                if p is None or not p.fits:
-                    break
-                bound = bound_fn(p.kv_cache_tokens, mean_prompt, mean_output, p.block_size)
-                if in_flight is not None:
-                    bound = min(bound, in_flight)
-                snapped = snap_down(seqs_param, bound)
-                if snapped is None or snapped == seqs:
-                    break
-                seqs = int(snapped)
+        if first is not None and first.fits:
+            fitting.append((util, first.warmup_at_risk))
+            if not first.warmup_at_risk:
+                break
+    if not fitting:
+        return []
+    avoid_risk = not fitting[-1][1]
+    util = fitting[-1][0] if avoid_risk else fitting[0][0]
+    starts: list[dict[str, Any]] = []
+    for bound_fn in (preemption_bound, optimistic_bound):
+        # KV capacity shrinks a little with max_num_seqs (CUDA graphs, sampler peak): settle it.
+        seqs = smallest
+        for _ in range(3):
             p = plan(util, seqs)
-            if p is None or not p.fits or (safe and p.warmup_at_risk):
-                continue
-            start: dict[str, Any] = {"max_num_seqs": int(seqs), **budget_flag}
-            if budget_flag and space.check({**fixed, **start}, model, workload=workload):
-                # The space's own rules refuse the default budget with this batch (joint.yaml:
-                # budget <= 64 x max_num_seqs): leave the budget to the sampler, as before.
-                del start["max_num_batched_tokens"]
-            if util is not None:
-                start = {"gpu_memory_utilization": util, **start}
-            if start not in starts:
-                starts.append(start)
-        return starts[:max_starts]
-    return []
+            if p is None or not p.fits:
+                break
+            bound = bound_fn(p.kv_cache_tokens, mean_prompt, mean_output, p.block_size)
+            if in_flight is not None:
+                bound = min(bound, in_flight)
+            snapped = snap_down(seqs_param, bound)
+            if snapped is None or snapped == seqs:
+                break
+            seqs = int(snapped)
+        p = plan(util, seqs)
+        if p is None or not p.fits or (avoid_risk and p.warmup_at_risk):
+            continue
+        start: dict[str, Any] = {"max_num_seqs": int(seqs), **budget_flag}
+        if budget_flag and space.check({**fixed, **start}, model, workload=workload):
+            # The space's own rules refuse the default budget with this batch (joint.yaml:
+            # budget <= 64 x max_num_seqs): leave the budget to the sampler, as before.
+            del start["max_num_batched_tokens"]
+        if util is not None:
+            start = {"gpu_memory_utilization": util, **start}
+        if start not in starts:
+            starts.append(start)
+    return starts[:max_starts]
