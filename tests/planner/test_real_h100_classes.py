@@ -231,17 +231,19 @@ def test_the_warm_up_shortfall_band_is_what_the_probe_measured() -> None:
     shortfalls = []
     for name in BAND_FIT:
         summary, text = _start(name)
-        _, plan = _plan(summary, text)
-        free = _probes(text)["sampler_before"]["free"] / 2**30
-        shortfalls.append(plan.warmup_margin + plan_need(summary, text) - free)
+        shortfalls.append(_shortfall(summary, text))
     assert (round(min(shortfalls), 2), round(max(shortfalls), 2)) == WARMUP_SHORTFALL_GIB
 
 
-def plan_need(summary: dict, text: str) -> float:
+def _need_gib(summary: dict, config) -> float:
     """The sampler warm-up's need in GiB, as the planner counts it."""
-    config, _ = _plan(summary, text)
-    model = load_model(HOST_MODELS[summary["model"]])
-    return sampler_warmup_bytes(model, config)[1] / 2**30
+    return sampler_warmup_bytes(load_model(HOST_MODELS[summary["model"]]), config)[1] / 2**30
+
+
+def _shortfall(summary: dict, text: str) -> float:
+    """GiB the planner's free memory at the warm-up exceeds what the probe read just before it."""
+    config, plan = _plan(summary, text)
+    return plan.warmup_margin + _need_gib(summary, config) - _probes(text)["sampler_before"]["free"] / 2**30
 
 
 @pytest.mark.parametrize("name", FOURTH_SET)
@@ -251,12 +253,12 @@ def test_the_warm_up_needs_what_the_planner_counts(name: str) -> None:
     planner's 2.78 and 2.10 GiB; where it died, it asked for its 786 MiB logits with less than that free."""
     summary, text = _start(name)
     probes = _probes(text)
-    need = plan_need(summary, text)
+    config, _ = _plan(summary, text)
+    need = _need_gib(summary, config)
     if "sampler_after" in probes and probes["sampler_after"]["t"] > probes["capture_after"]["t"]:
         grew = (probes["sampler_after"]["reserved"] - probes["sampler_before"]["reserved"]) / 2**30
         assert grew <= need * 1.01 and grew >= need * 0.8, (grew, need)
     else:
-        config, _ = _plan(summary, text)
         logits_fp32 = config.max_num_seqs * load_model(HOST_MODELS[summary["model"]]).vocab_size * 4
         assert probes["sampler_failed"]["free"] < logits_fp32  # 786 MiB (gpt-oss-20b), 594 MiB (Qwen3)
 
@@ -268,10 +270,9 @@ def test_the_band_held_out_on_a_third_machine(name: str) -> None:
     GiB, inside the band); the Qwen3 shape at 0.99, a margin of 0.37 GiB (under the band's bottom), dies in
     the warm-up (shortfall 0.52). Both as predicted, both shortfalls inside the band."""
     summary, text = _start(name)
-    _, plan = _plan(summary, text)
     plan_b = json.loads((FIXTURES.parents[2] / "benchmarks" / "real_vllm" / "plan_2026_12_06_warmup_h100_b.json").read_text())
     predicted = {r["name"].removesuffix("_h100"): r["predict"] for r in plan_b["runs"]}
     assert classify(text).status.value == predicted[name]
     low, high = WARMUP_SHORTFALL_GIB
-    shortfall = plan.warmup_margin + plan_need(summary, text) - _probes(text)["sampler_before"]["free"] / 2**30
+    shortfall = _shortfall(summary, text)
     assert low <= shortfall <= high, shortfall
