@@ -8,9 +8,11 @@ of simulated startup; it is talked to over HTTP only, and its stdout is the log 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -205,6 +207,23 @@ def test_metrics_and_log_lines_carry_the_plan(start) -> None:
     assert any(m and m.group("proc") == "EngineCore" and m.group("src") == "core.py:116" for m in parsed)
     assert "(APIServer pid=%d) INFO:     Application startup complete." % s.proc.pid in log
     assert f'"POST /v1/completions HTTP/1.1" 200 OK' in log
+
+
+def test_logged_hit_rate_is_the_most_recent_thousand_lookups(start) -> None:
+    # vLLM's "Prefix cache hit rate" covers its most recent 1,000 lookups (PrefixCachingMetrics), not the
+    # server's lifetime: 100 fresh 64-token prompts, then 1,000 sends of one prompt, whose 3 full blocks
+    # (48 tokens) hit from its second send on. The window: 999 x 48 / (1,000 x 64) = 74.9%; since the
+    # start it would be 999 x 48 / (1,100 x 64) = 68.1%.
+    s = start("--gpu-memory-utilization", "0.5", "--max-num-seqs", "64")
+    prompts = [[1000 + 64 * i + j for j in range(64)] for i in range(100)] + [list(range(5, 69))] * 1000
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert set(pool.map(lambda p: s.post({"prompt": p, "max_tokens": 1})[0], prompts[:100])) == {200}
+        assert set(pool.map(lambda p: s.post({"prompt": p, "max_tokens": 1})[0], prompts[100:])) == {200}
+    m = s.metrics()
+    assert counter(m, "vllm:prefix_cache_queries") == 1100 * 64 and counter(m, "vllm:prefix_cache_hits") == 999 * 48
+    time.sleep(3 * 10.0 / float(SPEEDUP))  # the line after the last step (every 10 virtual seconds), then none
+    rates = re.findall(r"Prefix cache hit rate: ([0-9.]+)%", s.log)
+    assert rates and float(rates[-1]) == 74.9
 
 
 def test_loadgen_workload_with_preemption(start) -> None:

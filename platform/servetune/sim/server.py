@@ -633,8 +633,8 @@ class SimServer:
             prompt, gen = sched.prompt_tokens_computed, sched.generation_tokens
             active = prompt != last_prompt or gen != last_gen or sched.num_running or sched.num_waiting
             if active or was_active:
-                queries = sched.prefix_cache_queries
-                hit_rate = sched.prefix_cache_hits / queries if queries else 0.0
+                # vLLM logs the rate over its most recent 1,000 lookups, not since the start.
+                hit_rate = sched.logged_hit_rate() or 0.0
                 msg = vllm_log.stats_message((prompt - last_prompt) / _STATS_INTERVAL_S,
                                              (gen - last_gen) / _STATS_INTERVAL_S, sched.num_running,
                                              sched.num_waiting, sched.kv_usage, hit_rate)
