@@ -25,6 +25,7 @@ from typing import Any
 
 from servetune.errors import SpecError
 from servetune.planner.flags import validate_flags
+from servetune.planner import modelclass
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import VllmMemoryRules, memory_rules, parse_vllm_version, runs_v2_runner, v1_runner_rules
@@ -340,6 +341,12 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
     dtype = str(f.get("dtype", "auto"))
     if dtype == "half":
         dtype = "float16"
+    prefix_caching = _prefix_caching(f, model, rules)
+    block_size = int(f.get("block_size", 16))
+    if model.is_hybrid:
+        block_size = modelclass.hybrid_block_size(
+            model, tp, block_size, model.kv_dtype_bytes(str(f.get("kv_cache_dtype", "auto"))),
+            modelclass.mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default), rules.hybrid_align_to_block_size)
 
     return EngineConfig(
         gpu_memory_utilization=float(f.get("gpu_memory_utilization", rules.default_gpu_memory_utilization)),
@@ -353,9 +360,9 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         enforce_eager=enforce_eager,
         cudagraph_capture_sizes=sizes,
         kv_cache_dtype=str(f.get("kv_cache_dtype", "auto")),
-        enable_prefix_caching=bool(f.get("enable_prefix_caching", True)),
+        enable_prefix_caching=prefix_caching,
         enable_chunked_prefill=chunked,
-        block_size=int(f.get("block_size", 16)),
+        block_size=block_size,
         long_prefill_token_threshold=int(f.get("long_prefill_token_threshold", 0)),
         scheduling_policy=str(f.get("scheduling_policy", "fcfs")),
         # Async scheduling is on by default from 0.16 where supported; vLLM turns it off with PP.
@@ -363,11 +370,29 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         vllm_version=".".join(map(str, v)),
         dtype=dtype,
         quantization=quantization,
-        # Hybrid (Mamba / linear-attention) models are refused before this point (modelclass).
         v1_runner=rules.v2_runner and not runs_v2_runner(rules, architecture=model.architecture,
-                                                         is_moe=model.is_moe, is_hybrid=False,
+                                                         is_moe=model.is_moe, is_hybrid=model.is_hybrid,
                                                          is_quantized=model.quantization is not None),
     )
+
+
+def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMemoryRules) -> bool:
+    """``enable_prefix_caching`` as vLLM resolves it; a Mamba hybrid's is off (SpecError where it would be on).
+
+    vLLM defaults it off for hybrids (``is_prefix_caching_supported`` is false for ``attn_type ==
+    "hybrid"``: ``config/model.py`` line 1785 of 0.19.0; ``arg_utils.py`` line 2521 of 0.26.0, "keep it opt-in")
+    and 0.11 forces it off (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.hybrid_prefix_caching_forced_off`).
+    Turned on, later releases page the Mamba state per block ('align' / 'all' mamba cache modes), which the
+    planner does not model.
+    """
+    flag = flags.get("enable_prefix_caching")
+    if not model.is_hybrid:
+        return bool(True if flag is None else flag)
+    if flag and not rules.hybrid_prefix_caching_forced_off:
+        raise SpecError("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({model.name}: vLLM's "
+                        "mamba_cache_mode 'align' / 'all') is not modelled by the planner",
+                        "leave enable_prefix_caching unset or false, vLLM's default for hybrid models")
+    return False
 
 
 #: Resolved fields that size the memory budget but not the compiled graphs: vLLM's compile cache

@@ -292,8 +292,9 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
 
     weights = model.stage_weight_bytes(tp, pp, mxfp4_scale_copies=2 if rules.mxfp4_keeps_loaded_scales else 1)
     # KV pages per stage: layers grouped as vLLM's KV cache manager groups them (modelclass.kv_layout)
-    layouts = [kv_layout(model, tp, s, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype))
-               for s in range(pp)]
+    mamba_block = config.max_model_len if model.is_hybrid else 0  # mamba_block_size without prefix caching
+    layouts = [kv_layout(model, tp, s, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype),
+                         mamba_block) for s in range(pp)]
     bytes_per_block = [layout.block_bytes for layout in layouts]
     # One worker per stage (TP ranks of a stage are identical); vLLM takes the minimum num_blocks.
     stages = []

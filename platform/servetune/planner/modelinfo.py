@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from collections.abc import Mapping
@@ -68,6 +69,7 @@ _HF_ALIASES = {
     "google/gemma-2-27b-it": "gemma-2-27b",
     "deepseek-ai/deepseek-v2-lite-chat": "deepseek-v2-lite",
     "deepseek-ai/deepseek-v2-lite": "deepseek-v2-lite",
+    "ibm-granite/granite-4.0-h-tiny": "granite-4.0-h-tiny",
 }
 
 
@@ -120,11 +122,69 @@ class ModelProfile:
     mla_q_lora_rank: int = 0
     quant_block_k: int = 0  # block-quantized fp8 (``weight_block_size``): the block's input width (0: none)
     quant_zero_point_group: int = 0  # AWQ's packed 4-bit zero points: the group size (0: no zero points)
+    # --- Mamba2 hybrids (modelclass.hybrid_kinds: layer_types holds "mamba" / "full" / "mlp") ---
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_d_state: int = 0
+    mamba_groups: int = 0
+    mamba_d_conv: int = 0
+    mamba_inner: int = 0  # the mixer's intermediate size (granite: mamba_expand x hidden; Nemotron-H: heads x head_dim)
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    mamba_ssm_dtype: str = ""  # the config's mamba_ssm_cache_dtype (Nemotron-H), "" when it names none
+    no_rope: bool = False  # attention without a rotary table (NoPE: granite-4.0-h, Nemotron-H)
+    ffn_gated: bool = True  # False: a two-matrix MLP (Nemotron-H's up / relu2 / down)
 
     # ----------------------------------------------------------------- sizes
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        """A Mamba2 / attention hybrid (vLLM's ``ModelConfig.is_hybrid``): some layer is a Mamba layer."""
+        return "mamba" in self.layer_types
+
+    def _hybrid_layer_elems(self, kind: str, tp: int = 1, active_only: bool = False) -> tuple[int, int, int]:
+        """``(linear, plain, fp32)`` elements of one hybrid layer on one TP rank, as vLLM builds it.
+
+        A Mamba layer's ``MambaMixer2`` (``layers/mamba/mamba_mixer2.py`` of 0.26.0, lines 313-480): ``in_proj``
+        ``hidden -> inner + conv_dim + heads`` and ``out_proj`` ``inner -> hidden`` (quantizable), ``conv1d``
+        ``conv_dim x d_conv`` (+ bias; ``quant_config=None``), ``D`` and ``dt_bias`` per head, the gated norm
+        (``inner``), ``A`` per head in fp32; ``conv_dim = inner + 2 x groups x d_state``, the groups widened to
+        ``tp`` where they do not divide it. An attention layer: q, k, v, o. Granite-4.0-H layers also hold the
+        routed experts and router (with ``num_local_experts``) and the shared MLP, two RMSNorms; Nemotron-H
+        layers hold one mixer or one MLP (``-``: up, down) and one RMSNorm. Rotary tables are counted by
+        :meth:`stage_weight_bytes`.
+        """
+        h = self.hidden_size
+        every_layer_ffn = self.ffn_gated  # granite: mixer + FFN in every layer; Nemotron-H: one or the other
+        plain, fp32 = (2 if every_layer_ffn else 1) * h, 0
+        linear = 0
+        if kind == "mamba":
+            groups = self.mamba_groups if self.mamba_groups % tp == 0 else tp
+            conv_dim = self.mamba_inner + 2 * groups * self.mamba_d_state
+            proj_out = self.mamba_inner + conv_dim + self.mamba_heads
+            linear += h * proj_out // tp + self.mamba_inner // tp * h
+            plain += conv_dim // tp * (self.mamba_d_conv + (1 if self.mamba_conv_bias else 0))
+            plain += 2 * (self.mamba_heads // tp) + self.mamba_inner // tp  # D, dt_bias, norm
+            plain += proj_out // tp + h if self.mamba_proj_bias else 0
+            fp32 += self.mamba_heads // tp  # A
+        elif kind == "full":
+            linear += self._attention_params(tp)
+            if self.qkv_bias:
+                plain += self.q_size // tp + 2 * self.kv_heads_per_gpu(tp) * self.head_dim + h
+        if every_layer_ffn or kind == "mlp":
+            if self.is_moe:
+                linear += self._expert_params(tp, active_only) + 3 * h * self.shared_expert_intermediate_size // tp
+                plain += h * self.num_experts  # router (replicated)
+            else:
+                linear += (3 if self.ffn_gated else 2) * h * self.intermediate_size // tp
+        return linear, plain, fp32
+
+    def _hybrid_layer_bytes(self, kind: str, tp: int) -> float:
+        linear, plain, fp32 = self._hybrid_layer_elems(kind, tp)
+        return linear * self.weight_bytes_per_param + plain * self.dtype_bytes + 4 * fp32
 
     @property
     def dtype_bytes(self) -> int:
@@ -209,6 +269,8 @@ class ModelProfile:
         return min(self.first_k_dense_replace, self.num_layers) if self.is_moe else self.num_layers
 
     def _all_layer_params(self, active_only: bool = False) -> int:
+        if self.is_hybrid:
+            return sum(sum(self._hybrid_layer_elems(k, 1, active_only)) for k in self.layer_types)
         dense = self._dense_layers()
         d = self._layer_linear_params(dense=True) + self._layer_plain_params(dense=True)
         m = self._layer_linear_params(active_only=active_only) + self._layer_plain_params()
@@ -271,12 +333,15 @@ class ModelProfile:
         layer_bytes = [self._layer_bytes(tp, dense=True), self._layer_bytes(tp, scale_copies=mxfp4_scale_copies)]
         vocab = self._vocab_rows(tp) * self.hidden_size * act
         rotary_dim = self.mla_rope_dim or self.head_dim
-        rotary = (self.max_model_len_limit + self.extra_rotary_positions) * rotary_dim * act
+        rotary = 0 if self.no_rope else (self.max_model_len_limit + self.extra_rotary_positions) * rotary_dim * act
         out: list[int] = []
         first = 0
         for stage, n in enumerate(layers):
             dense = max(0, min(self._dense_layers() - first, n))
-            b = dense * layer_bytes[0] + (n - dense) * layer_bytes[1] + rotary
+            if self.is_hybrid:
+                b = sum(self._hybrid_layer_bytes(k, tp) for k in self.layer_types[first:first + n]) + rotary
+            else:
+                b = dense * layer_bytes[0] + (n - dense) * layer_bytes[1] + rotary
             first += n
             if stage == 0:
                 b += vocab + -(-self.vision_params // tp) * act
@@ -317,8 +382,11 @@ class ModelProfile:
         if self.mla_kv_lora_rank:  # one latent per token and layer, on every TP rank
             return ((self.mla_kv_lora_rank + self.mla_rope_dim) * self.kv_dtype_bytes(kv_cache_dtype)
                     * max(self.stage_layers(pp)))
-        return (2 * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype)
-                * max(self.stage_layers(pp)))
+        layers = max(self.stage_layers(pp))
+        if self.is_hybrid:  # only the attention layers hold per-token KV (the Mamba state is per request)
+            bounds = [0, *itertools.accumulate(self.stage_layers(pp))]
+            layers = max(self.layer_types[a:b].count("full") for a, b in zip(bounds, bounds[1:]))
+        return 2 * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype) * layers
 
     def kv_dtype_bytes(self, kv_cache_dtype: str = "auto") -> int:
         """Bytes of one KV-cache element for vLLM's ``--kv-cache-dtype``."""

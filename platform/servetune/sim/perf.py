@@ -557,6 +557,9 @@ class PerfModel:
 
     def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig,
                  calibration: Calibration | None = None, sampling: Sampling | None = None) -> None:
+        if model.is_hybrid:
+            raise SpecError("model", f"{model.name}: the simulator's step time for Mamba layers is not modelled "
+                            "(servetune plan sizes its memory)", "simulate a model without Mamba layers")
         cal = calibration if calibration is not None else calibration_for(gpu)
         self.calibration = cal
         model = effective_model(model, config)  # the model as served: --dtype, online --quantization fp8
