@@ -287,10 +287,10 @@ def hybrid_block_size(model: Any, tp: int, block_size: int, kv_dtype_bytes: int,
     ``align x cdiv(mamba_page, align x attention_page_per_token)``, kept when ``block_size`` is larger;
     the Mamba page is then padded up to the attention page (``mamba_page_size_padded``). ``align`` is 16
     in 0.11.0 and 0.19.0 (``HybridAttentionMambaModelConfig.verify_and_update_config``, ``models/config.py``
-    lines 367-375 of 0.11.0, 217-285 of 0.19.0: "FlashAttention (FA) requires block size to be multiple of
-    16"); in 0.26.0 the platform aligns to ``max(16, block_size)`` (``platforms/interface.py``,
-    ``_align_hybrid_block_size``, lines 846-853 and 869-873: the backend's smallest kernel block, FlashAttention's
-    ``MultipleOf(16)``, or the block size if larger). Prefix caching's 'all' mode (chunk-aligned blocks) is
+    lines 367-375 of 0.11.0, 218 and 273-285 of 0.19.0: "FlashAttention (FA) requires block size to be
+    multiple of 16"); in 0.26.0 the platform aligns to ``max(16, block_size)`` (``platforms/interface.py``,
+    ``_align_hybrid_block_size``, lines 876-882 and 898-901; 620-626 and 642 of 0.22.0: the backend's smallest
+    kernel block, FlashAttention's ``MultipleOf(16)``, or the block size if larger). Prefix caching's 'all' mode (chunk-aligned blocks) is
     not modelled (refused by :func:`~servetune.planner.engine_config.resolve_engine_config`).
 
     Example:
