@@ -185,3 +185,16 @@ def test_plan_refuses_prefix_caching_on_a_hybrid_in_one_line_with_exit_2():
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
     assert len(lines) == 1 and "enable_prefix_caching" in lines[0] and "fix:" in lines[0]
+
+
+def test_026_refuses_more_sequences_than_mamba_blocks():
+    """0.22+ (config/compilation.py): FULL decode graphs need one Mamba block per sequence; eager starts do not."""
+    m = load_model("granite-4.0-h-tiny")
+    flags = {**FLAGS, "kv_cache_memory_bytes": 100 * 3_276_800, "max_num_seqs": 128, "max_model_len": 2048}
+    p = plan_memory(m, H100, resolve_engine_config(flags, m, H100, "0.26.0"))
+    assert p.failure is not None and p.failure.value == "kv_too_small"
+    assert "max_num_seqs (128) exceeds available Mamba cache blocks (100)" in (p.cause or "")
+    assert p.fix is not None and p.fix.startswith("lower max_num_seqs to <= 100")
+    assert plan_memory(m, H100, resolve_engine_config(flags, m, H100, "0.19.0")).fits
+    assert plan_memory(m, H100, resolve_engine_config({**flags, "enforce_eager": True}, m, H100, "0.26.0")).fits
+

@@ -175,3 +175,10 @@ def test_hybrid_rules_by_release(version: str, align_to_block: bool, nemotron_ss
     m = load_model("granite-4.0-h-tiny")
     block = resolve_engine_config({"block_size": 32, "max_model_len": 8192}, m, get_gpu("H100-80GB"), version).block_size
     assert block == (32 * -(-806_400 // (32 * 2048)) if align_to_block else 400)
+
+
+def test_mamba_block_check_by_release() -> None:
+    """config/compilation.py: "exceeds available Mamba cache blocks" at 1453 of 0.22.0, 1451 of 0.24.0, 1458 of
+    0.25.0, 1492 of 0.26.0; no such line in 0.19.0 or 0.11.0."""
+    on = {v: memory_rules(v).mamba_blocks_cover_max_num_seqs for v in ((0, 11, 0), (0, 19, 0), (0, 22, 0), (0, 26, 0))}
+    assert on == {(0, 11, 0): False, (0, 19, 0): False, (0, 22, 0): True, (0, 26, 0): True}

@@ -377,6 +377,18 @@ def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Account
         return _Verdict(TrialStatus.STARTUP_OOM,
                         _cuda_oom_text(override * block_bytes, acc.total, available + max(headroom, 0)),
                         f"lower num_gpu_blocks_override to <= {acc.computed_blocks}", None, False)
+    if (rules.mamba_blocks_cover_max_num_seqs and "mamba" in acc.layout.groups and not config.enforce_eager
+            and config.max_num_seqs > acc.num_blocks):
+        # 0.26 config/compilation.py (lines 1476-1497): FULL decode graphs need one Mamba block per sequence
+        util = (acc.fixed_need + config.max_num_seqs * block_bytes) / acc.total
+        return _Verdict(TrialStatus.KV_TOO_SMALL,
+                        f"ValueError: max_num_seqs ({config.max_num_seqs}) exceeds available Mamba cache blocks "
+                        f"({acc.num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA graph "
+                        f"capture cannot proceed. Please lower max_num_seqs to at most {acc.num_blocks} or increase "
+                        "gpu_memory_utilization.",
+                        f"lower max_num_seqs to <= {acc.num_blocks}"
+                        + (f" or raise gpu_memory_utilization to >= {math.ceil(util * 100) / 100:.2f}"
+                           if config.kv_cache_memory_bytes is None and util <= 1 else ""), None, False)
     cg = acc.cudagraph
     if cg and not acc.subtract_cg and headroom >= 0:
         # Graphs are captured after the KV cache is allocated, out of what is left of the GPU.

@@ -254,6 +254,11 @@ class VllmMemoryRules:
     #: later releases (0.13.0 on) keep it off by default but honour ``--enable-prefix-caching`` with a Mamba
     #: cache mode ('align' / 'all'), which the planner does not model.
     hybrid_prefix_caching_forced_off: bool
+    #: A Mamba hybrid with FULL decode CUDA graphs refuses to capture them when ``max_num_seqs`` exceeds the
+    #: KV blocks ("max_num_seqs (N) exceeds available Mamba cache blocks (M)": ``config/compilation.py``
+    #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
+    #: 0.20 and 0.21 not read). Planned as ``kv_too_small`` (too few blocks for the configuration).
+    mamba_blocks_cover_max_num_seqs: bool
 
     # -- vLLM's texts --------------------------------------------------------------------------
 
@@ -442,4 +447,5 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         hybrid_align_to_block_size=v >= (0, 22, 0),
         nemotron_h_ssm_default="float32" if v >= (0, 22, 0) else "float16" if v >= (0, 13, 0) else "auto",
         hybrid_prefix_caching_forced_off=v < (0, 12, 0),
+        mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
     )
