@@ -164,7 +164,7 @@ def test_the_simulator_refuses_a_hybrid():
 
 
 @pytest.mark.parametrize("cfg, field", [
-    ({"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}, "model_type"),
+    ({"model_type": "qwen3_5", "layer_types": ["linear_attention", "full_attention"]}, "layer_types"),
     ({**NEMOTRON_NANO_9B, "hybrid_override_pattern": "MEM*" * 14}, "hybrid_override_pattern"),
     ({**NEMOTRON_NANO_9B, "intermediate_size": [15680, 12000]}, "intermediate_size"),
     ({"model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"]}, "model_type"),
@@ -197,4 +197,25 @@ def test_026_refuses_more_sequences_than_mamba_blocks():
     assert p.fix is not None and p.fix.startswith("lower max_num_seqs to <= 100")
     assert plan_memory(m, H100, resolve_engine_config(flags, m, H100, "0.19.0")).fits
     assert plan_memory(m, H100, resolve_engine_config({**flags, "enforce_eager": True}, m, H100, "0.26.0")).fits
+
+
+def test_qwen3_next_gated_delta_net():
+    """Qwen3-Next-80B-A3B: the gated delta net's state (gated_delta_net_state_shape) is conv 3 x (2 x 16 x 128 +
+    32 x 128) bf16 = 49,152 B plus temporal 32 x 128 x 128 bf16 = 1,048,576 B; attention 2 x 2 x 256 x 2 = 2,048 B
+    a token, so the block is 16 x cdiv(1,097,728, 32,768) = 544; 36 linear and 12 full layers: group size 12,
+    1 full + 3 linear groups. The weights (MTP layers skipped, as vLLM's loader does) come to 79,674,391,296
+    parameters, 3,874,929,408 active: the totals public code reads off the checkpoint (a test quoting
+    Qwen3-Coder-Next, the same shape)."""
+    m = load_model("qwen3-next-80b-a3b")
+    assert m.layer_types[:4] == ("mamba", "mamba", "mamba", "full") and m.layer_types.count("full") == 12
+    assert mamba_state_bytes(m, 1, 2) == 3 * (2 * 16 * 128 + 32 * 128) * 2 + 32 * 128 * 128 * 2 == 1_097_728
+    assert (m.param_count, m.active_param_count) == (79_674_391_296, 3_874_929_408)
+    assert m.rotary_dim == 64 and m.attn_output_gate
+    c = resolve_engine_config({"tensor_parallel_size": 2, "max_model_len": 32768}, m, get_gpu("H200"), "0.26.0")
+    assert c.block_size == 16 * -(-(1_097_728 // 2) // (16 * 1024)) == 544  # one KV head a rank at TP=2
+    lay = kv_layout(m, 2, 0, 1, c.block_size, 2, c.max_model_len)
+    assert lay.group_size == 12 and lay.groups == ("full", "mamba", "mamba", "mamba")
+    p = plan_memory(m, get_gpu("H200"), c)
+    assert p.fits and p.max_concurrency == pytest.approx(p.num_gpu_blocks / (-(-32768 // 544) + 3))
+    assert resolve_engine_config({"tensor_parallel_size": 4}, m, get_gpu("H200"), "0.26.0").block_size == 272
 

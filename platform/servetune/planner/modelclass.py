@@ -40,7 +40,9 @@ it follows (v0.19.0 unless said otherwise):
   monolithic MXFP4 kernel keeps no workspace.
 
 - **Mamba2 / attention hybrids** (Granite-4.0-H ``granitemoehybrid``, Nemotron-H ``nemotron_h``'s ``M`` /
-  ``*`` / ``-`` layers; :func:`hybrid_kinds`): each Mamba layer keeps one recurrent state per request
+  ``*`` / ``-`` layers; :func:`hybrid_kinds`), and Qwen3-Next's gated delta net, whose state vLLM sizes
+  the same way (``MambaSpec``; its conv and temporal shapes are a Mamba2 state's with ``linear_num_key_heads``
+  groups of ``linear_key_head_dim``): each Mamba layer keeps one recurrent state per request
   (:func:`mamba_state_bytes`); vLLM raises the attention block until one attention page holds it and pads
   the state to that page (:func:`hybrid_block_size`), so Mamba layers join the KV groups like another
   attention type and hold one block of a request (``MambaSpec.max_memory_usage_bytes``, no prefix
@@ -48,7 +50,7 @@ it follows (v0.19.0 unless said otherwise):
   0.19.0 and 0.11.0 (and 0.13, 0.16, 0.22, 0.24, 0.25 for the version thresholds); not yet checked on a start.
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): other Mamba / SSM and linear-attention
-layers (Qwen3-Next's gated delta net, Jamba, Falcon-H1, Bamba, Nemotron-H MoE layers, ...), chunked local
+layers (Qwen3.5, Jamba, Falcon-H1, Bamba, Nemotron-H MoE layers, ...), chunked local
 attention (Llama-4), KV shared across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
 
 Example:
@@ -105,9 +107,10 @@ _FULL = "full"
 
 _SSM_TYPES = ("mamba", "mamba2", "jamba", "falcon_h1", "nemotron_h", "granitemoehybrid", "zamba", "zamba2", "bamba",
               "plamo2", "lfm2", "qwen3_next", "minimax_m1", "minimax_text_01", "rwkv", "recurrent_gemma", "xlstm")
-#: Mamba2 / attention hybrids the planner models (:func:`hybrid_kinds`): vLLM's ``GraniteMoeHybridForCausalLM``
-#: and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers; MoE ``E`` layers are refused).
-_MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h")
+#: Recurrent / attention hybrids the planner models (:func:`hybrid_kinds`): vLLM's Mamba2
+#: ``GraniteMoeHybridForCausalLM`` and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers; MoE ``E``
+#: layers are refused), and the gated-delta-net ``Qwen3NextForCausalLM`` (every layer MoE).
+_MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next")
 _MAMBA = "mamba"
 _MLP = "mlp"  # a Nemotron-H ``-`` layer: a norm and an MLP, no mixer
 _SSM_LAYER_WORDS = ("mamba", "linear_attention", "linear", "conv", "ssm", "recurrent", "deltanet", "attention_linear")
@@ -116,18 +119,18 @@ _SSM_LAYER_WORDS = ("mamba", "linear_attention", "linear", "conv", "ssm", "recur
 def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
     """Raise a one-line SpecError for a model whose memory the planner does not model.
 
-    Mamba / SSM layers and linear attention other than the modelled Mamba2 hybrids (Qwen3-Next, Qwen3.5,
-    Jamba, Falcon-H1, Bamba, MiniMax, Nemotron-H MoE layers): vLLM keeps a per-request recurrent state
+    Mamba / SSM layers and linear attention other than the modelled hybrids (Qwen3.5, Jamba, Falcon-H1,
+    Bamba, MiniMax, Nemotron-H MoE layers, Qwen3-Next with dense MLP layers): vLLM keeps a per-request recurrent state
     beside (or instead of) the paged KV cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
     KV shared across layers (gemma-3n / gemma-4 ``num_kv_shared_layers``) and DeepSeek sparse attention
     (``index_topk``: an indexer cache beside the MLA latent).
 
     Example:
         >>> try:
-        ...     refuse_unmodelled({"model_type": "qwen3_next"}, "config.json")
+        ...     refuse_unmodelled({"model_type": "jamba"}, "config.json")
         ... except SpecError as err:
         ...     print(err.field, "|", err.message)
-        config.json: model_type | Mamba / linear-attention layers (qwen3_next) are not modelled by the planner
+        config.json: model_type | Mamba / linear-attention layers (jamba) are not modelled by the planner
     """
     text_config = cfg.get("text_config")
     text: Mapping[str, Any] = text_config if isinstance(text_config, Mapping) else {}
@@ -170,6 +173,15 @@ def _refuse_unmodelled_hybrid(cfg: Mapping[str, Any], model_type: str, source: s
         if odd or not pattern:
             raise SpecError(f"{source}: hybrid_override_pattern", f"layer codes {odd or 'none'} are not modelled "
                             "by the planner (M, *, - are)", fix)
+    elif model_type == "qwen3_next":
+        kinds = [str(t).lower() for t in (cfg.get("layer_types") or [])]
+        odd = sorted(set(kinds) - {"linear_attention", "full_attention"})
+        if odd:
+            raise SpecError(f"{source}: layer_types", f"{', '.join(odd)} layers of qwen3_next are not modelled by "
+                            "the planner (linear_attention and full_attention are)", fix)
+        if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
+            raise SpecError(f"{source}: mlp_only_layers", "qwen3_next layers with a dense MLP (mlp_only_layers, "
+                            "decoder_sparse_step) are not modelled by the planner", fix)
     else:
         kinds = [str(t).lower() for t in (cfg.get("layer_types") or cfg.get("layers_block_type") or [])]
         odd = sorted(set(kinds) - {"mamba", "attention"})
@@ -214,6 +226,14 @@ def hybrid_kinds(cfg: Mapping[str, Any]) -> list[str]:
     elif model_type == "granitemoehybrid":
         declared = cfg.get("layer_types") or cfg.get("layers_block_type") or []
         kinds = [_MAMBA if str(t).lower() == "mamba" else _FULL for t in declared]
+    elif model_type == "qwen3_next":
+        # transformers' Qwen3NextConfig: layer_types, else full attention every full_attention_interval-th layer
+        declared = cfg.get("layer_types") or []
+        if declared:
+            kinds = [_MAMBA if str(t).lower() == "linear_attention" else _FULL for t in declared]
+        else:
+            interval = int(cfg.get("full_attention_interval") or 4)
+            kinds = [_FULL if (i + 1) % interval == 0 else _MAMBA for i in range(int(cfg.get("num_hidden_layers") or 0))]
     else:
         return []
     return kinds if _MAMBA in kinds else []
@@ -225,6 +245,15 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     0.11.0): heads, head dim, state size, groups, conv kernel and the mixer's intermediate size
     (granite: ``mamba_expand x hidden_size``; Nemotron-H: ``mamba_num_heads x mamba_head_dim``)."""
     hidden = int(cfg.get("hidden_size") or 0)
+    if str(cfg.get("model_type") or "").lower() == "qwen3_next":
+        # the gated delta net's state in Mamba2 terms (gated_delta_net_state_shape, mamba_utils.py lines 212-234 of
+        # 0.26.0): conv (kernel - 1) x (2 x key_dim + value_dim) / tp = a Mamba2 conv with num_k_heads groups of
+        # head_k_dim; temporal (v_heads / tp, head_v_dim, head_k_dim) = heads x head_dim x d_state
+        k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+        k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+        return {"mamba_heads": v_heads, "mamba_head_dim": v_dim, "mamba_d_state": k_dim, "mamba_groups": k_heads,
+                "mamba_d_conv": int(cfg.get("linear_conv_kernel_dim") or 4), "mamba_inner": v_heads * v_dim,
+                "mamba_conv_bias": False, "mamba_proj_bias": False, "mamba_ssm_dtype": "", "mamba_kind": "gdn"}
     if str(cfg.get("model_type") or "").lower() == "nemotron_h":
         heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
         return {"mamba_heads": heads, "mamba_head_dim": head_dim, "mamba_d_state": int(cfg["ssm_state_size"]),
@@ -351,6 +380,8 @@ def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
     """
     kinds = flat["layer_types"]
     flat["num_hidden_layers"] = len(kinds)
+    if str(flat.get("model_type")).lower() == "qwen3_next":
+        return  # head_dim, num_experts, moe_intermediate_size and shared_expert_intermediate_size are its own names
     if str(flat.get("model_type")).lower() == "granitemoehybrid":
         flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])
         shared = int(flat.get("shared_intermediate_size") or 0)
@@ -446,6 +477,9 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out["no_rope"] = True  # NemotronHAttention has no rotary; granite builds one only for "rope"
     if model_type == "nemotron_h":
         out["ffn_gated"] = False  # NemotronHMLP: up_proj, relu2, down_proj
+    if model_type == "qwen3_next" and _MAMBA in kinds:
+        out["attn_output_gate"] = bool(cfg.get("attn_output_gate", True))  # Qwen3NextAttention: q_proj x 2
+        out["rotary_dim"] = int(int(cfg.get("head_dim") or 0) * float(cfg.get("partial_rotary_factor") or 1.0))
     if cfg.get("kv_lora_rank"):
         out.update(mla_kv_lora_rank=int(cfg["kv_lora_rank"]), mla_rope_dim=int(cfg.get("qk_rope_head_dim") or 64),
                    mla_nope_dim=int(cfg.get("qk_nope_head_dim") or 128), mla_v_dim=int(cfg.get("v_head_dim") or 128),

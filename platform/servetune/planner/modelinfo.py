@@ -70,6 +70,8 @@ _HF_ALIASES = {
     "deepseek-ai/deepseek-v2-lite-chat": "deepseek-v2-lite",
     "deepseek-ai/deepseek-v2-lite": "deepseek-v2-lite",
     "ibm-granite/granite-4.0-h-tiny": "granite-4.0-h-tiny",
+    "qwen/qwen3-next-80b-a3b-instruct": "qwen3-next-80b-a3b",
+    "qwen/qwen3-next-80b-a3b-thinking": "qwen3-next-80b-a3b",
 }
 
 
@@ -134,6 +136,9 @@ class ModelProfile:
     mamba_ssm_dtype: str = ""  # the config's mamba_ssm_cache_dtype (Nemotron-H), "" when it names none
     no_rope: bool = False  # attention without a rotary table (NoPE: granite-4.0-h, Nemotron-H)
     ffn_gated: bool = True  # False: a two-matrix MLP (Nemotron-H's up / relu2 / down)
+    mamba_kind: str = "mamba2"  # "gdn": Qwen3-Next's gated delta net (the mamba_* fields hold its state in Mamba2 terms)
+    attn_output_gate: bool = False  # Qwen3-Next's gated attention: q_proj twice as wide
+    rotary_dim: int = 0  # the rotary table's width where it is not head_dim (partial_rotary_factor); 0: head_dim
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -161,7 +166,15 @@ class ModelProfile:
         every_layer_ffn = self.ffn_gated  # granite: mixer + FFN in every layer; Nemotron-H: one or the other
         plain, fp32 = (2 if every_layer_ffn else 1) * h, 0
         linear = 0
-        if kind == "mamba":
+        if kind == "mamba" and self.mamba_kind == "gdn":
+            # QwenGatedDeltaNetAttention (layers/mamba/gdn/qwen_gdn_linear_attn.py of 0.26.0, lines 389-475):
+            # in_proj_qkvz (2 key_dim + 2 value_dim), in_proj_ba (2 v_heads), conv1d without bias, dt_bias,
+            # A_log (fp32), RMSNormGated(head_v_dim), out_proj
+            conv_dim = self.mamba_inner + 2 * self.mamba_groups * self.mamba_d_state
+            linear += h * (conv_dim + self.mamba_inner + 2 * self.mamba_heads) // tp + self.mamba_inner // tp * h
+            plain += conv_dim // tp * self.mamba_d_conv + self.mamba_heads // tp + self.mamba_head_dim
+            fp32 += self.mamba_heads // tp
+        elif kind == "mamba":
             groups = self.mamba_groups if self.mamba_groups % tp == 0 else tp
             conv_dim = self.mamba_inner + 2 * groups * self.mamba_d_state
             proj_out = self.mamba_inner + conv_dim + self.mamba_heads
@@ -171,13 +184,17 @@ class ModelProfile:
             plain += proj_out // tp + h if self.mamba_proj_bias else 0
             fp32 += self.mamba_heads // tp  # A
         elif kind == "full":
-            linear += self._attention_params(tp)
+            linear += self._attention_params(tp) + (h * self.q_size // tp if self.attn_output_gate else 0)
             if self.qkv_bias:
                 plain += self.q_size // tp + 2 * self.kv_heads_per_gpu(tp) * self.head_dim + h
+            if self.mamba_kind == "gdn":
+                plain += 2 * self.head_dim  # Qwen3NextAttention's q_norm, k_norm
         if every_layer_ffn or kind == "mlp":
             if self.is_moe:
                 linear += self._expert_params(tp, active_only) + 3 * h * self.shared_expert_intermediate_size // tp
                 plain += h * self.num_experts  # router (replicated)
+                if self.mamba_kind == "gdn" and self.shared_expert_intermediate_size:
+                    plain += h  # Qwen3-Next's shared_expert_gate (granite's shared MLP has none)
             else:
                 linear += (3 if self.ffn_gated else 2) * h * self.intermediate_size // tp
         return linear, plain, fp32
@@ -332,7 +349,7 @@ class ModelProfile:
         act = self.dtype_bytes
         layer_bytes = [self._layer_bytes(tp, dense=True), self._layer_bytes(tp, scale_copies=mxfp4_scale_copies)]
         vocab = self._vocab_rows(tp) * self.hidden_size * act
-        rotary_dim = self.mla_rope_dim or self.head_dim
+        rotary_dim = self.mla_rope_dim or self.rotary_dim or self.head_dim
         rotary = 0 if self.no_rope else (self.max_model_len_limit + self.extra_rotary_positions) * rotary_dim * act
         out: list[int] = []
         first = 0
