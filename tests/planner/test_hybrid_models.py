@@ -38,7 +38,6 @@ from servetune.planner.modelclass import (hybrid_block_size, hybrid_kinds, kv_la
                                           mamba_state_bytes)
 from servetune.planner.modelinfo import ModelProfile, load_model, profile_from_config
 from servetune.planner.vllm_rules import memory_rules
-from servetune.sim.perf import PerfModel
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = get_gpu("H100-80GB")
@@ -155,12 +154,6 @@ def test_prefix_caching_on_a_hybrid():
         resolve_engine_config({"enable_prefix_caching": True}, m, H100, "0.19.0")
     assert err.value.field == "enable_prefix_caching" and "not modelled" in err.value.message
     assert resolve_engine_config({}, load_model("llama-3.1-8b"), H100, "0.26.0").enable_prefix_caching
-
-
-def test_the_simulator_refuses_a_hybrid():
-    m = load_model("granite-4.0-h-tiny")
-    with pytest.raises(SpecError, match="Mamba layers is not modelled"):
-        PerfModel(m, H100, resolve_engine_config(FLAGS, m, H100, "0.26.0"))
 
 
 @pytest.mark.parametrize("cfg, field", [
