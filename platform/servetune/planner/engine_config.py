@@ -341,12 +341,6 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
     dtype = str(f.get("dtype", "auto"))
     if dtype == "half":
         dtype = "float16"
-    prefix_caching = _prefix_caching(f, model, rules)
-    block_size = int(f.get("block_size", 16))
-    if model.is_hybrid:
-        block_size = modelclass.hybrid_block_size(
-            model, tp, block_size, model.kv_dtype_bytes(str(f.get("kv_cache_dtype", "auto"))),
-            modelclass.mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default), rules.hybrid_align_to_block_size)
 
     return EngineConfig(
         gpu_memory_utilization=float(f.get("gpu_memory_utilization", rules.default_gpu_memory_utilization)),
@@ -360,9 +354,9 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         enforce_eager=enforce_eager,
         cudagraph_capture_sizes=sizes,
         kv_cache_dtype=str(f.get("kv_cache_dtype", "auto")),
-        enable_prefix_caching=prefix_caching,
+        enable_prefix_caching=_prefix_caching(f, model, rules),
         enable_chunked_prefill=chunked,
-        block_size=block_size,
+        block_size=_block_size(f, model, tp, rules),
         long_prefill_token_threshold=int(f.get("long_prefill_token_threshold", 0)),
         scheduling_policy=str(f.get("scheduling_policy", "fcfs")),
         # Async scheduling is on by default from 0.16 where supported; vLLM turns it off with PP.
@@ -374,6 +368,17 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
                                                          is_moe=model.is_moe, is_hybrid=model.is_hybrid,
                                                          is_quantized=model.quantization is not None),
     )
+
+
+def _block_size(flags: Mapping[str, Any], model: ModelProfile, tp: int, rules: VllmMemoryRules) -> int:
+    """``block_size`` as vLLM sets it: the flag (16 unset), raised for a Mamba hybrid
+    (:func:`~servetune.planner.modelclass.hybrid_block_size`) until an attention page holds one Mamba state."""
+    block_size = int(flags.get("block_size", 16))
+    if not model.is_hybrid:
+        return block_size
+    return modelclass.hybrid_block_size(
+        model, tp, block_size, model.kv_dtype_bytes(str(flags.get("kv_cache_dtype", "auto"))),
+        modelclass.mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default), rules.hybrid_align_to_block_size)
 
 
 def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMemoryRules) -> bool:
