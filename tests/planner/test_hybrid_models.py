@@ -161,7 +161,6 @@ def test_prefix_caching_on_a_hybrid():
     ({**NEMOTRON_NANO_9B, "hybrid_override_pattern": "MEM*" * 14}, "hybrid_override_pattern"),
     ({**NEMOTRON_NANO_9B, "intermediate_size": [15680, 12000]}, "intermediate_size"),
     ({"model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"]}, "model_type"),
-    ({"model_type": "bamba", "architectures": ["BambaForCausalLM"]}, "model_type"),
     ({"model_type": "jamba", "architectures": ["JambaForCausalLM"]}, "model_type"),
 ])
 def test_what_is_not_modelled_is_still_refused(cfg, field):
@@ -211,4 +210,37 @@ def test_qwen3_next_gated_delta_net():
     p = plan_memory(m, get_gpu("H200"), c)
     assert p.fits and p.max_concurrency == pytest.approx(p.num_gpu_blocks / (-(-32768 // 544) + 3))
     assert resolve_engine_config({"tensor_parallel_size": 4}, m, get_gpu("H200"), "0.26.0").block_size == 272
+
+
+#: Bamba-9B's shape as its model card describes it (32 layers, attention at 9, 18, 27); a test input.
+BAMBA = {"architectures": ["BambaForCausalLM"], "model_type": "bamba", "hidden_size": 4096, "num_hidden_layers": 32,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+         "max_position_embeddings": 4096, "attn_layer_indices": [9, 18, 27], "attn_rotary_emb": 64,
+         "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4,
+         "mamba_expand": 2, "mamba_conv_bias": True, "mamba_proj_bias": False, "tie_word_embeddings": False}
+
+
+def test_bamba_until_its_removal():
+    """Bamba: granite's Mamba2 mixer, a gated MLP in every layer, a 64-wide rotary table; state 3 x (8192 + 256) x 2
+    + 128 x 64 x 128 x 2 = 2,147,840 B, block 16 x cdiv(2,147,840, 16 x 4,096) = 528; 3 attention and 29 Mamba
+    layers: 1 + cdiv(29, 3) = 11 groups. vLLM 0.24 dropped the architecture (models/registry.py)."""
+    m = profile_from_config(BAMBA, "bamba-9b")
+    assert [i for i, k in enumerate(m.layer_types) if k == "full"] == [9, 18, 27] and m.rotary_dim == 64
+    assert mamba_state_bytes(m, 1, 2) == 2_147_840
+    c = resolve_engine_config({"max_model_len": 4096}, m, H100, "0.19.0")
+    assert c.block_size == 528 and kv_layout(m, 1, 0, 1, 528, 2, 4096).groups == ("full",) + ("mamba",) * 10
+    p = plan_memory(m, H100, c)
+    assert p.kv_cache_tokens == p.num_gpu_blocks // 11 * 528
+    assert resolve_engine_config({}, m, H100, "0.23.0").block_size == 528
+    with pytest.raises(SpecError, match="was supported in vLLM until v0.23.0"):
+        resolve_engine_config({}, m, H100, "0.24.0")
+
+
+def test_incomplete_or_attention_free_hybrids_are_refused():
+    with pytest.raises(SpecError, match="without attention layers"):
+        profile_from_config({**BAMBA, "attn_layer_indices": []}, "m")
+    cfg = {k: v for k, v in NEMOTRON_NANO_9B.items() if k != "ssm_state_size"}
+    with pytest.raises(SpecError) as err:
+        profile_from_config(cfg, "m", source="m/config.json")
+    assert err.value.field == "m/config.json: ssm_state_size"
 

@@ -182,3 +182,12 @@ def test_mamba_block_check_by_release() -> None:
     0.25.0, 1492 of 0.26.0; no such line in 0.19.0 or 0.11.0."""
     on = {v: memory_rules(v).mamba_blocks_cover_max_num_seqs for v in ((0, 11, 0), (0, 19, 0), (0, 22, 0), (0, 26, 0))}
     assert on == {(0, 11, 0): False, (0, 19, 0): False, (0, 22, 0): True, (0, 26, 0): True}
+
+
+def test_bamba_leaves_the_registry_after_023() -> None:
+    """models/registry.py: 0.23.0 registers "BambaForCausalLM" (line 87); 0.24.0 lists it in
+    _PREVIOUSLY_SUPPORTED_MODELS as "0.23.0" (line 731), as 0.26.0 does (line 743)."""
+    gone = {v: dict(memory_rules(v).removed_architectures).get("BambaForCausalLM")
+            for v in ((0, 19, 0), (0, 23, 0), (0, 24, 0), (0, 26, 0))}
+    assert gone == {(0, 19, 0): None, (0, 23, 0): None, (0, 24, 0): "0.23.0", (0, 26, 0): "0.23.0"}
+

@@ -290,6 +290,7 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
     rules = memory_rules(v)
     # None means "not set" (vLLM's own default), as in a flag set with optional entries.
     f = validate_flags({k: val for k, val in flags.items() if val is not None})
+    _check_served(model, rules)
     tp = int(f.get("tensor_parallel_size", 1))
     pp = int(f.get("pipeline_parallel_size", 1))
     _check_parallel(model, tp, pp)
@@ -368,6 +369,14 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
                                                          is_moe=model.is_moe, is_hybrid=model.is_hybrid,
                                                          is_quantized=model.quantization is not None),
     )
+
+
+def _check_served(model: ModelProfile, rules: VllmMemoryRules) -> None:
+    """SpecError, with vLLM's own text, where this release no longer serves the model's architecture."""
+    last = dict(rules.removed_architectures).get(model.architecture)
+    if last is not None:
+        raise SpecError("vllm_version", f"Model architecture {model.architecture} was supported in vLLM until "
+                        f"v{last}, and is not supported anymore.", f"plan it at vLLM {last} or older")
 
 
 def _block_size(flags: Mapping[str, Any], model: ModelProfile, tp: int, rules: VllmMemoryRules) -> int:

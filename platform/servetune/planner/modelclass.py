@@ -40,7 +40,7 @@ it follows (v0.19.0 unless said otherwise):
   monolithic MXFP4 kernel keeps no workspace.
 
 - **Mamba2 / attention hybrids** (Granite-4.0-H ``granitemoehybrid``, Nemotron-H ``nemotron_h``'s ``M`` /
-  ``*`` / ``-`` layers; :func:`hybrid_kinds`), and Qwen3-Next's gated delta net, whose state vLLM sizes
+  ``*`` / ``-`` layers, Bamba up to vLLM 0.23; :func:`hybrid_kinds`), and Qwen3-Next's gated delta net, whose state vLLM sizes
   the same way (``MambaSpec``; its conv and temporal shapes are a Mamba2 state's with ``linear_num_key_heads``
   groups of ``linear_key_head_dim``): each Mamba layer keeps one recurrent state per request
   (:func:`mamba_state_bytes`); vLLM raises the attention block until one attention page holds it and pads
@@ -50,7 +50,7 @@ it follows (v0.19.0 unless said otherwise):
   0.19.0 and 0.11.0 (and 0.13, 0.16, 0.22, 0.24, 0.25 for the version thresholds); not yet checked on a start.
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): other Mamba / SSM and linear-attention
-layers (Qwen3.5, Jamba, Falcon-H1, Bamba, Nemotron-H MoE layers, ...), chunked local
+layers (Qwen3.5, Jamba, Falcon-H1, Nemotron-H MoE layers, hybrids without attention layers, ...), chunked local
 attention (Llama-4), KV shared across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
 
 Example:
@@ -109,8 +109,9 @@ _SSM_TYPES = ("mamba", "mamba2", "jamba", "falcon_h1", "nemotron_h", "granitemoe
               "plamo2", "lfm2", "qwen3_next", "minimax_m1", "minimax_text_01", "rwkv", "recurrent_gemma", "xlstm")
 #: Recurrent / attention hybrids the planner models (:func:`hybrid_kinds`): vLLM's Mamba2
 #: ``GraniteMoeHybridForCausalLM`` and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers; MoE ``E``
-#: layers are refused), and the gated-delta-net ``Qwen3NextForCausalLM`` (every layer MoE).
-_MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next")
+#: layers are refused), ``BambaForCausalLM`` (gone from vLLM's registry after 0.23), and the gated-delta-net
+#: ``Qwen3NextForCausalLM`` (every layer MoE).
+_MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next", "bamba")
 _MAMBA = "mamba"
 _MLP = "mlp"  # a Nemotron-H ``-`` layer: a norm and an MLP, no mixer
 _SSM_LAYER_WORDS = ("mamba", "linear_attention", "linear", "conv", "ssm", "recurrent", "deltanet", "attention_linear")
@@ -120,7 +121,7 @@ def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
     """Raise a one-line SpecError for a model whose memory the planner does not model.
 
     Mamba / SSM layers and linear attention other than the modelled hybrids (Qwen3.5, Jamba, Falcon-H1,
-    Bamba, MiniMax, Nemotron-H MoE layers, Qwen3-Next with dense MLP layers): vLLM keeps a per-request recurrent state
+    MiniMax, Nemotron-H MoE layers, Qwen3-Next with dense MLP layers, hybrids without attention layers): vLLM keeps a per-request recurrent state
     beside (or instead of) the paged KV cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
     KV shared across layers (gemma-3n / gemma-4 ``num_kv_shared_layers``) and DeepSeek sparse attention
     (``index_topk``: an indexer cache beside the MLA latent).
@@ -191,6 +192,23 @@ def _refuse_unmodelled_hybrid(cfg: Mapping[str, Any], model_type: str, source: s
     if cfg.get("attention_chunk_size") or cfg.get("num_kv_shared_layers"):
         raise SpecError(f"{source}: model_type", f"{model_type} with chunked or shared KV layers is not modelled "
                         "by the planner", fix)
+    kinds = hybrid_kinds(cfg)
+    if kinds and _FULL not in kinds:
+        raise SpecError(f"{source}: model_type", f"{model_type} without attention layers (vLLM pages no attention "
+                        "KV beside the recurrent state) is not modelled by the planner", fix)
+    missing = [k for k in _STATE_KEYS[model_type] if kinds and cfg.get(k) is None]
+    if missing:
+        raise SpecError(f"{source}: {missing[0]}", f"config.json has no {' / '.join(repr(k) for k in missing)}, "
+                        f"which size a {model_type} layer's recurrent state", "use the model's complete config.json")
+
+
+#: The config fields each modelled hybrid's recurrent state is sized from (:func:`_mamba_fields`).
+_STATE_KEYS = {
+    "granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_d_state"),
+    "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_d_state"),
+    "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"),
+    "qwen3_next": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
+}
 
 
 def _nemotron_pattern(cfg: Mapping[str, Any]) -> str:
@@ -226,6 +244,12 @@ def hybrid_kinds(cfg: Mapping[str, Any]) -> list[str]:
     elif model_type == "granitemoehybrid":
         declared = cfg.get("layer_types") or cfg.get("layers_block_type") or []
         kinds = [_MAMBA if str(t).lower() == "mamba" else _FULL for t in declared]
+    elif model_type == "bamba":
+        # transformers' BambaConfig.layers_block_type: attention at attn_layer_indices, Mamba elsewhere
+        declared = cfg.get("layers_block_type") or []
+        attn = set(cfg.get("attn_layer_indices") or [])
+        kinds = ([_MAMBA if str(t).lower() == "mamba" else _FULL for t in declared] if declared else
+                 [_FULL if i in attn else _MAMBA for i in range(int(cfg.get("num_hidden_layers") or 0))])
     elif model_type == "qwen3_next":
         # transformers' Qwen3NextConfig: layer_types, else full attention every full_attention_interval-th layer
         declared = cfg.get("layer_types") or []
@@ -382,6 +406,9 @@ def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
     flat["num_hidden_layers"] = len(kinds)
     if str(flat.get("model_type")).lower() == "qwen3_next":
         return  # head_dim, num_experts, moe_intermediate_size and shared_expert_intermediate_size are its own names
+    if str(flat.get("model_type")).lower() == "bamba":
+        flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])  # BambaAttentionDecoderLayer
+        return
     if str(flat.get("model_type")).lower() == "granitemoehybrid":
         flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])
         shared = int(flat.get("shared_intermediate_size") or 0)
@@ -477,6 +504,8 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out["no_rope"] = True  # NemotronHAttention has no rotary; granite builds one only for "rope"
     if model_type == "nemotron_h":
         out["ffn_gated"] = False  # NemotronHMLP: up_proj, relu2, down_proj
+    if model_type == "bamba" and cfg.get("attn_rotary_emb"):
+        out["rotary_dim"] = int(cfg["attn_rotary_emb"])  # BambaAttentionDecoderLayer: a partial rotary table
     if model_type == "qwen3_next" and _MAMBA in kinds:
         out["attn_output_gate"] = bool(cfg.get("attn_output_gate", True))  # Qwen3NextAttention: q_proj x 2
         out["rotary_dim"] = int(int(cfg.get("head_dim") or 0) * float(cfg.get("partial_rotary_factor") or 1.0))

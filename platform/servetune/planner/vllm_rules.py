@@ -259,6 +259,10 @@ class VllmMemoryRules:
     #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
     #: 0.20 and 0.21 not read). Planned as ``kv_too_small`` (too few blocks for the configuration).
     mamba_blocks_cover_max_num_seqs: bool
+    #: Architectures of modelled classes this release no longer serves, with the last release that did
+    #: (``_PREVIOUSLY_SUPPORTED_MODELS``, ``models/registry.py``: ``"BambaForCausalLM": "0.23.0"`` at line 731 of
+    #: 0.24.0, 743 of 0.26.0; 0.23.0 still registers it at line 87).
+    removed_architectures: tuple[tuple[str, str], ...]
 
     # -- vLLM's texts --------------------------------------------------------------------------
 
@@ -448,4 +452,5 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         nemotron_h_ssm_default="float32" if v >= (0, 22, 0) else "float16" if v >= (0, 13, 0) else "auto",
         hybrid_prefix_caching_forced_off=v < (0, 12, 0),
         mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
+        removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
     )
