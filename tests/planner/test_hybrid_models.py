@@ -160,7 +160,6 @@ def test_prefix_caching_on_a_hybrid():
     ({"model_type": "qwen3_5", "layer_types": ["linear_attention", "full_attention"]}, "layer_types"),
     ({**NEMOTRON_NANO_9B, "hybrid_override_pattern": "MEM*" * 14}, "hybrid_override_pattern"),
     ({**NEMOTRON_NANO_9B, "intermediate_size": [15680, 12000]}, "intermediate_size"),
-    ({"model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"]}, "model_type"),
     ({"model_type": "jamba", "architectures": ["JambaForCausalLM"]}, "model_type"),
 ])
 def test_what_is_not_modelled_is_still_refused(cfg, field):
@@ -243,4 +242,31 @@ def test_incomplete_or_attention_free_hybrids_are_refused():
     with pytest.raises(SpecError) as err:
         profile_from_config(cfg, "m", source="m/config.json")
     assert err.value.field == "m/config.json: ssm_state_size"
+
+
+#: Falcon-H1-7B's shape as public code quotes its config.json; a test input.
+FALCON_H1_7B = {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 3072,
+                "num_hidden_layers": 44, "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,
+                "intermediate_size": 12288, "vocab_size": 130048, "tie_word_embeddings": False, "mamba_d_state": 256,
+                "mamba_n_groups": 1, "mamba_n_heads": 24, "mamba_d_head": 128, "mamba_d_ssm": 3072, "mamba_expand": 2,
+                "mamba_d_conv": 4, "mamba_chunk_size": 128, "max_position_embeddings": 262144}
+
+
+def test_falcon_h1_runs_attention_and_mamba_in_every_layer():
+    """FalconH1ParallelHybrid: 44 attention and 44 Mamba layers, so group size 44 and two groups; state 3 x (3072 +
+    2 x 256) x 2 + 24 x 128 x 256 x 2 = 1,594,368 B, block 16 x cdiv(1,594,368, 16 x 1,024) = 1,568. At 0.26's
+    default max_num_seqs (1024 on an H100) the blocks do not cover the sequences: vLLM's own refusal."""
+    m = profile_from_config(FALCON_H1_7B, "falcon-h1-7b")
+    assert m.is_hybrid and set(m.layer_types) == {"parallel"} and m.mamba_inner == 3072 and m.mamba_mup_vector
+    assert mamba_state_bytes(m, 1, 2) == 1_594_368 and m.kv_bytes_per_token(1, 1) == 44 * 1024
+    c = resolve_engine_config({"max_model_len": 32768, "max_num_seqs": 256}, m, H100, "0.26.0")
+    lay = kv_layout(m, 1, 0, 1, c.block_size, 2, 32768)
+    assert c.block_size == 1568 and (lay.group_size, lay.groups) == (44, ("full", "mamba"))
+    p = plan_memory(m, H100, c)
+    assert p.fits and p.max_concurrency == pytest.approx(p.num_gpu_blocks / (-(-32768 // 1568) + 1))
+    linear, plain, _ = m._hybrid_layer_elems("parallel", 1)
+    mup = 2 * 3072 + 2 * 256 + 24
+    assert plain == 2 * 3072 + (3072 + 2 * 256) * 5 + 2 * 24 + mup  # norms, conv1d + bias, D + dt_bias, mup_vector
+    refused = plan_memory(m, H100, resolve_engine_config({"max_model_len": 32768}, m, H100, "0.26.0"))
+    assert refused.failure is not None and "max_num_seqs (1024) exceeds available Mamba cache blocks" in (refused.cause or "")
 

@@ -40,7 +40,8 @@ it follows (v0.19.0 unless said otherwise):
   monolithic MXFP4 kernel keeps no workspace.
 
 - **Mamba2 / attention hybrids** (Granite-4.0-H ``granitemoehybrid``, Nemotron-H ``nemotron_h``'s ``M`` /
-  ``*`` / ``-`` layers, Bamba up to vLLM 0.23; :func:`hybrid_kinds`), and Qwen3-Next's gated delta net, whose state vLLM sizes
+  ``*`` / ``-`` layers, Bamba up to vLLM 0.23, Falcon-H1's attention and Mamba2 side by side in every layer;
+  :func:`hybrid_kinds`), and Qwen3-Next's gated delta net, whose state vLLM sizes
   the same way (``MambaSpec``; its conv and temporal shapes are a Mamba2 state's with ``linear_num_key_heads``
   groups of ``linear_key_head_dim``): each Mamba layer keeps one recurrent state per request
   (:func:`mamba_state_bytes`); vLLM raises the attention block until one attention page holds it and pads
@@ -50,7 +51,7 @@ it follows (v0.19.0 unless said otherwise):
   0.19.0 and 0.11.0 (and 0.13, 0.16, 0.22, 0.24, 0.25 for the version thresholds); not yet checked on a start.
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): other Mamba / SSM and linear-attention
-layers (Qwen3.5, Jamba, Falcon-H1, Nemotron-H MoE layers, hybrids without attention layers, ...), chunked local
+layers (Qwen3.5, Jamba, Zamba, PLaMo2, LFM2, Nemotron-H MoE layers, hybrids without attention layers, ...), chunked local
 attention (Llama-4), KV shared across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
 
 Example:
@@ -110,9 +111,10 @@ _SSM_TYPES = ("mamba", "mamba2", "jamba", "falcon_h1", "nemotron_h", "granitemoe
 #: Recurrent / attention hybrids the planner models (:func:`hybrid_kinds`): vLLM's Mamba2
 #: ``GraniteMoeHybridForCausalLM`` and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers; MoE ``E``
 #: layers are refused), ``BambaForCausalLM`` (gone from vLLM's registry after 0.23), and the gated-delta-net
-#: ``Qwen3NextForCausalLM`` (every layer MoE).
-_MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next", "bamba")
+#: ``Qwen3NextForCausalLM`` (every layer MoE), and ``FalconH1ForCausalLM`` (attention and Mamba2 in every layer).
+_MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next", "bamba", "falcon_h1")
 _MAMBA = "mamba"
+_PARALLEL = "parallel"  # a Falcon-H1 layer: attention and a Mamba2 mixer side by side (one KV page of each)
 _MLP = "mlp"  # a Nemotron-H ``-`` layer: a norm and an MLP, no mixer
 _SSM_LAYER_WORDS = ("mamba", "linear_attention", "linear", "conv", "ssm", "recurrent", "deltanet", "attention_linear")
 
@@ -120,7 +122,7 @@ _SSM_LAYER_WORDS = ("mamba", "linear_attention", "linear", "conv", "ssm", "recur
 def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
     """Raise a one-line SpecError for a model whose memory the planner does not model.
 
-    Mamba / SSM layers and linear attention other than the modelled hybrids (Qwen3.5, Jamba, Falcon-H1,
+    Mamba / SSM layers and linear attention other than the modelled hybrids (Qwen3.5, Jamba, Zamba,
     MiniMax, Nemotron-H MoE layers, Qwen3-Next with dense MLP layers, hybrids without attention layers): vLLM keeps a per-request recurrent state
     beside (or instead of) the paged KV cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
     KV shared across layers (gemma-3n / gemma-4 ``num_kv_shared_layers``) and DeepSeek sparse attention
@@ -193,7 +195,7 @@ def _refuse_unmodelled_hybrid(cfg: Mapping[str, Any], model_type: str, source: s
         raise SpecError(f"{source}: model_type", f"{model_type} with chunked or shared KV layers is not modelled "
                         "by the planner", fix)
     kinds = hybrid_kinds(cfg)
-    if kinds and _FULL not in kinds:
+    if kinds and _FULL not in kinds and _PARALLEL not in kinds:
         raise SpecError(f"{source}: model_type", f"{model_type} without attention layers (vLLM pages no attention "
                         "KV beside the recurrent state) is not modelled by the planner", fix)
     missing = [k for k in _STATE_KEYS[model_type] if kinds and cfg.get(k) is None]
@@ -206,6 +208,7 @@ def _refuse_unmodelled_hybrid(cfg: Mapping[str, Any], model_type: str, source: s
 _STATE_KEYS = {
     "granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_d_state"),
     "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_d_state"),
+    "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_d_state"),
     "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"),
     "qwen3_next": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
 }
@@ -244,6 +247,9 @@ def hybrid_kinds(cfg: Mapping[str, Any]) -> list[str]:
     elif model_type == "granitemoehybrid":
         declared = cfg.get("layer_types") or cfg.get("layers_block_type") or []
         kinds = [_MAMBA if str(t).lower() == "mamba" else _FULL for t in declared]
+    elif model_type == "falcon_h1":
+        # FalconH1ParallelHybrid: every layer runs attention and a Mamba2 mixer (falcon_h1.py, lines 315-370 of 0.26.0)
+        kinds = [_PARALLEL] * int(cfg.get("num_hidden_layers") or 0)
     elif model_type == "bamba":
         # transformers' BambaConfig.layers_block_type: attention at attn_layer_indices, Mamba elsewhere
         declared = cfg.get("layers_block_type") or []
@@ -260,7 +266,7 @@ def hybrid_kinds(cfg: Mapping[str, Any]) -> list[str]:
             kinds = [_FULL if (i + 1) % interval == 0 else _MAMBA for i in range(int(cfg.get("num_hidden_layers") or 0))]
     else:
         return []
-    return kinds if _MAMBA in kinds else []
+    return kinds if _MAMBA in kinds or _PARALLEL in kinds else []
 
 
 def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -285,12 +291,18 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 "mamba_inner": heads * head_dim, "mamba_conv_bias": bool(cfg.get("use_conv_bias", True)),
                 "mamba_proj_bias": bool(cfg.get("use_bias", False)),
                 "mamba_ssm_dtype": str(cfg.get("mamba_ssm_cache_dtype") or "")}
+    falcon = str(cfg.get("model_type") or "").lower() == "falcon_h1"
+    # Falcon-H1: mamba_d_ssm when set, else int(mamba_expand x hidden); its RMSNormGated weight only with
+    # mamba_rms_norm; a mup_vector buffer (falcon_h1.py, FalconH1SSMDecoderLayer, lines 113-196 of 0.26.0)
+    inner = int(cfg.get("mamba_d_ssm") or int(float(cfg.get("mamba_expand") or 2) * hidden)) if falcon \
+        else int(cfg.get("mamba_expand") or 2) * hidden
     return {"mamba_heads": int(cfg["mamba_n_heads"]), "mamba_head_dim": int(cfg["mamba_d_head"]),
             "mamba_d_state": int(cfg["mamba_d_state"]), "mamba_groups": int(cfg.get("mamba_n_groups") or 1),
-            "mamba_d_conv": int(cfg.get("mamba_d_conv") or 4),
-            "mamba_inner": int(cfg.get("mamba_expand") or 2) * hidden,
+            "mamba_d_conv": int(cfg.get("mamba_d_conv") or 4), "mamba_inner": inner,
             "mamba_conv_bias": bool(cfg.get("mamba_conv_bias", True)),
-            "mamba_proj_bias": bool(cfg.get("mamba_proj_bias", False)), "mamba_ssm_dtype": ""}
+            "mamba_proj_bias": bool(cfg.get("mamba_proj_bias", False)), "mamba_ssm_dtype": "",
+            "mamba_norm_weight": bool(cfg.get("mamba_rms_norm", False)) if falcon else True,
+            "mamba_mup_vector": falcon}
 
 
 def mamba_state_bytes(model: Any, tp: int, ssm_dtype_bytes: int) -> int:
@@ -385,7 +397,7 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
             vision, int(flat.get("hidden_size") or 0), source,
             llava_features=(len(layers) if isinstance(layers, (list, tuple)) else 1) if llava else 0)
     flat["layer_types"] = _layer_types(flat)
-    if flat["layer_types"] and _MAMBA in flat["layer_types"]:
+    if flat["layer_types"] and (_MAMBA in flat["layer_types"] or _PARALLEL in flat["layer_types"]):
         _normalize_hybrid(flat, source)
     elif str(flat.get("model_type") or "").lower() == "granitemoehybrid" and not flat.get("num_local_experts"):
         # granite-4.0-micro: every layer attention, the dense FFN is the shared MLP
@@ -408,6 +420,9 @@ def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
         return  # head_dim, num_experts, moe_intermediate_size and shared_expert_intermediate_size are its own names
     if str(flat.get("model_type")).lower() == "bamba":
         flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])  # BambaAttentionDecoderLayer
+        return
+    if str(flat.get("model_type")).lower() == "falcon_h1":
+        flat["head_dim"] = flat.get("head_dim") or int(flat["hidden_size"]) // int(flat["num_attention_heads"])
         return
     if str(flat.get("model_type")).lower() == "granitemoehybrid":
         flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])
@@ -496,7 +511,7 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "sliding_window": int(cfg.get("sliding_window") or 0) if _SLIDING in kinds else 0,
         "vision_params": int(cfg.get("_vision_params") or 0),
     }
-    if _MAMBA in kinds:
+    if _MAMBA in kinds or _PARALLEL in kinds:
         out.update(_mamba_fields(cfg))
     model_type = str(cfg.get("model_type") or "").lower()
     if model_type == "nemotron_h" or (model_type == "granitemoehybrid"
@@ -504,8 +519,8 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out["no_rope"] = True  # NemotronHAttention has no rotary; granite builds one only for "rope"
     if model_type == "nemotron_h":
         out["ffn_gated"] = False  # NemotronHMLP: up_proj, relu2, down_proj
-    if model_type == "bamba" and cfg.get("attn_rotary_emb"):
-        out["rotary_dim"] = int(cfg["attn_rotary_emb"])  # BambaAttentionDecoderLayer: a partial rotary table
+    if model_type in ("bamba", "falcon_h1") and cfg.get("attn_rotary_emb"):
+        out["rotary_dim"] = int(cfg["attn_rotary_emb"])  # their attention layers' partial rotary table
     if model_type == "qwen3_next" and _MAMBA in kinds:
         out["attn_output_gate"] = bool(cfg.get("attn_output_gate", True))  # Qwen3NextAttention: q_proj x 2
         out["rotary_dim"] = int(int(cfg.get("head_dim") or 0) * float(cfg.get("partial_rotary_factor") or 1.0))
@@ -636,7 +651,9 @@ def kv_layout(model: Any, tp: int, stage: int, pp: int, block_size: int, kv_dtyp
     n = layers[stage]
     kinds = list(model.layer_types[start:start + n]) if model.layer_types else [_FULL] * n
     # Mamba layers share the attention page (their state padded up to it: hybrid_block_size); "mlp" layers hold none
-    counts = {k: kinds.count(k) for k in (_FULL, _SLIDING, _MAMBA) if kinds.count(k)}
+    both = kinds.count(_PARALLEL)  # Falcon-H1: one attention and one Mamba layer each
+    counts = {k: kinds.count(k) + (both if k != _SLIDING else 0) for k in (_FULL, _SLIDING, _MAMBA)}
+    counts = {k: c for k, c in counts.items() if c}
     size = group_size_for(list(counts.values()))
     groups: list[str] = []
     for kind, count in counts.items():
@@ -678,7 +695,7 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
     """What ``plan`` says about a model's classes: how each is modelled and what it was checked on."""
     notes: list[str] = []
     if model.is_hybrid:
-        mamba = model.layer_types.count(_MAMBA)
+        mamba = model.layer_types.count(_MAMBA) + model.layer_types.count(_PARALLEL)
         notes.append(f"Mamba2 hybrid: {mamba} of {len(model.layer_types)} layers keep one recurrent state per request, "
                      "paged beside the attention KV as vLLM pads it (attention block raised to hold one state); "
                      "derived from vLLM's source, not yet checked on a published start. Not modelled: the Mamba "

@@ -139,6 +139,8 @@ class ModelProfile:
     mamba_kind: str = "mamba2"  # "gdn": Qwen3-Next's gated delta net (the mamba_* fields hold its state in Mamba2 terms)
     attn_output_gate: bool = False  # Qwen3-Next's gated attention: q_proj twice as wide
     rotary_dim: int = 0  # the rotary table's width where it is not head_dim (partial_rotary_factor); 0: head_dim
+    mamba_norm_weight: bool = True  # MambaMixer2's gated-norm weight (Falcon-H1: only with mamba_rms_norm)
+    mamba_mup_vector: bool = False  # Falcon-H1's mup_vector buffer beside each mixer
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -148,7 +150,7 @@ class ModelProfile:
     @property
     def is_hybrid(self) -> bool:
         """A Mamba2 / attention hybrid (vLLM's ``ModelConfig.is_hybrid``): some layer is a Mamba layer."""
-        return "mamba" in self.layer_types
+        return "mamba" in self.layer_types or "parallel" in self.layer_types
 
     def _hybrid_layer_elems(self, kind: str, tp: int = 1, active_only: bool = False) -> tuple[int, int, int]:
         """``(linear, plain, fp32)`` elements of one hybrid layer on one TP rank, as vLLM builds it.
@@ -159,8 +161,10 @@ class ModelProfile:
         (``inner``), ``A`` per head in fp32; ``conv_dim = inner + 2 x groups x d_state``, the groups widened to
         ``tp`` where they do not divide it. An attention layer: q, k, v, o. Granite-4.0-H layers also hold the
         routed experts and router (with ``num_local_experts``) and the shared MLP, two RMSNorms; Nemotron-H
-        layers hold one mixer or one MLP (``-``: up, down) and one RMSNorm. Rotary tables are counted by
-        :meth:`stage_weight_bytes`.
+        layers hold one mixer or one MLP (``-``: up, down) and one RMSNorm; Bamba's a mixer or attention, a gated
+        MLP and two RMSNorms; Falcon-H1's (``"parallel"``) attention and a mixer side by side (its gated-norm weight
+        only with ``mamba_rms_norm``, plus the ``mup_vector`` buffer), a gated MLP and two RMSNorms. Rotary tables
+        are counted by :meth:`stage_weight_bytes`.
         """
         h = self.hidden_size
         every_layer_ffn = self.ffn_gated  # granite: mixer + FFN in every layer; Nemotron-H: one or the other
@@ -174,16 +178,19 @@ class ModelProfile:
             linear += h * (conv_dim + self.mamba_inner + 2 * self.mamba_heads) // tp + self.mamba_inner // tp * h
             plain += conv_dim // tp * self.mamba_d_conv + self.mamba_heads // tp + self.mamba_head_dim
             fp32 += self.mamba_heads // tp
-        elif kind == "mamba":
+        elif kind in ("mamba", "parallel"):
             groups = self.mamba_groups if self.mamba_groups % tp == 0 else tp
             conv_dim = self.mamba_inner + 2 * groups * self.mamba_d_state
             proj_out = self.mamba_inner + conv_dim + self.mamba_heads
             linear += h * proj_out // tp + self.mamba_inner // tp * h
             plain += conv_dim // tp * (self.mamba_d_conv + (1 if self.mamba_conv_bias else 0))
-            plain += 2 * (self.mamba_heads // tp) + self.mamba_inner // tp  # D, dt_bias, norm
+            plain += 2 * (self.mamba_heads // tp) + (self.mamba_inner // tp if self.mamba_norm_weight else 0)
             plain += proj_out // tp + h if self.mamba_proj_bias else 0
+            # Falcon-H1's mup_vector: (2 d_ssm + 2 G S + heads) / tp, G the mixer's (widened) groups
+            plain += (2 * self.mamba_inner + 2 * groups * self.mamba_d_state + self.mamba_heads) // tp \
+                if self.mamba_mup_vector else 0
             fp32 += self.mamba_heads // tp  # A
-        elif kind == "full":
+        if kind in ("full", "parallel"):
             linear += self._attention_params(tp) + (h * self.q_size // tp if self.attn_output_gate else 0)
             if self.qkv_bias:
                 plain += self.q_size // tp + 2 * self.kv_heads_per_gpu(tp) * self.head_dim + h
@@ -402,7 +409,8 @@ class ModelProfile:
         layers = max(self.stage_layers(pp))
         if self.is_hybrid:  # only the attention layers hold per-token KV (the Mamba state is per request)
             bounds = [0, *itertools.accumulate(self.stage_layers(pp))]
-            layers = max(self.layer_types[a:b].count("full") for a, b in zip(bounds, bounds[1:]))
+            layers = max(self.layer_types[a:b].count("full") + self.layer_types[a:b].count("parallel")
+                         for a, b in zip(bounds, bounds[1:]))
         return 2 * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype) * layers
 
     def kv_dtype_bytes(self, kv_cache_dtype: str = "auto") -> int:
