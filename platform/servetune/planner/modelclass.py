@@ -399,10 +399,21 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
     flat["layer_types"] = _layer_types(flat)
     if flat["layer_types"] and (_MAMBA in flat["layer_types"] or _PARALLEL in flat["layer_types"]):
         _normalize_hybrid(flat, source)
-    elif str(flat.get("model_type") or "").lower() == "granitemoehybrid" and not flat.get("num_local_experts"):
-        # granite-4.0-micro: every layer attention, the dense FFN is the shared MLP
-        flat["intermediate_size"] = flat.get("shared_intermediate_size") or flat.get("intermediate_size")
+    elif str(flat.get("model_type") or "").lower() == "granitemoehybrid":
+        # granite-4.0-micro: every layer attention, no Mamba; the FFN is the shared MLP (beside experts, if any)
+        _normalize_granite_ffn(flat)
     return flat
+
+
+def _normalize_granite_ffn(flat: dict[str, Any]) -> None:
+    """Granite-4.0's FFN under the profile's names (in place): ``GraniteMoeSharedMLP`` of
+    ``shared_intermediate_size`` in every layer, beside ``num_local_experts`` routed experts of ``intermediate_size``."""
+    shared = int(flat.get("shared_intermediate_size") or 0)
+    if flat.get("num_local_experts"):
+        flat["moe_intermediate_size"] = flat.get("intermediate_size")
+        flat["shared_expert_intermediate_size"] = shared
+    else:
+        flat["intermediate_size"] = shared or flat.get("intermediate_size")
 
 
 def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
@@ -426,12 +437,7 @@ def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
         return
     if str(flat.get("model_type")).lower() == "granitemoehybrid":
         flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])
-        shared = int(flat.get("shared_intermediate_size") or 0)
-        if flat.get("num_local_experts"):
-            flat["moe_intermediate_size"] = flat.get("intermediate_size")
-            flat["shared_expert_intermediate_size"] = shared
-        else:
-            flat["intermediate_size"] = shared or flat.get("intermediate_size")
+        _normalize_granite_ffn(flat)
         return
     flat["head_dim"] = flat.get("head_dim") or flat.get("attention_head_dim")
     inter = flat.get("intermediate_size")
