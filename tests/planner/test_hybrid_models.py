@@ -270,3 +270,15 @@ def test_falcon_h1_runs_attention_and_mamba_in_every_layer():
     refused = plan_memory(m, H100, resolve_engine_config({"max_model_len": 32768}, m, H100, "0.26.0"))
     assert refused.failure is not None and "max_num_seqs (1024) exceeds available Mamba cache blocks" in (refused.cause or "")
 
+
+def test_tp_must_divide_the_mamba_heads_and_groups():
+    """MambaMixer2's asserts: 48 granite Mamba heads do not split over 32 ranks (attention's 12 heads already refuse
+    it); Nemotron-H's 8 groups do not split over 16 ranks; one group is widened instead."""
+    n = _nemotron()
+    with pytest.raises(SpecError, match="num_groups must equal 1"):
+        resolve_engine_config({"tensor_parallel_size": 16}, _nemotron(num_attention_heads=64, num_key_value_heads=16), H100)
+    assert resolve_engine_config({"tensor_parallel_size": 8}, n, H100).tensor_parallel_size == 8
+    with pytest.raises(SpecError, match="must divide num heads"):
+        resolve_engine_config({"tensor_parallel_size": 8}, _nemotron(mamba_num_heads=132), H100)
+    assert resolve_engine_config({"tensor_parallel_size": 4}, load_model("granite-4.0-h-tiny"), H100).block_size > 16
+

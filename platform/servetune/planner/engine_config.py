@@ -269,6 +269,21 @@ def _check_parallel(model: ModelProfile, tp: int, pp: int) -> None:
         raise SpecError("pipeline_parallel_size",
                         f"{pp} pipeline stages for {model.num_layers} layers leaves a stage without layers",
                         f"use pipeline_parallel_size <= {model.num_layers}")
+    if model.is_hybrid:
+        _check_mamba_parallel(model, tp)
+
+
+def _check_mamba_parallel(model: ModelProfile, tp: int) -> None:
+    """``MambaMixer2``'s asserts (``layers/mamba/mamba_mixer2.py`` lines 285-292 of 0.26.0): TP divides the Mamba
+    heads, and the groups unless there is one; the gated delta net divides its heads and groups by TP outright."""
+    if model.mamba_heads % tp:
+        raise SpecError("tensor_parallel_size", "Tensor parallel world size must divide num heads. "
+                        f"({model.mamba_heads} Mamba heads, tensor_parallel_size {tp})",
+                        f"use a tensor_parallel_size that divides {model.mamba_heads}")
+    if model.mamba_groups % tp and (model.mamba_groups != 1 or model.mamba_kind == "gdn"):
+        raise SpecError("tensor_parallel_size", "If tensor parallel world size does not divide num_groups, then "
+                        f"num_groups must equal 1. ({model.mamba_groups} groups, tensor_parallel_size {tp})",
+                        f"use a tensor_parallel_size that divides {model.mamba_groups}")
 
 
 def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: GpuSpec,
