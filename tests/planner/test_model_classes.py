@@ -25,8 +25,15 @@ TINY = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_l
 
 
 @pytest.mark.parametrize("extra, field", [
-    ({"model_type": "qwen3_next"}, "model_type"),
-    ({"model_type": "nemotron_h"}, "model_type"),
+    ({"model_type": "qwen3_next", "layer_types": ["linear_attention", "sliding_attention"] * 2}, "layer_types"),
+    ({"model_type": "qwen3_next", "mlp_only_layers": [0]}, "mlp_only_layers"),
+    ({"model_type": "minimax_m1"}, "model_type"),
+    ({"model_type": "nemotron_h"}, "hybrid_override_pattern"),
+    ({"model_type": "nemotron_h", "hybrid_override_pattern": "M*EM"}, "hybrid_override_pattern"),
+    ({"model_type": "granitemoehybrid", "layer_types": ["mamba", "attention", "mamba", "moe"]}, "layer_types"),
+    ({"model_type": "falcon_h1"}, "mamba_n_heads"),
+    ({"model_type": "zamba2"}, "model_type"),
+    ({"model_type": "bamba"}, "model_type"),
     ({"architectures": ["JambaForCausalLM"]}, "model_type"),
     ({"layer_types": ["linear_attention", "full_attention"] * 2}, "layer_types"),
     ({"layers_block_type": ["mamba", "attention"] * 2}, "layer_types"),

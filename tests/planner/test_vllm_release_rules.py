@@ -142,3 +142,52 @@ def test_v1_profile_peak_is_the_native_call(version: str, name: str) -> None:
     assert sampler_profile_bytes(model, config, rows) == sampler_profile_bytes(model, baseline, rows)
     flashinfer_call = rows * model.vocab_size * (model.dtype_bytes + 4 * SAMPLER_V1_FLASHINFER_FP32_COPIES)
     assert sampler_profile_bytes(model, config, rows) > flashinfer_call
+
+
+# Mamba2 hybrids, read from the wheels (vllm/model_executor/models/config.py unless named):
+# (version, align to max(16, block_size), Nemotron-H's SSM-state default, prefix caching forced off)
+HYBRID_BY_RELEASE = [
+    # 0.11.0: 296 "cache_config.enable_prefix_caching = False"; 367 "attn_block_size = 16 * cdiv(...)"; no NemotronH config class
+    ("0.11.0", False, "auto", True),
+    # 0.13.0: 364 / 430 kernel_block_alignment_size = 16; 504 getattr(hf_config, "mamba_ssm_cache_dtype", "float16")
+    ("0.13.0", False, "float16", False),
+    # 0.16.0: 429 / 495; 576 "float16"
+    ("0.16.0", False, "float16", False),
+    # 0.19.0: 218 / 273; 494 "float16"; config/model.py 1785 hybrid -> prefix caching off by default
+    ("0.19.0", False, "float16", False),
+    # 0.22.0: platforms/interface.py 620 max(min kernel block, block_size), 642; 398 DEFAULT_MAMBA_SSM_CACHE_DTYPE = "float32"
+    ("0.22.0", True, "float32", False),
+    # 0.24.0: interface.py 744 / 766; 465 "float32"
+    ("0.24.0", True, "float32", False),
+    # 0.25.0: interface.py 861 / 883; 606 "float32"
+    ("0.25.0", True, "float32", False),
+    # 0.26.0: interface.py 876 / 898; 606 "float32"; engine/arg_utils.py 2521 "... and not model_config.is_hybrid"
+    ("0.26.0", True, "float32", False),
+]
+
+
+@pytest.mark.parametrize("version, align_to_block, nemotron_ssm, pc_forced_off", HYBRID_BY_RELEASE)
+def test_hybrid_rules_by_release(version: str, align_to_block: bool, nemotron_ssm: str, pc_forced_off: bool) -> None:
+    r = memory_rules(tuple(int(x) for x in version.split(".")))  # type: ignore[arg-type]
+    assert r.hybrid_align_to_block_size is align_to_block
+    assert r.nemotron_h_ssm_default == nemotron_ssm
+    assert r.hybrid_prefix_caching_forced_off is pc_forced_off
+    m = load_model("granite-4.0-h-tiny")
+    block = resolve_engine_config({"block_size": 32, "max_model_len": 8192}, m, get_gpu("H100-80GB"), version).block_size
+    assert block == (32 * -(-806_400 // (32 * 2048)) if align_to_block else 400)
+
+
+def test_mamba_block_check_by_release() -> None:
+    """config/compilation.py: "exceeds available Mamba cache blocks" at 1453 of 0.22.0, 1451 of 0.24.0, 1458 of
+    0.25.0, 1492 of 0.26.0; no such line in 0.19.0 or 0.11.0."""
+    on = {v: memory_rules(v).mamba_blocks_cover_max_num_seqs for v in ((0, 11, 0), (0, 19, 0), (0, 22, 0), (0, 26, 0))}
+    assert on == {(0, 11, 0): False, (0, 19, 0): False, (0, 22, 0): True, (0, 26, 0): True}
+
+
+def test_bamba_leaves_the_registry_after_023() -> None:
+    """models/registry.py: 0.23.0 registers "BambaForCausalLM" (line 87); 0.24.0 lists it in
+    _PREVIOUSLY_SUPPORTED_MODELS as "0.23.0" (line 731), as 0.26.0 does (line 743)."""
+    gone = {v: dict(memory_rules(v).removed_architectures).get("BambaForCausalLM")
+            for v in ((0, 19, 0), (0, 23, 0), (0, 24, 0), (0, 26, 0))}
+    assert gone == {(0, 19, 0): None, (0, 23, 0): None, (0, 24, 0): "0.23.0", (0, 26, 0): "0.23.0"}
+

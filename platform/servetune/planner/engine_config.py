@@ -25,6 +25,7 @@ from typing import Any
 
 from servetune.errors import SpecError
 from servetune.planner.flags import validate_flags
+from servetune.planner import modelclass
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import VllmMemoryRules, memory_rules, parse_vllm_version, runs_v2_runner, v1_runner_rules
@@ -268,6 +269,21 @@ def _check_parallel(model: ModelProfile, tp: int, pp: int) -> None:
         raise SpecError("pipeline_parallel_size",
                         f"{pp} pipeline stages for {model.num_layers} layers leaves a stage without layers",
                         f"use pipeline_parallel_size <= {model.num_layers}")
+    if model.is_hybrid:
+        _check_mamba_parallel(model, tp)
+
+
+def _check_mamba_parallel(model: ModelProfile, tp: int) -> None:
+    """``MambaMixer2``'s asserts (``layers/mamba/mamba_mixer2.py`` lines 285-292 of 0.26.0): TP divides the Mamba
+    heads, and the groups unless there is one; the gated delta net divides its heads and groups by TP outright."""
+    if model.mamba_heads % tp:
+        raise SpecError("tensor_parallel_size", "Tensor parallel world size must divide num heads. "
+                        f"({model.mamba_heads} Mamba heads, tensor_parallel_size {tp})",
+                        f"use a tensor_parallel_size that divides {model.mamba_heads}")
+    if model.mamba_groups % tp and (model.mamba_groups != 1 or model.mamba_kind == "gdn"):
+        raise SpecError("tensor_parallel_size", "If tensor parallel world size does not divide num_groups, then "
+                        f"num_groups must equal 1. ({model.mamba_groups} groups, tensor_parallel_size {tp})",
+                        f"use a tensor_parallel_size that divides {model.mamba_groups}")
 
 
 def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: GpuSpec,
@@ -289,6 +305,7 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
     rules = memory_rules(v)
     # None means "not set" (vLLM's own default), as in a flag set with optional entries.
     f = validate_flags({k: val for k, val in flags.items() if val is not None})
+    _check_served(model, rules)
     tp = int(f.get("tensor_parallel_size", 1))
     pp = int(f.get("pipeline_parallel_size", 1))
     _check_parallel(model, tp, pp)
@@ -353,9 +370,9 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         enforce_eager=enforce_eager,
         cudagraph_capture_sizes=sizes,
         kv_cache_dtype=str(f.get("kv_cache_dtype", "auto")),
-        enable_prefix_caching=bool(f.get("enable_prefix_caching", True)),
+        enable_prefix_caching=_prefix_caching(f, model, rules),
         enable_chunked_prefill=chunked,
-        block_size=int(f.get("block_size", 16)),
+        block_size=_block_size(f, model, tp, rules),
         long_prefill_token_threshold=int(f.get("long_prefill_token_threshold", 0)),
         scheduling_policy=str(f.get("scheduling_policy", "fcfs")),
         # Async scheduling is on by default from 0.16 where supported; vLLM turns it off with PP.
@@ -363,11 +380,48 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         vllm_version=".".join(map(str, v)),
         dtype=dtype,
         quantization=quantization,
-        # Hybrid (Mamba / linear-attention) models are refused before this point (modelclass).
         v1_runner=rules.v2_runner and not runs_v2_runner(rules, architecture=model.architecture,
-                                                         is_moe=model.is_moe, is_hybrid=False,
+                                                         is_moe=model.is_moe, is_hybrid=model.is_hybrid,
                                                          is_quantized=model.quantization is not None),
     )
+
+
+def _check_served(model: ModelProfile, rules: VllmMemoryRules) -> None:
+    """SpecError, with vLLM's own text, where this release no longer serves the model's architecture."""
+    last = dict(rules.removed_architectures).get(model.architecture)
+    if last is not None:
+        raise SpecError("vllm_version", f"Model architecture {model.architecture} was supported in vLLM until "
+                        f"v{last}, and is not supported anymore.", f"plan it at vLLM {last} or older")
+
+
+def _block_size(flags: Mapping[str, Any], model: ModelProfile, tp: int, rules: VllmMemoryRules) -> int:
+    """``block_size`` as vLLM sets it: the flag (16 unset), raised for a Mamba hybrid
+    (:func:`~servetune.planner.modelclass.hybrid_block_size`) until an attention page holds one Mamba state."""
+    block_size = int(flags.get("block_size", 16))
+    if not model.is_hybrid:
+        return block_size
+    return modelclass.hybrid_block_size(
+        model, tp, block_size, model.kv_dtype_bytes(str(flags.get("kv_cache_dtype", "auto"))),
+        modelclass.mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default), rules.hybrid_align_to_block_size)
+
+
+def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMemoryRules) -> bool:
+    """``enable_prefix_caching`` as vLLM resolves it; a Mamba hybrid's is off (SpecError where it would be on).
+
+    vLLM defaults it off for hybrids (``is_prefix_caching_supported`` is false for ``attn_type ==
+    "hybrid"``: ``config/model.py`` line 1785 of 0.19.0; ``arg_utils.py`` line 2521 of 0.26.0, "keep it opt-in")
+    and 0.11 forces it off (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.hybrid_prefix_caching_forced_off`).
+    Turned on, later releases page the Mamba state per block ('align' / 'all' mamba cache modes), which the
+    planner does not model.
+    """
+    flag = flags.get("enable_prefix_caching")
+    if not model.is_hybrid:
+        return bool(True if flag is None else flag)
+    if flag and not rules.hybrid_prefix_caching_forced_off:
+        raise SpecError("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({model.name}: vLLM's "
+                        "mamba_cache_mode 'align' / 'all') is not modelled by the planner",
+                        "leave enable_prefix_caching unset or false, vLLM's default for hybrid models")
+    return False
 
 
 #: Resolved fields that size the memory budget but not the compiled graphs: vLLM's compile cache

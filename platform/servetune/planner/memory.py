@@ -292,8 +292,9 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
 
     weights = model.stage_weight_bytes(tp, pp, mxfp4_scale_copies=2 if rules.mxfp4_keeps_loaded_scales else 1)
     # KV pages per stage: layers grouped as vLLM's KV cache manager groups them (modelclass.kv_layout)
-    layouts = [kv_layout(model, tp, s, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype))
-               for s in range(pp)]
+    mamba_block = config.max_model_len if model.is_hybrid else 0  # mamba_block_size without prefix caching
+    layouts = [kv_layout(model, tp, s, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype),
+                         mamba_block) for s in range(pp)]
     bytes_per_block = [layout.block_bytes for layout in layouts]
     # One worker per stage (TP ranks of a stage are identical); vLLM takes the minimum num_blocks.
     stages = []
@@ -376,6 +377,18 @@ def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Account
         return _Verdict(TrialStatus.STARTUP_OOM,
                         _cuda_oom_text(override * block_bytes, acc.total, available + max(headroom, 0)),
                         f"lower num_gpu_blocks_override to <= {acc.computed_blocks}", None, False)
+    if (rules.mamba_blocks_cover_max_num_seqs and "mamba" in acc.layout.groups and not config.enforce_eager
+            and config.max_num_seqs > acc.num_blocks):
+        # 0.26 config/compilation.py (lines 1476-1497): FULL decode graphs need one Mamba block per sequence
+        util = (acc.fixed_need + config.max_num_seqs * block_bytes) / acc.total
+        return _Verdict(TrialStatus.KV_TOO_SMALL,
+                        f"ValueError: max_num_seqs ({config.max_num_seqs}) exceeds available Mamba cache blocks "
+                        f"({acc.num_blocks}). Each decode sequence requires one Mamba cache block, so CUDA graph "
+                        f"capture cannot proceed. Please lower max_num_seqs to at most {acc.num_blocks} or increase "
+                        "gpu_memory_utilization.",
+                        f"lower max_num_seqs to <= {acc.num_blocks}"
+                        + (f" or raise gpu_memory_utilization to >= {math.ceil(util * 100) / 100:.2f}"
+                           if config.kv_cache_memory_bytes is None and util <= 1 else ""), None, False)
     cg = acc.cudagraph
     if cg and not acc.subtract_cg and headroom >= 0:
         # Graphs are captured after the KV cache is allocated, out of what is left of the GPU.

@@ -39,9 +39,20 @@ it follows (v0.19.0 unless said otherwise):
   it holds beyond that is :data:`MXFP4_LAYER_BYTES` per layer, fitted on one published start. The
   monolithic MXFP4 kernel keeps no workspace.
 
-Refused with one line and exit 2 (:func:`refuse_unmodelled`): Mamba / SSM and linear-attention
-layers (their recurrent state is not a paged KV cache), chunked local attention (Llama-4), KV shared
-across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
+- **Mamba2 / attention hybrids** (Granite-4.0-H ``granitemoehybrid``, Nemotron-H ``nemotron_h``'s ``M`` /
+  ``*`` / ``-`` layers, Bamba up to vLLM 0.23, Falcon-H1's attention and Mamba2 side by side in every layer;
+  :func:`hybrid_kinds`), and Qwen3-Next's gated delta net, whose state vLLM sizes
+  the same way (``MambaSpec``; its conv and temporal shapes are a Mamba2 state's with ``linear_num_key_heads``
+  groups of ``linear_key_head_dim``): each Mamba layer keeps one recurrent state per request
+  (:func:`mamba_state_bytes`); vLLM raises the attention block until one attention page holds it and pads
+  the state to that page (:func:`hybrid_block_size`), so Mamba layers join the KV groups like another
+  attention type and hold one block of a request (``MambaSpec.max_memory_usage_bytes``, no prefix
+  caching). The weights are ``MambaMixer2``'s (``ModelProfile._hybrid_layer_elems``). Read in vLLM 0.26.0,
+  0.19.0 and 0.11.0 (and 0.13, 0.16, 0.22, 0.24, 0.25 for the version thresholds); not yet checked on a start.
+
+Refused with one line and exit 2 (:func:`refuse_unmodelled`): other Mamba / SSM and linear-attention
+layers (Qwen3.5, Jamba, Zamba, PLaMo2, LFM2, Nemotron-H MoE layers, hybrids without attention layers, ...), chunked local
+attention (Llama-4), KV shared across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
 
 Example:
     >>> cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {"hidden_size": 2560,
@@ -63,7 +74,8 @@ from servetune.errors import SpecError
 __all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LAYER_BYTES", "mxfp4_expert_bytes", "MULTIMODAL_PROFILE_ELEMS_PER_TOKEN",
            "multimodal_profile_bytes", "refuse_unmodelled",
            "normalize_config", "class_fields", "vision_tower_params", "kv_layout", "moe_workspace_bytes",
-           "group_size_for", "class_notes", "as_loaded_on"]
+           "group_size_for", "class_notes", "as_loaded_on", "hybrid_kinds", "mamba_state_bytes", "hybrid_block_size",
+           "mamba_ssm_dtype_bytes"]
 
 #: transformers' config-class defaults for the fields a nested ``text_config`` may leave out.
 #: Gemma3TextConfig (transformers 4.50+, ``models/gemma3/configuration_gemma3.py``).
@@ -96,24 +108,32 @@ _FULL = "full"
 
 _SSM_TYPES = ("mamba", "mamba2", "jamba", "falcon_h1", "nemotron_h", "granitemoehybrid", "zamba", "zamba2", "bamba",
               "plamo2", "lfm2", "qwen3_next", "minimax_m1", "minimax_text_01", "rwkv", "recurrent_gemma", "xlstm")
+#: Recurrent / attention hybrids the planner models (:func:`hybrid_kinds`): vLLM's Mamba2
+#: ``GraniteMoeHybridForCausalLM`` and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers; MoE ``E``
+#: layers are refused), ``BambaForCausalLM`` (gone from vLLM's registry after 0.23), and the gated-delta-net
+#: ``Qwen3NextForCausalLM`` (every layer MoE), and ``FalconH1ForCausalLM`` (attention and Mamba2 in every layer).
+_MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next", "bamba", "falcon_h1")
+_MAMBA = "mamba"
+_PARALLEL = "parallel"  # a Falcon-H1 layer: attention and a Mamba2 mixer side by side (one KV page of each)
+_MLP = "mlp"  # a Nemotron-H ``-`` layer: a norm and an MLP, no mixer
 _SSM_LAYER_WORDS = ("mamba", "linear_attention", "linear", "conv", "ssm", "recurrent", "deltanet", "attention_linear")
 
 
 def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
     """Raise a one-line SpecError for a model whose memory the planner does not model.
 
-    Mamba / SSM layers and linear attention (Qwen3-Next, Qwen3.5, Nemotron-H, Granite-4 hybrids,
-    Jamba, MiniMax): vLLM keeps a per-request recurrent state beside (or instead of) the paged KV
-    cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
+    Mamba / SSM layers and linear attention other than the modelled hybrids (Qwen3.5, Jamba, Zamba,
+    MiniMax, Nemotron-H MoE layers, Qwen3-Next with dense MLP layers, hybrids without attention layers): vLLM keeps a per-request recurrent state
+    beside (or instead of) the paged KV cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
     KV shared across layers (gemma-3n / gemma-4 ``num_kv_shared_layers``) and DeepSeek sparse attention
     (``index_topk``: an indexer cache beside the MLA latent).
 
     Example:
         >>> try:
-        ...     refuse_unmodelled({"model_type": "qwen3_next"}, "config.json")
+        ...     refuse_unmodelled({"model_type": "jamba"}, "config.json")
         ... except SpecError as err:
         ...     print(err.field, "|", err.message)
-        config.json: model_type | Mamba / linear-attention layers (qwen3_next) are not modelled by the planner
+        config.json: model_type | Mamba / linear-attention layers (jamba) are not modelled by the planner
     """
     text_config = cfg.get("text_config")
     text: Mapping[str, Any] = text_config if isinstance(text_config, Mapping) else {}
@@ -122,6 +142,9 @@ def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
     for c in (cfg, text):
         model_type = str(c.get("model_type") or "").lower()
         archs = " ".join(str(a) for a in (c.get("architectures") or [])).lower()
+        if model_type in _MAMBA2_HYBRIDS and c is cfg:
+            _refuse_unmodelled_hybrid(c, model_type, source, fix)
+            continue
         for word in _SSM_TYPES:
             if model_type == word or model_type.startswith(word + "_") or word in archs.replace("forcausallm", ""):
                 raise SpecError(f"{source}: model_type", f"Mamba / linear-attention layers ({model_type or archs}) "
@@ -140,6 +163,212 @@ def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
         if c.get("index_topk"):
             raise SpecError(f"{source}: index_topk", "DeepSeek sparse attention (an indexer with its own cache "
                             "beside MLA) is not modelled by the planner", fix)
+
+
+def _refuse_unmodelled_hybrid(cfg: Mapping[str, Any], model_type: str, source: str, fix: str) -> None:
+    """One line for what a modelled Mamba2 hybrid (:data:`_MAMBA2_HYBRIDS`) holds that the planner does not."""
+    if model_type == "nemotron_h":
+        pattern = _nemotron_pattern(cfg)
+        if "E" in pattern:
+            raise SpecError(f"{source}: hybrid_override_pattern", "Nemotron-H MoE layers ('E') are not modelled "
+                            "by the planner", fix)
+        odd = sorted(set(pattern) - set("M*-"))
+        if odd or not pattern:
+            raise SpecError(f"{source}: hybrid_override_pattern", f"layer codes {odd or 'none'} are not modelled "
+                            "by the planner (M, *, - are)", fix)
+    elif model_type == "qwen3_next":
+        kinds = [str(t).lower() for t in (cfg.get("layer_types") or [])]
+        odd = sorted(set(kinds) - {"linear_attention", "full_attention"})
+        if odd:
+            raise SpecError(f"{source}: layer_types", f"{', '.join(odd)} layers of qwen3_next are not modelled by "
+                            "the planner (linear_attention and full_attention are)", fix)
+        if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
+            raise SpecError(f"{source}: mlp_only_layers", "qwen3_next layers with a dense MLP (mlp_only_layers, "
+                            "decoder_sparse_step) are not modelled by the planner", fix)
+    else:
+        kinds = [str(t).lower() for t in (cfg.get("layer_types") or cfg.get("layers_block_type") or [])]
+        odd = sorted(set(kinds) - {"mamba", "attention"})
+        if odd:
+            raise SpecError(f"{source}: layer_types", f"{', '.join(odd)} layers of {model_type} are not modelled by "
+                            "the planner (mamba and attention are)", fix)
+    if cfg.get("attention_chunk_size") or cfg.get("num_kv_shared_layers"):
+        raise SpecError(f"{source}: model_type", f"{model_type} with chunked or shared KV layers is not modelled "
+                        "by the planner", fix)
+    kinds = hybrid_kinds(cfg)
+    if kinds and _FULL not in kinds and _PARALLEL not in kinds:
+        raise SpecError(f"{source}: model_type", f"{model_type} without attention layers (vLLM pages no attention "
+                        "KV beside the recurrent state) is not modelled by the planner", fix)
+    missing = [k for k in _STATE_KEYS[model_type] if kinds and cfg.get(k) is None]
+    if missing:
+        raise SpecError(f"{source}: {missing[0]}", f"config.json has no {' / '.join(repr(k) for k in missing)}, "
+                        f"which size a {model_type} layer's recurrent state", "use the model's complete config.json")
+
+
+#: The config fields each modelled hybrid's recurrent state is sized from (:func:`_mamba_fields`).
+_STATE_KEYS = {
+    "granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_d_state"),
+    "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_d_state"),
+    "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_d_state"),
+    "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"),
+    "qwen3_next": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
+}
+
+
+def _nemotron_pattern(cfg: Mapping[str, Any]) -> str:
+    """Nemotron-H's layer codes: ``hybrid_override_pattern``, or ``layers_block_type`` spelled out."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, (list, tuple)):
+        return "".join(str(c) for c in pattern)
+    if pattern:
+        return str(pattern)
+    codes = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+    return "".join(codes.get(str(t).lower(), "?") for t in (cfg.get("layers_block_type") or []))
+
+
+def hybrid_kinds(cfg: Mapping[str, Any]) -> list[str]:
+    """Per layer ``"mamba"`` / ``"full"`` / ``"mlp"`` for a modelled Mamba2 hybrid; ``[]`` for any other model
+    and for a hybrid config without a Mamba layer (vLLM's ``ModelConfig.is_hybrid`` is false for granite-4.0-micro,
+    whose ``layer_types`` are all ``attention``: ``config/model.py`` lines 1673-1683 of 0.26.0).
+
+    Granite-4.0-H: ``layer_types`` (``mamba`` / ``attention``), each layer also holding the MoE and
+    shared MLP (``granitemoehybrid.py``: ``ALL_DECODER_LAYER_TYPES[config.layer_types[layer_idx]]``).
+    Nemotron-H: one character of ``hybrid_override_pattern`` per layer, ``M`` Mamba2, ``*``
+    attention, ``-`` an MLP alone (``nemotron_h.py``: ``config.hybrid_override_pattern[layer_idx]``).
+
+    Example:
+        >>> hybrid_kinds({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*-"})
+        ['mamba', 'mlp', 'mamba', 'full', 'mlp']
+        >>> hybrid_kinds({"model_type": "granitemoehybrid", "layer_types": ["attention", "attention"]})
+        []
+    """
+    model_type = str(cfg.get("model_type") or "").lower()
+    if model_type == "nemotron_h":
+        kinds = [{"M": _MAMBA, "*": _FULL, "-": _MLP}[c] for c in _nemotron_pattern(cfg)]
+    elif model_type == "granitemoehybrid":
+        declared = cfg.get("layer_types") or cfg.get("layers_block_type") or []
+        kinds = [_MAMBA if str(t).lower() == "mamba" else _FULL for t in declared]
+    elif model_type == "falcon_h1":
+        # FalconH1ParallelHybrid: every layer runs attention and a Mamba2 mixer (falcon_h1.py, lines 315-370 of 0.26.0)
+        kinds = [_PARALLEL] * int(cfg.get("num_hidden_layers") or 0)
+    elif model_type == "bamba":
+        # transformers' BambaConfig.layers_block_type: attention at attn_layer_indices, Mamba elsewhere
+        declared = cfg.get("layers_block_type") or []
+        attn = set(cfg.get("attn_layer_indices") or [])
+        kinds = ([_MAMBA if str(t).lower() == "mamba" else _FULL for t in declared] if declared else
+                 [_FULL if i in attn else _MAMBA for i in range(int(cfg.get("num_hidden_layers") or 0))])
+    elif model_type == "qwen3_next":
+        # transformers' Qwen3NextConfig: layer_types, else full attention every full_attention_interval-th layer
+        declared = cfg.get("layer_types") or []
+        if declared:
+            kinds = [_MAMBA if str(t).lower() == "linear_attention" else _FULL for t in declared]
+        else:
+            interval = int(cfg.get("full_attention_interval") or 4)
+            kinds = [_FULL if (i + 1) % interval == 0 else _MAMBA for i in range(int(cfg.get("num_hidden_layers") or 0))]
+    else:
+        return []
+    return kinds if _MAMBA in kinds or _PARALLEL in kinds else []
+
+
+def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The Mamba2 mixer's sizes, under each family's names (the ``get_mamba_state_shape_from_config`` of
+    ``granitemoehybrid.py`` lines 612-638 and ``nemotron_h.py`` lines 753-780 of 0.26.0, the same in 0.19.0 and
+    0.11.0): heads, head dim, state size, groups, conv kernel and the mixer's intermediate size
+    (granite: ``mamba_expand x hidden_size``; Nemotron-H: ``mamba_num_heads x mamba_head_dim``)."""
+    hidden = int(cfg.get("hidden_size") or 0)
+    if str(cfg.get("model_type") or "").lower() == "qwen3_next":
+        # the gated delta net's state in Mamba2 terms (gated_delta_net_state_shape, mamba_utils.py lines 212-234 of
+        # 0.26.0): conv (kernel - 1) x (2 x key_dim + value_dim) / tp = a Mamba2 conv with num_k_heads groups of
+        # head_k_dim; temporal (v_heads / tp, head_v_dim, head_k_dim) = heads x head_dim x d_state
+        k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+        k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+        return {"mamba_heads": v_heads, "mamba_head_dim": v_dim, "mamba_d_state": k_dim, "mamba_groups": k_heads,
+                "mamba_d_conv": int(cfg.get("linear_conv_kernel_dim") or 4), "mamba_inner": v_heads * v_dim,
+                "mamba_conv_bias": False, "mamba_proj_bias": False, "mamba_ssm_dtype": "", "mamba_kind": "gdn"}
+    if str(cfg.get("model_type") or "").lower() == "nemotron_h":
+        heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
+        return {"mamba_heads": heads, "mamba_head_dim": head_dim, "mamba_d_state": int(cfg["ssm_state_size"]),
+                "mamba_groups": int(cfg.get("n_groups") or 1), "mamba_d_conv": int(cfg.get("conv_kernel") or 4),
+                "mamba_inner": heads * head_dim, "mamba_conv_bias": bool(cfg.get("use_conv_bias", True)),
+                "mamba_proj_bias": bool(cfg.get("use_bias", False)),
+                "mamba_ssm_dtype": str(cfg.get("mamba_ssm_cache_dtype") or "")}
+    falcon = str(cfg.get("model_type") or "").lower() == "falcon_h1"
+    # Falcon-H1: mamba_d_ssm when set, else int(mamba_expand x hidden); its RMSNormGated weight only with
+    # mamba_rms_norm; a mup_vector buffer (falcon_h1.py, FalconH1SSMDecoderLayer, lines 113-196 of 0.26.0)
+    inner = int(cfg.get("mamba_d_ssm") or int(float(cfg.get("mamba_expand") or 2) * hidden)) if falcon \
+        else int(cfg.get("mamba_expand") or 2) * hidden
+    return {"mamba_heads": int(cfg["mamba_n_heads"]), "mamba_head_dim": int(cfg["mamba_d_head"]),
+            "mamba_d_state": int(cfg["mamba_d_state"]), "mamba_groups": int(cfg.get("mamba_n_groups") or 1),
+            "mamba_d_conv": int(cfg.get("mamba_d_conv") or 4), "mamba_inner": inner,
+            "mamba_conv_bias": bool(cfg.get("mamba_conv_bias", True)),
+            "mamba_proj_bias": bool(cfg.get("mamba_proj_bias", False)), "mamba_ssm_dtype": "",
+            "mamba_norm_weight": bool(cfg.get("mamba_rms_norm", False)) if falcon else True,
+            "mamba_mup_vector": falcon}
+
+
+def mamba_state_bytes(model: Any, tp: int, ssm_dtype_bytes: int) -> int:
+    """One Mamba2 layer's state for one request on one TP rank: vLLM's ``MambaSpec.page_size_bytes`` unpadded.
+
+    ``MambaStateShapeCalculator.mamba2_state_shape`` (``layers/mamba/mamba_utils.py`` lines 161-187 of
+    0.26.0; 115-140 of 0.11.0): the groups are widened to ``tp`` where ``n_groups % tp`` (``extra_groups_for_head_shards``),
+    the conv state is ``(d_conv - 1) x (inner + 2 x groups x d_state) / tp`` in the model dtype
+    (``mamba_cache_dtype`` auto), the SSM state ``heads / tp x head_dim x d_state`` in ``ssm_dtype_bytes``
+    (``kv_cache_interface.py``: ``MambaSpec.page_size_bytes``, the sum of the shapes' bytes).
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> mamba_state_bytes(load_model("granite-4.0-h-tiny"), 1, 2)   # 3 x 3328 x 2 + 48 x 64 x 128 x 2
+        806400
+    """
+    groups = model.mamba_groups if model.mamba_groups % tp == 0 else tp  # extra_groups_for_head_shards
+    conv_dim = model.mamba_inner + 2 * groups * model.mamba_d_state
+    conv = (model.mamba_d_conv - 1) * (conv_dim // tp) * model.dtype_bytes
+    ssm = (model.mamba_heads // tp) * model.mamba_head_dim * model.mamba_d_state * ssm_dtype_bytes
+    return conv + ssm
+
+
+_STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def mamba_ssm_dtype_bytes(model: Any, nemotron_default: str) -> int:
+    """Bytes of one SSM-state element: the model dtype (``mamba_ssm_cache_dtype`` auto,
+    ``MambaStateDtypeCalculator._mamba_state_dtype``), except Nemotron-H, whose config class sets the config's
+    ``mamba_ssm_cache_dtype`` or ``nemotron_default``
+    (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.nemotron_h_ssm_default`; ``"auto"``: the model dtype).
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> mamba_ssm_dtype_bytes(load_model("granite-4.0-h-tiny"), "float32")
+        2
+    """
+    if not model.architecture.startswith("NemotronH") or nemotron_default == "auto":
+        return model.dtype_bytes
+    return _STATE_DTYPE_BYTES.get(model.mamba_ssm_dtype or nemotron_default, model.dtype_bytes)
+
+
+def hybrid_block_size(model: Any, tp: int, block_size: int, kv_dtype_bytes: int, ssm_dtype_bytes: int,
+                      align_to_block_size: bool) -> int:
+    """The attention block size vLLM raises a Mamba2 hybrid's to, so one attention page holds a Mamba state.
+
+    ``align x cdiv(mamba_page, align x attention_page_per_token)``, kept when ``block_size`` is larger;
+    the Mamba page is then padded up to the attention page (``mamba_page_size_padded``). ``align`` is 16
+    in 0.11.0 and 0.19.0 (``HybridAttentionMambaModelConfig.verify_and_update_config``, ``models/config.py``
+    lines 367-375 of 0.11.0, 218 and 273-285 of 0.19.0: "FlashAttention (FA) requires block size to be
+    multiple of 16"); in 0.26.0 the platform aligns to ``max(16, block_size)`` (``platforms/interface.py``,
+    ``_align_hybrid_block_size``, lines 876-882 and 898-901; 620-626 and 642 of 0.22.0: the backend's smallest
+    kernel block, FlashAttention's ``MultipleOf(16)``, or the block size if larger). Prefix caching's 'all' mode (chunk-aligned blocks) is
+    not modelled (refused by :func:`~servetune.planner.engine_config.resolve_engine_config`).
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> hybrid_block_size(load_model("granite-4.0-h-tiny"), 1, 16, 2, 2, True)   # 16 x cdiv(806400, 16 x 2048)
+        400
+    """
+    if not model.is_hybrid:
+        return block_size
+    per_token = 2 * model.kv_heads_per_gpu(tp) * model.head_dim * kv_dtype_bytes
+    align = max(16, block_size) if align_to_block_size else 16
+    raised = align * -(-mamba_state_bytes(model, tp, ssm_dtype_bytes) // (align * per_token))
+    return max(block_size, raised)
 
 
 def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -168,7 +397,55 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
             vision, int(flat.get("hidden_size") or 0), source,
             llava_features=(len(layers) if isinstance(layers, (list, tuple)) else 1) if llava else 0)
     flat["layer_types"] = _layer_types(flat)
+    if flat["layer_types"] and (_MAMBA in flat["layer_types"] or _PARALLEL in flat["layer_types"]):
+        _normalize_hybrid(flat, source)
+    elif str(flat.get("model_type") or "").lower() == "granitemoehybrid":
+        # granite-4.0-micro: every layer attention, no Mamba; the FFN is the shared MLP (beside experts, if any)
+        _normalize_granite_ffn(flat)
     return flat
+
+
+def _normalize_granite_ffn(flat: dict[str, Any]) -> None:
+    """Granite-4.0's FFN under the profile's names (in place): ``GraniteMoeSharedMLP`` of
+    ``shared_intermediate_size`` in every layer, beside ``num_local_experts`` routed experts of ``intermediate_size``."""
+    shared = int(flat.get("shared_intermediate_size") or 0)
+    if flat.get("num_local_experts"):
+        flat["moe_intermediate_size"] = flat.get("intermediate_size")
+        flat["shared_expert_intermediate_size"] = shared
+    else:
+        flat["intermediate_size"] = shared or flat.get("intermediate_size")
+
+
+def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
+    """A Mamba2 hybrid's FFN and attention sizes under the names the profile reads (in place).
+
+    Granite-4.0-H: every layer holds ``GraniteMoeSharedMLP`` (gate-up ``2 x shared_intermediate_size``,
+    down) and, with ``num_local_experts``, the routed experts of ``intermediate_size`` each
+    (``granitemoehybrid.py``, the decoder layers' ``block_sparse_moe`` / ``shared_mlp``); head_dim is
+    ``hidden_size // num_attention_heads`` (``GraniteMoeHybridAttention``). Nemotron-H: ``head_dim`` (or
+    ``attention_head_dim``), one ``intermediate_size`` for every ``-`` layer (a per-layer list is refused).
+    """
+    kinds = flat["layer_types"]
+    flat["num_hidden_layers"] = len(kinds)
+    if str(flat.get("model_type")).lower() == "qwen3_next":
+        return  # head_dim, num_experts, moe_intermediate_size and shared_expert_intermediate_size are its own names
+    if str(flat.get("model_type")).lower() == "bamba":
+        flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])  # BambaAttentionDecoderLayer
+        return
+    if str(flat.get("model_type")).lower() == "falcon_h1":
+        flat["head_dim"] = flat.get("head_dim") or int(flat["hidden_size"]) // int(flat["num_attention_heads"])
+        return
+    if str(flat.get("model_type")).lower() == "granitemoehybrid":
+        flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])
+        _normalize_granite_ffn(flat)
+        return
+    flat["head_dim"] = flat.get("head_dim") or flat.get("attention_head_dim")
+    inter = flat.get("intermediate_size")
+    if isinstance(inter, (list, tuple)):
+        if len(set(inter)) != 1:
+            raise SpecError(f"{source}: intermediate_size", "a per-layer list of MLP sizes is not modelled by the "
+                            "planner", "plan a Nemotron-H config with one intermediate_size")
+        flat["intermediate_size"] = inter[0]
 
 
 def _layer_types(cfg: Mapping[str, Any]) -> list[str]:
@@ -176,6 +453,8 @@ def _layer_types(cfg: Mapping[str, Any]) -> list[str]:
     layers = int(cfg.get("num_hidden_layers") or 0)
     model_type = str(cfg.get("model_type") or "").lower()
     declared = cfg.get("layer_types")
+    if model_type in _MAMBA2_HYBRIDS:
+        return hybrid_kinds(cfg)
     if declared:
         kinds = [_SLIDING if "sliding" in str(t) else _FULL for t in declared]
     elif model_type == "gemma2" and cfg.get("sliding_window"):
@@ -235,9 +514,22 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     kinds = cfg.get("layer_types") or []
     out: dict[str, Any] = {
         "layer_types": tuple(kinds),
-        "sliding_window": int(cfg.get("sliding_window") or 0) if kinds else 0,
+        "sliding_window": int(cfg.get("sliding_window") or 0) if _SLIDING in kinds else 0,
         "vision_params": int(cfg.get("_vision_params") or 0),
     }
+    if _MAMBA in kinds or _PARALLEL in kinds:
+        out.update(_mamba_fields(cfg))
+    model_type = str(cfg.get("model_type") or "").lower()
+    if model_type == "nemotron_h" or (model_type == "granitemoehybrid"
+                                      and str(cfg.get("position_embedding_type") or "rope") != "rope"):
+        out["no_rope"] = True  # NemotronHAttention has no rotary; granite builds one only for "rope"
+    if model_type == "nemotron_h":
+        out["ffn_gated"] = False  # NemotronHMLP: up_proj, relu2, down_proj
+    if model_type in ("bamba", "falcon_h1") and cfg.get("attn_rotary_emb"):
+        out["rotary_dim"] = int(cfg["attn_rotary_emb"])  # their attention layers' partial rotary table
+    if model_type == "qwen3_next" and _MAMBA in kinds:
+        out["attn_output_gate"] = bool(cfg.get("attn_output_gate", True))  # Qwen3NextAttention: q_proj x 2
+        out["rotary_dim"] = int(int(cfg.get("head_dim") or 0) * float(cfg.get("partial_rotary_factor") or 1.0))
     if cfg.get("kv_lora_rank"):
         out.update(mla_kv_lora_rank=int(cfg["kv_lora_rank"]), mla_rope_dim=int(cfg.get("qk_rope_head_dim") or 64),
                    mla_nope_dim=int(cfg.get("qk_nope_head_dim") or 128), mla_v_dim=int(cfg.get("v_head_dim") or 128),
@@ -284,6 +576,9 @@ class KVLayout:
     group_size: int
     groups: tuple[str, ...]
     sliding_window: int = 0
+    #: A Mamba group's block size: ``mamba_block_size``, the ``max_model_len`` without prefix caching
+    #: (``MambaModelConfig.verify_and_update_config``); 0 without Mamba groups.
+    mamba_block_size: int = 0
 
     @property
     def block_bytes(self) -> int:
@@ -297,15 +592,23 @@ class KVLayout:
         return self.block_bytes * len(self.groups) // block_size
 
     def tokens(self, num_blocks: int, block_size: int) -> int:
-        """The "GPU KV cache size" vLLM logs: ``num_blocks // len(groups) * block_size``."""
-        return num_blocks // len(self.groups) * block_size
+        """The "GPU KV cache size" vLLM logs before 0.25: ``num_blocks // len(groups) * min_block_size``.
+
+        ``min_block_size`` is the smallest group's block size (``kv_cache_utils.py``: line 1077 of 0.11.0,
+        ``_report_kv_cache_config`` lines 1297-1306 of 0.19.0): a Mamba group's is ``max_model_len``.
+        """
+        smallest = min(block_size, self.mamba_block_size) if self.mamba_block_size else block_size
+        return num_blocks // len(self.groups) * smallest
 
     def blocks_per_request(self, max_model_len: int, block_size: int, max_in_flight_tokens: int) -> int:
         """Blocks one ``max_model_len`` request takes (vLLM's ``get_max_concurrency_for_kv_cache_config``)."""
         full = -(-max_model_len // block_size)
         window = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len) if self.sliding_window else 0
         sliding = -(-window // block_size) + 1
-        return sum(sliding if g == _SLIDING else full for g in self.groups)
+        # A Mamba group holds one state per request without prefix caching (MambaSpec.max_memory_usage_bytes,
+        # mamba_cache_mode 'none': page x (1 + speculative blocks); 0.11.0: page_size_bytes)
+        per_group = {_SLIDING: sliding, _MAMBA: 1}
+        return sum(per_group.get(g, full) for g in self.groups)
 
     def longest_fitting_len(self, avail_bytes: int, max_model_len: int, block_size: int,
                             max_in_flight_tokens: int) -> int:
@@ -330,8 +633,15 @@ class KVLayout:
         return best
 
 
-def kv_layout(model: Any, tp: int, stage: int, pp: int, block_size: int, kv_dtype_bytes: int) -> KVLayout:
+def kv_layout(model: Any, tp: int, stage: int, pp: int, block_size: int, kv_dtype_bytes: int,
+              mamba_block_size: int = 0) -> KVLayout:
     """The :class:`KVLayout` of one pipeline stage's worker (``model``: a ModelProfile).
+
+    For a Mamba2 hybrid ``block_size`` is the raised attention block (:func:`hybrid_block_size`) and
+    ``mamba_block_size`` the Mamba groups' (``max_model_len`` without prefix caching). vLLM groups the Mamba
+    layers like any other type (``_get_kv_cache_groups_uniform_page_size``: groups of the smallest type's
+    layer count, ``max`` when the largest is under 1.5 times it in 0.19.0 / 0.26.0; the planner keeps its
+    earlier 1.25, which no modelled hybrid comes near).
 
     Example:
         >>> from servetune.planner.modelinfo import load_model
@@ -346,13 +656,17 @@ def kv_layout(model: Any, tp: int, stage: int, pp: int, block_size: int, kv_dtyp
     start = sum(layers[:stage])
     n = layers[stage]
     kinds = list(model.layer_types[start:start + n]) if model.layer_types else [_FULL] * n
-    counts = {k: kinds.count(k) for k in (_FULL, _SLIDING) if kinds.count(k)}
+    # Mamba layers share the attention page (their state padded up to it: hybrid_block_size); "mlp" layers hold none
+    both = kinds.count(_PARALLEL)  # Falcon-H1: one attention and one Mamba layer each
+    counts = {k: kinds.count(k) + (both if k != _SLIDING else 0) for k in (_FULL, _SLIDING, _MAMBA)}
+    counts = {k: c for k, c in counts.items() if c}
     size = group_size_for(list(counts.values()))
     groups: list[str] = []
     for kind, count in counts.items():
         groups += [kind] * math.ceil(count / size)
     return KVLayout(page_bytes=page, group_size=size, groups=tuple(groups),
-                    sliding_window=model.sliding_window if _SLIDING in counts else 0)
+                    sliding_window=model.sliding_window if _SLIDING in counts else 0,
+                    mamba_block_size=mamba_block_size if _MAMBA in counts else 0)
 
 
 def moe_workspace_bytes(model: Any, tokens: int, tp: int) -> int:
@@ -386,7 +700,14 @@ def multimodal_profile_bytes(model: Any, tokens: int) -> int:
 def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int | None = None) -> list[str]:
     """What ``plan`` says about a model's classes: how each is modelled and what it was checked on."""
     notes: list[str] = []
-    if model.layer_types:
+    if model.is_hybrid:
+        mamba = model.layer_types.count(_MAMBA) + model.layer_types.count(_PARALLEL)
+        notes.append(f"Mamba2 hybrid: {mamba} of {len(model.layer_types)} layers keep one recurrent state per request, "
+                     "paged beside the attention KV as vLLM pads it (attention block raised to hold one state); "
+                     "derived from vLLM's source, not yet checked on a published start. Not modelled: the Mamba "
+                     "layers' share of the profile run's activation peak and of the CUDA-graph pools, the "
+                     "simulator's step time for Mamba layers (servetune simulate refuses this model)")
+    if _SLIDING in model.layer_types:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "
                      f"{model.sliding_window} + {in_flight_tokens or max_num_batched_tokens} tokens per request (vLLM's hybrid KV cache "

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from collections.abc import Mapping
@@ -68,6 +69,9 @@ _HF_ALIASES = {
     "google/gemma-2-27b-it": "gemma-2-27b",
     "deepseek-ai/deepseek-v2-lite-chat": "deepseek-v2-lite",
     "deepseek-ai/deepseek-v2-lite": "deepseek-v2-lite",
+    "ibm-granite/granite-4.0-h-tiny": "granite-4.0-h-tiny",
+    "qwen/qwen3-next-80b-a3b-instruct": "qwen3-next-80b-a3b",
+    "qwen/qwen3-next-80b-a3b-thinking": "qwen3-next-80b-a3b",
 }
 
 
@@ -120,11 +124,91 @@ class ModelProfile:
     mla_q_lora_rank: int = 0
     quant_block_k: int = 0  # block-quantized fp8 (``weight_block_size``): the block's input width (0: none)
     quant_zero_point_group: int = 0  # AWQ's packed 4-bit zero points: the group size (0: no zero points)
+    # --- Mamba2 hybrids (modelclass.hybrid_kinds: layer_types holds "mamba" / "full" / "mlp") ---
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_d_state: int = 0
+    mamba_groups: int = 0
+    mamba_d_conv: int = 0
+    mamba_inner: int = 0  # the mixer's intermediate size (granite: mamba_expand x hidden; Nemotron-H: heads x head_dim)
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    mamba_ssm_dtype: str = ""  # the config's mamba_ssm_cache_dtype (Nemotron-H), "" when it names none
+    no_rope: bool = False  # attention without a rotary table (NoPE: granite-4.0-h, Nemotron-H)
+    ffn_gated: bool = True  # False: a two-matrix MLP (Nemotron-H's up / relu2 / down)
+    mamba_kind: str = "mamba2"  # "gdn": Qwen3-Next's gated delta net (the mamba_* fields hold its state in Mamba2 terms)
+    attn_output_gate: bool = False  # Qwen3-Next's gated attention: q_proj twice as wide
+    rotary_dim: int = 0  # the rotary table's width where it is not head_dim (partial_rotary_factor); 0: head_dim
+    mamba_norm_weight: bool = True  # MambaMixer2's gated-norm weight (Falcon-H1: only with mamba_rms_norm)
+    mamba_mup_vector: bool = False  # Falcon-H1's mup_vector buffer beside each mixer
 
     # ----------------------------------------------------------------- sizes
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        """A Mamba2 / attention hybrid (vLLM's ``ModelConfig.is_hybrid``): some layer is a Mamba layer."""
+        return "mamba" in self.layer_types or "parallel" in self.layer_types
+
+    def _hybrid_layer_elems(self, kind: str, tp: int = 1, active_only: bool = False) -> tuple[int, int, int]:
+        """``(linear, plain, fp32)`` elements of one hybrid layer on one TP rank, as vLLM builds it.
+
+        A Mamba layer's ``MambaMixer2`` (``layers/mamba/mamba_mixer2.py`` of 0.26.0, lines 313-480): ``in_proj``
+        ``hidden -> inner + conv_dim + heads`` and ``out_proj`` ``inner -> hidden`` (quantizable), ``conv1d``
+        ``conv_dim x d_conv`` (+ bias; ``quant_config=None``), ``D`` and ``dt_bias`` per head, the gated norm
+        (``inner``), ``A`` per head in fp32; ``conv_dim = inner + 2 x groups x d_state``, the groups widened to
+        ``tp`` where they do not divide it. An attention layer: q, k, v, o. Granite-4.0-H layers also hold the
+        routed experts and router (with ``num_local_experts``) and the shared MLP, two RMSNorms; Nemotron-H
+        layers hold one mixer or one MLP (``-``: up, down) and one RMSNorm; Bamba's a mixer or attention, a gated
+        MLP and two RMSNorms; Falcon-H1's (``"parallel"``) attention and a mixer side by side (its gated-norm weight
+        only with ``mamba_rms_norm``, plus the ``mup_vector`` buffer), a gated MLP and two RMSNorms. Rotary tables
+        are counted by :meth:`stage_weight_bytes`.
+        """
+        h = self.hidden_size
+        every_layer_ffn = self.ffn_gated  # granite: mixer + FFN in every layer; Nemotron-H: one or the other
+        plain, fp32 = (2 if every_layer_ffn else 1) * h, 0
+        linear = 0
+        if kind == "mamba" and self.mamba_kind == "gdn":
+            # QwenGatedDeltaNetAttention (layers/mamba/gdn/qwen_gdn_linear_attn.py of 0.26.0, lines 389-475):
+            # in_proj_qkvz (2 key_dim + 2 value_dim), in_proj_ba (2 v_heads), conv1d without bias, dt_bias,
+            # A_log (fp32), RMSNormGated(head_v_dim), out_proj
+            conv_dim = self.mamba_inner + 2 * self.mamba_groups * self.mamba_d_state
+            linear += h * (conv_dim + self.mamba_inner + 2 * self.mamba_heads) // tp + self.mamba_inner // tp * h
+            plain += conv_dim // tp * self.mamba_d_conv + self.mamba_heads // tp + self.mamba_head_dim
+            fp32 += self.mamba_heads // tp
+        elif kind in ("mamba", "parallel"):
+            groups = self.mamba_groups if self.mamba_groups % tp == 0 else tp
+            conv_dim = self.mamba_inner + 2 * groups * self.mamba_d_state
+            proj_out = self.mamba_inner + conv_dim + self.mamba_heads
+            linear += h * proj_out // tp + self.mamba_inner // tp * h
+            plain += conv_dim // tp * (self.mamba_d_conv + (1 if self.mamba_conv_bias else 0))
+            plain += 2 * (self.mamba_heads // tp) + (self.mamba_inner // tp if self.mamba_norm_weight else 0)
+            plain += proj_out // tp + h if self.mamba_proj_bias else 0
+            # Falcon-H1's mup_vector: (2 d_ssm + 2 G S + heads) / tp, G the mixer's (widened) groups
+            plain += (2 * self.mamba_inner + 2 * groups * self.mamba_d_state + self.mamba_heads) // tp \
+                if self.mamba_mup_vector else 0
+            fp32 += self.mamba_heads // tp  # A
+        if kind in ("full", "parallel"):
+            linear += self._attention_params(tp) + (h * self.q_size // tp if self.attn_output_gate else 0)
+            if self.qkv_bias:
+                plain += self.q_size // tp + 2 * self.kv_heads_per_gpu(tp) * self.head_dim + h
+            if self.mamba_kind == "gdn":
+                plain += 2 * self.head_dim  # Qwen3NextAttention's q_norm, k_norm
+        if every_layer_ffn or kind == "mlp":
+            if self.is_moe:
+                linear += self._expert_params(tp, active_only) + 3 * h * self.shared_expert_intermediate_size // tp
+                plain += h * self.num_experts  # router (replicated)
+                if self.mamba_kind == "gdn" and self.shared_expert_intermediate_size:
+                    plain += h  # Qwen3-Next's shared_expert_gate (granite's shared MLP has none)
+            else:
+                linear += (3 if self.ffn_gated else 2) * h * self.intermediate_size // tp
+        return linear, plain, fp32
+
+    def _hybrid_layer_bytes(self, kind: str, tp: int) -> float:
+        linear, plain, fp32 = self._hybrid_layer_elems(kind, tp)
+        return linear * self.weight_bytes_per_param + plain * self.dtype_bytes + 4 * fp32
 
     @property
     def dtype_bytes(self) -> int:
@@ -209,6 +293,8 @@ class ModelProfile:
         return min(self.first_k_dense_replace, self.num_layers) if self.is_moe else self.num_layers
 
     def _all_layer_params(self, active_only: bool = False) -> int:
+        if self.is_hybrid:
+            return sum(sum(self._hybrid_layer_elems(k, 1, active_only)) for k in self.layer_types)
         dense = self._dense_layers()
         d = self._layer_linear_params(dense=True) + self._layer_plain_params(dense=True)
         m = self._layer_linear_params(active_only=active_only) + self._layer_plain_params()
@@ -270,13 +356,16 @@ class ModelProfile:
         act = self.dtype_bytes
         layer_bytes = [self._layer_bytes(tp, dense=True), self._layer_bytes(tp, scale_copies=mxfp4_scale_copies)]
         vocab = self._vocab_rows(tp) * self.hidden_size * act
-        rotary_dim = self.mla_rope_dim or self.head_dim
-        rotary = (self.max_model_len_limit + self.extra_rotary_positions) * rotary_dim * act
+        rotary_dim = self.mla_rope_dim or self.rotary_dim or self.head_dim
+        rotary = 0 if self.no_rope else (self.max_model_len_limit + self.extra_rotary_positions) * rotary_dim * act
         out: list[int] = []
         first = 0
         for stage, n in enumerate(layers):
             dense = max(0, min(self._dense_layers() - first, n))
-            b = dense * layer_bytes[0] + (n - dense) * layer_bytes[1] + rotary
+            if self.is_hybrid:
+                b = sum(self._hybrid_layer_bytes(k, tp) for k in self.layer_types[first:first + n]) + rotary
+            else:
+                b = dense * layer_bytes[0] + (n - dense) * layer_bytes[1] + rotary
             first += n
             if stage == 0:
                 b += vocab + -(-self.vision_params // tp) * act
@@ -317,8 +406,12 @@ class ModelProfile:
         if self.mla_kv_lora_rank:  # one latent per token and layer, on every TP rank
             return ((self.mla_kv_lora_rank + self.mla_rope_dim) * self.kv_dtype_bytes(kv_cache_dtype)
                     * max(self.stage_layers(pp)))
-        return (2 * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype)
-                * max(self.stage_layers(pp)))
+        layers = max(self.stage_layers(pp))
+        if self.is_hybrid:  # only the attention layers hold per-token KV (the Mamba state is per request)
+            bounds = [0, *itertools.accumulate(self.stage_layers(pp))]
+            layers = max(self.layer_types[a:b].count("full") + self.layer_types[a:b].count("parallel")
+                         for a, b in zip(bounds, bounds[1:]))
+        return 2 * self.kv_heads_per_gpu(tp) * self.head_dim * self.kv_dtype_bytes(kv_cache_dtype) * layers
 
     def kv_dtype_bytes(self, kv_cache_dtype: str = "auto") -> int:
         """Bytes of one KV-cache element for vLLM's ``--kv-cache-dtype``."""

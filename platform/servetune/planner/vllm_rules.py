@@ -237,6 +237,32 @@ class VllmMemoryRules:
     #: ``v1/core/kv_cache_manager.py`` (lines 185-189) still counts a resumed request's lookup, 0.11.1's
     #: (209-213) records it apart.
     prefix_stats_count_preempted: bool
+    #: A Mamba2 hybrid's attention block is raised in multiples of ``max(16, block_size)`` (the platform's
+    #: ``_align_hybrid_block_size``: ``platforms/interface.py`` lines 846-853 of 0.26.0, 620-626 of 0.22.0)
+    #: instead of 16 (``HybridAttentionMambaModelConfig``, ``models/config.py`` lines 367-368 of 0.11.0,
+    #: 218 and 273-275 of 0.19.0). Read in 0.11.0, 0.13.0, 0.16.0, 0.19.0 (16) and 0.22.0, 0.24.0, 0.25.0,
+    #: 0.26.0 (platform); 0.20 and 0.21 not read. Differs only where ``block_size`` is set above 16.
+    hybrid_align_to_block_size: bool
+    #: Nemotron-H's SSM state dtype where ``mamba_ssm_cache_dtype`` is ``auto``: the config's
+    #: ``mamba_ssm_cache_dtype``, else this default (``NemotronHForCausalLMConfig``, ``models/config.py``:
+    #: ``"float16"`` at line 504 of 0.13.0, 576 of 0.16.0, 494 of 0.19.0; ``DEFAULT_MAMBA_SSM_CACHE_DTYPE =
+    #: "float32"`` at line 398 of 0.22.0, 606 of 0.26.0). 0.11.0 has no such class: ``auto``, the model dtype
+    #: (and ignores the config's field). 0.12, 0.20 and 0.21 not read.
+    nemotron_h_ssm_default: str
+    #: vLLM turns prefix caching off for every Mamba hybrid whatever the flag (``MambaModelConfig``,
+    #: ``models/config.py`` line 296 of 0.11.0: "disabling prefix caching since it is not yet supported");
+    #: later releases (0.13.0 on) keep it off by default but honour ``--enable-prefix-caching`` with a Mamba
+    #: cache mode ('align' / 'all'), which the planner does not model.
+    hybrid_prefix_caching_forced_off: bool
+    #: A Mamba hybrid with FULL decode CUDA graphs refuses to capture them when ``max_num_seqs`` exceeds the
+    #: KV blocks ("max_num_seqs (N) exceeds available Mamba cache blocks (M)": ``config/compilation.py``
+    #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
+    #: 0.20 and 0.21 not read). Planned as ``kv_too_small`` (too few blocks for the configuration).
+    mamba_blocks_cover_max_num_seqs: bool
+    #: Architectures of modelled classes this release no longer serves, with the last release that did
+    #: (``_PREVIOUSLY_SUPPORTED_MODELS``, ``models/registry.py``: ``"BambaForCausalLM": "0.23.0"`` at line 731 of
+    #: 0.24.0, 743 of 0.26.0; 0.23.0 still registers it at line 87).
+    removed_architectures: tuple[tuple[str, str], ...]
 
     # -- vLLM's texts --------------------------------------------------------------------------
 
@@ -422,4 +448,9 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         chat_template_parsed_per_request=v == (0, 11, 0),
         machete_float_zero_points=v >= (0, 26, 0),
         prefix_stats_count_preempted=v < (0, 11, 1),
+        hybrid_align_to_block_size=v >= (0, 22, 0),
+        nemotron_h_ssm_default="float32" if v >= (0, 22, 0) else "float16" if v >= (0, 13, 0) else "auto",
+        hybrid_prefix_caching_forced_off=v < (0, 12, 0),
+        mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
+        removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
     )

@@ -540,6 +540,14 @@ class StepCost:
         return self.gemm + self.elementwise + self.attention + self.kv_write + self.comm + self.launch + self.sampler
 
 
+def _simulable(model: ModelProfile) -> ModelProfile:
+    """``model``, or a SpecError for a Mamba / gated-delta-net hybrid: the simulator has no step time for those layers."""
+    if model.is_hybrid:
+        raise SpecError("model", f"{model.name}: the simulator's step time for Mamba layers is not modelled "
+                        "(servetune plan sizes its memory)", "simulate a model without Mamba layers")
+    return model
+
+
 class PerfModel:
     """Seconds per engine step for one (model, GPU, engine config), with the constants precomputed.
 
@@ -559,7 +567,7 @@ class PerfModel:
                  calibration: Calibration | None = None, sampling: Sampling | None = None) -> None:
         cal = calibration if calibration is not None else calibration_for(gpu)
         self.calibration = cal
-        model = effective_model(model, config)  # the model as served: --dtype, online --quantization fp8
+        model = effective_model(_simulable(model), config)  # the model as served: --dtype, online --quantization fp8
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.pp = pp
         layers = max(model.stage_layers(pp)) if pp > 1 else model.num_layers

@@ -220,3 +220,12 @@ def test_preemptions_from_the_stats_lines_when_there_is_no_metrics_file():
     assert d.advice[0] == "KV cache holds 997,776 tokens = 30.45 sequences of 32,768."
     assert d.advice[1].startswith("5 preemptions logged: the KV cache ran out (it holds 30.45 sequences of 32,768 and "
                                   "max_num_seqs is 128)")
+
+
+def test_too_few_mamba_blocks_for_max_num_seqs_is_kv_too_small():
+    """vLLM 0.26's config/compilation.py text (line 1492), the way the engine core prints a ValueError."""
+    log = ("(EngineCore pid=9) ERROR 12-06 01:33:51 [core.py:1330] ValueError: max_num_seqs (256) exceeds available "
+           "Mamba cache blocks (100). Each decode sequence requires one Mamba cache block, so CUDA graph capture "
+           "cannot proceed. Please lower max_num_seqs to at most 100 or increase gpu_memory_utilization.")
+    c = classify(log, exit_code=1)
+    assert c.status is TrialStatus.KV_TOO_SMALL and c.cause is not None and c.cause.startswith("max_num_seqs (256)")

@@ -706,6 +706,8 @@ _STARTUP_RULES: tuple[_Rule, ...] = (
     (re.compile(r"To serve at least one request with the models?'s max seq len"), TrialStatus.KV_TOO_SMALL, False, ""),
     (_KV_TOO_SMALL_V0_RE, TrialStatus.KV_TOO_SMALL, False, ""),
     (re.compile(r"No available memory for the cache blocks"), TrialStatus.STARTUP_OOM, False, ""),
+    # vLLM 0.26 (config/compilation.py): a Mamba hybrid's FULL decode graphs need a Mamba block per sequence
+    (re.compile(r"max_num_seqs \(\d+\) exceeds available Mamba cache blocks"), TrialStatus.KV_TOO_SMALL, False, ""),
     # V0 prints the block counts, then raises "No available memory for the cache blocks" on 0 GPU
     # blocks (a paste often stops in between): 0 blocks is that failure already.
     (re.compile(r"# (?!CPU )\w+ blocks: 0(?:, # CPU blocks: \d+)?$"), TrialStatus.STARTUP_OOM, False,

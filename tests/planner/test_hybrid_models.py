@@ -1,0 +1,284 @@
+"""Mamba2 / attention hybrids in the planner (servetune.planner.modelclass): the rules read from vLLM's source.
+
+Worked example, granite-4.0-h-tiny on one H100-80GB, vLLM 0.26.0, ``gpu_memory_utilization`` 0.9,
+``max_model_len`` 8192, ``max_num_seqs`` 256, prefix caching off (config: 40 layers, attention at 5, 15,
+25, 35; hidden 1536, 12 heads, 4 KV heads, head_dim 1536 / 12 = 128; Mamba2: 48 heads x 64, d_state 128,
+1 group, d_conv 4, expand 2; 64 experts of 512, top-6, shared MLP 1024; vocab 100,352, tied; NoPE),
+computed by hand:
+
+- Mamba state per layer and request (``mamba2_state_shape``): conv ``(4 - 1) x (3072 + 2 x 1 x 128) = 3 x
+  3328`` bf16 = 19,968 B; SSM ``48 x 64 x 128`` bf16 = 786,432 B; together 806,400 B.
+- Attention per token and layer: ``2 x 4 x 128 x 2`` = 2,048 B; block raised to ``16 x cdiv(806,400, 16 x
+  2,048) = 16 x 25 = 400`` tokens; page 400 x 2,048 = 819,200 B, the Mamba state padded to it.
+- Groups: 4 attention, 36 Mamba layers: group size 4 (36 >= 1.5 x 4), 1 attention + 9 Mamba groups = 10;
+  one block over the 4 layers of a group slot = 4 x 819,200 = 3,276,800 B.
+- A 8,192-token request: ``cdiv(8192, 400) = 21`` attention blocks + 9 x 1 Mamba blocks = 30.
+- Weights (elements): embedding 100,352 x 1,536 = 154,140,672 (tied: no LM head); every layer the experts
+  64 x 3 x 1,536 x 512 = 150,994,944, shared MLP 3 x 1,536 x 1,024 = 4,718,592, router 98,304, two norms
+  3,072 (155,814,912 x 40); Mamba layers in_proj 1,536 x (3,072 + 3,328 + 48) = 9,904,128, out_proj
+  4,718,592, conv1d 3,328 x (4 + 1) = 16,640, D + dt_bias 96, gated norm 3,072, A 48 in fp32
+  (14,642,576 x 36); attention q, k, v, o 1,536 x (1,536 + 1,024) + 1,536^2 = 6,291,456 x 4; final norm
+  1,536: 6,939,037,248 parameters, 13,878,074,496 + 36 x 48 x 2 (A's extra bytes) = 13,878,077,952 B.
+- vLLM 0.26 logs ``GPU KV cache size = int(num_blocks / 30 x 8192)`` and ``Maximum concurrency =
+  num_blocks / 30``; num_blocks is what the budget leaves over 3,276,800 B a block.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servetune.errors import SpecError
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.modelclass import (hybrid_block_size, hybrid_kinds, kv_layout, mamba_ssm_dtype_bytes,
+                                          mamba_state_bytes)
+from servetune.planner.modelinfo import ModelProfile, load_model, profile_from_config
+from servetune.planner.vllm_rules import memory_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+H100 = get_gpu("H100-80GB")
+FLAGS = {"gpu_memory_utilization": 0.9, "max_model_len": 8192, "enable_prefix_caching": False, "max_num_seqs": 256}
+
+#: NVIDIA-Nemotron-Nano-9B-v2's shape, as public code quotes its config.json (56 layers: 27 Mamba, 4 attention,
+#: 25 MLP); a test input, not a shipped config.
+NEMOTRON_NANO_9B = {
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 4480,
+    "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 15680,
+    "vocab_size": 131072, "max_position_embeddings": 131072, "num_hidden_layers": 56,
+    "hybrid_override_pattern": "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
+    "mamba_num_heads": 128, "mamba_head_dim": 80, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+    "use_conv_bias": True, "use_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+
+def _nemotron(**extra: object) -> ModelProfile:
+    return profile_from_config({**NEMOTRON_NANO_9B, **extra}, "nemotron-nano-9b-v2", source="n/config.json")
+
+
+def test_granite_tiny_worked_example_at_026():
+    """The module docstring's hand computation, step by step."""
+    m = load_model("granite-4.0-h-tiny")
+    assert m.is_hybrid and (m.layer_types.count("mamba"), m.layer_types.count("full")) == (36, 4)
+    assert [i for i, k in enumerate(m.layer_types) if k == "full"] == [5, 15, 25, 35]
+    assert mamba_state_bytes(m, 1, 2) == 3 * 3328 * 2 + 48 * 64 * 128 * 2 == 806_400
+    assert m.param_count == 6_939_037_248
+    assert m.stage_weight_bytes(1, 1) == [13_878_077_952]  # no rotary table: NoPE
+    c = resolve_engine_config(FLAGS, m, H100, "0.26.0")
+    assert (c.block_size, c.enable_prefix_caching, c.v1_runner) == (400, False, True)
+    lay = kv_layout(m, 1, 0, 1, c.block_size, 2, c.max_model_len)
+    assert (lay.page_bytes, lay.group_size, lay.groups) == (819_200, 4, ("full",) + ("mamba",) * 9)
+    assert lay.block_bytes == 3_276_800 and lay.blocks_per_request(8192, 400, 8192) == 21 + 9
+    p = plan_memory(m, H100, c)
+    assert p.fits and p.block_size == 400
+    assert p.num_gpu_blocks == int(p.memory.kv_cache * 2**30) // 3_276_800
+    assert p.max_concurrency == pytest.approx(p.num_gpu_blocks / 30)
+    assert p.kv_cache_tokens == int(p.num_gpu_blocks / 30 * 8192)
+    assert any(n.startswith("Mamba2 hybrid: 36 of 40 layers") and "simulator" in n for n in p.notes)
+
+
+def test_logged_tokens_before_025_take_the_smallest_block_of_every_group():
+    """0.11.0 / 0.19.0: ``num_blocks // len(groups) * min_block_size``; a Mamba group's block is max_model_len."""
+    m = load_model("granite-4.0-h-tiny")
+    for version in ("0.11.0", "0.19.0"):
+        p = plan_memory(m, H100, resolve_engine_config(FLAGS, m, H100, version))
+        assert p.kv_cache_tokens == p.num_gpu_blocks // 10 * 400
+    short = resolve_engine_config({**FLAGS, "max_model_len": 256}, m, H100, "0.19.0")
+    p = plan_memory(m, H100, short)
+    assert short.block_size == 400 and p.kv_cache_tokens == p.num_gpu_blocks // 10 * 256
+    assert p.max_concurrency == pytest.approx(p.num_gpu_blocks / (1 + 9))
+
+
+def test_block_alignment_follows_the_release():
+    """A user block size of 32: 0.19 aligns to 16 (400), 0.22+ to max(16, block_size) (32 x cdiv(806400, 65536));
+    of 128: 0.19 still 400, 0.26 128 x cdiv(806400, 262144)."""
+    m = load_model("granite-4.0-h-tiny")
+    assert resolve_engine_config({**FLAGS, "block_size": 32}, m, H100, "0.19.0").block_size == 400
+    assert resolve_engine_config({**FLAGS, "block_size": 32}, m, H100, "0.26.0").block_size == 416
+    assert resolve_engine_config({**FLAGS, "block_size": 128}, m, H100, "0.26.0").block_size == 512  # 128 x 4
+    assert resolve_engine_config({**FLAGS, "block_size": 128}, m, H100, "0.19.0").block_size == 400
+    assert hybrid_block_size(m, 1, 16, 1, 2, True) == 16 * -(-806_400 // (16 * 1024))  # fp8 KV: 1 byte
+
+
+def test_tp_widens_a_single_group_and_splits_heads():
+    """n_groups 1 at TP=2: the groups are widened to 2 (extra_groups_for_head_shards), then halved."""
+    m = load_model("granite-4.0-h-tiny")
+    assert mamba_state_bytes(m, 2, 2) == 3 * (3072 + 2 * 2 * 128) // 2 * 2 + 24 * 64 * 128 * 2
+    assert hybrid_block_size(m, 2, 16, 2, 2, True) == 16 * -(-mamba_state_bytes(m, 2, 2) // (16 * 1024))
+
+
+def test_nemotron_h_state_dtype_by_release():
+    """float16 (0.13-0.19) and float32 (0.22+) defaults, the config's own field first; 0.11 the model dtype."""
+    n = _nemotron()
+    assert n.layer_types.count("mamba") == 27 and n.layer_types.count("full") == 4 and n.layer_types.count("mlp") == 25
+    conv = 3 * (10240 + 2 * 8 * 128) * 2
+    assert mamba_state_bytes(n, 1, 2) == conv + 128 * 80 * 128 * 2
+    blocks = {v: resolve_engine_config({"max_model_len": 8192}, n, H100, v).block_size
+              for v in ("0.11.0", "0.19.0", "0.26.0")}
+    assert blocks == {"0.11.0": 16 * -(-(conv + 2_621_440) // 65536), "0.19.0": 672, "0.26.0": 1312}
+    f32 = _nemotron(mamba_ssm_cache_dtype="float32")
+    assert mamba_ssm_dtype_bytes(f32, memory_rules((0, 19, 0)).nemotron_h_ssm_default) == 4
+    assert mamba_ssm_dtype_bytes(f32, memory_rules((0, 11, 0)).nemotron_h_ssm_default) == 2
+    assert round(n.param_count / 1e9, 2) == 8.89 and n.no_rope and not n.ffn_gated
+
+
+def test_nemotron_mlp_layers_hold_no_kv_and_two_matrices():
+    n = _nemotron()
+    lay = kv_layout(n, 1, 0, 1, 672, 2, 8192)
+    assert lay.group_size == 4 and lay.groups == ("full",) + ("mamba",) * 7  # cdiv(27, 4) Mamba groups
+    linear, plain, fp32 = n._hybrid_layer_elems("mlp", 1)
+    assert (linear, plain, fp32) == (2 * 4480 * 15680, 4480, 0)
+
+
+def test_granite_without_mamba_layers_is_a_plain_model():
+    """granite-4.0-micro's shape: every layer attention, vLLM's is_hybrid false; the shared MLP is its FFN."""
+    cfg = {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "hidden_size": 2560,
+           "num_hidden_layers": 4, "num_attention_heads": 40, "num_key_value_heads": 8, "intermediate_size": 8192,
+           "shared_intermediate_size": 8192, "num_local_experts": 0, "vocab_size": 100352,
+           "max_position_embeddings": 131072, "layer_types": ["attention"] * 4}
+    m = profile_from_config(cfg, "micro")
+    assert not m.is_hybrid and m.layer_types == () and m.intermediate_size == 8192 and not m.is_moe
+    assert resolve_engine_config({}, m, H100, "0.26.0").block_size == 16
+    assert hybrid_kinds(cfg) == []
+
+
+def test_prefix_caching_on_a_hybrid():
+    """Off by default; 0.11 forces it off whatever the flag; later releases' 'align' / 'all' modes are refused."""
+    m = load_model("granite-4.0-h-tiny")
+    assert not resolve_engine_config({}, m, H100, "0.26.0").enable_prefix_caching
+    assert not resolve_engine_config({"enable_prefix_caching": True}, m, H100, "0.11.0").enable_prefix_caching
+    with pytest.raises(SpecError) as err:
+        resolve_engine_config({"enable_prefix_caching": True}, m, H100, "0.19.0")
+    assert err.value.field == "enable_prefix_caching" and "not modelled" in err.value.message
+    assert resolve_engine_config({}, load_model("llama-3.1-8b"), H100, "0.26.0").enable_prefix_caching
+
+
+@pytest.mark.parametrize("cfg, field", [
+    ({"model_type": "qwen3_5", "layer_types": ["linear_attention", "full_attention"]}, "layer_types"),
+    ({**NEMOTRON_NANO_9B, "hybrid_override_pattern": "MEM*" * 14}, "hybrid_override_pattern"),
+    ({**NEMOTRON_NANO_9B, "intermediate_size": [15680, 12000]}, "intermediate_size"),
+    ({"model_type": "jamba", "architectures": ["JambaForCausalLM"]}, "model_type"),
+])
+def test_what_is_not_modelled_is_still_refused(cfg, field):
+    with pytest.raises(SpecError) as err:
+        profile_from_config(cfg, "m", source="m/config.json")
+    assert err.value.field == f"m/config.json: {field}" and err.value.fix and "\n" not in str(err.value)
+
+
+def test_plan_refuses_prefix_caching_on_a_hybrid_in_one_line_with_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "servetune", "plan", "--model", "granite-4.0-h-tiny", "--gpu",
+                           "H100-80GB", "--set", "enable_prefix_caching=true"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT / "platform"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+    assert len(lines) == 1 and "enable_prefix_caching" in lines[0] and "fix:" in lines[0]
+
+
+def test_026_refuses_more_sequences_than_mamba_blocks():
+    """0.22+ (config/compilation.py): FULL decode graphs need one Mamba block per sequence; eager starts do not."""
+    m = load_model("granite-4.0-h-tiny")
+    flags = {**FLAGS, "kv_cache_memory_bytes": 100 * 3_276_800, "max_num_seqs": 128, "max_model_len": 2048}
+    p = plan_memory(m, H100, resolve_engine_config(flags, m, H100, "0.26.0"))
+    assert p.failure is not None and p.failure.value == "kv_too_small"
+    assert "max_num_seqs (128) exceeds available Mamba cache blocks (100)" in (p.cause or "")
+    assert p.fix is not None and p.fix.startswith("lower max_num_seqs to <= 100")
+    assert plan_memory(m, H100, resolve_engine_config(flags, m, H100, "0.19.0")).fits
+    assert plan_memory(m, H100, resolve_engine_config({**flags, "enforce_eager": True}, m, H100, "0.26.0")).fits
+
+
+def test_qwen3_next_gated_delta_net():
+    """Qwen3-Next-80B-A3B: the gated delta net's state (gated_delta_net_state_shape) is conv 3 x (2 x 16 x 128 +
+    32 x 128) bf16 = 49,152 B plus temporal 32 x 128 x 128 bf16 = 1,048,576 B; attention 2 x 2 x 256 x 2 = 2,048 B
+    a token, so the block is 16 x cdiv(1,097,728, 32,768) = 544; 36 linear and 12 full layers: group size 12,
+    1 full + 3 linear groups. The weights (MTP layers skipped, as vLLM's loader does) come to 79,674,391,296
+    parameters, 3,874,929,408 active: the totals public code reads off the checkpoint (a test quoting
+    Qwen3-Coder-Next, the same shape)."""
+    m = load_model("qwen3-next-80b-a3b")
+    assert m.layer_types[:4] == ("mamba", "mamba", "mamba", "full") and m.layer_types.count("full") == 12
+    assert mamba_state_bytes(m, 1, 2) == 3 * (2 * 16 * 128 + 32 * 128) * 2 + 32 * 128 * 128 * 2 == 1_097_728
+    assert (m.param_count, m.active_param_count) == (79_674_391_296, 3_874_929_408)
+    assert m.rotary_dim == 64 and m.attn_output_gate
+    c = resolve_engine_config({"tensor_parallel_size": 2, "max_model_len": 32768}, m, get_gpu("H200"), "0.26.0")
+    assert c.block_size == 16 * -(-(1_097_728 // 2) // (16 * 1024)) == 544  # one KV head a rank at TP=2
+    lay = kv_layout(m, 2, 0, 1, c.block_size, 2, c.max_model_len)
+    assert lay.group_size == 12 and lay.groups == ("full", "mamba", "mamba", "mamba")
+    p = plan_memory(m, get_gpu("H200"), c)
+    assert p.fits and p.max_concurrency == pytest.approx(p.num_gpu_blocks / (-(-32768 // 544) + 3))
+    assert resolve_engine_config({"tensor_parallel_size": 4}, m, get_gpu("H200"), "0.26.0").block_size == 272
+
+
+#: Bamba-9B's shape as its model card describes it (32 layers, attention at 9, 18, 27); a test input.
+BAMBA = {"architectures": ["BambaForCausalLM"], "model_type": "bamba", "hidden_size": 4096, "num_hidden_layers": 32,
+         "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+         "max_position_embeddings": 4096, "attn_layer_indices": [9, 18, 27], "attn_rotary_emb": 64,
+         "mamba_n_heads": 128, "mamba_d_head": 64, "mamba_d_state": 128, "mamba_n_groups": 1, "mamba_d_conv": 4,
+         "mamba_expand": 2, "mamba_conv_bias": True, "mamba_proj_bias": False, "tie_word_embeddings": False}
+
+
+def test_bamba_until_its_removal():
+    """Bamba: granite's Mamba2 mixer, a gated MLP in every layer, a 64-wide rotary table; state 3 x (8192 + 256) x 2
+    + 128 x 64 x 128 x 2 = 2,147,840 B, block 16 x cdiv(2,147,840, 16 x 4,096) = 528; 3 attention and 29 Mamba
+    layers: 1 + cdiv(29, 3) = 11 groups. vLLM 0.24 dropped the architecture (models/registry.py)."""
+    m = profile_from_config(BAMBA, "bamba-9b")
+    assert [i for i, k in enumerate(m.layer_types) if k == "full"] == [9, 18, 27] and m.rotary_dim == 64
+    assert mamba_state_bytes(m, 1, 2) == 2_147_840
+    c = resolve_engine_config({"max_model_len": 4096}, m, H100, "0.19.0")
+    assert c.block_size == 528 and kv_layout(m, 1, 0, 1, 528, 2, 4096).groups == ("full",) + ("mamba",) * 10
+    p = plan_memory(m, H100, c)
+    assert p.kv_cache_tokens == p.num_gpu_blocks // 11 * 528
+    assert resolve_engine_config({}, m, H100, "0.23.0").block_size == 528
+    with pytest.raises(SpecError, match="was supported in vLLM until v0.23.0"):
+        resolve_engine_config({}, m, H100, "0.24.0")
+
+
+def test_incomplete_or_attention_free_hybrids_are_refused():
+    with pytest.raises(SpecError, match="without attention layers"):
+        profile_from_config({**BAMBA, "attn_layer_indices": []}, "m")
+    cfg = {k: v for k, v in NEMOTRON_NANO_9B.items() if k != "ssm_state_size"}
+    with pytest.raises(SpecError) as err:
+        profile_from_config(cfg, "m", source="m/config.json")
+    assert err.value.field == "m/config.json: ssm_state_size"
+
+
+#: Falcon-H1-7B's shape as public code quotes its config.json; a test input.
+FALCON_H1_7B = {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 3072,
+                "num_hidden_layers": 44, "num_attention_heads": 12, "num_key_value_heads": 2, "head_dim": 128,
+                "intermediate_size": 12288, "vocab_size": 130048, "tie_word_embeddings": False, "mamba_d_state": 256,
+                "mamba_n_groups": 1, "mamba_n_heads": 24, "mamba_d_head": 128, "mamba_d_ssm": 3072, "mamba_expand": 2,
+                "mamba_d_conv": 4, "mamba_chunk_size": 128, "max_position_embeddings": 262144}
+
+
+def test_falcon_h1_runs_attention_and_mamba_in_every_layer():
+    """FalconH1ParallelHybrid: 44 attention and 44 Mamba layers, so group size 44 and two groups; state 3 x (3072 +
+    2 x 256) x 2 + 24 x 128 x 256 x 2 = 1,594,368 B, block 16 x cdiv(1,594,368, 16 x 1,024) = 1,568. At 0.26's
+    default max_num_seqs (1024 on an H100) the blocks do not cover the sequences: vLLM's own refusal."""
+    m = profile_from_config(FALCON_H1_7B, "falcon-h1-7b")
+    assert m.is_hybrid and set(m.layer_types) == {"parallel"} and m.mamba_inner == 3072 and m.mamba_mup_vector
+    assert mamba_state_bytes(m, 1, 2) == 1_594_368 and m.kv_bytes_per_token(1, 1) == 44 * 1024
+    c = resolve_engine_config({"max_model_len": 32768, "max_num_seqs": 256}, m, H100, "0.26.0")
+    lay = kv_layout(m, 1, 0, 1, c.block_size, 2, 32768)
+    assert c.block_size == 1568 and (lay.group_size, lay.groups) == (44, ("full", "mamba"))
+    p = plan_memory(m, H100, c)
+    assert p.fits and p.max_concurrency == pytest.approx(p.num_gpu_blocks / (-(-32768 // 1568) + 1))
+    linear, plain, _ = m._hybrid_layer_elems("parallel", 1)
+    mup = 2 * 3072 + 2 * 256 + 24
+    assert plain == 2 * 3072 + (3072 + 2 * 256) * 5 + 2 * 24 + mup  # norms, conv1d + bias, D + dt_bias, mup_vector
+    refused = plan_memory(m, H100, resolve_engine_config({"max_model_len": 32768}, m, H100, "0.26.0"))
+    assert refused.failure is not None and "max_num_seqs (1024) exceeds available Mamba cache blocks" in (refused.cause or "")
+
+
+def test_tp_must_divide_the_mamba_heads_and_groups():
+    """MambaMixer2's asserts: 48 granite Mamba heads do not split over 32 ranks (attention's 12 heads already refuse
+    it); Nemotron-H's 8 groups do not split over 16 ranks; one group is widened instead."""
+    n = _nemotron()
+    with pytest.raises(SpecError, match="num_groups must equal 1"):
+        resolve_engine_config({"tensor_parallel_size": 16}, _nemotron(num_attention_heads=64, num_key_value_heads=16), H100)
+    assert resolve_engine_config({"tensor_parallel_size": 8}, n, H100).tensor_parallel_size == 8
+    with pytest.raises(SpecError, match="must divide num heads"):
+        resolve_engine_config({"tensor_parallel_size": 8}, _nemotron(mamba_num_heads=132), H100)
+    assert resolve_engine_config({"tensor_parallel_size": 4}, load_model("granite-4.0-h-tiny"), H100).block_size > 16
+
