@@ -45,6 +45,9 @@ s = {"name": name, "flags": {"max_model_len": int(mml), "gpu_memory_utilization"
      "model": model, "argv": argv, "windows": {},
      "startup_s": float(t1) - float(t0), "healthy": status == "healthy", "outcome": status,
      "exit_code": None if rc == "null" else int(rc), "stop_s": float(t2) - float(t1), "gpu_used_mib_after_stop": used}
+extra = argv[argv.index("dummy") + 1:]  # the "more vllm args" of the command line, as --flag VALUE pairs
+for flag, value in zip(extra[::2], extra[1::2]):
+    s["flags"][flag.lstrip("-").replace("-", "_")] = int(value) if value.isdigit() else value
 json.dump(s, open(f"{d}/summary.json", "w"), indent=1)
 print(json.dumps({k: s[k] for k in ("name", "healthy", "outcome", "startup_s", "exit_code")}))
 PY
