@@ -146,12 +146,14 @@ def test_granite_without_mamba_layers_is_a_plain_model():
 
 
 def test_prefix_caching_on_a_hybrid():
-    """Off by default; 0.11 forces it off whatever the flag; later releases' 'align' / 'all' modes are refused."""
+    """Off by default; 0.11.0 forces it off whatever the flag; from 0.11.1 it is honoured (the Mamba cache modes:
+    tests/planner/test_hybrid_prefix_caching.py); past the releases read (0.29 on) it is refused."""
     m = load_model("granite-4.0-h-tiny")
     assert not resolve_engine_config({}, m, H100, "0.26.0").enable_prefix_caching
     assert not resolve_engine_config({"enable_prefix_caching": True}, m, H100, "0.11.0").enable_prefix_caching
+    assert resolve_engine_config({"enable_prefix_caching": True}, m, H100, "0.19.0").enable_prefix_caching
     with pytest.raises(SpecError) as err:
-        resolve_engine_config({"enable_prefix_caching": True}, m, H100, "0.19.0")
+        resolve_engine_config({"enable_prefix_caching": True}, m, H100, "0.29.0")
     assert err.value.field == "enable_prefix_caching" and "not modelled" in err.value.message
     assert resolve_engine_config({}, load_model("llama-3.1-8b"), H100, "0.26.0").enable_prefix_caching
 
@@ -168,9 +170,9 @@ def test_what_is_not_modelled_is_still_refused(cfg, field):
     assert err.value.field == f"m/config.json: {field}" and err.value.fix and "\n" not in str(err.value)
 
 
-def test_plan_refuses_prefix_caching_on_a_hybrid_in_one_line_with_exit_2():
+def test_plan_refuses_hybrid_prefix_caching_past_the_releases_read_in_one_line_with_exit_2():
     proc = subprocess.run([sys.executable, "-m", "servetune", "plan", "--model", "granite-4.0-h-tiny", "--gpu",
-                           "H100-80GB", "--set", "enable_prefix_caching=true"],
+                           "H100-80GB", "--set", "enable_prefix_caching=true", "--vllm-version", "0.30.0"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={"PYTHONPATH": str(ROOT / "platform"), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2, proc.stderr

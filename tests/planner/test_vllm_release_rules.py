@@ -145,33 +145,37 @@ def test_v1_profile_peak_is_the_native_call(version: str, name: str) -> None:
 
 
 # Mamba2 hybrids, read from the wheels (vllm/model_executor/models/config.py unless named):
-# (version, align to max(16, block_size), Nemotron-H's SSM-state default, prefix caching forced off)
+# (version, align to max(16, block_size), Nemotron-H's SSM-state default, what prefix caching does to a hybrid)
 HYBRID_BY_RELEASE = [
     # 0.11.0: 296 "cache_config.enable_prefix_caching = False"; 367 "attn_block_size = 16 * cdiv(...)"; no NemotronH config class
-    ("0.11.0", False, "auto", True),
+    ("0.11.0", False, "auto", "off"),
     # 0.13.0: 364 / 430 kernel_block_alignment_size = 16; 504 getattr(hf_config, "mamba_ssm_cache_dtype", "float16")
-    ("0.13.0", False, "float16", False),
+    ("0.13.0", False, "float16", "all_or_off"),
     # 0.16.0: 429 / 495; 576 "float16"
-    ("0.16.0", False, "float16", False),
+    ("0.16.0", False, "float16", "all_or_align"),
     # 0.19.0: 218 / 273; 494 "float16"; config/model.py 1785 hybrid -> prefix caching off by default
-    ("0.19.0", False, "float16", False),
+    ("0.19.0", False, "float16", "all_or_align"),
+    # 0.20.0: platforms/interface.py 577-583 max(min kernel block, block_size); 410 DEFAULT_MAMBA_SSM_CACHE_DTYPE
+    ("0.20.0", True, "float32", "all_or_align"),
+    # 0.21.0: platforms/interface.py 616-622; 410 "float32"
+    ("0.21.0", True, "float32", "all_or_align"),
     # 0.22.0: platforms/interface.py 620 max(min kernel block, block_size), 642; 398 DEFAULT_MAMBA_SSM_CACHE_DTYPE = "float32"
-    ("0.22.0", True, "float32", False),
+    ("0.22.0", True, "float32", "all_or_align"),
     # 0.24.0: interface.py 744 / 766; 465 "float32"
-    ("0.24.0", True, "float32", False),
+    ("0.24.0", True, "float32", "all_or_align"),
     # 0.25.0: interface.py 861 / 883; 606 "float32"
-    ("0.25.0", True, "float32", False),
+    ("0.25.0", True, "float32", "all_or_align"),
     # 0.26.0: interface.py 876 / 898; 606 "float32"; engine/arg_utils.py 2521 "... and not model_config.is_hybrid"
-    ("0.26.0", True, "float32", False),
+    ("0.26.0", True, "float32", "all_or_align"),
 ]
 
 
-@pytest.mark.parametrize("version, align_to_block, nemotron_ssm, pc_forced_off", HYBRID_BY_RELEASE)
-def test_hybrid_rules_by_release(version: str, align_to_block: bool, nemotron_ssm: str, pc_forced_off: bool) -> None:
+@pytest.mark.parametrize("version, align_to_block, nemotron_ssm, pc_family", HYBRID_BY_RELEASE)
+def test_hybrid_rules_by_release(version: str, align_to_block: bool, nemotron_ssm: str, pc_family: str) -> None:
     r = memory_rules(tuple(int(x) for x in version.split(".")))  # type: ignore[arg-type]
     assert r.hybrid_align_to_block_size is align_to_block
     assert r.nemotron_h_ssm_default == nemotron_ssm
-    assert r.hybrid_prefix_caching_forced_off is pc_forced_off
+    assert r.hybrid_prefix_caching == pc_family
     m = load_model("granite-4.0-h-tiny")
     block = resolve_engine_config({"block_size": 32, "max_model_len": 8192}, m, get_gpu("H100-80GB"), version).block_size
     assert block == (32 * -(-806_400 // (32 * 2048)) if align_to_block else 400)

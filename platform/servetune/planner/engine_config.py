@@ -28,7 +28,8 @@ from servetune.planner.flags import validate_flags
 from servetune.planner import modelclass
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
-from servetune.planner.vllm_rules import VllmMemoryRules, memory_rules, parse_vllm_version, runs_v2_runner, v1_runner_rules
+from servetune.planner.vllm_rules import (MAMBA_CACHE_MODE_FLAG, VllmMemoryRules, hybrid_prefix_caching_mode,
+                                          memory_rules, parse_vllm_version, runs_v2_runner, v1_runner_rules)
 from servetune.vllm_version import DEFAULT_VLLM_VERSION, Version
 
 __all__ = ["EngineConfig", "resolve_engine_config", "batch_defaults", "capture_sizes_for", "compile_key", "MODEL_CAPTURE_MAX"]
@@ -94,6 +95,12 @@ class EngineConfig:
     #: (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.flashinfer_sampler_default`); the planner
     #: does not foresee that failure.
     flashinfer_available: bool = True
+    #: A Mamba hybrid's Mamba cache mode: ``"none"`` without prefix caching (and for every other model), ``"align"`` or
+    #: ``"all"`` with it (:func:`~servetune.planner.vllm_rules.hybrid_prefix_caching_mode`).
+    mamba_cache_mode: str = "none"
+    #: A Mamba hybrid's Mamba-group block in tokens (:func:`~servetune.planner.modelclass.mamba_group_block_size`;
+    #: ``max_model_len`` without prefix caching); 0 for other models.
+    mamba_block_size: int = 0
 
     @property
     def world_size(self) -> int:
@@ -190,6 +197,8 @@ class EngineConfig:
             out["dtype"] = self.dtype
         if self.quantization is not None:
             out["quantization"] = self.quantization
+        if self.mamba_cache_mode != "none" and self.version >= MAMBA_CACHE_MODE_FLAG:
+            out["mamba_cache_mode"] = self.mamba_cache_mode  # vLLM's own default for the model, written out
         return out
 
 
@@ -358,6 +367,8 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
     if dtype == "half":
         dtype = "float16"
 
+    prefix_caching, mamba_mode, block_size, mamba_block = _paging(f, model, tp, rules, chunked, max_model_len,
+                                                                  max_num_batched_tokens)
     return EngineConfig(
         gpu_memory_utilization=float(f.get("gpu_memory_utilization", rules.default_gpu_memory_utilization)),
         kv_cache_memory_bytes=f.get("kv_cache_memory_bytes"),
@@ -370,9 +381,9 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         enforce_eager=enforce_eager,
         cudagraph_capture_sizes=sizes,
         kv_cache_dtype=str(f.get("kv_cache_dtype", "auto")),
-        enable_prefix_caching=_prefix_caching(f, model, rules),
+        enable_prefix_caching=prefix_caching,
         enable_chunked_prefill=chunked,
-        block_size=_block_size(f, model, tp, rules),
+        block_size=block_size,
         long_prefill_token_threshold=int(f.get("long_prefill_token_threshold", 0)),
         scheduling_policy=str(f.get("scheduling_policy", "fcfs")),
         # Async scheduling is on by default from 0.16 where supported; vLLM turns it off with PP.
@@ -383,6 +394,8 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         v1_runner=rules.v2_runner and not runs_v2_runner(rules, architecture=model.architecture,
                                                          is_moe=model.is_moe, is_hybrid=model.is_hybrid,
                                                          is_quantized=model.quantization is not None),
+        mamba_cache_mode=mamba_mode,
+        mamba_block_size=mamba_block,
     )
 
 
@@ -394,34 +407,85 @@ def _check_served(model: ModelProfile, rules: VllmMemoryRules) -> None:
                         f"v{last}, and is not supported anymore.", f"plan it at vLLM {last} or older")
 
 
-def _block_size(flags: Mapping[str, Any], model: ModelProfile, tp: int, rules: VllmMemoryRules) -> int:
-    """``block_size`` as vLLM sets it: the flag (16 unset), raised for a Mamba hybrid
-    (:func:`~servetune.planner.modelclass.hybrid_block_size`) until an attention page holds one Mamba state."""
+def _paging(flags: Mapping[str, Any], model: ModelProfile, tp: int, rules: VllmMemoryRules, chunked: bool,
+            max_model_len: int, max_num_batched_tokens: int) -> tuple[bool, str, int, int]:
+    """``(enable_prefix_caching, mamba_cache_mode, block_size, mamba_block_size)``: :func:`_prefix_caching`, then
+    :func:`_block_sizes` in that mode, checked against 'align' mode's asserts (:func:`_check_align_mode`)."""
+    prefix_caching, mode = _prefix_caching(flags, model, rules, chunked)
+    block_size, mamba_block = _block_sizes(flags, model, tp, rules, mode, max_model_len)
+    _check_align_mode(mode, block_size, rules, max_num_batched_tokens,
+                      int(flags.get("long_prefill_token_threshold", 0)))
+    return prefix_caching, mode, block_size, mamba_block
+
+
+def _block_sizes(flags: Mapping[str, Any], model: ModelProfile, tp: int, rules: VllmMemoryRules, mamba_mode: str,
+                 max_model_len: int) -> tuple[int, int]:
+    """``(block_size, mamba_block_size)`` as vLLM sets them: the flag (16 unset), raised for a Mamba hybrid
+    (:func:`~servetune.planner.modelclass.hybrid_block_size`) until an attention page holds one Mamba state, aligned
+    to the Mamba2 chunk in 'all' mode; the Mamba groups' block
+    (:func:`~servetune.planner.modelclass.mamba_group_block_size`), 0 for a model without Mamba layers."""
     block_size = int(flags.get("block_size", 16))
     if not model.is_hybrid:
-        return block_size
-    return modelclass.hybrid_block_size(
-        model, tp, block_size, model.kv_dtype_bytes(str(flags.get("kv_cache_dtype", "auto"))),
-        modelclass.mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default), rules.hybrid_align_to_block_size)
+        return block_size, 0
+    kv = model.kv_dtype_bytes(str(flags.get("kv_cache_dtype", "auto")))
+    ssm = modelclass.mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default)
+    chunk = model.mamba_chunk_size if mamba_mode == "all" else 0
+    align = rules.hybrid_align_to_block_size
+    return (modelclass.hybrid_block_size(model, tp, block_size, kv, ssm, align, chunk),
+            modelclass.mamba_group_block_size(model, tp, block_size, kv, ssm, align, mamba_mode, chunk, max_model_len))
 
 
-def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMemoryRules) -> bool:
-    """``enable_prefix_caching`` as vLLM resolves it; a Mamba hybrid's is off (SpecError where it would be on).
+def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMemoryRules,
+                    chunked: bool) -> tuple[bool, str]:
+    """``(enable_prefix_caching, mamba_cache_mode)`` as vLLM resolves them; SpecError where vLLM refuses the pair or
+    the planner does not model it.
 
-    vLLM defaults it off for hybrids (``is_prefix_caching_supported`` is false for ``attn_type ==
-    "hybrid"``: ``config/model.py`` line 1785 of 0.19.0; ``arg_utils.py`` line 2521 of 0.26.0, "keep it opt-in")
-    and 0.11 forces it off (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.hybrid_prefix_caching_forced_off`).
-    Turned on, later releases page the Mamba state per block ('align' / 'all' mamba cache modes), which the
-    planner does not model.
+    A plain model: the flag, on by default. A Mamba hybrid: off by default (``is_prefix_caching_supported`` is false
+    for ``attn_type == "hybrid"``: ``config/model.py`` line 1785 of 0.19.0; ``arg_utils.py`` line 2521 of 0.26.0,
+    "keep it opt-in"); asked for, the release's Mamba cache mode
+    (:func:`~servetune.planner.vllm_rules.hybrid_prefix_caching_mode`; ``"none"``: vLLM turns it off). 'all' mode
+    needs the model's Mamba2 chunk (refused where the config names none and the class default was not read);
+    'align' asserts chunked prefill (``models/config.py`` lines 353-356 of 0.15.0, 579-581 of 0.26.0).
+    ``mamba_cache_mode`` is a flag from 0.15.0 (:data:`~servetune.planner.vllm_rules.MAMBA_CACHE_MODE_FLAG`).
     """
     flag = flags.get("enable_prefix_caching")
+    requested = flags.get("mamba_cache_mode")
+    if requested is not None and rules.version < MAMBA_CACHE_MODE_FLAG:
+        raise SpecError("mamba_cache_mode", f"unrecognized arguments: --mamba-cache-mode (vLLM "
+                        f"{'.'.join(map(str, rules.version))} has no such flag; it came in 0.15.0)",
+                        "leave mamba_cache_mode out below vLLM 0.15")
     if not model.is_hybrid:
-        return bool(True if flag is None else flag)
-    if flag and not rules.hybrid_prefix_caching_forced_off:
-        raise SpecError("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({model.name}: vLLM's "
-                        "mamba_cache_mode 'align' / 'all') is not modelled by the planner",
-                        "leave enable_prefix_caching unset or false, vLLM's default for hybrid models")
-    return False
+        return bool(True if flag is None else flag), "none"
+    if not flag:
+        return False, "none"
+    mode = hybrid_prefix_caching_mode(rules, supports_all=modelclass.supports_mamba_prefix_caching(model),
+                                      requested=requested, name=model.name)
+    if mode == "all" and not model.mamba_chunk_size:
+        raise SpecError("enable_prefix_caching", f"prefix caching's 'all' Mamba cache mode aligns {model.name}'s "
+                        "blocks to its Mamba2 chunk, which its config does not name (mamba_chunk_size / chunk_size) "
+                        "and whose class default the planner has not read",
+                        "add chunk_size to the model config, or plan mamba_cache_mode=align (vLLM 0.15+)")
+    if mode == "align" and not chunked:
+        raise SpecError("enable_chunked_prefill", "AssertionError: Chunked prefill is required for mamba cache "
+                        "mode 'align'.", "leave enable_chunked_prefill on, or prefix caching off")
+    return mode != "none", mode
+
+
+def _check_align_mode(mode: str, block_size: int, rules: VllmMemoryRules, max_num_batched_tokens: int,
+                      long_prefill_token_threshold: int) -> None:
+    """'align' mode's asserts on the batch (``VllmConfig``, ``config/vllm.py``; see
+    :attr:`~servetune.planner.vllm_rules.VllmMemoryRules.mamba_align_block_within_batch` and
+    :attr:`~servetune.planner.vllm_rules.VllmMemoryRules.mamba_align_block_within_long_prefill`)."""
+    if mode != "align":
+        return
+    if rules.mamba_align_block_within_batch and block_size > max_num_batched_tokens:
+        raise SpecError("max_num_batched_tokens", f"AssertionError: In Mamba cache align mode, block_size "
+                        f"({block_size}) must be <= max_num_batched_tokens ({max_num_batched_tokens}).",
+                        f"raise max_num_batched_tokens to >= {block_size}")
+    if rules.mamba_align_block_within_long_prefill and 0 < long_prefill_token_threshold < block_size:
+        raise SpecError("long_prefill_token_threshold", "AssertionError: in Mamba cache align mode "
+                        f"long_prefill_token_threshold ({long_prefill_token_threshold}) must be >= block_size "
+                        f"({block_size})", f"set long_prefill_token_threshold to 0 or >= {block_size}")
 
 
 #: Resolved fields that size the memory budget but not the compiled graphs: vLLM's compile cache

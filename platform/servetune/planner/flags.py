@@ -66,6 +66,8 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
     _F("kv_cache_dtype", str, "KV cache element type", choices=("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")),
     _F("enable_prefix_caching", bool, "reuse KV blocks of shared prompt prefixes"),
     _F("enable_chunked_prefill", bool, "split long prefills across steps"),
+    _F("mamba_cache_mode", str, "a Mamba hybrid's state caching under prefix caching (vLLM 0.15+)",
+       choices=("none", "align", "all")),
     _F("block_size", int, "tokens per KV block", choices=None, minimum=1, maximum=256),
     _F("long_prefill_token_threshold", int, "cap on one request's prefill tokens per step", 0),
     _F("scheduling_policy", str, "queue order", choices=("fcfs", "priority")),
@@ -142,6 +144,9 @@ NOT_MODELLED: dict[str, str] = {
     "enable_expert_parallel": "expert parallelism (experts spread over the TP x DP ranks, all-to-all) is not modelled "
                               "by the planner or the simulator: plan the model with its experts split by "
                               "tensor_parallel_size",
+    "mamba_block_size": "a user Mamba block size (prefix caching's block for Mamba layers) is not modelled by the "
+                        "planner: plan the model's own (the Mamba2 chunk in 'all' mode, the attention block in "
+                        "'align')",
     "speculative_config": "speculative decoding is not modelled by the planner or the simulator: plan the model "
                           "without a draft",
 }

@@ -292,9 +292,8 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
 
     weights = model.stage_weight_bytes(tp, pp, mxfp4_scale_copies=2 if rules.mxfp4_keeps_loaded_scales else 1)
     # KV pages per stage: layers grouped as vLLM's KV cache manager groups them (modelclass.kv_layout)
-    mamba_block = config.max_model_len if model.is_hybrid else 0  # mamba_block_size without prefix caching
     layouts = [kv_layout(model, tp, s, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype),
-                         mamba_block) for s in range(pp)]
+                         config.mamba_block_size, config.mamba_cache_mode) for s in range(pp)]
     bytes_per_block = [layout.block_bytes for layout in layouts]
     # One worker per stage (TP ranks of a stage are identical); vLLM takes the minimum num_blocks.
     stages = []
@@ -442,6 +441,13 @@ def _notes(gpu: GpuSpec, config: EngineConfig, env: CommEnv, comm: CommMemory, a
     if config.max_cudagraph_capture_size > CUDAGRAPH_CALIBRATED_MAX_SIZE:
         notes.append(f"CUDA graph memory is extrapolated: calibrated on capture sizes up to "
                      f"{CUDAGRAPH_CALIBRATED_MAX_SIZE}, this config captures up to {config.max_cudagraph_capture_size}")
+    if config.mamba_cache_mode != "none":
+        held = acc.layout.blocks_per_request(config.max_model_len, config.block_size, config.max_in_flight_tokens)
+        notes.append(f"prefix caching on a Mamba hybrid: Mamba cache mode '{config.mamba_cache_mode}', Mamba blocks of "
+                     f"{config.mamba_block_size} tokens, {held} blocks a {config.max_model_len:,}-token request over "
+                     f"{len(acc.layout.groups)} KV groups (vLLM's experimental Mamba prefix caching, read from its "
+                     "source; 'all' mode matches one vLLM 0.26.0 granite-4.0-h-tiny start on an H100, read before the "
+                     "rule was written)")
     if config.kv_cache_memory_bytes is None and acc.headroom < 0:
         notes.append(f"gpu_memory_utilization {config.gpu_memory_utilization} asks for {acc.budget / GiB:.2f} GiB but "
                      f"only ~{(acc.total - acc.context) / GiB:.2f} GiB is free at startup: vLLM will refuse to start "

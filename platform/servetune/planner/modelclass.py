@@ -47,8 +47,13 @@ it follows (v0.19.0 unless said otherwise):
   (:func:`mamba_state_bytes`); vLLM raises the attention block until one attention page holds it and pads
   the state to that page (:func:`hybrid_block_size`), so Mamba layers join the KV groups like another
   attention type and hold one block of a request (``MambaSpec.max_memory_usage_bytes``, no prefix
-  caching). The weights are ``MambaMixer2``'s (``ModelProfile._hybrid_layer_elems``). Read in vLLM 0.26.0,
-  0.19.0 and 0.11.0 (and 0.13, 0.16, 0.22, 0.24, 0.25 for the version thresholds); not yet checked on a start.
+  caching). With prefix caching (0.11.1 on; :func:`~servetune.planner.vllm_rules.hybrid_prefix_caching_mode`)
+  the state is paged per block: 'align' mode holds two blocks a request, 'all' mode one a Mamba block
+  of ``max_model_len``, its block aligned to the Mamba2 kernel's chunk (:func:`mamba_group_block_size`,
+  :meth:`KVLayout.blocks_per_request`). The weights are ``MambaMixer2``'s (``ModelProfile._hybrid_layer_elems``).
+  Read in vLLM 0.26.0, 0.19.0 and 0.11.0 (and 0.13, 0.16, 0.22, 0.24, 0.25 for the version thresholds; 0.10.2 to
+  0.29.0 for prefix caching); prefix caching's 'all' mode matches one real vLLM 0.26.0 granite-4.0-h-tiny start
+  (read before the rule was written).
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): other Mamba / SSM and linear-attention
 layers (Qwen3.5, Jamba, Zamba, PLaMo2, LFM2, Nemotron-H MoE layers, hybrids without attention layers, ...), chunked local
@@ -75,7 +80,7 @@ __all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LAYER_BYTES", "mxfp4_exper
            "multimodal_profile_bytes", "refuse_unmodelled",
            "normalize_config", "class_fields", "vision_tower_params", "kv_layout", "moe_workspace_bytes",
            "group_size_for", "class_notes", "as_loaded_on", "hybrid_kinds", "mamba_state_bytes", "hybrid_block_size",
-           "mamba_ssm_dtype_bytes"]
+           "mamba_ssm_dtype_bytes", "supports_mamba_prefix_caching", "mamba_group_block_size"]
 
 #: transformers' config-class defaults for the fields a nested ``text_config`` may leave out.
 #: Gemma3TextConfig (transformers 4.50+, ``models/gemma3/configuration_gemma3.py``).
@@ -283,14 +288,16 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
         return {"mamba_heads": v_heads, "mamba_head_dim": v_dim, "mamba_d_state": k_dim, "mamba_groups": k_heads,
                 "mamba_d_conv": int(cfg.get("linear_conv_kernel_dim") or 4), "mamba_inner": v_heads * v_dim,
-                "mamba_conv_bias": False, "mamba_proj_bias": False, "mamba_ssm_dtype": "", "mamba_kind": "gdn"}
+                "mamba_conv_bias": False, "mamba_proj_bias": False, "mamba_ssm_dtype": "", "mamba_kind": "gdn",
+                "mamba_chunk_size": _chunk_size(cfg)}
     if str(cfg.get("model_type") or "").lower() == "nemotron_h":
         heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
         return {"mamba_heads": heads, "mamba_head_dim": head_dim, "mamba_d_state": int(cfg["ssm_state_size"]),
                 "mamba_groups": int(cfg.get("n_groups") or 1), "mamba_d_conv": int(cfg.get("conv_kernel") or 4),
                 "mamba_inner": heads * head_dim, "mamba_conv_bias": bool(cfg.get("use_conv_bias", True)),
                 "mamba_proj_bias": bool(cfg.get("use_bias", False)),
-                "mamba_ssm_dtype": str(cfg.get("mamba_ssm_cache_dtype") or "")}
+                "mamba_ssm_dtype": str(cfg.get("mamba_ssm_cache_dtype") or ""),
+                "mamba_chunk_size": _chunk_size(cfg)}
     falcon = str(cfg.get("model_type") or "").lower() == "falcon_h1"
     # Falcon-H1: mamba_d_ssm when set, else int(mamba_expand x hidden); its RMSNormGated weight only with
     # mamba_rms_norm; a mup_vector buffer (falcon_h1.py, FalconH1SSMDecoderLayer, lines 113-196 of 0.26.0)
@@ -302,7 +309,43 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
             "mamba_conv_bias": bool(cfg.get("mamba_conv_bias", True)),
             "mamba_proj_bias": bool(cfg.get("mamba_proj_bias", False)), "mamba_ssm_dtype": "",
             "mamba_norm_weight": bool(cfg.get("mamba_rms_norm", False)) if falcon else True,
-            "mamba_mup_vector": falcon}
+            "mamba_mup_vector": falcon, "mamba_chunk_size": _chunk_size(cfg)}
+
+
+#: The Mamba2 SSD kernel's chunk where a config names none: the config classes' defaults (transformers 5.23.0:
+#: ``mamba_chunk_size = 256`` in ``configuration_granitemoehybrid.py`` line 102, ``configuration_bamba.py`` line 73,
+#: ``configuration_falcon_h1.py`` line 84). Nemotron-H is left out: transformers' ``NemotronHConfig`` says 128
+#: (line 130), vLLM's own (``transformers_utils/configs/nemotron_h.py`` line 189 of 0.26.0) 256, and which one
+#: loads was not read, so a Nemotron-H config without ``chunk_size`` has no chunk (0).
+_CHUNK_DEFAULTS = {"granitemoehybrid": 256, "bamba": 256, "falcon_h1": 256}
+
+
+def _chunk_size(cfg: Mapping[str, Any]) -> int:
+    """vLLM's ``ModelConfig.get_mamba_chunk_size`` (``config/model.py`` lines 1440-1455 of 0.26.0): the config's
+    ``mamba_chunk_size``, else its ``chunk_size``, else the config class's default (:data:`_CHUNK_DEFAULTS`); 0 where
+    none is known."""
+    chunk = cfg.get("mamba_chunk_size") or cfg.get("chunk_size")
+    return int(chunk) if chunk else _CHUNK_DEFAULTS.get(str(cfg.get("model_type") or "").lower(), 0)
+
+
+#: Model classes that implement ``SupportsMambaPrefixCaching`` (so default to 'all' mode): ``granitemoehybrid.py``
+#: lines 585-592 of 0.11.1, 576-583 of 0.26.0; ``nemotron_h.py`` 689-697 / 699-709; ``falcon_h1.py`` 500-506 /
+#: 496-502; ``bamba.py`` 404-411 of 0.11.1, 396-403 of 0.23.0. ``Qwen3NextForCausalLM`` does not (lines 1171 of
+#: 0.11.1, 769-777 of 0.26.0); the same from 0.11.1 to 0.32.0.
+_MAMBA_PREFIX_CACHING = ("GraniteMoeHybridForCausalLM", "NemotronHForCausalLM", "FalconH1ForCausalLM",
+                         "BambaForCausalLM")
+
+
+def supports_mamba_prefix_caching(model: Any) -> bool:
+    """Whether vLLM's class for ``model`` pages its Mamba state per block under prefix caching ('all' mode).
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> supports_mamba_prefix_caching(load_model("granite-4.0-h-tiny")), \\
+        ...     supports_mamba_prefix_caching(load_model("qwen3-next-80b-a3b"))
+        (True, False)
+    """
+    return model.architecture in _MAMBA_PREFIX_CACHING
 
 
 def mamba_state_bytes(model: Any, tp: int, ssm_dtype_bytes: int) -> int:
@@ -346,29 +389,69 @@ def mamba_ssm_dtype_bytes(model: Any, nemotron_default: str) -> int:
 
 
 def hybrid_block_size(model: Any, tp: int, block_size: int, kv_dtype_bytes: int, ssm_dtype_bytes: int,
-                      align_to_block_size: bool) -> int:
+                      align_to_block_size: bool, chunk_size: int = 0) -> int:
     """The attention block size vLLM raises a Mamba2 hybrid's to, so one attention page holds a Mamba state.
 
     ``align x cdiv(mamba_page, align x attention_page_per_token)``, kept when ``block_size`` is larger;
     the Mamba page is then padded up to the attention page (``mamba_page_size_padded``). ``align`` is 16
     in 0.11.0 and 0.19.0 (``HybridAttentionMambaModelConfig.verify_and_update_config``, ``models/config.py``
     lines 367-375 of 0.11.0, 218 and 273-285 of 0.19.0: "FlashAttention (FA) requires block size to be
-    multiple of 16"); in 0.26.0 the platform aligns to ``max(16, block_size)`` (``platforms/interface.py``,
-    ``_align_hybrid_block_size``, lines 876-882 and 898-901; 620-626 and 642 of 0.22.0: the backend's smallest
-    kernel block, FlashAttention's ``MultipleOf(16)``, or the block size if larger). Prefix caching's 'all' mode (chunk-aligned blocks) is
-    not modelled (refused by :func:`~servetune.planner.engine_config.resolve_engine_config`).
+    multiple of 16"); from 0.20.0 the platform aligns to ``max(16, block_size)`` (``platforms/interface.py``,
+    ``_align_hybrid_block_size``, lines 577-583 of 0.20.0, 616-622 of 0.21.0, 620-626 and 642 of 0.22.0, 876-882
+    and 898-901 of 0.26.0: the backend's smallest kernel block, FlashAttention's ``MultipleOf(16)``, or the block
+    size if larger). With prefix caching in 'all' mode (``chunk_size``, the Mamba2 kernel's chunk, > 0) the block is
+    a multiple of ``lcm(chunk_size, align)`` instead: ``chunk x cdiv(cdiv(mamba_page, attention_page_per_token),
+    chunk)`` (lines 394-415 of 0.11.1, 466-487 of 0.15.0, 884-894 of 0.26.0: "align to mamba chunk size for kernel
+    perf"); see :func:`mamba_group_block_size`.
 
     Example:
         >>> from servetune.planner.modelinfo import load_model
         >>> hybrid_block_size(load_model("granite-4.0-h-tiny"), 1, 16, 2, 2, True)   # 16 x cdiv(806400, 16 x 2048)
         400
+        >>> hybrid_block_size(load_model("granite-4.0-h-tiny"), 1, 16, 2, 2, True, 256)  # 256 x cdiv(394, 256)
+        512
     """
     if not model.is_hybrid:
         return block_size
+    return max(block_size, _raised_block(model, tp, block_size, kv_dtype_bytes, ssm_dtype_bytes, align_to_block_size,
+                                         chunk_size))
+
+
+def _raised_block(model: Any, tp: int, block_size: int, kv_dtype_bytes: int, ssm_dtype_bytes: int,
+                  align_to_block_size: bool, chunk_size: int) -> int:
+    """The attention block one Mamba state asks for (:func:`hybrid_block_size` before the user's block is kept)."""
     per_token = 2 * model.kv_heads_per_gpu(tp) * model.head_dim * kv_dtype_bytes
     align = max(16, block_size) if align_to_block_size else 16
-    raised = align * -(-mamba_state_bytes(model, tp, ssm_dtype_bytes) // (align * per_token))
-    return max(block_size, raised)
+    state = mamba_state_bytes(model, tp, ssm_dtype_bytes)
+    if chunk_size:
+        chunk = math.lcm(chunk_size, align)
+        return chunk * -(-(-(-state // per_token)) // chunk)
+    return align * -(-state // (align * per_token))
+
+
+def mamba_group_block_size(model: Any, tp: int, block_size: int, kv_dtype_bytes: int, ssm_dtype_bytes: int,
+                           align_to_block_size: bool, mamba_cache_mode: str, chunk_size: int,
+                           max_model_len: int) -> int:
+    """The Mamba groups' block size in tokens (``cache_config.mamba_block_size``, ``MambaSpec.block_size``), given the
+    user's ``block_size`` (16 unset) and the Mamba cache mode.
+
+    ``"none"`` (no prefix caching): ``max_model_len`` (``MambaModelConfig``, ``models/config.py`` line 291 of 0.11.1,
+    601-602 of 0.26.0), so a request holds one state. ``"align"``: the attention block (``platforms/interface.py`` lines
+    911-912 of 0.26.0, ``models/config.py`` 514-515 of 0.15.0). ``"all"``: the chunk-aligned block
+    :func:`hybrid_block_size` computes, even where the user's larger ``block_size`` is kept for attention
+    (line 894 of 0.26.0: ``cache_config.mamba_block_size = attn_block_size``).
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m = load_model("granite-4.0-h-tiny")
+        >>> [mamba_group_block_size(m, 1, 16, 2, 2, True, mode, 256, 8192) for mode in ("none", "align", "all")]
+        [8192, 400, 512]
+    """
+    if mamba_cache_mode == "none":
+        return max_model_len
+    if mamba_cache_mode == "align":
+        return hybrid_block_size(model, tp, block_size, kv_dtype_bytes, ssm_dtype_bytes, align_to_block_size)
+    return _raised_block(model, tp, block_size, kv_dtype_bytes, ssm_dtype_bytes, align_to_block_size, chunk_size)
 
 
 def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
@@ -577,8 +660,10 @@ class KVLayout:
     groups: tuple[str, ...]
     sliding_window: int = 0
     #: A Mamba group's block size: ``mamba_block_size``, the ``max_model_len`` without prefix caching
-    #: (``MambaModelConfig.verify_and_update_config``); 0 without Mamba groups.
+    #: (:func:`mamba_group_block_size`); 0 without Mamba groups.
     mamba_block_size: int = 0
+    #: The Mamba cache mode (``"none"`` / ``"align"`` / ``"all"``): how many blocks a Mamba group holds a request.
+    mamba_cache_mode: str = "none"
 
     @property
     def block_bytes(self) -> int:
@@ -605,10 +690,20 @@ class KVLayout:
         full = -(-max_model_len // block_size)
         window = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len) if self.sliding_window else 0
         sliding = -(-window // block_size) + 1
-        # A Mamba group holds one state per request without prefix caching (MambaSpec.max_memory_usage_bytes,
-        # mamba_cache_mode 'none': page x (1 + speculative blocks); 0.11.0: page_size_bytes)
-        per_group = {_SLIDING: sliding, _MAMBA: 1}
+        per_group = {_SLIDING: sliding, _MAMBA: self._mamba_blocks(max_model_len)}
         return sum(per_group.get(g, full) for g in self.groups)
+
+    def _mamba_blocks(self, max_model_len: int) -> int:
+        """Blocks a Mamba group holds for one request (``MambaSpec.max_memory_usage_bytes`` over its page;
+        ``v1/kv_cache_interface.py`` lines 709-718 of 0.26.0, 261-263 of 0.11.1, speculative blocks left out): one
+        state without prefix caching; two in 'align' mode (the running state and the last one cached); in 'all'
+        mode one a ``mamba_block_size`` of ``max_model_len`` (0.11.1-0.14: ``cdiv(max_model_len, block_size)``
+        in every mode, ``mamba_block_size`` being ``max_model_len`` without prefix caching)."""
+        if self.mamba_cache_mode == "align":
+            return 2
+        if self.mamba_cache_mode == "all":
+            return -(-max_model_len // self.mamba_block_size)
+        return 1
 
     def longest_fitting_len(self, avail_bytes: int, max_model_len: int, block_size: int,
                             max_in_flight_tokens: int) -> int:
@@ -634,11 +729,13 @@ class KVLayout:
 
 
 def kv_layout(model: Any, tp: int, stage: int, pp: int, block_size: int, kv_dtype_bytes: int,
-              mamba_block_size: int = 0) -> KVLayout:
+              mamba_block_size: int = 0, mamba_cache_mode: str = "none") -> KVLayout:
     """The :class:`KVLayout` of one pipeline stage's worker (``model``: a ModelProfile).
 
     For a Mamba2 hybrid ``block_size`` is the raised attention block (:func:`hybrid_block_size`) and
-    ``mamba_block_size`` the Mamba groups' (``max_model_len`` without prefix caching). vLLM groups the Mamba
+    ``mamba_block_size`` the Mamba groups' (:func:`mamba_group_block_size`; ``max_model_len`` without prefix
+    caching), ``mamba_cache_mode`` how many of them a request holds (:meth:`KVLayout.blocks_per_request`). vLLM
+    groups the Mamba
     layers like any other type (``_get_kv_cache_groups_uniform_page_size``: groups of the smallest type's
     layer count, ``max`` when the largest is under 1.5 times it in 0.19.0 / 0.26.0; the planner keeps its
     earlier 1.25, which no modelled hybrid comes near).
@@ -666,7 +763,8 @@ def kv_layout(model: Any, tp: int, stage: int, pp: int, block_size: int, kv_dtyp
         groups += [kind] * math.ceil(count / size)
     return KVLayout(page_bytes=page, group_size=size, groups=tuple(groups),
                     sliding_window=model.sliding_window if _SLIDING in counts else 0,
-                    mamba_block_size=mamba_block_size if _MAMBA in counts else 0)
+                    mamba_block_size=mamba_block_size if _MAMBA in counts else 0,
+                    mamba_cache_mode=mamba_cache_mode if _MAMBA in counts else "none")
 
 
 def moe_workspace_bytes(model: Any, tokens: int, tp: int) -> int:

@@ -141,6 +141,7 @@ class ModelProfile:
     rotary_dim: int = 0  # the rotary table's width where it is not head_dim (partial_rotary_factor); 0: head_dim
     mamba_norm_weight: bool = True  # MambaMixer2's gated-norm weight (Falcon-H1: only with mamba_rms_norm)
     mamba_mup_vector: bool = False  # Falcon-H1's mup_vector buffer beside each mixer
+    mamba_chunk_size: int = 0  # the Mamba2 kernel's chunk (prefix caching's 'all' mode aligns blocks to it); 0: unknown
 
     # ----------------------------------------------------------------- sizes
     @property

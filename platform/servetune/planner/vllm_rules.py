@@ -24,7 +24,7 @@ from servetune.vllm_version import VERSION_RE, Version
 __all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB", "MIN_VERSION", "V2_RUNNER",
            "V2_RUNNER_DEFAULT", "V2_RUNNER_DEFAULTS", "V2RunnerDefault", "v2_runner_default", "FLASHINFER_SAMPLER_DEFAULT",
            "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "SORT_TOPK_TOPP_PROFILED", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
-           "v1_runner_rules"]
+           "v1_runner_rules", "HYBRID_PREFIX_CACHING", "MAMBA_CACHE_MODE_FLAG", "hybrid_prefix_caching_mode"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -238,22 +238,29 @@ class VllmMemoryRules:
     #: (209-213) records it apart.
     prefix_stats_count_preempted: bool
     #: A Mamba2 hybrid's attention block is raised in multiples of ``max(16, block_size)`` (the platform's
-    #: ``_align_hybrid_block_size``: ``platforms/interface.py`` lines 846-853 of 0.26.0, 620-626 of 0.22.0)
-    #: instead of 16 (``HybridAttentionMambaModelConfig``, ``models/config.py`` lines 367-368 of 0.11.0,
-    #: 218 and 273-275 of 0.19.0). Read in 0.11.0, 0.13.0, 0.16.0, 0.19.0 (16) and 0.22.0, 0.24.0, 0.25.0,
-    #: 0.26.0 (platform); 0.20 and 0.21 not read. Differs only where ``block_size`` is set above 16.
+    #: ``_align_hybrid_block_size``: ``platforms/interface.py`` lines 876-882 of 0.26.0, 620-626 of 0.22.0,
+    #: 577-583 of 0.20.0, 616-622 of 0.21.0) instead of 16 (``HybridAttentionMambaModelConfig``,
+    #: ``models/config.py`` lines 367-368 of 0.11.0, 218 and 273-275 of 0.19.0). Read in 0.11.0, 0.13.0, 0.16.0,
+    #: 0.19.0 (16) and 0.20.0, 0.21.0, 0.22.0, 0.24.0, 0.25.0, 0.26.0 (platform; 0.20 and 0.21 read with the
+    #: prefix-caching rules, which moved the threshold from 0.22). Differs only where ``block_size`` is set above 16.
     hybrid_align_to_block_size: bool
     #: Nemotron-H's SSM state dtype where ``mamba_ssm_cache_dtype`` is ``auto``: the config's
     #: ``mamba_ssm_cache_dtype``, else this default (``NemotronHForCausalLMConfig``, ``models/config.py``:
     #: ``"float16"`` at line 504 of 0.13.0, 576 of 0.16.0, 494 of 0.19.0; ``DEFAULT_MAMBA_SSM_CACHE_DTYPE =
-    #: "float32"`` at line 398 of 0.22.0, 606 of 0.26.0). 0.11.0 has no such class: ``auto``, the model dtype
-    #: (and ignores the config's field). 0.12, 0.20 and 0.21 not read.
+    #: "float32"`` at line 410 of 0.20.0 and 0.21.0, 398 of 0.22.0, 606 of 0.26.0). 0.11.0 has no such class:
+    #: ``auto``, the model dtype (and ignores the config's field). 0.12 not read.
     nemotron_h_ssm_default: str
-    #: vLLM turns prefix caching off for every Mamba hybrid whatever the flag (``MambaModelConfig``,
-    #: ``models/config.py`` line 296 of 0.11.0: "disabling prefix caching since it is not yet supported");
-    #: later releases (0.13.0 on) keep it off by default but honour ``--enable-prefix-caching`` with a Mamba
-    #: cache mode ('align' / 'all'), which the planner does not model.
-    hybrid_prefix_caching_forced_off: bool
+    #: What ``--enable-prefix-caching`` does to a Mamba hybrid, one of :data:`HYBRID_PREFIX_CACHING` (read per release
+    #: in ``model_executor/models/config.py``, ``MambaModelConfig.verify_and_update_config``; see
+    #: :func:`hybrid_prefix_caching_mode`).
+    hybrid_prefix_caching: str
+    #: 'align' mode asserts ``block_size <= max_num_batched_tokens`` ("In Mamba cache align mode, block_size (N) must
+    #: be <= max_num_batched_tokens (M)."): ``config/vllm.py`` line 1220 of 0.17.0, 1723 of 0.19.0, 2103 of 0.22.0,
+    #: 2267 of 0.26.0; absent from 0.15.0, 0.16.0, 0.27.0 and 0.28.0.
+    mamba_align_block_within_batch: bool
+    #: 'align' mode asserts ``long_prefill_token_threshold >= block_size`` where the threshold is set:
+    #: ``config/vllm.py`` line 1012 of 0.15.0, 1228 of 0.17.0, 1729 of 0.19.0, 2273 of 0.26.0; absent from 0.27.0.
+    mamba_align_block_within_long_prefill: bool
     #: A Mamba hybrid with FULL decode CUDA graphs refuses to capture them when ``max_num_seqs`` exceeds the
     #: KV blocks ("max_num_seqs (N) exceeds available Mamba cache blocks (M)": ``config/compilation.py``
     #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
@@ -396,6 +403,58 @@ def runs_v2_runner(rules: VllmMemoryRules, *, architecture: str, is_moe: bool, i
     return default.all_dense and not is_moe
 
 
+#: :attr:`VllmMemoryRules.hybrid_prefix_caching`, what each family of releases does with ``enable_prefix_caching`` on a
+#: Mamba hybrid (``MambaModelConfig.verify_and_update_config``, ``model_executor/models/config.py``):
+#:
+#: - ``"off"`` (0.10.x, 0.11.0): turned off whatever the flag ("remove once prefix caching is enabled":
+#:   line 309 of 0.10.2, 296 of 0.11.0).
+#: - ``"all_or_off"`` (0.11.1 to 0.14.x): a model class with ``SupportsMambaPrefixCaching`` pages its Mamba state
+#:   per block (what 0.15 calls 'all'; ``mamba_block_size`` the chunk-aligned attention block, and
+#:   ``MambaSpec.max_memory_usage_bytes`` ``cdiv(max_model_len, block_size) x page``: ``v1/kv_cache_interface.py``
+#:   lines 261-263 of 0.11.1, 292-294 of 0.14.0); any other class: "Hybrid or mamba-based model detected without
+#:   support for prefix caching: disabling." (lines 293-305 of 0.11.1, 289-306 of 0.13.0, 332-349 of 0.14.0).
+#: - ``"all_or_align"`` (0.15.0 to 0.27.x): ``--mamba-cache-mode`` (``arg_utils.py`` line 945 of 0.15.0, 1204 of
+#:   0.26.0); unset, "all" if the class supports Mamba prefix caching else "align" (line 335 of 0.15.0, 439 of
+#:   0.19.0, 353 of 0.22.0, 561 of 0.26.0, 616 of 0.27.0); 'all' asked of a class without the support falls back
+#:   to 'align'; 'align' asserts chunked prefill.
+#: - ``"align"`` (0.28.x): 'align' for every class unless ``--mamba-cache-mode all`` (line 604 of 0.28.0).
+#: - ``"unread"`` (0.29 on): 'align' holds ``num_prefill_checkpoint_blocks`` more blocks a request
+#:   (``MambaSpec.max_memory_usage_bytes`` of 0.29.0 / 0.30.0), and 0.32 drops the 'all' sizing: not modelled.
+HYBRID_PREFIX_CACHING = ("off", "all_or_off", "all_or_align", "align", "unread")
+#: First release with ``--mamba-cache-mode`` (``config/cache.py`` line 127 of 0.15.0; absent from 0.14.1).
+MAMBA_CACHE_MODE_FLAG: Version = (0, 15, 0)
+
+
+def hybrid_prefix_caching_mode(rules: VllmMemoryRules, *, supports_all: bool, requested: str | None,
+                               name: str) -> str:
+    """The Mamba cache mode a hybrid gets with prefix caching asked for: ``"all"``, ``"align"``, or ``"none"``
+    where this release turns prefix caching off for the model. ``supports_all``: the model class implements
+    ``SupportsMambaPrefixCaching`` (:func:`~servetune.planner.modelclass.supports_mamba_prefix_caching`);
+    ``requested``: the ``mamba_cache_mode`` flag (``None`` / ``"none"``: unset); ``name`` the model, for messages.
+    SpecError where the release's rule was not read (:data:`HYBRID_PREFIX_CACHING`).
+
+    Example:
+        >>> [hybrid_prefix_caching_mode(memory_rules(v), supports_all=True, requested=None, name="m")
+        ...  for v in ((0, 11, 0), (0, 13, 0), (0, 26, 0), (0, 28, 0))]
+        ['none', 'all', 'all', 'align']
+        >>> hybrid_prefix_caching_mode(memory_rules((0, 26, 0)), supports_all=False, requested="all", name="m")
+        'align'
+    """
+    family = rules.hybrid_prefix_caching
+    if family == "unread":
+        raise SpecError("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({name}) at vLLM "
+                        f"{'.'.join(map(str, rules.version))} is not modelled by the planner (read up to 0.28: 'align' "
+                        "holds prefill checkpoint blocks from 0.29)",
+                        "plan it at vLLM 0.28 or older, or leave enable_prefix_caching unset or false")
+    if family == "off":
+        return "none"
+    if family == "all_or_off":
+        return "all" if supports_all else "none"
+    if requested in (None, "none"):
+        requested = "all" if family == "all_or_align" and supports_all else "align"
+    return "all" if requested == "all" and supports_all else "align"
+
+
 def v1_runner_rules(rules: VllmMemoryRules) -> VllmMemoryRules:
     """``rules`` for a model that version runs on the V1 model runner (see :func:`runs_v2_runner`).
 
@@ -448,9 +507,12 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         chat_template_parsed_per_request=v == (0, 11, 0),
         machete_float_zero_points=v >= (0, 26, 0),
         prefix_stats_count_preempted=v < (0, 11, 1),
-        hybrid_align_to_block_size=v >= (0, 22, 0),
-        nemotron_h_ssm_default="float32" if v >= (0, 22, 0) else "float16" if v >= (0, 13, 0) else "auto",
-        hybrid_prefix_caching_forced_off=v < (0, 12, 0),
+        hybrid_align_to_block_size=v >= (0, 20, 0),
+        nemotron_h_ssm_default="float32" if v >= (0, 20, 0) else "float16" if v >= (0, 13, 0) else "auto",
+        hybrid_prefix_caching=("off" if v < (0, 11, 1) else "all_or_off" if v < (0, 15, 0) else
+                               "all_or_align" if v < (0, 28, 0) else "align" if v < (0, 29, 0) else "unread"),
+        mamba_align_block_within_batch=(0, 17, 0) <= v < (0, 27, 0),
+        mamba_align_block_within_long_prefill=(0, 15, 0) <= v < (0, 27, 0),
         mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
         removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
     )
