@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from servetune.errors import SpecError
+from servetune.errors import NotModelled, SpecError
 from servetune.planner.flags import validate_flags
 from servetune.planner import modelclass
 from servetune.planner.gpus import GpuSpec
@@ -418,7 +418,7 @@ def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMe
     if not model.is_hybrid:
         return bool(True if flag is None else flag)
     if flag and not rules.hybrid_prefix_caching_forced_off:
-        raise SpecError("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({model.name}: vLLM's "
+        raise NotModelled("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({model.name}: vLLM's "
                         "mamba_cache_mode 'align' / 'all') is not modelled by the planner",
                         "leave enable_prefix_caching unset or false, vLLM's default for hybrid models")
     return False
