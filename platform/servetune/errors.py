@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["SpecError", "did_you_mean"]
+__all__ = ["NotModelled", "SpecError", "did_you_mean"]
 
 
 class SpecError(ValueError):
@@ -29,6 +29,20 @@ class SpecError(ValueError):
         if fix:
             text += f" (fix: {fix})"
         super().__init__(text)
+
+
+class NotModelled(SpecError):
+    """Flags vLLM accepts that the planner does not model: any figure for them would be a guess.
+
+    ``servetune plan`` prints it and exits 2 like any :class:`SpecError`. A study's prescreen tells it
+    apart from flags vLLM itself refuses: on a real GPU the trial runs without a prediction (the start
+    decides); on the simulated engine, which needs the plan, it stays an invalid flag set.
+
+    Example:
+        >>> err = NotModelled("enable_prefix_caching", "prefix caching on a Mamba hybrid is not modelled", "leave it off")
+        >>> isinstance(err, SpecError), str(err)
+        (True, 'enable_prefix_caching: prefix caching on a Mamba hybrid is not modelled (fix: leave it off)')
+    """
 
 
 _MAX_MESSAGE = 600  # a message that prints a whole value (a 1 MB description) keeps its start and end

@@ -42,6 +42,26 @@ def test_prescreen_prunes_predicted_failures_with_the_prediction() -> None:
     assert bad is not None and bad.status is TrialStatus.INVALID_CONFIG
 
 
+def test_prescreen_runs_flags_vllm_starts_but_the_planner_does_not_model_on_a_real_gpu() -> None:
+    # Prefix caching on a Mamba hybrid: vLLM serves it (Mamba cache mode 'align' / 'all'), the planner
+    # does not model every mode, so the trial is not called invalid where a real GPU can run it; the
+    # simulated engine, which needs the plan, cannot.
+    # (read up to vLLM 0.28; 0.29's 'align' mode holds prefill checkpoint blocks the planner does not count).
+    flags = {"gpu_memory_utilization": 0.9, "max_num_seqs": 64, "max_model_len": 4096, "enable_prefix_caching": True}
+    spec = _spec(model="granite-4.0-h-tiny", gpu={"type": "H100-80GB"}, backend="vllm", vllm_version="0.29.0")
+    modelled = prescreen(_spec(model="granite-4.0-h-tiny", gpu={"type": "H100-80GB"}, backend="vllm"), flags)
+    assert modelled[0] is None and modelled[1] is not None and modelled[1].fits  # 0.26: Mamba cache mode 'all'
+
+    planned = prescreen(spec, {**flags, "enable_prefix_caching": False})
+    assert planned[0] is None and planned[1] is not None and planned[1].fits
+    assert prescreen(spec, flags) == (None, None)
+    refused, _ = prescreen(spec, flags, backend="sim")
+    assert refused is not None and refused.status is TrialStatus.INVALID_CONFIG
+    assert refused.cause.startswith("not simulated: enable_prefix_caching: ")
+    bad, _ = prescreen(spec, {**flags, "max_num_seqs": 512, "max_num_batched_tokens": 256})
+    assert bad is not None and bad.status is TrialStatus.INVALID_CONFIG  # vLLM's own refusals stay refusals
+
+
 def _evaluate(flags: dict[str, Any]) -> TrialResult:
     if flags["gpu_memory_utilization"] < 0.5:
         raise AssertionError(f"a doomed configuration reached the engine: {flags}")

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from servetune.errors import SpecError
+from servetune.errors import NotModelled, SpecError
 from servetune.planner.flags import validate_flags
 from servetune.planner import modelclass
 from servetune.planner.gpus import GpuSpec
@@ -461,7 +461,7 @@ def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMe
     mode = hybrid_prefix_caching_mode(rules, supports_all=modelclass.supports_mamba_prefix_caching(model),
                                       requested=requested, name=model.name)
     if mode == "all" and not model.mamba_chunk_size:
-        raise SpecError("enable_prefix_caching", f"prefix caching's 'all' Mamba cache mode aligns {model.name}'s "
+        raise NotModelled("enable_prefix_caching", f"prefix caching's 'all' Mamba cache mode aligns {model.name}'s "
                         "blocks to its Mamba2 chunk, which its config does not name (mamba_chunk_size / chunk_size) "
                         "and whose class default the planner has not read",
                         "add chunk_size to the model config, or plan mamba_cache_mode=align (vLLM 0.15+)")

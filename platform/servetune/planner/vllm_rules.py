@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from servetune.errors import SpecError
+from servetune.errors import NotModelled, SpecError
 from servetune.vllm_version import VERSION_RE, Version
 
 __all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB", "MIN_VERSION", "V2_RUNNER",
@@ -442,7 +442,7 @@ def hybrid_prefix_caching_mode(rules: VllmMemoryRules, *, supports_all: bool, re
     """
     family = rules.hybrid_prefix_caching
     if family == "unread":
-        raise SpecError("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({name}) at vLLM "
+        raise NotModelled("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({name}) at vLLM "
                         f"{'.'.join(map(str, rules.version))} is not modelled by the planner (read up to 0.28: 'align' "
                         "holds prefill checkpoint blocks from 0.29)",
                         "plan it at vLLM 0.28 or older, or leave enable_prefix_caching unset or false")

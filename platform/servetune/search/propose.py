@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
+from servetune.backends import capabilities
 from servetune.cost import slo_figures
 from servetune.engines.early_stop import EarlyStop
-from servetune.errors import SpecError
+from servetune.errors import NotModelled, SpecError
 from servetune.planner.engine_config import compile_key, resolve_engine_config
 from servetune.planner.flags import gpus_needed
 from servetune.planner.memory import MemoryPlan, plan_memory
@@ -143,6 +144,11 @@ def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = N
     gpu = spec.gpu_spec()
     try:
         config = resolve_engine_config(flags, model, gpu, spec.vllm_version)
+    except NotModelled as exc:  # vLLM starts these flags; the planner cannot say how they go
+        if capabilities(backend).real_gpus:
+            return None, None
+        return TrialResult(status=TrialStatus.INVALID_CONFIG, cause=f"not simulated: {exc}", backend=backend,
+                           vllm_version=spec.vllm_version), None
     except SpecError as exc:  # vLLM itself would refuse these flags
         return TrialResult(status=TrialStatus.INVALID_CONFIG, cause=str(exc), backend=backend,
                            vllm_version=spec.vllm_version), None
