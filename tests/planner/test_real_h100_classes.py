@@ -32,7 +32,6 @@ from servetune.engines.vllm.logs import classify, parse_log
 from servetune.planner.model_memory import WARMUP_SHORTFALL_GIB, sampler_warmup_bytes
 from servetune.planner.modelinfo import load_model
 from servetune.result import TrialStatus
-from servetune.errors import SpecError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "real_h100_classes"
 STARTS = sorted(p.parent.name for p in FIXTURES.glob("2026-*/server.log.gz"))
@@ -53,12 +52,12 @@ MAMBA_BLOCKS_REFUSED = "2026-12-06_nemh8b_u042_default"
 #: Healthy and sized, then its first prefill died: the GDN kernel vLLM 0.26 calls at prefill imports
 #: FlashInfer, which the GPU host's vLLM lacks (README, "Fifth set"); its window is not evidence.
 LOAD_CRASHED = "2026-12-06_q3next12_u09_s256_mbt8192"
-#: Served with prefix caching, vLLM's Mamba cache mode 'all': the planner refuses to plan it (not modelled).
+#: Served with prefix caching, vLLM's Mamba cache mode 'all': read before the planner's rule for that mode was
+#: written (tests/planner/test_hybrid_prefix_caching.py checks it there), so not among the held-out starts here.
 HYBRID_PREFIX_CACHING = "2026-12-06_ghtiny_pc_u09_s256_mbt8192"
 REFUSED = ("2026-12-05_q3moe_u074_s256_mbt8192", "2026-12-05_g2_u07_s128_mbt8192", *WARMUP_FAILED,
            MAMBA_BLOCKS_REFUSED)
-PLANNED = [s for s in STARTS if s != HYBRID_PREFIX_CACHING]
-SERVED = [s for s in PLANNED if s not in REFUSED]
+SERVED = [s for s in STARTS if s not in REFUSED and s != HYBRID_PREFIX_CACHING]
 SECOND_SET = [s for s in SERVED if "_mx16_" in s or "_g2_" in s]
 #: 2026-12-06 (README, "Third set"): gemma-3-27b's text model (5 sliding : 1 global), DeepSeek-V2-Lite
 #: (MLA + MoE) and an AWQ Llama-3.1-8B, judged before anything was read off them.
@@ -96,7 +95,7 @@ def test_the_evidence_is_all_there() -> None:
     assert size < 22 << 20, size
 
 
-@pytest.mark.parametrize("name", PLANNED)
+@pytest.mark.parametrize("name", STARTS)
 def test_each_start_logs_which_model_runner_vllm_chose(name: str) -> None:
     summary, text = _start(name)
     config, _ = _plan(summary, text)
@@ -329,13 +328,3 @@ def test_the_mamba_cache_block_refusal_is_foreseen_with_vllms_reason() -> None:
     assert planned and int(planned.group(1)) == pytest.approx(973, rel=0.03)
     _, served = _plan(*_start("2026-12-06_nemh8b_u045_default"))
     assert served.fits and served.num_gpu_blocks >= 1024
-
-
-def test_prefix_caching_on_a_mamba_hybrid_is_refused_not_guessed() -> None:
-    """vLLM 0.26 served granite-4.0-h-tiny with prefix caching in Mamba cache mode 'all' (a block of 512,
-    746,188 tokens, 91.09x): the planner does not model that mode, and says so in one line."""
-    summary, text = _start(HYBRID_PREFIX_CACHING)
-    assert "Mamba cache mode is set to 'all'" in text and parse_log(text).kv_cache_tokens == 746188
-    with pytest.raises(SpecError) as err:
-        _plan(summary, text)
-    assert err.value.field == "enable_prefix_caching" and "not modelled" in err.value.message
