@@ -4,6 +4,7 @@ of every ending: ok, startup_oom, kv_too_small, cudagraph_oom, runtime_oom, cras
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -371,3 +372,27 @@ def test_worker_memory_of_a_real_tp2_start_has_both_ranks():
         assert per_gpu[rank]["weights"] == pytest.approx(0.81)
         assert per_gpu[rank]["activation_peak"] == pytest.approx(0.3)
     assert per_gpu["TP0"]["kv_cache"] == pytest.approx(68.73)
+
+
+# A Mamba hybrid's GPU block count: the count vLLM printed, never one derived from its tokens.
+def _hybrid_log(folder: str) -> str:
+    return gzip.decompress((FIXTURES / "real_h100_classes" / folder / "server.log.gz").read_bytes()).decode()
+
+
+@pytest.mark.parametrize(("folder", "blocks"), [("2026-12-06_ghtiny_pc_u09_s256_mbt8192", 14574),
+                                                ("2026-12-06_nemh8b_u09_s256_mbt8192", 3426)])
+def test_a_hybrids_block_count_is_the_one_vllm_printed(folder: str, blocks: int) -> None:
+    # granite-4.0-h-tiny with prefix caching: 746,188 tokens span 160 blocks a request (16 attention + 9
+    # Mamba groups x 16), so tokens / 16 would say 46,636; the API server's DEBUG line says 14,574.
+    text = _hybrid_log(folder)
+    assert f"num_gpu_blocks is: {blocks}" in text
+    parsed = parse_log(text)
+    assert parsed.num_gpu_blocks == blocks and not parsed.num_gpu_blocks_derived
+
+
+def test_a_hybrids_block_count_is_never_derived_from_its_tokens() -> None:
+    text = "\n".join(line for line in _hybrid_log("2026-12-06_ghtiny_pc_u09_s256_mbt8192").splitlines()
+                     if "num_gpu_blocks is:" not in line)
+    parsed = parse_log(text)
+    assert parsed.kv_cache_tokens == 746188
+    assert parsed.num_gpu_blocks is None and not parsed.num_gpu_blocks_derived

@@ -266,6 +266,12 @@ _V0_PROFILE_RE = re.compile(
     + _N + r" ?GiB, non_torch_memory=" + _N + r" ?GiB, kv_cache_size=" + _N + r" ?GiB, gpu_memory_utilization="
     + _N)
 _CACHE_INFO_RE = re.compile(r"vllm:cache_config_info\{([^}]*)\}")
+# The API server's DEBUG line once the engine has sized its cache (0.26: ``v1/metrics/loggers.py``):
+# the block count itself, where a hybrid's logged tokens do not give it.
+_CACHE_INFO_BLOCKS_RE = re.compile(r"cache_config_info with initialization after num_gpu_blocks is: (\d+)")
+# A Mamba / linear-attention hybrid: vLLM raised the attention block to hold one recurrent state
+# (``platforms/interface.py``); its logged tokens count every KV group's blocks per request.
+_HYBRID_BLOCK_RE = re.compile(r"Setting attention block size to (\d+) tokens")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _ACTUAL_OLD_RE = re.compile(  # 0.11 .. 0.26 wording (INFO in 0.26, DEBUG before)
     r"Actual usage is " + _N + r" GiB for weight, " + _N + r" GiB for peak activation, " + _N
@@ -474,6 +480,10 @@ class _LogScan:
             self.first("requested_gib", round(_num(m, 2) * _num(m, 8), 4))
         if (m := _CACHE_INFO_RE.search(raw)):
             self.cache_info = self.cache_info or dict(_LABEL_RE.findall(m.group(1)))
+        if (m := _CACHE_INFO_BLOCKS_RE.search(raw)):
+            self.first("_logged_gpu_blocks", int(m.group(1)))
+        if (m := _HYBRID_BLOCK_RE.search(raw)):
+            self.first("_hybrid_block_size", int(m.group(1)))
         if (m := _KV_TOO_SMALL_V1_RE.search(raw)):
             self.first("_err_max_len", int(m.group(1)))
             self.first("kv_needed_gib", _num(m, 2))
@@ -563,7 +573,9 @@ def _kv_blocks(f: dict[str, Any], args: Any, cache_info: dict[str, str] | None, 
         blocks = f["_v0_gpu_blocks"]
     elif cache_info and cache_info.get("num_gpu_blocks", "").isdigit():
         blocks = int(cache_info["num_gpu_blocks"])
-    elif kv_tokens is not None:
+    elif f.get("_logged_gpu_blocks") is not None:
+        blocks = f["_logged_gpu_blocks"]
+    elif kv_tokens is not None and f.get("_hybrid_block_size") is None:  # a hybrid's tokens span its groups
         blocks, derived = _blocks_from_tokens(kv_tokens, block_size or 16, max_len, version), True
     if kv_tokens is None and f.get("_v0_kv_tokens") is not None:
         kv_tokens = f["_v0_kv_tokens"]
