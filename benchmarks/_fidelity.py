@@ -69,8 +69,9 @@ HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b"
                "/root/awq8": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host" / "awq8"),
                # Mamba2 / gated-delta-net hybrids: granite-4.0-h-tiny, Nemotron-H-8B-Base-8K and the
                # Qwen3-Next-80B-A3B shape at 12 of its 48 layers, as served (configs kept with the evidence).
-               **{f"/root/{m}": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host_e" / m)
-                  for m in ("ghtiny", "nemh8b", "q3next12")}}
+               "/root/ghtiny": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host_e" / "ghtiny"),
+               "/root/nemh8b": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host_e" / "nemh8b"),
+               "/root/q3next12": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host_e" / "q3next12")}
 #: Flags the collector passed for its own evidence that change nothing vLLM serves or allocates
 #: (``--profiler-config``: the worker's profiler is built on the first /start_profile; ``--load-format
 #: dummy``: random weights made on the GPU, as many bytes as the checkpoint's).
