@@ -283,14 +283,16 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
         return {"mamba_heads": v_heads, "mamba_head_dim": v_dim, "mamba_d_state": k_dim, "mamba_groups": k_heads,
                 "mamba_d_conv": int(cfg.get("linear_conv_kernel_dim") or 4), "mamba_inner": v_heads * v_dim,
-                "mamba_conv_bias": False, "mamba_proj_bias": False, "mamba_ssm_dtype": "", "mamba_kind": "gdn"}
+                "mamba_conv_bias": False, "mamba_proj_bias": False, "mamba_ssm_dtype": "", "mamba_kind": "gdn",
+                "mamba_chunk_size": 64}  # FLA's chunk_gated_delta_rule: chunk_size 64 (ops/chunk.py)
     if str(cfg.get("model_type") or "").lower() == "nemotron_h":
         heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
         return {"mamba_heads": heads, "mamba_head_dim": head_dim, "mamba_d_state": int(cfg["ssm_state_size"]),
                 "mamba_groups": int(cfg.get("n_groups") or 1), "mamba_d_conv": int(cfg.get("conv_kernel") or 4),
                 "mamba_inner": heads * head_dim, "mamba_conv_bias": bool(cfg.get("use_conv_bias", True)),
                 "mamba_proj_bias": bool(cfg.get("use_bias", False)),
-                "mamba_ssm_dtype": str(cfg.get("mamba_ssm_cache_dtype") or "")}
+                "mamba_ssm_dtype": str(cfg.get("mamba_ssm_cache_dtype") or ""),
+                "mamba_chunk_size": int(cfg.get("mamba_chunk_size") or cfg.get("chunk_size") or 256)}
     falcon = str(cfg.get("model_type") or "").lower() == "falcon_h1"
     # Falcon-H1: mamba_d_ssm when set, else int(mamba_expand x hidden); its RMSNormGated weight only with
     # mamba_rms_norm; a mup_vector buffer (falcon_h1.py, FalconH1SSMDecoderLayer, lines 113-196 of 0.26.0)
@@ -302,7 +304,7 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
             "mamba_conv_bias": bool(cfg.get("mamba_conv_bias", True)),
             "mamba_proj_bias": bool(cfg.get("mamba_proj_bias", False)), "mamba_ssm_dtype": "",
             "mamba_norm_weight": bool(cfg.get("mamba_rms_norm", False)) if falcon else True,
-            "mamba_mup_vector": falcon}
+            "mamba_mup_vector": falcon, "mamba_chunk_size": int(cfg.get("mamba_chunk_size") or 256)}
 
 
 def mamba_state_bytes(model: Any, tp: int, ssm_dtype_bytes: int) -> int:
@@ -705,8 +707,8 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
         notes.append(f"Mamba2 hybrid: {mamba} of {len(model.layer_types)} layers keep one recurrent state per request, "
                      "paged beside the attention KV as vLLM pads it (attention block raised to hold one state); "
                      "derived from vLLM's source, not yet checked on a published start. Not modelled: the Mamba "
-                     "layers' share of the profile run's activation peak and of the CUDA-graph pools, the "
-                     "simulator's step time for Mamba layers (servetune simulate refuses this model)")
+                     "layers' share of the profile run's activation peak and of the CUDA-graph pools (servetune "
+                     "simulate prices the Mamba layers from vLLM's kernels, judged on two H100 windows only)")
     if _SLIDING in model.layer_types:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "
