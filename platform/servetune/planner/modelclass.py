@@ -707,8 +707,8 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
         notes.append(f"Mamba2 hybrid: {mamba} of {len(model.layer_types)} layers keep one recurrent state per request, "
                      "paged beside the attention KV as vLLM pads it (attention block raised to hold one state); "
                      "derived from vLLM's source, not yet checked on a published start. Not modelled: the Mamba "
-                     "layers' share of the profile run's activation peak and of the CUDA-graph pools (servetune "
-                     "simulate prices the Mamba layers from vLLM's kernels, judged on two H100 windows only)")
+                     "layers' share of the profile run's activation peak and of the CUDA-graph pools (the simulator "
+                     "prices the Mamba layers from vLLM's kernels, judged on two H100 windows only)")
     if _SLIDING in model.layer_types:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "

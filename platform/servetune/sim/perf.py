@@ -646,6 +646,14 @@ class PerfModel:
         self.schedule_ahead = bool(cal.schedule_ahead >= 0.5 and config.async_scheduling)
         self.resume_hits = cal.resume_hits >= 0.5
         self._step_cpu, self._seq_cpu = cal.step_overhead_s, cal.seq_overhead_s
+        self._init_api_server(model, config, cal)
+        # _gemm_time is a pure function of (tokens, rows) here, and a trial's steps repeat the same
+        # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
+        # remembered, the tile-grid search runs once per shape instead of once per step.
+        self._gemm_memo: dict[tuple[int, int], float] = {}
+
+    def _init_api_server(self, model: ModelProfile, config: EngineConfig, cal: Calibration) -> None:
+        """The API server's and the client's CPU costs (sim/frontend.py), at the host's ``api_cpu_factor``."""
         self.api_cpu_factor = host = cal.api_cpu_factor
         self.request_overhead_s = cal.request_overhead_s * host
         #: Loop CPU a chat request adds to :attr:`request_overhead_s` (0 where vLLM's chat endpoint
@@ -661,10 +669,6 @@ class PerfModel:
         self.api_intake_passes = int(cal.api_intake_passes)  # a whole number >= 1 (Calibration.with_overrides)
         self.client_chunk_s = cal.client_chunk_s * host
         self.api_output_slice = int(cal.api_output_slice)
-        # _gemm_time is a pure function of (tokens, rows) here, and a trial's steps repeat the same
-        # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
-        # remembered, the tile-grid search runs once per shape instead of once per step.
-        self._gemm_memo: dict[tuple[int, int], float] = {}
 
     def _init_comm(self, model: ModelProfile, gpu: GpuSpec, tp: int, pp: int, layers: int,
                    cal: Calibration, allreduces: int = 0) -> None:
