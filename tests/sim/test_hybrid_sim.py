@@ -120,8 +120,8 @@ def rows():
 
 def test_both_windows_ran_no_warm_up_and_stalled_on_the_first_request() -> None:
     """Neither bench warmed up (``num_warmups=0``, the ready check skipped): its first request took
-    over 5 s (vLLM's first use of the Mamba kernels' Triton JIT), which the simulator does not model:
-    the real windows' throughput and TTFT carry it."""
+    over 5 s (read as first-use Triton JIT of the Mamba kernels; not traced), which the simulator does
+    not model: the real windows' throughput and TTFT carry it."""
     for start in HYBRID_BENCH_STARTS:
         text = gzip.decompress((H100_CLASSES_FIXTURES / start / "bench.txt.gz").read_bytes()).decode()
         assert "num_warmups=0" in text
