@@ -26,6 +26,7 @@ import functools
 import gzip
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -41,7 +42,7 @@ from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
 from servetune.result import TrialResult, TrialStatus
 from servetune.sim import GPU_FAMILY_OVERRIDES, Calibration, calibration_for, host_api_cpu_factor, simulate, with_calibration
-from servetune.workload import Workload
+from servetune.workload import Sampling, Workload
 
 __all__ = ["golden_section", "FIXTURES", "H100_CLASSES_FIXTURES", "H200_CLASSES_FIXTURES", "MOE_FLOOR_FIT_START", "fit_moe_floor", "DIAGNOSTIC_FLAGS", "serving_flags", "FIT_SPACE", "RealRun", "FidelityRow", "load_real_runs", "load_study_runs", "GRID_STUDIES",
            "UNSEEN_STUDIES", "UNSEEN_STARTS", "UNSEEN_HOSTS", "SCALE_HOSTS", "scale_start", "scale_host", "HostCheck", "host_checks", "host_of",
@@ -51,7 +52,7 @@ __all__ = ["golden_section", "FIXTURES", "H100_CLASSES_FIXTURES", "H200_CLASSES_
            "format_table", "fit", "held_out", "FOLDS", "H100_FIXTURES", "H100_GPU", "H100_CALIBRATING", "load_h100_runs",
            "window_api_cpu_factor", "h100_check",
            "H100_FIT_STARTS", "H100_JUDGED_STARTS", "in_h100_fit", "h100_hbm_read_share", "fit_h100_kv_read",
-           "h200_knobs_on"]
+           "h200_knobs_on", "HYBRID_BENCH_STARTS", "load_bench_serve_run", "load_hybrid_runs"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
@@ -588,6 +589,53 @@ def read_knobs(option: str, path: Path) -> dict[str, float] | None:
         print(f"{option} {path}: {exc}", file=sys.stderr)
         return None
     return knobs
+
+
+#: The Mamba2 hybrid starts of 2026-12-06 (one H100 SXM, vLLM 0.26.0, random weights) measured by one
+#: ``vllm bench serve`` window each (``bench.txt.gz``, /metrics before and after): granite-4.0-h-tiny and
+#: Nemotron-H-8B-Base-8K. They judge the hybrid step time (``sim.perf_hybrid``), which is fitted on nothing.
+HYBRID_BENCH_STARTS: tuple[str, ...] = ("2026-12-06_ghtiny_u09_s256_mbt8192", "2026-12-06_nemh8b_u09_s256_mbt8192")
+
+
+def _bench_field(text: str, pattern: str, where: Path) -> str:
+    match = re.search(pattern, text)
+    if match is None:
+        raise SpecError(str(where), f"no {pattern!r} in the bench output", "keep vllm bench serve's full output")
+    return match.group(1)
+
+
+def load_bench_serve_run(start_dir: Path) -> RealRun:
+    """One start's ``vllm bench serve`` window as a :class:`RealRun`: the flags of its ``summary.json``,
+    the load of the bench's own argument line (random dataset: fixed input and output lengths, the
+    prompt count, ``max_concurrency``, warm-ups), its output tok/s and mean TTFT and TPOT, the
+    preemptions off /metrics. A bench that sent no ``temperature`` samples with vLLM's default
+    (temperature 1.0: these model folders hold no ``generation_config.json``)."""
+    s = json.loads((start_dir / "summary.json").read_text())
+    text = _read(start_dir / "bench.txt")
+    field = functools.partial(_bench_field, text, where=start_dir / "bench.txt.gz")
+    if field(r"dataset_name='(\w+)'") != "random" or field(r"random_range_ratio='?([\d.]+)") not in ("0", "0.0"):
+        raise SpecError(str(start_dir), "not a fixed-length random-dataset bench", "judge it by other means")
+    temperature = field(r"temperature=([\w.]+)")
+    workload = Workload.from_dict({"input_len": int(field(r"random_input_len=(\d+)")),
+                                   "output_len": int(field(r"random_output_len=(\d+)")),
+                                   "num_requests": int(field(r"num_prompts=(\d+)")),
+                                   "concurrency": int(field(r"max_concurrency=(\d+)")),
+                                   "warmup_requests": int(field(r"num_warmups=(\d+)")), "seed": int(field(r"seed=(\d+)"))})
+    sampling = Sampling(temperature=1.0 if temperature == "None" else float(temperature))
+    workload = dataclasses.replace(workload, sampling=sampling)
+    return RealRun(name=start_dir.name, model=HOST_MODELS.get(str(s["model"]), str(s["model"])),
+                   flags=serving_flags(s["flags"]), workload=workload,
+                   output_throughput=float(field(r"Output token throughput \(tok/s\):\s+([\d.]+)")),
+                   ttft_mean_ms=float(field(r"Mean TTFT \(ms\):\s+([\d.]+)")),
+                   tpot_mean_ms=float(field(r"Mean TPOT \(ms\):\s+([\d.]+)")),
+                   preemptions=int(round(_counter_delta(start_dir, "vllm:num_preemptions_total"))),
+                   window_dir=start_dir, api_server_cpu_s=_counter_delta(start_dir, "process_cpu_seconds_total"))
+
+
+def load_hybrid_runs(fixtures: Path | None = None) -> list[RealRun]:
+    """The :data:`HYBRID_BENCH_STARTS` windows (:func:`load_bench_serve_run`)."""
+    root = fixtures or H100_CLASSES_FIXTURES
+    return [load_bench_serve_run(root / start) for start in HYBRID_BENCH_STARTS]
 
 
 def _gpu_with(calibration: Mapping[str, float] | None, gpu: str = GPU) -> GpuSpec:

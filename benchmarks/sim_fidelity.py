@@ -72,7 +72,7 @@ from _fidelity import (FOLDS, H100_CLASSES_FIXTURES, H100_FIXTURES, H200_CLASSES
                        calibration_host_factors, error_summary, fidelity_rows, fit, fit_eager_floor, fit_fp8_kv_read,
                        fit_frontend, fit_h100_kv_read, format_table, h100_check, h200_knobs_on, in_h100_fit, held_out, held_out_cells, host_checks,
                        in_calibration_fit, replay_fold, serving_flags,
-                       load_calibration_runs, load_evidence, load_h100_runs, load_study_runs, load_unseen_runs, read_knobs)
+                       load_calibration_runs, load_evidence, load_h100_runs, load_hybrid_runs, load_study_runs, load_unseen_runs, read_knobs)
 
 
 def _rows_json(rows):  # type: ignore[no-untyped-def]
@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--h200-classes", action="store_true",
                         help="the real H200 windows of the model-class starts (Qwen3-MoE bf16 and FP8, gpt-oss-20b; "
                              "in no fit), per start")
+    parser.add_argument("--hybrid", action="store_true",
+                        help="the real H100 vllm bench serve windows of the Mamba2 hybrid starts (granite-4.0-h-tiny, "
+                             "Nemotron-H-8B; in no fit)")
     parser.add_argument("--fit-moe-floor", action="store_true",
                         help="fit moe_layer_floor_s alone on the real H100 FP8 MoE start and print it")
     parser.add_argument("--replay-folds", action="store_true",
@@ -196,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         return published_runs.main(["--compare", *(["--json"] if args.json else [])])
     if args.h100:
         h100_report()
+        return 0
+    if args.hybrid:
+        print(format_table(fidelity_rows(None, load_hybrid_runs(), gpu=H100_GPU)))
         return 0
     if args.h100_classes or args.h200_classes:
         rows = fidelity_rows(None, load_h100_runs(H100_CLASSES_FIXTURES), gpu=H100_GPU) if args.h100_classes \

@@ -120,3 +120,15 @@ def test_a_gpu_no_real_run_has_judged_says_so_in_one_line_and_a_judged_one_does_
     for judged in ("H200", "A100-80GB"):
         assert run_cli([*base, "--gpu", judged]) == 0
         assert "no real vLLM run" not in capsys.readouterr().out
+
+
+def test_a_mamba_hybrid_is_simulated_with_one_line_saying_its_step_time_is_judged_on_two_windows(
+        workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Mamba / gated-delta-net hybrids were refused until 2026-12-06; now simulated, with one note
+    (sim.perf_hybrid.hybrid_note), on a judged GPU too. A model without Mamba layers prints none."""
+    assert run_cli(["--model", "granite-4.0-h-tiny", "--gpu", "H100-80GB", "--workload", str(workload_file)]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "unjudged beyond them" in line]
+    assert "status: ok" in out and len(notes) == 1 and notes[0].startswith("note: granite-4.0-h-tiny:")
+    assert run_cli(["--model", "servetune-test-850m", "--gpu", "H100-80GB", "--workload", str(workload_file)]) == 0
+    assert "unjudged beyond them" not in capsys.readouterr().out

@@ -367,12 +367,12 @@ def test_flash_attention_3_reaches_its_long_sequence_rate_at_long_contexts() -> 
     assert _prefill_attention(a_on, 8192, 32768) == pytest.approx(_prefill_attention(a_off, 8192, 32768))
 
 
-def test_a_mamba_hybrid_is_refused_in_one_line():
-    """The simulator has no step time for Mamba / gated-delta-net layers: a SpecError naming the model, not a figure."""
+def test_a_mamba_hybrid_is_priced_with_its_recurrent_layers():
+    """Mamba / gated-delta-net hybrids were refused until 2026-12-06; their recurrent layers now add
+    their own term to a step (sim.perf_hybrid; tests/sim/test_hybrid_sim.py), and only theirs do."""
     g = get_gpu("H100-80GB")
     for name in ("granite-4.0-h-tiny", "qwen3-next-80b-a3b"):
         m = load_model(name)
         cfg = resolve_engine_config({"tensor_parallel_size": 1 if name.startswith("granite") else 4}, m, g)
-        with pytest.raises(SpecError, match="Mamba layers is not modelled") as err:
-            PerfModel(m, g, cfg)
-        assert err.value.field == "model" and "\n" not in str(err.value)
+        assert PerfModel(m, g, cfg).gpu_cost(8, 8, 8000, 8000, True).recurrent > 0
+    assert PerfModel(LLAMA8B, g, resolve_engine_config({}, LLAMA8B, g)).gpu_cost(8, 8, 8000, 8000, True).recurrent == 0

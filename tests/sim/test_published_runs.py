@@ -341,8 +341,9 @@ def test_a_runs_step_breakdown_names_where_the_simulated_time_goes(capsys: pytes
     tp1 = next(r for r in DENSE if r.id == "a100-qwen2-7b-tp1-u025-rand1024x1024-burst1")
     two, one = published_runs.step_breakdown(tp2), published_runs.step_breakdown(tp1)
     assert set(two) == {"decode 1", "decode 8", "decode 256", "prefill"}
-    kinds = {"gemm", "elementwise", "attention", "kv_write", "comm", "launch", "sampler"}
+    kinds = {"gemm", "elementwise", "attention", "kv_write", "comm", "launch", "sampler", "recurrent"}
     for step in two.values():
+        assert step["recurrent"] == 0  # a Mamba hybrid's recurrent layers only (sim.perf_hybrid)
         assert set(step) == kinds | {"step_ms"} and step["step_ms"] >= sum(step[k] for k in kinds)
     assert all(s["comm"] > 0 for s in two.values()) and all(s["comm"] == 0 for s in one.values())
     assert two["decode 1"]["gemm"] == pytest.approx(one["decode 1"]["gemm"] / 2, rel=0.05)  # weights split

@@ -27,7 +27,7 @@ from servetune.planner.flags import parse_set_option
 from servetune.planner.gpus import GpuSpec, get_gpu, register_gpus_from_yaml, unjudged_note, with_interconnect
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
-from servetune.sim import api_cpu_factor_for_token_cost, simulate, with_calibration
+from servetune.sim import api_cpu_factor_for_token_cost, hybrid_note, simulate, with_calibration
 from servetune.workload import Workload
 
 __all__ = ["add_parser", "run", "check_work", "unjudged_gpu_note", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
@@ -134,12 +134,16 @@ def _simulate(args: argparse.Namespace) -> TrialResult:
     link = with_interconnect(get_gpu(args.gpu), getattr(args, "interconnect", None), "--interconnect")
     target = resolve_target(args.model, link, flags, args.vllm_version)
     if us is not None:
-        return _simulate_at_token_cost(us, target, workload, args.seed)
-    gpu = with_calibration(target.gpu, {"api_cpu_factor": factor} if factor is not None else {})
-    result = simulate(target.model, gpu, target.config, workload, seed=args.seed)
-    note = unjudged_gpu_note(target.gpu)
-    if note and result.ok:
-        result.evidence.append(note)
+        result = _simulate_at_token_cost(us, target, workload, args.seed)
+    else:
+        gpu = with_calibration(target.gpu, {"api_cpu_factor": factor} if factor is not None else {})
+        result = simulate(target.model, gpu, target.config, workload, seed=args.seed)
+        note = unjudged_gpu_note(target.gpu)
+        if note and result.ok:
+            result.evidence.append(note)
+    hybrid = hybrid_note(target.model)  # a Mamba / gated-delta-net hybrid's step time: judged on two windows only
+    if hybrid and result.ok:
+        result.evidence.append(hybrid)
     return result
 
 

@@ -289,7 +289,7 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         return {"mamba_heads": v_heads, "mamba_head_dim": v_dim, "mamba_d_state": k_dim, "mamba_groups": k_heads,
                 "mamba_d_conv": int(cfg.get("linear_conv_kernel_dim") or 4), "mamba_inner": v_heads * v_dim,
                 "mamba_conv_bias": False, "mamba_proj_bias": False, "mamba_ssm_dtype": "", "mamba_kind": "gdn",
-                "mamba_chunk_size": _chunk_size(cfg)}
+                "mamba_chunk_size": 64}  # FLA's chunk_gated_delta_rule: chunk_size 64 (ops/chunk.py)
     if str(cfg.get("model_type") or "").lower() == "nemotron_h":
         heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
         return {"mamba_heads": heads, "mamba_head_dim": head_dim, "mamba_d_state": int(cfg["ssm_state_size"]),
@@ -803,8 +803,8 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
         notes.append(f"Mamba2 hybrid: {mamba} of {len(model.layer_types)} layers keep one recurrent state per request, "
                      "paged beside the attention KV as vLLM pads it (attention block raised to hold one state); "
                      "derived from vLLM's source, not yet checked on a published start. Not modelled: the Mamba "
-                     "layers' share of the profile run's activation peak and of the CUDA-graph pools, the "
-                     "simulator's step time for Mamba layers (servetune simulate refuses this model)")
+                     "layers' share of the profile run's activation peak and of the CUDA-graph pools (the simulator "
+                     "prices the Mamba layers from vLLM's kernels, judged on two H100 windows only)")
     if _SLIDING in model.layer_types:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "

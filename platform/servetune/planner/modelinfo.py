@@ -141,7 +141,10 @@ class ModelProfile:
     rotary_dim: int = 0  # the rotary table's width where it is not head_dim (partial_rotary_factor); 0: head_dim
     mamba_norm_weight: bool = True  # MambaMixer2's gated-norm weight (Falcon-H1: only with mamba_rms_norm)
     mamba_mup_vector: bool = False  # Falcon-H1's mup_vector buffer beside each mixer
-    mamba_chunk_size: int = 0  # the Mamba2 kernel's chunk (prefix caching's 'all' mode aligns blocks to it); 0: unknown
+    # The Mamba2 SSD kernel's chunk (vLLM's ``ModelConfig.get_mamba_chunk_size``: ``mamba_chunk_size``, else
+    # ``chunk_size``, else the config class's default; 0: unknown): prefix caching's 'all' mode aligns blocks to
+    # it, the simulator's chunked scan runs on it; a gated delta net's is FLA's fixed 64 (modelclass._mamba_fields).
+    mamba_chunk_size: int = 0
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -176,13 +179,13 @@ class ModelProfile:
             # in_proj_qkvz (2 key_dim + 2 value_dim), in_proj_ba (2 v_heads), conv1d without bias, dt_bias,
             # A_log (fp32), RMSNormGated(head_v_dim), out_proj
             conv_dim = self.mamba_inner + 2 * self.mamba_groups * self.mamba_d_state
-            linear += h * (conv_dim + self.mamba_inner + 2 * self.mamba_heads) // tp + self.mamba_inner // tp * h
+            linear += h * self.mamba_in_proj_width(tp) // tp + self.mamba_inner // tp * h
             plain += conv_dim // tp * self.mamba_d_conv + self.mamba_heads // tp + self.mamba_head_dim
             fp32 += self.mamba_heads // tp
         elif kind in ("mamba", "parallel"):
             groups = self.mamba_groups if self.mamba_groups % tp == 0 else tp
             conv_dim = self.mamba_inner + 2 * groups * self.mamba_d_state
-            proj_out = self.mamba_inner + conv_dim + self.mamba_heads
+            proj_out = self.mamba_in_proj_width(tp)
             linear += h * proj_out // tp + self.mamba_inner // tp * h
             plain += conv_dim // tp * (self.mamba_d_conv + (1 if self.mamba_conv_bias else 0))
             plain += 2 * (self.mamba_heads // tp) + (self.mamba_inner // tp if self.mamba_norm_weight else 0)
@@ -206,6 +209,24 @@ class ModelProfile:
             else:
                 linear += (3 if self.ffn_gated else 2) * h * self.intermediate_size // tp
         return linear, plain, fp32
+
+    def mamba_in_proj_width(self, tp: int = 1) -> int:
+        """The output width of one Mamba mixer's ``in_proj`` over all TP ranks (each rank holds ``1 / tp``).
+
+        ``MambaMixer2`` (``layers/mamba/mamba_mixer2.py`` of 0.26.0, lines 313-480): ``inner`` (the gate z)
+        ``+ conv_dim`` (x, B, C) ``+ heads`` (dt), ``conv_dim = inner + 2 x groups x d_state`` with the groups
+        widened to ``tp`` where they do not divide it; a gated delta net's ``in_proj_qkvz`` and ``in_proj_ba``
+        (``qwen_gdn_linear_attn.py`` of 0.26.0, lines 389-475): ``2 key_dim + 2 value_dim + 2 v_heads``. The one
+        figure the weights (:meth:`_hybrid_layer_elems`) and the simulator's GEMMs read.
+
+        Example:
+            >>> load_model("granite-4.0-h-tiny").mamba_in_proj_width()   # 3072 + 3328 + 48
+            6448
+        """
+        if self.mamba_kind == "gdn":
+            return self.mamba_inner + 2 * self.mamba_groups * self.mamba_d_state + self.mamba_inner + 2 * self.mamba_heads
+        groups = self.mamba_groups if self.mamba_groups % tp == 0 else tp
+        return self.mamba_inner + (self.mamba_inner + 2 * groups * self.mamba_d_state) + self.mamba_heads
 
     def _hybrid_layer_bytes(self, kind: str, tp: int) -> float:
         linear, plain, fp32 = self._hybrid_layer_elems(kind, tp)

@@ -111,7 +111,8 @@ from servetune.errors import SpecError, did_you_mean
 from servetune.planner.comm import allreduce_cost, sendrecv_cost
 from servetune.planner.model_memory import effective_model
 from servetune.planner.vllm_rules import memory_rules
-from servetune.sim import perf_classes
+from servetune.planner import modelclass
+from servetune.sim import perf_classes, perf_hybrid
 from servetune.sim.chat_templates import chat_template_parse_share
 from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_pass
 from servetune.workload import GREEDY, Sampling
@@ -524,7 +525,9 @@ class StepCost:
     ``attention``: decode KV reads and prefill attention; ``kv_write``: the new tokens' KV;
     ``comm``: TP all-reduces and PP sends; ``launch``: what launching costs beyond the kernels (CUDA-graph
     replay, piecewise and compiled-layer floors, an eager step's launch-bound excess); ``sampler``: what
-    sampling beyond greedy adds (:mod:`servetune.sim.sampling`; 0 for greedy requests).
+    sampling beyond greedy adds (:mod:`servetune.sim.sampling`; 0 for greedy requests); ``recurrent``: a
+    hybrid's Mamba / gated-delta-net layers beyond their GEMMs (:mod:`servetune.sim.perf_hybrid`: state
+    reads and writes, conv1d, the chunked scan; 0 for other models).
     """
 
     gemm: float
@@ -534,18 +537,12 @@ class StepCost:
     comm: float
     launch: float
     sampler: float = 0.0
+    recurrent: float = 0.0
 
     @property
     def seconds(self) -> float:
-        return self.gemm + self.elementwise + self.attention + self.kv_write + self.comm + self.launch + self.sampler
-
-
-def _simulable(model: ModelProfile) -> ModelProfile:
-    """``model``, or a SpecError for a Mamba / gated-delta-net hybrid: the simulator has no step time for those layers."""
-    if model.is_hybrid:
-        raise SpecError("model", f"{model.name}: the simulator's step time for Mamba layers is not modelled "
-                        "(servetune plan sizes its memory)", "simulate a model without Mamba layers")
-    return model
+        return (self.gemm + self.elementwise + self.attention + self.kv_write + self.comm + self.launch + self.sampler
+                + self.recurrent)
 
 
 class PerfModel:
@@ -567,7 +564,7 @@ class PerfModel:
                  calibration: Calibration | None = None, sampling: Sampling | None = None) -> None:
         cal = calibration if calibration is not None else calibration_for(gpu)
         self.calibration = cal
-        model = effective_model(_simulable(model), config)  # the model as served: --dtype, online --quantization fp8
+        model = effective_model(model, config)  # the model as served: --dtype, online --quantization fp8
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.pp = pp
         layers = max(model.stage_layers(pp)) if pp > 1 else model.num_layers
@@ -596,8 +593,12 @@ class PerfModel:
         self._moe: perf_classes.MoeShape | None = None
         rules = cal.class_rules >= 0.5
         self._version = config.version
-        if rules and perf_classes.is_class_model(model):
+        if (rules and perf_classes.is_class_model(model)) or model.is_hybrid:
             self._init_classes(model, gpu, tp, layers, mem_rate, cal)
+        # A hybrid's recurrent layers (perf_hybrid): attention, its fixed cost and the graph pieces by mixer.
+        hybrid = self._init_hybrid(model, gpu, config, tp, layers, mem_rate, cal)
+        attn_layers = hybrid.attention_layers if hybrid else layers
+        mixer_layers = hybrid.mixer_layers if hybrid else layers
         kv_per_token = model.kv_bytes_per_token(tp, pp, config.kv_cache_dtype)
         fp8_kv = str(config.kv_cache_dtype or "").startswith("fp8")
         self._t_kv_read = kv_per_token / (bw * (cal.fp8_kv_read_efficiency if fp8_kv else cal.kv_read_efficiency))
@@ -608,14 +609,14 @@ class PerfModel:
         self._t_kv_read_slide = self._t_kv_read * slide
         self._t_kv_read -= self._t_kv_read_slide
         self._t_kv_write = kv_per_token / (bw * cal.kv_write_efficiency if cal.kv_write_efficiency > 0 else mem_rate)
-        self._t_attn_layer = cal.attn_layer_s * layers
+        self._t_attn_layer = cal.attn_layer_s * mixer_layers
         self._blend = cal.gemm_blend_exponent
         self._token_tile = int(cal.gemm_token_tile)
         q_heads = max(1, model.num_attention_heads // tp)
         attn_eff = cal.attn_efficiency
         if rules and perf_classes.runs_triton_attention(model, gpu):
             attn_eff = cal.triton_attn_efficiency or perf_classes.TRITON_ATTN_EFFICIENCY or attn_eff
-        self._t_attn = 4.0 * q_heads * hd * layers / (gpu.bf16_tflops * 1e12 * attn_eff)
+        self._t_attn = 4.0 * q_heads * hd * attn_layers / (gpu.bf16_tflops * 1e12 * attn_eff)
         # FlashAttention-3's rate rises with the context a query block loops over (_prefill_attention):
         # vLLM runs FA3 on compute capability 9.x only (fa_utils.get_flash_attn_version), and only
         # where attention is not on TRITON_ATTN.
@@ -629,13 +630,14 @@ class PerfModel:
             self._init_mla(model, q_heads, layers, gpu.bf16_tflops * 1e12 * attn_eff)
         self._t_attn_slide = self._t_attn * slide
         self._t_attn -= self._t_attn_slide
-        self._init_comm(model, gpu, tp, pp, layers, cal)
+        self._init_comm(model, gpu, tp, pp, layers, cal,
+                        allreduces=hybrid.mixer_layers + hybrid.ffn_layers if hybrid else 2 * layers)
         self._init_sampler(model, gpu, config, cal, sampling or GREEDY)
         self.enforce_eager = config.enforce_eager
         self.capture_sizes: tuple[int, ...] = tuple(sorted(config.cudagraph_capture_sizes or ()))
         self.max_capture = self.capture_sizes[-1] if self.capture_sizes and not config.enforce_eager else 0
         self._graph_s = cal.graph_launch_s + cal.full_graph_layer_s * layers
-        self._piecewise_floor = cal.piecewise_layer_s * layers
+        self._piecewise_floor = cal.piecewise_layer_s * mixer_layers
         self._compiled_floor = cal.compiled_layer_overhead_s * layers
         self._eager_cpu_bound = cal.eager_cpu_bound >= 0.5
         # Launching is CPU work on the host, as the API server's is: the same factor.
@@ -644,6 +646,14 @@ class PerfModel:
         self.schedule_ahead = bool(cal.schedule_ahead >= 0.5 and config.async_scheduling)
         self.resume_hits = cal.resume_hits >= 0.5
         self._step_cpu, self._seq_cpu = cal.step_overhead_s, cal.seq_overhead_s
+        self._init_api_server(model, config, cal)
+        # _gemm_time is a pure function of (tokens, rows) here, and a trial's steps repeat the same
+        # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
+        # remembered, the tile-grid search runs once per shape instead of once per step.
+        self._gemm_memo: dict[tuple[int, int], float] = {}
+
+    def _init_api_server(self, model: ModelProfile, config: EngineConfig, cal: Calibration) -> None:
+        """The API server's and the client's CPU costs (sim/frontend.py), at the host's ``api_cpu_factor``."""
         self.api_cpu_factor = host = cal.api_cpu_factor
         self.request_overhead_s = cal.request_overhead_s * host
         #: Loop CPU a chat request adds to :attr:`request_overhead_s` (0 where vLLM's chat endpoint
@@ -659,14 +669,13 @@ class PerfModel:
         self.api_intake_passes = int(cal.api_intake_passes)  # a whole number >= 1 (Calibration.with_overrides)
         self.client_chunk_s = cal.client_chunk_s * host
         self.api_output_slice = int(cal.api_output_slice)
-        # _gemm_time is a pure function of (tokens, rows) here, and a trial's steps repeat the same
-        # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
-        # remembered, the tile-grid search runs once per shape instead of once per step.
-        self._gemm_memo: dict[tuple[int, int], float] = {}
 
     def _init_comm(self, model: ModelProfile, gpu: GpuSpec, tp: int, pp: int, layers: int,
-                   cal: Calibration) -> None:
-        """The per-step communication terms: TP all-reduces and PP sends, priced by the interconnect."""
+                   cal: Calibration, allreduces: int = 0) -> None:
+        """The per-step communication terms: TP all-reduces and PP sends, priced by the interconnect.
+
+        ``allreduces``: the stage's all-reduces a step (0: two a layer; a hybrid's one per mixer and MLP,
+        Nemotron-H's layers holding one of them)."""
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
         # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
         # knobs, no P2P at NCCL's published SHM figures, a fixed cost per step of NCCL's ring:
@@ -681,8 +690,9 @@ class PerfModel:
         # recorded NVLink runs are not moved by it).
         if tp > 1:
             ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
-            self._t_ar_fixed = 2 * layers * ar.fixed_s(tp)
-            self._t_ar_token = 2 * layers * (ar.seconds(tp, model.hidden_size * 2) - ar.fixed_s(tp))
+            n_ar = allreduces or 2 * layers
+            self._t_ar_fixed = n_ar * ar.fixed_s(tp)
+            self._t_ar_token = n_ar * (ar.seconds(tp, model.hidden_size * 2) - ar.fixed_s(tp))
         else:
             self._t_ar_fixed = self._t_ar_token = 0.0
         self._t_gather_fixed = self._t_gather_row = 0.0
@@ -747,6 +757,44 @@ class PerfModel:
             self._moe_floor_s = m.layers * cal.moe_layer_floor_s
             self._moe_row_blocks = cal.moe_row_blocks >= 0.5
         self._act_bytes_token = act / mem_rate
+
+    def _init_hybrid(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, tp: int, layers: int,
+                     mem_rate: float, cal: Calibration) -> perf_hybrid.HybridShape | None:
+        """A Mamba / gated-delta-net hybrid's recurrent terms (:mod:`servetune.sim.perf_hybrid`; None and
+        zeros for other models): per decoding request its state read and written in every Mamba layer,
+        per prefilling request its initial state read and final state written, per decode token the
+        mixer's activations, per prefill token conv1d, the gated norm and the chunked scan's kernels,
+        each a roofline of its bytes (``mem_efficiency``) and FLOPs (the dense rate, ``compute_efficiency``).
+        The element-wise kernels are the dense rule's per layer, the MLP's share on the layers with one."""
+        self._t_state = self._t_mamba_decode_token = self._t_mamba_prefill_token = 0.0
+        hybrid = perf_hybrid.hybrid_shape(model, tp, layers, modelclass.mamba_ssm_dtype_bytes(
+            model, memory_rules(config.version).nemotron_h_ssm_default))
+        if hybrid is None:
+            return None
+        n = hybrid.mamba_layers
+        flop_rate = gpu.bf16_tflops * 1e12 * cal.compute_efficiency
+        self._t_state = 2.0 * hybrid.state_bytes * n / mem_rate
+        self._t_mamba_decode_token = hybrid.decode_token_bytes * n / mem_rate
+        scan = sum(max(k.bytes / mem_rate, k.flops / flop_rate) for k in hybrid.scan)
+        self._t_mamba_prefill_token = (hybrid.prefill_token_bytes / mem_rate + scan) * n
+        if model.is_moe:
+            inter = (model.num_experts_per_tok * model.expert_intermediate_size
+                     + model.shared_expert_intermediate_size) // tp
+        else:
+            inter = model.intermediate_size // tp
+        d = model.hidden_size
+        self._elementwise_token = (10.5 * d * layers + (3.0 if model.ffn_gated else 2.0) * inter
+                                   * hybrid.ffn_layers) * 2.0 / mem_rate
+        return hybrid
+
+    def recurrent_seconds(self, decode_reqs: int, prefill_reqs: int, prefill_tokens: int) -> float:
+        """A hybrid's Mamba / gated-delta-net layers beyond their GEMMs for one step (0 for other models):
+        ``decode_reqs`` requests decoding one token each, ``prefill_reqs`` requests prefilling
+        ``prefill_tokens`` tokens together (:meth:`_init_hybrid`)."""
+        if not self._t_state:
+            return 0.0
+        return (self._t_state * (decode_reqs + prefill_reqs) + self._t_mamba_decode_token * decode_reqs
+                + self._t_mamba_prefill_token * prefill_tokens)
 
     def _init_mla(self, model: ModelProfile, heads: int, layers: int, attn_rate: float) -> None:
         """MLA attention (DeepSeek-V2/V3) from its own dimensions, not the dense rules' ``head_dim``.
@@ -898,6 +946,8 @@ class PerfModel:
             attention += self._sliding_attention(num_tokens - prefill_tokens, decode_context, prefill_tokens,
                                                  prefill_context, prefill_attn_work)
         kv_write = self._t_kv_write * num_tokens
+        decode_reqs = num_tokens - prefill_tokens
+        recurrent = self.recurrent_seconds(decode_reqs, num_reqs - decode_reqs, prefill_tokens)
         comm = ((self._t_ar_fixed + self._t_pp_fixed + self._t_gather_fixed) * micro
                 + (self._t_ar_token + self._t_pp_token) * tokens + self._t_gather_row * rows * micro)
         if self.enforce_eager:
@@ -914,7 +964,7 @@ class PerfModel:
         # once per micro-batch on the last stage.
         sampler = self.sampler_row_s * rows * micro + self.sampler_step_s * micro if self.sampler_row_s else 0.0
         return StepCost(gemm * scale, elementwise * scale, attention * scale, kv_write * scale, comm * scale,
-                        launch * scale, sampler * scale)
+                        launch * scale, sampler * scale, recurrent * scale)
 
     def _prefill_attention(self, prefill_tokens: int, prefill_attn_work: int) -> float:
         """Prefill attention's seconds: ``prefill_attn_work`` (tokens x context) at ``attn_efficiency``

@@ -395,6 +395,8 @@ def class_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list
     MLP of a dense model or of DeepSeek's leading dense layers, a MoE model's shared experts and
     its router (bf16, replicated). The routed experts are :func:`moe_shape`'s.
     """
+    if model.is_hybrid:
+        return _hybrid_gemms(model, gpu, tp, layers)
     d = model.hidden_size
     fmt = weight_format(model, gpu)
     attn_fmt = fmt
@@ -417,6 +419,38 @@ def class_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list
         shared = model.shared_expert_intermediate_size // tp
         if shared:
             out += [ClassGemm(2 * shared, d, moe_layers, fmt), ClassGemm(d, shared, moe_layers, fmt)]
+    return out
+
+
+def _hybrid_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list[ClassGemm]:
+    """A Mamba / attention hybrid's ordinary GEMMs, each on the layers that hold it (``layer_types``):
+    q/k/v and o on the attention layers (Qwen3-Next's gated q twice as wide), the mixer's ``in_proj``
+    (``ModelProfile.mamba_in_proj_width``, the figure its weights count) and ``out_proj`` on the Mamba
+    layers, and the MLP where there is one: every layer (granite-4.0-h, Bamba, Falcon-H1, Qwen3-Next) or
+    the ``mlp`` layers (Nemotron-H's two-matrix ``up`` / ``down``); a MoE MLP's router and shared expert
+    here, its routed experts :func:`moe_shape`'s."""
+    d = model.hidden_size
+    fmt = weight_format(model, gpu)
+    kinds = model.layer_types[:layers]
+    both = kinds.count("parallel")
+    attn, mamba = kinds.count("full") + both, kinds.count("mamba") + both
+    ffn = len(kinds) if model.ffn_gated else kinds.count("mlp")
+    out: list[ClassGemm] = []
+    if attn:
+        q = model.q_size // tp * (2 if model.attn_output_gate else 1)
+        kv = model.kv_heads_per_gpu(tp) * model.head_dim
+        out += [ClassGemm(q + 2 * kv, d, attn, fmt), ClassGemm(d, model.q_size // tp, attn, fmt)]
+    if mamba:
+        out += [ClassGemm(model.mamba_in_proj_width(tp) // tp, d, mamba, fmt),
+                ClassGemm(d, model.mamba_inner // tp, mamba, fmt)]
+    if ffn and model.is_moe:
+        out.append(ClassGemm(model.num_experts, d, ffn, WeightFormat(float(model.dtype_bytes), 1.0)))  # the router
+        shared = model.shared_expert_intermediate_size // tp
+        if shared:
+            out += [ClassGemm(2 * shared, d, ffn, fmt), ClassGemm(d, shared, ffn, fmt)]
+    elif ffn:
+        inter = max(1, model.intermediate_size // tp)
+        out += [ClassGemm((2 if model.ffn_gated else 1) * inter, d, ffn, fmt), ClassGemm(d, inter, ffn, fmt)]
     return out
 
 
