@@ -412,10 +412,13 @@ def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMe
     "hybrid"``: ``config/model.py`` line 1785 of 0.19.0; ``arg_utils.py`` line 2521 of 0.26.0, "keep it opt-in")
     and 0.11 forces it off (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.hybrid_prefix_caching_forced_off`).
     Turned on, later releases page the Mamba state per block ('align' / 'all' mamba cache modes), which the
-    planner does not model.
+    planner does not model before 0.28; 0.28 turns it on by default with the 'align' mode, which it models
+    (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.hybrid_prefix_caching_default_on`).
     """
     flag = flags.get("enable_prefix_caching")
     if not model.is_hybrid:
+        return bool(True if flag is None else flag)
+    if rules.hybrid_prefix_caching_default_on:  # 0.28+: on unless turned off, Mamba cache mode 'align'
         return bool(True if flag is None else flag)
     if flag and not rules.hybrid_prefix_caching_forced_off:
         raise SpecError("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({model.name}: vLLM's "

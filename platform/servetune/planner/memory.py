@@ -292,9 +292,12 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
 
     weights = model.stage_weight_bytes(tp, pp, mxfp4_scale_copies=2 if rules.mxfp4_keeps_loaded_scales else 1)
     # KV pages per stage: layers grouped as vLLM's KV cache manager groups them (modelclass.kv_layout)
-    mamba_block = config.max_model_len if model.is_hybrid else 0  # mamba_block_size without prefix caching
+    # mamba_block_size: max_model_len without prefix caching; the attention block in 0.28's 'align' mode, where a
+    # request holds two Mamba blocks (vllm_rules.VllmMemoryRules.hybrid_prefix_caching_default_on)
+    align = model.is_hybrid and config.enable_prefix_caching
+    mamba_block = (config.block_size if align else config.max_model_len) if model.is_hybrid else 0
     layouts = [kv_layout(model, tp, s, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype),
-                         mamba_block) for s in range(pp)]
+                         mamba_block, mamba_blocks_per_request=2 if align else 1) for s in range(pp)]
     bytes_per_block = [layout.block_bytes for layout in layouts]
     # One worker per stage (TP ranks of a stage are identical); vLLM takes the minimum num_blocks.
     stages = []
