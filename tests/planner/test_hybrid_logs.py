@@ -141,18 +141,18 @@ HYBRID_KV_BANDS = {
     # peak + non-torch 1.4 GiB over what the log leaves (0.10's sort-based sampler at 1,024 rows beside the
     # fused-MoE workspace; not traced further)
     "legalai_qwen3_next_80b_tp2_h200": -3.13,
-    # Qwen3.5-9B, 0.19.0, the vision encoder profiled with one image of the largest size: weights within 0.1%,
-    # the graph estimate 0.59 GiB planned against the logged 0.78, the rest in the encoder's profile peak, which the
-    # planner takes from a constant fitted on gemma-3 (not re-fitted here)
-    "l40s_qwen35_9b_tp1_l40s": 3.82,
+    # Qwen3.5-9B, 0.19.0, offline LLM() (8,192 batched tokens), the vision encoder profiled with one image of the
+    # largest size: weights within 0.1%, the graph estimate 0.59 GiB planned against the logged 0.78, the rest
+    # (~0.45 GiB) in the encoder's profile peak, which the planner takes from a constant fitted on gemma-3
+    "l40s_qwen35_9b_tp1_l40s": 3.18,
     # vLLM 0.28.0 on an A100 80GB (a study note's quotes): the same encoder profile; the note's own split of the
     # 8,192-token serve start puts 2.46 GiB in non-torch memory and 1.36 GiB in the peak, against 0.22 and 0.24
     # planned (not a vLLM line; not traced)
-    "studynote_qwen35_08b_offline_tp1_a100": 3.86,
+    "studynote_qwen35_08b_offline_tp1_a100": 3.80,
     "studynote_qwen35_08b_serve_tp1_a100": 5.24,
     # Qwen3.8-27B: its fixture config has no mrope_section (none found for this model), so the 4 x mrope cos/sin
     # cache is not counted: the weights 0.13 GiB under the logged 51.1
-    "studynote_qwen38_27b_offline_tp1_a100": 6.96,
+    "studynote_qwen38_27b_offline_tp1_a100": 5.41,
 }
 
 

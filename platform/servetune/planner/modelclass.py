@@ -860,7 +860,7 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
         if model.architecture.startswith("Qwen3_5") and model.vision_params:
             notes.append("Qwen3.5 vision encoder: its profile run (one image of the largest size) is planned with "
                          "the constant fitted on gemma-3; on published Qwen3.5 / Qwen3.8 starts (held out) the plan "
-                         "left 3.8-7.0% more KV tokens than vLLM did")
+                         "left 3.2-5.4% more KV tokens than vLLM did")
     if _SLIDING in model.layer_types:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "
