@@ -137,10 +137,11 @@ def test_every_start_is_planned_or_refused_by_name():
 #: Held-out KV-token error (%) of each planned healthy start, as judged; a change of more than 0.3 points fails.
 HYBRID_KV_BANDS = {
     "retriva_granite_h_1b_tp1_rtx3060": -1.50,  # another vLLM server shared the GPU (see the source)
-    # Qwen3-Next-80B at TP=2, vLLM 0.10.2, FlashInfer absent: weights exact (74.28 GiB), the plan's activation
-    # peak + non-torch 1.4 GiB over what the log leaves (0.10's sort-based sampler at 1,024 rows beside the
-    # fused-MoE workspace; not traced further)
-    "legalai_qwen3_next_80b_tp2_h200": -3.13,
+    # Qwen3-Next-80B at TP=2, vLLM 0.10.2, FlashInfer absent: weights exact (74.28 GiB); -3.13% until the rule that
+    # 0.10's fused-MoE workspaces are freed after each layer (VllmMemoryRules.moe_workspace_kept, read after that
+    # figure); the plan's peak + non-torch still 0.7 GiB over what the log leaves (0.10's sort-based sampler at
+    # 1,024 rows of a 151,936 vocabulary dominates it; not traced further)
+    "legalai_qwen3_next_80b_tp2_h200": -1.68,
     # Qwen3.5-9B, 0.19.0, offline LLM() (8,192 batched tokens), the vision encoder profiled with one image of the
     # largest size: weights within 0.1%, the graph estimate 0.59 GiB planned against the logged 0.78, the rest
     # (~0.45 GiB) in the encoder's profile peak, which the planner takes from a constant fitted on gemma-3
@@ -157,7 +158,7 @@ HYBRID_KV_BANDS = {
 
 
 def test_held_out_kv_tokens_are_the_recorded_figures():
-    """Every planned healthy start is called a fit and lands in its band; 1 of 6 within 3%: the misses are kept."""
+    """Every planned healthy start is called a fit and lands in its band; 2 of 6 within 3%: the misses are kept."""
     healthy = [r for r in REPORT["per_start"] if r["logged"] == "ok" and r["predicted"] != "refused"]
     assert {r["id"] for r in healthy} == set(HYBRID_KV_BANDS)
     for r in healthy:

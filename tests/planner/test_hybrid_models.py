@@ -367,3 +367,22 @@ def test_an_mrope_model_keeps_four_times_the_rotary_rows():
     plain = dataclasses.replace(m, extra_rotary_positions=0)
     assert m.stage_weight_bytes(1, 1)[0] - plain.stage_weight_bytes(1, 1)[0] == 3 * 262144 * 64 * 2
     assert load_model("qwen3-next-80b-a3b").extra_rotary_positions == 0
+
+
+def test_the_fused_moe_workspace_outlives_the_forward_from_011(monkeypatch: pytest.MonkeyPatch):
+    """0.10.2 allocates the Triton fused-MoE workspaces per call (freed after each layer); 0.11 keeps them in shared
+    buffers, so the profile run's sampler runs beside them. Qwen3-Next at TP=2 on an H200, 8,192 tokens, FlashInfer
+    absent (the sort-based sampler dominates the forward): the 0.11 rules add the workspace to the peak."""
+    from servetune.planner.model_memory import activation_peak_bytes
+    from servetune.planner.modelclass import moe_workspace_bytes
+    assert not memory_rules((0, 10, 2)).moe_workspace_kept and memory_rules((0, 11, 0)).moe_workspace_kept
+    m = load_model("qwen3-next-80b-a3b")
+    c = dataclasses.replace(resolve_engine_config({"tensor_parallel_size": 2}, m, get_gpu("H200"), "0.10.2"),
+                            flashinfer_available=False)
+    freed = activation_peak_bytes(m, c)
+    from servetune.planner import engine_config
+    monkeypatch.setattr(engine_config, "memory_rules",
+                        lambda v: dataclasses.replace(memory_rules(v), moe_workspace_kept=True))
+    ws = moe_workspace_bytes(m, c.max_num_batched_tokens, 2)
+    assert ws == 8192 * (10 * (2048 + 2048) + 2048) * 2
+    assert activation_peak_bytes(m, c) - freed == ws

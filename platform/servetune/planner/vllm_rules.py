@@ -264,6 +264,14 @@ class VllmMemoryRules:
     #: of tests/fixtures/published_logs/hybrid.yaml were judged without it (their logged concurrency needs 22 blocks a
     #: request where one Mamba block a group gives 19); nothing in it is fitted.
     hybrid_prefix_caching_default_on: bool
+    #: The Triton fused-MoE workspaces outlive the forward from 0.11: 0.11.0 keeps them in class-level
+    #: ``SharedResizableBuffer`` s (``fused_moe/modular_kernel.py`` lines 594-629 and 690), 0.13.0 on in vLLM's
+    #: workspace manager (``modular_kernel.py`` line 32, ``v1/worker/workspace.py``), so the profile run's sampler
+    #: runs beside them (:func:`~servetune.planner.modelclass.moe_workspace_bytes`). 0.10.2 allocates them per
+    #: call (``fused_moe.py`` lines 1580-1590, ``modular_kernel.py`` lines 562-567): freed after each MoE layer, they
+    #: count in the forward's peak only. Read after the held-out Qwen3-Next start of hybrid.yaml (vLLM 0.10.2)
+    #: came out 3.1% low; nothing fitted. No other published MoE start before 0.11 uses the Triton experts.
+    moe_workspace_kept: bool
     #: A Mamba hybrid with FULL decode CUDA graphs refuses to capture them when ``max_num_seqs`` exceeds the
     #: KV blocks ("max_num_seqs (N) exceeds available Mamba cache blocks (M)": ``config/compilation.py``
     #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
@@ -462,6 +470,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         nemotron_h_ssm_default="float32" if v >= (0, 22, 0) else "float16" if v >= (0, 13, 0) else "auto",
         hybrid_prefix_caching_forced_off=v < (0, 12, 0),
         hybrid_prefix_caching_default_on=v >= (0, 28, 0),
+        moe_workspace_kept=v >= (0, 11, 0),
         mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
         removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
     )
