@@ -259,8 +259,8 @@ class VllmMemoryRules:
     #: ``config/model.py`` lines 2072-2074; 0.27.0 still adds ``and not model_config.is_hybrid``, arg_utils.py lines
     #: 2604-2606), and with it ``mamba_cache_mode`` 'align' (``MambaModelConfig``, ``models/config.py`` lines 603-604
     #: of 0.28.0): each request holds two Mamba blocks (``MambaSpec.max_memory_usage_bytes``, ``v1/kv_cache_interface.py``
-    #: lines 687-696) and the Mamba block size is the attention block (``platforms/interface.py`` lines 913-914), the
-    #: attention block raised as without prefix caching (lines 902-906). Read after the held-out 0.28.0 Qwen3.5 starts
+    #: lines 687-696) and the Mamba block size is the attention block (``platforms/interface.py`` lines 917-918),
+    #: the attention block raised as without prefix caching (lines 902-906). Read after the held-out 0.28.0 Qwen3.5 starts
     #: of tests/fixtures/published_logs/hybrid.yaml were judged without it (their logged concurrency needs 22 blocks a
     #: request where one Mamba block a group gives 19); nothing in it is fitted.
     hybrid_prefix_caching_default_on: bool
