@@ -1,10 +1,15 @@
-"""The published starts of hybrid models (tests/fixtures/published_logs/hybrid.yaml) read as the index format says.
+"""The published starts of hybrid models (tests/fixtures/published_logs/hybrid.yaml), and the planner judged on them.
 
-The planner does not plan Mamba / linear-attention hybrids yet (their configs are refused), so these starts are not
-judged here. What is checked: the file parses with ``parse_index``; every start is a held-out ``hybrid`` start of
-vLLM 0.10 or later with a named source; every model config it points to exists and says where it came from; and the
-kept log lines read, with the product's own log parser, as the figures the entry records (a start whose source quotes
-its figures without the log says so in the source entry).
+The index: the file parses with ``parse_index``; every start is a held-out ``hybrid`` start of vLLM 0.10 or later
+with a named source; every model config it points to exists and says where it came from; the kept log lines read,
+with the product's own log parser, as the figures the entry records (a start whose source quotes its figures
+without the log says so in the source entry).
+
+The judgement (nothing fitted: every start is held out): ``benchmarks/results/published_logs_hybrid.json`` is
+re-derived from the product's planner; each planned start's KV tokens sit in the band recorded here (the misses
+kept visible, with what is known of them); the attention block vLLM logged is the planner's; the weights are
+"Model loading took" within 0.3%; the refused start is refused in one line, and vLLM's Mamba-cache-block refusal
+is foreseen with vLLM's own words.
 """
 
 from __future__ import annotations
@@ -18,8 +23,12 @@ import pytest
 import yaml
 
 from servetune.engines.vllm.logs import parse_log
+from servetune.errors import SpecError
 from servetune.planner import memory
-from servetune.planner.evidence import PublishedStart, parse_index
+from servetune.planner.engine_config import resolve_engine_config
+from servetune.planner.evidence import PublishedStart, judge, parse_index
+from servetune.planner.gpus import get_gpu
+from servetune.planner.modelinfo import load_model
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "published_logs"
 DOC: dict[str, Any] = yaml.safe_load((FIXTURES / "hybrid.yaml").read_text(encoding="utf-8"))
@@ -52,9 +61,19 @@ def test_every_source_has_an_address_and_says_what_it_is():
         assert entry["url"] and len(entry["what"]) > 80, name
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _config_path(start: PublishedStart) -> Path:
+    """A start's config.json: a path under the fixture folder, or a shipped model's."""
+    if "/" in start.model:
+        return FIXTURES / start.model / "config.json"
+    return ROOT / "platform" / "servetune" / "data" / "models" / start.model / "config.json"
+
+
 @pytest.mark.parametrize("start", STARTS, ids=lambda s: s.id)
 def test_the_model_config_exists_and_names_its_source(start: PublishedStart):
-    cfg = json.loads((FIXTURES / start.model / "config.json").read_text(encoding="utf-8"))
+    cfg = json.loads(_config_path(start).read_text(encoding="utf-8"))
     assert "_source" in cfg and len(cfg["_source"]) > 40
     text = cfg.get("text_config", cfg)
     assert int(text["num_hidden_layers"]) > 0 and int(text["num_attention_heads"]) > 0
@@ -84,3 +103,125 @@ def test_a_refused_start_keeps_the_refusal_with_its_figures(start: PublishedStar
     found = re.search(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)", _read(start.log))
     assert found and start.logged["failure"] == "mamba_blocks", start.id
     assert (int(found.group(1)), int(found.group(2))) == (start.logged["max_num_seqs"], start.logged["mamba_blocks"])
+
+
+def _bench() -> Any:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("published_logs_bench", ROOT / "benchmarks" / "published_logs.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+REPORT: dict[str, Any] = json.loads(json.dumps(_bench().hybrid_report()))
+ROWS = {r["id"]: r for r in REPORT["per_start"]}
+
+
+def test_the_committed_hybrid_report_is_what_the_planner_gives_now():
+    """benchmarks/results/published_logs_hybrid.json is re-derived from the product's planner, not copied."""
+    committed = json.loads((ROOT / "benchmarks" / "results" / "published_logs_hybrid.json").read_text())
+    assert committed == REPORT
+
+
+def test_every_start_is_planned_or_refused_by_name():
+    """No start is dropped: 8 in the file, 7 planned, the unnamed W4A16 Qwen3-Next checkpoint refused in one line."""
+    assert [r["id"] for r in REPORT["per_start"]] == [s.id for s in STARTS]
+    held = REPORT["held_out"]
+    assert held["starts_in_file"] == len(STARTS) == held["starts"] + len(held["refused"])
+    assert [r["id"] for r in held["refused"]] == ["aether_qwen3_next_w4a16_tp2_l40s"]
+    for r in held["refused"]:
+        assert ROWS[r["id"]]["predicted"] == "refused" and r["reason"] and "\n" not in r["reason"]
+
+
+#: Held-out KV-token error (%) of each planned healthy start, as judged; a change of more than 0.3 points fails.
+HYBRID_KV_BANDS = {
+    "retriva_granite_h_1b_tp1_rtx3060": -1.50,  # another vLLM server shared the GPU (see the source)
+    # Qwen3-Next-80B at TP=2, vLLM 0.10.2, FlashInfer absent: weights exact (74.28 GiB); -3.13% until the rule that
+    # 0.10's fused-MoE workspaces are freed after each layer (VllmMemoryRules.moe_workspace_kept, read after that
+    # figure); the plan's peak + non-torch still 0.7 GiB over what the log leaves (0.10's sort-based sampler at
+    # 1,024 rows of a 151,936 vocabulary dominates it; not traced further)
+    "legalai_qwen3_next_80b_tp2_h200": -1.68,
+    # Qwen3.5-9B, 0.19.0, offline LLM() (8,192 batched tokens), the vision encoder profiled with one image of the
+    # largest size: weights within 0.1%, the graph estimate 0.59 GiB planned against the logged 0.78, the rest
+    # (~0.45 GiB) in the encoder's profile peak, which the planner takes from a constant fitted on gemma-3
+    "l40s_qwen35_9b_tp1_l40s": 3.18,
+    # vLLM 0.28.0 on an A100 80GB (a study note's quotes): the same encoder profile; the note's own split of the
+    # 8,192-token serve start puts 2.46 GiB in non-torch memory and 1.36 GiB in the peak, against 0.22 and 0.24
+    # planned (not a vLLM line; not traced)
+    "studynote_qwen35_08b_offline_tp1_a100": 3.80,
+    "studynote_qwen35_08b_serve_tp1_a100": 5.24,
+    # Qwen3.8-27B: its fixture config has no mrope_section (none found for this model), so the 4 x mrope cos/sin
+    # cache is not counted: the weights 0.13 GiB under the logged 51.1
+    "studynote_qwen38_27b_offline_tp1_a100": 5.41,
+}
+
+
+def test_held_out_kv_tokens_are_the_recorded_figures():
+    """Every planned healthy start is called a fit and lands in its band; 2 of 6 within 3%: the misses are kept."""
+    healthy = [r for r in REPORT["per_start"] if r["logged"] == "ok" and r["predicted"] != "refused"]
+    assert {r["id"] for r in healthy} == set(HYBRID_KV_BANDS)
+    for r in healthy:
+        assert r["predicted"] == "fits", r["id"]
+        assert HYBRID_KV_BANDS[r["id"]] - 0.3 <= r["kv_error_pct"] <= HYBRID_KV_BANDS[r["id"]] + 0.3, r
+    assert REPORT["held_out"]["within_3pct"] == sum(abs(e) <= 3.0 for e in HYBRID_KV_BANDS.values())
+
+
+def test_weights_are_what_vllm_loaded():
+    """The Qwen3.5 rules (dense GDN layers, MTP skipped, the tower, the 4 x mrope cos/sin cache) and Qwen3-Next's
+    give "Model loading took" (printed to 0.01 GiB, 0.0001 at 0.10.2) within 0.015 GiB: Qwen3-Next-80B 74.281
+    against 74.2812, Qwen3.5-9B 17.648 against 17.66, Qwen3.5-0.8B 1.714 against 1.72. Kept apart: the Qwen3.8-27B
+    config without an mrope_section (50.974 against 51.1) and granite-4.0-h-1b (2.754 against 2.72; not traced)."""
+    gaps = {"retriva_granite_h_1b_tp1_rtx3060": (0.02, 0.05), "studynote_qwen38_27b_offline_tp1_a100": (-0.15, -0.1)}
+    checked = [r for r in REPORT["per_start"] if r.get("logged_weights_gib")]
+    assert len(checked) == 5
+    for r in checked:
+        gap = r["weights_gib"] - float(r["logged_weights_gib"])
+        low, high = gaps.get(r["id"], (-0.015, 0.015))
+        assert low <= gap <= high, (r["id"], gap)
+
+
+#: The attention block size vLLM set ("Setting attention block size to N tokens"), from the kept lines or, for the
+#: study note's starts, its quotes (hybrid.yaml's comments).
+LOGGED_BLOCKS = {"retriva_granite_h_1b_tp1_rtx3060": 400, "legalai_qwen3_next_80b_tp2_h200": 544,
+                 "l40s_qwen35_9b_tp1_l40s": 528, "studynote_qwen35_08b_offline_tp1_a100": 544,
+                 "studynote_qwen38_27b_offline_tp1_a100": 784}
+
+
+@pytest.mark.parametrize("sid", sorted(LOGGED_BLOCKS))
+def test_the_attention_block_is_the_one_vllm_set(sid: str):
+    start = next(s for s in STARTS if s.id == sid)
+    if start.log is not None:
+        found = re.search(r"Setting attention block size to (\d+) tokens", _read(start.log))
+        assert found and int(found.group(1)) == LOGGED_BLOCKS[sid]
+    model = load_model(start.model if "/" not in start.model else str(FIXTURES / start.model))
+    assert resolve_engine_config(start.flags, model, get_gpu(start.gpu), start.vllm).block_size == LOGGED_BLOCKS[sid]
+
+
+def test_the_mamba_block_refusal_is_foreseen_with_vllms_reason():
+    """vllm-project/vllm#49064: Qwen3.8-27B at 132,000 tokens and 0.90 on one H100, vLLM 0.28.0's default 1,024
+    sequences: refused with "max_num_seqs (1024) exceeds available Mamba cache blocks (969)". The plan refuses it
+    with vLLM's words, but with 319 blocks: a bf16 27B leaves ~15 GiB of KV on an 80 GB card at 0.90, and 969
+    blocks of 49 MiB (16 layers x 784 tokens x 4 KiB) would need ~46 GiB beside ~51 GiB of weights, so the
+    comment's checkpoint was likely not the bf16 one (the thread does not say); the count is not judged."""
+    start = next(s for s in STARTS if s.failed)
+    row = ROWS[start.id]
+    assert row["predicted"] == "kv_too_small" and REPORT["held_out"]["failed_foreseen"] == 1
+    logged = re.search(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)", _read(start.log or ""))
+    planned = re.search(r"max_num_seqs \((\d+)\) exceeds available Mamba cache blocks \((\d+)\)", row["cause"])
+    assert logged and planned and planned.group(1) == logged.group(1) == "1024"
+    assert int(planned.group(2)) == 319 < int(logged.group(2))
+
+
+def test_the_refused_start_is_refused_as_plan_would():
+    """The W4A16-expert Qwen3-Next checkpoint is not named, so its quantization config is not known: the planner
+    refuses its flags in one line (disable_custom_all_reduce first, then compressed-tensors without a config)."""
+    start = next(s for s in STARTS if s.id == "aether_qwen3_next_w4a16_tp2_l40s")
+    model = load_model(start.model)
+    with pytest.raises(SpecError) as err:
+        judge(start, model)
+    assert err.value.fix and "\n" not in str(err.value)
+    flags = {k: v for k, v in start.flags.items() if k != "disable_custom_all_reduce"}
+    with pytest.raises(SpecError) as err:
+        resolve_engine_config(flags, model, get_gpu(start.gpu), start.vllm)
+    assert err.value.field == "quantization"

@@ -25,6 +25,7 @@ computed by hand:
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -284,3 +285,106 @@ def test_tp_must_divide_the_mamba_heads_and_groups():
         resolve_engine_config({"tensor_parallel_size": 8}, _nemotron(mamba_num_heads=132), H100)
     assert resolve_engine_config({"tensor_parallel_size": 4}, load_model("granite-4.0-h-tiny"), H100).block_size > 16
 
+
+
+FIXTURE_MODELS = ROOT / "tests" / "fixtures" / "published_logs" / "models"
+
+
+def test_qwen3_5_dense_reads_its_text_config_as_a_gated_delta_net():
+    """Qwen3.5-9B (the partial fixture config, every value sourced in its ``_source``): Qwen3_5ForConditionalGeneration's
+    language model is Qwen3-Next's decoder with a dense gated MLP (qwen3_5.py lines 113-172 of 0.26.0). Its text
+    config's mamba_ssm_dtype float32 (Qwen3_5ForConditionalGenerationConfig) makes the temporal state 32 x 128 x 128 x
+    4 = 2,097,152 B; conv 3 x (2 x 16 x 128 + 32 x 128) bf16 = 49,152 B; attention 2 x 4 x 256 x 2 = 4,096 B a token,
+    so the block is 16 x cdiv(2,146,304, 65,536) = 528 (the 0.19.0 L40S start logs 528; bf16 would give 272)."""
+    m = load_model(FIXTURE_MODELS / "qwen3.5-9b")
+    assert m.architecture == "Qwen3_5ForConditionalGeneration" and m.mamba_kind == "gdn" and not m.is_moe
+    assert m.layer_types.count("mamba") == 24 and m.layer_types[3] == "full" and m.intermediate_size == 12288
+    assert m.attn_output_gate and m.rotary_dim == 64 and m.max_position_embeddings == 262144
+    assert mamba_ssm_dtype_bytes(m, "float32") == 4
+    assert mamba_state_bytes(m, 1, 4) == 49_152 + 2_097_152
+    assert resolve_engine_config({}, m, get_gpu("L40S"), "0.19.0").block_size == 528
+    bf16 = dataclasses.replace(m, mamba_ssm_dtype="")
+    assert resolve_engine_config({}, bf16, get_gpu("L40S"), "0.19.0").block_size == 272
+    # No vision_config: vLLM builds Qwen3_5VisionConfig's default tower (27 blocks of 1152, MLP 4304, out 3584):
+    # 27 x 15,239,504 + patch / position embeddings 4,424,832 + norm 2,304 + merger 37,756,928
+    assert m.vision_params == 27 * 15_239_504 + 4_424_832 + 2_304 + 37_756_928 == 453_650_672
+
+
+def test_qwen3_5_wrapper_sets_the_text_config_class_and_counts_the_tower_it_names():
+    """The wrapper's text_config is a Qwen3_5TextConfig whatever its own model_type (the Qwen3.8-27B fixture has
+    none); a vision_config is counted as Qwen3_VisionTransformer builds it (0.8B: 12 blocks of 768, MLP 3072,
+    out 1024: 12 x 7,087,872 + 2,949,888 + 1,536 + 12,587,008)."""
+    m = load_model(FIXTURE_MODELS / "qwen3.8-27b")
+    assert m.num_layers == 64 and m.layer_types.count("full") == 16 and m.vocab_size == 248320
+    assert (m.mamba_heads, m.mamba_groups, m.mamba_d_state) == (48, 16, 128)
+    small = load_model(FIXTURE_MODELS / "qwen3.5-0.8b")
+    assert small.tie_word_embeddings and small.vision_params == 12 * 7_087_872 + 2_949_888 + 1_536 + 12_587_008
+    with pytest.raises(SpecError) as err:
+        profile_from_config({"model_type": "qwen3_5", "vision_config": {"depth": "deep"},
+                             "text_config": {"num_hidden_layers": 4}}, "m", source="m/config.json")
+    assert err.value.field == "m/config.json: vision_config"
+
+
+def test_an_all_moe_gated_delta_net_needs_no_dense_intermediate_size():
+    """vLLM builds a dense MLP of intermediate_size only for layers that are not MoE (qwen3_next.py lines 421-466
+    of 0.26.0): a Qwen3-Next config without it plans the same; mlp_only_layers still refuses. Qwen3_5MoeTextConfig
+    has no intermediate_size at all."""
+    import json
+    cfg = json.loads((ROOT / "platform" / "servetune" / "data" / "models" / "qwen3-next-80b-a3b" / "config.json")
+                     .read_text())
+    bare = {k: v for k, v in cfg.items() if k != "intermediate_size"}
+    assert profile_from_config(bare, "n").param_count == load_model("qwen3-next-80b-a3b").param_count
+    with pytest.raises(SpecError) as err:
+        profile_from_config({**bare, "mlp_only_layers": [0]}, "n", source="n/config.json")
+    assert "mlp_only_layers" in err.value.field
+    moe = profile_from_config({"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                               "text_config": {"num_hidden_layers": 8}}, "m")
+    assert moe.is_moe and moe.intermediate_size == 0 and (moe.num_experts, moe.num_experts_per_tok) == (256, 8)
+    assert moe.layer_types.count("mamba") == 6 and moe.shared_expert_intermediate_size == 512
+
+
+def test_028_turns_prefix_caching_on_for_hybrids_in_align_mode():
+    """0.28.0 defaults prefix caching on for hybrids (arg_utils.py line 2650) with mamba_cache_mode 'align':
+    each request holds two Mamba blocks a group (kv_cache_interface.py lines 687-696), so granite-4.0-h-tiny's
+    8,192-token request takes cdiv(8192, 400) = 21 attention blocks + 9 x 2 Mamba blocks = 39, against 30 at
+    0.27.0, where it stays opt-in (arg_utils.py lines 2604-2606) and the flag still refuses."""
+    m = load_model("granite-4.0-h-tiny")
+    flags = {k: v for k, v in FLAGS.items() if k != "enable_prefix_caching"}
+    on = resolve_engine_config(flags, m, H100, "0.28.0")
+    off = resolve_engine_config(flags, m, H100, "0.27.0")
+    assert on.enable_prefix_caching and not off.enable_prefix_caching and on.block_size == off.block_size == 400
+    p_on, p_off = plan_memory(m, H100, on), plan_memory(m, H100, off)
+    assert p_on.max_concurrency == pytest.approx(p_on.num_gpu_blocks / 39)
+    assert p_off.max_concurrency == pytest.approx(p_off.num_gpu_blocks / 30)
+    assert not resolve_engine_config({**flags, "enable_prefix_caching": False}, m, H100, "0.28.0").enable_prefix_caching
+    with pytest.raises(SpecError):
+        resolve_engine_config({**flags, "enable_prefix_caching": True}, m, H100, "0.27.0")
+
+
+def test_an_mrope_model_keeps_four_times_the_rotary_rows():
+    """MRotaryEmbedding's cos/sin cache holds 4 x max_position rows (rotary_embedding/mrope.py line 238 of 0.26.0):
+    Qwen3.5-9B's 262,144 positions x 64 rotary dims in bf16 are 4 x 33,554,432 B, where a plain rope keeps one."""
+    m = load_model(FIXTURE_MODELS / "qwen3.5-9b")
+    assert m.extra_rotary_positions == 3 * 262144
+    plain = dataclasses.replace(m, extra_rotary_positions=0)
+    assert m.stage_weight_bytes(1, 1)[0] - plain.stage_weight_bytes(1, 1)[0] == 3 * 262144 * 64 * 2
+    assert load_model("qwen3-next-80b-a3b").extra_rotary_positions == 0
+
+
+def test_the_fused_moe_workspace_outlives_the_forward_from_011(monkeypatch: pytest.MonkeyPatch):
+    """0.10.2 allocates the Triton fused-MoE workspaces per call (freed after each layer); 0.11 keeps them in shared
+    buffers, so the profile run's sampler runs beside them. Qwen3-Next at TP=2 on an H200, 8,192 tokens, FlashInfer
+    absent (the sort-based sampler dominates the forward): the 0.11 rules add the workspace to the peak."""
+    from servetune.planner.model_memory import activation_peak_bytes
+    from servetune.planner.modelclass import moe_workspace_bytes
+    assert not memory_rules((0, 10, 2)).moe_workspace_kept and memory_rules((0, 11, 0)).moe_workspace_kept
+    m = load_model("qwen3-next-80b-a3b")
+    c = dataclasses.replace(resolve_engine_config({"tensor_parallel_size": 2}, m, get_gpu("H200"), "0.10.2"),
+                            flashinfer_available=False)
+    freed = activation_peak_bytes(m, c)
+    from servetune.planner import engine_config
+    monkeypatch.setattr(engine_config, "memory_rules",
+                        lambda v: dataclasses.replace(memory_rules(v), moe_workspace_kept=True))
+    ws = moe_workspace_bytes(m, c.max_num_batched_tokens, 2)
+    assert ws == 8192 * (10 * (2048 + 2048) + 2048) * 2
+    assert activation_peak_bytes(m, c) - freed == ws

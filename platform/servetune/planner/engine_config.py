@@ -440,9 +440,10 @@ def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMe
     """``(enable_prefix_caching, mamba_cache_mode)`` as vLLM resolves them; SpecError where vLLM refuses the pair or
     the planner does not model it.
 
-    A plain model: the flag, on by default. A Mamba hybrid: off by default (``is_prefix_caching_supported`` is false
-    for ``attn_type == "hybrid"``: ``config/model.py`` line 1785 of 0.19.0; ``arg_utils.py`` line 2521 of 0.26.0,
-    "keep it opt-in"); asked for, the release's Mamba cache mode
+    A plain model: the flag, on by default. A Mamba hybrid: off by default up to 0.27 (``is_prefix_caching_supported``
+    is false for ``attn_type == "hybrid"``: ``config/model.py`` line 1785 of 0.19.0; ``arg_utils.py`` line 2521 of
+    0.26.0, "keep it opt-in"), on by default from 0.28
+    (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.hybrid_prefix_caching_default_on`); on, the release's Mamba cache mode
     (:func:`~servetune.planner.vllm_rules.hybrid_prefix_caching_mode`; ``"none"``: vLLM turns it off). 'all' mode
     needs the model's Mamba2 chunk (refused where the config names none and the class default was not read);
     'align' asserts chunked prefill (``models/config.py`` lines 353-356 of 0.15.0, 579-581 of 0.26.0).
@@ -456,6 +457,8 @@ def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMe
                         "leave mamba_cache_mode out below vLLM 0.15")
     if not model.is_hybrid:
         return bool(True if flag is None else flag), "none"
+    if flag is None and rules.hybrid_prefix_caching_default_on:  # 0.28+: on unless turned off
+        flag = True
     if not flag:
         return False, "none"
     mode = hybrid_prefix_caching_mode(rules, supports_all=modelclass.supports_mamba_prefix_caching(model),

@@ -83,6 +83,7 @@ class Judgement:
     weights_gib: float
     activation_gib: float
     non_torch_gib: float
+    cause: str | None = None  # the planner's failure text (vLLM's own where it has one); None when it fits
 
     @property
     def kv_error(self) -> float | None:
@@ -168,7 +169,7 @@ def judge(start: PublishedStart, model: ModelProfile) -> Judgement:
                      kv_cache_gib=plan.memory.kv_cache, kv_tokens=plan.kv_cache_tokens,
                      logged_kv_tokens=logged_tokens, weights_gib=plan.memory.weights,
                      activation_gib=plan.memory.activation_peak,
-                     non_torch_gib=plan.memory.non_torch)
+                     non_torch_gib=plan.memory.non_torch, cause=plan.cause or None)
 
 
 def fit_constants(starts: list[PublishedStart], models: Mapping[str, ModelProfile]) -> dict[str, float]:

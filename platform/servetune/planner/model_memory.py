@@ -169,8 +169,9 @@ def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_sta
     # The floor is seen on vLLM 0.26's V2 runner only; a published 0.19.1 start logs less than it.
     cold_floor = compiling and config.rules.v2_runner
     hidden_elems = ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED if compiling else ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER
-    # Triton fused-MoE experts run in workspaces kept past the forward (modelclass.moe_workspace_bytes)
-    workspace = moe_workspace_bytes(model, tokens, config.tensor_parallel_size)
+    # Triton fused-MoE experts run in workspaces kept past the forward (modelclass.moe_workspace_bytes) from 0.11;
+    # before, freed after each layer, they count in the forward only (VllmMemoryRules.moe_workspace_kept)
+    workspace = moe_workspace_bytes(model, tokens, config.tensor_parallel_size) if config.rules.moe_workspace_kept else 0
     inter = model.expert_intermediate_size * model.num_experts_per_tok if model.is_moe and not workspace \
         else (0 if model.is_moe else model.intermediate_size)
     inter += model.shared_expert_intermediate_size

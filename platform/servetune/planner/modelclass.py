@@ -53,10 +53,18 @@ it follows (v0.19.0 unless said otherwise):
   :meth:`KVLayout.blocks_per_request`). The weights are ``MambaMixer2``'s (``ModelProfile._hybrid_layer_elems``).
   Read in vLLM 0.26.0, 0.19.0 and 0.11.0 (and 0.13, 0.16, 0.22, 0.24, 0.25 for the version thresholds; 0.10.2 to
   0.29.0 for prefix caching); prefix caching's 'all' mode matches one real vLLM 0.26.0 granite-4.0-h-tiny start
-  (read before the rule was written).
+  (read before the rule was written). From 0.28 prefix caching is on by default for hybrids
+  (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.hybrid_prefix_caching_default_on`), in the 'align' mode.
+- **Qwen3.5** (``qwen3_5`` / ``qwen3_5_moe`` wrappers, Qwen3_5ForConditionalGeneration; Qwen3.8 checkpoints use the
+  same architecture): the language model from ``text_config`` (:func:`nested_text_config`, Qwen3_5TextConfig's
+  defaults), Qwen3-Next's gated delta net and gated attention with a dense MLP (``qwen3_5_text``) or MoE in every
+  layer (``qwen3_5_moe_text``); the SSM state in the text config's ``mamba_ssm_dtype`` (:func:`mamba_ssm_dtype_bytes`);
+  the MTP layers are not loaded (``skip_prefixes=["mtp."]``, qwen3_5.py lines 515-521 of 0.26.0); the vision tower,
+  always built, counted from ``vision_config`` or Qwen3_5VisionConfig's defaults (:func:`qwen3_vl_tower_params`).
+  Read in vLLM 0.19.0, 0.26.0 and 0.28.0.
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): other Mamba / SSM and linear-attention
-layers (Qwen3.5, Jamba, Zamba, PLaMo2, LFM2, Nemotron-H MoE layers, hybrids without attention layers, ...), chunked local
+layers (Jamba, Zamba, PLaMo2, LFM2, Nemotron-H MoE layers, hybrids without attention layers, ...), chunked local
 attention (Llama-4), KV shared across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
 
 Example:
@@ -80,7 +88,8 @@ __all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LAYER_BYTES", "mxfp4_exper
            "multimodal_profile_bytes", "refuse_unmodelled",
            "normalize_config", "class_fields", "vision_tower_params", "kv_layout", "moe_workspace_bytes",
            "group_size_for", "class_notes", "as_loaded_on", "hybrid_kinds", "mamba_state_bytes", "hybrid_block_size",
-           "mamba_ssm_dtype_bytes", "supports_mamba_prefix_caching", "mamba_group_block_size"]
+           "mamba_ssm_dtype_bytes", "supports_mamba_prefix_caching", "mamba_group_block_size", "QWEN3_5_TEXT_TYPES",
+           "QWEN3_5_VISION_DEFAULTS", "nested_text_config", "qwen3_vl_tower_params", "dense_ffn_unused"]
 
 #: transformers' config-class defaults for the fields a nested ``text_config`` may leave out.
 #: Gemma3TextConfig (transformers 4.50+, ``models/gemma3/configuration_gemma3.py``).
@@ -91,6 +100,36 @@ TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
         "sliding_window": 4096, "sliding_window_pattern": 6, "tie_word_embeddings": True,
         "rope_local_base_freq": 10000.0,
     },
+    # Qwen3_5TextConfig (vLLM's transformers_utils/configs/qwen3_5.py lines 42-86 of 0.26.0, the same file in
+    # 0.28.0): the 9B's sizes; partial_rotary_factor 0.25 (line 86), layer_types from full_attention_interval 4
+    "qwen3_5_text": {
+        "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 32,
+        "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 32768,
+        "tie_word_embeddings": False, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+        "partial_rotary_factor": 0.25, "full_attention_interval": 4,
+    },
+    # Qwen3_5MoeTextConfig (transformers_utils/configs/qwen3_5_moe.py lines 44-92 of 0.26.0): no
+    # intermediate_size at all (every layer is a Qwen3NextSparseMoeBlock)
+    "qwen3_5_moe_text": {
+        "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16,
+        "num_key_value_heads": 2, "head_dim": 256, "max_position_embeddings": 32768, "tie_word_embeddings": False,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16, "linear_num_value_heads": 32, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512, "num_experts_per_tok": 8, "num_experts": 256,
+        "partial_rotary_factor": 0.25, "full_attention_interval": 4,
+    },
+}
+
+#: The text config each Qwen3.5 wrapper builds (``Qwen3_5Config.sub_configs``: ``text_config`` is a
+#: ``Qwen3_5TextConfig`` whatever its ``model_type`` says; qwen3_5.py lines 155-182 of 0.26.0).
+QWEN3_5_TEXT_TYPES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+
+#: ``Qwen3_5VisionConfig``'s defaults (qwen3_5.py lines 119-150 of 0.26.0; qwen3_5_moe.py lines 131-162):
+#: the tower vLLM builds where ``vision_config`` is absent (``Qwen3_5Config``, lines 176-177).
+QWEN3_5_VISION_DEFAULTS: dict[str, Any] = {
+    "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "in_channels": 3, "patch_size": 16,
+    "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": 3584, "num_position_embeddings": 2304,
 }
 
 #: Bytes per MoE layer the Triton MXFP4 backend holds beyond what :func:`mxfp4_expert_bytes` counts
@@ -117,7 +156,12 @@ _SSM_TYPES = ("mamba", "mamba2", "jamba", "falcon_h1", "nemotron_h", "granitemoe
 #: ``GraniteMoeHybridForCausalLM`` and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers; MoE ``E``
 #: layers are refused), ``BambaForCausalLM`` (gone from vLLM's registry after 0.23), and the gated-delta-net
 #: ``Qwen3NextForCausalLM`` (every layer MoE), and ``FalconH1ForCausalLM`` (attention and Mamba2 in every layer).
-_MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next", "bamba", "falcon_h1")
+_MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next", "bamba", "falcon_h1", "qwen3_5_text",
+                   "qwen3_5_moe_text")
+#: The gated-delta-net hybrids: Qwen3-Next, and Qwen3.5's language model (``Qwen3_5DecoderLayer`` subclasses
+#: ``Qwen3NextDecoderLayer``: the same ``QwenGatedDeltaNetAttention`` and ``Qwen3NextAttention``; qwen3_5.py lines
+#: 113-156 of 0.26.0). Its dense FFN (``qwen3_5_text``) or MoE (``qwen3_5_moe_text``) is the only other difference.
+_GDN_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 _MAMBA = "mamba"
 _PARALLEL = "parallel"  # a Falcon-H1 layer: attention and a Mamba2 mixer side by side (one KV page of each)
 _MLP = "mlp"  # a Nemotron-H ``-`` layer: a norm and an MLP, no mixer
@@ -127,7 +171,7 @@ _SSM_LAYER_WORDS = ("mamba", "linear_attention", "linear", "conv", "ssm", "recur
 def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
     """Raise a one-line SpecError for a model whose memory the planner does not model.
 
-    Mamba / SSM layers and linear attention other than the modelled hybrids (Qwen3.5, Jamba, Zamba,
+    Mamba / SSM layers and linear attention other than the modelled hybrids (Jamba, Zamba,
     MiniMax, Nemotron-H MoE layers, Qwen3-Next with dense MLP layers, hybrids without attention layers): vLLM keeps a per-request recurrent state
     beside (or instead of) the paged KV cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
     KV shared across layers (gemma-3n / gemma-4 ``num_kv_shared_layers``) and DeepSeek sparse attention
@@ -140,14 +184,13 @@ def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
         ...     print(err.field, "|", err.message)
         config.json: model_type | Mamba / linear-attention layers (jamba) are not modelled by the planner
     """
-    text_config = cfg.get("text_config")
-    text: Mapping[str, Any] = text_config if isinstance(text_config, Mapping) else {}
+    text: Mapping[str, Any] = nested_text_config(cfg) or {}
     fix = ("size it with one vLLM start of its own (its \"Available KV cache memory\" line), or plan a model "
            "whose attention is full, sliding-window or MLA")
     for c in (cfg, text):
         model_type = str(c.get("model_type") or "").lower()
         archs = " ".join(str(a) for a in (c.get("architectures") or [])).lower()
-        if model_type in _MAMBA2_HYBRIDS and c is cfg:
+        if model_type in _MAMBA2_HYBRIDS and (c is cfg or model_type in QWEN3_5_TEXT_TYPES.values()):
             _refuse_unmodelled_hybrid(c, model_type, source, fix)
             continue
         for word in _SSM_TYPES:
@@ -181,13 +224,15 @@ def _refuse_unmodelled_hybrid(cfg: Mapping[str, Any], model_type: str, source: s
         if odd or not pattern:
             raise SpecError(f"{source}: hybrid_override_pattern", f"layer codes {odd or 'none'} are not modelled "
                             "by the planner (M, *, - are)", fix)
-    elif model_type == "qwen3_next":
+    elif model_type in _GDN_TYPES:
         kinds = [str(t).lower() for t in (cfg.get("layer_types") or [])]
         odd = sorted(set(kinds) - {"linear_attention", "full_attention"})
         if odd:
-            raise SpecError(f"{source}: layer_types", f"{', '.join(odd)} layers of qwen3_next are not modelled by "
+            raise SpecError(f"{source}: layer_types", f"{', '.join(odd)} layers of {model_type} are not modelled by "
                             "the planner (linear_attention and full_attention are)", fix)
-        if cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
+        # Qwen3_5DecoderLayer picks the FFN by model_type alone (qwen3_5.py lines 157-172 of 0.26.0): mlp_only_layers
+        # and decoder_sparse_step are Qwen3-Next's only
+        if model_type == "qwen3_next" and cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1:
             raise SpecError(f"{source}: mlp_only_layers", "qwen3_next layers with a dense MLP (mlp_only_layers, "
                             "decoder_sparse_step) are not modelled by the planner", fix)
     else:
@@ -216,6 +261,9 @@ _STATE_KEYS = {
     "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_d_state"),
     "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"),
     "qwen3_next": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
+    "qwen3_5_text": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim"),
+    "qwen3_5_moe_text": ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                         "linear_value_head_dim"),
 }
 
 
@@ -261,8 +309,8 @@ def hybrid_kinds(cfg: Mapping[str, Any]) -> list[str]:
         attn = set(cfg.get("attn_layer_indices") or [])
         kinds = ([_MAMBA if str(t).lower() == "mamba" else _FULL for t in declared] if declared else
                  [_FULL if i in attn else _MAMBA for i in range(int(cfg.get("num_hidden_layers") or 0))])
-    elif model_type == "qwen3_next":
-        # transformers' Qwen3NextConfig: layer_types, else full attention every full_attention_interval-th layer
+    elif model_type in _GDN_TYPES:
+        # transformers' Qwen3NextConfig (and vLLM's Qwen3_5TextConfig, qwen3_5.py lines 88-95 of 0.26.0): layer_types, else full attention every full_attention_interval-th layer
         declared = cfg.get("layer_types") or []
         if declared:
             kinds = [_MAMBA if str(t).lower() == "linear_attention" else _FULL for t in declared]
@@ -280,7 +328,8 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     0.11.0): heads, head dim, state size, groups, conv kernel and the mixer's intermediate size
     (granite: ``mamba_expand x hidden_size``; Nemotron-H: ``mamba_num_heads x mamba_head_dim``)."""
     hidden = int(cfg.get("hidden_size") or 0)
-    if str(cfg.get("model_type") or "").lower() == "qwen3_next":
+    model_type = str(cfg.get("model_type") or "").lower()
+    if model_type in _GDN_TYPES:
         # the gated delta net's state in Mamba2 terms (gated_delta_net_state_shape, mamba_utils.py lines 212-234 of
         # 0.26.0): conv (kernel - 1) x (2 x key_dim + value_dim) / tp = a Mamba2 conv with num_k_heads groups of
         # head_k_dim; temporal (v_heads / tp, head_v_dim, head_k_dim) = heads x head_dim x d_state
@@ -288,7 +337,9 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
         return {"mamba_heads": v_heads, "mamba_head_dim": v_dim, "mamba_d_state": k_dim, "mamba_groups": k_heads,
                 "mamba_d_conv": int(cfg.get("linear_conv_kernel_dim") or 4), "mamba_inner": v_heads * v_dim,
-                "mamba_conv_bias": False, "mamba_proj_bias": False, "mamba_ssm_dtype": "", "mamba_kind": "gdn",
+                "mamba_conv_bias": False, "mamba_proj_bias": False, "mamba_kind": "gdn",
+                # Qwen3.5: the text config's mamba_ssm_dtype (mamba_ssm_dtype_bytes); Qwen3-Next has no such rule
+                "mamba_ssm_dtype": str(cfg.get("mamba_ssm_dtype") or "") if model_type != "qwen3_next" else "",
                 "mamba_chunk_size": 64}  # FLA's chunk_gated_delta_rule: chunk_size 64 (ops/chunk.py)
     if str(cfg.get("model_type") or "").lower() == "nemotron_h":
         heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
@@ -374,8 +425,8 @@ _STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 def mamba_ssm_dtype_bytes(model: Any, nemotron_default: str) -> int:
     """Bytes of one SSM-state element: the model dtype (``mamba_ssm_cache_dtype`` auto,
-    ``MambaStateDtypeCalculator._mamba_state_dtype``), except Nemotron-H, whose config class sets the config's
-    ``mamba_ssm_cache_dtype`` or ``nemotron_default``
+    ``MambaStateDtypeCalculator._mamba_state_dtype``), except Qwen3.5 (its text config's ``mamba_ssm_dtype``)
+    and Nemotron-H, whose config class sets the config's ``mamba_ssm_cache_dtype`` or ``nemotron_default``
     (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.nemotron_h_ssm_default`; ``"auto"``: the model dtype).
 
     Example:
@@ -383,6 +434,12 @@ def mamba_ssm_dtype_bytes(model: Any, nemotron_default: str) -> int:
         >>> mamba_ssm_dtype_bytes(load_model("granite-4.0-h-tiny"), "float32")
         2
     """
+    if model.architecture.startswith("Qwen3_5"):
+        # Qwen3_5ForConditionalGenerationConfig.verify_and_update_config: mamba_ssm_cache_dtype 'auto' takes the
+        # text config's mamba_ssm_dtype (models/config.py lines 663-690 and 746-747 of 0.19.0, 744-770 and 863-864
+        # of 0.26.0, 781-807 and 942-944 of 0.28.0, where the text-only Qwen3_5ForCausalLM joins; before 0.28 that
+        # text-only architecture kept the model dtype, which is not told apart here)
+        return _STATE_DTYPE_BYTES.get(model.mamba_ssm_dtype, model.dtype_bytes)
     if not model.architecture.startswith("NemotronH") or nemotron_default == "auto":
         return model.dtype_bytes
     return _STATE_DTYPE_BYTES.get(model.mamba_ssm_dtype or nemotron_default, model.dtype_bytes)
@@ -461,11 +518,9 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
     layers; a vision tower's parameter count under ``_vision_params``.
     """
     flat: dict[str, Any]
-    nested = cfg.get("text_config")
-    if isinstance(nested, Mapping):
-        model_type = str(nested.get("model_type") or "")
-        flat = dict(TEXT_CONFIG_DEFAULTS.get(model_type, {}))
-        flat.update({k: v for k, v in nested.items() if v is not None})
+    nested = nested_text_config(cfg)
+    if nested is not None:
+        flat = nested
         flat.setdefault("architectures", cfg.get("architectures"))
         for key in ("quantization_config", "torch_dtype", "dtype"):
             if cfg.get(key) is not None:
@@ -473,7 +528,11 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
     else:
         flat = dict(cfg)
     vision = cfg.get("vision_config")  # nested wrappers and flat ones (Qwen2-VL keeps the LM at the top level)
-    if isinstance(vision, Mapping):
+    if str(cfg.get("model_type") or "").lower() in QWEN3_5_TEXT_TYPES:
+        # Qwen3_5ForConditionalGeneration always builds its tower, from Qwen3_5VisionConfig's defaults where the
+        # config has no vision_config (qwen3_5.py lines 176-177 of the configs, 422-428 of the model, 0.26.0)
+        flat["_vision_params"] = qwen3_vl_tower_params(vision if isinstance(vision, Mapping) else {}, source)
+    elif isinstance(vision, Mapping):
         layers = cfg.get("vision_feature_layer")
         llava = str(cfg.get("model_type") or "").startswith("llava")
         flat["_vision_params"] = vision_tower_params(
@@ -486,6 +545,81 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
         # granite-4.0-micro: every layer attention, no Mamba; the FFN is the shared MLP (beside experts, if any)
         _normalize_granite_ffn(flat)
     return flat
+
+
+def nested_text_config(cfg: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The language model's config of a wrapper: ``text_config`` over its config class's defaults
+    (:data:`TEXT_CONFIG_DEFAULTS`); ``None`` for a flat config.
+
+    A Qwen3.5 wrapper (``model_type`` qwen3_5 / qwen3_5_moe) builds its text config class whatever the
+    nested ``model_type`` says (:data:`QWEN3_5_TEXT_TYPES`), so that class's type is set.
+
+    Example:
+        >>> t = nested_text_config({"model_type": "qwen3_5", "text_config": {"hidden_size": 1024}})
+        >>> t["model_type"], t["hidden_size"], t["vocab_size"]
+        ('qwen3_5_text', 1024, 248320)
+    """
+    nested = cfg.get("text_config")
+    if not isinstance(nested, Mapping):
+        return None
+    model_type = QWEN3_5_TEXT_TYPES.get(str(cfg.get("model_type") or "").lower()) or str(nested.get("model_type") or "")
+    flat = dict(TEXT_CONFIG_DEFAULTS.get(model_type, {}))
+    flat.update({k: v for k, v in nested.items() if v is not None})
+    if model_type:
+        flat["model_type"] = model_type
+    return flat
+
+
+def qwen3_vl_tower_params(vision: Mapping[str, Any], source: str) -> int:
+    """Parameters of vLLM's ``Qwen3_VisionTransformer`` (Qwen3.5's vision tower), ``vision`` over
+    :data:`QWEN3_5_VISION_DEFAULTS`.
+
+    ``models/qwen3_vl.py`` of 0.26.0 (the same in 0.28.0): the patch embedding, a ``Conv3dLayer`` with bias
+    (``in_channels x temporal_patch x patch^2 x h + h``, lines 347-367); ``pos_embed`` (``num_position_embeddings
+    x h``, line 570); ``depth`` blocks of two LayerNorms, ``qkv`` and ``proj`` with biases (``Qwen2_5_VisionAttention``,
+    qwen2_5_vl.py lines 370-387) and a biased two-matrix MLP (lines 413-445), so a block is SigLIP's
+    (:func:`vision_tower_params`); the merger (lines 467-506): a LayerNorm over ``h``, then ``4h -> 4h -> out`` with
+    biases (``4h`` = ``h x spatial_merge^2``); one more merger, normed over ``4h``, per ``deepstack_visual_indexes``
+    entry (lines 597-608). The rotary table is a buffer.
+
+    Example:
+        >>> round(qwen3_vl_tower_params({"depth": 12, "hidden_size": 768, "intermediate_size": 3072,
+        ...        "out_hidden_size": 1024}, "c") / 1e6, 1)
+        100.6
+    """
+    v = {**QWEN3_5_VISION_DEFAULTS, **{k: val for k, val in vision.items() if val is not None}}
+    try:
+        h, inter, depth = int(v["hidden_size"]), int(v["intermediate_size"]), int(v["depth"])
+        patch, temporal, channels = int(v["patch_size"]), int(v["temporal_patch_size"]), int(v["in_channels"])
+        merged = h * int(v["spatial_merge_size"]) ** 2
+        out, positions = int(v["out_hidden_size"]), int(v["num_position_embeddings"])
+        deepstack = len(v.get("deepstack_visual_indexes") or [])
+    except (KeyError, TypeError, ValueError):
+        raise SpecError(f"{source}: vision_config", "a Qwen3.5 vision tower whose sizes do not read as counts is not "
+                        "modelled", "fix vision_config (depth, hidden_size, intermediate_size, out_hidden_size)") from None
+    block = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
+    embed = channels * temporal * patch * patch * h + h + positions * h
+    merger = merged * merged + merged + merged * out + out
+    return depth * block + embed + 2 * h + merger + deepstack * (2 * merged + merger)
+
+
+def dense_ffn_unused(cfg: Mapping[str, Any]) -> bool:
+    """True where vLLM builds no dense MLP, so ``intermediate_size`` is never read (a normalized config).
+
+    Qwen3-Next with experts, ``decoder_sparse_step`` 1 and no ``mlp_only_layers``: every
+    ``Qwen3NextDecoderLayer`` takes a ``Qwen3NextSparseMoeBlock``, the ``Qwen3NextMLP`` of
+    ``intermediate_size`` only for the others (qwen3_next.py lines 421-466 of 0.26.0); Qwen3.5-MoE, every layer
+    sparse by ``model_type`` (qwen3_5.py lines 157-163), whose config class has no ``intermediate_size``.
+
+    Example:
+        >>> dense_ffn_unused({"model_type": "qwen3_next", "num_experts": 512}), dense_ffn_unused({"model_type": "llama"})
+        (True, False)
+    """
+    model_type = str(cfg.get("model_type") or "").lower()
+    if model_type == "qwen3_5_moe_text":
+        return True
+    return (model_type == "qwen3_next" and bool(cfg.get("num_experts")) and not cfg.get("mlp_only_layers")
+            and int(cfg.get("decoder_sparse_step") or 1) == 1)
 
 
 def _normalize_granite_ffn(flat: dict[str, Any]) -> None:
@@ -510,7 +644,7 @@ def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
     """
     kinds = flat["layer_types"]
     flat["num_hidden_layers"] = len(kinds)
-    if str(flat.get("model_type")).lower() == "qwen3_next":
+    if str(flat.get("model_type")).lower() in _GDN_TYPES:
         return  # head_dim, num_experts, moe_intermediate_size and shared_expert_intermediate_size are its own names
     if str(flat.get("model_type")).lower() == "bamba":
         flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])  # BambaAttentionDecoderLayer
@@ -610,9 +744,11 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out["ffn_gated"] = False  # NemotronHMLP: up_proj, relu2, down_proj
     if model_type in ("bamba", "falcon_h1") and cfg.get("attn_rotary_emb"):
         out["rotary_dim"] = int(cfg["attn_rotary_emb"])  # their attention layers' partial rotary table
-    if model_type == "qwen3_next" and _MAMBA in kinds:
+    if model_type in _GDN_TYPES and _MAMBA in kinds:
         out["attn_output_gate"] = bool(cfg.get("attn_output_gate", True))  # Qwen3NextAttention: q_proj x 2
-        out["rotary_dim"] = int(int(cfg.get("head_dim") or 0) * float(cfg.get("partial_rotary_factor") or 1.0))
+        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+        factor = rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0  # Qwen3.5: in rope_parameters
+        out["rotary_dim"] = int(int(cfg.get("head_dim") or 0) * float(factor))
     if cfg.get("kv_lora_rank"):
         out.update(mla_kv_lora_rank=int(cfg["kv_lora_rank"]), mla_rope_dim=int(cfg.get("qk_rope_head_dim") or 64),
                    mla_nope_dim=int(cfg.get("qk_nope_head_dim") or 128), mla_v_dim=int(cfg.get("v_head_dim") or 128),
@@ -626,6 +762,13 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out["first_k_dense_replace"] = int(cfg.get("first_k_dense_replace") or 0)
         q = cfg.get("quantization_config") or {}
         out["quantized_experts_only"] = isinstance(q, Mapping) and str(q.get("quant_method", "")).lower() == "mxfp4"
+    rope = next((r for r in (cfg.get("rope_parameters"), cfg.get("rope_scaling")) if isinstance(r, Mapping)), {})
+    if rope.get("mrope_section"):
+        # MRotaryEmbedding keeps 4 x max_position rows in its cos_sin_cache ("We enlarge max_position_embeddings to
+        # 4 times", rotary_embedding/mrope.py line 238 of 0.19.0 and 0.26.0, 276 of 0.28.0; get_rope picks it for an
+        # mrope_section, rotary_embedding/__init__.py lines 102-112 of 0.28.0). Read after the held-out Qwen3.5
+        # starts of hybrid.yaml showed the weights ~0.1 GiB under "Model loading took" (nothing fitted).
+        out["extra_rotary_positions"] = 3 * int(cfg.get("max_position_embeddings") or 0)
     if str(cfg.get("model_type") or "") == "gemma3_text" and kinds:
         # gemma-3's sliding layers use a second, unscaled rotary table (rope_local_base_freq).
         out["extra_rotary_positions"] = int(cfg.get("max_position_embeddings") or 0)
@@ -800,11 +943,17 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
     notes: list[str] = []
     if model.is_hybrid:
         mamba = model.layer_types.count(_MAMBA) + model.layer_types.count(_PARALLEL)
-        notes.append(f"Mamba2 hybrid: {mamba} of {len(model.layer_types)} layers keep one recurrent state per request, "
-                     "paged beside the attention KV as vLLM pads it (attention block raised to hold one state); "
-                     "derived from vLLM's source, not yet checked on a published start. Not modelled: the Mamba "
+        kind = "gated-delta-net" if model.mamba_kind == "gdn" else "Mamba2"
+        notes.append(f"Mamba2 hybrid: {mamba} of {len(model.layer_types)} layers keep one {kind} recurrent state per "
+                     "request, paged beside the attention KV as vLLM pads it (attention block raised to hold one "
+                     "state); derived from vLLM's source, checked held out on real H100 starts and on published "
+                     "starts (benchmarks/results/published_logs_hybrid.json). Not modelled: the Mamba "
                      "layers' share of the profile run's activation peak and of the CUDA-graph pools (the simulator "
                      "prices the Mamba layers from vLLM's kernels, judged on two H100 windows only)")
+        if model.architecture.startswith("Qwen3_5") and model.vision_params:
+            notes.append("Qwen3.5 vision encoder: its profile run (one image of the largest size) is planned with "
+                         "the constant fitted on gemma-3; on published Qwen3.5 / Qwen3.8 starts (held out) the plan "
+                         "left 3.2-5.4% more KV tokens than vLLM did")
     if _SLIDING in model.layer_types:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "

@@ -576,7 +576,11 @@ def profile_from_config(cfg: Mapping[str, Any], name: str, source: str = "config
         head_dim = hidden // heads
     else:
         head_dim = _as_int(head_dim_raw, "head_dim", source)
-    intermediate = _as_int(_get(cfg, ("intermediate_size", "ffn_dim", "n_inner"), source), "intermediate_size", source)
+    # A model whose every layer is MoE never builds a dense MLP, so vLLM never reads intermediate_size there
+    # (modelclass.dense_ffn_unused): the config may leave it out
+    raw_inter = _get(cfg, ("intermediate_size", "ffn_dim", "n_inner"), source,
+                     required=not modelclass.dense_ffn_unused(cfg))
+    intermediate = 0 if raw_inter is None else _as_int(raw_inter, "intermediate_size", source)
     vocab = _as_int(_get(cfg, ("vocab_size",), source), "vocab_size", source)
     max_pos = _as_int(_get(cfg, ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
                                  "max_sequence_length", "model_max_length"), source),

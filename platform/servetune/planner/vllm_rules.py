@@ -261,6 +261,24 @@ class VllmMemoryRules:
     #: 'align' mode asserts ``long_prefill_token_threshold >= block_size`` where the threshold is set:
     #: ``config/vllm.py`` line 1012 of 0.15.0, 1228 of 0.17.0, 1729 of 0.19.0, 2273 of 0.26.0; absent from 0.27.0.
     mamba_align_block_within_long_prefill: bool
+    #: 0.28 turns prefix caching on by default for hybrids too (``engine/arg_utils.py`` line 2650 of 0.28.0:
+    #: ``default_prefix_caching = model_config.is_prefix_caching_supported``, true for ``attn_type == "hybrid"``,
+    #: ``config/model.py`` lines 2072-2074; 0.27.0 still adds ``and not model_config.is_hybrid``, arg_utils.py lines
+    #: 2604-2606), and with it ``mamba_cache_mode`` 'align' (``MambaModelConfig``, ``models/config.py`` lines 603-604
+    #: of 0.28.0): each request holds two Mamba blocks (``MambaSpec.max_memory_usage_bytes``, ``v1/kv_cache_interface.py``
+    #: lines 687-696) and the Mamba block size is the attention block (``platforms/interface.py`` lines 917-918),
+    #: the attention block raised as without prefix caching (lines 902-906). Read after the held-out 0.28.0 Qwen3.5 starts
+    #: of tests/fixtures/published_logs/hybrid.yaml were judged without it (their logged concurrency needs 22 blocks a
+    #: request where one Mamba block a group gives 19); nothing in it is fitted.
+    hybrid_prefix_caching_default_on: bool
+    #: The Triton fused-MoE workspaces outlive the forward from 0.11: 0.11.0 keeps them in class-level
+    #: ``SharedResizableBuffer`` s (``fused_moe/modular_kernel.py`` lines 594-629 and 690), 0.13.0 on in vLLM's
+    #: workspace manager (``modular_kernel.py`` line 32, ``v1/worker/workspace.py``), so the profile run's sampler
+    #: runs beside them (:func:`~servetune.planner.modelclass.moe_workspace_bytes`). 0.10.2 allocates them per
+    #: call (``fused_moe.py`` lines 1580-1590, ``modular_kernel.py`` lines 562-567): freed after each MoE layer, they
+    #: count in the forward's peak only. Read after the held-out Qwen3-Next start of hybrid.yaml (vLLM 0.10.2)
+    #: came out 3.1% low; nothing fitted. No other published MoE start before 0.11 uses the Triton experts.
+    moe_workspace_kept: bool
     #: A Mamba hybrid with FULL decode CUDA graphs refuses to capture them when ``max_num_seqs`` exceeds the
     #: KV blocks ("max_num_seqs (N) exceeds available Mamba cache blocks (M)": ``config/compilation.py``
     #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
@@ -513,6 +531,8 @@ def memory_rules(v: Version) -> VllmMemoryRules:
                                "all_or_align" if v < (0, 28, 0) else "align" if v < (0, 29, 0) else "unread"),
         mamba_align_block_within_batch=(0, 17, 0) <= v < (0, 27, 0),
         mamba_align_block_within_long_prefill=(0, 15, 0) <= v < (0, 27, 0),
+        hybrid_prefix_caching_default_on=v >= (0, 28, 0),
+        moe_workspace_kept=v >= (0, 11, 0),
         mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
         removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
     )
