@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 import yaml
 
 from _study_procs import completed_trials
@@ -95,3 +96,35 @@ def test_a_double_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode == 130, (out[-2000:], err[-2000:])
     assert "Traceback" not in out + err
+
+
+def test_a_second_signal_a_library_turned_into_its_own_error_still_exits_130(monkeypatch, capsys) -> None:
+    # The second Ctrl-C raises KeyboardInterrupt wherever the study is; inside an Optuna commit, Optuna rolls
+    # back and raises StorageInternalError instead, which reached the user as exit 1 with Optuna's message.
+    import threading
+
+    from servetune.cli import _main
+    from servetune.study import _dispatch, interrupted_at_once
+
+    monkeypatch.setattr(_dispatch, "_STOPPED_AT_ONCE", threading.Event())
+    stop = _dispatch.StopRequest()
+    try:
+        stop._handle(signal.SIGINT, None)
+        assert not interrupted_at_once()
+        try:
+            stop._handle(signal.SIGINT, None)
+        except KeyboardInterrupt:
+            pass
+        assert interrupted_at_once()
+
+        def commit_cut(args: Any) -> int:
+            raise optuna.exceptions.StorageInternalError("An exception is raised during the commit.")
+
+        monkeypatch.setattr(_main, "_dispatch", commit_cut)
+        assert _main.main(["tune", "study.yaml"]) == 130
+        assert capsys.readouterr().err.strip().splitlines()[-1] == "servetune: interrupted"
+        monkeypatch.setattr(_dispatch, "_STOPPED_AT_ONCE", threading.Event())
+        with pytest.raises(optuna.exceptions.StorageInternalError):  # without the second signal it is an error
+            _main.main(["tune", "study.yaml"])
+    finally:
+        stop.restore()

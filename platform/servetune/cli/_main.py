@@ -145,6 +145,15 @@ def _unraisable_but_interrupts(previous: Any) -> Any:
     return hook
 
 
+def _interrupted_at_once() -> bool:
+    """A second signal stopped a study of this process at once (no study ran: the module is not loaded)."""
+    if "servetune.study" not in sys.modules:
+        return False
+    from servetune.study import interrupted_at_once
+
+    return interrupted_at_once()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     real_out, real_err = sys.stdout, sys.stderr
@@ -164,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {_os_error_text(exc)}", file=sys.stderr)
         return 2
+    except Exception:
+        if not _interrupted_at_once():
+            raise
+        # The second Ctrl-C landed inside a library that turned it into its own error (an Optuna commit).
+        print("servetune: interrupted", file=sys.stderr)
+        return 130
     finally:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()

@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 from servetune.search.propose import FEASIBLE, INFEASIBLE, constraint_values, objective_values
+from servetune.study._dispatch import interrupted_at_once
 from servetune.study._driver import run_study
 from servetune.study._open import FINISHED, make_sampler, resume_is_noop
 from servetune.study._outcome import HEADROOM_ATTR, StudyOutcome, best_trial, ranked_flag_sets
@@ -36,6 +37,6 @@ from servetune.study._progress import StudyProgress, TerminalProgress
 from servetune.study._recorder import NightRecords, record_night
 from servetune.study._remeasure import remeasure
 
-__all__ = ["StudyOutcome", "run_study", "remeasure", "make_sampler", "constraint_values", "objective_values", "best_trial",
+__all__ = ["StudyOutcome", "interrupted_at_once", "run_study", "remeasure", "make_sampler", "constraint_values", "objective_values", "best_trial",
            "INFEASIBLE", "FEASIBLE", "ranked_flag_sets", "HEADROOM_ATTR", "FINISHED", "resume_is_noop",
            "StudyProgress", "TerminalProgress", "NightRecords", "record_night"]

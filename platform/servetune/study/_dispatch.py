@@ -106,6 +106,17 @@ class Collect(Work[Any]):
             self.results[job.key] = result
 
 
+#: Set once a second signal stopped a study at once (:meth:`StopRequest._handle`): a library that caught the
+#: KeyboardInterrupt raised there and raised its own error instead (Optuna's ``StorageInternalError`` from a
+#: commit the interrupt cut) still ends the command as interrupted (:func:`interrupted_at_once`).
+_STOPPED_AT_ONCE = threading.Event()
+
+
+def interrupted_at_once() -> bool:
+    """Whether a second SIGTERM / Ctrl-C interrupted a study of this process at once."""
+    return _STOPPED_AT_ONCE.is_set()
+
+
 class StopRequest:
     """SIGTERM (``ray job stop``, a scheduler) and Ctrl-C end a study at the next safe point: the
     trial being told finishes its Optuna/MLflow/dataset writes, running trials are stopped,
@@ -122,6 +133,7 @@ class StopRequest:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
+            _STOPPED_AT_ONCE.set()
             raise KeyboardInterrupt
         self.requested, self.signum = True, signum
 
