@@ -143,3 +143,15 @@ def test_a_flag_servetune_does_not_model_is_refused_saying_so(capsys, flag):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not modelled by the planner or the simulator" in err
     assert "unknown vLLM flag" not in err
+
+
+def test_a_copied_disable_custom_all_reduce_is_planned_and_its_caveats_printed(capsys):
+    """``--disable-custom-all-reduce`` from a user's TP command: planned, shown among the flags, and the two
+    lines say what is kept (the custom all-reduce buffers in the context figure) and what is not modelled."""
+    rc = _run(["--model", "llama-3.1-8b", "--gpu", "L40S", "--set", "tensor_parallel_size=2",
+               "--set", "max_model_len=8192", "--set", "disable-custom-all-reduce=true"])
+    out = capsys.readouterr().out
+    flags_line = next(line for line in out.splitlines() if line.startswith("flags       "))
+    assert rc == 0 and "disable_custom_all_reduce=True" in flags_line
+    notes = [line for line in out.splitlines() if line.startswith("note        disable_custom_all_reduce at TP=2")]
+    assert len(notes) == 2 and "24 MiB" in notes[0] and "small-message latency is not modelled" in notes[1]

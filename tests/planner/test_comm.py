@@ -6,8 +6,9 @@ import pytest
 
 from servetune.engines.vllm.engine import SAFE_ENV
 from servetune.errors import SpecError
-from servetune.planner.comm import (NO_P2P_BUS_GBPS, NO_P2P_LATENCY_S, NON_TORCH_GIB_MULTI, SERVETUNE_LAUNCH_ENV,
-                                    VLLM_DEFAULT_ENV, CommEnv, allreduce_cost, comm_memory, nvls_buffer_bytes)
+from servetune.planner.comm import (CUSTOM_ALL_REDUCE_BUFFER_BYTES, NO_P2P_BUS_GBPS, NO_P2P_LATENCY_S,
+                                    NON_TORCH_GIB_MULTI, SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv,
+                                    allreduce_cost, comm_memory, custom_all_reduce_runs, nvls_buffer_bytes)
 from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
@@ -232,3 +233,71 @@ def test_a_pipeline_boundary_is_priced_by_the_interconnect_and_only_under_pp() -
     expected = 0.5 * (NO_P2P_LATENCY_S * 2 + 2048 * 2 * model.hidden_size * 2 / (NO_P2P_BUS_GBPS * 1e9))
     assert shm_cost == pytest.approx(expected, rel=0.05)
     assert PerfModel(model, l40s, resolve_engine_config({}, model, l40s)).gpu_cost(**args).comm == 0.0
+
+
+@pytest.mark.parametrize("gpu, link, tp, runs", [
+    ("H100-80GB", None, 2, True), ("H100-80GB", None, 8, True), ("A100-80GB", None, 4, True),
+    ("H100-80GB", None, 3, False),  # vLLM's _SUPPORTED_WORLD_SIZES are 2, 4, 6, 8
+    ("L40S", None, 2, True), ("L40S", None, 4, False),  # "not supported on more than two PCIe-only GPUs"
+    ("L40S", "pcie-no-p2p", 2, False), ("A100-80GB", "pcie-no-p2p", 2, False),  # "lacks GPU P2P capability"
+    ("H100-80GB", None, 1, False),
+])
+def test_the_custom_all_reduce_runs_where_vllm_sets_it_up(gpu: str, link: str | None, tp: int, runs: bool) -> None:
+    assert custom_all_reduce_runs(with_interconnect(get_gpu(gpu), link), tp) is runs
+
+
+def test_disabling_the_custom_all_reduce_names_nccls_path_and_keeps_the_calibrated_cost() -> None:
+    """vLLM 0.26 ``disable_custom_all_reduce``: the path is NCCL's where the custom kernel would have run; the
+    price stays the calibrated one (no cited figure for NCCL's small messages fits: the path says so), and
+    where the custom all-reduce is off anyway nothing changes, not even the words."""
+    h100, l40s = get_gpu("H100-80GB"), get_gpu("L40S")
+    for gpu, tp, over in ((h100, 2, "NVLink"), (h100, 8, "NVLink"), (l40s, 2, "PCIe P2P")):
+        on = allreduce_cost(gpu, tp, latency_s=10e-6, efficiency=0.7)
+        off = allreduce_cost(gpu, tp, latency_s=10e-6, efficiency=0.7, custom_all_reduce=False)
+        assert "custom all-reduce" in on.path and not on.path.startswith("NCCL")
+        assert off.path.startswith(f"NCCL over {over}") and "not modelled" in off.path
+        assert off.seconds(tp, 4096 * 2 * 64) == on.seconds(tp, 4096 * 2 * 64)
+    for gpu, tp in ((l40s, 4), (with_interconnect(l40s, "pcie-no-p2p"), 2)):
+        assert (allreduce_cost(gpu, tp, latency_s=10e-6, efficiency=0.7, custom_all_reduce=False)
+                == allreduce_cost(gpu, tp, latency_s=10e-6, efficiency=0.7))
+
+
+def test_the_custom_all_reduce_buffers_are_vllms_three_8_mib_buffers_and_the_plan_keeps_its_figures() -> None:
+    """meta (signal + 8 MiB scratch), 8 MiB input buffer, 8 MiB rank_data: 24 MiB outside the KV budget, inside
+    the fitted context figure; the flag leaves every memory figure as it was and the plan says so."""
+    assert CUSTOM_ALL_REDUCE_BUFFER_BYTES == 24 << 20
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("L40S")
+    flags = {"tensor_parallel_size": 2, "max_model_len": 8192}
+    plain = plan_memory(model, gpu, resolve_engine_config(flags, model, gpu))
+    off = plan_memory(model, gpu, resolve_engine_config({**flags, "disable_custom_all_reduce": True}, model, gpu))
+    assert (off.memory, off.kv_cache_tokens) == (plain.memory, plain.kv_cache_tokens)
+    added = [n for n in off.notes if n not in plain.notes]
+    assert len(added) == 2 and all(n.startswith("disable_custom_all_reduce at TP=2") for n in added)
+    assert "24 MiB" in added[0] and "not modelled" in added[1] and all("\n" not in n for n in added)
+
+
+@pytest.mark.parametrize("gpu, tp, expect", [("L40S", 4, "changes nothing on L40S"), ("H100-80GB", 1, None)])
+def test_where_the_flag_changes_nothing_the_plan_says_so_or_stays_silent(gpu: str, tp: int, expect: str | None) -> None:
+    model, g = load_model("llama-3.1-8b"), get_gpu(gpu)
+    plan = plan_memory(model, g, resolve_engine_config(
+        {"tensor_parallel_size": tp, "max_model_len": 8192, "disable_custom_all_reduce": True}, model, g))
+    ours = [n for n in plan.notes if "disable_custom_all_reduce" in n]
+    assert ours == ([] if expect is None else [n for n in ours if expect in n]) and len(ours) == (expect is not None)
+
+
+def test_the_simulator_prices_the_same_step_and_says_the_nccl_path_is_not_modelled() -> None:
+    from servetune.sim import simulate
+    from servetune.sim.perf import PerfModel
+    from servetune.workload import Workload
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+    base = {"tensor_parallel_size": 2, "max_model_len": 8192}
+    plain = resolve_engine_config(base, model, gpu)
+    off = resolve_engine_config({**base, "disable_custom_all_reduce": True}, model, gpu)
+    args = dict(num_reqs=64, num_tokens=64, kv_context=64 * 1000, attn_work=64 * 1000, decode_only=True)
+    p_plain, p_off = PerfModel(model, gpu, plain), PerfModel(model, gpu, off)
+    assert p_off.gpu_cost(**args).comm == p_plain.gpu_cost(**args).comm > 0
+    assert p_plain.allreduce_path.startswith("custom all-reduce") and p_off.allreduce_path.startswith("NCCL over NVLink")
+    w = Workload.from_dict({"input_len": 128, "output_len": 16, "num_requests": 8, "concurrency": 4})
+    said = [n for n in simulate(model, gpu, off, w).evidence if "small-message latency is not modelled" in n]
+    assert len(said) == 1 and said[0].startswith("disable_custom_all_reduce at TP=2")
+    assert not [n for n in simulate(model, gpu, plain, w).evidence if "disable_custom_all_reduce" in n]

@@ -264,6 +264,16 @@ def test_unknown_argument_is_argparse_exit_2(tmp_path: Path) -> None:
     assert "vllm serve: error: unrecognized arguments: --swap-space 4" in out.stderr
 
 
+def test_disable_custom_all_reduce_is_a_vllm_serve_option_of_the_stand_in() -> None:
+    """As copied from a user's ``vllm serve`` command: both spellings parse, and the engine sees the flag."""
+    from servetune.sim.server import given_flags, parse_args
+    on = given_flags(parse_args([MODEL, "--tensor-parallel-size", "2", "--disable-custom-all-reduce"]))
+    assert on == {"tensor_parallel_size": 2, "disable_custom_all_reduce": True}
+    off = given_flags(parse_args([MODEL, "--no-disable-custom-all-reduce"]))
+    assert off == {"disable_custom_all_reduce": False}
+    assert "disable_custom_all_reduce" not in given_flags(parse_args([MODEL]))
+
+
 @pytest.mark.parametrize("args, root", [
     (["--sim-fail", "startup_oom"], "ValueError: Free memory on device ("),
     (["--sim-fail", "kv_too_small"], "ValueError: To serve at least one request with the model's max seq len"),

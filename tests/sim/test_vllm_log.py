@@ -267,3 +267,17 @@ def test_a_planned_sampler_warm_up_oom_fails_after_the_graphs_with_vllms_text() 
     assert text.index("Graph capturing finished") < text.index("RuntimeError: CUDA out of memory occurred when "
                                                                "warming up sampler with 1024 dummy requests")
     assert classify(text, exit_code=1).status is TrialStatus.CUDAGRAPH_OOM
+
+
+def test_the_engine_config_line_and_non_default_args_carry_disable_custom_all_reduce() -> None:
+    """vLLM prints ``disable_custom_all_reduce=...`` in its engine config line and lists the flag among its
+    non-default args after tensor_parallel_size (EngineArgs' ParallelConfig group) when it is given."""
+    flags = {"tensor_parallel_size": 2, "disable_custom_all_reduce": True}
+    msgs = _messages(_lines(_script(flags)[0]))
+    assert "disable_custom_all_reduce=True," in _one(msgs, "Initializing a V1 LLM engine")
+    args = ast.literal_eval(_one(msgs, "non-default args:").split(": ", 1)[1])
+    keys = list(args)
+    assert args["disable_custom_all_reduce"] is True
+    assert keys.index("tensor_parallel_size") < keys.index("disable_custom_all_reduce")
+    plain = _messages(_lines(_script({"tensor_parallel_size": 2})[0]))
+    assert "disable_custom_all_reduce=False," in _one(plain, "Initializing a V1 LLM engine")

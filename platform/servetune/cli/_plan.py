@@ -176,7 +176,7 @@ def format_plan(model: ModelProfile, gpu: GpuSpec | str, config: EngineConfig, p
                      f"tokens ({plan.kv_bytes_per_token:,} B/token/GPU)")
     key_flags = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                  "enforce_eager", "kv_cache_dtype", "enable_prefix_caching", "mamba_cache_mode",
-                 "num_gpu_blocks_override")
+                 "disable_custom_all_reduce", "num_gpu_blocks_override")
     shown = config.as_flags()
     lines.append("flags       " + " ".join(f"{k}={shown[k]}" for k in key_flags if k in shown))
     if config.cudagraph_capture_sizes:

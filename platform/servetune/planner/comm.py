@@ -41,7 +41,9 @@ from servetune.planner.gpus import GpuSpec
 from servetune.planner.vllm_rules import V2_RUNNER
 
 __all__ = ["AllReduceCost", "CommEnv", "CommMemory", "allreduce_cost", "comm_memory", "nvls_buffer_bytes", "sendrecv_cost",
-           "symm_mem_buffer_bytes", "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV", "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S"]
+           "symm_mem_buffer_bytes", "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV", "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S",
+           "CUSTOM_ALL_REDUCE_BUFFER_BYTES", "custom_all_reduce_runs", "custom_all_reduce_memory_note",
+           "nccl_small_message_note"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -83,6 +85,17 @@ PCIE_MAX_GBPS = 64.0
 #: at TP=1, (138.34/139.8) at TP=2 on the H200 (NVLS off).
 CONTEXT_GIB_SINGLE = 0.51
 CONTEXT_GIB_MULTI = 1.46
+#: vLLM's custom all-reduce buffers per GPU, inside :data:`CONTEXT_GIB_MULTI` (its H200 TP=2 runs had the custom
+#: all-reduce on). vLLM 0.26.0 ``custom_all_reduce.py`` (``CustomAllreduce.__init__``, set up in the TP group's
+#: ``CudaCommunicator`` at init, before the snapshot): a meta buffer of ``meta_size() + max_size`` (the signal
+#: block, a few KiB, plus a scratch of ``max_size``), an input buffer of ``max_size`` (both allocated on this GPU
+#: and shared through CUDA IPC handles; the peers' buffers are opened, mapped not allocated) and ``rank_data`` of
+#: 8 MiB; ``max_size`` is 8 MiB, less where the symmetric-memory communicator is on and
+#: ``all_reduce_utils.CUSTOM_ALL_REDUCE_MAX_SIZES`` says less (512 KiB at TP=6, 256 KiB at TP=8 on Hopper).
+#: ``--disable-custom-all-reduce`` skips all of it: 24 MiB (0.02 GiB, 1.6% of the context figure). No start with
+#: the flag set has been measured, so the figure is kept, not lowered by a count, and ``plan`` says so
+#: (:func:`custom_all_reduce_memory_note`): outside the KV budget, it moves only the free-memory check at startup.
+CUSTOM_ALL_REDUCE_BUFFER_BYTES = 3 * 8 * MiB
 #: Multicast (NVLS) live, TP >= 2 on an NVSwitch host: the non-torch growth per TP worker is this
 #: plus NCCL's own NVLS buffers (:func:`nvls_buffer_bytes`, 64 MiB at TP=2, 128 MiB at TP=4), in
 #: place of the multicast-off figures. Evidence, and its limits: the published
@@ -353,11 +366,82 @@ class AllReduceCost:
         return self.latency_s + message_bytes / self.bus_bytes_per_s
 
 
-def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float) -> AllReduceCost:
+def custom_all_reduce_runs(gpu: GpuSpec, tp: int) -> bool:
+    """Whether vLLM (0.10-0.26) sets up its custom all-reduce for a TP group of ``tp`` on ``gpu``'s host when
+    ``disable_custom_all_reduce`` is not set: TP of 2, 4, 6 or 8 (``_SUPPORTED_WORLD_SIZES``), every GPU able
+    to read its peers' memory (not ``pcie-no-p2p``), and NVLink or exactly two PCIe GPUs ("not supported on
+    more than two PCIe-only GPUs").
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> [custom_all_reduce_runs(get_gpu(g), tp) for g, tp in (("H100-80GB", 8), ("L40S", 2), ("L40S", 4))]
+        [True, True, False]
+    """
+    if tp not in (2, 4, 6, 8) or gpu.link == "pcie-no-p2p":
+        return False
+    return gpu.link == "nvlink" or tp == 2
+
+
+def custom_all_reduce_memory_note(gpu: GpuSpec, tp: int, disabled: bool) -> str | None:
+    """``plan``'s line where ``disable_custom_all_reduce`` is set on a TP layout; None where it is not set or TP is 1.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> custom_all_reduce_memory_note(get_gpu("L40S"), 2, True)[:60]
+        'disable_custom_all_reduce at TP=2: vLLM does not allocate it'
+        >>> custom_all_reduce_memory_note(get_gpu("L40S"), 4, True)
+        'disable_custom_all_reduce at TP=4 changes nothing on L40S: vLLM turns its custom all-reduce off there anyway'
+    """
+    if not disabled or tp < 2:
+        return None
+    if not custom_all_reduce_runs(gpu, tp):
+        return (f"disable_custom_all_reduce at TP={tp} changes nothing on {gpu.name}: vLLM turns its custom "
+                "all-reduce off there anyway")
+    return (f"disable_custom_all_reduce at TP={tp}: vLLM does not allocate its custom all-reduce buffers "
+            f"({CUSTOM_ALL_REDUCE_BUFFER_BYTES // MiB} MiB per GPU, outside the KV budget); the multi-GPU context "
+            f"figure ({CONTEXT_GIB_MULTI} GiB, measured with them) is kept, so up to "
+            f"{CUSTOM_ALL_REDUCE_BUFFER_BYTES / GiB:.2f} GiB a GPU is counted that this start does not use")
+
+
+def nccl_small_message_note(gpu: GpuSpec, tp: int, disabled: bool) -> str | None:
+    """The one line ``plan`` and ``simulate`` print where ``disable_custom_all_reduce`` moves the TP all-reduces
+    to NCCL (where :func:`custom_all_reduce_runs`); None elsewhere.
+
+    What is not modelled, and why no figure is taken: the all-reduce stays priced at the simulator's
+    calibrated cost (``allreduce_latency_s``, ``interconnect_efficiency``), fitted on NVLink windows where the
+    custom all-reduce carried every decode-size message. NCCL's own tuning model (``src/graph/tuning.cc``,
+    NCCL 2.26-2.30: Ring/LL base 6.6 us plus 0.6 us a step over NVLink, 1.0 over PCIe, 2 (tp-1) steps) puts a
+    TP=2 all-reduce at 7.8 us over NVLink and 8.6 over PCIe, under the calibrated 10 us: it is the tuner's
+    floor for choosing an algorithm, without launch or synchronization, and would price NCCL faster than the
+    custom kernel. vLLM's communicator benchmarks (``benchmark_device_communicators.py``, TP=4, bf16, a
+    [32, 8192] tensor of 0.5 MB: vllm-project/vllm#24111, its H100 section, ca_1stage 0.010 ms and pynccl
+    0.017; vllm-project/vllm#24532, the GPU not stated in the part read, 0.010 and 0.021) measure NCCL at
+    1.7-2.1x the custom all-reduce, at one TP and one size: not enough to scale the calibrated cost for
+    other GPUs, PCIe or TP=2. So the direction is said, not a figure.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> nccl_small_message_note(get_gpu("H100-80GB"), 2, True)[:78]
+        "disable_custom_all_reduce at TP=2: every all-reduce takes NCCL's path (NVLink)"
+        >>> nccl_small_message_note(get_gpu("L40S"), 4, True) is None
+        True
+    """
+    if not disabled or not custom_all_reduce_runs(gpu, tp):
+        return None
+    link = "NVLink" if gpu.link == "nvlink" else "PCIe P2P"
+    return (f"disable_custom_all_reduce at TP={tp}: every all-reduce takes NCCL's path ({link}), whose "
+            "small-message latency is not modelled: priced as the calibrated custom all-reduce; vLLM's published "
+            "communicator benchmarks (TP=4, 0.5 MB) measure NCCL at 1.7-2.1x its time, so decode steps may be "
+            "slower than simulated")
+
+
+def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float,
+                   custom_all_reduce: bool = True) -> AllReduceCost:
     """How a TP all-reduce is priced on ``gpu``'s host (:attr:`GpuSpec.link`).
 
     vLLM (0.10-0.26, ``custom_all_reduce.py``) all-reduces a message below its custom all-reduce's
-    ``max_size`` (8 MiB; larger on Hopper/Blackwell, ``all_reduce_utils.py``) with its own
+    ``max_size`` (8 MiB; less on Hopper/Blackwell at some TP sizes where the symmetric-memory communicator is
+    on, ``all_reduce_utils.CUSTOM_ALL_REDUCE_MAX_SIZES``) with its own
     one-shot/two-shot kernels where every GPU can read its peers' memory, and hands the rest to
     NCCL: that is every message over NVLink, at TP=2 over PCIe with peer-to-peer (above two PCIe
     GPUs the custom all-reduce is off: "not supported on more than two PCIe-only GPUs"), and none
@@ -367,6 +451,9 @@ def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float
     rate (fitted on the H200 over NVLink; no run separates the two implementations). Without P2P the
     link's rate does not apply: the published SHM figures :data:`NO_P2P_LATENCY_S` (per step of
     NCCL's ring, 2 (tp-1) steps an all-reduce) and :data:`NO_P2P_BUS_GBPS` do, for every message size.
+    ``custom_all_reduce`` False (``disable_custom_all_reduce``): every message goes to NCCL (or, where vLLM's
+    symmetric-memory communicator is on, to it below its size; not told apart here); the path says so, and the
+    cost stays the calibrated one (:func:`nccl_small_message_note` says why and which way it errs).
 
     Example:
         >>> from servetune.planner.gpus import get_gpu, with_interconnect
@@ -377,12 +464,18 @@ def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float
         (18.7, 376.3)
         >>> shm.path
         'NCCL SHM through host memory (no GPU P2P: custom all-reduce off)'
+        >>> allreduce_cost(a100, 2, latency_s=10e-6, efficiency=0.7, custom_all_reduce=False).path
+        'NCCL over NVLink (custom all-reduce disabled: small-message latency not modelled)'
     """
     link = gpu.link
     if link == "pcie-no-p2p":
         return AllReduceCost("NCCL SHM through host memory (no GPU P2P: custom all-reduce off)",
                              NO_P2P_LATENCY_S, NO_P2P_BUS_GBPS * 1e9, per_step=True)
     rate = gpu.interconnect_gbps * 1e9 * efficiency
+    if not custom_all_reduce and custom_all_reduce_runs(gpu, tp):
+        over = "NVLink" if link == "nvlink" else "PCIe P2P"
+        return AllReduceCost(f"NCCL over {over} (custom all-reduce disabled: small-message latency not modelled)",
+                             latency_s, rate)
     if link == "nvlink":
         return AllReduceCost("custom all-reduce / NCCL over NVLink", latency_s, rate)
     if tp == 2:

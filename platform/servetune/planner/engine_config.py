@@ -98,6 +98,10 @@ class EngineConfig:
     #: A Mamba hybrid's Mamba cache mode: ``"none"`` without prefix caching (and for every other model), ``"align"`` or
     #: ``"all"`` with it (:func:`~servetune.planner.vllm_rules.hybrid_prefix_caching_mode`).
     mamba_cache_mode: str = "none"
+    #: ``--disable-custom-all-reduce``: every TP all-reduce goes to NCCL (and, where it is on, torch's symmetric
+    #: memory), never vLLM's custom all-reduce kernel (``ParallelConfig.disable_custom_all_reduce``, 0.10-0.26;
+    #: :func:`~servetune.planner.comm.custom_all_reduce_runs` says where it would run otherwise).
+    disable_custom_all_reduce: bool = False
     #: A Mamba hybrid's Mamba-group block in tokens (:func:`~servetune.planner.modelclass.mamba_group_block_size`;
     #: ``max_model_len`` without prefix caching); 0 for other models.
     mamba_block_size: int = 0
@@ -197,6 +201,8 @@ class EngineConfig:
             out["dtype"] = self.dtype
         if self.quantization is not None:
             out["quantization"] = self.quantization
+        if self.disable_custom_all_reduce:
+            out["disable_custom_all_reduce"] = True  # vLLM's default (False) is not written out
         if self.mamba_cache_mode != "none" and self.version >= MAMBA_CACHE_MODE_FLAG:
             out["mamba_cache_mode"] = self.mamba_cache_mode  # vLLM's own default for the model, written out
         return out
@@ -358,15 +364,7 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         user_sizes=f.get("cudagraph_capture_sizes"), user_max=f.get("max_cudagraph_capture_size"),
         blackwell=10.0 <= gpu.compute_capability < 11.0, model_max=MODEL_CAPTURE_MAX.get(model.architecture))
 
-    quantization = f.get("quantization")
-    if quantization is not None and model.quantization is None and quantization != "fp8":
-        raise SpecError("quantization", f"{quantization} needs a checkpoint quantized with {quantization}; "
-                        f"{model.name} has plain {model.dtype} weights",
-                        "use quantization=fp8 (online) or a pre-quantized checkpoint")
-    dtype = str(f.get("dtype", "auto"))
-    if dtype == "half":
-        dtype = "float16"
-
+    dtype, quantization = _weight_format(f, model)
     prefix_caching, mamba_mode, block_size, mamba_block = _paging(f, model, tp, rules, chunked, max_model_len,
                                                                   max_num_batched_tokens)
     return EngineConfig(
@@ -396,7 +394,20 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
                                                          is_quantized=model.quantization is not None),
         mamba_cache_mode=mamba_mode,
         mamba_block_size=mamba_block,
+        disable_custom_all_reduce=bool(f.get("disable_custom_all_reduce", False)),
     )
+
+
+def _weight_format(flags: Mapping[str, Any], model: ModelProfile) -> tuple[str, str | None]:
+    """``(dtype, quantization)`` as the flags ask them (``half`` read as ``float16``); SpecError where a
+    quantization other than online fp8 is asked of a checkpoint with plain weights."""
+    quantization = flags.get("quantization")
+    if quantization is not None and model.quantization is None and quantization != "fp8":
+        raise SpecError("quantization", f"{quantization} needs a checkpoint quantized with {quantization}; "
+                        f"{model.name} has plain {model.dtype} weights",
+                        "use quantization=fp8 (online) or a pre-quantized checkpoint")
+    dtype = str(flags.get("dtype", "auto"))
+    return ("float16" if dtype == "half" else dtype), quantization
 
 
 def _check_served(model: ModelProfile, rules: VllmMemoryRules) -> None:

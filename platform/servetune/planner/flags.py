@@ -60,6 +60,7 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
     _F("max_model_len", int, "longest sequence (prompt + output) in tokens", 16, 1 << 22),
     _F("tensor_parallel_size", int, "GPUs per tensor-parallel group", 1, 64),
     _F("pipeline_parallel_size", int, "pipeline stages", 1, 64),
+    _F("disable_custom_all_reduce", bool, "TP all-reduces through NCCL only, without vLLM's custom all-reduce kernel"),
     _F("enforce_eager", bool, "no torch.compile and no CUDA graphs"),
     _F("max_cudagraph_capture_size", int, "largest batch captured as a CUDA graph", 1, 8192),
     _F("cudagraph_capture_sizes", list, "explicit CUDA graph capture sizes"),

@@ -32,7 +32,8 @@ import dataclasses
 import math
 from typing import Any, NamedTuple
 
-from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv, CommMemory, comm_memory
+from servetune.planner.comm import (SERVETUNE_LAUNCH_ENV, CommEnv, CommMemory, comm_memory,
+                                    custom_all_reduce_memory_note, nccl_small_message_note)
 from servetune.planner.engine_config import (EngineConfig, batch_defaults, capture_sizes_for, compile_key,
                                              resolve_engine_config)
 from servetune.planner.gpus import GpuSpec
@@ -427,8 +428,12 @@ def _moe_kernel_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -
 
 
 def _notes(gpu: GpuSpec, config: EngineConfig, env: CommEnv, comm: CommMemory, acc: _Accounting) -> tuple[str, ...]:
-    """The plan's caveats: multicast's cost, a subtracted graph estimate, extrapolation, an over-ask."""
+    """The plan's caveats: multicast's cost, a subtracted graph estimate, extrapolation, an over-ask, and
+    what ``disable_custom_all_reduce`` leaves unmodelled."""
     notes: list[str] = []
+    tp, no_custom_ar = config.tensor_parallel_size, config.disable_custom_all_reduce
+    notes += [n for n in (custom_all_reduce_memory_note(gpu, tp, no_custom_ar),
+                          nccl_small_message_note(gpu, tp, no_custom_ar)) if n]
     if comm.multicast:
         without = comm_memory(gpu, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size,
                               env=env.with_nvls(False), version=config.version)

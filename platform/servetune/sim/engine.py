@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from servetune.planner.comm import nccl_small_message_note
 from servetune.planner.memory import plan_memory
 from servetune.result import TrialResult, TrialStatus, summarize
 from servetune.sim import vllm_log
@@ -90,6 +91,9 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         kv_cache_usage_peak=sched.kv_usage_peak, kv_cache_usage_mean=sched.kv_usage_mean,
         requests=records, api_server_cpu_s=sched.frontend_busy_s - client.busy_at_t0,
     )
+    nccl = nccl_small_message_note(gpu, config.tensor_parallel_size, config.disable_custom_all_reduce)
+    if nccl:  # the all-reduce priced as the calibrated custom kernel: said, not silent
+        result.evidence.append(nccl)
     busy = result.api_server_busy or 0.0
     if busy >= FRONTEND_BOUND_SHARE:
         result.evidence.append(frontend_bound_note(busy, perf.api_cpu_factor))

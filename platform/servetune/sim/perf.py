@@ -54,7 +54,9 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   by the host's interconnect (:func:`servetune.planner.comm.allreduce_cost`: NVLink and PCIe with
   P2P at the calibrated knobs and the link's rate; without GPU P2P, NCCL's SHM path through host
   memory at its published figures, where the step's all-gather of the sampled rows' logits is
-  priced too).
+  priced too). ``disable_custom_all_reduce`` moves the path to NCCL where vLLM's custom all-reduce would
+  run, at the same calibrated cost, and the trial says so
+  (:func:`servetune.planner.comm.nccl_small_message_note`).
 * The sampler beyond greedy (:mod:`servetune.sim.sampling`): a request that samples (a published
   ``vllm bench serve`` from 0.15.0 sends no temperature, so the model's generation config holds)
   moves its counted bytes per vocabulary entry over the whole vocabulary, each step, at the GPU
@@ -631,7 +633,8 @@ class PerfModel:
         self._t_attn_slide = self._t_attn * slide
         self._t_attn -= self._t_attn_slide
         self._init_comm(model, gpu, tp, pp, layers, cal,
-                        allreduces=hybrid.mixer_layers + hybrid.ffn_layers if hybrid else 2 * layers)
+                        allreduces=hybrid.mixer_layers + hybrid.ffn_layers if hybrid else 2 * layers,
+                        custom_all_reduce=not config.disable_custom_all_reduce)
         self._init_sampler(model, gpu, config, cal, sampling or GREEDY)
         self.enforce_eager = config.enforce_eager
         self.capture_sizes: tuple[int, ...] = tuple(sorted(config.cudagraph_capture_sizes or ()))
@@ -671,11 +674,13 @@ class PerfModel:
         self.api_output_slice = int(cal.api_output_slice)
 
     def _init_comm(self, model: ModelProfile, gpu: GpuSpec, tp: int, pp: int, layers: int,
-                   cal: Calibration, allreduces: int = 0) -> None:
+                   cal: Calibration, allreduces: int = 0, custom_all_reduce: bool = True) -> None:
         """The per-step communication terms: TP all-reduces and PP sends, priced by the interconnect.
 
         ``allreduces``: the stage's all-reduces a step (0: two a layer; a hybrid's one per mixer and MLP,
-        Nemotron-H's layers holding one of them)."""
+        Nemotron-H's layers holding one of them). ``custom_all_reduce``: not ``disable_custom_all_reduce``
+        (the path changes, the calibrated cost does not: :func:`servetune.planner.comm.nccl_small_message_note`).
+        Sets :attr:`allreduce_path`, the implementation priced, in words ("" at TP=1)."""
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
         # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
         # knobs, no P2P at NCCL's published SHM figures, a fixed cost per step of NCCL's ring:
@@ -688,8 +693,11 @@ class PerfModel:
         # it is 0.03 ms a request a step for a 152k vocabulary at TP=2, under 1 us over NVLink,
         # where it stays inside the calibrated all-reduce terms the NVLink windows judged (and the
         # recorded NVLink runs are not moved by it).
+        self.allreduce_path = ""
         if tp > 1:
-            ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
+            ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency,
+                                custom_all_reduce=custom_all_reduce)
+            self.allreduce_path = ar.path
             n_ar = allreduces or 2 * layers
             self._t_ar_fixed = n_ar * ar.fixed_s(tp)
             self._t_ar_token = n_ar * (ar.seconds(tp, model.hidden_size * 2) - ar.fixed_s(tp))

@@ -131,7 +131,7 @@ def format_record(record: LogRecord, pids: Mapping[str, int], when: datetime.dat
 # CompilationConfig groups), which is the order of vLLM's "non-default args" dict.
 _ARG_ORDER = (
     "served_model_name", "dtype", "seed", "max_model_len", "quantization", "enforce_eager",
-    "pipeline_parallel_size", "tensor_parallel_size", "block_size", "gpu_memory_utilization",
+    "pipeline_parallel_size", "tensor_parallel_size", "disable_custom_all_reduce", "block_size", "gpu_memory_utilization",
     "kv_cache_memory_bytes", "kv_cache_dtype", "num_gpu_blocks_override", "enable_prefix_caching",
     "max_num_batched_tokens", "max_num_seqs", "long_prefill_token_threshold", "enable_chunked_prefill",
     "scheduling_policy", "async_scheduling", "cudagraph_capture_sizes", "max_cudagraph_capture_size",
@@ -193,7 +193,7 @@ def _engine_config_line(model_ref: str, served: str, model: ModelProfile, config
         f"max_seq_len={config.max_model_len}, download_dir=None, load_format=auto, "
         f"tensor_parallel_size={config.tensor_parallel_size}, pipeline_parallel_size={config.pipeline_parallel_size}, "
         f"data_parallel_size=1, decode_context_parallel_size=1, dcp_comm_backend=ag_rs, "
-        f"disable_custom_all_reduce=False, quantization={quant}, quantization_config=None, "
+        f"disable_custom_all_reduce={config.disable_custom_all_reduce}, quantization={quant}, quantization_config=None, "
         f"enforce_eager={config.enforce_eager}, enable_return_routed_experts=False, "
         f"kv_cache_dtype={config.kv_cache_dtype}, device_config=cuda, seed=0, served_model_name={served}, "
         f"enable_prefix_caching={config.enable_prefix_caching}, "
