@@ -202,7 +202,8 @@ class BlockPool:
         anonymous: no other request holds their content.
 
         A hybrid's other groups (:class:`KVGroups`) follow the first one's, as vLLM frees group by
-        group: their blocks still held (a sliding group's less those slid out) go back anonymous.
+        group: their blocks still held (a sliding group's less those slid out, a Mamba group's one) go
+        back anonymous.
         With :attr:`unhashed_first` (vLLM 0.23.0 on) the blocks past the last full computed one go
         to the head instead, handed out before any cached block.
         """

@@ -516,12 +516,13 @@ class SimScheduler:
         need = self._dec_need[k % self.block_size]
         preempted: list[SimRequest] = []
         freed = 0
-        if self._sliding:
-            if need * self.groups.total > self.pool.num_free:  # type: ignore[union-attr]
+        groups = self.groups
+        if groups is not None and groups.sliding:
+            if need * groups.total > self.pool.num_free:
                 return False  # request by request: each frees what left its window before it allocates
             need, freed = self._slide_decoding(k, need)
-        elif self.groups is not None and self.groups.total > 1:
-            need *= self.groups.total  # a block of each full group per new block-table entry
+        elif groups is not None and groups.total > 1:
+            need *= groups.total  # a block of each full group per new block-table entry
             if need > self.pool.num_free:
                 return False  # request by request: each preempts for its own blocks
         if need > self.pool.num_free:
@@ -613,8 +614,8 @@ class SimScheduler:
             req.output += done
             req.nblk = (req.computed + bs - 1) // bs
             req.last_step = upto - 1
-            if self._sliding:  # the last bulk step's slide, one token in flight
-                req.swskip = self.groups.skipped_blocks(req.computed - 1 - self._in_flight)  # type: ignore[union-attr]
+            if self.groups is not None and self.groups.sliding:  # the last bulk step's slide, one token in flight
+                req.swskip = self.groups.skipped_blocks(req.computed - 1 - self._in_flight)
                 req.lastk, req.lastn = upto - 1, 1
         req.dec = -1
 
