@@ -132,3 +132,17 @@ def test_a_mamba_hybrid_is_simulated_with_one_line_saying_its_step_time_is_judge
     assert "status: ok" in out and len(notes) == 1 and notes[0].startswith("note: granite-4.0-h-tiny:")
     assert run_cli(["--model", "servetune-test-850m", "--gpu", "H100-80GB", "--workload", str(workload_file)]) == 0
     assert "unjudged beyond them" not in capsys.readouterr().out
+
+
+def test_a_mamba_hybrid_with_prefix_caching_says_its_mamba_blocks_are_counted_short(
+        workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With prefix caching (vLLM 0.26: ``mamba_cache_mode`` 'all') the simulator counts one block per
+    Mamba group per request where vLLM's pool holds more: one line says so
+    (sim.scheduler.mamba_pool_note); without it (mode 'none', counted as vLLM does) no such line."""
+    base = ["--model", "granite-4.0-h-tiny", "--gpu", "H100-80GB", "--workload", str(workload_file)]
+    assert run_cli([*base, "--set", "enable_prefix_caching=true"]) == 0
+    out = capsys.readouterr().out
+    notes = [line for line in out.splitlines() if "one KV block per Mamba group" in line]
+    assert "status: ok" in out and len(notes) == 1 and "mamba_cache_mode 'all'" in notes[0]
+    assert run_cli(base) == 0
+    assert "one KV block per Mamba group" not in capsys.readouterr().out

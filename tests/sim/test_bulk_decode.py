@@ -62,6 +62,13 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "hybrid_window_sync": ("gpt-oss-20b", {"async_scheduling": False, "num_gpu_blocks_override": 2000},
                            {"input_len": {"dist": "uniform", "min": 50, "max": 1000}, "output_len": 300,
                             "num_requests": 200, "concurrency": 96}),
+    # A Mamba2 hybrid (granite-4.0-h-tiny: 400-token attention blocks, nine Mamba groups of one block
+    # per request): its decoders preempt for their attention blocks, each victim freeing its Mamba ones.
+    "mamba_hybrid_preempting": ("granite-4.0-h-tiny", {"max_num_seqs": 128, "max_model_len": 8192,
+                                                       "num_gpu_blocks_override": 1200},
+                                {"input_len": {"dist": "uniform", "min": 50, "max": 3000},
+                                 "output_len": {"dist": "uniform", "min": 1, "max": 800}, "num_requests": 300,
+                                 "concurrency": 128}),
     # The 0.85B model at 256 in flight: its API server falls behind and merges chunks.
     "api_server_behind": ("servetune-test-850m", {"gpu_memory_utilization": 0.5},
                           {"input_len": 512, "output_len": {"dist": "uniform", "min": 1, "max": 60},
@@ -90,7 +97,8 @@ def test_bulk_decode_gives_the_step_by_step_figures_to_the_bit(name: str) -> Non
     assert plain.num_bulk_steps == 0 and bulk.num_bulk_steps > bulk.num_steps // 2
     assert _engine_figures(bulk) == _engine_figures(plain)
     assert bulk_records == plain_records  # times, token counts, every ITL gap, preemptions
-    if name.startswith(("preempting", "small_cache", "open_loop_preempting", "hybrid_window_preempting")):
+    if name.startswith(("preempting", "small_cache", "open_loop_preempting", "hybrid_window_preempting",
+                        "mamba_hybrid_preempting")):
         assert bulk.num_preemptions > 0
     if "prefix" in name:
         assert bulk.prefix_cache_hits > 0

@@ -105,3 +105,65 @@ def test_a_sequence_past_the_window_is_admitted_at_the_sliding_groups_cap() -> N
         most = max(most, held(s))
     assert s.num_preemptions == 0 and s.request_state("a").num_output_tokens == 100
     assert 125 < most <= 159
+
+
+# -- Mamba2 hybrids: each Mamba group holds one block per running request --------------------------
+
+GRANITE = load_model("granite-4.0-h-tiny")  # 4 attention + 36 Mamba layers: one full group, nine Mamba groups
+
+
+def test_a_mamba_hybrids_groups_read_off_the_model() -> None:
+    """granite-4.0-h-tiny at vLLM 0.26.0 without prefix caching: groups of 4 layers (the attention
+    layers' count), so 1 full-attention group and 36 / 4 = 9 Mamba groups, the attention block raised
+    to 400 tokens (``hybrid_block_size``)."""
+    cfg = resolve_engine_config({"max_model_len": 8192}, GRANITE, GPU)
+    g = kv_groups(GRANITE, cfg)
+    assert cfg.mamba_cache_mode == "none" and cfg.block_size == 400
+    assert g is not None and (g.full, g.sliding, g.mamba, g.total) == (1, 0, 9, 1)
+
+
+def test_a_mamba_hybrids_request_holds_one_block_per_mamba_group_until_it_finishes() -> None:
+    """A 1,000-token prompt: cdiv(1,000, 400) = 3 attention blocks + 9 Mamba blocks = 12 after its
+    prefill, and still after 200 decode steps; the step that computes position 1,200 (its 201st
+    output token, fed back) opens a 4th attention block and no Mamba one (a Mamba block spans
+    ``max_model_len``); everything goes back when it finishes."""
+    s = scheduler(GRANITE, 1000, max_model_len=8192)
+    s.add_request("a", 1000, 210, arrival_s=0.0)
+    s.step()
+    assert held(s) == 3 + 9
+    while s.request_state("a").num_output_tokens < 201:
+        s.step()
+    assert held(s) == 3 + 9
+    s.step()
+    assert held(s) == 4 + 9
+    s.run_until_idle()
+    assert s.num_free_blocks == s.pool.usable
+
+
+def test_a_mamba_hybrids_pool_runs_out_where_an_attention_only_count_would_not() -> None:
+    """granite-4.0-h-tiny, 100 usable blocks, four requests of 4,096 + 4,096 tokens (8,192 in all).
+
+    Each admits with cdiv(4,096, 400) = 11 attention blocks + 9 Mamba blocks = 20 (the full-sequence
+    gate of vLLM 0.19+ asks the same: 4 x 20 = 80 <= 100), and grows to cdiv(8,192, 400) = 21
+    attention blocks, so 21 + 9 = 30 each: 4 x 30 = 120 > 100, and the decoders preempt. Counted
+    attention-only (the Mamba groups zeroed) the four peak at 4 x 21 = 84 <= 100 and never preempt.
+    """
+    def run(mamba: bool) -> SimScheduler:
+        s = scheduler(GRANITE, 101, max_model_len=8192, max_num_batched_tokens=8192)
+        assert s.groups is not None
+        if not mamba:
+            s.groups.mamba = 0
+        for i in range(4):
+            s.add_request(f"r{i}", 4096, 4096, arrival_s=0.0)
+        most = 0
+        while s.has_work():
+            s.step()
+            most = max(most, held(s))
+        assert s.num_free_blocks == s.pool.usable
+        assert all(s.request_state(f"r{i}").num_output_tokens == 4096 for i in range(4))
+        s.most_held = most  # type: ignore[attr-defined]
+        return s
+
+    hybrid, attention_only = run(True), run(False)
+    assert attention_only.num_preemptions == 0 and attention_only.most_held == 84  # type: ignore[attr-defined]
+    assert hybrid.num_preemptions > 0 and hybrid.most_held <= 100  # type: ignore[attr-defined]

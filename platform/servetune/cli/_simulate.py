@@ -28,6 +28,7 @@ from servetune.planner.gpus import GpuSpec, get_gpu, register_gpus_from_yaml, un
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim import api_cpu_factor_for_token_cost, hybrid_note, simulate, with_calibration
+from servetune.sim.scheduler import mamba_pool_note
 from servetune.workload import Workload
 
 __all__ = ["add_parser", "run", "check_work", "unjudged_gpu_note", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
@@ -144,6 +145,9 @@ def _simulate(args: argparse.Namespace) -> TrialResult:
     hybrid = hybrid_note(target.model)  # a Mamba / gated-delta-net hybrid's step time: judged on two windows only
     if hybrid and result.ok:
         result.evidence.append(hybrid)
+    pool = mamba_pool_note(target.model, target.config)  # its Mamba groups' blocks with prefix caching: counted short
+    if pool and result.ok:
+        result.evidence.append(pool)
     return result
 
 

@@ -12,6 +12,10 @@ every KV cache group its own blocks of the one pool, so a request holds one bloc
 ``block_size`` tokens in each group, except that a sliding group frees the blocks that fell out of
 its window (``SlidingWindowManager.remove_skipped_blocks``). The pool is the ``num_gpu_blocks`` vLLM
 reports, each block spanning one group's layers.
+
+Mamba2 / gated-delta-net hybrids (granite-4.0-h, Nemotron-H, Qwen3-Next): their Mamba groups take blocks of
+the same pool (``MambaManager``), a Mamba block spanning ``max_model_len`` tokens without prefix caching, so a
+running request holds one block in each Mamba group whatever its length: :attr:`KVGroups.mamba`.
 """
 
 from __future__ import annotations
@@ -41,33 +45,46 @@ class KVGroups:
     gate (``SlidingWindowSpec.max_admission_blocks_per_request``:
     ``cdiv(min(window - 1 + max_in_flight_tokens, max_model_len), block_size) + 1``).
 
+    ``mamba`` Mamba groups (vLLM 0.26 ``MambaManager`` without prefix caching, ``mamba_cache_mode``
+    'none'): each holds one block per running request, its block spanning ``max_model_len`` tokens
+    (``cdiv(num_tokens, max_model_len)`` = 1, its skipped blocks never a whole one), taken at the
+    request's first allocation (admission, its gate counting it too) and freed with the request's
+    other blocks (finish or preemption). Not in :attr:`total`, which counts the groups holding a block
+    per ``block_size`` tokens.
+
     Example:
         >>> g = KVGroups(full=1, sliding=1, window=4096, block_size=16, admission_cap=513)
         >>> g.skipped_blocks(4095), g.skipped_blocks(4111), g.held(80, 0)   # two blocks per 16 tokens
         (0, 1, 160)
+        >>> m = KVGroups(full=1, sliding=0, window=0, block_size=400, admission_cap=0, mamba=9)
+        >>> m.held(21, 0), m.admission_blocks(21), m.held(0, 0)   # granite-4.0-h-tiny, 8,192 tokens
+        (30, 30, 0)
     """
 
-    __slots__ = ("full", "sliding", "window", "block_size", "admission_cap", "total")
+    __slots__ = ("full", "sliding", "window", "block_size", "admission_cap", "total", "mamba")
 
-    def __init__(self, full: int, sliding: int, window: int, block_size: int, admission_cap: int) -> None:
+    def __init__(self, full: int, sliding: int, window: int, block_size: int, admission_cap: int,
+                 mamba: int = 0) -> None:
         self.full = full
         self.sliding = sliding
         self.window = window
         self.block_size = block_size
         self.admission_cap = admission_cap
         self.total = full + sliding
+        self.mamba = mamba
 
     def skipped_blocks(self, processed: int) -> int:
         """Leading entries of a sliding group's block table out of the window once ``processed`` tokens are."""
         return max(0, processed - self.window + 1) // self.block_size
 
     def held(self, nblk: int, swskip: int) -> int:
-        """Blocks of the pool a request with ``nblk`` table entries, ``swskip`` of them slid out, holds."""
-        return self.total * nblk - self.sliding * swskip
+        """Blocks of the pool a request with ``nblk`` table entries, ``swskip`` of them slid out, holds
+        (its Mamba groups' one block each while it holds any: ``nblk > 0``)."""
+        return self.total * nblk - self.sliding * swskip + (self.mamba if nblk > 0 else 0)
 
     def admission_blocks(self, positions: int) -> int:
-        """The blocks vLLM's admission gate reserves for a whole sequence of ``positions`` blocks."""
-        return self.full * positions + self.sliding * min(positions, self.admission_cap)
+        """The blocks vLLM's admission gate reserves for a whole sequence of ``positions`` (>= 1) blocks."""
+        return self.full * positions + self.sliding * min(positions, self.admission_cap) + self.mamba
 
 
 class BlockPool:
@@ -185,7 +202,8 @@ class BlockPool:
         anonymous: no other request holds their content.
 
         A hybrid's other groups (:class:`KVGroups`) follow the first one's, as vLLM frees group by
-        group: their blocks still held (a sliding group's less those slid out) go back anonymous.
+        group: their blocks still held (a sliding group's less those slid out, a Mamba group's one) go
+        back anonymous.
         With :attr:`unhashed_first` (vLLM 0.23.0 on) the blocks past the last full computed one go
         to the head instead, handed out before any cached block.
         """

@@ -26,7 +26,8 @@ requests and frees their blocks.
 * KV blocks and the prefix cache: :class:`servetune.sim.blocks.BlockPool`; KV usage is
   ``1 - free / (num_gpu_blocks - 1)``. A sliding-window / full-attention hybrid (gemma-2/3,
   gpt-oss) holds a block per ``block_size`` tokens in each of its KV groups, its sliding groups
-  freeing what slid out of the window before the request's allocation
+  freeing what slid out of the window before the request's allocation; a Mamba hybrid's Mamba
+  groups hold one block each per running request, from admission to finish or preemption
   (:class:`servetune.sim.blocks.KVGroups`, :func:`kv_groups`).
 * The step that computes the last prompt token samples the first output token (TTFT); every later
   step that schedules a request gives it one token; requests stop at ``max_tokens`` (ignore_eos).
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
     from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["SchedulerOutput", "StepResult", "SimScheduler", "kv_groups", "LOOKUP_RETRIES_UNTIL"]
+__all__ = ["SchedulerOutput", "StepResult", "SimScheduler", "kv_groups", "mamba_pool_note", "LOOKUP_RETRIES_UNTIL"]
 
 #: The first vLLM release whose prefix-cache counters take a WAITING request's lookup once, when it
 #: is admitted: 0.27.0 (``v1/core/sched/scheduler.py`` calls ``KVCacheManager.record_prefix_cache_stats``
@@ -76,19 +77,50 @@ LOOKUP_RETRIES_UNTIL = (0, 27, 0)
 
 
 def kv_groups(model: ModelProfile, config: EngineConfig) -> KVGroups | None:
-    """The KV cache groups vLLM's hybrid KV cache manager gives ``model`` (None: one group, or no
-    sliding-window layers beside full-attention ones): the model's layers grouped as
-    :func:`servetune.planner.modelclass.kv_layout` groups them (``kv_cache_utils.py``).
+    """The KV cache groups vLLM's hybrid KV cache manager gives ``model`` (None: one group, or
+    neither sliding-window nor Mamba layers beside full-attention ones): the model's layers grouped
+    as :func:`servetune.planner.modelclass.kv_layout` groups them (``kv_cache_utils.py``).
 
     The admission cap takes the config's ``max_in_flight_tokens`` (the planner's, by vLLM version).
+    A Mamba hybrid's Mamba groups hold one block per running request (:class:`KVGroups`), as vLLM's
+    ``MambaManager`` does in ``mamba_cache_mode`` 'none'; in 'align' / 'all' (prefix caching) the
+    simulator counts them so too (:func:`mamba_pool_note`).
     """
     groups = kv_layout(model, 1, 0, 1, config.block_size, 2).groups
-    full, sliding = groups.count("full"), groups.count("sliding")
-    if not full or not sliding:
+    full, sliding, mamba = groups.count("full"), groups.count("sliding"), groups.count("mamba")
+    if not full or not (sliding or mamba):
         return None
-    window = model.sliding_window
-    cap = -(-min(window - 1 + config.max_in_flight_tokens, config.max_model_len) // config.block_size) + 1
-    return KVGroups(full, sliding, window, config.block_size, cap)
+    window = model.sliding_window if sliding else 0
+    cap = -(-min(window - 1 + config.max_in_flight_tokens, config.max_model_len) // config.block_size) + 1 \
+        if sliding else 0
+    return KVGroups(full, sliding, window, config.block_size, cap, mamba)
+
+
+def mamba_pool_note(model: ModelProfile, config: EngineConfig) -> str | None:
+    """The one line ``servetune simulate`` prints where a Mamba hybrid's blocks are counted short of
+    vLLM's (None elsewhere): with prefix caching (``mamba_cache_mode`` 'align' / 'all') vLLM's
+    ``MambaManager`` holds a request up to 2 blocks a Mamba group ('align') or one per
+    ``mamba_block_size`` tokens of its sequence in its admission gate ('all'), and caches their
+    states; the simulator counts one block a Mamba group and caches the attention blocks only.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.memory import resolve_engine_config
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, gpu = load_model("granite-4.0-h-tiny"), get_gpu("H100-80GB")
+        >>> mamba_pool_note(m, resolve_engine_config({}, m, gpu)) is None
+        True
+        >>> mamba_pool_note(m, resolve_engine_config({"enable_prefix_caching": True}, m, gpu))[:40]
+        "granite-4.0-h-tiny: mamba_cache_mode 'al"
+    """
+    groups = kv_groups(model, config)
+    mode = config.mamba_cache_mode
+    if groups is None or not groups.mamba or mode == "none":
+        return None
+    more = ("up to 2 a Mamba group" if mode == "align"
+            else "in its admission gate one a Mamba group per mamba_block_size tokens of the sequence")
+    return (f"{model.name}: mamba_cache_mode '{mode}' (prefix caching) is simulated with one KV block per Mamba "
+            f"group per request and no Mamba-state prefix cache; vLLM's pool holds a request {more}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -197,8 +229,9 @@ class SimScheduler:
         #: logged rate over the most recent requests (:meth:`logged_hit_rate`).
         self.counted_lookups: list[tuple[int, int]] = []
         self.reserve_full_isl = (version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 19)
-        #: A sliding-window hybrid's KV groups (None: one group).
+        #: A hybrid's KV groups (None: one group); whether some slide (a sliding-window hybrid's).
         self.groups = kv_groups(model, config)
+        self._sliding = self.groups is not None and self.groups.sliding > 0
         self._in_flight = config.async_scheduling  # a step's tokens are unprocessed while the next forms
         self.pool = BlockPool(num_gpu_blocks - 1, config.enable_prefix_caching, config.block_size, self.groups,
                               unhashed_first=(version_tuple(config.vllm_version) or (0, 0, 0)) >= (0, 23))
@@ -483,10 +516,15 @@ class SimScheduler:
         need = self._dec_need[k % self.block_size]
         preempted: list[SimRequest] = []
         freed = 0
-        if self.groups is not None:
-            if need * self.groups.total > self.pool.num_free:
+        groups = self.groups
+        if groups is not None and groups.sliding:
+            if need * groups.total > self.pool.num_free:
                 return False  # request by request: each frees what left its window before it allocates
             need, freed = self._slide_decoding(k, need)
+        elif groups is not None and groups.total > 1:
+            need *= groups.total  # a block of each full group per new block-table entry
+            if need > self.pool.num_free:
+                return False  # request by request: each preempts for its own blocks
         if need > self.pool.num_free:
             self._preempt_decoding(k, preempted)
             n = self._dec_n
@@ -544,7 +582,7 @@ class SimScheduler:
             c = req.computed
             if (req.last_step != last or c != req.total - 1 or req.nblk != (c + bs - 1) // bs
                     or (caching and req.group is not None and len(req.shared) < req.npb)
-                    or (self.groups is not None and not self._joins_sliding(req, k0))):
+                    or (self._sliding and not self._joins_sliding(req, k0))):
                 break
             req.dec = k0
             self._dec_n += 1
@@ -567,7 +605,7 @@ class SimScheduler:
         self._dec_off -= req.computed - k0
         self._dec_need[(k0 - req.computed) % bs] -= 1
         self._dec_prompts -= req.prompt
-        if self.groups is not None:
+        if self._sliding:
             self._leave_sliding(req, upto)
         done = upto - k0
         if done > 0:
@@ -576,7 +614,7 @@ class SimScheduler:
             req.output += done
             req.nblk = (req.computed + bs - 1) // bs
             req.last_step = upto - 1
-            if self.groups is not None:  # the last bulk step's slide, one token in flight
+            if self.groups is not None and self.groups.sliding:  # the last bulk step's slide, one token in flight
                 req.swskip = self.groups.skipped_blocks(req.computed - 1 - self._in_flight)
                 req.lastk, req.lastn = upto - 1, 1
         req.dec = -1
@@ -654,13 +692,14 @@ class SimScheduler:
         """A hybrid's waiting request with ``hits`` prefix-cache blocks (``cached`` tokens) admitted
         up to ``end`` tokens: (the blocks vLLM's full-sequence admission gate asks for, the blocks
         it takes now). The prefix cache holds the first full group's blocks; the hit's entries of
-        the other groups are taken as new blocks (a sliding group's only those inside the window)."""
+        the other groups are taken as new blocks (a sliding group's only those inside the window),
+        and each Mamba group's one block (:class:`KVGroups`) in both."""
         groups = self.groups
         assert groups is not None
         bs = self.block_size
-        skip = min(groups.skipped_blocks(cached), hits)
+        skip = min(groups.skipped_blocks(cached), hits) if groups.sliding else 0
         whole = -(-req.total // bs)
-        other = (groups.full - 1) * hits + groups.sliding * (hits - skip)
+        other = (groups.full - 1) * hits + groups.sliding * (hits - skip) + groups.mamba
         gate = groups.full * (whole - hits) + groups.sliding * max(min(whole, groups.admission_cap) - hits, 0) + other
         take = groups.full * (-(-end // bs) - hits) + groups.sliding * (-(-end // bs) - hits) + other
         return gate, take
@@ -699,7 +738,8 @@ class SimScheduler:
         budget = tally.budget
         threshold = self.long_prefill_threshold
         caching = pool.caching
-        hybrid = self.groups is not None
+        hybrid = self._sliding
+        per_pos = self.groups.total if self.groups is not None else 1  # blocks a new block-table entry takes
         k = len(self.step_end_s)
         num_reqs = num_tokens = kv_context = attn_work = prefill_tokens = prefill_context = prefill_attn = 0
         i = start
@@ -713,7 +753,7 @@ class SimScheduler:
                 n = budget
             end = computed + n
             pos = (end + bsm1) // bs - req.nblk  # new block-table entries (blocks of each KV group)
-            need = self._slide(req, pos, n, k) if hybrid else pos
+            need = self._slide(req, pos, n, k) if hybrid else pos * per_pos
             if need > 0:
                 if need > pool.num_free and self._preempt_for(req, need, preempted):
                     break
@@ -819,7 +859,7 @@ class SimScheduler:
             pool.take(need)
             req.nblk += pos
             if groups is not None:
-                req.swskip = min(groups.skipped_blocks(cached), len(hits))
+                req.swskip = min(groups.skipped_blocks(cached), len(hits)) if groups.sliding else 0
                 req.lastk, req.lastn = len(self.step_end_s), n
             req.status = "running"
             running.append(req)
