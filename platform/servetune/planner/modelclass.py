@@ -746,7 +746,8 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out["rotary_dim"] = int(cfg["attn_rotary_emb"])  # their attention layers' partial rotary table
     if model_type in _GDN_TYPES and _MAMBA in kinds:
         out["attn_output_gate"] = bool(cfg.get("attn_output_gate", True))  # Qwen3NextAttention: q_proj x 2
-        rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), Mapping) else {}
+        raw = cfg.get("rope_parameters")
+        rope: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         factor = rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 1.0  # Qwen3.5: in rope_parameters
         out["rotary_dim"] = int(int(cfg.get("head_dim") or 0) * float(factor))
     if cfg.get("kv_lora_rank"):
