@@ -35,8 +35,8 @@ import pytest
 from servetune.errors import SpecError
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
-from servetune.planner.modelclass import (hybrid_block_size, hybrid_kinds, kv_layout, mamba_ssm_dtype_bytes,
-                                          mamba_state_bytes)
+from servetune.planner.hybrid import hybrid_block_size, hybrid_kinds, mamba_ssm_dtype_bytes, mamba_state_bytes
+from servetune.planner.modelclass import kv_layout
 from servetune.planner.modelinfo import ModelProfile, load_model, profile_from_config
 from servetune.planner.vllm_rules import memory_rules
 

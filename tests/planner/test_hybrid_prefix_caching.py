@@ -1,6 +1,6 @@
 """Prefix caching on a Mamba2 / gated-delta-net hybrid: vLLM's Mamba cache modes, read from its wheels.
 
-The rules (``servetune.planner.vllm_rules.hybrid_prefix_caching_mode``, ``modelclass.hybrid_block_size`` /
+The rules (``servetune.planner.vllm_rules.hybrid_prefix_caching_mode``, ``hybrid.hybrid_block_size`` /
 ``mamba_group_block_size``, ``KVLayout.blocks_per_request``), with the source lines in their docstrings:
 
 - 0.10.x and 0.11.0 turn prefix caching off for every hybrid. 0.11.1 to 0.14.x keep it for the classes with
@@ -36,8 +36,8 @@ from servetune.engines.vllm.logs import parse_log
 from servetune.errors import SpecError
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
-from servetune.planner.modelclass import (kv_layout, mamba_ssm_dtype_bytes, mamba_state_bytes,
-                                          supports_mamba_prefix_caching)
+from servetune.planner.hybrid import mamba_ssm_dtype_bytes, mamba_state_bytes, supports_mamba_prefix_caching
+from servetune.planner.modelclass import kv_layout
 from servetune.planner.modelinfo import ModelProfile, load_model, profile_from_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from _fidelity import H100_CLASSES_FIXTURES, H100_GPU, HYBRID_BENCH_STARTS, fide
 
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
-from servetune.planner.modelclass import mamba_state_bytes
+from servetune.planner.hybrid import mamba_state_bytes
 from servetune.planner.modelinfo import load_model
 from servetune.sim import PerfModel, calibration_for, hybrid_note
 from servetune.sim.perf_classes import class_gemms, moe_shape

@@ -25,7 +25,7 @@ from typing import Any
 
 from servetune.errors import NotModelled, SpecError
 from servetune.planner.flags import validate_flags
-from servetune.planner import modelclass
+from servetune.planner import hybrid
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import (MAMBA_CACHE_MODE_FLAG, VllmMemoryRules, hybrid_prefix_caching_mode,
@@ -102,7 +102,7 @@ class EngineConfig:
     #: memory), never vLLM's custom all-reduce kernel (``ParallelConfig.disable_custom_all_reduce``, 0.10-0.26;
     #: :func:`~servetune.planner.comm.custom_all_reduce_runs` says where it would run otherwise).
     disable_custom_all_reduce: bool = False
-    #: A Mamba hybrid's Mamba-group block in tokens (:func:`~servetune.planner.modelclass.mamba_group_block_size`;
+    #: A Mamba hybrid's Mamba-group block in tokens (:func:`~servetune.planner.hybrid.mamba_group_block_size`;
     #: ``max_model_len`` without prefix caching); 0 for other models.
     mamba_block_size: int = 0
 
@@ -432,18 +432,18 @@ def _paging(flags: Mapping[str, Any], model: ModelProfile, tp: int, rules: VllmM
 def _block_sizes(flags: Mapping[str, Any], model: ModelProfile, tp: int, rules: VllmMemoryRules, mamba_mode: str,
                  max_model_len: int) -> tuple[int, int]:
     """``(block_size, mamba_block_size)`` as vLLM sets them: the flag (16 unset), raised for a Mamba hybrid
-    (:func:`~servetune.planner.modelclass.hybrid_block_size`) until an attention page holds one Mamba state, aligned
+    (:func:`~servetune.planner.hybrid.hybrid_block_size`) until an attention page holds one Mamba state, aligned
     to the Mamba2 chunk in 'all' mode; the Mamba groups' block
-    (:func:`~servetune.planner.modelclass.mamba_group_block_size`), 0 for a model without Mamba layers."""
+    (:func:`~servetune.planner.hybrid.mamba_group_block_size`), 0 for a model without Mamba layers."""
     block_size = int(flags.get("block_size", 16))
     if not model.is_hybrid:
         return block_size, 0
     kv = model.kv_dtype_bytes(str(flags.get("kv_cache_dtype", "auto")))
-    ssm = modelclass.mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default)
+    ssm = hybrid.mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default)
     chunk = model.mamba_chunk_size if mamba_mode == "all" else 0
     align = rules.hybrid_align_to_block_size
-    return (modelclass.hybrid_block_size(model, tp, block_size, kv, ssm, align, chunk),
-            modelclass.mamba_group_block_size(model, tp, block_size, kv, ssm, align, mamba_mode, chunk, max_model_len))
+    return (hybrid.hybrid_block_size(model, tp, block_size, kv, ssm, align, chunk),
+            hybrid.mamba_group_block_size(model, tp, block_size, kv, ssm, align, mamba_mode, chunk, max_model_len))
 
 
 def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMemoryRules,
@@ -472,7 +472,7 @@ def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMe
         flag = True
     if not flag:
         return False, "none"
-    mode = hybrid_prefix_caching_mode(rules, supports_all=modelclass.supports_mamba_prefix_caching(model),
+    mode = hybrid_prefix_caching_mode(rules, supports_all=hybrid.supports_mamba_prefix_caching(model),
                                       requested=requested, name=model.name)
     if mode == "all" and not model.mamba_chunk_size:
         raise NotModelled("enable_prefix_caching", f"prefix caching's 'all' Mamba cache mode aligns {model.name}'s "

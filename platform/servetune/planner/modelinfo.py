@@ -124,7 +124,7 @@ class ModelProfile:
     mla_q_lora_rank: int = 0
     quant_block_k: int = 0  # block-quantized fp8 (``weight_block_size``): the block's input width (0: none)
     quant_zero_point_group: int = 0  # AWQ's packed 4-bit zero points: the group size (0: no zero points)
-    # --- Mamba2 hybrids (modelclass.hybrid_kinds: layer_types holds "mamba" / "full" / "mlp") ---
+    # --- Mamba2 hybrids (hybrid.hybrid_kinds: layer_types holds "mamba" / "full" / "mlp") ---
     mamba_heads: int = 0
     mamba_head_dim: int = 0
     mamba_d_state: int = 0
@@ -143,7 +143,7 @@ class ModelProfile:
     mamba_mup_vector: bool = False  # Falcon-H1's mup_vector buffer beside each mixer
     # The Mamba2 SSD kernel's chunk (vLLM's ``ModelConfig.get_mamba_chunk_size``: ``mamba_chunk_size``, else
     # ``chunk_size``, else the config class's default; 0: unknown): prefix caching's 'all' mode aligns blocks to
-    # it, the simulator's chunked scan runs on it; a gated delta net's is FLA's fixed 64 (modelclass._mamba_fields).
+    # it, the simulator's chunked scan runs on it; a gated delta net's is FLA's fixed 64 (hybrid._mamba_fields).
     mamba_chunk_size: int = 0
 
     # ----------------------------------------------------------------- sizes

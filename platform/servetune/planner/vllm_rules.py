@@ -447,7 +447,7 @@ def hybrid_prefix_caching_mode(rules: VllmMemoryRules, *, supports_all: bool, re
                                name: str) -> str:
     """The Mamba cache mode a hybrid gets with prefix caching asked for: ``"all"``, ``"align"``, or ``"none"``
     where this release turns prefix caching off for the model. ``supports_all``: the model class implements
-    ``SupportsMambaPrefixCaching`` (:func:`~servetune.planner.modelclass.supports_mamba_prefix_caching`);
+    ``SupportsMambaPrefixCaching`` (:func:`~servetune.planner.hybrid.supports_mamba_prefix_caching`);
     ``requested``: the ``mamba_cache_mode`` flag (``None`` / ``"none"``: unset); ``name`` the model, for messages.
     SpecError where the release's rule was not read (:data:`HYBRID_PREFIX_CACHING`).
 

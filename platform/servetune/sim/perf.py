@@ -113,7 +113,7 @@ from servetune.errors import SpecError, did_you_mean
 from servetune.planner.comm import allreduce_cost, sendrecv_cost
 from servetune.planner.model_memory import effective_model
 from servetune.planner.vllm_rules import memory_rules
-from servetune.planner import modelclass
+from servetune.planner.hybrid import mamba_ssm_dtype_bytes
 from servetune.sim import perf_classes, perf_hybrid
 from servetune.sim.chat_templates import chat_template_parse_share
 from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_pass
@@ -775,7 +775,7 @@ class PerfModel:
         each a roofline of its bytes (``mem_efficiency``) and FLOPs (the dense rate, ``compute_efficiency``).
         The element-wise kernels are the dense rule's per layer, the MLP's share on the layers with one."""
         self._t_state = self._t_mamba_decode_token = self._t_mamba_prefill_token = 0.0
-        hybrid = perf_hybrid.hybrid_shape(model, tp, layers, modelclass.mamba_ssm_dtype_bytes(
+        hybrid = perf_hybrid.hybrid_shape(model, tp, layers, mamba_ssm_dtype_bytes(
             model, memory_rules(config.version).nemotron_h_ssm_default))
         if hybrid is None:
             return None

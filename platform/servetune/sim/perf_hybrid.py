@@ -14,7 +14,7 @@ GEMMs' ``compute_efficiency`` of the dense peak for FLOPs).
 * **Decode.** Each decoding request reads and writes its whole recurrent state once a step in every
   Mamba layer: ``causal_conv1d_update`` its conv state and ``selective_state_update`` (Mamba2) or
   ``fused_recurrent_gated_delta_rule`` (gated delta net) its SSM state, both in place. The bytes are
-  the planner's state shapes (``modelclass.mamba_state_bytes``: vLLM's ``MambaSpec`` shapes, the SSM
+  the planner's state shapes (``hybrid.mamba_state_bytes``: vLLM's ``MambaSpec`` shapes, the SSM
   state in ``mamba_ssm_dtype_bytes``), twice (read and write), at ``mem_efficiency`` of the HBM
   bandwidth. Padded CUDA-graph rows carry ``PAD_SLOT_ID`` and touch no state.
 * **Prefill.** A chunk's tokens go through ``causal_conv1d_fn`` and the chunked scan:
@@ -46,7 +46,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from servetune.planner.modelclass import mamba_state_bytes
+from servetune.planner.hybrid import mamba_state_bytes
 
 if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
@@ -82,7 +82,7 @@ class HybridShape:
     mamba_layers: int  # layers with a Mamba / gated-delta-net mixer (Falcon-H1's parallel ones included)
     attention_layers: int  # layers with attention (full or parallel)
     ffn_layers: int  # layers with an MLP or MoE block
-    state_bytes: int  # one request's state in one Mamba layer (conv + SSM): modelclass.mamba_state_bytes
+    state_bytes: int  # one request's state in one Mamba layer (conv + SSM): hybrid.mamba_state_bytes
     decode_token_bytes: float  # per decode token and layer: the mixer's activations outside its GEMMs
     prefill_token_bytes: float  # per prefill token and layer: conv1d and the gated norm
     scan: tuple[ScanKernel, ...]  # the chunked scan's kernels, per prefill token and layer
@@ -141,7 +141,7 @@ def gdn_scan_kernels(heads: int, head_v: int, head_k: int, act_bytes: int,
 def hybrid_shape(model: ModelProfile, tp: int, layers: int, ssm_dtype_bytes: int) -> HybridShape | None:
     """The recurrent layers among the first ``layers`` of ``model`` on one TP rank (None: not a hybrid).
 
-    ``ssm_dtype_bytes``: the SSM state's element (``modelclass.mamba_ssm_dtype_bytes`` under the
+    ``ssm_dtype_bytes``: the SSM state's element (``hybrid.mamba_ssm_dtype_bytes`` under the
     version's rules), as the planner sizes the state.
     """
     if not model.is_hybrid:
