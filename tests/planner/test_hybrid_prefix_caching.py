@@ -33,7 +33,7 @@ import pytest
 from _fidelity import serving_flags
 
 from servetune.engines.vllm.logs import parse_log
-from servetune.errors import SpecError
+from servetune.errors import NotModelled, SpecError
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.hybrid import mamba_ssm_dtype_bytes, mamba_state_bytes, supports_mamba_prefix_caching
@@ -67,6 +67,20 @@ def test_mode_by_release_and_class(version, granite, qwen3_next):
                               get_gpu("H200"), version)
     assert (c.enable_prefix_caching, c.mamba_cache_mode) == qwen3_next
     assert resolve_engine_config({**PC, "enable_prefix_caching": False}, m, H100, version).mamba_cache_mode == "none"
+
+
+def test_from_029_prefix_caching_on_a_hybrid_is_not_modelled_even_as_vllms_default():
+    # 0.28 on turns prefix caching on for hybrids unless told; from 0.29 'align' holds prefill checkpoint
+    # blocks the planner does not count: unset or asked for, the plan says so in one line and names the way
+    # out (turning it off), which plans.
+    m = load_model("granite-4.0-h-tiny")
+    unset = {k: v for k, v in PC.items() if k != "enable_prefix_caching"}
+    for flags in (unset, PC):
+        with pytest.raises(NotModelled) as err:
+            resolve_engine_config(flags, m, H100, "0.29.0")
+        assert err.value.field == "enable_prefix_caching" and "set enable_prefix_caching=false" in err.value.fix
+    off = resolve_engine_config({**PC, "enable_prefix_caching": False}, m, H100, "0.29.0")
+    assert not off.enable_prefix_caching and plan_memory(m, H100, off).fits
 
 
 def test_granite_all_mode_worked_example():

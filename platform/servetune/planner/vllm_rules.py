@@ -463,7 +463,8 @@ def hybrid_prefix_caching_mode(rules: VllmMemoryRules, *, supports_all: bool, re
         raise NotModelled("enable_prefix_caching", f"prefix caching on a Mamba hybrid ({name}) at vLLM "
                         f"{'.'.join(map(str, rules.version))} is not modelled by the planner (read up to 0.28: 'align' "
                         "holds prefill checkpoint blocks from 0.29)",
-                        "plan it at vLLM 0.28 or older, or leave enable_prefix_caching unset or false")
+                        "plan it at vLLM 0.28 or older, or set enable_prefix_caching=false (from 0.28 vLLM turns it on for "
+                        "hybrids unless told)")
     if family == "off":
         return "none"
     if family == "all_or_off":
