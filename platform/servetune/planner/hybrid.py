@@ -266,9 +266,7 @@ def mamba_state_bytes(model: Any, tp: int, ssm_dtype_bytes: int) -> int:
         >>> mamba_state_bytes(load_model("granite-4.0-h-tiny"), 1, 2)   # 3 x 3328 x 2 + 48 x 64 x 128 x 2
         806400
     """
-    groups = model.mamba_groups if model.mamba_groups % tp == 0 else tp  # extra_groups_for_head_shards
-    conv_dim = model.mamba_inner + 2 * groups * model.mamba_d_state
-    conv = (model.mamba_d_conv - 1) * (conv_dim // tp) * model.dtype_bytes
+    conv = (model.mamba_d_conv - 1) * (model.mamba_conv_dim(tp) // tp) * model.dtype_bytes
     ssm = (model.mamba_heads // tp) * model.mamba_head_dim * model.mamba_d_state * ssm_dtype_bytes
     return conv + ssm
 

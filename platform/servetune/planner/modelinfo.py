@@ -178,13 +178,12 @@ class ModelProfile:
             # QwenGatedDeltaNetAttention (layers/mamba/gdn/qwen_gdn_linear_attn.py of 0.26.0, lines 389-475):
             # in_proj_qkvz (2 key_dim + 2 value_dim), in_proj_ba (2 v_heads), conv1d without bias, dt_bias,
             # A_log (fp32), RMSNormGated(head_v_dim), out_proj
-            conv_dim = self.mamba_inner + 2 * self.mamba_groups * self.mamba_d_state
+            conv_dim = self.mamba_conv_dim(tp)
             linear += h * self.mamba_in_proj_width(tp) // tp + self.mamba_inner // tp * h
             plain += conv_dim // tp * self.mamba_d_conv + self.mamba_heads // tp + self.mamba_head_dim
             fp32 += self.mamba_heads // tp
         elif kind in ("mamba", "parallel"):
-            groups = self.mamba_groups if self.mamba_groups % tp == 0 else tp
-            conv_dim = self.mamba_inner + 2 * groups * self.mamba_d_state
+            groups, conv_dim = self.mamba_groups_on(tp), self.mamba_conv_dim(tp)
             proj_out = self.mamba_in_proj_width(tp)
             linear += h * proj_out // tp + self.mamba_inner // tp * h
             plain += conv_dim // tp * (self.mamba_d_conv + (1 if self.mamba_conv_bias else 0))
@@ -224,9 +223,34 @@ class ModelProfile:
             6448
         """
         if self.mamba_kind == "gdn":
-            return self.mamba_inner + 2 * self.mamba_groups * self.mamba_d_state + self.mamba_inner + 2 * self.mamba_heads
-        groups = self.mamba_groups if self.mamba_groups % tp == 0 else tp
-        return self.mamba_inner + (self.mamba_inner + 2 * groups * self.mamba_d_state) + self.mamba_heads
+            return self.mamba_conv_dim(tp) + self.mamba_inner + 2 * self.mamba_heads
+        return self.mamba_inner + self.mamba_conv_dim(tp) + self.mamba_heads
+
+    def mamba_groups_on(self, tp: int = 1) -> int:
+        """The Mamba2 groups as vLLM shards them over ``tp`` ranks: widened to ``tp`` where they do not divide
+        it (``MambaMixer2``, ``extra_groups_for_head_shards``, ``layers/mamba/mamba_utils.py`` of 0.26.0); a gated
+        delta net's are divided outright (``tensor_parallel_size`` must divide them: ``engine_config``).
+
+        Example:
+            >>> m = load_model("granite-4.0-h-tiny")   # one group
+            >>> m.mamba_groups_on(1), m.mamba_groups_on(2)
+            (1, 2)
+        """
+        if self.mamba_kind == "gdn" or self.mamba_groups % tp == 0:
+            return self.mamba_groups
+        return tp
+
+    def mamba_conv_dim(self, tp: int = 1) -> int:
+        """The mixer's conv channels over all TP ranks, ``inner + 2 x groups x d_state`` with the groups as
+        :meth:`mamba_groups_on` shards them (x, B and C; a gated delta net's q, k and v); each rank holds
+        ``1 / tp``. The one figure the weights, the state (:func:`~servetune.planner.hybrid.mamba_state_bytes`)
+        and the simulator's mixer traffic read.
+
+        Example:
+            >>> load_model("granite-4.0-h-tiny").mamba_conv_dim()   # 3072 + 2 x 1 x 128
+            3328
+        """
+        return self.mamba_inner + 2 * self.mamba_groups_on(tp) * self.mamba_d_state
 
     def _hybrid_layer_bytes(self, kind: str, tp: int) -> float:
         linear, plain, fp32 = self._hybrid_layer_elems(kind, tp)

@@ -152,8 +152,8 @@ def hybrid_shape(model: ModelProfile, tp: int, layers: int, ssm_dtype_bytes: int
     attention = kinds.count("full") + both
     ffn = len(kinds) if model.ffn_gated else kinds.count("mlp")
     a = model.dtype_bytes
-    groups = model.mamba_groups if (model.mamba_kind == "gdn" or model.mamba_groups % tp == 0) else tp
-    conv_dim = (model.mamba_inner + 2 * groups * model.mamba_d_state) // tp
+    groups = model.mamba_groups_on(tp)
+    conv_dim = model.mamba_conv_dim(tp) // tp
     inner = model.mamba_inner // tp
     heads = model.mamba_heads // tp
     if model.mamba_kind == "gdn":
