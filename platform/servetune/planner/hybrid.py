@@ -194,7 +194,7 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 # Qwen3.5: the text config's mamba_ssm_dtype (mamba_ssm_dtype_bytes); Qwen3-Next has no such rule
                 "mamba_ssm_dtype": str(cfg.get("mamba_ssm_dtype") or "") if model_type != "qwen3_next" else "",
                 "mamba_chunk_size": 64}  # FLA's chunk_gated_delta_rule: chunk_size 64 (ops/chunk.py)
-    if str(cfg.get("model_type") or "").lower() == "nemotron_h":
+    if model_type == "nemotron_h":
         heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
         return {"mamba_heads": heads, "mamba_head_dim": head_dim, "mamba_d_state": int(cfg["ssm_state_size"]),
                 "mamba_groups": int(cfg.get("n_groups") or 1), "mamba_d_conv": int(cfg.get("conv_kernel") or 4),
@@ -202,7 +202,7 @@ def _mamba_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 "mamba_proj_bias": bool(cfg.get("use_bias", False)),
                 "mamba_ssm_dtype": str(cfg.get("mamba_ssm_cache_dtype") or ""),
                 "mamba_chunk_size": _chunk_size(cfg)}
-    falcon = str(cfg.get("model_type") or "").lower() == "falcon_h1"
+    falcon = model_type == "falcon_h1"
     # Falcon-H1: mamba_d_ssm when set, else int(mamba_expand x hidden); its RMSNormGated weight only with
     # mamba_rms_norm; a mup_vector buffer (falcon_h1.py, FalconH1SSMDecoderLayer, lines 113-196 of 0.26.0)
     inner = int(cfg.get("mamba_d_ssm") or int(float(cfg.get("mamba_expand") or 2) * hidden)) if falcon \
@@ -384,15 +384,16 @@ def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
     """
     kinds = flat["layer_types"]
     flat["num_hidden_layers"] = len(kinds)
-    if str(flat.get("model_type")).lower() in _GDN_TYPES:
+    model_type = str(flat.get("model_type")).lower()
+    if model_type in _GDN_TYPES:
         return  # head_dim, num_experts, moe_intermediate_size and shared_expert_intermediate_size are its own names
-    if str(flat.get("model_type")).lower() == "bamba":
+    if model_type == "bamba":
         flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])  # BambaAttentionDecoderLayer
         return
-    if str(flat.get("model_type")).lower() == "falcon_h1":
+    if model_type == "falcon_h1":
         flat["head_dim"] = flat.get("head_dim") or int(flat["hidden_size"]) // int(flat["num_attention_heads"])
         return
-    if str(flat.get("model_type")).lower() == "granitemoehybrid":
+    if model_type == "granitemoehybrid":
         flat["head_dim"] = int(flat["hidden_size"]) // int(flat["num_attention_heads"])
         _normalize_granite_ffn(flat)
         return
