@@ -597,6 +597,11 @@ class Judged:
     #: vLLM version counts (resumed requests' lookups up to 0.11.0, a blocked lookup at every retry
     #: up to 0.26.0, over the most recent 1000), as a fraction: beside ``workload.prefix_cache_hit_rate``.
     sim_hit_rate: float | None = None
+    #: Where the run states no ``max_model_len`` and the plan refuses the model's default as too long
+    #: for the KV pool (vLLM's one-sequence check) although the published run served: the length the
+    #: run was simulated at instead (:func:`assumed_max_model_len`), and the plan's refusal at the default.
+    assumed_max_model_len: int | None = None
+    default_refused: str | None = None
 
     @property
     def headline_error(self) -> float | None:
@@ -630,10 +635,41 @@ def h200_knobs_for(gpu_name: str) -> dict[str, float]:
     return {k: h200[k] for k in sorted(names)}
 
 
+def assumed_max_model_len(run: PublishedRun) -> int:
+    """The ``max_model_len`` a run that states none is simulated at where the plan refuses the model's
+    default: the longest request its load can send (prompt plus output, at the top of a random range),
+    rounded up to a power of two. The simulated figures do not depend on it (it moves no KV block and
+    no step); only vLLM's startup check does.
+
+    Example:
+        >>> run = next(r for r in load_runs() if r.id == "h100-qwen3-235b-a22b-2507-tp8-rand32000x100-burst100")
+        >>> assumed_max_model_len(run)
+        32768
+    """
+    w = run.workload
+    top = (w["input_len"] + w["output_len"]) * (1.0 + w["range_ratio"])
+    return 1 << max(0, math.ceil(math.log2(top)))
+
+
 def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_sent: bool = True) -> Judged:
     """Simulate ``run`` (its model, GPU, layout, flags, vLLM version and load) and pair the figures
-    (``as_sent``: :func:`workload_of`'s)."""
-    flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
+    (``as_sent``: :func:`workload_of`'s). A run that states no ``max_model_len``, served, and whose
+    default the plan refuses (``kv_too_small``: the planner calls it impossible) is simulated at
+    :func:`assumed_max_model_len` and carries the refusal in ``default_refused``: the report counts it
+    apart, so a served start called impossible stays in view."""
+    judged = _judge_flags(run, run.flags, calibration, as_sent)
+    if (judged.failure or "").startswith("kv_too_small") and "max_model_len" not in run.flags:
+        length = assumed_max_model_len(run)
+        again = _judge_flags(run, {**run.flags, "max_model_len": length}, calibration, as_sent)
+        if again.failure is None:
+            return dataclasses.replace(again, assumed_max_model_len=length, default_refused=judged.failure)
+    return judged
+
+
+def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: Mapping[str, float] | None,
+                 as_sent: bool) -> Judged:
+    """:func:`judge` with the run's flags replaced by ``run_flags``."""
+    flags = {**run_flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
     try:
         target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
         # The startup memory (KV pool, refusal) at the run's own version where the planner has its rules
@@ -743,7 +779,8 @@ def _summary(rows: Sequence[Judged]) -> dict[str, Any]:
             "headline_bias_pct": round(100 * sum(j.headline_error for j in rows if j.headline_error is not None)
                                        / len(head), 1) if head else None,
             "ttft_mae_pct": round(100 * sum(ttft) / len(ttft), 1) if ttft else None,
-            "ttft_within_25pct": sum(e <= 0.25 for e in ttft), "ttft_judged": len(ttft)}
+            "ttft_within_25pct": sum(e <= 0.25 for e in ttft), "ttft_judged": len(ttft),
+            "default_refused": sum(j.default_refused is not None for j in rows)}
 
 
 def cells(judged: Sequence[Judged], split: str) -> dict[str, dict[str, Any]]:
@@ -771,6 +808,8 @@ def format_cells(table: Mapping[str, Mapping[str, Any]]) -> str:
         bias = "-" if s["headline_bias_pct"] is None else f"{s['headline_bias_pct']:+.1f}%"
         ttft = "-" if s["ttft_mae_pct"] is None else f"{s['ttft_mae_pct']:.1f}%"
         failed = f" ({s['failed']} not simulated)" if s["failed"] else ""
+        if s.get("default_refused"):
+            failed += f" ({s['default_refused']} at an assumed max_model_len: the default called impossible)"
         lines.append(f"{key:<40}{s['runs']:>5}{mae:>16}{s['headline_within_10pct']:>4}/{s['judged']:<2}{bias:>8}"
                      f"{ttft:>12}{s['ttft_within_25pct']:>4}/{s['ttft_judged']:<2}{failed}")
     return "\n".join(lines)
@@ -787,6 +826,8 @@ def _per_run(judged: Sequence[Judged]) -> list[dict[str, Any]]:
                      "ttft_real": j.run.stat("ttft_ms"), "ttft_sim": None if j.sim_ttft_ms is None else round(j.sim_ttft_ms, 1),
                      "ttft_error_pct": None if j.ttft_error is None else round(100 * j.ttft_error, 1),
                      "failure": j.failure,
+                     **({"assumed_max_model_len": j.assumed_max_model_len, "default_refused": j.default_refused}
+                        if j.default_refused else {}),
                      **({"hit_rate_logged": j.run.workload["prefix_cache_hit_rate"],
                          "hit_rate_sim": None if j.sim_hit_rate is None else round(j.sim_hit_rate, 3)}
                         if j.run.workload.get("prefix_cache_hit_rate") else {})})

@@ -421,3 +421,22 @@ def test_the_preempting_a100_bursts_log_the_hit_rate_vllm_0_10_1_1_logged_only_w
         assert abs(resumed.sim_hit_rate - logged) < 0.02, shape
         assert recomputed.sim_hit_rate < logged - 0.15, shape
         assert abs(resumed.headline_error or 1.0) < 0.10 < abs(recomputed.headline_error or 0.0), shape
+
+
+def test_a_served_run_whose_default_length_the_plan_refuses_is_simulated_at_its_longest_request() -> None:
+    """gpustack's Qwen3-235B TP=8 H100 page states no max_model_len; the plan refuses the model's
+    262,144 tokens (vLLM's one-sequence check), yet the run served: it is simulated at the longest
+    request rounded up to a power of two and keeps the refusal in view. With the length stated in its
+    flags nothing is assumed: the refusal stands."""
+    run = next(r for r in published_runs.load_runs() if r.id == "h100-qwen3-235b-a22b-2507-tp8-rand4000x200-burst500")
+    assert "max_model_len" not in run.flags
+    judged = published_runs.judge(run)
+    assert judged.failure is None and judged.headline_error is not None
+    assert judged.assumed_max_model_len == 8192 and (judged.default_refused or "").startswith("kv_too_small")
+    stated = published_runs.judge(dataclasses.replace(run, flags={**run.flags, "max_model_len": 262_144}))
+    assert stated.assumed_max_model_len is None and (stated.failure or "").startswith("kv_too_small")
+    # The figures do not depend on the assumed length: a longer one the plan still accepts gives the same.
+    longer = published_runs.judge(dataclasses.replace(run, flags={**run.flags, "max_model_len": 65_536}))
+    assert longer.sim_output_throughput == judged.sim_output_throughput
+    summary = published_runs._summary([judged])
+    assert summary["default_refused"] == 1 and summary["judged"] == 1
