@@ -154,9 +154,9 @@ HYBRID_KV_BANDS = {
     "l40s_qwen35_9b_tp1_l40s": 0.00,
     # vLLM 0.28.0 on an A100 80GB PCIe (a study note's quotes), seen. The encoder pass now sets the peak (1.31 GiB
     # planned for the 0.8B tower; the note's split of the serve start reads 1.36), but 0.27+'s accounting charges
-    # what stays allocated after profiling (``total_consumed``), and the note reads 4.31 / 4.18 GiB of weights +
-    # non-torch for the 0.8B starts (2.5 GiB beyond the weights, 0.22 planned) and 51.61 for the 27B (0.5 beyond):
-    # not traced (+3.80 / +5.24 / +5.41 with the gemma-3 constant)
+    # what stays allocated after profiling (``total_consumed``): the note quotes 4.18 GiB of weights + non-torch for
+    # the 0.8B serve start and 4.31 for the offline one (2.5 GiB beyond the 1.72 loaded; 0.22 planned) and 51.61 for
+    # the 27B (0.5 beyond the 51.1): not traced (+3.80 / +5.24 / +5.41 with the gemma-3 constant)
     "studynote_qwen35_08b_offline_tp1_a100": 3.48,
     "studynote_qwen35_08b_serve_tp1_a100": 3.50,
     # Qwen3.8-27B: its fixture config has no mrope_section (none found for this model), so the 4 x mrope cos/sin
