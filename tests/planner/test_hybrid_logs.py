@@ -135,6 +135,11 @@ def test_every_start_is_planned_or_refused_by_name():
 
 
 #: Held-out KV-token error (%) of each planned healthy start, as judged; a change of more than 0.3 points fails.
+#: The four Qwen3.5 / Qwen3.8 starts are SEEN, not held out for the vision encoder's rule
+#: (modelclass.qwen3_vl_encoder_profile, 2026-12-06): their errors (then +3.18, +3.80, +5.24, +5.41 with the
+#: gemma-3 constant standing in for the encoder) were read before it was written, and the choice not to add the
+#: text model's fixed ACT_FIXED_GIB to the encoder's peak was made with the 9B start's gap and the study note's
+#: 1.36 GiB split in view. The rule itself counts tensors from vLLM's source; nothing in it is fitted.
 HYBRID_KV_BANDS = {
     "retriva_granite_h_1b_tp1_rtx3060": -1.50,  # another vLLM server shared the GPU (see the source)
     # Qwen3-Next-80B at TP=2, vLLM 0.10.2, FlashInfer absent: weights exact (74.28 GiB); -3.13% until the rule that
@@ -142,23 +147,26 @@ HYBRID_KV_BANDS = {
     # figure); the plan's peak + non-torch still 0.7 GiB over what the log leaves (0.10's sort-based sampler at
     # 1,024 rows of a 151,936 vocabulary dominates it; not traced further)
     "legalai_qwen3_next_80b_tp2_h200": -1.68,
-    # Qwen3.5-9B, 0.19.0, offline LLM() (8,192 batched tokens), the vision encoder profiled with one image of the
-    # largest size: weights within 0.1%, the graph estimate 0.59 GiB planned against the logged 0.78, the rest
-    # (~0.45 GiB) in the encoder's profile peak, which the planner takes from a constant fitted on gemma-3
-    "l40s_qwen35_9b_tp1_l40s": 3.18,
-    # vLLM 0.28.0 on an A100 80GB (a study note's quotes): the same encoder profile; the note's own split of the
-    # 8,192-token serve start puts 2.46 GiB in non-torch memory and 1.36 GiB in the peak, against 0.22 and 0.24
-    # planned (not a vLLM line; not traced)
-    "studynote_qwen35_08b_offline_tp1_a100": 3.80,
-    "studynote_qwen35_08b_serve_tp1_a100": 5.24,
+    # Qwen3.5-9B, 0.19.0, offline LLM() (8,192 batched tokens), seen: the encoder pass of one 16,384-token image
+    # (65,536 patches) peaks at 1.875 GiB, above the language model's 1.04 GiB plus the 0.30 GiB it holds, and
+    # 0.19's accounting (torch peak increase + non-torch growth) charges exactly that: the logged tokens to the
+    # block (+3.18% with the gemma-3 constant)
+    "l40s_qwen35_9b_tp1_l40s": 0.00,
+    # vLLM 0.28.0 on an A100 80GB PCIe (a study note's quotes), seen. The encoder pass now sets the peak (1.31 GiB
+    # planned for the 0.8B tower; the note's split of the serve start reads 1.36), but 0.27+'s accounting charges
+    # what stays allocated after profiling (``total_consumed``): the note quotes 4.18 GiB of weights + non-torch for
+    # the 0.8B serve start and 4.31 for the offline one (2.5 GiB beyond the 1.72 loaded; 0.22 planned) and 51.61 for
+    # the 27B (0.5 beyond the 51.1): not traced (+3.80 / +5.24 / +5.41 with the gemma-3 constant)
+    "studynote_qwen35_08b_offline_tp1_a100": 3.48,
+    "studynote_qwen35_08b_serve_tp1_a100": 3.50,
     # Qwen3.8-27B: its fixture config has no mrope_section (none found for this model), so the 4 x mrope cos/sin
     # cache is not counted: the weights 0.13 GiB under the logged 51.1
-    "studynote_qwen38_27b_offline_tp1_a100": 5.41,
+    "studynote_qwen38_27b_offline_tp1_a100": 2.83,
 }
 
 
 def test_held_out_kv_tokens_are_the_recorded_figures():
-    """Every planned healthy start is called a fit and lands in its band; 2 of 6 within 3%: the misses are kept."""
+    """Every planned healthy start is called a fit and lands in its band; 4 of 6 within 3%: the misses are kept."""
     healthy = [r for r in REPORT["per_start"] if r["logged"] == "ok" and r["predicted"] != "refused"]
     assert {r["id"] for r in healthy} == set(HYBRID_KV_BANDS)
     for r in healthy:

@@ -388,3 +388,59 @@ def test_the_fused_moe_workspace_outlives_the_forward_from_011(monkeypatch: pyte
     ws = moe_workspace_bytes(m, c.max_num_batched_tokens, 2)
     assert ws == 8192 * (10 * (2048 + 2048) + 2048) * 2
     assert activation_peak_bytes(m, c) - freed == ws
+
+
+def test_the_qwen3_vl_encoder_profiles_one_image_of_the_processors_largest_size():
+    """vLLM's profile run encodes the modality with the most tokens per item (MultiModalBudget, multimodal/
+    encoder_budget.py lines 147-187 of 0.28.0, 140-180 of 0.19.0): an image of 16,777,216 pixels is 128 x 128 merged
+    tokens of 32 x 32 pixels = 16,384 (the "budget of 16384 tokens" the published logs print), 65,536 patches, over a
+    two-frame video of 25,165,824 / 2 pixels, 12,288; ``max(1, min(max(mbt, T) // T, max_num_seqs x max(1,
+    max_model_len // T)))`` of them: one up to 16,384 batched tokens, two at 32,768, capped by max_num_seqs x items
+    a prompt."""
+    from servetune.planner.modelclass import qwen3_vl_encoder_profile
+    enc = load_model(FIXTURE_MODELS / "qwen3.5-0.8b").vision_encoder
+    assert enc is not None and (enc.hidden, enc.intermediate, enc.patch_elems, enc.out_hidden) == (768, 3072, 1536, 1024)
+    for mbt, seqs, items in ((2048, 32, 1), (8192, 256, 1), (16384, 256, 1), (32768, 256, 2), (65536, 3, 4)):
+        p = qwen3_vl_encoder_profile(enc, 2, 1, mbt, seqs, 262144)  # 16 items a prompt: 3 x 16 does not bind
+        assert (p.items, p.tokens_per_item, p.patches) == (items, 16384, items * 65536), mbt
+    assert qwen3_vl_encoder_profile(enc, 2, 1, 65536, 3, 16384).items == 3  # one a prompt: 3 sequences bind
+    assert load_model(FIXTURE_MODELS / "qwen3.5-9b").vision_encoder.out_hidden == 3584  # Qwen3_5VisionConfig default
+
+
+def test_the_encoder_pass_peak_is_counted_row_by_row():
+    """Per patch, in the model dtype: the pixels (3 x 2 x 16 x 16 = 1,536, already bf16, held by profile_run), the
+    position embeddings (h) and a block's larger half: attention 3 + 8/TP rows of h (residual, norm1 output, proj
+    output; qkv 3, the q/k copy 2, the rotated q/k 2, the FlashAttention output 1, each split by TP), the MLP 2 rows
+    + 2 x I/TP (fc1 and its activation). 0.8B tower at TP=1: 65,536 x (1,536 + 768 x 12) x 2 B; at TP=2 the attention
+    (7 rows) still outweighs the MLP (2 + 4); held through the language model: the pixels and 16,384 x 1,024 outputs."""
+    from servetune.planner.modelclass import qwen3_vl_encoder_profile
+    enc = load_model(FIXTURE_MODELS / "qwen3.5-0.8b").vision_encoder
+    one = qwen3_vl_encoder_profile(enc, 2, 1, 8192, 256, 262144)
+    assert one.peak_bytes == 65536 * (1536 + 768 * 12) * 2
+    assert one.held_bytes == 65536 * 1536 * 2 + 16384 * 1024 * 2
+    assert qwen3_vl_encoder_profile(enc, 2, 2, 8192, 256, 262144).peak_bytes == 65536 * (1536 + 768 * 8) * 2
+    wide = dataclasses.replace(enc, intermediate=8 * 768)  # an MLP of 8h outweighs attention's 11 rows: 2 + 16
+    assert qwen3_vl_encoder_profile(wide, 2, 1, 8192, 256, 262144).peak_bytes == 65536 * (1536 + 768 * 19) * 2
+    deep = dataclasses.replace(enc, deepstack=3)  # Qwen3-VL's deepstack features add to the peak and the outputs
+    d = qwen3_vl_encoder_profile(deep, 2, 1, 8192, 256, 262144)
+    assert d.peak_bytes - one.peak_bytes == 3 * 16384 * 1024 * 2 and d.held_bytes - one.held_bytes == 3 * 16384 * 1024 * 2
+
+
+def test_the_profile_peak_is_the_encoder_pass_or_the_language_model_with_what_it_holds():
+    """The encoder runs first; the language model then runs with the pixels and the outputs still allocated
+    (gpu_model_runner.py profile_run, lines 6558-6631 of 0.28.0): the profiled peak is the larger of the two, on the
+    first PP stage only. Qwen3.5-9B offline on an L40S at 0.19.0 (8,192 tokens, 256 rows): the encoder's 1.875 GiB;
+    at 1,024 sequences the language model and sampler, 3.53 GiB, plus the 0.30 GiB held win; the gemma-3 constant no
+    longer applies."""
+    from servetune.planner.model_memory import activation_peak_bytes
+    from servetune.planner.modelclass import multimodal_profile_bytes, qwen3_vl_encoder_profile
+    m = load_model(FIXTURE_MODELS / "qwen3.5-9b")
+    c = resolve_engine_config({"max_num_batched_tokens": 8192}, m, get_gpu("L40S"), "0.19.0")
+    enc = qwen3_vl_encoder_profile(m.vision_encoder, 2, 1, 8192, c.max_num_seqs, c.max_model_len)
+    text = activation_peak_bytes(m, c, first_stage=False)
+    assert multimodal_profile_bytes(m, 8192) == 0 and text + enc.held_bytes < enc.peak_bytes
+    assert activation_peak_bytes(m, c) == enc.peak_bytes == int(1.875 * 2**30)
+    many = dataclasses.replace(c, max_num_seqs=1024)
+    assert activation_peak_bytes(m, many) == activation_peak_bytes(m, many, first_stage=False) + enc.held_bytes
+    bare = dataclasses.replace(m, vision_encoder=None, vision_params=0)
+    assert activation_peak_bytes(bare, c) == text

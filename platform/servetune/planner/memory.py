@@ -299,7 +299,8 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
     # One worker per stage (TP ranks of a stage are identical); vLLM takes the minimum num_blocks.
     stages = []
     for s in range(pp):
-        act = activation_peak_bytes(model, config, last_stage=(s == pp - 1), compile_cache_warm=compile_cache_warm)
+        act = activation_peak_bytes(model, config, last_stage=(s == pp - 1), compile_cache_warm=compile_cache_warm,
+                                   first_stage=(s == 0))
         if config.kv_cache_memory_bytes is not None:
             available = budget  # profiling skipped; the figure is used as given
         else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from servetune.planner.modelclass import moe_workspace_bytes, multimodal_profile_bytes
+from servetune.planner.modelclass import moe_workspace_bytes, multimodal_profile_bytes, qwen3_vl_encoder_profile
 from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import GiB, memory_rules
 
@@ -156,14 +156,28 @@ def effective_model(model: ModelProfile, config: EngineConfig) -> ModelProfile:
 
 
 def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_stage: bool = True,
-                          compile_cache_warm: bool = False) -> int:
+                          compile_cache_warm: bool = False, first_stage: bool = True) -> int:
     """Peak torch allocation of vLLM's profile run on one GPU (the "peak activation" it logs).
 
     The dummy batch is ``max_num_batched_tokens`` tokens over ``num_reqs = min(mbt, max_num_seqs)``
     requests; the last PP stage then runs the sampler over ``num_reqs`` rows. ``compile_cache_warm``:
     the node's compile cache already holds this configuration (see :func:`servetune.planner.memory.compile_key`), so
-    the start profiles the smaller (eager-like) peak. Constants: see "Calibration" above.
+    the start profiles the smaller (eager-like) peak. Constants: see "Calibration" above. A Qwen3-VL-style
+    vision tower (``model.vision_encoder``, on the first stage) first runs the dummy image through the encoder:
+    the peak is the larger of that pass and the language model's, which runs with the pixels and the encoder
+    outputs still held (:func:`servetune.planner.modelclass.qwen3_vl_encoder_profile`).
     """
+    text = _text_profile_peak(model, config, last_stage=last_stage, compile_cache_warm=compile_cache_warm)
+    if model.vision_encoder is None or not first_stage:
+        return text
+    enc = qwen3_vl_encoder_profile(model.vision_encoder, model.dtype_bytes, config.tensor_parallel_size,
+                                   config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len)
+    return max(text + enc.held_bytes, enc.peak_bytes)
+
+
+def _text_profile_peak(model: ModelProfile, config: EngineConfig, *, last_stage: bool,
+                       compile_cache_warm: bool) -> int:
+    """The language model's part of :func:`activation_peak_bytes`: its dummy forward, then the sampler."""
     tokens = config.max_num_batched_tokens
     compiling = not (config.enforce_eager or compile_cache_warm)
     # The floor is seen on vLLM 0.26's V2 runner only; a published 0.19.1 start logs less than it.

@@ -79,7 +79,9 @@ __all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LAYER_BYTES", "mxfp4_exper
            "multimodal_profile_bytes", "refuse_unmodelled",
            "normalize_config", "class_fields", "vision_tower_params", "kv_layout", "moe_workspace_bytes",
            "group_size_for", "class_notes", "as_loaded_on", "QWEN3_5_TEXT_TYPES",
-           "QWEN3_5_VISION_DEFAULTS", "nested_text_config", "qwen3_vl_tower_params", "dense_ffn_unused"]
+           "QWEN3_5_VISION_DEFAULTS", "nested_text_config", "qwen3_vl_tower_params", "dense_ffn_unused",
+           "QWEN3_VL_IMAGE_MAX_PIXELS", "QWEN3_VL_VIDEO_MAX_PIXELS", "Qwen3VLEncoder", "EncoderProfile",
+           "qwen3_vl_encoder", "qwen3_vl_encoder_profile"]
 
 #: transformers' config-class defaults for the fields a nested ``text_config`` may leave out.
 #: Gemma3TextConfig (transformers 4.50+, ``models/gemma3/configuration_gemma3.py``).
@@ -135,6 +137,53 @@ MXFP4_LAYER_BYTES = 7_870_000
 #: (classes.yaml, ``llmdplanner_gemma3_12b_tp1_h100``: torch peak 3.94 GiB against 3.72 for the text
 #: model's sampler peak); judged on gemma-3-4b and gemma-3-27b.
 MULTIMODAL_PROFILE_ELEMS_PER_TOKEN = 3.78
+
+#: The largest image the Qwen3-VL / Qwen3.5 image processor allows, in pixels: ``size["longest_edge"]`` of the
+#: checkpoints' ``preprocessor_config.json`` (16,777,216 = 4096 x 4096), which vLLM reads for the dummy image
+#: (``Qwen2VLProcessingInfo.get_image_size_with_most_features``, models/qwen2_vl.py lines 960-1011 of 0.28.0).
+#: With 16-pixel patches merged 2 x 2 that is 16,384 tokens, the "budget of 16384 tokens" every published
+#: Qwen3.5 / Qwen3.6 / Qwen3.8 / Qwen3-VL start logs (gpu_model_runner.py, "Encoder cache will be initialized").
+#: ``mm_processor_kwargs`` overrides (``max_pixels``) are not read by the planner.
+QWEN3_VL_IMAGE_MAX_PIXELS = 16_777_216
+#: The video processor's cap (``video_preprocessor_config.json`` ``size["longest_edge"]``, 25,165,824), over
+#: two frames (``Qwen3VLProcessingInfo.get_max_video_tokens``, qwen3_vl.py lines 991-1015 of 0.28.0): 12,288
+#: tokens, below the image's, so the profile run's dummy item is an image (``get_modality_with_max_tokens``).
+QWEN3_VL_VIDEO_MAX_PIXELS = 25_165_824
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3VLEncoder:
+    """The shape of vLLM's ``Qwen3_VisionTransformer`` that its profile run's memory depends on.
+
+    ``patch_elems`` is one flattened patch (``in_channels x temporal_patch x patch^2``, 1,536 for the
+    shipped towers); ``deepstack`` the count of ``deepstack_visual_indexes`` (Qwen3-VL; 0 for Qwen3.5).
+    """
+
+    hidden: int
+    intermediate: int
+    patch: int
+    patch_elems: int
+    merge: int
+    out_hidden: int
+    deepstack: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderProfile:
+    """What the profile run's dummy multimodal batch takes on one GPU.
+
+    ``items`` dummy images of ``tokens_per_item`` tokens (``patches`` patches in all) run through the tower
+    before the language model's dummy forward; ``peak_bytes`` is the torch peak of that encoder pass above
+    what was allocated before the profile run; ``held_bytes`` what stays allocated through the language
+    model's forward and the sampler (the dummy batch's pixels and the encoder outputs in the encoder cache).
+    """
+
+    items: int
+    tokens_per_item: int
+    patches: int
+    peak_bytes: int
+    held_bytes: int
+
 
 #: Sliding-window attention types vLLM keeps apart from full attention (``"full"`` and the hybrids' kinds:
 #: :mod:`servetune.planner.hybrid`).
@@ -211,6 +260,7 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
         # Qwen3_5ForConditionalGeneration always builds its tower, from Qwen3_5VisionConfig's defaults where the
         # config has no vision_config (qwen3_5.py lines 176-177 of the configs, 422-428 of the model, 0.26.0)
         flat["_vision_params"] = qwen3_vl_tower_params(vision if isinstance(vision, Mapping) else {}, source)
+        flat["_vision_encoder"] = qwen3_vl_encoder(vision if isinstance(vision, Mapping) else {})
     elif isinstance(vision, Mapping):
         layers = cfg.get("vision_feature_layer")
         llava = str(cfg.get("model_type") or "").startswith("llava")
@@ -280,6 +330,79 @@ def qwen3_vl_tower_params(vision: Mapping[str, Any], source: str) -> int:
     embed = channels * temporal * patch * patch * h + h + positions * h
     merger = merged * merged + merged + merged * out + out
     return depth * block + embed + 2 * h + merger + deepstack * (2 * merged + merger)
+
+
+def qwen3_vl_encoder(vision: Mapping[str, Any]) -> Qwen3VLEncoder:
+    """The profile-relevant shape of a Qwen3.5 vision tower: ``vision`` over :data:`QWEN3_5_VISION_DEFAULTS`
+    (a config :func:`qwen3_vl_tower_params` has already read, so its sizes are counts).
+
+    Example:
+        >>> qwen3_vl_encoder({"depth": 12, "hidden_size": 768, "intermediate_size": 3072, "out_hidden_size": 1024})
+        Qwen3VLEncoder(hidden=768, intermediate=3072, patch=16, patch_elems=1536, merge=2, out_hidden=1024, deepstack=0)
+    """
+    v = {**QWEN3_5_VISION_DEFAULTS, **{k: val for k, val in vision.items() if val is not None}}
+    patch = int(v["patch_size"])
+    return Qwen3VLEncoder(hidden=int(v["hidden_size"]), intermediate=int(v["intermediate_size"]), patch=patch,
+                          patch_elems=int(v["in_channels"]) * int(v["temporal_patch_size"]) * patch * patch,
+                          merge=int(v["spatial_merge_size"]), out_hidden=int(v["out_hidden_size"]),
+                          deepstack=len(v.get("deepstack_visual_indexes") or []))
+
+
+def _most_features(max_pixels: int, unit: int) -> int:
+    """Merged tokens of the image vLLM builds for a pixel cap: ``get_image_size_with_most_features``
+    (models/qwen2_vl.py lines 960-1011 of 0.28.0): the largest ``max_pixels // unit^2`` that factors into
+    a height x width grid no wider than 200:1."""
+    for tokens in range(max_pixels // (unit * unit), 0, -1):
+        side = next(d for d in range(math.isqrt(tokens), 0, -1) if tokens % d == 0)
+        if tokens // side / side <= 200:
+            return tokens
+    return 0
+
+
+def qwen3_vl_encoder_profile(enc: Qwen3VLEncoder, dtype_bytes: int, tp: int, max_num_batched_tokens: int,
+                             max_num_seqs: int, max_model_len: int) -> EncoderProfile:
+    """The encoder pass of vLLM's profile run for a Qwen3-VL-style tower, counted from the source.
+
+    The dummy item (``MultiModalBudget``, multimodal/encoder_budget.py lines 140-180 of 0.19.0, 147-187 of
+    0.28.0; ``compute_mm_encoder_budget``, v1/core/encoder_cache_manager.py line 309 / 322): the modality with
+    the most tokens (an image of :data:`QWEN3_VL_IMAGE_MAX_PIXELS`, 16,384 tokens, over a two-frame video of
+    :data:`QWEN3_VL_VIDEO_MAX_PIXELS`), ``max(1, min(budget // T, max_num_seqs x max(1, max_model_len // T)))``
+    of them with ``budget = max(max_num_batched_tokens, T)``; ``merge^2`` patches a token.
+
+    What is alive at the peak, per patch (gpu_model_runner.py ``profile_run``, lines 5721-5795 of 0.19.0,
+    6558-6631 of 0.28.0; models/qwen3_vl.py and qwen2_5_vl.py of both): the dummy batch's pixels, one flattened
+    patch each, already in the model dtype (multimodal/processing/context.py line 233 / 247, so the
+    ``.type(visual.dtype)`` of ``_process_image_input`` copies nothing), held by ``profile_run`` until it returns;
+    the interpolated position embeddings (``h``, kept in the encoder metadata for the whole pass); and the
+    larger of a block's two halves, in ``h``-wide rows: attention = the residual, ``norm1``'s output (held by the
+    module call), ``qkv`` (3/TP), the contiguous q/k copy (2/TP), the rotated q/k (2/TP), the FlashAttention
+    output (1/TP; varlen, no [seq, seq] matrix) and ``proj``'s output: ``3 + 8/TP`` rows (11 at TP=1); the MLP
+    = the residual, ``norm2``'s output, ``linear_fc1`` and its activation (``I/TP`` each). Deepstack features
+    (``out_hidden`` per token each) accumulate on top. Not counted: the rotary cos/sin and FlashAttention's
+    log-sum-exp (under 1% of the peak). Held through the language model's forward and the sampler: the pixels
+    and the encoder outputs (``out_hidden x (1 + deepstack)`` a token, in ``encoder_cache`` until the end).
+
+    Example:
+        >>> enc = qwen3_vl_encoder({"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "out_hidden_size": 4096})
+        >>> p = qwen3_vl_encoder_profile(enc, 2, 1, 8192, 256, 262144)
+        >>> p.items, p.tokens_per_item, p.patches, round(p.peak_bytes / 2**30, 3), round(p.held_bytes / 2**30, 3)
+        (1, 16384, 65536, 1.875, 0.312)
+    """
+    unit = enc.patch * enc.merge
+    per_item = max(_most_features(QWEN3_VL_IMAGE_MAX_PIXELS, unit),
+                   _most_features(QWEN3_VL_VIDEO_MAX_PIXELS // 2, unit))  # two frames, one temporal patch
+    budget = max(max_num_batched_tokens, per_item)
+    items = max(1, min(budget // per_item, max_num_seqs * max(1, max_model_len // per_item)))
+    tokens = items * per_item
+    patches = tokens * enc.merge * enc.merge
+    h, tp = enc.hidden, max(tp, 1)
+    attention = 3 * h + 8 * h / tp
+    mlp = 2 * h + 2 * enc.intermediate / tp
+    pixels = patches * enc.patch_elems * dtype_bytes
+    outputs = tokens * enc.out_hidden * (1 + enc.deepstack) * dtype_bytes
+    peak = pixels + patches * (h + max(attention, mlp)) * dtype_bytes + tokens * enc.out_hidden * enc.deepstack * dtype_bytes
+    return EncoderProfile(items=items, tokens_per_item=per_item, patches=patches, peak_bytes=int(peak),
+                          held_bytes=pixels + outputs)
 
 
 def dense_ffn_unused(cfg: Mapping[str, Any]) -> bool:
@@ -369,6 +492,7 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "layer_types": tuple(kinds),
         "sliding_window": int(cfg.get("sliding_window") or 0) if _SLIDING in kinds else 0,
         "vision_params": int(cfg.get("_vision_params") or 0),
+        "vision_encoder": cfg.get("_vision_encoder"),
     }
     if _MAMBA in kinds or _PARALLEL in kinds:
         out.update(_mamba_fields(cfg))
@@ -569,9 +693,9 @@ def moe_workspace_bytes(model: Any, tokens: int, tp: int) -> int:
 
 
 def multimodal_profile_bytes(model: Any, tokens: int) -> int:
-    """The profile run's extra peak for a model with a vision tower (0 without one): see
-    :data:`MULTIMODAL_PROFILE_ELEMS_PER_TOKEN`."""
-    if not model.vision_params:
+    """The profile run's extra peak for a model with a vision tower other than a Qwen3-VL-style one (0 without
+    one, and 0 for a tower :func:`qwen3_vl_encoder_profile` counts): see :data:`MULTIMODAL_PROFILE_ELEMS_PER_TOKEN`."""
+    if not model.vision_params or model.vision_encoder is not None:
         return 0
     return int(MULTIMODAL_PROFILE_ELEMS_PER_TOKEN * tokens * model.hidden_size * model.dtype_bytes)
 
@@ -581,10 +705,14 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
     notes: list[str] = []
     if model.is_hybrid:
         notes.append(_hybrid_note(model))
-        if model.architecture.startswith("Qwen3_5") and model.vision_params:
-            notes.append("Qwen3.5 vision encoder: its profile run (one image of the largest size) is planned with "
-                         "the constant fitted on gemma-3; on published Qwen3.5 / Qwen3.8 starts (held out) the plan "
-                         "left 3.2-5.4% more KV tokens than vLLM did")
+        if model.vision_encoder is not None:
+            enc = qwen3_vl_encoder_profile(model.vision_encoder, model.dtype_bytes, 1, max_num_batched_tokens,
+                                           max(1, max_num_batched_tokens), model.max_position_embeddings)
+            notes.append(f"Qwen3.5 vision encoder: vLLM profiles {enc.items} dummy image(s) of {enc.tokens_per_item:,} "
+                         f"tokens ({enc.patches:,} patches), {enc.peak_bytes / 2**30:.2f} GiB at its peak at TP=1, "
+                         "counted from vLLM's source. On the published Qwen3.5 / Qwen3.8 starts, all seen while the "
+                         "rule was written: vLLM 0.19.0 +0.0%; vLLM 0.28.0 +2.8% to +3.5% (0.5-2.3 GiB more consumed "
+                         "after profiling than planned, not traced)")
     if _SLIDING in model.layer_types:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "
@@ -603,8 +731,9 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
         notes.append("MXFP4 experts, bf16 attention / embedding / LM head, sized as vLLM's Triton MXFP4 backend "
                      "loads them (Hopper); other backends (Blackwell, Marlin) are not checked")
     if model.vision_params:
-        notes.append(f"vision tower: {model.vision_params / 1e9:.2f}B parameters loaded with the language model; "
-                     "its profile-run peak is one constant fitted on gemma-3-12b")
+        peak = ("its encoder pass counted from vLLM's source" if model.vision_encoder is not None
+                else "its profile-run peak is one constant fitted on gemma-3-12b")
+        notes.append(f"vision tower: {model.vision_params / 1e9:.2f}B parameters loaded with the language model; {peak}")
     return notes
 
 

@@ -114,6 +114,7 @@ class ModelProfile:
     layer_types: tuple[str, ...] = ()  # "full" / "sliding" per layer; () when every layer is full attention
     sliding_window: int = 0  # tokens a sliding layer attends to (0: none)
     vision_params: int = 0  # a vision tower's parameters, loaded on the first stage in the model dtype
+    vision_encoder: modelclass.Qwen3VLEncoder | None = None  # a Qwen3-VL-style tower's shape (its profile pass)
     first_k_dense_replace: int = 0  # leading dense layers of a MoE model (DeepSeek), intermediate_size wide
     quantized_experts_only: bool = False  # MXFP4 (gpt-oss): only the experts quantized, the rest in dtype
     extra_rotary_positions: int = 0  # a second rotary table (gemma-3's local layers)
