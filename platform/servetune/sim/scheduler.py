@@ -58,6 +58,7 @@ from servetune.sim.blocks import BlockPool, CacheKey, KVGroups
 from servetune.sim.frontend import ApiServer
 from servetune.sim.perf import PerfModel
 from servetune.sim.request import RequestState, SimRequest
+from servetune.sim.tokenizer_batch import MICROBATCH_MAX_PROMPTS, tokenizer_batch_wait_s
 from servetune.vllm_version import version_tuple
 
 if TYPE_CHECKING:
@@ -251,7 +252,9 @@ class SimScheduler:
         perf = self.perf
         self.api = ApiServer(perf.request_overhead_s, perf.prompt_token_overhead_s, perf.token_overhead_s,
                              perf.stream_prompt_token_s, perf.api_chunk_share, perf.api_intake_passes,
-                             perf.client_chunk_s, perf.api_output_slice)
+                             perf.client_chunk_s, perf.api_output_slice,
+                             tokenize_wait_s=tokenizer_batch_wait_s(config.version),
+                             tokenize_batch=MICROBATCH_MAX_PROMPTS)
         # run_until_idle's callback: a client that received its request's last token sends the next.
         self._on_finish: Callable[[str, float], None] | None = None
         self._running: list[SimRequest] = []
