@@ -472,4 +472,7 @@ def _hybrid_note(model: Any) -> str:
             "state); derived from vLLM's source, checked held out on real H100 starts and on published "
             "starts (benchmarks/results/published_logs_hybrid.json). Not modelled: the Mamba "
             "layers' share of the profile run's activation peak and of the CUDA-graph pools (the simulator "
-            "prices the Mamba layers from vLLM's kernels, judged on two H100 windows only)")
+            "prices the Mamba layers from vLLM's kernels, judged on two H100 windows only)"
+            + (f"; its {model.layer_types.count(_MOE)} MoE layers (non-gated experts, the router in fp32 off Hopper and "
+               "Blackwell) are read from vLLM's NemotronHMoE and no published bf16 or fp8 start of one was found to "
+               "judge them" if _MOE in model.layer_types else ""))
