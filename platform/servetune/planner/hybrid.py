@@ -7,7 +7,7 @@ and :func:`mamba_group_block_size`; the simulator prices the state with :func:`m
 the vLLM source it follows:
 
 - **Mamba2 / attention hybrids** (Granite-4.0-H ``granitemoehybrid``, Nemotron-H ``nemotron_h``'s ``M`` /
-  ``*`` / ``-`` layers, Bamba up to vLLM 0.23, Falcon-H1's attention and Mamba2 side by side in every layer;
+  ``*`` / ``-`` / ``E`` layers (``E``: a MoE, :func:`nemotron_moe_fields`), Bamba up to vLLM 0.23, Falcon-H1's attention and Mamba2 side by side in every layer;
   :func:`hybrid_kinds`), and Qwen3-Next's gated delta net, whose state vLLM sizes
   the same way (``MambaSpec``; its conv and temporal shapes are a Mamba2 state's with ``linear_num_key_heads``
   groups of ``linear_key_head_dim``): each Mamba layer keeps one recurrent state per request
@@ -27,8 +27,8 @@ the vLLM source it follows:
   state in the text config's ``mamba_ssm_dtype`` (:func:`mamba_ssm_dtype_bytes`); the wrapper, its vision tower
   and its MTP layers are :mod:`servetune.planner.modelclass`'s. Read in vLLM 0.19.0, 0.26.0 and 0.28.0.
 
-Refused with one line and exit 2 (through :func:`~servetune.planner.modelclass.refuse_unmodelled`): Nemotron-H MoE
-(``E``) layers and layer codes other than ``M`` / ``*`` / ``-``, Qwen3-Next with dense MLP layers, other layer kinds
+Refused with one line and exit 2 (through :func:`~servetune.planner.modelclass.refuse_unmodelled`): Nemotron-H layer
+codes other than ``M`` / ``*`` / ``-`` / ``E``, Nemotron-H layers with their own sizes (``block_configs``), Qwen3-Next with dense MLP layers, other layer kinds
 of a modelled hybrid, hybrids with chunked or shared KV layers, hybrids without attention layers, and a config
 without the fields that size the recurrent state.
 
@@ -56,8 +56,8 @@ _PARALLEL = "parallel"  # a Falcon-H1 layer: attention and a Mamba2 mixer side b
 _MLP = "mlp"  # a Nemotron-H ``-`` layer: a norm and an MLP, no mixer
 _MOE = "moe"  # a Nemotron-H ``E`` layer: a norm and a MoE (NemotronHMoE), no mixer
 #: Recurrent / attention hybrids the planner models (:func:`hybrid_kinds`): vLLM's Mamba2
-#: ``GraniteMoeHybridForCausalLM`` and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers; MoE ``E``
-#: layers are refused), ``BambaForCausalLM`` (gone from vLLM's registry after 0.23), and the gated-delta-net
+#: ``GraniteMoeHybridForCausalLM`` and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers and
+#: MoE ``E`` layers), ``BambaForCausalLM`` (gone from vLLM's registry after 0.23), and the gated-delta-net
 #: ``Qwen3NextForCausalLM`` (every layer MoE), and ``FalconH1ForCausalLM`` (attention and Mamba2 in every layer).
 _MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next", "bamba", "falcon_h1", "qwen3_5_text",
                    "qwen3_5_moe_text")

@@ -52,7 +52,7 @@ it follows (v0.19.0 unless said otherwise):
   Read in vLLM 0.19.0, 0.26.0 and 0.28.0.
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): other Mamba / SSM and linear-attention
-layers (Jamba, Zamba, PLaMo2, LFM2, Nemotron-H MoE layers, hybrids without attention layers, ...), chunked local
+layers (Jamba, Zamba, PLaMo2, LFM2, Nemotron-H puzzle layers, hybrids without attention layers, ...), chunked local
 attention (Llama-4), KV shared across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
 
 Example:
@@ -149,7 +149,7 @@ def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
     """Raise a one-line SpecError for a model whose memory the planner does not model.
 
     Mamba / SSM layers and linear attention other than the modelled hybrids (Jamba, Zamba,
-    MiniMax, Nemotron-H MoE layers, Qwen3-Next with dense MLP layers, hybrids without attention layers): vLLM keeps a per-request recurrent state
+    MiniMax, Nemotron-H puzzle layers, Qwen3-Next with dense MLP layers, hybrids without attention layers): vLLM keeps a per-request recurrent state
     beside (or instead of) the paged KV cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
     KV shared across layers (gemma-3n / gemma-4 ``num_kv_shared_layers``) and DeepSeek sparse attention
     (``index_topk``: an indexer cache beside the MLA latent).
