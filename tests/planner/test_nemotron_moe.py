@@ -166,3 +166,31 @@ def test_the_simulator_prices_only_the_moe_layers_experts():
     assert shape.expert_bytes == 2 * 2688 * 1856 * 2
     gemms = {(g.n, g.k): g.layers for g in class_gemms(m, H100, 1, 52)}
     assert gemms[(128, 2688)] == 23 and gemms[(3712, 2688)] == 23 and gemms[(2688, 3712)] == 23
+
+
+def test_nano3_at_tp2_shards_the_experts_and_replicates_the_router():
+    """TP=2, by hand (elements on one rank): vocab rows halved; a Mamba layer's in_proj / out_proj / conv halved (8
+    groups divide 2), A per local head; attention q, o at 16 heads, one KV head; the routed and shared experts
+    halved; the router, its bias and the norms whole."""
+    m = load_model(NANO)
+    embed = 2 * 65_536 * 2688
+    mamba = 2688 * 10304 // 2 + 2048 * 2688 + 3072 * 5 + 2 * 32 + 2048 + 2688
+    attn = 2 * 2688 * 2048 + 2 * 2688 * 128 + 2688
+    moe = 128 * 2 * 2688 * 1856 // 2 + 2 * 2688 * 3712 // 2 + 2688
+    fp32 = 23 * (32 + ROUTER + BIAS)
+    bf16 = embed + 23 * mamba + 6 * attn + 23 * moe + 2688
+    assert m.stage_weight_bytes(2, 1) == [2 * bf16 + 4 * fp32]
+
+
+def test_releases_before_the_moe_layers_are_refused():
+    """0.11.0 builds no E layer (ALL_DECODER_LAYER_TYPES), 0.12.0 no latent projection."""
+    m = load_model(NANO)
+    with pytest.raises(SpecError) as err:
+        resolve_engine_config({"max_model_len": 8192}, m, H100, "0.11.0")
+    assert err.value.field == "vllm_version" and "0.11.1" in err.value.message
+    assert resolve_engine_config({"max_model_len": 8192}, m, H100, "0.11.1").block_size > 16
+    latent = profile_from_config({**_nano_config(), "moe_latent_size": 1024}, "latent", source="l/config.json")
+    with pytest.raises(SpecError) as err:
+        resolve_engine_config({"max_model_len": 8192}, latent, H100, "0.12.0")
+    assert "0.13.0" in err.value.message
+    assert resolve_engine_config({"max_model_len": 8192}, latent, H100, "0.13.0").max_model_len == 8192

@@ -286,6 +286,12 @@ class VllmMemoryRules:
     #: in fp32 on every GPU (lines 141-148 of 0.11.1 and 0.12.0, 146-153 of 0.13.0, 149-156 of 0.16.0). Read before any
     #: Nemotron-H MoE start was judged.
     router_model_dtype_on_sm90_sm100: bool
+    #: The first releases that build Nemotron-H's MoE layers: ``E`` from 0.11.1 (``ALL_DECODER_LAYER_TYPES``,
+    #: ``models/nemotron_h.py`` lines 304-308 of 0.11.0 hold ``M``, ``-``, ``*`` only; 497-502 of 0.11.1 add ``E``),
+    #: a latent MoE (``moe_latent_size``) from 0.13 (``NemotronHMoE.use_latent_moe``, line 139 of 0.13.0; 0.12.0
+    #: reads no such field and would build the experts at the hidden width). Read before any such start was judged.
+    nemotron_h_moe_layers: bool
+    nemotron_h_latent_moe: bool
     #: A Mamba hybrid with FULL decode CUDA graphs refuses to capture them when ``max_num_seqs`` exceeds the
     #: KV blocks ("max_num_seqs (N) exceeds available Mamba cache blocks (M)": ``config/compilation.py``
     #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
@@ -542,6 +548,8 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         hybrid_prefix_caching_default_on=v >= (0, 28, 0),
         moe_workspace_kept=v >= (0, 11, 0),
         router_model_dtype_on_sm90_sm100=v >= (0, 17, 0),
+        nemotron_h_moe_layers=v >= (0, 11, 1),
+        nemotron_h_latent_moe=v >= (0, 13, 0),
         mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
         removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
     )
