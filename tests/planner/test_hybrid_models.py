@@ -161,7 +161,10 @@ def test_prefix_caching_on_a_hybrid():
 
 @pytest.mark.parametrize("cfg, field", [
     ({"model_type": "qwen3_5", "layer_types": ["linear_attention", "full_attention"]}, "layer_types"),
-    ({**NEMOTRON_NANO_9B, "hybrid_override_pattern": "MEM*" * 14}, "hybrid_override_pattern"),
+    ({**NEMOTRON_NANO_9B, "hybrid_override_pattern": "MOM*" * 14}, "hybrid_override_pattern"),
+    ({**NEMOTRON_NANO_9B, "hybrid_override_pattern": "MEM*" * 14}, "n_routed_experts"),
+    ({**NEMOTRON_NANO_9B, "hybrid_override_pattern": "MEM*" * 14, "n_routed_experts": 8, "num_experts_per_tok": 2,
+      "moe_intermediate_size": 512, "block_configs": [{"block_type": "moe", "n_routed_experts": 8}]}, "block_configs"),
     ({**NEMOTRON_NANO_9B, "intermediate_size": [15680, 12000]}, "intermediate_size"),
     ({"model_type": "jamba", "architectures": ["JambaForCausalLM"]}, "model_type"),
 ])

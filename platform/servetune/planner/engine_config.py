@@ -416,6 +416,12 @@ def _check_served(model: ModelProfile, rules: VllmMemoryRules) -> None:
     if last is not None:
         raise SpecError("vllm_version", f"Model architecture {model.architecture} was supported in vLLM until "
                         f"v{last}, and is not supported anymore.", f"plan it at vLLM {last} or older")
+    if "moe" in model.layer_types:  # Nemotron-H's E layers (VllmMemoryRules.nemotron_h_moe_layers)
+        latent = bool(model.moe_latent_size)
+        if not (rules.nemotron_h_latent_moe if latent else rules.nemotron_h_moe_layers):
+            what, first = ("latent MoE layers (moe_latent_size)", "0.13.0") if latent else ("MoE ('E') layers", "0.11.1")
+            raise SpecError("vllm_version", f"vLLM {'.'.join(str(p) for p in rules.version)} does not build Nemotron-H "
+                            f"{what}; {first} is the first release that does", f"plan it at vLLM {first} or newer")
 
 
 def _paging(flags: Mapping[str, Any], model: ModelProfile, tp: int, rules: VllmMemoryRules, chunked: bool,

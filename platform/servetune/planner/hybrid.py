@@ -7,7 +7,7 @@ and :func:`mamba_group_block_size`; the simulator prices the state with :func:`m
 the vLLM source it follows:
 
 - **Mamba2 / attention hybrids** (Granite-4.0-H ``granitemoehybrid``, Nemotron-H ``nemotron_h``'s ``M`` /
-  ``*`` / ``-`` layers, Bamba up to vLLM 0.23, Falcon-H1's attention and Mamba2 side by side in every layer;
+  ``*`` / ``-`` / ``E`` layers (``E``: a MoE, :func:`nemotron_moe_fields`), Bamba up to vLLM 0.23, Falcon-H1's attention and Mamba2 side by side in every layer;
   :func:`hybrid_kinds`), and Qwen3-Next's gated delta net, whose state vLLM sizes
   the same way (``MambaSpec``; its conv and temporal shapes are a Mamba2 state's with ``linear_num_key_heads``
   groups of ``linear_key_head_dim``): each Mamba layer keeps one recurrent state per request
@@ -27,8 +27,8 @@ the vLLM source it follows:
   state in the text config's ``mamba_ssm_dtype`` (:func:`mamba_ssm_dtype_bytes`); the wrapper, its vision tower
   and its MTP layers are :mod:`servetune.planner.modelclass`'s. Read in vLLM 0.19.0, 0.26.0 and 0.28.0.
 
-Refused with one line and exit 2 (through :func:`~servetune.planner.modelclass.refuse_unmodelled`): Nemotron-H MoE
-(``E``) layers and layer codes other than ``M`` / ``*`` / ``-``, Qwen3-Next with dense MLP layers, other layer kinds
+Refused with one line and exit 2 (through :func:`~servetune.planner.modelclass.refuse_unmodelled`): Nemotron-H layer
+codes other than ``M`` / ``*`` / ``-`` / ``E``, Nemotron-H layers with their own sizes (``block_configs``), Qwen3-Next with dense MLP layers, other layer kinds
 of a modelled hybrid, hybrids with chunked or shared KV layers, hybrids without attention layers, and a config
 without the fields that size the recurrent state.
 
@@ -46,7 +46,7 @@ from typing import Any
 from servetune.errors import SpecError
 
 __all__ = ["hybrid_kinds", "mamba_state_bytes", "hybrid_block_size", "mamba_ssm_dtype_bytes",
-           "supports_mamba_prefix_caching", "mamba_group_block_size"]
+           "supports_mamba_prefix_caching", "mamba_group_block_size", "nemotron_moe_fields"]
 
 #: The layer kinds of ``ModelProfile.layer_types`` (and the KV groups' names) a hybrid's layers take; the
 #: sliding-window kind stays in :mod:`servetune.planner.modelclass`.
@@ -54,9 +54,10 @@ _FULL = "full"
 _MAMBA = "mamba"
 _PARALLEL = "parallel"  # a Falcon-H1 layer: attention and a Mamba2 mixer side by side (one KV page of each)
 _MLP = "mlp"  # a Nemotron-H ``-`` layer: a norm and an MLP, no mixer
+_MOE = "moe"  # a Nemotron-H ``E`` layer: a norm and a MoE (NemotronHMoE), no mixer
 #: Recurrent / attention hybrids the planner models (:func:`hybrid_kinds`): vLLM's Mamba2
-#: ``GraniteMoeHybridForCausalLM`` and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers; MoE ``E``
-#: layers are refused), ``BambaForCausalLM`` (gone from vLLM's registry after 0.23), and the gated-delta-net
+#: ``GraniteMoeHybridForCausalLM`` and ``NemotronHForCausalLM`` (its ``M`` / ``*`` / ``-`` layers and
+#: MoE ``E`` layers), ``BambaForCausalLM`` (gone from vLLM's registry after 0.23), and the gated-delta-net
 #: ``Qwen3NextForCausalLM`` (every layer MoE), and ``FalconH1ForCausalLM`` (attention and Mamba2 in every layer).
 _MAMBA2_HYBRIDS = ("granitemoehybrid", "nemotron_h", "qwen3_next", "bamba", "falcon_h1", "qwen3_5_text",
                    "qwen3_5_moe_text")
@@ -70,13 +71,12 @@ def _refuse_unmodelled_hybrid(cfg: Mapping[str, Any], model_type: str, source: s
     """One line for what a modelled Mamba2 hybrid (:data:`_MAMBA2_HYBRIDS`) holds that the planner does not."""
     if model_type == "nemotron_h":
         pattern = _nemotron_pattern(cfg)
-        if "E" in pattern:
-            raise SpecError(f"{source}: hybrid_override_pattern", "Nemotron-H MoE layers ('E') are not modelled "
-                            "by the planner", fix)
-        odd = sorted(set(pattern) - set("M*-"))
+        odd = sorted(set(pattern) - set("M*-E"))
         if odd or not pattern:
             raise SpecError(f"{source}: hybrid_override_pattern", f"layer codes {odd or 'none'} are not modelled "
-                            "by the planner (M, *, - are)", fix)
+                            "by the planner (M, *, -, E are)", fix)
+        if "E" in pattern:
+            _refuse_unmodelled_nemotron_moe(cfg, source, fix)
     elif model_type in _GDN_TYPES:
         kinds = [str(t).lower() for t in (cfg.get("layer_types") or [])]
         odd = sorted(set(kinds) - {"linear_attention", "full_attention"})
@@ -105,6 +105,25 @@ def _refuse_unmodelled_hybrid(cfg: Mapping[str, Any], model_type: str, source: s
     if missing:
         raise SpecError(f"{source}: {missing[0]}", f"config.json has no {' / '.join(repr(k) for k in missing)}, "
                         f"which size a {model_type} layer's recurrent state", "use the model's complete config.json")
+
+
+def _refuse_unmodelled_nemotron_moe(cfg: Mapping[str, Any], source: str, fix: str) -> None:
+    """One line for a Nemotron-H MoE (``E``) config the planner does not model: heterogeneous "puzzle" layers
+    (``block_configs``: each layer's own sizes through ``get_nemotron_h_config_for_layer``, nemotron_h.py lines
+    272-276 and 330-332 of 0.26.0) and a config without the fields that size the experts."""
+    if cfg.get("block_configs"):
+        raise SpecError(f"{source}: block_configs", "Nemotron-H layers with their own sizes (block_configs) are not "
+                        "modelled by the planner", fix)
+    missing = [k for k in _NEMOTRON_MOE_KEYS if cfg.get(k) is None]
+    if missing:
+        raise SpecError(f"{source}: {missing[0]}", f"config.json has no {' / '.join(repr(k) for k in missing)}, "
+                        "which size a Nemotron-H MoE layer", "use the model's complete config.json")
+
+
+#: What sizes a Nemotron-H MoE layer (``NemotronHMoE``): vLLM's config class has defaults for them
+#: (``transformers_utils/configs/nemotron_h.py`` lines 191-196 of 0.26.0: 8 experts of 7688, top-2), which no
+#: published checkpoint uses, so a config that leaves one out is refused rather than planned on them.
+_NEMOTRON_MOE_KEYS = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
 #: The config fields each modelled hybrid's recurrent state is sized from (:func:`_mamba_fields`).
@@ -139,17 +158,18 @@ def hybrid_kinds(cfg: Mapping[str, Any]) -> list[str]:
     Granite-4.0-H: ``layer_types`` (``mamba`` / ``attention``), each layer also holding the MoE and
     shared MLP (``granitemoehybrid.py``: ``ALL_DECODER_LAYER_TYPES[config.layer_types[layer_idx]]``).
     Nemotron-H: one character of ``hybrid_override_pattern`` per layer, ``M`` Mamba2, ``*``
-    attention, ``-`` an MLP alone (``nemotron_h.py``: ``config.hybrid_override_pattern[layer_idx]``).
+    attention, ``-`` an MLP alone, ``E`` a MoE alone (``nemotron_h.py``: ``config.hybrid_override_pattern[layer_idx]``;
+    ``ALL_DECODER_LAYER_TYPES``, lines 530-535 of 0.26.0, 525-530 of 0.28.0).
 
     Example:
-        >>> hybrid_kinds({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*-"})
-        ['mamba', 'mlp', 'mamba', 'full', 'mlp']
+        >>> hybrid_kinds({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M*E"})
+        ['mamba', 'mlp', 'mamba', 'full', 'moe']
         >>> hybrid_kinds({"model_type": "granitemoehybrid", "layer_types": ["attention", "attention"]})
         []
     """
     model_type = str(cfg.get("model_type") or "").lower()
     if model_type == "nemotron_h":
-        kinds = [{"M": _MAMBA, "*": _FULL, "-": _MLP}[c] for c in _nemotron_pattern(cfg)]
+        kinds = [{"M": _MAMBA, "*": _FULL, "-": _MLP, "E": _MOE}[c] for c in _nemotron_pattern(cfg)]
     elif model_type == "granitemoehybrid":
         declared = cfg.get("layer_types") or cfg.get("layers_block_type") or []
         kinds = [_MAMBA if str(t).lower() == "mamba" else _FULL for t in declared]
@@ -380,7 +400,8 @@ def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
     down) and, with ``num_local_experts``, the routed experts of ``intermediate_size`` each
     (``granitemoehybrid.py``, the decoder layers' ``block_sparse_moe`` / ``shared_mlp``); head_dim is
     ``hidden_size // num_attention_heads`` (``GraniteMoeHybridAttention``). Nemotron-H: ``head_dim`` (or
-    ``attention_head_dim``), one ``intermediate_size`` for every ``-`` layer (a per-layer list is refused).
+    ``attention_head_dim``), one ``intermediate_size`` for every ``-`` layer (a per-layer list is refused), and
+    its ``E`` layers' shared expert (:func:`nemotron_moe_fields`).
     """
     kinds = flat["layer_types"]
     flat["num_hidden_layers"] = len(kinds)
@@ -398,12 +419,47 @@ def _normalize_hybrid(flat: dict[str, Any], source: str) -> None:
         _normalize_granite_ffn(flat)
         return
     flat["head_dim"] = flat.get("head_dim") or flat.get("attention_head_dim")
+    if _MOE in kinds:
+        flat.update(nemotron_moe_fields(flat))
     inter = flat.get("intermediate_size")
     if isinstance(inter, (list, tuple)):
         if len(set(inter)) != 1:
             raise SpecError(f"{source}: intermediate_size", "a per-layer list of MLP sizes is not modelled by the "
                             "planner", "plan a Nemotron-H config with one intermediate_size")
         flat["intermediate_size"] = inter[0]
+
+
+def nemotron_moe_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The :class:`~servetune.planner.modelinfo.ModelProfile` fields of Nemotron-H's ``E`` layers (``NemotronHMoE``).
+
+    Read in ``models/nemotron_h.py`` of 0.11.1 (the first release with the class, 0.11.0 has none: lines 121-242),
+    0.26.0 (125-257) and 0.28.0 (126-252):
+
+    - routed experts: ``FusedMoE(num_experts=n_routed_experts, top_k=num_experts_per_tok, intermediate_size=
+      moe_intermediate_size, activation=activation_without_mul(mlp_hidden_act))``, non-gated (``is_act_and_mul=False``
+      at line 198 of 0.11.1; ``is_non_gated_moe``, line 712 of 0.26.0, 708 of 0.28.0): each expert holds ``up`` and ``down`` only
+      (``w13`` of ``intermediate`` rows, not ``2 x intermediate``: ``unquantized_fused_moe_method.py`` lines 97-100
+      of 0.26.0), which ``ffn_gated`` False already says for the dense ``-`` MLP;
+    - shared experts: one ``NemotronHMLP`` (up, relu2, down) of ``moe_shared_expert_intermediate_size x
+      n_shared_experts`` (lines 166-180 of 0.11.1, 173-188 of 0.26.0, 168-183 of 0.28.0);
+    - the router: a replicated ``hidden x n_routed_experts`` gate, never quantized, its weight in fp32 (``ReplicatedLinear
+      (params_dtype=torch.float32)``, lines 141-148 of 0.11.1; ``router_logits_dtype`` float32 in 0.13-0.16); from 0.17
+      ``GateLinear(force_fp32_compute=True)`` keeps it in the model dtype on Hopper and Blackwell and in fp32 elsewhere
+      (nemotron_h.py lines 149-155 of 0.26.0 and 0.28.0; ``router/gate_linear.py`` lines 38-48 of 0.17.0, 59-68 of
+      0.26.0 and 0.28.0; the GPU's part is :func:`~servetune.planner.modelclass.as_loaded_on`'s); plus the fp32
+      ``e_score_correction_bias`` per expert (lines 150-152 of 0.11.1, 157-159 of 0.26.0 and 0.28.0);
+    - latent MoE (``moe_latent_size``, from 0.13): the experts run in the latent width behind two replicated,
+      quantizable projections ``hidden -> latent`` and ``latent -> hidden`` (``fc1_latent_proj`` / ``fc2_latent_proj``,
+      lines 190-209 of 0.26.0, 185-204 of 0.28.0; absent from 0.11.1 and 0.12.0), so the experts' and their workspace's hidden size is the latent one.
+
+    Example:
+        >>> f = nemotron_moe_fields({"moe_shared_expert_intermediate_size": 3712, "n_shared_experts": 1})
+        >>> f["shared_expert_intermediate_size"], f["router_fp32"], f["moe_latent_size"]
+        (3712, True, 0)
+    """
+    shared = int(cfg.get("moe_shared_expert_intermediate_size") or 0) * int(cfg.get("n_shared_experts") or 0)
+    return {"shared_expert_intermediate_size": shared, "router_fp32": True, "router_score_bias": True,
+            "moe_latent_size": int(cfg.get("moe_latent_size") or 0)}
 
 
 def _hybrid_note(model: Any) -> str:
@@ -416,4 +472,7 @@ def _hybrid_note(model: Any) -> str:
             "state); derived from vLLM's source, checked held out on real H100 starts and on published "
             "starts (benchmarks/results/published_logs_hybrid.json). Not modelled: the Mamba "
             "layers' share of the profile run's activation peak and of the CUDA-graph pools (the simulator "
-            "prices the Mamba layers from vLLM's kernels, judged on two H100 windows only)")
+            "prices the Mamba layers from vLLM's kernels, judged on two H100 windows only)"
+            + (f"; its {model.layer_types.count(_MOE)} MoE layers (non-gated experts, the router in fp32 off Hopper and "
+               "Blackwell) are read from vLLM's NemotronHMoE and no published bf16 or fp8 start of one was found to "
+               "judge them" if _MOE in model.layer_types else ""))

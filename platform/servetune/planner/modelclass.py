@@ -52,7 +52,7 @@ it follows (v0.19.0 unless said otherwise):
   Read in vLLM 0.19.0, 0.26.0 and 0.28.0.
 
 Refused with one line and exit 2 (:func:`refuse_unmodelled`): other Mamba / SSM and linear-attention
-layers (Jamba, Zamba, PLaMo2, LFM2, Nemotron-H MoE layers, hybrids without attention layers, ...), chunked local
+layers (Jamba, Zamba, PLaMo2, LFM2, Nemotron-H puzzle layers, hybrids without attention layers, ...), chunked local
 attention (Llama-4), KV shared across layers (gemma-3n / gemma-4), DeepSeek sparse attention (V3.2's indexer).
 
 Example:
@@ -198,7 +198,7 @@ def refuse_unmodelled(cfg: Mapping[str, Any], source: str) -> None:
     """Raise a one-line SpecError for a model whose memory the planner does not model.
 
     Mamba / SSM layers and linear attention other than the modelled hybrids (Jamba, Zamba,
-    MiniMax, Nemotron-H MoE layers, Qwen3-Next with dense MLP layers, hybrids without attention layers): vLLM keeps a per-request recurrent state
+    MiniMax, Nemotron-H puzzle layers, Qwen3-Next with dense MLP layers, hybrids without attention layers): vLLM keeps a per-request recurrent state
     beside (or instead of) the paged KV cache; chunked local attention (Llama-4's ``attention_chunk_size``): vLLM's chunked-local spec;
     KV shared across layers (gemma-3n / gemma-4 ``num_kv_shared_layers``) and DeepSeek sparse attention
     (``index_topk``: an indexer cache beside the MLA latent).
@@ -501,7 +501,8 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
                                       and str(cfg.get("position_embedding_type") or "rope") != "rope"):
         out["no_rope"] = True  # NemotronHAttention has no rotary; granite builds one only for "rope"
     if model_type == "nemotron_h":
-        out["ffn_gated"] = False  # NemotronHMLP: up_proj, relu2, down_proj
+        out["ffn_gated"] = False  # NemotronHMLP: up_proj, relu2, down_proj; its MoE's experts too (non-gated)
+        out.update({k: cfg[k] for k in ("router_fp32", "router_score_bias", "moe_latent_size") if k in cfg})
     if model_type in ("bamba", "falcon_h1") and cfg.get("attn_rotary_emb"):
         out["rotary_dim"] = int(cfg["attn_rotary_emb"])  # their attention layers' partial rotary table
     if model_type in _GDN_TYPES and _MAMBA in kinds:
@@ -677,7 +678,11 @@ def moe_workspace_bytes(model: Any, tokens: int, tp: int) -> int:
 
     ``M x topk x (max(N // 2, K) + max(N, K))`` activations plus the ``M x K`` output, N = 2 x expert
     intermediate / TP, K = hidden, M = the profile's token count; 0 for MXFP4 (gpt-oss), whose
-    monolithic kernel keeps no workspace.
+    monolithic kernel keeps no workspace. A non-gated expert (``ffn_gated`` False, Nemotron-H's relu2) has
+    N = intermediate / TP and an activation as wide as N (``adjust_N_for_activation``: ``fused_moe/modular_kernel.py``
+    lines 864-881 and ``experts/triton_moe.py`` lines 181-196 of 0.26.0, 202-217 of 0.28.0; 0.11.1's
+    ``fused_moe.py`` lines 2009-2022 take N // 2 for every activation, the same figure where K >= N); K is a latent
+    MoE's ``moe_latent_size``.
 
     Example:
         >>> from servetune.planner.modelinfo import load_model
@@ -686,9 +691,9 @@ def moe_workspace_bytes(model: Any, tokens: int, tp: int) -> int:
     """
     if not model.is_moe or model.quantized_experts_only:
         return 0
-    n = 2 * model.expert_intermediate_size // tp
-    k = model.hidden_size
-    per_token = model.num_experts_per_tok * (max(n // 2, k) + max(n, k)) + k
+    n = (2 if model.ffn_gated else 1) * model.expert_intermediate_size // tp
+    k = model.expert_hidden_size
+    per_token = model.num_experts_per_tok * (max(n // 2 if model.ffn_gated else n, k) + max(n, k)) + k
     return tokens * per_token * model.dtype_bytes
 
 
@@ -770,7 +775,9 @@ def as_loaded_on(model: Any, gpu: Any, rules: Any = None) -> Any:
     does not have native support for FP8 computation ... Weight-only FP8 compression will be used
     leveraging the Marlin kernel"); Marlin takes a block-quantized checkpoint's [N/128, K/128] scales as
     group scales along K for every output row, one bf16 per ``block_k`` weights (``marlin_utils_fp8``):
-    ``1 + 2 / block_k`` bytes per weight. Per-channel and per-tensor fp8 scales stay negligible.
+    ``1 + 2 / block_k`` bytes per weight. Per-channel and per-tensor fp8 scales stay negligible. A Nemotron-H MoE
+    router (``router_fp32``) is held in the model dtype on Hopper and Blackwell from 0.17 (``rules``'
+    ``router_model_dtype_on_sm90_sm100``), in fp32 elsewhere.
 
     Example:
         >>> import dataclasses
@@ -781,6 +788,9 @@ def as_loaded_on(model: Any, gpu: Any, rules: Any = None) -> Any:
         >>> as_loaded_on(m, get_gpu("A100-40GB")).quant_bytes_per_param, as_loaded_on(m, get_gpu("H100-80GB")) is m
         (1.015625, True)
     """
+    if (model.router_fp32 and rules is not None and rules.router_model_dtype_on_sm90_sm100
+            and (gpu.compute_capability == 9.0 or 10.0 <= gpu.compute_capability < 11.0)):
+        model = dataclasses.replace(model, router_fp32=False)  # GateLinear's specialized kernels (hybrid.nemotron_moe_fields)
     if model.quantization == "fp8" and model.quant_block_k and not gpu.fp8_compute:
         return dataclasses.replace(model, quant_bytes_per_param=1.0 + 2 / model.quant_block_k)
     if (rules is not None and rules.machete_float_zero_points and model.quant_zero_point_group > 0

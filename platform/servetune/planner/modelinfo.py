@@ -72,6 +72,7 @@ _HF_ALIASES = {
     "ibm-granite/granite-4.0-h-tiny": "granite-4.0-h-tiny",
     "qwen/qwen3-next-80b-a3b-instruct": "qwen3-next-80b-a3b",
     "qwen/qwen3-next-80b-a3b-thinking": "qwen3-next-80b-a3b",
+    "nvidia/nvidia-nemotron-3-nano-30b-a3b-bf16": "nemotron-3-nano-30b-a3b",
 }
 
 
@@ -146,6 +147,10 @@ class ModelProfile:
     # ``chunk_size``, else the config class's default; 0: unknown): prefix caching's 'all' mode aligns blocks to
     # it, the simulator's chunked scan runs on it; a gated delta net's is FLA's fixed 64 (hybrid._mamba_fields).
     mamba_chunk_size: int = 0
+    # --- Nemotron-H MoE layers (hybrid.nemotron_moe_fields) ---
+    router_fp32: bool = False  # the router's weight held in fp32 (Nemotron-H; modelclass.as_loaded_on clears it per GPU)
+    router_score_bias: bool = False  # an fp32 ``e_score_correction_bias`` per routed expert beside the router
+    moe_latent_size: int = 0  # latent MoE: the experts' hidden width behind two replicated projections (0: hidden)
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -166,7 +171,9 @@ class ModelProfile:
         (``inner``), ``A`` per head in fp32; ``conv_dim = inner + 2 x groups x d_state``, the groups widened to
         ``tp`` where they do not divide it. An attention layer: q, k, v, o. Granite-4.0-H layers also hold the
         routed experts and router (with ``num_local_experts``) and the shared MLP, two RMSNorms; Nemotron-H
-        layers hold one mixer or one MLP (``-``: up, down) and one RMSNorm; Bamba's a mixer or attention, a gated
+        layers hold one mixer, one MLP (``-``: up, down) or one MoE (``E``: two-matrix routed and shared experts, the
+        router, in fp32 where ``router_fp32``, its fp32 score-correction bias, a latent MoE's two replicated
+        projections; :func:`~servetune.planner.hybrid.nemotron_moe_fields`) and one RMSNorm; Bamba's a mixer or attention, a gated
         MLP and two RMSNorms; Falcon-H1's (``"parallel"``) attention and a mixer side by side (its gated-norm weight
         only with ``mamba_rms_norm``, plus the ``mup_vector`` buffer), a gated MLP and two RMSNorms. Rotary tables
         are counted by :meth:`stage_weight_bytes`.
@@ -200,14 +207,17 @@ class ModelProfile:
                 plain += self.q_size // tp + 2 * self.kv_heads_per_gpu(tp) * self.head_dim + h
             if self.mamba_kind == "gdn":
                 plain += 2 * self.head_dim  # Qwen3NextAttention's q_norm, k_norm
-        if every_layer_ffn or kind == "mlp":
-            if self.is_moe:
-                linear += self._expert_params(tp, active_only) + 3 * h * self.shared_expert_intermediate_size // tp
-                plain += h * self.num_experts  # router (replicated)
-                if self.mamba_kind == "gdn" and self.shared_expert_intermediate_size:
-                    plain += h  # Qwen3-Next's shared_expert_gate (granite's shared MLP has none)
-            else:
-                linear += (3 if self.ffn_gated else 2) * h * self.intermediate_size // tp
+        matrices = 3 if self.ffn_gated else 2
+        if (every_layer_ffn and self.is_moe) or kind == "moe":
+            linear += self._expert_params(tp, active_only) + matrices * h * self.shared_expert_intermediate_size // tp
+            linear += 2 * h * self.moe_latent_size  # latent MoE's fc1 / fc2 projections (replicated)
+            router = h * self.num_experts  # replicated
+            plain += 0 if self.router_fp32 else router
+            fp32 += (router if self.router_fp32 else 0) + (self.num_experts if self.router_score_bias else 0)
+            if self.mamba_kind == "gdn" and self.shared_expert_intermediate_size:
+                plain += h  # Qwen3-Next's shared_expert_gate (granite's shared MLP has none)
+        elif every_layer_ffn or kind == "mlp":
+            linear += matrices * h * self.intermediate_size // tp
         return linear, plain, fp32
 
     def mamba_in_proj_width(self, tp: int = 1) -> int:
@@ -301,12 +311,19 @@ class ModelProfile:
         q = self.q_size // tp
         return self.hidden_size * (2 * q + 2 * kv_heads * self.head_dim)  # q, o  +  k, v
 
+    @property
+    def expert_hidden_size(self) -> int:
+        """The routed experts' hidden width: ``moe_latent_size`` for a latent MoE, else ``hidden_size``."""
+        return self.moe_latent_size or self.hidden_size
+
     def _expert_params(self, tp: int = 1, active_only: bool = False) -> int:
-        """Routed-expert weight elements of one MoE layer on one TP rank (0 for a dense model)."""
+        """Routed-expert weight elements of one MoE layer on one TP rank (0 for a dense model): gate, up and down
+        per expert, or up and down where the FFN is not gated (``ffn_gated`` False: Nemotron-H's relu2 experts)."""
         if not self.is_moe:
             return 0
         experts = self.num_experts_per_tok if active_only else self.num_experts
-        return experts * 3 * self.hidden_size * self.expert_intermediate_size // tp
+        matrices = 3 if self.ffn_gated else 2
+        return experts * matrices * self.expert_hidden_size * self.expert_intermediate_size // tp
 
     def _layer_linear_params(self, tp: int = 1, active_only: bool = False, dense: bool = False) -> int:
         """Linear-layer weight elements of one decoder layer on one TP rank (``dense``: a MoE model's dense layer)."""

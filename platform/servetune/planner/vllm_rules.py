@@ -279,6 +279,19 @@ class VllmMemoryRules:
     #: count in the forward's peak only. Read after the held-out Qwen3-Next start of hybrid.yaml (vLLM 0.10.2)
     #: came out 3.1% low; nothing fitted. No other published MoE start before 0.11 uses the Triton experts.
     moe_workspace_kept: bool
+    #: Nemotron-H's MoE router holds its weight in the model dtype on Hopper (compute capability 9.0) and Blackwell
+    #: (10.x), fp32 elsewhere, from 0.17: ``GateLinear(force_fp32_compute=True)`` stores fp32 only where no
+    #: specialized router kernel runs (``fused_moe/router/gate_linear.py`` lines 38-48 of 0.17.0, 59-68 of 0.26.0 and
+    #: 0.28.0; ``models/nemotron_h.py`` line 151 of 0.17.0, 149 of 0.26.0 and 0.28.0). Before, a ``ReplicatedLinear``
+    #: in fp32 on every GPU (lines 141-148 of 0.11.1 and 0.12.0, 146-153 of 0.13.0, 149-156 of 0.16.0). Read before any
+    #: Nemotron-H MoE start was judged.
+    router_model_dtype_on_sm90_sm100: bool
+    #: The first releases that build Nemotron-H's MoE layers: ``E`` from 0.11.1 (``ALL_DECODER_LAYER_TYPES``,
+    #: ``models/nemotron_h.py`` lines 304-308 of 0.11.0 hold ``M``, ``-``, ``*`` only; 497-502 of 0.11.1 add ``E``),
+    #: a latent MoE (``moe_latent_size``) from 0.13 (``NemotronHMoE.use_latent_moe``, line 139 of 0.13.0; 0.12.0
+    #: reads no such field and would build the experts at the hidden width). Read before any such start was judged.
+    nemotron_h_moe_layers: bool
+    nemotron_h_latent_moe: bool
     #: A Mamba hybrid with FULL decode CUDA graphs refuses to capture them when ``max_num_seqs`` exceeds the
     #: KV blocks ("max_num_seqs (N) exceeds available Mamba cache blocks (M)": ``config/compilation.py``
     #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
@@ -534,6 +547,9 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         mamba_align_block_within_long_prefill=(0, 15, 0) <= v < (0, 27, 0),
         hybrid_prefix_caching_default_on=v >= (0, 28, 0),
         moe_workspace_kept=v >= (0, 11, 0),
+        router_model_dtype_on_sm90_sm100=v >= (0, 17, 0),
+        nemotron_h_moe_layers=v >= (0, 11, 1),
+        nemotron_h_latent_moe=v >= (0, 13, 0),
         mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
         removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
     )

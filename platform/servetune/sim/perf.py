@@ -757,8 +757,8 @@ class PerfModel:
         self._moe = perf_classes.moe_shape(model, gpu, tp, layers)
         if self._moe is not None:
             m = self._moe
-            # Each routed row reads its token (H) and writes 2I, then reads I and writes H.
-            act += 2.0 * m.top_k * (m.hidden + 2 * m.inter + m.inter + m.hidden) * m.layers
+            # Each routed row reads its token (H) and writes 2I (non-gated: I), then reads I and writes H.
+            act += 2.0 * m.top_k * (m.hidden + (m.matrices - 1) * m.inter + m.inter + m.hidden) * m.layers
             self._moe_mem_rate = mem_rate * cal.moe_mem_share
             self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share,
                                                                                                 m.kernel)
@@ -860,7 +860,7 @@ class PerfModel:
             fill = per_expert / (-(-per_expert // block) * block)
         new_tiles = m.fused_moe and self._version >= perf_classes.MOE_TILE_BY_BATCH_SINCE
         tile = moe_tile_share(block, width) if new_tiles else 1.0
-        comp_s = 2.0 * rows * 3.0 * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
+        comp_s = 2.0 * rows * m.matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)
 
     def padded(self, num_tokens: int) -> int:

@@ -167,6 +167,7 @@ class MoeShape:
     kernel: str = "triton"  # moe_kernel's
     block_quant: bool = False  # block-quantized fp8 experts (moe_tile's other default)
     fused_moe: bool = False  # vLLM's Triton fused_moe_kernel with its default tiles (moe_tile)
+    matrices: int = 3  # weight matrices per expert: gate, up, down; 2 (up, down) for a non-gated one (Nemotron-H)
 
     @property
     def grouped_gemm(self) -> str:
@@ -178,8 +179,8 @@ class MoeShape:
 
     @property
     def expert_bytes(self) -> float:
-        """Weight bytes of one expert on this rank (gate_up ``2I x H`` and down ``H x I``)."""
-        return 3.0 * self.hidden * self.inter * self.fmt.bytes_per_weight
+        """Weight bytes of one expert on this rank (gate_up ``2I x H`` and down ``H x I``; non-gated: up ``I x H``)."""
+        return float(self.matrices) * self.hidden * self.inter * self.fmt.bytes_per_weight
 
 
 def distinct_experts(experts: int, top_k: int, tokens: int) -> float:
@@ -378,14 +379,16 @@ def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeSha
     if not model.is_moe:
         return None
     moe_layers = layers - min(model.first_k_dense_replace, layers)
+    if "moe" in model.layer_types:  # Nemotron-H: only its E layers hold experts (hybrid.hybrid_kinds)
+        moe_layers = model.layer_types[:layers].count("moe")
     kernel = moe_kernel(model, gpu)
     fmt = weight_format(model, gpu, experts=True)
     fused = kernel == "triton" and not model.quantized_experts_only
     if fused and model.quant_block_k and fmt.rate_scale > BLOCK_FP8_MOE_RATE_SCALE:
         fmt = WeightFormat(fmt.bytes_per_weight, BLOCK_FP8_MOE_RATE_SCALE)
-    return MoeShape(model.num_experts, model.num_experts_per_tok, model.hidden_size,
+    return MoeShape(model.num_experts, model.num_experts_per_tok, model.expert_hidden_size,
                     max(1, model.expert_intermediate_size // tp), moe_layers, fmt,
-                    kernel, bool(model.quant_block_k), fused)
+                    kernel, bool(model.quant_block_k), fused, 3 if model.ffn_gated else 2)
 
 
 def class_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list[ClassGemm]:
@@ -434,7 +437,7 @@ def _hybrid_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> li
     kinds = model.layer_types[:layers]
     both = kinds.count("parallel")
     attn, mamba = kinds.count("full") + both, kinds.count("mamba") + both
-    ffn = len(kinds) if model.ffn_gated else kinds.count("mlp")
+    ffn = len(kinds) if model.ffn_gated else kinds.count("mlp") + kinds.count("moe")
     out: list[ClassGemm] = []
     if attn:
         q = model.q_size // tp * (2 if model.attn_output_gate else 1)
@@ -447,7 +450,7 @@ def _hybrid_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> li
         out.append(ClassGemm(model.num_experts, d, ffn, WeightFormat(float(model.dtype_bytes), 1.0)))  # the router
         shared = model.shared_expert_intermediate_size // tp
         if shared:
-            out += [ClassGemm(2 * shared, d, ffn, fmt), ClassGemm(d, shared, ffn, fmt)]
+            out += [ClassGemm((2 if model.ffn_gated else 1) * shared, d, ffn, fmt), ClassGemm(d, shared, ffn, fmt)]
     elif ffn:
         inter = max(1, model.intermediate_size // tp)
         out += [ClassGemm((2 if model.ffn_gated else 1) * inter, d, ffn, fmt), ClassGemm(d, inter, ffn, fmt)]

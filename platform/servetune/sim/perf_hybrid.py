@@ -150,7 +150,7 @@ def hybrid_shape(model: ModelProfile, tp: int, layers: int, ssm_dtype_bytes: int
     both = kinds.count("parallel")
     mamba = kinds.count("mamba") + both
     attention = kinds.count("full") + both
-    ffn = len(kinds) if model.ffn_gated else kinds.count("mlp")
+    ffn = len(kinds) if model.ffn_gated else kinds.count("mlp") + kinds.count("moe")
     a = model.dtype_bytes
     groups = model.mamba_groups_on(tp)
     conv_dim = model.mamba_conv_dim(tp) // tp
