@@ -12,11 +12,13 @@ stand-in server (``python -m servetune.sim.server``) and simulated device memory
 (:mod:`.devices`) are run as programs and are not imported here.
 """
 
+from servetune.sim._calibration import (FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, calibration_for,
+                                        runs_flash_attention_2, with_calibration)
 from servetune.sim.chat_templates import CHAT_TEMPLATE_PARSE_SHARE, chat_template_parse_share
 from servetune.sim.client import LoadClient
 from servetune.sim.engine import simulate
 from servetune.sim.host_cpu import FRONTEND_BOUND_SHARE, api_cpu_factor_for_token_cost, frontend_bound_note, host_api_cpu_factor
-from servetune.sim.perf import FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, PerfModel, StepCost, calibration_for, runs_flash_attention_2, with_calibration
+from servetune.sim.perf import PerfModel, StepCost
 from servetune.sim.perf_hybrid import hybrid_note
 from servetune.sim.request import RequestState
 from servetune.sim.scheduler import SchedulerOutput, SimScheduler, StepResult
