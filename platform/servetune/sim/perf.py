@@ -115,6 +115,7 @@ from servetune.planner.hybrid import mamba_ssm_dtype_bytes
 from servetune.sim import perf_classes, perf_hybrid
 from servetune.sim._calibration import (FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, calibration_for,
                                         runs_flash_attention_2, with_calibration)
+from servetune.sim._perf_attention import AttentionTerms
 from servetune.sim._perf_gemm import DEFAULT_SMS, GemmTerms, moe_tile_share, wave_fill
 from servetune.sim.chat_templates import chat_template_parse_share
 from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_pass
@@ -162,7 +163,7 @@ class StepCost:
                 + self.recurrent)
 
 
-class PerfModel(GemmTerms):
+class PerfModel(GemmTerms, AttentionTerms):
     """Seconds per engine step for one (model, GPU, engine config), with the constants precomputed.
 
     Example:
@@ -392,32 +393,6 @@ class PerfModel(GemmTerms):
         return (self._t_state * (decode_reqs + prefill_reqs) + self._t_mamba_decode_token * decode_reqs
                 + self._t_mamba_prefill_token * prefill_tokens)
 
-    def _init_mla(self, model: ModelProfile, heads: int, layers: int, attn_rate: float) -> None:
-        """MLA attention (DeepSeek-V2/V3) from its own dimensions, not the dense rules' ``head_dim``.
-
-        vLLM's MLA backends (``attention/backends/mla``; the ``MLACommonImpl`` both prefill and decode
-        go through) cache one latent of ``kv_lora_rank + qk_rope_head_dim`` elements per token and
-        layer, on every TP rank (``ModelProfile.kv_bytes_per_token``), and:
-
-        * **prefill** up-projects the chunk's latents through ``kv_b_proj`` and runs ordinary
-          attention, scores over ``qk_nope_head_dim + qk_rope_head_dim`` and values over
-          ``v_head_dim``: ``2 (qk + v)`` FLOPs a head per (token, context) pair where the dense rule
-          has ``4 head_dim``; a chunk whose request already has context up-projects that context's
-          cached latents again (``_compute_prefill_context``): ``2 kv_lora_rank heads (nope + v)``
-          FLOPs per context token and layer, at the GEMM rate.
-        * **decode** runs absorbed (``W_UK_T``, ``W_UV``): every head scores the latent and its
-          rope part (``kv_lora_rank + rope``) and sums latents (``kv_lora_rank``), reading each
-          cached latent once for all heads, so a context token costs the larger of its bytes and
-          ``2 heads (2 kv_lora_rank + rope)`` FLOPs at the attention rate.
-        """
-        lora, rope = model.mla_kv_lora_rank, model.mla_rope_dim
-        qk, v = model.mla_nope_dim + rope, model.mla_v_dim
-        self._t_attn = 2.0 * heads * (qk + v) * layers / attn_rate
-        self._t_mla_context = 2.0 * lora * heads * (model.mla_nope_dim + v) * layers / self._flop_rate
-        decode_flops = 2.0 * heads * (2 * lora + rope) * layers / attn_rate
-        if decode_flops > self._t_kv_read:
-            self._t_kv_read = decode_flops
-
     def padded(self, num_tokens: int) -> int:
         """The CUDA graph size a batch of ``num_tokens`` runs as (itself above the largest size)."""
         if num_tokens > self.max_capture or not self.capture_sizes:
@@ -487,36 +462,6 @@ class PerfModel(GemmTerms):
         sampler = self.sampler_row_s * rows * micro + self.sampler_step_s * micro if self.sampler_row_s else 0.0
         return StepCost(gemm * scale, elementwise * scale, attention * scale, kv_write * scale, comm * scale,
                         launch * scale, sampler * scale, recurrent * scale)
-
-    def _prefill_attention(self, prefill_tokens: int, prefill_attn_work: int) -> float:
-        """Prefill attention's seconds: ``prefill_attn_work`` (tokens x context) at ``attn_efficiency``
-        of the peak, or on FlashAttention-3 (``_attn_long_k`` > 0) at the rate its query blocks
-        reach over the batch's mean context ``c``: ``long x c / (c + k)``, ``long`` =
-        ``Calibration.attn_long_efficiency`` and ``k`` tokens set so the rate is ``attn_efficiency``
-        at ``attn_fit_context`` (where it was read), never below it. A query block's fixed work
-        (loading it, the epilogue, its launch share) is paid once whatever the context it loops
-        over, so a long context runs nearer the kernel's long-sequence rate."""
-        seconds = self._t_attn * prefill_attn_work
-        if not self._attn_long_k or prefill_tokens <= 0 or prefill_attn_work <= 0:
-            return seconds
-        context = prefill_attn_work / prefill_tokens
-        share = (context + self._attn_long_k) / context * self._attn_long_ratio  # attn_eff / the rate reached
-        return seconds * share if share < 1.0 else seconds
-
-    def _sliding_attention(self, decode_reqs: int, decode_context: int, prefill_tokens: int, prefill_context: int,
-                           prefill_attn_work: int) -> float:
-        """Sliding-window layers' attention: each decode request reads at most the window (from the
-        batch's mean context), and a prefill token attends to at most the window."""
-        w = self._window
-        seconds = 0.0
-        if decode_reqs > 0 and decode_context > 0:
-            mean = decode_context / decode_reqs
-            seconds += self._t_kv_read_slide * decode_reqs * (mean if mean < w else w)
-        if prefill_attn_work > 0 and prefill_tokens > 0:
-            # tokens x context, with each token's context capped at the window (from the chunk's mean)
-            mean = prefill_attn_work / prefill_tokens
-            seconds += self._t_attn_slide * prefill_tokens * (mean if mean < w else w)
-        return seconds
 
     def gpu_time(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
                  decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,
