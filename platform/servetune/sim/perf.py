@@ -114,10 +114,10 @@ from servetune.planner.hybrid import mamba_ssm_dtype_bytes
 from servetune.sim import perf_classes, perf_hybrid
 from servetune.sim._calibration import (FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, calibration_for,
                                         runs_flash_attention_2, with_calibration)
+from servetune.sim._perf_api_server import ApiServerCosts
 from servetune.sim._perf_attention import AttentionTerms
 from servetune.sim._perf_comm import CommTerms
 from servetune.sim._perf_gemm import DEFAULT_SMS, GemmTerms, moe_tile_share, wave_fill
-from servetune.sim.chat_templates import chat_template_parse_share
 from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_pass
 from servetune.workload import GREEDY, Sampling
 
@@ -128,10 +128,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Calibration", "FA2_KNOBS", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES", "PerfModel", "runs_flash_attention_2", "StepCost", "calibration_for", "moe_tile_share",
            "with_calibration", "wave_fill"]
-
-#: Models whose chat vLLM renders with Harmony (``OpenAIServingChat.use_harmony``: model type
-#: gpt_oss), never with a Jinja chat template.
-HARMONY_ARCHITECTURES: frozenset[str] = frozenset({"GptOssForCausalLM"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -163,7 +159,7 @@ class StepCost:
                 + self.recurrent)
 
 
-class PerfModel(GemmTerms, AttentionTerms, CommTerms):
+class PerfModel(GemmTerms, AttentionTerms, CommTerms, ApiServerCosts):
     """Seconds per engine step for one (model, GPU, engine config), with the constants precomputed.
 
     Example:
@@ -270,24 +266,6 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms):
         # few batch shapes thousands of times (decode steps of one batch size, full token budgets):
         # remembered, the tile-grid search runs once per shape instead of once per step.
         self._gemm_memo: dict[tuple[int, int], float] = {}
-
-    def _init_api_server(self, model: ModelProfile, config: EngineConfig, cal: Calibration) -> None:
-        """The API server's and the client's CPU costs (sim/frontend.py), at the host's ``api_cpu_factor``."""
-        self.api_cpu_factor = host = cal.api_cpu_factor
-        self.request_overhead_s = cal.request_overhead_s * host
-        #: Loop CPU a chat request adds to :attr:`request_overhead_s` (0 where vLLM's chat endpoint
-        #: does not parse the template per request, or the model chats through Harmony), scaled to
-        #: the model's own template where it is known (sim.chat_templates).
-        self.chat_request_overhead_s = (cal.chat_template_parse_s * host * chat_template_parse_share(model)
-                                        if memory_rules(config.version).chat_template_parsed_per_request
-                                        and model.architecture not in HARMONY_ARCHITECTURES else 0.0)
-        self.prompt_token_overhead_s = cal.prompt_token_overhead_s * host
-        self.token_overhead_s = cal.token_overhead_s * host
-        self.stream_prompt_token_s = cal.stream_prompt_token_s * host
-        self.api_chunk_share = cal.api_chunk_share
-        self.api_intake_passes = int(cal.api_intake_passes)  # a whole number >= 1 (Calibration.with_overrides)
-        self.client_chunk_s = cal.client_chunk_s * host
-        self.api_output_slice = int(cal.api_output_slice)
 
     def _init_sampler(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, cal: Calibration,
                       sampling: Sampling) -> None:
