@@ -109,15 +109,14 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from servetune.planner.model_memory import effective_model
-from servetune.planner.vllm_rules import memory_rules
-from servetune.planner.hybrid import mamba_ssm_dtype_bytes
-from servetune.sim import perf_classes, perf_hybrid
+from servetune.sim import perf_classes
 from servetune.sim._calibration import (FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, calibration_for,
                                         runs_flash_attention_2, with_calibration)
 from servetune.sim._perf_api_server import ApiServerCosts
 from servetune.sim._perf_attention import AttentionTerms
 from servetune.sim._perf_comm import CommTerms
 from servetune.sim._perf_gemm import DEFAULT_SMS, GemmTerms, moe_tile_share, wave_fill
+from servetune.sim._perf_recurrent import RecurrentTerms
 from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_pass
 from servetune.workload import GREEDY, Sampling
 
@@ -159,7 +158,7 @@ class StepCost:
                 + self.recurrent)
 
 
-class PerfModel(GemmTerms, AttentionTerms, CommTerms, ApiServerCosts):
+class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerCosts):
     """Seconds per engine step for one (model, GPU, engine config), with the constants precomputed.
 
     Example:
@@ -285,44 +284,6 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, ApiServerCosts):
             f"{'V2' if v2 else 'V1'} runner at vLLM {config.vllm_version}: not counted, not priced")
         self.sampler_row_s = spass.bytes_per_logit * model.vocab_size / (gpu.hbm_gbps * 1e9) if spass else 0.0
         self.sampler_step_s = spass.kernels * cal.compiled_layer_overhead_s / KERNELS_PER_LAYER if spass else 0.0
-
-    def _init_hybrid(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, tp: int, layers: int,
-                     mem_rate: float, cal: Calibration) -> perf_hybrid.HybridShape | None:
-        """A Mamba / gated-delta-net hybrid's recurrent terms (:mod:`servetune.sim.perf_hybrid`; None and
-        zeros for other models): per decoding request its state read and written in every Mamba layer,
-        per prefilling request its initial state read and final state written, per decode token the
-        mixer's activations, per prefill token conv1d, the gated norm and the chunked scan's kernels,
-        each a roofline of its bytes (``mem_efficiency``) and FLOPs (the dense rate, ``compute_efficiency``).
-        The element-wise kernels are the dense rule's per layer, the MLP's share on the layers with one."""
-        self._t_state = self._t_mamba_decode_token = self._t_mamba_prefill_token = 0.0
-        hybrid = perf_hybrid.hybrid_shape(model, tp, layers, mamba_ssm_dtype_bytes(
-            model, memory_rules(config.version).nemotron_h_ssm_default))
-        if hybrid is None:
-            return None
-        n = hybrid.mamba_layers
-        flop_rate = gpu.bf16_tflops * 1e12 * cal.compute_efficiency
-        self._t_state = 2.0 * hybrid.state_bytes * n / mem_rate
-        self._t_mamba_decode_token = hybrid.decode_token_bytes * n / mem_rate
-        scan = sum(max(k.bytes / mem_rate, k.flops / flop_rate) for k in hybrid.scan)
-        self._t_mamba_prefill_token = (hybrid.prefill_token_bytes / mem_rate + scan) * n
-        if model.is_moe:
-            inter = (model.num_experts_per_tok * model.expert_intermediate_size
-                     + model.shared_expert_intermediate_size) // tp
-        else:
-            inter = model.intermediate_size // tp
-        d = model.hidden_size
-        self._elementwise_token = (10.5 * d * layers + (3.0 if model.ffn_gated else 2.0) * inter
-                                   * hybrid.ffn_layers) * 2.0 / mem_rate
-        return hybrid
-
-    def recurrent_seconds(self, decode_reqs: int, prefill_reqs: int, prefill_tokens: int) -> float:
-        """A hybrid's Mamba / gated-delta-net layers beyond their GEMMs for one step (0 for other models):
-        ``decode_reqs`` requests decoding one token each, ``prefill_reqs`` requests prefilling
-        ``prefill_tokens`` tokens together (:meth:`_init_hybrid`)."""
-        if not self._t_state:
-            return 0.0
-        return (self._t_state * (decode_reqs + prefill_reqs) + self._t_mamba_decode_token * decode_reqs
-                + self._t_mamba_prefill_token * prefill_tokens)
 
     def padded(self, num_tokens: int) -> int:
         """The CUDA graph size a batch of ``num_tokens`` runs as (itself above the largest size)."""
