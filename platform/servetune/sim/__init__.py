@@ -4,7 +4,8 @@ One trial: :func:`simulate` (:mod:`.engine`) plans the startup memory, runs the 
 (:class:`SimScheduler`, :mod:`.scheduler`: schedule -> :class:`SchedulerOutput` -> step time ->
 update) with its KV block pool (:mod:`.blocks`) and per-request state (:mod:`.request`), behind
 vLLM's API server loop (:mod:`.frontend`), driven by the load generator's clients
-(:mod:`.client`), with step times from the roofline model (:mod:`.perf`; a Mamba / gated-delta-net
+(:mod:`.client`), with step times from the roofline model (:mod:`.perf`, its terms priced in the
+private ``_perf_*`` modules and its knobs in ``_calibration``; a Mamba / gated-delta-net
 hybrid's recurrent layers from :mod:`.perf_hybrid`, whose :func:`hybrid_note` ``simulate`` prints) and vLLM's log lines
 (:mod:`.vllm_log`); :mod:`.chat_templates` prices a model's own chat template where vLLM parses it
 per request. :mod:`.host_cpu` says what the API server's load means for a figure. The

@@ -96,6 +96,15 @@ The knobs live in :class:`Calibration`; a :class:`~servetune.gpus.GpuSpec` may o
 through its ``calibration`` mapping, and :data:`GPU_CALIBRATION` holds the values fitted to real
 runs (``benchmarks/sim_fidelity.py`` fits them and prints the held-out comparison).
 
+This module is the face of the model: :class:`PerfModel` computes every term once (``__init__``,
+through its parts' ``_init_*`` methods) and sums a step (:meth:`PerfModel.gpu_cost`: launches, PP,
+the sampler; :meth:`PerfModel.step_time`: the engine CPU), and the other names are imported from
+here. The terms are priced in the package's private modules, each a mixin class of ``PerfModel``
+(declaring the terms it reads and does not set): the GEMMs and their tile grid in ``_perf_gemm``,
+attention in ``_perf_attention``, TP and PP communication in ``_perf_comm``, a hybrid's recurrent
+layers in ``_perf_recurrent``, the API server's and the client's CPU in ``_perf_api_server``; the
+knobs and the fitted tables in ``_calibration``.
+
 Example:
     >>> from servetune.sim.perf import Calibration
     >>> Calibration().with_overrides({"step_overhead_s": 0.001}).step_overhead_s
