@@ -1,0 +1,74 @@
+"""Communication's prices for :class:`servetune.sim.perf.PerfModel`: TP all-reduces, the logits' gather, PP sends.
+
+Contract: :class:`CommTerms` is the part of ``PerfModel`` that sets a step's communication terms
+(``perf``'s docstring, "TP adds two all-reduces per layer" and "PP splits the layers"), each priced
+by the host's interconnect through :mod:`servetune.planner.comm` (the one model the planner and the
+simulator share); ``PerfModel.gpu_cost`` adds them per micro-batch and per token. Pure arithmetic,
+no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from servetune.planner.comm import allreduce_cost, sendrecv_cost
+
+if TYPE_CHECKING:
+    from servetune.planner.gpus import GpuSpec
+    from servetune.planner.modelinfo import ModelProfile
+    from servetune.sim._calibration import Calibration
+
+__all__ = ["CommTerms"]
+
+
+class CommTerms:
+    """Communication of one step (a mixin of :class:`servetune.sim.perf.PerfModel`): :meth:`_init_comm`
+    sets the fixed and per-token seconds of the all-reduces (``_t_ar_*``), of the logits' all-gather
+    without GPU P2P (``_t_gather_*``) and of the pipeline's sends (``_t_pp_*``), and :attr:`allreduce_path`."""
+
+    def _init_comm(self, model: ModelProfile, gpu: GpuSpec, tp: int, pp: int, layers: int,
+                   cal: Calibration, allreduces: int = 0, custom_all_reduce: bool = True) -> None:
+        """The per-step communication terms: TP all-reduces and PP sends, priced by the interconnect.
+
+        ``allreduces``: the stage's all-reduces a step (0: two a layer; a hybrid's one per mixer and MLP,
+        Nemotron-H's layers holding one of them). ``custom_all_reduce``: not ``disable_custom_all_reduce``
+        (the path changes, the calibrated cost does not: :func:`servetune.planner.comm.nccl_small_message_note`).
+        Sets :attr:`allreduce_path`, the implementation priced, in words ("" at TP=1)."""
+        # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
+        # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
+        # knobs, no P2P at NCCL's published SHM figures, a fixed cost per step of NCCL's ring:
+        # 2 (tp-1) an all-reduce, tp-1 the all-gather below).
+        # Once a step, the LM head's vocab-parallel logits (one row per sampled request, the
+        # model's dtype) are all-gathered to every rank: vLLM's LogitsProcessor._gather_logits takes
+        # tensor_model_parallel_all_gather wherever Platform.use_all_gather() holds, every V1
+        # engine (0.10-0.26); each rank receives (tp-1)/tp of the [rows, vocab] tensor. Priced
+        # where the all-reduce is priced from NCCL's published SHM figures (no GPU P2P): there
+        # it is 0.03 ms a request a step for a 152k vocabulary at TP=2, under 1 us over NVLink,
+        # where it stays inside the calibrated all-reduce terms the NVLink windows judged (and the
+        # recorded NVLink runs are not moved by it).
+        self.allreduce_path = ""
+        if tp > 1:
+            ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency,
+                                custom_all_reduce=custom_all_reduce)
+            self.allreduce_path = ar.path
+            n_ar = allreduces or 2 * layers
+            self._t_ar_fixed = n_ar * ar.fixed_s(tp)
+            self._t_ar_token = n_ar * (ar.seconds(tp, model.hidden_size * 2) - ar.fixed_s(tp))
+        else:
+            self._t_ar_fixed = self._t_ar_token = 0.0
+        self._t_gather_fixed = self._t_gather_row = 0.0
+        if tp > 1 and gpu.link == "pcie-no-p2p":
+            self._t_gather_fixed = ar.gather_fixed_s(tp)
+            self._t_gather_row = (tp - 1) / tp * model.vocab_size * model.dtype_bytes / ar.bus_bytes_per_s
+        # A pipeline boundary: the stage's hidden states and residual (each rank its 1/TP slice)
+        # sent to the next stage (planner.comm.sendrecv_cost), pp - 1 sends per micro-batch: a lone
+        # request pays all of them (the bubble), a full pipeline the stages' average (the last
+        # stage sends nothing), as every other term is spread over equal stages.
+        if pp > 1:
+            p2p = sendrecv_cost(gpu, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency)
+            share = (pp - 1) / pp  # scaled back up by the step's pp / micro (gpu_cost)
+            self._t_pp_fixed = p2p.latency_s * share
+            self._t_pp_token = (p2p.sendrecv_seconds(2.0 * model.hidden_size * model.dtype_bytes / tp)
+                                - p2p.latency_s) * share
+        else:
+            self._t_pp_fixed = self._t_pp_token = 0.0
