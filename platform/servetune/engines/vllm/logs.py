@@ -106,9 +106,20 @@ class WorkerMemory:
 
 @dataclasses.dataclass(frozen=True)
 class ParsedLog:
-    """What a vLLM server log shows; ``None`` where it does not show it. GiB, seconds, tokens."""
+    """What a vLLM server log shows; ``None`` where it does not show it. GiB, seconds, tokens.
+
+    ``num_gpu_blocks`` is the count the log states (the user's override, V0's or the early V1 engine's
+    block line, an appended ``/metrics`` dump, the API server's DEBUG ``num_gpu_blocks is:`` line); else,
+    with ``num_gpu_blocks_derived``, the one count that gives the logged KV tokens and concurrency for one
+    KV-cache group of full attention (:func:`_blocks_from_tokens`), where nothing in the log says the cache
+    has more groups (:func:`_one_kv_group`): a sliding-window, chunked or Mamba hybrid's tokens span
+    every group, so its count is ``None`` unless printed. ``block_size`` is the one the log names
+    (cache info, a hybrid's raised block, ``--block-size``, the attention backend's line), else ``None``
+    (vLLM's 16 on CUDA, which the derivation assumes).
+    """
 
     vllm_version: str | None = None
+    architecture: str | None = None  # "Resolved architecture: GptOssForCausalLM"
     non_default_args: dict[str, Any] | None = None
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
@@ -272,6 +283,19 @@ _CACHE_INFO_BLOCKS_RE = re.compile(r"cache_config_info with initialization after
 # A Mamba / linear-attention hybrid: vLLM raised the attention block to hold one recurrent state
 # (``platforms/interface.py``); its logged tokens count every KV group's blocks per request.
 _HYBRID_BLOCK_RE = re.compile(r"Setting attention block size to (\d+) tokens")
+# The attention backend's own block size where it is not 16 (FlashMLA 64, CUTLASS MLA 128): "Forcing kv cache
+# block size to 64 for FlashMLA backend." (platforms/cuda.py:167@0.11.0), "Setting kv cache block size to 64 for
+# FLASHMLA backend." (platforms/interface.py:470@0.19.0, :636@0.26.0, :636@0.28.0).
+_BACKEND_BLOCK_RE = re.compile(r"(?:Forcing|Setting) kv cache block size to (\d+)")
+# The model class vLLM resolved (config/model.py:547@0.11.0, :549@0.19.0, :623@0.26.0, :672@0.28.0).
+_ARCH_RE = re.compile(r"Resolved architecture: (\w+)")
+# A hybrid's layers unified into one full-attention group, the hybrid KV-cache manager being off
+# (``unify_hybrid_kv_cache_specs``: kv_cache_utils.py:1112@0.11.0, :1176@0.19.0, :1445@0.26.0, :1537@0.28.0).
+_UNIFIED_RE = re.compile(r"Hybrid KV cache manager is disabled for this hybrid model")
+# A layer with a sliding window (the attention selector's config in a DEBUG line, v1/attention/selector.py:53@0.26.0).
+_SLIDING_RE = re.compile(r"has_sliding_window=True")
+# Context parallelism multiplies the logged tokens (kv_cache_utils.py:1084@0.11.0, :1312@0.19.0, :1704@0.20.0).
+_CP_TOKENS_RE = re.compile(r"Multiplying the GPU KV cache size by the d?cp_world_size")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _ACTUAL_OLD_RE = re.compile(  # 0.11 .. 0.26 wording (INFO in 0.26, DEBUG before)
     r"Actual usage is " + _N + r" GiB for weight, " + _N + r" GiB for peak activation, " + _N
@@ -484,6 +508,16 @@ class _LogScan:
             self.first("_logged_gpu_blocks", int(m.group(1)))
         if (m := _HYBRID_BLOCK_RE.search(raw)):
             self.first("_hybrid_block_size", int(m.group(1)))
+        if (m := _BACKEND_BLOCK_RE.search(raw)):
+            self.first("_backend_block_size", int(m.group(1)))
+        if (m := _ARCH_RE.search(raw)):
+            self.first("architecture", m.group(1))
+        if _UNIFIED_RE.search(raw):
+            self.f["_unified"] = True
+        if _SLIDING_RE.search(raw):
+            self.f["_sliding"] = True
+        if _CP_TOKENS_RE.search(raw):
+            self.f["_cp_tokens"] = True
         if (m := _KV_TOO_SMALL_V1_RE.search(raw)):
             self.first("_err_max_len", int(m.group(1)))
             self.first("kv_needed_gib", _num(m, 2))
@@ -540,12 +574,55 @@ def _freeze_workers(workers: dict[str, dict[str, float]]) -> dict[str, WorkerMem
     return frozen
 
 
-def _block_size(cache_info: dict[str, str] | None, args: Any) -> int | None:
+#: The model classes vLLM builds with more than one KV-cache group (hybrid KV-cache manager on, its default on
+#: CUDA): sliding-window layers beside full ones (gpt_oss.py:157, gemma2.py:155, gemma3.py:154, commandr.py:188,
+#: exaone4.py:169, olmo3.py:126 @0.26.0), chunked local attention beside full (llama4.py:253@0.26.0), and the
+#: Mamba / linear-attention hybrids (``IsHybrid``); names from models/registry.py@0.28.0, Bamba from 0.23.0's.
+#: Their logged tokens are not blocks x block size, so their block count is never derived from them.
+SEVERAL_KV_GROUPS = frozenset({
+    "GptOssForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+    "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+    "Cohere2ForCausalLM", "Cohere2MoeForCausalLM", "Exaone4ForCausalLM", "Olmo3ForCausalLM", "MiMoV2FlashForCausalLM",
+    "MiMoV2ForCausalLM", "Step3p5ForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
+    "BailingMoeV2_5ForCausalLM", "BambaForCausalLM", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM",
+    "JambaForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",
+    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "OlmoHybridForCausalLM", "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration", "Zamba2ForCausalLM",
+})
+#: vLLM's block size on CUDA unless the user, the attention backend or a hybrid's alignment sets another
+#: (config/cache.py:47@0.26.0, :48@0.28.0 ``DEFAULT_BLOCK_SIZE``; platforms/cuda.py:127@0.11.0).
+DEFAULT_BLOCK_SIZE = 16
+#: The first version that logs ``int(max_concurrency * max_model_len)`` tokens (``_report_kv_cache_config``,
+#: kv_cache_utils.py:1699-1708@0.20.1); 0.20.0 and before log ``num_blocks // len(groups) * min_block_size``
+#: (kv_cache_utils.py:1080@0.11.0, :1302-1306@0.19.0, 0.20.0's same lines).
+TOKENS_FROM_CONCURRENCY = (0, 20, 1)
+
+
+def _block_size(cache_info: dict[str, str] | None, args: Any, f: dict[str, Any]) -> int | None:
+    """The attention block size: the metrics' cache info, a hybrid's raised block (it overrides the
+    flag), the ``--block-size`` flag, the backend's own block line; None where the log shows none."""
     if cache_info and cache_info.get("block_size", "").isdigit():
         return int(cache_info["block_size"])
+    if f.get("_hybrid_block_size") is not None:
+        return int(f["_hybrid_block_size"])
     if isinstance(args, dict) and isinstance(args.get("block_size"), int):
-        return args["block_size"]
-    return None
+        return int(args["block_size"])
+    return f.get("_backend_block_size")
+
+
+def _one_kv_group(f: dict[str, Any], args: Any) -> bool:
+    """Whether nothing in the log says the KV cache has more than one group of full attention, or
+    that its logged tokens are scaled: no hybrid's raised block, no sliding-window layer, no model
+    class of :data:`SEVERAL_KV_GROUPS` (unless vLLM unified its layers into one group), no context
+    parallelism."""
+    if f.get("_hybrid_block_size") is not None or f.get("_cp_tokens"):
+        return False
+    if isinstance(args, dict) and any(isinstance(args.get(k), int) and args[k] > 1 for k in (
+            "decode_context_parallel_size", "prefill_context_parallel_size")):
+        return False
+    if f.get("_unified"):
+        return True
+    return not f.get("_sliding") and f.get("architecture") not in SEVERAL_KV_GROUPS
 
 
 def _kv_blocks(f: dict[str, Any], args: Any, cache_info: dict[str, str] | None, block_size: int | None,
@@ -567,7 +644,7 @@ def _kv_blocks(f: dict[str, Any], args: Any, cache_info: dict[str, str] | None, 
     if override is None and isinstance(args, dict) and isinstance(args.get("num_gpu_blocks_override"), int):
         override = args["num_gpu_blocks_override"]
     blocks, derived = None, False
-    if f.get("computed_gpu_blocks") is not None and override is not None:
+    if override is not None:  # vLLM takes the user's count as it is (may_override_num_blocks)
         blocks = override
     elif f.get("_v0_gpu_blocks") is not None:
         blocks = f["_v0_gpu_blocks"]
@@ -575,8 +652,10 @@ def _kv_blocks(f: dict[str, Any], args: Any, cache_info: dict[str, str] | None, 
         blocks = int(cache_info["num_gpu_blocks"])
     elif f.get("_logged_gpu_blocks") is not None:
         blocks = f["_logged_gpu_blocks"]
-    elif kv_tokens is not None and f.get("_hybrid_block_size") is None:  # a hybrid's tokens span its groups
-        blocks, derived = _blocks_from_tokens(kv_tokens, block_size or 16, max_len, version), True
+    elif kv_tokens is not None and _one_kv_group(f, args):
+        blocks = _blocks_from_tokens(kv_tokens, block_size or DEFAULT_BLOCK_SIZE,
+                                     f.get("max_concurrency_tokens") or max_len, f.get("max_concurrency"), version)
+        derived = blocks is not None
     if kv_tokens is None and f.get("_v0_kv_tokens") is not None:
         kv_tokens = f["_v0_kv_tokens"]
     return blocks, derived, override, kv_tokens
@@ -596,11 +675,12 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
 
     cudagraph = agg("cudagraph_gib", max)
     capture_gib = agg("graph_capture_gib", max)
-    block_size = _block_size(cache_info, args)
+    block_size = _block_size(cache_info, args, f)
     blocks, derived, override, kv_tokens = _kv_blocks(f, args, cache_info, block_size, max_len, version)
 
     return ParsedLog(
         vllm_version=version,
+        architecture=f.get("architecture"),
         non_default_args=args,
         max_model_len=max_len,
         max_num_batched_tokens=mbt,
@@ -650,14 +730,35 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
     )
 
 
-def _blocks_from_tokens(tokens: int, block_size: int, max_len: int | None, version: str | None) -> int:
-    """Invert vLLM's KV-size line (§2.6): ≤0.20 ``tokens = blocks * block``; ≥0.25
-    ``tokens = int(blocks / cdiv(max_len, block) * max_len)``."""
+def _blocks_from_tokens(tokens: int, block_size: int, max_len: int | None, concurrency: float | None,
+                       version: str | None) -> int | None:
+    """The block count behind vLLM's logged KV tokens, for one KV-cache group of full attention;
+    None where no count gives both logged figures.
+
+    A version before :data:`TOKENS_FROM_CONCURRENCY` logs ``blocks * block_size``; from it,
+    ``int(blocks / cdiv(max_len, block_size) * max_len)``, inverted here with vLLM's own float
+    arithmetic. Both print the concurrency ``blocks / cdiv(max_len, block_size)`` with ``%.2f``, and a
+    count must give it too: a sliding-window or chunked group beside a full one (before 0.20.1,
+    ``tokens = blocks // groups * block``) rarely does. An unknown version takes the count both
+    formulas agree on.
+
+    Example:
+        >>> _blocks_from_tokens(2216528, 16, 8192, 270.57, "0.26.0"), _blocks_from_tokens(373904, 16, 16384, 22.82, "0.11.0")
+        (138533, 23369)
+        >>> _blocks_from_tokens(2591776, 16, 8192, 316.07, "0.19.0") is None  # gpt-oss: 2 groups of 323,972
+        True
+    """
     v = version_tuple(version)
-    if max_len and (v is None or v >= (0, 25)):
-        per_req = -(-max_len // block_size)
-        return round(tokens * per_req / max_len)
-    return tokens // block_size
+    per_request = -(-max_len // block_size) if max_len else None
+    found: set[int] = set()
+    if (v is None or v < TOKENS_FROM_CONCURRENCY) and tokens % block_size == 0:
+        found.add(tokens // block_size)
+    if (v is None or v >= TOKENS_FROM_CONCURRENCY) and max_len and per_request:
+        first = -(-tokens * per_request // max_len)
+        found.update(b for b in (first - 1, first, first + 1) if b >= 0 and int(b / per_request * max_len) == tokens)
+    if concurrency is not None and per_request:
+        found = {b for b in found if f"{b / per_request:.2f}" == f"{concurrency:.2f}"}
+    return found.pop() if len(found) == 1 else None
 
 
 # ============================================================================ classification
