@@ -557,3 +557,29 @@ def test_the_users_override_is_the_block_count_without_its_line() -> None:
 def test_a_hybrids_raised_block_is_its_block_size() -> None:
     assert parse_log(_hybrid_log("2026-12-06_ghtiny_u09_s256_mbt8192")).block_size == 400
     assert parse_log(_hybrid_log("2026-12-06_nemh8b_u042_default")).block_size == 1040
+
+
+def test_torch_compile_time_without_aot_compilation() -> None:
+    """Without AOT compilation vLLM times compile and the first profiling run together
+    (compilation/decorators.py:674@0.26.0); that is the compile time it reports on the init line."""
+    log = ("(EngineCore pid=7) INFO 05-01 10:00:00 [monitor.py:53] torch.compile and initial profiling/warmup run "
+           "together took 21.37 s in total\n"
+           "(EngineCore pid=7) INFO 05-01 10:00:09 [core.py:341] init engine (profile, create kv cache, warmup model) "
+           "took 40.12 s (compilation: 21.37 s)")
+    p = parse_log(log)
+    assert (p.torch_compile_s, p.engine_compile_s, p.engine_init_s) == (21.37, 21.37, 40.12)
+    assert parse_log("INFO 05-01 10:00:00 [monitor.py:34] torch.compile takes 28.11 s in total").torch_compile_s == 28.11
+
+
+def test_0_11_0_prints_each_workers_kv_size_and_the_smallest_binds() -> None:
+    """0.11.0 logs the KV size of each worker before it takes the smallest block count over them
+    (kv_cache_utils.py:1087-1092 and :1286@0.11.0): PP=2 with stages of unequal memory."""
+    line = "(EngineCore_DP0 pid=9) INFO 10-15 12:00:05 [kv_cache_utils.py:{}] {}"
+    log = "\n".join([
+        "(EngineCore_DP0 pid=9) INFO 10-15 12:00:00 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: x",
+        line.format(1087, "GPU KV cache size: 480,000 tokens"),
+        line.format(1091, "Maximum concurrency for 8,192 tokens per request: 58.59x"),
+        line.format(1087, "GPU KV cache size: 400,000 tokens"),
+        line.format(1091, "Maximum concurrency for 8,192 tokens per request: 48.83x")])
+    p = parse_log(log)
+    assert (p.kv_cache_tokens, p.max_concurrency, p.num_gpu_blocks) == (400000, 48.83, 25000)

@@ -300,7 +300,7 @@ _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _ACTUAL_OLD_RE = re.compile(  # 0.11 .. 0.26 wording (INFO in 0.26, DEBUG before)
     r"Actual usage is " + _N + r" GiB for weight, " + _N + r" GiB for peak activation, " + _N
     + r" GiB for non-torch memory, and " + _N + r" GiB for CUDAGraph memory")
-_ACTUAL_NEW_RE = re.compile(  # 0.29+ wording
+_ACTUAL_NEW_RE = re.compile(  # 0.28+ wording (v1/worker/gpu_worker.py:789@0.28.0)
     r"Actual usage is " + _N + r" GiB for consumed memory \(weights \+ non-torch\), " + _N
     + r" GiB for peak activation, and " + _N + r" GiB for CUDAGraph memory")
 _FREE_START_RE = re.compile(
@@ -317,7 +317,11 @@ _DEBUG_NON_TORCH_RE = re.compile(r"non-torch forward increase memory: " + _N + r
 _DEBUG_WEIGHTS_RE = re.compile(r"weights memory: " + _N + r" ?GiB")
 _GRAPH_RE = re.compile(r"Graph capturing finished in " + _N + r" secs?, took " + _N + r" ?GiB")
 _EST_CG_RE = re.compile(r"Estimated CUDA graph memory: " + _N + r" ?GiB total")
-_COMPILE_RE = re.compile(r"torch\.compile (?:takes|took) " + _N + r" s in total")
+# "torch.compile takes 28.11 s in total" (0.11), "torch.compile took ..." (compilation/monitor.py:20@0.19.0); without
+# AOT compilation (VLLM_USE_AOT_COMPILE=0, an eager backend) "torch.compile and initial profiling/warmup run together
+# took ..." (compilation/decorators.py:607@0.19.0, :674@0.26.0, :674@0.28.0), the time vLLM counts as compilation.
+_COMPILE_RE = re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?(?:takes|took) " + _N
+                         + r" s in total")
 # vLLM's compile cache (VLLM_CACHE_ROOT/torch_compile_cache, keyed by the configuration): a warm
 # start loads the graphs ("Directly load the compiled graph(s) ... from the cache, took 1.04 s"),
 # a cold one compiles them ("Compiling a graph for compile range (1, 8192) takes 8.14 s", 0.20+;
@@ -395,6 +399,10 @@ class _LogScan:
 
     def first(self, key: str, value: Any) -> None:
         if self.f.get(key) is None:
+            self.f[key] = value
+
+    def lowest(self, key: str, value: Any) -> None:
+        if self.f.get(key) is None or value < self.f[key]:
             self.f[key] = value
 
     def worker(self, seg: _Seg, m: re.Match[str], **values: float) -> None:
@@ -484,11 +492,14 @@ class _LogScan:
             self.first("engine_init_s", _num(m, 1))
             if m.group(2) is not None:
                 self.first("engine_compile_s", _num(m, 2))
+        # 0.11.0 prints both lines for each worker before vLLM takes the smallest block count over them
+        # (kv_cache_utils.py:1087-1092 inside get_kv_cache_config_from_groups, the minimum at :1286@0.11.0);
+        # 0.11.1+ prints them once, after (:1229, :1338@0.11.1). The binding worker's are the smallest.
         if (m := _KV_TOKENS_RE.search(raw)):
-            self.first("kv_cache_tokens", _int(m))
+            self.lowest("kv_cache_tokens", _int(m))
         if (m := _CONCURRENCY_RE.search(raw)):
             self.first("max_concurrency_tokens", _int(m, 1))
-            self.first("max_concurrency", _num(m, 2))
+            self.lowest("max_concurrency", _num(m, 2))
         if (m := _OVERRIDE_RE.search(raw)):
             self.f.setdefault("_overrides", []).append((int(m.group(1)), int(m.group(2))))  # (computed, override)
         if (m := _V0_BLOCKS_RE.search(raw)):
