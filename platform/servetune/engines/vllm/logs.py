@@ -11,7 +11,10 @@ Contract:
   Every field is ``None`` when the log does not show it. Per-worker memory lines (TP/PP ranks,
   ``(Worker_TP0 pid=..)``) are kept in :attr:`ParsedLog.workers`; the top-level memory figures are
   those of the binding worker (the largest consumption, the smallest KV budget), which is what
-  vLLM itself does when it takes the minimum block count over workers.
+  vLLM itself does when it takes the minimum block count over workers. The GPU block count is the one
+  the log states, else derived from the logged KV tokens only where that is exact (one KV-cache group
+  of full attention, :class:`ParsedLog`), else ``None``: a sliding-window, chunked-attention or Mamba
+  hybrid's logged tokens span all its groups.
 * :func:`classify` maps a log (plus the launcher's exit code, health and timeout facts) to a
   :class:`~servetune.result.TrialStatus`, the cause, and the few log lines that prove it.
   ``infrastructure=True`` marks failures caused by the machine, not the flags (another process
