@@ -183,7 +183,7 @@ class VllmMemoryRules:
     #: ``num_gpu_blocks_override`` is checked (and reported) as the KV memory it takes.
     null_block_first: bool
     #: KV tokens logged as ``int(max_concurrency * max_model_len)`` (0.20.1+: ``_report_kv_cache_config``,
-    #: kv_cache_utils.py:1699-1708@0.20.1; 0.20.0 still logs blocks // groups x block, :1302-1306@0.20.0),
+    #: kv_cache_utils.py:1699-1708@0.20.1; 0.20.0 still logs blocks // groups x block, :1694-1698@0.20.0),
     #: not blocks x block size.
     kv_tokens_from_concurrency: bool
     #: GiB printed with ``format_gib`` (round to 2, e.g. ``-0.52``) from 0.16, ``%.2f`` before.

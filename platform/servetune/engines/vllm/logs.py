@@ -608,7 +608,7 @@ SEVERAL_KV_GROUPS = frozenset({
 DEFAULT_BLOCK_SIZE = 16
 #: The first version that logs ``int(max_concurrency * max_model_len)`` tokens (``_report_kv_cache_config``,
 #: kv_cache_utils.py:1699-1708@0.20.1); 0.20.0 and before log ``num_blocks // len(groups) * min_block_size``
-#: (kv_cache_utils.py:1080@0.11.0, :1302-1306@0.19.0, 0.20.0's same lines).
+#: (kv_cache_utils.py:1080@0.11.0, :1302-1306@0.19.0, :1694-1698@0.20.0).
 TOKENS_FROM_CONCURRENCY = (0, 20, 1)
 
 
