@@ -402,8 +402,8 @@ def test_a_hybrids_block_count_is_never_derived_from_its_tokens() -> None:
 # ---------------------------------------------------------------- the GPU block count behind the logged tokens
 # vLLM logs "GPU KV cache size: N tokens" as blocks // groups x block size up to 0.20.0 (kv_cache_utils.py:1080@0.11.0,
 # :1302-1306@0.19.0) and as int(blocks / blocks-per-request x max_model_len) from 0.20.1 (:1699-1708@0.20.1,
-# get_kv_cache_capacity :1819-1829@0.26.0, :1849-1858@0.28.0), blocks-per-request summed over every KV-cache
-# group (get_max_concurrency_for_kv_cache_config :917-938@0.28.0). Only one full-attention group gives the count back.
+# get_kv_cache_capacity :1819-1829@0.26.0, :1848-1858@0.28.0), blocks-per-request summed over every KV-cache
+# group (get_max_concurrency_for_kv_cache_config :917-939@0.28.0). Only one full-attention group gives the count back.
 CLASSES = FIXTURES / "real_h100_classes"
 PUBLISHED = FIXTURES / "published_logs" / "logs"
 
