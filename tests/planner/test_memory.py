@@ -250,8 +250,15 @@ def test_kv_tokens_formula_by_version():
     _, new = _plan(flags, version="0.26.0")
     _, old = _plan(flags, version="0.16.0")
     # (the block counts differ: 0.16 profiles with the V1 model runner's constants)
-    assert old.kv_cache_tokens == old.num_gpu_blocks * 16  # ≤0.20: blocks x block size
-    assert new.kv_cache_tokens == int(new.num_gpu_blocks / 63 * 1000)  # ≥0.25: concurrency x max_model_len
+    assert old.kv_cache_tokens == old.num_gpu_blocks * 16  # ≤0.20.0: blocks x block size
+    assert new.kv_cache_tokens == int(new.num_gpu_blocks / 63 * 1000)  # ≥0.20.1: concurrency x max_model_len
+    # The switch is 0.20.1's (kv_cache_utils.py:1699-1708@0.20.1), not 0.25's: 0.20.0 and 0.20.1 plan the same
+    # blocks and log them differently.
+    _, v200 = _plan(flags, version="0.20.0")
+    _, v201 = _plan(flags, version="0.20.1")
+    assert v200.num_gpu_blocks == v201.num_gpu_blocks
+    assert v200.kv_cache_tokens == v200.num_gpu_blocks * 16
+    assert v201.kv_cache_tokens == int(v201.num_gpu_blocks / 63 * 1000) != v200.kv_cache_tokens
 
 
 def test_cudagraph_estimate_subtracted_only_in_020_to_025():

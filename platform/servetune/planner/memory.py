@@ -500,7 +500,7 @@ def _kv_capacity(rules: VllmMemoryRules, num_blocks: int, config: EngineConfig, 
                  blocks_per_seq: int) -> tuple[int, float]:
     """``(KV tokens, max concurrency)`` as vLLM logs them (``kv_cache_utils.py``).
 
-    ≤0.20: tokens = num_blocks // KV groups * block_size; ≥0.25: ``int(max_concurrency * max_model_len)``.
+    ≤0.20.0: tokens = num_blocks // KV groups * block_size; ≥0.20.1: ``int(max_concurrency * max_model_len)``.
     Concurrency: blocks over the blocks one ``max_model_len`` request takes in every group.
     """
     concurrency = num_blocks / blocks_per_seq

@@ -582,7 +582,7 @@ class KVLayout:
         return self.block_bytes * len(self.groups) // block_size
 
     def tokens(self, num_blocks: int, block_size: int) -> int:
-        """The "GPU KV cache size" vLLM logs before 0.25: ``num_blocks // len(groups) * min_block_size``.
+        """The "GPU KV cache size" vLLM logs up to 0.20.0: ``num_blocks // len(groups) * min_block_size``.
 
         ``min_block_size`` is the smallest group's block size (``kv_cache_utils.py``: line 1077 of 0.11.0,
         ``_report_kv_cache_config`` lines 1297-1306 of 0.19.0): a Mamba group's is ``max_model_len``.

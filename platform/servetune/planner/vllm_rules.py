@@ -182,7 +182,9 @@ class VllmMemoryRules:
     #: 0.33: the null block comes off the blocks a max-length sequence must fit in, and a
     #: ``num_gpu_blocks_override`` is checked (and reported) as the KV memory it takes.
     null_block_first: bool
-    #: KV tokens logged as ``int(max_concurrency * max_model_len)`` (0.25+), not blocks x block size.
+    #: KV tokens logged as ``int(max_concurrency * max_model_len)`` (0.20.1+: ``_report_kv_cache_config``,
+    #: kv_cache_utils.py:1699-1708@0.20.1; 0.20.0 still logs blocks // groups x block, :1694-1698@0.20.0),
+    #: not blocks x block size.
     kv_tokens_from_concurrency: bool
     #: GiB printed with ``format_gib`` (round to 2, e.g. ``-0.52``) from 0.16, ``%.2f`` before.
     gib_rounded: bool
@@ -530,7 +532,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         subtracts_cudagraph_estimate=(0, 20, 0) <= v < V2_RUNNER_DEFAULT,
         budget_rounds_up=v >= (0, 33, 0),
         null_block_first=v >= (0, 33, 0),
-        kv_tokens_from_concurrency=v >= (0, 25, 0),
+        kv_tokens_from_concurrency=v >= (0, 20, 1),
         gib_rounded=v >= (0, 16, 0),
         long_error_texts=v >= (0, 20, 0),
         sampler_warmup_after_capture=v < V2_RUNNER_DEFAULT,

@@ -169,6 +169,21 @@ def test_metrics_fill_the_block_count_when_the_log_only_implies_it():
     assert d.num_gpu_blocks == 128 and d.preemptions == 31 and d.max_concurrency == 1.0
 
 
+def test_a_sliding_window_models_block_count_is_the_metrics_or_none():
+    """gemma-2, 0.26.0 on one H100 (2026-12-05): two KV-cache groups, so the log's 51,182 tokens do not give the
+    blocks (one group's count would be 3,199); its /metrics dump says 6,404, and without it there is none."""
+    import gzip
+
+    folder = FIXTURES / "real_h100_classes" / "2026-12-05_g2_u09_s128_mbt8192"
+    text = gzip.decompress((folder / "server.log.gz").read_bytes()).decode()
+    metrics = gzip.decompress((folder / "p256_o256_c1" / "metrics_before.txt.gz").read_bytes()).decode()
+    parsed, verdict = parse_log(text), classify(text, healthy=True)
+    with_metrics, bare = diagnose(parsed, verdict, metrics), diagnose(parsed, verdict)
+    assert (with_metrics.num_gpu_blocks, bare.num_gpu_blocks, bare.kv_cache_tokens) == (6404, None, 51182)
+    out = _cli_diagnose.format_diagnosis("g2", parsed, bare)
+    assert "KV cache    51,182 tokens, 6.25x" in out and "blocks" not in out.split("KV cache    ")[1].split("\n")[0]
+
+
 # ---------------------------------------------------------------------------------------------- CLI
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="servetune")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -62,6 +63,23 @@ def test_healthy_trial_is_measured_and_parsed(tmp_path: Path) -> None:
     cpu = [counter(parse_prometheus(text), "process_cpu_seconds_total") for text in (before, after)]
     assert r.api_server_cpu_s == pytest.approx(cpu[1] - cpu[0]) and r.api_server_cpu_s > 0
     assert r.metrics()["api_server_busy"] == pytest.approx(r.api_server_cpu_s / r.duration_s)
+
+
+def test_a_sliding_window_models_block_count_comes_from_the_metrics(tmp_path: Path) -> None:
+    """gpt-oss: 2 KV-cache groups, so its logged tokens do not give its blocks (the parser says None);
+    the API server's cache_config_info gauge does, and the result keeps it."""
+    from servetune.engines.vllm.logs import parse_log
+
+    launch = dataclasses.replace(_launch(tmp_path, {"max_num_seqs": 8, "max_model_len": 2048}), model="gpt-oss-20b")
+    r = run_vllm_trial(launch, Workload.from_dict({"input_len": 128, "output_len": 16, "num_requests": 8,
+                                                   "concurrency": 4}))
+    assert r.status is TrialStatus.OK, (r.cause, r.evidence)
+    parsed = parse_log(r.log_text)
+    assert parsed.architecture == "GptOssForCausalLM" and parsed.num_gpu_blocks is None
+    info = re.search(r'num_gpu_blocks="(\d+)"', (tmp_path / "metrics_before.txt").read_text())
+    assert info is not None and r.num_gpu_blocks == int(info.group(1))
+    # one group's count, what the parser used to derive, is about half of it
+    assert r.kv_cache_tokens is not None and r.num_gpu_blocks > 1.9 * r.kv_cache_tokens * 128 / 2048
 
 
 def test_preemptions_come_from_the_metrics_counter_delta(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ of every ending: ok, startup_oom, kv_too_small, cudagraph_oom, runtime_oom, cras
 from __future__ import annotations
 
 import gzip
+import re
 from pathlib import Path
 
 import pytest
@@ -396,3 +397,189 @@ def test_a_hybrids_block_count_is_never_derived_from_its_tokens() -> None:
     parsed = parse_log(text)
     assert parsed.kv_cache_tokens == 746188
     assert parsed.num_gpu_blocks is None and not parsed.num_gpu_blocks_derived
+
+
+# ---------------------------------------------------------------- the GPU block count behind the logged tokens
+# vLLM logs "GPU KV cache size: N tokens" as blocks // groups x block size up to 0.20.0 (kv_cache_utils.py:1080@0.11.0,
+# :1302-1306@0.19.0) and as int(blocks / blocks-per-request x max_model_len) from 0.20.1 (:1699-1708@0.20.1,
+# get_kv_cache_capacity :1819-1829@0.26.0, :1848-1858@0.28.0), blocks-per-request summed over every KV-cache
+# group (get_max_concurrency_for_kv_cache_config :917-939@0.28.0). Only one full-attention group gives the count back.
+CLASSES = FIXTURES / "real_h100_classes"
+PUBLISHED = FIXTURES / "published_logs" / "logs"
+
+
+def _gz(path: Path) -> str:
+    return gzip.decompress(path.read_bytes()).decode()
+
+
+def _cache_info_blocks(folder: str) -> int:
+    """vLLM's own block count: the cache_config_info gauge of the start's first window."""
+    metrics = _gz(sorted((CLASSES / folder).glob("*/metrics_before.txt.gz"))[0])
+    return int(re.search(r'num_gpu_blocks="(\d+)"', metrics).group(1))
+
+
+@pytest.mark.parametrize(("folder", "tokens", "per_request", "single_group_count"), [
+    # gemma-2 (even layers slide, window 4,096): 2 groups of 512 + 513 blocks a request.
+    ("2026-12-05_g2_u09_s128_mbt8192", 51182, 512 + 513, 3199),
+    ("2026-12-05_g2_kvfp8_u09_s128_mbt8192", 102196, 512 + 513, 6387),
+    # gemma-3 text (52 sliding layers of 1,024, 10 full): 1 full + 6 sliding groups, 512 + 6 x 513.
+    ("2026-12-06_g3t_u09_s256_mbt8192", 32717, 512 + 6 * 513, 2045),
+])
+def test_a_sliding_window_models_block_count_is_not_derived_from_its_tokens(
+        folder: str, tokens: int, per_request: int, single_group_count: int) -> None:
+    """Real 0.26.0 starts on one H100 (2026-12-05/06, `--load-format dummy`): the count the parser used to
+    derive (tokens x 512 / 8,192) was half or a seventh of vLLM's; it now says nothing, and /metrics tells."""
+    parsed = parse_log(_gz(CLASSES / folder / "server.log.gz"))
+    real = _cache_info_blocks(folder)
+    assert parsed.kv_cache_tokens == tokens == int(real / per_request * 8192)  # vLLM's own figure, every group
+    assert round(tokens * 512 / 8192) == single_group_count != real
+    assert parsed.num_gpu_blocks is None and not parsed.num_gpu_blocks_derived
+    assert parsed.architecture in ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+
+
+def test_gpt_oss_block_count_comes_from_the_printed_line_or_not_at_all() -> None:
+    """gpt-oss-20b, 0.26.0 on one H100 (2026-12-06): 12 sliding (window 128) and 12 full layers, 2 groups."""
+    printed = _gz(CLASSES / "2026-12-06_gptoss20_u097_nopc_default" / "server.log.gz")
+    p = parse_log(printed)
+    assert (p.num_gpu_blocks, p.num_gpu_blocks_derived, p.kv_cache_tokens) == (164094, False, 1311471)
+    assert int(164094 / (512 + 513) * 8192) == 1311471  # tokens span both groups: not 164,094 x 16 / 2
+    bare = parse_log("\n".join(line for line in printed.splitlines() if "num_gpu_blocks is:" not in line))
+    assert bare.num_gpu_blocks is None and bare.kv_cache_tokens == 1311471
+    # The start at 0.985, whose log prints no count: the parser derived 83,587 (tokens x 512 / 8,192).
+    q = parse_log(_gz(CLASSES / "2026-12-06_gptoss20_u0985_nopc_default" / "server.log.gz"))
+    assert q.kv_cache_tokens == 1337389 and round(1337389 * 512 / 8192) == 83587
+    assert q.num_gpu_blocks is None and q.architecture == "GptOssForCausalLM"
+
+
+@pytest.mark.parametrize("name", ["llmdplanner_gpt_oss_20b_tp2_h100.log", "llmdplanner_gemma2_9b_tp1_h100.log",
+                                  "llmdplanner_gemma3_4b_tp1_h100.log", "llmdplanner_llama4_scout_tp4_h100.log",
+                                  "dennislee22_gpt_oss_120b_tp4_a100.log", "parallelworks_gpt_oss_120b_tp2_h200.log"])
+def test_published_sliding_and_chunked_starts_before_0_20_1_give_no_derived_count(name: str) -> None:
+    """Up to 0.20.0 the tokens are blocks // groups x 16, and the concurrency blocks / (every group's blocks a
+    request): the single-group count misses the logged concurrency, with or without the architecture line."""
+    text = (PUBLISHED / name).read_text(encoding="utf-8")
+    p = parse_log(text)
+    assert p.kv_cache_tokens is not None and p.max_concurrency is not None and p.max_concurrency_tokens is not None
+    one_group = p.kv_cache_tokens // 16
+    assert f"{one_group / -(-p.max_concurrency_tokens // 16):.2f}" != f"{p.max_concurrency:.2f}"
+    assert p.num_gpu_blocks is None and not p.num_gpu_blocks_derived
+    nameless = parse_log("\n".join(line for line in text.splitlines() if "Resolved architecture" not in line))
+    assert nameless.num_gpu_blocks is None
+
+
+def test_gpt_oss_0_19_block_count_arithmetic() -> None:
+    """llm-d's gpt-oss-20b at TP=2 on H100 (0.19.0): 2,591,776 tokens = 161,986 x 16 is half the pool; the
+    concurrency 316.07 = blocks / (512 + 513) holds for 323,972 blocks, whose half is 161,986."""
+    p = parse_log((PUBLISHED / "llmdplanner_gpt_oss_20b_tp2_h100.log").read_text(encoding="utf-8"))
+    assert (p.kv_cache_tokens, p.max_concurrency) == (2591776, 316.07)
+    assert 323972 // 2 * 16 == 2591776 and f"{323972 / 1025:.2f}" == "316.07"
+    assert f"{161986 / 512:.2f}" == "316.38"  # what one group of 161,986 blocks would have printed
+
+
+@pytest.mark.parametrize(("path", "blocks"), [
+    (REAL / "a1_u05_s64/server.log", 138533),  # 0.26.0 H200, "Overriding num_gpu_blocks=138533" elsewhere
+    (PUBLISHED / "llmdplanner_llama31_8b_tp1_h100.log", 29751),  # 0.19.0: 476,016 / 16
+    (PUBLISHED / "llmdplanner_qwen25_7b_tp4_h100.log", 315205),
+    (PUBLISHED / "llmlab_qwen25_15b_tp1_t4.log", 20294),  # 0.30.0
+    (CLASSES / "2026-12-06_q3moe_u099_nopc_default/server.log.gz", 12252),
+])
+def test_dense_starts_keep_their_derived_count(path: Path, blocks: int) -> None:
+    text = _gz(path) if path.suffix == ".gz" else path.read_text(encoding="utf-8")
+    p = parse_log(text)
+    assert (p.num_gpu_blocks, p.num_gpu_blocks_derived) == (blocks, True)
+
+
+@pytest.mark.parametrize("folder", ["2026-12-06_q3moe_u098_nopc_default", "2026-12-06_q3moe_u0985_nopc_default"])
+def test_the_derived_count_is_the_one_vllm_printed_for_a_dense_start(folder: str) -> None:
+    """Qwen3-30B-A3B, 0.26.0 on one H100: the log prints its count; without that line, the parser's inversion
+    of the tokens gives the same number."""
+    text = _gz(CLASSES / folder / "server.log.gz")
+    printed = parse_log(text)
+    derived = parse_log("\n".join(line for line in text.splitlines() if "num_gpu_blocks is:" not in line))
+    assert not printed.num_gpu_blocks_derived and derived.num_gpu_blocks_derived
+    assert derived.num_gpu_blocks == printed.num_gpu_blocks is not None
+
+
+_KV = "(EngineCore pid=7) INFO 05-01 10:00:00 [kv_cache_utils.py:1] "
+
+
+def _kv_log(version: str, tokens: int, max_len: int, concurrency: float, *lines: str) -> str:
+    return "\n".join([f"{_KV}Initializing a V1 LLM engine (v{version}) with config: model='m'", *lines,
+                      f"{_KV}GPU KV cache size: {tokens:,} tokens",
+                      f"{_KV}Maximum concurrency for {max_len:,} tokens per request: {concurrency:.2f}x"])
+
+
+def test_from_0_20_1_the_tokens_are_concurrency_times_max_model_len() -> None:
+    # 5,000 blocks, max_model_len 1,000 (cdiv(1000, 16) = 63 blocks a request): int(5000 / 63 * 1000) = 79,365.
+    tokens = int(5000 / 63 * 1000)
+    for version in ("0.20.1", "0.21.0", "0.24.0", "0.26.0"):
+        assert parse_log(_kv_log(version, tokens, 1000, 5000 / 63)).num_gpu_blocks == 5000, version
+    # 0.20.0 logs blocks x 16; 79,365 is no such figure, so no count.
+    assert parse_log(_kv_log("0.20.0", tokens, 1000, 5000 / 63)).num_gpu_blocks is None
+    assert parse_log(_kv_log("0.20.0", 80000, 1000, 5000 / 63)).num_gpu_blocks == 5000
+
+
+def test_the_block_size_the_log_names_is_used() -> None:
+    # A backend's own block (0.26.0 platforms/interface.py:636), the --block-size flag, a hybrid's raised block.
+    backend = f"{_KV}Setting kv cache block size to 64 for FLASHMLA backend."
+    p = parse_log(_kv_log("0.26.0", int(1000 / 128 * 8192), 8192, 1000 / 128, backend))
+    assert (p.block_size, p.num_gpu_blocks, p.num_gpu_blocks_derived) == (64, 1000, True)
+    old = f"{_KV}Forcing kv cache block size to 64 for FlashMLA backend."  # 0.11.0 platforms/cuda.py:167
+    assert parse_log(_kv_log("0.11.0", 64000, 8192, 1000 / 128, old)).num_gpu_blocks == 1000
+    flag = "(APIServer pid=1) INFO 05-01 10:00:00 [api_utils.py:1] non-default args: {'block_size': 32}"
+    q = parse_log(_kv_log("0.26.0", int(1000 / 256 * 8192), 8192, 1000 / 256, flag))
+    assert (q.block_size, q.num_gpu_blocks) == (32, 1000)
+    assert parse_log(_kv_log("0.26.0", 32000, 8192, 2000 / 512)).num_gpu_blocks == 2000  # 16 by default
+    assert parse_log(_kv_log("0.26.0", 32000, 8192, 1000 / 512)).num_gpu_blocks is None  # the figures disagree
+
+
+def test_a_unified_hybrid_is_one_group_and_context_parallelism_is_not() -> None:
+    gemma = "(EngineCore pid=7) INFO 05-01 10:00:00 [model.py:623] Resolved architecture: Gemma2ForCausalLM"
+    tokens = int(3000 / 512 * 8192)
+    assert parse_log(_kv_log("0.26.0", tokens, 8192, 3000 / 512, gemma)).num_gpu_blocks is None
+    # --disable-hybrid-kv-cache-manager: vLLM turns every sliding layer into full attention, one group
+    # (unify_hybrid_kv_cache_specs, kv_cache_utils.py:1445@0.26.0).
+    unified = f"{_KV}Hybrid KV cache manager is disabled for this hybrid model, This means we do not enable any"
+    assert parse_log(_kv_log("0.26.0", tokens, 8192, 3000 / 512, gemma, unified)).num_gpu_blocks == 3000
+    dcp = "(APIServer pid=1) INFO 05-01 10:00:00 [api_utils.py:1] non-default args: {'decode_context_parallel_size': 2}"
+    assert parse_log(_kv_log("0.26.0", tokens, 8192, 3000 / 512, dcp)).num_gpu_blocks is None
+    multiplied = f"{_KV}Multiplying the GPU KV cache size by the dcp_world_size 2."  # kv_cache_utils.py:1084@0.11.0
+    assert parse_log(_kv_log("0.11.0", 96000, 8192, 6000 / 512, multiplied)).num_gpu_blocks is None
+
+
+def test_the_users_override_is_the_block_count_without_its_line() -> None:
+    args = "(APIServer pid=1) INFO 05-01 10:00:00 [api_utils.py:1] non-default args: {'num_gpu_blocks_override': 64}"
+    gpt = "(EngineCore pid=7) INFO 05-01 10:00:00 [model.py:623] Resolved architecture: GptOssForCausalLM"
+    p = parse_log(_kv_log("0.26.0", int(64 / 1025 * 8192), 8192, 64 / 1025, args, gpt))
+    assert (p.num_gpu_blocks, p.num_gpu_blocks_derived, p.num_gpu_blocks_override) == (64, False, 64)
+
+
+def test_a_hybrids_raised_block_is_its_block_size() -> None:
+    assert parse_log(_hybrid_log("2026-12-06_ghtiny_u09_s256_mbt8192")).block_size == 400
+    assert parse_log(_hybrid_log("2026-12-06_nemh8b_u042_default")).block_size == 1040
+
+
+def test_torch_compile_time_without_aot_compilation() -> None:
+    """Without AOT compilation vLLM times compile and the first profiling run together
+    (compilation/decorators.py:674@0.26.0); that is the compile time it reports on the init line."""
+    log = ("(EngineCore pid=7) INFO 05-01 10:00:00 [monitor.py:53] torch.compile and initial profiling/warmup run "
+           "together took 21.37 s in total\n"
+           "(EngineCore pid=7) INFO 05-01 10:00:09 [core.py:341] init engine (profile, create kv cache, warmup model) "
+           "took 40.12 s (compilation: 21.37 s)")
+    p = parse_log(log)
+    assert (p.torch_compile_s, p.engine_compile_s, p.engine_init_s) == (21.37, 21.37, 40.12)
+    assert parse_log("INFO 05-01 10:00:00 [monitor.py:34] torch.compile takes 28.11 s in total").torch_compile_s == 28.11
+
+
+def test_0_11_0_prints_each_workers_kv_size_and_the_smallest_binds() -> None:
+    """0.11.0 logs the KV size of each worker before it takes the smallest block count over them
+    (kv_cache_utils.py:1087-1092 and :1286@0.11.0): PP=2 with stages of unequal memory."""
+    line = "(EngineCore_DP0 pid=9) INFO 10-15 12:00:05 [kv_cache_utils.py:{}] {}"
+    log = "\n".join([
+        "(EngineCore_DP0 pid=9) INFO 10-15 12:00:00 [core.py:77] Initializing a V1 LLM engine (v0.11.0) with config: x",
+        line.format(1087, "GPU KV cache size: 480,000 tokens"),
+        line.format(1091, "Maximum concurrency for 8,192 tokens per request: 58.59x"),
+        line.format(1087, "GPU KV cache size: 400,000 tokens"),
+        line.format(1091, "Maximum concurrency for 8,192 tokens per request: 48.83x")])
+    p = parse_log(log)
+    assert (p.kv_cache_tokens, p.max_concurrency, p.num_gpu_blocks) == (400000, 48.83, 25000)

@@ -64,7 +64,7 @@ from servetune.errors import SpecError, did_you_mean
 from servetune.planner.flags import argv_value, gpus_needed, to_cli_args
 from servetune.engines.vllm.infra import confirm_launch_failure
 from servetune.engines.vllm.loadgen import LoadProgress, run_load
-from servetune.engines.vllm.metrics import counter, gauge, parse_prometheus
+from servetune.engines.vllm.metrics import counter, gauge, labels_of, parse_prometheus
 from servetune.result import MemoryBreakdown, TrialResult, TrialStatus, summarize
 from servetune.engines.vllm.logs import ParsedLog, classify, parse_log
 from servetune.engines.vllm.serve_cli import check_argv, parse_serve_help
@@ -594,6 +594,11 @@ def _measure(base: str, launch: VllmLaunch, workload: Workload, proc: subprocess
     kv = [s[0] for s in watch.samples if s[0] is not None]
     if kv:
         result.kv_cache_usage_peak, result.kv_cache_usage_mean = max(kv), sum(kv) / len(kv)
+    # The engine's own block count (the API server's cache_config_info gauge): where the log states
+    # none, a sliding-window or hybrid model's logged tokens do not give it.
+    blocks = (labels_of(before, "vllm:cache_config_info") or {}).get("num_gpu_blocks", "")
+    if blocks.isdigit():
+        result.num_gpu_blocks = int(blocks)
     if result.failed and result.status is TrialStatus.OK:
         if result.completed == 0:
             result.status, result.cause = TrialStatus.CRASHED, "every request failed"
@@ -698,10 +703,13 @@ def _fill_from_log(result: TrialResult, parsed: ParsedLog) -> None:
 
 def _fill_server_from_log(result: TrialResult, parsed: ParsedLog) -> None:
     """What the log says about the running server (version, KV capacity, memory breakdown): all a
-    repeat measured on it shares with the trial that started it."""
+    repeat measured on it shares with the trial that started it. The GPU block count the server's
+    ``/metrics`` gave (:func:`_measure`) stays unless the log prints one; a count the parser derived
+    from the KV tokens fills it only where ``/metrics`` gave none."""
     result.vllm_version = parsed.vllm_version or result.vllm_version
     result.kv_cache_tokens = parsed.kv_cache_tokens
-    result.num_gpu_blocks = parsed.num_gpu_blocks
+    if result.num_gpu_blocks is None or (parsed.num_gpu_blocks is not None and not parsed.num_gpu_blocks_derived):
+        result.num_gpu_blocks = parsed.num_gpu_blocks  # /metrics' count stays where the log's is derived or absent
     result.max_concurrency = parsed.max_concurrency
     parts = (parsed.weights_gib, parsed.activation_peak_gib, parsed.non_torch_gib, parsed.cudagraph_gib,
              parsed.available_kv_gib)

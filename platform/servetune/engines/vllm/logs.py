@@ -11,7 +11,10 @@ Contract:
   Every field is ``None`` when the log does not show it. Per-worker memory lines (TP/PP ranks,
   ``(Worker_TP0 pid=..)``) are kept in :attr:`ParsedLog.workers`; the top-level memory figures are
   those of the binding worker (the largest consumption, the smallest KV budget), which is what
-  vLLM itself does when it takes the minimum block count over workers.
+  vLLM itself does when it takes the minimum block count over workers. The GPU block count is the one
+  the log states, else derived from the logged KV tokens only where that is exact (one KV-cache group
+  of full attention, :class:`ParsedLog`), else ``None``: a sliding-window, chunked-attention or Mamba
+  hybrid's logged tokens span all its groups.
 * :func:`classify` maps a log (plus the launcher's exit code, health and timeout facts) to a
   :class:`~servetune.result.TrialStatus`, the cause, and the few log lines that prove it.
   ``infrastructure=True`` marks failures caused by the machine, not the flags (another process
@@ -106,9 +109,20 @@ class WorkerMemory:
 
 @dataclasses.dataclass(frozen=True)
 class ParsedLog:
-    """What a vLLM server log shows; ``None`` where it does not show it. GiB, seconds, tokens."""
+    """What a vLLM server log shows; ``None`` where it does not show it. GiB, seconds, tokens.
+
+    ``num_gpu_blocks`` is the count the log states (the user's override, V0's or the early V1 engine's
+    block line, an appended ``/metrics`` dump, the API server's DEBUG ``num_gpu_blocks is:`` line); else,
+    with ``num_gpu_blocks_derived``, the one count that gives the logged KV tokens and concurrency for one
+    KV-cache group of full attention (:func:`_blocks_from_tokens`), where nothing in the log says the cache
+    has more groups (:func:`_one_kv_group`): a sliding-window, chunked or Mamba hybrid's tokens span
+    every group, so its count is ``None`` unless printed. ``block_size`` is the one the log names
+    (cache info, a hybrid's raised block, ``--block-size``, the attention backend's line), else ``None``
+    (vLLM's 16 on CUDA, which the derivation assumes).
+    """
 
     vllm_version: str | None = None
+    architecture: str | None = None  # "Resolved architecture: GptOssForCausalLM"
     non_default_args: dict[str, Any] | None = None
     max_model_len: int | None = None
     max_num_batched_tokens: int | None = None
@@ -272,11 +286,24 @@ _CACHE_INFO_BLOCKS_RE = re.compile(r"cache_config_info with initialization after
 # A Mamba / linear-attention hybrid: vLLM raised the attention block to hold one recurrent state
 # (``platforms/interface.py``); its logged tokens count every KV group's blocks per request.
 _HYBRID_BLOCK_RE = re.compile(r"Setting attention block size to (\d+) tokens")
+# The attention backend's own block size where it is not 16 (FlashMLA 64, CUTLASS MLA 128): "Forcing kv cache
+# block size to 64 for FlashMLA backend." (platforms/cuda.py:167@0.11.0), "Setting kv cache block size to 64 for
+# FLASHMLA backend." (platforms/interface.py:470@0.19.0, :636@0.26.0, :636@0.28.0).
+_BACKEND_BLOCK_RE = re.compile(r"(?:Forcing|Setting) kv cache block size to (\d+)")
+# The model class vLLM resolved (config/model.py:547@0.11.0, :549@0.19.0, :623@0.26.0, :672@0.28.0).
+_ARCH_RE = re.compile(r"Resolved architecture: (\w+)")
+# A hybrid's layers unified into one full-attention group, the hybrid KV-cache manager being off
+# (``unify_hybrid_kv_cache_specs``: kv_cache_utils.py:1112@0.11.0, :1176@0.19.0, :1445@0.26.0, :1537@0.28.0).
+_UNIFIED_RE = re.compile(r"Hybrid KV cache manager is disabled for this hybrid model")
+# A layer with a sliding window (the attention selector's config in a DEBUG line, v1/attention/selector.py:53@0.26.0).
+_SLIDING_RE = re.compile(r"has_sliding_window=True")
+# Context parallelism multiplies the logged tokens (kv_cache_utils.py:1084@0.11.0, :1312@0.19.0, :1704@0.20.0).
+_CP_TOKENS_RE = re.compile(r"Multiplying the GPU KV cache size by the d?cp_world_size")
 _LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _ACTUAL_OLD_RE = re.compile(  # 0.11 .. 0.26 wording (INFO in 0.26, DEBUG before)
     r"Actual usage is " + _N + r" GiB for weight, " + _N + r" GiB for peak activation, " + _N
     + r" GiB for non-torch memory, and " + _N + r" GiB for CUDAGraph memory")
-_ACTUAL_NEW_RE = re.compile(  # 0.29+ wording
+_ACTUAL_NEW_RE = re.compile(  # 0.28+ wording (v1/worker/gpu_worker.py:789@0.28.0)
     r"Actual usage is " + _N + r" GiB for consumed memory \(weights \+ non-torch\), " + _N
     + r" GiB for peak activation, and " + _N + r" GiB for CUDAGraph memory")
 _FREE_START_RE = re.compile(
@@ -293,7 +320,11 @@ _DEBUG_NON_TORCH_RE = re.compile(r"non-torch forward increase memory: " + _N + r
 _DEBUG_WEIGHTS_RE = re.compile(r"weights memory: " + _N + r" ?GiB")
 _GRAPH_RE = re.compile(r"Graph capturing finished in " + _N + r" secs?, took " + _N + r" ?GiB")
 _EST_CG_RE = re.compile(r"Estimated CUDA graph memory: " + _N + r" ?GiB total")
-_COMPILE_RE = re.compile(r"torch\.compile (?:takes|took) " + _N + r" s in total")
+# "torch.compile takes 28.11 s in total" (0.11), "torch.compile took ..." (compilation/monitor.py:20@0.19.0); without
+# AOT compilation (VLLM_USE_AOT_COMPILE=0, an eager backend) "torch.compile and initial profiling/warmup run together
+# took ..." (compilation/decorators.py:607@0.19.0, :674@0.26.0, :674@0.28.0), the time vLLM counts as compilation.
+_COMPILE_RE = re.compile(r"torch\.compile (?:and initial profiling/warmup run together )?(?:takes|took) " + _N
+                         + r" s in total")
 # vLLM's compile cache (VLLM_CACHE_ROOT/torch_compile_cache, keyed by the configuration): a warm
 # start loads the graphs ("Directly load the compiled graph(s) ... from the cache, took 1.04 s"),
 # a cold one compiles them ("Compiling a graph for compile range (1, 8192) takes 8.14 s", 0.20+;
@@ -371,6 +402,10 @@ class _LogScan:
 
     def first(self, key: str, value: Any) -> None:
         if self.f.get(key) is None:
+            self.f[key] = value
+
+    def lowest(self, key: str, value: Any) -> None:
+        if self.f.get(key) is None or value < self.f[key]:
             self.f[key] = value
 
     def worker(self, seg: _Seg, m: re.Match[str], **values: float) -> None:
@@ -460,11 +495,14 @@ class _LogScan:
             self.first("engine_init_s", _num(m, 1))
             if m.group(2) is not None:
                 self.first("engine_compile_s", _num(m, 2))
+        # 0.11.0 prints both lines for each worker before vLLM takes the smallest block count over them
+        # (kv_cache_utils.py:1087-1092 inside get_kv_cache_config_from_groups, the minimum at :1286@0.11.0);
+        # 0.11.1+ prints them once, after (:1229, :1338@0.11.1). The binding worker's are the smallest.
         if (m := _KV_TOKENS_RE.search(raw)):
-            self.first("kv_cache_tokens", _int(m))
+            self.lowest("kv_cache_tokens", _int(m))
         if (m := _CONCURRENCY_RE.search(raw)):
             self.first("max_concurrency_tokens", _int(m, 1))
-            self.first("max_concurrency", _num(m, 2))
+            self.lowest("max_concurrency", _num(m, 2))
         if (m := _OVERRIDE_RE.search(raw)):
             self.f.setdefault("_overrides", []).append((int(m.group(1)), int(m.group(2))))  # (computed, override)
         if (m := _V0_BLOCKS_RE.search(raw)):
@@ -484,6 +522,16 @@ class _LogScan:
             self.first("_logged_gpu_blocks", int(m.group(1)))
         if (m := _HYBRID_BLOCK_RE.search(raw)):
             self.first("_hybrid_block_size", int(m.group(1)))
+        if (m := _BACKEND_BLOCK_RE.search(raw)):
+            self.first("_backend_block_size", int(m.group(1)))
+        if (m := _ARCH_RE.search(raw)):
+            self.first("architecture", m.group(1))
+        if _UNIFIED_RE.search(raw):
+            self.f["_unified"] = True
+        if _SLIDING_RE.search(raw):
+            self.f["_sliding"] = True
+        if _CP_TOKENS_RE.search(raw):
+            self.f["_cp_tokens"] = True
         if (m := _KV_TOO_SMALL_V1_RE.search(raw)):
             self.first("_err_max_len", int(m.group(1)))
             self.first("kv_needed_gib", _num(m, 2))
@@ -540,12 +588,55 @@ def _freeze_workers(workers: dict[str, dict[str, float]]) -> dict[str, WorkerMem
     return frozen
 
 
-def _block_size(cache_info: dict[str, str] | None, args: Any) -> int | None:
+#: The model classes vLLM builds with more than one KV-cache group (hybrid KV-cache manager on, its default on
+#: CUDA): sliding-window layers beside full ones (gpt_oss.py:157, gemma2.py:155, gemma3.py:154, commandr.py:188,
+#: exaone4.py:169, olmo3.py:126 @0.26.0), chunked local attention beside full (llama4.py:253@0.26.0), and the
+#: Mamba / linear-attention hybrids (``IsHybrid``); names from models/registry.py@0.28.0, Bamba from 0.23.0's.
+#: Their logged tokens are not blocks x block size, so their block count is never derived from them.
+SEVERAL_KV_GROUPS = frozenset({
+    "GptOssForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+    "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+    "Cohere2ForCausalLM", "Cohere2MoeForCausalLM", "Exaone4ForCausalLM", "Olmo3ForCausalLM", "MiMoV2FlashForCausalLM",
+    "MiMoV2ForCausalLM", "Step3p5ForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
+    "BailingMoeV2_5ForCausalLM", "BambaForCausalLM", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM",
+    "JambaForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "Lfm2VlForConditionalGeneration",
+    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "OlmoHybridForCausalLM", "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration", "Zamba2ForCausalLM",
+})
+#: vLLM's block size on CUDA unless the user, the attention backend or a hybrid's alignment sets another
+#: (config/cache.py:47@0.26.0, :48@0.28.0 ``DEFAULT_BLOCK_SIZE``; platforms/cuda.py:127@0.11.0).
+DEFAULT_BLOCK_SIZE = 16
+#: The first version that logs ``int(max_concurrency * max_model_len)`` tokens (``_report_kv_cache_config``,
+#: kv_cache_utils.py:1699-1708@0.20.1); 0.20.0 and before log ``num_blocks // len(groups) * min_block_size``
+#: (kv_cache_utils.py:1080@0.11.0, :1302-1306@0.19.0, :1694-1698@0.20.0).
+TOKENS_FROM_CONCURRENCY = (0, 20, 1)
+
+
+def _block_size(cache_info: dict[str, str] | None, args: Any, f: dict[str, Any]) -> int | None:
+    """The attention block size: the metrics' cache info, a hybrid's raised block (it overrides the
+    flag), the ``--block-size`` flag, the backend's own block line; None where the log shows none."""
     if cache_info and cache_info.get("block_size", "").isdigit():
         return int(cache_info["block_size"])
+    if f.get("_hybrid_block_size") is not None:
+        return int(f["_hybrid_block_size"])
     if isinstance(args, dict) and isinstance(args.get("block_size"), int):
-        return args["block_size"]
-    return None
+        return int(args["block_size"])
+    return f.get("_backend_block_size")
+
+
+def _one_kv_group(f: dict[str, Any], args: Any) -> bool:
+    """Whether nothing in the log says the KV cache has more than one group of full attention, or
+    that its logged tokens are scaled: no hybrid's raised block, no sliding-window layer, no model
+    class of :data:`SEVERAL_KV_GROUPS` (unless vLLM unified its layers into one group), no context
+    parallelism."""
+    if f.get("_hybrid_block_size") is not None or f.get("_cp_tokens"):
+        return False
+    if isinstance(args, dict) and any(isinstance(args.get(k), int) and args[k] > 1 for k in (
+            "decode_context_parallel_size", "prefill_context_parallel_size")):
+        return False
+    if f.get("_unified"):
+        return True
+    return not f.get("_sliding") and f.get("architecture") not in SEVERAL_KV_GROUPS
 
 
 def _kv_blocks(f: dict[str, Any], args: Any, cache_info: dict[str, str] | None, block_size: int | None,
@@ -567,7 +658,7 @@ def _kv_blocks(f: dict[str, Any], args: Any, cache_info: dict[str, str] | None, 
     if override is None and isinstance(args, dict) and isinstance(args.get("num_gpu_blocks_override"), int):
         override = args["num_gpu_blocks_override"]
     blocks, derived = None, False
-    if f.get("computed_gpu_blocks") is not None and override is not None:
+    if override is not None:  # vLLM takes the user's count as it is (may_override_num_blocks)
         blocks = override
     elif f.get("_v0_gpu_blocks") is not None:
         blocks = f["_v0_gpu_blocks"]
@@ -575,8 +666,10 @@ def _kv_blocks(f: dict[str, Any], args: Any, cache_info: dict[str, str] | None, 
         blocks = int(cache_info["num_gpu_blocks"])
     elif f.get("_logged_gpu_blocks") is not None:
         blocks = f["_logged_gpu_blocks"]
-    elif kv_tokens is not None and f.get("_hybrid_block_size") is None:  # a hybrid's tokens span its groups
-        blocks, derived = _blocks_from_tokens(kv_tokens, block_size or 16, max_len, version), True
+    elif kv_tokens is not None and _one_kv_group(f, args):
+        blocks = _blocks_from_tokens(kv_tokens, block_size or DEFAULT_BLOCK_SIZE,
+                                     f.get("max_concurrency_tokens") or max_len, f.get("max_concurrency"), version)
+        derived = blocks is not None
     if kv_tokens is None and f.get("_v0_kv_tokens") is not None:
         kv_tokens = f["_v0_kv_tokens"]
     return blocks, derived, override, kv_tokens
@@ -596,11 +689,12 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
 
     cudagraph = agg("cudagraph_gib", max)
     capture_gib = agg("graph_capture_gib", max)
-    block_size = _block_size(cache_info, args)
+    block_size = _block_size(cache_info, args, f)
     blocks, derived, override, kv_tokens = _kv_blocks(f, args, cache_info, block_size, max_len, version)
 
     return ParsedLog(
         vllm_version=version,
+        architecture=f.get("architecture"),
         non_default_args=args,
         max_model_len=max_len,
         max_num_batched_tokens=mbt,
@@ -650,14 +744,35 @@ def _assemble(f: dict[str, Any], workers: dict[str, dict[str, float]], cache_inf
     )
 
 
-def _blocks_from_tokens(tokens: int, block_size: int, max_len: int | None, version: str | None) -> int:
-    """Invert vLLM's KV-size line (§2.6): ≤0.20 ``tokens = blocks * block``; ≥0.25
-    ``tokens = int(blocks / cdiv(max_len, block) * max_len)``."""
+def _blocks_from_tokens(tokens: int, block_size: int, max_len: int | None, concurrency: float | None,
+                       version: str | None) -> int | None:
+    """The block count behind vLLM's logged KV tokens, for one KV-cache group of full attention;
+    None where no count gives both logged figures.
+
+    A version before :data:`TOKENS_FROM_CONCURRENCY` logs ``blocks * block_size``; from it,
+    ``int(blocks / cdiv(max_len, block_size) * max_len)``, inverted here with vLLM's own float
+    arithmetic. Both print the concurrency ``blocks / cdiv(max_len, block_size)`` with ``%.2f``, and a
+    count must give it too: a sliding-window or chunked group beside a full one (before 0.20.1,
+    ``tokens = blocks // groups * block``) rarely does. An unknown version takes the count both
+    formulas agree on.
+
+    Example:
+        >>> _blocks_from_tokens(2216528, 16, 8192, 270.57, "0.26.0"), _blocks_from_tokens(373904, 16, 16384, 22.82, "0.11.0")
+        (138533, 23369)
+        >>> _blocks_from_tokens(2591776, 16, 8192, 316.07, "0.19.0") is None  # gpt-oss: 2 groups of 323,972
+        True
+    """
     v = version_tuple(version)
-    if max_len and (v is None or v >= (0, 25)):
-        per_req = -(-max_len // block_size)
-        return round(tokens * per_req / max_len)
-    return tokens // block_size
+    per_request = -(-max_len // block_size) if max_len else None
+    found: set[int] = set()
+    if (v is None or v < TOKENS_FROM_CONCURRENCY) and tokens % block_size == 0:
+        found.add(tokens // block_size)
+    if (v is None or v >= TOKENS_FROM_CONCURRENCY) and max_len and per_request:
+        first = -(-tokens * per_request // max_len)
+        found.update(b for b in (first - 1, first, first + 1) if b >= 0 and int(b / per_request * max_len) == tokens)
+    if concurrency is not None and per_request:
+        found = {b for b in found if f"{b / per_request:.2f}" == f"{concurrency:.2f}"}
+    return found.pop() if len(found) == 1 else None
 
 
 # ============================================================================ classification
