@@ -310,3 +310,28 @@ def test_below_0_26_the_tuned_config_vllm_ships_sets_the_fused_moe_tile() -> Non
     stripped = PerfModel(qwen235, H100, new)
     stripped._moe = dataclasses.replace(at_026._moe, tuned_tiles=())
     assert at_026.moe_seconds(tokens) == stripped.moe_seconds(tokens)
+
+
+def test_block_fp8_experts_below_0_26_run_a_64_x_128_tile() -> None:
+    # vLLM 0.11.0 get_default_config (fused_moe.py:877-889): block-quantized fp8 takes BLOCK_SIZE_M 64 and
+    # BLOCK_SIZE_N the quantization block (128) at every batch, where bf16's default is 64 x 64.
+    assert perf_classes.moe_tile(8, 128, (0, 11, 0), block_quant=True) == (64, 128)
+    assert perf_classes.moe_tile(8192, 128, (0, 11, 0), block_quant=True) == (64, 128)
+    assert perf_classes.moe_tile(8192, 128, (0, 11, 0)) == (64, 64)
+    # Its tuned files: E=128,N=768 block fp8 ships for the H200, not the H100; per-tensor fp8 files are not read.
+    block_fp8 = dataclasses.replace(QWEN_MOE, quantization="fp8", quant_bytes_per_param=1.0, quant_block_k=128)
+    h200_tiles = moe_kernels.tuned_moe_tiles(block_fp8, "H200", 1)
+    assert h200_tiles and all(bn % 128 == 0 for _, _, bn in h200_tiles[4:])
+    assert moe_kernels.tuned_moe_tiles(block_fp8, "H100-80GB", 1) == ()
+    assert moe_kernels.tuned_moe_tiles(dataclasses.replace(block_fp8, quant_block_k=0), "H200", 1) == ()
+    # Qwen3-235B-A22B-FP8 at TP=4 on the H100 (N=384: no file): the default 64 x 128 tile, 1.5 times the
+    # 64 x 64 tile's rate by the dense tile model, on the same 64-row blocks.
+    fp8 = load_model("qwen3-235b-a22b-2507-fp8")
+    config = resolve_engine_config({"tensor_parallel_size": 4, "max_model_len": 8192}, fp8, H100, vllm_version="0.11.0")
+    priced = PerfModel(fp8, H100, config)
+    assert priced._moe is not None and priced._moe.block_quant and priced._moe.tuned_tiles == ()
+    assert perf_classes.prices_tile(priced._moe, (0, 11, 0))
+    as_64 = PerfModel(fp8, H100, config)
+    as_64._moe = dataclasses.replace(priced._moe, block_quant=False)
+    assert not perf_classes.prices_tile(as_64._moe, (0, 11, 0))
+    assert priced.moe_seconds(16384) == pytest.approx(as_64.moe_seconds(16384) / 1.5, rel=0.01)

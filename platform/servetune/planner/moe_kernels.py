@@ -68,16 +68,18 @@ def tuned_config_files() -> tuple[str, frozenset[str]]:
 @functools.lru_cache(maxsize=1)
 def tuned_tile_table() -> tuple[str, dict[str, tuple[tuple[int, int, int], ...]]]:
     """(vLLM version, file stem -> ((M, BLOCK_SIZE_M, BLOCK_SIZE_N), ...) ascending in M) from
-    ``data/vllm_moe_tiles.json``: vLLM 0.11.0's tuned configs for unquantized experts on NVIDIA GPUs."""
+    ``data/vllm_moe_tiles.json``: vLLM 0.11.0's tuned configs on NVIDIA GPUs for unquantized and for
+    block-quantized fp8 (128 x 128) experts."""
     data = json.loads(resources.files("servetune").joinpath("data/vllm_moe_tiles.json").read_text())
     tiles = {name: tuple((int(m), int(bm), int(bn)) for m, bm, bn in rows) for name, rows in data["tiles"].items()}
     return str(data["vllm_version"]), tiles
 
 
 def tuned_moe_tiles(model: Any, gpu_name: str, tp: int) -> tuple[tuple[int, int, int], ...]:
-    """The tiles of the tuned fused-MoE config vLLM 0.11.0 ships for this model's unquantized experts on
-    ``gpu_name`` at ``tp`` (no expert parallelism): ``((M, BLOCK_SIZE_M, BLOCK_SIZE_N), ...)`` by batch key,
-    or ``()`` where it ships none, the experts are quantized or the GPU's torch name is not known.
+    """The tiles of the tuned fused-MoE config vLLM 0.11.0 ships for this model's experts on ``gpu_name``
+    at ``tp`` (no expert parallelism): ``((M, BLOCK_SIZE_M, BLOCK_SIZE_N), ...)`` by batch key, or ``()``
+    where it ships none, the experts are neither unquantized nor block-quantized fp8 (the formats whose
+    files are kept) or the GPU's torch name is not known.
 
     Example:
         >>> from servetune.planner.modelinfo import load_model
@@ -86,9 +88,12 @@ def tuned_moe_tiles(model: Any, gpu_name: str, tp: int) -> tuple[tuple[int, int,
         ((4096, 128, 128), ())
     """
     device = TORCH_DEVICE_NAMES.get(gpu_name)
-    if device is None or not model.is_moe or model.quantization or model.quantized_experts_only:
+    if device is None or not model.is_moe or model.quantized_experts_only:
         return ()
-    stem = f"E={model.num_experts},N={model.expert_intermediate_size // tp},device_name={device}"
+    selector = _dtype_selector(model, None)
+    if selector is None or (selector and not model.quant_block_k):
+        return ()
+    stem = f"E={model.num_experts},N={model.expert_intermediate_size // tp},device_name={device}{selector}"
     return tuned_tile_table()[1].get(stem, ())
 
 

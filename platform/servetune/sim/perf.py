@@ -859,7 +859,7 @@ class PerfModel:
                 block, width = perf_classes.moe_tile(tokens, m.experts, perf_classes.MOE_TILE_FITTED_VERSION)
             per_expert = rows / touched
             fill = per_expert / (-(-per_expert // block) * block)
-        new_tiles = m.fused_moe and (self._version >= perf_classes.MOE_TILE_BY_BATCH_SINCE or bool(m.tuned_tiles))
+        new_tiles = perf_classes.prices_tile(m, self._version)
         tile = moe_tile_share(block, width) if new_tiles else 1.0
         comp_s = 2.0 * rows * 3.0 * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)

@@ -17,7 +17,8 @@ byte), so the dense fidelity figures do not move.
   step prices it at the dense GEMMs' tile model's rate over 0.11's 64 x 64 tile
   (``perf.moe_tile_share``); below 0.26, where vLLM ships a tuned config for the experts on the GPU
   (``E=..,N=..,device_name=...json``), it runs that file's tile at the batch key nearest the batch
-  (:func:`tuned_tile`), priced the same way. Each kernel pads to its own row block (:func:`moe_block_m`: fused_moe's
+  (:func:`tuned_tile`), priced the same way, as is block-quantized fp8's own default (64 x 128). Each
+  kernel pads to its own row block (:func:`moe_block_m`: fused_moe's
   tile, ``matmul_ogs``' and Marlin's rules), the padding expected over the experts' binomial row
   counts (:func:`moe_row_fill`); block-fp8 experts in ``fused_moe`` compute at the bf16 rate
   (:data:`BLOCK_FP8_MOE_RATE_SCALE`).
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
            "expected_row_blocks", "is_class_model", "moe_block_m", "moe_row_fill", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
-           "moe_tile", "runs_triton_attention", "tuned_tile",
+           "moe_tile", "prices_tile", "runs_triton_attention", "tuned_tile",
            "sliding_kv_share", "weight_format"]
 
 #: Share of the dense GEMMs' compute rate (``Calibration.compute_efficiency`` x the GPU's peak) that
@@ -126,13 +127,21 @@ W4A16_COMPUTE_SHARE: float = 0.9
 #: whole tile on the CUDA cores before the next. Priced at the bf16 rate (1.0, against 2.0 for
 #: per-tensor fp8 on Hopper): an assumption, not fitted (no fit-half run has block-fp8 experts), chosen
 #: 2026-12-05 after the held-out DeepSeek-R1-0528 bursts on 8 x H200 were seen (their 2K and 4K
-#: prompts ran +32% and +24% fast at 2.0); those runs are no blind check of it.
+#: prompts ran +32% and +24% fast at 2.0); those runs are no blind check of it. Kept 2026-12-06 when
+#: block-fp8 experts below vLLM 0.26 came to be priced at the 64 x 128 tile they run (0.11's default,
+#: and DeepSeek's tuned H200 file at most batch keys; :func:`moe_tile`), not bf16's 64 x 64: the four
+#: DeepSeek bursts went -7.1 / -5.1 / -9.1 / +4.9% -> +4.9 / +2.8 / +3.6 / +10.4%. Where DeepGEMM is
+#: installed vLLM 0.11.0 runs such experts on it instead (``VLLM_USE_DEEP_GEMM`` defaults to 1,
+#: ``envs.py:1148@v0.11.0``; ``Fp8MoEMethod.allow_deep_gemm``): not modelled, the published pages not saying.
 BLOCK_FP8_MOE_RATE_SCALE: float = 1.0
 #: MXFP4: a 4-bit value plus one 8-bit (e8m0) scale per 32 values (OCP Microscaling spec v1.0).
 MXFP4_BYTES: float = 0.5 + 1.0 / 32
 #: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM 0.11's fused_moe.py
 #: get_default_config, bf16 / fp8 without a tuned config file: 16x32 and 64x64 tiles).
 _MOE_BLOCK_M_SMALL, _MOE_BLOCK_M_LARGE = 16, 64
+#: vLLM 0.11's default BLOCK_SIZE_N for block-quantized fp8 experts: the quantization block
+#: (``get_default_config``: ``"BLOCK_SIZE_N": block_shape[0]``, 128 for every checkpoint read here).
+_MOE_BLOCK_FP8_N_011 = 128
 #: The first vLLM release whose default fused-MoE tile (:func:`moe_tile`) grows with the batch: 0.26.0,
 #: the release read (``get_default_config``); releases before it are priced at 0.11's tiles, which
 #: :data:`MOE_COMPUTE_SHARE` was fitted under.
@@ -242,18 +251,21 @@ def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE
     96, 64 x 128 up to 512 and 128 x 128 above (block-quantized fp8: 16 x 128 up to 64 tokens, 64 x
     128 above); before :data:`MOE_TILE_BY_BATCH_SINCE`, the ``tuned`` config's tile where vLLM ships one
     (:func:`tuned_tile`; vLLM 0.11.0's files, ``planner.moe_kernels.tuned_moe_tiles``), else 0.11's
-    default, 16 x 32 up to ``experts`` tokens and 64 x 64 above. From 0.26 a tuned file is not read here
-    (its default tiles are priced, as before).
+    default (``fused_moe.py:868-919@v0.11.0``): block-quantized fp8 64 x 128 (``BLOCK_SIZE_N`` the
+    quantization block) at every batch, otherwise 16 x 32 up to ``experts`` tokens and 64 x 64 above.
+    From 0.26 a tuned file is not read here (its default tiles are priced, as before).
 
     Example:
         >>> moe_tile(8192, 8), moe_tile(64, 8), moe_tile(8192, 8, (0, 11, 0))
         ((128, 128), (32, 64), (64, 64))
-        >>> moe_tile(8192, 128, (0, 11, 0), tuned=((4096, 128, 128),))
-        (128, 128)
+        >>> moe_tile(8192, 128, (0, 11, 0), tuned=((4096, 128, 128),)), moe_tile(8, 128, (0, 11, 0), block_quant=True)
+        ((128, 128), (64, 128))
     """
     if tuple(version) < MOE_TILE_BY_BATCH_SINCE:
         if tuned:
             return tuned_tile(tuned, tokens)
+        if block_quant:
+            return _MOE_BLOCK_M_LARGE, _MOE_BLOCK_FP8_N_011
         return (_MOE_BLOCK_M_SMALL, 32) if tokens <= experts else (_MOE_BLOCK_M_LARGE, 64)
     if block_quant:
         return (16, 128) if tokens <= 64 else (64, 128)
@@ -261,6 +273,23 @@ def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE
         if tokens <= bound:
             return block_m, block_n
     return 128, 128
+
+
+def prices_tile(shape: MoeShape, version: tuple[int, int, int]) -> bool:
+    """Whether the step prices ``shape``'s fused_moe tile against 0.11's default 64 x 64 one
+    (``perf.moe_tile_share``): from :data:`MOE_TILE_BY_BATCH_SINCE`, and before it where the tile is not
+    that default: a tuned config vLLM ships, or block-quantized fp8's own default (:func:`moe_tile`).
+
+    Example:
+        >>> bf16 = MoeShape(128, 8, 4096, 192, 94, WeightFormat(2.0, 1.0), fused_moe=True)
+        >>> prices_tile(bf16, (0, 11, 0)), prices_tile(bf16, (0, 26, 0))
+        (False, True)
+        >>> prices_tile(dataclasses.replace(bf16, block_quant=True), (0, 11, 0))
+        True
+    """
+    if not shape.fused_moe:
+        return False
+    return tuple(version) >= MOE_TILE_BY_BATCH_SINCE or bool(shape.tuned_tiles) or shape.block_quant
 
 
 def moe_block_m(grouped_gemm: str, tokens: int, experts: int, top_k: int,
