@@ -11,6 +11,7 @@ import pytest
 from servetune.errors import SpecError
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
+from servetune.planner import moe_kernels
 from servetune.planner.modelinfo import ModelProfile, load_model
 from servetune.sim import perf_classes
 from servetune.sim.perf import Calibration, PerfModel, calibration_for
@@ -116,8 +117,10 @@ def test_the_moe_kernel_is_the_one_vllm_picks_for_the_experts_format_on_the_gpu(
     assert perf_classes.moe_kernel(qwen_fp8, H100) == "triton"  # fp8 tensor cores
     assert perf_classes.moe_kernel(qwen_fp8, A100) == "marlin"  # fp8 weight-only below 8.9
     assert perf_classes.moe_kernel(qwen_awq, H100) == "marlin"
-    # A kernel without a fitted cell prices at the architecture's Triton share; MXFP4 Marlin at its own.
-    assert perf_classes.moe_compute_share(A100, kernel="marlin") == perf_classes.MOE_COMPUTE_SHARE["triton"]["ampere"]
+    # A kernel without a fitted cell prices at the unfitted share of the architecture (Ampere: the rate
+    # Triton reached on its fit runs with their tuned tiles in it), else Triton's; MXFP4 Marlin at its own.
+    assert perf_classes.moe_compute_share(A100, kernel="marlin") == perf_classes.MOE_UNFITTED_SHARE["ampere"]
+    assert perf_classes.moe_compute_share(H100, kernel="marlin") == perf_classes.MOE_COMPUTE_SHARE["triton"]["hopper"]
     assert perf_classes.moe_compute_share(A100, kernel="marlin-mxfp4") == perf_classes.MOE_COMPUTE_SHARE["marlin-mxfp4"]["ampere"]
 
 
@@ -271,3 +274,64 @@ def test_block_fp8_experts_in_triton_fused_moe_compute_at_the_bf16_rate() -> Non
     assert shape.fmt.rate_scale == pytest.approx(h200.fp8_tflops / h200.bf16_tflops)
     # the dense block-fp8 GEMMs (attention projections, shared experts) keep the fp8 rate
     assert all(g.fmt.rate_scale > 1.0 for g in perf_classes.class_gemms(r1, h200, 8, r1.num_layers) if g.fmt.bytes_per_weight == 1.0)
+
+
+def test_below_0_26_the_tuned_config_vllm_ships_sets_the_fused_moe_tile() -> None:
+    # vLLM 0.11.0 ships E=128,N=192 configs (Qwen3-235B-A22B's experts at TP=8) for the H100 and the A100,
+    # none for N=768 (the 30B at TP=1) on the H100; an FP8 checkpoint's experts read another file.
+    qwen235 = load_model("qwen3-235b-a22b-2507")
+    h100_tiles = moe_kernels.tuned_moe_tiles(qwen235, "H100-80GB", 8)
+    assert dict((m, (bm, bn)) for m, bm, bn in h100_tiles)[4096] == (128, 128)
+    assert dict((m, (bm, bn)) for m, bm, bn in moe_kernels.tuned_moe_tiles(qwen235, "A100-80GB", 8))[2048] == (64, 128)
+    assert moe_kernels.tuned_moe_tiles(QWEN_MOE, "H100-80GB", 1) == ()
+    assert moe_kernels.tuned_moe_tiles(load_model("qwen3-235b-a22b-2507-fp8"), "H100-80GB", 4) == ()
+    # try_get_optimal_moe_config: the key nearest the batch, the lower of two equally near.
+    assert perf_classes.tuned_tile(h100_tiles, 8192) == (128, 128)
+    assert perf_classes.tuned_tile(((1024, 64, 128), (2048, 128, 256)), 1536) == (64, 128)
+    shape = perf_classes.moe_shape(qwen235, H100, 8, qwen235.num_layers)
+    assert shape is not None and shape.fused_moe and shape.tuned_tiles == h100_tiles
+    assert perf_classes.moe_block_m("fused_moe", 8192, 128, 8, (0, 11, 0), tuned=h100_tiles) == 128
+    # Priced by the dense tile model against 0.11's default 64 x 64 tile: 128 x 128 is 1.8 times its rate,
+    # on 128-row blocks that pad more than 64-row ones.
+    config = resolve_engine_config({"tensor_parallel_size": 8, "max_model_len": 8192}, qwen235, H100, vllm_version="0.11.0")
+    tuned = PerfModel(qwen235, H100, config)
+    default = PerfModel(qwen235, H100, config)
+    assert default._moe is not None
+    default._moe = dataclasses.replace(default._moe, tuned_tiles=())
+    tokens = 8192
+    fill_64 = perf_classes.moe_row_fill(tokens, 128, 8, 64)
+    fill_128 = perf_classes.moe_row_fill(tokens, 128, 8, 128)
+    assert tuned.moe_seconds(tokens) == pytest.approx(default.moe_seconds(tokens) / 1.8 * fill_64 / fill_128, rel=0.02)
+    assert tuned.moe_seconds(tokens) < 0.7 * default.moe_seconds(tokens)
+    # From 0.26 the default tiles are priced whether or not a file is shipped (the rule is 0.11.0's files).
+    new = resolve_engine_config({"tensor_parallel_size": 8, "max_model_len": 8192}, qwen235, H100, vllm_version="0.26.0")
+    at_026 = PerfModel(qwen235, H100, new)
+    assert at_026._moe is not None
+    stripped = PerfModel(qwen235, H100, new)
+    stripped._moe = dataclasses.replace(at_026._moe, tuned_tiles=())
+    assert at_026.moe_seconds(tokens) == stripped.moe_seconds(tokens)
+
+
+def test_block_fp8_experts_below_0_26_run_a_64_x_128_tile() -> None:
+    # vLLM 0.11.0 get_default_config (fused_moe.py:877-889): block-quantized fp8 takes BLOCK_SIZE_M 64 and
+    # BLOCK_SIZE_N the quantization block (128) at every batch, where bf16's default is 64 x 64.
+    assert perf_classes.moe_tile(8, 128, (0, 11, 0), block_quant=True) == (64, 128)
+    assert perf_classes.moe_tile(8192, 128, (0, 11, 0), block_quant=True) == (64, 128)
+    assert perf_classes.moe_tile(8192, 128, (0, 11, 0)) == (64, 64)
+    # Its tuned files: E=128,N=768 block fp8 ships for the H200, not the H100; per-tensor fp8 files are not read.
+    block_fp8 = dataclasses.replace(QWEN_MOE, quantization="fp8", quant_bytes_per_param=1.0, quant_block_k=128)
+    h200_tiles = moe_kernels.tuned_moe_tiles(block_fp8, "H200", 1)
+    assert h200_tiles and all(bn % 128 == 0 for _, _, bn in h200_tiles[4:])
+    assert moe_kernels.tuned_moe_tiles(block_fp8, "H100-80GB", 1) == ()
+    assert moe_kernels.tuned_moe_tiles(dataclasses.replace(block_fp8, quant_block_k=0), "H200", 1) == ()
+    # Qwen3-235B-A22B-FP8 at TP=4 on the H100 (N=384: no file): the default 64 x 128 tile, 1.5 times the
+    # 64 x 64 tile's rate by the dense tile model, on the same 64-row blocks.
+    fp8 = load_model("qwen3-235b-a22b-2507-fp8")
+    config = resolve_engine_config({"tensor_parallel_size": 4, "max_model_len": 8192}, fp8, H100, vllm_version="0.11.0")
+    priced = PerfModel(fp8, H100, config)
+    assert priced._moe is not None and priced._moe.block_quant and priced._moe.tuned_tiles == ()
+    assert perf_classes.prices_tile(priced._moe, (0, 11, 0))
+    as_64 = PerfModel(fp8, H100, config)
+    as_64._moe = dataclasses.replace(priced._moe, block_quant=False)
+    assert not perf_classes.prices_tile(as_64._moe, (0, 11, 0))
+    assert priced.moe_seconds(16384) == pytest.approx(as_64.moe_seconds(16384) / 1.5, rel=0.01)

@@ -34,7 +34,8 @@ import json
 from importlib import resources
 from typing import Any
 
-__all__ = ["MoeKernelConfig", "TORCH_DEVICE_NAMES", "moe_kernel_config", "moe_kernel_note", "tuned_config_files"]
+__all__ = ["MoeKernelConfig", "TORCH_DEVICE_NAMES", "moe_kernel_config", "moe_kernel_note", "tuned_config_files",
+           "tuned_moe_tiles", "tuned_tile_table"]
 
 #: servetune GPU name -> ``torch.cuda.get_device_name()`` with spaces as underscores (what vLLM's
 #: ``get_device_name_as_file_name`` gives; vLLM maps every H200 variant to ``NVIDIA_H200``).
@@ -62,6 +63,38 @@ def tuned_config_files() -> tuple[str, frozenset[str]]:
     """(vLLM version, the file names it ships) from ``data/vllm_moe_configs.json``."""
     data = json.loads(resources.files("servetune").joinpath("data/vllm_moe_configs.json").read_text())
     return str(data["vllm_version"]), frozenset(data["files"])
+
+
+@functools.lru_cache(maxsize=1)
+def tuned_tile_table() -> tuple[str, dict[str, tuple[tuple[int, int, int], ...]]]:
+    """(vLLM version, file stem -> ((M, BLOCK_SIZE_M, BLOCK_SIZE_N), ...) ascending in M) from
+    ``data/vllm_moe_tiles.json``: vLLM 0.11.0's tuned configs on NVIDIA GPUs for unquantized and for
+    block-quantized fp8 (128 x 128) experts."""
+    data = json.loads(resources.files("servetune").joinpath("data/vllm_moe_tiles.json").read_text())
+    tiles = {name: tuple((int(m), int(bm), int(bn)) for m, bm, bn in rows) for name, rows in data["tiles"].items()}
+    return str(data["vllm_version"]), tiles
+
+
+def tuned_moe_tiles(model: Any, gpu_name: str, tp: int) -> tuple[tuple[int, int, int], ...]:
+    """The tiles of the tuned fused-MoE config vLLM 0.11.0 ships for this model's experts on ``gpu_name``
+    at ``tp`` (no expert parallelism): ``((M, BLOCK_SIZE_M, BLOCK_SIZE_N), ...)`` by batch key, or ``()``
+    where it ships none, the experts are neither unquantized nor block-quantized fp8 (the formats whose
+    files are kept) or the GPU's torch name is not known.
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> tiles = tuned_moe_tiles(load_model("qwen3-30b-a3b"), "H100-80GB", tp=4)  # E=128,N=192
+        >>> tiles[-1], tuned_moe_tiles(load_model("qwen3-30b-a3b"), "H100-80GB", tp=1)  # N=768: none
+        ((4096, 128, 128), ())
+    """
+    device = TORCH_DEVICE_NAMES.get(gpu_name)
+    if device is None or not model.is_moe or model.quantized_experts_only:
+        return ()
+    selector = _dtype_selector(model, None)
+    if selector is None or (selector and not model.quant_block_k):
+        return ()
+    stem = f"E={model.num_experts},N={model.expert_intermediate_size // tp},device_name={device}{selector}"
+    return tuned_tile_table()[1].get(stem, ())
 
 
 def _dtype_selector(model: Any, quantization: str | None) -> str | None:

@@ -146,17 +146,18 @@ class GemmTerms:
         mem_s = touched * m.expert_bytes * m.layers / self._moe_mem_rate
         rows = tokens * m.top_k
         if self._moe_row_blocks:  # each kernel's own row block, padded per expert (perf_classes.moe_row_fill)
-            block = perf_classes.moe_block_m(m.grouped_gemm, tokens, m.experts, m.top_k, self._version, m.block_quant)
-            width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)[1]
+            block = perf_classes.moe_block_m(m.grouped_gemm, tokens, m.experts, m.top_k, self._version, m.block_quant,
+                                             m.tuned_tiles)
+            width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant, m.tuned_tiles)[1]
             fill = perf_classes.moe_row_fill(tokens, m.experts, m.top_k, block)
         else:  # the rule before: 0.11's fused_moe rows for every kernel, padding from the mean count
             if m.fused_moe:
-                block, width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant)
+                block, width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant, m.tuned_tiles)
             else:
                 block, width = perf_classes.moe_tile(tokens, m.experts, perf_classes.MOE_TILE_FITTED_VERSION)
             per_expert = rows / touched
             fill = per_expert / (-(-per_expert // block) * block)
-        new_tiles = m.fused_moe and self._version >= perf_classes.MOE_TILE_BY_BATCH_SINCE
+        new_tiles = perf_classes.prices_tile(m, self._version)
         tile = moe_tile_share(block, width) if new_tiles else 1.0
         comp_s = 2.0 * rows * m.matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)

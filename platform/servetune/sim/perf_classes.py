@@ -15,7 +15,10 @@ byte), so the dense fidelity figures do not move.
   the batch has at most ``E`` tokens and 64 above in vLLM 0.11 (``fused_moe.py`` ``get_default_config``);
   0.26's default tile grows with the batch (:func:`moe_tile`, up to 128 x 128), and from 0.26 the
   step prices it at the dense GEMMs' tile model's rate over 0.11's 64 x 64 tile
-  (``perf.moe_tile_share``). Each kernel pads to its own row block (:func:`moe_block_m`: fused_moe's
+  (``perf.moe_tile_share``); below 0.26, where vLLM ships a tuned config for the experts on the GPU
+  (``E=..,N=..,device_name=...json``), it runs that file's tile at the batch key nearest the batch
+  (:func:`tuned_tile`), priced the same way, as is block-quantized fp8's own default (64 x 128). Each
+  kernel pads to its own row block (:func:`moe_block_m`: fused_moe's
   tile, ``matmul_ogs``' and Marlin's rules), the padding expected over the experts' binomial row
   counts (:func:`moe_row_fill`); block-fp8 experts in ``fused_moe`` compute at the bf16 rate
   (:data:`BLOCK_FP8_MOE_RATE_SCALE`).
@@ -51,13 +54,15 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
+from servetune.planner import moe_kernels
+
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
+__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
            "expected_row_blocks", "is_class_model", "moe_block_m", "moe_row_fill", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
-           "moe_tile", "runs_triton_attention",
+           "moe_tile", "prices_tile", "runs_triton_attention", "tuned_tile",
            "sliding_kv_share", "weight_format"]
 
 #: Share of the dense GEMMs' compute rate (``Calibration.compute_efficiency`` x the GPU's peak) that
@@ -69,11 +74,12 @@ __all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGem
 #: tensor cores and no ``triton_kernels`` path (below compute capability 9.0), dequantizing e2m1
 #: values and e8m0 scales in registers before Ampere-style ``mma.sync`` MMAs. ``marlin`` (fp8
 #: experts below compute capability 8.9, 4-bit integer experts) has no fitted cell yet: a kernel
-#: and architecture without one take ``triton``'s value of the architecture (:func:`moe_compute_share`).
+#: and architecture without one take :data:`MOE_UNFITTED_SHARE` (:func:`moe_compute_share`).
 #: The share is the one reached on the rows the kernel computes, its padding included: each kernel's
 #: own row block (:func:`moe_block_m`), the expected padding over the experts' binomial row counts
 #: (:func:`moe_row_fill`); fused_moe's at vLLM 0.11's default 64 x 64 tile, from 0.26 scaled by
-#: the larger default tile's rate (:func:`moe_tile`, ``perf.moe_tile_share``).
+#: the larger default tile's rate (:func:`moe_tile`, ``perf.moe_tile_share``), and below 0.26 by the
+#: tile of the tuned config vLLM 0.11.0 ships for the experts on the GPU where there is one.
 #: **Fitted** on the fit half of the published MoE runs (``benchmarks/published_runs_classes.py
 #: --fit-moe``: per cell, the least mean |headline error| on a 0.05 grid; the split of
 #: ``benchmarks/published_runs.py``'s rule): ``triton``/Hopper on gpt-oss-120b MXFP4 on H100 at
@@ -85,9 +91,24 @@ __all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGem
 #: refitted 2026-12-05 once vLLM 0.11.0's per-request chat-template parse was priced
 #: (``Calibration.chat_template_parse_s``): 0.3 -> 0.35 (its fit runs went to the chat endpoint,
 #: and 0.3 had absorbed the parse's queue in their burst of 1,000; the other two cells stay).
+#: ``triton``/Ampere refitted 2026-12-06 once the tuned config vLLM 0.11.0 ships for the experts is
+#: priced (:func:`moe_tile`'s ``tuned``; its A100 fit runs ran ``E=128,N=192,device_name=NVIDIA_A100-SXM4-80GB.json``,
+#: 64 x 128 tiles at 2,048 tokens, which the share had absorbed as 0.11's default 64 x 64): 0.35 -> 0.2
+#: (mean |error| on its four fit runs 8.3% -> 7.6%; the 0.05 grid's best with resumes hitting their
+#: blocks and with them recomputed alike; off the grid 0.225 gives 7.8% and 6.7% respectively). ``triton``/Hopper's
+#: fit runs run no tuned file (gpt-oss on ``matmul_ogs``; Qwen3-30B-A3B's ``E=128,N=768`` has no H100
+#: file), so it stays; Marlin on Ampere keeps 0.35 (:data:`MOE_UNFITTED_SHARE`). The tuned-tile
+#: rule was read after the held-out Qwen3-235B H100 TP 4/8 errors were seen (not blind).
 #: ``Calibration.moe_compute_share`` > 0 replaces every one.
-MOE_COMPUTE_SHARE: dict[str, dict[str, float]] = {"triton": {"hopper": 0.3, "ampere": 0.35},
+MOE_COMPUTE_SHARE: dict[str, dict[str, float]] = {"triton": {"hopper": 0.3, "ampere": 0.2},
                                                   "marlin-mxfp4": {"ampere": 0.7}}
+#: The share a kernel without a fitted cell takes (``marlin``: fp8 experts below compute capability
+#: 8.9, 4-bit integer experts), by architecture: the rate ``triton`` reached on its fit runs with their
+#: tiles in it. Ampere: 0.35, ``triton``/Ampere as fitted while its A100 runs' tuned 64 x 128 tiles were
+#: priced as 0.11's default 64 x 64 (Marlin has no tile of its own here, so it keeps that rate, not the
+#: share per 64 x 64 tile it was refitted to). An architecture not listed takes ``triton``'s (Hopper: its
+#: fit runs ran no tuned file, so its share already holds their tiles).
+MOE_UNFITTED_SHARE: dict[str, float] = {"ampere": 0.35}
 #: Share of the dense GEMMs' weight-streaming rate (``Calibration.mem_efficiency``) the fused-MoE
 #: kernel reaches reading the touched experts at small batches. Not fitted: every published MoE run
 #: collected is prefill-bound (bursts of long prompts), so none measures it; 1.0 (the dense rate).
@@ -106,13 +127,21 @@ W4A16_COMPUTE_SHARE: float = 0.9
 #: whole tile on the CUDA cores before the next. Priced at the bf16 rate (1.0, against 2.0 for
 #: per-tensor fp8 on Hopper): an assumption, not fitted (no fit-half run has block-fp8 experts), chosen
 #: 2026-12-05 after the held-out DeepSeek-R1-0528 bursts on 8 x H200 were seen (their 2K and 4K
-#: prompts ran +32% and +24% fast at 2.0); those runs are no blind check of it.
+#: prompts ran +32% and +24% fast at 2.0); those runs are no blind check of it. Kept 2026-12-06 when
+#: block-fp8 experts below vLLM 0.26 came to be priced at the 64 x 128 tile they run (0.11's default,
+#: and DeepSeek's tuned H200 file at most batch keys; :func:`moe_tile`), not bf16's 64 x 64: the four
+#: DeepSeek bursts went -7.1 / -5.1 / -9.1 / +4.9% -> +4.9 / +2.8 / +3.6 / +10.4%. Where DeepGEMM is
+#: installed vLLM 0.11.0 runs such experts on it instead (``VLLM_USE_DEEP_GEMM`` defaults to 1,
+#: ``envs.py:1148@v0.11.0``; ``Fp8MoEMethod.allow_deep_gemm``): not modelled, the published pages not saying.
 BLOCK_FP8_MOE_RATE_SCALE: float = 1.0
 #: MXFP4: a 4-bit value plus one 8-bit (e8m0) scale per 32 values (OCP Microscaling spec v1.0).
 MXFP4_BYTES: float = 0.5 + 1.0 / 32
 #: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM 0.11's fused_moe.py
 #: get_default_config, bf16 / fp8 without a tuned config file: 16x32 and 64x64 tiles).
 _MOE_BLOCK_M_SMALL, _MOE_BLOCK_M_LARGE = 16, 64
+#: vLLM 0.11's default BLOCK_SIZE_N for block-quantized fp8 experts: the quantization block
+#: (``get_default_config``: ``"BLOCK_SIZE_N": block_shape[0]``, 128 for every checkpoint read here).
+_MOE_BLOCK_FP8_N_011 = 128
 #: The first vLLM release whose default fused-MoE tile (:func:`moe_tile`) grows with the batch: 0.26.0,
 #: the release read (``get_default_config``); releases before it are priced at 0.11's tiles, which
 #: :data:`MOE_COMPUTE_SHARE` was fitted under.
@@ -168,6 +197,10 @@ class MoeShape:
     block_quant: bool = False  # block-quantized fp8 experts (moe_tile's other default)
     fused_moe: bool = False  # vLLM's Triton fused_moe_kernel with its default tiles (moe_tile)
     matrices: int = 3  # weight matrices per expert: gate, up, down; 2 (up, down) for a non-gated one (Nemotron-H)
+    #: The tuned config vLLM ships for these experts on this GPU, ((M, BLOCK_SIZE_M, BLOCK_SIZE_N), ...)
+    #: by batch key (``planner.moe_kernels.tuned_moe_tiles``; () where none): :func:`moe_tile` runs it
+    #: below :data:`MOE_TILE_BY_BATCH_SINCE`.
+    tuned_tiles: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def grouped_gemm(self) -> str:
@@ -196,20 +229,44 @@ def distinct_experts(experts: int, top_k: int, tokens: int) -> float:
     return experts * (1.0 - (1.0 - share) ** tokens)
 
 
+def tuned_tile(tiles: tuple[tuple[int, int, int], ...], tokens: int) -> tuple[int, int]:
+    """The (BLOCK_SIZE_M, BLOCK_SIZE_N) of a tuned config's batch key nearest ``tokens``: vLLM 0.11.0
+    ``fused_moe.py:946`` (``try_get_optimal_moe_config``: ``configs[min(configs.keys(), key=lambda x:
+    abs(x - M))]``, the first of two equally near keys, the keys ascending as the file lists them), with
+    ``M = min(tokens, VLLM_FUSED_MOE_CHUNK_SIZE)`` (32,768, ``fused_moe.py:1539``; never reached here).
+
+    Example:
+        >>> tiles = ((1024, 64, 128), (1536, 128, 256), (4096, 128, 128))
+        >>> tuned_tile(tiles, 8192), tuned_tile(tiles, 1280), tuned_tile(tiles, 1300)
+        ((128, 128), (64, 128), (128, 256))
+    """
+    _, block_m, block_n = min(tiles, key=lambda row: abs(row[0] - tokens))
+    return block_m, block_n
+
+
 def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE_BY_BATCH_SINCE,
-             block_quant: bool = False) -> tuple[int, int]:
-    """fused_moe's default (BLOCK_SIZE_M, BLOCK_SIZE_N) for a batch of ``tokens`` under vLLM ``version``.
+             block_quant: bool = False, tuned: tuple[tuple[int, int, int], ...] = ()) -> tuple[int, int]:
+    """fused_moe's (BLOCK_SIZE_M, BLOCK_SIZE_N) for a batch of ``tokens`` under vLLM ``version``.
 
     vLLM 0.26 (``get_default_config``): 16 x 64 up to 32 tokens, 32 x 64 up to 64, 32 x 128 up to
     96, 64 x 128 up to 512 and 128 x 128 above (block-quantized fp8: 16 x 128 up to 64 tokens, 64 x
-    128 above); before :data:`MOE_TILE_BY_BATCH_SINCE`, 0.11's 16 x 32 up to ``experts`` tokens and
-    64 x 64 above.
+    128 above); before :data:`MOE_TILE_BY_BATCH_SINCE`, the ``tuned`` config's tile where vLLM ships one
+    (:func:`tuned_tile`; vLLM 0.11.0's files, ``planner.moe_kernels.tuned_moe_tiles``), else 0.11's
+    default (``fused_moe.py:868-919@v0.11.0``): block-quantized fp8 64 x 128 (``BLOCK_SIZE_N`` the
+    quantization block) at every batch, otherwise 16 x 32 up to ``experts`` tokens and 64 x 64 above.
+    From 0.26 a tuned file is not read here (its default tiles are priced, as before).
 
     Example:
         >>> moe_tile(8192, 8), moe_tile(64, 8), moe_tile(8192, 8, (0, 11, 0))
         ((128, 128), (32, 64), (64, 64))
+        >>> moe_tile(8192, 128, (0, 11, 0), tuned=((4096, 128, 128),)), moe_tile(8, 128, (0, 11, 0), block_quant=True)
+        ((128, 128), (64, 128))
     """
     if tuple(version) < MOE_TILE_BY_BATCH_SINCE:
+        if tuned:
+            return tuned_tile(tuned, tokens)
+        if block_quant:
+            return _MOE_BLOCK_M_LARGE, _MOE_BLOCK_FP8_N_011
         return (_MOE_BLOCK_M_SMALL, 32) if tokens <= experts else (_MOE_BLOCK_M_LARGE, 64)
     if block_quant:
         return (16, 128) if tokens <= 64 else (64, 128)
@@ -219,11 +276,30 @@ def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE
     return 128, 128
 
 
+def prices_tile(shape: MoeShape, version: tuple[int, int, int]) -> bool:
+    """Whether the step prices ``shape``'s fused_moe tile against 0.11's default 64 x 64 one
+    (``perf.moe_tile_share``): from :data:`MOE_TILE_BY_BATCH_SINCE`, and before it where the tile is not
+    that default: a tuned config vLLM ships, or block-quantized fp8's own default (:func:`moe_tile`).
+
+    Example:
+        >>> bf16 = MoeShape(128, 8, 4096, 192, 94, WeightFormat(2.0, 1.0), fused_moe=True)
+        >>> prices_tile(bf16, (0, 11, 0)), prices_tile(bf16, (0, 26, 0))
+        (False, True)
+        >>> prices_tile(dataclasses.replace(bf16, block_quant=True), (0, 11, 0))
+        True
+    """
+    if not shape.fused_moe:
+        return False
+    return tuple(version) >= MOE_TILE_BY_BATCH_SINCE or bool(shape.tuned_tiles) or shape.block_quant
+
+
 def moe_block_m(grouped_gemm: str, tokens: int, experts: int, top_k: int,
-                version: tuple[int, int, int] = MOE_TILE_BY_BATCH_SINCE, block_quant: bool = False) -> int:
+                version: tuple[int, int, int] = MOE_TILE_BY_BATCH_SINCE, block_quant: bool = False,
+                tuned: tuple[tuple[int, int, int], ...] = ()) -> int:
     """The rows per block the grouped GEMM pads each expert's tokens to, for a batch of ``tokens``.
 
-    * ``fused_moe``: :func:`moe_tile`'s ``BLOCK_SIZE_M`` (vLLM's ``get_default_config``).
+    * ``fused_moe``: :func:`moe_tile`'s ``BLOCK_SIZE_M`` (vLLM's ``get_default_config``, or the
+      ``tuned`` config's below 0.26).
     * ``matmul_ogs`` (``triton_kernels``' ``make_default_opt_flags_nvidia``, as vendored in vLLM 0.26,
       ``third_party/triton_kernels/matmul_ogs_details/opt_flags.py``): ``max(16, min(next_pow2(t), 128))``
       for ``t = tokens x top_k // experts`` rows an expert expects.
@@ -235,7 +311,7 @@ def moe_block_m(grouped_gemm: str, tokens: int, experts: int, top_k: int,
         (128, 64, 8)
     """
     if grouped_gemm == "fused_moe":
-        return moe_tile(tokens, experts, version, block_quant)[0]
+        return moe_tile(tokens, experts, version, block_quant, tuned)[0]
     per_expert = tokens * top_k / max(1, experts)
     if grouped_gemm == "matmul_ogs":
         want = max(1, int(per_expert))
@@ -328,18 +404,24 @@ def moe_kernel(model: ModelProfile, gpu: GpuSpec) -> str:
 
 def moe_compute_share(gpu: GpuSpec, override: float = 0.0, kernel: str = "triton") -> float:
     """:data:`MOE_COMPUTE_SHARE` of ``kernel`` for ``gpu``'s architecture (compute capability 9.0 and
-    up: Hopper's; a cell not fitted: ``triton``'s), or ``override`` when it is above 0.
+    up: Hopper's; a cell not fitted: :data:`MOE_UNFITTED_SHARE`, else ``triton``'s), or ``override``
+    when it is above 0.
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
-        >>> a100 = get_gpu("A100-80GB")
+        >>> a100, h100 = get_gpu("A100-80GB"), get_gpu("H100-80GB")
         >>> moe_compute_share(a100, kernel="marlin-mxfp4"), moe_compute_share(a100, kernel="marlin")
         (0.7, 0.35)
+        >>> moe_compute_share(a100), moe_compute_share(h100, kernel="marlin")
+        (0.2, 0.3)
     """
     if override > 0:
         return override
     arch = "hopper" if gpu.compute_capability >= 9.0 else "ampere"
-    return MOE_COMPUTE_SHARE.get(kernel, {}).get(arch, MOE_COMPUTE_SHARE["triton"][arch])
+    fitted = MOE_COMPUTE_SHARE.get(kernel, {}).get(arch)
+    if fitted is not None:
+        return fitted
+    return MOE_UNFITTED_SHARE.get(arch, MOE_COMPUTE_SHARE["triton"][arch])
 
 
 def weight_format(model: ModelProfile, gpu: GpuSpec, experts: bool = False) -> WeightFormat:
@@ -386,9 +468,10 @@ def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeSha
     fused = kernel == "triton" and not model.quantized_experts_only
     if fused and model.quant_block_k and fmt.rate_scale > BLOCK_FP8_MOE_RATE_SCALE:
         fmt = WeightFormat(fmt.bytes_per_weight, BLOCK_FP8_MOE_RATE_SCALE)
+    tuned = moe_kernels.tuned_moe_tiles(model, gpu.name, tp) if fused else ()
     return MoeShape(model.num_experts, model.num_experts_per_tok, model.expert_hidden_size,
                     max(1, model.expert_intermediate_size // tp), moe_layers, fmt,
-                    kernel, bool(model.quant_block_k), fused, 3 if model.ffn_gated else 2)
+                    kernel, bool(model.quant_block_k), fused, 3 if model.ffn_gated else 2, tuned)
 
 
 def class_gemms(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> list[ClassGemm]:
