@@ -182,7 +182,11 @@ class VllmMemoryRules:
     #: 0.33: the null block comes off the blocks a max-length sequence must fit in, and a
     #: ``num_gpu_blocks_override`` is checked (and reported) as the KV memory it takes.
     null_block_first: bool
-    #: KV tokens logged as ``int(max_concurrency * max_model_len)`` (0.25+), not blocks x block size.
+    #: KV tokens logged as ``int(max_concurrency * max_model_len)`` (0.21+), not blocks // groups x the smallest
+    #: block size: ``v1/core/kv_cache_utils.py`` ``_report_kv_cache_config``, line 1708 of 0.21.0, 1731 of 0.22.0;
+    #: 0.20.0 still multiplies ``min_block_size`` (lines 1689-1697). Placed at 0.25 until 2026-12-06 (0.21-0.24
+    #: unread); vllm-project/vllm#49064's 0.23.1 reproduction (161 blocks, 123,399 tokens at 122,633) logs the
+    #: concurrency form, where the older one gives 31,360.
     kv_tokens_from_concurrency: bool
     #: GiB printed with ``format_gib`` (round to 2, e.g. ``-0.52``) from 0.16, ``%.2f`` before.
     gib_rounded: bool
@@ -281,8 +285,15 @@ class VllmMemoryRules:
     moe_workspace_kept: bool
     #: A Mamba hybrid with FULL decode CUDA graphs refuses to capture them when ``max_num_seqs`` exceeds the
     #: KV blocks ("max_num_seqs (N) exceeds available Mamba cache blocks (M)": ``config/compilation.py``
-    #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
-    #: 0.20 and 0.21 not read). Planned as ``kv_too_small`` (too few blocks for the configuration).
+    #: line 1436 of 0.20.0 and 0.21.0, 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0, 1507 of 0.27.0,
+    #: 1508 of 0.28.0; absent from 0.11.0, and 0.19.0 caps the capture sizes to the blocks instead, lines 1285-1322;
+    #: placed at 0.22 until 2026-12-06, when 0.20 and 0.21 were read). M is ``kv_cache_config.num_blocks`` (lines 1433 /
+    #: 1450 / 1489 / 1504 / 1505), the whole shared pool every KV group draws on, not a pool of the Mamba layers: the
+    #: runner passes its own ``kv_cache_config`` (``v1/worker/gpu_model_runner.py`` line 6696 of 0.22.0, 7115 of
+    #: 0.26.0, 7188 of 0.27.0, 7323 of 0.28.0), whose ``num_blocks`` is ``available // page_size // group_size``
+    #: (``v1/core/kv_cache_utils.py`` ``get_num_blocks``, line 950 of 0.22.0, 1005 of 0.26.0, 1008 of 0.27.0, 988 of
+    #: 0.28.0, called at 1304 / 1409 / 1426 / 1392). Unchanged 0.22-0.28, so the plan's ``num_gpu_blocks``.
+    #: Planned as ``kv_too_small`` (too few blocks for the configuration).
     mamba_blocks_cover_max_num_seqs: bool
     #: Architectures of modelled classes this release no longer serves, with the last release that did
     #: (``_PREVIOUSLY_SUPPORTED_MODELS``, ``models/registry.py``: ``"BambaForCausalLM": "0.23.0"`` at line 731 of
@@ -517,7 +528,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         subtracts_cudagraph_estimate=(0, 20, 0) <= v < V2_RUNNER_DEFAULT,
         budget_rounds_up=v >= (0, 33, 0),
         null_block_first=v >= (0, 33, 0),
-        kv_tokens_from_concurrency=v >= (0, 25, 0),
+        kv_tokens_from_concurrency=v >= (0, 21, 0),
         gib_rounded=v >= (0, 16, 0),
         long_error_texts=v >= (0, 20, 0),
         sampler_warmup_after_capture=v < V2_RUNNER_DEFAULT,
@@ -534,6 +545,6 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         mamba_align_block_within_long_prefill=(0, 15, 0) <= v < (0, 27, 0),
         hybrid_prefix_caching_default_on=v >= (0, 28, 0),
         moe_workspace_kept=v >= (0, 11, 0),
-        mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
+        mamba_blocks_cover_max_num_seqs=v >= (0, 20, 0),
         removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
     )
