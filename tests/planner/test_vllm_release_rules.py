@@ -205,6 +205,15 @@ def test_kv_tokens_are_logged_from_concurrency_from_021() -> None:
                   (0, 28, 0): True}
 
 
+def test_the_v1_runner_buffers_are_charged_from_027() -> None:
+    """utils/mem_utils.py: ``total_consumed`` (free memory at the init snapshot less after profiling) plus the
+    transient peak, lines 317-326 of 0.27.0 and 0.28.0 (0.26.0: weights + torch peak increase + non-torch growth);
+    the V1 runner is built after the snapshot (v1/worker/gpu_worker.py 395 / 423 of 0.27.0, 406 / 438 of 0.28.0) and
+    keeps ``inputs_embeds`` (v1/worker/gpu_model_runner.py 798 of 0.27.0); v1_runner_rules keeps the flag."""
+    from servetune.planner.vllm_rules import v1_runner_rules
+    on = {v: v1_runner_rules(memory_rules(v)).charges_v1_runner_buffers for v in ((0, 26, 0), (0, 27, 0), (0, 28, 0))}
+    assert on == {(0, 26, 0): False, (0, 27, 0): True, (0, 28, 0): True}
+
 
 def test_bamba_leaves_the_registry_after_023() -> None:
     """models/registry.py: 0.23.0 registers "BambaForCausalLM" (line 87); 0.24.0 lists it in

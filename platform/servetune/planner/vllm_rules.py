@@ -169,6 +169,13 @@ class VllmMemoryRules:
     full_decode_graphs: bool
     #: 0.27+ charges ``total_consumed``, so the V2 runner's persistent sampler state too.
     charges_persistent_runner: bool
+    #: 0.27+ charges ``total_consumed``, so the V1 runner's own buffers too: the runner is built after the init
+    #: snapshot (``v1/worker/gpu_worker.py`` lines 395 / 423 of 0.27.0, 406 / 438 of 0.28.0) and keeps
+    #: ``inputs_embeds`` [max_num_batched_tokens, hidden] in the model dtype for every model
+    #: (``v1/worker/gpu_model_runner.py`` line 798 of 0.27.0; 0.26.0's sum never saw it). Kept by
+    #: :func:`v1_runner_rules`; read after the held-out 0.28.0 Qwen3.5 starts of hybrid.yaml were judged (their
+    #: ~0.3-2.4 GiB of consumed memory beyond the plan, of which this is 0.02-0.08).
+    charges_v1_runner_buffers: bool
     #: The CUDA-graph estimate comes off the KV budget. <=0.16: no estimate at all; 0.18/0.19: only
     #: with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (default 0); from 0.20: on by default on the V1
     #: model runner (:func:`v1_runner_rules`). The V2 runner (0.22+ for the models
@@ -525,6 +532,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         flashinfer_topk_topp=v < SORT_TOPK_TOPP_PROFILED,
         full_decode_graphs=v >= (0, 11, 0),
         charges_persistent_runner=v >= TOTAL_CONSUMED_ACCOUNTING,
+        charges_v1_runner_buffers=v >= TOTAL_CONSUMED_ACCOUNTING,
         subtracts_cudagraph_estimate=(0, 20, 0) <= v < V2_RUNNER_DEFAULT,
         budget_rounds_up=v >= (0, 33, 0),
         null_block_first=v >= (0, 33, 0),
