@@ -185,7 +185,7 @@ def test_plan_refuses_hybrid_prefix_caching_past_the_releases_read_in_one_line_w
 
 
 def test_026_refuses_more_sequences_than_mamba_blocks():
-    """0.22+ (config/compilation.py): FULL decode graphs need one Mamba block per sequence; eager starts do not."""
+    """0.20+ (config/compilation.py): FULL decode graphs need one Mamba block per sequence; eager starts do not."""
     m = load_model("granite-4.0-h-tiny")
     flags = {**FLAGS, "kv_cache_memory_bytes": 100 * 3_276_800, "max_num_seqs": 128, "max_model_len": 2048}
     p = plan_memory(m, H100, resolve_engine_config(flags, m, H100, "0.26.0"))

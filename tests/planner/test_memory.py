@@ -412,6 +412,27 @@ def test_027_charges_the_v2_runners_penalty_state_to_the_kv_budget():
     assert persistent_runner_bytes(m, fixed) == 0
 
 
+def test_027_charges_the_v1_runners_inputs_embeds_to_the_kv_budget():
+    """The V1 runner is built after the init snapshot (v1/worker/gpu_worker.py line 423 of 0.27.0, 438 of 0.28.0)
+    and keeps inputs_embeds [max_num_batched_tokens, hidden] in the model dtype for every model
+    (v1/worker/gpu_model_runner.py line 798 of 0.27.0): 0.27+'s total_consumed charges it, 0.26's sum does not,
+    and the V2 runner (dense models) allocates no such buffer."""
+    from servetune.planner.memory import persistent_runner_bytes
+    m, g = load_model("qwen3-30b-a3b"), get_gpu("H100-80GB")  # MoE: the V1 runner at 0.26-0.28
+    flags = {"max_model_len": 8192, "max_num_batched_tokens": 8192}
+    c26, c27, c28 = (resolve_engine_config(flags, m, g, v) for v in ("0.26.0", "0.27.0", "0.28.0"))
+    assert not c27.rules.v2_runner and not c28.rules.v2_runner
+    want = 8192 * m.hidden_size * 2
+    assert persistent_runner_bytes(m, c26) == 0
+    assert persistent_runner_bytes(m, c27) == persistent_runner_bytes(m, c28) == want
+    p26, p27 = plan_memory(m, g, c26), plan_memory(m, g, c27)
+    assert (p27.memory.non_torch - p26.memory.non_torch) * 2**30 == pytest.approx(want, abs=2)
+    dense = load_model("llama-3.1-8b")  # the V2 runner: its sampler state, not this buffer
+    cd = resolve_engine_config({"max_model_len": 8192, "max_num_seqs": 128}, dense, g, "0.28.0")
+    assert cd.rules.v2_runner
+    assert persistent_runner_bytes(dense, cd) == 128 * (dense.vocab_size + -(-dense.vocab_size // 32)) * 4
+
+
 def test_v1_sampler_warm_up_after_graph_capture_must_fit_what_is_left():
     """vLLM's V1 runner re-runs the dummy sampler after CUDA-graph capture (compile_or_warm_up_model), outside the
     profiled budget: at 0.99 on 0.19 the graphs eat the 1% headroom, so the sampler's fp32 tensors no longer fit.

@@ -182,10 +182,37 @@ def test_hybrid_rules_by_release(version: str, align_to_block: bool, nemotron_ss
 
 
 def test_mamba_block_check_by_release() -> None:
-    """config/compilation.py: "exceeds available Mamba cache blocks" at 1453 of 0.22.0, 1451 of 0.24.0, 1458 of
-    0.25.0, 1492 of 0.26.0; no such line in 0.19.0 or 0.11.0."""
-    on = {v: memory_rules(v).mamba_blocks_cover_max_num_seqs for v in ((0, 11, 0), (0, 19, 0), (0, 22, 0), (0, 26, 0))}
-    assert on == {(0, 11, 0): False, (0, 19, 0): False, (0, 22, 0): True, (0, 26, 0): True}
+    """config/compilation.py: "exceeds available Mamba cache blocks" at 1436 of 0.20.0 and 0.21.0, 1453 of 0.22.0,
+    1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0, 1507 of 0.27.0, 1508 of 0.28.0; no such line in 0.19.0 (which caps
+    the capture sizes instead, 1285-1322) or 0.11.0. The count it names is ``kv_cache_config.num_blocks``
+    (1433@0.20.0, 1450@0.22.0, 1489@0.26.0, 1504@0.27.0, 1505@0.28.0): v1/core/kv_cache_utils.py
+    ``get_num_blocks`` (``available_memory // page_size // num_layers``, 950@0.22.0, 1005@0.26.0, 1008@0.27.0,
+    988@0.28.0) with ``num_layers`` the group size, for the one pool every group shares (no Mamba pool of its own
+    through 0.28): the plan's ``num_gpu_blocks``."""
+    versions = ((0, 11, 0), (0, 19, 0), (0, 20, 0), (0, 21, 0), (0, 22, 0), (0, 26, 0), (0, 27, 0), (0, 28, 0))
+    on = {v: memory_rules(v).mamba_blocks_cover_max_num_seqs for v in versions}
+    assert on == {(0, 11, 0): False, (0, 19, 0): False, (0, 20, 0): True, (0, 21, 0): True, (0, 22, 0): True,
+                  (0, 26, 0): True, (0, 27, 0): True, (0, 28, 0): True}
+
+
+def test_kv_tokens_are_logged_from_concurrency_from_0201() -> None:
+    """v1/core/kv_cache_utils.py ``_report_kv_cache_config``: ``num_tokens = int(max_concurrency * max_model_len)`` at
+    1699-1708 of 0.20.1, 1708 of 0.21.0 and 1731 of 0.22.0; 0.20.0 multiplies ``num_blocks // len(groups)`` by
+    ``min_block_size`` (1689-1697). Placed at 0.25 before 2026-12-06."""
+    on = {v: memory_rules(v).kv_tokens_from_concurrency for v in ((0, 19, 0), (0, 20, 0), (0, 20, 1), (0, 21, 0),
+                                                                    (0, 22, 0), (0, 24, 0), (0, 28, 0))}
+    assert on == {(0, 19, 0): False, (0, 20, 0): False, (0, 20, 1): True, (0, 21, 0): True, (0, 22, 0): True,
+                  (0, 24, 0): True, (0, 28, 0): True}
+
+
+def test_the_v1_runner_buffers_are_charged_from_027() -> None:
+    """utils/mem_utils.py: ``total_consumed`` (free memory at the init snapshot less after profiling) plus the
+    transient peak, lines 317-326 of 0.27.0 and 0.28.0 (0.26.0: weights + torch peak increase + non-torch growth);
+    the V1 runner is built after the snapshot (v1/worker/gpu_worker.py 395 / 423 of 0.27.0, 406 / 438 of 0.28.0) and
+    keeps ``inputs_embeds`` (v1/worker/gpu_model_runner.py 798 of 0.27.0); v1_runner_rules keeps the flag."""
+    from servetune.planner.vllm_rules import v1_runner_rules
+    on = {v: v1_runner_rules(memory_rules(v)).charges_v1_runner_buffers for v in ((0, 26, 0), (0, 27, 0), (0, 28, 0))}
+    assert on == {(0, 26, 0): False, (0, 27, 0): True, (0, 28, 0): True}
 
 
 def test_bamba_leaves_the_registry_after_023() -> None:

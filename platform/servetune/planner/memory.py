@@ -380,7 +380,7 @@ def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Account
                         f"lower num_gpu_blocks_override to <= {acc.computed_blocks}", None, False)
     if (rules.mamba_blocks_cover_max_num_seqs and "mamba" in acc.layout.groups and not config.enforce_eager
             and config.max_num_seqs > acc.num_blocks):
-        # 0.26 config/compilation.py (lines 1476-1497): FULL decode graphs need one Mamba block per sequence
+        # config/compilation.py (0.20+; 1476-1497 of 0.26.0): FULL decode graphs need one Mamba block a sequence
         util = (acc.fixed_need + config.max_num_seqs * block_bytes) / acc.total
         return _Verdict(TrialStatus.KV_TOO_SMALL,
                         f"ValueError: max_num_seqs ({config.max_num_seqs}) exceeds available Mamba cache blocks "

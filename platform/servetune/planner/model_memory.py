@@ -268,7 +268,7 @@ def sampler_warmup_bytes(model: ModelProfile, config: EngineConfig) -> tuple[int
 
 
 def persistent_runner_bytes(model: ModelProfile, config: EngineConfig) -> int:
-    """Torch memory the V2 runner holds from load to serving that 0.27+ charges to the KV budget (0 before).
+    """Torch memory the model runner holds from load to serving that 0.27+ charges to the KV budget (0 before).
 
     The V2 runner's sampler is built after the weights are measured (``v1/worker/gpu/model_runner.py:
     load_model``) and keeps per-request penalty state (``v1/worker/gpu/sample/penalties.py``,
@@ -279,6 +279,11 @@ def persistent_runner_bytes(model: ModelProfile, config: EngineConfig) -> int:
     The runner's other persistent buffers (token ids, block tables, input buffers) are ignored here:
     tens of MiB at most for the default batch sizes.
 
+    The V1 runner (MoE and hybrid models, :func:`~servetune.planner.vllm_rules.runs_v2_runner`) holds no
+    such sampler state, but is itself built after vLLM's init snapshot, so 0.27+ charges its
+    ``inputs_embeds`` buffer: ``max_num_batched_tokens x hidden`` in the model dtype, allocated for every
+    model (``VllmMemoryRules.charges_v1_runner_buffers``); its other buffers are under 1 MiB a thousand tokens.
+
     Example:
         >>> from servetune.planner.gpus import get_gpu
         >>> from servetune.planner.engine_config import resolve_engine_config
@@ -288,10 +293,18 @@ def persistent_runner_bytes(model: ModelProfile, config: EngineConfig) -> int:
         0
         >>> round(persistent_runner_bytes(m, resolve_engine_config({}, m, g, "0.28.0")) / 2**30, 3)
         0.126
+        >>> moe = load_model("qwen3-30b-a3b")  # the V1 runner: 2,048 batched tokens x 2,048 hidden x 2 bytes
+        >>> persistent_runner_bytes(moe, resolve_engine_config({}, moe, g, "0.28.0")) / 2**20
+        8.0
     """
-    if not config.rules.charges_persistent_runner or config.kv_cache_memory_bytes is not None:
+    if config.kv_cache_memory_bytes is not None:
         return 0
-    return config.max_num_seqs * (model.vocab_size + -(-model.vocab_size // 32)) * 4
+    if config.rules.charges_persistent_runner:
+        return config.max_num_seqs * (model.vocab_size + -(-model.vocab_size // 32)) * 4
+    if config.rules.charges_v1_runner_buffers and not config.rules.v2_runner:
+        # the V1 runner's inputs_embeds [max_num_tokens, hidden] (VllmMemoryRules.charges_v1_runner_buffers)
+        return config.max_num_batched_tokens * model.hidden_size * model.dtype_bytes
+    return 0
 
 
 def cudagraph_memory_bytes(model: ModelProfile, config: EngineConfig) -> int:

@@ -169,6 +169,13 @@ class VllmMemoryRules:
     full_decode_graphs: bool
     #: 0.27+ charges ``total_consumed``, so the V2 runner's persistent sampler state too.
     charges_persistent_runner: bool
+    #: 0.27+ charges ``total_consumed``, so the V1 runner's own buffers too: the runner is built after the init
+    #: snapshot (``v1/worker/gpu_worker.py`` lines 395 / 423 of 0.27.0, 406 / 438 of 0.28.0) and keeps
+    #: ``inputs_embeds`` [max_num_batched_tokens, hidden] in the model dtype for every model
+    #: (``v1/worker/gpu_model_runner.py`` line 798 of 0.27.0; 0.26.0's sum never saw it). Kept by
+    #: :func:`v1_runner_rules`; read after the held-out 0.28.0 Qwen3.5 starts of hybrid.yaml were judged (their
+    #: ~0.3-2.4 GiB of consumed memory beyond the plan, of which this is 0.02-0.08).
+    charges_v1_runner_buffers: bool
     #: The CUDA-graph estimate comes off the KV budget. <=0.16: no estimate at all; 0.18/0.19: only
     #: with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 (default 0); from 0.20: on by default on the V1
     #: model runner (:func:`v1_runner_rules`). The V2 runner (0.22+ for the models
@@ -183,8 +190,10 @@ class VllmMemoryRules:
     #: ``num_gpu_blocks_override`` is checked (and reported) as the KV memory it takes.
     null_block_first: bool
     #: KV tokens logged as ``int(max_concurrency * max_model_len)`` (0.20.1+: ``_report_kv_cache_config``,
-    #: kv_cache_utils.py:1699-1708@0.20.1; 0.20.0 still logs blocks // groups x block, :1694-1698@0.20.0),
-    #: not blocks x block size.
+    #: kv_cache_utils.py:1699-1708@0.20.1, line 1708 of 0.21.0, 1731 of 0.22.0; 0.20.0 still logs
+    #: blocks // groups x the smallest block, :1694-1698@0.20.0), not blocks x block size. Placed at 0.25
+    #: until 2026-12-06 (0.20-0.24 unread); vllm-project/vllm#49064's 0.23.1 reproduction (161 blocks,
+    #: 123,399 tokens at 122,633) logs the concurrency form, where the older one gives 31,360.
     kv_tokens_from_concurrency: bool
     #: GiB printed with ``format_gib`` (round to 2, e.g. ``-0.52``) from 0.16, ``%.2f`` before.
     gib_rounded: bool
@@ -296,8 +305,15 @@ class VllmMemoryRules:
     nemotron_h_latent_moe: bool
     #: A Mamba hybrid with FULL decode CUDA graphs refuses to capture them when ``max_num_seqs`` exceeds the
     #: KV blocks ("max_num_seqs (N) exceeds available Mamba cache blocks (M)": ``config/compilation.py``
-    #: line 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0; absent from 0.19.0 and 0.11.0;
-    #: 0.20 and 0.21 not read). Planned as ``kv_too_small`` (too few blocks for the configuration).
+    #: line 1436 of 0.20.0 and 0.21.0, 1453 of 0.22.0, 1451 of 0.24.0, 1458 of 0.25.0, 1492 of 0.26.0, 1507 of 0.27.0,
+    #: 1508 of 0.28.0; absent from 0.11.0, and 0.19.0 caps the capture sizes to the blocks instead, lines 1285-1322;
+    #: placed at 0.22 until 2026-12-06, when 0.20 and 0.21 were read). M is ``kv_cache_config.num_blocks`` (lines 1433 /
+    #: 1450 / 1489 / 1504 / 1505), the whole shared pool every KV group draws on, not a pool of the Mamba layers: the
+    #: runner passes its own ``kv_cache_config`` (``v1/worker/gpu_model_runner.py`` line 6696 of 0.22.0, 7115 of
+    #: 0.26.0, 7188 of 0.27.0, 7323 of 0.28.0), whose ``num_blocks`` is ``available // page_size // group_size``
+    #: (``v1/core/kv_cache_utils.py`` ``get_num_blocks``, line 950 of 0.22.0, 1005 of 0.26.0, 1008 of 0.27.0, 988 of
+    #: 0.28.0, called at 1304 / 1409 / 1426 / 1392). Unchanged 0.22-0.28, so the plan's ``num_gpu_blocks``.
+    #: Planned as ``kv_too_small`` (too few blocks for the configuration).
     mamba_blocks_cover_max_num_seqs: bool
     #: Architectures of modelled classes this release no longer serves, with the last release that did
     #: (``_PREVIOUSLY_SUPPORTED_MODELS``, ``models/registry.py``: ``"BambaForCausalLM": "0.23.0"`` at line 731 of
@@ -529,6 +545,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         flashinfer_topk_topp=v < SORT_TOPK_TOPP_PROFILED,
         full_decode_graphs=v >= (0, 11, 0),
         charges_persistent_runner=v >= TOTAL_CONSUMED_ACCOUNTING,
+        charges_v1_runner_buffers=v >= TOTAL_CONSUMED_ACCOUNTING,
         subtracts_cudagraph_estimate=(0, 20, 0) <= v < V2_RUNNER_DEFAULT,
         budget_rounds_up=v >= (0, 33, 0),
         null_block_first=v >= (0, 33, 0),
@@ -552,6 +569,6 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         router_model_dtype_on_sm90_sm100=v >= (0, 17, 0),
         nemotron_h_moe_layers=v >= (0, 11, 1),
         nemotron_h_latent_moe=v >= (0, 13, 0),
-        mamba_blocks_cover_max_num_seqs=v >= (0, 22, 0),
+        mamba_blocks_cover_max_num_seqs=v >= (0, 20, 0),
         removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
     )
