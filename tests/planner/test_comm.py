@@ -341,3 +341,21 @@ def test_the_simulator_prices_the_same_step_and_says_the_nccl_path_is_not_modell
     said = [n for n in simulate(model, gpu, off, w).evidence if "small-message latency is not modelled" in n]
     assert len(said) == 1 and said[0].startswith("disable_custom_all_reduce at TP=2")
     assert not [n for n in simulate(model, gpu, plain, w).evidence if "disable_custom_all_reduce" in n]
+
+
+def test_vllm_0_10_charges_the_communicators_over_nvlink_only():
+    """0.10.x snapshots before building its communicators (gpu_worker.py:175 / :193@0.10.2): their memory moves from
+    the context into the charged growth over NVLink; without P2P (SHM through host memory) nothing is charged."""
+    from servetune.planner.comm import CONTEXT_GIB_MULTI, CONTEXT_GIB_SINGLE, NON_TORCH_GIB_MULTI_V1
+    h200 = get_gpu("H200")
+    old = comm_memory(h200, tp=2, pp=1, env=SERVETUNE_LAUNCH_ENV, version=(0, 10, 2))
+    new = comm_memory(h200, tp=2, pp=1, env=SERVETUNE_LAUNCH_ENV, version=(0, 11, 0))
+    delta = int(CONTEXT_GIB_MULTI * GiB) - int(CONTEXT_GIB_SINGLE * GiB)
+    assert new.non_torch_bytes == int(NON_TORCH_GIB_MULTI_V1 * GiB) and new.context_bytes == int(CONTEXT_GIB_MULTI * GiB)
+    assert old.non_torch_bytes - new.non_torch_bytes == delta and old.context_bytes == int(CONTEXT_GIB_SINGLE * GiB)
+    shm = with_interconnect(get_gpu("A100-80GB"), "pcie-no-p2p")
+    assert (comm_memory(shm, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=(0, 10, 1)).non_torch_bytes
+            == comm_memory(shm, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=(0, 11, 0)).non_torch_bytes)
+    # 0.10.2's VLLM_ALLREDUCE_USE_SYMM_MEM defaults to 0 (envs.py:1221): no symmetric-memory buffer in the context
+    assert comm_memory(h200, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=(0, 10, 2)).context_bytes == int(
+        CONTEXT_GIB_SINGLE * GiB)

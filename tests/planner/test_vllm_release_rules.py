@@ -220,3 +220,17 @@ def test_allreduce_rms_fusion_rule_per_release(version, default, single_stage, f
     r = memory_rules(parse_vllm_version(version))
     assert (r.allreduce_rms_fusion_default, r.allreduce_rms_fusion_single_stage) == (default, single_stage)
     assert r.allreduce_rms_fusion_blackwell_family is family
+
+
+@pytest.mark.parametrize("version, before", [
+    ("0.10.1.1", False),  # v1/worker/gpu_worker.py:174 snapshot, :192 init_worker_distributed_environment
+    ("0.10.2", False),    # :175 snapshot, :193 distributed init
+    ("0.11.0", True),     # :169 distributed init ("BEFORE taking memory snapshot", :165), :182 snapshot
+    ("0.12.0", True),     # :216, :232
+    ("0.19.0", True),     # :263, :282
+    ("0.26.0", True),     # :369, :388
+    ("0.28.0", True),     # :387, :406
+])
+def test_communicators_built_before_the_init_snapshot_per_release(version, before):
+    from servetune.planner.vllm_rules import parse_vllm_version
+    assert memory_rules(parse_vllm_version(version)).communicators_before_snapshot is before

@@ -10,7 +10,7 @@ budget (it only has to fit in ``total * (1 - gpu_memory_utilization)``: :attr:`C
 What is allocated after it, during model loading, compilation and the profile run, is *inside* it: the
 "non-torch" growth that vLLM subtracts from the budget (:attr:`CommMemory.non_torch_bytes`). 0.10.x takes the
 snapshot first (line 175, then ``init_worker_distributed_environment`` at 193 of 0.10.2), so there the
-communicators' own memory is charged too; that is not modelled (``docs/accuracy.md``).
+communicators' own memory is charged too (:func:`_communicators_charged`: over NVLink; 0 over PCIe).
 
 What grows after the snapshot, by version:
 
@@ -365,6 +365,18 @@ def fused_allreduce_note(vllm_version: str, tp: int) -> str:
             "'{\"pass_config\": {\"fuse_allreduce_rms\": false}}' avoids it, NCCL_NVLS_ENABLE=0 does not")
 
 
+def _communicators_charged(gpu: GpuSpec, version: tuple[int, int, int], context: int) -> int:
+    """What the communicators allocate at creation that a release charges to the KV budget: 0 from 0.11, which builds
+    them before its init snapshot; before (0.10.x) the whole multi-GPU context beyond the CUDA context over NVLink
+    (NCCL's P2P setup and the custom all-reduce: :data:`CONTEXT_GIB_MULTI` less :data:`CONTEXT_GIB_SINGLE`, measured
+    on the H200 with vLLM 0.26 and NVLS off), and 0 for GPUs linked by PCIe: without P2P NCCL's SHM transport keeps
+    its FIFOs in host memory (the published 0.10.1.1 A100 starts without P2P are within 1% with none charged), and
+    with it no figure was measured."""
+    if memory_rules(tuple(version)).communicators_before_snapshot or gpu.link != "nvlink":
+        return 0
+    return context - int(CONTEXT_GIB_SINGLE * GiB)
+
+
 def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[int, int, int] = (0, 26, 0),
                 compiled: bool = True, flashinfer: bool = True) -> CommMemory:
     """Memory one TP/PP worker takes outside torch, before the init snapshot and during profiling.
@@ -397,8 +409,13 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
                           int((NON_TORCH_GIB_SINGLE if v2 else NON_TORCH_GIB_SINGLE_V1) * GiB), False,
                           "one GPU: no communicator", True)
     context = int(CONTEXT_GIB_MULTI * GiB)
-    if env.symm_mem and tp >= 2:
+    # VLLM_ALLREDUCE_USE_SYMM_MEM defaults to 1 from 0.11 (envs.py:1411@0.11.0), 0 in 0.10.2 (envs.py:1221), absent
+    # before: a 0.10.x start is taken without the symmetric-memory communicator.
+    symm_on = env.symm_mem and tp >= 2 and tuple(version) >= (0, 11, 0)
+    if symm_on:
         context += symm_mem_buffer_bytes(tp, gpu.compute_capability)
+    charged = _communicators_charged(gpu, version, context)
+    context -= charged
     # PP-only layouts send activations point to point: the lazily connected ring buffers of a
     # TP all-reduce never appear (0.07 GiB at PP=2 in llm-d-planner's published 0.19 logs).
     if v2 or tp == 1:
@@ -416,11 +433,12 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
                                  flashinfer=flashinfer and env.flashinfer_fusion)
     if fused:
         non_torch += int(FI_ALLREDUCE_FUSION_WORKSPACE_GIB * GiB)
+    non_torch += charged
     # Validated: the multicast-off figures (the real 2 x H200 runs, the published 2 x H100 starts); not the NVLS
     # buffers (counted from NCCL), the fusion workspace (read off the starts it is judged on), nor a
     # symmetric-memory buffer in the context.
-    symm = symm_mem_buffer_bytes(tp, gpu.compute_capability) if env.symm_mem else 0
-    return CommMemory(context, non_torch, live, reason, validated=not live and not fused and symm == 0,
+    symm = symm_mem_buffer_bytes(tp, gpu.compute_capability) if symm_on else 0
+    return CommMemory(context, non_torch, live, reason, validated=not live and not fused and symm == 0 and not charged,
                       fused_allreduce=fused)
 
 

@@ -318,6 +318,12 @@ class VllmMemoryRules:
     #: ... and on Blackwell for the whole 10.x family (``is_device_capability_family(100)``, 0.19+), where 0.17 and
     #: 0.18 take compute capability 10.0 only (``is_device_capability(100)``).
     allreduce_rms_fusion_blackwell_family: bool
+    #: ``init_device`` builds the distributed environment (NCCL's communicator, the custom all-reduce's IPC buffers,
+    #: the symmetric-memory communicator) before it takes the init snapshot, so their memory is outside the KV
+    #: budget (0.11+: ``v1/worker/gpu_worker.py`` lines 165-182 of 0.11.0, "Initialize the distributed environment
+    #: BEFORE taking memory snapshot"; 216 / 232 of 0.12.0; 263 / 282 of 0.19.0). 0.10.x takes the snapshot first
+    #: (line 174 / 192 of 0.10.1.1, 175 / 193 of 0.10.2), so what they allocate is non-torch growth charged to it.
+    communicators_before_snapshot: bool
 
     # -- vLLM's texts --------------------------------------------------------------------------
 
@@ -572,4 +578,5 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         allreduce_rms_fusion_default=v >= ALLREDUCE_RMS_FUSION_DEFAULT,
         allreduce_rms_fusion_single_stage=(ALLREDUCE_RMS_FUSION_DEFAULT <= v < (0, 21, 0)) or (0, 23, 0) <= v < (0, 24, 0),
         allreduce_rms_fusion_blackwell_family=v >= (0, 19, 0),
+        communicators_before_snapshot=v >= (0, 11, 0),
     )
