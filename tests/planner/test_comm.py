@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from servetune.engines.vllm.engine import SAFE_ENV
 from servetune.errors import SpecError
-from servetune.planner.comm import (CUSTOM_ALL_REDUCE_BUFFER_BYTES, NO_P2P_BUS_GBPS, NO_P2P_LATENCY_S,
-                                    NON_TORCH_GIB_MULTI, SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv,
-                                    allreduce_cost, comm_memory, custom_all_reduce_runs, nvls_buffer_bytes)
+from servetune.planner.comm import (CUSTOM_ALL_REDUCE_BUFFER_BYTES, FI_ALLREDUCE_FUSION_WORKSPACE_GIB, NO_P2P_BUS_GBPS,
+                                    NO_P2P_LATENCY_S, NON_TORCH_GIB_MULTI, SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV,
+                                    CommEnv, allreduce_cost, comm_memory, custom_all_reduce_runs,
+                                    fused_allreduce_runs, nvls_buffer_bytes)
 from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
@@ -18,8 +21,11 @@ GiB = 1 << 30
 
 def test_servetune_launch_env_is_the_engine_env():
     """The planner's default environment is the one every real servetune launch applies."""
-    assert SERVETUNE_LAUNCH_ENV == CommEnv.from_mapping(SAFE_ENV, SERVETUNE_LAUNCH_ENV.source)
+    # The variables are the launch's; the FlashInfer fusion is a property of servetune's measured hosts (none usable).
+    assert SERVETUNE_LAUNCH_ENV == dataclasses.replace(CommEnv.from_mapping(SAFE_ENV, SERVETUNE_LAUNCH_ENV.source),
+                                                       flashinfer_fusion=False)
     assert SERVETUNE_LAUNCH_ENV.nvls == "off" and not SERVETUNE_LAUNCH_ENV.symm_mem
+    assert VLLM_DEFAULT_ENV.flashinfer_fusion and "FlashInfer" in SERVETUNE_LAUNCH_ENV.describe()
 
 
 @pytest.mark.parametrize("gpu, tp, pp, live", [
@@ -34,15 +40,49 @@ def test_multicast_is_live_only_on_nvswitch_hopper_tp_groups_in_the_default_env(
     assert not comm_memory(get_gpu(gpu), tp=tp, pp=pp, env=SERVETUNE_LAUNCH_ENV).multicast
 
 
-def test_multicast_off_keeps_the_real_h200x2_figure_and_on_adds_nccl_buffers():
+def test_multicast_off_keeps_the_real_h200x2_figure_and_on_adds_nccl_buffers_and_the_fusion_workspace():
     h200 = get_gpu("H200")
     off = comm_memory(h200, tp=2, pp=1, env=SERVETUNE_LAUNCH_ENV)
     on = comm_memory(h200, tp=2, pp=1, env=VLLM_DEFAULT_ENV)
     assert off.non_torch_bytes == int(NON_TORCH_GIB_MULTI * GiB)  # 0.06 GiB: the real NVLS-off 2 x H200 runs
-    assert 2.0 * GiB <= on.non_torch_bytes <= 2.2 * GiB  # the range read in published H100 logs
+    assert on.non_torch_bytes == (int(NON_TORCH_GIB_MULTI * GiB) + nvls_buffer_bytes(2, 9.0)
+                                  + int(FI_ALLREDUCE_FUSION_WORKSPACE_GIB * GiB))
     four = comm_memory(h200, tp=4, pp=1, env=VLLM_DEFAULT_ENV)
     assert four.non_torch_bytes - on.non_torch_bytes == nvls_buffer_bytes(4, 9.0) - nvls_buffer_bytes(2, 9.0)
-    assert not on.validated and off.validated
+    assert not on.validated and off.validated and on.fused_allreduce and not off.fused_allreduce
+
+
+@pytest.mark.parametrize("version, gib", [
+    # vLLM 0.11-0.16: no fusion by default; 0.54 GiB of NCCL rings + 64 MiB of NVLS buffers where NVLS is live.
+    ((0, 11, 0), 0.60), ((0, 12, 0), 0.60), ((0, 16, 0), 0.60),
+    # 0.17+: the FlashInfer all-reduce fusion workspace joins (the 0.19 logs: 2.06-2.11 GiB at TP=2).
+    ((0, 17, 0), 2.10), ((0, 19, 0), 2.10), ((0, 25, 0), 2.10),
+    # 0.26+ (the V2 runner's 0.06 GiB rings): the same workspace, assumed.
+    ((0, 26, 0), 1.62), ((0, 28, 0), 1.62),
+])
+def test_the_default_environment_charges_the_fusion_workspace_from_0_17(version, gib):
+    c = comm_memory(get_gpu("H100-80GB"), tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=version)
+    assert round(c.non_torch_bytes / GiB, 2) == gib
+    assert c.fused_allreduce is (version >= (0, 17, 0))
+
+
+@pytest.mark.parametrize("gpu, tp, pp, version, kw, runs", [
+    ("H100-80GB", 2, 1, (0, 19, 0), {}, True),
+    ("H100-80GB", 4, 1, (0, 19, 0), {}, True),
+    ("H100-80GB", 8, 1, (0, 19, 0), {}, True),
+    ("H100-80GB", 6, 1, (0, 19, 0), {}, False),  # FI_SUPPORTED_WORLD_SIZES: 2, 4, 8
+    ("H100-80GB", 2, 1, (0, 19, 0), {"compiled": False}, False),  # enforce_eager: no compile pass
+    ("H100-80GB", 2, 1, (0, 19, 0), {"flashinfer": False}, False),  # has_flashinfer() False
+    ("H100-80GB", 2, 2, (0, 19, 0), {}, False),  # 0.17-0.20: pipeline_parallel_size == 1
+    ("H100-80GB", 2, 2, (0, 21, 0), {}, True),  # 0.21, 0.22: no PP check
+    ("H100-80GB", 2, 2, (0, 23, 0), {}, False),  # 0.23: the PP check back
+    ("H100-80GB", 2, 2, (0, 26, 0), {}, True),
+    ("H100-PCIe", 2, 1, (0, 19, 0), {}, False),  # no multicast: FlashInfer's SymmDeviceMemory refuses
+    ("A100-80GB", 2, 1, (0, 19, 0), {}, False),  # compute capability 8.0
+    ("B200", 8, 1, (0, 17, 0), {}, True),
+])
+def test_fused_allreduce_runs_by_release_layout_and_host(gpu, tp, pp, version, kw, runs):
+    assert fused_allreduce_runs(get_gpu(gpu), tp=tp, pp=pp, version=version, **kw) is runs
 
 
 def test_nvls_buffer_follows_ncclsource_formula_and_chunk_setting():
@@ -301,3 +341,21 @@ def test_the_simulator_prices_the_same_step_and_says_the_nccl_path_is_not_modell
     said = [n for n in simulate(model, gpu, off, w).evidence if "small-message latency is not modelled" in n]
     assert len(said) == 1 and said[0].startswith("disable_custom_all_reduce at TP=2")
     assert not [n for n in simulate(model, gpu, plain, w).evidence if "disable_custom_all_reduce" in n]
+
+
+def test_vllm_0_10_charges_the_communicators_over_nvlink_only():
+    """0.10.x snapshots before building its communicators (gpu_worker.py:175 / :193@0.10.2): their memory moves from
+    the context into the charged growth over NVLink; without P2P (SHM through host memory) nothing is charged."""
+    from servetune.planner.comm import CONTEXT_GIB_MULTI, CONTEXT_GIB_SINGLE, NON_TORCH_GIB_MULTI_V1
+    h200 = get_gpu("H200")
+    old = comm_memory(h200, tp=2, pp=1, env=SERVETUNE_LAUNCH_ENV, version=(0, 10, 2))
+    new = comm_memory(h200, tp=2, pp=1, env=SERVETUNE_LAUNCH_ENV, version=(0, 11, 0))
+    delta = int(CONTEXT_GIB_MULTI * GiB) - int(CONTEXT_GIB_SINGLE * GiB)
+    assert new.non_torch_bytes == int(NON_TORCH_GIB_MULTI_V1 * GiB) and new.context_bytes == int(CONTEXT_GIB_MULTI * GiB)
+    assert old.non_torch_bytes - new.non_torch_bytes == delta and old.context_bytes == int(CONTEXT_GIB_SINGLE * GiB)
+    shm = with_interconnect(get_gpu("A100-80GB"), "pcie-no-p2p")
+    assert (comm_memory(shm, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=(0, 10, 1)).non_torch_bytes
+            == comm_memory(shm, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=(0, 11, 0)).non_torch_bytes)
+    # 0.10.2's VLLM_ALLREDUCE_USE_SYMM_MEM defaults to 0 (envs.py:1221): no symmetric-memory buffer in the context
+    assert comm_memory(h200, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=(0, 10, 2)).context_bytes == int(
+        CONTEXT_GIB_SINGLE * GiB)

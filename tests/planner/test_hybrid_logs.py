@@ -144,9 +144,14 @@ HYBRID_KV_BANDS = {
     "retriva_granite_h_1b_tp1_rtx3060": -1.50,  # another vLLM server shared the GPU (see the source)
     # Qwen3-Next-80B at TP=2, vLLM 0.10.2, FlashInfer absent: weights exact (74.28 GiB); -3.13% until the rule that
     # 0.10's fused-MoE workspaces are freed after each layer (VllmMemoryRules.moe_workspace_kept, read after that
-    # figure); the plan's peak + non-torch still 0.7 GiB over what the log leaves (0.10's sort-based sampler at
-    # 1,024 rows of a 151,936 vocabulary dominates it; not traced further)
-    "legalai_qwen3_next_80b_tp2_h200": -1.68,
+    # figure); with the multicast term the plan's peak + non-torch was 0.7 GiB over what the log leaves (0.10's sort-based sampler at
+    # 1,024 rows of a 151,936 vocabulary dominates it; not traced further). 2026-12-06, two rules read in vLLM's
+    # source after this figure was seen (so not a blind check of them): the ~2 GiB "multicast" term charged at every
+    # version is 0.17+'s FlashInfer all-reduce fusion (comm.fused_allreduce_runs; +1.68% without it), and 0.10.x
+    # takes its init snapshot before it builds the communicators (v1/worker/gpu_worker.py:175 / :193@0.10.2), so
+    # their memory over NVLink (comm.CONTEXT_GIB_MULTI less CONTEXT_GIB_SINGLE, 0.95 GiB, measured on the H200 at
+    # 0.26, not fitted here) is charged there (-0.45%)
+    "legalai_qwen3_next_80b_tp2_h200": -0.45,
     # Qwen3.5-9B, 0.19.0, offline LLM() (8,192 batched tokens), seen: the encoder pass of one 16,384-token image
     # (65,536 patches) peaks at 1.875 GiB, above the language model's 1.04 GiB plus the 0.30 GiB it holds, and
     # 0.19's accounting (torch peak increase + non-torch growth) charges exactly that: the logged tokens to the

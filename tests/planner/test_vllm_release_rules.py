@@ -222,3 +222,42 @@ def test_bamba_leaves_the_registry_after_023() -> None:
             for v in ((0, 19, 0), (0, 23, 0), (0, 24, 0), (0, 26, 0))}
     assert gone == {(0, 19, 0): None, (0, 23, 0): None, (0, 24, 0): "0.23.0", (0, 26, 0): "0.23.0"}
 
+
+
+# (version, fusion on by default, single-stage check, Blackwell 10.x family): vLLM's FlashInfer all-reduce + RMSNorm
+# fusion, read in each wheel's vllm/config/vllm.py (enable_allreduce_rms_fusion and the -O2 pass_config entry).
+FUSION_BY_RELEASE = [
+    ("0.12.0", False, False, False),  # config/vllm.py:139 "fuse_allreduce_rms": False at -O2 (pass added, off)
+    ("0.16.0", False, False, False),  # config/vllm.py:162 "fuse_allreduce_rms": False at -O2
+    ("0.17.0", True, True, False),    # config/vllm.py:204 -O2 -> enable_allreduce_rms_fusion (:113); PP check :131;
+                                      # is_device_capability(100)
+    ("0.19.0", True, True, True),     # config/vllm.py:208 -> :116; is_device_capability_family(100)
+    ("0.20.0", True, True, True),     # config/vllm.py:220 -> :119; PP check :137
+    ("0.21.0", True, False, True),    # config/vllm.py:222 -> :119; no PP / DP check
+    ("0.23.0", True, True, True),     # config/vllm.py:248 -> :129; PP check back at :149
+    ("0.24.0", True, False, True),    # config/vllm.py:243 -> :131; no PP check
+    ("0.26.0", True, False, True),    # config/vllm.py:256 -> :131
+    ("0.28.0", True, False, True),    # config/vllm.py:272 -> :147
+]
+
+
+@pytest.mark.parametrize("version, default, single_stage, family", FUSION_BY_RELEASE)
+def test_allreduce_rms_fusion_rule_per_release(version, default, single_stage, family):
+    from servetune.planner.vllm_rules import parse_vllm_version
+    r = memory_rules(parse_vllm_version(version))
+    assert (r.allreduce_rms_fusion_default, r.allreduce_rms_fusion_single_stage) == (default, single_stage)
+    assert r.allreduce_rms_fusion_blackwell_family is family
+
+
+@pytest.mark.parametrize("version, before", [
+    ("0.10.1.1", False),  # v1/worker/gpu_worker.py:174 snapshot, :192 init_worker_distributed_environment
+    ("0.10.2", False),    # :175 snapshot, :193 distributed init
+    ("0.11.0", True),     # :169 distributed init ("BEFORE taking memory snapshot", :165), :182 snapshot
+    ("0.12.0", True),     # :216, :232
+    ("0.19.0", True),     # :263, :282
+    ("0.26.0", True),     # :369, :388
+    ("0.28.0", True),     # :387, :406
+])
+def test_communicators_built_before_the_init_snapshot_per_release(version, before):
+    from servetune.planner.vllm_rules import parse_vllm_version
+    assert memory_rules(parse_vllm_version(version)).communicators_before_snapshot is before

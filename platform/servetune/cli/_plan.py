@@ -133,6 +133,15 @@ def comm_env_for(env_sets: list[str], trial_env: bool, inherited: dict[str, str]
     return CommEnv.from_mapping({**inherited, **given}, source)
 
 
+def _non_torch_note(plan: MemoryPlan) -> str:
+    """What the non-torch row holds beyond NCCL's rings: NVLS buffers, the FlashInfer all-reduce fusion workspace."""
+    comm = plan.comm
+    parts = [name for name, on in (("NCCL NVLS buffers", comm is not None and comm.multicast),
+                                   ("FlashInfer all-reduce fusion workspace", comm is not None and comm.fused_allreduce))
+             if on]
+    return " and ".join(parts) + " included" if parts else ""
+
+
 def format_plan(model: ModelProfile, gpu: GpuSpec | str, config: EngineConfig, plan: MemoryPlan, *,
                 env: CommEnv | None = None, other: MemoryPlan | None = None, other_env: CommEnv | None = None) -> str:
     """The human-readable plan: memory table, KV capacity, key flags, startup time, environment, verdict.
@@ -156,8 +165,7 @@ def format_plan(model: ModelProfile, gpu: GpuSpec | str, config: EngineConfig, p
         ("activation peak", m.activation_peak,
          f"profile run: {config.max_num_batched_tokens} tokens, "
          f"{min(config.max_num_batched_tokens, config.max_num_seqs)} seqs"),
-        ("non-torch", m.non_torch, ("NCCL NVLS / multicast buffers included" if plan.comm is not None
-                                    and plan.comm.multicast else "")),
+        ("non-torch", m.non_torch, _non_torch_note(plan)),
         ("cudagraph", m.cudagraph, cg_note or ("enforce_eager: none" if config.enforce_eager else "")),
         ("kv cache", m.kv_cache, "available for KV blocks"),
     ]

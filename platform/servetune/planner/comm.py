@@ -1,22 +1,35 @@
-"""Memory a vLLM worker takes outside torch, as a function of the parallel layout and the environment.
+"""Memory a vLLM worker takes outside torch, as a function of the parallel layout, the environment and the version.
 
-vLLM's V1 worker takes its init snapshot after NCCL and the all-reduce communicators are set up
-(``gpu_worker.py: init_device``), so what they allocate at init is *outside* the KV budget (it
-only has to fit in ``total * (1 - gpu_memory_utilization)``: :attr:`CommMemory.context_bytes`).
-What NCCL allocates lazily, during the profile run's first large all-reduce, is *inside* it: the
-"non-torch" growth that vLLM subtracts from the budget (:attr:`CommMemory.non_torch_bytes`).
+From 0.11 vLLM's V1 worker takes its init snapshot after NCCL and the all-reduce communicators are set up
+(``v1/worker/gpu_worker.py: init_device``, "Initialize the distributed environment BEFORE taking memory
+snapshot": lines 169 / 182 of 0.11.0, 216 / 232 of 0.12.0, 263 / 282 of 0.19.0, 369 / 388 of 0.26.0, 387 / 406
+of 0.28.0), so what they allocate at creation (NCCL's communicator, the custom all-reduce's IPC buffers, the
+symmetric-memory communicator's buffer, on by default from 0.11: ``VLLM_ALLREDUCE_USE_SYMM_MEM`` "1" at
+``envs.py`` line 1411 of 0.11.0, 1445 of 0.12.0, 1480 of 0.19.0; "0" at line 1221 of 0.10.2) is *outside* the KV
+budget (it only has to fit in ``total * (1 - gpu_memory_utilization)``: :attr:`CommMemory.context_bytes`).
+What is allocated after it, during model loading, compilation and the profile run, is *inside* it: the
+"non-torch" growth that vLLM subtracts from the budget (:attr:`CommMemory.non_torch_bytes`). 0.10.x takes the
+snapshot first (line 175, then ``init_worker_distributed_environment`` at 193 of 0.10.2), so there the
+communicators' own memory is charged too (:func:`_communicators_charged`: over NVLink; 0 over PCIe).
 
-Which of the two grows depends on the environment the server runs with, not only on the flags:
+What grows after the snapshot, by version:
 
-* NCCL's NVLink SHARP (NVLS, multicast) algorithm is on by default (``NCCL_NVLS_ENABLE`` default
-  2 = "where the system supports it", ``src/transport/nvls.cc``) on NVSwitch hosts of compute
-  capability >= 9.0 (HGX H100/H200/H800/H20, B200), and it sets up its buffers lazily, at the
-  first collective that uses it (NCCL >= 2.22 connects at runtime; every vLLM >= 0.11 ships
-  torch >= 2.8 with NCCL >= 2.27; the published 0.10.1.1 logs show NCCL 2.26.2). With a TP group of >= 2 GPUs the profile run's all-reduce of
-  ``max_num_batched_tokens x hidden`` activations is large enough for NCCL to pick NVLS.
-* servetune's own launches set ``NCCL_NVLS_ENABLE=0`` and ``VLLM_ALLREDUCE_USE_SYMM_MEM=0``
-  (:data:`servetune.envs.LAUNCH_SAFE_ENV`), so a servetune trial never pays the multicast memory;
-  a user's own ``vllm serve`` in the default environment does.
+* NCCL's ring / tree connections, made lazily at the first collective that needs them (NCCL >= 2.22 connects
+  at runtime; the logged NCCL is 2.26.2 with vLLM 0.10.1.1, 2.27.3 with 0.10.2, 2.27.5 with 0.12.0, 0.16.0 and
+  0.19.0, 2.28.9 with 0.26.0): :data:`NON_TORCH_GIB_MULTI_V1` on NVLink, less over PCIe; the V2 runner of 0.26
+  grows 0.06 GiB.
+* NCCL's NVLink SHARP (NVLS, multicast) buffers, where NVLS is live (``NCCL_NVLS_ENABLE`` default 2 = "where
+  the system supports it", ``src/transport/nvls.cc``: NVSwitch hosts of compute capability >= 9.0, HGX
+  H100/H200/H800/H20, B200), set up at the first collective that uses NVLS: :func:`nvls_buffer_bytes`,
+  counted from NCCL's source (64 MiB at TP=2), not separated in any log.
+* vLLM's FlashInfer all-reduce + RMSNorm fusion workspace, from 0.17, where the default ``-O2`` runs that
+  pass (:func:`fused_allreduce_runs`): :data:`FI_ALLREDUCE_FUSION_WORKSPACE_GIB`, 1.5 GiB per TP worker.
+  This, not NVLS, is the ~2 GiB that the published vLLM 0.19 H100 logs charge at TP=2 and TP=4. No
+  variable turns it off: servetune's launch environment (:data:`servetune.envs.LAUNCH_SAFE_ENV`:
+  ``NCCL_NVLS_ENABLE=0``, ``VLLM_ALLREDUCE_USE_SYMM_MEM=0``) turns NVLS off, not the fusion; an install
+  without a usable FlashInfer (``EngineConfig.flashinfer_available``; :attr:`CommEnv.flashinfer_fusion`, off in
+  :data:`SERVETUNE_LAUNCH_ENV` because servetune's measured hosts have none), ``enforce_eager`` or ``-O1`` runs
+  without it.
 
 :func:`comm_memory` is the one implementation: the planner (``plan_memory``), hence the
 pre-screen, the simulator's memory and the study, all call it through ``plan_memory``.
@@ -24,10 +37,13 @@ pre-screen, the simulator's memory and the study, all call it through ``plan_mem
 Example:
     >>> from servetune.planner.gpus import get_gpu
     >>> h100 = get_gpu("H100-80GB")
-    >>> off = comm_memory(h100, tp=2, pp=1, env=SERVETUNE_LAUNCH_ENV)
-    >>> on = comm_memory(h100, tp=2, pp=1, env=VLLM_DEFAULT_ENV)
+    >>> off = comm_memory(h100, tp=2, pp=1, env=SERVETUNE_LAUNCH_ENV, version=(0, 12, 0))
+    >>> on = comm_memory(h100, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=(0, 12, 0))
     >>> off.multicast, round(off.non_torch_bytes / 2**30, 2), on.multicast, round(on.non_torch_bytes / 2**30, 2)
-    (False, 0.06, True, 2.1)
+    (False, 0.54, True, 0.6)
+    >>> fused = comm_memory(h100, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=(0, 19, 0))
+    >>> fused.fused_allreduce, round(fused.non_torch_bytes / 2**30, 2)
+    (True, 2.1)
 """
 
 from __future__ import annotations
@@ -38,9 +54,10 @@ from collections.abc import Mapping
 from servetune.envs import LAUNCH_SAFE_ENV
 from servetune.errors import SpecError
 from servetune.planner.gpus import GpuSpec
-from servetune.planner.vllm_rules import V2_RUNNER
+from servetune.planner.vllm_rules import V2_RUNNER, memory_rules
 
 __all__ = ["AllReduceCost", "CommEnv", "CommMemory", "allreduce_cost", "comm_memory", "nvls_buffer_bytes", "sendrecv_cost",
+           "fused_allreduce_runs", "fused_allreduce_note", "FI_ALLREDUCE_FUSION_WORKSPACE_GIB",
            "symm_mem_buffer_bytes", "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV", "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S",
            "CUSTOM_ALL_REDUCE_BUFFER_BYTES", "custom_all_reduce_runs", "custom_all_reduce_memory_note",
            "nccl_small_message_note"]
@@ -61,8 +78,8 @@ NON_TORCH_GIB_MULTI = 0.06
 NON_TORCH_GIB_SINGLE_V1 = 0.13
 #: vLLM 0.11-0.25, TP >= 2 with NVLS not live: NCCL's ring/tree connections are made lazily
 #: (NCCL >= 2.22 runtime connect) at the profile run's first large all-reduce, inside the
-#: budget. Fitted on llmd_qwen3_32b_tp2 (0.54 GiB, vLLM 0.11.0, 2 x H100, environment not stated;
-#: NVLS evidently not live there, see MULTICAST_NON_TORCH_GIB); judged on llmd_llama33_70b_fp8_tp2
+#: budget. Fitted on llmd_qwen3_32b_tp2 (0.54 GiB, vLLM 0.11.0, 2 x H100, environment not stated; whether
+#: NVLS was live there is not known: 0.11 runs no FlashInfer fusion, see FI_ALLREDUCE_FUSION_WORKSPACE_GIB); judged on llmd_llama33_70b_fp8_tp2
 #: (+0.43%). Over PCIe it is too high: the held-out 2 x L40S starts (vLLM 0.11.2) imply ~0.0 GiB,
 #: as NCCL opens far fewer channels there, and come out 2.0-2.5% low (not refitted on them).
 NON_TORCH_GIB_MULTI_V1 = 0.54
@@ -96,19 +113,28 @@ CONTEXT_GIB_MULTI = 1.46
 #: the flag set has been measured, so the figure is kept, not lowered by a count, and ``plan`` says so
 #: (:func:`custom_all_reduce_memory_note`): outside the KV budget, it moves only the free-memory check at startup.
 CUSTOM_ALL_REDUCE_BUFFER_BYTES = 3 * 8 * MiB
-#: Multicast (NVLS) live, TP >= 2 on an NVSwitch host: the non-torch growth per TP worker is this
-#: plus NCCL's own NVLS buffers (:func:`nvls_buffer_bytes`, 64 MiB at TP=2, 128 MiB at TP=4), in
-#: place of the multicast-off figures. Evidence, and its limits: the published
-#: vLLM 0.19 (V1 runner) H100 startup logs in the default environment (2.0-2.2 GiB non-torch per
-#: TP worker at TP=2 and TP=4, against 0.25 at TP=1 and 0.07 at PP=2), and vLLM PR #10511 (vLLM
-#: 0.6, H100, Llama-3-8B: non_torch_memory 1.79 GiB at TP=1, 3.58 at TP=2): the 2.10 GiB
-#: midpoint less the TP=2 NVLS buffer, 2.04 GiB. The 0.19 logs are llm-d-planner's campaign, since
-#: made fixtures (tests/fixtures/published_logs, llmdplanner_*: 2.06-2.21 GiB over seven TP=2/4
-#: starts, the planner within 0.1 GiB of each); the figure was read off them, so they are not a
-#: blind check of it. The same figure is assumed for 0.26+ (no multicast-live 0.26 log seen). NCCL 2.27+'s NVLS buffers (32 MiB x TP) do not explain it; the CUDA multicast objects'
-#: recommended granularity and NCCL's registration of vLLM's buffers are the likely remainder
-#: (not verified). ``plan`` says so whenever this term is in a plan.
-MULTICAST_NON_TORCH_GIB = 2.04
+#: vLLM's FlashInfer all-reduce + RMSNorm fusion workspace, per TP worker, where the fusion pass runs
+#: (:func:`fused_allreduce_runs`: on by default from vLLM 0.17, TP of 2, 4 or 8 on compute capability 9.0 / 10.x,
+#: FlashInfer usable, a device with CUDA multicast). The pass (``compilation/passes/fusion/allreduce_rms_fusion.py:
+#: AllReduceFusionPass.__init__``, line 780 of 0.19.0) builds the workspace when the model is compiled, after the
+#: init snapshot (``v1/worker/gpu_worker.py`` lines 263 / 282 of 0.19.0), so vLLM charges it to the KV budget as
+#: non-torch growth. FlashInfer 0.6.4-0.6.6 (the pins of vLLM 0.17-0.19) allocate its three buffers (the
+#: one-shot buffer ``tp x tokens x hidden x 2`` B, the barrier flags, three Lamport buffers ``3 x tp x tokens x hidden
+#: x 2`` B; ``comm/trtllm_ar.py: trtllm_create_ipc_workspace_for_all_reduce_fusion``) each as its own
+#: ``SymmDeviceMemory`` (``comm/mnnvl.py``): ``cuMemCreate`` of the size rounded up to the multicast granularity
+#: (``CU_MULTICAST_GRANULARITY_RECOMMENDED``), and it refuses a device without multicast support. The token count
+#: is capped by vLLM's ``FI_ALLREDUCE_FUSION_MAX_SIZE_MB`` (64 MB at TP=2, 2 MB at TP=4 on Hopper), so no buffer
+#: reaches 512 MiB and the figure hardly moves with TP, model or token budget. The figure is read off the published
+#: vLLM 0.19 H100 SXM logs (llm-d-planner's, tests/fixtures/published_logs, llmdplanner_*: 2.06-2.21 GiB non-torch
+#: per worker at TP=2 and TP=4) less the multicast-off growth of the V1 runner (:data:`NON_TORCH_GIB_MULTI_V1`,
+#: 0.54) and NCCL's NVLS buffers: 1.46-1.55 GiB, taken as 1.50 (three 512 MiB granules, if that is the granularity
+#: on Hopper: not read from a driver). Those logs say ``'fuse_allreduce_rms': True`` in their config line; the 0.12.0
+#: and 0.15.1 starts on H100 / H200 pairs say nothing of it or False, and vLLM 0.26's own H200 TP=2 runs (no
+#: FlashInfer usable there) False, with 0.06 GiB. Until 2026-12-06 the whole 2.04 GiB was one "multicast" term,
+#: keyed on ``NCCL_NVLS_ENABLE`` and charged at every version; the version rule was looked for after the held-out
+#: 0.12.0 start (Qwen3-30B-A3B at TP=2 on 2 x H100 SXM) was read at -4.6% with it. The same figure is assumed for
+#: 0.26+, where FlashInfer 0.6.14 allocates the workspace through torch's symmetric memory (not counted).
+FI_ALLREDUCE_FUSION_WORKSPACE_GIB = 1.5
 
 # ============================================================ TP all-reduce time, by interconnect
 #: NCCL all-reduce bus bandwidth between GPUs without peer-to-peer (``NCCL_P2P_DISABLE=1``, or a
@@ -169,7 +195,8 @@ class CommEnv:
     the system supports multicast; "on" for 1; "off" for 0). ``symm_mem``:
     ``VLLM_ALLREDUCE_USE_SYMM_MEM`` (vLLM's default 1). ``torch_multicast``: not
     ``TORCH_SYMM_MEM_DISABLE_MULTICAST``. ``nvls_chunk_bytes``: ``NCCL_NVLS_CHUNKSIZE``.
-    ``source`` says where the settings came from, for ``plan``'s output.
+    ``source`` says where the settings came from, for ``plan``'s output. ``flashinfer_fusion``: whether the host
+    can run vLLM's FlashInfer all-reduce fusion (a property of the install, not a variable).
     """
 
     nvls: str = "auto"
@@ -177,6 +204,11 @@ class CommEnv:
     torch_multicast: bool = True
     nvls_chunk_bytes: int = _NVLS_CHUNK_DEFAULT
     source: str = "vLLM's and NCCL's defaults"
+    #: FlashInfer is usable by vLLM's all-reduce fusion on the host (``has_flashinfer``: the package, and its cubins
+    #: or nvcc). No variable sets it: True for a plain ``vllm serve`` (vLLM's images ship FlashInfer), False for
+    #: servetune's launches, whose measured hosts have none usable (the real 2 x H200 vLLM 0.26 runs log no
+    #: FLASHINFER attention backend and ``'fuse_allreduce_rms': False``). See :func:`fused_allreduce_runs`.
+    flashinfer_fusion: bool = True
 
     @classmethod
     def from_mapping(cls, env: Mapping[str, str], source: str) -> CommEnv:
@@ -216,6 +248,8 @@ class CommEnv:
         nvls = {"auto": "NCCL_NVLS_ENABLE unset (NCCL default: on where supported)", "on": "NCCL_NVLS_ENABLE=1",
                 "off": "NCCL_NVLS_ENABLE=0"}[self.nvls]
         text = f"{nvls}, VLLM_ALLREDUCE_USE_SYMM_MEM={int(self.symm_mem)}"
+        if not self.flashinfer_fusion:
+            text += ", no FlashInfer all-reduce fusion (no usable FlashInfer)"
         return f"{text} ({self.source})" if self.source else text
 
 
@@ -232,7 +266,8 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 #: What a servetune-launched trial runs with (engines.vllm.engine applies LAUNCH_SAFE_ENV to every launch).
-SERVETUNE_LAUNCH_ENV = CommEnv.from_mapping(LAUNCH_SAFE_ENV, "servetune's launch environment")
+SERVETUNE_LAUNCH_ENV = dataclasses.replace(CommEnv.from_mapping(LAUNCH_SAFE_ENV, "servetune's launch environment"),
+                                           flashinfer_fusion=False)
 #: What a plain ``vllm serve`` runs with when nothing is set.
 VLLM_DEFAULT_ENV = CommEnv.from_mapping({}, "vLLM's and NCCL's defaults")
 
@@ -246,6 +281,7 @@ class CommMemory:
     multicast: bool  # NCCL's NVLS algorithm is live for the TP all-reduce
     reason: str  # why multicast is or is not live, in words
     validated: bool  # whether these figures were checked against real logs of this environment
+    fused_allreduce: bool = False  # vLLM's FlashInfer all-reduce fusion workspace is in non_torch_bytes
 
 
 def nvls_buffer_bytes(tp: int, compute_capability: float, chunk_bytes: int = _NVLS_CHUNK_DEFAULT) -> int:
@@ -282,25 +318,90 @@ def _multicast_reason(gpu: GpuSpec, tp: int, env: CommEnv) -> tuple[bool, str]:
     return True, f"NVLS live ({gpu.name} NVSwitch host, TP={tp}, multicast not disabled)"
 
 
-def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[int, int, int] = (0, 26, 0)
-                ) -> CommMemory:
+def fused_allreduce_runs(gpu: GpuSpec, *, tp: int, pp: int, version: tuple[int, int, int], compiled: bool = True,
+                         flashinfer: bool = True) -> bool:
+    """Whether vLLM ``version`` runs its FlashInfer all-reduce + RMSNorm fusion by default for this layout, and so
+    allocates :data:`FI_ALLREDUCE_FUSION_WORKSPACE_GIB` after its init snapshot.
+
+    From 0.17 (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.allreduce_rms_fusion_default`): a compiled
+    model (``compiled``: not ``enforce_eager``; the pass runs in vLLM's compile backend), FlashInfer usable
+    (``flashinfer``: vLLM's ``has_flashinfer``), TP of 2, 4 or 8 (``PassConfig.flashinfer_max_size``:
+    ``FI_SUPPORTED_WORLD_SIZES``), compute capability 9.0 or 10.0 (10.x from 0.19), one pipeline stage where the
+    release asks for it, and a device with CUDA multicast (``gpu.nvlink_multicast``: FlashInfer's
+    ``SymmDeviceMemory`` raises "Device does not support multicasting" elsewhere, and vLLM then logs and skips the
+    pass). None of ``NCCL_NVLS_ENABLE``, ``VLLM_ALLREDUCE_USE_SYMM_MEM`` or ``TORCH_SYMM_MEM_DISABLE_MULTICAST`` turns
+    it off; ``-O1``, ``enforce_eager`` or ``pass_config.fuse_allreduce_rms=false`` does.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> h100 = get_gpu("H100-80GB")
+        >>> [fused_allreduce_runs(h100, tp=2, pp=1, version=v) for v in ((0, 12, 0), (0, 16, 0), (0, 17, 0), (0, 19, 0))]
+        [False, False, True, True]
+        >>> fused_allreduce_runs(h100, tp=2, pp=2, version=(0, 19, 0)), fused_allreduce_runs(h100, tp=2, pp=2, version=(0, 22, 0))
+        (False, True)
+        >>> fused_allreduce_runs(get_gpu("L40S"), tp=2, pp=1, version=(0, 19, 0))
+        False
+    """
+    rules = memory_rules(tuple(version))
+    cc = gpu.compute_capability
+    blackwell = 10.0 <= cc < 11.0 if rules.allreduce_rms_fusion_blackwell_family else cc == 10.0
+    return (rules.allreduce_rms_fusion_default and compiled and flashinfer and tp in (2, 4, 8)
+            and (pp == 1 or not rules.allreduce_rms_fusion_single_stage) and (cc == 9.0 or blackwell)
+            and gpu.nvlink_multicast)
+
+
+def fused_allreduce_note(vllm_version: str, tp: int) -> str:
+    """``plan``'s line where :func:`fused_allreduce_runs` holds: what the term is, where its figure comes from, what
+    turns it off.
+
+    Example:
+        >>> fused_allreduce_note("0.19.0", 2)[:72]
+        "vLLM 0.19.0's FlashInfer all-reduce + RMSNorm fusion (on by default from"
+    """
+    return (f"vLLM {vllm_version}'s FlashInfer all-reduce + RMSNorm fusion (on by default from 0.17 at TP={tp} on "
+            f"this GPU, with FlashInfer installed) allocates its workspace after the memory snapshot: "
+            f"+{FI_ALLREDUCE_FUSION_WORKSPACE_GIB:.2f} GiB non-torch per TP worker, read off published vLLM 0.19 H100 "
+            "logs (not checked blind); enforce_eager, -O1 or --compilation-config "
+            "'{\"pass_config\": {\"fuse_allreduce_rms\": false}}' avoids it, NCCL_NVLS_ENABLE=0 does not")
+
+
+def _communicators_charged(gpu: GpuSpec, version: tuple[int, int, int], context: int) -> int:
+    """What the communicators allocate at creation that a release charges to the KV budget: 0 from 0.11, which builds
+    them before its init snapshot; before (0.10.x) the whole multi-GPU context beyond the CUDA context over NVLink
+    (NCCL's P2P setup and the custom all-reduce: :data:`CONTEXT_GIB_MULTI` less :data:`CONTEXT_GIB_SINGLE`, measured
+    on the H200 with vLLM 0.26 and NVLS off), and 0 for GPUs linked by PCIe: without P2P NCCL's SHM transport keeps
+    its FIFOs in host memory (the published 0.10.1.1 A100 starts without P2P are within 1% with none charged), and
+    with it no figure was measured."""
+    if memory_rules(tuple(version)).communicators_before_snapshot or gpu.link != "nvlink":
+        return 0
+    return context - int(CONTEXT_GIB_SINGLE * GiB)
+
+
+def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[int, int, int] = (0, 26, 0),
+                compiled: bool = True, flashinfer: bool = True) -> CommMemory:
     """Memory one TP/PP worker takes outside torch, before the init snapshot and during profiling.
 
     One GPU: the CUDA context and the profile run's workspaces. Several: NCCL and custom
     all-reduce buffers join the context (plus vLLM's symmetric-memory buffer where it is on and
     the GPU has one); the profiled growth drops to 0.06 GiB (0.54 with the V1 model runner, before
     0.26, which profiles with NCCL's ring connections still unmade; 0.02 for that runner on GPUs
-    linked only by PCIe, where NCCL makes 2 channels or keeps its FIFOs in host memory), unless NVLS is live for the
-    TP all-reduce (:func:`_multicast_reason`): then the growth is NCCL's lazily created NVLS
-    resources, :data:`MULTICAST_NON_TORCH_GIB` plus :func:`nvls_buffer_bytes`. Pipeline stages
-    exchange activations with send/recv, which never uses NVLS (0.07 GiB at PP=2 in the
-    published logs).
+    linked only by PCIe, where NCCL makes 2 channels or keeps its FIFOs in host memory). Two terms join
+    the growth: NCCL's lazily created NVLS buffers (:func:`nvls_buffer_bytes`) where NVLS is live for the TP
+    all-reduce (:func:`_multicast_reason`, the environment's), and vLLM's FlashInfer all-reduce fusion workspace
+    (:data:`FI_ALLREDUCE_FUSION_WORKSPACE_GIB`) where the release runs that pass by default
+    (:func:`fused_allreduce_runs`: 0.17+; ``compiled`` and ``flashinfer`` say whether the start compiles its
+    model and has FlashInfer, and :attr:`CommEnv.flashinfer_fusion` whether the host can run it). Pipeline stages exchange activations with send/recv, which never uses NVLS
+    (0.07 GiB at PP=2 in the published logs).
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
         >>> c = comm_memory(get_gpu("L40S"), tp=4, pp=1, env=VLLM_DEFAULT_ENV)
         >>> c.multicast, c.reason
         (False, 'L40S has no NVSwitch multicast fabric (NVLS unsupported)')
+        >>> h100 = get_gpu("H100-80GB")
+        >>> [round(comm_memory(h100, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=v).non_torch_bytes / 2**30, 2)
+        ...  for v in ((0, 12, 0), (0, 19, 0))]
+        [0.6, 2.1]
     """
     v2 = tuple(version) >= V2_RUNNER
     if tp * pp == 1:
@@ -308,8 +409,13 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
                           int((NON_TORCH_GIB_SINGLE if v2 else NON_TORCH_GIB_SINGLE_V1) * GiB), False,
                           "one GPU: no communicator", True)
     context = int(CONTEXT_GIB_MULTI * GiB)
-    if env.symm_mem and tp >= 2:
+    # VLLM_ALLREDUCE_USE_SYMM_MEM defaults to 1 from 0.11 (envs.py:1411@0.11.0), 0 in 0.10.2 (envs.py:1221), absent
+    # before: a 0.10.x start is taken without the symmetric-memory communicator.
+    symm_on = env.symm_mem and tp >= 2 and tuple(version) >= (0, 11, 0)
+    if symm_on:
         context += symm_mem_buffer_bytes(tp, gpu.compute_capability)
+    charged = _communicators_charged(gpu, version, context)
+    context -= charged
     # PP-only layouts send activations point to point: the lazily connected ring buffers of a
     # TP all-reduce never appear (0.07 GiB at PP=2 in llm-d-planner's published 0.19 logs).
     if v2 or tp == 1:
@@ -322,12 +428,18 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
         non_torch = int(NON_TORCH_GIB_MULTI_V1 * GiB)
     live, reason = _multicast_reason(gpu, tp, env)
     if live:
-        non_torch = int(MULTICAST_NON_TORCH_GIB * GiB) + nvls_buffer_bytes(tp, gpu.compute_capability,
-                                                                          env.nvls_chunk_bytes)
-    # Validated: the multicast-off figures (the real 2 x H200 runs, the published 2 x H100 starts);
-    # not the multicast term (see MULTICAST_NON_TORCH_GIB), nor a symmetric-memory buffer in the context.
-    symm = symm_mem_buffer_bytes(tp, gpu.compute_capability) if env.symm_mem else 0
-    return CommMemory(context, non_torch, live, reason, validated=not live and symm == 0)
+        non_torch += nvls_buffer_bytes(tp, gpu.compute_capability, env.nvls_chunk_bytes)
+    fused = fused_allreduce_runs(gpu, tp=tp, pp=pp, version=version, compiled=compiled,
+                                 flashinfer=flashinfer and env.flashinfer_fusion)
+    if fused:
+        non_torch += int(FI_ALLREDUCE_FUSION_WORKSPACE_GIB * GiB)
+    non_torch += charged
+    # Validated: the multicast-off figures (the real 2 x H200 runs, the published 2 x H100 starts); not the NVLS
+    # buffers (counted from NCCL), the fusion workspace (read off the starts it is judged on), nor a
+    # symmetric-memory buffer in the context.
+    symm = symm_mem_buffer_bytes(tp, gpu.compute_capability) if symm_on else 0
+    return CommMemory(context, non_torch, live, reason, validated=not live and not fused and symm == 0 and not charged,
+                      fused_allreduce=fused)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -167,9 +167,9 @@ _NV = "NVIDIA datasheet"
 _BUILTIN: tuple[GpuSpec, ...] = (
     GpuSpec("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
             source=f"{_NV} H100 SXM5; memory from llm-d-benchmark's H100 logs",
-            log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, NVLS not live), a vLLM 0.19.1 "
+            log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, no FlashInfer fusion at 0.11), a vLLM 0.19.1 "
                          "start at TP=1 (qBraid/evolving-quantum-compilers, SXM or PCIe not stated: +0.5%) and "
-                         "vLLM 0.19.0 starts on SXM boards (llm-d-planner, TP 1-4 with NVLS live, PP 2 and 4: "
+                         "vLLM 0.19.0 starts on SXM boards (llm-d-planner, TP 1-4 with NVLS live and the FlashInfer all-reduce fusion on, PP 2 and 4: "
                          "11 of 12 within 0.4%, Qwen2.5-72B at TP=2 +5.6% with 3 GiB of KV), and a vLLM 0.10.2 "
                          "start at TP=1 (benyucong/neo4j-graphrag-python, Qwen3-4B without FlashInfer: +0.0%)",
             sim_evidence="servetune's own vLLM 0.26.0 windows (8B, TP=1, 2026-12-05, held out: 8.6% "

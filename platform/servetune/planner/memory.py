@@ -32,7 +32,7 @@ import dataclasses
 import math
 from typing import Any, NamedTuple
 
-from servetune.planner.comm import (SERVETUNE_LAUNCH_ENV, CommEnv, CommMemory, comm_memory,
+from servetune.planner.comm import (SERVETUNE_LAUNCH_ENV, CommEnv, CommMemory, comm_memory, fused_allreduce_note,
                                     custom_all_reduce_memory_note, nccl_small_message_note)
 from servetune.planner.engine_config import (EngineConfig, batch_defaults, capture_sizes_for, compile_key,
                                              resolve_engine_config)
@@ -136,6 +136,7 @@ class MemoryPlan:
             "notes": list(self.notes),
             "multicast": self.comm.multicast if self.comm is not None else False,
             "comm_reason": self.comm.reason if self.comm is not None else None,
+            "fused_allreduce": self.comm.fused_allreduce if self.comm is not None else False,
             "warmup_margin_gib": round(self.warmup_margin, 4) if self.warmup_margin is not None else None,
             "warmup_at_risk": self.warmup_at_risk,
         }
@@ -244,7 +245,8 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
     # e.g. Marlin fp8 below compute capability 8.9, Machete's float zero points on Hopper
     model = as_loaded_on(effective_model(model, config), gpu, config.rules)
     comm = comm_memory(gpu, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size, env=env,
-                       version=config.version)
+                       version=config.version, compiled=not config.enforce_eager,
+                       flashinfer=config.flashinfer_available)
     acc = _account(model, gpu, config, rules, comm, compile_cache_warm)
     verdict = _verdict(model, config, rules, acc)
     kv_tokens, concurrency = _kv_capacity(rules, acc.num_blocks, config, acc.layout, acc.blocks_per_seq)
@@ -437,10 +439,13 @@ def _notes(gpu: GpuSpec, config: EngineConfig, env: CommEnv, comm: CommMemory, a
                           nccl_small_message_note(gpu, tp, no_custom_ar)) if n]
     if comm.multicast:
         without = comm_memory(gpu, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size,
-                              env=env.with_nvls(False), version=config.version)
+                              env=env.with_nvls(False), version=config.version, compiled=not config.enforce_eager,
+                              flashinfer=config.flashinfer_available)
         notes.append(f"{comm.reason}: +{(comm.non_torch_bytes - without.non_torch_bytes) / GiB:.2f} "
-                     "GiB non-torch per TP worker (NCCL's NVLS buffers and multicast); that figure is not yet "
-                     "checked on held-out startup logs")
+                     "GiB non-torch per TP worker (NCCL's NVLS buffers, counted from NCCL's source); not separated "
+                     "in any startup log")
+    if comm.fused_allreduce:
+        notes.append(fused_allreduce_note(config.vllm_version, config.tensor_parallel_size))
     if acc.subtract_cg:
         runner = " runs this model on its V1 model runner, which" if config.v1_runner else ""
         notes.append(f"vLLM {config.vllm_version}{runner} subtracts the CUDA graph estimate from the KV budget")

@@ -23,7 +23,7 @@ from servetune.vllm_version import VERSION_RE, Version
 
 __all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB", "MIN_VERSION", "V2_RUNNER",
            "V2_RUNNER_DEFAULT", "V2_RUNNER_DEFAULTS", "V2RunnerDefault", "v2_runner_default", "FLASHINFER_SAMPLER_DEFAULT",
-           "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "SORT_TOPK_TOPP_PROFILED", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
+           "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "ALLREDUCE_RMS_FUSION_DEFAULT", "SORT_TOPK_TOPP_PROFILED", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
            "v1_runner_rules", "HYBRID_PREFIX_CACHING", "MAMBA_CACHE_MODE_FLAG", "hybrid_prefix_caching_mode"]
 
 GiB = 1 << 30
@@ -59,6 +59,9 @@ FLASHINFER_SAMPLER_DEFAULT: Version = (0, 21, 0)
 #: First version whose V1 runner masks top-k/top-p with the Triton kernel (see the sampler
 #: constants of :mod:`servetune.planner.model_memory`).
 TRITON_TOPK_TOPP: Version = (0, 18, 0)
+#: First version whose default optimization level (-O2) turns on the FlashInfer all-reduce + RMSNorm fusion pass
+#: where it can run; see :attr:`VllmMemoryRules.allreduce_rms_fusion_default`.
+ALLREDUCE_RMS_FUSION_DEFAULT: Version = (0, 17, 0)
 #: First version whose ``memory_profiling`` (``vllm/utils/mem_utils.py``) charges the KV budget with
 #: ``total_consumed`` (the free-memory drop since the init snapshot, from mem_get_info) plus the
 #: transient peak, instead of weights + torch peak increase + non-torch growth: first seen in the
@@ -319,6 +322,26 @@ class VllmMemoryRules:
     #: (``_PREVIOUSLY_SUPPORTED_MODELS``, ``models/registry.py``: ``"BambaForCausalLM": "0.23.0"`` at line 731 of
     #: 0.24.0, 743 of 0.26.0; 0.23.0 still registers it at line 87).
     removed_architectures: tuple[tuple[str, str], ...]
+    #: The FlashInfer all-reduce + RMSNorm fusion pass is on by default (0.17+): ``-O2`` (the default level) sets
+    #: ``pass_config.fuse_allreduce_rms`` to ``enable_allreduce_rms_fusion`` (``vllm/config/vllm.py`` line 204 of
+    #: 0.17.0, 208 of 0.19.0, 256 of 0.26.0, 272 of 0.28.0; False at every level in 0.16.0, lines 124-181): TP > 1,
+    #: CUDA, FlashInfer usable (``has_flashinfer``: the package, and its cubins or nvcc), compute capability 9.0 or
+    #: 10.x. The pass builds FlashInfer's workspace when the model is compiled, after the init snapshot, so it is
+    #: non-torch growth charged to the KV budget (:func:`servetune.planner.comm.comm_memory`). 0.12-0.16 have the
+    #: pass but off unless asked for; before 0.12 it is ``enable_fi_allreduce_fusion``, off.
+    allreduce_rms_fusion_default: bool
+    #: ... and only with ``pipeline_parallel_size == 1`` (0.17-0.20: line 131 of 0.17.0, 137 of 0.20.0, with a
+    #: ``data_parallel_size == 1`` check beside it; 0.23: line 149); 0.21, 0.22 and 0.24+ check neither.
+    allreduce_rms_fusion_single_stage: bool
+    #: ... and on Blackwell for the whole 10.x family (``is_device_capability_family(100)``, 0.19+), where 0.17 and
+    #: 0.18 take compute capability 10.0 only (``is_device_capability(100)``).
+    allreduce_rms_fusion_blackwell_family: bool
+    #: ``init_device`` builds the distributed environment (NCCL's communicator, the custom all-reduce's IPC buffers,
+    #: the symmetric-memory communicator) before it takes the init snapshot, so their memory is outside the KV
+    #: budget (0.11+: ``v1/worker/gpu_worker.py`` lines 165-182 of 0.11.0, "Initialize the distributed environment
+    #: BEFORE taking memory snapshot"; 216 / 232 of 0.12.0; 263 / 282 of 0.19.0). 0.10.x takes the snapshot first
+    #: (line 174 / 192 of 0.10.1.1, 175 / 193 of 0.10.2), so what they allocate is non-torch growth charged to it.
+    communicators_before_snapshot: bool
 
     # -- vLLM's texts --------------------------------------------------------------------------
 
@@ -571,4 +594,8 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         nemotron_h_latent_moe=v >= (0, 13, 0),
         mamba_blocks_cover_max_num_seqs=v >= (0, 20, 0),
         removed_architectures=(("BambaForCausalLM", "0.23.0"),) if v >= (0, 24, 0) else (),
+        allreduce_rms_fusion_default=v >= ALLREDUCE_RMS_FUSION_DEFAULT,
+        allreduce_rms_fusion_single_stage=(ALLREDUCE_RMS_FUSION_DEFAULT <= v < (0, 21, 0)) or (0, 23, 0) <= v < (0, 24, 0),
+        allreduce_rms_fusion_blackwell_family=v >= (0, 19, 0),
+        communicators_before_snapshot=v >= (0, 11, 0),
     )
