@@ -48,7 +48,14 @@ one seed, a sweep of runs): the "Prefix cache hit rate" the server logged during
 rate over its most recent 1000 requests), as a fraction. That share of each prompt is simulated as
 cached from the earlier run (``Workload.cached_fraction``), never fitted; the rate the simulated
 server logs, counted as the run's vLLM version counts (resumed requests' lookups up to 0.11.0, a
-blocked request's at every retry up to 0.26.0), is reported beside it (``hit_rate_sim``). The headline
+blocked request's at every retry up to 0.26.0), is reported beside it (``hit_rate_sim``).
+``after_input_len`` is for a ``vllm bench serve`` random-dataset run that the same server got right
+after the same client's run of ``after_input_len``-token prompts with the same seed (a sweep of
+prompt lengths, one server start): the dataset gives prompt i the tokens ``(offset_i + i + j) %
+vocab`` with offsets drawn from the seed's own generator after the lengths (which draw nothing at
+``range_ratio`` 0), so each prompt begins with the earlier run's prompt i, and that prefix is
+simulated as cached (:func:`bench_serve_requests`; under DP an expected 1 / dp of the prompts find
+theirs: the balancer sends each request where the burst's arrival order puts it). The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
 states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
@@ -119,7 +126,7 @@ OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes", "sim
             "interconnect")
 LAYOUT_KEYS = ("tp", "pp", "dp", "ep")
 WORKLOAD_KEYS = ("dataset", "input_len", "output_len", "num_prompts", "request_rate", "max_concurrency",
-                 "range_ratio", "prefix_len", "num_prefix_groups", "loop", "prefix_cache_hit_rate")
+                 "range_ratio", "prefix_len", "num_prefix_groups", "loop", "prefix_cache_hit_rate", "after_input_len")
 MEASURED_KEYS = ("output_throughput", "request_throughput", "total_token_throughput", "ttft_ms", "tpot_ms",
                  "itl_ms", "e2el_ms", "duration_s", "completed")
 STAT_KEYS = ("mean", "median", "p90", "p99", "std")
@@ -251,6 +258,11 @@ def _workload(where: str, w: Any) -> dict[str, Any]:
                             or w.get("prefix_len")):
         raise _fail(where, "workload.prefix_cache_hit_rate", f"expected a fraction in [0, 1), got {hit!r}",
                     "write the logged 'Prefix cache hit rate' as a fraction, e.g. 0.43 (not with prefix_len)")
+    after = w.get("after_input_len")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, int) or not 0 < after < out["input_len"]
+                              or out["range_ratio"] or hit is not None or w.get("prefix_len")):
+        raise _fail(where, "workload.after_input_len", f"expected a prompt length below input_len, got {after!r}",
+                    "write the earlier run's --random-input-len (only at range_ratio 0, without a hit rate or prefix)")
     if w.get("loop") is not None and (w["loop"] not in ("closed", "open") or out["request_rate"] is None
                                       or math.isinf(out["request_rate"]) or w.get("max_concurrency") is None):
         raise _fail(where, "workload.loop", f"got {w['loop']!r}",
@@ -407,6 +419,10 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
     if not isinstance(entry["client"], Mapping) or "tool" not in entry["client"]:
         raise _fail(where, "client", "expected {tool: ..., endpoint: ...}", "write the client that measured it")
     _client_seed(where, entry["client"], workload)
+    if workload.get("after_input_len") and (entry["client"].get("tool") != "vllm bench serve"
+                                            or entry["client"].get("seed") is None or workload.get("dataset") != "random"):
+        raise _fail(where, "workload.after_input_len", "needs a seeded vllm bench serve run of the random dataset",
+                    "state client.seed and dataset: random, or drop after_input_len")
     _client_sampling(where, entry["client"], str(entry["vllm_version"]))
     resolve_model(str(entry["model"]), fixture_dir)
     return PublishedRun(
@@ -537,10 +553,21 @@ def bench_serve_requests(run: PublishedRun) -> list[RequestSpec] | None:
     inputs, outputs = bench_serve_lengths(int(c["seed"]), w["num_prompts"], w["input_len"], w["output_len"],
                                           w["range_ratio"], int(c["special_tokens"]))
     rate = w.get("request_rate")
-    if rate is None or math.isinf(rate):
-        return [RequestSpec(i, o) for i, o in zip(inputs, outputs)]
-    times = bench_serve_arrivals(int(c["seed"]), w["num_prompts"], rate, float(c.get("burstiness", 1.0)))
-    return [RequestSpec(i, o, t) for i, o, t in zip(inputs, outputs, times)]
+    times: list[float | None] = [None] * len(inputs)
+    if rate is not None and not math.isinf(rate):
+        times = list(bench_serve_arrivals(int(c["seed"]), w["num_prompts"], rate, float(c.get("burstiness", 1.0))))
+    cached = _after_prefix(w, int(c["special_tokens"]))
+    if not cached:
+        return [RequestSpec(i, o, t) for i, o, t in zip(inputs, outputs, times)]
+    # Each prompt its own group: its first tokens are the earlier run's prompt of the same index.
+    return [RequestSpec(i, o, t, prefix_group=k, prefix_tokens=min(cached, i))
+            for k, (i, o, t) in enumerate(zip(inputs, outputs, times))]
+
+
+def _after_prefix(w: Mapping[str, Any], special_tokens: int) -> int:
+    """The tokens of each prompt the server holds from the run it served just before (``after_input_len``:
+    that run's prompt i, the same seed's, less the tokenizer's special tokens), or 0."""
+    return max(0, int(w["after_input_len"]) - special_tokens) if w.get("after_input_len") else 0
 
 
 def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) -> Workload:
@@ -554,7 +581,7 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
-    load = dataclasses.replace(_resent(_paced(spec, w, run, dp, as_sent), w, as_sent), chat=run.chat,
+    load = dataclasses.replace(_resent(_paced(spec, w, run, dp, as_sent), w, as_sent, dp), chat=run.chat,
                                sampling=run.sampling if as_sent else GREEDY)
     sent = bench_serve_requests(run) if as_sent else None
     if sent is None:
@@ -562,9 +589,12 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
     return ReplayedLoad(**{f.name: getattr(load, f.name) for f in dataclasses.fields(Workload)}, replayed=tuple(sent))
 
 
-def _resent(load: Workload, w: Mapping[str, Any], as_sent: bool) -> Workload:
-    """``load`` with the logged prefix-cache hit rate as the share of each prompt cached before."""
+def _resent(load: Workload, w: Mapping[str, Any], as_sent: bool, dp: int = 1) -> Workload:
+    """``load`` with the logged prefix-cache hit rate as the share of each prompt cached before (or, after
+    a shorter run of the same seed, the earlier prompts' share; an engine's expected share under DP)."""
     hit = w.get("prefix_cache_hit_rate")
+    if as_sent and w.get("after_input_len"):  # one engine's share of the earlier run's prefixes (1 / dp of them)
+        hit = w["after_input_len"] / w["input_len"] / dp
     return dataclasses.replace(load, cached_fraction=float(hit)) if as_sent and hit else load
 
 
