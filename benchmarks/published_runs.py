@@ -88,6 +88,7 @@ import hashlib
 import json
 import math
 import re
+import statistics
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -115,7 +116,7 @@ import _fidelity  # noqa: E402
 
 __all__ = ["FIXTURES", "PublishedRun", "Judged", "ReplayedLoad", "load_runs", "split_of", "sweep_key", "workload_of",
            "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "step_breakdown", "judge",
-           "judge_all", "cells", "rankings", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
+           "judge_all", "cells", "rankings", "ratio_spread", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
 #: Model configs people published beside startup logs (their sources in that folder's SOURCES.md).
@@ -894,11 +895,39 @@ def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
     return out
 
 
+def ratio_spread(judged: Sequence[Judged]) -> list[dict[str, Any]]:
+    """How far each run's real/simulated headline ratio sits from its sweep's median ratio (one publisher's
+    runs of one model at one layout, :func:`sweep_key`): what a study's simulator screen meets once it has
+    learnt the median ratio on its own real trials (``servetune.search.screen``, whose margins on a GPU no
+    real run judged are read off this with ``--before``). One row a sweep of 2 or more simulated runs,
+    both splits (``--before``: nothing on these runs fitted yet): the largest and second largest
+    deviation in percent.
+
+    Example:
+        >>> ratio_spread([])
+        []
+    """
+    sweeps: dict[tuple[str, str, str], list[float]] = {}
+    for j in judged:
+        if j.headline_error is not None:
+            key = (j.run.gpu, j.run.layout_label, sweep_key(j.run))
+            sweeps.setdefault(key, []).append(1.0 / (1.0 + j.headline_error))  # real / sim
+    rows = []
+    for (gpu, layout, key), ratios in sorted(sweeps.items()):
+        if len(ratios) < 2:
+            continue
+        mid = statistics.median(ratios)
+        dev = sorted((abs(r / mid - 1.0) for r in ratios), reverse=True)
+        rows.append({"gpu": gpu, "layout": layout, "sweep": key, "runs": len(ratios),
+                     "max_pct": round(100 * dev[0], 1), "second_pct": round(100 * dev[1], 1)})
+    return rows
+
+
 def _report(runs: Sequence[PublishedRun], before: bool) -> dict[str, Any]:
     judged = judge_all(runs, before=before)
     return {"calibration": "before the fits, stated interconnects, kept arrivals and cached re-sent prompts of published runs" if before else "committed",
             "held_out": cells(judged, "held_out"), "fit": cells(judged, "fit"), "runs": _per_run(judged),
-            "rankings": rankings(judged)}
+            "rankings": rankings(judged), "ratio_spread": ratio_spread(judged)}
 
 
 def format_comparison(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
@@ -936,6 +965,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", nargs=4, metavar=("GPU", "KNOB", "LOW", "HIGH"),
                     help="fit one knob for one GPU on its fit runs and print it")
     ap.add_argument("--breakdown", metavar="ID", help="one run's simulated step time by kind of kernel, and stop")
+    ap.add_argument("--spread", action="store_true",
+                    help="each sweep's real/simulated ratio around its median (the simulator screen's margin), and stop")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -964,6 +995,12 @@ def main(argv: list[str] | None = None) -> int:
             print(format_comparison(both["before"], both["committed"]))
         return 0
     report = _report(runs, before=args.before)
+    if args.spread:
+        print(f"calibration: {report['calibration']}\n{'GPU | layout':<28}{'runs':>5}{'max':>8}{'2nd':>8}  sweep")
+        for row in report["ratio_spread"]:
+            print(f"{row['gpu'] + ' | ' + row['layout']:<28}{row['runs']:>5}{row['max_pct']:>7.1f}%"
+                  f"{row['second_pct']:>7.1f}%  {row['sweep']}")
+        return 0
     if args.json:
         print(json.dumps(report, indent=1))
         return 0

@@ -199,7 +199,7 @@ def test_the_recorder_redacts_a_real_trials_texts_and_files_once_for_every_sink(
     recorder = Recorder.open(spec, study, "sim", resume=False)
     result = TrialResult(  # a real engine's trial that failed serving, every text holding a secret
         TrialStatus.CRASHED, backend="vllm", vllm_version="0.26.0", cause=f"pull https://u:{SECRET}@hub.example failed",
-        evidence=[f"HF_TOKEN={SECRET}"], log_text=f"INFO start\npassword {PLAIN_SECRET}\n",
+        evidence=[f"HF_TOKEN={SECRET}"], notes=[f"a note naming {SECRET}"], log_text=f"INFO start\npassword {PLAIN_SECRET}\n",
         infra_attempts=[f"slot 0: {PLAIN_SECRET}"], early_stopped=f"stopped near {SECRET}",
         requests=[RequestRecord(0, 128, 0, 0.0, None, None, error=f"HTTP 401 for {SECRET}")])
     trial = study.ask({"max_num_seqs": optuna.distributions.CategoricalDistribution([16, 32])})

@@ -269,6 +269,11 @@ class TrialResult:
     #: The study's goodput and cost figures for this result (:data:`SLO_METRICS` keys), set by the
     #: driver, which knows the targets and the price; empty until then.
     slo: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: Where the figures are least sure, one line each (``evidence`` says where the trial ran and what
+    #: happened): the simulator's (:func:`servetune.sim.simulate`: a GPU no real run has judged, a
+    #: hybrid's recurrent layers, a Mamba pool counted short, an all-reduce priced as the calibrated
+    #: kernel, an API server that set the pace). ``servetune simulate`` prints them, ``--json`` too.
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -361,8 +366,10 @@ class TrialResult:
         return out
 
     def to_dict(self) -> dict[str, Any]:
+        """The status, cause, backend, version and :attr:`notes` with the flat :meth:`metrics` (what
+        ``servetune simulate --json`` prints and a trial's ``result.json`` holds, beside its evidence)."""
         d: dict[str, Any] = {"status": self.status.value, "cause": self.cause, "backend": self.backend,
-             "vllm_version": self.vllm_version}
+             "vllm_version": self.vllm_version, "notes": list(self.notes)}
         d.update(self.metrics())
         return d
 

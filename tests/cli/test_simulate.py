@@ -146,3 +146,33 @@ def test_a_mamba_hybrid_with_prefix_caching_says_its_mamba_blocks_are_counted_sh
     assert "status: ok" in out and len(notes) == 1 and "mamba_cache_mode 'all'" in notes[0]
     assert run_cli(base) == 0
     assert "one KV block per Mamba group" not in capsys.readouterr().out
+
+
+def test_json_carries_the_notes_the_text_prints_from_the_engines_result(
+        workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every ``note:`` line of the text output is one of the engine's ``TrialResult.notes``, and
+    ``--json`` carries the same list: a hybrid with prefix caching on an unjudged GPU (the A10G) says
+    its three notes in the engine's order, a dense model on a judged GPU none."""
+    argv = ["--model", "granite-4.0-h-tiny", "--gpu", "A10G", "--workload", str(workload_file),
+            "--set", "enable_prefix_caching=true", "--set", "max_model_len=2048"]
+    assert run_cli(argv) == 0
+    text = [line[len("note: "):] for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert run_cli([*argv, "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert notes == text and len(notes) == 3
+    assert notes[0].startswith("A10G: no real vLLM run") and "unjudged beyond them" in notes[1]
+    assert "one KV block per Mamba group" in notes[2]
+    assert run_cli(["--model", "servetune-test-850m", "--gpu", "H200", "--workload", str(workload_file), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notes"] == []
+
+
+def test_the_unjudged_gpu_note_comes_at_a_measured_token_cost_too(
+        workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--api-cpu-us-per-token`` simulates twice; the second run's figures are printed with the
+    engine's notes (the unjudged GPU's among them, which the command once dropped on this path) and
+    the host CPU line the command adds."""
+    argv = ["--model", "servetune-test-850m", "--gpu", "A10G", "--workload", str(workload_file),
+            "--api-cpu-us-per-token", "95", "--json"]
+    assert run_cli(argv) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert [n.split(":")[0] for n in notes] == ["A10G", "host CPU"]

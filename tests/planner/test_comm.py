@@ -338,9 +338,9 @@ def test_the_simulator_prices_the_same_step_and_says_the_nccl_path_is_not_modell
     assert p_off.gpu_cost(**args).comm == p_plain.gpu_cost(**args).comm > 0
     assert p_plain.allreduce_path.startswith("custom all-reduce") and p_off.allreduce_path.startswith("NCCL over NVLink")
     w = Workload.from_dict({"input_len": 128, "output_len": 16, "num_requests": 8, "concurrency": 4})
-    said = [n for n in simulate(model, gpu, off, w).evidence if "small-message latency is not modelled" in n]
+    said = [n for n in simulate(model, gpu, off, w).notes if "small-message latency is not modelled" in n]
     assert len(said) == 1 and said[0].startswith("disable_custom_all_reduce at TP=2")
-    assert not [n for n in simulate(model, gpu, plain, w).evidence if "disable_custom_all_reduce" in n]
+    assert not [n for n in simulate(model, gpu, plain, w).notes if "disable_custom_all_reduce" in n]
 
 
 def test_vllm_0_10_charges_the_communicators_over_nvlink_only():

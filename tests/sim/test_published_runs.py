@@ -492,3 +492,23 @@ def test_a_sweep_run_after_a_shorter_one_of_the_same_seed_finds_the_earlier_prom
     warm_err, cold_err = judge(tp8).headline_error, judge(cold).headline_error
     assert warm_err is not None and cold_err is not None
     assert cold_err < -0.4 and abs(warm_err) < 0.2
+
+
+def test_the_screens_unjudged_margin_covers_the_widest_tp1_sweep_before_any_fit() -> None:
+    """``servetune.search.screen.UNJUDGED_MIN_TOLERANCE`` rests on ``--before --spread``: the widest
+    TP=1 sweep's worst run sat 49.4% from its sweep's median real/simulated ratio (gpustack's Qwen3-14B
+    bursts on the H100, 2026-12-06); a sweep's ratio around its median is scale-free (x0.8 on every
+    run moves nothing) and a sweep of one run has none."""
+    from published_runs import ratio_spread
+
+    from servetune.search.screen import UNJUDGED_MIN_TOLERANCE, UNJUDGED_TIGHT_TOLERANCE
+
+    sweep = [r for r in RUNS if r.gpu == "H100-80GB" and r.model.lower() == "qwen3-14b" and r.layout_label == "TP1"]
+    assert len(sweep) == 4
+    judged = published_runs.judge_all(sweep, before=True)
+    [row] = ratio_spread(judged)
+    assert row["runs"] == 4 and row["max_pct"] == pytest.approx(49.4, abs=0.5)
+    assert row["max_pct"] <= 100 * UNJUDGED_MIN_TOLERANCE and row["second_pct"] <= 100 * UNJUDGED_TIGHT_TOLERANCE
+    scaled = [dataclasses.replace(j, sim_output_throughput=(j.sim_output_throughput or 0) / 0.8) for j in judged]
+    assert ratio_spread(scaled)[0]["max_pct"] == pytest.approx(row["max_pct"], abs=0.1)
+    assert ratio_spread(judged[:1]) == []

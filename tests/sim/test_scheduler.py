@@ -217,7 +217,7 @@ def test_a_figure_the_api_server_bounds_says_it_depends_on_the_host_cpu() -> Non
     def notes(input_len: int, output_len: int) -> list[str]:
         w = Workload.from_dict({"input_len": input_len, "output_len": output_len, "num_requests": 512,
                                 "concurrency": 256})
-        return [e for e in simulate(model, gpu, config, w).evidence if "API server" in e]
+        return [e for e in simulate(model, gpu, config, w).notes if "API server" in e]
 
     decode = notes(256, 1024)
     assert len(decode) == 1 and "host's CPU" in decode[0]
@@ -259,7 +259,7 @@ def test_the_api_servers_cpu_is_its_per_request_per_token_and_per_chunk_costs_sc
     # Busy past one core at 1.5x, the loop merges most tokens (0.71 -> 0.08 chunks a token here), so
     # only its per-token share and the client's reads bound the load: 9% lower, not the 1.5x of a FIFO.
     assert 0.8 * plain.output_throughput < slow.output_throughput < 0.95 * plain.output_throughput
-    assert any("--api-cpu-factor 1.5" in e for e in slow.evidence)
+    assert any("--api-cpu-factor 1.5" in e for e in slow.notes)
 
 
 def _preempting_run(resume_hits: float, version: str | None = None) -> SimScheduler:

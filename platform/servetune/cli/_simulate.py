@@ -4,7 +4,8 @@ Contract: :func:`add_parser` registers the sub-command on the main parser's sub-
 :func:`run` executes it, returning the exit code: 0 when the engine started and served the
 workload, 1 when the configuration fails at startup (the planner's verdict and vLLM's own error
 text are printed), 2 for bad input (``error: FIELD: what is wrong (fix: ...)`` on stderr).
-``--json`` prints :meth:`TrialResult.to_dict` instead of the human summary.
+``--json`` prints :meth:`TrialResult.to_dict` instead of the human summary; both carry the
+engine's notes (:attr:`TrialResult.notes`: where the figures are least sure, one line each).
 
 Example::
 
@@ -24,14 +25,13 @@ from typing import Any
 from servetune.errors import SpecError
 from servetune.inputs import load_yaml, missing, read_text
 from servetune.planner.flags import parse_set_option
-from servetune.planner.gpus import GpuSpec, get_gpu, register_gpus_from_yaml, unjudged_note, with_interconnect
+from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
-from servetune.sim import api_cpu_factor_for_token_cost, hybrid_note, simulate, with_calibration
-from servetune.sim.scheduler import mamba_pool_note
+from servetune.sim import api_cpu_factor_for_token_cost, simulate, with_calibration
 from servetune.workload import Workload
 
-__all__ = ["add_parser", "run", "check_work", "unjudged_gpu_note", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
+__all__ = ["add_parser", "run", "check_work", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
 
 #: The most tokens (prompt + output) ``simulate`` serves unless ``--max-tokens`` says more: about half a
 #: minute of simulation (3,840 requests x 1,536 tokens, 5.9M tokens, took 8 s on one core).
@@ -139,28 +139,7 @@ def _simulate(args: argparse.Namespace) -> TrialResult:
     else:
         gpu = with_calibration(target.gpu, {"api_cpu_factor": factor} if factor is not None else {})
         result = simulate(target.model, gpu, target.config, workload, seed=args.seed)
-        note = unjudged_gpu_note(target.gpu)
-        if note and result.ok:
-            result.evidence.append(note)
-    hybrid = hybrid_note(target.model)  # a Mamba / gated-delta-net hybrid's step time: judged on two windows only
-    if hybrid and result.ok:
-        result.evidence.append(hybrid)
-    pool = mamba_pool_note(target.model, target.config)  # its Mamba groups' blocks with prefix caching: counted short
-    if pool and result.ok:
-        result.evidence.append(pool)
-    return result
-
-
-def unjudged_gpu_note(gpu: GpuSpec) -> str | None:
-    """The one line ``simulate`` prints beside its figures on a GPU whose simulated step times no
-    real vLLM run has judged (``GpuSpec.sim_evidence`` empty); None where some have.
-
-    Example:
-        >>> from servetune.planner.gpus import get_gpu
-        >>> unjudged_gpu_note(get_gpu("H200")) is None, unjudged_gpu_note(get_gpu("A10G")).startswith("A10G:")
-        (True, True)
-    """
-    return unjudged_note(gpu)
+    return result  # its notes (an unjudged GPU, a hybrid, ...) are the engine's: TrialResult.notes
 
 
 def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: int) -> TrialResult:
@@ -175,7 +154,7 @@ def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: in
                         "cost, outside 0.05-20", "check the readings were of this server under load")
     result = simulate(target.model, with_calibration(target.gpu, {"api_cpu_factor": factor}), target.config,
                       workload, seed=seed)
-    result.evidence.append(f"host CPU: {us:g} us a generated token measured; simulated at --api-cpu-factor "
+    result.notes.append(f"host CPU: {us:g} us a generated token measured; simulated at --api-cpu-factor "
                            f"{factor:.3g} (the simulated API server spent {base * us / factor:.0f} us a token at {base:g})")
     return result
 
@@ -207,7 +186,7 @@ def format_result(result: TrialResult) -> str:
         lines.append(f"API server: {result.api_server_cpu_s:.2f} CPU-s over the window, busy "
                      f"{100 * busy:.0f}% of one core")
     lines.append(f"startup: {result.startup_s:.1f} s (predicted)")
-    lines.extend(f"note: {note}" for note in result.evidence)  # where the figure is least sure
+    lines.extend(f"note: {note}" for note in result.notes)  # where the figure is least sure (the engine's)
     return "\n".join(lines)
 
 

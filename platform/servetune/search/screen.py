@@ -28,6 +28,13 @@ the calibrated prediction is clear:
 * ``throughput``: ``sim x ratio x (1 + tolerance)`` is below the best feasible throughput so far
   (needs at least one real trial to calibrate, and a throughput objective, maximised).
 
+On a GPU type no real vLLM run has judged the simulator on (``GpuSpec.sim_evidence`` empty,
+:func:`servetune.planner.gpus.unjudged_note`: its step times are the H200's calibration at its
+datasheet rates), :func:`screen_for` widens the margins (:func:`wider_margins`): the throughput
+margin :data:`UNJUDGED_MIN_TOLERANCE` before 3 real trials agree and :data:`UNJUDGED_TIGHT_TOLERANCE`
+at least after, and the unconfirmed preemption share :data:`UNJUDGED_CLEAR_PREEMPTION_SHARE`; the
+study says so once when it starts (:attr:`SimScreen.margin_note`).
+
 Bounds: nothing is screened before :attr:`SimScreen.min_real` real trials finished except on the
 clear preemption verdict, and never more than :attr:`SimScreen.max_share` of the proposals seen
 (the rest run, so a wrong simulator cannot starve the study of real measurements). Screening
@@ -52,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from servetune.engines import TrialTask, run_trial
 from servetune.planner.flags import flags_key
+from servetune.planner.gpus import unjudged_note
 from servetune.records.trial_record import SCREEN_PREFIX
 from servetune.result import TrialResult, TrialStatus
 from servetune.sim import host_api_cpu_factor
@@ -60,7 +68,31 @@ if TYPE_CHECKING:
     from servetune.spec.schema import StudySpec
 
 __all__ = ["SimScreen", "simulate_flags", "simulated", "learn", "screen_for", "screened_result", "recalibrate",
-           "prediction_attrs", "SCREEN_PREFIX", "HOST_FACTOR_RANGE"]
+           "prediction_attrs", "wider_margins", "SCREEN_PREFIX", "HOST_FACTOR_RANGE", "UNJUDGED_MIN_TOLERANCE",
+           "UNJUDGED_TIGHT_TOLERANCE", "UNJUDGED_CLEAR_PREEMPTION_SHARE"]
+
+#: The margins on a GPU type no real vLLM run has judged the simulator on. There the simulator runs
+#: the H200's calibration at the GPU's datasheet rates, as it did on the published runs before anything
+#: was fitted on them (``benchmarks/published_runs.py --before --spread``, 2026-12-06: 19 sweeps of 2-23
+#: runs, one publisher's runs of one model at one layout, on the A100-80GB, H100 SXM, L4, L40S, RTX 3060
+#: and one on 8 x H200; both splits count, nothing being fitted on them at ``--before``). A study's
+#: screen divides by the median real/simulated ratio of its own real trials, so what it meets is each
+#: run's ratio around its sweep's median: before any fit that reached 49.4% at TP=1 (gpustack's
+#: Qwen3-14B bursts on the H100; 43.2% the same on the A100, 32.5% gpt-oss-20b on the A100), 54.8% at
+#: TP=2 on a host without GPU P2P priced as NVLink, 65.1% at TP=8 (DeepSeek-R1 on 8 x H200); the judged
+#: GPU's 30% covers 12 of the 19 sweeps' worst runs, and every sweep's second-worst run was within 29.5%.
+#: Chosen from these figures (read first; they are what the choice rests on, not a judgement of it):
+#: 50% until 3 real trials agree (every TP=1 sweep's worst run) and a floor of 30% after (every sweep's
+#: second-worst run; one outlier among the study's own trials doubles into the margin through the
+#: spread rule, :attr:`SimScreen.tolerance`).
+UNJUDGED_MIN_TOLERANCE = 0.5
+UNJUDGED_TIGHT_TOLERANCE = 0.3
+#: Simulated preemptions / requests that screen unconfirmed on an unjudged GPU type. No published run
+#: on another GPU states its preemption count (``vllm bench serve`` prints none), so no figure judges
+#: the verdict off the H200: twice the judged share, a choice, not a measurement. Once a real trial
+#: on the GPU confirmed the verdict (and none contradicted it) the confirmed share applies as on any
+#: GPU.
+UNJUDGED_CLEAR_PREEMPTION_SHARE = 0.5
 
 
 
@@ -101,6 +133,8 @@ class SimScreen:
     #: The host's API-server CPU factor, read off the study's first real trial (None: not measured;
     #: the simulations run at the calibration's 1.0).
     api_cpu_factor: float | None = None
+    #: Why the margins above are wider than the defaults (the GPU type's unjudged note), or None.
+    widened_for: str | None = None
     #: Simulated results by flag set: a discrete space proposes the same point again, and the
     #: benchmark shares one cache across its seeds (the simulator is deterministic).
     cache: dict[Any, TrialResult] = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -131,6 +165,21 @@ class SimScreen:
             return self.min_tolerance
         spread = max(abs(r / self.ratio - 1.0) for r in self.ratios)
         return max(self.tight_tolerance, 2.0 * spread)
+
+    @property
+    def margin_note(self) -> str | None:
+        """The one line a study prints when its screen starts with wider margins (None: the defaults).
+
+        Example:
+            >>> wider_margins(SimScreen(0, 100, True), "A10G: no real vLLM run ...").margin_note[:58]
+            'the simulator screen runs with wider margins (throughput 5'
+        """
+        if self.widened_for is None:
+            return None
+        return (f"the simulator screen runs with wider margins (throughput {self.min_tolerance:.0%} until 3 real "
+                f"trials agree, then at least {self.tight_tolerance:.0%}; preemptions screened above "
+                f"{self.clear_preemption_share:.0%} of the requests until a real trial confirms them): "
+                f"{self.widened_for}")
 
     # -- the rule -------------------------------------------------------------------------------
 
@@ -166,15 +215,29 @@ class SimScreen:
         return None
 
 
+def wider_margins(screen: SimScreen, why: str) -> SimScreen:
+    """``screen`` with the margins of a GPU type no real run has judged (:data:`UNJUDGED_MIN_TOLERANCE`,
+    :data:`UNJUDGED_TIGHT_TOLERANCE`, :data:`UNJUDGED_CLEAR_PREEMPTION_SHARE`; never narrower than its
+    own), ``why`` kept for :attr:`SimScreen.margin_note`. The same screen, changed in place."""
+    screen.min_tolerance = max(screen.min_tolerance, UNJUDGED_MIN_TOLERANCE)
+    screen.tight_tolerance = max(screen.tight_tolerance, UNJUDGED_TIGHT_TOLERANCE)
+    screen.clear_preemption_share = max(screen.clear_preemption_share, UNJUDGED_CLEAR_PREEMPTION_SHARE)
+    screen.widened_for = why
+    return screen
+
+
 def screen_for(spec: StudySpec, backend: str) -> SimScreen | None:
     """A fresh screen for a study on ``backend``, or None when multi-fidelity is off for it or the
-    spec has no model profile for the simulator."""
+    spec has no model profile for the simulator. On a GPU type whose simulator no real run has judged
+    (:func:`~servetune.planner.gpus.unjudged_note`) its margins are wider (:func:`wider_margins`)."""
     if not spec.multi_fidelity_on(backend) or spec.model_profile is None:
         return None
     first = spec.objective.metrics[0]
-    return SimScreen(max_preemptions=int(spec.constraints.max_preemptions),
-                     num_requests=len(spec.workload.requests()),
-                     throughput_objective=first == "output_throughput" and spec.objective.directions[0] == "maximize")
+    screen = SimScreen(max_preemptions=int(spec.constraints.max_preemptions),
+                       num_requests=len(spec.workload.requests()),
+                       throughput_objective=first == "output_throughput" and spec.objective.directions[0] == "maximize")
+    unjudged = unjudged_note(spec.gpu_spec())
+    return screen if unjudged is None else wider_margins(screen, unjudged)
 
 
 def simulated(screen: SimScreen, spec: StudySpec, flags: Mapping[str, Any]) -> TrialResult:

@@ -28,13 +28,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from servetune.planner.comm import nccl_small_message_note
+from servetune.planner.gpus import unjudged_note
 from servetune.planner.memory import plan_memory
 from servetune.result import TrialResult, TrialStatus, summarize
 from servetune.sim import vllm_log
 from servetune.sim.client import LoadClient
 from servetune.sim.host_cpu import FRONTEND_BOUND_SHARE, frontend_bound_note
 from servetune.sim.perf import PerfModel
-from servetune.sim.scheduler import SimScheduler
+from servetune.sim.perf_hybrid import hybrid_note
+from servetune.sim.scheduler import SimScheduler, mamba_pool_note
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
     from servetune.workload import Workload
 
-__all__ = ["simulate"]
+__all__ = ["simulate", "figure_notes"]
 
 
 def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: Workload, *,
@@ -91,12 +93,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         kv_cache_usage_peak=sched.kv_usage_peak, kv_cache_usage_mean=sched.kv_usage_mean,
         requests=records, api_server_cpu_s=sched.frontend_busy_s - client.busy_at_t0,
     )
-    nccl = nccl_small_message_note(gpu, config.tensor_parallel_size, config.disable_custom_all_reduce)
-    if nccl:  # the all-reduce priced as the calibrated custom kernel: said, not silent
-        result.evidence.append(nccl)
-    busy = result.api_server_busy or 0.0
-    if busy >= FRONTEND_BOUND_SHARE:
-        result.evidence.append(frontend_bound_note(busy, perf.api_cpu_factor))
+    result.notes = figure_notes(model, gpu, config, result.api_server_busy or 0.0, perf.api_cpu_factor)
     # The rate vLLM logs at the window's end: its most recent 1000 lookups, the warm-up's left out
     hit_rate = 100.0 * (sched.logged_hit_rate(client.lookups_at_t0) or 0.0)
     result.log_text = startup_log + vllm_log.run_log_text(
@@ -104,3 +101,28 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         sched.kv_usage_peak, hit_rate, seed=seed, steps=sched.num_steps, completed=result.completed,
         duration_s=result.duration_s or 0.0, output_throughput=result.output_throughput or 0.0)
     return result
+
+
+def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_server_busy: float,
+                 api_cpu_factor: float) -> list[str]:
+    """Where a served trial's simulated figures are least sure, one line each, in the order ``servetune
+    simulate`` prints them (:attr:`TrialResult.notes`; the one place that produces them): an
+    all-reduce priced as the calibrated custom kernel, an API server that set the pace, a GPU no
+    real vLLM run has judged, a Mamba / gated-delta-net hybrid's recurrent layers, a Mamba pool
+    counted short under prefix caching.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.memory import resolve_engine_config
+        >>> from servetune.planner.modelinfo import load_model
+        >>> model, a10g, h200 = load_model("servetune-test-850m"), get_gpu("A10G"), get_gpu("H200")
+        >>> [n[:5] for n in figure_notes(model, a10g, resolve_engine_config({}, model, a10g), 0.1, 1.0)]
+        ['A10G:']
+        >>> figure_notes(model, h200, resolve_engine_config({}, model, h200), 0.1, 1.0)
+        []
+    """
+    notes = [nccl_small_message_note(gpu, config.tensor_parallel_size, config.disable_custom_all_reduce)]
+    if api_server_busy >= FRONTEND_BOUND_SHARE:
+        notes.append(frontend_bound_note(api_server_busy, api_cpu_factor))
+    notes += [unjudged_note(gpu), hybrid_note(model), mamba_pool_note(model, config)]
+    return [n for n in notes if n]

@@ -158,6 +158,8 @@ class _Driver:
         self.stop = StopRequest()
         run = StudyRun(spec, self.study, self.backend, self.recorder, self.progress, self.outcome, self.started,
                        self.stop, screen=fidelity.screen_for(spec, self.backend))
+        if run.screen is not None and run.screen.margin_note:  # an unjudged GPU type: said once, here
+            self.progress.screen_margins(run.screen.margin_note)
         if self.existing:
             recalibrate(run, self.existing)
         status = "FINISHED"

@@ -62,6 +62,9 @@ class StudyProgress:
     def api_cpu_factor(self, factor: float, trial: int, cpu_s: float | None) -> None:
         """The host's API-server CPU factor, measured on the first real trial."""
 
+    def screen_margins(self, note: str) -> None:
+        """The simulator screen starts with wider margins, and why (:attr:`~servetune.search.SimScreen.margin_note`)."""
+
     def led(self, trial: int, repeats: int) -> None:
         """A leading trial measured its confirmation repeats on its own server start."""
 
@@ -171,6 +174,9 @@ class TerminalProgress(StudyProgress):
         self.note(f"servetune: this host's vLLM API server costs {factor:.2f}x "
                   f"the simulator's calibration (trial #{trial}: {cpu_s:.1f} "
                   "CPU-s over the window); the simulator screen runs with it")
+
+    def screen_margins(self, note: str) -> None:
+        self.note(f"servetune: {note}")
 
     def led(self, trial: int, repeats: int) -> None:
         self.note(f"servetune: trial #{trial} led the study: {repeats} confirmation "

@@ -4,7 +4,7 @@ order, so a crash loses at most the records (the next ``--resume`` writes them f
 
 Secrets are redacted once, here, before any sink sees a text (with :mod:`servetune.redact`'s
 rules); the sinks (:class:`~servetune.records.tracking.StudyTracker`, the dataset, Optuna) write
-what they are handed. Redacted here: a result's cause, evidence, server log, infrastructure
+what they are handed. Redacted here: a result's cause, evidence, notes, server log, infrastructure
 attempts, early-stop reason and requests' errors (:func:`redacted`); the model names, the spec's
 params and tags, the workload, the simulator screen's reason and the planner's fix every record
 carries; a real trial's files (:func:`redacted_files`); the headroom JSON; and the nightly's
@@ -62,7 +62,8 @@ def redacted(result: TrialResult, environ: Mapping[str, str] | None = None) -> T
     requests = [r if r.error is None else dataclasses.replace(r, error=safe(r.error)) for r in result.requests]
     return dataclasses.replace(
         result, cause=None if result.cause is None else safe(result.cause),
-        evidence=[safe(e) for e in result.evidence], log_text=safe(result.log_text),
+        evidence=[safe(e) for e in result.evidence], notes=[safe(n) for n in result.notes],
+        log_text=safe(result.log_text),
         infra_attempts=[safe(a) for a in result.infra_attempts], requests=requests,
         early_stopped=None if result.early_stopped is None else safe(result.early_stopped))
 
