@@ -303,6 +303,9 @@ CLASS_KV_BANDS = {
     "mlopsassign_qwen3_30b_a3b_2507_qfp8_tp1_h100": 0.37,  # vLLM 0.22.1, H100, MoE with online FP8
     "videocut_qwen3_30b_a3b_tp2_h100": -4.64,         # a miss, see CLASS_KNOWN_MISSES
     "myoceane_gpt_oss_20b_tp1_a100": 1.02,            # vLLM 0.19.0, A100 80GB, the post's 36.56 GiB (no token line)
+    # Qwen3-VL, refused (excluded) before 2026-12-06; judged once after the Qwen3-VL rules were committed from source
+    "videocut_qwen3_vl_30b_a3b_tp2_h100": -4.52,      # a miss, see CLASS_KNOWN_MISSES (multicast off: -0.42)
+    "sipeed_qwen3_vl_30b_a3b_tp4_rtx3090": 6.53,      # a miss, see CLASS_KNOWN_MISSES (image profile: +95.3)
 }
 
 #: Held-out class starts outside the 3% target, kept as misses (nothing refitted on them).
@@ -324,6 +327,15 @@ CLASS_KNOWN_MISSES = {
     # SXM pair, 2.10 GiB a worker, where the logged figures leave 1.13 GiB for the peak and all non-torch memory; planned
     # without multicast it is -0.89%. The log does not say whether multicast was live; not refitted.
     "videocut_qwen3_30b_a3b_tp2_h100",
+    # Qwen3-VL-30B-A3B at TP=2 on 2 x H100 SXM, vLLM 0.12.0, from the same project's cluster (judged once): the same
+    # multicast non-torch term as the Qwen3-30B-A3B start above; planned without multicast it is -0.42% (829,824
+    # tokens against 833,344), weights 29.29 GiB against 29.31. Not refitted.
+    "videocut_qwen3_vl_30b_a3b_tp2_h100",
+    # Qwen3-VL-30B-A3B at TP=4 on four RTX 3090s, vLLM 0.11.0 (judged once): 2.46 GiB of KV planned against the logged
+    # 2.31; the 0.15 GiB over is 6.5% of so small a cache. The plan's 4.08 GiB peak holds the 0.11 dummy video's
+    # outputs at 153,600 tokens (the log's "budget of 153600 tokens ... 1 video items"); with an image profile instead
+    # the plan is +95%. Non-torch memory at TP=4 without custom all-reduce is planned at 0.02 GiB. Not refitted.
+    "sipeed_qwen3_vl_30b_a3b_tp4_rtx3090",
 }
 
 
@@ -346,7 +358,8 @@ def test_class_constants_are_what_the_fit_starts_give():
 
 def test_held_out_class_starts_kv_within_their_bands_and_3pct():
     """The target on held-out starts is KV within 3% on 90%: 31 of 34 met it; with the four starts added on
-    2026-12-06 (judged once, nothing changed for them) it is 34 of 38 (89.5%), below the target. Pinned as counted,
+    2026-12-06 (judged once, nothing changed for them) it is 34 of 38 (89.5%), below the target; with the two
+    Qwen3-VL starts judged once after their rules (both misses) 34 of 40 (85%). Pinned as counted,
     not loosened to pass: a rule change that moves a start shows here and in the bands."""
     held = [j for j in CLASS_JUDGED.values() if j.start.role == "held_out" and not j.start.failed]
     assert {j.start.id for j in held} == set(CLASS_KV_BANDS)
@@ -356,7 +369,7 @@ def test_held_out_class_starts_kv_within_their_bands_and_3pct():
         assert CLASS_KV_BANDS[j.start.id] - 0.3 <= error <= CLASS_KV_BANDS[j.start.id] + 0.3, (j.start.id, error)
         assert abs(error) <= 3.0 or j.start.id in CLASS_KNOWN_MISSES, j.start.id
     within = sum(abs(100 * j.kv_error) <= 3.0 for j in held)
-    assert (within, len(held)) == (34, 38)
+    assert (within, len(held)) == (34, 40)
     assert {j.start.id for j in held if abs(100 * j.kv_error) > 3.0} == CLASS_KNOWN_MISSES
 
 
