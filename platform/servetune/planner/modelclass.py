@@ -774,7 +774,9 @@ def multimodal_profile_bytes(model: Any, tokens: int) -> int:
 
 
 #: What the Qwen3-VL note says it was checked on (held-out published starts, judged once; classes.yaml).
-QWEN3_VL_CHECKED = "Not yet checked on a published Qwen3-VL start"
+QWEN3_VL_CHECKED = ("Checked held out on two published Qwen3-VL-30B-A3B starts (rules written first): 2 x H100 at vLLM "
+                    "0.12.0 -4.5% (-0.4% without the NVLink multicast term), 4 x RTX 3090 at 0.11.0 +6.5% (0.15 GiB "
+                    "of a 2.3 GiB cache); weights within 0.1%")
 
 
 def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int | None = None) -> list[str]:
