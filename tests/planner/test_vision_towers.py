@@ -96,3 +96,25 @@ def test_qwen2_5_vl_towers_stay_refused_in_one_line(tmp_path: Path):
     with pytest.raises(SpecError) as err:
         load_model(cfg)
     assert "vision_config" in err.value.field
+
+
+def test_a_dense_qwen3_vl_is_planned_too(tmp_path: Path):
+    """Qwen3VLForConditionalGeneration (dense): the Qwen3 language model from text_config (qwen3_vl_text), the same
+    tower and deepstack buffers; planned at 0.12.0 with the counted video and at 0.19.0 with the image."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", '
+                   '"tie_word_embeddings": false, "text_config": {"model_type": "qwen3_vl_text", "dtype": "bfloat16", '
+                   '"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, '
+                   '"num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 262144, '
+                   '"rope_scaling": {"mrope_interleaved": true, "mrope_section": [24, 20, 20], "rope_type": "default"}}, '
+                   '"vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, '
+                   '"out_hidden_size": 4096, "deepstack_visual_indexes": [8, 16, 24], "patch_size": 16, '
+                   '"spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3, "num_position_embeddings": 2304}}')
+    m = load_model(cfg)
+    assert not m.is_moe and m.vision_encoder is not None and m.vision_encoder.deepstack == 3
+    g = get_gpu("H100-80GB")
+    old = plan_memory(m, g, resolve_engine_config({"max_model_len": 32768}, m, g, "0.12.0"))
+    new = plan_memory(m, g, resolve_engine_config({"max_model_len": 32768}, m, g, "0.19.0"))
+    assert old.fits and new.fits
+    # 0.12's held copy of 153,600 x 4,096 x 4 outputs (4.69 GiB) against 0.19's 16,384 rows
+    assert old.memory.activation_peak - new.memory.activation_peak > 3.0
