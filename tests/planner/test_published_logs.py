@@ -309,6 +309,9 @@ CLASS_KV_BANDS = {
     # version rule looked for after this start's error was read, so no longer a blind check of it
     "videocut_qwen3_30b_a3b_tp2_h100": -1.04,
     "myoceane_gpt_oss_20b_tp1_a100": 1.02,            # vLLM 0.19.0, A100 80GB, the post's 36.56 GiB (no token line)
+    # Qwen3-VL, refused (excluded) before 2026-12-06; judged once after the Qwen3-VL rules were committed from source
+    "videocut_qwen3_vl_30b_a3b_tp2_h100": -0.59,      # -4.52 as first judged, before the fusion term was gated to 0.17+
+    "sipeed_qwen3_vl_30b_a3b_tp4_rtx3090": 6.53,      # a miss, see CLASS_KNOWN_MISSES (image profile: +95.3)
 }
 
 #: Held-out class starts outside the 3% target, kept as misses (nothing refitted on them).
@@ -325,6 +328,11 @@ CLASS_KNOWN_MISSES = {
     # (the plan at 0.19.0's rules is -0.28%), and its 79.19 GiB total is printed as the 0.19 logs print it, not as
     # the 0.11.0 rows of the same table (79.18); judged at the version the source states.
     "llmd_mistral_small32_tp1_h100",
+    # Qwen3-VL-30B-A3B at TP=4 on four RTX 3090s, vLLM 0.11.0 (judged once): 2.46 GiB of KV planned against the logged
+    # 2.31; the 0.15 GiB over is 6.5% of so small a cache. The plan's 4.08 GiB peak holds the 0.11 dummy video's
+    # outputs at 153,600 tokens (the log's "budget of 153600 tokens ... 1 video items"); with an image profile instead
+    # the plan is +95%. Non-torch memory at TP=4 without custom all-reduce is planned at 0.02 GiB. Not refitted.
+    "sipeed_qwen3_vl_30b_a3b_tp4_rtx3090",
 }
 
 
@@ -349,8 +357,10 @@ def test_held_out_class_starts_kv_within_their_bands_and_3pct():
     """The target on held-out starts is KV within 3% on 90%: 31 of 34 met it; with the four starts added on
     2026-12-06 (judged once, nothing changed for them) it was 34 of 38 (89.5%), below the target; 35 of 38 (92.1%)
     since the fusion workspace is charged from vLLM 0.17 only (a rule looked for after the 0.12.0 TP=2 start's -4.6%
-    was read, so that start is no longer blind). Pinned as counted, not loosened to pass: a rule change that moves a
-    start shows here and in the bands."""
+    was read, so that start is no longer blind). With the two Qwen3-VL-30B-A3B starts (refused before 2026-12-06,
+    judged once after their rules) 36 of 40 (90%): the H100 one, -4.5% as first judged without the fusion rule (written
+    on another line of work that never read it), is -0.6% with it; the RTX 3090 one misses (+6.5%). Blind throughout:
+    35 of 40. Pinned as counted, not loosened to pass: a rule change that moves a start shows here and in the bands."""
     held = [j for j in CLASS_JUDGED.values() if j.start.role == "held_out" and not j.start.failed]
     assert {j.start.id for j in held} == set(CLASS_KV_BANDS)
     for j in held:
@@ -359,7 +369,7 @@ def test_held_out_class_starts_kv_within_their_bands_and_3pct():
         assert CLASS_KV_BANDS[j.start.id] - 0.3 <= error <= CLASS_KV_BANDS[j.start.id] + 0.3, (j.start.id, error)
         assert abs(error) <= 3.0 or j.start.id in CLASS_KNOWN_MISSES, j.start.id
     within = sum(abs(100 * j.kv_error) <= 3.0 for j in held)
-    assert (within, len(held)) == (35, 38)
+    assert (within, len(held)) == (36, 40)
     assert {j.start.id for j in held if abs(100 * j.kv_error) > 3.0} == CLASS_KNOWN_MISSES
 
 

@@ -41,7 +41,8 @@ from servetune.planner.model_memory import (ACT_FIXED_GIB, CUDAGRAPH_CALIBRATED_
                                             WARMUP_SHORTFALL_GIB,
                                             activation_peak_bytes, cudagraph_memory_bytes, effective_model,
                                             persistent_runner_bytes, sampler_profile_bytes, sampler_warmup_bytes)
-from servetune.planner.modelclass import KVLayout, as_loaded_on, class_notes, kv_layout, moe_workspace_bytes
+from servetune.planner.modelclass import (KVLayout, as_loaded_on, class_notes, deepstack_buffer_bytes, kv_layout,
+                                         moe_workspace_bytes)
 from servetune.planner.moe_kernels import moe_kernel_note
 from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import GiB, MiB, VllmMemoryRules, memory_rules, parse_vllm_version
@@ -294,6 +295,8 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
             else int(total * config.gpu_memory_utilization)
 
     weights = model.stage_weight_bytes(tp, pp, mxfp4_scale_copies=2 if rules.mxfp4_keeps_loaded_scales else 1)
+    # Qwen3-VL's deepstack buffers, allocated while loading by the wrapper every stage builds
+    weights = [w + deepstack_buffer_bytes(model, config.max_num_batched_tokens) for w in weights]
     # KV pages per stage: layers grouped as vLLM's KV cache manager groups them (modelclass.kv_layout)
     layouts = [kv_layout(model, tp, s, pp, config.block_size, model.kv_dtype_bytes(config.kv_cache_dtype),
                          config.mamba_block_size, config.mamba_cache_mode) for s in range(pp)]

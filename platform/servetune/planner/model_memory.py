@@ -171,7 +171,8 @@ def activation_peak_bytes(model: ModelProfile, config: EngineConfig, *, last_sta
     if model.vision_encoder is None or not first_stage:
         return text
     enc = qwen3_vl_encoder_profile(model.vision_encoder, model.dtype_bytes, config.tensor_parallel_size,
-                                   config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len)
+                                   config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len,
+                                   formatted_video=config.rules.qwen3_vl_formatted_video)
     return max(text + enc.held_bytes, enc.peak_bytes)
 
 

@@ -66,6 +66,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -81,7 +82,7 @@ __all__ = ["KVLayout", "TEXT_CONFIG_DEFAULTS", "MXFP4_LAYER_BYTES", "mxfp4_exper
            "group_size_for", "class_notes", "as_loaded_on", "QWEN3_5_TEXT_TYPES",
            "QWEN3_5_VISION_DEFAULTS", "nested_text_config", "qwen3_vl_tower_params", "dense_ffn_unused",
            "QWEN3_VL_IMAGE_MAX_PIXELS", "QWEN3_VL_VIDEO_MAX_PIXELS", "Qwen3VLEncoder", "EncoderProfile",
-           "qwen3_vl_encoder", "qwen3_vl_encoder_profile"]
+           "qwen3_vl_encoder", "qwen3_vl_encoder_profile", "QWEN3_VL_TYPES", "deepstack_buffer_bytes"]
 
 #: transformers' config-class defaults for the fields a nested ``text_config`` may leave out.
 #: Gemma3TextConfig (transformers 4.50+, ``models/gemma3/configuration_gemma3.py``).
@@ -116,6 +117,11 @@ TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
 #: The text config each Qwen3.5 wrapper builds (``Qwen3_5Config.sub_configs``: ``text_config`` is a
 #: ``Qwen3_5TextConfig`` whatever its ``model_type`` says; qwen3_5.py lines 155-182 of 0.26.0).
 QWEN3_5_TEXT_TYPES: dict[str, str] = {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+
+#: Qwen3-VL wrappers (Qwen3VLForConditionalGeneration, Qwen3VLMoeForConditionalGeneration): the same
+#: ``Qwen3_VisionTransformer`` as Qwen3.5 with ``deepstack_visual_indexes`` (models/qwen3_vl.py lines 301-370 of
+#: 0.12.0, the same class to 0.26.0), a Qwen3 / Qwen3-MoE language model from ``text_config``.
+QWEN3_VL_TYPES: tuple[str, ...] = ("qwen3_vl", "qwen3_vl_moe")
 
 #: ``Qwen3_5VisionConfig``'s defaults (qwen3_5.py lines 119-150 of 0.26.0; qwen3_5_moe.py lines 131-162):
 #: the tower vLLM builds where ``vision_config`` is absent (``Qwen3_5Config``, lines 176-177).
@@ -166,6 +172,7 @@ class Qwen3VLEncoder:
     merge: int
     out_hidden: int
     deepstack: int = 0
+    temporal: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,9 +263,11 @@ def normalize_config(cfg: Mapping[str, Any], source: str) -> dict[str, Any]:
     else:
         flat = dict(cfg)
     vision = cfg.get("vision_config")  # nested wrappers and flat ones (Qwen2-VL keeps the LM at the top level)
-    if str(cfg.get("model_type") or "").lower() in QWEN3_5_TEXT_TYPES:
+    wrapper = str(cfg.get("model_type") or "").lower()
+    if wrapper in QWEN3_5_TEXT_TYPES or wrapper in QWEN3_VL_TYPES:
         # Qwen3_5ForConditionalGeneration always builds its tower, from Qwen3_5VisionConfig's defaults where the
-        # config has no vision_config (qwen3_5.py lines 176-177 of the configs, 422-428 of the model, 0.26.0)
+        # config has no vision_config (qwen3_5.py lines 176-177 of the configs, 422-428 of the model, 0.26.0);
+        # Qwen3-VL builds it whenever an image or video is allowed (qwen3_vl.py lines 1233-1250 of 0.12.0)
         flat["_vision_params"] = qwen3_vl_tower_params(vision if isinstance(vision, Mapping) else {}, source)
         flat["_vision_encoder"] = qwen3_vl_encoder(vision if isinstance(vision, Mapping) else {})
     elif isinstance(vision, Mapping):
@@ -338,14 +347,14 @@ def qwen3_vl_encoder(vision: Mapping[str, Any]) -> Qwen3VLEncoder:
 
     Example:
         >>> qwen3_vl_encoder({"depth": 12, "hidden_size": 768, "intermediate_size": 3072, "out_hidden_size": 1024})
-        Qwen3VLEncoder(hidden=768, intermediate=3072, patch=16, patch_elems=1536, merge=2, out_hidden=1024, deepstack=0)
+        Qwen3VLEncoder(hidden=768, intermediate=3072, patch=16, patch_elems=1536, merge=2, out_hidden=1024, deepstack=0, temporal=2)
     """
     v = {**QWEN3_5_VISION_DEFAULTS, **{k: val for k, val in vision.items() if val is not None}}
     patch = int(v["patch_size"])
     return Qwen3VLEncoder(hidden=int(v["hidden_size"]), intermediate=int(v["intermediate_size"]), patch=patch,
                           patch_elems=int(v["in_channels"]) * int(v["temporal_patch_size"]) * patch * patch,
                           merge=int(v["spatial_merge_size"]), out_hidden=int(v["out_hidden_size"]),
-                          deepstack=len(v.get("deepstack_visual_indexes") or []))
+                          deepstack=len(v.get("deepstack_visual_indexes") or []), temporal=int(v["temporal_patch_size"]))
 
 
 def _most_features(max_pixels: int, unit: int) -> int:
@@ -359,8 +368,42 @@ def _most_features(max_pixels: int, unit: int) -> int:
     return 0
 
 
+#: Frames a 0.11 / 0.12 Qwen3-VL dummy video may have (``_MAX_FRAMES_PER_VIDEO``, qwen3_vl.py line 91 of 0.11.0, 123 of
+#: 0.12.0); its counted tokens are the frames' tokens x 12.5 for the timestamps (``get_max_video_tokens``, lines
+#: 658-675 of 0.11.0, 693-709 of 0.12.0; 0.13.0 returns the frames' tokens, lines 710-722).
+QWEN3_VL_012_MAX_FRAMES = 24_576
+QWEN3_VL_012_VIDEO_TOKEN_FACTOR = 12.5
+
+
+@functools.lru_cache(maxsize=64)
+def _formatted_video(max_model_len: int, patch: int, merge: int, temporal: int) -> tuple[int, int]:
+    """(encoder tokens, counted tokens) of the 0.11 / 0.12 Qwen3-VL profile's dummy video.
+
+    ``get_num_frames_with_most_features`` (qwen2_vl.py lines 1000-1013 of 0.12.0, called with 24,576): the most
+    frames, from 2, whose tokens fit ``max_model_len`` (``_get_max_video_frames``, lines 979-998), capped; each frame of
+    the image's largest side resized so all frames hold at most :data:`QWEN3_VL_VIDEO_MAX_PIXELS`
+    (transformers' ``video_processing_qwen3_vl.smart_resize``: ``beta = sqrt(frames x h x w / max)``, a side of at
+    least one ``patch x merge`` unit), ``frames / temporal`` temporal patches (frames padded to even).
+    """
+    unit = patch * merge
+    side = math.isqrt(QWEN3_VL_IMAGE_MAX_PIXELS) // unit * unit
+
+    def tokens(frames: int) -> int:
+        edge = side
+        if round(frames / temporal) * temporal * side * side > QWEN3_VL_VIDEO_MAX_PIXELS:
+            beta = math.sqrt(frames * side * side / QWEN3_VL_VIDEO_MAX_PIXELS)
+            edge = max(unit, math.floor(side / beta / unit) * unit)
+        return (frames + frames % temporal) // temporal * (edge // patch) ** 2 // (merge * merge)
+
+    frames = 2
+    while frames < QWEN3_VL_012_MAX_FRAMES and tokens(frames + 1) <= max_model_len:
+        frames += 1
+    soft = tokens(frames)
+    return soft, int(soft * QWEN3_VL_012_VIDEO_TOKEN_FACTOR)
+
+
 def qwen3_vl_encoder_profile(enc: Qwen3VLEncoder, dtype_bytes: int, tp: int, max_num_batched_tokens: int,
-                             max_num_seqs: int, max_model_len: int) -> EncoderProfile:
+                             max_num_seqs: int, max_model_len: int, formatted_video: bool = False) -> EncoderProfile:
     """The encoder pass of vLLM's profile run for a Qwen3-VL-style tower, counted from the source.
 
     The dummy item (``MultiModalBudget``, multimodal/encoder_budget.py lines 140-180 of 0.19.0, 147-187 of
@@ -382,6 +425,13 @@ def qwen3_vl_encoder_profile(enc: Qwen3VLEncoder, dtype_bytes: int, tp: int, max
     log-sum-exp (under 1% of the peak). Held through the language model's forward and the sampler: the pixels
     and the encoder outputs (``out_hidden x (1 + deepstack)`` a token, in ``encoder_cache`` until the end).
 
+    ``formatted_video`` (Qwen3-VL at vLLM 0.11 / 0.12, ``VllmMemoryRules.qwen3_vl_formatted_video``): the video counts
+    12.5 tokens a frame token (:func:`_formatted_video`: 153,600 from ``max_model_len`` 12,289 up), so the dummy item
+    is one video (v1/worker/utils.py ``MultiModalBudget``, lines 21-118 of 0.12.0, the same item count; ``T`` the
+    counted tokens) of 12,288 encoder tokens (24,576 frames of 32 x 32 pixels), and ``profile_run`` copies its
+    outputs into zeros of ``T`` rows (gpu_model_runner.py lines 4336-4351 of 0.12.0, 3371-3382 of 0.11.0, gone in
+    0.13.0), which stay held; both copies are alive during the copy.
+
     Example:
         >>> enc = qwen3_vl_encoder({"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "out_hidden_size": 4096})
         >>> p = qwen3_vl_encoder_profile(enc, 2, 1, 8192, 256, 262144)
@@ -389,20 +439,38 @@ def qwen3_vl_encoder_profile(enc: Qwen3VLEncoder, dtype_bytes: int, tp: int, max
         (1, 16384, 65536, 1.875, 0.312)
     """
     unit = enc.patch * enc.merge
-    per_item = max(_most_features(QWEN3_VL_IMAGE_MAX_PIXELS, unit),
-                   _most_features(QWEN3_VL_VIDEO_MAX_PIXELS // 2, unit))  # two frames, one temporal patch
+    if formatted_video:
+        encoded, per_item = _formatted_video(max_model_len, enc.patch, enc.merge, enc.temporal)
+    else:
+        per_item = max(_most_features(QWEN3_VL_IMAGE_MAX_PIXELS, unit),
+                       _most_features(QWEN3_VL_VIDEO_MAX_PIXELS // 2, unit))  # two frames, one temporal patch
+        encoded = per_item
     budget = max(max_num_batched_tokens, per_item)
     items = max(1, min(budget // per_item, max_num_seqs * max(1, max_model_len // per_item)))
-    tokens = items * per_item
+    tokens = items * encoded
     patches = tokens * enc.merge * enc.merge
     h, tp = enc.hidden, max(tp, 1)
     attention = 3 * h + 8 * h / tp
     mlp = 2 * h + 2 * enc.intermediate / tp
     pixels = patches * enc.patch_elems * dtype_bytes
-    outputs = tokens * enc.out_hidden * (1 + enc.deepstack) * dtype_bytes
+    row = enc.out_hidden * (1 + enc.deepstack) * dtype_bytes
+    outputs = items * per_item * row  # the expanded copy where the item counts more tokens than it encodes
     peak = pixels + patches * (h + max(attention, mlp)) * dtype_bytes + tokens * enc.out_hidden * enc.deepstack * dtype_bytes
+    if formatted_video:
+        peak = max(peak, pixels + tokens * row + outputs)
     return EncoderProfile(items=items, tokens_per_item=per_item, patches=patches, peak_bytes=int(peak),
                           held_bytes=pixels + outputs)
+
+
+def deepstack_buffer_bytes(model: Any, max_num_batched_tokens: int) -> int:
+    """The deepstack buffers a Qwen3-VL model allocates while it loads: one ``[max_num_batched_tokens, hidden]``
+    tensor per ``deepstack_visual_indexes`` entry in the model dtype (``Qwen3VLForConditionalGeneration.__init__``,
+    qwen3_vl.py lines 1267-1277 of 0.12.0, 1501-1509 of 0.19.0, 1756-1764 of 0.26.0; qwen3_vl_moe.py lines 455-463 of
+    0.12.0), created under the loader's default device and so inside "Model loading took"; 0 without deepstack."""
+    enc = model.vision_encoder
+    if enc is None or not enc.deepstack:
+        return 0
+    return enc.deepstack * max_num_batched_tokens * model.hidden_size * model.dtype_bytes
 
 
 def dense_ffn_unused(cfg: Mapping[str, Any]) -> bool:
@@ -705,19 +773,27 @@ def multimodal_profile_bytes(model: Any, tokens: int) -> int:
     return int(MULTIMODAL_PROFILE_ELEMS_PER_TOKEN * tokens * model.hidden_size * model.dtype_bytes)
 
 
+#: What the Qwen3-VL note says it was checked on (held-out published starts, judged once; classes.yaml).
+QWEN3_VL_CHECKED = ("Checked held out on two published Qwen3-VL-30B-A3B starts (rules written first): 2 x H100 at vLLM "
+                    "0.12.0 -4.5% (-0.4% without the NVLink multicast term), 4 x RTX 3090 at 0.11.0 +6.5% (0.15 GiB "
+                    "of a 2.3 GiB cache); weights within 0.1%")
+
+
 def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int | None = None) -> list[str]:
     """What ``plan`` says about a model's classes: how each is modelled and what it was checked on."""
     notes: list[str] = []
     if model.is_hybrid:
         notes.append(_hybrid_note(model))
-        if model.vision_encoder is not None:
-            enc = qwen3_vl_encoder_profile(model.vision_encoder, model.dtype_bytes, 1, max_num_batched_tokens,
-                                           max(1, max_num_batched_tokens), model.max_position_embeddings)
-            notes.append(f"Qwen3.5 vision encoder: vLLM profiles {enc.items} dummy image(s) of {enc.tokens_per_item:,} "
-                         f"tokens ({enc.patches:,} patches), {enc.peak_bytes / 2**30:.2f} GiB at its peak at TP=1, "
-                         "counted from vLLM's source. On the published Qwen3.5 / Qwen3.8 starts, all seen while the "
-                         "rule was written: vLLM 0.19.0 +0.0%; vLLM 0.28.0 +2.8% to +3.5% (0.5-2.3 GiB more consumed "
-                         "after profiling than planned, not traced)")
+    if model.vision_encoder is not None:
+        enc = qwen3_vl_encoder_profile(model.vision_encoder, model.dtype_bytes, 1, max_num_batched_tokens,
+                                       max(1, max_num_batched_tokens), model.max_position_embeddings)
+        checked = ("On the published Qwen3.5 / Qwen3.8 starts, all seen while the rule was written: vLLM 0.19.0 +0.0%; "
+                   "vLLM 0.28.0 +2.8% to +3.5% (0.5-2.3 GiB more consumed after profiling than planned, not traced)"
+                   if model.is_hybrid else QWEN3_VL_CHECKED)
+        notes.append(f"Qwen3-VL-style vision encoder: from vLLM 0.13 the profile encodes {enc.items} dummy image(s) of "
+                     f"{enc.tokens_per_item:,} tokens ({enc.patches:,} patches), {enc.peak_bytes / 2**30:.2f} GiB at its "
+                     "peak at TP=1 (Qwen3-VL at 0.11 / 0.12: a dummy video counted at 12.5 tokens a frame token, its "
+                     "outputs held at that count), counted from vLLM's source. " + checked)
     if _SLIDING in model.layer_types:
         sliding = model.layer_types.count(_SLIDING)
         notes.append(f"sliding-window attention: {sliding} of {len(model.layer_types)} layers hold at most "

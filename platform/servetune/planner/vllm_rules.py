@@ -293,6 +293,10 @@ class VllmMemoryRules:
     #: count in the forward's peak only. Read after the held-out Qwen3-Next start of hybrid.yaml (vLLM 0.10.2)
     #: came out 3.1% low; nothing fitted. No other published MoE start before 0.11 uses the Triton experts.
     moe_workspace_kept: bool
+    #: Qwen3-VL's profile run encodes a dummy video counted at 12.5 tokens a frame token and holds its outputs copied
+    #: into zeros of that count (0.11 / 0.12: ``modelclass.qwen3_vl_encoder_profile``'s ``formatted_video``; 0.13.0
+    #: drops the factor, qwen3_vl.py lines 710-722, and the copy, gpu_model_runner.py 4424-4480, so the image wins).
+    qwen3_vl_formatted_video: bool
     #: Nemotron-H's MoE router holds its weight in the model dtype on Hopper (compute capability 9.0) and Blackwell
     #: (10.x), fp32 elsewhere, from 0.17: ``GateLinear(force_fp32_compute=True)`` stores fp32 only where no
     #: specialized router kernel runs (``fused_moe/router/gate_linear.py`` lines 38-48 of 0.17.0, 59-68 of 0.26.0 and
@@ -589,6 +593,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         mamba_align_block_within_long_prefill=(0, 15, 0) <= v < (0, 27, 0),
         hybrid_prefix_caching_default_on=v >= (0, 28, 0),
         moe_workspace_kept=v >= (0, 11, 0),
+        qwen3_vl_formatted_video=v < (0, 13, 0),
         router_model_dtype_on_sm90_sm100=v >= (0, 17, 0),
         nemotron_h_moe_layers=v >= (0, 11, 1),
         nemotron_h_latent_moe=v >= (0, 13, 0),
