@@ -73,6 +73,10 @@ _HF_ALIASES = {
     "qwen/qwen3-next-80b-a3b-instruct": "qwen3-next-80b-a3b",
     "qwen/qwen3-next-80b-a3b-thinking": "qwen3-next-80b-a3b",
     "nvidia/nvidia-nemotron-3-nano-30b-a3b-bf16": "nemotron-3-nano-30b-a3b",
+    "qwen/qwen3-32b": "qwen3-32b",
+    "qwen/qwen3-8b": "qwen3-8b",
+    "meta-llama/llama-3.3-70b-instruct": "llama-3.3-70b",
+    "deepseek-ai/deepseek-r1": "deepseek-r1",
 }
 
 
