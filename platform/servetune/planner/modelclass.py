@@ -553,6 +553,49 @@ def vision_tower_params(vision: Mapping[str, Any], text_hidden: int, source: str
     return layers * per_layer + embed + 2 * h + h * text_hidden + h
 
 
+def _moe_fields(cfg: Mapping[str, Any], model_type: str) -> dict[str, Any]:
+    """The MoE fields of a config with routed experts; ``{}`` without.
+
+    Shared experts are ``shared_expert_intermediate_size`` wide (Qwen2-MoE's naming, with a ``shared_expert_gate``
+    of ``hidden x 1`` beside them: vLLM ``models/qwen2_moe.py`` line 142 of 0.11.0, 143 of 0.19.0, 147 of 0.26.0) or
+    ``n_shared_experts x moe_intermediate_size`` (DeepSeek-V2/V3, GLM-4.5: no gate). DeepSeek-V3's ``noaux_tc``
+    router keeps an fp32 ``e_score_correction_bias`` per routed expert (``models/deepseek_v2.py`` line 164 of 0.11.0,
+    269 of 0.19.0, 315 of 0.26.0). GLM-4.5 / GLM-4.5-Air (``glm4_moe``; ``models/glm4_moe.py``, ``Glm4MoE``: lines
+    124-131 of 0.11.0, 143-150 of 0.19.0, 141-148 of 0.26.0) hold the router as an fp32 ``nn.Linear`` with that
+    bias on every GPU (not GateLinear, so :func:`as_loaded_on` leaves it), and a rotary table ``head_dim x
+    partial_rotary_factor`` wide (0.5 where the config names none: ``Glm4MoeAttention``, line 283 of 0.11.0,
+    ``rope_parameters.setdefault`` line 287 of 0.19.0, 283 of 0.26.0). The rest of GLM-4.5 is what the MoE rules
+    already build: ``first_k_dense_replace`` dense layers (line 364 of 0.11.0, 358 of 0.26.0), ``attention_bias`` on
+    q/k/v, and the MTP layer (``num_nextn_predict_layers``) skipped on load (line 522 of 0.11.0; ``skip_spec_layers``,
+    line 492 of 0.26.0); the q/k norms of ``use_qk_norm`` (GLM-4.5) are not counted (2 x head_dim a layer).
+
+    Example:
+        >>> f = _moe_fields({"n_routed_experts": 128, "n_shared_experts": 1, "moe_intermediate_size": 1408,
+        ...                  "head_dim": 128}, "glm4_moe")
+        >>> f["shared_expert_intermediate_size"], f["shared_expert_gate"], f["router_fp32"], f["rotary_dim"]
+        (1408, False, True, 64)
+    """
+    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
+    if not experts:
+        return {}
+    shared = int(cfg.get("shared_expert_intermediate_size") or 0)
+    out: dict[str, Any] = {"shared_expert_gate": shared > 0}
+    if not shared and cfg.get("n_shared_experts"):
+        shared = int(cfg["n_shared_experts"]) * int(cfg.get("moe_intermediate_size") or 0)
+    out["shared_expert_intermediate_size"] = shared
+    out["first_k_dense_replace"] = int(cfg.get("first_k_dense_replace") or 0)
+    q = cfg.get("quantization_config") or {}
+    out["quantized_experts_only"] = isinstance(q, Mapping) and str(q.get("quant_method", "")).lower() == "mxfp4"
+    if str(cfg.get("topk_method") or "") == "noaux_tc":
+        out["router_score_bias"] = True
+    if model_type == "glm4_moe":
+        raw = cfg.get("rope_parameters")
+        rope: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        factor = float(rope.get("partial_rotary_factor") or cfg.get("partial_rotary_factor") or 0.5)
+        out.update(router_fp32=True, router_score_bias=True, rotary_dim=int(int(cfg.get("head_dim") or 0) * factor))
+    return out
+
+
 def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The :class:`ModelProfile` fields of the classes above, read from a normalized config."""
     kinds = cfg.get("layer_types") or []
@@ -583,15 +626,7 @@ def class_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         out.update(mla_kv_lora_rank=int(cfg["kv_lora_rank"]), mla_rope_dim=int(cfg.get("qk_rope_head_dim") or 64),
                    mla_nope_dim=int(cfg.get("qk_nope_head_dim") or 128), mla_v_dim=int(cfg.get("v_head_dim") or 128),
                    mla_q_lora_rank=int(cfg.get("q_lora_rank") or 0))
-    experts = int(cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts") or 0)
-    if experts:
-        shared = int(cfg.get("shared_expert_intermediate_size") or 0)
-        if not shared and cfg.get("n_shared_experts"):
-            shared = int(cfg["n_shared_experts"]) * int(cfg.get("moe_intermediate_size") or 0)
-        out["shared_expert_intermediate_size"] = shared
-        out["first_k_dense_replace"] = int(cfg.get("first_k_dense_replace") or 0)
-        q = cfg.get("quantization_config") or {}
-        out["quantized_experts_only"] = isinstance(q, Mapping) and str(q.get("quant_method", "")).lower() == "mxfp4"
+    out.update(_moe_fields(cfg, model_type))
     rope = next((r for r in (cfg.get("rope_parameters"), cfg.get("rope_scaling")) if isinstance(r, Mapping)), {})
     if rope.get("mrope_section"):
         # MRotaryEmbedding keeps 4 x max_position rows in its cos_sin_cache ("We enlarge max_position_embeddings to
@@ -852,8 +887,8 @@ def as_loaded_on(model: Any, gpu: Any, rules: Any = None) -> Any:
     leveraging the Marlin kernel"); Marlin takes a block-quantized checkpoint's [N/128, K/128] scales as
     group scales along K for every output row, one bf16 per ``block_k`` weights (``marlin_utils_fp8``):
     ``1 + 2 / block_k`` bytes per weight. Per-channel and per-tensor fp8 scales stay negligible. A Nemotron-H MoE
-    router (``router_fp32``) is held in the model dtype on Hopper and Blackwell from 0.17 (``rules``'
-    ``router_model_dtype_on_sm90_sm100``), in fp32 elsewhere.
+    router (``router_fp32`` on a hybrid) is held in the model dtype on Hopper and Blackwell from 0.17 (``rules``'
+    ``router_model_dtype_on_sm90_sm100``), in fp32 elsewhere; GLM-4.5's fp32 ``nn.Linear`` router stays fp32.
 
     Example:
         >>> import dataclasses
@@ -864,7 +899,7 @@ def as_loaded_on(model: Any, gpu: Any, rules: Any = None) -> Any:
         >>> as_loaded_on(m, get_gpu("A100-40GB")).quant_bytes_per_param, as_loaded_on(m, get_gpu("H100-80GB")) is m
         (1.015625, True)
     """
-    if (model.router_fp32 and rules is not None and rules.router_model_dtype_on_sm90_sm100
+    if (model.router_fp32 and model.is_hybrid and rules is not None and rules.router_model_dtype_on_sm90_sm100
             and (gpu.compute_capability == 9.0 or 10.0 <= gpu.compute_capability < 11.0)):
         model = dataclasses.replace(model, router_fp32=False)  # GateLinear's specialized kernels (hybrid.nemotron_moe_fields)
     if model.quantization == "fp8" and model.quant_block_k and not gpu.fp8_compute:

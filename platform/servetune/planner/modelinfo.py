@@ -73,6 +73,10 @@ _HF_ALIASES = {
     "qwen/qwen3-next-80b-a3b-instruct": "qwen3-next-80b-a3b",
     "qwen/qwen3-next-80b-a3b-thinking": "qwen3-next-80b-a3b",
     "nvidia/nvidia-nemotron-3-nano-30b-a3b-bf16": "nemotron-3-nano-30b-a3b",
+    "qwen/qwen3-32b": "qwen3-32b",
+    "qwen/qwen3-8b": "qwen3-8b",
+    "meta-llama/llama-3.3-70b-instruct": "llama-3.3-70b",
+    "deepseek-ai/deepseek-r1": "deepseek-r1",
 }
 
 
@@ -151,6 +155,9 @@ class ModelProfile:
     router_fp32: bool = False  # the router's weight held in fp32 (Nemotron-H; modelclass.as_loaded_on clears it per GPU)
     router_score_bias: bool = False  # an fp32 ``e_score_correction_bias`` per routed expert beside the router
     moe_latent_size: int = 0  # latent MoE: the experts' hidden width behind two replicated projections (0: hidden)
+    # Qwen2-MoE's shared_expert_gate (hidden x 1) beside the shared expert; DeepSeek's and GLM-4.5's have none
+    # (modelclass._moe_fields sets it from the config's naming)
+    shared_expert_gate: bool = True
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -342,7 +349,8 @@ class ModelProfile:
             n += self.mla_kv_lora_rank + self.mla_q_lora_rank  # kv_a_layernorm (+ q_a_layernorm)
         if self.is_moe and not dense:
             n += self.hidden_size * self.num_experts  # router gate (replicated)
-            if self.shared_expert_intermediate_size:
+            n += self.num_experts if self.router_score_bias else 0  # its e_score_correction_bias
+            if self.shared_expert_intermediate_size and self.shared_expert_gate:
                 n += self.hidden_size  # shared-expert gate
         if self.qkv_bias:
             n += self.q_size // tp + 2 * self.kv_heads_per_gpu(tp) * self.head_dim
@@ -448,6 +456,9 @@ class ModelProfile:
         if self.quantized_experts_only and self.is_moe and not dense:
             return plain + (linear - self._expert_params(tp)) * act + modelclass.mxfp4_expert_bytes(self, tp, scale_copies)
         b = plain + linear * self.weight_bytes_per_param
+        if self.is_moe and not dense:  # fp32 router weight (GLM-4.5) and score-correction bias: 4 bytes, not act
+            b += (4 - act) * ((self.hidden_size * self.num_experts if self.router_fp32 else 0)
+                              + (self.num_experts if self.router_score_bias else 0))
         if self.mla_kv_lora_rank:
             # vLLM's MLA keeps W_UK_T and W_UV, the absorbed halves of kv_b_proj, beside it (model dtype)
             b += self.mla_kv_lora_rank * (self.num_attention_heads // tp) * (self.mla_nope_dim + self.mla_v_dim) * act
