@@ -48,15 +48,15 @@ from __future__ import annotations
 
 import array
 import collections
-import dataclasses
 import math
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 from servetune.planner.modelclass import kv_layout
 from servetune.sim.blocks import BlockPool, CacheKey, KVGroups
 from servetune.sim.frontend import ApiServer
 from servetune.sim.perf import PerfModel
+from servetune.sim._sched_output import Prompts, SchedulerOutput, StepResult, Tally
 from servetune.sim.request import RequestState, SimRequest
 from servetune.sim.tokenizer_batch import MICROBATCH_MAX_PROMPTS, tokenizer_batch_wait_s
 from servetune.vllm_version import version_tuple
@@ -122,75 +122,6 @@ def mamba_pool_note(model: ModelProfile, config: EngineConfig) -> str | None:
             else "in its admission gate one a Mamba group per mamba_block_size tokens of the sequence")
     return (f"{model.name}: mamba_cache_mode '{mode}' (prefix caching) is simulated with one KV block per Mamba "
             f"group per request and no Mamba-state prefix cache; vLLM's pool holds a request {more}")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SchedulerOutput:
-    """What ``schedule()`` decided for one step, before it runs (vLLM's ``SchedulerOutput``).
-
-    ``scheduled``: (request, tokens computed this step) in batch order; ``sampled``: the requests
-    whose whole sequence is computed by this step, so it samples one token for each;
-    ``preempted``: the requests sent back to WAITING. The work figures are
-    :meth:`servetune.sim.perf.PerfModel.step_time`'s inputs; ``prefill_*`` is the share of
-    ``kv_context`` / ``attn_work`` that prefill chunks take. ``kv_usage`` is the pool's usage
-    once the step's blocks are allocated.
-    """
-
-    step_no: int
-    scheduled: list[tuple[SimRequest, int]]
-    sampled: list[SimRequest]
-    preempted: list[SimRequest]
-    num_reqs: int
-    num_tokens: int
-    kv_context: int
-    attn_work: int
-    prefill_tokens: int
-    prefill_context: int
-    prefill_attn: int
-    kv_usage: float
-
-
-@dataclasses.dataclass(frozen=True)
-class StepResult:
-    """What one engine step did."""
-
-    start_s: float
-    duration_s: float
-    new_tokens: dict[str, int]  # request id -> output tokens produced in this step (0/1 without spec decoding)
-    finished: list[str]
-    preempted: list[str]
-    prefill_tokens: int
-    decode_tokens: int
-
-
-class _Tally:
-    """The running sums of a batch being formed (each scheduling phase adds its own once)."""
-
-    __slots__ = ("budget", "num_reqs", "num_tokens", "kv_context", "attn_work", "prefill_tokens",
-                 "prefill_context", "prefill_attn")
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self.num_reqs = self.num_tokens = self.kv_context = self.attn_work = 0
-        self.prefill_tokens = self.prefill_context = self.prefill_attn = 0
-
-
-class _Prompts(Sequence[int]):
-    """The prompt tokens of a step's sampled requests, read from them where needed."""
-
-    __slots__ = ("_reqs",)
-
-    def __init__(self, reqs: list[SimRequest]) -> None:
-        self._reqs = reqs
-
-    def __len__(self) -> int:
-        return len(self._reqs)
-
-    def __getitem__(self, i):  # type: ignore[no-untyped-def]
-        return self._reqs[i].prompt
-
-    def __iter__(self) -> Iterator[int]:
-        return (r.prompt for r in self._reqs)
 
 
 class SimScheduler:
@@ -499,7 +430,7 @@ class SimScheduler:
             return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in out.preempted], 0, 0) if collect else None
         raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
 
-    def _duration(self, out: SchedulerOutput | _Tally) -> float:
+    def _duration(self, out: SchedulerOutput | Tally) -> float:
         return self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
                                    out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
                                    out.prefill_attn)
@@ -535,7 +466,7 @@ class SimScheduler:
             self.pool.take(need)
         if freed:
             self.pool.give_anonymous(freed)
-        tally = _Tally(self.max_num_batched_tokens - n)
+        tally = Tally(self.max_num_batched_tokens - n)
         tally.num_reqs = tally.num_tokens = n
         tally.kv_context = tally.attn_work = self._dec_off + n * (k + 1)
         sampled = self._batch(tally, n, preempted)[1]
@@ -709,16 +640,16 @@ class SimScheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Form the next batch: RUNNING first, then WAITING unless something was preempted."""
-        return self._form(_Tally(self.max_num_batched_tokens))
+        return self._form(Tally(self.max_num_batched_tokens))
 
-    def _form(self, tally: _Tally) -> SchedulerOutput:
+    def _form(self, tally: Tally) -> SchedulerOutput:
         preempted: list[SimRequest] = []
         scheduled, sampled = self._batch(tally, 0, preempted)
         return SchedulerOutput(len(self.step_end_s), scheduled, sampled, preempted, tally.num_reqs,
                                tally.num_tokens, tally.kv_context, tally.attn_work, tally.prefill_tokens,
                                tally.prefill_context, tally.prefill_attn, self.pool.usage)
 
-    def _batch(self, tally: _Tally, start: int,
+    def _batch(self, tally: Tally, start: int,
                preempted: list[SimRequest]) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]:
         """Form the batch from the ``start``-th running request on (those before it are in ``tally``,
         whom they preempted in ``preempted``): (request, tokens) scheduled, and those that sample."""
@@ -730,7 +661,7 @@ class SimScheduler:
             self._schedule_waiting(tally, scheduled, sampled)
         return scheduled, sampled
 
-    def _schedule_running(self, tally: _Tally, scheduled: list[tuple[SimRequest, int]], sampled: list[SimRequest],
+    def _schedule_running(self, tally: Tally, scheduled: list[tuple[SimRequest, int]], sampled: list[SimRequest],
                           preempted: list[SimRequest], start: int = 0) -> None:
         """RUNNING requests from the ``start``-th, in admission order; one that lacks blocks
         preempts from the back."""
@@ -812,7 +743,7 @@ class SimScheduler:
         queries = sum(q for q, _ in window)
         return sum(h for _, h in window) / queries if queries else None
 
-    def _schedule_waiting(self, tally: _Tally, scheduled: list[tuple[SimRequest, int]],
+    def _schedule_waiting(self, tally: Tally, scheduled: list[tuple[SimRequest, int]],
                           sampled: list[SimRequest]) -> None:
         """WAITING requests, in order, while the budget, ``max_num_seqs`` and the free blocks last."""
         bs = self.block_size
@@ -921,7 +852,7 @@ class SimScheduler:
         self.step_end_s.append(end_s)
         # The API server streams this step's tokens when its loop gets to them (sim/frontend.py).
         self.deliver_s.append(math.nan if keys else end_s)
-        self.api.step_keys(step_no, end_s, keys, _Prompts(keys), prompt_sum, finished)
+        self.api.step_keys(step_no, end_s, keys, Prompts(keys), prompt_sum, finished)
         self.num_steps += 1
         self.prompt_tokens_computed += prefill_tokens
         self.generation_tokens += len(keys)
