@@ -52,8 +52,8 @@ import math
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
-from servetune.planner.modelclass import kv_layout
-from servetune.sim.blocks import BlockPool, CacheKey, KVGroups
+from servetune.sim._hybrid_kv import HybridBlocks, kv_groups, mamba_pool_note
+from servetune.sim.blocks import BlockPool, CacheKey
 from servetune.sim.frontend import ApiServer
 from servetune.sim.perf import PerfModel
 from servetune.sim._sched_output import Prompts, SchedulerOutput, StepResult, Tally
@@ -75,53 +75,6 @@ __all__ = ["SchedulerOutput", "StepResult", "SimScheduler", "kv_groups", "mamba_
 #: ``v1/core/kv_cache_manager.py`` lines 155-159, 0.11.0 lines 185-189, 0.26.0 lines 272-278), so a
 #: request blocked on KV space is counted again at every step the scheduler retries it.
 LOOKUP_RETRIES_UNTIL = (0, 27, 0)
-
-
-def kv_groups(model: ModelProfile, config: EngineConfig) -> KVGroups | None:
-    """The KV cache groups vLLM's hybrid KV cache manager gives ``model`` (None: one group, or
-    neither sliding-window nor Mamba layers beside full-attention ones): the model's layers grouped
-    as :func:`servetune.planner.modelclass.kv_layout` groups them (``kv_cache_utils.py``).
-
-    The admission cap takes the config's ``max_in_flight_tokens`` (the planner's, by vLLM version).
-    A Mamba hybrid's Mamba groups hold one block per running request (:class:`KVGroups`), as vLLM's
-    ``MambaManager`` does in ``mamba_cache_mode`` 'none'; in 'align' / 'all' (prefix caching) the
-    simulator counts them so too (:func:`mamba_pool_note`).
-    """
-    groups = kv_layout(model, 1, 0, 1, config.block_size, 2).groups
-    full, sliding, mamba = groups.count("full"), groups.count("sliding"), groups.count("mamba")
-    if not full or not (sliding or mamba):
-        return None
-    window = model.sliding_window if sliding else 0
-    cap = -(-min(window - 1 + config.max_in_flight_tokens, config.max_model_len) // config.block_size) + 1 \
-        if sliding else 0
-    return KVGroups(full, sliding, window, config.block_size, cap, mamba)
-
-
-def mamba_pool_note(model: ModelProfile, config: EngineConfig) -> str | None:
-    """The one line ``servetune simulate`` prints where a Mamba hybrid's blocks are counted short of
-    vLLM's (None elsewhere): with prefix caching (``mamba_cache_mode`` 'align' / 'all') vLLM's
-    ``MambaManager`` holds a request up to 2 blocks a Mamba group ('align') or one per
-    ``mamba_block_size`` tokens of its sequence in its admission gate ('all'), and caches their
-    states; the simulator counts one block a Mamba group and caches the attention blocks only.
-
-    Example:
-        >>> from servetune.planner.gpus import get_gpu
-        >>> from servetune.planner.memory import resolve_engine_config
-        >>> from servetune.planner.modelinfo import load_model
-        >>> m, gpu = load_model("granite-4.0-h-tiny"), get_gpu("H100-80GB")
-        >>> mamba_pool_note(m, resolve_engine_config({}, m, gpu)) is None
-        True
-        >>> mamba_pool_note(m, resolve_engine_config({"enable_prefix_caching": True}, m, gpu))[:40]
-        "granite-4.0-h-tiny: mamba_cache_mode 'al"
-    """
-    groups = kv_groups(model, config)
-    mode = config.mamba_cache_mode
-    if groups is None or not groups.mamba or mode == "none":
-        return None
-    more = ("up to 2 a Mamba group" if mode == "align"
-            else "in its admission gate one a Mamba group per mamba_block_size tokens of the sequence")
-    return (f"{model.name}: mamba_cache_mode '{mode}' (prefix caching) is simulated with one KV block per Mamba "
-            f"group per request and no Mamba-state prefix cache; vLLM's pool holds a request {more}")
 
 
 class SimScheduler:
@@ -212,10 +165,8 @@ class SimScheduler:
         self._dec_need = [0] * self.block_size
         self._dec_prompts = 0
         self._dec_fin: dict[int, list[SimRequest]] = {}
-        # A hybrid's bulk decoders past the window's edge, by the phase of the steps at which their
-        # sliding groups free a block (k % block_size), and those that reach the edge at a step.
-        self._dec_slide = [0] * self.block_size
-        self._dec_edge: dict[int, list[SimRequest]] = {}
+        # A hybrid's groups' blocks, request by request and for the bulk decoders.
+        self._hybrid = HybridBlocks(self.groups, self.pool, self.block_size, self._in_flight)
 
     # -- public state -------------------------------------------------------------------------
 
@@ -454,7 +405,7 @@ class SimScheduler:
         if groups is not None and groups.sliding:
             if need * groups.total > self.pool.num_free:
                 return False  # request by request: each frees what left its window before it allocates
-            need, freed = self._slide_decoding(k, need)
+            need, freed = self._hybrid.bulk_step(k, need)
         elif groups is not None and groups.total > 1:
             need *= groups.total  # a block of each full group per new block-table entry
             if need > self.pool.num_free:
@@ -516,7 +467,7 @@ class SimScheduler:
             c = req.computed
             if (req.last_step != last or c != req.total - 1 or req.nblk != (c + bs - 1) // bs
                     or (caching and req.group is not None and len(req.shared) < req.npb)
-                    or (self._sliding and not self._joins_sliding(req, k0))):
+                    or (self._sliding and not self._hybrid.join_bulk(req, k0))):
                 break
             req.dec = k0
             self._dec_n += 1
@@ -540,7 +491,7 @@ class SimScheduler:
         self._dec_need[(k0 - req.computed) % bs] -= 1
         self._dec_prompts -= req.prompt
         if self._sliding:
-            self._leave_sliding(req, upto)
+            self._hybrid.leave_bulk(req, upto)
         done = upto - k0
         if done > 0:
             req.computed += done
@@ -561,82 +512,7 @@ class SimScheduler:
             for req in self._running[:self._dec_n]:
                 self._leave_decoding(req, upto)
             self._dec_fin.clear()
-            self._dec_edge.clear()
-
-    def _slide(self, req: SimRequest, pos: int, n: int, k: int) -> int:
-        """A hybrid's running request about to get ``n`` tokens at step ``k`` (``pos`` new block-table
-        entries): its sliding groups free the blocks out of the window first, on the processed-token
-        basis (the tokens of the step before still in flight with async scheduling: vLLM's
-        ``allocate_slots``, ``remove_skipped_blocks``). Returns the blocks it takes from the pool."""
-        groups = self.groups
-        assert groups is not None
-        processed = req.computed - (req.lastn if self._in_flight and req.lastk == k - 1 else 0)
-        skip = min(groups.skipped_blocks(processed), req.nblk)
-        if skip > req.swskip:
-            self.pool.give_anonymous((skip - req.swskip) * groups.sliding)
-            req.swskip = skip
-        req.lastk, req.lastn = k, n
-        return pos * groups.total if pos > 0 else 0
-
-    # -- a hybrid's bulk decoders: their sliding groups' frees, counted -----------------------------
-    # A bulk decoder that joined at step k0 with c computed tokens has x = c - lag - window + 1
-    # (lag: its one token in flight) at k0 and x + k - k0 at step k; its sliding groups free a block
-    # at each step whose x is a positive multiple of the block size (what _slide gives it).
-
-    def _joins_sliding(self, req: SimRequest, k0: int) -> bool:
-        """Whether ``req`` can decode in bulk from step ``k0``: its sliding groups freed what the
-        step before left (one token in flight, no chunk), so each later step frees by the rule
-        above. Registers it if so."""
-        groups = self.groups
-        assert groups is not None
-        lag = int(self._in_flight)
-        c = req.computed
-        if (lag and req.lastn != 1) or req.swskip != groups.skipped_blocks(c - 1 - lag):
-            return False
-        x0 = c - lag - groups.window + 1
-        if x0 > 0:
-            self._dec_slide[(k0 - x0) % self.block_size] += 1
-        else:  # reaches the window's edge (x = 1) later
-            self._dec_edge.setdefault(k0 + 1 - x0, []).append(req)
-        return True
-
-    def _leave_sliding(self, req: SimRequest, upto: int) -> None:
-        """Undo :meth:`_joins_sliding` for a decoder leaving before step ``upto``."""
-        groups = self.groups
-        assert groups is not None
-        k0 = req.dec
-        x0 = req.computed - int(self._in_flight) - groups.window + 1
-        if x0 > 0 or k0 + 1 - x0 < upto:  # past the edge (reached at a bulk step that ran)
-            self._dec_slide[(k0 - x0) % self.block_size] -= 1
-        else:
-            self._dec_edge[k0 + 1 - x0].remove(req)
-
-    def _slide_decoding(self, k: int, positions: int) -> tuple[int, int]:
-        """The bulk decoders' blocks at step ``k``: (taken for ``positions`` new block-table entries,
-        freed by their sliding groups)."""
-        groups = self.groups
-        assert groups is not None
-        bs = self.block_size
-        for req in self._dec_edge.pop(k, ()):
-            x0 = req.computed - int(self._in_flight) - groups.window + 1
-            self._dec_slide[(req.dec - x0) % bs] += 1
-        return positions * groups.total, self._dec_slide[k % bs] * groups.sliding
-
-    def _admit_blocks(self, req: SimRequest, hits: int, cached: int, end: int) -> tuple[int, int]:
-        """A hybrid's waiting request with ``hits`` prefix-cache blocks (``cached`` tokens) admitted
-        up to ``end`` tokens: (the blocks vLLM's full-sequence admission gate asks for, the blocks
-        it takes now). The prefix cache holds the first full group's blocks; the hit's entries of
-        the other groups are taken as new blocks (a sliding group's only those inside the window),
-        and each Mamba group's one block (:class:`KVGroups`) in both."""
-        groups = self.groups
-        assert groups is not None
-        bs = self.block_size
-        skip = min(groups.skipped_blocks(cached), hits) if groups.sliding else 0
-        whole = -(-req.total // bs)
-        other = (groups.full - 1) * hits + groups.sliding * (hits - skip) + groups.mamba
-        gate = groups.full * (whole - hits) + groups.sliding * max(min(whole, groups.admission_cap) - hits, 0) + other
-        take = groups.full * (-(-end // bs) - hits) + groups.sliding * (-(-end // bs) - hits) + other
-        return gate, take
+            self._hybrid.end_bulk()
 
     def schedule(self) -> SchedulerOutput:
         """Form the next batch: RUNNING first, then WAITING unless something was preempted."""
@@ -687,7 +563,7 @@ class SimScheduler:
                 n = budget
             end = computed + n
             pos = (end + bsm1) // bs - req.nblk  # new block-table entries (blocks of each KV group)
-            need = self._slide(req, pos, n, k) if hybrid else pos * per_pos
+            need = self._hybrid.slide(req, pos, n, k) if hybrid else pos * per_pos
             if need > 0:
                 if need > pool.num_free and self._preempt_for(req, need, preempted):
                     break
@@ -779,7 +655,7 @@ class SimScheduler:
                 whole = (req.total + bsm1) // bs - len(hits) if self.reserve_full_isl else 0
                 need = pos
             else:
-                whole, need = self._admit_blocks(req, len(hits), cached, end)
+                whole, need = self._hybrid.admit(req, len(hits), cached, end)
                 whole = whole if self.reserve_full_isl else 0
             if need > free_after_hits or whole > free_after_hits:
                 self._lookup(req, cached, False)
