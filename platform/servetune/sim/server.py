@@ -40,11 +40,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import dataclasses
 import datetime
 import json
-import math
 import os
 import signal
 import socket
@@ -65,6 +63,7 @@ from servetune.planner.modelinfo import load_model
 from servetune.planner.target import resolve_target
 from servetune.sim import devices, vllm_log
 from servetune.sim._server_cli import build_parser, given_flags, parse_args
+from servetune.sim._server_metrics import ServerMetrics
 from servetune.sim.scheduler import SimScheduler
 from servetune.sim.vllm_log import LogRecord
 
@@ -75,62 +74,6 @@ _STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL, virtual seconds
 _RESYNC_SLACK_S = 0.02  # wall seconds the engine may fall behind before it stops trying to catch up
 _WORDS = (" the", " of", " and", " to", " in", " a", " is", " that", " for", " it", " as", " was", " with",
           " be", " by", " on", " not", " he", " this", " are")
-
-
-# --------------------------------------------------------------------------------------------
-# Prometheus text
-
-
-_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0)
-_ITERATION_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
-
-
-def _buckets_1_2_5(limit: int) -> tuple[float, ...]:
-    """vLLM's ``build_1_2_5_buckets``: 1, 2, 5, 10, 20, 50, ... up to ``limit``."""
-    out: list[int] = []
-    exp = 0
-    while True:
-        for m in (1, 2, 5):
-            v = m * 10**exp
-            if v > limit:
-                return tuple(float(x) for x in out)
-            out.append(v)
-        exp += 1
-
-
-class _Histogram:
-    def __init__(self, buckets: Iterable[float]) -> None:
-        self.bounds = tuple(buckets)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-
-    def lines(self, name: str, labels: Mapping[str, str]) -> list[str]:
-        out, total = [], 0
-        for bound, count in zip((*self.bounds, math.inf), self.counts):
-            total += count
-            le = "+Inf" if bound == math.inf else repr(float(bound))
-            out.append(f"{name}_bucket{_labels({**labels, 'le': le})} {float(total)!r}")
-        out.append(f"{name}_count{_labels(labels)} {float(total)!r}")
-        out.append(f"{name}_sum{_labels(labels)} {float(self.sum)!r}")
-        return out
-
-
-def _labels(labels: Mapping[str, str]) -> str:
-    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(labels.items()))
-    return "{" + inner + "}"
-
-
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 # --------------------------------------------------------------------------------------------
@@ -347,26 +290,8 @@ class SimServer:
         self.sched = SimScheduler(self.model, self.gpu, self.config, self.plan.num_gpu_blocks,
                                   seed=self.ns.seed or 0)
         self.prefix_index = _PrefixIndex(self.config.block_size)
-        mml = self.config.max_model_len
-        self.h = {
-            "vllm:time_to_first_token_seconds": _Histogram(_TTFT_BUCKETS),
-            "vllm:inter_token_latency_seconds": _Histogram(_ITL_BUCKETS),
-            "vllm:request_time_per_output_token_seconds": _Histogram(_ITL_BUCKETS),
-            "vllm:e2e_request_latency_seconds": _Histogram(_LATENCY_BUCKETS),
-            "vllm:request_queue_time_seconds": _Histogram(_LATENCY_BUCKETS),
-            "vllm:request_inference_time_seconds": _Histogram(_LATENCY_BUCKETS),
-            "vllm:request_prefill_time_seconds": _Histogram(_LATENCY_BUCKETS),
-            "vllm:request_decode_time_seconds": _Histogram(_LATENCY_BUCKETS),
-            "vllm:request_prompt_tokens": _Histogram(_buckets_1_2_5(mml)),
-            "vllm:request_generation_tokens": _Histogram(_buckets_1_2_5(mml)),
-            "vllm:request_max_num_generation_tokens": _Histogram(_buckets_1_2_5(mml)),
-            "vllm:request_params_max_tokens": _Histogram(_buckets_1_2_5(mml)),
-            "vllm:request_params_n": _Histogram((1.0, 2.0, 5.0, 10.0, 20.0)),
-            "vllm:iteration_tokens_total": _Histogram(_ITERATION_BUCKETS),
-        }
-        self.c_prompt_tokens = 0
-        self.c_generation_tokens = 0
-        self.c_success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0}
+        self.metrics = ServerMetrics(self.config.max_model_len)
+
 
     def _request(self, index: int, prompt: Sequence[Any], max_tokens: int,
                  queue: asyncio.Queue[tuple[str, int, Any]]) -> _Live:
@@ -385,9 +310,9 @@ class SimServer:
         sched.add_request(rid, len(prompt), max_tokens, arrival, prefix_group=group, prefix_tokens=prefix)
         live = _Live(rid, index, len(prompt), max_tokens, arrival, queue)
         self.live[rid] = live
-        self.h["vllm:request_params_max_tokens"].observe(max_tokens)
-        self.h["vllm:request_max_num_generation_tokens"].observe(max_tokens)
-        self.h["vllm:request_params_n"].observe(1)
+        self.metrics.h["vllm:request_params_max_tokens"].observe(max_tokens)
+        self.metrics.h["vllm:request_max_num_generation_tokens"].observe(max_tokens)
+        self.metrics.h["vllm:request_params_n"].observe(1)
         self.wake.set()
         return live
 
@@ -428,8 +353,9 @@ class SimServer:
                     self._die("CUDA error: an illegal memory access was encountered")
 
     def _deliver(self, step: Any, end_v: float) -> None:
+        h = self.metrics.h
         if step.prefill_tokens + step.decode_tokens:
-            self.h["vllm:iteration_tokens_total"].observe(step.prefill_tokens + step.decode_tokens)
+            h["vllm:iteration_tokens_total"].observe(step.prefill_tokens + step.decode_tokens)
         finishing = set(step.finished)
         for rid, n in step.new_tokens.items():
             live = self.live.get(rid)
@@ -437,18 +363,18 @@ class SimServer:
                 continue
             if live.first_scheduled_v is None:
                 live.first_scheduled_v = step.start_s
-                self.h["vllm:request_queue_time_seconds"].observe(max(0.0, step.start_s - live.arrival_v))
+                h["vllm:request_queue_time_seconds"].observe(max(0.0, step.start_s - live.arrival_v))
             if n <= 0:
                 continue
             if live.first_token_v is None:
                 live.first_token_v = end_v
-                self.h["vllm:time_to_first_token_seconds"].observe(max(0.0, end_v - live.arrival_v))
-                self.c_prompt_tokens += live.prompt_tokens
+                h["vllm:time_to_first_token_seconds"].observe(max(0.0, end_v - live.arrival_v))
+                self.metrics.c_prompt_tokens += live.prompt_tokens
             else:
-                self.h["vllm:inter_token_latency_seconds"].observe(max(0.0, end_v - (live.last_token_v or end_v)))
+                h["vllm:inter_token_latency_seconds"].observe(max(0.0, end_v - (live.last_token_v or end_v)))
             live.last_token_v = end_v
             live.generated += n
-            self.c_generation_tokens += n
+            self.metrics.c_generation_tokens += n
             # The last token travels with its finish_reason, in the same chunk, as in vLLM.
             live.queue.put_nowait(("tokens", live.index, (n, "length" if rid in finishing else None)))
             if rid in finishing:
@@ -462,7 +388,7 @@ class SimServer:
                 live.queue.put_nowait(("tokens", live.index, (0, "length")))
 
     def _observe_finished(self, live: _Live, end_v: float) -> None:
-        h = self.h
+        h = self.metrics.h
         first = live.first_token_v if live.first_token_v is not None else end_v
         sched_v = live.first_scheduled_v if live.first_scheduled_v is not None else live.arrival_v
         h["vllm:e2e_request_latency_seconds"].observe(max(0.0, end_v - live.arrival_v))
@@ -473,7 +399,7 @@ class SimServer:
             h["vllm:request_time_per_output_token_seconds"].observe((end_v - first) / (live.generated - 1))
         h["vllm:request_prompt_tokens"].observe(live.prompt_tokens)
         h["vllm:request_generation_tokens"].observe(live.generated)
-        self.c_success["length"] += 1
+        self.metrics.c_success["length"] += 1
 
     def _die(self, reason: str) -> None:
         """The engine core died: log it, fail every live request, answer 503, exit after a linger."""
@@ -555,79 +481,12 @@ class SimServer:
                             "allow_fine_tuning": False, "organization": "*", "group": None,
                             "is_blocking": False}]}]})
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.render_metrics(), content_type="text/plain", charset="utf-8")
-
     def render_metrics(self) -> str:
         """vLLM's ``/metrics`` in Prometheus text format (the V1 names, 0.26 help texts)."""
-        sched, config, plan = self.sched, self.config, self.plan
-        base = {"engine": "0", "model_name": self.served_name}
-        out: list[str] = []
+        return self.metrics.render(self.sched, self.config, self.plan, self.served_name, self.dead)
 
-        def scalar(name: str, kind: str, help_text: str, value: float, extra: Mapping[str, str] | None = None) -> None:
-            out.append(f"# HELP {name} {help_text}")
-            out.append(f"# TYPE {name} {kind}")
-            out.append(f"{name}{_labels({**base, **(extra or {})})} {float(value)!r}")
-
-        # prometheus_client's process collector in real vLLM: the API server's CPU. Here the modelled
-        # API server's busy seconds, which is what that counter measures on a real host.
-        out += ["# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.",
-                "# TYPE process_cpu_seconds_total counter",
-                f"process_cpu_seconds_total {float(sched.frontend_busy_s)!r}"]
-        scalar("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
-               0 if self.dead else sched.num_running)
-        scalar("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-               0 if self.dead else sched.num_waiting)
-        scalar("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", sched.kv_usage)
-        scalar("vllm:prefix_cache_queries_total", "counter",
-               "Prefix cache queries, in terms of number of queried tokens.", sched.prefix_cache_queries)
-        scalar("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
-               sched.prefix_cache_hits)
-        scalar("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
-               sched.num_preemptions)
-        scalar("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.c_prompt_tokens)
-        scalar("vllm:prompt_tokens_cached_total", "counter", "Number of cached prompt tokens (local + external).",
-               sched.prefix_cache_hits)
-        scalar("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
-               self.c_generation_tokens)
-        out.append("# HELP vllm:request_success_total Count of successfully processed requests.")
-        out.append("# TYPE vllm:request_success_total counter")
-        for reason, count in self.c_success.items():
-            out.append(f"vllm:request_success_total{_labels({**base, 'finished_reason': reason})} {float(count)!r}")
-        helps = {
-            "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
-            "vllm:request_generation_tokens": "Number of generation tokens processed.",
-            "vllm:iteration_tokens_total": "Histogram of number of tokens per engine_step.",
-            "vllm:request_max_num_generation_tokens": "Histogram of maximum number of requested generation tokens.",
-            "vllm:request_params_n": "Histogram of the n request parameter.",
-            "vllm:request_params_max_tokens": "Histogram of the max_tokens request parameter.",
-            "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
-            "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
-            "vllm:request_time_per_output_token_seconds": "Histogram of time_per_output_token_seconds per request.",
-            "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
-            "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
-            "vllm:request_inference_time_seconds": "Histogram of time spent in RUNNING phase for request.",
-            "vllm:request_prefill_time_seconds": "Histogram of time spent in PREFILL phase for request.",
-            "vllm:request_decode_time_seconds": "Histogram of time spent in DECODE phase for request.",
-        }
-        for name, hist in self.h.items():
-            out.append(f"# HELP {name} {helps[name]}")
-            out.append(f"# TYPE {name} histogram")
-            out += hist.lines(name, base)
-        info = {
-            "block_size": str(config.block_size), "cache_dtype": config.kv_cache_dtype,
-            "calculate_kv_scales": "False", "enable_prefix_caching": str(config.enable_prefix_caching),
-            "engine": "0", "gpu_memory_utilization": str(config.gpu_memory_utilization),
-            "is_attention_free": "False", "kv_cache_max_concurrency": str(float(plan.max_concurrency)),
-            "kv_cache_memory_bytes": str(config.kv_cache_memory_bytes),
-            "kv_cache_size_tokens": str(plan.kv_cache_tokens), "num_cpu_blocks": "None",
-            "num_gpu_blocks": str(plan.num_gpu_blocks), "num_gpu_blocks_override": str(config.num_gpu_blocks_override),
-            "prefix_caching_hash_algo": "sha256", "sliding_window": "None",
-        }
-        out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
-        out.append("# TYPE vllm:cache_config_info gauge")
-        out.append(f"vllm:cache_config_info{_labels(info)} 1.0")
-        return "\n".join(out) + "\n"
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.render_metrics(), content_type="text/plain", charset="utf-8")
 
     def _error(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> web.Response:
         return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
