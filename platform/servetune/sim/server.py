@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import datetime
 import json
 import os
@@ -49,7 +48,6 @@ import socket
 import sys
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -63,15 +61,12 @@ from servetune.planner.modelinfo import load_model
 from servetune.planner.target import resolve_target
 from servetune.sim import devices, vllm_log
 from servetune.sim._server_cli import build_parser, given_flags, parse_args
-from servetune.sim._server_metrics import ServerMetrics
-from servetune.sim.scheduler import SimScheduler
+from servetune.sim._server_engine import EngineLoop, Live
 from servetune.sim.vllm_log import LogRecord
 
 __all__ = ["build_parser", "parse_args", "given_flags", "SimServer", "main"]
 
 _CHARS_PER_TOKEN = 4
-_STATS_INTERVAL_S = 10.0  # VLLM_LOG_STATS_INTERVAL, virtual seconds
-_RESYNC_SLACK_S = 0.02  # wall seconds the engine may fall behind before it stops trying to catch up
 _WORDS = (" the", " of", " and", " to", " in", " a", " is", " that", " for", " it", " as", " was", " with",
           " be", " by", " on", " not", " he", " this", " are")
 
@@ -80,60 +75,7 @@ _WORDS = (" the", " of", " and", " to", " in", " a", " is", " that", " for", " i
 # The server
 
 
-@dataclasses.dataclass
-class _Live:
-    """One engine request (one prompt of one HTTP request) while the server tracks it."""
-
-    rid: str
-    index: int  # choice index inside its HTTP request
-    prompt_tokens: int
-    max_tokens: int
-    arrival_v: float
-    queue: asyncio.Queue[tuple[str, int, Any]]
-    first_scheduled_v: float | None = None
-    first_token_v: float | None = None
-    last_token_v: float | None = None
-    generated: int = 0
-
-
-class _PrefixIndex:
-    """Maps prompts to simulator prefix groups: prompts sharing leading full KV blocks share a group.
-
-    The first prompt seen with a given first block becomes the group's reference; a later prompt's
-    shared prefix is its common prefix with that reference, in whole blocks. Bounded (LRU).
-    """
-
-    def __init__(self, block_size: int, capacity: int = 2048, keep_tokens: int = 8192) -> None:
-        self.block_size = block_size
-        self.capacity = capacity
-        self.keep_tokens = keep_tokens
-        self.groups: OrderedDict[tuple[Any, ...], tuple[int, tuple[Any, ...]]] = OrderedDict()
-        self.next_group = 0
-
-    def lookup(self, tokens: Sequence[Any]) -> tuple[int | None, int]:
-        bs = self.block_size
-        if len(tokens) < bs:
-            return None, 0
-        head = tuple(tokens[:bs])
-        entry = self.groups.get(head)
-        if entry is None:
-            gid = self.next_group
-            self.next_group += 1
-            self.groups[head] = (gid, tuple(tokens[: self.keep_tokens]))
-            if len(self.groups) > self.capacity:
-                self.groups.popitem(last=False)
-            return gid, len(tokens)  # all of its full blocks may serve later prompts of the group
-        self.groups.move_to_end(head)
-        gid, ref = entry
-        n = 0
-        for a, b in zip(ref, tokens):
-            if a != b:
-                break
-            n += 1
-        return gid, (n // bs) * bs
-
-
-class SimServer:
+class SimServer(EngineLoop):
     """The stand-in's state: the simulated engine, live requests, counters, and the HTTP app.
 
     Example (inside a running event loop; :func:`main` is the usual entry point)::
@@ -160,7 +102,7 @@ class SimServer:
         self.stalled = False
         self.warned_behind = False
         self.exit_code = 0
-        self.live: dict[str, _Live] = {}
+        self.live: dict[str, Live] = {}
         self.sched: Any = None
         self.created = int(time.time())
         # Virtual clock: virt = virt_anchor + (monotonic - wall_anchor) * speedup.
@@ -284,154 +226,6 @@ class SimServer:
         self.stop_signal = signal.Signals(sig).name
         self.stop_event.set()
 
-    # -- engine ---------------------------------------------------------------------------------
-
-    def _init_engine(self) -> None:
-        self.sched = SimScheduler(self.model, self.gpu, self.config, self.plan.num_gpu_blocks,
-                                  seed=self.ns.seed or 0)
-        self.prefix_index = _PrefixIndex(self.config.block_size)
-        self.metrics = ServerMetrics(self.config.max_model_len)
-
-
-    def _request(self, index: int, prompt: Sequence[Any], max_tokens: int,
-                 queue: asyncio.Queue[tuple[str, int, Any]]) -> _Live:
-        """Hand one prompt to the engine (ValueError: vLLM would refuse it)."""
-        sched = self.sched
-        # A busy engine's own clock is "now" (the wall-derived clock may run ahead of it when the
-        # host cannot keep up with the speedup); an idle engine catches up with the wall clock.
-        if sched.has_work():
-            arrival = sched.now_s
-        else:
-            arrival = sched.now_s = max(sched.now_s, self.vnow())
-        group, prefix = (None, 0)
-        if self.config.enable_prefix_caching:
-            group, prefix = self.prefix_index.lookup(prompt)
-        rid = f"cmpl-{uuid.uuid4().hex}-{index}"
-        sched.add_request(rid, len(prompt), max_tokens, arrival, prefix_group=group, prefix_tokens=prefix)
-        live = _Live(rid, index, len(prompt), max_tokens, arrival, queue)
-        self.live[rid] = live
-        self.metrics.h["vllm:request_params_max_tokens"].observe(max_tokens)
-        self.metrics.h["vllm:request_max_num_generation_tokens"].observe(max_tokens)
-        self.metrics.h["vllm:request_params_n"].observe(1)
-        self.wake.set()
-        return live
-
-    async def _engine_loop(self) -> None:
-        sched = self.sched
-        after = max(1, self.ns.sim_fail_after_tokens)
-        while True:
-            if self.stalled or self.dead:
-                await asyncio.Event().wait()  # parked for good; cancelled at shutdown
-            if not sched.has_work():
-                self.wake.clear()
-                await self.wake.wait()
-                continue
-            try:
-                step = sched.step()
-            except Exception as exc:  # noqa: BLE001 - the simulated engine core dying is a result
-                self._die(f"{type(exc).__name__}: {exc}")
-                continue
-            end_v = step.start_s + step.duration_s
-            target = self.wall_anchor + (end_v - self.virt_anchor) / self.speedup
-            delay = target - time.monotonic()
-            if delay < -_RESYNC_SLACK_S:  # too far behind: stop owing time rather than burst
-                self.wall_anchor, self.virt_anchor = time.monotonic(), end_v
-                if not self.warned_behind:
-                    self.warned_behind = True
-                    self.emit([LogRecord(end_v, "APIServer", "WARNING", "sim_server.py:1",
-                                         f"[servetune sim] the host cannot keep up with --sim-speedup "
-                                         f"{self.speedup:g}; client-side latencies are stretched from here on")])
-            elif delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                await asyncio.sleep(0)
-            self._deliver(step, end_v)
-            if self.fail in ("runtime_crash", "stall") and sched.generation_tokens >= after:
-                if self.fail == "stall":
-                    self.stalled = True
-                else:
-                    self._die("CUDA error: an illegal memory access was encountered")
-
-    def _deliver(self, step: Any, end_v: float) -> None:
-        h = self.metrics.h
-        if step.prefill_tokens + step.decode_tokens:
-            h["vllm:iteration_tokens_total"].observe(step.prefill_tokens + step.decode_tokens)
-        finishing = set(step.finished)
-        for rid, n in step.new_tokens.items():
-            live = self.live.get(rid)
-            if live is None:
-                continue
-            if live.first_scheduled_v is None:
-                live.first_scheduled_v = step.start_s
-                h["vllm:request_queue_time_seconds"].observe(max(0.0, step.start_s - live.arrival_v))
-            if n <= 0:
-                continue
-            if live.first_token_v is None:
-                live.first_token_v = end_v
-                h["vllm:time_to_first_token_seconds"].observe(max(0.0, end_v - live.arrival_v))
-                self.metrics.c_prompt_tokens += live.prompt_tokens
-            else:
-                h["vllm:inter_token_latency_seconds"].observe(max(0.0, end_v - (live.last_token_v or end_v)))
-            live.last_token_v = end_v
-            live.generated += n
-            self.metrics.c_generation_tokens += n
-            # The last token travels with its finish_reason, in the same chunk, as in vLLM.
-            live.queue.put_nowait(("tokens", live.index, (n, "length" if rid in finishing else None)))
-            if rid in finishing:
-                finishing.discard(rid)
-                self.live.pop(rid, None)
-                self._observe_finished(live, end_v)
-        for rid in finishing:  # finished without a token this step (not expected; kept for safety)
-            live = self.live.pop(rid, None)
-            if live is not None:
-                self._observe_finished(live, end_v)
-                live.queue.put_nowait(("tokens", live.index, (0, "length")))
-
-    def _observe_finished(self, live: _Live, end_v: float) -> None:
-        h = self.metrics.h
-        first = live.first_token_v if live.first_token_v is not None else end_v
-        sched_v = live.first_scheduled_v if live.first_scheduled_v is not None else live.arrival_v
-        h["vllm:e2e_request_latency_seconds"].observe(max(0.0, end_v - live.arrival_v))
-        h["vllm:request_inference_time_seconds"].observe(max(0.0, end_v - sched_v))
-        h["vllm:request_prefill_time_seconds"].observe(max(0.0, first - sched_v))
-        h["vllm:request_decode_time_seconds"].observe(max(0.0, end_v - first))
-        if live.generated > 1:
-            h["vllm:request_time_per_output_token_seconds"].observe((end_v - first) / (live.generated - 1))
-        h["vllm:request_prompt_tokens"].observe(live.prompt_tokens)
-        h["vllm:request_generation_tokens"].observe(live.generated)
-        self.metrics.c_success["length"] += 1
-
-    def _die(self, reason: str) -> None:
-        """The engine core died: log it, fail every live request, answer 503, exit after a linger."""
-        if self.dead:
-            return
-        self.dead = True
-        self.emit(vllm_log.runtime_crash_records(self.vnow()))
-        self._fail_all("EngineCore encountered an issue. See stack trace (above) for the root cause.")
-        linger = float(os.environ.get("SERVETUNE_SIM_DEATH_LINGER_S", "1.0"))
-        self.exit_code = 1
-        asyncio.get_running_loop().call_later(linger, self.stop_event.set)
-
-    def _fail_all(self, message: str) -> None:
-        for live in list(self.live.values()):
-            live.queue.put_nowait(("error", live.index, message))
-        self.live.clear()
-
-    async def _stats_loop(self) -> None:
-        sched = self.sched
-        last_prompt, last_gen, was_active = 0, 0, False
-        while True:
-            await asyncio.sleep(_STATS_INTERVAL_S / self.speedup)
-            prompt, gen = sched.prompt_tokens_computed, sched.generation_tokens
-            active = prompt != last_prompt or gen != last_gen or sched.num_running or sched.num_waiting
-            if active or was_active:
-                # vLLM logs the rate over its most recent 1,000 lookups, not since the start.
-                hit_rate = sched.logged_hit_rate() or 0.0
-                msg = vllm_log.stats_message((prompt - last_prompt) / _STATS_INTERVAL_S,
-                                             (gen - last_gen) / _STATS_INTERVAL_S, sched.num_running,
-                                             sched.num_waiting, sched.kv_usage, hit_rate)
-                self.emit([LogRecord(self.vnow(), "APIServer", "INFO", "loggers.py:310", msg)])
-            last_prompt, last_gen, was_active = prompt, gen, bool(active)
 
     # -- HTTP -----------------------------------------------------------------------------------
 
@@ -546,7 +340,7 @@ class SimServer:
                                         "messages or completion.")
             budgets.append(max_tokens_raw)
         queue: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
-        lives: list[_Live] = []
+        lives: list[Live] = []
         try:
             for i, (p, mt) in enumerate(zip(prompts, budgets)):
                 lives.append(self._request(i, p, mt, queue))
@@ -564,12 +358,12 @@ class SimServer:
     def _text(self, start: int, n: int) -> str:
         return "".join(_WORDS[(start + k) % len(_WORDS)] for k in range(n))
 
-    def _usage(self, lives: Sequence[_Live]) -> dict[str, int]:
+    def _usage(self, lives: Sequence[Live]) -> dict[str, int]:
         p = sum(x.prompt_tokens for x in lives)
         c = sum(x.generated for x in lives)
         return {"prompt_tokens": p, "total_tokens": p + c, "completion_tokens": c}
 
-    async def _unary(self, cid: str, lives: list[_Live], queue: asyncio.Queue[tuple[str, int, Any]]) -> web.Response:
+    async def _unary(self, cid: str, lives: list[Live], queue: asyncio.Queue[tuple[str, int, Any]]) -> web.Response:
         texts = [""] * len(lives)
         produced = [0] * len(lives)
         done = 0
@@ -587,7 +381,7 @@ class SimServer:
         return web.json_response({"id": cid, "object": "text_completion", "created": int(time.time()),
                                   "model": self.served_name, "choices": choices, "usage": self._usage(lives)})
 
-    async def _stream(self, request: web.Request, cid: str, lives: list[_Live],
+    async def _stream(self, request: web.Request, cid: str, lives: list[Live],
                       queue: asyncio.Queue[tuple[str, int, Any]], usage_wanted: bool) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream; charset=utf-8",
                                                        "Cache-Control": "no-cache"})
@@ -606,7 +400,7 @@ class SimServer:
             # request without a traceback; the stand-in stops writing (its engine finishes the work).
             return resp
 
-    async def _stream_chunks(self, request: web.Request, resp: web.StreamResponse, lives: list[_Live],
+    async def _stream_chunks(self, request: web.Request, resp: web.StreamResponse, lives: list[Live],
                              queue: asyncio.Queue[tuple[str, int, Any]], usage_wanted: bool,
                              chunk: Callable[..., bytes]) -> web.StreamResponse:
         produced = [0] * len(lives)
