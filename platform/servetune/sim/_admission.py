@@ -13,51 +13,21 @@ and moves no clock.
 
 from __future__ import annotations
 
-import collections
 from typing import TYPE_CHECKING
 
 from servetune.sim._sched_output import SchedulerOutput, Tally
+from servetune.sim._sched_state import SchedulerState
 
 if TYPE_CHECKING:
-    import array
-
-    from servetune.sim._hybrid_kv import HybridBlocks
-    from servetune.sim.blocks import BlockPool, CacheKey, KVGroups
+    from servetune.sim.blocks import CacheKey
     from servetune.sim.request import SimRequest
 
 __all__ = ["Admission"]
 
 
-class Admission:
+class Admission(SchedulerState):
     """The batch of a step: RUNNING, then WAITING; preemption; the prefix-cache lookup counters (a
     mixin of :class:`servetune.sim.scheduler.SimScheduler`)."""
-
-    # The engine core's state this part reads and sets (``SimScheduler.__init__`` makes it).
-    _dec_fin: dict[int, list[SimRequest]]
-    _hybrid: HybridBlocks
-    _resume_hits: bool
-    _running: list[SimRequest]
-    _sliding: bool
-    _waiting: collections.deque[SimRequest]
-    block_size: int
-    chunked_prefill: bool
-    count_lookup_retries: bool
-    count_preempted_hits: bool
-    counted_lookups: list[tuple[int, int]]
-    groups: KVGroups | None
-    long_prefill_threshold: int
-    lookups: list[list[int]]
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    num_preemptions: int
-    pool: BlockPool
-    prefix_cache_hits: int
-    prefix_cache_queries: int
-    reserve_full_isl: bool
-    step_end_s: array.array[float]
-
-    if TYPE_CHECKING:  # the other parts of the engine core this one calls
-        def _leave_decoding(self, req: SimRequest, upto: int) -> None: ...
 
     def schedule(self) -> SchedulerOutput:
         """Form the next batch: RUNNING first, then WAITING unless something was preempted."""

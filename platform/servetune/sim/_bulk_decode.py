@@ -14,46 +14,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from servetune.sim._sched_output import Tally
+from servetune.sim._sched_state import SchedulerState
 
 if TYPE_CHECKING:
-    import array
-
-    from servetune.sim._hybrid_kv import HybridBlocks
-    from servetune.sim._sched_output import SchedulerOutput
-    from servetune.sim.blocks import BlockPool, KVGroups
     from servetune.sim.request import SimRequest
 
 __all__ = ["BulkDecode"]
 
 
-class BulkDecode:
+class BulkDecode(SchedulerState):
     """The bulk decoders: join, step, preempt, leave, dissolve (a mixin of
     :class:`servetune.sim.scheduler.SimScheduler`)."""
-
-    # The engine core's state this part reads and sets (``SimScheduler.__init__`` makes it).
-    _dec_fin: dict[int, list[SimRequest]]
-    _dec_n: int
-    _dec_need: list[int]
-    _dec_off: int
-    _dec_prompts: int
-    _hybrid: HybridBlocks
-    _in_flight: bool
-    _running: list[SimRequest]
-    _sliding: bool
-    block_size: int
-    groups: KVGroups | None
-    max_num_batched_tokens: int
-    num_bulk_steps: int
-    pool: BlockPool
-    step_end_s: array.array[float]
-
-    if TYPE_CHECKING:  # the other parts of the engine core this one calls
-        def _batch(self, tally: Tally, start: int,
-                   preempted: list[SimRequest]) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]: ...
-        def _duration(self, out: SchedulerOutput | Tally) -> float: ...
-        def _preempt_for(self, req: SimRequest, need: int, preempted: list[SimRequest]) -> bool: ...
-        def _update(self, step_no: int, sampled: list[SimRequest], prefill_tokens: int, usage: float, duration: float,
-                    decoding: int) -> list[SimRequest]: ...
 
     def _step_decoding(self) -> bool:
         """One step in which the first ``_dec_n`` running requests each decode one token, counted

@@ -13,57 +13,22 @@ when clients received its tokens (``deliver_s``, NaN until the API server has de
 
 from __future__ import annotations
 
-import array
-import collections
 import math
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 from servetune.sim._sched_output import Prompts, SchedulerOutput, StepResult, Tally
+from servetune.sim._sched_state import SchedulerState
 
 if TYPE_CHECKING:
-    from servetune.sim.blocks import BlockPool
-    from servetune.sim.frontend import ApiServer
-    from servetune.sim.perf import PerfModel
     from servetune.sim.request import SimRequest
 
 __all__ = ["StepTimeline"]
 
 
-class StepTimeline:
+class StepTimeline(SchedulerState):
     """Steps and the virtual clock: the step loop, the update after a step, entries and deliveries
     (a mixin of :class:`servetune.sim.scheduler.SimScheduler`)."""
-
-    # The engine core's state this part reads and sets (``SimScheduler.__init__`` makes it).
-    _dec_fin: dict[int, list[SimRequest]]
-    _dec_n: int
-    _dec_prompts: int
-    _kv_area: float
-    _kv_time: float
-    _on_finish: Callable[[str, float], None] | None
-    _requests: dict[str, SimRequest]
-    _running: list[SimRequest]
-    _schedule_ahead: bool
-    _step_start: float
-    _waiting: collections.deque[SimRequest]
-    api: ApiServer
-    bulk_decode: bool
-    deliver_s: array.array[float]
-    generation_tokens: int
-    kv_usage_peak: float
-    now_s: float
-    num_steps: int
-    perf: PerfModel
-    pool: BlockPool
-    prompt_tokens_computed: int
-    step_end_s: array.array[float]
-
-    if TYPE_CHECKING:  # the other parts of the engine core this one calls
-        def _dissolve(self) -> None: ...
-        def _join_decoding(self, k0: int) -> None: ...
-        def _leave_decoding(self, req: SimRequest, upto: int) -> None: ...
-        def _step_decoding(self) -> bool: ...
-        def schedule(self) -> SchedulerOutput: ...
 
     def step(self) -> StepResult:
         """Run one engine step (or jump the clock to the next arrival when idle) and report it."""

@@ -47,7 +47,8 @@ This module is the face: :class:`SimScheduler` holds the engine core's state, it
 ``add_request``; its parts, each a private module, are the admission and preemption policy
 (``_admission``: ``schedule()``), the bulk-decode fast path (``_bulk_decode``), the step timeline
 (``_timeline``: ``step()``, ``run_until_idle()``, ``update_from_output()``), a hybrid's KV groups and
-their blocks (``_hybrid_kv``) and the output and record types (``_sched_output``).
+their blocks (``_hybrid_kv``) and the output and record types (``_sched_output``); the state the
+first three share is declared once in ``_sched_state``.
 """
 
 from __future__ import annotations
