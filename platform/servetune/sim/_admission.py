@@ -19,7 +19,8 @@ from servetune.sim._sched_output import SchedulerOutput, Tally
 from servetune.sim._sched_state import SchedulerState
 
 if TYPE_CHECKING:
-    from servetune.sim.blocks import CacheKey
+    from servetune.sim._hybrid_kv import HybridBlocks
+    from servetune.sim.blocks import BlockPool, CacheKey
     from servetune.sim.request import SimRequest
 
 __all__ = ["Admission"]
@@ -28,6 +29,10 @@ __all__ = ["Admission"]
 class Admission(SchedulerState):
     """The batch of a step: RUNNING, then WAITING; preemption; the prefix-cache lookup counters (a
     mixin of :class:`servetune.sim.scheduler.SimScheduler`)."""
+
+    # What this part calls (``SimScheduler.__init__`` makes them).
+    pool: BlockPool
+    _hybrid: HybridBlocks
 
     def schedule(self) -> SchedulerOutput:
         """Form the next batch: RUNNING first, then WAITING unless something was preempted."""

@@ -17,6 +17,8 @@ from servetune.sim._sched_output import Tally
 from servetune.sim._sched_state import SchedulerState
 
 if TYPE_CHECKING:
+    from servetune.sim._hybrid_kv import HybridBlocks
+    from servetune.sim.blocks import BlockPool
     from servetune.sim.request import SimRequest
 
 __all__ = ["BulkDecode"]
@@ -25,6 +27,10 @@ __all__ = ["BulkDecode"]
 class BulkDecode(SchedulerState):
     """The bulk decoders: join, step, preempt, leave, dissolve (a mixin of
     :class:`servetune.sim.scheduler.SimScheduler`)."""
+
+    # What this part calls (``SimScheduler.__init__`` makes them).
+    pool: BlockPool
+    _hybrid: HybridBlocks
 
     def _step_decoding(self) -> bool:
         """One step in which the first ``_dec_n`` running requests each decode one token, counted

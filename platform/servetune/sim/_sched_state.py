@@ -2,9 +2,10 @@
 
 Contract: :class:`SchedulerState` is the base of the parts of
 :class:`servetune.sim.scheduler.SimScheduler` (the admission policy, the bulk-decode fast path, the
-step timeline): it declares, for the type checker, every attribute the engine core holds and the
-methods one part calls on another, and defines nothing at run time. The face's ``__init__`` sets
-the attributes; each method is defined by the part that owns it.
+step timeline): it declares, for the type checker, the attributes the engine core holds and the
+methods one part calls on another, and defines nothing at run time; each part declares beside its
+code the objects it calls (the block pool, a hybrid's blocks, the API server, the step-time model).
+The face's ``__init__`` sets the attributes; each method is defined by the part that owns it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,8 @@ if TYPE_CHECKING:
     import collections
     from collections.abc import Callable
 
-    from servetune.sim._hybrid_kv import HybridBlocks
     from servetune.sim._sched_output import SchedulerOutput, Tally
-    from servetune.sim.blocks import BlockPool, KVGroups
-    from servetune.sim.frontend import ApiServer
-    from servetune.sim.perf import PerfModel
+    from servetune.sim.blocks import KVGroups
     from servetune.sim.request import SimRequest
 
 __all__ = ["SchedulerState"]
@@ -29,7 +27,7 @@ __all__ = ["SchedulerState"]
 class SchedulerState:
     """The engine core's attributes and the parts' shared methods, declared (no values, no code)."""
 
-    # The configuration's limits, the step-time model and the API server.
+    # The configuration's limits.
     block_size: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -38,14 +36,10 @@ class SchedulerState:
     reserve_full_isl: bool
     count_preempted_hits: bool
     count_lookup_retries: bool
-    perf: PerfModel
-    api: ApiServer
-    # The KV blocks: the pool, a hybrid's groups and their blocks, the step's tokens in flight.
-    pool: BlockPool
+    # The KV blocks: a hybrid's groups, the step's tokens in flight, resumed requests' own blocks.
     groups: KVGroups | None
     _sliding: bool
     _in_flight: bool
-    _hybrid: HybridBlocks
     _resume_hits: bool
     # The queues.
     _running: list[SimRequest]

@@ -21,6 +21,9 @@ from servetune.sim._sched_output import Prompts, SchedulerOutput, StepResult, Ta
 from servetune.sim._sched_state import SchedulerState
 
 if TYPE_CHECKING:
+    from servetune.sim.blocks import BlockPool
+    from servetune.sim.frontend import ApiServer
+    from servetune.sim.perf import PerfModel
     from servetune.sim.request import SimRequest
 
 __all__ = ["StepTimeline"]
@@ -29,6 +32,11 @@ __all__ = ["StepTimeline"]
 class StepTimeline(SchedulerState):
     """Steps and the virtual clock: the step loop, the update after a step, entries and deliveries
     (a mixin of :class:`servetune.sim.scheduler.SimScheduler`)."""
+
+    # What this part calls (``SimScheduler.__init__`` makes them).
+    api: ApiServer
+    perf: PerfModel
+    pool: BlockPool
 
     def step(self) -> StepResult:
         """Run one engine step (or jump the clock to the next arrival when idle) and report it."""
