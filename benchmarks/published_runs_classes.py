@@ -1,7 +1,8 @@
 """The simulator's model-class rules on published runs of MoE, quantized and sliding-window models.
 
-The runs are ``tests/fixtures/published_runs/classes.yaml`` in :mod:`published_runs`' schema, split
-by its rule (at most half of a GPU's runs fit); each is judged by :func:`published_runs.judge`. This
+The runs are ``tests/fixtures/published_runs/classes.yaml`` and ``nvlink_moe.yaml`` (:data:`CLASS_FILES`) in
+:mod:`published_runs`' schema, each file split by its rule (at most half of a GPU's runs fit); each run
+is judged by :func:`published_runs.judge`. This
 module adds what the classes need: each run's classes read off its model
 (:func:`run_classes`), the fitted constants of :mod:`servetune.sim.perf_classes`
 (``MOE_COMPUTE_SHARE`` per MoE kernel and GPU architecture, :func:`moe_cell`; ``TRITON_ATTN_EFFICIENCY``
@@ -34,10 +35,13 @@ from servetune.planner.gpus import get_gpu  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile  # noqa: E402
 from servetune.sim import perf_classes  # noqa: E402
 
-__all__ = ["CLASS_FILE", "WITHIN", "run_classes", "architecture", "moe_cell", "fit_moe_share", "class_rows", "class_table",
+__all__ = ["CLASS_FILE", "CLASS_FILES", "WITHIN", "run_classes", "architecture", "moe_cell", "fit_moe_share", "class_rows", "class_table",
            "async_pairs", "main"]
 
 CLASS_FILE = FIXTURES / "classes.yaml"
+#: Every file of class runs the table judges: classes.yaml, and nvlink_moe.yaml (gpt-oss-120b bf16 at
+#: TP=4-8 over NVLink, all held out; a file of its own so that classes.yaml's splits stay as they were).
+CLASS_FILES = (CLASS_FILE, FIXTURES / "nvlink_moe.yaml")
 #: The held-out target's band on the headline figure.
 WITHIN = 0.15
 #: The shares :func:`fit_moe_share` tries: 0.20 to 1.00 in steps of 0.05.
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="refit MOE_COMPUTE_SHARE per kernel and architecture (and TRITON_ATTN_EFFICIENCY) on the fit half")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    runs = load_runs([CLASS_FILE])
+    runs = load_runs(CLASS_FILES)
     if args.fit_moe:
         fitted = fit_moe_share(runs)
         print(json.dumps({"fitted": fitted, "committed": perf_classes.MOE_COMPUTE_SHARE,

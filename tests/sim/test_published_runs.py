@@ -473,6 +473,44 @@ def test_the_recorded_nvlink_errors_still_hold_on_the_short_prompts() -> None:
         assert 100 * judged.headline_error == pytest.approx(recorded[run.id]["error_pct"], abs=1.0), run.id
 
 
+NVLINK_MOE = [r for r in RUNS if r.file == "nvlink_moe.yaml"]
+NVLINK_MOE_RESULTS = RESULTS.with_name("published_runs_nvlink_moe.json")
+
+
+def test_the_nvlink_moe_runs_are_25_held_out_gpt_oss_120b_bf16_bursts_after_the_runners_order() -> None:
+    """nvlink_moe.yaml: the same sweep's gpt-oss-120b (Scicom's bf16 fine-tune: its start logs
+    quantization=None), 8 x H100 SXM and 8 x H200 at TP=8 and TP=4 DP=2, 8 x B200 at TP=8, the same five
+    loads. One sweep a GPU, so all held out; a file of its own because in classes.yaml the rule would move
+    the H200 DeepSeek-R1 sweep and two H100 sweeps into the fit half. Every run after a layout's first
+    carries the previous length as ``after_input_len`` (the runner's order, set before any was judged)."""
+    assert len(NVLINK_MOE) == 25 and {r.split for r in NVLINK_MOE} == {"held_out"}
+    assert {(r.gpu, r.layout["tp"], r.layout["dp"]) for r in NVLINK_MOE} == {
+        (g, tp, dp) for g in ("H100-80GB", "H200") for tp, dp in ((8, 1), (4, 2))} | {("B200", 8, 1)}
+    assert {r.interconnect for r in NVLINK_MOE} == {"nvlink"} and {r.vllm_version for r in NVLINK_MOE} == {"0.14.1"}
+    bf16, mxfp4 = published_runs.resolve_model("gpt-oss-120b-bf16"), published_runs.resolve_model("gpt-oss-120b")
+    assert {r.model for r in NVLINK_MOE} == {"gpt-oss-120b-bf16"} and bf16.is_moe and not bf16.quantization
+    assert mxfp4.quantized_experts_only and bf16.param_count == mxfp4.param_count
+    assert bf16.weight_bytes_per_gpu(8, 1) > 2.5 * mxfp4.weight_bytes_per_gpu(8, 1)
+    lengths = [1024, 2048, 4096, 8192, 15000]
+    for run in NVLINK_MOE:
+        n = lengths.index(run.workload["input_len"])
+        assert run.workload.get("after_input_len") == (lengths[n - 1] if n else None), run.id
+        assert run.client["seed"] == 0 and run.num_gpus == 8 and run.workload["max_concurrency"] == 100
+
+
+def test_the_recorded_nvlink_moe_errors_still_hold_on_the_short_prompts() -> None:
+    """benchmarks/results/published_runs_nvlink_moe.json against the simulator today on the 1,024- and
+    2,048-token runs: within 1 point of the recorded errors (the blind judgement, 2026-12-06)."""
+    recorded = {r["id"]: r for r in json.loads(NVLINK_MOE_RESULTS.read_text())["committed"]["runs"]}
+    assert set(recorded) == {r.id for r in NVLINK_MOE}
+    short = [r for r in NVLINK_MOE if r.workload["input_len"] <= 2048]
+    assert len(short) == 10
+    for run in short:
+        judged = judge(run)
+        assert judged.headline_error is not None
+        assert 100 * judged.headline_error == pytest.approx(recorded[run.id]["error_pct"], abs=1.0), run.id
+
+
 def test_a_sweep_run_after_a_shorter_one_of_the_same_seed_finds_the_earlier_prompts_cached() -> None:
     """The sweep's server ran 1,024, 2,048, 4,096, 8,192 and 15,000-token prompts in that order with seed
     0: vLLM bench's random dataset gives prompt i the tokens (offset_i + i + j) % vocab, so each prompt

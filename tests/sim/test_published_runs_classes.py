@@ -1,4 +1,4 @@
-"""The model-class rules judged on published runs (benchmarks/published_runs_classes.py, classes.yaml).
+"""The model-class rules judged on published runs (benchmarks/published_runs_classes.py, classes.yaml and nvlink_moe.yaml).
 
 The fitted constants (perf_classes.MOE_COMPUTE_SHARE per MoE kernel and architecture, and
 perf_classes.TRITON_ATTN_EFFICIENCY with the MXFP4 Marlin cell) are the least-loss points of their grid on the fit
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from published_runs import judge, load_runs, resolve_model
-from published_runs_classes import (CLASS_FILE, async_pairs, class_rows, class_table, fit_moe_share, moe_cell,
+from published_runs_classes import (CLASS_FILES, async_pairs, class_rows, class_table, fit_moe_share, moe_cell,
                                     run_classes)
 
 from servetune.planner.modelinfo import load_model
@@ -21,7 +21,7 @@ from servetune.planner.target import resolve_target
 from servetune.sim import PerfModel, calibration_for, perf_classes
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_classes.json"
-RUNS = load_runs([CLASS_FILE])
+RUNS = load_runs(CLASS_FILES)
 
 
 def test_each_run_is_labelled_by_the_classes_of_its_model() -> None:
@@ -29,6 +29,19 @@ def test_each_run_is_labelled_by_the_classes_of_its_model() -> None:
     assert run_classes(load_model("qwen3-235b-a22b-2507-fp8")) == ("moe", "fp8")
     assert run_classes(load_model("llama-3.1-8b")) == ("dense",)
     assert {c for r in RUNS for c in run_classes(resolve_model(r.model))} >= {"moe", "mxfp4", "fp8", "sliding_window"}
+
+
+def test_the_class_collection_is_57_held_out_and_21_fit_runs_and_the_nvlink_moe_file_adds_only_held_out_ones() -> None:
+    """classes.yaml's 53 runs (32 held out, 21 fit) and nvlink_moe.yaml's 25 gpt-oss-120b bf16 runs at TP=4-8
+    over NVLink (2026-12-06), all held out: the fit half, and so every fitted share, is unchanged."""
+    assert [f.name for f in CLASS_FILES] == ["classes.yaml", "nvlink_moe.yaml"]
+    assert len(RUNS) == 78 and sum(r.split == "held_out" for r in RUNS) == 57
+    assert sum(r.split == "fit" for r in RUNS) == 21 and all(r.file == "classes.yaml" for r in RUNS if r.split == "fit")
+    added = [r for r in RUNS if r.file == "nvlink_moe.yaml"]
+    assert len(added) == 25 and {moe_cell(r) for r in added} == {"triton/hopper"}
+    assert {run_classes(resolve_model(r.model)) for r in added} == {("moe", "sliding_window")}
+    committed = json.loads(RESULTS.read_text())
+    assert committed["held_out"]["all"]["runs"] == 57 and committed["fit"]["all"]["runs"] == 21
 
 
 def test_the_committed_moe_shares_are_the_least_loss_of_their_neighbours_on_the_fit_half(
