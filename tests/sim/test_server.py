@@ -292,10 +292,16 @@ def test_startup_failures_print_vllm_text_and_exit_1(start, args: list[str], roo
 
 
 def test_hang_never_listens_and_sigterm_stops_it(start) -> None:
+    """The hang reaches model loading and stays there: a second after its loading line (which a loaded
+    box may take seconds to print, Python's start and imports included) it still serves nothing."""
     s = start("--sim-fail", "hang", healthy=False)
+    deadline = time.monotonic() + 30.0
+    while "Loading model from scratch..." not in s.log and time.monotonic() < deadline and s.proc.poll() is None:
+        time.sleep(0.05)
+    assert "Loading model from scratch..." in s.log, s.log[-2000:]
     time.sleep(1.0)
     assert s.proc.poll() is None and s.health() is None
-    assert "Loading model from scratch..." in s.log and "Starting vLLM server" not in s.log
+    assert "Starting vLLM server" not in s.log
     s.proc.send_signal(signal.SIGTERM)
     assert s.proc.wait(timeout=5) == 0
 
