@@ -460,19 +460,6 @@ def test_the_nvlink_runs_are_twenty_held_out_qwen3_32b_bursts_at_tp8_and_tp4_dp2
     assert sorted({r.workload["input_len"] for r in NVLINK}) == [1024, 2048, 4096, 8192, 15000]
 
 
-def test_the_recorded_nvlink_errors_still_hold_on_the_short_prompts() -> None:
-    """benchmarks/results/published_runs_nvlink.json against the simulator today on the 1,024- and
-    2,048-token runs (the longer ones are the benchmark's): within 1 point of the recorded errors."""
-    recorded = {r["id"]: r for r in json.loads(NVLINK_RESULTS.read_text())["committed"]["runs"]}
-    assert set(recorded) == {r.id for r in NVLINK}
-    short = [r for r in NVLINK if r.workload["input_len"] <= 2048]
-    assert len(short) == 8
-    for run in short:
-        judged = judge(run)
-        assert judged.headline_error is not None
-        assert 100 * judged.headline_error == pytest.approx(recorded[run.id]["error_pct"], abs=1.0), run.id
-
-
 NVLINK_MOE = [r for r in RUNS if r.file == "nvlink_moe.yaml"]
 NVLINK_MOE_RESULTS = RESULTS.with_name("published_runs_nvlink_moe.json")
 
@@ -498,13 +485,15 @@ def test_the_nvlink_moe_runs_are_25_held_out_gpt_oss_120b_bf16_bursts_after_the_
         assert run.client["seed"] == 0 and run.num_gpus == 8 and run.workload["max_concurrency"] == 100
 
 
-def test_the_recorded_nvlink_moe_errors_still_hold_on_the_short_prompts() -> None:
-    """benchmarks/results/published_runs_nvlink_moe.json against the simulator today on the 1,024- and
-    2,048-token runs: within 1 point of the recorded errors (the blind judgement, 2026-12-06)."""
-    recorded = {r["id"]: r for r in json.loads(NVLINK_MOE_RESULTS.read_text())["committed"]["runs"]}
-    assert set(recorded) == {r.id for r in NVLINK_MOE}
-    short = [r for r in NVLINK_MOE if r.workload["input_len"] <= 2048]
-    assert len(short) == 10
+@pytest.mark.parametrize(("runs", "results", "count"), [(NVLINK, NVLINK_RESULTS, 8), (NVLINK_MOE, NVLINK_MOE_RESULTS, 10)],
+                         ids=["nvlink", "nvlink_moe"])
+def test_the_recorded_nvlink_errors_still_hold_on_the_short_prompts(runs: list, results: Path, count: int) -> None:
+    """benchmarks/results/published_runs_nvlink.json and _nvlink_moe.json against the simulator today on the
+    1,024- and 2,048-token runs (the longer ones are the benchmark's): within 1 point of the recorded errors."""
+    recorded = {r["id"]: r for r in json.loads(results.read_text())["committed"]["runs"]}
+    assert set(recorded) == {r.id for r in runs}
+    short = [r for r in runs if r.workload["input_len"] <= 2048]
+    assert len(short) == count
     for run in short:
         judged = judge(run)
         assert judged.headline_error is not None
