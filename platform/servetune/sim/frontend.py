@@ -63,6 +63,8 @@ import heapq
 import math
 from collections.abc import Callable, Hashable, Sequence
 
+from servetune.sim.tokenizer_batch import MICROBATCH_MAX_PROMPTS
+
 __all__ = ["ApiServer"]
 
 #: ``on_delivered(step_no, delivered_s, keys)``: the step's tokens reached their clients at
@@ -86,7 +88,8 @@ class ApiServer:
 
     def __init__(self, request_s: float, prompt_token_s: float, token_s: float, stream_prompt_token_s: float,
                  chunk_share: float, intake_passes: int = 1, client_chunk_s: float = 0.0,
-                 output_slice: int = 0, tokenize_wait_s: float = 0.0, tokenize_batch: int = 32) -> None:
+                 output_slice: int = 0, tokenize_wait_s: float = 0.0,
+                 tokenize_batch: int = MICROBATCH_MAX_PROMPTS) -> None:
         if not 0.0 <= chunk_share <= 1.0:
             raise ValueError(f"chunk_share must be in [0, 1], got {chunk_share}")
         if intake_passes < 1:
