@@ -333,8 +333,9 @@ def qwen3_vl_tower_params(vision: Mapping[str, Any], source: str) -> int:
         out, positions = int(v["out_hidden_size"]), int(v["num_position_embeddings"])
         deepstack = len(v.get("deepstack_visual_indexes") or [])
     except (KeyError, TypeError, ValueError):
-        raise SpecError(f"{source}: vision_config", "a Qwen3.5 vision tower whose sizes do not read as counts is not "
-                        "modelled", "fix vision_config (depth, hidden_size, intermediate_size, out_hidden_size)") from None
+        raise SpecError(f"{source}: vision_config", "a Qwen3-VL vision tower (Qwen3-VL, Qwen3.5) whose sizes do not "
+                        "read as counts is not modelled",
+                        "fix vision_config (depth, hidden_size, intermediate_size, out_hidden_size)") from None
     block = 4 * h * h + 4 * h + 2 * h * inter + inter + h + 4 * h
     embed = channels * temporal * patch * patch * h + h + positions * h
     merger = merged * merged + merged + merged * out + out
@@ -342,7 +343,7 @@ def qwen3_vl_tower_params(vision: Mapping[str, Any], source: str) -> int:
 
 
 def qwen3_vl_encoder(vision: Mapping[str, Any]) -> Qwen3VLEncoder:
-    """The profile-relevant shape of a Qwen3.5 vision tower: ``vision`` over :data:`QWEN3_5_VISION_DEFAULTS`
+    """The profile-relevant shape of a Qwen3-VL vision tower (Qwen3-VL's, Qwen3.5's): ``vision`` over :data:`QWEN3_5_VISION_DEFAULTS`
     (a config :func:`qwen3_vl_tower_params` has already read, so its sizes are counts).
 
     Example:
