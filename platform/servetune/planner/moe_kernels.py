@@ -87,14 +87,10 @@ def tuned_moe_tiles(model: Any, gpu_name: str, tp: int) -> tuple[tuple[int, int,
         >>> tiles[-1], tuned_moe_tiles(load_model("qwen3-30b-a3b"), "H100-80GB", tp=1)  # N=768: none
         ((4096, 128, 128), ())
     """
-    device = TORCH_DEVICE_NAMES.get(gpu_name)
-    if device is None or not model.is_moe or model.quantized_experts_only:
+    config = moe_kernel_config(model, gpu_name, tp)
+    if config is None or (model.quantization and not model.quant_block_k):  # only these two formats' files kept
         return ()
-    selector = _dtype_selector(model, None)
-    if selector is None or (selector and not model.quant_block_k):
-        return ()
-    stem = f"E={model.num_experts},N={model.expert_intermediate_size // tp},device_name={device}{selector}"
-    return tuned_tile_table()[1].get(stem, ())
+    return tuned_tile_table()[1].get(config.file_name.removesuffix(".json"), ())
 
 
 def _dtype_selector(model: Any, quantization: str | None) -> str | None:
