@@ -31,6 +31,8 @@ import torch
 # shapes are not the ones sim.perf prices.
 SHAPES = [("servetune-test-850m", 2048, 2048, 512, 5632), ("llama-3.1-8b", 4096, 4096, 1024, 14336),
           ("qwen2.5-14b", 5120, 5120, 1024, 13824), ("mistral-small-24b", 5120, 4096, 1024, 32768)]
+# The dense shapes of the published multi-GPU runs, timed at one TP rank's share with ``--tp``.
+TP_SHAPES = [("qwen3-32b", 5120, 8192, 1024, 25600), ("llama-3.3-70b", 8192, 8192, 1024, 28672)]
 TOKENS = (64, 256, 1024, 2048, 4096, 8192)
 
 
@@ -100,13 +102,18 @@ def main() -> None:
     parser.add_argument("--no-sustained", action="store_true", help="skip the 8-second sustained GEMM")
     parser.add_argument("--graph", action="store_true",
                         help="replay each GEMM from a CUDA graph over L2-cold weight copies")
+    parser.add_argument("--tp", type=int, default=1, choices=(1, 2, 4, 8),
+                        help="time one tensor-parallel rank's share of each GEMM (column-parallel qkv and gate_up "
+                             "split N, row-parallel o and down split K), over the multi-GPU runs' shapes too")
     args = parser.parse_args()
     tokens = args.tokens
     timer = time_gemm_graph if args.graph else time_gemm
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "clock_start": _clock(),
-                 "mode": "cuda_graph" if args.graph else "eager", "gemms": []}
-    for name, d, q, kv, inter in SHAPES:
-        for label, n, k in (("qkv", q + 2 * kv, d), ("o", d, q), ("gate_up", 2 * inter, d), ("down", d, inter)):
+                 "mode": "cuda_graph" if args.graph else "eager", "tp": args.tp, "gemms": []}
+    tp = args.tp
+    for name, d, q, kv, inter in SHAPES + (TP_SHAPES if tp > 1 else []):
+        for label, n, k in (("qkv", (q + 2 * kv) // tp, d), ("o", d, q // tp), ("gate_up", 2 * inter // tp, d),
+                            ("down", d, inter // tp)):
             for m in tokens:
                 s = timer(m, n, k)
                 out["gemms"].append({"model": name, "gemm": label, "m": m, "n": n, "k": k, "seconds": s,

@@ -135,7 +135,8 @@ class GemmTerms:
         FLOPs: ``2 x tokens x top_k x 3 H I``, at the share of the tile rows the kernel's
         per-expert padding to ``BLOCK_SIZE_M`` leaves busy, and from vLLM 0.26 (whose default tile
         grows with the batch, :func:`~servetune.sim.perf_classes.moe_tile`) at that tile's rate
-        against the 64 x 64 tile the compute share was fitted on (:func:`moe_tile_share`).
+        against the 64 x 64 tile the compute share was fitted on (:func:`moe_tile_share`); the down
+        GEMM at :func:`~servetune.sim.perf_classes.moe_down_share` of that rate.
         """
         m = self._moe
         if m is None or tokens <= 0:
@@ -159,8 +160,15 @@ class GemmTerms:
             fill = per_expert / (-(-per_expert // block) * block)
         new_tiles = perf_classes.prices_tile(m, self._version)
         tile = moe_tile_share(block, width) if new_tiles else 1.0
-        comp_s = 2.0 * rows * m.matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
+        # The down GEMM (one of ``matrices``) at its own rate where its K is unaligned (moe_down_share).
+        matrices = m.matrices - 1 + 1.0 / perf_classes.moe_down_share(m, self._version)
+        comp_s = 2.0 * rows * matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)
+
+    @property
+    def moe_shape(self) -> perf_classes.MoeShape | None:
+        """The routed experts :meth:`moe_seconds` prices (None for a dense model)."""
+        return self._moe
 
     def _gemm_time(self, tokens: int, rows: int) -> float:
         """The layer GEMMs for ``tokens`` rows plus the LM head for ``rows`` rows, each a roofline."""

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
+__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
            "expected_row_blocks", "is_class_model", "moe_block_m", "moe_row_fill", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
            "moe_tile", "prices_tile", "runs_triton_attention", "tuned_tile",
            "sliding_kv_share", "weight_format"]
@@ -134,6 +134,20 @@ W4A16_COMPUTE_SHARE: float = 0.9
 #: installed vLLM 0.11.0 runs such experts on it instead (``VLLM_USE_DEEP_GEMM`` defaults to 1,
 #: ``envs.py:1148@v0.11.0``; ``Fp8MoEMethod.allow_deep_gemm``): not modelled, the published pages not saying.
 BLOCK_FP8_MOE_RATE_SCALE: float = 1.0
+#: The rate of ``fused_moe_kernel``'s down GEMM, whose K is one expert's intermediate width on the
+#: rank, when that width is not a multiple of 16 elements, against the same GEMM at an aligned width.
+#: Triton specializes each integer argument divisible by 16 (``tt.divisibility = 16``, Triton's
+#: ``JITFunction`` specialization of ints and pointers) and vectorizes the loads it can prove aligned;
+#: an expert width such as gpt-oss-120b's 2,880 / 8 = 360 gives the down GEMM's row strides
+#: (``stride_am``, ``stride_bn``: K elements) none of it, and every masked K step loads element by
+#: element. **Measured**, not fitted on runs: vLLM 0.26.0's ``fused_experts`` on an H100 SXM
+#: (``tests/fixtures/real_h100/kernels/moe_probe_h100.json``, 2026-12-06, uniform routing), the
+#: gpt-oss-120b TP=8 layer (K = 360) against its TP=4 layer (K = 720) at 4,096 and 8,192 tokens, the
+#: gate/up GEMM taken at the TP=4 rate (``benchmarks/moe_vs_sim.py --derive``): 0.382 under vLLM 0.11's
+#: default 64 x 64 x 32 tile (``"v0.11_default"``: releases before :data:`MOE_TILE_BY_BATCH_SINCE`
+#: without a tuned file), 0.139 under 0.26's by-batch tiles (``BLOCK_SIZE_K`` 64 past 64 tokens).
+#: Those rows are the rule's fitting data; the probe's other shapes are all aligned.
+MOE_UNALIGNED_DOWN_SHARE: dict[str, float] = {"v0.11_default": 0.382, "by_batch": 0.139}
 #: MXFP4: a 4-bit value plus one 8-bit (e8m0) scale per 32 values (OCP Microscaling spec v1.0).
 MXFP4_BYTES: float = 0.5 + 1.0 / 32
 #: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM 0.11's fused_moe.py
@@ -274,6 +288,26 @@ def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE
         if tokens <= bound:
             return block_m, block_n
     return 128, 128
+
+
+def moe_down_share(shape: MoeShape, version: tuple[int, int, int]) -> float:
+    """The down GEMM's rate against an aligned one (:data:`MOE_UNALIGNED_DOWN_SHARE`): 1.0 unless
+    ``shape`` runs on ``fused_moe_kernel`` with an expert width on the rank that is not a multiple of 16.
+    Below :data:`MOE_TILE_BY_BATCH_SINCE` a shape with a tuned file takes the by-batch figure (its tuned
+    tiles, like 0.26's, are wider than 0.11's 64 x 64 x 32 default).
+
+    Example:
+        >>> oss_tp8 = MoeShape(128, 4, 2880, 360, 36, WeightFormat(2.0, 1.0), fused_moe=True)
+        >>> moe_down_share(oss_tp8, (0, 14, 1)), moe_down_share(oss_tp8, (0, 26, 0))
+        (0.382, 0.139)
+        >>> moe_down_share(dataclasses.replace(oss_tp8, inter=720), (0, 14, 1))
+        1.0
+    """
+    if not shape.fused_moe or shape.inter % 16 == 0:
+        return 1.0
+    if tuple(version) < MOE_TILE_BY_BATCH_SINCE and not shape.tuned_tiles:
+        return MOE_UNALIGNED_DOWN_SHARE["v0.11_default"]
+    return MOE_UNALIGNED_DOWN_SHARE["by_batch"]
 
 
 def prices_tile(shape: MoeShape, version: tuple[int, int, int]) -> bool:

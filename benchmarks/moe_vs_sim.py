@@ -1,0 +1,158 @@
+"""The simulator's routed-expert price against vLLM's fused-MoE kernel timed on a GPU, per shape.
+
+``benchmarks/real_vllm/moe_probe.py`` timed vLLM 0.26.0's ``fused_experts`` (one MoE layer: both
+grouped GEMMs, the activation, the top-k sum) on an H100 SXM at the expert shapes of the published
+MoE runs, 1-8,192 tokens, uniform routing, under the kernel configuration vLLM 0.26 picks and under
+vLLM 0.11.0's default one (``tests/fixtures/real_h100/kernels/``). This prints, for each shape and
+configuration, real/simulated time of one layer (``PerfModel.moe_seconds`` over the MoE layers) by
+token range. Rows whose kernel configuration the simulator does not price are left out and counted:
+a tuned file vLLM 0.26 ships (the simulator prices 0.26's default tiles), or a 0.11 shape for which
+0.11 shipped a tuned file (the probe ran 0.11's default).
+
+Nothing here is fitted, except where ``perf_classes.MOE_UNALIGNED_DOWN_SHARE`` says so: its two
+figures are read off this probe's gpt-oss-120b TP=8 rows (``--derive`` prints the derivation), so
+those rows are fitting data and are labelled ``fit``; every other row is evidence.
+
+Usage::
+
+    PYTHONPATH=platform .venv/bin/python benchmarks/moe_vs_sim.py [--probe FILE] [--derive] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "platform") not in sys.path:
+    sys.path.insert(0, str(ROOT / "platform"))
+
+from servetune.planner.gpus import get_gpu  # noqa: E402
+from servetune.planner.memory import resolve_engine_config  # noqa: E402
+from servetune.planner.modelinfo import load_model  # noqa: E402
+from servetune.sim import PerfModel, calibration_for, perf_classes  # noqa: E402
+
+PROBE = ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_h100.json"
+GPT_OSS_BF16 = str(ROOT / "tests" / "fixtures" / "published_runs" / "models" / "gpt-oss-120b-bf16")
+#: The probe's shape name -> (servetune model, TP, extra flags): the layer the probe timed is one TP rank's.
+SHAPES: dict[str, tuple[str, int, dict[str, str]]] = {
+    "qwen3-30b-a3b_tp1": ("qwen3-30b-a3b", 1, {}),
+    "qwen3-30b-a3b_tp1_fp8": ("qwen3-30b-a3b", 1, {"quantization": "fp8"}),
+    "qwen3-235b-a22b_tp8": ("qwen3-235b-a22b-2507", 8, {}),
+    "qwen3-235b-a22b-fp8_tp4": ("qwen3-235b-a22b-2507-fp8", 4, {}),
+    "gpt-oss-120b_tp8": (GPT_OSS_BF16, 8, {}),
+    "gpt-oss-120b_tp4": (GPT_OSS_BF16, 4, {}),
+    "deepseek-r1_tp8": ("deepseek-r1", 8, {}),
+    "deepseek-v2-lite_tp1": ("deepseek-v2-lite", 1, {}),
+    "mixtral-8x7b_tp1": ("mixtral-8x7b", 1, {}),
+    "mixtral-8x7b_tp2": ("mixtral-8x7b", 2, {}),
+}
+#: The vLLM release each probe configuration stands for.
+MODE_VERSION = {"vllm": "0.26.0", "v0.11_default": "0.11.0"}
+#: The shapes :data:`servetune.sim.perf_classes.MOE_UNALIGNED_DOWN_SHARE` was read off.
+FIT_SHAPES = frozenset({"gpt-oss-120b_tp8"})
+RANGES = ((1, 64), (128, 1024), (2048, 8192))
+
+
+def _perf(shape: str, mode: str) -> PerfModel:
+    name, tp, extra = SHAPES[shape]
+    model = load_model(name)
+    gpu = get_gpu("H100-80GB")
+    config = resolve_engine_config({"tensor_parallel_size": tp, "max_model_len": 4096, **extra}, model, gpu,
+                                   vllm_version=MODE_VERSION[mode])
+    return PerfModel(model, gpu, config, calibration_for(gpu))
+
+
+def _priced(perf: PerfModel, row: dict, mode: str) -> bool:
+    """Whether the simulator prices the kernel configuration the probe ran for ``row``."""
+    moe = perf.moe_shape
+    assert moe is not None
+    if mode == "v0.11_default":
+        return not moe.tuned_tiles  # 0.11 ran its tuned file there, the probe 0.11's default
+    tile = perf_classes.moe_tile(row["tokens"], moe.experts, (0, 26, 0), moe.block_quant)
+    return (row["config"]["BLOCK_SIZE_M"], row["config"]["BLOCK_SIZE_N"]) == tile
+
+
+def compare(probe: dict) -> tuple[list[dict], dict[str, int]]:
+    """Per timed row: real and simulated microseconds of one layer; and the rows left out, by reason."""
+    out: list[dict] = []
+    left = {"tuned file not priced": 0, "unknown shape": 0}
+    perfs: dict[tuple[str, str], PerfModel] = {}
+    for row in probe["rows"]:
+        shape, mode = row.get("shape"), row.get("mode")
+        if shape not in SHAPES or row.get("us") is None:
+            left["unknown shape"] += 1
+            continue
+        perf = perfs.setdefault((shape, mode), _perf(shape, mode))
+        if not _priced(perf, row, mode):
+            left["tuned file not priced"] += 1
+            continue
+        moe = perf.moe_shape
+        assert moe is not None
+        sim_us = perf.moe_seconds(row["tokens"]) / moe.layers * 1e6
+        out.append({"shape": shape, "mode": mode, "tokens": row["tokens"], "real_us": row["us"],
+                    "sim_us": round(sim_us, 2), "ratio": round(row["us"] / sim_us, 3),
+                    "split": "fit" if shape in FIT_SHAPES else "held_out"})
+    return out, left
+
+
+def derive_unaligned(probe: dict) -> dict[str, float]:
+    """The down GEMM's rate at K = 360 against K = 720 (gpt-oss-120b TP=8 against TP=4), per configuration.
+
+    The gate/up GEMM (K = hidden, aligned at both) is taken at the TP=4 layer's rate; what the TP=8
+    layer takes beyond it is its down GEMM, a third of the FLOPs. Mean over 4,096 and 8,192 tokens.
+    """
+    rows = {(r["shape"], r["mode"], r["tokens"]): r for r in probe["rows"] if r.get("us")}
+    shares: dict[str, float] = {}
+    for mode in MODE_VERSION:
+        values = []
+        for tokens in (4096, 8192):
+            tp4, tp8 = rows[("gpt-oss-120b_tp4", mode, tokens)], rows[("gpt-oss-120b_tp8", mode, tokens)]
+            flops8 = 2.0 * tokens * tp8["top_k"] * 3 * tp8["hidden"] * tp8["intermediate"]
+            rate4 = 2.0 * tokens * tp4["top_k"] * 3 * tp4["hidden"] * tp4["intermediate"] / tp4["us"]
+            gate_up_us = flops8 * 2 / 3 / rate4
+            values.append((flops8 / 3 / (tp8["us"] - gate_up_us)) / rate4)
+        shares[mode] = round(sum(values) / len(values), 3)
+    return shares
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--probe", type=Path, default=PROBE)
+    parser.add_argument("--derive", action="store_true",
+                        help="print MOE_UNALIGNED_DOWN_SHARE's derivation from the probe and stop")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    probe = json.loads(args.probe.read_text())
+    if args.derive:
+        print(json.dumps(derive_unaligned(probe)))
+        return 0
+    rows, left = compare(probe)
+    if args.json:
+        print(json.dumps({"gpu": probe["gpu"], "vllm": probe["vllm"], "rows": rows, "left_out": left}, indent=1))
+        return 0
+    print(f"{probe['gpu']}, vLLM {probe['vllm']}: one MoE layer's fused_experts, real/simulated by token range "
+          f"(left out: {left})")
+    print(f"{'shape':<26}{'config':<15}{'split':<10}" + "".join(f"{f'{lo}-{hi}':>12}" for lo, hi in RANGES))
+    for shape in SHAPES:
+        for mode in MODE_VERSION:
+            cells = []
+            for low, high in RANGES:
+                ratios = [r["ratio"] for r in rows if r["shape"] == shape and r["mode"] == mode
+                          and low <= r["tokens"] <= high]
+                cells.append(f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):>12.2f}" if ratios else f"{'-':>12}")
+            split = "fit" if shape in FIT_SHAPES else "held_out"
+            print(f"{shape:<26}{mode:<15}{split:<10}" + "".join(cells))
+    held = [r for r in rows if r["split"] == "held_out"]
+    for low, high in RANGES:
+        part = [r for r in held if low <= r["tokens"] <= high]
+        within = sum(abs(r["ratio"] - 1) <= 0.15 for r in part)
+        print(f"held out, {low}-{high} tokens: {within} of {len(part)} rows within 15%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
