@@ -9,9 +9,11 @@ token range. Rows whose kernel configuration the simulator does not price are le
 a tuned file vLLM 0.26 ships (the simulator prices 0.26's default tiles), or a 0.11 shape for which
 0.11 shipped a tuned file (the probe ran 0.11's default).
 
-Nothing here is fitted, except where ``perf_classes.MOE_UNALIGNED_DOWN_SHARE`` says so: its two
-figures are read off this probe's gpt-oss-120b TP=8 rows (``--derive`` prints the derivation), so
-those rows are fitting data and are labelled ``fit``; every other row is evidence.
+Nothing here is fitted. ``perf_classes.MOE_UNALIGNED_DOWN_SHARE`` is read off a second probe of the
+same kernel on another H100 (``moe_probe_align_h100.json``, ``moe_probe_align2_h100.json``): unaligned
+expert widths against their aligned neighbours; ``--derive`` prints its two figures, read off the
+gpt-oss-120b TP=8 width, and judges them on the other widths. In the first probe the gpt-oss-120b
+TP=8 rows are labelled ``fit`` (the same layer), every other row is evidence.
 
 Usage::
 
@@ -99,24 +101,77 @@ def compare(probe: dict) -> tuple[list[dict], dict[str, int]]:
     return out, left
 
 
-def derive_unaligned(probe: dict) -> dict[str, float]:
-    """The down GEMM's rate at K = 360 against K = 720 (gpt-oss-120b TP=8 against TP=4), per configuration.
+ALIGN_PROBES = (ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_align_h100.json",
+                ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_align2_h100.json")
+#: The alignment probe's groups: an expert width that is not a multiple of 16 and its aligned neighbours
+#: (same experts, hidden size and top-k). The first is gpt-oss-120b's TP=8 layer, which
+#: ``MOE_UNALIGNED_DOWN_SHARE`` is read off; the others judge it.
+ALIGN_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ua_h2880_i360", ("a_h2880_i352", "a_h2880_i368")),
+    ("ua_h4096_i200", ("a_h4096_i192", "a_h4096_i208")),
+    ("ua_h2048_i1000", ("a_h2048_i992", "a_h2048_i1008")),
+    ("ua_e32_h2880_i360", ("a_e32_h2880_i352", "a_e32_h2880_i368")),
+    ("ua_e128_h2048_i100", ("a_e128_h2048_i96", "a_e128_h2048_i112")),
+    ("ua_h4096_i200_fp8", ("a_h4096_i192_fp8",)),
+)
+PROBE_MODES = {"vllm": "by_batch", "v0.11_default": "v0.11_default"}
 
-    The gate/up GEMM (K = hidden, aligned at both) is taken at the TP=4 layer's rate; what the TP=8
-    layer takes beyond it is its down GEMM, a third of the FLOPs. Mean over 4,096 and 8,192 tokens.
-    """
-    rows = {(r["shape"], r["mode"], r["tokens"]): r for r in probe["rows"] if r.get("us")}
+
+def _align_rows(probes: tuple[dict, ...]) -> dict[tuple[str, str, int], dict]:
+    return {(r["shape"], r["mode"], r["tokens"]): r for probe in probes for r in probe["rows"] if r.get("us")}
+
+
+def _rate(row: dict) -> float:
+    """FLOPs per microsecond of one timed layer (both GEMMs)."""
+    return 2.0 * row["tokens"] * row["top_k"] * 3 * row["hidden"] * row["intermediate"] / row["us"]
+
+
+def predicted_us(rows: dict[tuple[str, str, int], dict], group: tuple[str, tuple[str, ...]], mode: str,
+                 tokens: int, share: float) -> float:
+    """The unaligned layer's time by the rule: its gate/up GEMM (two thirds of the FLOPs) at the aligned
+    neighbours' layer rate, its down GEMM at ``share`` of it."""
+    unaligned, aligned = group
+    row = rows[(unaligned, mode, tokens)]
+    rate = sum(_rate(rows[(a, mode, tokens)]) for a in aligned) / len(aligned)
+    flops = 2.0 * tokens * row["top_k"] * 3 * row["hidden"] * row["intermediate"]
+    return flops * 2 / 3 / rate + flops / 3 / (share * rate)
+
+
+def derive_unaligned(probes: tuple[dict, ...]) -> dict[str, float]:
+    """The down GEMM's rate at an unaligned expert width against its aligned neighbours' layer rate, per
+    kernel configuration, from the first group of :data:`ALIGN_GROUPS` (gpt-oss-120b's TP=8 layer,
+    K = 360, against K = 352 and 368), mean over 4,096 and 8,192 tokens. The gate/up GEMM (K = hidden,
+    aligned in all three) runs at the neighbours' rate; what the layer takes beyond it is the down GEMM."""
+    rows = _align_rows(probes)
+    unaligned, aligned = ALIGN_GROUPS[0]
     shares: dict[str, float] = {}
-    for mode in MODE_VERSION:
+    for mode, key in PROBE_MODES.items():
         values = []
         for tokens in (4096, 8192):
-            tp4, tp8 = rows[("gpt-oss-120b_tp4", mode, tokens)], rows[("gpt-oss-120b_tp8", mode, tokens)]
-            flops8 = 2.0 * tokens * tp8["top_k"] * 3 * tp8["hidden"] * tp8["intermediate"]
-            rate4 = 2.0 * tokens * tp4["top_k"] * 3 * tp4["hidden"] * tp4["intermediate"] / tp4["us"]
-            gate_up_us = flops8 * 2 / 3 / rate4
-            values.append((flops8 / 3 / (tp8["us"] - gate_up_us)) / rate4)
-        shares[mode] = round(sum(values) / len(values), 3)
+            row = rows[(unaligned, mode, tokens)]
+            rate = sum(_rate(rows[(a, mode, tokens)]) for a in aligned) / len(aligned)
+            flops = 2.0 * tokens * row["top_k"] * 3 * row["hidden"] * row["intermediate"]
+            values.append(flops / 3 / (row["us"] - flops * 2 / 3 / rate) / rate)
+        shares[key] = round(sum(values) / len(values), 3)
     return shares
+
+
+def judge_unaligned(probes: tuple[dict, ...], shares: dict[str, float]) -> list[dict]:
+    """Every group's unaligned layer at 1,024-8,192 tokens against the rule's prediction; the first
+    group is the fit, the rest held out."""
+    rows = _align_rows(probes)
+    out = []
+    for index, group in enumerate(ALIGN_GROUPS):
+        for mode, key in PROBE_MODES.items():
+            for tokens in (1024, 2048, 4096, 8192):
+                if (group[0], mode, tokens) not in rows:
+                    continue
+                real = rows[(group[0], mode, tokens)]["us"]
+                predicted = predicted_us(rows, group, mode, tokens, shares[key])
+                out.append({"shape": group[0], "mode": mode, "tokens": tokens, "real_us": round(real, 1),
+                            "rule_us": round(predicted, 1), "error_pct": round(100 * (predicted / real - 1), 1),
+                            "split": "fit" if index == 0 else "held_out"})
+    return out
 
 
 def main() -> int:
@@ -128,7 +183,11 @@ def main() -> int:
     args = parser.parse_args()
     probe = json.loads(args.probe.read_text())
     if args.derive:
-        print(json.dumps(derive_unaligned(probe)))
+        probes = tuple(json.loads(path.read_text()) for path in ALIGN_PROBES)
+        shares = derive_unaligned(probes)
+        print(json.dumps(shares))
+        for row in judge_unaligned(probes, shares):
+            print(json.dumps(row))
         return 0
     rows, left = compare(probe)
     if args.json:

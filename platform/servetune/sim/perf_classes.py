@@ -135,19 +135,22 @@ W4A16_COMPUTE_SHARE: float = 0.9
 #: ``envs.py:1148@v0.11.0``; ``Fp8MoEMethod.allow_deep_gemm``): not modelled, the published pages not saying.
 BLOCK_FP8_MOE_RATE_SCALE: float = 1.0
 #: The rate of ``fused_moe_kernel``'s down GEMM, whose K is one expert's intermediate width on the
-#: rank, when that width is not a multiple of 16 elements, against the same GEMM at an aligned width.
+#: rank, when that width is not a multiple of 16 elements, against the layer's rate at an aligned width.
 #: Triton specializes each integer argument divisible by 16 (``tt.divisibility = 16``, Triton's
 #: ``JITFunction`` specialization of ints and pointers) and vectorizes the loads it can prove aligned;
-#: an expert width such as gpt-oss-120b's 2,880 / 8 = 360 gives the down GEMM's row strides
-#: (``stride_am``, ``stride_bn``: K elements) none of it, and every masked K step loads element by
-#: element. **Measured**, not fitted on runs: vLLM 0.26.0's ``fused_experts`` on an H100 SXM
-#: (``tests/fixtures/real_h100/kernels/moe_probe_h100.json``, 2026-12-06, uniform routing), the
-#: gpt-oss-120b TP=8 layer (K = 360) against its TP=4 layer (K = 720) at 4,096 and 8,192 tokens, the
-#: gate/up GEMM taken at the TP=4 rate (``benchmarks/moe_vs_sim.py --derive``): 0.382 under vLLM 0.11's
+#: an expert width such as gpt-oss-120b's 2,880 / 8 = 360 gives the down GEMM's row strides (K
+#: elements) none of it. **Measured**, not fitted on runs: vLLM 0.26.0's ``fused_experts`` on an H100
+#: SXM (2026-12-06, ``tests/fixtures/real_h100/kernels/moe_probe_align_h100.json``), gpt-oss-120b's
+#: TP=8 layer (K = 360) against the same layer at K = 352 and 368, 4,096 and 8,192 tokens, the
+#: gate/up GEMM at the neighbours' rate (``benchmarks/moe_vs_sim.py --derive``): 0.398 under vLLM 0.11's
 #: default 64 x 64 x 32 tile (``"v0.11_default"``: releases before :data:`MOE_TILE_BY_BATCH_SINCE`
-#: without a tuned file), 0.139 under 0.26's by-batch tiles (``BLOCK_SIZE_K`` 64 past 64 tokens).
-#: Those rows are the rule's fitting data; the probe's other shapes are all aligned.
-MOE_UNALIGNED_DOWN_SHARE: dict[str, float] = {"v0.11_default": 0.382, "by_batch": 0.139}
+#: without a tuned file), 0.178 under 0.26's by-batch tiles (``BLOCK_SIZE_K`` 64 past 64 tokens).
+#: Judged on four other unaligned widths of the same probe (200, 1,000, 100 and 360 with 32 experts:
+#: the layer within -11..+14% at 1,024-8,192 tokens, both tile sets). Per-tensor fp8 experts at an
+#: unaligned width under 0.26's tiles ran 3x slower than this predicts (34 against ~107 TFLOP/s at
+#: width 200), a miss the rule does not price; fp8 checkpoints' widths are multiples of their
+#: 128-wide quantization blocks.
+MOE_UNALIGNED_DOWN_SHARE: dict[str, float] = {"v0.11_default": 0.398, "by_batch": 0.178}
 #: MXFP4: a 4-bit value plus one 8-bit (e8m0) scale per 32 values (OCP Microscaling spec v1.0).
 MXFP4_BYTES: float = 0.5 + 1.0 / 32
 #: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM 0.11's fused_moe.py
@@ -299,7 +302,7 @@ def moe_down_share(shape: MoeShape, version: tuple[int, int, int]) -> float:
     Example:
         >>> oss_tp8 = MoeShape(128, 4, 2880, 360, 36, WeightFormat(2.0, 1.0), fused_moe=True)
         >>> moe_down_share(oss_tp8, (0, 14, 1)), moe_down_share(oss_tp8, (0, 26, 0))
-        (0.382, 0.139)
+        (0.398, 0.178)
         >>> moe_down_share(dataclasses.replace(oss_tp8, inter=720), (0, 14, 1))
         1.0
     """
