@@ -425,7 +425,8 @@ def fused_allreduce_note(vllm_version: str, tp: int) -> str:
         "vLLM 0.19.0's FlashInfer all-reduce + RMSNorm fusion (on by default from"
     """
     return (f"vLLM {vllm_version}'s FlashInfer all-reduce + RMSNorm fusion (on by default from 0.17 at TP={tp} on "
-            f"this GPU, where FlashInfer is usable: the package, and nvcc or its cubins) allocates its workspace after the memory snapshot: "
+            "this GPU, where FlashInfer is usable: the package, and nvcc or its cubins) allocates its workspace after "
+            "the memory snapshot: "
             f"+{FI_ALLREDUCE_FUSION_WORKSPACE_GIB:.2f} GiB non-torch per TP worker, read off published vLLM 0.19 H100 "
             "logs (not checked blind); enforce_eager, -O1 or --compilation-config "
             "'{\"pass_config\": {\"fuse_allreduce_rms\": false}}' avoids it, NCCL_NVLS_ENABLE=0 does not")
