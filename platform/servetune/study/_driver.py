@@ -173,9 +173,9 @@ class _Driver:
         # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its
         # next real trials).
         self.stop = StopRequest()
+        comm_env = probed_trial_env(pool, self.backend, spec.gpu.type)
         run = StudyRun(spec, self.study, self.backend, self.recorder, self.progress, self.outcome, self.started,
-                       self.stop, screen=fidelity.screen_for(spec, self.backend),
-                       comm_env=probed_trial_env(pool, self.backend, spec.gpu.type))
+                       self.stop, screen=fidelity.screen_for(spec, self.backend, comm_env), comm_env=comm_env)
         if capabilities(self.backend).real_gpus:
             self.progress.planned_with(run.comm_env)
         if run.screen is not None and run.screen.margin_note:  # an unjudged GPU type: said once, here
