@@ -4,7 +4,9 @@ The study driver (:mod:`servetune.study`) and the search-efficiency benchmark
 (``benchmarks/search_efficiency.py``) share these pieces, so the benchmark measures the logic the
 driver runs:
 
-* :func:`prescreen` (pure): resolve a flag set the way vLLM would and run the memory planner.
+* :func:`prescreen` (pure): resolve a flag set the way vLLM would and run the memory planner, in the
+  environment the trial's server runs with (:func:`servetune.planner.comm.trial_env`: for a real trial, the GPU
+  workers' FlashInfer as the study driver probed it, which decides vLLM 0.17+'s all-reduce fusion workspace).
   A predicted startup failure becomes a ``pruned`` :class:`TrialResult` (the predicted failure
   and vLLM's error text as the cause, the predicted memory breakdown); flags vLLM would refuse
   become ``invalid_config``. Neither uses a GPU.
