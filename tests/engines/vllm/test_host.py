@@ -102,3 +102,18 @@ def test_a_real_trial_at_tp2_on_h100_with_vllm_0_19_is_planned_as_launched(
     assert off.kv_cache_tokens > on.kv_cache_tokens == unprobed.kv_cache_tokens
     # a simulated trial of the same flags keeps the measured host's plan (no workspace)
     assert prescreen(_spec("sim"), flags)[1] == off
+
+
+def test_the_study_says_which_plan_its_real_trials_get() -> None:
+    import io
+
+    from servetune.study import TerminalProgress
+
+    lines = []
+    for env in (trial_env(True, True), trial_env(True, False), trial_env(True)):
+        out = io.StringIO()
+        TerminalProgress(out, 1).planned_with(env)
+        lines.append(out.getvalue())
+    assert "charges vLLM 0.17+'s FlashInfer all-reduce fusion workspace" in lines[0] and "probed" in lines[0]
+    assert "charges no FlashInfer all-reduce fusion workspace" in lines[1]
+    assert "not probed: assumed usable" in lines[2]
