@@ -35,8 +35,8 @@ import signal
 import subprocess
 import sys
 import time
-from multiprocessing.connection import Connection
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 

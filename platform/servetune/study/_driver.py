@@ -170,24 +170,14 @@ class _Driver:
         pool.reuse_actors = True  # closed in the finally below
         if pool.started_local_ray:
             record_local_session(self.runs_dir, spec.name)
-        # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its
-        # next real trials).
         self.stop = StopRequest()
-        comm_env = probed_trial_env(pool, self.backend, spec.gpu.type)
-        run = StudyRun(spec, self.study, self.backend, self.recorder, self.progress, self.outcome, self.started,
-                       self.stop, screen=fidelity.screen_for(spec, self.backend, comm_env), comm_env=comm_env)
-        if capabilities(self.backend).real_gpus:
-            self.progress.planned_with(run.comm_env)
-        if run.screen is not None and run.screen.margin_note:  # an unjudged GPU type: said once, here
-            self.progress.screen_margins(run.screen.margin_note)
-        if self.existing:
-            recalibrate(run, self.existing)
         status = "FINISHED"
         no_gpus: NoGpusError | None = None
         reserve = diskspace.Reserve(self.runs_dir, spec.name)  # room to close the records if the disk fills
         full: BaseException | None = None
         try:
-            self._steps(run, Dispatcher(pool, self.backend, self.stop))
+            # Inside the try: the FlashInfer probe may wait for a GPU node, and a Ctrl-C then closes the pool too.
+            self._steps(self._open_run(pool), Dispatcher(pool, self.backend, self.stop))
         except KeyboardInterrupt:
             status = "KILLED"
             self.outcome.interrupted = True
@@ -220,6 +210,22 @@ class _Driver:
                             f"start Ray nodes with {spec.gpu.type} GPUs labelled by type (ray start --num-gpus N "
                             f"--resources '{{\"accelerator_type:{ray_accelerator_type(spec.gpu.type)}\": 1}}'), "
                             "raise budget.wait_for_gpus_s while an autoscaler adds them, or run backend: sim")
+
+    def _open_run(self, pool: Pool) -> StudyRun:
+        """The state of this driver run: the trials' environment (a real study's GPU workers probed for FlashInfer,
+        :func:`probed_trial_env`) and, with multi-fidelity, a fresh simulator screen in it (a resumed study
+        recalibrates it from the trials it measured)."""
+        spec = self.spec
+        comm_env = probed_trial_env(pool, self.backend, spec.gpu.type)
+        run = StudyRun(spec, self.study, self.backend, self.recorder, self.progress, self.outcome, self.started,
+                       self.stop, screen=fidelity.screen_for(spec, self.backend, comm_env), comm_env=comm_env)
+        if capabilities(self.backend).real_gpus:
+            self.progress.planned_with(run.comm_env)
+        if run.screen is not None and run.screen.margin_note:  # an unjudged GPU type: said once, here
+            self.progress.screen_margins(run.screen.margin_note)
+        if self.existing:
+            recalibrate(run, self.existing)
+        return run
 
     def _steps(self, run: StudyRun, dispatcher: Dispatcher[Any]) -> None:
         """4. the trials, 5. the confirmation and the headroom: all on the one dispatch loop."""
