@@ -41,7 +41,8 @@ ENV_VARS = {
 
 #: Set in every vLLM environment servetune launches: NVLink multicast can take a host's GPUs out of
 #: service for everyone on the host (the GPU hosts' operating rule). The memory planner models a
-#: servetune-launched trial with exactly these (planner.comm.SERVETUNE_LAUNCH_ENV).
+#: servetune-launched trial with exactly these (planner.comm.trial_env; the GPU workers' FlashInfer, probed, decides
+#: the rest), engines.vllm.host.server_environ applies them.
 LAUNCH_SAFE_ENV = {
     "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
     "VLLM_ALLREDUCE_USE_SYMM_MEM": "0", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",

@@ -116,6 +116,22 @@ def test_plan_reads_the_callers_environment_and_says_what_the_other_gives(capsys
     assert "servetune's launch environment" in text and "if instead" in text
 
 
+def test_trial_env_plans_a_real_trial_as_a_study_does_before_its_probe(capsys):
+    """``--trial-env`` at TP=2 on an H100 with vLLM 0.19: servetune's launch variables (multicast off) and vLLM's
+    FlashInfer all-reduce fusion workspace, as a study's pre-screen charges it until a GPU worker says otherwise."""
+    from servetune.planner.comm import FI_ALLREDUCE_FUSION_WORKSPACE_GIB, NON_TORCH_GIB_MULTI_V1, trial_env
+
+    assert _cli_plan.comm_env_for([], True, {"NCCL_NVLS_ENABLE": "1"}) == trial_env(True)
+    args = ["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "tensor_parallel_size=2",
+            "--set", "max_model_len=8192", "--vllm-version", "0.19.0", "--json", "--trial-env"]
+    assert _run(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["multicast"] is False and "not probed" in doc["environment"]
+    assert doc["fused_allreduce"] is True
+    assert doc["memory_gib"]["non_torch"] == pytest.approx(NON_TORCH_GIB_MULTI_V1 + FI_ALLREDUCE_FUSION_WORKSPACE_GIB,
+                                                           abs=1e-3)  # the V1 runner's rings and the workspace
+
+
 def test_plan_says_where_no_published_log_backs_the_gpu(capsys):
     assert _run(["--model", "llama-3.1-8b", "--gpu", "RTX-4090", "--set", "max_model_len=4096"]) in (0, 1)
     out = capsys.readouterr().out

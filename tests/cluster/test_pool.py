@@ -41,6 +41,22 @@ def _available_gpus(expected: float, timeout_s: float = 30.0) -> float:
     return ray.available_resources().get("GPU", 0.0)
 
 
+def test_a_probe_answers_from_a_gpu_node_before_any_trial_and_holds_no_gpu(local_ray: None) -> None:
+    """What the study driver asks a GPU worker before its first trial (vLLM's has_flashinfer() there, which decides
+    the FlashInfer all-reduce fusion workspace its plans charge): answered, or None when the task fails."""
+    import importlib.util
+
+    from servetune.engines.vllm.host import probe_has_flashinfer
+
+    def broken() -> bool:
+        raise RuntimeError("no answer")
+
+    pool = TrialPool.start(num_gpus=2, num_cpus=2)
+    assert pool.on_worker(probe_has_flashinfer, "H200") is (importlib.util.find_spec("flashinfer") is not None)
+    assert pool.on_worker(broken, "H200", timeout_s=30.0) is None
+    assert _available_gpus(2) == 2 and pool.free_gpus == 2
+
+
 def test_a_trial_records_its_gpus_and_a_quarantined_slot_leaves_service(local_ray: None) -> None:
     def runner(task: TrialTask, backend: str) -> TrialResult:
         # The trial with seed 1 leaves its GPU memory behind, as a leaked vLLM EngineCore does.

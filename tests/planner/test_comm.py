@@ -11,7 +11,7 @@ from servetune.errors import SpecError
 from servetune.planner.comm import (CUSTOM_ALL_REDUCE_BUFFER_BYTES, FI_ALLREDUCE_FUSION_WORKSPACE_GIB, NO_P2P_BUS_GBPS,
                                     NO_P2P_LATENCY_S, NON_TORCH_GIB_MULTI, SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV,
                                     CommEnv, allreduce_cost, comm_memory, custom_all_reduce_runs,
-                                    fused_allreduce_runs, nvls_buffer_bytes)
+                                    fused_allreduce_runs, has_flashinfer, nvls_buffer_bytes, trial_env)
 from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
@@ -20,8 +20,9 @@ GiB = 1 << 30
 
 
 def test_servetune_launch_env_is_the_engine_env():
-    """The planner's default environment is the one every real servetune launch applies."""
-    # The variables are the launch's; the FlashInfer fusion is a property of servetune's measured hosts (none usable).
+    """The planner's default environment has the variables every real servetune launch applies."""
+    # The variables are the launch's; the FlashInfer fusion is a property of servetune's measured hosts (none usable):
+    # a real trial is planned with trial_env, from its GPU workers' install (the tests below).
     assert SERVETUNE_LAUNCH_ENV == dataclasses.replace(CommEnv.from_mapping(SAFE_ENV, SERVETUNE_LAUNCH_ENV.source),
                                                        flashinfer_fusion=False)
     assert SERVETUNE_LAUNCH_ENV.nvls == "off" and not SERVETUNE_LAUNCH_ENV.symm_mem
@@ -359,3 +360,63 @@ def test_vllm_0_10_charges_the_communicators_over_nvlink_only():
     # 0.10.2's VLLM_ALLREDUCE_USE_SYMM_MEM defaults to 0 (envs.py:1221): no symmetric-memory buffer in the context
     assert comm_memory(h200, tp=2, pp=1, env=VLLM_DEFAULT_ENV, version=(0, 10, 2)).context_bytes == int(
         CONTEXT_GIB_SINGLE * GiB)
+
+
+# vLLM's has_flashinfer(), unchanged 0.17-0.28: vllm/utils/flashinfer.py:50-62@0.17.0, :47-62@0.19.0, :48-62@0.28.0
+# (find_spec("flashinfer"), then has_flashinfer_cubin() or shutil.which("nvcc")); has_flashinfer_cubin :39@0.17.0,
+# :36@0.19.0, :37@0.28.0 (VLLM_HAS_FLASHINFER_CUBIN, bool(int(...)): envs.py:1404@0.17.0, :1420@0.19.0, :1813@0.28.0,
+# or find_spec("flashinfer_cubin")). It gates the pass: enable_allreduce_rms_fusion, config/vllm.py:113@0.17.0,
+# :116@0.19.0, :147@0.28.0, the -O2 default at :204@0.17.0, :208@0.19.0, :272@0.28.0.
+@pytest.mark.parametrize("package, cubin_package, nvcc, env, usable", [
+    (True, False, True, {}, True),  # vLLM's images: flashinfer-python and the CUDA devel toolkit's nvcc
+    (True, True, False, {}, True),  # flashinfer-cubin installed, no nvcc
+    (True, False, False, {"VLLM_HAS_FLASHINFER_CUBIN": "1"}, True),  # cubins pre-downloaded
+    (True, False, False, {"VLLM_HAS_FLASHINFER_CUBIN": "0"}, False),  # the package alone cannot get its kernels
+    (True, False, False, {}, False),
+    (False, True, True, {"VLLM_HAS_FLASHINFER_CUBIN": "1"}, False),  # no flashinfer package
+])
+def test_has_flashinfer_is_vllms_rule(package, cubin_package, nvcc, env, usable):
+    assert has_flashinfer(package=package, cubin_package=cubin_package, nvcc=nvcc, env=env) is usable
+
+
+def test_has_flashinfer_refuses_a_cubin_setting_vllm_cannot_read():
+    with pytest.raises(SpecError) as err:
+        has_flashinfer(package=True, cubin_package=False, nvcc=True, env={"VLLM_HAS_FLASHINFER_CUBIN": "true"})
+    assert err.value.field == "VLLM_HAS_FLASHINFER_CUBIN" and "VLLM_HAS_FLASHINFER_CUBIN=1" in err.value.fix
+
+
+def test_a_real_trial_is_planned_with_the_workers_flashinfer_and_charged_when_not_probed():
+    """TP=2 on an H100 with vLLM 0.19: the fusion workspace is charged where the worker's FlashInfer is usable (and
+    where it was not probed), not where it is not; a simulated trial keeps the measured host's (none)."""
+    h100 = get_gpu("H100-80GB")
+    usable, unusable, unprobed = trial_env(True, True), trial_env(True, False), trial_env(True)
+    for env in (usable, unusable, unprobed):  # the launch variables are servetune's in every case
+        assert (env.nvls, env.symm_mem, env.torch_multicast) == (SERVETUNE_LAUNCH_ENV.nvls, False, False)
+    assert trial_env(False) == SERVETUNE_LAUNCH_ENV and trial_env(False, True) == SERVETUNE_LAUNCH_ENV
+    on = comm_memory(h100, tp=2, pp=1, env=usable, version=(0, 19, 0))
+    off = comm_memory(h100, tp=2, pp=1, env=unusable, version=(0, 19, 0))
+    assert on.fused_allreduce and not off.fused_allreduce
+    assert on.non_torch_bytes - off.non_torch_bytes == int(FI_ALLREDUCE_FUSION_WORKSPACE_GIB * GiB)
+    assert comm_memory(h100, tp=2, pp=1, env=unprobed, version=(0, 19, 0)) == on
+    assert "not probed" in unprobed.source and "probed on a GPU worker" in usable.source
+    # vLLM 0.16 has the pass off by default: the probe changes nothing there
+    assert (comm_memory(h100, tp=2, pp=1, env=usable, version=(0, 16, 0))
+            == comm_memory(h100, tp=2, pp=1, env=unusable, version=(0, 16, 0)))
+
+
+def test_the_plans_kv_cache_differs_by_the_fusion_workspace():
+    model, gpu = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+    cfg = resolve_engine_config({"tensor_parallel_size": 2, "max_model_len": 8192}, model, gpu, "0.19.0")
+    on = plan_memory(model, gpu, cfg, env=trial_env(True, True))
+    off = plan_memory(model, gpu, cfg, env=trial_env(True, False))
+    assert on.fits and off.fits
+    assert off.memory.kv_cache - on.memory.kv_cache == pytest.approx(FI_ALLREDUCE_FUSION_WORKSPACE_GIB, abs=1e-6)
+    per_block = 2 * 16 * model.kv_heads_per_gpu(2) * model.head_dim * 2 * model.num_layers
+    extra = int(FI_ALLREDUCE_FUSION_WORKSPACE_GIB * GiB)
+    assert off.num_gpu_blocks - on.num_gpu_blocks in (extra // per_block, extra // per_block + 1)
+    assert any("FlashInfer all-reduce + RMSNorm fusion" in n for n in on.notes)
+    assert not any("FlashInfer all-reduce + RMSNorm fusion" in n for n in off.notes)
+    eager = resolve_engine_config({"tensor_parallel_size": 2, "max_model_len": 8192, "enforce_eager": True}, model,
+                                  gpu, "0.19.0")
+    assert plan_memory(model, gpu, eager, env=trial_env(True, True)).memory == plan_memory(
+        model, gpu, eager, env=trial_env(True, False)).memory  # no compile pass under enforce_eager

@@ -142,3 +142,29 @@ def test_the_terminal_says_the_wider_margins_in_one_servetune_line() -> None:
     assert note is not None
     TerminalProgress(out, total=3).screen_margins(note)
     assert out.getvalue() == f"servetune: {note}\n" and out.getvalue().count("\n") == 1
+
+
+def test_a_real_trials_twin_starts_in_the_real_trials_environment() -> None:
+    """TP=2 on an H100 with vLLM 0.19: where the GPU workers' FlashInfer is usable the real server allocates the
+    FlashInfer all-reduce fusion workspace, so the screen's twin (and the headroom's simulations) must too."""
+    from servetune.planner.comm import FI_ALLREDUCE_FUSION_WORKSPACE_GIB, trial_env
+    from servetune.search.headroom import spec_simulator
+    from servetune.search.screen import simulated
+
+    spec = StudySpec.from_dict({
+        "name": "twin", "model": "llama-3.1-8b", "gpu": {"type": "H100-80GB", "count": 2}, "backend": "vllm",
+        "vllm_version": "0.19.0", "workload": {"input_len": 256, "output_len": 32, "num_requests": 16, "concurrency": 8},
+        "search_space": {"params": {"max_num_seqs": [8, 32]}},
+        "fixed_flags": {"tensor_parallel_size": 2, "max_model_len": 4096}, "storage": {"optuna_url": "memory"}},
+        cwd="/tmp")
+    flags = {"tensor_parallel_size": 2, "max_model_len": 4096, "max_num_seqs": 8}
+    usable, unusable = trial_env(True, True), trial_env(True, False)
+    screen = screen_for(spec, "vllm", usable)
+    assert screen is not None and screen.comm_env == usable
+    twin = simulated(screen, spec, flags)
+    without = simulate_flags(spec, flags, comm_env=unusable)
+    assert twin.ok and without.ok and twin.memory is not None and without.memory is not None
+    assert without.memory.kv_cache - twin.memory.kv_cache == pytest.approx(FI_ALLREDUCE_FUSION_WORKSPACE_GIB, abs=1e-3)
+    assert without.kv_cache_tokens > twin.kv_cache_tokens
+    assert simulate_flags(spec, flags).kv_cache_tokens == without.kv_cache_tokens  # None: the measured hosts'
+    assert spec_simulator(spec, flags, comm_env=usable)(spec.workload).kv_cache_tokens == twin.kv_cache_tokens

@@ -7,8 +7,10 @@ and a verdict: ``fits``, or the failure vLLM would raise (with its own text) and
 
 The memory each TP worker takes outside torch depends on the environment ``vllm serve`` runs with
 (NVLink multicast: ``NCCL_NVLS_ENABLE``, ``VLLM_ALLREDUCE_USE_SYMM_MEM``, ...). ``plan`` reads those
-settings from the caller's environment (or ``--env NAME=VALUE``; ``--trial-env`` for servetune's
-own launch environment), says which it assumed, and what the KV cache would be if the other held.
+settings from the caller's environment (or ``--env NAME=VALUE``; ``--trial-env`` for a real servetune
+trial's: :func:`servetune.planner.comm.trial_env`, its GPU workers' FlashInfer not probed, so vLLM 0.17+'s
+FlashInfer all-reduce fusion workspace charged where it may run), says which it assumed, and what the KV cache
+would be if the other held.
 Where no vLLM >= 0.10 startup log of the GPU was checked, it says so.
 
 Exit codes: 0 the plan fits, 1 vLLM would fail to start, 2 bad input (unknown flag, GPU or model;
@@ -29,7 +31,7 @@ from typing import Any
 
 from servetune import envs
 from servetune.errors import SpecError
-from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv
+from servetune.planner.comm import CommEnv, trial_env
 from servetune.planner.engine_config import EngineConfig, resolve_engine_config
 from servetune.planner.flags import parse_set_option
 from servetune.planner.gpus import GpuSpec, get_gpu, register_gpus_from_yaml
@@ -58,7 +60,8 @@ def add_parser(subparsers: Any) -> None:
                    help="an environment setting the server will run with, e.g. --env NCCL_NVLS_ENABLE=0 (repeatable; "
                         f"one of {', '.join(envs.COMM_ENV_VARS)}); default: this shell's environment")
     p.add_argument("--trial-env", action="store_true",
-                   help="plan for a servetune trial: servetune's launch environment (NVLink multicast off)")
+                   help="plan for a real servetune trial: servetune's launch environment (NVLink multicast off), "
+                        "FlashInfer assumed usable on the GPU workers (a study probes them)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -101,8 +104,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
-def comm_env_for(env_sets: list[str], trial_env: bool, inherited: dict[str, str]) -> CommEnv:
-    """The environment ``plan`` assumes: ``--trial-env``, else the caller's settings overlaid by ``--env``.
+def comm_env_for(env_sets: list[str], for_trial: bool, inherited: dict[str, str]) -> CommEnv:
+    """The environment ``plan`` assumes: ``--trial-env`` (``for_trial``), else the caller's settings overlaid by
+    ``--env``.
 
     Example:
         >>> comm_env_for(["NCCL_NVLS_ENABLE=0"], False, {}).nvls
@@ -114,10 +118,10 @@ def comm_env_for(env_sets: list[str], trial_env: bool, inherited: dict[str, str]
         ...
         servetune.errors.SpecError: --env: CUDA_VISIBLE_DEVICES does not change the planner's memory model (fix: use one of NCCL_NVLS_ENABLE, NCCL_NVLS_CHUNKSIZE, VLLM_ALLREDUCE_USE_SYMM_MEM, TORCH_SYMM_MEM_DISABLE_MULTICAST)
     """
-    if trial_env:
+    if for_trial:
         if env_sets:
             raise SpecError("--env", "--trial-env fixes servetune's launch environment", "give --env or --trial-env, not both")
-        return SERVETUNE_LAUNCH_ENV
+        return trial_env(True)  # a real servetune trial whose GPU workers are not probed here: workspace charged
     given: dict[str, str] = {}
     for item in env_sets:
         name, sep, value = str(item).partition("=")

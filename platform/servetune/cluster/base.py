@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from servetune.backends import capabilities
 from servetune.errors import SpecError
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Pool", "Runner", "NoGpusError", "MAX_INFRA_ATTEMPTS", "RAY_ACCELERATOR_TYPES", "ray_accelerator_type",
            "POOL_KINDS", "pool_kind", "start_pool"]
+
+T = TypeVar("T")
 
 #: What a worker calls to run a trial: ``engines.run_trial`` unless the pool is given another.
 Runner = Callable[["TrialTask", str], "TrialResult"]
@@ -94,6 +96,9 @@ class Pool(Protocol):
 
     @property
     def running(self) -> list[int]: ...
+
+    def on_worker(self, fn: Callable[[], T], gpu_type: str) -> T | None:
+        """``fn()`` where the trials of ``gpu_type`` run, before the first (None: no worker answered)."""
 
     def submit(self, trial_number: int, task: TrialTask, backend: str, gpus: int) -> None: ...
 

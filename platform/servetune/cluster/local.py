@@ -35,9 +35,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from servetune.cluster.base import MAX_INFRA_ATTEMPTS, Runner
 from servetune.engines.base import TrialTask
@@ -48,6 +49,8 @@ __all__ = ["LocalPool", "exit_cause"]
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 #: How long ``close`` waits for an idle worker to exit before it is killed.
 _EXIT_WAIT_S = 2.0
+
+T = TypeVar("T")
 
 
 def exit_cause(exitcode: int | None) -> str:
@@ -178,6 +181,11 @@ class LocalPool:
     def gpu_free(self, backend: str) -> bool:
         """A local trial asks for no GPU (the slots only bound how many run at once)."""
         return True
+
+    def on_worker(self, fn: Callable[[], T], gpu_type: str, timeout_s: float = 0.0) -> T | None:
+        """``fn()`` in this process: the workers are this machine's, with this interpreter and environment
+        (``gpu_type`` and ``timeout_s``, the Ray pool's, do not apply)."""
+        return fn()
 
     def submit(self, trial_number: int, task: TrialTask, backend: str, gpus: int) -> None:
         if gpus > self.free_gpus:

@@ -47,8 +47,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import ray
 
@@ -61,7 +62,7 @@ from servetune.result import TrialResult, TrialStatus
 
 __all__ = ["TrialActor", "TrialPool", "Runner", "RAY_ACCELERATOR_TYPES", "ray_accelerator_type",
            "accelerator_resource", "node_gpu_capacity", "cluster_inventory", "NoGpusError",
-           "MAX_INFRA_ATTEMPTS", "SLOT_QUARANTINE_AFTER", "PLACEMENT_GRACE_S"]
+           "MAX_INFRA_ATTEMPTS", "SLOT_QUARANTINE_AFTER", "PLACEMENT_GRACE_S", "PROBE_TIMEOUT_S"]
 
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -78,6 +79,11 @@ NODE_DEATH_WAIT_S = 60.0
 #: worker process (importing servetune) takes a few seconds (2.4-3.9 s per real H200 trial), which
 #: is not waiting for a GPU. budget.wait_for_gpus_s is at least twice this.
 PLACEMENT_GRACE_S = 5.0
+#: How long :meth:`TrialPool.on_worker` waits for its answer: a Ray worker process starting and importing servetune
+#: (2.4-3.9 s per real H200 trial, :data:`PLACEMENT_GRACE_S`), with a wide margin.
+PROBE_TIMEOUT_S = 60.0
+
+T = TypeVar("T")
 
 
 def accelerator_resource(gpu_type: str) -> str:
@@ -275,6 +281,24 @@ class TrialPool:
         """True when a trial of ``backend`` asks Ray for no GPU: a simulated or replayed trial on a
         cluster that offers no GPU of the type (it would otherwise wait forever for one)."""
         return not capabilities(backend).real_gpus and self.offered_gpus == 0
+
+    def on_worker(self, fn: Callable[[], T], gpu_type: str, timeout_s: float = PROBE_TIMEOUT_S) -> T | None:
+        """``fn()`` run in a Ray task on a node that offers a GPU of ``gpu_type`` (a sliver of one GPU and of the
+        type's resource, as a trial's actor asks for whole ones), before any trial holds them: what the trials'
+        install says (``servetune.engines.vllm.host.probe_has_flashinfer``). None where no such node answers within
+        ``timeout_s`` (an autoscaler has none up yet) or the task fails: the caller plans without the answer."""
+        self.bind_gpu_type(gpu_type)
+        if self.offered_gpus == 0:  # no live node offers a GPU: nothing to ask before the first trial is placed
+            return None
+        options: dict[str, Any] = {"num_cpus": 0, "num_gpus": _ACCEL_SLIVER, "max_retries": 0}
+        if self.accelerator:
+            options["resources"] = {self.accelerator: _ACCEL_SLIVER}
+        ref = ray.remote(fn).options(**options).remote()
+        try:
+            return ray.get(ref, timeout=timeout_s)  # type: ignore[no-any-return]
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
+            ray.cancel(ref, force=True)
+            return None
 
     def submit(self, trial_number: int, task: TrialTask, backend: str, gpus: int) -> None:
         self.bind_gpu_type(task.gpu)

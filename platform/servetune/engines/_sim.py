@@ -5,6 +5,7 @@ from __future__ import annotations
 from servetune.backends import CAPABILITIES
 from servetune.engines.base import Engine, TrialTask
 from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
+from servetune.planner.memory import plan_memory
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim import simulate, with_calibration
@@ -14,7 +15,8 @@ __all__ = ["SimEngine"]
 
 class SimEngine(Engine):
     """The task's flags resolved as vLLM would (:func:`~servetune.planner.target.resolve_target`)
-    and run in virtual time; the startup accounting is the planner's."""
+    and run in virtual time; the startup accounting is the planner's, in the task's ``comm_env`` where it has one
+    (a real trial's twin)."""
 
     name = "sim"
     capabilities = CAPABILITIES["sim"]
@@ -26,4 +28,5 @@ class SimEngine(Engine):
         host = with_interconnect(get_gpu(task.gpu), task.interconnect, "gpu.interconnect")
         target = resolve_target(task.model, host, task.flags, task.vllm_version)
         gpu = with_calibration(target.gpu, task.sim_calibration)
-        return simulate(target.model, gpu, target.config, task.workload, seed=task.seed)
+        plan = None if task.comm_env is None else plan_memory(target.model, gpu, target.config, env=task.comm_env)
+        return simulate(target.model, gpu, target.config, task.workload, plan=plan, seed=task.seed)

@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 from servetune.engines.early_stop import EarlyStop
 from servetune.backends import BACKENDS, Capabilities
 from servetune.errors import SpecError
+from servetune.planner.comm import CommEnv
 from servetune.result import TrialResult, TrialStatus
 from servetune.workload import Workload
 
@@ -116,6 +117,10 @@ class TrialTask:
     # sim backend: simulator knobs over the GPU's calibration (sim.perf.Calibration), e.g. the
     # host's API-server CPU factor the multi-fidelity screen measured on the study's first trial.
     sim_calibration: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # sim backend: the environment the simulated server runs with, where the simulation is a real trial's twin
+    # (the multi-fidelity screen: the study's planner.comm.trial_env, from its GPU workers' FlashInfer); None: the
+    # measured hosts' (planner.comm.SERVETUNE_LAUNCH_ENV, plan_memory's default).
+    comm_env: CommEnv | None = None
 
 
 class Engine(abc.ABC):

@@ -27,9 +27,10 @@ What grows after the snapshot, by version:
   This, not NVLS, is the ~2 GiB that the published vLLM 0.19 H100 logs charge at TP=2 and TP=4. No
   variable turns it off: servetune's launch environment (:data:`servetune.envs.LAUNCH_SAFE_ENV`:
   ``NCCL_NVLS_ENABLE=0``, ``VLLM_ALLREDUCE_USE_SYMM_MEM=0``) turns NVLS off, not the fusion; an install
-  without a usable FlashInfer (``EngineConfig.flashinfer_available``; :attr:`CommEnv.flashinfer_fusion`, off in
-  :data:`SERVETUNE_LAUNCH_ENV` because servetune's measured hosts have none), ``enforce_eager`` or ``-O1`` runs
-  without it.
+  without a usable FlashInfer (``EngineConfig.flashinfer_available``; :attr:`CommEnv.flashinfer_fusion`, vLLM's
+  ``has_flashinfer``: :func:`has_flashinfer`), ``enforce_eager`` or ``-O1`` runs without it. A real servetune trial
+  is planned with :func:`trial_env`: the GPU workers' install, probed, decides; not probed, the workspace is
+  charged. :data:`SERVETUNE_LAUNCH_ENV` (no usable FlashInfer) is the measured hosts', the simulator's.
 
 :func:`comm_memory` is the one implementation: the planner (``plan_memory``), hence the
 pre-screen, the simulator's memory and the study, all call it through ``plan_memory``.
@@ -58,7 +59,8 @@ from servetune.planner.vllm_rules import V2_RUNNER, memory_rules
 
 __all__ = ["AllReduceCost", "CommEnv", "CommMemory", "allreduce_cost", "comm_memory", "nvls_buffer_bytes", "sendrecv_cost",
            "fused_allreduce_runs", "fused_allreduce_note", "FI_ALLREDUCE_FUSION_WORKSPACE_GIB",
-           "symm_mem_buffer_bytes", "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV", "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S",
+           "symm_mem_buffer_bytes", "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV", "has_flashinfer", "trial_env",
+           "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S",
            "CUSTOM_ALL_REDUCE_BUFFER_BYTES", "custom_all_reduce_runs", "custom_all_reduce_memory_note",
            "nccl_small_message_note"]
 
@@ -204,10 +206,12 @@ class CommEnv:
     torch_multicast: bool = True
     nvls_chunk_bytes: int = _NVLS_CHUNK_DEFAULT
     source: str = "vLLM's and NCCL's defaults"
-    #: FlashInfer is usable by vLLM's all-reduce fusion on the host (``has_flashinfer``: the package, and its cubins
-    #: or nvcc). No variable sets it: True for a plain ``vllm serve`` (vLLM's images ship FlashInfer), False for
-    #: servetune's launches, whose measured hosts have none usable (the real 2 x H200 vLLM 0.26 runs log no
-    #: FLASHINFER attention backend and ``'fuse_allreduce_rms': False``). See :func:`fused_allreduce_runs`.
+    #: FlashInfer is usable by vLLM's all-reduce fusion where the server runs (vLLM's ``has_flashinfer``, the pure
+    #: rule :func:`has_flashinfer`: the package, and its cubins or nvcc). A property of the install: True for a
+    #: plain ``vllm serve`` (vLLM's images ship FlashInfer) and for a real servetune trial whose GPU workers were
+    #: not probed (:func:`trial_env`); False in :data:`SERVETUNE_LAUNCH_ENV`, the measured hosts' (the real
+    #: 2 x H200 vLLM 0.26 runs log no FLASHINFER attention backend and ``'fuse_allreduce_rms': False``).
+    #: See :func:`fused_allreduce_runs`.
     flashinfer_fusion: bool = True
 
     @classmethod
@@ -265,13 +269,75 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise SpecError(name, f"expected 0 or 1, got {raw!r}", f"write {name}=0 or {name}=1")
 
 
-#: What a servetune-launched trial runs with (engines.vllm.engine applies LAUNCH_SAFE_ENV to every launch).
+#: servetune's launch variables (engines.vllm.engine applies LAUNCH_SAFE_ENV to every launch) on the hosts its figures
+#: were measured on, which have no usable FlashInfer (``flashinfer_fusion`` False): the simulator's host, and
+#: ``plan_memory``'s default. A real trial is planned with :func:`trial_env` instead, which lets the GPU workers'
+#: install decide the fusion workspace.
 SERVETUNE_LAUNCH_ENV = dataclasses.replace(CommEnv.from_mapping(LAUNCH_SAFE_ENV, "servetune's launch environment"),
                                            flashinfer_fusion=False)
 #: What a plain ``vllm serve`` runs with when nothing is set.
 VLLM_DEFAULT_ENV = CommEnv.from_mapping({}, "vLLM's and NCCL's defaults")
 
 
+def has_flashinfer(*, package: bool, cubin_package: bool, nvcc: bool, env: Mapping[str, str]) -> bool:
+    """vLLM's ``has_flashinfer()``, the FlashInfer condition of its all-reduce + RMSNorm fusion pass, on facts of an
+    install (pure: :func:`servetune.engines.vllm.host.probe_has_flashinfer` reads them where the trial runs).
+
+    ``vllm/utils/flashinfer.py`` lines 47-62 of 0.19.0 (``has_flashinfer``): the ``flashinfer`` package is found
+    (``importlib.util.find_spec``, not imported: ``package``), and FlashInfer can get its kernels: pre-built cubins
+    (``has_flashinfer_cubin``, lines 35-43: ``VLLM_HAS_FLASHINFER_CUBIN`` read as ``bool(int(...))``, ``envs.py``
+    line 1420 of 0.19.0, or the ``flashinfer_cubin`` package: ``cubin_package``) or ``nvcc`` on ``PATH`` to compile
+    them (``nvcc``). ``env`` is the environment the server starts with. A ``VLLM_HAS_FLASHINFER_CUBIN`` that is no
+    integer makes vLLM's ``int()`` raise at start-up: refused here the same way.
+
+    Example:
+        >>> has_flashinfer(package=True, cubin_package=False, nvcc=False, env={})
+        False
+        >>> has_flashinfer(package=True, cubin_package=False, nvcc=False, env={"VLLM_HAS_FLASHINFER_CUBIN": "1"})
+        True
+        >>> has_flashinfer(package=False, cubin_package=True, nvcc=True, env={})
+        False
+        >>> has_flashinfer(package=True, cubin_package=False, nvcc=True, env={"VLLM_HAS_FLASHINFER_CUBIN": "yes"})
+        Traceback (most recent call last):
+        ...
+        servetune.errors.SpecError: VLLM_HAS_FLASHINFER_CUBIN: vLLM reads it with int(), got 'yes' (fix: write VLLM_HAS_FLASHINFER_CUBIN=1 (cubins pre-downloaded) or 0, or unset it)
+    """
+    raw = env.get("VLLM_HAS_FLASHINFER_CUBIN")
+    try:
+        cubin_env = bool(int(raw)) if raw is not None else False
+    except ValueError:
+        raise SpecError("VLLM_HAS_FLASHINFER_CUBIN", f"vLLM reads it with int(), got {raw!r}",
+                        "write VLLM_HAS_FLASHINFER_CUBIN=1 (cubins pre-downloaded) or 0, or unset it") from None
+    return package and (cubin_env or cubin_package or nvcc)
+
+
+def trial_env(real_gpus: bool, flashinfer: bool | None = None) -> CommEnv:
+    """The environment a servetune trial is planned with: the one rule behind the pre-screen, the informed starts and
+    the simulator screen's plans of a study's trials.
+
+    Simulated and replayed trials (``real_gpus`` False) run on the simulator's host: :data:`SERVETUNE_LAUNCH_ENV`.
+    A real trial's server runs servetune's launch variables and whatever FlashInfer the GPU worker's install has:
+    ``flashinfer`` is :func:`has_flashinfer` as probed there (:func:`servetune.engines.vllm.host.probe_has_flashinfer`,
+    run on a worker by the pool). Not probed (None: the pool could not reach a worker of the GPU type in time), the
+    plan charges the fusion workspace wherever vLLM's version, the TP size and the GPU say the pass may run
+    (:func:`fused_allreduce_runs`): a plan that counts 1.5 GiB per worker too many prunes or shrinks a start that
+    would have fitted, while one that counts it too few calls a start a fit that vLLM refuses, or sizes a KV cache
+    vLLM does not build; vLLM's official images ship FlashInfer (and nvcc), so charging it is the likelier truth.
+
+    Example:
+        >>> trial_env(False) == SERVETUNE_LAUNCH_ENV, trial_env(True).flashinfer_fusion, trial_env(True, False).flashinfer_fusion
+        (True, True, False)
+        >>> trial_env(True, False).describe().split(", ")[2][:54]
+        'no FlashInfer all-reduce fusion (no usable FlashInfer)'
+    """
+    if not real_gpus:
+        return SERVETUNE_LAUNCH_ENV
+    if flashinfer is None:
+        return dataclasses.replace(SERVETUNE_LAUNCH_ENV, flashinfer_fusion=True,
+                                   source="servetune's launch environment; FlashInfer on the GPU workers not probed: "
+                                          "assumed usable")
+    return dataclasses.replace(SERVETUNE_LAUNCH_ENV, flashinfer_fusion=flashinfer,
+                               source="servetune's launch environment; FlashInfer probed on a GPU worker")
 @dataclasses.dataclass(frozen=True)
 class CommMemory:
     """One worker's memory outside torch: before the init snapshot, and grown during profiling."""
@@ -359,7 +425,8 @@ def fused_allreduce_note(vllm_version: str, tp: int) -> str:
         "vLLM 0.19.0's FlashInfer all-reduce + RMSNorm fusion (on by default from"
     """
     return (f"vLLM {vllm_version}'s FlashInfer all-reduce + RMSNorm fusion (on by default from 0.17 at TP={tp} on "
-            f"this GPU, with FlashInfer installed) allocates its workspace after the memory snapshot: "
+            "this GPU, where FlashInfer is usable: the package, and nvcc or its cubins) allocates its workspace after "
+            "the memory snapshot: "
             f"+{FI_ALLREDUCE_FUSION_WORKSPACE_GIB:.2f} GiB non-torch per TP worker, read off published vLLM 0.19 H100 "
             "logs (not checked blind); enforce_eager, -O1 or --compilation-config "
             "'{\"pass_config\": {\"fuse_allreduce_rms\": false}}' avoids it, NCCL_NVLS_ENABLE=0 does not")

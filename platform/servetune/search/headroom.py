@@ -48,6 +48,7 @@ from servetune.result import TrialResult
 from servetune.workload import Workload
 
 if TYPE_CHECKING:
+    from servetune.planner.comm import CommEnv
     from servetune.spec.schema import StudySpec
 
 __all__ = ["AXES", "ErrorBand", "Edge", "Point", "Headroom", "find_edges", "scaled_workload", "load_axis_name",
@@ -430,29 +431,35 @@ def meets_at(simulate: Simulate, workload: Workload, limits: Mapping[str, float]
     return all(not broken_criteria(simulate(scaled_workload(workload, axis, scale)), limits) for axis in axes)
 
 
-def spec_simulator(spec: StudySpec, flags: Mapping[str, Any], api_cpu_factor: float | None = None) -> Simulate:
+def spec_simulator(spec: StudySpec, flags: Mapping[str, Any], api_cpu_factor: float | None = None,
+                   comm_env: CommEnv | None = None) -> Simulate:
     """The simulated engine of ``flags`` under the spec's model and GPU, at the host's API-server
     CPU factor where the study measured one (the calibration its simulator screen runs with,
-    :func:`servetune.search.screen.learn`), with the study's seed: a workload in, its result out."""
+    :func:`servetune.search.screen.learn`), in the environment its real trials run with (``comm_env``:
+    :func:`servetune.planner.comm.trial_env`; None: the measured hosts'), with the study's seed: a workload in,
+    its result out."""
     from servetune.search.screen import simulate_flags
 
     def run(workload: Workload) -> TrialResult:
-        return simulate_flags(dataclasses.replace(spec, workload=workload), flags, api_cpu_factor=api_cpu_factor)
+        return simulate_flags(dataclasses.replace(spec, workload=workload), flags, api_cpu_factor=api_cpu_factor,
+                              comm_env=comm_env)
 
     return run
 
 
 def for_spec(spec: StudySpec, flags: Mapping[str, Any], *, api_cpu_factor: float | None = None,
              calibration: Mapping[str, Any] | None = None, trial_number: int | None = None,
-             baseline: TrialResult | None = None) -> Headroom:
+             baseline: TrialResult | None = None, comm_env: CommEnv | None = None) -> Headroom:
     """:func:`find_edges` for one flag set of a study: its workload, constraints, GPU and the
-    spec's ``headroom`` settings, with the error band of its GPU, TP size and model class."""
+    spec's ``headroom`` settings, with the error band of its GPU, TP size and model class; ``comm_env``:
+    :func:`spec_simulator`'s."""
     settings = spec.headroom
     profile = spec.model_profile
     band = error_band(spec.gpu.type, int(flags.get("tensor_parallel_size") or 1) * int(flags.get("pipeline_parallel_size") or 1),
                       moe=bool(profile is not None and profile.is_moe))
     calib = {"api_cpu_factor": api_cpu_factor, **(calibration or {})}
-    return find_edges(spec_simulator(spec, flags, api_cpu_factor), spec.workload, spec.constraints.limits(), flags=flags,
+    return find_edges(spec_simulator(spec, flags, api_cpu_factor, comm_env), spec.workload, spec.constraints.limits(),
+                      flags=flags,
                       max_scale={"load": settings.max_load_scale, "prompt_len": settings.max_prompt_scale},
                       tolerance=settings.tolerance, max_simulations=settings.max_simulations, band=band,
                       calibration=calib, trial_number=trial_number, baseline=baseline)
@@ -529,13 +536,15 @@ MAX_SELECTION_CANDIDATES = 8
 
 def study_headroom(spec: StudySpec, ranked: Sequence[tuple[int, Mapping[str, Any]]], *,
                    api_cpu_factor: float | None = None, calibration: Mapping[str, Any] | None = None,
-                   measured: Mapping[int, TrialResult] | None = None) -> StudyHeadroom | None:
+                   measured: Mapping[int, TrialResult] | None = None,
+                   comm_env: CommEnv | None = None) -> StudyHeadroom | None:
     """The headroom a study ends with. ``ranked``: its feasible flag sets, best first, one per flag
     set (``(trial number, flags)``). With ``selection.min_headroom`` X, the first of them (at most
     :data:`MAX_SELECTION_CANDIDATES`) that meets every constraint at X times the load and X times
     the prompts becomes the winner; the runner-up is the best other flag set. None when nothing
     is feasible. ``measured``: trial number -> its result where that is the simulator's own at
-    scale 1 (a simulated study), used as the baseline instead of simulating it again."""
+    scale 1 (a simulated study), used as the baseline instead of simulating it again. ``comm_env``: the
+    environment the study's real trials run with (:func:`spec_simulator`)."""
     if not ranked:
         return None
     limits = spec.constraints.limits()
@@ -544,7 +553,7 @@ def study_headroom(spec: StudySpec, ranked: Sequence[tuple[int, Mapping[str, Any
     selected = None
     if x is not None:
         for number, flags in ranked[:MAX_SELECTION_CANDIDATES]:
-            ok = meets_at(spec_simulator(spec, flags, api_cpu_factor), spec.workload, limits, x)
+            ok = meets_at(spec_simulator(spec, flags, api_cpu_factor, comm_env), spec.workload, limits, x)
             checked.append((number, ok))
             if ok:
                 selected = number
@@ -552,7 +561,8 @@ def study_headroom(spec: StudySpec, ranked: Sequence[tuple[int, Mapping[str, Any
     win = next((i for i, (n, _) in enumerate(ranked) if n == selected), 0)
     rest = [r for i, r in enumerate(ranked) if i != win]
     heads = [for_spec(spec, flags, api_cpu_factor=api_cpu_factor, calibration=calibration, trial_number=number,
-                      baseline=(measured or {}).get(number)) for number, flags in [ranked[win], *rest[:1]]]
+                      baseline=(measured or {}).get(number), comm_env=comm_env)
+             for number, flags in [ranked[win], *rest[:1]]]
     return StudyHeadroom(heads[0], heads[1] if len(heads) > 1 else None, x, selected, tuple(checked))
 
 

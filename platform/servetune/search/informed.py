@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from servetune.errors import SpecError
+from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv
 from servetune.planner.engine_config import resolve_engine_config
 from servetune.planner.memory import plan_memory
 from servetune.planner.prior import optimistic_bound, preemption_bound
@@ -74,7 +75,8 @@ def _descending(param: Param) -> Sequence[Any]:
 
 
 def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelProfile, gpu: GpuSpec,
-                    workload: Workload, vllm_version: str, *, max_starts: int = 2) -> list[dict[str, Any]]:
+                    workload: Workload, vllm_version: str, *, max_starts: int = 2,
+                    env: CommEnv = SERVETUNE_LAUNCH_ENV) -> list[dict[str, Any]]:
     """Up to ``max_starts`` partial flag sets (searched names only) to enqueue in a fresh study.
 
     Empty when the space does not search ``max_num_seqs`` or no value of it fits the plan. Only
@@ -82,7 +84,8 @@ def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelPr
     ``max_num_batched_tokens`` are set; the sampler draws the other params. The token budget is
     vLLM's own default for this GPU snapped onto the space (:func:`snap_nearest`): the plan behind
     the start (its KV capacity, so its ``max_num_seqs``) is computed with that budget, and a start
-    that left it to the sampler ran with a budget the plan never assumed.
+    that left it to the sampler ran with a budget the plan never assumed. ``env``: the environment the trials run
+    with (:func:`servetune.planner.comm.trial_env`).
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
@@ -121,7 +124,7 @@ def informed_starts(space: SearchSpace, fixed: Mapping[str, Any], model: ModelPr
             config = resolve_engine_config(flags, model, gpu, vllm_version)
         except SpecError:
             return None
-        return plan_memory(model, gpu, config)
+        return plan_memory(model, gpu, config, env=env)
 
     smallest = min(_descending(seqs_param))
     # The highest utilization that starts with no warm-up warning (memory.warmup_note: real starts died

@@ -4,7 +4,9 @@ The study driver (:mod:`servetune.study`) and the search-efficiency benchmark
 (``benchmarks/search_efficiency.py``) share these pieces, so the benchmark measures the logic the
 driver runs:
 
-* :func:`prescreen` (pure): resolve a flag set the way vLLM would and run the memory planner.
+* :func:`prescreen` (pure): resolve a flag set the way vLLM would and run the memory planner, in the
+  environment the trial's server runs with (:func:`servetune.planner.comm.trial_env`: for a real trial, the GPU
+  workers' FlashInfer as the study driver probed it, which decides vLLM 0.17+'s all-reduce fusion workspace).
   A predicted startup failure becomes a ``pruned`` :class:`TrialResult` (the predicted failure
   and vLLM's error text as the cause, the predicted memory breakdown); flags vLLM would refuse
   become ``invalid_config``. Neither uses a GPU.
@@ -49,6 +51,7 @@ from servetune.backends import capabilities
 from servetune.cost import slo_figures
 from servetune.engines.early_stop import EarlyStop
 from servetune.errors import NotModelled, SpecError
+from servetune.planner.comm import CommEnv, trial_env
 from servetune.planner.engine_config import compile_key, resolve_engine_config
 from servetune.planner.flags import gpus_needed
 from servetune.planner.memory import MemoryPlan, plan_memory
@@ -129,15 +132,19 @@ def objective_values(spec: StudySpec, result: TrialResult) -> list[float]:
 # -- the pre-screen ---------------------------------------------------------------------------------
 
 def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = None, *,
-              compile_cache_warm: bool = False) -> tuple[TrialResult | None, MemoryPlan | None]:
+              compile_cache_warm: bool = False, env: CommEnv | None = None) -> tuple[TrialResult | None, MemoryPlan | None]:
     """``(refusal, plan)``: a ``pruned`` / ``invalid_config`` result when the flags cannot start.
 
     ``refusal`` is None when the planner predicts a healthy start (``plan`` is then that
     prediction), or when the spec has no model profile to plan with (``plan`` None).
     ``compile_cache_warm``: an earlier trial of the study already compiled these
     configuration (:func:`servetune.planner.memory.compile_key`), so vLLM will profile the warm peak.
+    ``env``: the environment the trial's server runs with (:func:`servetune.planner.comm.trial_env`: the study
+    driver's, from the GPU workers' probed install); None: ``trial_env`` of the backend, unprobed (a real trial
+    charged vLLM 0.17+'s FlashInfer all-reduce fusion workspace where the version, TP and GPU say it may run).
     """
     backend = backend or spec.backend
+    env = trial_env(capabilities(backend).real_gpus) if env is None else env
     model = spec.model_profile
     if model is None:
         return None, None
@@ -152,7 +159,7 @@ def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = N
     except SpecError as exc:  # vLLM itself would refuse these flags
         return TrialResult(status=TrialStatus.INVALID_CONFIG, cause=str(exc), backend=backend,
                            vllm_version=spec.vllm_version), None
-    plan = plan_memory(model, gpu, config, compile_cache_warm=compile_cache_warm)
+    plan = plan_memory(model, gpu, config, compile_cache_warm=compile_cache_warm, env=env)
     if plan.fits:
         return None, plan
     failure = (plan.failure or TrialStatus.STARTUP_OOM).value
@@ -234,13 +241,13 @@ def warm_compiles(spec: StudySpec, study: optuna.Study) -> WarmCompiles | None:
 
 
 def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str | None = None,
-            warm: WarmCompiles | None = None) -> Proposal:
+            warm: WarmCompiles | None = None, env: CommEnv | None = None) -> Proposal:
     """Ask Optuna for a trial and decide whether it may launch (rules, GPU count, pre-screen).
 
     Its flags and the planner's prediction are kept on the trial (:func:`defer_trial_attrs`) and
     written when it is told (:func:`tell`), in the same transaction as its result. ``warm``: the
     study's :class:`WarmCompiles` (:func:`warm_compiles`), kept by the caller across proposals;
-    without it the study's trials are read for each pre-screened proposal.
+    without it the study's trials are read for each pre-screened proposal. ``env``: :func:`prescreen`'s.
     """
     backend = backend or spec.backend
     trial = study.ask()
@@ -260,7 +267,7 @@ def propose(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str 
     if warm is None:
         warm = warm_compiles(spec, study)
     is_warm = warm is not None and warm.warm(flags)
-    refused, plan = prescreen(spec, flags, backend, compile_cache_warm=is_warm)
+    refused, plan = prescreen(spec, flags, backend, compile_cache_warm=is_warm, env=env)
     if plan is not None:
         attrs.update(predicted_kv_cache_tokens=plan.kv_cache_tokens, predicted_compile_cache_warm=is_warm)
     if refused is not None and plan is not None:
@@ -327,12 +334,15 @@ class StoredTrial:
         return result
 
 
-def enqueue_informed_starts(spec: StudySpec, study: optuna.Study) -> list[dict[str, Any]]:
-    """Enqueue the preemption prior's starting points in a study with no trials yet; returns them."""
+def enqueue_informed_starts(spec: StudySpec, study: optuna.Study, env: CommEnv | None = None) -> list[dict[str, Any]]:
+    """Enqueue the preemption prior's starting points in a study with no trials yet; returns them. ``env``: the
+    environment the trials run with (None: :func:`~servetune.planner.comm.trial_env` of the spec's backend,
+    unprobed)."""
     if not spec.prescreen or spec.model_profile is None or study.get_trials(deepcopy=False):
         return []
+    env = trial_env(capabilities(spec.backend).real_gpus) if env is None else env
     starts = informed_starts(spec.search_space, spec.fixed_flags, spec.model_profile, spec.gpu_spec(),
-                             spec.workload, spec.vllm_version)
+                             spec.workload, spec.vllm_version, env=env)
     for params in starts:
         study.enqueue_trial(params, user_attrs={"informed_start": True}, skip_if_exists=True)
     return starts

@@ -65,6 +65,7 @@ from servetune.result import TrialResult, TrialStatus
 from servetune.sim import host_api_cpu_factor
 
 if TYPE_CHECKING:
+    from servetune.planner.comm import CommEnv
     from servetune.spec.schema import StudySpec
 
 __all__ = ["SimScreen", "simulate_flags", "simulated", "learn", "screen_for", "screened_result", "recalibrate",
@@ -97,13 +98,14 @@ UNJUDGED_CLEAR_PREEMPTION_SHARE = 0.5
 
 
 def simulate_flags(spec: StudySpec, flags: Mapping[str, Any], seed: int | None = None,
-                   api_cpu_factor: float | None = None) -> TrialResult:
+                   api_cpu_factor: float | None = None, comm_env: CommEnv | None = None) -> TrialResult:
     """The simulated engine's result for ``flags`` under the spec's model, GPU and workload (at the
-    host's ``api_cpu_factor`` when one was measured)."""
+    host's ``api_cpu_factor`` when one was measured; in ``comm_env``, the real trials', when given)."""
     task = TrialTask(model=spec.model_ref, gpu=spec.gpu.type, flags=dict(flags), workload=spec.workload,
                      vllm_version=spec.vllm_version, seed=spec.seed if seed is None else seed, gpu_file=spec.gpu.file,
                      interconnect=spec.gpu.interconnect,
-                     sim_calibration={} if api_cpu_factor is None else {"api_cpu_factor": api_cpu_factor})
+                     sim_calibration={} if api_cpu_factor is None else {"api_cpu_factor": api_cpu_factor},
+                     comm_env=comm_env)
     return run_trial(task, "sim")
 
 
@@ -135,6 +137,10 @@ class SimScreen:
     api_cpu_factor: float | None = None
     #: Why the margins above are wider than the defaults (the GPU type's unjudged note), or None.
     widened_for: str | None = None
+    #: The environment the real trials are planned with (:func:`servetune.planner.comm.trial_env`), so their
+    #: simulated twins start with the same memory (vLLM's FlashInfer all-reduce fusion workspace where the GPU
+    #: workers' FlashInfer is usable); None: the measured hosts'.
+    comm_env: CommEnv | None = None
     #: Simulated results by flag set: a discrete space proposes the same point again, and the
     #: benchmark shares one cache across its seeds (the simulator is deterministic).
     cache: dict[Any, TrialResult] = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -226,16 +232,18 @@ def wider_margins(screen: SimScreen, why: str) -> SimScreen:
     return screen
 
 
-def screen_for(spec: StudySpec, backend: str) -> SimScreen | None:
+def screen_for(spec: StudySpec, backend: str, comm_env: CommEnv | None = None) -> SimScreen | None:
     """A fresh screen for a study on ``backend``, or None when multi-fidelity is off for it or the
     spec has no model profile for the simulator. On a GPU type whose simulator no real run has judged
-    (:func:`~servetune.planner.gpus.unjudged_note`) its margins are wider (:func:`wider_margins`)."""
+    (:func:`~servetune.planner.gpus.unjudged_note`) its margins are wider (:func:`wider_margins`).
+    ``comm_env``: the real trials' environment (:attr:`SimScreen.comm_env`)."""
     if not spec.multi_fidelity_on(backend) or spec.model_profile is None:
         return None
     first = spec.objective.metrics[0]
     screen = SimScreen(max_preemptions=int(spec.constraints.max_preemptions),
                        num_requests=len(spec.workload.requests()),
-                       throughput_objective=first == "output_throughput" and spec.objective.directions[0] == "maximize")
+                       throughput_objective=first == "output_throughput" and spec.objective.directions[0] == "maximize",
+                       comm_env=comm_env)
     unjudged = unjudged_note(spec.gpu_spec())
     return screen if unjudged is None else wider_margins(screen, unjudged)
 
@@ -245,7 +253,8 @@ def simulated(screen: SimScreen, spec: StudySpec, flags: Mapping[str, Any]) -> T
     key = (flags_key(flags), screen.api_cpu_factor)
     sim = screen.cache.get(key)
     if sim is None:
-        sim = screen.cache[key] = simulate_flags(spec, flags, api_cpu_factor=screen.api_cpu_factor)
+        sim = screen.cache[key] = simulate_flags(spec, flags, api_cpu_factor=screen.api_cpu_factor,
+                                                 comm_env=screen.comm_env)
     return sim
 
 

@@ -18,8 +18,11 @@ import optuna
 from servetune.cluster import reap_leftovers, record_local_session
 from servetune.cluster.base import NoGpusError, Pool, ray_accelerator_type
 from servetune.cluster.start import start_pool
+from servetune.backends import capabilities
 from servetune.engines import resolve_backend
+from servetune.engines.vllm.host import probe_has_flashinfer
 from servetune.errors import SpecError
+from servetune.planner.comm import CommEnv, trial_env
 from servetune.planner.flags import to_command_line
 from servetune.records import diskspace, lease
 from servetune.result import TrialResult
@@ -92,6 +95,17 @@ def run_study(
     return driver.outcome
 
 
+def probed_trial_env(pool: Pool, backend: str, gpu_type: str) -> CommEnv:
+    """The environment a study's trials are planned with (:func:`servetune.planner.comm.trial_env`): for real
+    trials, vLLM's ``has_flashinfer()`` as a GPU worker of ``gpu_type`` answers it
+    (:func:`servetune.engines.vllm.host.probe_has_flashinfer`, through :meth:`Pool.on_worker`), so that the
+    pre-screen charges vLLM 0.17+'s FlashInfer all-reduce fusion workspace exactly where the launched servers
+    allocate it; no answer: charged where the version, TP and GPU say it may run."""
+    if not capabilities(backend).real_gpus:
+        return trial_env(False)
+    return trial_env(True, pool.on_worker(probe_has_flashinfer, gpu_type))
+
+
 class _Driver:
     """One run of the driver over one study: the state the steps of :func:`run_study` share."""
 
@@ -131,7 +145,9 @@ class _Driver:
         # enqueued anything in yet (the nightly job enqueues its own warm start); they are enqueued
         # after the informed starts, so those run first (servetune.search.warmstart).
         fresh = not self.existing and spec.sampler != "grid" and not study.get_trials(deepcopy=False)
-        starts = enqueue_informed_starts(spec, study) if not self.existing and spec.sampler != "grid" else []
+        # Planned before the pool starts, so before any GPU worker is probed: trial_env's unprobed environment.
+        env = trial_env(capabilities(self.backend).real_gpus)
+        starts = enqueue_informed_starts(spec, study, env) if not self.existing and spec.sampler != "grid" else []
         warm = warmstart.enqueue_warm_starts(spec, study) if fresh else []
         baseline = warmstart.enqueue_baseline(spec, study) if fresh else None
         self.progress.started(spec, self.backend, self.recovered, self.reconciled, starts, warm, baseline)
@@ -140,8 +156,9 @@ class _Driver:
 
     def run(self) -> None:
         spec = self.spec
-        # The GPU type binds at the first submit, and only on a cluster whose nodes advertise types: a
-        # local logical-GPU Ray (possibly shared by several studies in one process) stays untyped.
+        # The GPU type binds at the FlashInfer probe of a real study (probed_trial_env) or the first submit, and
+        # only on a cluster whose nodes advertise types: a local logical-GPU Ray (possibly shared by several
+        # studies in one process) stays untyped.
         # A local Ray left by an earlier, killed driver of this study is stopped first; the local Ray
         # this driver starts is recorded so that the next start can do the same (servetune.cluster._ray_session).
         reaped = reap_leftovers(self.runs_dir, spec.name)
@@ -153,21 +170,14 @@ class _Driver:
         pool.reuse_actors = True  # closed in the finally below
         if pool.started_local_ray:
             record_local_session(self.runs_dir, spec.name)
-        # Multi-fidelity: a fresh calibration per driver run (a resumed study recalibrates from its
-        # next real trials).
         self.stop = StopRequest()
-        run = StudyRun(spec, self.study, self.backend, self.recorder, self.progress, self.outcome, self.started,
-                       self.stop, screen=fidelity.screen_for(spec, self.backend))
-        if run.screen is not None and run.screen.margin_note:  # an unjudged GPU type: said once, here
-            self.progress.screen_margins(run.screen.margin_note)
-        if self.existing:
-            recalibrate(run, self.existing)
         status = "FINISHED"
         no_gpus: NoGpusError | None = None
         reserve = diskspace.Reserve(self.runs_dir, spec.name)  # room to close the records if the disk fills
         full: BaseException | None = None
         try:
-            self._steps(run, Dispatcher(pool, self.backend, self.stop))
+            # Inside the try: the FlashInfer probe may wait for a GPU node, and a Ctrl-C then closes the pool too.
+            self._steps(self._open_run(pool), Dispatcher(pool, self.backend, self.stop))
         except KeyboardInterrupt:
             status = "KILLED"
             self.outcome.interrupted = True
@@ -200,6 +210,22 @@ class _Driver:
                             f"start Ray nodes with {spec.gpu.type} GPUs labelled by type (ray start --num-gpus N "
                             f"--resources '{{\"accelerator_type:{ray_accelerator_type(spec.gpu.type)}\": 1}}'), "
                             "raise budget.wait_for_gpus_s while an autoscaler adds them, or run backend: sim")
+
+    def _open_run(self, pool: Pool) -> StudyRun:
+        """The state of this driver run: the trials' environment (a real study's GPU workers probed for FlashInfer,
+        :func:`probed_trial_env`) and, with multi-fidelity, a fresh simulator screen in it (a resumed study
+        recalibrates it from the trials it measured)."""
+        spec = self.spec
+        comm_env = probed_trial_env(pool, self.backend, spec.gpu.type)
+        run = StudyRun(spec, self.study, self.backend, self.recorder, self.progress, self.outcome, self.started,
+                       self.stop, screen=fidelity.screen_for(spec, self.backend, comm_env), comm_env=comm_env)
+        if capabilities(self.backend).real_gpus:
+            self.progress.planned_with(run.comm_env)
+        if run.screen is not None and run.screen.margin_note:  # an unjudged GPU type: said once, here
+            self.progress.screen_margins(run.screen.margin_note)
+        if self.existing:
+            recalibrate(run, self.existing)
+        return run
 
     def _steps(self, run: StudyRun, dispatcher: Dispatcher[Any]) -> None:
         """4. the trials, 5. the confirmation and the headroom: all on the one dispatch loop."""

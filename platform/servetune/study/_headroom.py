@@ -41,7 +41,8 @@ def study_headroom(run: StudyRun, dispatcher: Dispatcher[Any]) -> None:
     measured = ({n: StoredTrial.of(told[n]).result(run.backend, spec.vllm_version) for n, _ in ranked}
                 if capabilities(run.backend).virtual_time else None)
     result = headroom.study_headroom(spec, ranked, calibration=calibration, measured=measured,
-                                     api_cpu_factor=None if screen is None else screen.api_cpu_factor)
+                                     api_cpu_factor=None if screen is None else screen.api_cpu_factor,
+                                     comm_env=run.comm_env)
     if result is None:
         return
     run.progress.headroom(result, time.monotonic() - started)

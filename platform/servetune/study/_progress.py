@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from servetune.study._outcome import StudyOutcome
 
 if TYPE_CHECKING:
+    from servetune.planner.comm import CommEnv
     from servetune.search.confirm import Choice
     from servetune.search.headroom import Edge, StudyHeadroom
     from servetune.search.warmstart import WarmStart
@@ -64,6 +65,10 @@ class StudyProgress:
 
     def screen_margins(self, note: str) -> None:
         """The simulator screen starts with wider margins, and why (:attr:`~servetune.search.SimScreen.margin_note`)."""
+
+    def planned_with(self, env: CommEnv) -> None:
+        """The environment the real trials are planned with: servetune's launch variables and the GPU workers'
+        FlashInfer, probed or assumed (:func:`servetune.planner.comm.trial_env`)."""
 
     def led(self, trial: int, repeats: int) -> None:
         """A leading trial measured its confirmation repeats on its own server start."""
@@ -177,6 +182,11 @@ class TerminalProgress(StudyProgress):
 
     def screen_margins(self, note: str) -> None:
         self.note(f"servetune: {note}")
+
+    def planned_with(self, env: CommEnv) -> None:
+        fusion = ("charges vLLM 0.17+'s FlashInfer all-reduce fusion workspace where it runs (TP 2/4/8, SM 9.0/10.x)"
+                  if env.flashinfer_fusion else "charges no FlashInfer all-reduce fusion workspace")
+        self.note(f"servetune: the pre-screen {fusion}: {env.source}")
 
     def led(self, trial: int, repeats: int) -> None:
         self.note(f"servetune: trial #{trial} led the study: {repeats} confirmation "

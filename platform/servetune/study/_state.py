@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import optuna
 
+from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, CommEnv
 from servetune.spec.schema import StudySpec
 from servetune.study._dispatch import StopRequest
 from servetune.study._outcome import StudyOutcome
@@ -33,6 +34,9 @@ class StudyRun:
     started: float  # time.monotonic() when the run began: budget.time_limit_s counts from here
     stop: StopRequest
     screen: SimScreen | None = None  # multi-fidelity: the calibrated simulator screen, if on
+    #: The environment the trials' servers run with, that the pre-screen plans them with
+    #: (:func:`servetune.planner.comm.trial_env`: the GPU workers' FlashInfer, probed by the driver).
+    comm_env: CommEnv = SERVETUNE_LAUNCH_ENV
 
     def out_of_time(self) -> bool:
         limit = self.spec.budget.time_limit_s

@@ -13,6 +13,7 @@ import optuna
 
 from servetune.cluster.base import Pool
 from servetune.engines import TrialTask
+from servetune.planner.comm import CommEnv
 from servetune.records import dataset, retry_call
 from servetune.records.trial_record import Prediction, Screen
 from servetune.result import TrialResult, TrialStatus
@@ -31,7 +32,8 @@ OnResult = Callable[[int, dict[str, Any], TrialResult], None]
 
 
 def propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, backend: str,
-                       known_running: set[int], warm: WarmCompiles | None = None) -> Proposal:
+                       known_running: set[int], warm: WarmCompiles | None = None,
+                       env: CommEnv | None = None) -> Proposal:
     """``propose`` retried on storage outages. An attempt that failed after ``study.ask`` leaves an
     asked trial nobody owns: before the next attempt it is told FAIL (samplers ignore FAIL trials
     and the budget counts told results only), so a retry never leaves a RUNNING orphan behind."""
@@ -42,7 +44,7 @@ def propose_with_retry(spec: StudySpec, study: optuna.Study, total_gpus: int, ba
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
                 if t.number not in known_running:
                     study.tell(t.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-        return propose(spec, study, total_gpus, backend, warm=warm)
+        return propose(spec, study, total_gpus, backend, warm=warm, env=env)
 
     def mark(_: BaseException) -> None:
         nonlocal failed
@@ -87,7 +89,7 @@ class TrialWork(Work[Asked]):
         while (outcome.trials_done + dispatcher.busy < spec.budget.trials
                and dispatcher.busy < spec.budget.parallel):
             proposal = propose_with_retry(spec, run.study, dispatcher.pool.total_gpus, run.backend, dispatcher.keys(),
-                                          warm=run.recorder.compiles())
+                                          warm=run.recorder.compiles(), env=run.comm_env)
             trial, flags = proposal.trial, proposal.flags
             if proposal.refused is not None:  # invalid or predicted to fail: no GPU time spent
                 self.tell_and_record(trial, flags, proposal.refused,

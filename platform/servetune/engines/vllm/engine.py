@@ -62,6 +62,7 @@ from servetune.engines.early_stop import EarlyStop
 from servetune.envs import LAUNCH_SAFE_ENV, compile_cache_env
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner.flags import argv_value, gpus_needed, to_cli_args
+from servetune.engines.vllm.host import server_environ
 from servetune.engines.vllm.infra import confirm_launch_failure
 from servetune.engines.vllm.loadgen import LoadProgress, run_load
 from servetune.engines.vllm.metrics import counter, gauge, labels_of, parse_prometheus
@@ -263,7 +264,7 @@ def run_vllm_trial(launch: VllmLaunch, workload: Workload) -> TrialResult:
     log_dir = Path(launch.log_dir or tempfile.mkdtemp(prefix="servetune-trial-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "server.log"
-    env = {**os.environ, **SAFE_ENV, **launch.env, "VLLM_PORT": str(free_port(launch.host))}
+    env = {**server_environ(launch.env), "VLLM_PORT": str(free_port(launch.host))}
     if launch.gpu_ids is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(launch.gpu_ids)
     gpu_ids = _trial_gpu_ids(launch)
@@ -442,7 +443,7 @@ def read_serve_help(serve_command: tuple[str, ...], timeout_s: float = 180.0,
     known = _read_cached(cached)
     if known is not None:
         return known
-    env = {**os.environ, **SAFE_ENV}
+    env = server_environ()
     for flag in ("--help=all", "--help"):
         try:
             out = subprocess.run([*serve_command, flag], capture_output=True, text=True, timeout=timeout_s,
@@ -669,7 +670,7 @@ def _load_with_bench(base: str, launch: VllmLaunch, workload: Workload, proc: su
                       result_filename="bench.json", served_model_name=_served_model_name(launch),
                       command=launch.bench_command)
     run = run_bench(argv, log_dir / "bench.json", log_dir / "bench.log", on_poll=on_poll,
-                    poll_interval_s=launch.sample_interval_s, env={**os.environ, **SAFE_ENV, **launch.env},
+                    poll_interval_s=launch.sample_interval_s, env=server_environ(launch.env),
                     stop_grace_s=min(5.0, launch.stop_grace_s))
     evidence = [f"load generator: vllm bench serve, argv={argv!r}"]
     if run.stopped is not None:
