@@ -27,7 +27,10 @@ byte), so the dense fidelity figures do not move.
   format has no tensor cores there) and on the GPU architecture; it is fitted on published runs,
   as is the prefill rate of the Triton attention vLLM runs attention sinks on below Hopper
   (``TRITON_ATTN_EFFICIENCY``, :func:`runs_triton_attention`). Its weight streaming rate
-  (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. The router (``E x H``,
+  (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. On data-center
+  Blackwell (10.x) Triton's fused-MoE kernel on 16-bit experts takes both rates from published kernel
+  benchmarks instead, nothing fitted (:data:`BLACKWELL_TRITON_MOE_SHARE`, :func:`blackwell_moe_mem_share`,
+  :func:`runs_blackwell_triton_moe`). The router (``E x H``,
   bf16, replicated) and shared experts (dense, every token) are ordinary GEMMs; DeepSeek's leading
   dense layers (``first_k_dense_replace``) run the dense MLP.
 * **Quantized weights** (:func:`weight_format`): fp8 checkpoints and ``--quantization fp8`` read 1 byte
