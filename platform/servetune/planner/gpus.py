@@ -137,6 +137,8 @@ class GpuSpec:
         if self.compute_capability < 8.0:
             return "TRITON_ATTN"  # FlashAttention needs sm80+
         if 10.0 <= self.compute_capability < 11.0:
+            # First on major 10 (platforms/cuda.py:69-75@v0.14.1); with attention sinks (gpt-oss) on its
+            # TRTLLM-gen kernels (v1/attention/backends/flashinfer.py:359-372@v0.14.1).
             return "FLASHINFER"
         return "FLASH_ATTN"  # FA3 on 9.0, FA2 on 8.x and 12.x
 

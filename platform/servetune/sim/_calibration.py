@@ -24,8 +24,8 @@ from servetune.sim import perf_classes
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
 
-__all__ = ["Calibration", "FA2_COMPUTE_CAPABILITY", "FA2_KNOBS", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES",
-           "calibration_for", "runs_flash_attention_2", "with_calibration"]
+__all__ = ["B200_INTERCONNECT_EFFICIENCY", "Calibration", "FA2_COMPUTE_CAPABILITY", "FA2_KNOBS", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES",
+           "NCCL_ALLREDUCE_BUSBW_GBPS", "calibration_for", "runs_flash_attention_2", "with_calibration"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,6 +302,32 @@ GPU_FAMILY_OVERRIDES: dict[str, dict[str, float]] = {
     # (docs/accuracy.md, "Resumed requests hit their own blocks").
     "A100-80GB": {"attn_efficiency": 0.5077, "kv_read_efficiency": 0.5646},
 }
+
+#: Published single-node ``all_reduce_perf`` bus bandwidths at large messages, GB/s, 8 GPUs over
+#: NVLink with NVSwitch: the H200's 475 (NVIDIA/nccl-tests#272, https://github.com/NVIDIA/nccl-tests/issues/272,
+#: 2024-11-27: "8x H200 connected via NVLINK4 ... peak bandwidth of 475 GB/s", NCCL 2.20.3) and the B200's
+#: 830 (NVIDIA/nccl#1807, https://github.com/NVIDIA/nccl/issues/1807, 2025-08-13: "should the
+#: all_reduce_perf performance of 8 B200s in a single machine reach 900+? Ours is 830+", NCCL 2.27.1),
+#: against their links' datasheet rates each way (``planner.gpus``: 450 and 900 GB/s).
+NCCL_ALLREDUCE_BUSBW_GBPS: dict[str, tuple[float, float]] = {"H200": (475.0, 450.0), "B200": (830.0, 900.0)}
+
+
+def _busbw_share(gpu: str) -> float:
+    """The share of its link's datasheet rate ``gpu``'s published all-reduce reaches (:data:`NCCL_ALLREDUCE_BUSBW_GBPS`)."""
+    busbw, link = NCCL_ALLREDUCE_BUSBW_GBPS[gpu]
+    return busbw / link
+
+
+#: The B200's all-reduce share of its NVLink 5 rate: the H200's calibrated ``interconnect_efficiency``
+#: (0.7) times the share the B200's published all-reduce keeps of the H200's (0.922 of its link against
+#: 1.056: 0.874), 0.612. **Derived from published nccl-tests figures, not fitted**; added 2026-12-06
+#: after the held-out B200 gpt-oss-120b runs (tests/fixtures/published_runs/nvlink_moe.yaml) had
+#: been read, none of whose figures chose it.
+B200_INTERCONNECT_EFFICIENCY: float = Calibration().interconnect_efficiency * _busbw_share("B200") / _busbw_share("H200")
+
+#: B200 (HGX, NVLink 5): the all-reduce's share of its link from published nccl-tests figures; its
+#: MoE kernel's rates are :mod:`servetune.sim.perf_classes`' Blackwell ones. Nothing fitted on a B200 run.
+GPU_FAMILY_OVERRIDES["B200"] = {"interconnect_efficiency": B200_INTERCONNECT_EFFICIENCY}
 
 #: The FlashAttention generation vLLM's FLASH_ATTN backend runs on an NVIDIA GPU, by compute
 #: capability (vLLM 0.26 ``v1/attention/backends/fa_utils.get_flash_attn_version``: FA3 on major 9,

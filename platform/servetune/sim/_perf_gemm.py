@@ -121,9 +121,13 @@ class GemmTerms:
             m = self._moe
             # Each routed row reads its token (H) and writes 2I (non-gated: I), then reads I and writes H.
             act += 2.0 * m.top_k * (m.hidden + (m.matrices - 1) * m.inter + m.inter + m.hidden) * m.layers
-            self._moe_mem_rate = mem_rate * cal.moe_mem_share
+            blackwell = perf_classes.runs_blackwell_triton_moe(gpu, m, self._version)
+            mem_share = cal.moe_mem_share
+            if blackwell:  # the Triton kernel's own streaming rate on Blackwell, from a published benchmark
+                mem_share *= perf_classes.blackwell_moe_mem_share(gpu, cal.mem_efficiency)
+            self._moe_mem_rate = mem_rate * mem_share
             self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share,
-                                                                                                m.kernel)
+                                                                                                m.kernel, blackwell)
             self._moe_floor_s = m.layers * cal.moe_layer_floor_s
             self._moe_row_blocks = cal.moe_row_blocks >= 0.5
         self._act_bytes_token = act / mem_rate

@@ -27,7 +27,10 @@ byte), so the dense fidelity figures do not move.
   format has no tensor cores there) and on the GPU architecture; it is fitted on published runs,
   as is the prefill rate of the Triton attention vLLM runs attention sinks on below Hopper
   (``TRITON_ATTN_EFFICIENCY``, :func:`runs_triton_attention`). Its weight streaming rate
-  (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. The router (``E x H``,
+  (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. On data-center
+  Blackwell (10.x) Triton's fused-MoE kernel on 16-bit experts takes both rates from published kernel
+  benchmarks instead, nothing fitted (:data:`BLACKWELL_TRITON_MOE_SHARE`, :func:`blackwell_moe_mem_share`,
+  :func:`runs_blackwell_triton_moe`). The router (``E x H``,
   bf16, replicated) and shared experts (dense, every token) are ordinary GEMMs; DeepSeek's leading
   dense layers (``first_k_dense_replace``) run the dense MLP.
 * **Quantized weights** (:func:`weight_format`): fp8 checkpoints and ``--quantization fp8`` read 1 byte
@@ -60,9 +63,9 @@ if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLOCK_FP8_MOE_RATE_SCALE", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
+__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL", "BLOCK_FP8_MOE_RATE_SCALE", "B200_FUSED_MOE_DEFAULT_US", "DATASHEET_BF16_TFLOPS", "TRITON_BF16_MATMUL_TFLOPS", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
            "expected_row_blocks", "is_class_model", "moe_block_m", "moe_row_fill", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
-           "moe_tile", "prices_tile", "runs_triton_attention", "tuned_tile",
+           "blackwell_moe_mem_share", "fused_moe_marginal_gbps", "moe_tile", "prices_tile", "runs_blackwell_triton_moe", "runs_triton_attention", "tuned_tile",
            "sliding_kv_share", "weight_format"]
 
 #: Share of the dense GEMMs' compute rate (``Calibration.compute_efficiency`` x the GPU's peak) that
@@ -109,6 +112,63 @@ MOE_COMPUTE_SHARE: dict[str, dict[str, float]] = {"triton": {"hopper": 0.3, "amp
 #: share per 64 x 64 tile it was refitted to). An architecture not listed takes ``triton``'s (Hopper: its
 #: fit runs ran no tuned file, so its share already holds their tiles).
 MOE_UNFITTED_SHARE: dict[str, float] = {"ampere": 0.35}
+#: The same Triton matmul timed on an H100 SXM and a B200 by one author, bf16, TFLOP/s at
+#: M = N = K = 4096 (tile-ai/tilelang#1787, https://github.com/tile-ai/tilelang/issues/1787,
+#: 2026-02-04: "triton | 0.263 ms | 523.0 TFLOPS" on "NVIDIA H100 80GB HBM3", "0.155 ms | 885.9
+#: TFLOPS" on "NVIDIA B200"; at 8192 the same pair is 526.5 and 1075.8). A pointer-loaded Triton
+#: ``tl.dot`` kernel, as vLLM's ``fused_moe_kernel`` is; 4096 is the published size nearest a MoE
+#: expert's GEMM (gpt-oss-120b at TP=8: ~256 rows an expert in an 8,192-token step, N 720, K 2,880).
+TRITON_BF16_MATMUL_TFLOPS: dict[str, float] = {"H100-80GB": 523.0, "B200": 885.9}
+#: The datasheet dense bf16 peaks those rates are held against (``planner.gpus``: NVIDIA H100 SXM5
+#: 989 TFLOP/s, HGX B200 2,250 TFLOP/s; a test holds them equal to the GPU table).
+DATASHEET_BF16_TFLOPS: dict[str, float] = {"H100-80GB": 989.0, "B200": 2250.0}
+#: :data:`MOE_COMPUTE_SHARE`'s ``triton`` cell on data-center Blackwell (compute capability 10.x),
+#: **derived from published kernel rates, not fitted**: Hopper's fitted share times the share of the
+#: datasheet ratio Triton's matmul keeps from H100 to B200 (:data:`TRITON_BF16_MATMUL_TFLOPS` over
+#: :data:`DATASHEET_BF16_TFLOPS`: 885.9 / 523.0 = 1.694 of 2,250 / 989 = 2.275, i.e. 0.745), so
+#: 0.3 x 0.745 = 0.223 (0.269 at the 8,192 pair). The dense (cuBLAS) rate keeps the H200's share:
+#: only the Triton kernel's rate is scaled. Applies where vLLM runs 16-bit experts on Triton's
+#: ``fused_moe_kernel`` there (:func:`runs_blackwell_triton_moe`); the five held-out B200 gpt-oss-120b
+#: bf16 runs (``tests/fixtures/published_runs/nvlink_moe.yaml``) were read before this rule was
+#: written (they motivated looking) but no figure here was chosen on them.
+BLACKWELL_TRITON_MOE_SHARE: float = (MOE_COMPUTE_SHARE["triton"]["hopper"]
+                                     * (TRITON_BF16_MATMUL_TFLOPS["B200"] / TRITON_BF16_MATMUL_TFLOPS["H100-80GB"])
+                                     / (DATASHEET_BF16_TFLOPS["B200"] / DATASHEET_BF16_TFLOPS["H100-80GB"]))
+#: vLLM's ``benchmark_moe.py`` on one B200, bf16 Qwen3-30B-A3B experts (E=128, top-8, H=2,048,
+#: I=768) at the default 16 x 32 x 64 tile, microseconds for 1, 2 and 4 tokens (vllm-project/vllm#31448,
+#: https://github.com/vllm-project/vllm/pull/31448, 2025-12-28, "with default config": 39.61, 51.87,
+#: 73.18 us); the rows beyond 8 tokens are not in the stored copy of the thread.
+B200_FUSED_MOE_DEFAULT_US: tuple[tuple[int, float], ...] = ((1, 39.61), (2, 51.87), (4, 73.18))
+#: The experts those timings read: E, top-k, hidden, intermediate (``Qwen/Qwen3-30B-A3B`` config.json).
+_B200_BENCH_EXPERTS: tuple[int, int, int, int] = (128, 8, 2048, 768)
+
+
+def fused_moe_marginal_gbps(timings: tuple[tuple[int, float], ...] = B200_FUSED_MOE_DEFAULT_US,
+                            experts: tuple[int, int, int, int] = _B200_BENCH_EXPERTS) -> float:
+    """GB/s the fused-MoE kernel streams the weights of the experts a larger batch adds (the first and
+    last timings' difference over the difference of their expected touched experts' bf16 bytes,
+    :func:`distinct_experts`): its weight-streaming rate with the fixed cost per call taken out.
+
+    Example:
+        >>> round(fused_moe_marginal_gbps())
+        5938
+    """
+    e, k, h, i = experts
+    (b0, t0), (b1, t1) = timings[0], timings[-1]
+    added = (distinct_experts(e, k, b1) - distinct_experts(e, k, b0)) * 3 * h * i * 2.0
+    return added / ((t1 - t0) * 1e-6) / 1e9
+
+
+#: The first vLLM release whose unquantized MoE no longer defaults to Triton on SM100: 0.20, where the
+#: default MoE backend became FlashInfer's (a vLLM maintainer, vllm-project/vllm#41306, 2026-05-01:
+#: "moe backend changed from triton to flashinfer in 0.20"; #44220 then moved Hopper back to Triton,
+#: "except for SM100"). Not read in 0.20's source: releases from it keep Hopper's share (the rule before).
+#: In 0.14.1 the path is Triton: ``UnquantizedFusedMoEMethod`` builds ``TritonExperts`` unless
+#: ``VLLM_USE_FLASHINFER_MOE_FP16`` (default 0, ``envs.py:1226-1227@v0.14.1``) and expert parallelism
+#: are both on (``model_executor/layers/fused_moe/unquantized_fused_moe_method.py:68-74,281-287@v0.14.1``),
+#: with no tuned B200 file for gpt-oss's ``E=128,N=360`` (``get_default_config``'s 64 x 64 x 32 tile above
+#: E rows, ``fused_moe.py:1278-1285@v0.14.1``).
+BLACKWELL_TRITON_MOE_UNTIL: tuple[int, int, int] = (0, 20, 0)
 #: Share of the dense GEMMs' weight-streaming rate (``Calibration.mem_efficiency``) the fused-MoE
 #: kernel reaches reading the touched experts at small batches. Not fitted: every published MoE run
 #: collected is prefill-bound (bursts of long prompts), so none measures it; 1.0 (the dense rate).
@@ -439,10 +499,43 @@ def moe_kernel(model: ModelProfile, gpu: GpuSpec) -> str:
     return "marlin"
 
 
-def moe_compute_share(gpu: GpuSpec, override: float = 0.0, kernel: str = "triton") -> float:
+def runs_blackwell_triton_moe(gpu: GpuSpec, shape: MoeShape, version: tuple[int, int, int]) -> bool:
+    """Whether vLLM ``version`` runs ``shape``'s experts on Triton's ``fused_moe_kernel`` on a
+    data-center Blackwell part (compute capability 10.x), the case :data:`BLACKWELL_TRITON_MOE_SHARE`
+    prices: 16-bit experts (fp8 and MXFP4 take other kernels there) below :data:`BLACKWELL_TRITON_MOE_UNTIL`.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> bf16 = MoeShape(128, 4, 2880, 360, 36, WeightFormat(2.0, 1.0), fused_moe=True)
+        >>> [runs_blackwell_triton_moe(get_gpu(g), bf16, (0, 14, 1)) for g in ("B200", "H200")]
+        [True, False]
+        >>> runs_blackwell_triton_moe(get_gpu("B200"), bf16, (0, 20, 0))
+        False
+    """
+    return (gpu.platform == "cuda" and 10.0 <= gpu.compute_capability < 11.0 and shape.fused_moe
+            and shape.fmt.bytes_per_weight >= 2.0 and tuple(version) < BLACKWELL_TRITON_MOE_UNTIL)
+
+
+def blackwell_moe_mem_share(gpu: GpuSpec, mem_efficiency: float) -> float:
+    """The fused-MoE kernel's weight-streaming rate on data-center Blackwell against the dense GEMMs'
+    (``Calibration.mem_efficiency`` of ``gpu``'s datasheet bandwidth), at most 1: the B200's published
+    marginal rate (:func:`fused_moe_marginal_gbps`, 5,938 GB/s, 0.742 of its 8,000) over that dense
+    rate. **Derived from a published kernel benchmark, not fitted**; it multiplies
+    ``Calibration.moe_mem_share`` where :func:`runs_blackwell_triton_moe` holds.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> round(blackwell_moe_mem_share(get_gpu("B200"), 0.7884), 3)
+        0.941
+    """
+    return min(1.0, fused_moe_marginal_gbps() / (gpu.hbm_gbps * mem_efficiency))
+
+
+def moe_compute_share(gpu: GpuSpec, override: float = 0.0, kernel: str = "triton", blackwell_triton: bool = False) -> float:
     """:data:`MOE_COMPUTE_SHARE` of ``kernel`` for ``gpu``'s architecture (compute capability 9.0 and
     up: Hopper's; a cell not fitted: :data:`MOE_UNFITTED_SHARE`, else ``triton``'s), or ``override``
-    when it is above 0.
+    when it is above 0; ``blackwell_triton`` (:func:`runs_blackwell_triton_moe`): the sourced
+    :data:`BLACKWELL_TRITON_MOE_SHARE` instead of a fitted cell.
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
@@ -454,6 +547,8 @@ def moe_compute_share(gpu: GpuSpec, override: float = 0.0, kernel: str = "triton
     """
     if override > 0:
         return override
+    if blackwell_triton:
+        return BLACKWELL_TRITON_MOE_SHARE
     arch = "hopper" if gpu.compute_capability >= 9.0 else "ampere"
     fitted = MOE_COMPUTE_SHARE.get(kernel, {}).get(arch)
     if fitted is not None:

@@ -1,0 +1,104 @@
+"""The B200's kernel rates from published kernel benchmarks (no B200 in hand, nothing fitted on a B200 run).
+
+Three constants, each next to its source in the code: the Triton fused-MoE kernel's compute share on
+data-center Blackwell (``perf_classes.BLACKWELL_TRITON_MOE_SHARE``: a Triton matmul timed on an H100
+and a B200, tile-ai/tilelang#1787), its weight-streaming share there (``perf_classes.blackwell_moe_mem_share``:
+vLLM's ``benchmark_moe.py`` on a B200, vllm-project/vllm#31448) and the B200's all-reduce share of its
+NVLink (``_calibration.B200_INTERCONNECT_EFFICIENCY``: nccl-tests on 8 x H200 and 8 x B200).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import resolve_engine_config
+from servetune.planner.modelinfo import ModelProfile, load_model
+from servetune.sim import _calibration, perf_classes
+from servetune.sim.perf import Calibration, PerfModel, calibration_for
+
+B200, H200, H100 = get_gpu("B200"), get_gpu("H200"), get_gpu("H100-80GB")
+QWEN_MOE = load_model("qwen3-30b-a3b")  # bf16 experts: Triton's fused_moe_kernel
+GPT_OSS = load_model("gpt-oss-20b")  # MXFP4 experts: FlashInfer's kernels on SM100
+HOPPER = perf_classes.MOE_COMPUTE_SHARE["triton"]["hopper"]
+
+
+def perf_at(model: ModelProfile, gpu: object, version: str, knobs: dict[str, float] | None = None) -> PerfModel:
+    cal = calibration_for(gpu).with_overrides(knobs or {})  # type: ignore[arg-type]
+    return PerfModel(model, gpu, resolve_engine_config({}, model, gpu, vllm_version=version), cal)  # type: ignore[arg-type]
+
+
+def test_the_published_rates_behind_the_share_hold_the_gpu_tables_peaks() -> None:
+    assert perf_classes.DATASHEET_BF16_TFLOPS == {"H100-80GB": H100.bf16_tflops, "B200": B200.bf16_tflops}
+    assert set(perf_classes.TRITON_BF16_MATMUL_TFLOPS) == set(perf_classes.DATASHEET_BF16_TFLOPS)
+    triton = perf_classes.TRITON_BF16_MATMUL_TFLOPS
+    # Triton's matmul keeps 0.745 of the datasheet ratio from H100 to B200 (1.694 of 2.275).
+    kept = (triton["B200"] / triton["H100-80GB"]) / (B200.bf16_tflops / H100.bf16_tflops)
+    assert kept == pytest.approx(0.7446, abs=1e-4)
+    assert perf_classes.BLACKWELL_TRITON_MOE_SHARE == pytest.approx(HOPPER * kept, rel=1e-12)
+    assert 0.22 < perf_classes.BLACKWELL_TRITON_MOE_SHARE < HOPPER
+    # A sourced figure, not a fitted cell: the fit half's table has no Blackwell entry.
+    assert all("blackwell" not in cells for cells in perf_classes.MOE_COMPUTE_SHARE.values())
+
+
+def test_bf16_experts_on_a_b200_at_vllm_0_14_compute_at_the_sourced_share() -> None:
+    tokens = 8192
+    b200 = perf_at(QWEN_MOE, B200, "0.14.1")
+    at_sourced = perf_at(QWEN_MOE, B200, "0.14.1", {"moe_compute_share": perf_classes.BLACKWELL_TRITON_MOE_SHARE})
+    at_hopper = perf_at(QWEN_MOE, B200, "0.14.1", {"moe_compute_share": HOPPER})
+    assert b200.moe_seconds(tokens) == pytest.approx(at_sourced.moe_seconds(tokens), rel=1e-12)
+    assert b200.moe_seconds(tokens) > 1.15 * at_hopper.moe_seconds(tokens)
+    shape = perf_classes.moe_shape(QWEN_MOE, B200, 1, QWEN_MOE.num_layers)
+    assert shape is not None and perf_classes.runs_blackwell_triton_moe(B200, shape, (0, 14, 1))
+    # The Hopper parts keep their fitted share.
+    h200 = perf_at(QWEN_MOE, H200, "0.14.1")
+    assert h200.moe_seconds(tokens) == pytest.approx(perf_at(QWEN_MOE, H200, "0.14.1", {"moe_compute_share": HOPPER})
+                                                     .moe_seconds(tokens), rel=1e-12)
+
+
+def test_the_blackwell_rule_stops_where_vllm_leaves_triton_or_the_experts_are_not_16_bit() -> None:
+    bf16 = perf_classes.moe_shape(QWEN_MOE, B200, 1, QWEN_MOE.num_layers)
+    mxfp4 = perf_classes.moe_shape(GPT_OSS, B200, 1, GPT_OSS.num_layers)
+    assert bf16 is not None and mxfp4 is not None
+    assert not perf_classes.runs_blackwell_triton_moe(B200, bf16, perf_classes.BLACKWELL_TRITON_MOE_UNTIL)
+    assert not perf_classes.runs_blackwell_triton_moe(B200, mxfp4, (0, 14, 1))
+    assert not perf_classes.runs_blackwell_triton_moe(H200, bf16, (0, 14, 1))
+    # From 0.20 (FlashInfer's MoE by default on SM100) the B200 is priced as before: Hopper's share, the dense streaming rate.
+    tokens = 8192
+    new = perf_at(QWEN_MOE, B200, "0.20.0")
+    assert new.moe_seconds(tokens) == pytest.approx(perf_at(QWEN_MOE, B200, "0.20.0", {"moe_compute_share": HOPPER})
+                                                    .moe_seconds(tokens), rel=1e-12)
+
+
+def test_the_b200_fused_moe_streams_weights_at_its_published_marginal_rate() -> None:
+    # vllm#31448's B200 timings at 1 and 4 tokens: 8 and 29.1 experts touched (E=128, top-8), 9.44 MB each.
+    per_expert = 3 * 2048 * 768 * 2
+    added = (perf_classes.distinct_experts(128, 8, 4) - perf_classes.distinct_experts(128, 8, 1)) * per_expert
+    assert perf_classes.fused_moe_marginal_gbps() == pytest.approx(added / ((73.18 - 39.61) * 1e-6) / 1e9, rel=1e-9)
+    assert 5900 < perf_classes.fused_moe_marginal_gbps() < 6000  # 0.742 of the B200's 8,000 GB/s
+    cal = calibration_for(B200)
+    share = perf_classes.blackwell_moe_mem_share(B200, cal.mem_efficiency)
+    assert share == pytest.approx(perf_classes.fused_moe_marginal_gbps() / (B200.hbm_gbps * cal.mem_efficiency))
+    assert 0.93 < share < 0.95
+    # A decode of one token reads its top-k experts at that rate (no kernel floor here).
+    no_floor = {"moe_layer_floor_s": 0.0}
+    b200 = perf_at(QWEN_MOE, B200, "0.14.1", no_floor)
+    shape = perf_classes.moe_shape(QWEN_MOE, B200, 1, QWEN_MOE.num_layers)
+    assert shape is not None
+    rate = B200.hbm_gbps * 1e9 * cal.mem_efficiency * cal.moe_mem_share * share
+    assert b200.moe_seconds(1) == pytest.approx(8 * shape.expert_bytes * shape.layers / rate, rel=0.02)
+    assert b200.moe_seconds(1) > 1.05 * perf_at(QWEN_MOE, B200, "0.20.0", no_floor).moe_seconds(1)
+
+
+def test_the_b200_all_reduce_share_comes_from_published_nccl_tests() -> None:
+    table = _calibration.NCCL_ALLREDUCE_BUSBW_GBPS
+    assert {g: link for g, (_, link) in table.items()} == {"H200": H200.interconnect_gbps, "B200": B200.interconnect_gbps}
+    h200_share, b200_share = (busbw / link for busbw, link in (table["H200"], table["B200"]))
+    assert h200_share == pytest.approx(475 / 450) and b200_share == pytest.approx(830 / 900)
+    expected = Calibration().interconnect_efficiency * b200_share / h200_share
+    assert _calibration.B200_INTERCONNECT_EFFICIENCY == pytest.approx(expected, rel=1e-12)
+    assert calibration_for(B200).interconnect_efficiency == pytest.approx(0.6116, abs=1e-4)
+    assert calibration_for(H200).interconnect_efficiency == calibration_for(H100).interconnect_efficiency == 0.7
+    # Every other B200 knob stays the H200's.
+    b200, h200 = calibration_for(B200), calibration_for(H200)
+    assert {k for k in vars(b200) if getattr(b200, k) != getattr(h200, k)} == {"interconnect_efficiency"}
