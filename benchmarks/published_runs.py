@@ -55,7 +55,10 @@ prompt lengths, one server start): the dataset gives prompt i the tokens ``(offs
 vocab`` with offsets drawn from the seed's own generator after the lengths (which draw nothing at
 ``range_ratio`` 0), so each prompt begins with the earlier run's prompt i, and that prefix is
 simulated as cached (:func:`bench_serve_requests`; under DP an expected 1 / dp of the prompts find
-theirs: the balancer sends each request where the burst's arrival order puts it). The headline
+theirs: the balancer sends each request where the burst's arrival order puts it). Such a run also
+starts with the fused-MoE kernel variants its server compiled on first use in the runs before it
+(``servetune.sim.moe_jit``: the server's Triton cache is carried from run to run, replayed in the
+file's order; a run without ``after_input_len`` starts a server). The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
 states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
@@ -110,6 +113,7 @@ from servetune.planner.target import resolve_target  # noqa: E402
 from servetune.planner.vllm_rules import parse_vllm_version  # noqa: E402
 from servetune.sim import (FA2_KNOBS, GPU_CALIBRATION, Calibration, PerfModel, runs_flash_attention_2,  # noqa: E402
                            simulate, with_calibration)
+from servetune.sim.moe_jit import TritonCache  # noqa: E402
 from servetune.workload import GREEDY, RequestSpec, Sampling, Workload  # noqa: E402
 
 import _fidelity  # noqa: E402
@@ -682,23 +686,30 @@ def assumed_max_model_len(run: PublishedRun) -> int:
     return 1 << max(0, math.ceil(math.log2(top)))
 
 
-def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_sent: bool = True) -> Judged:
+def judge(run: PublishedRun, calibration: Mapping[str, float] | None = None, as_sent: bool = True,
+          triton_cache: TritonCache | None = None) -> Judged:
     """Simulate ``run`` (its model, GPU, layout, flags, vLLM version and load) and pair the figures
-    (``as_sent``: :func:`workload_of`'s). A run that states no ``max_model_len``, served, and whose
+    (``as_sent``: :func:`workload_of`'s). ``triton_cache``: its server's fused-MoE kernel variants,
+    updated in place (None: :func:`server_cache`'s replay of the runs before it; ``as_sent`` False:
+    none are compiled on first use, the simulator before it priced them). A run that states no ``max_model_len``, served, and whose
     default the plan refuses (``kv_too_small``: the planner calls it impossible) is simulated at
     :func:`assumed_max_model_len` and carries the refusal in ``default_refused``: the report counts it
     apart, so a served start called impossible stays in view."""
-    judged = _judge_flags(run, run.flags, calibration, as_sent)
+    if triton_cache is None:
+        triton_cache = server_cache(run, calibration) if as_sent else TritonCache(complete=True)
+    before = TritonCache(set(triton_cache.variants), triton_cache.complete)
+    judged = _judge_flags(run, run.flags, calibration, as_sent, triton_cache)
     if (judged.failure or "").startswith("kv_too_small") and "max_model_len" not in run.flags:
         length = assumed_max_model_len(run)
-        again = _judge_flags(run, {**run.flags, "max_model_len": length}, calibration, as_sent)
+        triton_cache.variants = before.variants  # the refused start ran nothing
+        again = _judge_flags(run, {**run.flags, "max_model_len": length}, calibration, as_sent, triton_cache)
         if again.failure is None:
             return dataclasses.replace(again, assumed_max_model_len=length, default_refused=judged.failure)
     return judged
 
 
 def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: Mapping[str, float] | None,
-                 as_sent: bool) -> Judged:
+                 as_sent: bool, triton_cache: TritonCache | None = None) -> Judged:
     """:func:`judge` with the run's flags replaced by ``run_flags``."""
     flags = {**run_flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
     try:
@@ -710,7 +721,7 @@ def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: M
         return Judged(run, None, None, None, failure=str(exc))
     gpu = with_calibration(with_interconnect(target.gpu, run.interconnect or None), calibration or {})
     result = simulate(target.model, gpu, target.config, workload_of(run, as_sent=as_sent),
-                      plan=plan_memory(planned.model, gpu, planned.config))
+                      plan=plan_memory(planned.model, gpu, planned.config), triton_cache=triton_cache)
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
     logged = _HIT_RATE.findall(result.log_text or "")
@@ -721,6 +732,35 @@ def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: M
 
 #: The simulated run log's hit rate (``servetune.sim.vllm_log.run_log_text``: vLLM's stats line).
 _HIT_RATE = re.compile(r"Prefix cache hit rate: ([\d.]+)%")
+
+
+def server_key(run: PublishedRun) -> str:
+    """What one server's runs share: the sweep (:func:`sweep_key`), the GPU, the layout and the host."""
+    return json.dumps([sweep_key(run), run.gpu, dict(run.layout), run.interconnect])
+
+
+def server_cache(run: PublishedRun, calibration: Mapping[str, float] | None = None) -> TritonCache:
+    """The fused-MoE kernel variants ``run``'s server holds when it starts: none beyond startup's for
+    a run that starts its server; after ``after_input_len``, those its runs before this one compiled,
+    replayed in the fixture file's order from the server's start (each simulated as :func:`judge` does).
+
+    Example:
+        >>> runs = load_runs([FIXTURES / "nvlink_moe.yaml"])
+        >>> cold, warm = server_cache(runs[0]), server_cache(runs[1])
+        >>> len(warm.variants - cold.variants) > 0 and not cold.variants
+        True
+    """
+    cache = TritonCache()
+    if not run.workload.get("after_input_len"):
+        return cache
+    path = FIXTURES / run.file
+    mine = [r for r in load_runs([path]) if server_key(r) == server_key(run)] if path.exists() else []
+    ids = [r.id for r in mine]
+    earlier = mine[:ids.index(run.id)] if run.id in ids else []
+    starts = [i for i, r in enumerate(earlier) if not r.workload.get("after_input_len")]
+    for r in earlier[starts[-1]:] if starts else []:
+        judge(r, calibration, triton_cache=cache)
+    return cache
 
 
 def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
@@ -762,12 +802,22 @@ def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged
     ignored: the simulator before it took the interconnect as an input), capped finite-rate
     runs as closed loops from t=0 (before their arrivals were kept), re-sent prompts as new
     ones (before the logged prefix-cache hit rate was an input) and no chat-template parse per
-    chat request (``chat_template_parse_s`` 0, before vLLM 0.11.0's was priced)."""
+    chat request (``chat_template_parse_s`` 0, before vLLM 0.11.0's was priced) and no fused-MoE kernel
+    compiled on first use (before ``sim.moe_jit``). As committed, one server's runs share its Triton
+    cache in the order given (:func:`server_cache`)."""
     if before:
         return [dataclasses.replace(judge(dataclasses.replace(r, interconnect=""),
                                           {**h200_knobs_for(r.gpu), "chat_template_parse_s": 0.0},
                                           as_sent=False), run=r) for r in runs]
-    return [judge(r) for r in runs]
+    caches: dict[str, TritonCache] = {}
+    out: list[Judged] = []
+    for r in runs:  # one server's runs in order: its Triton cache carried, not replayed again
+        key = server_key(r)
+        cache = caches[key] if r.workload.get("after_input_len") and key in caches else None
+        cache = cache if cache is not None else server_cache(r)
+        out.append(judge(r, triton_cache=cache))
+        caches[key] = cache
+    return out
 
 
 def fit_loss(judged: Sequence[Judged]) -> float:

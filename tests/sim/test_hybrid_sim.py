@@ -130,15 +130,17 @@ def test_both_windows_ran_no_warm_up_and_stalled_on_the_first_request() -> None:
 
 
 def test_granite_4_0_h_tiny_window(rows) -> None:
-    """Measured: output tok/s +61.5% (3,873 against 2,398.71), TPOT -19.5% (7.58 ms against 9.41),
-    mean TTFT -82.3% (179 ms against 1,012). The real window lost ~3 s to the JIT stall of its first
-    wave (its later waves ran every ~2.7 s: about 3,030 tok/s, against which the simulator is ~+28%);
-    the decode steps run ~20% fast, and the real median TTFT (470 ms) sits above the simulated mean too."""
+    """Measured: output tok/s +50.8% (3,616 against 2,398.71), TPOT -14.8%, mean TTFT -78.6% (+61.5 /
+    -19.5 / -82.3% before the simulator priced its MoE experts' first-use Triton compiles, ``sim.moe_jit``:
+    0.3 s per fused-MoE kernel variant, none of the Mamba kernels'). The real window lost ~3 s to the JIT
+    stall of its first wave (its later waves ran every ~2.7 s: about 3,030 tok/s, against which the
+    simulator is ~+19%); the decode steps run fast, and the real median TTFT (470 ms) sits above the
+    simulated mean too."""
     r = rows[HYBRID_BENCH_STARTS[0]]
     assert r.real.preemptions == r.sim_preemptions == 0
-    assert 0.55 < r.throughput_error < 0.70, r.throughput_error
-    assert -0.25 < r.tpot_error < -0.15, r.tpot_error
-    assert -0.88 < r.ttft_error < -0.77, r.ttft_error
+    assert 0.45 < r.throughput_error < 0.56, r.throughput_error
+    assert -0.20 < r.tpot_error < -0.10, r.tpot_error
+    assert -0.84 < r.ttft_error < -0.73, r.ttft_error
 
 
 def test_nemotron_h_8b_window(rows) -> None:

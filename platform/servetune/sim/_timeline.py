@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING
 
 from servetune.sim._sched_output import Prompts, SchedulerOutput, StepResult, Tally
 from servetune.sim._sched_state import SchedulerState
+from servetune.sim.moe_jit import first_use_s
 
 if TYPE_CHECKING:
     from servetune.sim.blocks import BlockPool
     from servetune.sim.frontend import ApiServer
+    from servetune.sim.moe_jit import MoeJitRule, TritonCache
     from servetune.sim.perf import PerfModel
     from servetune.sim.request import SimRequest
 
@@ -36,6 +38,8 @@ class StepTimeline(SchedulerState):
     # What this part calls (``SimScheduler.__init__`` makes them).
     api: ApiServer
     perf: PerfModel
+    moe_jit: MoeJitRule | None
+    triton_cache: TritonCache
     pool: BlockPool
 
     def step(self) -> StepResult:
@@ -111,9 +115,11 @@ class StepTimeline(SchedulerState):
         raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
 
     def _duration(self, out: SchedulerOutput | Tally) -> float:
+        """The step's time: its kernels and engine CPU, and any fused-MoE kernel variant it is the
+        first to launch on this server (``sim.moe_jit.first_use_s``)."""
         return self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
                                    out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
-                                   out.prefill_attn)
+                                   out.prefill_attn) + first_use_s(self.moe_jit, self.triton_cache, out.num_tokens)
 
     def update_from_output(self, out: SchedulerOutput, duration: float, decoding: int = 0) -> list[SimRequest]:
         """The step ran for ``duration``: sample its tokens, hand them to the API server, finish the

@@ -43,14 +43,19 @@ if TYPE_CHECKING:
     from servetune.planner.engine_config import EngineConfig
     from servetune.planner.memory import MemoryPlan
     from servetune.planner.modelinfo import ModelProfile
+    from servetune.sim.moe_jit import TritonCache
     from servetune.workload import Workload
 
 __all__ = ["simulate", "figure_notes"]
 
 
 def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: Workload, *,
-             plan: MemoryPlan | None = None, seed: int = 0) -> TrialResult:
+             plan: MemoryPlan | None = None, seed: int = 0, triton_cache: TritonCache | None = None) -> TrialResult:
     """Run ``workload`` on one simulated engine and measure it the way the load generator does.
+
+    ``triton_cache``: the server's fused-MoE kernel variants (``sim.moe_jit``) where the caller runs
+    several loads on one server and carries it from run to run (it is updated in place); None, a
+    freshly started server.
 
     Warm-up requests run first and are excluded; the measured window runs from the first measured
     send to the last completion (:class:`~servetune.sim.client.LoadClient`). Deterministic: the
@@ -79,7 +84,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
                            log_text=startup_log, **base)
 
     perf = PerfModel(model, gpu, config, sampling=workload.sampling)
-    sched = SimScheduler(model, gpu, config, plan.num_gpu_blocks, seed=seed, perf=perf)
+    sched = SimScheduler(model, gpu, config, plan.num_gpu_blocks, seed=seed, perf=perf, triton_cache=triton_cache)
     client = LoadClient(sched, workload)
     records = client.run()
     finish_times = [r.finish_s for r in records if r.finish_s is not None]

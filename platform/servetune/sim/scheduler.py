@@ -65,6 +65,7 @@ from servetune.sim._sched_output import SchedulerOutput, StepResult
 from servetune.sim._timeline import StepTimeline
 from servetune.sim.blocks import BlockPool
 from servetune.sim.frontend import ApiServer
+from servetune.sim.moe_jit import TritonCache, moe_jit_rule
 from servetune.sim.perf import PerfModel
 from servetune.sim.request import RequestState, SimRequest
 from servetune.sim.tokenizer_batch import MICROBATCH_MAX_PROMPTS, tokenizer_batch_wait_s
@@ -96,7 +97,8 @@ class SimScheduler(StepTimeline, BulkDecode, Admission):
     """
 
     def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig, num_gpu_blocks: int,
-                 seed: int = 0, perf: PerfModel | None = None, bulk_decode: bool = True) -> None:
+                 seed: int = 0, perf: PerfModel | None = None, bulk_decode: bool = True,
+                 triton_cache: TritonCache | None = None) -> None:
         if num_gpu_blocks < 2:
             raise ValueError(f"num_gpu_blocks must be >= 2 (one is vLLM's null block), got {num_gpu_blocks}")
         self.config = config
@@ -168,6 +170,13 @@ class SimScheduler(StepTimeline, BulkDecode, Admission):
         #: Whether run_until_idle decodes in bulk (False: every step request by request, the
         #: reference the bulk steps equal); how many steps it ran so.
         self.bulk_decode = bulk_decode
+        #: The fused-MoE kernel variants the server compiles on first use (``sim.moe_jit``): the rule,
+        #: and the server's Triton cache (a caller's, carried from its earlier runs, or a cold one),
+        #: which startup's runs fill first.
+        self.moe_jit = moe_jit_rule(model, gpu, config)
+        self.triton_cache = triton_cache if triton_cache is not None else TritonCache()
+        if self.moe_jit is not None:
+            self.triton_cache.variants |= self.moe_jit.warm()
         self.num_bulk_steps = 0
         self._dec_n = 0
         self._dec_off = 0
