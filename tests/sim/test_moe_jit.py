@@ -89,16 +89,17 @@ def test_a_servers_later_runs_start_with_the_variants_its_first_run_compiled() -
 
 def test_on_the_gpt_oss_first_bursts_the_stall_lands_on_the_last_prefill_step_throughput_not_ttft() -> None:
     # Judged on held-out runs (none was fitted): the TP=8 first bursts were simulated 24% (H100) and 36% (H200)
-    # fast with the rule off; the simulated burst reaches the unaligned variant at its last prefill step, so the
-    # stall moves the throughput and leaves the TTFT 45-50% short (the real stall came before the first tokens).
+    # fast with the rule off, 15% and 24% since the unaligned expert width is priced (perf_classes.moe_down_share);
+    # the simulated burst reaches the unaligned variant at its last prefill step, so the stall moves the
+    # throughput and leaves the TTFT 35-45% short (the real stall came before the first tokens).
     firsts = {r.id: r for r in MOE_RUNS if not r.workload.get("after_input_len") and r.layout["tp"] == 8}
-    for run_id, low, high in (("h100-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.0, 0.08),
-                              ("h200-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.05, 0.15)):
+    for run_id, low, high in (("h100-gpt-oss-120b-bf16-tp8-rand1024x128-c100", -0.06, 0.06),
+                              ("h200-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.0, 0.08)):
         on, off = judge(firsts[run_id]), judge(firsts[run_id], triton_cache=TritonCache(complete=True))
-        assert off.headline_error is not None and off.headline_error > 0.2
+        assert off.headline_error is not None and off.headline_error > 0.12
         assert on.headline_error is not None and low < on.headline_error < high, on.headline_error
         assert on.ttft_error is not None and off.ttft_error is not None
-        assert abs(on.ttft_error - off.ttft_error) < 0.05 and on.ttft_error < -0.4
+        assert abs(on.ttft_error - off.ttft_error) < 0.05 and on.ttft_error < -0.3
 
 
 def test_other_fixture_paths_fall_back_to_a_cold_server() -> None:
