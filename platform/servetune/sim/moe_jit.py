@@ -46,6 +46,9 @@ What vLLM's source says (read at 0.11.0, 0.14.1, 0.19.0 and 0.26.0; ``file:line@
   ``compilation/backends.py:616-633@0.14.1``): a server of another layout starts with none of these
   variants; the same server keeps them from one run to the next (the caller carries its
   :class:`TritonCache`).
+* **Under DP** (``EngineConfig.data_parallel_size``, no expert parallelism) the experts are split over
+  ``tp x dp`` GPUs (their tuned file is looked up at that width) and the kernel's ``M`` is every replica's
+  tokens, each replica's step padded alike (``sim.perf_classes.moe_parallel_size``, ``moe_step_tokens``).
 
 Example:
     >>> from servetune.planner.gpus import get_gpu
