@@ -63,7 +63,9 @@ figure is the output throughput for a closed loop and the mean TPOT (the median 
 published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
 states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
 finite rate, their arrival times (:func:`bench_serve_requests`); other runs draw servetune's own. DP replicas are simulated as ``dp`` independent
-engines, each with its share of the prompts and of the load, their throughputs added.
+engines, each with its share of the prompts and of the load, their throughputs added; a MoE model's
+routed experts are priced as vLLM runs them under DP (:func:`engine_config`: split over ``tp x dp``
+GPUs, each MoE layer running every replica's tokens).
 
 The split rule (:func:`split_of`): within one fixture file and one GPU, runs are grouped into
 sweeps (same source page and model: one publisher's runs of one model share a host, a client
@@ -106,6 +108,7 @@ for _path in (ROOT / "platform", ROOT / "benchmarks"):
         sys.path.insert(0, str(_path))
 
 from servetune.errors import SpecError  # noqa: E402
+from servetune.planner.engine_config import EngineConfig  # noqa: E402
 from servetune.planner.gpus import get_gpu, with_interconnect  # noqa: E402
 from servetune.planner.memory import plan_memory  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile, load_model  # noqa: E402
@@ -119,7 +122,7 @@ from servetune.workload import GREEDY, RequestSpec, Sampling, Workload  # noqa: 
 import _fidelity  # noqa: E402
 
 __all__ = ["FIXTURES", "PublishedRun", "Judged", "ReplayedLoad", "load_runs", "split_of", "sweep_key", "workload_of",
-           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "step_breakdown", "judge",
+           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "step_breakdown", "engine_config", "judge",
            "judge_all", "cells", "rankings", "ratio_spread", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
@@ -720,7 +723,7 @@ def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: M
     except SpecError as exc:
         return Judged(run, None, None, None, failure=str(exc))
     gpu = with_calibration(with_interconnect(target.gpu, run.interconnect or None), calibration or {})
-    result = simulate(target.model, gpu, target.config, workload_of(run, as_sent=as_sent),
+    result = simulate(target.model, gpu, engine_config(run, target.config), workload_of(run, as_sent=as_sent),
                       plan=plan_memory(planned.model, gpu, planned.config), triton_cache=triton_cache)
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
@@ -728,6 +731,21 @@ def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: M
     return Judged(run, (result.output_throughput or 0.0) * run.layout["dp"],
                   result.ttft_ms.mean if result.ttft_ms else None, result.tpot_ms.mean if result.tpot_ms else None,
                   sim_hit_rate=float(logged[-1]) / 100 if logged else None)
+
+
+def engine_config(run: PublishedRun, config: EngineConfig) -> EngineConfig:
+    """The config one of ``run``'s engines is simulated with: ``config`` (one replica's flags, as planned)
+    with the run's ``dp`` as ``data_parallel_size``, which the simulator reads for a MoE model's routed
+    experts only (``servetune.sim.perf_classes.moe_parallel_size`` and ``moe_step_tokens``: split over
+    ``tp x dp`` GPUs, every replica's tokens); the memory plan stays one replica's.
+
+    Example:
+        >>> run = next(r for r in load_runs([FIXTURES / "nvlink_moe.yaml"]) if r.layout["dp"] == 2)
+        >>> target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, {"tensor_parallel_size": 4})
+        >>> engine_config(run, target.config).data_parallel_size
+        2
+    """
+    return dataclasses.replace(config, data_parallel_size=run.layout["dp"])
 
 
 #: The simulated run log's hit rate (``servetune.sim.vllm_log.run_log_text``: vLLM's stats line).
@@ -779,8 +797,8 @@ def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
     """
     flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
     target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
-    perf = PerfModel(target.model, with_interconnect(target.gpu, run.interconnect or None), target.config,
-                     sampling=run.sampling)
+    perf = PerfModel(target.model, with_interconnect(target.gpu, run.interconnect or None),
+                     engine_config(run, target.config), sampling=run.sampling)
     w = run.workload
     context = w["input_len"] + w["output_len"] // 2
     cap = min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"])

@@ -540,6 +540,20 @@ class AllReduceCost:
             return 0.0
         return self.fixed_s(tp) + 2.0 * (tp - 1) / tp * message_bytes / self.bus_bytes_per_s
 
+    def gather_seconds(self, ranks: int, message_bytes: float) -> float:
+        """One all-gather, or one reduce-scatter, over ``ranks`` ranks whose whole (gathered) tensor is
+        ``message_bytes``: :meth:`gather_fixed_s` plus ``(ranks-1)/ranks x message_bytes`` at the bus
+        rate (each rank receives, or sends on, all but its own share: NCCL's ring, as its tests count
+        both collectives' bus bandwidth). 0 on one rank.
+
+        Example:
+            >>> AllReduceCost("ring", 10e-6, 100e9).gather_seconds(2, 2e6) * 1e6
+            20.0
+        """
+        if ranks < 2:
+            return 0.0
+        return self.gather_fixed_s(ranks) + (ranks - 1) / ranks * message_bytes / self.bus_bytes_per_s
+
     def sendrecv_seconds(self, message_bytes: float) -> float:
         """One point-to-point send of ``message_bytes`` to the next rank (a pipeline boundary): one step."""
         return self.latency_s + message_bytes / self.bus_bytes_per_s

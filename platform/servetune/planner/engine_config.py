@@ -105,6 +105,12 @@ class EngineConfig:
     #: A Mamba hybrid's Mamba-group block in tokens (:func:`~servetune.planner.hybrid.mamba_group_block_size`;
     #: ``max_model_len`` without prefix caching); 0 for other models.
     mamba_block_size: int = 0
+    #: Replicas of this engine that step together behind one API server (``--data-parallel-size``), without
+    #: expert parallelism. Only the simulator reads it, and only for a MoE model's routed experts
+    #: (:func:`~servetune.sim.perf_classes.moe_parallel_size`, :func:`~servetune.sim.perf_classes.moe_step_tokens`):
+    #: the published-run harness sets it for a DP run; the user flag stays refused
+    #: (:data:`~servetune.planner.flags.NOT_MODELLED`) and the planner plans one replica's GPUs.
+    data_parallel_size: int = 1
 
     @property
     def world_size(self) -> int:

@@ -139,9 +139,15 @@ def _as_typed(field: str, name: str, text: str) -> str:
 #: vLLM flags servetune knows but does not model yet: each is refused in one line that says so (not
 #: as an unknown flag), with what to plan instead.
 NOT_MODELLED: dict[str, str] = {
+    # A MoE model's replicas are not independent (vLLM 0.14.1 fused_moe/config.py:882-998: without expert
+    # parallelism its experts are split over tp x dp GPUs and each MoE layer runs every replica's tokens:
+    # servetune.sim.perf_classes.moe_parallel_size): one replica planned alone is right for a dense model only.
     "data_parallel_size": "data parallelism (replicas behind one API server) is not modelled by the planner or the "
-                          "simulator: plan and tune one replica (its tensor_parallel_size x pipeline_parallel_size "
-                          "GPUs) at its share of the load",
+                          "simulator: for a dense model, plan and tune one replica (its tensor_parallel_size x "
+                          "pipeline_parallel_size GPUs) at its share of the load; a MoE model's replicas share "
+                          "their experts (split over tensor_parallel_size x data_parallel_size GPUs, each MoE "
+                          "layer running every replica's tokens), so one replica planned alone overstates its "
+                          "expert weights and misprices its MoE layers",
     "enable_expert_parallel": "expert parallelism (experts spread over the TP x DP ranks, all-to-all) is not modelled "
                               "by the planner or the simulator: plan the model with its experts split by "
                               "tensor_parallel_size",

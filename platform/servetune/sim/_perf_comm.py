@@ -1,7 +1,9 @@
-"""Communication's prices for :class:`servetune.sim.perf.PerfModel`: TP all-reduces, the logits' gather, PP sends.
+"""Communication's prices for :class:`servetune.sim.perf.PerfModel`: TP all-reduces, the logits' gather, PP sends,
+and a MoE's DP gather and scatter.
 
 Contract: :class:`CommTerms` is the part of ``PerfModel`` that sets a step's communication terms
-(``perf``'s docstring, "TP adds two all-reduces per layer" and "PP splits the layers"), each priced
+(``perf``'s docstring, "TP adds two all-reduces per layer", "PP splits the layers" and "DP replicas of
+a MoE model"), each priced
 by the host's interconnect through :mod:`servetune.planner.comm` (the one model the planner and the
 simulator share); ``PerfModel.gpu_cost`` adds them per micro-batch and per token. Pure arithmetic,
 no I/O.
@@ -24,15 +26,18 @@ __all__ = ["CommTerms"]
 class CommTerms:
     """Communication of one step (a mixin of :class:`servetune.sim.perf.PerfModel`): :meth:`_init_comm`
     sets the fixed and per-token seconds of the all-reduces (``_t_ar_*``), of the logits' all-gather
-    without GPU P2P (``_t_gather_*``) and of the pipeline's sends (``_t_pp_*``), and :attr:`allreduce_path`."""
+    without GPU P2P (``_t_gather_*``), of the pipeline's sends (``_t_pp_*``) and of a MoE's DP all-gather
+    and reduce-scatter (``_t_dp_*``), and :attr:`allreduce_path`."""
 
     def _init_comm(self, model: ModelProfile, gpu: GpuSpec, tp: int, pp: int, layers: int,
-                   cal: Calibration, allreduces: int = 0, custom_all_reduce: bool = True) -> None:
+                   cal: Calibration, allreduces: int = 0, custom_all_reduce: bool = True, dp: int = 1,
+                   moe_layers: int = 0) -> None:
         """The per-step communication terms: TP all-reduces and PP sends, priced by the interconnect.
 
         ``allreduces``: the stage's all-reduces a step (0: two a layer; a hybrid's one per mixer and MLP,
         Nemotron-H's layers holding one of them). ``custom_all_reduce``: not ``disable_custom_all_reduce``
         (the path changes, the calibrated cost does not: :func:`servetune.planner.comm.nccl_small_message_note`).
+        ``dp`` DP replicas of a model with ``moe_layers`` routed-expert layers on the stage: :meth:`_init_dp_moe`.
         Sets :attr:`allreduce_path`, the implementation priced, in words ("" at TP=1)."""
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
         # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
@@ -72,3 +77,32 @@ class CommTerms:
                                 - p2p.latency_s) * share
         else:
             self._t_pp_fixed = self._t_pp_token = 0.0
+        self._init_dp_moe(model, gpu, cal, dp, moe_layers)
+
+    def _init_dp_moe(self, model: ModelProfile, gpu: GpuSpec, cal: Calibration, dp: int, moe_layers: int) -> None:
+        """The DP group's collectives around each MoE layer (``_t_dp_fixed`` a step, ``_t_dp_token`` a
+        replica's token; both 0 at ``dp`` 1 or without routed experts).
+
+        vLLM 0.14.1 (``perf_classes.moe_step_tokens`` reads the lines): before the experts an
+        ``all_gatherv`` over the ``dp`` ranks of the hidden states ``[tokens, hidden]`` and the router
+        logits ``[tokens, experts]``, after them a ``reduce_scatterv`` of the output ``[tokens, hidden]``,
+        both in the model's dtype through NCCL (pynccl), between the GPUs of the same TP rank in each
+        replica. Each is priced by the host's interconnect as the TP all-reduce is
+        (:func:`servetune.planner.comm.allreduce_cost` at ``dp`` ranks,
+        :meth:`~servetune.planner.comm.AllReduceCost.gather_seconds`): first order, the replicas under the
+        same load, so the gathered tensor holds ``dp`` times a replica's tokens. The TP all-reduce after
+        the experts stays (``FusedMoE.maybe_all_reduce_tensor_model_parallel``,
+        ``fused_moe/layer.py:1696-1703@0.14.1``, over the replica's TP group) and is priced with the others;
+        the per-step all-reduce of the replicas' token counts (``v1/worker/dp_utils.py:38-56@0.14.1``)
+        is not priced."""
+        self._t_dp_fixed = self._t_dp_token = 0.0
+        if dp < 2 or moe_layers <= 0:
+            return
+        link = allreduce_cost(gpu, dp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency,
+                              custom_all_reduce=False)
+        width = model.dtype_bytes * dp  # a replica's token, gathered from every replica
+        gather = link.gather_seconds(dp, width * (model.hidden_size + model.num_experts))
+        scatter = link.gather_seconds(dp, width * model.hidden_size)
+        fixed = 2.0 * link.gather_fixed_s(dp)
+        self._t_dp_fixed = moe_layers * fixed
+        self._t_dp_token = moe_layers * (gather + scatter - fixed)

@@ -98,15 +98,20 @@ class GemmTerms:
     _blend: float
     _token_tile: int
     _moe: perf_classes.MoeShape | None
+    #: DP replicas whose tokens each MoE layer runs (``EngineConfig.data_parallel_size``; 1 without DP).
+    _moe_dp: int
     _version: Version
     _gemm_memo: dict[tuple[int, int], float]
 
     def _init_classes(self, model: ModelProfile, gpu: GpuSpec, tp: int, layers: int, mem_rate: float,
-                      cal: Calibration) -> None:
+                      cal: Calibration, dp: int = 1) -> None:
         """The GEMMs of a MoE, quantized or sliding-window model, from :mod:`servetune.sim.perf_classes`.
 
         Every GEMM carries its own weight bytes and FLOP rate (its FLOPs are stored in bf16-rate
         units); the LM head stays in the model dtype; the routed experts are :meth:`moe_seconds`'.
+        ``dp`` > 1 (DP replicas without expert parallelism): the routed experts split over ``tp x dp``
+        GPUs (:func:`~servetune.sim.perf_classes.moe_parallel_size`), their activations moved for every
+        replica's tokens (:func:`~servetune.sim.perf_classes.moe_step_tokens`); the other GEMMs stay at ``tp``.
         """
         bf16_rate = gpu.bf16_tflops * 1e12 * cal.compute_efficiency
         self._flop_rate = bf16_rate
@@ -116,11 +121,14 @@ class GemmTerms:
         act = sum(2.0 * (g.n + g.k) * g.layers for g in specs)
         vocab, d = self._head[0], self._head[1]
         self._head = (vocab, d, vocab * d * model.dtype_bytes / mem_rate, 2.0 * vocab * d)
-        self._moe = perf_classes.moe_shape(model, gpu, tp, layers)
+        self._moe = perf_classes.moe_shape(model, gpu, perf_classes.moe_parallel_size(tp, dp), layers)
+        self._moe_dp = dp
         if self._moe is not None:
             m = self._moe
-            # Each routed row reads its token (H) and writes 2I (non-gated: I), then reads I and writes H.
-            act += 2.0 * m.top_k * (m.hidden + (m.matrices - 1) * m.inter + m.inter + m.hidden) * m.layers
+            # Each routed row reads its token (H) and writes 2I (non-gated: I), then reads I and writes H,
+            # for every replica's tokens under DP (a replica's token stands for dp gathered ones).
+            act += perf_classes.moe_step_tokens(1, dp) * 2.0 * m.top_k * (
+                m.hidden + (m.matrices - 1) * m.inter + m.inter + m.hidden) * m.layers
             blackwell = perf_classes.runs_blackwell_triton_moe(gpu, m, self._version)
             mem_share = cal.moe_mem_share
             if blackwell:  # the Triton kernel's own streaming rate on Blackwell, from a published benchmark
@@ -211,6 +219,6 @@ class GemmTerms:
         for seconds in self.layer_gemm_seconds(tokens):
             total += seconds
         n, k, mem_s, flops = self._head
-        if self._moe is not None:
-            total += self.moe_seconds(tokens)
+        if self._moe is not None:  # every DP replica's tokens (moe_step_tokens; 1 replica without DP)
+            total += self.moe_seconds(perf_classes.moe_step_tokens(tokens, self._moe_dp))
         return total + self._combine(mem_s, flops * rows / (rate * wave_fill(rows, n, sms, self._token_tile)))

@@ -46,6 +46,9 @@ What vLLM's source says (read at 0.11.0, 0.14.1, 0.19.0 and 0.26.0; ``file:line@
   ``compilation/backends.py:616-633@0.14.1``): a server of another layout starts with none of these
   variants; the same server keeps them from one run to the next (the caller carries its
   :class:`TritonCache`).
+* **Under DP** (``EngineConfig.data_parallel_size``, no expert parallelism) the experts are split over
+  ``tp x dp`` GPUs (their tuned file is looked up at that width) and the kernel's ``M`` is every replica's
+  tokens, each replica's step padded alike (``sim.perf_classes.moe_parallel_size``, ``moe_step_tokens``).
 
 Example:
     >>> from servetune.planner.gpus import get_gpu
@@ -66,6 +69,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from servetune.planner.moe_kernels import moe_kernel_config, tuned_moe_tiles
+from servetune.sim.perf_classes import moe_parallel_size, moe_step_tokens
 from servetune.vllm_version import version_tuple
 
 if TYPE_CHECKING:
@@ -123,6 +127,9 @@ class MoeJitRule:
     tuned: tuple[tuple[int, int, int], ...]  # (M key, BLOCK_SIZE_M, BLOCK_SIZE_N), ascending; () where none
     capture_sizes: tuple[int, ...]  # ascending; () under enforce_eager
     startup_tokens: tuple[int, ...]  # the token counts startup runs the model at
+    #: DP replicas whose tokens each MoE layer gathers (``EngineConfig.data_parallel_size``): the kernel's
+    #: ``M`` is ``perf_classes.moe_step_tokens`` of a replica's padded step, startup's runs included.
+    data_parallel_size: int = 1
 
     def tile(self, m: int) -> tuple[int, ...]:
         """The config a batch of ``m`` tokens gets; its first entry is ``BLOCK_SIZE_M``."""
@@ -142,8 +149,8 @@ class MoeJitRule:
         return self.capture_sizes[i] if i < len(self.capture_sizes) else num_tokens
 
     def variants(self, num_tokens: int) -> frozenset[MoeJitVariant]:
-        """The two variants (w13, w2) a step of ``num_tokens`` scheduled tokens launches."""
-        m = self.padded(num_tokens)
+        """The two variants (w13, w2) a step of ``num_tokens`` scheduled tokens (a replica's under DP) launches."""
+        m = moe_step_tokens(self.padded(num_tokens), self.data_parallel_size)
         tile = self.tile(m)
         block_m, rows = tile[0], m * self.top_k
         em = rows + self.num_experts * (block_m - 1)
@@ -167,7 +174,7 @@ def moe_jit_rule(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -> Moe
     unquantized (no routed experts, quantized experts, or a GPU whose torch name is not known)."""
     if not model.is_moe or model.quantization or model.num_experts_per_tok < 1:
         return None
-    tp = config.tensor_parallel_size
+    tp = moe_parallel_size(config.tensor_parallel_size, config.data_parallel_size)  # the experts' split under DP
     if moe_kernel_config(model, gpu.name, tp) is None:
         return None
     mnbt = config.max_num_batched_tokens
@@ -175,7 +182,8 @@ def moe_jit_rule(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -> Moe
                       version=version_tuple(config.vllm_version) or (0, 0, 0),
                       tuned=tuned_moe_tiles(model, gpu.name, tp),
                       capture_sizes=() if config.enforce_eager else tuple(config.cudagraph_capture_sizes),
-                      startup_tokens=(mnbt, min(config.max_num_seqs, mnbt)))
+                      startup_tokens=(mnbt, min(config.max_num_seqs, mnbt)),
+                      data_parallel_size=max(1, config.data_parallel_size))
 
 
 def first_use_s(rule: MoeJitRule | None, cache: TritonCache, num_tokens: int) -> float:

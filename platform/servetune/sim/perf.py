@@ -63,6 +63,14 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   table's bandwidth, and the step pays the sampler's extra eager launches. Every calibration window
   was greedy, so greedy requests pay nothing here; a version whose sampling path was not read
   pays nothing either (``PerfModel.sampler_path`` says so).
+* DP replicas of a MoE model (``EngineConfig.data_parallel_size``, without expert parallelism) share
+  their routed experts: vLLM splits each expert over all ``tp x dp`` GPUs and each MoE layer runs every
+  replica's tokens (:func:`servetune.sim.perf_classes.moe_parallel_size`,
+  :func:`~servetune.sim.perf_classes.moe_step_tokens`: first order, the replicas under the same load, so
+  a step's MoE runs ``dp`` times the replica's tokens), between an all-gather of the hidden states and
+  router logits over the DP group and a reduce-scatter of the output, priced by the interconnect
+  (``_perf_comm``). Attention and the dense GEMMs stay per replica; a dense model's replicas are
+  independent engines.
 * PP splits the layers; up to ``pp`` micro-batches are in flight, so a step costs
   ``pp * stage_time(batch / microbatches)`` (a lone request still pays every stage: the bubble),
   and each micro-batch's hidden states and residual cross ``pp - 1`` boundaries by NCCL
@@ -213,10 +221,11 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         vocab = -(-model.vocab_size // tp)
         self._head = (vocab, d, vocab * d * wbytes / mem_rate, 2.0 * vocab * d)
         self._moe: perf_classes.MoeShape | None = None
+        self._moe_dp = dp = max(1, config.data_parallel_size)
         rules = cal.class_rules >= 0.5
         self._version = config.version
         if (rules and perf_classes.is_class_model(model)) or model.is_hybrid:
-            self._init_classes(model, gpu, tp, layers, mem_rate, cal)
+            self._init_classes(model, gpu, tp, layers, mem_rate, cal, dp)
         # A hybrid's recurrent layers (perf_hybrid): attention, its fixed cost and the graph pieces by mixer.
         hybrid = self._init_hybrid(model, gpu, config, tp, layers, mem_rate, cal)
         attn_layers = hybrid.attention_layers if hybrid else layers
@@ -254,7 +263,8 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         self._t_attn -= self._t_attn_slide
         self._init_comm(model, gpu, tp, pp, layers, cal,
                         allreduces=hybrid.mixer_layers + hybrid.ffn_layers if hybrid else 2 * layers,
-                        custom_all_reduce=not config.disable_custom_all_reduce)
+                        custom_all_reduce=not config.disable_custom_all_reduce,
+                        dp=dp, moe_layers=self._moe.layers if self._moe is not None else 0)
         self._init_sampler(model, gpu, config, cal, sampling or GREEDY)
         self.enforce_eager = config.enforce_eager
         self.capture_sizes: tuple[int, ...] = tuple(sorted(config.cudagraph_capture_sizes or ()))
@@ -346,8 +356,8 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         kv_write = self._t_kv_write * num_tokens
         decode_reqs = num_tokens - prefill_tokens
         recurrent = self.recurrent_seconds(decode_reqs, num_reqs - decode_reqs, prefill_tokens)
-        comm = ((self._t_ar_fixed + self._t_pp_fixed + self._t_gather_fixed) * micro
-                + (self._t_ar_token + self._t_pp_token) * tokens + self._t_gather_row * rows * micro)
+        comm = ((self._t_ar_fixed + self._t_pp_fixed + self._t_gather_fixed + self._t_dp_fixed) * micro
+                + (self._t_ar_token + self._t_pp_token + self._t_dp_token) * tokens + self._t_gather_row * rows * micro)
         if self.enforce_eager:
             # Python launches every kernel: the GEMMs and the small kernels cover the launches as
             # far as their GPU time reaches; the attention kernels do not (module docstring).

@@ -33,6 +33,10 @@ byte), so the dense fidelity figures do not move.
   :func:`runs_blackwell_triton_moe`). The router (``E x H``,
   bf16, replicated) and shared experts (dense, every token) are ordinary GEMMs; DeepSeek's leading
   dense layers (``first_k_dense_replace``) run the dense MLP.
+  Under data parallelism without expert parallelism (``--data-parallel-size D``, ``--tensor-parallel-size
+  T``) the routed experts are one tensor-parallel layer over all ``T x D`` GPUs and each MoE layer runs
+  every replica's tokens (:func:`moe_parallel_size`, :func:`moe_step_tokens`); attention and the dense
+  parts stay per replica at TP=T.
 * **Quantized weights** (:func:`weight_format`): fp8 checkpoints and ``--quantization fp8`` read 1 byte
   a weight and run on the fp8 tensor cores where the GPU has them (``GpuSpec.fp8_tflops``, compute
   capability >= 8.9); below that vLLM serves fp8 weight-only through Marlin (1 byte plus one bf16
@@ -64,7 +68,7 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL", "BLOCK_FP8_MOE_RATE_SCALE", "B200_FUSED_MOE_DEFAULT_US", "DATASHEET_BF16_TFLOPS", "TRITON_BF16_MATMUL_TFLOPS", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
-           "expected_row_blocks", "is_class_model", "moe_block_m", "moe_row_fill", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
+           "expected_row_blocks", "is_class_model", "moe_block_m", "moe_parallel_size", "moe_row_fill", "moe_step_tokens", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
            "blackwell_moe_mem_share", "fused_moe_marginal_gbps", "moe_tile", "prices_tile", "runs_blackwell_triton_moe", "runs_triton_attention", "tuned_tile",
            "sliding_kv_share", "weight_format"]
 
@@ -586,6 +590,47 @@ def weight_format(model: ModelProfile, gpu: GpuSpec, experts: bool = False) -> W
 def is_class_model(model: ModelProfile) -> bool:
     """Whether any rule here applies (MoE, a quantized checkpoint, sliding-window layers)."""
     return bool(model.is_moe or model.quantization or model.layer_types)
+
+
+def moe_parallel_size(tp: int, data_parallel_size: int = 1) -> int:
+    """The tensor-parallel size a MoE layer's routed experts are split over: ``tp x data_parallel_size``.
+
+    vLLM 0.14.1 without ``--enable-expert-parallel``: ``FusedMoEParallelConfig.make``
+    (``model_executor/layers/fused_moe/config.py:893@0.14.1``) takes ``use_ep`` False (:973-976) and
+    returns the size ``flatten_tp_across_dp_and_pcp`` gives (:882-891, ``dp_size * pcp_size * tp_size``)
+    as the layer's ``tp_size`` (:986-998), so each GPU holds ``intermediate / (tp x D)`` of every
+    expert; read the same at 0.26.0 (``flatten_tp_across_dp_and_pcp``). Attention and the dense layers
+    keep ``tp``. With expert parallelism the experts are split whole instead (not modelled: the flag
+    is refused, ``planner.flags.NOT_MODELLED``).
+
+    Example:
+        >>> moe_parallel_size(4, 2), moe_parallel_size(8)
+        (8, 8)
+    """
+    return max(1, tp) * max(1, data_parallel_size)
+
+
+def moe_step_tokens(tokens: int, data_parallel_size: int = 1) -> int:
+    """The tokens one MoE layer of a DP replica runs in a step where the replica schedules ``tokens``:
+    every replica's, ``tokens x data_parallel_size``.
+
+    vLLM 0.14.1: with ``dp_size`` > 1 ``FusedMoE.forward_impl`` all-gathers the hidden states and
+    router logits of the DP group before the experts and reduce-scatters the output after
+    (``model_executor/layers/fused_moe/layer.py:1922-1925, 1957, 2024-2025@0.14.1``; the default
+    ``all2all_backend`` ``allgather_reducescatter``, ``config/parallel.py:152@0.14.1``, is
+    ``AgRsAll2AllManager``: ``all_gatherv`` / ``reduce_scatterv`` over ``get_dp_group()``,
+    ``distributed/device_communicators/all2all.py:117-164@0.14.1``), and the replicas step together:
+    each step's token counts are all-reduced over the DP group and, with CUDA graphs on, padded to the
+    largest (``v1/worker/gpu_model_runner.py:3020-3040@0.14.1``, ``v1/worker/dp_utils.py:38-56,
+    79-91@0.14.1``), an idle replica running a dummy batch. First
+    order: the replicas carry the same load, so each step's MoE runs ``D`` times the replica's own
+    (padded) tokens; the padding of a lighter replica up to a heavier one is not modelled.
+
+    Example:
+        >>> moe_step_tokens(100, 2), moe_step_tokens(100)
+        (200, 100)
+    """
+    return tokens * max(1, data_parallel_size)
 
 
 def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeShape | None:

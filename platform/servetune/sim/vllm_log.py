@@ -192,7 +192,7 @@ def _engine_config_line(model_ref: str, served: str, model: ModelProfile, config
         f"revision=None, tokenizer_revision=None, trust_remote_code=False, dtype={_dtype_name(model.dtype)}, "
         f"max_seq_len={config.max_model_len}, download_dir=None, load_format=auto, "
         f"tensor_parallel_size={config.tensor_parallel_size}, pipeline_parallel_size={config.pipeline_parallel_size}, "
-        f"data_parallel_size=1, decode_context_parallel_size=1, dcp_comm_backend=ag_rs, "
+        f"data_parallel_size={config.data_parallel_size}, decode_context_parallel_size=1, dcp_comm_backend=ag_rs, "
         f"disable_custom_all_reduce={config.disable_custom_all_reduce}, quantization={quant}, quantization_config=None, "
         f"enforce_eager={config.enforce_eager}, enable_return_routed_experts=False, "
         f"kv_cache_dtype={config.kv_cache_dtype}, device_config=cuda, seed=0, served_model_name={served}, "
