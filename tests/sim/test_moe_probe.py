@@ -72,3 +72,27 @@ def test_held_out_shapes_are_mostly_within_15_percent_at_prefill_sizes() -> None
     within = sum(abs(r["ratio"] - 1.0) <= 0.15 for r in held)
     assert len(held) >= 30 and within / len(held) >= 0.75
     assert left["unknown shape"] == 0 and left["tuned file not priced"] > 0
+
+
+def test_simulate_names_an_unaligned_expert_width_and_the_sizes_that_avoid_it() -> None:
+    """The rule reaches the user: a trial whose experts are 360 wide on a GPU says so, with the
+    tensor-parallel sizes that keep them aligned; TP=4 (720 wide) and a dense model say nothing."""
+    from servetune.planner.gpus import get_gpu
+    from servetune.planner.memory import resolve_engine_config
+    from servetune.planner.modelinfo import load_model
+    from servetune.sim.engine import figure_notes
+
+    oss, h100 = load_model(moe_vs_sim.GPT_OSS_BF16), get_gpu("H100-80GB")
+
+    def notes(tp: int, dp: int = 1) -> list[str]:
+        config = dataclasses.replace(resolve_engine_config({"tensor_parallel_size": tp, "max_model_len": 8192}, oss,
+                                                           h100, vllm_version="0.14.1"), data_parallel_size=dp)
+        return [n for n in figure_notes(oss, h100, config, 0.1, 1.0) if n.startswith("experts:")]
+
+    (tp8,) = notes(8)
+    assert "360 wide" in tp8 and "0.398x" in tp8 and "tensor_parallel_size 1, 2, 4 keep it aligned" in tp8
+    assert notes(4) == []
+    (dp2,) = notes(4, dp=2)  # under DP the experts are split over TP x DP GPUs: 360 again
+    assert "2880 / 8" in dp2 and "tensor_parallel_size 1, 2 keep it aligned" in dp2
+    dense = load_model("llama-3.1-8b")
+    assert perf_classes.unaligned_experts_note(dense, h100, 8, (0, 14, 1)) == ""

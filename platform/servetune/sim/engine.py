@@ -35,6 +35,7 @@ from servetune.sim import vllm_log
 from servetune.sim.client import LoadClient
 from servetune.sim.host_cpu import FRONTEND_BOUND_SHARE, frontend_bound_note
 from servetune.sim.perf import PerfModel
+from servetune.sim.perf_classes import unaligned_experts_note
 from servetune.sim.perf_hybrid import hybrid_note
 from servetune.sim.scheduler import SimScheduler, mamba_pool_note
 
@@ -112,8 +113,8 @@ def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_se
                  api_cpu_factor: float) -> list[str]:
     """Where a served trial's simulated figures are least sure, one line each, in the order ``servetune
     simulate`` prints them (:attr:`TrialResult.notes`; the one place that produces them): an
-    all-reduce priced as the calibrated custom kernel, an API server that set the pace, a GPU no
-    real vLLM run has judged, a Mamba / gated-delta-net hybrid's recurrent layers, a Mamba pool
+    all-reduce priced as the calibrated custom kernel, an API server that set the pace, MoE experts
+    of a width the fused-MoE kernel runs slowly, a GPU no real vLLM run has judged, a Mamba / gated-delta-net hybrid's recurrent layers, a Mamba pool
     counted short under prefix caching.
 
     Example:
@@ -129,5 +130,7 @@ def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_se
     notes = [nccl_small_message_note(gpu, config.tensor_parallel_size, config.disable_custom_all_reduce)]
     if api_server_busy >= FRONTEND_BOUND_SHARE:
         notes.append(frontend_bound_note(api_server_busy, api_cpu_factor))
+    notes.append(unaligned_experts_note(model, gpu, config.tensor_parallel_size, config.version,
+                                        config.data_parallel_size))
     notes += [unjudged_note(gpu), hybrid_note(model), mamba_pool_note(model, config)]
     return [n for n in notes if n]

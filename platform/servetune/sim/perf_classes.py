@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL", "BLOCK_FP8_MOE_RATE_SCALE", "B200_FUSED_MOE_DEFAULT_US", "DATASHEET_BF16_TFLOPS", "TRITON_BF16_MATMUL_TFLOPS", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
+__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL", "BLOCK_FP8_MOE_RATE_SCALE", "B200_FUSED_MOE_DEFAULT_US", "DATASHEET_BF16_TFLOPS", "TRITON_BF16_MATMUL_TFLOPS", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "unaligned_experts_note", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
            "expected_row_blocks", "is_class_model", "moe_block_m", "moe_parallel_size", "moe_row_fill", "moe_step_tokens", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
            "blackwell_moe_mem_share", "fused_moe_marginal_gbps", "moe_tile", "prices_tile", "runs_blackwell_triton_moe", "runs_triton_attention", "tuned_tile",
            "sliding_kv_share", "weight_format"]
@@ -375,6 +375,35 @@ def moe_down_share(shape: MoeShape, version: tuple[int, int, int]) -> float:
     if tuple(version) < MOE_TILE_BY_BATCH_SINCE and not shape.tuned_tiles:
         return MOE_UNALIGNED_DOWN_SHARE["v0.11_default"]
     return MOE_UNALIGNED_DOWN_SHARE["by_batch"]
+
+
+def unaligned_experts_note(model: ModelProfile, gpu: GpuSpec, tp: int, version: tuple[int, int, int],
+                           data_parallel_size: int = 1) -> str:
+    """One line where a MoE's experts on each GPU are a width vLLM's fused-MoE kernel runs slowly
+    (:func:`moe_down_share` below 1), naming the tensor-parallel sizes that keep it aligned; "" otherwise.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> mixtral, h100 = load_model("mixtral-8x7b"), get_gpu("H100-80GB")
+        >>> unaligned_experts_note(mixtral, h100, 8, (0, 14, 1))
+        ''
+    """
+    split = moe_parallel_size(tp, data_parallel_size)
+    shape = moe_shape(model, gpu, split, model.num_layers)
+    if shape is None:
+        return ""
+    share = moe_down_share(shape, version)
+    if share >= 1.0:
+        return ""
+    width = model.expert_intermediate_size
+    dp = data_parallel_size
+    aligned = [t for t in (1, 2, 4, 8) if width % (t * dp) == 0 and (width // (t * dp)) % 16 == 0]
+    fix = f"tensor_parallel_size {', '.join(map(str, aligned))} keep{'s' if len(aligned) == 1 else ''} it aligned" \
+        if aligned else "no tensor_parallel_size of 1-8 keeps it aligned"
+    return (f"experts: each is {shape.inter} wide on a GPU (intermediate {width} / {split}), not a multiple of 16: "
+            f"vLLM's fused-MoE kernel runs its down GEMM at {share:g}x an aligned width's rate (measured on an "
+            f"H100, priced here); {fix}")
 
 
 def prices_tile(shape: MoeShape, version: tuple[int, int, int]) -> bool:
