@@ -785,7 +785,7 @@ def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
     """Where the simulator puts a run's time: one engine step's GPU milliseconds by kind of kernel
     (``PerfModel.gpu_cost``: gemm, elementwise, attention, kv_write, comm, launch, sampler) and the whole step
     with the engine CPU it leaves visible (``step_ms``), for a decode step of 1, 8, the run's
-    concurrency and 256 requests at the run's mean context (prompt plus half the output), and for one
+    concurrency (one replica's share under DP) and 256 requests at the run's mean context (prompt plus half the output), and for one
     prompt's prefill within the token budget (``prefill``). Which term dominates a miss, in one call
     (``published_runs.py --breakdown ID``).
 
@@ -801,7 +801,8 @@ def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
                      engine_config(run, target.config), sampling=run.sampling)
     w = run.workload
     context = w["input_len"] + w["output_len"] // 2
-    cap = min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"])
+    # One engine's share under DP, as the run is judged (_paced): the replicas split the clients.
+    cap = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // run.layout["dp"])
     out: dict[str, dict[str, float]] = {}
     for batch in sorted({1, 8, cap, 256}):
         args = (batch, batch, batch * context, batch * context, True)
