@@ -98,8 +98,11 @@ class GemmTerms:
     _blend: float
     _token_tile: int
     _moe: perf_classes.MoeShape | None
-    #: DP replicas whose tokens each MoE layer runs (``EngineConfig.data_parallel_size``; 1 without DP).
+    #: DP replicas whose tokens each MoE layer runs (``EngineConfig.data_parallel_size``; 1 without DP;
+    #: ``PerfModel.__init__`` sets it).
     _moe_dp: int
+    #: The routed experts' matrices in aligned-FLOP units (:meth:`_init_classes`).
+    _moe_matrices: float
     _version: Version
     _gemm_memo: dict[tuple[int, int], float]
 
@@ -122,7 +125,6 @@ class GemmTerms:
         vocab, d = self._head[0], self._head[1]
         self._head = (vocab, d, vocab * d * model.dtype_bytes / mem_rate, 2.0 * vocab * d)
         self._moe = perf_classes.moe_shape(model, gpu, perf_classes.moe_parallel_size(tp, dp), layers)
-        self._moe_dp = dp
         if self._moe is not None:
             m = self._moe
             # Each routed row reads its token (H) and writes 2I (non-gated: I), then reads I and writes H,
@@ -136,6 +138,9 @@ class GemmTerms:
             self._moe_mem_rate = mem_rate * mem_share
             self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share,
                                                                                                 m.kernel, blackwell)
+            # The matrices' FLOPs in units of an aligned one's: the down GEMM at its own rate where its K is
+            # unaligned (moe_down_share); fixed by the shape and the version, so set once here.
+            self._moe_matrices = m.matrices - 1 + 1.0 / perf_classes.moe_down_share(m, self._version)
             self._moe_floor_s = m.layers * cal.moe_layer_floor_s
             self._moe_row_blocks = cal.moe_row_blocks >= 0.5
         self._act_bytes_token = act / mem_rate
@@ -172,9 +177,7 @@ class GemmTerms:
             fill = per_expert / (-(-per_expert // block) * block)
         new_tiles = perf_classes.prices_tile(m, self._version)
         tile = moe_tile_share(block, width) if new_tiles else 1.0
-        # The down GEMM (one of ``matrices``) at its own rate where its K is unaligned (moe_down_share).
-        matrices = m.matrices - 1 + 1.0 / perf_classes.moe_down_share(m, self._version)
-        comp_s = 2.0 * rows * matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
+        comp_s = 2.0 * rows * self._moe_matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)
 
     @property
