@@ -64,7 +64,7 @@ class CommTerms:
         self._t_gather_fixed = self._t_gather_row = 0.0
         if tp > 1 and gpu.link == "pcie-no-p2p":
             self._t_gather_fixed = ar.gather_fixed_s(tp)
-            self._t_gather_row = (tp - 1) / tp * model.vocab_size * model.dtype_bytes / ar.bus_bytes_per_s
+            self._t_gather_row = ar.gather_seconds(tp, model.vocab_size * model.dtype_bytes) - self._t_gather_fixed
         # A pipeline boundary: the stage's hidden states and residual (each rank its 1/TP slice)
         # sent to the next stage (planner.comm.sendrecv_cost), pp - 1 sends per micro-batch: a lone
         # request pays all of them (the bubble), a full pipeline the stages' average (the last
