@@ -397,8 +397,12 @@ def unaligned_experts_note(model: ModelProfile, gpu: GpuSpec, tp: int, version: 
     if share >= 1.0:
         return ""
     width = model.expert_intermediate_size
-    dp = data_parallel_size
-    aligned = [t for t in (1, 2, 4, 8) if width % (t * dp) == 0 and (width // (t * dp)) % 16 == 0]
+    aligned: list[int] = []  # the tensor-parallel sizes that split the experts evenly to a width moe_down_share passes
+    for t in (1, 2, 4, 8):
+        split_t = moe_parallel_size(t, data_parallel_size)
+        shape_t = moe_shape(model, gpu, split_t, model.num_layers) if width % split_t == 0 else None
+        if shape_t is not None and moe_down_share(shape_t, version) >= 1.0:
+            aligned.append(t)
     fix = f"tensor_parallel_size {', '.join(map(str, aligned))} keep{'s' if len(aligned) == 1 else ''} it aligned" \
         if aligned else "no tensor_parallel_size of 1-8 keeps it aligned"
     return (f"experts: each is {shape.inter} wide on a GPU (intermediate {width} / {split}), not a multiple of 16: "
