@@ -86,7 +86,7 @@ def time_gemm_graph(m: int, n: int, k: int, iters: int = 24, replays: int = 5) -
     return seconds
 
 
-def _token_counts(text: str) -> list[int]:
+def token_counts(text: str) -> list[int]:
     """``--tokens``: a bad list is argparse's one-line error (exit 2) before the GPU is touched."""
     counts = [int(t) for t in text.split(",")]
     if not counts or min(counts) < 1:
@@ -97,7 +97,7 @@ def _token_counts(text: str) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
-    parser.add_argument("--tokens", type=_token_counts, default=TOKENS,
+    parser.add_argument("--tokens", type=token_counts, default=TOKENS,
                         help="comma-separated token counts (M), each 1 or more")
     parser.add_argument("--no-sustained", action="store_true", help="skip the 8-second sustained GEMM")
     parser.add_argument("--graph", action="store_true",

@@ -31,6 +31,7 @@ import subprocess
 import time
 
 import torch
+from gemm_probe import token_counts  # this folder: the scripts run as files on the GPU host
 
 #: (name, experts, hidden, intermediate per TP rank, top_k, weights) of the published runs' layers.
 #: ``fp8_block``: 128 x 128 block-quantized fp8 weights and activations (DeepSeek-V3/R1, Qwen3 -FP8
@@ -171,7 +172,8 @@ def main() -> None:
     parser.add_argument("--deadline-s", type=float, default=420.0)
     parser.add_argument("--custom", default="", help="extra shapes NAME:E:HIDDEN:INTER:TOPK:WEIGHTS,... (then only "
                                                       "those and --shapes' are timed)")
-    parser.add_argument("--tokens", default="", help="comma-separated token counts (default: 1-8,192)")
+    parser.add_argument("--tokens", type=token_counts, default=TOKENS,
+                        help="comma-separated token counts, each 1 or more (default: 1-8,192)")
     args = parser.parse_args()
     wanted = [s for s in args.shapes.split(",") if s]
     custom = []
@@ -180,7 +182,7 @@ def main() -> None:
         if len(parts) != 6 or parts[5] not in ("bf16", "fp8", "fp8_block") or not all(p.isdigit() for p in parts[1:5]):
             parser.error(f"--custom: {text!r} is not NAME:E:HIDDEN:INTER:TOPK:bf16|fp8|fp8_block")
         custom.append((parts[0], *(int(p) for p in parts[1:5]), parts[5]))
-    tokens = tuple(int(t) for t in args.tokens.split(",")) if args.tokens else TOKENS
+    tokens = tuple(args.tokens)
     unknown = sorted(set(wanted) - {s[0] for s in SHAPES})
     if unknown:
         parser.error(f"--shapes: unknown {unknown}; known: {[s[0] for s in SHAPES]}")
