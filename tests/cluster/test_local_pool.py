@@ -119,7 +119,7 @@ def test_an_infrastructure_failure_is_run_again_in_a_fresh_worker(pool: LocalPoo
     result = wait_all(pool, 1, 60.0)[5]
     assert result.status is TrialStatus.OK
     assert len(result.infra_attempts) == 1 and "port_in_use" in result.infra_attempts[0]
-    assert pool.infra_notes and pool.infra_notes[0].startswith("trial 5: attempt 1")
+    assert pool.infra_notes and pool.infra_notes[0].startswith("trial #5: attempt 1")
     assert len(set(_pids(tmp_path))) == 2  # the failed attempt's worker was not reused
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import ray
@@ -127,6 +128,47 @@ def test_a_killed_trial_actor_is_a_crashed_trial_its_gpus_come_back_and_the_pool
     assert after.status is TrialStatus.OK
     # The driver's view: hand-over to Ray until the result is back, and the actor's start within it.
     assert after.dispatch_s is not None and 0.0 <= after.timings_s["actor_start"] <= after.dispatch_s
+
+
+def test_a_dead_worker_on_a_live_node_waits_for_rays_health_check_then_is_a_crash(
+        local_ray: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial's worker process killed while Ray lists its node alive: a dying machine's worker can be reported
+    before its raylet's missed health checks, so the trial is not told at once; it stays running until the
+    health-check window has passed (here 1 x 3 s + 1 s), then, the node still alive, it is the trial's crash."""
+    import dataclasses
+    import os
+    import signal
+
+    monkeypatch.setenv("RAY_health_check_period_ms", "3000")
+    monkeypatch.setenv("RAY_health_check_timeout_ms", "1000")
+    monkeypatch.setenv("RAY_health_check_failure_threshold", "1")
+    pid_file = tmp_path / "actor.pid"
+
+    def runner(task: TrialTask, backend: str) -> TrialResult:  # nested: Ray pickles it by value
+        import os as _os
+        import time as _time
+        from pathlib import Path as _Path
+
+        _Path(str(pid_file)).write_text(str(_os.getpid()))
+        _time.sleep(60)  # killed long before this ends
+        return TrialResult(TrialStatus.OK, backend=backend)
+
+    pool = TrialPool.start(num_gpus=2, num_cpus=2, runner=runner)
+    pool.submit(0, dataclasses.replace(TASK, seed=3), "sim", gpus=1)
+    deadline = time.monotonic() + 60
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "the trial never started"
+        time.sleep(0.1)
+    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    seen: list[tuple[int, TrialResult]] = []
+    while not seen and time.monotonic() < deadline and pool.running == [0]:
+        seen = pool.wait(0.5)
+        if not seen and not pool._running:  # Ray has reported the death: the pool holds it until the window ends
+            break
+    assert seen == [] and pool.running == [0] and pool.busy_gpus == 1, seen
+    result = wait_all(pool, 1, 60.0)[0]
+    assert result.status is TrialStatus.CRASHED and "worker process has died" in (result.cause or ""), result.cause
+    assert pool.running == [] and _available_gpus(2) == 2
 
 
 def test_a_clean_trials_actor_runs_the_next_trial_of_its_size_and_gives_its_gpus_back(local_ray: None) -> None:

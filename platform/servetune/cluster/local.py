@@ -271,7 +271,7 @@ class LocalPool:
         line = (f"attempt {len(item.attempts) + 1} on local slot(s) {', '.join(item.gpu_ids)}: "
                 f"{result.infrastructure or 'unknown'}: {(result.cause or '')[:300]}")
         item.attempts.append(line)
-        self.infra_notes.append(f"trial {item.trial_number}: {line}")
+        self.infra_notes.append(f"trial #{item.trial_number}: {line}")
         if len(item.attempts) >= MAX_INFRA_ATTEMPTS:
             return False
         self._release(item.worker, keep=False)

@@ -4,7 +4,10 @@ The driver asks :class:`TrialPool` to start a trial; the pool creates a :class:`
 ``num_gpus`` equal to the trial's world size (Ray's logical GPUs where there are no real ones, so
 scheduling is the same everywhere), calls its ``run`` method and kills the actor once the result
 is in, which releases its GPUs. A trial whose actor dies is reported as ``crashed`` with Ray's
-error as the cause; the study goes on.
+error as the cause; the study goes on. A death that Ray does not blame on the node while it still
+lists the node alive (a dying machine's worker can be reported before its missed health checks)
+is told only once the node is marked dead (``node_lost``, below) or Ray's health-check window
+has passed with it alive (:func:`~servetune.engines.vllm.infra.node_death_window_s`).
 
 Quarantine: a trial whose GPU memory did not come back after its server stopped
 (``TrialResult.quarantined_gpus``, leaked vLLM workers) would hand a later trial a GPU with less
@@ -57,7 +60,7 @@ from servetune.backends import capabilities
 from servetune.cluster import _ray_session
 from servetune.cluster.base import MAX_INFRA_ATTEMPTS, RAY_ACCELERATOR_TYPES, NoGpusError, Runner, ray_accelerator_type
 from servetune.engines import TrialTask, run_trial
-from servetune.engines.vllm.infra import SLOT_KINDS, classify_actor_error
+from servetune.engines.vllm.infra import SLOT_KINDS, actor_death_unsettled, classify_actor_error, node_death_window_s
 from servetune.result import TrialResult, TrialStatus
 
 __all__ = ["TrialActor", "TrialPool", "Runner", "RAY_ACCELERATOR_TYPES", "ray_accelerator_type",
@@ -196,6 +199,8 @@ class TrialPool:
         self.started_local_ray = False  # set by start(): this pool's start launched a local Ray
         self.infra_notes: list[str] = []  # one line per infrastructure failure: trial, attempt, where, why
         self._deferred: list[tuple[_Running, str, float]] = []  # re-runs waiting for Ray to mark a node dead
+        # Actor deaths Ray does not blame on the node yet, each until its health check could have (a deadline).
+        self._settling: list[tuple[_Running, ray.exceptions.RayError, float]] = []
         self._gave_up: list[_Running] = []  # deferred re-runs that no live node can take
         self._slot_failures: dict[str, int] = {}  # GPU id -> slot-bound infrastructure failures seen there
         # Opt-in (the study driver turns it on and calls close() at its end): a clean trial's actor
@@ -267,7 +272,7 @@ class TrialPool:
         # A trial's GPUs, plus those of failed attempts held while it re-runs elsewhere, plus the
         # re-runs waiting for a lost node to be declared dead.
         return (sum(r.gpus * (1 + len(r.excluded)) for r in self._running.values())
-                + sum(item.gpus for item, _, _ in self._deferred))
+                + sum(item.gpus for item, _, _ in (*self._deferred, *self._settling)))
 
     @property
     def free_gpus(self) -> int:
@@ -275,7 +280,8 @@ class TrialPool:
 
     @property
     def running(self) -> list[int]:
-        return [r.trial_number for r in self._running.values()] + [item.trial_number for item, _, _ in self._deferred]
+        return ([r.trial_number for r in self._running.values()]
+                + [item.trial_number for item, _, _ in (*self._deferred, *self._settling)])
 
     def gpu_free(self, backend: str) -> bool:
         """True when a trial of ``backend`` asks Ray for no GPU: a simulated or replayed trial on a
@@ -370,42 +376,69 @@ class TrialPool:
         self._drop_idle()
         self._launch_deferred()
         if not self._running:
-            if self._deferred:  # only re-runs waiting for Ray to declare their node dead
+            if self._deferred or self._settling:  # only trials waiting for Ray to declare a node dead
                 time.sleep(min(timeout_s, 0.5))
-            return []
+            return self._settled() + self._given_up()
         ready, _ = ray.wait(list(self._running), num_returns=1, timeout=timeout_s)
         if ready:  # collect everything else that is already done too
             ready, _ = ray.wait(list(self._running), num_returns=len(self._running), timeout=0)
         out = []
         for ref in ready:
             item = self._running.pop(ref)
-            died = False
             try:
                 result = ray.get(ref)
             except ray.exceptions.RayError as exc:  # the actor died: the trial crashed, the study goes on
-                result = _actor_death(exc, item.backend, item.actor)
-                died = True
-            if item.actor is not None and result.status is TrialStatus.INFRA_ERROR and self._retry(item, result):
-                continue  # re-running elsewhere; the driver hears of it when the re-run ends
-            if item.actor is not None:  # the driver's view of the trial: what servetune's overhead is measured on
-                result.dispatch_s = time.monotonic() - item.submitted
-            self._release_excluded(item)
-            if item.attempts:
-                result.infra_attempts = [*item.attempts, *result.infra_attempts]
-                result.evidence.append(f"infrastructure: {len(item.attempts)} attempt(s) of this flag set failed "
-                                       "for the machine's reasons: " + " | ".join(item.attempts))
-            if item.actor is None:  # answered without an actor (could never be placed)
-                pass
-            elif result.status is TrialStatus.INFRA_ERROR and item.actor in self._held:
-                pass  # its slot was quarantined with this very attempt
-            elif result.quarantined_gpus:
-                self._quarantine(item, result)
-            elif self.reuse_actors and not died and result.status is not TrialStatus.INFRA_ERROR:
-                self._idle.setdefault(item.gpus, []).append(item.actor)  # clean: its GPUs came back
+                finished = self._actor_died(item, exc)
             else:
-                ray.kill(item.actor, no_restart=True)
-            out.append((item.trial_number, result))
-        return out + self._given_up()
+                finished = self._finish(item, result, died=False)
+            if finished is not None:
+                out.append(finished)
+        return out + self._settled() + self._given_up()
+
+    def _finish(self, item: _Running, result: TrialResult, died: bool) -> tuple[int, TrialResult] | None:
+        """``item``'s result for the driver, its actor kept idle, held or killed; None while it re-runs."""
+        if item.actor is not None and result.status is TrialStatus.INFRA_ERROR and self._retry(item, result):
+            return None  # re-running elsewhere; the driver hears of it when the re-run ends
+        if item.actor is not None:  # the driver's view of the trial: what servetune's overhead is measured on
+            result.dispatch_s = time.monotonic() - item.submitted
+        self._release_excluded(item)
+        if item.attempts:
+            result.infra_attempts = [*item.attempts, *result.infra_attempts]
+            result.evidence.append(f"infrastructure: {len(item.attempts)} attempt(s) of this flag set failed "
+                                   "for the machine's reasons: " + " | ".join(item.attempts))
+        if item.actor is None:  # answered without an actor (could never be placed)
+            pass
+        elif result.status is TrialStatus.INFRA_ERROR and item.actor in self._held:
+            pass  # its slot was quarantined with this very attempt
+        elif result.quarantined_gpus:
+            self._quarantine(item, result)
+        elif self.reuse_actors and not died and result.status is not TrialStatus.INFRA_ERROR:
+            self._idle.setdefault(item.gpus, []).append(item.actor)  # clean: its GPUs came back
+        else:
+            ray.kill(item.actor, no_restart=True)
+        return item.trial_number, result
+
+    def _actor_died(self, item: _Running, exc: ray.exceptions.RayError) -> tuple[int, TrialResult] | None:
+        """``item``'s actor died: its result now, or (None) later where Ray may yet declare its node dead."""
+        result, unsettled = _actor_death(exc, item.backend, item.actor)
+        if unsettled:
+            self._settling.append((item, exc, time.monotonic() + node_death_window_s(os.environ)))
+            return None
+        return self._finish(item, result, died=True)
+
+    def _settled(self) -> list[tuple[int, TrialResult]]:
+        """The actor deaths waiting on Ray's health check that are told now: their node marked dead
+        (``node_lost``, re-run), or the window passed with the node alive (the trial's own crash)."""
+        out, waiting = [], []
+        now = time.monotonic()
+        for item, exc, deadline in self._settling:
+            result, unsettled = _actor_death(exc, item.backend, item.actor)
+            if unsettled and now < deadline:
+                waiting.append((item, exc, deadline))
+            elif (finished := self._finish(item, result, died=True)) is not None:
+                out.append(finished)
+        self._settling = waiting
+        return out
 
     def _given_up(self) -> list[tuple[int, TrialResult]]:
         out = []
@@ -425,7 +458,7 @@ class TrialPool:
             (f" on node {result.node_id[:12]}" if result.node_id else "")
         line = f"attempt {len(item.attempts) + 1} on {where}: {kind}: {(result.cause or '')[:300]}"
         item.attempts.append(line)
-        self.infra_notes.append(f"trial {item.trial_number}: {line}")
+        self.infra_notes.append(f"trial #{item.trial_number}: {line}")
         slot_bound = kind in SLOT_KINDS and bool(result.gpu_ids)
         for gpu in result.gpu_ids if slot_bound else ():
             self._slot_failures[gpu] = self._slot_failures.get(gpu, 0) + 1
@@ -530,9 +563,11 @@ class TrialPool:
                 ray.kill(item.actor, no_restart=True)
             self._release_excluded(item)
             numbers.append(item.trial_number)
-        numbers += [item.trial_number for item, _, _ in self._deferred]
+        for item, _, _ in self._settling:
+            self._release_excluded(item)
+        numbers += [item.trial_number for item, _, _ in (*self._deferred, *self._settling)]
         self._running.clear()
-        self._deferred = []
+        self._deferred, self._settling = [], []
         return numbers
 
     @staticmethod
@@ -550,10 +585,11 @@ def _actor_node(actor: Any) -> str | None:
         return None
 
 
-def _actor_death(exc: ray.exceptions.RayError, backend: str, actor: Any = None) -> TrialResult:
+def _actor_death(exc: ray.exceptions.RayError, backend: str, actor: Any = None) -> tuple[TrialResult, bool]:
     """The result of a trial whose actor died: ``infra_error`` (``node_lost``) when its node went
     with it (Ray's NodeDiedError / ActorUnavailableError, an ActorDiedError naming the node's
-    death, or the actor's node no longer alive), else ``crashed`` with Ray's error as the cause."""
+    death, or the actor's node no longer alive), else ``crashed`` with Ray's error as the cause;
+    and whether that ``crashed`` may yet turn out a node's loss (``actor_death_unsettled``)."""
     text = str(exc)
     cause = f"{type(exc).__name__}: {text[:500]}"
     node = _actor_node(actor) if actor is not None else None
@@ -561,10 +597,11 @@ def _actor_death(exc: ray.exceptions.RayError, backend: str, actor: Any = None) 
     alive = None if node is None else any(n.get("NodeID") == node and n.get("Alive", True) for n in nodes)
     kind = classify_actor_error(type(exc).__name__, text, alive)
     if kind is None:
-        return TrialResult(status=TrialStatus.CRASHED, cause=cause, backend=backend)
+        return (TrialResult(status=TrialStatus.CRASHED, cause=cause, backend=backend),
+                actor_death_unsettled(type(exc).__name__, text, alive))
     dead = [n.get("NodeID", "?")[:12] for n in nodes if not n.get("Alive", True)]
     evidence = [f"ray: {type(exc).__name__}", f"ray_dead_nodes={dead}"]
     if node:
         evidence.append(f"ray_lost_node={node}")
-    return TrialResult(status=TrialStatus.INFRA_ERROR, infrastructure=kind, backend=backend, node_id=node,
-                       cause=f"infrastructure failure: Ray node lost: {cause}", evidence=evidence)
+    return (TrialResult(status=TrialStatus.INFRA_ERROR, infrastructure=kind, backend=backend, node_id=node,
+                        cause=f"infrastructure failure: Ray node lost: {cause}", evidence=evidence), False)

@@ -170,7 +170,7 @@ class TerminalProgress(StudyProgress):
                   "(an autoscaler adding it)")
 
     def infra_rerun(self, line: str) -> None:
-        self.note(f"servetune: infrastructure failure, re-run elsewhere when possible: trial #{line}")
+        self.note(f"servetune: infrastructure failure, re-run elsewhere when possible: {line}")
 
     def slot_quarantined(self, note: str) -> None:
         self.note(f"servetune: slot quarantined: {note}")

@@ -35,7 +35,8 @@ from ray import cloudpickle
 from servetune.records import dataset
 from servetune.cluster.pool import TrialPool
 from servetune.engines import TrialTask
-from servetune.engines.vllm.infra import confirm_launch_failure
+from servetune.engines.vllm.infra import (actor_death_unsettled, classify_actor_error, confirm_launch_failure,
+                                         node_death_window_s)
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.propose import tell
 from servetune.sim.devices import hold
@@ -301,3 +302,33 @@ def test_the_driver_reruns_an_infra_failure_and_tells_an_exhausted_one_fail(host
     assert len(failed[0].user_attrs["infra_attempts"]) == 3
     rows = dataset.read_trials(tmp_path / "dataset", study="infra-all")
     assert sorted(rows["trial_number"]) == [t.number for t in failed] and set(rows["status"]) == {"infra_error"}
+
+
+# Ray's own words, as its GCS writes them (gcs_server of ray 2.60.0).
+_WORKER_DIED = ("The actor died unexpectedly before finishing this task.\n\tclass_name: TrialActor\n"
+                "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR")
+_NODE_DIED = "The actor died because its node has died. Node Id: 2ae86b0540b6"
+_KILLED = "The actor is dead because it was killed by `ray.kill`."
+
+
+@pytest.mark.parametrize("exc_type, text, alive, kind, unsettled", [
+    ("ActorDiedError", _WORKER_DIED, True, None, True),       # the node may yet be marked dead: ask again
+    ("ActorDiedError", _WORKER_DIED, False, "node_lost", False),
+    ("ActorDiedError", _WORKER_DIED, None, None, False),      # no node to ask about: the trial's crash
+    ("ActorDiedError", _NODE_DIED, True, "node_lost", False),
+    ("ActorDiedError", _KILLED, True, None, False),           # killed on purpose: never a node's loss
+    ("ActorUnavailableError", "RpcError: Socket closed", True, "node_lost", False),
+])
+def test_an_actor_death_is_told_at_once_only_where_rays_words_or_tables_settle_it(
+        exc_type: str, text: str, alive: bool | None, kind: str | None, unsettled: bool) -> None:
+    assert classify_actor_error(exc_type, text, alive) == kind
+    assert actor_death_unsettled(exc_type, text, alive) is unsettled
+
+
+def test_the_settling_window_is_rays_health_check_as_the_environment_sets_it() -> None:
+    assert node_death_window_s({}) == 25.0  # ray_config_def.h: 5 checks 3 s apart, the last timing out after 10 s
+    env = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "500",
+           "RAY_health_check_failure_threshold": "3"}
+    assert node_death_window_s(env) == 3.5
+    for bad in ("", "x", "-1", "0", "inf", "nan"):  # Ray would not run with these: its default stands
+        assert node_death_window_s({**env, "RAY_health_check_period_ms": bad}) == 3 * 3.0 + 0.5

@@ -27,13 +27,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 
 from servetune.result import TrialStatus
 
 __all__ = ["KINDS", "SLOT_KINDS", "HELD_BY_OTHERS_MIB", "InfraVerdict", "confirm_launch_failure",
-           "classify_actor_error", "infra_kind_of_cause"]
+           "classify_actor_error", "actor_death_unsettled", "node_death_window_s", "infra_kind_of_cause"]
 
 #: The kinds of infrastructure failure (``TrialResult.infrastructure``).
 KINDS = ("port_in_use", "gpu_memory_held", "gpu_unusable", "node_lost")
@@ -49,6 +50,12 @@ HELD_BY_OTHERS_MIB = 1024
 _CONTEXT_GIB = 1.0
 
 _PREFIX_RE = re.compile(r"^infrastructure failure: [^:]+: ")
+#: Ray's health-check settings (``src/ray/common/ray_config_def.h``, each read from ``RAY_<name>``) and their
+#: defaults: the first check after this delay, then one every period, each failing after the timeout; a node
+#: failing ``failure_threshold`` checks in a row is marked dead.
+_HEALTH_CHECK_DEFAULTS_MS = {"period_ms": 3000, "timeout_ms": 10000, "failure_threshold": 5}
+#: Ray's own words for an actor that someone killed on purpose (``ray.kill``): never a node's loss.
+_KILLED_RE = re.compile(r"ray\.kill|killed by .?ray\.kill", re.IGNORECASE)
 _NODE_LOST_RE = re.compile(r"node (?:has )?died|node (?:is|was) (?:dead|marked dead)|NodeDiedError|raylet (?:has )?died|"
                            r"node .{0,40}unreachable|preempted", re.IGNORECASE)
 
@@ -139,3 +146,46 @@ def classify_actor_error(exc_type: str, text: str, node_alive: bool | None) -> s
     if exc_type in ("ActorDiedError", "RayActorError") and _NODE_LOST_RE.search(text):
         return "node_lost"  # Ray names the node's death (its node table may not show it yet)
     return None
+
+
+def actor_death_unsettled(exc_type: str, text: str, node_alive: bool | None) -> bool:
+    """Whether an actor's death cannot be told yet: :func:`classify_actor_error` calls it the trial's
+    own crash only because Ray still lists its node alive, and nobody killed it on purpose. A machine
+    that dies takes the actor's worker and its raylet down together, and Ray may report the worker's
+    death before its health check has missed enough beats to mark the node dead: the caller asks
+    again until :func:`node_death_window_s` has passed, and only then calls it a crash.
+
+    Example:
+        >>> actor_death_unsettled("ActorDiedError", "The actor died unexpectedly before finishing this task.", True)
+        True
+        >>> actor_death_unsettled("ActorDiedError", "The actor is dead because it was killed by `ray.kill`.", True)
+        False
+        >>> actor_death_unsettled("ActorDiedError", "The actor died unexpectedly before finishing this task.", None)
+        False
+    """
+    return (node_alive is True and classify_actor_error(exc_type, text, node_alive) is None
+            and not _KILLED_RE.search(text))
+
+
+def node_death_window_s(env: Mapping[str, str]) -> float:
+    """The longest Ray takes to mark dead a node that stopped answering: ``failure_threshold`` checks
+    ``period`` apart, the last failing after its ``timeout``, as the ``RAY_health_check_*`` variables
+    in ``env`` set them (Ray's defaults: 5 x 3 s + 10 s = 25 s). A value that is not a finite positive number
+    keeps Ray's default, as Ray would not start with it.
+
+    Example:
+        >>> node_death_window_s({})
+        25.0
+        >>> node_death_window_s({"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+        ...                      "RAY_health_check_failure_threshold": "3"})
+        4.0
+    """
+    values = {}
+    for name, default in _HEALTH_CHECK_DEFAULTS_MS.items():
+        raw = env.get(f"RAY_health_check_{name}", "")
+        try:
+            value = float(raw)
+        except ValueError:
+            value = float(default)
+        values[name] = value if math.isfinite(value) and value > 0 else float(default)
+    return (values["failure_threshold"] * values["period_ms"] + values["timeout_ms"]) / 1000.0
