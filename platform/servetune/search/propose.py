@@ -144,7 +144,7 @@ def prescreen(spec: StudySpec, flags: Mapping[str, Any], backend: str | None = N
     charged vLLM 0.17+'s FlashInfer all-reduce fusion workspace where the version, TP and GPU say it may run).
     """
     backend = backend or spec.backend
-    env = trial_env(capabilities(backend).real_gpus) if env is None else env
+    env = _unprobed_env(backend) if env is None else env
     model = spec.model_profile
     if model is None:
         return None, None
@@ -334,13 +334,18 @@ class StoredTrial:
         return result
 
 
+def _unprobed_env(backend: str) -> CommEnv:
+    """The environment a trial of ``backend`` is planned with before any GPU worker was probed."""
+    return trial_env(capabilities(backend).real_gpus)
+
+
 def enqueue_informed_starts(spec: StudySpec, study: optuna.Study, env: CommEnv | None = None) -> list[dict[str, Any]]:
     """Enqueue the preemption prior's starting points in a study with no trials yet; returns them. ``env``: the
     environment the trials run with (None: :func:`~servetune.planner.comm.trial_env` of the spec's backend,
     unprobed)."""
     if not spec.prescreen or spec.model_profile is None or study.get_trials(deepcopy=False):
         return []
-    env = trial_env(capabilities(spec.backend).real_gpus) if env is None else env
+    env = _unprobed_env(spec.backend) if env is None else env
     starts = informed_starts(spec.search_space, spec.fixed_flags, spec.model_profile, spec.gpu_spec(),
                              spec.workload, spec.vllm_version, env=env)
     for params in starts:

@@ -146,8 +146,7 @@ class _Driver:
         # after the informed starts, so those run first (servetune.search.warmstart).
         fresh = not self.existing and spec.sampler != "grid" and not study.get_trials(deepcopy=False)
         # Planned before the pool starts, so before any GPU worker is probed: trial_env's unprobed environment.
-        env = trial_env(capabilities(self.backend).real_gpus)
-        starts = enqueue_informed_starts(spec, study, env) if not self.existing and spec.sampler != "grid" else []
+        starts = enqueue_informed_starts(spec, study) if not self.existing and spec.sampler != "grid" else []
         warm = warmstart.enqueue_warm_starts(spec, study) if fresh else []
         baseline = warmstart.enqueue_baseline(spec, study) if fresh else None
         self.progress.started(spec, self.backend, self.recovered, self.reconciled, starts, warm, baseline)
