@@ -56,7 +56,11 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   memory at its published figures, where the step's all-gather of the sampled rows' logits is
   priced too). ``disable_custom_all_reduce`` moves the path to NCCL where vLLM's custom all-reduce would
   run, at the same calibrated cost, and the trial says so
-  (:func:`servetune.planner.comm.nccl_small_message_note`).
+  (:func:`servetune.planner.comm.nccl_small_message_note`). At TP=8 on Hopper, where the server runs with
+  vLLM's symmetric memory and multicast live (vLLM's defaults, ``comm_env``; not servetune's launches), each
+  micro-batch's all-reduces are priced by their message from published timings instead
+  (:func:`servetune.planner.comm.allreduce_table`: the custom all-reduce below 256 KiB, multimem below 64 MiB,
+  NCCL above).
 * The sampler beyond greedy (:mod:`servetune.sim.sampling`): a request that samples (a published
   ``vllm bench serve`` from 0.15.0 sends no temperature, so the model's generation config holds)
   moves its counted bytes per vocabulary entry over the whole vocabulary, each step, at the GPU
