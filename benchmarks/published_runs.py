@@ -112,6 +112,7 @@ for _path in (ROOT / "platform", ROOT / "benchmarks"):
         sys.path.insert(0, str(_path))
 
 from servetune.errors import SpecError  # noqa: E402
+from servetune.planner.comm import VLLM_DEFAULT_ENV  # noqa: E402
 from servetune.planner.engine_config import EngineConfig  # noqa: E402
 from servetune.planner.gpus import get_gpu, with_interconnect  # noqa: E402
 from servetune.planner.memory import plan_memory  # noqa: E402
@@ -779,8 +780,11 @@ def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: M
     except SpecError as exc:
         return Judged(run, None, None, None, failure=str(exc))
     gpu = with_calibration(with_interconnect(target.gpu, run.interconnect or None), calibration or {})
+    # A published run ran vLLM's and NCCL's defaults (multicast live where the board has it): the TP all-reduce's
+    # backends by size (planner.comm.allreduce_table). ``as_sent`` False, the simulator before that rule too.
     result = simulate(target.model, gpu, engine_config(run, target.config), workload_of(run, as_sent=as_sent),
-                      plan=plan_memory(planned.model, gpu, planned.config), triton_cache=triton_cache)
+                      plan=plan_memory(planned.model, gpu, planned.config), triton_cache=triton_cache,
+                      comm_env=VLLM_DEFAULT_ENV if as_sent else None)
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
     logged = _HIT_RATE.findall(result.log_text or "")
@@ -854,7 +858,7 @@ def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
     flags = {**run.flags, "tensor_parallel_size": run.layout["tp"], "pipeline_parallel_size": run.layout["pp"]}
     target = resolve_target(resolve_model(run.model, FIXTURES), run.gpu, flags, run.sim_vllm_version)
     perf = PerfModel(target.model, with_interconnect(target.gpu, run.interconnect or None),
-                     engine_config(run, target.config), sampling=run.sampling)
+                     engine_config(run, target.config), sampling=run.sampling, comm_env=VLLM_DEFAULT_ENV)
     w = run.workload
     context = w["input_len"] + w["output_len"] // 2
     # One engine's share under DP, as the run is judged (_paced): the replicas split the clients.
@@ -877,8 +881,9 @@ def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged
     ignored: the simulator before it took the interconnect as an input), capped finite-rate
     runs as closed loops from t=0 (before their arrivals were kept), re-sent prompts as new
     ones (before the logged prefix-cache hit rate was an input) and no chat-template parse per
-    chat request (``chat_template_parse_s`` 0, before vLLM 0.11.0's was priced) and no fused-MoE kernel
-    compiled on first use (before ``sim.moe_jit``). As committed, one server's runs share its Triton
+    chat request (``chat_template_parse_s`` 0, before vLLM 0.11.0's was priced), no fused-MoE kernel
+    compiled on first use (before ``sim.moe_jit``) and every TP all-reduce at the calibrated price (before
+    ``planner.comm.allreduce_table``). As committed, one server's runs share its Triton
     cache in the order given (:func:`server_cache`)."""
     if before:
         return [dataclasses.replace(judge(dataclasses.replace(r, interconnect=""),

@@ -29,4 +29,6 @@ class SimEngine(Engine):
         target = resolve_target(task.model, host, task.flags, task.vllm_version)
         gpu = with_calibration(target.gpu, task.sim_calibration)
         plan = None if task.comm_env is None else plan_memory(target.model, gpu, target.config, env=task.comm_env)
-        return simulate(target.model, gpu, target.config, task.workload, plan=plan, seed=task.seed)
+        # The same environment prices the TP all-reduce's backends (planner.comm.allreduce_table).
+        return simulate(target.model, gpu, target.config, task.workload, plan=plan, seed=task.seed,
+                        comm_env=task.comm_env)

@@ -62,7 +62,7 @@ __all__ = ["AllReduceCost", "CommEnv", "CommMemory", "allreduce_cost", "comm_mem
            "symm_mem_buffer_bytes", "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV", "has_flashinfer", "trial_env",
            "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S",
            "CUSTOM_ALL_REDUCE_BUFFER_BYTES", "custom_all_reduce_runs", "custom_all_reduce_memory_note",
-           "nccl_small_message_note"]
+           "nccl_small_message_note", "AllReduceTable", "allreduce_table", "HOPPER_TP8_ALLREDUCE_MS"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -674,6 +674,94 @@ def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float
     if tp == 2:
         return AllReduceCost("custom all-reduce over PCIe P2P (NCCL above its max size)", latency_s, rate)
     return AllReduceCost("NCCL P2P over PCIe (custom all-reduce off above two PCIe GPUs)", latency_s, rate)
+
+
+#: vllm-project/vllm#42324 (2026-05-11), the communicator benchmark of its "SM 9.0 / H100, World Size = 8" table:
+#: (message MiB, pynccl ms, symm_mem_multimem ms). Published timings, not fitted; the H200 shares the H100's
+#: NVLink 4 / NVSwitch board and is priced by the same table.
+HOPPER_TP8_ALLREDUCE_MS: tuple[tuple[float, float, float], ...] = (
+    (0.5, 0.024, 0.011), (1.0, 0.025, 0.014), (1.5, 0.033, 0.016), (2.0, 0.037, 0.018), (3.0, 0.044, 0.023),
+    (4.0, 0.050, 0.027), (8.0, 0.076, 0.046), (16.0, 0.121, 0.087), (32.0, 0.195, 0.165),
+    (47.84, 0.267, 0.244), (64.0, 0.316, 0.320), (128.0, 0.561, 0.631),
+)
+#: vLLM 0.14.1 at TP=8 on compute capability 9.0 with the symmetric-memory communicator live: the custom
+#: all-reduce below 256 KiB (``all_reduce_utils.py:38@0.14.1``, the min with its 8 MiB default at
+#: ``custom_all_reduce.py:129-133@0.14.1``), torch's symmetric-memory multimem all-reduce below 64 MiB
+#: (``all_reduce_utils.py:53@0.14.1``, ``symm_mem.py:28-31,117-125,143-150@0.14.1``), NCCL above
+#: (``cuda_communicator.py:146-166@0.14.1``). The same sizes at 0.11.0, 0.19.0 and 0.26.0 (docs/accuracy.md).
+_TP8_SM90_CUSTOM_MAX = 256 * 1024
+_TP8_SM90_SYMM_MAX = 64 * MiB
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceTable:
+    """One TP all-reduce priced by message size from published timings, where vLLM picks its backend by size
+    (:func:`allreduce_table`). ``custom_max``: below it the custom all-reduce runs, priced by the caller's
+    calibrated :class:`AllReduceCost` (:meth:`seconds` returns None there); ``symm_max``: below it (and from
+    ``custom_max``) the symmetric-memory points, from it NCCL's. Between points the time is interpolated
+    linearly, past the last point extended along the last segment, below the first held at it.
+
+    Example:
+        >>> t = AllReduceTable(256 * 1024, 64 * MiB, ((1.0, 14e-6), (8.0, 46e-6)), ((64.0, 316e-6), (128.0, 561e-6)))
+        >>> t.seconds(100 * 1024) is None, round(t.seconds(8 * MiB) * 1e6, 1), round(t.seconds(96 * MiB) * 1e6, 1)
+        (True, 46.0, 438.5)
+    """
+
+    custom_max: int
+    symm_max: int
+    symm_points: tuple[tuple[float, float], ...]  # (MiB, seconds)
+    nccl_points: tuple[tuple[float, float], ...]  # (MiB, seconds)
+
+    def seconds(self, message_bytes: float) -> float | None:
+        """One all-reduce of ``message_bytes`` (None below :attr:`custom_max`: the custom all-reduce's)."""
+        if message_bytes < self.custom_max:
+            return None
+        points = self.symm_points if message_bytes < self.symm_max else self.nccl_points
+        return _interpolate(points, message_bytes / MiB)
+
+
+def _interpolate(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise-linear ``y(x)`` through ``points`` (sorted by x): held at the first point below it, the last
+    segment extended above the last."""
+    if x <= points[0][0] or len(points) == 1:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    (x0, y0), (x1, y1) = points[-2], points[-1]
+    return y1 + (y1 - y0) * (x - x1) / (x1 - x0)
+
+
+def allreduce_table(gpu: GpuSpec, tp: int, *, env: CommEnv, version: tuple[int, int, int]) -> AllReduceTable | None:
+    """The TP all-reduce priced by message size where vLLM's size rule and published timings cover the layout:
+    TP=8 on compute capability 9.0 over NVSwitch (H100, H200, H800) with vLLM's symmetric-memory communicator
+    live (``VLLM_ALLREDUCE_USE_SYMM_MEM`` on, its default from 0.11, ``envs.py:1488-1490@0.14.1``; CUDA multicast,
+    without which it disables itself, ``symm_mem.py:106-111@0.14.1``; NVLS, which NCCL's large messages use in the
+    published timings). None elsewhere: the calibrated :func:`allreduce_cost` prices every size, as it does in
+    servetune's own launches (multicast off, :data:`SERVETUNE_LAUNCH_ENV`), at TP 2-4 (no published table past
+    4 MiB found) and on other GPUs. The sizes: :data:`_TP8_SM90_CUSTOM_MAX`, :data:`_TP8_SM90_SYMM_MAX`; the
+    times: :data:`HOPPER_TP8_ALLREDUCE_MS`. This rule was looked for after the held-out TP=8 NVLink runs'
+    errors were read (docs/accuracy.md); nothing in it is fitted.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> h100 = get_gpu("H100-80GB")
+        >>> allreduce_table(h100, 8, env=SERVETUNE_LAUNCH_ENV, version=(0, 14, 1)) is None
+        True
+        >>> t = allreduce_table(h100, 8, env=VLLM_DEFAULT_ENV, version=(0, 14, 1))
+        >>> round(t.seconds(80 * MiB) * 1e6)  # an 8,192-token step of a 5,120-wide model: NCCL
+        377
+        >>> allreduce_table(h100, 4, env=VLLM_DEFAULT_ENV, version=(0, 14, 1)) is None
+        True
+    """
+    symm_live = env.symm_mem and env.torch_multicast and tuple(version) >= (0, 11, 0)
+    live, _ = _multicast_reason(gpu, tp, env)
+    if tp != 8 or gpu.link != "nvlink" or not (9.0 <= gpu.compute_capability < 10.0) or not (symm_live and live):
+        return None
+    rows = HOPPER_TP8_ALLREDUCE_MS
+    return AllReduceTable(_TP8_SM90_CUSTOM_MAX, _TP8_SM90_SYMM_MAX,
+                          tuple((mib, multimem * 1e-3) for mib, _, multimem in rows),
+                          tuple((mib, nccl * 1e-3) for mib, nccl, _ in rows if mib * MiB >= _TP8_SM90_SYMM_MAX))
 
 
 def sendrecv_cost(gpu: GpuSpec, *, latency_s: float, efficiency: float) -> AllReduceCost:

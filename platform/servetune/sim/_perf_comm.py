@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from servetune.planner.comm import allreduce_cost, sendrecv_cost
+from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, AllReduceTable, allreduce_cost, allreduce_table, sendrecv_cost
 
 if TYPE_CHECKING:
+    from servetune.planner.comm import CommEnv
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
     from servetune.sim._calibration import Calibration
@@ -27,17 +28,28 @@ class CommTerms:
     """Communication of one step (a mixin of :class:`servetune.sim.perf.PerfModel`): :meth:`_init_comm`
     sets the fixed and per-token seconds of the all-reduces (``_t_ar_*``), of the logits' all-gather
     without GPU P2P (``_t_gather_*``), of the pipeline's sends (``_t_pp_*``) and of a MoE's DP all-gather
-    and reduce-scatter (``_t_dp_*``), and :attr:`allreduce_path`."""
+    and reduce-scatter (``_t_dp_*``), and :attr:`allreduce_path`; where vLLM picks the all-reduce's backend by
+    message size and published timings cover the layout (:func:`servetune.planner.comm.allreduce_table`), the
+    all-reduces are priced per micro-batch by :meth:`allreduce_table_seconds` instead of ``_t_ar_*``."""
+
+    _ar_table: AllReduceTable | None
+    _ar_count: int
+    _ar_bytes_token: float
+    _ar_small_fixed: float
+    _ar_small_token: float
 
     def _init_comm(self, model: ModelProfile, gpu: GpuSpec, tp: int, pp: int, layers: int,
                    cal: Calibration, allreduces: int = 0, custom_all_reduce: bool = True, dp: int = 1,
-                   moe_layers: int = 0) -> None:
+                   moe_layers: int = 0, comm_env: CommEnv | None = None,
+                   version: tuple[int, int, int] = (0, 26, 0)) -> None:
         """The per-step communication terms: TP all-reduces and PP sends, priced by the interconnect.
 
         ``allreduces``: the stage's all-reduces a step (0: two a layer; a hybrid's one per mixer and MLP,
         Nemotron-H's layers holding one of them). ``custom_all_reduce``: not ``disable_custom_all_reduce``
         (the path changes, the calibrated cost does not: :func:`servetune.planner.comm.nccl_small_message_note`).
         ``dp`` DP replicas of a model with ``moe_layers`` routed-expert layers on the stage: :meth:`_init_dp_moe`.
+        ``comm_env``: the environment the server runs with (None: servetune's launch environment, multicast off);
+        with ``version`` it decides :func:`~servetune.planner.comm.allreduce_table`.
         Sets :attr:`allreduce_path`, the implementation priced, in words ("" at TP=1)."""
         # Two all-reduces per layer of [tokens, hidden] activations (bf16) under TP, priced by the
         # host's interconnect (planner.comm.allreduce_cost: NVLink / PCIe P2P at the calibrated
@@ -52,6 +64,8 @@ class CommTerms:
         # where it stays inside the calibrated all-reduce terms the NVLink windows judged (and the
         # recorded NVLink runs are not moved by it).
         self.allreduce_path = ""
+        self._ar_table, self._ar_count, self._ar_bytes_token = None, 0, 0.0
+        self._ar_small_fixed = self._ar_small_token = 0.0
         if tp > 1:
             ar = allreduce_cost(gpu, tp, latency_s=cal.allreduce_latency_s, efficiency=cal.interconnect_efficiency,
                                 custom_all_reduce=custom_all_reduce)
@@ -59,6 +73,13 @@ class CommTerms:
             n_ar = allreduces or 2 * layers
             self._t_ar_fixed = n_ar * ar.fixed_s(tp)
             self._t_ar_token = n_ar * (ar.seconds(tp, model.hidden_size * 2) - ar.fixed_s(tp))
+            table = allreduce_table(gpu, tp, env=comm_env or SERVETUNE_LAUNCH_ENV, version=version)
+            if table is not None and custom_all_reduce:
+                self._ar_table, self._ar_count, self._ar_bytes_token = table, n_ar, float(model.hidden_size * 2)
+                self._ar_small_fixed, self._ar_small_token = self._t_ar_fixed, self._t_ar_token
+                self._t_ar_fixed = self._t_ar_token = 0.0
+                self.allreduce_path = ("custom all-reduce below 256 KiB, symmetric-memory multimem below 64 MiB, "
+                                       "NCCL above (vLLM's TP=8 rule on SM 9.0; published timings)")
         else:
             self._t_ar_fixed = self._t_ar_token = 0.0
         self._t_gather_fixed = self._t_gather_row = 0.0
@@ -78,6 +99,18 @@ class CommTerms:
         else:
             self._t_pp_fixed = self._t_pp_token = 0.0
         self._init_dp_moe(model, gpu, cal, dp, moe_layers)
+
+    def allreduce_table_seconds(self, per_micro: int, micro: int) -> float:
+        """The TP all-reduces of a step of ``micro`` micro-batches of ``per_micro`` tokens each where
+        :attr:`_ar_table` prices them (0.0 elsewhere: ``_t_ar_*`` do): each micro-batch's ``_ar_count``
+        all-reduces at the table's price for their message (``per_micro`` x hidden x 2 bytes), at the calibrated
+        price (``_ar_small_*``) below the custom all-reduce's size."""
+        if self._ar_table is None:
+            return 0.0
+        one = self._ar_table.seconds(per_micro * self._ar_bytes_token)
+        if one is None:
+            return (self._ar_small_fixed + self._ar_small_token * per_micro) * micro
+        return self._ar_count * one * micro
 
     def _init_dp_moe(self, model: ModelProfile, gpu: GpuSpec, cal: Calibration, dp: int, moe_layers: int) -> None:
         """The DP group's collectives around each MoE layer (``_t_dp_fixed`` a step, ``_t_dp_token`` a

@@ -40,6 +40,7 @@ from servetune.sim.perf_hybrid import hybrid_note
 from servetune.sim.scheduler import SimScheduler, mamba_pool_note
 
 if TYPE_CHECKING:
+    from servetune.planner.comm import CommEnv
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.engine_config import EngineConfig
     from servetune.planner.memory import MemoryPlan
@@ -51,12 +52,15 @@ __all__ = ["simulate", "figure_notes"]
 
 
 def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: Workload, *,
-             plan: MemoryPlan | None = None, seed: int = 0, triton_cache: TritonCache | None = None) -> TrialResult:
+             plan: MemoryPlan | None = None, seed: int = 0, triton_cache: TritonCache | None = None,
+             comm_env: CommEnv | None = None) -> TrialResult:
     """Run ``workload`` on one simulated engine and measure it the way the load generator does.
 
     ``triton_cache``: the server's fused-MoE kernel variants (``sim.moe_jit``) where the caller runs
     several loads on one server and carries it from run to run (it is updated in place); None, a
-    freshly started server.
+    freshly started server. ``comm_env``: the environment the server runs with, which decides the TP
+    all-reduce's backends (:func:`servetune.planner.comm.allreduce_table`); None, servetune's launch environment
+    (multicast off). The memory plan is the caller's (``plan``) or planned in servetune's launch environment.
 
     Warm-up requests run first and are excluded; the measured window runs from the first measured
     send to the last completion (:class:`~servetune.sim.client.LoadClient`). Deterministic: the
@@ -84,7 +88,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         return TrialResult(status=status, cause=plan.cause, evidence=[plan.cause] if plan.cause else [],
                            log_text=startup_log, **base)
 
-    perf = PerfModel(model, gpu, config, sampling=workload.sampling)
+    perf = PerfModel(model, gpu, config, sampling=workload.sampling, comm_env=comm_env)
     sched = SimScheduler(model, gpu, config, plan.num_gpu_blocks, seed=seed, perf=perf, triton_cache=triton_cache)
     client = LoadClient(sched, workload)
     records = client.run()

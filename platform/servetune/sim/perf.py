@@ -56,7 +56,11 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   memory at its published figures, where the step's all-gather of the sampled rows' logits is
   priced too). ``disable_custom_all_reduce`` moves the path to NCCL where vLLM's custom all-reduce would
   run, at the same calibrated cost, and the trial says so
-  (:func:`servetune.planner.comm.nccl_small_message_note`).
+  (:func:`servetune.planner.comm.nccl_small_message_note`). At TP=8 on Hopper, where the server runs with
+  vLLM's symmetric memory and multicast live (vLLM's defaults, ``comm_env``; not servetune's launches), each
+  micro-batch's all-reduces are priced by their message from published timings instead
+  (:func:`servetune.planner.comm.allreduce_table`: the custom all-reduce below 256 KiB, multimem below 64 MiB,
+  NCCL above).
 * The sampler beyond greedy (:mod:`servetune.sim.sampling`): a request that samples (a published
   ``vllm bench serve`` from 0.15.0 sends no temperature, so the model's generation config holds)
   moves its counted bytes per vocabulary entry over the whole vocabulary, each step, at the GPU
@@ -138,6 +142,7 @@ from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_p
 from servetune.workload import GREEDY, Sampling
 
 if TYPE_CHECKING:
+    from servetune.planner.comm import CommEnv
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
@@ -191,7 +196,8 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
     """
 
     def __init__(self, model: ModelProfile, gpu: GpuSpec, config: EngineConfig,
-                 calibration: Calibration | None = None, sampling: Sampling | None = None) -> None:
+                 calibration: Calibration | None = None, sampling: Sampling | None = None,
+                 comm_env: CommEnv | None = None) -> None:
         cal = calibration if calibration is not None else calibration_for(gpu)
         self.calibration = cal
         model = effective_model(model, config)  # the model as served: --dtype, online --quantization fp8
@@ -264,7 +270,8 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         self._init_comm(model, gpu, tp, pp, layers, cal,
                         allreduces=hybrid.mixer_layers + hybrid.ffn_layers if hybrid else 2 * layers,
                         custom_all_reduce=not config.disable_custom_all_reduce,
-                        dp=dp, moe_layers=self._moe.layers if self._moe is not None else 0)
+                        dp=dp, moe_layers=self._moe.layers if self._moe is not None else 0,
+                        comm_env=comm_env, version=config.version)
         self._init_sampler(model, gpu, config, cal, sampling or GREEDY)
         self.enforce_eager = config.enforce_eager
         self.capture_sizes: tuple[int, ...] = tuple(sorted(config.cudagraph_capture_sizes or ()))
@@ -357,7 +364,8 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         decode_reqs = num_tokens - prefill_tokens
         recurrent = self.recurrent_seconds(decode_reqs, num_reqs - decode_reqs, prefill_tokens)
         comm = ((self._t_ar_fixed + self._t_pp_fixed + self._t_gather_fixed + self._t_dp_fixed) * micro
-                + (self._t_ar_token + self._t_pp_token + self._t_dp_token) * tokens + self._t_gather_row * rows * micro)
+                + (self._t_ar_token + self._t_pp_token + self._t_dp_token) * tokens + self._t_gather_row * rows * micro
+                + self.allreduce_table_seconds(per_micro, micro))
         if self.enforce_eager:
             # Python launches every kernel: the GEMMs and the small kernels cover the launches as
             # far as their GPU time reaches; the attention kernels do not (module docstring).
