@@ -606,3 +606,34 @@ def test_the_010_starts_capture_piecewise_graphs_only():
         assert cudagraph_memory_bytes(MODELS[s.id], as_011) / GIB - logged >= 0.2, s.id
         checked += 1
     assert checked >= 4
+
+
+def test_the_gpustack_qwen3_235b_start_fits_at_0110_only_with_flashinfers_sampler(monkeypatch):
+    """GPUStack's performance lab served Qwen3-235B-A22B-Instruct-2507 with ``vllm serve ... -tp 8`` on 8 x H100
+    at vLLM 0.11.0 (262,144 tokens by default); the planner calls it impossible, as vLLM 0.11.0's own check
+    would (``v1/core/kv_cache_utils.py`` lines 678-723 of 0.11.0 raise, no length is lowered) with the sorting
+    sampler's profile peak every 0.11.0 log in the collections shows. 0.11.0's source takes FlashInfer's
+    top-k/top-p wherever it imports (``v1/sample/ops/topk_topp_sampler.py`` lines 17-21 and 32-76), which
+    GPUStack's vLLM 0.11.0 runner image installs (gpustack/runner ``pack/cuda/Dockerfile`` at 01961f4: FlashInfer
+    0.3.1 built and installed beside vllm==0.11.0): with it the peak is 3.47 GiB lower and the start fits. Read
+    after the refusal was read; the planner is not changed (docs/model-classes.md says why)."""
+    from servetune.planner import vllm_rules
+    from servetune.planner.modelinfo import load_model
+    model, gpu = load_model("qwen3-235b-a22b-2507"), get_gpu("H100-80GB")
+
+    def plan() -> memory.MemoryPlan:
+        vllm_rules.memory_rules.cache_clear()
+        return memory.plan_memory(model, gpu, resolve_engine_config({"tensor_parallel_size": 8}, model, gpu, "0.11.0"))
+
+    sort = plan()
+    assert sort.failure is not None and sort.failure.value == "kv_too_small"
+    assert sort.estimated_max_model_len == 203104 and round(sort.memory.activation_peak, 2) == 6.65
+    monkeypatch.setattr(vllm_rules, "SORT_TOPK_TOPP_PROFILED", (0, 11, 1))  # 0.11.0 on FlashInfer's sampler
+    try:
+        flashinfer = plan()
+    finally:
+        monkeypatch.undo()
+        vllm_rules.memory_rules.cache_clear()
+    assert flashinfer.fits and flashinfer.kv_cache_tokens == 280528
+    assert round(sort.memory.activation_peak - flashinfer.memory.activation_peak, 2) == 3.47
+    assert plan().failure == sort.failure  # the rule in force is back
