@@ -724,7 +724,8 @@ def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: M
         return Judged(run, None, None, None, failure=str(exc))
     gpu = with_calibration(with_interconnect(target.gpu, run.interconnect or None), calibration or {})
     result = simulate(target.model, gpu, engine_config(run, target.config), workload_of(run, as_sent=as_sent),
-                      plan=plan_memory(planned.model, gpu, planned.config), triton_cache=triton_cache)
+                      plan=plan_memory(planned.model, gpu, planned.config), triton_cache=triton_cache,
+                      one_replica=True)  # workload_of already gives one engine's share of a DP run
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
     logged = _HIT_RATE.findall(result.log_text or "")
