@@ -782,9 +782,12 @@ def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: M
     gpu = with_calibration(with_interconnect(target.gpu, run.interconnect or None), calibration or {})
     # A published run ran vLLM's and NCCL's defaults (multicast live where the board has it): the TP all-reduce's
     # backends by size (planner.comm.allreduce_table). ``as_sent`` False, the simulator before that rule too.
+    # One replica's plan per GPU with the run's dp (a MoE model's experts split over tp x dp, as servetune plan
+    # does); on the 20 TP=4 DP=2 runs the KV pool binds none, so their figures are those of the dp=1 plan.
     result = simulate(target.model, gpu, engine_config(run, target.config), workload_of(run, as_sent=as_sent),
-                      plan=plan_memory(planned.model, gpu, planned.config), triton_cache=triton_cache,
-                      comm_env=VLLM_DEFAULT_ENV if as_sent else None)
+                      plan=plan_memory(planned.model, gpu, engine_config(run, planned.config)),
+                      triton_cache=triton_cache, comm_env=VLLM_DEFAULT_ENV if as_sent else None,
+                      one_replica=True)  # workload_of already gives one engine's share of a DP run
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
     logged = _HIT_RATE.findall(result.log_text or "")
@@ -797,7 +800,7 @@ def engine_config(run: PublishedRun, config: EngineConfig) -> EngineConfig:
     """The config one of ``run``'s engines is simulated with: ``config`` (one replica's flags, as planned)
     with the run's ``dp`` as ``data_parallel_size``, which the simulator reads for a MoE model's routed
     experts only (``servetune.sim.perf_classes.moe_parallel_size`` and ``moe_step_tokens``: split over
-    ``tp x dp`` GPUs, every replica's tokens); the memory plan stays one replica's.
+    ``tp x dp`` GPUs, every replica's tokens) and the planner for their weights and workspace per GPU.
 
     Example:
         >>> run = next(r for r in load_runs([FIXTURES / "nvlink_moe.yaml"]) if r.layout["dp"] == 2)

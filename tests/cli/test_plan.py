@@ -152,13 +152,37 @@ def test_bad_env_exits_2_naming_the_setting(capsys, argv, needle):
     assert needle in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("flag", ["data_parallel_size=2", "enable_expert_parallel=true",
-                                  "speculative_config=ngram"])
+@pytest.mark.parametrize("flag", ["enable_expert_parallel=true", "speculative_config=ngram"])
 def test_a_flag_servetune_does_not_model_is_refused_saying_so(capsys, flag):
     assert _run(["--model", "qwen3-30b-a3b", "--gpu", "H100-80GB", "--set", flag]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not modelled by the planner or the simulator" in err
     assert "unknown vLLM flag" not in err
+
+
+def test_data_parallel_size_on_a_moe_model_prints_per_gpu_figures_of_one_replica(capsys):
+    """Qwen3-30B-A3B at TP=1 DP=2: the routed experts split over 2 GPUs (29.88 GiB of weights a GPU, not the
+    56.88 GiB of one GPU alone), the KV pool one replica's, and the note that says what is and is not counted."""
+    assert _run(["--model", "qwen3-30b-a3b", "--gpu", "H100-80GB", "--set", "data_parallel_size=2"]) == 0
+    alone = capsys.readouterr().out
+    assert _run(["--model", "qwen3-30b-a3b", "--gpu", "H100-80GB"]) == 0
+    one = capsys.readouterr().out
+    lines = alone.splitlines()
+    assert lines[0] == "qwen3-30b-a3b on H100-80GB x2 (TP=1 PP=1 DP=2), vLLM 0.26.0"
+    assert lines[1] == "memory per GPU (GiB) of one replica"
+    weights = {out: float(next(x for x in out.splitlines() if x.startswith("  weights")).split()[1])
+               for out in (alone, one)}
+    assert (weights[alone], weights[one]) == (29.88, 56.88)
+    assert "tokens per replica" in next(x for x in lines if x.startswith("KV cache"))
+    assert any(x.startswith("note        data_parallel_size=2: 2 GPUs in all") and "TP x DP = 2 GPUs" in x
+               for x in lines)
+
+
+@pytest.mark.parametrize("value, words", [("0", "must be >= 1"), ("1.5", "expected an integer")])
+def test_a_bad_data_parallel_size_exits_2_in_one_line(capsys, value, words):
+    assert _run(["--model", "qwen3-30b-a3b", "--gpu", "H100-80GB", "--set", f"data_parallel_size={value}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data_parallel_size" in err and words in err and "fix:" in err
 
 
 def test_a_copied_disable_custom_all_reduce_is_planned_and_its_caveats_printed(capsys):

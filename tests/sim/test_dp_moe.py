@@ -133,8 +133,13 @@ def test_the_longest_held_out_tp4_dp2_bursts_are_no_longer_fast() -> None:
         assert error is not None and abs(error) < 0.05, run.id
 
 
-def test_the_refusal_of_data_parallel_size_says_a_moe_models_replicas_share_their_experts() -> None:
-    with pytest.raises(SpecError) as caught:
-        validate_flag("data_parallel_size", 2)
-    text = str(caught.value)
-    assert "for a dense model, plan and tune one replica" in text and "share their experts" in text
+def test_data_parallel_size_is_a_user_flag_that_reaches_the_simulators_config() -> None:
+    """No longer refused (tests/planner/test_data_parallel.py has the per-GPU plan): resolving the flag sets the
+    field the harness used to set by hand, and a bad value is still one SpecError naming the flag."""
+    assert validate_flag("data_parallel_size", 2) == 2
+    model = resolve_model("gpt-oss-120b-bf16")
+    config = resolve_engine_config({**FLAGS, "tensor_parallel_size": 4, "data_parallel_size": 2}, model, GPU, "0.14.1")
+    assert config == _config(model, 4, 2)  # what the harness builds by hand for a DP run
+    assert config.data_parallel_size == 2 and config.world_size == 4 and config.num_gpus == 8
+    with pytest.raises(SpecError, match="data_parallel_size: must be >= 1"):
+        validate_flag("data_parallel_size", 0)

@@ -174,8 +174,10 @@ def format_plan(model: ModelProfile, gpu: GpuSpec | str, config: EngineConfig, p
         ("kv cache", m.kv_cache, "available for KV blocks"),
     ]
     par = f"TP={config.tensor_parallel_size} PP={config.pipeline_parallel_size}"
-    lines = [f"{model.name} on {gpu_name} x{config.world_size} ({par}), vLLM {config.vllm_version}",
-             "memory per GPU (GiB)"]
+    if config.data_parallel_size > 1:
+        par += f" DP={config.data_parallel_size}"
+    lines = [f"{model.name} on {gpu_name} x{config.num_gpus} ({par}), vLLM {config.vllm_version}",
+             "memory per GPU (GiB)" + (" of one replica" if config.data_parallel_size > 1 else "")]
     for label, value, note in rows:
         if label == "kv cache" and value < 0:
             # vLLM logs the negative figure; people read "does not fit" and by how much.
@@ -183,7 +185,8 @@ def format_plan(model: ModelProfile, gpu: GpuSpec | str, config: EngineConfig, p
         else:
             lines.append(f"  {label:<16}{value:>9.2f}   {note}".rstrip())
     if plan.fits:
-        lines.append(f"KV cache    {plan.kv_cache_tokens:,} tokens, {plan.num_gpu_blocks:,} blocks of "
+        per = " per replica" if config.data_parallel_size > 1 else ""
+        lines.append(f"KV cache    {plan.kv_cache_tokens:,} tokens{per}, {plan.num_gpu_blocks:,} blocks of "
                      f"{plan.block_size}, max concurrency {plan.max_concurrency:.2f}x at {config.max_model_len:,} "
                      f"tokens ({plan.kv_bytes_per_token:,} B/token/GPU)")
     key_flags = ("gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len",

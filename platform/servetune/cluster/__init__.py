@@ -1,6 +1,6 @@
 """The cluster: where a study's trials run, behind one contract (:class:`Pool`, :mod:`.base`).
 
-:class:`TrialPool` runs tasks on Ray actors holding ``TP x PP`` (logical) GPUs each, re-runs an
+:class:`TrialPool` runs tasks on Ray actors holding ``TP x PP x DP`` (logical) GPUs each, re-runs an
 infrastructure failure on another slot, quarantines a slot that keeps failing and reports a lost
 node; :class:`LocalPool` runs simulated and replayed trials in worker processes on the driver's
 machine, with no Ray to start; :func:`start_pool` picks one (``SERVETUNE_POOL``, ``RAY_ADDRESS``).

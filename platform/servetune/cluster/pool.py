@@ -1,4 +1,4 @@
-"""Ray: one actor per running trial, owning ``tensor_parallel_size x pipeline_parallel_size`` GPUs.
+"""Ray: one actor per running trial, owning ``tensor_parallel_size x pipeline_parallel_size x data_parallel_size`` GPUs.
 
 The driver asks :class:`TrialPool` to start a trial; the pool creates a :class:`TrialActor` with
 ``num_gpus`` equal to the trial's world size (Ray's logical GPUs where there are no real ones, so

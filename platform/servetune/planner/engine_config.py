@@ -105,16 +105,41 @@ class EngineConfig:
     #: A Mamba hybrid's Mamba-group block in tokens (:func:`~servetune.planner.hybrid.mamba_group_block_size`;
     #: ``max_model_len`` without prefix caching); 0 for other models.
     mamba_block_size: int = 0
-    #: Replicas of this engine that step together behind one API server (``--data-parallel-size``), without
-    #: expert parallelism. Only the simulator reads it, and only for a MoE model's routed experts
-    #: (:func:`~servetune.sim.perf_classes.moe_parallel_size`, :func:`~servetune.sim.perf_classes.moe_step_tokens`):
-    #: the published-run harness sets it for a DP run; the user flag stays refused
-    #: (:data:`~servetune.planner.flags.NOT_MODELLED`) and the planner plans one replica's GPUs.
+    #: Replicas of this engine behind one API server (``--data-parallel-size``), without expert parallelism.
+    #: Every figure of the config is one replica's (its ``world_size`` GPUs); a dense model's replicas are
+    #: independent engines (``vllm/v1/engine/core.py:1071-1079@0.11.0``, ``:1288-1296@0.26.0``: "Non-MoE DP ranks
+    #: are completely independent, so treat like DP=1"), a MoE model's share their routed experts, split over
+    #: ``tp x dp`` GPUs, and each MoE layer runs every replica's tokens (:meth:`expert_data_parallel`).
     data_parallel_size: int = 1
 
     @property
     def world_size(self) -> int:
+        """One replica's GPUs: ``tensor_parallel_size x pipeline_parallel_size``."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def num_gpus(self) -> int:
+        """Every GPU the server takes: ``world_size x data_parallel_size``."""
+        return self.world_size * self.data_parallel_size
+
+    def expert_data_parallel(self, is_moe: bool) -> int:
+        """The replicas a MoE layer spans: ``data_parallel_size`` for a MoE model, 1 for a dense one.
+
+        Without ``--enable-expert-parallel`` ``FusedMoEParallelConfig.make`` flattens TP across DP: the routed
+        experts are split over ``tp x dp`` ranks (``model_executor/layers/fused_moe/config.py:882-998@0.14.1``;
+        ``flatten_tp_across_dp_and_pcp`` at ``:1113-1215@0.26.0``, the same rule with a context-parallel size of 1),
+        and the layer all-gathers every replica's tokens before its experts ("Falling back to
+        AllGather+ReduceScatter dispatch/combine", ``fused_moe/all2all_utils.py:144-155@0.26.0``).
+
+        Example:
+            >>> from servetune.planner.gpus import get_gpu
+            >>> from servetune.planner.modelinfo import load_model
+            >>> m = load_model("qwen3-30b-a3b")
+            >>> c = resolve_engine_config({"data_parallel_size": 2}, m, get_gpu("H100-80GB"))
+            >>> c.world_size, c.num_gpus, c.expert_data_parallel(True), c.expert_data_parallel(False)
+            (1, 2, 2, 1)
+        """
+        return max(1, self.data_parallel_size) if is_moe else 1
 
     @property
     def version(self) -> Version:
@@ -209,6 +234,8 @@ class EngineConfig:
             out["quantization"] = self.quantization
         if self.disable_custom_all_reduce:
             out["disable_custom_all_reduce"] = True  # vLLM's default (False) is not written out
+        if self.data_parallel_size > 1:
+            out["data_parallel_size"] = self.data_parallel_size
         if self.mamba_cache_mode != "none" and self.version >= MAMBA_CACHE_MODE_FLAG:
             out["mamba_cache_mode"] = self.mamba_cache_mode  # vLLM's own default for the model, written out
         return out
@@ -401,6 +428,7 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         mamba_cache_mode=mamba_mode,
         mamba_block_size=mamba_block,
         disable_custom_all_reduce=bool(f.get("disable_custom_all_reduce", False)),
+        data_parallel_size=int(f.get("data_parallel_size", 1)),
     )
 
 

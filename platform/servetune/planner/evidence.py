@@ -63,7 +63,8 @@ class PublishedStart:
     def layout(self) -> str:
         tp = int(self.flags.get("tensor_parallel_size", 1))
         pp = int(self.flags.get("pipeline_parallel_size", 1))
-        return f"TP={tp}" + (f" PP={pp}" if pp > 1 else "")
+        dp = int(self.flags.get("data_parallel_size", 1))
+        return f"TP={tp}" + (f" PP={pp}" if pp > 1 else "") + (f" DP={dp}" if dp > 1 else "")
 
     @property
     def failed(self) -> bool:

@@ -60,6 +60,8 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
     _F("max_model_len", int, "longest sequence (prompt + output) in tokens", 16, 1 << 22),
     _F("tensor_parallel_size", int, "GPUs per tensor-parallel group", 1, 64),
     _F("pipeline_parallel_size", int, "pipeline stages", 1, 64),
+    _F("data_parallel_size", int, "replicas of the TP x PP engine behind one API server (a MoE model's experts split "
+       "over TP x DP GPUs)", 1, 64),
     _F("disable_custom_all_reduce", bool, "TP all-reduces through NCCL only, without vLLM's custom all-reduce kernel"),
     _F("enforce_eager", bool, "no torch.compile and no CUDA graphs"),
     _F("max_cudagraph_capture_size", int, "largest batch captured as a CUDA graph", 1, 8192),
@@ -139,15 +141,6 @@ def _as_typed(field: str, name: str, text: str) -> str:
 #: vLLM flags servetune knows but does not model yet: each is refused in one line that says so (not
 #: as an unknown flag), with what to plan instead.
 NOT_MODELLED: dict[str, str] = {
-    # A MoE model's replicas are not independent (vLLM 0.14.1 fused_moe/config.py:882-998: without expert
-    # parallelism its experts are split over tp x dp GPUs and each MoE layer runs every replica's tokens:
-    # servetune.sim.perf_classes.moe_parallel_size): one replica planned alone is right for a dense model only.
-    "data_parallel_size": "data parallelism (replicas behind one API server) is not modelled by the planner or the "
-                          "simulator: for a dense model, plan and tune one replica (its tensor_parallel_size x "
-                          "pipeline_parallel_size GPUs) at its share of the load; a MoE model's replicas share "
-                          "their experts (split over tensor_parallel_size x data_parallel_size GPUs, each MoE "
-                          "layer running every replica's tokens), so one replica planned alone overstates its "
-                          "expert weights and misprices its MoE layers",
     "enable_expert_parallel": "expert parallelism (experts spread over the TP x DP ranks, all-to-all) is not modelled "
                               "by the planner or the simulator: plan the model with its experts split by "
                               "tensor_parallel_size",
@@ -219,13 +212,20 @@ def validate_flags(flags: Mapping[str, Any], field: str = "flags") -> dict[str, 
 
 
 def gpus_needed(flags: Mapping[str, Any]) -> int:
-    """GPUs one server with these flags occupies: tensor_parallel_size x pipeline_parallel_size.
+    """GPUs one server with these flags occupies: tensor_parallel_size x pipeline_parallel_size x data_parallel_size.
+
+    ``vllm serve --data-parallel-size D`` starts D engines of ``TP x PP`` workers on one node; local DP rank ``r``
+    takes the visible devices ``[r x TP x PP, (r + 1) x TP x PP)`` (``get_physical_gpu_ids_for_local_dp_rank``,
+    vllm/v1/engine/utils.py:310-354@0.26.0), so a trial's actor owns all ``TP x PP x D`` of them.
 
     Example:
         >>> gpus_needed({"tensor_parallel_size": 2, "pipeline_parallel_size": 2}), gpus_needed({})
         (4, 1)
+        >>> gpus_needed({"tensor_parallel_size": 2, "data_parallel_size": 4})
+        8
     """
-    return int(flags.get("tensor_parallel_size", 1) or 1) * int(flags.get("pipeline_parallel_size", 1) or 1)
+    return (int(flags.get("tensor_parallel_size", 1) or 1) * int(flags.get("pipeline_parallel_size", 1) or 1)
+            * int(flags.get("data_parallel_size", 1) or 1))
 
 
 def to_cli_args(flags: Mapping[str, Any]) -> list[str]:

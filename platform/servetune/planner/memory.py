@@ -271,11 +271,39 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         fix=verdict.fix, estimated_max_model_len=verdict.estimated_max_model_len,
         num_cudagraphs=config.num_cudagraphs, cudagraph_subtracted=acc.subtract_cg,
         notes=(*class_notes(model, config.max_num_batched_tokens, config.max_in_flight_tokens),
-               *_moe_kernel_notes(model, gpu, config),
+               *_moe_kernel_notes(model, gpu, config), *_data_parallel_notes(model, config),
                *_notes(gpu, config, env, comm, acc), *warmup_warning), comm=comm,
         warmup_margin=(acc.warmup_free - acc.warmup_need) / GiB if acc.warmup_need else None,
         warmup_at_risk=bool(warmup_warning),
     )
+
+
+def _data_parallel_notes(model: ModelProfile, config: EngineConfig) -> tuple[str, ...]:
+    """What a plan with ``data_parallel_size`` > 1 says: the figures are per GPU of one replica, and for a MoE
+    model what the planner counts from vLLM's source and what it leaves out (no MoE start under DP was found
+    to judge it on).
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, g = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
+        >>> _data_parallel_notes(m, resolve_engine_config({"data_parallel_size": 2}, m, g))[0][:60]
+        'data_parallel_size=2: 2 GPUs in all; every figure is per GPU'
+    """
+    dp = config.data_parallel_size
+    if dp <= 1:
+        return ()
+    head = (f"data_parallel_size={dp}: {config.num_gpus} GPUs in all; every figure is per GPU of one replica "
+            f"(TP={config.tensor_parallel_size} PP={config.pipeline_parallel_size}), and vLLM logs its KV cache "
+            "per engine")
+    if not model.is_moe:
+        return (head + ". A dense model's replicas are independent engines, each planned as DP=1; checked held "
+                "out on one published start (Qwen2.5-0.5B, DP=2, T4, vLLM 0.11.0)",)
+    return (head + f". MoE without expert parallelism: the routed experts split over TP x DP = "
+            f"{config.tensor_parallel_size * dp} GPUs, every other weight over TP; each MoE layer's workspace sized "
+            f"for {dp} replicas' tokens; both counted from vLLM's source (FusedMoEParallelConfig.make, the "
+            "AllGather+ReduceScatter dispatch) and judged on no published start. The DP and expert groups' NCCL "
+            "communicators are not counted",)
 
 
 def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: VllmMemoryRules, comm: CommMemory,
@@ -294,7 +322,9 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
         budget = math.ceil(total * config.gpu_memory_utilization) if rules.budget_rounds_up \
             else int(total * config.gpu_memory_utilization)
 
-    weights = model.stage_weight_bytes(tp, pp, mxfp4_scale_copies=2 if rules.mxfp4_keeps_loaded_scales else 1)
+    # One replica's shard; under DP a MoE model's routed experts split over tp x dp GPUs (EngineConfig.expert_data_parallel)
+    dp = config.expert_data_parallel(model.is_moe)
+    weights = model.stage_weight_bytes(tp, pp, mxfp4_scale_copies=2 if rules.mxfp4_keeps_loaded_scales else 1, dp=dp)
     # Qwen3-VL's deepstack buffers, allocated while loading by the wrapper every stage builds
     weights = [w + deepstack_buffer_bytes(model, config.max_num_batched_tokens) for w in weights]
     # KV pages per stage: layers grouped as vLLM's KV cache manager groups them (modelclass.kv_layout)
@@ -319,7 +349,7 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
                                                       config.max_in_flight_tokens)
     # The sampler warm-up runs on the last stage, every stage holding the same number of blocks.
     rows, need = sampler_warmup_bytes(model, config)
-    kept = moe_workspace_bytes(model, config.max_num_batched_tokens, tp)  # held past the profile run
+    kept = moe_workspace_bytes(model, config.max_num_batched_tokens * dp, tp * dp)  # held past the profile run
     warmup_free = (total - comm.context_bytes - weights[-1] - kept - non_torch - num_blocks * bytes_per_block[-1]
                    - cg)
     return _Accounting(
@@ -337,7 +367,8 @@ def _verdict(model: ModelProfile, config: EngineConfig, rules: VllmMemoryRules, 
     if max(acc.weights) > total - context:
         need_tp = config.tensor_parallel_size
         copies = 2 if rules.mxfp4_keeps_loaded_scales else 1
-        while need_tp < 64 and max(model.stage_weight_bytes(need_tp, config.pipeline_parallel_size, copies)) > \
+        while need_tp < 64 and max(model.stage_weight_bytes(need_tp, config.pipeline_parallel_size, copies,
+                                                            dp=config.expert_data_parallel(model.is_moe))) > \
                 (total - context) * 0.85:
             need_tp *= 2
         return _Verdict(
@@ -429,7 +460,9 @@ def _warmup_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Accounti
 
 
 def _moe_kernel_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -> tuple[str, ...]:
-    note = moe_kernel_note(model, gpu.name, config.tensor_parallel_size, config.quantization)
+    # the experts' split names the kernel's tuned config (N = 2 x intermediate / (tp x dp) under DP)
+    note = moe_kernel_note(model, gpu.name, config.tensor_parallel_size * config.expert_data_parallel(model.is_moe),
+                           config.quantization)
     return (note,) if note else ()
 
 

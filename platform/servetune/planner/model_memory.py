@@ -180,19 +180,26 @@ def _text_profile_peak(model: ModelProfile, config: EngineConfig, *, last_stage:
                        compile_cache_warm: bool) -> int:
     """The language model's part of :func:`activation_peak_bytes`: its dummy forward, then the sampler."""
     tokens = config.max_num_batched_tokens
+    dp = config.expert_data_parallel(model.is_moe)
     compiling = not (config.enforce_eager or compile_cache_warm)
     # The floor is seen on vLLM 0.26's V2 runner only; a published 0.19.1 start logs less than it.
     cold_floor = compiling and config.rules.v2_runner
     hidden_elems = ACT_HIDDEN_ELEMS_PER_TOKEN_COMPILED if compiling else ACT_HIDDEN_ELEMS_PER_TOKEN_EAGER
     # Triton fused-MoE experts run in workspaces kept past the forward (modelclass.moe_workspace_bytes) from 0.11;
     # before, freed after each layer, they count in the forward only (VllmMemoryRules.moe_workspace_kept)
-    workspace = moe_workspace_bytes(model, tokens, config.tensor_parallel_size) if config.rules.moe_workspace_kept else 0
+    # Under DP (a MoE model, no expert parallelism) each MoE layer all-gathers every replica's dummy batch, the
+    # profile run's ranks padded alike (EngineConfig.expert_data_parallel), and runs it on experts split over tp x dp.
+    workspace = moe_workspace_bytes(model, tokens * dp, config.tensor_parallel_size * dp) \
+        if config.rules.moe_workspace_kept else 0
     inter = model.expert_intermediate_size * model.num_experts_per_tok if model.is_moe and not workspace \
         else (0 if model.is_moe else model.intermediate_size)
     inter += model.shared_expert_intermediate_size
     per_token = model.dtype_bytes * (ACT_MLP_ELEMS_PER_TOKEN * inter / config.tensor_parallel_size
                                      + hidden_elems * model.hidden_size)
     forward = ACT_FIXED_GIB * GiB + tokens * per_token
+    # The other replicas' gathered hidden states and router logits (the per-token MLP term, tokens x inter / tp, is
+    # unchanged: dp times the tokens on experts dp times narrower)
+    forward += (dp - 1) * tokens * (model.hidden_size + model.num_experts) * model.dtype_bytes
     if cold_floor:
         # A start that compiles never profiles below one vocab-parallel embedding-sized tensor
         # (COLD_COMPILE_FLOOR_TENSORS' note): 8B and 14B cold starts at small token budgets.

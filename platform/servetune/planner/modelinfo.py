@@ -169,8 +169,10 @@ class ModelProfile:
         """A Mamba2 / attention hybrid (vLLM's ``ModelConfig.is_hybrid``): some layer is a Mamba layer."""
         return "mamba" in self.layer_types or "parallel" in self.layer_types
 
-    def _hybrid_layer_elems(self, kind: str, tp: int = 1, active_only: bool = False) -> tuple[int, int, int]:
-        """``(linear, plain, fp32)`` elements of one hybrid layer on one TP rank, as vLLM builds it.
+    def _hybrid_layer_elems(self, kind: str, tp: int = 1, active_only: bool = False,
+                            moe_tp: int = 0) -> tuple[int, int, int]:
+        """``(linear, plain, fp32)`` elements of one hybrid layer on one TP rank, as vLLM builds it (routed experts
+        split over ``moe_tp`` ranks, ``tp`` when 0: :meth:`_expert_params`).
 
         A Mamba layer's ``MambaMixer2`` (``layers/mamba/mamba_mixer2.py`` of 0.26.0, lines 313-480): ``in_proj``
         ``hidden -> inner + conv_dim + heads`` and ``out_proj`` ``inner -> hidden`` (quantizable), ``conv1d``
@@ -216,7 +218,7 @@ class ModelProfile:
                 plain += 2 * self.head_dim  # Qwen3NextAttention's q_norm, k_norm
         matrices = 3 if self.ffn_gated else 2
         if (every_layer_ffn and self.is_moe) or kind == "moe":
-            linear += self._expert_params(tp, active_only) + matrices * h * self.shared_expert_intermediate_size // tp
+            linear += self._expert_params(moe_tp or tp, active_only) + matrices * h * self.shared_expert_intermediate_size // tp
             linear += 2 * h * self.moe_latent_size  # latent MoE's fc1 / fc2 projections (replicated)
             router = h * self.num_experts  # replicated
             plain += 0 if self.router_fp32 else router
@@ -270,8 +272,8 @@ class ModelProfile:
         """
         return self.mamba_inner + 2 * self.mamba_groups_on(tp) * self.mamba_d_state
 
-    def _hybrid_layer_bytes(self, kind: str, tp: int) -> float:
-        linear, plain, fp32 = self._hybrid_layer_elems(kind, tp)
+    def _hybrid_layer_bytes(self, kind: str, tp: int, moe_tp: int = 0) -> float:
+        linear, plain, fp32 = self._hybrid_layer_elems(kind, tp, moe_tp=moe_tp)
         return linear * self.weight_bytes_per_param + plain * self.dtype_bytes + 4 * fp32
 
     @property
@@ -325,18 +327,21 @@ class ModelProfile:
 
     def _expert_params(self, tp: int = 1, active_only: bool = False) -> int:
         """Routed-expert weight elements of one MoE layer on one TP rank (0 for a dense model): gate, up and down
-        per expert, or up and down where the FFN is not gated (``ffn_gated`` False: Nemotron-H's relu2 experts)."""
+        per expert, or up and down where the FFN is not gated (``ffn_gated`` False: Nemotron-H's relu2 experts).
+        ``tp`` is the split of the experts, which under data parallelism is ``tp x dp`` (:meth:`stage_weight_bytes`)."""
         if not self.is_moe:
             return 0
         experts = self.num_experts_per_tok if active_only else self.num_experts
         matrices = 3 if self.ffn_gated else 2
         return experts * matrices * self.expert_hidden_size * self.expert_intermediate_size // tp
 
-    def _layer_linear_params(self, tp: int = 1, active_only: bool = False, dense: bool = False) -> int:
-        """Linear-layer weight elements of one decoder layer on one TP rank (``dense``: a MoE model's dense layer)."""
+    def _layer_linear_params(self, tp: int = 1, active_only: bool = False, dense: bool = False,
+                             moe_tp: int = 0) -> int:
+        """Linear-layer weight elements of one decoder layer on one TP rank (``dense``: a MoE model's dense layer;
+        routed experts split over ``moe_tp`` ranks, ``tp`` when 0)."""
         attn = self._attention_params(tp)
         if self.is_moe and not dense:
-            mlp = self._expert_params(tp, active_only)
+            mlp = self._expert_params(moe_tp or tp, active_only)
             mlp += 3 * self.hidden_size * self.shared_expert_intermediate_size // tp
         else:
             mlp = 3 * self.hidden_size * self.intermediate_size // tp  # gate, up, down
@@ -414,11 +419,16 @@ class ModelProfile:
         """KV heads on each TP rank: ``max(1, kv_heads // tp)`` (replicated when TP > KV heads)."""
         return max(1, self.num_kv_heads // tp)
 
-    def stage_weight_bytes(self, tp: int, pp: int, mxfp4_scale_copies: int = 2) -> list[int]:
-        """Weight bytes on one TP rank of each pipeline stage.
+    def stage_weight_bytes(self, tp: int, pp: int, mxfp4_scale_copies: int = 2, dp: int = 1) -> list[int]:
+        """Weight bytes on one TP rank of each pipeline stage (of one data-parallel replica).
 
         Sharded matrices and the vocab-parallel embedding / LM head are divided by ``tp``; norms and
-        the MoE router are replicated. The first stage holds the embedding, the last the final norm
+        the MoE router are replicated. Under data parallelism (``dp`` replicas, no expert parallelism) a MoE
+        layer's routed experts are split over ``tp x dp`` ranks (``FusedMoEParallelConfig.make`` with
+        ``flatten_tp_across_dp``: vllm/model_executor/layers/fused_moe/config.py:882-998@0.14.1,
+        ``flatten_tp_across_dp_and_pcp`` at :1113-1215@0.26.0, the same rule with a context-parallel size of 1);
+        everything else, shared experts included, is one replica's ``tp`` shard, so a dense model's
+        weights do not change with ``dp``. The first stage holds the embedding, the last the final norm
         and the LM head (a tied LM head is a second copy there when ``pp > 1``, as in vLLM). Every
         stage also holds the rotary ``cos_sin_cache`` buffer (``max_position * head_dim`` in the
         model dtype), which vLLM's "Model loading took" figure includes: with it Llama-3.1-8B comes
@@ -426,7 +436,9 @@ class ModelProfile:
         """
         layers = self.stage_layers(pp)
         act = self.dtype_bytes
-        layer_bytes = [self._layer_bytes(tp, dense=True), self._layer_bytes(tp, scale_copies=mxfp4_scale_copies)]
+        moe_tp = tp * max(1, dp)
+        layer_bytes = [self._layer_bytes(tp, dense=True),
+                       self._layer_bytes(tp, scale_copies=mxfp4_scale_copies, moe_tp=moe_tp)]
         vocab = self._vocab_rows(tp) * self.hidden_size * act
         rotary_dim = self.mla_rope_dim or self.rotary_dim or self.head_dim
         rotary = 0 if self.no_rope else (self.max_model_len_limit + self.extra_rotary_positions) * rotary_dim * act
@@ -435,7 +447,7 @@ class ModelProfile:
         for stage, n in enumerate(layers):
             dense = max(0, min(self._dense_layers() - first, n))
             if self.is_hybrid:
-                b = sum(self._hybrid_layer_bytes(k, tp) for k in self.layer_types[first:first + n]) + rotary
+                b = sum(self._hybrid_layer_bytes(k, tp, moe_tp) for k in self.layer_types[first:first + n]) + rotary
             else:
                 b = dense * layer_bytes[0] + (n - dense) * layer_bytes[1] + rotary
             first += n
@@ -448,13 +460,16 @@ class ModelProfile:
             out.append(int(b))
         return out
 
-    def _layer_bytes(self, tp: int, dense: bool = False, scale_copies: int = 2) -> float:
-        """Bytes of one decoder layer on one TP rank as vLLM loads it (see :mod:`modelclass` for MLA, MXFP4)."""
+    def _layer_bytes(self, tp: int, dense: bool = False, scale_copies: int = 2, moe_tp: int = 0) -> float:
+        """Bytes of one decoder layer on one TP rank as vLLM loads it (see :mod:`modelclass` for MLA, MXFP4;
+        routed experts split over ``moe_tp`` ranks, ``tp`` when 0)."""
         act = self.dtype_bytes
+        moe_tp = moe_tp or tp
         plain = self._layer_plain_params(tp, dense) * act
-        linear = self._layer_linear_params(tp, dense=dense)
+        linear = self._layer_linear_params(tp, dense=dense, moe_tp=moe_tp)
         if self.quantized_experts_only and self.is_moe and not dense:
-            return plain + (linear - self._expert_params(tp)) * act + modelclass.mxfp4_expert_bytes(self, tp, scale_copies)
+            return (plain + (linear - self._expert_params(moe_tp)) * act
+                    + modelclass.mxfp4_expert_bytes(self, moe_tp, scale_copies))
         b = plain + linear * self.weight_bytes_per_param
         if self.is_moe and not dense:  # fp32 router weight (GLM-4.5) and score-correction bias: 4 bytes, not act
             b += (4 - act) * ((self.hidden_size * self.num_experts if self.router_fp32 else 0)
@@ -464,9 +479,10 @@ class ModelProfile:
             b += self.mla_kv_lora_rank * (self.num_attention_heads // tp) * (self.mla_nope_dim + self.mla_v_dim) * act
         return b
 
-    def weight_bytes_per_gpu(self, tp: int, pp: int) -> int:
-        """Weight bytes on the most loaded GPU (vLLM's "Model loading took ... GiB" on that rank)."""
-        return max(self.stage_weight_bytes(tp, pp))
+    def weight_bytes_per_gpu(self, tp: int, pp: int, dp: int = 1) -> int:
+        """Weight bytes on the most loaded GPU (vLLM's "Model loading took ... GiB" on that rank; ``dp``:
+        :meth:`stage_weight_bytes`)."""
+        return max(self.stage_weight_bytes(tp, pp, dp=dp))
 
     def kv_bytes_per_token(self, tp: int, pp: int, kv_cache_dtype: str = "auto") -> int:
         """KV-cache bytes one token takes on one GPU of the stage with the most layers.

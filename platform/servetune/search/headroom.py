@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from servetune.errors import SpecError
+from servetune.planner.flags import gpus_needed
 from servetune.planner.gpus import get_gpu
 from servetune.result import TrialResult
 from servetune.workload import Workload
@@ -184,7 +185,7 @@ def error_band(gpu_type: str, gpus_per_engine: int = 1, moe: bool = False) -> Er
         (True, False)
     """
     if gpus_per_engine > 1:
-        return ErrorBand(False, f"{gpus_per_engine} GPUs per engine (TP x PP > 1)")
+        return ErrorBand(False, f"{gpus_per_engine} GPUs per server (TP x PP x DP > 1)")
     if moe:
         if gpu_type == "H100-80GB":
             return ErrorBand(True, "MoE on H100 SXM, vLLM 0.26.0, TP=1, a Qwen3-30B-A3B shape in bf16 (8 windows, "
@@ -455,8 +456,7 @@ def for_spec(spec: StudySpec, flags: Mapping[str, Any], *, api_cpu_factor: float
     :func:`spec_simulator`'s."""
     settings = spec.headroom
     profile = spec.model_profile
-    band = error_band(spec.gpu.type, int(flags.get("tensor_parallel_size") or 1) * int(flags.get("pipeline_parallel_size") or 1),
-                      moe=bool(profile is not None and profile.is_moe))
+    band = error_band(spec.gpu.type, gpus_needed(flags), moe=bool(profile is not None and profile.is_moe))
     calib = {"api_cpu_factor": api_cpu_factor, **(calibration or {})}
     return find_edges(spec_simulator(spec, flags, api_cpu_factor, comm_env), spec.workload, spec.constraints.limits(),
                       flags=flags,

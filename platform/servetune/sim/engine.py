@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from servetune.planner.comm import nccl_small_message_note
@@ -53,8 +54,12 @@ __all__ = ["simulate", "figure_notes"]
 
 def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: Workload, *,
              plan: MemoryPlan | None = None, seed: int = 0, triton_cache: TritonCache | None = None,
-             comm_env: CommEnv | None = None) -> TrialResult:
+             comm_env: CommEnv | None = None, one_replica: bool = False) -> TrialResult:
     """Run ``workload`` on one simulated engine and measure it the way the load generator does.
+
+    With ``config.data_parallel_size`` D > 1 the server is D replicas: unless ``one_replica`` (the caller has
+    already cut ``workload`` to one replica's share), one replica runs its share and the figures are the
+    server's (:func:`simulate_data_parallel`).
 
     ``triton_cache``: the server's fused-MoE kernel variants (``sim.moe_jit``) where the caller runs
     several loads on one server and carries it from run to run (it is updated in place); None, a
@@ -77,6 +82,9 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         >>> simulate(model, gpu, cfg, w).completed
         64
     """
+    if config.data_parallel_size > 1 and not one_replica:
+        return simulate_data_parallel(model, gpu, config, workload, plan=plan, seed=seed, triton_cache=triton_cache,
+                                      comm_env=comm_env)
     if plan is None:
         plan = plan_memory(model, gpu, config)
     base: dict[str, Any] = dict(backend="sim", vllm_version=config.vllm_version, memory=plan.memory,
@@ -111,6 +119,69 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         sched.kv_usage_peak, hit_rate, seed=seed, steps=sched.num_steps, completed=result.completed,
         duration_s=result.duration_s or 0.0, output_throughput=result.output_throughput or 0.0)
     return result
+
+
+def replica_share(workload: Workload, replicas: int) -> Workload:
+    """What one of ``replicas`` data-parallel engines receives of ``workload``: vLLM's API server spreads the
+    requests over the engines by their load, so each takes ``1 / replicas`` of the requests, the warm-up,
+    the concurrency and the arrival rate (a trace's arrivals ``replicas`` times as sparse). The published-run
+    harness cuts a ``vllm bench serve`` run the same way (``benchmarks/published_runs.py``), judged on the
+    published TP=4 DP=2 runs (docs/accuracy.md).
+
+    Example:
+        >>> from servetune.workload import Workload
+        >>> w = Workload.from_dict({"input_len": 512, "output_len": 64, "num_requests": 64, "concurrency": 16})
+        >>> s = replica_share(w, 2)
+        >>> s.num_requests, s.concurrency, s.request_rate
+        (32, 8, None)
+    """
+    if replicas <= 1:
+        return workload
+    return dataclasses.replace(
+        workload, num_requests=max(1, workload.num_requests // replicas),
+        warmup_requests=workload.warmup_requests // replicas,
+        concurrency=None if workload.concurrency is None else max(1, workload.concurrency // replicas),
+        request_rate=None if workload.request_rate is None else workload.request_rate / replicas,
+        rate_scale=workload.rate_scale / replicas if workload.trace_file is not None else workload.rate_scale)
+
+
+def simulate_data_parallel(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: Workload, *,
+                           plan: MemoryPlan | None = None, seed: int = 0,
+                           triton_cache: TritonCache | None = None, comm_env: CommEnv | None = None) -> TrialResult:
+    """``config.data_parallel_size`` replicas as one server: one replica runs :func:`replica_share` of ``workload``
+    and, the replicas being alike, the server's counts and throughputs are that replica's times D; its
+    latencies, KV usage, request records and API-server CPU are the replica's (each replica's API server: vLLM 0.26
+    starts one per DP rank by default, "Defaulting api_server_count to data_parallel_size",
+    ``entrypoints/cli/serve.py:104-121@0.26.0``; where one API server serves every replica its CPU is understated). A MoE replica's layers already run every
+    replica's tokens on experts split over ``tp x dp`` (:func:`~servetune.sim.perf_classes.moe_step_tokens`).
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.memory import resolve_engine_config
+        >>> from servetune.planner.modelinfo import load_model
+        >>> from servetune.workload import Workload
+        >>> model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
+        >>> w = Workload.from_dict({"input_len": 512, "output_len": 64, "num_requests": 64, "concurrency": 16})
+        >>> simulate(model, gpu, resolve_engine_config({"data_parallel_size": 2}, model, gpu), w).completed
+        64
+    """
+    dp = config.data_parallel_size
+    result = simulate(model, gpu, config, replica_share(workload, dp), plan=plan, seed=seed,
+                      triton_cache=triton_cache, comm_env=comm_env, one_replica=True)
+    if result.status is not TrialStatus.OK:
+        return result
+
+    def times(value: float | int | None) -> Any:
+        return None if value is None else value * dp
+
+    out = dataclasses.replace(
+        result, completed=times(result.completed), failed=times(result.failed),
+        output_throughput=times(result.output_throughput),
+        total_token_throughput=times(result.total_token_throughput),
+        request_throughput=times(result.request_throughput), preemptions=times(result.preemptions))
+    out.notes = [*result.notes, f"data_parallel_size={dp}: one replica simulated with 1/{dp} of the load; counts "
+                 f"and throughputs are the {dp} replicas' together, latencies one replica's"]
+    return out
 
 
 def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_server_busy: float,

@@ -945,14 +945,16 @@ def _combine(space: SearchSpace, fixed: dict[str, Any], profile: ModelProfile | 
             field = f"fixed_flags.{subject}"
         else:
             field = "search_space" if space.names else "fixed_flags"
-        if subject in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if subject in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
             heads = f" divide the model's {profile.num_attention_heads} attention heads and" if profile is not None else ""
-            fix = f"use tensor_parallel_size values that{heads} keep TP x PP <= gpu.count ({gpu.count}), or raise gpu.count"
+            fix = (f"use tensor_parallel_size values that{heads} keep TP x PP x DP <= gpu.count ({gpu.count}), "
+                   "or raise gpu.count")
         elif subject == "max_model_len":
             fix = "make max_model_len cover the workload's longest prompt + output and stay within the model's context"
         else:
             fix = "change the choices, fixed_flags, gpu.count or the workload so that at least one combination passes"
-        if subject in fixed and subject not in ("tensor_parallel_size", "pipeline_parallel_size", "max_model_len"):
+        if subject in fixed and subject not in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+                                                "max_model_len"):
             fix = f"change fixed_flags.{subject}, or the search space choices it conflicts with"
         scope = ("" if feas.checked <= 1 or field.startswith("fixed_flags")
                  else f" ({len(texts)} of {feas.checked} combinations fail this way)")

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import load_yaml, missing, read_yaml_file, shown
-from servetune.planner.flags import FLAGS, validate_flag
+from servetune.planner.flags import FLAGS, gpus_needed, validate_flag
 
 if TYPE_CHECKING:  # imported for annotations only; optuna is imported lazily where it is used
     import optuna
@@ -85,6 +85,7 @@ PARAM_TYPES = ("float", "int", "categorical", "bool")
 STATIC_DEFAULTS: Mapping[str, Any] = {
     "tensor_parallel_size": 1,
     "pipeline_parallel_size": 1,
+    "data_parallel_size": 1,
     "enforce_eager": False,
     "disable_custom_all_reduce": False,
     "kv_cache_dtype": "auto",
@@ -97,7 +98,7 @@ STATIC_DEFAULTS: Mapping[str, Any] = {
 #: Names a rule may use besides flag names; :meth:`SearchSpace.check` fills them in.
 CONTEXT_NAMES: Mapping[str, str] = {
     "gpu_count": "GPUs available to the study",
-    "world_size": "tensor_parallel_size * pipeline_parallel_size",
+    "world_size": "the GPUs a trial takes: tensor_parallel_size * pipeline_parallel_size * data_parallel_size",
     "num_attention_heads": "the model's attention (query) heads",
     "num_kv_heads": "the model's KV heads",
     "num_layers": "the model's hidden layers",
@@ -556,7 +557,7 @@ def _parse_param(name: str, raw: Any, field: str) -> Param:
 def _builtin_violations(env: Mapping[str, Any], model: ModelProfile | None, gpu_count: int | None,
                         workload: Workload | None) -> list[str]:
     out: list[str] = []
-    tp, pp = int(env["tensor_parallel_size"]), int(env["pipeline_parallel_size"])
+    tp, pp, dp = int(env["tensor_parallel_size"]), int(env["pipeline_parallel_size"]), int(env["data_parallel_size"])
     if model is not None:
         heads, kv = int(model.num_attention_heads), int(model.num_kv_heads)
         if heads % tp:
@@ -568,9 +569,11 @@ def _builtin_violations(env: Mapping[str, Any], model: ModelProfile | None, gpu_
             out.append(f"tensor_parallel_size={tp} cannot replicate the model's {kv} KV heads evenly ({tp} is not divisible by {kv})")
         if pp > int(model.num_layers):
             out.append(f"pipeline_parallel_size={pp} exceeds the model's {model.num_layers} layers")
-    if gpu_count is not None and tp * pp > gpu_count:
+    if gpu_count is not None and tp * pp * dp > gpu_count:
         out.append(f"tensor_parallel_size * pipeline_parallel_size = {tp}*{pp} = {tp * pp} GPUs, "
-                   f"but the study has gpu.count={gpu_count}")
+                   f"but the study has gpu.count={gpu_count}" if dp == 1 else
+                   f"tensor_parallel_size * pipeline_parallel_size * data_parallel_size = {tp}*{pp}*{dp} = "
+                   f"{tp * pp * dp} GPUs, but the study has gpu.count={gpu_count}")
     mns, mbt = env.get("max_num_seqs"), env.get("max_num_batched_tokens")
     if mns is not None and mbt is not None and mbt < mns:
         out.append(f"max_num_batched_tokens={mbt} is below max_num_seqs={mns}; vLLM refuses to start "
@@ -609,8 +612,11 @@ def _longest_sequence(workload: Workload) -> int:
     return _workload_extremes(workload)[2]
 
 
-_BUILTIN_RULE_NAMES = ("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs", "max_num_batched_tokens",
-                       "max_model_len", "enable_chunked_prefill")
+_BUILTIN_RULE_NAMES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
+                       "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill")
+#: The flags that set a trial's GPUs (:func:`~servetune.planner.flags.gpus_needed`), listed even where the space is too
+#: large to list whole.
+_LAYOUT_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -803,7 +809,7 @@ class SearchSpace:
         Only the parameters that a rule or a condition reads are listed (gpu_memory_utilization,
         say, never changes whether a flag set passes the rules). When they have more than ``limit``
         combinations (or more than ``_MAX_RULE_WORK`` rule judgements: combinations x rules), or one of
-        them is a continuous float, only TP and PP are listed and the answer is marked ``exhaustive=False``.
+        them is a continuous float, only TP, PP and DP are listed and the answer is marked ``exhaustive=False``.
         """
         relevant = set(_BUILTIN_RULE_NAMES).union(*(r.expr.names for r in self.rules),
                                                  *(p.when.names for p in self.params if p.when is not None))
@@ -812,7 +818,7 @@ class SearchSpace:
         exhaustive = all(p.is_finite for p in subset) and \
             SearchSpace(tuple(subset), pinned=self.pinned).size() <= min(limit, _MAX_RULE_WORK // max(judged, 1))
         if not exhaustive:
-            subset = [p for p in self.params if p.name in ("tensor_parallel_size", "pipeline_parallel_size")]
+            subset = [p for p in self.params if p.name in _LAYOUT_FLAGS]
         listed = {p.name for p in subset}
         skipped = set(self.names) - listed  # searched but not listed: their defaults must not be judged
         rows: list[dict[str, Any]] = [{}]
@@ -842,7 +848,7 @@ class SearchSpace:
                 reasons.setdefault(subject, []).append(problem)
                 continue
             feasible += 1
-            world = int(env["tensor_parallel_size"]) * int(env["pipeline_parallel_size"])
+            world = int(env["world_size"])
             min_world = world if min_world is None else min(min_world, world)
             for name, value in row.items():
                 ok_values[name].add(repr(value))
@@ -855,7 +861,7 @@ class SearchSpace:
                  workload: Workload | None = None) -> dict[str, Any]:
         """The names a rule sees: static defaults, the flags, and the context names that are known."""
         env: dict[str, Any] = {**STATIC_DEFAULTS, **{k: v for k, v in flags.items() if v is not None}}
-        env["world_size"] = int(env["tensor_parallel_size"]) * int(env["pipeline_parallel_size"])
+        env["world_size"] = gpus_needed(env)
         if gpu_count is not None:
             env["gpu_count"] = gpu_count
         if model is not None:

@@ -226,7 +226,8 @@ def serve_argv(launch: VllmLaunch, port: int) -> list[str]:
     """
     argv = [*launch.serve_command, argv_value(launch.model, "serve_model"), "--host", launch.host,
             "--port", str(port), *to_cli_args(launch.flags), *launch.extra_args]
-    if gpus_needed(launch.flags) > 1 and "--distributed-executor-backend" not in argv:
+    # the executor of each engine: its TP x PP workers (a DP rank of one GPU runs in-process, as vLLM chooses)
+    if gpus_needed({**launch.flags, "data_parallel_size": 1}) > 1 and "--distributed-executor-backend" not in argv:
         argv += ["--distributed-executor-backend", "mp"]
     return argv
 
