@@ -33,6 +33,7 @@ from published_runs import FIXTURES, Judged, PublishedRun, judge, load_runs, res
 
 from servetune.planner.gpus import get_gpu  # noqa: E402
 from servetune.planner.modelinfo import ModelProfile  # noqa: E402
+from servetune.planner.vllm_rules import parse_vllm_version  # noqa: E402
 from servetune.sim import perf_classes  # noqa: E402
 
 __all__ = ["CLASS_FILE", "CLASS_FILES", "WITHIN", "run_classes", "architecture", "moe_cell", "fit_moe_share", "class_rows", "class_table",
@@ -73,7 +74,9 @@ def run_classes(model: ModelProfile) -> tuple[str, ...]:
 
 
 def architecture(gpu_name: str) -> str:
-    """``hopper`` or ``ampere``: the key of ``perf_classes.MOE_COMPUTE_SHARE`` a GPU takes."""
+    """``hopper`` or ``ampere``: the key of ``perf_classes.MOE_COMPUTE_SHARE`` a GPU takes (compute capability
+    9.0 and up: Hopper's, the B200's included, as ``perf_classes.moe_compute_share`` takes it; a B200 run whose
+    experts are priced by the sourced Blackwell share instead is told by :func:`moe_cell`)."""
     return "hopper" if get_gpu(gpu_name).compute_capability >= 9.0 else "ampere"
 
 
@@ -83,9 +86,24 @@ def _loss(judged: Sequence[Judged]) -> float:
 
 
 def moe_cell(run: PublishedRun) -> str:
-    """``kernel/architecture``: the :data:`perf_classes.MOE_COMPUTE_SHARE` entry a MoE run's experts take."""
-    gpu = get_gpu(run.gpu)
-    return f"{perf_classes.moe_kernel(resolve_model(run.model, FIXTURES), gpu)}/{architecture(run.gpu)}"
+    """``kernel/architecture``: the :data:`perf_classes.MOE_COMPUTE_SHARE` entry a MoE run's experts take, or
+    ``triton/blackwell`` where ``perf_classes.runs_blackwell_triton_moe`` holds (16-bit experts on Triton on a
+    compute capability 10.x part below vLLM 0.20): those take the sourced ``BLACKWELL_TRITON_MOE_SHARE``, no
+    fitted cell (the five gpt-oss-120b bf16 B200 runs of nvlink_moe.yaml were labelled ``triton/hopper`` before
+    2026-12-06, a share they are not priced by).
+
+    Example:
+        >>> b200 = next(r for r in load_runs([FIXTURES / "nvlink_moe.yaml"]) if r.gpu == "B200")
+        >>> moe_cell(b200)
+        'triton/blackwell'
+    """
+    model, gpu = resolve_model(run.model, FIXTURES), get_gpu(run.gpu)
+    kernel = perf_classes.moe_kernel(model, gpu)
+    shape = perf_classes.moe_shape(model, gpu, run.layout["tp"], model.num_layers)
+    version = parse_vllm_version(run.sim_vllm_version)
+    if shape is not None and perf_classes.runs_blackwell_triton_moe(gpu, shape, version):
+        return f"{kernel}/blackwell"
+    return f"{kernel}/{architecture(run.gpu)}"
 
 
 def _sinks_on_triton(run: PublishedRun) -> bool:

@@ -739,7 +739,9 @@ def allreduce_table(gpu: GpuSpec, tp: int, *, env: CommEnv, version: tuple[int, 
     without which it disables itself, ``symm_mem.py:106-111@0.14.1``; NVLS, which NCCL's large messages use in the
     published timings). None elsewhere: the calibrated :func:`allreduce_cost` prices every size, as it does in
     servetune's own launches (multicast off, :data:`SERVETUNE_LAUNCH_ENV`), at TP 2-4 (no published table past
-    4 MiB found) and on other GPUs. The sizes: :data:`_TP8_SM90_CUSTOM_MAX`, :data:`_TP8_SM90_SYMM_MAX`; the
+    4 MiB found) and on other GPUs (the B200: vLLM 0.14.1's SM 10.0 sizes at TP=8 are 1 MiB and 128 MiB,
+    ``all_reduce_utils.py:40-45,55-60@0.14.1``, but no published B200 timings by size were found;
+    ``tests/sim/test_b200_allreduce.py``). The sizes: :data:`_TP8_SM90_CUSTOM_MAX`, :data:`_TP8_SM90_SYMM_MAX`; the
     times: :data:`HOPPER_TP8_ALLREDUCE_MS`. This rule was looked for after the held-out TP=8 NVLink runs'
     errors were read (docs/accuracy.md); nothing in it is fitted.
 
