@@ -23,9 +23,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +101,59 @@ def compare(probe: dict) -> tuple[list[dict], dict[str, int]]:
                     "sim_us": round(sim_us, 2), "ratio": round(row["us"] / sim_us, 3),
                     "split": "fit" if shape in FIT_SHAPES else "held_out"})
     return out, left
+
+
+def compare_layer(probe: dict) -> list[dict]:
+    """:func:`compare` with the whole layer a step prices: ``moe_seconds`` plus the routed experts' activation
+    traffic the step charges beside it (``PerfModel.moe_activation_seconds``), which the timed ``fused_experts``
+    pays inside its kernels (each routed row's token read, gate/up output written and read, hidden row written)."""
+    out, _ = compare(probe)
+    perfs: dict[tuple[str, str], PerfModel] = {}
+    for row in out:
+        perf = perfs.setdefault((row["shape"], row["mode"]), _perf(row["shape"], row["mode"]))
+        moe = perf.moe_shape
+        assert moe is not None
+        act_us = perf.moe_activation_seconds(row["tokens"]) / moe.layers * 1e6
+        row["sim_us"] = round(row["sim_us"] + act_us, 2)
+        row["ratio"] = round(row["real_us"] / row["sim_us"], 3)
+    return out
+
+
+#: The block-fp8 layer the kernel rate of block-quantized fp8 experts is read off (:func:`derive_block_fp8`),
+#: and the one it is judged on: DeepSeek-R1's TP=8 layer (E=256, H=7,168, I=256) and Qwen3-235B-A22B-FP8's
+#: TP=4 layer (E=128, H=4,096, I=384), both under vLLM 0.11.0's block default (64 x 128 x 128, no tuned
+#: H100 file for either at 0.11.0).
+BLOCK_FP8_FIT, BLOCK_FP8_JUDGED = "deepseek-r1_tp8", "qwen3-235b-a22b-fp8_tp4"
+BLOCK_FP8_GRID = tuple(round(1.0 + 0.05 * i, 2) for i in range(21))
+
+
+@contextlib.contextmanager
+def _block_fp8_rate(scale: float) -> Iterator[None]:
+    """``perf_classes.BLOCK_FP8_MOE_RATE_SCALE`` set to ``scale`` while the block."""
+    kept = perf_classes.BLOCK_FP8_MOE_RATE_SCALE
+    perf_classes.BLOCK_FP8_MOE_RATE_SCALE = scale
+    try:
+        yield
+    finally:
+        perf_classes.BLOCK_FP8_MOE_RATE_SCALE = kept
+
+
+def block_fp8_ratios(probe: dict, scale: float, shape: str) -> list[tuple[int, float]]:
+    """(tokens, real / simulated whole layer) of ``shape`` under vLLM 0.11.0's tiles at 1,024-8,192 tokens with
+    block-fp8 experts at ``scale`` times the bf16 rate."""
+    with _block_fp8_rate(scale):
+        rows = [r for r in compare_layer({**probe, "rows": [r for r in probe["rows"] if r.get("shape") == shape]})
+                if r["mode"] == "v0.11_default" and r["tokens"] >= 1024]
+    return [(r["tokens"], r["ratio"]) for r in rows]
+
+
+def derive_block_fp8(probe: dict) -> float:
+    """The rate of block-fp8 experts against bf16 that best prices :data:`BLOCK_FP8_FIT`'s whole layer (mean
+    |log(real / simulated)| over 1,024-8,192 tokens, on :data:`BLOCK_FP8_GRID`)."""
+    def loss(scale: float) -> float:
+        ratios = block_fp8_ratios(probe, scale, BLOCK_FP8_FIT)
+        return sum(abs(math.log(r)) for _, r in ratios) / len(ratios)
+    return min(BLOCK_FP8_GRID, key=loss)
 
 
 ALIGN_PROBES = (ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_align_h100.json",
@@ -179,9 +234,16 @@ def main() -> int:
     parser.add_argument("--probe", type=Path, default=PROBE)
     parser.add_argument("--derive", action="store_true",
                         help="print MOE_UNALIGNED_DOWN_SHARE's derivation from the probe and stop")
+    parser.add_argument("--layer", action="store_true",
+                        help="compare the whole layer a step prices (moe_seconds plus the experts' activation traffic)")
+    parser.add_argument("--block-fp8", action="store_true",
+                        help="print the block-fp8 experts' kernel rate read off DeepSeek-R1's layer, judged on "
+                             "Qwen3-235B-A22B-FP8's, and stop")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     probe = json.loads(args.probe.read_text())
+    if args.block_fp8:
+        return _print_block_fp8(probe)
     if args.derive:
         probes = tuple(json.loads(path.read_text()) for path in ALIGN_PROBES)
         shares = derive_unaligned(probes)
@@ -190,11 +252,14 @@ def main() -> int:
             print(json.dumps(row))
         return 0
     rows, left = compare(probe)
+    if args.layer:
+        rows = compare_layer(probe)
     if args.json:
         print(json.dumps({"gpu": probe["gpu"], "vllm": probe["vllm"], "rows": rows, "left_out": left}, indent=1))
         return 0
-    print(f"{probe['gpu']}, vLLM {probe['vllm']}: one MoE layer's fused_experts, real/simulated by token range "
-          f"(left out: {left})")
+    what = "moe_seconds + the experts' activation traffic" if args.layer else "moe_seconds"
+    print(f"{probe['gpu']}, vLLM {probe['vllm']}: one MoE layer's fused_experts, real/simulated ({what}) by token "
+          f"range (left out: {left})")
     print(f"{'shape':<26}{'config':<15}{'split':<10}" + "".join(f"{f'{lo}-{hi}':>12}" for lo, hi in RANGES))
     for shape in SHAPES:
         for mode in MODE_VERSION:
@@ -210,6 +275,18 @@ def main() -> int:
         part = [r for r in held if low <= r["tokens"] <= high]
         within = sum(abs(r["ratio"] - 1) <= 0.15 for r in part)
         print(f"held out, {low}-{high} tokens: {within} of {len(part)} rows within 15%")
+    return 0
+
+
+def _print_block_fp8(probe: dict) -> int:
+    """``--block-fp8``: the derivation and its judgement, one line per scale of interest."""
+    scale = derive_block_fp8(probe)
+    print(f"block-fp8 experts' rate against bf16, read off {BLOCK_FP8_FIT} (whole layer, 0.11.0 tiles, "
+          f"1,024-8,192 tokens): {scale}")
+    for value in sorted({perf_classes.BLOCK_FP8_MOE_RATE_SCALE, scale}):
+        for shape in (BLOCK_FP8_FIT, BLOCK_FP8_JUDGED):
+            cells = " ".join(f"{tokens}:{ratio:.2f}" for tokens, ratio in block_fp8_ratios(probe, value, shape))
+            print(f"  at {value}: {shape:<26} real/simulated {cells}")
     return 0
 
 

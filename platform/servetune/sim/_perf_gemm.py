@@ -103,6 +103,9 @@ class GemmTerms:
     _moe_dp: int
     #: The routed experts' matrices in aligned-FLOP units (:meth:`_init_classes`).
     _moe_matrices: float
+    #: Seconds of the routed experts' activation traffic per step token, in ``_act_bytes_token`` too
+    #: (:meth:`moe_activation_seconds`).
+    _moe_act_token: float = 0.0
     _version: Version
     _gemm_memo: dict[tuple[int, int], float]
 
@@ -129,8 +132,10 @@ class GemmTerms:
             m = self._moe
             # Each routed row reads its token (H) and writes 2I (non-gated: I), then reads I and writes H,
             # for every replica's tokens under DP (a replica's token stands for dp gathered ones).
-            act += perf_classes.moe_step_tokens(1, dp) * 2.0 * m.top_k * (
+            moe_act = perf_classes.moe_step_tokens(1, dp) * 2.0 * m.top_k * (
                 m.hidden + (m.matrices - 1) * m.inter + m.inter + m.hidden) * m.layers
+            act += moe_act
+            self._moe_act_token = moe_act / mem_rate
             blackwell = perf_classes.runs_blackwell_triton_moe(gpu, m, self._version)
             mem_share = cal.moe_mem_share
             if blackwell:  # the Triton kernel's own streaming rate on Blackwell, from a published benchmark
@@ -179,6 +184,14 @@ class GemmTerms:
         tile = moe_tile_share(block, width) if new_tiles else 1.0
         comp_s = 2.0 * rows * self._moe_matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)
+
+    def moe_activation_seconds(self, tokens: int) -> float:
+        """The routed experts' activation traffic a step charges beside :meth:`moe_seconds` for ``tokens``
+        rows (a replica's; under DP every replica's, as :meth:`moe_seconds` takes them) over the stage's MoE
+        layers: each routed row reads its token and writes the gate/up output, the down GEMM reads it and writes
+        the hidden row, at the dense weight-streaming rate (0 for a dense model). With :meth:`moe_seconds` it is
+        what the step prices for the work vLLM's ``fused_experts`` does (``benchmarks/moe_vs_sim.py --layer``)."""
+        return self._moe_act_token * tokens if self._moe is not None and tokens > 0 else 0.0
 
     @property
     def moe_shape(self) -> perf_classes.MoeShape | None:
