@@ -9,15 +9,18 @@ token range. Rows whose kernel configuration the simulator does not price are le
 a tuned file vLLM 0.26 ships (the simulator prices 0.26's default tiles), or a 0.11 shape for which
 0.11 shipped a tuned file (the probe ran 0.11's default).
 
-Nothing here is fitted. ``perf_classes.MOE_UNALIGNED_DOWN_SHARE`` is read off a second probe of the
+Nothing the step uses is fitted here. ``perf_classes.MOE_UNALIGNED_DOWN_SHARE`` is read off a second probe of the
 same kernel on another H100 (``moe_probe_align_h100.json``, ``moe_probe_align2_h100.json``): unaligned
 expert widths against their aligned neighbours; ``--derive`` prints its two figures, read off the
 gpt-oss-120b TP=8 width, and judges them on the other widths. In the first probe the gpt-oss-120b
 TP=8 rows are labelled ``fit`` (the same layer), every other row is evidence.
 
+``perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE`` is fitted here (``--wide-tile``): on the vLLM 0.26 rows of
+:data:`WIDE_TILE_FIT` at the 128 x 128 default tile, judged on :data:`WIDE_TILE_JUDGED`'s.
+
 Usage::
 
-    PYTHONPATH=platform .venv/bin/python benchmarks/moe_vs_sim.py [--probe FILE] [--derive] [--json]
+    PYTHONPATH=platform .venv/bin/python benchmarks/moe_vs_sim.py [--probe FILE] [--derive] [--layer] [--wide-tile] [--json]
 """
 
 from __future__ import annotations
@@ -156,6 +159,56 @@ def derive_block_fp8(probe: dict) -> float:
     return min(BLOCK_FP8_GRID, key=loss)
 
 
+#: The shapes :data:`~servetune.sim.perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE` is fitted on (their vLLM 0.26 rows at
+#: the by-batch default's 128 x 128 tile, 1,024-8,192 tokens: 8 rows), and the 16-bit shapes whose rows at that tile
+#: judge it (14 rows). Chosen before the fit: two models with no real vLLM 0.26 window (gpt-oss-120b bf16) or whose
+#: windows are a 16-layer cut (Mixtral), one many-expert and one eight-expert layer.
+WIDE_TILE_FIT = ("gpt-oss-120b_tp4", "mixtral-8x7b_tp1")
+WIDE_TILE_JUDGED = ("qwen3-30b-a3b_tp1", "deepseek-v2-lite_tp1", "qwen3-235b-a22b_tp8", "gpt-oss-120b_tp8")
+WIDE_TILE_GRID = tuple(round(1.5 + 0.05 * i, 2) for i in range(27))
+
+
+@contextlib.contextmanager
+def _wide_tile_rate(rate: float) -> Iterator[None]:
+    """``perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE`` set to ``rate`` and applied to the step while the block."""
+    kept = perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE, perf_classes.MOE_BY_BATCH_WIDE_TILE_APPLIED
+    perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE, perf_classes.MOE_BY_BATCH_WIDE_TILE_APPLIED = rate, True
+    try:
+        yield
+    finally:
+        perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE, perf_classes.MOE_BY_BATCH_WIDE_TILE_APPLIED = kept
+
+
+def wide_tile_rows(probe: dict, rate: float, shapes: tuple[str, ...]) -> list[dict]:
+    """:func:`compare_layer`'s rows of ``shapes`` under vLLM 0.26's configuration at the 128 x 128 tile (more than 512
+    tokens) with :data:`~servetune.sim.perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE` at ``rate``."""
+    with _wide_tile_rate(rate):
+        rows = compare_layer({**probe, "rows": [r for r in probe["rows"] if r.get("shape") in shapes]})
+    return [r for r in rows if r["mode"] == "vllm" and r["tokens"] > 512]
+
+
+def derive_wide_tile(probe: dict) -> float:
+    """The 128 x 128 tile's rate against 0.11's 64 x 64 that best prices :data:`WIDE_TILE_FIT`'s whole layers (mean
+    |log(real / simulated)| over their rows at that tile, on :data:`WIDE_TILE_GRID`)."""
+    def loss(rate: float) -> float:
+        rows = wide_tile_rows(probe, rate, WIDE_TILE_FIT)
+        return sum(abs(math.log(r["ratio"])) for r in rows) / len(rows)
+    return min(WIDE_TILE_GRID, key=loss)
+
+
+def _print_wide_tile(probe: dict) -> int:
+    """``--wide-tile``: the fit and its judgement, per shape, at the tile model's 1.8 and at the fitted rate."""
+    rate = derive_wide_tile(probe)
+    print(f"16-bit experts at vLLM 0.17+'s 128 x 128 default tile against 0.11's 64 x 64, read off "
+          f"{', '.join(WIDE_TILE_FIT)} (whole layer, 1,024-8,192 tokens): {rate}")
+    for value in sorted({1.8, rate}):
+        for role, shapes in (("fit", WIDE_TILE_FIT), ("judged", WIDE_TILE_JUDGED)):
+            for shape in shapes:
+                cells = " ".join(f"{r['tokens']}:{r['ratio']:.2f}" for r in wide_tile_rows(probe, value, (shape,)))
+                print(f"  at {value}: {role:<7}{shape:<24} real/simulated {cells}")
+    return 0
+
+
 ALIGN_PROBES = (ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_align_h100.json",
                 ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_align2_h100.json")
 #: The alignment probe's groups: an expert width that is not a multiple of 16 and its aligned neighbours
@@ -239,9 +292,14 @@ def main() -> int:
     parser.add_argument("--block-fp8", action="store_true",
                         help="print the block-fp8 experts' kernel rate read off DeepSeek-R1's layer, judged on "
                              "Qwen3-235B-A22B-FP8's, and stop")
+    parser.add_argument("--wide-tile", action="store_true",
+                        help="print the 16-bit experts' rate at vLLM 0.17+'s 128 x 128 default tile, fitted on two "
+                             "shapes and judged on the others, and stop")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     probe = json.loads(args.probe.read_text())
+    if args.wide_tile:
+        return _print_wide_tile(probe)
     if args.block_fp8:
         return _print_block_fp8(probe)
     if args.derive:

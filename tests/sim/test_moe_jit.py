@@ -59,9 +59,11 @@ def test_a_complete_cache_and_models_off_the_triton_kernel_pay_nothing() -> None
     assert moe_jit_rule(dense, H100, resolve_engine_config({}, dense, H100, "0.14.1")) is None
 
 
-def test_the_default_tile_splits_at_e_up_to_0_14_and_by_batch_band_from_0_19() -> None:
+def test_the_default_tile_splits_at_e_up_to_0_16_and_by_batch_band_from_0_17() -> None:
+    """vllm-project/vllm#34846 (``fused_moe.py:1277-1322@v0.17.0``; 0.16.0's ``:1267-1282`` split at ``M <= E``)."""
     old, new = _rule("0.14.1"), _rule("0.19.0")
     assert old.tile(128) != old.tile(129) == old.tile(8192)
+    assert _rule("0.16.0").tile(8192) == old.tile(8192) and _rule("0.17.0").tile(8192) == new.tile(8192)
     assert new.tile(512) != new.tile(513) == new.tile(8192)
     assert new.tile(32)[0] == 16 and new.tile(96)[0] == 32 and new.tile(512)[0] == 64 and new.tile(513)[0] == 128
 

@@ -155,7 +155,7 @@ class GemmTerms:
 
         Weight bytes: the touched experts' (:func:`~servetune.sim.perf_classes.distinct_experts`);
         FLOPs: ``2 x tokens x top_k x 3 H I``, at the share of the tile rows the kernel's
-        per-expert padding to ``BLOCK_SIZE_M`` leaves busy, and from vLLM 0.26 (whose default tile
+        per-expert padding to ``BLOCK_SIZE_M`` leaves busy, and from vLLM 0.17 (whose default tile
         grows with the batch, :func:`~servetune.sim.perf_classes.moe_tile`) at that tile's rate
         against the 64 x 64 tile the compute share was fitted on (:func:`moe_tile_share`); the down
         GEMM at :func:`~servetune.sim.perf_classes.moe_down_share` of that rate.
@@ -182,6 +182,9 @@ class GemmTerms:
             fill = per_expert / (-(-per_expert // block) * block)
         new_tiles = perf_classes.prices_tile(m, self._version)
         tile = moe_tile_share(block, width) if new_tiles else 1.0
+        if perf_classes.MOE_BY_BATCH_WIDE_TILE_APPLIED:  # the kernel's timed rate at that tile (off: not taken)
+            measured = perf_classes.by_batch_tile_rate(m, self._version, block, width)
+            tile = tile if measured is None else measured
         comp_s = 2.0 * rows * self._moe_matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)
 

@@ -28,9 +28,9 @@ What vLLM's source says (read at 0.11.0, 0.14.1, 0.19.0 and 0.26.0; ``file:line@
   ``top_k`` 1, so its variant is keyed the same way on the same two numbers.
 * **Which config a step gets.** The tuned file's entry at the key nearest ``M``
   (``try_get_optimal_moe_config``, ``fused_moe.py:1289@0.14.1``), else ``get_default_config``: up to
-  0.14 two tiles, one for ``M <= E`` and one above (``:1270@0.14.1``, ``:905@0.11.0``); from 0.19 a
+  0.16 two tiles, one for ``M <= E`` and one above (``:1270@0.14.1``, ``:905@0.11.0``); from 0.17 a
   tile per batch band (``block_m`` 16 / 32 / 64 / 128 at 32 / 96 / 512, ``block_n``, ``block_k``,
-  warps and stages by ``M``: ``:1278-1310@0.19.0``, ``:1313-1345@0.26.0``).
+  warps and stages by ``M``: ``:1277-1322@v0.17.0``, ``:1278-1310@0.19.0``, ``:1313-1345@0.26.0``).
 * **What startup runs.** The memory profile at ``max_num_batched_tokens``
   (``v1/worker/gpu_model_runner.py:4743@0.14.1``), FlashInfer's autotune pass at the same count
   (``model_executor/warmup/kernel_warmup.py:93@0.14.1``), ``compile_sizes`` and each compile range's
@@ -86,8 +86,10 @@ __all__ = ["COMPILE_S", "MoeJitRule", "MoeJitVariant", "TritonCache", "first_use
 #: H200. Not fitted: no published run set it.
 COMPILE_S = 0.30
 
-#: Batch bands of ``get_default_config`` from vLLM 0.19 (``fused_moe.py:1278-1310@0.19.0``).
-_BANDED_FROM = (0, 19)
+#: Batch bands of ``get_default_config`` from vLLM 0.17 (vllm-project/vllm#34846: ``fused_moe.py:1277-1322@v0.17.0``,
+#: ``:1278-1310@0.19.0``; 0.16.0 still splits at ``M <= E``, ``:1267-1282@v0.16.0``); until 2026-12-06 (0, 19), the
+#: first release read. The same bound as ``perf_classes.MOE_TILE_BY_BATCH_SINCE``.
+_BANDED_FROM = (0, 17)
 #: ``moe_align_block_size`` caps ``sorted_token_ids`` for batches of fewer rows than experts (absent at 0.11.0).
 _SMALL_CAP_FROM = (0, 14)
 

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL", "BLOCK_FP8_MOE_RATE_SCALE", "BLOCK_FP8_MOE_KERNEL_RATE", "B200_FUSED_MOE_DEFAULT_US", "DATASHEET_BF16_TFLOPS", "TRITON_BF16_MATMUL_TFLOPS", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "unaligned_experts_note", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
-           "expected_row_blocks", "is_class_model", "moe_block_m", "moe_parallel_size", "moe_row_fill", "moe_step_tokens", "MOE_TILE_BY_BATCH_SINCE", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
+           "expected_row_blocks", "is_class_model", "moe_block_m", "moe_parallel_size", "moe_row_fill", "moe_step_tokens", "MOE_TILE_BY_BATCH_SINCE", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_BY_BATCH_WIDE_TILE_APPLIED", "by_batch_tile_rate", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
            "blackwell_moe_mem_share", "fused_moe_marginal_gbps", "moe_tile", "prices_tile", "runs_blackwell_triton_moe", "runs_triton_attention", "tuned_tile",
            "sliding_kv_share", "weight_format"]
 
@@ -238,14 +238,40 @@ _MOE_BLOCK_M_SMALL, _MOE_BLOCK_M_LARGE = 16, 64
 #: vLLM 0.11's default BLOCK_SIZE_N for block-quantized fp8 experts: the quantization block
 #: (``get_default_config``: ``"BLOCK_SIZE_N": block_shape[0]``, 128 for every checkpoint read here).
 _MOE_BLOCK_FP8_N_011 = 128
-#: The first vLLM release whose default fused-MoE tile (:func:`moe_tile`) grows with the batch: 0.26.0,
-#: the release read (``get_default_config``); releases before it are priced at 0.11's tiles, which
-#: :data:`MOE_COMPUTE_SHARE` was fitted under.
-MOE_TILE_BY_BATCH_SINCE: tuple[int, int, int] = (0, 26, 0)
+#: The first vLLM release whose default fused-MoE tile (:func:`moe_tile`) grows with the batch: 0.17.0.
+#: ``get_default_config``'s "General defaults for bf16/fp16 and fp8 per-tensor" branch came with
+#: vllm-project/vllm#34846 (merged 2026-02-18): ``model_executor/layers/fused_moe/fused_moe.py:1277-1322@v0.17.0``,
+#: the same lines at ``:1309-1354@v0.26.0``; 0.16.0 still has 0.11's two tiles (``:1267-1282@v0.16.0``). Read
+#: 2026-12-06 in the 0.16.0, 0.17.0 and 0.26.0 wheels (until then 0.26.0, the one release read). The kernel's 16-bit
+#: path is the same from 0.17.0 to 0.26.0 but for ``SWAP_AB``, which 0.26.0 turns on for fp8 weights only
+#: (``fused_moe.py:762-765@v0.26.0``). Releases before it are priced at 0.11's tiles, which
+#: :data:`MOE_COMPUTE_SHARE` was fitted under; no published MoE run collected is at 0.17-0.25.
+MOE_TILE_BY_BATCH_SINCE: tuple[int, int, int] = (0, 17, 0)
+#: The rate of the by-batch default's widest tile (128 x 128 x 64, 8 warps, 3 stages: more than 512 tokens)
+#: for 16-bit experts against vLLM 0.11's default 64 x 64 x 32 tile, the one :data:`MOE_COMPUTE_SHARE` was
+#: fitted under; :func:`by_batch_tile_rate` puts it where the dense tile model (``perf.moe_tile_share``) gave
+#: 1.8. **Fitted on kernel timings alone**: vLLM 0.26.0's ``fused_experts`` on an H100 SXM
+#: (``tests/fixtures/real_h100/kernels/moe_probe_h100.json``), the whole layer a step prices
+#: (``moe_seconds`` plus ``moe_activation_seconds``) at 1,024-8,192 tokens of two shapes, gpt-oss-120b bf16
+#: at TP=4 (E=128, H=2,880, I=720) and Mixtral-8x7B at TP=1 (E=8, H=4,096, I=14,336): 8 rows, the 0.05 grid's
+#: best mean |log(real / simulated)| (``benchmarks/moe_vs_sim.py --wide-tile``; at 1.8 those rows ran at
+#: 0.79-0.96 of their price). Judged on the other 16-bit shapes' rows of that tile (the same command): Qwen3-30B-A3B
+#: and DeepSeek-V2-Lite at TP=1, Qwen3-235B-A22B at TP=8 (a tuned file's 4-warp config) and gpt-oss-120b at
+#: TP=8 (an unaligned width). Per-tensor fp8 keeps the tile model (its 128 x 128 x 128 rows ran at 1.03-1.07 of
+#: their price), block-fp8 has no such tile. **Not applied to the step** (:data:`MOE_BY_BATCH_WIDE_TILE_APPLIED`):
+#: on the 14 real vLLM 0.26 windows it moves (``real_h100_classes``' bf16 Qwen3-30B-A3B, Mixtral-16L and
+#: DeepSeek-V2-Lite windows, ``real_h200_classes``' bf16 Qwen3-30B-A3B, granite-4.0-h-tiny; in no fit) output
+#: throughput's mean |error| went 14.8% -> 14.2% (within 10%: 8 -> 9) but TTFT's 28.7% -> 31.4% (4 -> 3 within
+#: 10%) and TPOT's within 10% 7 -> 6, and the two H200 windows it moves 7.2% -> 9.7% on throughput
+#: (docs/accuracy.md, the kernel probes' section): the end-to-end judgement did not improve.
+MOE_BY_BATCH_WIDE_TILE_RATE: float = 2.25
+#: Whether the step prices the by-batch 128 x 128 tile at :data:`MOE_BY_BATCH_WIDE_TILE_RATE` (True) or by the dense
+#: tile model (False, as before it was measured); ``benchmarks/moe_vs_sim.py --wide-tile`` turns it on to judge it.
+MOE_BY_BATCH_WIDE_TILE_APPLIED: bool = False
 #: The vLLM release whose default tiles :data:`MOE_COMPUTE_SHARE` was fitted under (the published
 #: runs: 0.10.2-0.11.0); the kernels other than ``fused_moe`` keep its row padding.
 MOE_TILE_FITTED_VERSION: tuple[int, int, int] = (0, 11, 0)
-#: vLLM 0.26's default tile by batch (``get_default_config``, bf16 and per-tensor fp8): tokens up to
+#: vLLM 0.17+'s default tile by batch (``get_default_config``, bf16 and per-tensor fp8): tokens up to
 #: each bound -> (BLOCK_SIZE_M, BLOCK_SIZE_N); above the last, 128 x 128.
 _MOE_TILES_BY_BATCH: tuple[tuple[int, int, int], ...] = ((32, 16, 64), (64, 32, 64), (96, 32, 128), (512, 64, 128))
 #: Architectures whose attention carries learned sinks (vLLM passes ``sinks=`` to ``Attention``:
@@ -344,7 +370,7 @@ def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE
              block_quant: bool = False, tuned: tuple[tuple[int, int, int], ...] = ()) -> tuple[int, int]:
     """fused_moe's (BLOCK_SIZE_M, BLOCK_SIZE_N) for a batch of ``tokens`` under vLLM ``version``.
 
-    vLLM 0.26 (``get_default_config``): 16 x 64 up to 32 tokens, 32 x 64 up to 64, 32 x 128 up to
+    vLLM 0.17+ (``get_default_config``; read at 0.17.0 and 0.26.0): 16 x 64 up to 32 tokens, 32 x 64 up to 64, 32 x 128 up to
     96, 64 x 128 up to 512 and 128 x 128 above (block-quantized fp8: 16 x 128 up to 64 tokens, 64 x
     128 above); before :data:`MOE_TILE_BY_BATCH_SINCE`, the ``tuned`` config's tile where vLLM ships one
     (:func:`tuned_tile`; vLLM 0.11.0's files, ``planner.moe_kernels.tuned_moe_tiles``), else 0.11's
@@ -370,6 +396,27 @@ def moe_tile(tokens: int, experts: int, version: tuple[int, int, int] = MOE_TILE
         if tokens <= bound:
             return block_m, block_n
     return 128, 128
+
+
+def by_batch_tile_rate(shape: MoeShape, version: tuple[int, int, int], block_m: int, block_n: int) -> float | None:
+    """The measured rate of ``shape``'s fused_moe ``block_m x block_n`` tile against 0.11's default 64 x 64 one,
+    where one is measured: :data:`MOE_BY_BATCH_WIDE_TILE_RATE` for 16-bit experts at the by-batch default's
+    128 x 128 tile from :data:`MOE_TILE_BY_BATCH_SINCE`; None elsewhere (the dense tile model prices it).
+
+    Example:
+        >>> bf16 = MoeShape(128, 8, 2048, 768, 48, WeightFormat(2.0, 1.0), fused_moe=True)
+        >>> by_batch_tile_rate(bf16, (0, 26, 0), 128, 128) == MOE_BY_BATCH_WIDE_TILE_RATE
+        True
+        >>> by_batch_tile_rate(bf16, (0, 16, 0), 128, 128), by_batch_tile_rate(bf16, (0, 26, 0), 64, 128)
+        (None, None)
+        >>> by_batch_tile_rate(dataclasses.replace(bf16, fmt=WeightFormat(1.0, 2.0)), (0, 26, 0), 128, 128) is None
+        True
+    """
+    if not shape.fused_moe or shape.block_quant or shape.fmt.bytes_per_weight < 2.0:
+        return None
+    if tuple(version) < MOE_TILE_BY_BATCH_SINCE or (block_m, block_n) != (128, 128):
+        return None
+    return MOE_BY_BATCH_WIDE_TILE_RATE
 
 
 def moe_down_share(shape: MoeShape, version: tuple[int, int, int]) -> float:
