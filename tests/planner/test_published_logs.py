@@ -665,14 +665,15 @@ def test_a_starts_own_sampler_line_decides_whether_flashinfer_imports(tmp_path):
     assert with_line and {s.flashinfer for s in with_line} == {False}
 
 
-def test_the_gpustack_qwen3_235b_start_fits_at_0110_with_gpustacks_flashinfer():
+def test_the_gpustack_qwen3_235b_start_fits_at_0110_only_with_flashinfer_stated():
     """GPUStack's performance lab served Qwen3-235B-A22B-Instruct-2507 with ``vllm serve ... -tp 8`` on 8 x H100
     at vLLM 0.11.0 (262,144 tokens by default). 0.11.0's sampler takes FlashInfer's top-k/top-p wherever it imports
-    (``v1/sample/ops/topk_topp_sampler.py:17-21,39-57@0.11.0``), which GPUStack's vLLM 0.11.0 runner image installs
-    (gpustack/runner ``pack/cuda/Dockerfile`` at 01961f4: FlashInfer 0.3.1 built and installed beside vllm==0.11.0):
-    stated so, the peak is 3.47 GiB lower and the start fits, as it served. Not stated, the planner keeps the sort
-    (every 0.11.0 log in the collections) and calls it impossible, as vLLM 0.11.0's own check would then
-    (``v1/core/kv_cache_utils.py`` lines 678-723 of 0.11.0 raise). The FP8 checkpoint at TP=4 moves the same way.
+    (``v1/sample/ops/topk_topp_sampler.py:17-21,39-57@0.11.0``): stated so, the peak is 3.47 GiB lower and the start
+    fits, as it served. Not stated, the planner keeps the sort (every 0.11.0 log in the collections) and calls it
+    impossible, as vLLM 0.11.0's own check would then (``v1/core/kv_cache_utils.py`` lines 678-723 of 0.11.0 raise).
+    The FP8 checkpoint at TP=4 moves the same way. gpustack's runs do not state it: GPUStack's vLLM 0.11.0 runner
+    image installs FlashInfer 0.3.1 (gpustack/runner ``pack/cuda/Dockerfile`` at 01961f4), but so does the official
+    vllm/vllm-openai:v0.11.0 image, whose llm-d starts profile at the sort's size (docs/accuracy.md).
     GPUStack's Qwen3-32B at 32,768 tokens on one H100 stays impossible by 0.01 GiB (7.99 of 8.00 GiB). Read after
     the refusals were seen."""
     from servetune.planner.modelinfo import load_model

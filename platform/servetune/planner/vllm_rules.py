@@ -40,8 +40,11 @@ MIN_VERSION: Version = (0, 10, 0)
 #: First version whose published starts, where the environment is not stated, are planned with PyTorch's sort in
 #: the profile run's sampler although the version takes FlashInfer's top-k/top-p where it imports
 #: (:data:`FLASHINFER_SAMPLER_OPT_IN`): every 0.11.0 start in the collections profiles at the sort path's size (two
-#: logs say "FlashInfer is not available"; llm-d's 0.11.0 starts print no sampler line and their image's FlashInfer is
-#: not known). Only ``EngineConfig.flashinfer_available`` None (not stated) reads it.
+#: logs say "FlashInfer is not available"; llm-d's 0.11.0 starts print no sampler line, and their image,
+#: vllm/vllm-openai:v0.11.0, installs FlashInfer 0.3.1 through vLLM's ``tools/flashinfer-build.sh``, yet their peaks
+#: are the sort's: an image's install alone does not settle the sampler, and gpustack's 0.11.0 runs state nothing,
+#: docs/accuracy.md).
+#: Only ``EngineConfig.flashinfer_available`` None (not stated) reads it.
 SORT_TOPK_TOPP_PROFILED: Version = (0, 11, 0)
 #: First version whose V1 sampler takes FlashInfer's top-k/top-p only on ``VLLM_USE_FLASHINFER_SAMPLER=1`` (opt-in):
 #: ``v1/sample/ops/topk_topp_sampler.py:34@0.11.1`` (``if envs.VLLM_USE_FLASHINFER_SAMPLER:``, "Users must opt in

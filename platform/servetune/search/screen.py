@@ -79,7 +79,7 @@ __all__ = ["SimScreen", "simulate_flags", "simulated", "learn", "screen_for", "s
 #: and one on 8 x H200; both splits count, nothing being fitted on them at ``--before``). A study's
 #: screen divides by the median real/simulated ratio of its own real trials, so what it meets is each
 #: run's ratio around its sweep's median: before any fit that reached 49.4% at TP=1 (gpustack's
-#: Qwen3-14B bursts on the H100; 48.6% since their image's FlashInfer is stated, 2026-12-06; 43.2% the same on the A100, 32.5% gpt-oss-20b on the A100), 54.8% at
+#: Qwen3-14B bursts on the H100; 43.2% the same on the A100, 32.5% gpt-oss-20b on the A100), 54.8% at
 #: TP=2 on a host without GPU P2P priced as NVLink, 65.1% at TP=8 (DeepSeek-R1 on 8 x H200); the judged
 #: GPU's 30% covers 12 of the 19 sweeps' worst runs, and every sweep's second-worst run was within 29.5%.
 #: Chosen from these figures (read first; they are what the choice rests on, not a judgement of it):
