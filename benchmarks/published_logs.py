@@ -64,7 +64,7 @@ def hybrid_report(index: Path = HYBRID) -> dict:
     ``cause`` is the planner's failure text (vLLM's own words where it has them). Nothing is fitted: every
     hybrid start is held out.
     """
-    starts = parse_index(yaml.safe_load(index.read_text(encoding="utf-8")))
+    starts = parse_index(yaml.safe_load(index.read_text(encoding="utf-8")), index.parent)
     judged: list[Judgement] = []
     rows: list[dict] = []
     refused: list[dict] = []

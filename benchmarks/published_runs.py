@@ -136,7 +136,7 @@ LOG_MODELS = ROOT / "tests" / "fixtures" / "published_logs" / "models"
 REQUIRED = ("id", "source", "vllm_version", "gpu", "num_gpus", "model", "layout", "flags", "workload", "client",
             "measured", "split")
 OPTIONAL = ("dtype", "quantization", "assumed", "raw", "raw_file", "notes", "sim_vllm_version", "other_flags",
-            "interconnect")
+            "interconnect", "flashinfer")
 LAYOUT_KEYS = ("tp", "pp", "dp", "ep")
 WORKLOAD_KEYS = ("dataset", "input_len", "output_len", "num_prompts", "request_rate", "max_concurrency",
                  "range_ratio", "prefix_len", "num_prefix_groups", "loop", "prefix_cache_hit_rate", "after_input_len",
@@ -173,6 +173,9 @@ class PublishedRun:
     plan_vllm_version: str = ""
     #: The host's interconnect where the source shows it (servetune.planner.gpus.INTERCONNECTS), else "".
     interconnect: str = ""
+    #: Whether FlashInfer imports in the server's install (``EngineConfig.flashinfer_available``), where the
+    #: publisher's image is known (the fixture's ``flashinfer: {available: ..., source: ...}``); None: not stated.
+    flashinfer: bool | None = None
 
     @property
     def closed_loop(self) -> bool:
@@ -454,13 +457,24 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
                     "state client.seed and dataset: random, or drop after_input_len")
     _client_sampling(where, entry["client"], str(entry["vllm_version"]))
     resolve_model(str(entry["model"]), fixture_dir)
+    flashinfer = _flashinfer(where, entry.get("flashinfer"))
     return PublishedRun(
         id=str(entry["id"]), file=file, source=str(entry["source"]), vllm_version=str(entry["vllm_version"]),
         gpu=gpu.name, num_gpus=num_gpus, model=str(entry["model"]), layout=_layout(where, entry["layout"], num_gpus),
         flags=dict(flags), workload=workload, client=dict(entry["client"]),
         measured=_measured(where, entry["measured"], closed), split=str(entry["split"]),
         assumed=tuple(map(str, entry.get("assumed") or ())), quantization=entry.get("quantization"),
-        sim_vllm_version=sim_version, plan_vllm_version=plan_version, interconnect=link)
+        sim_vllm_version=sim_version, plan_vllm_version=plan_version, interconnect=link, flashinfer=flashinfer)
+
+
+def _flashinfer(where: str, raw: Any) -> bool | None:
+    """A run's ``flashinfer: {available: true|false, source: <where the image's install is read>}``, or None."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("available"), bool) or not raw.get("source"):
+        raise _fail(where, "flashinfer", f"expected {{available: true|false, source: ...}}, got {raw!r}",
+                    "state whether FlashInfer imports in the publisher's image and where that is read")
+    return bool(raw["available"])
 
 
 def sweep_key(run: PublishedRun) -> str:
@@ -800,7 +814,8 @@ def engine_config(run: PublishedRun, config: EngineConfig) -> EngineConfig:
     """The config one of ``run``'s engines is simulated with: ``config`` (one replica's flags, as planned)
     with the run's ``dp`` as ``data_parallel_size``, which the simulator reads for a MoE model's routed
     experts only (``servetune.sim.perf_classes.moe_parallel_size`` and ``moe_step_tokens``: split over
-    ``tp x dp`` GPUs, every replica's tokens) and the planner for their weights and workspace per GPU.
+    ``tp x dp`` GPUs, every replica's tokens) and the planner for their weights and workspace per GPU; and the
+    run's stated FlashInfer (:attr:`PublishedRun.flashinfer`: the profile run's sampler of vLLM 0.10.0-0.11.0).
 
     Example:
         >>> run = next(r for r in load_runs([FIXTURES / "nvlink_moe.yaml"]) if r.layout["dp"] == 2)
@@ -808,7 +823,7 @@ def engine_config(run: PublishedRun, config: EngineConfig) -> EngineConfig:
         >>> engine_config(run, target.config).data_parallel_size
         2
     """
-    return dataclasses.replace(config, data_parallel_size=run.layout["dp"])
+    return dataclasses.replace(config, data_parallel_size=run.layout["dp"], flashinfer_available=run.flashinfer)
 
 
 #: The simulated run log's hit rate (``servetune.sim.vllm_log.run_log_text``: vLLM's stats line).

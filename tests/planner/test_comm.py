@@ -420,3 +420,22 @@ def test_the_plans_kv_cache_differs_by_the_fusion_workspace():
                                   gpu, "0.19.0")
     assert plan_memory(model, gpu, eager, env=trial_env(True, True)).memory == plan_memory(
         model, gpu, eager, env=trial_env(True, False)).memory  # no compile pass under enforce_eager
+
+
+def test_one_probe_answers_the_sampler_and_the_fusion_workspace():
+    """The GPU worker's probe (``trial_env(True, answer)``) decides the plan's FlashInfer for vLLM 0.11.0's profile-run
+    sampler as it does the 0.17+ fusion workspace: a probed True plans FlashInfer's top-k/top-p (a lower activation
+    peak, more KV), a probed False the sort, whatever the config says; unprobed, the config's own statement stands."""
+    model, gpu = load_model("qwen3-8b"), get_gpu("H100-80GB")
+    cfg = resolve_engine_config({}, model, gpu, "0.11.0")
+    assert cfg.flashinfer_available is None
+    yes, no, unprobed = (plan_memory(model, gpu, cfg, env=env) for env in (trial_env(True, True), trial_env(True, False),
+                                                                          trial_env(True)))
+    assert yes.memory.activation_peak < no.memory.activation_peak and yes.memory.kv_cache > no.memory.kv_cache
+    assert unprobed.memory == no.memory  # not stated: 0.11.0 planned with the sort, as its published starts profile
+    stated = dataclasses.replace(cfg, flashinfer_available=True)
+    assert plan_memory(model, gpu, stated, env=trial_env(True)).memory == yes.memory
+    assert plan_memory(model, gpu, stated, env=trial_env(True, False)).memory == no.memory  # the probe wins
+    later = resolve_engine_config({}, model, gpu, "0.11.1")  # opt-in from 0.11.1: the probe moves no sampler
+    assert (plan_memory(model, gpu, later, env=trial_env(True, True)).memory
+            == plan_memory(model, gpu, later, env=trial_env(True, False)).memory)

@@ -486,15 +486,21 @@ def test_the_preempting_a100_bursts_log_the_hit_rate_vllm_0_10_1_1_logged_only_w
 
 
 def test_a_served_run_whose_default_length_the_plan_refuses_is_simulated_at_its_longest_request() -> None:
-    """gpustack's Qwen3-235B TP=8 H100 page states no max_model_len; the plan refuses the model's
-    262,144 tokens (vLLM's one-sequence check), yet the run served: it is simulated at the longest
-    request rounded up to a power of two and keeps the refusal in view. With the length stated in its
-    flags nothing is assumed: the refusal stands."""
+    """gpustack's Qwen3-235B TP=8 H100 page states no max_model_len and no FlashInfer (the fixture's
+    ``flashinfer`` is absent: which sampler the lab's vLLM 0.11.0 ran is not settled, docs/accuracy.md). Unstated,
+    vLLM 0.11.0's profile run takes the sort and the plan refuses the model's 262,144 tokens (vLLM's one-sequence
+    check), yet the run served: it is simulated at the longest request rounded up to a power of two and keeps the
+    refusal in view. Stated True (``topk_topp_sampler.py:17-21@0.11.0``: FlashInfer's top-k/top-p wherever it
+    imports) the same start fits at the default and nothing is assumed. With the length stated in its flags
+    nothing is assumed either: the refusal stands."""
     run = next(r for r in published_runs.load_runs() if r.id == "h100-qwen3-235b-a22b-2507-tp8-rand4000x200-burst500")
-    assert "max_model_len" not in run.flags
+    assert "max_model_len" not in run.flags and run.flashinfer is None
     judged = published_runs.judge(run)
     assert judged.failure is None and judged.headline_error is not None
     assert judged.assumed_max_model_len == 8192 and (judged.default_refused or "").startswith("kv_too_small")
+    with_flashinfer = published_runs.judge(dataclasses.replace(run, flashinfer=True))
+    assert with_flashinfer.failure is None and with_flashinfer.headline_error is not None
+    assert with_flashinfer.assumed_max_model_len is None and with_flashinfer.default_refused is None
     stated = published_runs.judge(dataclasses.replace(run, flags={**run.flags, "max_model_len": 262_144}))
     assert stated.assumed_max_model_len is None and (stated.failure or "").startswith("kv_too_small")
     # The figures do not depend on the assumed length: a longer one the plan still accepts gives the same.
@@ -502,6 +508,21 @@ def test_a_served_run_whose_default_length_the_plan_refuses_is_simulated_at_its_
     assert longer.sim_output_throughput == judged.sim_output_throughput
     summary = published_runs._summary([judged])
     assert summary["default_refused"] == 1 and summary["judged"] == 1
+
+
+def test_no_published_run_states_flashinfer_and_a_malformed_statement_is_refused() -> None:
+    """A fixture may state FlashInfer where the publisher's image is known (``flashinfer: {available, source}``,
+    :attr:`PublishedRun.flashinfer`); none does: gpustack's vLLM 0.11.0 runs were stated from GPUStack's runner
+    image on 2026-12-06 and the statement was withdrawn the same day (llm-d's vllm-openai v0.11.0 image installs
+    FlashInfer 0.3.1 yet profiles at the sort's size: docs/accuracy.md). A malformed statement is refused with
+    its field."""
+    assert [r.id for r in published_runs.load_runs() if r.flashinfer is not None] == []
+    with pytest.raises(SpecError, match="flashinfer"):
+        published_runs._flashinfer("runs[0]", {"available": "yes"})
+    with pytest.raises(SpecError, match="flashinfer"):
+        published_runs._flashinfer("runs[0]", {"available": True})
+    assert published_runs._flashinfer("runs[0]", None) is None
+    assert published_runs._flashinfer("runs[0]", {"available": False, "source": "an image's Dockerfile"}) is False
 
 
 NVLINK = [r for r in RUNS if r.file == "nvlink.yaml"]

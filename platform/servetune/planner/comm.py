@@ -213,6 +213,10 @@ class CommEnv:
     #: 2 x H200 vLLM 0.26 runs log no FLASHINFER attention backend and ``'fuse_allreduce_rms': False``).
     #: See :func:`fused_allreduce_runs`.
     flashinfer_fusion: bool = True
+    #: ``flashinfer_fusion`` is a GPU worker's answer (:func:`trial_env` with a probe), not a default: the plan then
+    #: takes it as the install's FlashInfer for the profile run's sampler too (``EngineConfig.flashinfer_available``,
+    #: :func:`servetune.planner.memory.plan_memory`), so the sampler and the fusion workspace follow one probe.
+    flashinfer_probed: bool = False
 
     @classmethod
     def from_mapping(cls, env: Mapping[str, str], source: str) -> CommEnv:
@@ -323,6 +327,9 @@ def trial_env(real_gpus: bool, flashinfer: bool | None = None) -> CommEnv:
     (:func:`fused_allreduce_runs`): a plan that counts 1.5 GiB per worker too many prunes or shrinks a start that
     would have fitted, while one that counts it too few calls a start a fit that vLLM refuses, or sizes a KV cache
     vLLM does not build; vLLM's official images ship FlashInfer (and nvcc), so charging it is the likelier truth.
+    A probed answer (``flashinfer_probed``) also decides the profile run's sampler of vLLM 0.10.0-0.11.0 (FlashInfer's
+    top-k/top-p where it imports): vLLM's sampler needs only the import, but FlashInfer's sampling kernels need its
+    cubins or nvcc when they first run, so the one probe stands for both.
 
     Example:
         >>> trial_env(False) == SERVETUNE_LAUNCH_ENV, trial_env(True).flashinfer_fusion, trial_env(True, False).flashinfer_fusion
@@ -336,7 +343,7 @@ def trial_env(real_gpus: bool, flashinfer: bool | None = None) -> CommEnv:
         return dataclasses.replace(SERVETUNE_LAUNCH_ENV, flashinfer_fusion=True,
                                    source="servetune's launch environment; FlashInfer on the GPU workers not probed: "
                                           "assumed usable")
-    return dataclasses.replace(SERVETUNE_LAUNCH_ENV, flashinfer_fusion=flashinfer,
+    return dataclasses.replace(SERVETUNE_LAUNCH_ENV, flashinfer_fusion=flashinfer, flashinfer_probed=True,
                                source="servetune's launch environment; FlashInfer probed on a GPU worker")
 @dataclasses.dataclass(frozen=True)
 class CommMemory:

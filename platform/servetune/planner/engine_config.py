@@ -28,7 +28,7 @@ from servetune.planner.flags import validate_flags
 from servetune.planner import hybrid
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
-from servetune.planner.vllm_rules import (MAMBA_CACHE_MODE_FLAG, VllmMemoryRules, hybrid_prefix_caching_mode,
+from servetune.planner.vllm_rules import (MAMBA_CACHE_MODE_FLAG, SORT_TOPK_TOPP_PROFILED, VllmMemoryRules, hybrid_prefix_caching_mode,
                                           memory_rules, parse_vllm_version, runs_v2_runner, v1_runner_rules)
 from servetune.vllm_version import DEFAULT_VLLM_VERSION, Version
 
@@ -87,14 +87,17 @@ class EngineConfig:
     #: (:func:`~servetune.planner.vllm_rules.runs_v2_runner`: per release from 0.22, e.g. every model but
     #: dense Qwen3 on 0.22, most MoE and hybrid models on 0.25+).
     v1_runner: bool = False
-    #: FlashInfer imports in the vLLM install (vllm/vllm-openai images ship it; a ``pip install vllm``
-    #: of 0.10.x without ``flashinfer-python`` does not: its log says "FlashInfer is not available").
-    #: Only 0.10.x's profile run depends on it
-    #: (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.flashinfer_topk_topp`). From 0.21 vLLM
-    #: needs it to start at all, unless ``VLLM_USE_FLASHINFER_SAMPLER=0``
+    #: FlashInfer imports in the vLLM install, as the caller knows it: True or False where it is stated (a published
+    #: start's own sampler line, a publisher's image, servetune's probe of a GPU worker: ``plan_memory`` takes a probed
+    #: :class:`~servetune.planner.comm.CommEnv`'s answer), None where it is not. It moves the profile run's sampler of
+    #: 0.10.0-0.11.0 (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.flashinfer_topk_topp`: FlashInfer's
+    #: top-k/top-p wherever it imports; opt-in from 0.11.1) and vLLM's FlashInfer all-reduce fusion (0.17+, where
+    #: anything but False lets it run). None plans 0.10.x with FlashInfer (vLLM's images ship it) and 0.11.0 with the
+    #: sort (:data:`~servetune.planner.vllm_rules.SORT_TOPK_TOPP_PROFILED`: every 0.11.0 start in the collections
+    #: profiles so). From 0.21 vLLM needs it to start at all, unless ``VLLM_USE_FLASHINFER_SAMPLER=0``
     #: (:attr:`~servetune.planner.vllm_rules.VllmMemoryRules.flashinfer_sampler_default`); the planner
     #: does not foresee that failure.
-    flashinfer_available: bool = True
+    flashinfer_available: bool | None = None
     #: A Mamba hybrid's Mamba cache mode: ``"none"`` without prefix caching (and for every other model), ``"align"`` or
     #: ``"all"`` with it (:func:`~servetune.planner.vllm_rules.hybrid_prefix_caching_mode`).
     mamba_cache_mode: str = "none"
@@ -150,7 +153,10 @@ class EngineConfig:
         """What this config's vLLM version does at startup (:func:`~servetune.planner.vllm_rules.memory_rules`),
         on the model runner this model gets (:func:`~servetune.planner.vllm_rules.v1_runner_rules`)."""
         rules = memory_rules(self.version)
-        if not self.flashinfer_available and rules.flashinfer_topk_topp:
+        imports = self.flashinfer_available
+        if imports is None:  # not stated: the collections' evidence per version (SORT_TOPK_TOPP_PROFILED)
+            imports = self.version < SORT_TOPK_TOPP_PROFILED
+        if not imports and rules.flashinfer_topk_topp:
             rules = dataclasses.replace(rules, flashinfer_topk_topp=False)
         return v1_runner_rules(rules) if self.v1_runner else rules
 

@@ -55,8 +55,11 @@ class PublishedStart:
     #: How the start's GPUs were linked where the source says so (gpus.INTERCONNECTS, e.g. "pcie-no-p2p"
     #: for "Custom allreduce is disabled because your platform lacks GPU P2P capability"); "" the part's own.
     interconnect: str = ""
-    #: False where the log says "FlashInfer is not available" (the sampler falls back to PyTorch's sort).
-    flashinfer: bool = True
+    #: FlashInfer imports where the start ran (``EngineConfig.flashinfer_available``): the start's own sampler line
+    #: decides (:func:`sampler_line_flashinfer`), else the entry's ``flashinfer:``, else its source's
+    #: ``flashinfer:`` (a publisher's image whose install is known, with its ``flashinfer_source``); None where none
+    #: says (the planner's per-version default).
+    flashinfer: bool | None = None
     kind: str = "dense"  # the model class (classes.yaml's ``class:``): moe, mxfp4, fp8, sliding_window, mla, ...
 
     @property
@@ -99,8 +102,44 @@ class Judgement:
         return (not self.fits) if self.start.failed else None
 
 
-def parse_index(doc: Mapping[str, Any]) -> list[PublishedStart]:
-    """Typed starts from the parsed ``index.yaml``; SpecError naming the entry for a malformed one."""
+#: vLLM's sampler lines, 0.10.0-0.11.0 (``v1/sample/ops/topk_topp_sampler.py:55-70@0.11.0``): FlashInfer's top-k/top-p
+#: taken, or not importable. From 0.11.1 the second is gone and the first means ``VLLM_USE_FLASHINFER_SAMPLER=1``.
+SAMPLER_LINE_FLASHINFER = "Using FlashInfer for top-p & top-k sampling"
+SAMPLER_LINE_NO_FLASHINFER = "FlashInfer is not available"
+
+
+def sampler_line_flashinfer(text: str) -> bool | None:
+    """Whether a vLLM startup log says FlashInfer imports, by its sampler line: True for "Using FlashInfer for top-p &
+    top-k sampling", False for "FlashInfer is not available", None where it prints neither.
+
+    Example:
+        >>> sampler_line_flashinfer("WARNING ... FlashInfer is not available. Falling back to the PyTorch-native ...")
+        False
+        >>> sampler_line_flashinfer("INFO ... Using FlashInfer for top-p & top-k sampling."), sampler_line_flashinfer("")
+        (True, None)
+    """
+    if SAMPLER_LINE_NO_FLASHINFER in text:
+        return False
+    return True if SAMPLER_LINE_FLASHINFER in text else None
+
+
+def _stated_flashinfer(raw: Mapping[str, Any], source: Mapping[str, Any], folder: Path | None,
+                       log: str | None) -> bool | None:
+    """:attr:`PublishedStart.flashinfer`: the log's sampler line (where ``folder`` is given and the log is there), else
+    the entry's ``flashinfer``, else the source's, else None."""
+    if folder is not None and log is not None and (folder / log).is_file():
+        said = sampler_line_flashinfer((folder / log).read_text(encoding="utf-8", errors="replace"))
+        if said is not None:
+            return said
+    for where in (raw, source):
+        if where.get("flashinfer") is not None:
+            return bool(where["flashinfer"])
+    return None
+
+
+def parse_index(doc: Mapping[str, Any], folder: Path | None = None) -> list[PublishedStart]:
+    """Typed starts from the parsed ``index.yaml``; SpecError naming the entry for a malformed one. ``folder``: the
+    index's folder, whose logs' sampler lines then decide :attr:`PublishedStart.flashinfer`."""
     sources = doc.get("sources") or {}
     out = []
     for i, raw in enumerate(doc.get("starts") or []):
@@ -126,7 +165,7 @@ def parse_index(doc: Mapping[str, Any]) -> list[PublishedStart]:
                                   gpu=str(raw["gpu"]), vllm=str(raw["vllm"]), flags=dict(raw["flags"]),
                                   logged=dict(raw["logged"]), role=str(raw["role"]), environment=env,
                                   log=log, interconnect=str(raw.get("interconnect", "")),
-                                  flashinfer=bool(raw.get("flashinfer", True)),
+                                  flashinfer=_stated_flashinfer(raw, sources[raw["source"]] or {}, folder, log),
                                   kind=str(raw.get("class", "dense"))))
     ids = [s.id for s in out]
     if len(set(ids)) != len(ids):
@@ -137,7 +176,7 @@ def parse_index(doc: Mapping[str, Any]) -> list[PublishedStart]:
 def load_index(path: str | os.PathLike[str]) -> tuple[list[PublishedStart], dict[str, ModelProfile]]:
     """``(starts, model profile by start id)`` from an index file; model paths are relative to it."""
     index = Path(path)
-    starts = parse_index(yaml.safe_load(index.read_text(encoding="utf-8")))
+    starts = parse_index(yaml.safe_load(index.read_text(encoding="utf-8")), index.parent)
     models = {s.id: load_model(s.model if "/" not in s.model else str(index.parent / s.model)) for s in starts}
     return starts, models
 
@@ -154,8 +193,7 @@ def judge(start: PublishedStart, model: ModelProfile) -> Judgement:
         gpu = under_wddm(gpu)
     gpu = with_interconnect(gpu, start.interconnect or None, field=f"starts.{start.id}.interconnect")
     config = resolve_engine_config(start.flags, model, gpu, start.vllm)
-    if not start.flashinfer:
-        config = dataclasses.replace(config, flashinfer_available=False)
+    config = dataclasses.replace(config, flashinfer_available=start.flashinfer)
     plan = plan_memory(model, gpu, config, env=_env(start.environment))
     logged_tokens = None
     if not start.failed and "kv_tokens" in start.logged:  # the logged "GPU KV cache size" itself

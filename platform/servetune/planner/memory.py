@@ -242,12 +242,14 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         >>> p.failure.value, round(p.memory.kv_cache, 2)    # b5: "Available KV cache memory: -0.52 GiB"
         ('startup_oom', -0.52)
     """
+    if env.flashinfer_probed:  # one probe answers the sampler (0.10.0-0.11.0) and the fusion workspace (0.17+)
+        config = dataclasses.replace(config, flashinfer_available=env.flashinfer_fusion)
     rules = config.rules
     # e.g. Marlin fp8 below compute capability 8.9, Machete's float zero points on Hopper
     model = as_loaded_on(effective_model(model, config), gpu, config.rules)
     comm = comm_memory(gpu, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size, env=env,
                        version=config.version, compiled=not config.enforce_eager,
-                       flashinfer=config.flashinfer_available)
+                       flashinfer=config.flashinfer_available is not False)
     acc = _account(model, gpu, config, rules, comm, compile_cache_warm)
     verdict = _verdict(model, config, rules, acc)
     kv_tokens, concurrency = _kv_capacity(rules, acc.num_blocks, config, acc.layout, acc.blocks_per_seq)
@@ -476,7 +478,7 @@ def _notes(gpu: GpuSpec, config: EngineConfig, env: CommEnv, comm: CommMemory, a
     if comm.multicast:
         without = comm_memory(gpu, tp=config.tensor_parallel_size, pp=config.pipeline_parallel_size,
                               env=env.with_nvls(False), version=config.version, compiled=not config.enforce_eager,
-                              flashinfer=config.flashinfer_available)
+                              flashinfer=config.flashinfer_available is not False)
         notes.append(f"{comm.reason}: +{(comm.non_torch_bytes - without.non_torch_bytes) / GiB:.2f} "
                      "GiB non-torch per TP worker (NCCL's NVLS buffers, counted from NCCL's source); not separated "
                      "in any startup log")

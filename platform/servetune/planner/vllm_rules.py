@@ -23,7 +23,7 @@ from servetune.vllm_version import VERSION_RE, Version
 
 __all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB", "MIN_VERSION", "V2_RUNNER",
            "V2_RUNNER_DEFAULT", "V2_RUNNER_DEFAULTS", "V2RunnerDefault", "v2_runner_default", "FLASHINFER_SAMPLER_DEFAULT",
-           "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "ALLREDUCE_RMS_FUSION_DEFAULT", "SORT_TOPK_TOPP_PROFILED", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
+           "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "ALLREDUCE_RMS_FUSION_DEFAULT", "SORT_TOPK_TOPP_PROFILED", "FLASHINFER_SAMPLER_OPT_IN", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
            "v1_runner_rules", "HYBRID_PREFIX_CACHING", "MAMBA_CACHE_MODE_FLAG", "hybrid_prefix_caching_mode"]
 
 GiB = 1 << 30
@@ -37,9 +37,24 @@ MiB = 1 << 20
 #: sizes are 0.11.0's). Before it the V0 engine's profiler, which servetune does not model. No published
 #: 0.10.0 start is pinned (the starts that check these rules are 0.10.1.1 and 0.10.2).
 MIN_VERSION: Version = (0, 10, 0)
-#: First version whose V1 sampler leaves FlashInfer's top-k/top-p out of the profile run; see
-#: :attr:`VllmMemoryRules.flashinfer_topk_topp`.
+#: First version whose published starts, where the environment is not stated, are planned with PyTorch's sort in
+#: the profile run's sampler although the version takes FlashInfer's top-k/top-p where it imports
+#: (:data:`FLASHINFER_SAMPLER_OPT_IN`): every 0.11.0 start in the collections profiles at the sort path's size (two
+#: logs say "FlashInfer is not available"; llm-d's 0.11.0 starts print no sampler line, and their image,
+#: vllm/vllm-openai:v0.11.0, installs FlashInfer 0.3.1 through vLLM's ``tools/flashinfer-build.sh``, yet their peaks
+#: are the sort's: an image's install alone does not settle the sampler, and gpustack's 0.11.0 runs state nothing,
+#: docs/accuracy.md).
+#: Only ``EngineConfig.flashinfer_available`` None (not stated) reads it.
 SORT_TOPK_TOPP_PROFILED: Version = (0, 11, 0)
+#: First version whose V1 sampler takes FlashInfer's top-k/top-p only on ``VLLM_USE_FLASHINFER_SAMPLER=1`` (opt-in):
+#: ``v1/sample/ops/topk_topp_sampler.py:34@0.11.1`` (``if envs.VLLM_USE_FLASHINFER_SAMPLER:``, "Users must opt in
+#: explicitly"; the same test at ``:35`` of 0.12.0-0.16.0 and ``:39`` of 0.17.0-0.20.0), where 0.10.x and 0.11.0 take it
+#: whenever ``flashinfer.sampling`` imports and the variable is not 0 (``topk_topp_sampler.py:17-21,39-57@0.11.0``:
+#: ``envs.VLLM_USE_FLASHINFER_SAMPLER is not False``; ``envs.py:618-620@0.11.0``, unset reads None). The variable reads
+#: None when unset in every release 0.11.1-0.20.0 (``envs.py:647-651@0.11.1``, ``:716-720@0.20.0``); 0.21.0 turns it on
+#: (:data:`FLASHINFER_SAMPLER_DEFAULT`). Read in the 0.11.0-0.20.0 wheels on 2026-12-06, after the held-out errors of
+#: gpustack's Qwen3-235B runs (the default called impossible) were seen.
+FLASHINFER_SAMPLER_OPT_IN: Version = (0, 11, 1)
 #: First version whose V2 model runner the calibration was measured on (0.26, the real H200 runs),
 #: and whose default-V2 rule is 0.26's (:data:`V2_RUNNER_MOE_ARCHITECTURES`). Version-keyed figures
 #: that were read or measured at 0.26 only (the single-GPU non-torch split in
@@ -156,11 +171,14 @@ class VllmMemoryRules:
     #: TopKTopPSampler.__init__``, lines 31-60; ``forward_cuda`` 88-109), and the published 0.10.1.1
     #: starts on A100s that log "Using FlashInfer for top-p & top-k sampling" profile about 0.87 GiB
     #: below the sort path's 37.95 B a logit at 256 rows x 152,064 (tests/fixtures/published_logs,
-    #: dennislee22_*). 0.11.0's selection reads the same, yet its published starts (llm-d's 0.11.0
-    #: image, the fit of SAMPLER_BYTES_PER_LOGIT_V1) profile at the sort path's size: the switch is
-    #: placed at 0.11.0 by those logs, not by a line of source. A 0.10 install without FlashInfer
-    #: ("FlashInfer is not available. Falling back to the PyTorch-native implementation") sorts,
-    #: and is planned high by the difference (a known miss in tests/planner/test_published_logs.py).
+    #: dennislee22_*). 0.11.0 selects the same way (``topk_topp_sampler.py:39-57@0.11.0``; ``forward_cuda``
+    #: ``:99-122`` and ``flashinfer_sample`` ``:256-295`` as 0.10.2's, and ``_dummy_sampler_run``
+    #: (``v1/worker/gpu_model_runner.py:3183-3225@0.11.0``) calls the sampler once, top-k vocab - 1, top-p 0.9, no
+    #: generators, as 0.10.2's does), so the same count holds; from 0.11.1 it is opt-in (:data:`FLASHINFER_SAMPLER_OPT_IN`).
+    #: Whether FlashInfer imports is the caller's fact (``EngineConfig.flashinfer_available``): where it is not stated,
+    #: 0.11.0 is planned with the sort (:data:`SORT_TOPK_TOPP_PROFILED`: its published starts profile at that size;
+    #: llm-d's 0.11.0 image, the fit of SAMPLER_BYTES_PER_LOGIT_V1). A 0.10 install without FlashInfer
+    #: ("FlashInfer is not available. Falling back to the PyTorch-native implementation") sorts.
     flashinfer_topk_topp: bool
     #: CUDA graphs default to FULL_AND_PIECEWISE (a FULL decode graph per capture size up to
     #: ``max_num_seqs`` besides the piecewise ones) from 0.11.0; 0.10.x defaults to PIECEWISE only
@@ -569,7 +587,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         v2_runner=v >= V2_RUNNER_DEFAULT,
         triton_topk_topp=TRITON_TOPK_TOPP <= v < V2_RUNNER_DEFAULT,
         flashinfer_sampler_default=v >= FLASHINFER_SAMPLER_DEFAULT,
-        flashinfer_topk_topp=v < SORT_TOPK_TOPP_PROFILED,
+        flashinfer_topk_topp=v < FLASHINFER_SAMPLER_OPT_IN,
         full_decode_graphs=v >= (0, 11, 0),
         charges_persistent_runner=v >= TOTAL_CONSUMED_ACCOUNTING,
         charges_v1_runner_buffers=v >= TOTAL_CONSUMED_ACCOUNTING,
