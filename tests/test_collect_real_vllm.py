@@ -67,3 +67,48 @@ def test_collect_keeps_every_window_and_repeat_and_stops_the_server(tmp_path: Pa
     with tarfile.open(out / "real.tar.gz") as tar:
         names = set(tar.getnames())
     assert {"real/one/summary.json", "real/win/w1/summary.json", "real/win/w2/requests.json"} <= names
+
+
+def test_collect_refuses_a_port_that_already_serves_and_launches_nothing(tmp_path: Path) -> None:
+    """A server left on the collector's port (8011) would be measured in place of the one launched, whose
+    own start then fails to bind: the run is refused with that reason, and no server is started."""
+    import http.server
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    launched = tmp_path / "launched"
+    (bin_dir / "vllm").write_text(f"#!/bin/sh\ntouch {launched}\n")
+    (bin_dir / "vllm").chmod(0o755)
+    plan = {"budget_s": 300, "runs": [
+        {"name": "one", "flags": {"max_model_len": 2048}, "workload": {"input_len": 8, "output_len": 4,
+                                                                       "num_requests": 2, "concurrency": 1}},
+        {"name": "win", "flags": {}, "windows": [{"name": "w1", "workload": {"input_len": 8, "output_len": 4,
+                                                                             "num_requests": 2, "concurrency": 1}}]}]}
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(out),
+           "SERVETUNE_REAL_MODEL": "servetune-test-850m",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), os.environ.get("PYTHONPATH", "")])}
+    server = http.server.HTTPServer(("127.0.0.1", 8011), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        subprocess.run([sys.executable, str(COLLECT), str(plan_path)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    finally:
+        server.shutdown()
+        server.server_close()
+    for name in ("one", "win"):
+        summary = json.loads((out / "real" / name / "summary.json").read_text())
+        assert summary["healthy"] is False and "already answers /health" in summary["error"], summary
+    assert not launched.exists()

@@ -64,6 +64,16 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return 0, str(exc)
 
 
+def _port_taken(base: str) -> str | None:
+    """Why a server must not be launched at ``base``: something already answers there (a server left
+    from an earlier run would be measured in place of the one launched, whose own start then fails
+    to bind); None when nothing answers."""
+    status, _ = _get(base + "/health", 2)
+    if status:
+        return f"{base} already answers /health (HTTP {status}): another server holds the port; stop it first"
+    return None
+
+
 def _argv(flags: dict, model: str = MODEL) -> list[str]:
     argv = ["vllm", "serve", argv_value(model, "model"), "--host", "127.0.0.1", "--port", "8011"]
     for key, value in flags.items():
@@ -84,11 +94,15 @@ def run_one(name: str, flags: dict, workload_dict: dict, out: Path, deadline: fl
     d = out / name
     d.mkdir(parents=True, exist_ok=True)
     argv = _argv(flags)
+    summary: dict = {"name": name, "flags": flags, "workload": workload_dict, "argv": argv}
+    base = "http://127.0.0.1:8011"
+    if (taken := _port_taken(base)) is not None:
+        summary.update(healthy=False, error=taken)
+        (d / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        return summary
     log = open(d / "server.log", "w")
     t_launch = time.time()
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    summary: dict = {"name": name, "flags": flags, "workload": workload_dict, "argv": argv}
-    base = "http://127.0.0.1:8011"
     try:
         healthy = _wait_healthy(proc, base, min(deadline, t_launch + 300))
         summary["startup_s"] = time.time() - t_launch
@@ -264,6 +278,10 @@ def run_windows(item: dict, out: Path, deadline: float, pack) -> dict:
     summary: dict = {"name": name, "flags": flags, "model": model, "argv": argv,
                      "tokenizer_vocab": _tokenizer_vocab(model), "windows": {}}
     base = "http://127.0.0.1:8011"
+    if (taken := _port_taken(base)) is not None:
+        summary.update(healthy=False, error=taken)
+        (d / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        return summary
     t_launch = time.time()
     with open(d / "server.log", "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
