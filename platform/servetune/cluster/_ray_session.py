@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["record_path", "record_local_session", "session_processes", "reap_leftovers", "start_local_ray",
-           "LOOPBACK"]
+           "recorded_cluster", "LOOPBACK"]
 
 _PROC = Path("/proc")
 #: The one address a local Ray of servetune's binds to.
@@ -57,6 +57,10 @@ def start_local_ray(**init_kwargs: Any) -> None:
     node on loopback). That switch is turned off for the duration of this ``ray.init`` only; once the
     node exists, every address lookup reads the node's own. A node that still came up elsewhere
     is shut down and refused: a study never runs on a Ray that listens beyond loopback.
+
+    Always a new one (``address="local"``): without it, Ray's ``ray.init`` joins the cluster that the last
+    ``ray start`` on this machine recorded (``<Ray's temp dir>/ray_current_cluster``) and, asked for GPUs and
+    CPUs, refuses with a traceback. :func:`recorded_cluster` says which that is, for the caller to report.
     """
     from unittest import mock  # the standard library's scoped attribute patch, restored on exit
 
@@ -64,7 +68,7 @@ def start_local_ray(**init_kwargs: Any) -> None:
     from ray._private import ray_constants
 
     dashboard = os.environ.get("SERVETUNE_RAY_DASHBOARD", "").strip().lower() in ("1", "true", "yes", "on")
-    init_kwargs.update(_node_ip_address=LOOPBACK, include_dashboard=dashboard, dashboard_host=LOOPBACK)
+    init_kwargs.update(address="local", _node_ip_address=LOOPBACK, include_dashboard=dashboard, dashboard_host=LOOPBACK)
     with mock.patch.object(ray_constants, "ENABLE_RAY_CLUSTER", False):
         ray.init(**init_kwargs)
     node = getattr(ray._private.worker, "_global_node", None)
@@ -72,6 +76,19 @@ def start_local_ray(**init_kwargs: Any) -> None:
     if address != LOOPBACK:
         ray.shutdown()
         raise RuntimeError(f"the local Ray came up on {address!r}, not {LOOPBACK}: refusing to run a study on it")
+
+
+def recorded_cluster() -> str | None:
+    """The address of the Ray cluster the last ``ray start`` on this machine recorded (Ray's own lookup,
+    ``services.find_bootstrap_address``: ``ray_current_cluster`` in Ray's temp dir, ``RAY_TMPDIR`` moves
+    it), which ``ray stop`` removes; None where there is none. A bare ``ray.init()`` would join it."""
+    from ray._private import services
+
+    try:
+        address = services.find_bootstrap_address(None)
+    except Exception:  # noqa: BLE001 - a private API; an unreadable record is no record
+        return None
+    return str(address) if address else None
 
 
 def record_path(runs_dir: str | os.PathLike[str], study: str) -> Path:

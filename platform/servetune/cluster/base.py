@@ -89,6 +89,7 @@ class Pool(Protocol):
     quarantine_notes: list[str]  # one line per quarantined slot
     infra_notes: list[str]  # one line per infrastructure failure (re-run by the pool itself)
     started_local_ray: bool  # this pool's start launched a local Ray (the driver records it)
+    beside_cluster: str | None  # a `ray start` cluster of this machine that local Ray runs beside (None: none)
     reuse_actors: bool  # keep a clean trial's worker for the next trial
 
     @property

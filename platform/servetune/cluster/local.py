@@ -155,6 +155,7 @@ class LocalPool:
         self.quarantine_notes: list[str] = []
         self.infra_notes: list[str] = []
         self.started_local_ray = False
+        self.beside_cluster: str | None = None
         self.reuse_actors = True  # a worker is a process, not GPUs: always kept for the next trial
         self._runner = runner  # replaces engines.run_trial in the workers (picklable: a module-level function)
         self._free_ids = [str(i) for i in range(total_gpus)]

@@ -197,6 +197,8 @@ class TrialPool:
         self._running: dict[Any, _Running] = {}
         self._held: list[Any] = []  # actors kept alive so that Ray never reuses their GPUs
         self.started_local_ray = False  # set by start(): this pool's start launched a local Ray
+        # set by start(): the address of a `ray start` cluster on this machine that its local Ray runs beside
+        self.beside_cluster: str | None = None
         self.infra_notes: list[str] = []  # one line per infrastructure failure: trial, attempt, where, why
         self._deferred: list[tuple[_Running, str, float]] = []  # re-runs waiting for Ray to mark a node dead
         # Actor deaths Ray does not blame on the node yet, each until its health check could have (a deadline).
@@ -223,6 +225,7 @@ class TrialPool:
         real ones wait to be placed (:meth:`check_placement` bounds the wait).
         """
         started_local = False  # this call started a local Ray (recorded by the driver; never a joined one)
+        beside: str | None = None  # the `ray start` cluster of this machine it started beside
         if not ray.is_initialized():
             env = {"PYTHONPATH": os.pathsep.join(p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)}
             kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": False,
@@ -232,6 +235,7 @@ class TrialPool:
             else:
                 if gpu_type:
                     kwargs["resources"] = {accelerator_resource(gpu_type): 1}
+                beside = _ray_session.recorded_cluster()
                 # Loopback only, dashboard off unless asked (servetune.cluster._ray_session).
                 _ray_session.start_local_ray(num_gpus=num_gpus, num_cpus=num_cpus or max(2, os.cpu_count() or 2),
                                              **kwargs)
@@ -249,6 +253,7 @@ class TrialPool:
             pool.labelled = labelled  # the type is bound at the first submit (the task names it)
         pool.offered_gpus, pool.requested_gpus = total, num_gpus
         pool.started_local_ray = started_local
+        pool.beside_cluster = beside
         return pool
 
     def bind_gpu_type(self, gpu_type: str) -> None:

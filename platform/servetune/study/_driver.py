@@ -169,6 +169,8 @@ class _Driver:
         pool.reuse_actors = True  # closed in the finally below
         if pool.started_local_ray:
             record_local_session(self.runs_dir, spec.name)
+        if pool.beside_cluster:
+            self.progress.ray_beside(pool.beside_cluster)
         self.stop = StopRequest()
         status = "FINISHED"
         no_gpus: NoGpusError | None = None

@@ -48,6 +48,9 @@ class StudyProgress:
     def reaped(self, processes: int) -> None:
         """Processes an earlier driver's local Ray left behind were stopped."""
 
+    def ray_beside(self, address: str) -> None:
+        """The study's local Ray was started beside the cluster ``ray start`` recorded on this machine."""
+
     def all_quarantined(self) -> None:
         """Every GPU slot is out of service: the study stops."""
 
@@ -159,6 +162,10 @@ class TerminalProgress(StudyProgress):
 
     def reaped(self, processes: int) -> None:
         self.note(f"servetune: stopped {processes} processes left by the earlier driver's local Ray")
+
+    def ray_beside(self, address: str) -> None:
+        self.note(f"servetune: started its own local Ray (127.0.0.1) beside the Ray cluster that `ray start` recorded "
+                  f"on this machine ({address}); to run the trials there, set RAY_ADDRESS={address}")
 
     def all_quarantined(self) -> None:
         self.note("servetune: every GPU slot is quarantined; stopping the study")

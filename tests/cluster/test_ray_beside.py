@@ -1,0 +1,80 @@
+"""A `ray start` cluster on the machine and no RAY_ADDRESS: a study's pool starts its own local Ray
+(127.0.0.1) and says which cluster it runs beside.
+
+A bare ``ray.init()`` joins the cluster the last ``ray start`` recorded (``ray_current_cluster`` in Ray's
+temp dir) and, asked for GPUs, refused with a traceback. The head here is a real ``ray start --head``
+with its own ``RAY_TMPDIR`` (so no other test's Ray sees its record), stopped by its process group
+(``ray stop`` would stop every Ray of the machine).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from servetune.study._progress import TerminalProgress
+from _ray_helpers import free_ports
+
+REPO = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).parent / "ray")
+
+_PROBE = """
+import json, ray
+from servetune.cluster.start import start_pool
+pool = start_pool("vllm", num_gpus=1, num_cpus=1)
+print(json.dumps({"gcs": ray.get_runtime_context().gcs_address, "beside": pool.beside_cluster,
+                  "local": pool.started_local_ray}))
+ray.shutdown()
+"""
+
+
+def test_a_real_trials_pool_starts_its_own_ray_beside_a_ray_start_cluster_and_says_so() -> None:
+    # Short: Ray's socket paths under it must stay within the 107 bytes a Unix socket path may have.
+    tmp_path = Path(tempfile.mkdtemp(prefix="st-rb-", dir="/tmp"))
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": str(REPO / "platform")}
+    env.pop("RAY_ADDRESS", None)
+    port, *others = free_ports(7)
+    flags = ("--node-manager-port", "--object-manager-port", "--metrics-export-port", "--dashboard-agent-listen-port",
+             "--dashboard-agent-grpc-port", "--runtime-env-agent-port")
+    head = subprocess.Popen([RAY, "start", "--head", "--port", str(port), "--num-cpus", "1", "--num-gpus", "0",
+                             "--include-dashboard=false", "--disable-usage-stats", "--block",
+                             *(x for pair in zip(flags, map(str, others)) for x in pair)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        record = tmp_path / "ray" / "ray_current_cluster"
+        deadline = time.monotonic() + 60
+        while not record.exists():
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("ray start --head did not come up: "
+                                     + (head.stdout.read()[-3000:].decode(errors="replace") if head.stdout else ""))
+            time.sleep(0.5)
+        recorded = record.read_text().strip()
+        proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        try:
+            os.killpg(head.pid, signal.SIGTERM)
+            head.wait(timeout=30)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait(timeout=10)
+        shutil.rmtree(tmp_path, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["local"] is True and got["gcs"].startswith("127.0.0.1:") and got["beside"] == recorded, (got, recorded)
+    assert recorded.endswith(f":{port}")
+
+    out = io.StringIO()
+    TerminalProgress(out, total=1).ray_beside(recorded)
+    assert f"beside the Ray cluster that `ray start` recorded on this machine ({recorded})" in out.getvalue()
+    assert f"RAY_ADDRESS={recorded}" in out.getvalue()
