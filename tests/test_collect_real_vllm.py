@@ -23,6 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 COLLECT = ROOT / "benchmarks" / "real_vllm" / "collect.py"
 
 
+def _env(bin_dir: Path, out: Path) -> dict[str, str]:
+    """The collector's environment: ``bin_dir`` first on PATH (its ``vllm``), results under ``out``."""
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(out),
+            "SERVETUNE_REAL_MODEL": "servetune-test-850m",
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), os.environ.get("PYTHONPATH", "")])}
+
+
 def test_collect_keeps_every_window_and_repeat_and_stops_the_server(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -39,9 +46,7 @@ def test_collect_keeps_every_window_and_repeat_and_stops_the_server(tmp_path: Pa
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(plan))
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(out),
-           "SERVETUNE_REAL_MODEL": "servetune-test-850m",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), os.environ.get("PYTHONPATH", "")])}
+    env = _env(bin_dir, out)
     proc = subprocess.run([sys.executable, str(COLLECT), str(plan_path)], env=env, capture_output=True, text=True,
                           timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -96,9 +101,7 @@ def test_collect_refuses_a_port_that_already_serves_and_launches_nothing(tmp_pat
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(plan))
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "OUT": str(out),
-           "SERVETUNE_REAL_MODEL": "servetune-test-850m",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), os.environ.get("PYTHONPATH", "")])}
+    env = _env(bin_dir, out)
     server = http.server.HTTPServer(("127.0.0.1", 8011), Health)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
