@@ -3,8 +3,8 @@
 
 A bare ``ray.init()`` joins the cluster the last ``ray start`` recorded (``ray_current_cluster`` in Ray's
 temp dir) and, asked for GPUs, refused with a traceback. The head here is a real ``ray start --head``
-with its own ``RAY_TMPDIR`` (so no other test's Ray sees its record), stopped by its process group
-(``ray stop`` would stop every Ray of the machine).
+with its own ``RAY_TMPDIR`` (so no other test's Ray sees its record), stopped with every process it
+started (``ray stop`` would stop every Ray of the machine).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import time
 from pathlib import Path
 
 from servetune.study._progress import TerminalProgress
+from _kill import kill_all_started_by
 from _ray_helpers import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,14 +60,8 @@ def test_a_real_trials_pool_starts_its_own_ray_beside_a_ray_start_cluster_and_sa
         recorded = record.read_text().strip()
         proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)
     finally:
-        try:
-            os.killpg(head.pid, signal.SIGTERM)
-            head.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=10)
+        kill_all_started_by(head.pid)  # the head and every process it started
+        head.wait(timeout=30)
         shutil.rmtree(tmp_path, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
