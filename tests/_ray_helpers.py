@@ -7,23 +7,61 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 from servetune.cluster.base import Pool
 from servetune.result import TrialResult
+from _kill import kill_all_started_by
+
+#: What Ray 2.60's ``ray start`` prints when its raylet did not register with the GCS within 30 s
+#: (``raylet_start_wait_time_s`` in ray/_private/node.py: a constant, no setting). On 2 cores shared
+#: with other test files that start-up can take longer, so :func:`start_ray_node` tries it again.
+RAYLET_LATE = "The current node timed out during startup"
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct free ports (held open together, so the OS cannot hand one out twice)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+def free_ports(n: int, avoid: Collection[int] = ()) -> list[int]:
+    """``n`` distinct free ports (held open together, so the OS cannot hand one out twice), none of
+    ``avoid`` (ports picked earlier for a server that has not bound them yet)."""
+    socks: list[socket.socket] = []
     try:
-        for s in socks:
+        while len(socks) < n:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("", 0))
+            if s.getsockname()[1] in avoid:
+                s.close()  # held ports are never handed out again, so this ends
+                continue
+            socks.append(s)
         return [int(s.getsockname()[1]) for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def start_ray_node(command: Callable[[], list[str]], env: Mapping[str, str], log: Path,
+                   up: Callable[[], bool], timeout_s: float, attempts: int = 3) -> subprocess.Popen[bytes]:
+    """Start one ``ray start ... --block`` node (the argv ``command()`` builds: fresh ports each call)
+    in a session of its own, output to ``log``, and return it once ``up()``. A start that Ray gave up
+    on (:data:`RAYLET_LATE`) is ended with all it started and tried again, up to ``attempts`` times;
+    any other failure, or ``timeout_s`` without ``up()``, raises with the log's tail."""
+    tails: list[str] = []
+    for attempt in range(1, attempts + 1):
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(command(), env=dict(env), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            if up():
+                return proc
+            time.sleep(0.5)
+        text = log.read_text(errors="replace")
+        tails.append(f"-- attempt {attempt} --\n{text[-2500:]}")
+        kill_all_started_by(proc.pid)
+        proc.wait(timeout=30)
+        if RAYLET_LATE not in text:
+            break
+    raise RuntimeError("ray start did not come up:\n" + "\n".join(tails))
 
 
 def wait_all(pool: Pool, n: int, timeout_s: float) -> dict[int, TrialResult]:

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ import pytest
 import yaml
 import optuna
 from _postgres import PostgresServer
-from _ray_helpers import alive_nodes, free_ports
+from _ray_helpers import alive_nodes, free_ports, start_ray_node
 from mlflow.tracking import MlflowClient
 
 from servetune.records import dataset
@@ -60,39 +60,33 @@ class Cluster:
 def cluster() -> Iterator[Cluster]:
     """Head (0 GPUs, dashboard + job server) + H200 node (2 GPUs) + A100-40G node (1 GPU)."""
     temp = Path(tempfile.mkdtemp(prefix="st-mn-", dir="/tmp"))  # short: Ray's socket paths have a limit
-    free = iter(free_ports(3 + 3 * 6))
-    port, dashboard_port, client_port = next(free), next(free), next(free)
+    port, dashboard_port, client_port = free_ports(3)
     address = f"127.0.0.1:{port}"
 
     def common() -> list[str]:
         # Several nodes on one host: every port a node binds must be its own (the defaults collide,
         # e.g. the dashboard agent's 52365).
-        ports = [(flag, str(next(free))) for flag in (
-            "--node-manager-port", "--object-manager-port", "--metrics-export-port",
-            "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port")]
+        flags = ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
+                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port")
+        picked = free_ports(len(flags), avoid=(port, dashboard_port, client_port))
+        ports = [(flag, str(p)) for flag, p in zip(flags, picked)]
         return ["--num-cpus", "1", "--disable-usage-stats", "--block", *(x for pair in ports for x in pair)]
 
-    nodes = [
-        [RAY, "start", "--head", "--port", str(port), "--num-gpus", "0", "--temp-dir", str(temp),
+    nodes: list[Callable[[], list[str]]] = [  # each call: fresh ports for a node's own services
+        lambda: [RAY, "start", "--head", "--port", str(port), "--num-gpus", "0", "--temp-dir", str(temp),
          "--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port),
          "--ray-client-server-port", str(client_port), *common()],
-        [RAY, "start", "--address", address, "--num-gpus", "2", "--resources", '{"accelerator_type:H200": 1}',
+        lambda: [RAY, "start", "--address", address, "--num-gpus", "2", "--resources", '{"accelerator_type:H200": 1}',
          *common()],
-        [RAY, "start", "--address", address, "--num-gpus", "1", "--resources", '{"accelerator_type:A100-40G": 1}',
+        lambda: [RAY, "start", "--address", address, "--num-gpus", "1", "--resources", '{"accelerator_type:A100-40G": 1}',
          *common()],
     ]
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for i, cmd in enumerate(nodes):
-            with open(temp / f"node{i}.log", "wb") as log:
-                procs.append(subprocess.Popen(cmd, env=_NODE_ENV, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-            deadline = time.monotonic() + 60  # one node at a time: 2 cores, and no start-up races
-            while len(alive_nodes(address, _ENV, want=i + 1)) < i + 1:
-                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    logs = "\n".join((temp / f"node{j}.log").read_text()[-1500:] for j in range(len(procs)))
-                    raise RuntimeError(f"the Ray cluster did not come up:\n{logs}")
-                time.sleep(1)
+        for i, command in enumerate(nodes):  # one node at a time: 2 cores, and no start-up races
+            procs.append(start_ray_node(
+                command, _NODE_ENV, temp / f"node{i}.log", timeout_s=60,
+                up=lambda i=i: len(alive_nodes(address, _ENV, want=i + 1, wait_s=5)) >= i + 1))
         yield Cluster(address, f"http://127.0.0.1:{dashboard_port}", temp)
     finally:
         for proc in reversed(procs):

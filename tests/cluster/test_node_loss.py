@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import optuna
@@ -29,7 +29,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from servetune.records import dataset
-from _ray_helpers import alive_nodes, free_ports
+from _ray_helpers import alive_nodes, free_ports, start_ray_node
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
@@ -83,36 +83,29 @@ def _standin_under(pgid: int) -> bool:
 def cluster() -> Iterator[tuple[str, list[subprocess.Popen[bytes]], set[int]]]:
     """Head + node A + node B; yields (address, [head, A, B], pids to kill at the end)."""
     temp = Path(tempfile.mkdtemp(prefix="st-nl-", dir="/tmp"))
-    free = iter(free_ports(1 + 3 * 6))
-    port = next(free)
+    port = free_ports(1)[0]
     address = f"127.0.0.1:{port}"
 
     def common() -> list[str]:
-        ports = [(flag, str(next(free))) for flag in (
-            "--node-manager-port", "--object-manager-port", "--metrics-export-port",
-            "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port")]
+        flags = ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
+                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port")
+        ports = [(flag, str(p)) for flag, p in zip(flags, free_ports(len(flags), avoid=(port,)))]
         return ["--num-cpus", "1", "--disable-usage-stats", "--block", *(x for pair in ports for x in pair)]
 
     h200 = '{"accelerator_type:H200": 1}'
-    nodes = [
-        [RAY, "start", "--head", "--port", str(port), "--num-gpus", "0", "--temp-dir", str(temp),
+    nodes: list[Callable[[], list[str]]] = [  # each call: fresh ports for a node's own services
+        lambda: [RAY, "start", "--head", "--port", str(port), "--num-gpus", "0", "--temp-dir", str(temp),
          "--include-dashboard=false", *common()],
-        [RAY, "start", "--address", address, "--num-gpus", "1", "--resources", h200, *common()],
-        [RAY, "start", "--address", address, "--num-gpus", "1", "--resources", h200, *common()],
+        lambda: [RAY, "start", "--address", address, "--num-gpus", "1", "--resources", h200, *common()],
+        lambda: [RAY, "start", "--address", address, "--num-gpus", "1", "--resources", h200, *common()],
     ]
     procs: list[subprocess.Popen[bytes]] = []
     leftovers: set[int] = set()
     try:
-        for i, cmd in enumerate(nodes):
-            with open(temp / f"node{i}.log", "wb") as log:
-                procs.append(subprocess.Popen(cmd, env=_ENV, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-            deadline = time.monotonic() + 90
-            while len(alive_nodes(address, _ENV, want=i + 1)) < i + 1:
-                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    logs = "\n".join((temp / f"node{j}.log").read_text()[-1500:] for j in range(len(procs)))
-                    raise RuntimeError(f"the Ray cluster did not come up:\n{logs}")
-                time.sleep(1)
+        for i, command in enumerate(nodes):  # one node at a time: 2 cores, and no start-up races
+            procs.append(start_ray_node(
+                command, _ENV, temp / f"node{i}.log", timeout_s=90,
+                up=lambda i=i: len(alive_nodes(address, _ENV, want=i + 1, wait_s=5)) >= i + 1))
         yield address, procs, leftovers
     finally:
         for proc in reversed(procs):

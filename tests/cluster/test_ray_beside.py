@@ -16,12 +16,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from servetune.study._progress import TerminalProgress
 from _kill import kill_all_started_by
-from _ray_helpers import free_ports
+from _ray_helpers import free_ports, start_ray_node
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
@@ -42,26 +41,28 @@ def test_a_real_trials_pool_starts_its_own_ray_beside_a_ray_start_cluster_and_sa
     env = {**os.environ, "RAY_TMPDIR": str(tmp_path), "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": str(REPO / "platform")}
     env.pop("RAY_ADDRESS", None)
-    port, *others = free_ports(7)
+    port = free_ports(1)[0]
     flags = ("--node-manager-port", "--object-manager-port", "--metrics-export-port", "--dashboard-agent-listen-port",
              "--dashboard-agent-grpc-port", "--runtime-env-agent-port")
-    head = subprocess.Popen([RAY, "start", "--head", "--port", str(port), "--num-cpus", "1", "--num-gpus", "0",
-                             "--include-dashboard=false", "--disable-usage-stats", "--block",
-                             *(x for pair in zip(flags, map(str, others)) for x in pair)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def command() -> list[str]:
+        others = free_ports(len(flags), avoid=(port,))
+        return [RAY, "start", "--head", "--port", str(port), "--num-cpus", "1", "--num-gpus", "0",
+                "--include-dashboard=false", "--disable-usage-stats", "--block",
+                *(x for pair in zip(flags, map(str, others)) for x in pair)]
+
+    record = tmp_path / "ray" / "ray_current_cluster"
+    log = tmp_path / "head.log"
+    head: subprocess.Popen[bytes] | None = None
     try:
-        record = tmp_path / "ray" / "ray_current_cluster"
-        deadline = time.monotonic() + 60
-        while not record.exists():
-            if head.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("ray start --head did not come up: "
-                                     + (head.stdout.read()[-3000:].decode(errors="replace") if head.stdout else ""))
-            time.sleep(0.5)
+        head = start_ray_node(command, env, log, lambda: "Ray runtime started" in log.read_text(errors="replace"),
+                              timeout_s=60)
         recorded = record.read_text().strip()
         proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)
     finally:
-        kill_all_started_by(head.pid)  # the head and every process it started
-        head.wait(timeout=30)
+        if head is not None:
+            kill_all_started_by(head.pid)  # the head and every process it started
+            head.wait(timeout=30)
         shutil.rmtree(tmp_path, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from _ray_helpers import free_ports
+from _ray_helpers import free_ports, start_ray_node
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -59,6 +59,23 @@ class Head:
     log: Path
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the head's process group, SIGKILL it if it lingers, then whatever outlived ``ray start``."""
+    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # children that outlived `ray start` (same process group)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.fixture(scope="module")
 def head() -> Iterator[Head]:
     """``ray start --head`` with 2 CPUs and no GPU, token auth as Ray turns it on by default."""
@@ -67,40 +84,28 @@ def head() -> Iterator[Head]:
     env = _user_env(home)
     # Any local Ray (the README's quickstart) leaves a token here; `ray start` then enables auth.
     subprocess.run([RAY, "get-auth-token", "--generate"], env=env, capture_output=True, check=True, timeout=60)
-    ports = iter(free_ports(10))
-    port, dash = next(ports), next(ports)
-    flags = [(f, str(next(ports))) for f in ("--ray-client-server-port", "--node-manager-port", "--object-manager-port",
-                                             "--metrics-export-port", "--dashboard-agent-listen-port",
-                                             "--dashboard-agent-grpc-port", "--runtime-env-agent-port")]
-    cmd = [RAY, "start", "--head", "--port", str(port), "--num-cpus", "2", "--num-gpus", "0", "--temp-dir", str(temp),
-           "--include-dashboard=true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash),
-           "--disable-usage-stats", "--block", *(x for pair in flags for x in pair)]
+    port, dash = free_ports(2)
+
+    def command() -> list[str]:
+        ports = iter(free_ports(7, avoid=(port, dash)))
+        flags = [(f, str(next(ports))) for f in (
+            "--ray-client-server-port", "--node-manager-port", "--object-manager-port", "--metrics-export-port",
+            "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port")]
+        return [RAY, "start", "--head", "--port", str(port), "--num-cpus", "2", "--num-gpus", "0",
+                "--temp-dir", str(temp), "--include-dashboard=true", "--dashboard-host", "127.0.0.1",
+                "--dashboard-port", str(dash), "--disable-usage-stats", "--block", *(x for pair in flags for x in pair)]
+
     log = home / "head.log"
     # Nothing to drain at teardown: stop at once (Ray 2.60 drains a SIGTERMed node up to 30 s).
     node_env = {**env, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, env=node_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        deadline = time.monotonic() + 90
-        while "Ray runtime started" not in log.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray start --head did not come up:\n{log.read_text(errors='replace')[-3000:]}")
-            time.sleep(0.5)
+        proc = start_ray_node(command, node_env, log, lambda: "Ray runtime started" in log.read_text(errors="replace"),
+                              timeout_s=90)
         yield Head(f"127.0.0.1:{dash}", home, temp, log)
     finally:
-        for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # children that outlived `ray start` (same process group)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            _stop(proc)
         shutil.rmtree(temp, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
 
