@@ -127,6 +127,9 @@ def test_resolved_defaults():
     assert c.async_scheduling and c.vllm_version == "0.26.0" and c.world_size == 1
     assert resolve_engine_config({}, llama, get_gpu("H100-80GB"), "0.19.0").gpu_memory_utilization == 0.9
     assert not resolve_engine_config({}, llama, get_gpu("H100-80GB"), "0.13.0").async_scheduling
+    # 0.14.0 turns it on where the user set nothing (SchedulerConfig None -> True), not with PP
+    assert resolve_engine_config({}, llama, get_gpu("H100-80GB"), "0.14.1").async_scheduling
+    assert not resolve_engine_config({"pipeline_parallel_size": 2}, llama, get_gpu("H100-80GB"), "0.14.1").async_scheduling
     # max_num_seqs = min(default, max_num_batched_tokens)
     assert resolve_engine_config({"max_num_batched_tokens": 512}, llama, get_gpu("H200")).max_num_seqs == 512
     # chunked prefill off: the default token budget grows to max_model_len

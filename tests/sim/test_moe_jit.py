@@ -93,12 +93,14 @@ def test_on_the_gpt_oss_first_bursts_the_stall_lands_on_the_last_prefill_step_th
     # Judged on held-out runs (none was fitted): the TP=8 first bursts were simulated 24% (H100) and 36% (H200)
     # fast with the rule off, 15% and 24% since the unaligned expert width is priced (perf_classes.moe_down_share);
     # the simulated burst reaches the unaligned variant at its last prefill step, so the stall moves the
-    # throughput and leaves the TTFT 35-45% short (the real stall came before the first tokens).
+    # throughput and leaves the TTFT 35-45% short (the real stall came before the first tokens). Since vLLM
+    # 0.14's async-scheduling default is applied to these 0.14.1 runs (vllm_rules.async_scheduling_default) they
+    # are +6% and +13% with the rule, +28% and +40% without it.
     firsts = {r.id: r for r in MOE_RUNS if not r.workload.get("after_input_len") and r.layout["tp"] == 8}
-    for run_id, low, high in (("h100-gpt-oss-120b-bf16-tp8-rand1024x128-c100", -0.06, 0.06),
-                              ("h200-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.0, 0.08)):
+    for run_id, low, high in (("h100-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.0, 0.09),
+                              ("h200-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.08, 0.16)):
         on, off = judge(firsts[run_id]), judge(firsts[run_id], triton_cache=TritonCache(complete=True))
-        assert off.headline_error is not None and off.headline_error > 0.12
+        assert off.headline_error is not None and off.headline_error > 0.25
         assert on.headline_error is not None and low < on.headline_error < high, on.headline_error
         assert on.ttft_error is not None and off.ttft_error is not None
         assert abs(on.ttft_error - off.ttft_error) < 0.05 and on.ttft_error < -0.3

@@ -423,7 +423,7 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         block_size=block_size,
         long_prefill_token_threshold=int(f.get("long_prefill_token_threshold", 0)),
         scheduling_policy=str(f.get("scheduling_policy", "fcfs")),
-        # Async scheduling is on by default from 0.16 where supported; vLLM turns it off with PP.
+        # Async scheduling is on by default from 0.14 where supported; vLLM turns it off with PP.
         async_scheduling=bool(f.get("async_scheduling", rules.async_scheduling_default and pp == 1)),
         vllm_version=".".join(map(str, v)),
         dtype=dtype,

@@ -119,7 +119,11 @@ class VllmMemoryRules:
     version: Version
     #: ``gpu_memory_utilization``'s default: 0.9, 0.92 from 0.20 (``vllm/engine/arg_utils.py``).
     default_gpu_memory_utilization: float
-    #: Async scheduling on by default where supported (0.16+; vLLM turns it off with PP).
+    #: Async scheduling on by default where supported (0.14+; vLLM turns it off with PP): 0.14.0's
+    #: ``SchedulerConfig.async_scheduling`` defaults to None, which ``VllmConfig.__post_init__`` turns
+    #: on unless PP > 1, a non-EAGLE draft model or an executor other than mp/uni/external_launcher
+    #: (config/scheduler.py:133, config/vllm.py:588-628 @0.14.0 and @0.14.1); 0.13.0's default is False
+    #: (config/scheduler.py:133@0.13.0). Read 2026-12-06, after published 0.14.1 runs were judged with it off.
     async_scheduling_default: bool
     #: The >= 160 GiB usage-context tier (16384 tokens / 1024 sequences), 0.29+.
     large_gpu_batch_tier: bool
@@ -578,7 +582,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
     return VllmMemoryRules(
         version=v,
         default_gpu_memory_utilization=0.92 if v >= (0, 20, 0) else 0.9,
-        async_scheduling_default=v >= (0, 16, 0),
+        async_scheduling_default=v >= (0, 14, 0),
         large_gpu_batch_tier=v >= (0, 29, 0),
         capture_step8_only=v < (0, 13, 0),
         blackwell_capture_cap=1024 if v >= (0, 29, 0) else 512,

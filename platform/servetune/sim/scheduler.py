@@ -13,7 +13,7 @@ requests and frees their blocks.
   (recompute: its blocks are freed, its progress reset so prompt + generated tokens become the new
   prefill, and it goes to the FRONT of the waiting queue); if it is itself the last, it stops the
   running loop.
-* With async scheduling (vLLM >= 0.16, one engine stage) the scheduler forms a batch while the
+* With async scheduling (vLLM >= 0.14 by default, one engine stage) the scheduler forms a batch while the
   step before it runs (``max_concurrent_batches`` 2): a request that reaches the engine core after
   that step began waits for the batch after it, so its first token comes one step later than a
   scheduler at the step's start would give it (``Calibration.schedule_ahead``; vLLM's own
