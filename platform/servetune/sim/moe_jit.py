@@ -68,6 +68,7 @@ import bisect
 import dataclasses
 from typing import TYPE_CHECKING
 
+from servetune.planner.modelinfo import local_experts
 from servetune.planner.moe_kernels import moe_kernel_config, tuned_moe_tiles
 from servetune.sim.perf_classes import moe_parallel_size, moe_step_tokens
 from servetune.vllm_version import version_tuple
@@ -177,12 +178,15 @@ def moe_jit_rule(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -> Moe
     if not model.is_moe or model.quantization or model.num_experts_per_tok < 1:
         return None
     tp = moe_parallel_size(config.tensor_parallel_size, config.data_parallel_size)  # the experts' split under DP
-    if moe_kernel_config(model, gpu.name, tp) is None:
+    ep = config.expert_parallel_size(model.is_moe)  # or whole experts, the rank's own (vLLM names E = local experts)
+    experts = local_experts(model.num_experts, ep) if ep > 1 else None
+    tp = 1 if ep > 1 else tp
+    if moe_kernel_config(model, gpu.name, tp, experts=experts) is None:
         return None
     mnbt = config.max_num_batched_tokens
-    return MoeJitRule(num_experts=model.num_experts, top_k=model.num_experts_per_tok,
+    return MoeJitRule(num_experts=experts or model.num_experts, top_k=model.num_experts_per_tok,
                       version=version_tuple(config.vllm_version) or (0, 0, 0),
-                      tuned=tuned_moe_tiles(model, gpu.name, tp),
+                      tuned=tuned_moe_tiles(model, gpu.name, tp, experts=experts),
                       capture_sizes=() if config.enforce_eager else tuple(config.cudagraph_capture_sizes),
                       startup_tokens=(mnbt, min(config.max_num_seqs, mnbt)),
                       data_parallel_size=max(1, config.data_parallel_size))

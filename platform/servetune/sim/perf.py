@@ -231,7 +231,7 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         rules = cal.class_rules >= 0.5
         self._version = config.version
         if (rules and perf_classes.is_class_model(model)) or model.is_hybrid:
-            self._init_classes(model, gpu, tp, layers, mem_rate, cal, dp)
+            self._init_classes(model, gpu, tp, layers, mem_rate, cal, dp, config.expert_parallel_size(model.is_moe))
         # A hybrid's recurrent layers (perf_hybrid): attention, its fixed cost and the graph pieces by mixer.
         hybrid = self._init_hybrid(model, gpu, config, tp, layers, mem_rate, cal)
         attn_layers = hybrid.attention_layers if hybrid else layers

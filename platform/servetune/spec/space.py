@@ -86,6 +86,7 @@ STATIC_DEFAULTS: Mapping[str, Any] = {
     "tensor_parallel_size": 1,
     "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
+    "enable_expert_parallel": False,
     "enforce_eager": False,
     "disable_custom_all_reduce": False,
     "kv_cache_dtype": "auto",
