@@ -166,6 +166,7 @@ def test_expert_parallelism_is_planned_and_refused_on_a_dense_model_as_vllm_refu
     assert _run(["--model", "qwen3-30b-a3b", "--gpu", "H100-80GB", "--set", "tensor_parallel_size=2",
                  "--set", "enable_expert_parallel=true"]) == 0
     out = capsys.readouterr().out
+    assert out.splitlines()[0] == "qwen3-30b-a3b on H100-80GB x2 (TP=2 PP=1 EP=2), vLLM 0.26.0"
     assert "enable_expert_parallel: ep_size = TP x DP = 2; each GPU holds 64 of the 128 routed experts" in out
     assert _run(["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "tensor_parallel_size=2",
                  "--set", "enable_expert_parallel=true"]) == 2

@@ -15,13 +15,16 @@ Every rule is read from vLLM's source (0.11.0 and 0.26.0 wheels):
 * ``--enable-expert-parallel`` / ``--no-enable-expert-parallel`` (a bool engine argument:
   ``engine/arg_utils.py:206-208, 697-699@0.11.0``).
 
-No published start with expert parallelism and its KV line was found (docs/model-classes.md): nothing here is
-fitted, and the planner's figures under the flag are judged on no start.
+Nothing here is fitted. One published start with the flag and its KV line was found (vLLM 0.10.2, 8 x L40S at TP=8,
+``classes.yaml``), judged once after these rules were committed: +1.09%; there the flag changes no figure
+(docs/model-classes.md, "Expert parallelism").
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +35,7 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelclass import moe_workspace_bytes, mxfp4_expert_bytes
 from servetune.planner.modelinfo import load_model, local_experts
+from servetune.spec.schema import StudySpec
 from servetune.spec.space import STATIC_DEFAULTS, SearchSpace
 
 H100 = get_gpu("H100-80GB")
@@ -59,9 +63,27 @@ def test_the_flag_reaches_the_vllm_argv_and_round_trips_through_the_resolved_con
     assert "enable_expert_parallel" not in resolve_engine_config({"tensor_parallel_size": 2}, model, H100).as_flags()
 
 
-def test_a_search_space_may_search_the_flag() -> None:
+def _spec(tmp_path: Path, model: str, fixed: dict[str, Any], params: dict[str, Any]) -> StudySpec:
+    data = {"name": "ep", "model": model, "gpu": {"type": "H100-80GB", "count": 2},
+            "workload": {"input_len": 256, "output_len": 128, "num_requests": 16, "concurrency": 4},
+            "objective": {"metric": "output_throughput"}, "search_space": {"params": params},
+            "fixed_flags": fixed, "budget": {"trials": 4, "parallel": 1}, "backend": "sim"}
+    return StudySpec.from_dict(data, tmp_path, cwd=tmp_path)
+
+
+def test_a_study_may_search_the_flag_and_a_dense_model_with_it_is_refused_before_launch(tmp_path: Path) -> None:
     space = SearchSpace.from_dict({"params": {"enable_expert_parallel": {"type": "bool"}}})
     assert [p.name for p in space.params] == ["enable_expert_parallel"]
+    moe = _spec(tmp_path, "qwen3-30b-a3b", {"tensor_parallel_size": 2}, {"enable_expert_parallel": {"type": "bool"}})
+    assert [p.name for p in moe.search_space.params] == ["enable_expert_parallel"]
+    with pytest.raises(SpecError) as fixed:
+        _spec(tmp_path, "llama-3.1-8b", {"tensor_parallel_size": 2, **EP},
+              {"max_num_seqs": {"type": "categorical", "choices": [32, 64]}})
+    assert fixed.value.field == "fixed_flags.enable_expert_parallel"
+    assert "Number of experts in the model must be greater than 0" in str(fixed.value)
+    feas = space.feasibility(load_model("llama-3.1-8b"), 2)
+    assert feas.never_ok == {"enable_expert_parallel": [True]} and feas.feasible == 1
+    assert space.feasibility(load_model("qwen3-30b-a3b"), 2).feasible == 2
 
 
 def test_a_dense_model_with_expert_parallelism_is_refused_as_vllm_refuses_it() -> None:
@@ -150,7 +172,22 @@ def test_the_plan_says_what_expert_parallelism_changes() -> None:
     notes = plan_memory(model, H100, config).notes
     ep = next(n for n in notes if n.startswith("enable_expert_parallel:"))
     assert "ep_size = TP x DP = 8; each GPU holds 16 of the 128 routed experts" in ep
-    assert "allgather_reducescatter" in ep and "judged on no published start" in ep
+    assert "allgather_reducescatter" in ep and "judged on one published start only" in ep
     uneven = dataclasses.replace(model, num_experts=60)
     note = plan_memory(uneven, H100, resolve_engine_config({"tensor_parallel_size": 8, **EP}, uneven, H100)).notes
     assert any("GPUs hold 8 or 7 of the 60 routed experts (the first 4 one more" in n for n in note)
+
+
+def test_the_tuned_fused_moe_file_is_named_by_the_ranks_own_whole_experts() -> None:
+    """vLLM names the file by the layer's local ``E`` and its whole ``N``: the published vLLM 0.10.2 start of
+    Qwen3-235B-A22B-FP8 at TP=8 with expert parallelism looks for exactly this name
+    (``logs/l40s8_qwen3_235b_a22b_2507_fp8_tp8_ep_l40s.log``); without the flag, 128 experts 192 wide."""
+    from servetune.planner.moe_kernels import moe_kernel_config
+    model = load_model("qwen3-235b-a22b-2507-fp8")
+    ep = moe_kernel_config(model, "L40S", 1, experts=local_experts(model.num_experts, 8))
+    sliced = moe_kernel_config(model, "L40S", 8)
+    assert ep is not None and sliced is not None
+    assert ep.file_name == "E=16,N=1536,device_name=NVIDIA_L40S,dtype=fp8_w8a8,block_shape=[128,128].json"
+    assert sliced.file_name.startswith("E=128,N=192,")
+    config = resolve_engine_config({"tensor_parallel_size": 8, **EP}, model, get_gpu("L40S"), "0.10.2")
+    assert any("E=16,N=1536," in n for n in plan_memory(model, get_gpu("L40S"), config).notes)

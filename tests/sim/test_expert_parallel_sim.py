@@ -70,3 +70,12 @@ def test_under_dp_the_allgather_reducescatter_dispatch_and_combine_are_charged()
     plain = PerfModel(model, H100, resolve_engine_config({"data_parallel_size": 2}, model, H100))
     assert (dp2._t_dp_fixed, dp2._t_dp_token) == (plain._t_dp_fixed, plain._t_dp_token)
     assert cost.comm == pytest.approx(plain.gpu_cost(64, 64, 64 * 512, 64 * 512, True).comm)
+
+
+def test_the_first_use_compiles_are_the_ranks_own_experts_kernel() -> None:
+    from servetune.sim.moe_jit import moe_jit_rule
+    model = load_model("qwen3-30b-a3b")
+    ep = moe_jit_rule(model, H100, resolve_engine_config({"tensor_parallel_size": 2, **EP}, model, H100))
+    plain = moe_jit_rule(model, H100, resolve_engine_config({"tensor_parallel_size": 2}, model, H100))
+    assert ep is not None and plain is not None
+    assert (ep.num_experts, plain.num_experts) == (64, 128)

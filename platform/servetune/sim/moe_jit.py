@@ -49,6 +49,8 @@ What vLLM's source says (read at 0.11.0, 0.14.1, 0.19.0 and 0.26.0; ``file:line@
 * **Under DP** (``EngineConfig.data_parallel_size``, no expert parallelism) the experts are split over
   ``tp x dp`` GPUs (their tuned file is looked up at that width) and the kernel's ``M`` is every replica's
   tokens, each replica's step padded alike (``sim.perf_classes.moe_parallel_size``, ``moe_step_tokens``).
+  Under ``--enable-expert-parallel`` the rank's own experts, whole: vLLM looks the tuned file up by the local
+  ``E`` and the whole ``N`` (a published vLLM 0.10.2 start at TP=8 logs ``E=16,N=1536`` for Qwen3-235B-A22B).
 
 Example:
     >>> from servetune.planner.gpus import get_gpu

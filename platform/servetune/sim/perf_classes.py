@@ -36,7 +36,9 @@ byte), so the dense fidelity figures do not move.
   Under data parallelism without expert parallelism (``--data-parallel-size D``, ``--tensor-parallel-size
   T``) the routed experts are one tensor-parallel layer over all ``T x D`` GPUs and each MoE layer runs
   every replica's tokens (:func:`moe_parallel_size`, :func:`moe_step_tokens`); attention and the dense
-  parts stay per replica at TP=T.
+  parts stay per replica at TP=T. Under ``--enable-expert-parallel`` each of the ``T x D`` GPUs holds its own
+  whole experts instead and runs uniform routing's share of the rows (:func:`moe_shape` with ``ep``); the
+  unquantized path stays Triton (FlashInfer's CUTLASS MoE for EP needs ``VLLM_USE_FLASHINFER_MOE_FP16=1``).
 * **Quantized weights** (:func:`weight_format`): fp8 checkpoints and ``--quantization fp8`` read 1 byte
   a weight and run on the fp8 tensor cores where the GPU has them (``GpuSpec.fp8_tflops``, compute
   capability >= 8.9); below that vLLM serves fp8 weight-only through Marlin (1 byte plus one bf16
@@ -698,8 +700,8 @@ def moe_parallel_size(tp: int, data_parallel_size: int = 1) -> int:
     returns the size ``flatten_tp_across_dp_and_pcp`` gives (:882-891, ``dp_size * pcp_size * tp_size``)
     as the layer's ``tp_size`` (:986-998), so each GPU holds ``intermediate / (tp x D)`` of every
     expert; read the same at 0.26.0 (``flatten_tp_across_dp_and_pcp``). Attention and the dense layers
-    keep ``tp``. With expert parallelism the experts are split whole instead (not modelled: the flag
-    is refused, ``planner.flags.NOT_MODELLED``).
+    keep ``tp``. With expert parallelism the experts are split whole instead, each at its full width
+    (:func:`moe_shape`'s ``ep``; ``EngineConfig.expert_parallel_size``).
 
     Example:
         >>> moe_parallel_size(4, 2), moe_parallel_size(8)
