@@ -152,12 +152,26 @@ def test_bad_env_exits_2_naming_the_setting(capsys, argv, needle):
     assert needle in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("flag", ["enable_expert_parallel=true", "speculative_config=ngram"])
+@pytest.mark.parametrize("flag", ["speculative_config=ngram"])
 def test_a_flag_servetune_does_not_model_is_refused_saying_so(capsys, flag):
     assert _run(["--model", "qwen3-30b-a3b", "--gpu", "H100-80GB", "--set", flag]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not modelled by the planner or the simulator" in err
     assert "unknown vLLM flag" not in err
+
+
+def test_expert_parallelism_is_planned_and_refused_on_a_dense_model_as_vllm_refuses_it(capsys):
+    """``--set enable_expert_parallel=true``: planned for a MoE model (its note names the experts a GPU holds), a
+    one-line refusal with vLLM's own text for a dense one (``config/model.py:1177-1182@0.26.0``)."""
+    assert _run(["--model", "qwen3-30b-a3b", "--gpu", "H100-80GB", "--set", "tensor_parallel_size=2",
+                 "--set", "enable_expert_parallel=true"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "qwen3-30b-a3b on H100-80GB x2 (TP=2 PP=1 EP=2), vLLM 0.26.0"
+    assert "enable_expert_parallel: ep_size = TP x DP = 2; each GPU holds 64 of the 128 routed experts" in out
+    assert _run(["--model", "llama-3.1-8b", "--gpu", "H100-80GB", "--set", "tensor_parallel_size=2",
+                 "--set", "enable_expert_parallel=true"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Number of experts in the model must be greater than 0" in err
 
 
 def test_data_parallel_size_on_a_moe_model_prints_per_gpu_figures_of_one_replica(capsys):

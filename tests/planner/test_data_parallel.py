@@ -44,11 +44,9 @@ def test_gpus_needed_is_tp_times_pp_times_dp() -> None:
     assert gpus_needed({"tensor_parallel_size": 2, "data_parallel_size": None}) == 2  # unset: one replica
 
 
-def test_data_parallel_size_is_a_flag_and_expert_parallelism_stays_refused() -> None:
+def test_data_parallel_size_is_a_flag() -> None:
     assert "data_parallel_size" not in NOT_MODELLED and validate_flag("data_parallel_size", 2) == 2
     assert validate_flag("data_parallel_size", 2.0) == 2
-    with pytest.raises(SpecError, match="enable_expert_parallel: expert parallelism"):
-        validate_flag("enable_expert_parallel", True)
 
 
 @pytest.mark.parametrize("value, words", [(0, "must be >= 1, got 0"), (-2, "must be >= 1"), (1.5, "expected an integer"),

@@ -315,6 +315,9 @@ CLASS_KV_BANDS = {
     # Qwen3-VL, refused (excluded) before 2026-12-06; judged once after the Qwen3-VL rules were committed from source
     "videocut_qwen3_vl_30b_a3b_tp2_h100": -0.59,      # -4.52 as first judged, before the fusion term was gated to 0.17+
     "sipeed_qwen3_vl_30b_a3b_tp4_rtx3090": 6.53,      # a miss, see CLASS_KNOWN_MISSES (image profile: +95.3)
+    # Expert parallelism (vLLM 0.10.2, 8 x L40S, TP=8 with --enable-expert-parallel): judged once after the
+    # expert-parallel rules were committed from vLLM's source; nothing changed for it
+    "l40s8_qwen3_235b_a22b_2507_fp8_tp8_ep_l40s": 1.09,
 }
 
 #: Held-out class starts outside the 3% target, kept as misses (nothing refitted on them).
@@ -363,7 +366,9 @@ def test_held_out_class_starts_kv_within_their_bands_and_3pct():
     was read, so that start is no longer blind). With the two Qwen3-VL-30B-A3B starts (refused before 2026-12-06,
     judged once after their rules) 36 of 40 (90%): the H100 one, -4.5% as first judged without the fusion rule (written
     on another line of work that never read it), is -0.6% with it; the RTX 3090 one misses (+6.5%). Blind throughout:
-    35 of 40. Pinned as counted, not loosened to pass: a rule change that moves a start shows here and in the bands."""
+    35 of 40. With the one expert-parallel start (vLLM 0.10.2, 8 x L40S at TP=8, judged once after the expert-parallel
+    rules were committed: +1.09%) 37 of 41, blind throughout 36 of 41. Pinned as counted, not loosened to pass: a rule
+    change that moves a start shows here and in the bands."""
     held = [j for j in CLASS_JUDGED.values() if j.start.role == "held_out" and not j.start.failed]
     assert {j.start.id for j in held} == set(CLASS_KV_BANDS)
     for j in held:
@@ -372,7 +377,7 @@ def test_held_out_class_starts_kv_within_their_bands_and_3pct():
         assert CLASS_KV_BANDS[j.start.id] - 0.3 <= error <= CLASS_KV_BANDS[j.start.id] + 0.3, (j.start.id, error)
         assert abs(error) <= 3.0 or j.start.id in CLASS_KNOWN_MISSES, j.start.id
     within = sum(abs(100 * j.kv_error) <= 3.0 for j in held)
-    assert (within, len(held)) == (36, 40)
+    assert (within, len(held)) == (37, 41)
     assert {j.start.id for j in held if abs(100 * j.kv_error) > 3.0} == CLASS_KNOWN_MISSES
 
 

@@ -176,6 +176,8 @@ def format_plan(model: ModelProfile, gpu: GpuSpec | str, config: EngineConfig, p
     par = f"TP={config.tensor_parallel_size} PP={config.pipeline_parallel_size}"
     if config.data_parallel_size > 1:
         par += f" DP={config.data_parallel_size}"
+    if config.expert_parallel_size(model.is_moe) > 1:  # --enable-expert-parallel, vLLM's ep_size = TP x DP
+        par += f" EP={config.expert_parallel_size(model.is_moe)}"
     lines = [f"{model.name} on {gpu_name} x{config.num_gpus} ({par}), vLLM {config.vllm_version}",
              "memory per GPU (GiB)" + (" of one replica" if config.data_parallel_size > 1 else "")]
     for label, value, note in rows:

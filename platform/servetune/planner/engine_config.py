@@ -114,6 +114,10 @@ class EngineConfig:
     #: are completely independent, so treat like DP=1"), a MoE model's share their routed experts, split over
     #: ``tp x dp`` GPUs, and each MoE layer runs every replica's tokens (:meth:`expert_data_parallel`).
     data_parallel_size: int = 1
+    #: ``--enable-expert-parallel``: a MoE model's routed experts split whole over ``tp x dp`` ranks
+    #: (:meth:`expert_parallel_size`) instead of each expert sliced over them; refused for a dense model, as vLLM
+    #: refuses it (:func:`resolve_engine_config`).
+    enable_expert_parallel: bool = False
 
     @property
     def world_size(self) -> int:
@@ -143,6 +147,34 @@ class EngineConfig:
             (1, 2, 2, 1)
         """
         return max(1, self.data_parallel_size) if is_moe else 1
+
+    def expert_parallel_size(self, is_moe: bool) -> int:
+        """The ranks a MoE layer's experts are split over whole (vLLM's ``ep_size``): ``tp x dp`` under
+        ``--enable-expert-parallel``, 1 without it, for a dense model, or where ``tp x dp`` is 1.
+
+        ``FusedMoEParallelConfig.make``: ``use_ep = dp x tp > 1 and enable_expert_parallel``, then ``ep_size`` is the
+        flattened ``tp x dp`` and the layer's own ``tp_size`` 1 ("In EP, each device owns a set of experts fully";
+        ``model_executor/layers/fused_moe/config.py:703-731@0.11.0``, ``:1204-1250@0.26.0``).
+
+        Example:
+            >>> from servetune.planner.gpus import get_gpu
+            >>> from servetune.planner.modelinfo import load_model
+            >>> m = load_model("qwen3-30b-a3b")
+            >>> c = resolve_engine_config({"tensor_parallel_size": 2, "data_parallel_size": 2,
+            ...                            "enable_expert_parallel": True}, m, get_gpu("H100-80GB"))
+            >>> c.expert_parallel_size(True), c.expert_tensor_parallel_size(True), c.expert_tensor_parallel_size(False)
+            (4, 1, 2)
+        """
+        if not (self.enable_expert_parallel and is_moe):
+            return 1
+        return self.tensor_parallel_size * self.expert_data_parallel(is_moe)
+
+    def expert_tensor_parallel_size(self, is_moe: bool) -> int:
+        """The ranks each routed expert's intermediate width is sliced over: 1 under expert parallelism, else
+        ``tp x dp`` for a MoE model (:meth:`expert_data_parallel`) and ``tp`` for a dense one."""
+        if self.expert_parallel_size(is_moe) > 1:
+            return 1
+        return self.tensor_parallel_size * self.expert_data_parallel(is_moe)
 
     @property
     def version(self) -> Version:
@@ -242,6 +274,8 @@ class EngineConfig:
             out["disable_custom_all_reduce"] = True  # vLLM's default (False) is not written out
         if self.data_parallel_size > 1:
             out["data_parallel_size"] = self.data_parallel_size
+        if self.enable_expert_parallel:
+            out["enable_expert_parallel"] = True  # vLLM's default (False) is not written out
         if self.mamba_cache_mode != "none" and self.version >= MAMBA_CACHE_MODE_FLAG:
             out["mamba_cache_mode"] = self.mamba_cache_mode  # vLLM's own default for the model, written out
         return out
@@ -435,7 +469,29 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         mamba_block_size=mamba_block,
         disable_custom_all_reduce=bool(f.get("disable_custom_all_reduce", False)),
         data_parallel_size=int(f.get("data_parallel_size", 1)),
+        enable_expert_parallel=_expert_parallel(f, model),
     )
+
+
+def _expert_parallel(flags: Mapping[str, Any], model: ModelProfile) -> bool:
+    """``enable_expert_parallel`` as vLLM takes it: refused for a model without routed experts, with vLLM's own
+    text (``ModelConfig._verify_with_expert_parallelism``, ``config/model.py:1001-1016@0.11.0``, called at
+    ``:1054-1055``; ``:1177-1182@0.26.0``, called at ``:1237-1238``: ``ValueError`` at startup).
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> resolve_engine_config({"enable_expert_parallel": True}, load_model("llama-3.1-8b"), get_gpu("H100-80GB"))
+        Traceback (most recent call last):
+        ...
+        servetune.errors.SpecError: enable_expert_parallel: Number of experts in the model must be greater than 0 when expert parallelism is enabled. (fix: leave enable_expert_parallel out for llama-3.1-8b, which has no routed experts)
+    """
+    on = bool(flags.get("enable_expert_parallel", False))
+    if on and not model.is_moe:
+        raise SpecError("enable_expert_parallel", "Number of experts in the model must be greater than 0 when expert "
+                        "parallelism is enabled.", f"leave enable_expert_parallel out for {model.name}, which has no "
+                        "routed experts")
+    return on
 
 
 def _weight_format(flags: Mapping[str, Any], model: ModelProfile) -> tuple[str, str | None]:

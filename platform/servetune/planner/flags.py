@@ -62,6 +62,8 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
     _F("pipeline_parallel_size", int, "pipeline stages", 1, 64),
     _F("data_parallel_size", int, "replicas of the TP x PP engine behind one API server (a MoE model's experts split "
        "over TP x DP GPUs)", 1, 64),
+    _F("enable_expert_parallel", bool, "a MoE model's routed experts split whole over the TP x DP ranks (expert "
+       "parallelism) instead of each expert sliced over them"),
     _F("disable_custom_all_reduce", bool, "TP all-reduces through NCCL only, without vLLM's custom all-reduce kernel"),
     _F("enforce_eager", bool, "no torch.compile and no CUDA graphs"),
     _F("max_cudagraph_capture_size", int, "largest batch captured as a CUDA graph", 1, 8192),
@@ -141,9 +143,6 @@ def _as_typed(field: str, name: str, text: str) -> str:
 #: vLLM flags servetune knows but does not model yet: each is refused in one line that says so (not
 #: as an unknown flag), with what to plan instead.
 NOT_MODELLED: dict[str, str] = {
-    "enable_expert_parallel": "expert parallelism (experts spread over the TP x DP ranks, all-to-all) is not modelled "
-                              "by the planner or the simulator: plan the model with its experts split by "
-                              "tensor_parallel_size",
     "mamba_block_size": "a user Mamba block size (prefix caching's block for Mamba layers) is not modelled by the "
                         "planner: plan the model's own (the Mamba2 chunk in 'all' mode, the attention block in "
                         "'align')",
@@ -157,9 +156,11 @@ def validate_flag(name: str, value: Any, field: str | None = None) -> Any:
 
     Example:
         >>> validate_flag("enable_expert_parallel", True)
+        True
+        >>> validate_flag("speculative_config", "ngram")
         Traceback (most recent call last):
         ...
-        servetune.errors.SpecError: enable_expert_parallel: expert parallelism (experts spread over the TP x DP ranks, all-to-all) is not modelled by the planner or the simulator: plan the model with its experts split by tensor_parallel_size (fix: leave enable_expert_parallel out)
+        servetune.errors.SpecError: speculative_config: speculative decoding is not modelled by the planner or the simulator: plan the model without a draft (fix: leave speculative_config out)
     """
     field = field or name
     spec = FLAGS.get(name)

@@ -189,7 +189,9 @@ def _text_profile_peak(model: ModelProfile, config: EngineConfig, *, last_stage:
     # before, freed after each layer, they count in the forward only (VllmMemoryRules.moe_workspace_kept)
     # Under DP (a MoE model, no expert parallelism) each MoE layer all-gathers every replica's dummy batch, the
     # profile run's ranks padded alike (EngineConfig.expert_data_parallel), and runs it on experts split over tp x dp.
-    workspace = moe_workspace_bytes(model, tokens * dp, config.tensor_parallel_size * dp) \
+    # Under --enable-expert-parallel the kernel runs whole experts: N = 2 x intermediate, not sliced
+    # (TritonExperts.workspace_shapes: fused_moe/experts/triton_moe.py:181-196@0.26.0, N from the local w13).
+    workspace = moe_workspace_bytes(model, tokens * dp, config.expert_tensor_parallel_size(model.is_moe)) \
         if config.rules.moe_workspace_kept else 0
     inter = model.expert_intermediate_size * model.num_experts_per_tok if model.is_moe and not workspace \
         else (0 if model.is_moe else model.intermediate_size)

@@ -854,7 +854,7 @@ def class_notes(model: Any, max_num_batched_tokens: int, in_flight_tokens: int |
     return notes
 
 
-def mxfp4_expert_bytes(model: Any, tp: int, scale_copies: int = 2) -> int:
+def mxfp4_expert_bytes(model: Any, tp: int, scale_copies: int = 2, experts: int | None = None) -> int:
     """One MoE layer's MXFP4 experts on one TP rank as vLLM's Triton backend holds them after loading.
 
     ``I = round_up(intermediate / TP, 64)`` (``mxfp4_round_up_hidden_size_and_intermediate_size``); per
@@ -862,7 +862,8 @@ def mxfp4_expert_bytes(model: Any, tp: int, scale_copies: int = 2) -> int:
     e8m0 scales (one per 32 values: before vLLM 0.26 the loaded ``w13/w2_weight_scale`` stay on the layer
     beside the swizzled ones; 0.26 deletes them, see
     :attr:`~servetune.planner.vllm_rules.VllmMemoryRules.mxfp4_keeps_loaded_scales`), and the ``2I + H``
-    biases in bf16 and again in fp32; plus :data:`MXFP4_LAYER_BYTES`.
+    biases in bf16 and again in fp32; plus :data:`MXFP4_LAYER_BYTES`. ``experts``: the experts the rank holds
+    (under expert parallelism :func:`~servetune.planner.modelinfo.local_experts`, ``tp`` 1); None: all of them.
 
     Example:
         >>> from servetune.planner.modelinfo import load_model
@@ -874,7 +875,7 @@ def mxfp4_expert_bytes(model: Any, tp: int, scale_copies: int = 2) -> int:
     values = 3 * model.hidden_size * inter
     biases = 2 * inter + model.hidden_size
     per_expert = values // 2 + scale_copies * (values // 32) + biases * (2 + 4)
-    return model.num_experts * per_expert + MXFP4_LAYER_BYTES
+    return (model.num_experts if experts is None else experts) * per_expert + MXFP4_LAYER_BYTES
 
 
 def as_loaded_on(model: Any, gpu: Any, rules: Any = None) -> Any:

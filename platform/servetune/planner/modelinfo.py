@@ -33,7 +33,7 @@ from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import MAX_JSON_INT, finite, read_json_file, shown
 from servetune.planner import modelclass
 
-__all__ = ["ModelProfile", "load_model", "known_models", "profile_from_config", "hf_cache_dir"]
+__all__ = ["ModelProfile", "load_model", "known_models", "profile_from_config", "hf_cache_dir", "local_experts"]
 
 _DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "models"
 
@@ -78,6 +78,22 @@ _HF_ALIASES = {
     "meta-llama/llama-3.3-70b-instruct": "llama-3.3-70b",
     "deepseek-ai/deepseek-r1": "deepseek-r1",
 }
+
+
+def local_experts(num_experts: int, ep_size: int, ep_rank: int = 0) -> int:
+    """The routed experts one rank holds under expert parallelism: vLLM's ``determine_expert_map`` (the default
+    "linear" placement) gives every rank ``num_experts // ep_size`` and one more to each of the first
+    ``num_experts % ep_size`` ranks (``model_executor/layers/fused_moe/layer.py:786-824@0.11.0``,
+    ``fused_moe/expert_map_manager.py:22-69@0.26.0``), so rank 0 holds the most. ``ep_size`` 1: every expert.
+
+    Example:
+        >>> local_experts(128, 4), local_experts(60, 8), local_experts(60, 8, ep_rank=7), local_experts(8, 1)
+        (32, 8, 7, 8)
+    """
+    if ep_size <= 1:
+        return num_experts
+    base, remainder = divmod(num_experts, ep_size)
+    return base + 1 if ep_rank < remainder else base
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,9 +186,9 @@ class ModelProfile:
         return "mamba" in self.layer_types or "parallel" in self.layer_types
 
     def _hybrid_layer_elems(self, kind: str, tp: int = 1, active_only: bool = False,
-                            moe_tp: int = 0) -> tuple[int, int, int]:
+                            moe_tp: int = 0, moe_ep: int = 1) -> tuple[int, int, int]:
         """``(linear, plain, fp32)`` elements of one hybrid layer on one TP rank, as vLLM builds it (routed experts
-        split over ``moe_tp`` ranks, ``tp`` when 0: :meth:`_expert_params`).
+        split over ``moe_tp`` ranks, ``tp`` when 0, and whole over ``moe_ep`` ranks: :meth:`_expert_params`).
 
         A Mamba layer's ``MambaMixer2`` (``layers/mamba/mamba_mixer2.py`` of 0.26.0, lines 313-480): ``in_proj``
         ``hidden -> inner + conv_dim + heads`` and ``out_proj`` ``inner -> hidden`` (quantizable), ``conv1d``
@@ -218,7 +234,8 @@ class ModelProfile:
                 plain += 2 * self.head_dim  # Qwen3NextAttention's q_norm, k_norm
         matrices = 3 if self.ffn_gated else 2
         if (every_layer_ffn and self.is_moe) or kind == "moe":
-            linear += self._expert_params(moe_tp or tp, active_only) + matrices * h * self.shared_expert_intermediate_size // tp
+            linear += self._expert_params(moe_tp or tp, active_only, moe_ep) \
+                + matrices * h * self.shared_expert_intermediate_size // tp
             linear += 2 * h * self.moe_latent_size  # latent MoE's fc1 / fc2 projections (replicated)
             router = h * self.num_experts  # replicated
             plain += 0 if self.router_fp32 else router
@@ -272,8 +289,8 @@ class ModelProfile:
         """
         return self.mamba_inner + 2 * self.mamba_groups_on(tp) * self.mamba_d_state
 
-    def _hybrid_layer_bytes(self, kind: str, tp: int, moe_tp: int = 0) -> float:
-        linear, plain, fp32 = self._hybrid_layer_elems(kind, tp, moe_tp=moe_tp)
+    def _hybrid_layer_bytes(self, kind: str, tp: int, moe_tp: int = 0, moe_ep: int = 1) -> float:
+        linear, plain, fp32 = self._hybrid_layer_elems(kind, tp, moe_tp=moe_tp, moe_ep=moe_ep)
         return linear * self.weight_bytes_per_param + plain * self.dtype_bytes + 4 * fp32
 
     @property
@@ -325,23 +342,25 @@ class ModelProfile:
         """The routed experts' hidden width: ``moe_latent_size`` for a latent MoE, else ``hidden_size``."""
         return self.moe_latent_size or self.hidden_size
 
-    def _expert_params(self, tp: int = 1, active_only: bool = False) -> int:
+    def _expert_params(self, tp: int = 1, active_only: bool = False, ep: int = 1) -> int:
         """Routed-expert weight elements of one MoE layer on one TP rank (0 for a dense model): gate, up and down
         per expert, or up and down where the FFN is not gated (``ffn_gated`` False: Nemotron-H's relu2 experts).
-        ``tp`` is the split of the experts, which under data parallelism is ``tp x dp`` (:meth:`stage_weight_bytes`)."""
+        ``tp`` is the split of each expert's width, which under data parallelism is ``tp x dp``
+        (:meth:`stage_weight_bytes`); ``ep`` > 1 (expert parallelism, ``tp`` 1) holds :func:`local_experts` whole
+        experts, rank 0's."""
         if not self.is_moe:
             return 0
-        experts = self.num_experts_per_tok if active_only else self.num_experts
+        experts = self.num_experts_per_tok if active_only else local_experts(self.num_experts, ep)
         matrices = 3 if self.ffn_gated else 2
         return experts * matrices * self.expert_hidden_size * self.expert_intermediate_size // tp
 
     def _layer_linear_params(self, tp: int = 1, active_only: bool = False, dense: bool = False,
-                             moe_tp: int = 0) -> int:
+                             moe_tp: int = 0, moe_ep: int = 1) -> int:
         """Linear-layer weight elements of one decoder layer on one TP rank (``dense``: a MoE model's dense layer;
-        routed experts split over ``moe_tp`` ranks, ``tp`` when 0)."""
+        routed experts split over ``moe_tp`` ranks, ``tp`` when 0, and whole over ``moe_ep`` ranks)."""
         attn = self._attention_params(tp)
         if self.is_moe and not dense:
-            mlp = self._expert_params(moe_tp or tp, active_only)
+            mlp = self._expert_params(moe_tp or tp, active_only, moe_ep)
             mlp += 3 * self.hidden_size * self.shared_expert_intermediate_size // tp
         else:
             mlp = 3 * self.hidden_size * self.intermediate_size // tp  # gate, up, down
@@ -419,7 +438,8 @@ class ModelProfile:
         """KV heads on each TP rank: ``max(1, kv_heads // tp)`` (replicated when TP > KV heads)."""
         return max(1, self.num_kv_heads // tp)
 
-    def stage_weight_bytes(self, tp: int, pp: int, mxfp4_scale_copies: int = 2, dp: int = 1) -> list[int]:
+    def stage_weight_bytes(self, tp: int, pp: int, mxfp4_scale_copies: int = 2, dp: int = 1,
+                           expert_parallel: bool = False) -> list[int]:
         """Weight bytes on one TP rank of each pipeline stage (of one data-parallel replica).
 
         Sharded matrices and the vocab-parallel embedding / LM head are divided by ``tp``; norms and
@@ -433,12 +453,19 @@ class ModelProfile:
         stage also holds the rotary ``cos_sin_cache`` buffer (``max_position * head_dim`` in the
         model dtype), which vLLM's "Model loading took" figure includes: with it Llama-3.1-8B comes
         to the 14.99 GiB that vLLM reports for it, without it 14.96.
+
+        ``expert_parallel`` (``--enable-expert-parallel``): the routed experts are not sliced but split whole over
+        the ``tp x dp`` ranks (``ep_size``, ``FusedMoEParallelConfig.make``: config.py:703-731@0.11.0,
+        :1204-1250@0.26.0), rank 0 holding :func:`local_experts` of them at their full width; attention, shared
+        experts, the router and everything else stay one replica's ``tp`` shard.
         """
         layers = self.stage_layers(pp)
         act = self.dtype_bytes
-        moe_tp = tp * max(1, dp)
+        moe_tp, moe_ep = tp * max(1, dp), 1
+        if expert_parallel and self.is_moe and moe_tp > 1:
+            moe_tp, moe_ep = 1, moe_tp
         layer_bytes = [self._layer_bytes(tp, dense=True),
-                       self._layer_bytes(tp, scale_copies=mxfp4_scale_copies, moe_tp=moe_tp)]
+                       self._layer_bytes(tp, scale_copies=mxfp4_scale_copies, moe_tp=moe_tp, moe_ep=moe_ep)]
         vocab = self._vocab_rows(tp) * self.hidden_size * act
         rotary_dim = self.mla_rope_dim or self.rotary_dim or self.head_dim
         rotary = 0 if self.no_rope else (self.max_model_len_limit + self.extra_rotary_positions) * rotary_dim * act
@@ -447,7 +474,8 @@ class ModelProfile:
         for stage, n in enumerate(layers):
             dense = max(0, min(self._dense_layers() - first, n))
             if self.is_hybrid:
-                b = sum(self._hybrid_layer_bytes(k, tp, moe_tp) for k in self.layer_types[first:first + n]) + rotary
+                b = sum(self._hybrid_layer_bytes(k, tp, moe_tp, moe_ep) for k in self.layer_types[first:first + n]) \
+                    + rotary
             else:
                 b = dense * layer_bytes[0] + (n - dense) * layer_bytes[1] + rotary
             first += n
@@ -460,16 +488,18 @@ class ModelProfile:
             out.append(int(b))
         return out
 
-    def _layer_bytes(self, tp: int, dense: bool = False, scale_copies: int = 2, moe_tp: int = 0) -> float:
+    def _layer_bytes(self, tp: int, dense: bool = False, scale_copies: int = 2, moe_tp: int = 0,
+                     moe_ep: int = 1) -> float:
         """Bytes of one decoder layer on one TP rank as vLLM loads it (see :mod:`modelclass` for MLA, MXFP4;
-        routed experts split over ``moe_tp`` ranks, ``tp`` when 0)."""
+        routed experts split over ``moe_tp`` ranks, ``tp`` when 0, and whole over ``moe_ep`` ranks)."""
         act = self.dtype_bytes
         moe_tp = moe_tp or tp
         plain = self._layer_plain_params(tp, dense) * act
-        linear = self._layer_linear_params(tp, dense=dense, moe_tp=moe_tp)
+        linear = self._layer_linear_params(tp, dense=dense, moe_tp=moe_tp, moe_ep=moe_ep)
         if self.quantized_experts_only and self.is_moe and not dense:
-            return (plain + (linear - self._expert_params(moe_tp)) * act
-                    + modelclass.mxfp4_expert_bytes(self, moe_tp, scale_copies))
+            return (plain + (linear - self._expert_params(moe_tp, ep=moe_ep)) * act
+                    + modelclass.mxfp4_expert_bytes(self, moe_tp, scale_copies,
+                                                    experts=local_experts(self.num_experts, moe_ep)))
         b = plain + linear * self.weight_bytes_per_param
         if self.is_moe and not dense:  # fp32 router weight (GLM-4.5) and score-correction bias: 4 bytes, not act
             b += (4 - act) * ((self.hidden_size * self.num_experts if self.router_fp32 else 0)
@@ -479,10 +509,10 @@ class ModelProfile:
             b += self.mla_kv_lora_rank * (self.num_attention_heads // tp) * (self.mla_nope_dim + self.mla_v_dim) * act
         return b
 
-    def weight_bytes_per_gpu(self, tp: int, pp: int, dp: int = 1) -> int:
-        """Weight bytes on the most loaded GPU (vLLM's "Model loading took ... GiB" on that rank; ``dp``:
-        :meth:`stage_weight_bytes`)."""
-        return max(self.stage_weight_bytes(tp, pp, dp=dp))
+    def weight_bytes_per_gpu(self, tp: int, pp: int, dp: int = 1, expert_parallel: bool = False) -> int:
+        """Weight bytes on the most loaded GPU (vLLM's "Model loading took ... GiB" on that rank; ``dp`` and
+        ``expert_parallel``: :meth:`stage_weight_bytes`)."""
+        return max(self.stage_weight_bytes(tp, pp, dp=dp, expert_parallel=expert_parallel))
 
     def kv_bytes_per_token(self, tp: int, pp: int, kv_cache_dtype: str = "auto") -> int:
         """KV-cache bytes one token takes on one GPU of the stage with the most layers.

@@ -75,7 +75,7 @@ def tuned_tile_table() -> tuple[str, dict[str, tuple[tuple[int, int, int], ...]]
     return str(data["vllm_version"]), tiles
 
 
-def tuned_moe_tiles(model: Any, gpu_name: str, tp: int) -> tuple[tuple[int, int, int], ...]:
+def tuned_moe_tiles(model: Any, gpu_name: str, tp: int, experts: int | None = None) -> tuple[tuple[int, int, int], ...]:
     """The tiles of the tuned fused-MoE config vLLM 0.11.0 ships for this model's experts on ``gpu_name``
     at ``tp`` (no expert parallelism): ``((M, BLOCK_SIZE_M, BLOCK_SIZE_N), ...)`` by batch key, or ``()``
     where it ships none, the experts are neither unquantized nor block-quantized fp8 (the formats whose
@@ -87,7 +87,7 @@ def tuned_moe_tiles(model: Any, gpu_name: str, tp: int) -> tuple[tuple[int, int,
         >>> tiles[-1], tuned_moe_tiles(load_model("qwen3-30b-a3b"), "H100-80GB", tp=1)  # N=768: none
         ((4096, 128, 128), ())
     """
-    config = moe_kernel_config(model, gpu_name, tp)
+    config = moe_kernel_config(model, gpu_name, tp, experts=experts)
     if config is None or (model.quantization and not model.quant_block_k):  # only these two formats' files kept
         return ()
     return tuned_tile_table()[1].get(config.file_name.removesuffix(".json"), ())
@@ -105,21 +105,24 @@ def _dtype_selector(model: Any, quantization: str | None) -> str | None:
     return None  # MXFP4 (triton_kernels), w4a16 (Marlin), ...: other kernels, other tuning
 
 
-def moe_kernel_config(model: Any, gpu_name: str, tp: int, quantization: str | None = None) -> MoeKernelConfig | None:
-    """The fused-MoE tuned config vLLM would look for at ``tp`` (no expert parallelism), or None
-    where the model has no routed experts, its experts run another kernel, or the GPU's torch name
-    is not known."""
+def moe_kernel_config(model: Any, gpu_name: str, tp: int, quantization: str | None = None,
+                      experts: int | None = None) -> MoeKernelConfig | None:
+    """The fused-MoE tuned config vLLM would look for at ``tp``, or None where the model has no routed experts,
+    its experts run another kernel, or the GPU's torch name is not known. ``experts``: the experts a rank holds
+    under expert parallelism (``tp`` 1): vLLM names the file by the layer's local ``E = w1.size(0)``; None: all."""
     device = TORCH_DEVICE_NAMES.get(gpu_name)
     selector = _dtype_selector(model, quantization) if model.is_moe else None
     if device is None or selector is None or model.quantized_experts_only:
         return None
     n = model.expert_intermediate_size // tp
-    name = f"E={model.num_experts},N={n},device_name={device}{selector}.json"
+    e = model.num_experts if experts is None else experts
+    name = f"E={e},N={n},device_name={device}{selector}.json"
     version, files = tuned_config_files()
     return MoeKernelConfig(name, name in files, version)
 
 
-def moe_kernel_note(model: Any, gpu_name: str, tp: int, quantization: str | None = None) -> str | None:
+def moe_kernel_note(model: Any, gpu_name: str, tp: int, quantization: str | None = None,
+                    experts: int | None = None) -> str | None:
     """``plan``'s line when vLLM will run this model's experts on its default (untuned) tile, else None.
 
     Example:
@@ -127,7 +130,7 @@ def moe_kernel_note(model: Any, gpu_name: str, tp: int, quantization: str | None
         >>> print(moe_kernel_note(load_model("qwen3-30b-a3b"), "H100-80GB", 1))  # doctest: +ELLIPSIS
         fused-MoE kernel: vLLM 0.26.0 ships no tuned config E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3.json...
     """
-    k = moe_kernel_config(model, gpu_name, tp, quantization)
+    k = moe_kernel_config(model, gpu_name, tp, quantization, experts=experts)
     if k is None or k.tuned:
         return None
     return (f"fused-MoE kernel: vLLM {k.vllm_version} ships no tuned config {k.file_name}, so it runs the default "

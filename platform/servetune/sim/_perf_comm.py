@@ -127,7 +127,20 @@ class CommTerms:
         the experts stays (``FusedMoE.maybe_all_reduce_tensor_model_parallel``,
         ``fused_moe/layer.py:1696-1703@0.14.1``, over the replica's TP group) and is priced with the others;
         the per-step all-reduce of the replicas' token counts (``v1/worker/dp_utils.py:38-56@0.14.1``)
-        is not priced."""
+        is not priced.
+
+        Under ``--enable-expert-parallel`` the same two collectives are the dispatch and combine of vLLM's default
+        all2all backend, ``allgather_reducescatter`` (``VLLM_ALL2ALL_BACKEND``'s default, ``envs.py:1240-1246@0.11.0``;
+        ``ParallelConfig.all2all_backend``, ``config/parallel.py:186@0.26.0``, which reads the removed ``naive`` and
+        ``pplx`` as it, ``:448-454``): ``AgRsAll2AllManager.dispatch`` all-gathers the hidden states and router
+        logits over the DP group and ``combine`` reduce-scatters the output
+        (``distributed/device_communicators/all2all.py:106-140@0.11.0``, ``:43-140@0.26.0``), so they are priced as
+        above. With TP > 1 too vLLM runs them over the expert group on 1/TP of each replica's tokens (sequence
+        parallel MoE, ``ParallelConfig.use_sequence_parallel_moe``): the bytes a rank receives are about the same,
+        and that variant is not priced apart. At ``dp`` 1 expert parallelism moves no tokens
+        (``FusedMoEParallelConfig.use_all2all_kernels`` needs ``dp_size > 1``: ``fused_moe/config.py:603-604@0.11.0``,
+        ``:1052-1055@0.26.0``): every rank holds the batch and the experts' partial sums are all-reduced over TP
+        as without it (``fused_moe/layer.py:2066-2068@0.11.0``), priced with the TP all-reduces."""
         self._t_dp_fixed = self._t_dp_token = 0.0
         if dp < 2 or moe_layers <= 0:
             return

@@ -110,7 +110,7 @@ class GemmTerms:
     _gemm_memo: dict[tuple[int, int], float]
 
     def _init_classes(self, model: ModelProfile, gpu: GpuSpec, tp: int, layers: int, mem_rate: float,
-                      cal: Calibration, dp: int = 1) -> None:
+                      cal: Calibration, dp: int = 1, ep: int = 1) -> None:
         """The GEMMs of a MoE, quantized or sliding-window model, from :mod:`servetune.sim.perf_classes`.
 
         Every GEMM carries its own weight bytes and FLOP rate (its FLOPs are stored in bf16-rate
@@ -118,6 +118,9 @@ class GemmTerms:
         ``dp`` > 1 (DP replicas without expert parallelism): the routed experts split over ``tp x dp``
         GPUs (:func:`~servetune.sim.perf_classes.moe_parallel_size`), their activations moved for every
         replica's tokens (:func:`~servetune.sim.perf_classes.moe_step_tokens`); the other GEMMs stay at ``tp``.
+        ``ep`` > 1 (``--enable-expert-parallel``, ``EngineConfig.expert_parallel_size``: ``tp x dp``): the rank's own
+        whole experts instead, at the share of the routed rows uniform routing sends them
+        (:func:`~servetune.sim.perf_classes.moe_shape`); the tokens are every replica's as under DP without it.
         """
         bf16_rate = gpu.bf16_tflops * 1e12 * cal.compute_efficiency
         self._flop_rate = bf16_rate
@@ -127,7 +130,8 @@ class GemmTerms:
         act = sum(2.0 * (g.n + g.k) * g.layers for g in specs)
         vocab, d = self._head[0], self._head[1]
         self._head = (vocab, d, vocab * d * model.dtype_bytes / mem_rate, 2.0 * vocab * d)
-        self._moe = perf_classes.moe_shape(model, gpu, perf_classes.moe_parallel_size(tp, dp), layers)
+        split = 1 if ep > 1 else perf_classes.moe_parallel_size(tp, dp)
+        self._moe = perf_classes.moe_shape(model, gpu, split, layers, ep=ep)
         if self._moe is not None:
             m = self._moe
             # Each routed row reads its token (H) and writes 2I (non-gated: I), then reads I and writes H,

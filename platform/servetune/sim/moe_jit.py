@@ -49,6 +49,8 @@ What vLLM's source says (read at 0.11.0, 0.14.1, 0.19.0 and 0.26.0; ``file:line@
 * **Under DP** (``EngineConfig.data_parallel_size``, no expert parallelism) the experts are split over
   ``tp x dp`` GPUs (their tuned file is looked up at that width) and the kernel's ``M`` is every replica's
   tokens, each replica's step padded alike (``sim.perf_classes.moe_parallel_size``, ``moe_step_tokens``).
+  Under ``--enable-expert-parallel`` the rank's own experts, whole: vLLM looks the tuned file up by the local
+  ``E`` and the whole ``N`` (a published vLLM 0.10.2 start at TP=8 logs ``E=16,N=1536`` for Qwen3-235B-A22B).
 
 Example:
     >>> from servetune.planner.gpus import get_gpu
@@ -68,6 +70,7 @@ import bisect
 import dataclasses
 from typing import TYPE_CHECKING
 
+from servetune.planner.modelinfo import local_experts
 from servetune.planner.moe_kernels import moe_kernel_config, tuned_moe_tiles
 from servetune.sim.perf_classes import moe_parallel_size, moe_step_tokens
 from servetune.vllm_version import version_tuple
@@ -177,12 +180,15 @@ def moe_jit_rule(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -> Moe
     if not model.is_moe or model.quantization or model.num_experts_per_tok < 1:
         return None
     tp = moe_parallel_size(config.tensor_parallel_size, config.data_parallel_size)  # the experts' split under DP
-    if moe_kernel_config(model, gpu.name, tp) is None:
+    ep = config.expert_parallel_size(model.is_moe)  # or whole experts, the rank's own (vLLM names E = local experts)
+    experts = local_experts(model.num_experts, ep) if ep > 1 else None
+    tp = 1 if ep > 1 else tp
+    if moe_kernel_config(model, gpu.name, tp, experts=experts) is None:
         return None
     mnbt = config.max_num_batched_tokens
-    return MoeJitRule(num_experts=model.num_experts, top_k=model.num_experts_per_tok,
+    return MoeJitRule(num_experts=experts or model.num_experts, top_k=model.num_experts_per_tok,
                       version=version_tuple(config.vllm_version) or (0, 0, 0),
-                      tuned=tuned_moe_tiles(model, gpu.name, tp),
+                      tuned=tuned_moe_tiles(model, gpu.name, tp, experts=experts),
                       capture_sizes=() if config.enforce_eager else tuple(config.cudagraph_capture_sizes),
                       startup_tokens=(mnbt, min(config.max_num_seqs, mnbt)),
                       data_parallel_size=max(1, config.data_parallel_size))

@@ -67,6 +67,10 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   table's bandwidth, and the step pays the sampler's extra eager launches. Every calibration window
   was greedy, so greedy requests pay nothing here; a version whose sampling path was not read
   pays nothing either (``PerfModel.sampler_path`` says so).
+* Under ``--enable-expert-parallel`` (``EngineConfig.expert_parallel_size``: ``tp x dp``) each GPU runs its own
+  whole experts for uniform routing's share of the routed rows (:func:`servetune.sim.perf_classes.moe_shape`);
+  at DP=1 no token moves, under DP the same all-gather and reduce-scatter as below (vLLM's default all2all
+  backend, ``allgather_reducescatter``).
 * DP replicas of a MoE model (``EngineConfig.data_parallel_size``, without expert parallelism) share
   their routed experts: vLLM splits each expert over all ``tp x dp`` GPUs and each MoE layer runs every
   replica's tokens (:func:`servetune.sim.perf_classes.moe_parallel_size`,
@@ -231,7 +235,7 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         rules = cal.class_rules >= 0.5
         self._version = config.version
         if (rules and perf_classes.is_class_model(model)) or model.is_hybrid:
-            self._init_classes(model, gpu, tp, layers, mem_rate, cal, dp)
+            self._init_classes(model, gpu, tp, layers, mem_rate, cal, dp, config.expert_parallel_size(model.is_moe))
         # A hybrid's recurrent layers (perf_hybrid): attention, its fixed cost and the graph pieces by mixer.
         hybrid = self._init_hybrid(model, gpu, config, tp, layers, mem_rate, cal)
         attn_layers = hybrid.attention_layers if hybrid else layers

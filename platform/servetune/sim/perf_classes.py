@@ -36,7 +36,9 @@ byte), so the dense fidelity figures do not move.
   Under data parallelism without expert parallelism (``--data-parallel-size D``, ``--tensor-parallel-size
   T``) the routed experts are one tensor-parallel layer over all ``T x D`` GPUs and each MoE layer runs
   every replica's tokens (:func:`moe_parallel_size`, :func:`moe_step_tokens`); attention and the dense
-  parts stay per replica at TP=T.
+  parts stay per replica at TP=T. Under ``--enable-expert-parallel`` each of the ``T x D`` GPUs holds its own
+  whole experts instead and runs uniform routing's share of the rows (:func:`moe_shape` with ``ep``); the
+  unquantized path stays Triton (FlashInfer's CUTLASS MoE for EP needs ``VLLM_USE_FLASHINFER_MOE_FP16=1``).
 * **Quantized weights** (:func:`weight_format`): fp8 checkpoints and ``--quantization fp8`` read 1 byte
   a weight and run on the fp8 tensor cores where the GPU has them (``GpuSpec.fp8_tflops``, compute
   capability >= 8.9); below that vLLM serves fp8 weight-only through Marlin (1 byte plus one bf16
@@ -62,6 +64,7 @@ import math
 from typing import TYPE_CHECKING
 
 from servetune.planner import moe_kernels
+from servetune.planner.modelinfo import local_experts
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -309,8 +312,10 @@ class ClassGemm:
 class MoeShape:
     """The routed experts of a MoE model on one TP rank."""
 
-    experts: int
-    top_k: int
+    experts: int  # the routed experts on this rank: all of them, or under expert parallelism the rank's own
+    #: Routed rows per step token on this rank's experts: ``num_experts_per_tok``, or under expert parallelism
+    #: ``num_experts_per_tok x experts / num_experts`` (uniform routing's expectation; :func:`moe_shape`).
+    top_k: float
     hidden: int
     inter: int  # one expert's intermediate width on this rank (intermediate / tp)
     layers: int  # MoE layers on the stage
@@ -338,7 +343,7 @@ class MoeShape:
         return float(self.matrices) * self.hidden * self.inter * self.fmt.bytes_per_weight
 
 
-def distinct_experts(experts: int, top_k: int, tokens: int) -> float:
+def distinct_experts(experts: int, top_k: float, tokens: int) -> float:
     """Expected distinct experts ``tokens`` tokens touch, each picking ``top_k`` of ``experts`` uniformly.
 
     Example:
@@ -489,7 +494,7 @@ def prices_tile(shape: MoeShape, version: tuple[int, int, int]) -> bool:
     return tuple(version) >= MOE_TILE_BY_BATCH_SINCE or bool(shape.tuned_tiles) or shape.block_quant
 
 
-def moe_block_m(grouped_gemm: str, tokens: int, experts: int, top_k: int,
+def moe_block_m(grouped_gemm: str, tokens: int, experts: int, top_k: float,
                 version: tuple[int, int, int] = MOE_TILE_BY_BATCH_SINCE, block_quant: bool = False,
                 tuned: tuple[tuple[int, int, int], ...] = ()) -> int:
     """The rows per block the grouped GEMM pads each expert's tokens to, for a batch of ``tokens``.
@@ -518,7 +523,7 @@ def moe_block_m(grouped_gemm: str, tokens: int, experts: int, top_k: int,
     return 64
 
 
-def expected_row_blocks(tokens: int, experts: int, top_k: int, block_m: int) -> float:
+def expected_row_blocks(tokens: int, experts: int, top_k: float, block_m: int) -> float:
     """Expected row blocks of ``block_m`` over all experts, each expert's row count binomial
     (``tokens`` tokens, each routed to a given expert with probability ``top_k / experts``):
     ``experts x sum_j P(rows > j block_m)``. With ``block_m`` at or above every count this is
@@ -553,7 +558,7 @@ def expected_row_blocks(tokens: int, experts: int, top_k: int, block_m: int) -> 
     return experts * total
 
 
-def moe_row_fill(tokens: int, experts: int, top_k: int, block_m: int) -> float:
+def moe_row_fill(tokens: int, experts: int, top_k: float, block_m: int) -> float:
     """Share of the padded row blocks' rows that carry a token: ``tokens x top_k`` over
     :func:`expected_row_blocks` x ``block_m``.
 
@@ -695,8 +700,8 @@ def moe_parallel_size(tp: int, data_parallel_size: int = 1) -> int:
     returns the size ``flatten_tp_across_dp_and_pcp`` gives (:882-891, ``dp_size * pcp_size * tp_size``)
     as the layer's ``tp_size`` (:986-998), so each GPU holds ``intermediate / (tp x D)`` of every
     expert; read the same at 0.26.0 (``flatten_tp_across_dp_and_pcp``). Attention and the dense layers
-    keep ``tp``. With expert parallelism the experts are split whole instead (not modelled: the flag
-    is refused, ``planner.flags.NOT_MODELLED``).
+    keep ``tp``. With expert parallelism the experts are split whole instead, each at its full width
+    (:func:`moe_shape`'s ``ep``; ``EngineConfig.expert_parallel_size``).
 
     Example:
         >>> moe_parallel_size(4, 2), moe_parallel_size(8)
@@ -728,8 +733,22 @@ def moe_step_tokens(tokens: int, data_parallel_size: int = 1) -> int:
     return tokens * max(1, data_parallel_size)
 
 
-def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeShape | None:
-    """The routed experts on one TP rank of a stage of ``layers`` layers (None for a dense model)."""
+def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int, ep: int = 1) -> MoeShape | None:
+    """The routed experts on one TP rank of a stage of ``layers`` layers (None for a dense model).
+
+    ``ep`` > 1 (``--enable-expert-parallel``, ``tp`` then 1): the rank holds
+    :func:`~servetune.planner.modelinfo.local_experts` whole experts (rank 0's, the most), and of a step's
+    ``tokens x top_k`` routed rows the share ``local / num_experts`` lands on them: uniform routing's
+    expectation, not the busiest rank's load (vLLM's ``determine_expert_map``, linear placement). Every
+    expert then gets ``tokens x top_k / num_experts`` rows, as without expert parallelism, at the whole width.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m = moe_shape(load_model("qwen3-30b-a3b"), get_gpu("H100-80GB"), 1, 48, ep=4)
+        >>> m.experts, m.top_k, m.inter
+        (32, 2.0, 768)
+    """
     if not model.is_moe:
         return None
     moe_layers = layers - min(model.first_k_dense_replace, layers)
@@ -740,8 +759,10 @@ def moe_shape(model: ModelProfile, gpu: GpuSpec, tp: int, layers: int) -> MoeSha
     fused = kernel == "triton" and not model.quantized_experts_only
     if fused and model.quant_block_k and fmt.rate_scale > BLOCK_FP8_MOE_RATE_SCALE:
         fmt = WeightFormat(fmt.bytes_per_weight, BLOCK_FP8_MOE_RATE_SCALE)
-    tuned = moe_kernels.tuned_moe_tiles(model, gpu.name, tp) if fused else ()
-    return MoeShape(model.num_experts, model.num_experts_per_tok, model.expert_hidden_size,
+    experts = local_experts(model.num_experts, ep)
+    tuned = moe_kernels.tuned_moe_tiles(model, gpu.name, tp, experts=experts if ep > 1 else None) if fused else ()
+    top_k = model.num_experts_per_tok * experts / model.num_experts if ep > 1 else model.num_experts_per_tok
+    return MoeShape(experts, top_k, model.expert_hidden_size,
                     max(1, model.expert_intermediate_size // tp), moe_layers, fmt,
                     kernel, bool(model.quant_block_k), fused, 3 if model.ffn_gated else 2, tuned)
 

@@ -86,6 +86,7 @@ STATIC_DEFAULTS: Mapping[str, Any] = {
     "tensor_parallel_size": 1,
     "pipeline_parallel_size": 1,
     "data_parallel_size": 1,
+    "enable_expert_parallel": False,
     "enforce_eager": False,
     "disable_custom_all_reduce": False,
     "kv_cache_dtype": "auto",
@@ -569,6 +570,10 @@ def _builtin_violations(env: Mapping[str, Any], model: ModelProfile | None, gpu_
             out.append(f"tensor_parallel_size={tp} cannot replicate the model's {kv} KV heads evenly ({tp} is not divisible by {kv})")
         if pp > int(model.num_layers):
             out.append(f"pipeline_parallel_size={pp} exceeds the model's {model.num_layers} layers")
+        if env.get("enable_expert_parallel") is True and not model.is_moe:
+            # ModelConfig._verify_with_expert_parallelism (config/model.py:1177-1182@0.26.0)
+            out.append("enable_expert_parallel=True on a model without routed experts (vLLM: Number of experts in "
+                       "the model must be greater than 0 when expert parallelism is enabled.)")
     if gpu_count is not None and tp * pp * dp > gpu_count:
         out.append(f"tensor_parallel_size * pipeline_parallel_size = {tp}*{pp} = {tp * pp} GPUs, "
                    f"but the study has gpu.count={gpu_count}" if dp == 1 else
@@ -613,7 +618,7 @@ def _longest_sequence(workload: Workload) -> int:
 
 
 _BUILTIN_RULE_NAMES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_num_seqs",
-                       "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill")
+                       "max_num_batched_tokens", "max_model_len", "enable_chunked_prefill", "enable_expert_parallel")
 #: The flags that set a trial's GPUs (:func:`~servetune.planner.flags.gpus_needed`), listed even where the space is too
 #: large to list whole.
 _LAYOUT_FLAGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
