@@ -70,6 +70,12 @@ def pool() -> str | None:
     return os.environ.get("SERVETUNE_POOL") or None
 
 
+def ray_connect_wait_s() -> float:
+    """``SERVETUNE_RAY_CONNECT_WAIT_S``: how long a study waits for the Ray cluster ``RAY_ADDRESS`` names to
+    answer before it says so and stops (default 60 s: a head that is still starting gets that long)."""
+    return float(os.environ.get("SERVETUNE_RAY_CONNECT_WAIT_S", "60"))
+
+
 def startup_timeout_s() -> float:
     return float(os.environ.get("SERVETUNE_STARTUP_TIMEOUT_S", "600"))
 

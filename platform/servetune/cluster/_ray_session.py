@@ -34,12 +34,13 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
 __all__ = ["record_path", "record_local_session", "session_processes", "reap_leftovers", "start_local_ray",
-           "recorded_cluster", "LOOPBACK"]
+           "recorded_cluster", "cluster_endpoint", "wait_for_cluster", "LOOPBACK"]
 
 _PROC = Path("/proc")
 #: The one address a local Ray of servetune's binds to.
@@ -89,6 +90,47 @@ def recorded_cluster() -> str | None:
     except Exception:  # noqa: BLE001 - a private API; an unreadable record is no record
         return None
     return str(address) if address else None
+
+
+def cluster_endpoint(address: str) -> tuple[str, int] | None:
+    """The host and port ``ray.init(address=...)`` first connects to: the GCS of ``host:port``, Ray
+    Client's server of ``ray://host:port``; None for Ray's own words (``auto``, ``local``) and other
+    schemes, which Ray resolves itself.
+
+    >>> cluster_endpoint("10.0.0.5:6379"), cluster_endpoint("ray://head:10001"), cluster_endpoint("[::1]:6379")
+    (('10.0.0.5', 6379), ('head', 10001), ('::1', 6379))
+    >>> cluster_endpoint("auto"), cluster_endpoint("anyscale://x"), cluster_endpoint("head:port")
+    (None, None, None)
+    """
+    rest = address.strip()
+    if rest.startswith("ray://"):
+        rest = rest[len("ray://"):]
+    elif "://" in rest:
+        return None
+    host, sep, port = rest.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def wait_for_cluster(address: str, wait_s: float) -> bool:
+    """True once something accepts a TCP connection at :func:`cluster_endpoint` of ``address``, tried about
+    once a second for ``wait_s`` seconds; True at once where the address names no endpoint (Ray resolves
+    it). A driver calls it before ``ray.init(address=...)``, which retries an absent cluster without end."""
+    endpoint = cluster_endpoint(address)
+    if endpoint is None:
+        return True
+    deadline = time.monotonic() + max(0.0, wait_s)
+    while True:
+        try:
+            with socket.create_connection(endpoint, timeout=2.0):
+                return True
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def record_path(runs_dir: str | os.PathLike[str], study: str) -> Path:

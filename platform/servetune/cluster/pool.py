@@ -56,11 +56,13 @@ from typing import Any, TypeVar
 
 import ray
 
+from servetune import envs
 from servetune.backends import capabilities
 from servetune.cluster import _ray_session
 from servetune.cluster.base import MAX_INFRA_ATTEMPTS, RAY_ACCELERATOR_TYPES, NoGpusError, Runner, ray_accelerator_type
 from servetune.engines import TrialTask, run_trial
 from servetune.engines.vllm.infra import SLOT_KINDS, actor_death_unsettled, classify_actor_error, node_death_window_s
+from servetune.errors import SpecError
 from servetune.result import TrialResult, TrialStatus
 
 __all__ = ["TrialActor", "TrialPool", "Runner", "RAY_ACCELERATOR_TYPES", "ray_accelerator_type",
@@ -231,7 +233,13 @@ class TrialPool:
             kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": False,
                                       "include_dashboard": False, "configure_logging": False}
             if address or os.environ.get("RAY_ADDRESS"):
-                ray.init(address=address or os.environ["RAY_ADDRESS"], **kwargs)
+                target = address or os.environ["RAY_ADDRESS"]
+                wait_s = envs.ray_connect_wait_s()
+                if not _ray_session.wait_for_cluster(target, wait_s):  # ray.init would retry it without end
+                    raise SpecError("RAY_ADDRESS", f"no Ray cluster answers at {target} (waited {wait_s:.0f} s)",
+                                    "start the cluster's head there (`ray start --head`), or unset RAY_ADDRESS "
+                                    "to run the study on a local Ray")
+                ray.init(address=target, **kwargs)
             else:
                 if gpu_type:
                     kwargs["resources"] = {accelerator_resource(gpu_type): 1}

@@ -1,0 +1,51 @@
+"""A study whose ``RAY_ADDRESS`` names a cluster that is not there says so within a minute and stops.
+
+Ray 2.60's ``ray.init(address=...)`` retries an absent GCS without end ("Failed to get cluster ID from
+GCS server: TimedOut", every half minute: reproduced for five minutes with `servetune tune` and
+``RAY_ADDRESS=127.0.0.1:6399``). The pool now waits for the address to answer
+(``SERVETUNE_RAY_CONNECT_WAIT_S``, 60 s by default), then refuses with one line naming
+``RAY_ADDRESS`` and the fix, exit 2, before any trial.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from _ray_helpers import free_ports
+
+from servetune.cluster._ray_session import wait_for_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_an_address_that_accepts_is_waited_for_no_longer_and_one_that_refuses_is_given_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        assert wait_for_cluster(f"127.0.0.1:{port}", 30.0)
+        assert wait_for_cluster(f"ray://127.0.0.1:{port}", 30.0)
+    closed = free_ports(1)[0]
+    assert not wait_for_cluster(f"127.0.0.1:{closed}", 1.0)
+    assert wait_for_cluster("auto", 0.0)  # Ray's own word: Ray resolves it
+
+
+def test_servetune_tune_with_ray_address_at_no_cluster_says_so_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    shutil.copy(REPO / "jobs" / "quickstart.yaml", tmp_path / "study.yaml")
+    port = free_ports(1)[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(RAY_ADDRESS=f"127.0.0.1:{port}", SERVETUNE_RAY_CONNECT_WAIT_S="2", HOME=str(tmp_path),
+               PYTHONPATH=str(REPO / "platform"))
+    proc = subprocess.run([sys.executable, "-m", "servetune", "tune", "study.yaml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert errors == [f"error: RAY_ADDRESS: no Ray cluster answers at 127.0.0.1:{port} (waited 2 s) (fix: start the "
+                      "cluster's head there (`ray start --head`), or unset RAY_ADDRESS to run the study on a local "
+                      "Ray)"], proc.stderr[-3000:]
+    assert "servetune: best trial" not in proc.stdout
