@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["record_path", "record_local_session", "session_processes", "reap_leftovers", "start_local_ray",
-           "recorded_cluster", "cluster_endpoint", "wait_for_cluster", "LOOPBACK"]
+           "recorded_cluster", "cluster_endpoint", "wait_for_cluster", "LOOPBACK", "RAYLET_LATE", "LOCAL_RAY_ATTEMPTS"]
 
 _PROC = Path("/proc")
 #: The one address a local Ray of servetune's binds to.
@@ -62,6 +62,9 @@ def start_local_ray(**init_kwargs: Any) -> None:
     Always a new one (``address="local"``): without it, Ray's ``ray.init`` joins the cluster that the last
     ``ray start`` on this machine recorded (``<Ray's temp dir>/ray_current_cluster``) and, asked for GPUs and
     CPUs, refuses with a traceback. :func:`recorded_cluster` says which that is, for the caller to report.
+
+    Where Ray gives the new node's raylet up (:data:`RAYLET_LATE`, on a loaded machine), the processes that
+    attempt started are ended and the node is started again, :data:`LOCAL_RAY_ATTEMPTS` times in all.
     """
     from unittest import mock  # the standard library's scoped attribute patch, restored on exit
 
@@ -70,13 +73,63 @@ def start_local_ray(**init_kwargs: Any) -> None:
 
     dashboard = os.environ.get("SERVETUNE_RAY_DASHBOARD", "").strip().lower() in ("1", "true", "yes", "on")
     init_kwargs.update(address="local", _node_ip_address=LOOPBACK, include_dashboard=dashboard, dashboard_host=LOOPBACK)
-    with mock.patch.object(ray_constants, "ENABLE_RAY_CLUSTER", False):
-        ray.init(**init_kwargs)
+    for attempt in range(1, LOCAL_RAY_ATTEMPTS + 1):
+        before = _descendants(os.getpid())
+        try:
+            with mock.patch.object(ray_constants, "ENABLE_RAY_CLUSTER", False):
+                ray.init(**init_kwargs)
+            break
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for a late raylet
+            if attempt == LOCAL_RAY_ATTEMPTS or RAYLET_LATE not in str(exc):
+                raise
+            # The half-started node (its GCS, raylet and reaper) is this process's; end it, then start anew.
+            _kill_all({pid for pid in _descendants(os.getpid()) - before if _is_ray_process(pid)})
     node = getattr(ray._private.worker, "_global_node", None)
     address = getattr(node, "node_ip_address", None)
     if address != LOOPBACK:
         ray.shutdown()
         raise RuntimeError(f"the local Ray came up on {address!r}, not {LOOPBACK}: refusing to run a study on it")
+
+
+#: What Ray 2.60 raises when a node's raylet did not register with its GCS within 30 s
+#: (``raylet_start_wait_time_s`` in ``ray/_private/node.py``: a constant, no setting); seen on 2 loaded cores.
+RAYLET_LATE = "The current node timed out during startup"
+#: How many times :func:`start_local_ray` starts the local Ray where Ray gave its raylet up (:data:`RAYLET_LATE`).
+LOCAL_RAY_ATTEMPTS = 2
+
+
+def _descendants(pid: int) -> set[int]:
+    """The live processes ``pid`` started, and theirs (``/proc``'s parent links; empty elsewhere)."""
+    parents: dict[int, int] = {}
+    if _PROC.is_dir():
+        for entry in _PROC.iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier and child not in found}
+        found |= frontier
+    return found
+
+
+def _is_ray_process(pid: int) -> bool:
+    """A process of Ray's own (its command line names ray: gcs_server, raylet, Ray's reaper and agents)."""
+    try:
+        return b"ray" in (_PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _kill_all(pids: set[int]) -> None:
+    """SIGKILL ``pids`` and reap those that are this process's children."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)
 
 
 def recorded_cluster() -> str | None:
