@@ -260,9 +260,9 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             wddm_memory_gib=12.0,
             sim_evidence="published vLLM 0.15.1 runs (docs/accuracy.md; WSL 2, an open loop at 1 request/s, "
                          "4,096/512-token prompts, six max_num_seqs / max_num_batched_tokens settings): Qwen3-0.6B "
-                         "held out, mean TPOT 4.7% (+4.7%, 5 of 6 within 10%), TTFT 6.5% (6 of 6 within 25%) with "
+                         "held out, mean TPOT 4.0% (-3.8%, 6 of 6 within 10%), TTFT 6.6% (6 of 6 within 25%) with "
                          "each run's seeded requests replayed and FlashAttention-2's prefill rate; Qwen2.5-3B, "
-                         "nothing fitted on it either, 5.1% and 27.8%"),
+                         "nothing fitted on it either, 4.8% and 25.6%"),
     GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6,
             source=f"{_NV} GA102 whitepaper (71 TFLOPS bf16 with fp32 accumulate, dense); memory from torch OOM "
                    "messages ('23.69 GiB total capacity'); under Windows / WSL 2 24.00 GiB, the whole 24,576 MiB "
