@@ -62,6 +62,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for _p in (ROOT / "platform", ROOT / "benchmarks"):
@@ -108,6 +109,20 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
     verdict = "the same flag set" if real_key == sim_key else "DIFFERENT flag sets"
     return (f"best preemption-free: real {real_key} ({real_tps:,.0f} tok/s); simulated {sim_key} "
             f"({sim_tps:,.0f} tok/s): {verdict}")
+
+
+def _windows_report(rows: list[Any], as_json: bool) -> int:
+    """Real windows against the simulator: the table and each start's errors, or (``as_json``) the same as JSON."""
+    starts = {start: error_summary([r for r in rows if r.name.startswith(start + "/")])
+              for start in sorted({r.name.split("/")[0] for r in rows})}
+    if as_json:
+        print(json.dumps({"rows": _rows_json(rows), "errors": error_summary(rows), "by_start": starts}, indent=1))
+        return 0
+    print(format_table(rows))
+    for start, e in starts.items():
+        print(f"  {start}: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
+              f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} windows)")
+    return 0
 
 
 def h100_report() -> None:
@@ -198,20 +213,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return published_runs.main(["--compare", *(["--json"] if args.json else [])])
     if args.h100:
+        if args.json:  # a report of several tables and the planner's lines: text only
+            print("--json does not go with --h100 (a text report): leave --json out", file=sys.stderr)
+            return 2
         h100_report()
         return 0
     if args.hybrid:
-        print(format_table(fidelity_rows(None, load_hybrid_runs(), gpu=H100_GPU)))
-        return 0
+        return _windows_report(fidelity_rows(None, load_hybrid_runs(), gpu=H100_GPU), args.json)
     if args.h100_classes or args.h200_classes:
         rows = fidelity_rows(None, load_h100_runs(H100_CLASSES_FIXTURES), gpu=H100_GPU) if args.h100_classes \
             else fidelity_rows(None, load_h100_runs(H200_CLASSES_FIXTURES), gpu="H200")
-        print(format_table(rows))
-        for start in sorted({r.name.split("/")[0] for r in rows}):
-            e = error_summary([r for r in rows if r.name.startswith(start + "/")])
-            print(f"  {start}: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
-                  f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} windows)")
-        return 0
+        return _windows_report(rows, args.json)
     if args.fit_moe_floor:
         print(json.dumps({"moe_layer_floor_s": float(f"{fit_moe_floor():.3g}")}))
         return 0

@@ -420,3 +420,17 @@ def test_a_candidate_calibration_file_that_is_not_one_is_refused_in_one_line(tmp
     recorded = json.loads((RESULTS.parent / "sim_kernel_candidate_h200.json").read_text())
     assert all(isinstance(v, float) for v in recorded["knobs"].values())
     assert recorded["knobs"]["gemm_blend_exponent"] > 0  # the kernel-measured GEMM model, not the committed roofline
+
+
+def test_the_real_windows_reports_print_json_when_asked_and_the_h100_report_refuses_it(capsys) -> None:
+    """`--h200-classes --json` (and `--h100-classes`, `--hybrid`) printed the text table whatever `--json`
+    said; the JSON holds every window, the errors over them and each start's, as the table does."""
+    from sim_fidelity import main
+
+    assert main(["--h200-classes", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    starts = {row["run"].split("/")[0] for row in doc["rows"]}
+    assert len(doc["rows"]) == 9 and set(doc["by_start"]) == starts and len(starts) == 3
+    assert doc["errors"]["runs"] == 9 and all(e["runs"] == 3 for e in doc["by_start"].values())
+    assert main(["--h100", "--json"]) == 2
+    assert capsys.readouterr().err.strip() == "--json does not go with --h100 (a text report): leave --json out"
