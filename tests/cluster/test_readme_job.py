@@ -54,6 +54,7 @@ def _user_env(home: Path) -> dict[str, str]:
 @dataclass(frozen=True)
 class Head:
     dashboard: str  # host:port of the dashboard / job server
+    gcs: str  # host:port of its GCS (RAY_ADDRESS for a driver)
     home: Path
     temp: Path
     log: Path
@@ -102,7 +103,7 @@ def head() -> Iterator[Head]:
     try:
         proc = start_ray_node(command, node_env, log, lambda: "Ray runtime started" in log.read_text(errors="replace"),
                               timeout_s=90)
-        yield Head(f"127.0.0.1:{dash}", home, temp, log)
+        yield Head(f"127.0.0.1:{dash}", f"127.0.0.1:{port}", home, temp, log)
     finally:
         if proc is not None:
             _stop(proc)
@@ -205,6 +206,22 @@ def test_a_job_writing_into_rays_working_dir_is_refused_in_one_line(head: Head, 
     assert "failed with exit code 2" in out
     assert "fix: give an absolute path" in errors[0] and "Traceback" not in out
     assert not list(head.temp.rglob("optuna.db"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_driver_without_the_clusters_token_is_refused_in_one_line(head: Head, tmp_path: Path) -> None:
+    """`servetune tune` on a machine that lacks the cluster's token: Ray refuses the connection
+    (ConnectionError "Failed to connect to Ray cluster", after its InvalidAuthToken lines); the study says
+    so in one line naming RAY_ADDRESS and the token, exit 2, not a file error nor a traceback."""
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump({**_STUDY, "name": "no-token"}))
+    env = {**_user_env(tmp_path), "RAY_ADDRESS": head.gcs, "SERVETUNE_RAY_CONNECT_WAIT_S": "20"}
+    proc = subprocess.run([sys.executable, "-m", "servetune", "tune", "study.yaml"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=240)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith(f"error: RAY_ADDRESS: cannot join the Ray cluster at {head.gcs} (")
+    assert "RAY_AUTH_TOKEN or ~/.ray/auth_token" in errors[0] and "Traceback" not in proc.stderr
 
 
 _MATRIX = {

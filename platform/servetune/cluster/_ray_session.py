@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["record_path", "record_local_session", "session_processes", "reap_leftovers", "start_local_ray",
-           "recorded_cluster", "cluster_endpoint", "wait_for_cluster", "LOOPBACK", "RAYLET_LATE", "LOCAL_RAY_ATTEMPTS"]
+           "recorded_cluster", "cluster_endpoint", "wait_for_cluster", "join_failure", "LOOPBACK", "RAYLET_LATE", "LOCAL_RAY_ATTEMPTS"]
 
 _PROC = Path("/proc")
 #: The one address a local Ray of servetune's binds to.
@@ -170,7 +170,9 @@ def cluster_endpoint(address: str) -> tuple[str, int] | None:
 def wait_for_cluster(address: str, wait_s: float) -> bool:
     """True once something accepts a TCP connection at :func:`cluster_endpoint` of ``address``, tried about
     once a second for ``wait_s`` seconds; True at once where the address names no endpoint (Ray resolves
-    it). A driver calls it before ``ray.init(address=...)``, which retries an absent cluster without end."""
+    it, or refuses it at once). ``auto`` is the cluster Ray's own lookup finds (:func:`_auto_address`). A driver calls it before ``ray.init(address=...)``, which retries an absent cluster without end."""
+    if address.strip() == "auto":
+        address = _auto_address()
     endpoint = cluster_endpoint(address)
     if endpoint is None:
         return True
@@ -184,6 +186,43 @@ def wait_for_cluster(address: str, wait_s: float) -> bool:
         if time.monotonic() >= deadline:
             return False
         time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def join_failure(exc: BaseException) -> str:
+    """Why ``ray.init(address=...)`` could not join, in a few words from the exception and its causes (Ray's
+    own messages carry gRPC tracebacks): an authentication refusal by name, else the first line up to any
+    traceback.
+
+    >>> join_failure(ConnectionError("Failed to connect to GCS. Last connection error: x on error: Traceback (most "
+    ...                              "recent call last):\\n  ...\\nRpcError: InvalidAuthToken: token is missing"))
+    "the cluster refused this machine's authentication token"
+    >>> join_failure(ConnectionError("Could not find any running Ray instance. Please specify one."))
+    'Could not find any running Ray instance. Please specify one.'
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain and len(chain) < 8:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    text = "\n".join(str(e) for e in chain)
+    if "InvalidAuthToken" in text or "Unauthenticated" in text:
+        return "the cluster refused this machine's authentication token"
+    first = (text.strip().splitlines() or [type(exc).__name__])[0]
+    for marker in (" on error:", "Traceback"):
+        first = first.split(marker, 1)[0]
+    return first.strip()[:300] or type(exc).__name__
+
+
+def _auto_address() -> str:
+    """What Ray 2.60 joins for ``address="auto"`` (``services.get_ray_address_from_environment``: the cluster
+    ``ray start`` recorded, else any GCS server running on this machine); "" where it finds none (Ray then
+    refuses at once with a ConnectionError)."""
+    from ray._private import services
+
+    try:
+        return str(services.get_ray_address_from_environment("auto", None) or "")
+    except Exception:  # noqa: BLE001 - a private API; nothing found is no address
+        return ""
 
 
 def record_path(runs_dir: str | os.PathLike[str], study: str) -> Path:

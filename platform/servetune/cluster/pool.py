@@ -239,7 +239,14 @@ class TrialPool:
                     raise SpecError("RAY_ADDRESS", f"no Ray cluster answers at {target} (waited {wait_s:.0f} s)",
                                     "start the cluster's head there (`ray start --head`), or unset RAY_ADDRESS "
                                     "to run the study on a local Ray")
-                ray.init(address=target, **kwargs)
+                try:
+                    ray.init(address=target, **kwargs)
+                except ConnectionError as exc:  # e.g. a cluster with token authentication and no token here
+                    cause = _ray_session.join_failure(exc)
+                    raise SpecError("RAY_ADDRESS", f"cannot join the Ray cluster at {target} ({cause})",
+                                    "check the address (`ray status` on the head prints it) and, on a cluster "
+                                    "with token authentication, give this machine its token (RAY_AUTH_TOKEN or "
+                                    "~/.ray/auth_token)") from exc
             else:
                 if gpu_type:
                     kwargs["resources"] = {accelerator_resource(gpu_type): 1}
