@@ -122,7 +122,17 @@ class _ClosedPipeSafe:
 
 
 def _os_error_text(exc: OSError | UnicodeError) -> str:
-    """``cannot read x.yaml: Not a directory`` from an OSError; the file and the reason, one line."""
+    """``cannot read x.yaml: Not a directory`` from an OSError; the file and the reason, one line. A
+    connection that failed (an OSError too, with no file) is said as one.
+
+    >>> _os_error_text(ConnectionRefusedError(111, "Connection refused"))
+    'a connection failed: Connection refused (fix: check that the server it names is running and reachable from here)'
+    >>> _os_error_text(FileNotFoundError(2, "No such file or directory", "x.yaml"))
+    'x.yaml: No such file or directory (fix: check that path: it must be a readable file or a writable folder)'
+    """
+    if isinstance(exc, ConnectionError) and getattr(exc, "filename", None) is None:
+        return (f"a connection failed: {exc.strerror or exc} (fix: check that the server it names is running and "
+                "reachable from here)")
     if isinstance(exc, UnicodeDecodeError):
         return f"a file is not UTF-8 text ({exc.reason} at byte {exc.start}) (fix: give a UTF-8 text file)"
     if isinstance(exc, UnicodeError):
