@@ -49,3 +49,23 @@ def test_servetune_tune_with_ray_address_at_no_cluster_says_so_in_one_line_and_e
                       "cluster's head there (`ray start --head`), or unset RAY_ADDRESS to run the study on a local "
                       "Ray)"], proc.stderr[-3000:]
     assert "servetune: best trial" not in proc.stdout
+
+
+def test_an_address_that_accepts_but_is_no_ray_cluster_is_given_up_after_one_try(tmp_path: Path) -> None:
+    """Something listens at RAY_ADDRESS but never answers as a GCS: the wait passes at once, and Ray's own
+    tries (``RAY_gcs_server_port_wait_time_s``, 20 by default, ~35 s each) are bounded to one for the join,
+    which then fails as a one-line refusal naming RAY_ADDRESS."""
+    shutil.copy(REPO / "jobs" / "quickstart.yaml", tmp_path / "study.yaml")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update(RAY_ADDRESS=f"127.0.0.1:{port}", SERVETUNE_RAY_CONNECT_WAIT_S="5", HOME=str(tmp_path),
+                   PYTHONPATH=str(REPO / "platform"))
+        proc = subprocess.run([sys.executable, "-m", "servetune", "tune", "study.yaml"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=200)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith(f"error: RAY_ADDRESS: cannot join the Ray cluster at 127.0.0.1:{port} (")
+    assert "Traceback" not in proc.stderr

@@ -47,10 +47,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -180,6 +181,27 @@ class _Running:
     ready: Any = None  # the actor's __ray_ready__ ref: set until Ray has placed and started the actor
 
 
+#: How many times a driver joining a cluster asks its GCS for the cluster id, each up to Ray's own ~35 s
+#: wait (``RAY_gcs_server_port_wait_time_s``, read by ``Node._init_gcs_client`` in Ray 2.60: its default of
+#: 20 tries held a driver at an address that accepts connections but never answers as a GCS for minutes; one
+#: try gave up in 46 s, 2026-12-06).
+JOIN_GCS_ATTEMPTS = 1
+
+
+@contextlib.contextmanager
+def _join_attempts_bounded() -> Iterator[None]:
+    """Ray's GCS tries of a joining driver bounded to :data:`JOIN_GCS_ATTEMPTS` for the ``ray.init``
+    inside, unless the user set ``RAY_gcs_server_port_wait_time_s``; the environment as it was after."""
+    if "RAY_gcs_server_port_wait_time_s" in os.environ:
+        yield
+        return
+    os.environ["RAY_gcs_server_port_wait_time_s"] = str(JOIN_GCS_ATTEMPTS)
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_gcs_server_port_wait_time_s", None)
+
+
 class TrialPool:
     """Dispatches trials to Ray actors while free GPUs allow, and collects their results."""
 
@@ -240,7 +262,8 @@ class TrialPool:
                                     "start the cluster's head there (`ray start --head`), or unset RAY_ADDRESS "
                                     "to run the study on a local Ray")
                 try:
-                    ray.init(address=target, **kwargs)
+                    with _join_attempts_bounded():
+                        ray.init(address=target, **kwargs)
                 except ConnectionError as exc:  # e.g. a cluster with token authentication and no token here
                     cause = _ray_session.join_failure(exc)
                     raise SpecError("RAY_ADDRESS", f"cannot join the Ray cluster at {target} ({cause})",
