@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 
-__all__ = ["serve_command", "pool", "startup_timeout_s", "compile_cache_dir", "compile_cache_env", "ENV_VARS",
+__all__ = ["serve_command", "pool", "startup_timeout_s", "ray_connect_wait_s", "compile_cache_dir", "compile_cache_env", "ENV_VARS",
            "LAUNCH_SAFE_ENV", "COMM_ENV_VARS", "comm_settings"]
 
 #: name -> what it does. Read only through the functions below.
@@ -25,6 +25,8 @@ ENV_VARS = {
                       "trials on Ray), ray (always Ray: a local one with logical GPUs where no cluster is named), "
                       "local (sim and replay in local workers even beside a Ray)",
     "SERVETUNE_STARTUP_TIMEOUT_S": "seconds a server may take to answer /health (default 600)",
+    "SERVETUNE_RAY_CONNECT_WAIT_S": "seconds a study waits for the Ray cluster RAY_ADDRESS names to accept a "
+                                    "connection before it says so and stops (default 60)",
     "SERVETUNE_COMPILE_CACHE_DIR": "a directory for vLLM's compile caches, kept across trials and studies: every "
                                    "real trial gets VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR "
                                    "under it (default unset: vLLM's per-user defaults, which persist across the "
@@ -70,14 +72,41 @@ def pool() -> str | None:
     return os.environ.get("SERVETUNE_POOL") or None
 
 
+def _seconds(name: str, default: float) -> float:
+    """The setting ``name`` as a finite number of seconds, 0 or more (``default`` where unset or empty);
+    anything else is a :class:`~servetune.errors.SpecError` naming it.
+
+    >>> os.environ["SERVETUNE_RAY_CONNECT_WAIT_S"] = "soon"
+    >>> ray_connect_wait_s()
+    Traceback (most recent call last):
+    ...
+    servetune.errors.SpecError: SERVETUNE_RAY_CONNECT_WAIT_S: expected a number of seconds, 0 or more, got 'soon' (fix: set it to a number such as 60, or unset it for the default)
+    >>> del os.environ["SERVETUNE_RAY_CONNECT_WAIT_S"]; ray_connect_wait_s()
+    60.0
+    """
+    from servetune.errors import SpecError
+
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < float("inf"):
+        raise SpecError(name, f"expected a number of seconds, 0 or more, got {raw[:40]!r}",
+                        f"set it to a number such as {default:g}, or unset it for the default")
+    return value
+
+
 def ray_connect_wait_s() -> float:
     """``SERVETUNE_RAY_CONNECT_WAIT_S``: how long a study waits for the Ray cluster ``RAY_ADDRESS`` names to
     answer before it says so and stops (default 60 s: a head that is still starting gets that long)."""
-    return float(os.environ.get("SERVETUNE_RAY_CONNECT_WAIT_S", "60"))
+    return _seconds("SERVETUNE_RAY_CONNECT_WAIT_S", 60.0)
 
 
 def startup_timeout_s() -> float:
-    return float(os.environ.get("SERVETUNE_STARTUP_TIMEOUT_S", "600"))
+    return _seconds("SERVETUNE_STARTUP_TIMEOUT_S", 600.0)
 
 
 def compile_cache_dir() -> str | None:

@@ -69,3 +69,20 @@ def test_an_address_that_accepts_but_is_no_ray_cluster_is_given_up_after_one_try
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
     assert errors[0].startswith(f"error: RAY_ADDRESS: cannot join the Ray cluster at 127.0.0.1:{port} (")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_bad_wait_or_timeout_setting_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """SERVETUNE_RAY_CONNECT_WAIT_S and SERVETUNE_STARTUP_TIMEOUT_S were read with a bare float(): 'soon'
+    was a ValueError traceback at the pool's start or at the first trial, a negative wait no wait at all."""
+    shutil.copy(REPO / "jobs" / "quickstart.yaml", tmp_path / "study.yaml")
+    for name, value in (("SERVETUNE_RAY_CONNECT_WAIT_S", "soon"), ("SERVETUNE_STARTUP_TIMEOUT_S", "-5"),
+                        ("SERVETUNE_STARTUP_TIMEOUT_S", "nan")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SERVETUNE_"))}
+        env.update({name: value, "HOME": str(tmp_path), "PYTHONPATH": str(REPO / "platform")})
+        proc = subprocess.run([sys.executable, "-m", "servetune", "tune", "study.yaml"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stdout == "", (name, proc.stdout[-1000:], proc.stderr[-2000:])
+        assert proc.stderr.strip().splitlines() == [
+            f"error: {name}: expected a number of seconds, 0 or more, got {value!r} (fix: set it to a number such "
+            f"as {60 if 'RAY' in name else 600}, or unset it for the default)"], proc.stderr[-2000:]
+        assert not (tmp_path / "servetune-runs" / "optuna.db").exists()

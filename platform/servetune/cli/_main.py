@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from servetune import envs
 from servetune.errors import SpecError
 
 __all__ = ["main", "build_parser"]
@@ -323,6 +324,7 @@ def _tune(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     spec = spec.with_overrides(backend=args.backend, trials=args.trials, parallel=args.parallel)
     _check_run_store(spec)
+    envs.startup_timeout_s(), envs.ray_connect_wait_s()  # a bad setting refused before anything starts
     # The driver (Ray, MLflow, the dataset) only once the spec and its stores passed: a refusal
     # costs the spec's imports alone (0.7 CPU-s, against 1.7 with the driver's).
     from servetune.cli._logs import libraries_to_file
