@@ -11,14 +11,10 @@ from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from servetune.cluster._ray_session import RAYLET_LATE
 from servetune.cluster.base import Pool
 from servetune.result import TrialResult
 from _kill import kill_all_started_by
-
-#: What Ray 2.60's ``ray start`` prints when its raylet did not register with the GCS within 30 s
-#: (``raylet_start_wait_time_s`` in ray/_private/node.py: a constant, no setting). On 2 cores shared
-#: with other test files that start-up can take longer, so :func:`start_ray_node` tries it again.
-RAYLET_LATE = "The current node timed out during startup"
 
 
 def free_ports(n: int, avoid: Collection[int] = ()) -> list[int]:
@@ -42,8 +38,9 @@ def free_ports(n: int, avoid: Collection[int] = ()) -> list[int]:
 def start_ray_node(command: Callable[[], list[str]], env: Mapping[str, str], log: Path,
                    up: Callable[[], bool], timeout_s: float, attempts: int = 3) -> subprocess.Popen[bytes]:
     """Start one ``ray start ... --block`` node (the argv ``command()`` builds: fresh ports each call)
-    in a session of its own, output to ``log``, and return it once ``up()``. A start that Ray gave up
-    on (:data:`RAYLET_LATE`) is ended with all it started and tried again, up to ``attempts`` times;
+    as the leader of a new process group, output to ``log``, and return it once ``up()``. A start that Ray gave up
+    on (``RAYLET_LATE``: its raylet not registered within Ray's fixed 30 s, which 2 cores shared with other
+    test files can exceed) is ended with all it started and tried again, up to ``attempts`` times;
     any other failure, or ``timeout_s`` without ``up()``, raises with the log's tail."""
     tails: list[str] = []
     for attempt in range(1, attempts + 1):
