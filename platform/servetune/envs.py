@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import shlex
 
-__all__ = ["serve_command", "pool", "startup_timeout_s", "ray_connect_wait_s", "compile_cache_dir", "compile_cache_env", "ENV_VARS",
-           "LAUNCH_SAFE_ENV", "COMM_ENV_VARS", "comm_settings"]
+__all__ = ["serve_command", "pool", "startup_timeout_s", "ray_connect_wait_s", "compile_cache_dir", "compile_cache_env",
+           "ENV_VARS", "LAUNCH_SAFE_ENV", "COMM_ENV_VARS", "comm_settings"]
 
 #: name -> what it does. Read only through the functions below.
 ENV_VARS = {

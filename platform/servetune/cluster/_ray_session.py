@@ -36,11 +36,16 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from servetune import envs
+from servetune.errors import SpecError
+
 __all__ = ["record_path", "record_local_session", "session_processes", "reap_leftovers", "start_local_ray",
-           "recorded_cluster", "cluster_endpoint", "wait_for_cluster", "join_failure", "LOOPBACK", "RAYLET_LATE", "LOCAL_RAY_ATTEMPTS"]
+           "join_cluster", "recorded_cluster", "cluster_endpoint", "wait_for_cluster", "join_failure", "LOOPBACK",
+           "RAYLET_LATE", "LOCAL_RAY_ATTEMPTS", "JOIN_GCS_ATTEMPTS"]
 
 _PROC = Path("/proc")
 #: The one address a local Ray of servetune's binds to.
@@ -89,6 +94,49 @@ def start_local_ray(**init_kwargs: Any) -> None:
     if address != LOOPBACK:
         ray.shutdown()
         raise RuntimeError(f"the local Ray came up on {address!r}, not {LOOPBACK}: refusing to run a study on it")
+
+
+#: How many times a driver joining a cluster asks its GCS for the cluster id, each up to Ray's own ~35 s
+#: wait (``RAY_gcs_server_port_wait_time_s``, read by ``Node._init_gcs_client`` in Ray 2.60: its default of
+#: 20 tries held a driver at an address that accepts connections but never answers as a GCS for minutes; one
+#: try gave up in 46 s, 2026-12-06).
+JOIN_GCS_ATTEMPTS = 1
+
+
+def join_cluster(address: str, **init_kwargs: Any) -> None:
+    """``ray.init(address=address, **init_kwargs)`` of a driver joining a cluster, said in one line where it
+    cannot: a :class:`~servetune.errors.SpecError` on ``RAY_ADDRESS`` when nothing answers at the address
+    within ``SERVETUNE_RAY_CONNECT_WAIT_S`` (:func:`wait_for_cluster`), or when Ray refuses the join
+    (:func:`join_failure` says why), after at most :data:`JOIN_GCS_ATTEMPTS` of Ray's GCS tries."""
+    import ray
+
+    wait_s = envs.ray_connect_wait_s()
+    if not wait_for_cluster(address, wait_s):
+        raise SpecError("RAY_ADDRESS", f"no Ray cluster answers at {address} (waited {wait_s:.0f} s)",
+                        "start the cluster's head there (`ray start --head`), or unset RAY_ADDRESS "
+                        "to run the study on a local Ray")
+    try:
+        with _join_attempts_bounded():
+            ray.init(address=address, **init_kwargs)
+    except ConnectionError as exc:  # e.g. a cluster with token authentication and no token here
+        raise SpecError("RAY_ADDRESS", f"cannot join the Ray cluster at {address} ({join_failure(exc)})",
+                        "check the address (`ray status` on the head prints it) and, on a cluster "
+                        "with token authentication, give this machine its token (RAY_AUTH_TOKEN or "
+                        "~/.ray/auth_token)") from exc
+
+
+@contextlib.contextmanager
+def _join_attempts_bounded() -> Iterator[None]:
+    """Ray's GCS tries of a joining driver bounded to :data:`JOIN_GCS_ATTEMPTS` for the ``ray.init``
+    inside, unless the user set ``RAY_gcs_server_port_wait_time_s``; the environment as it was after."""
+    if "RAY_gcs_server_port_wait_time_s" in os.environ:
+        yield
+        return
+    os.environ["RAY_gcs_server_port_wait_time_s"] = str(JOIN_GCS_ATTEMPTS)
+    try:
+        yield
+    finally:
+        os.environ.pop("RAY_gcs_server_port_wait_time_s", None)
 
 
 #: What Ray 2.60 raises when a node's raylet did not register with its GCS within 30 s
@@ -170,7 +218,8 @@ def cluster_endpoint(address: str) -> tuple[str, int] | None:
 def wait_for_cluster(address: str, wait_s: float) -> bool:
     """True once something accepts a TCP connection at :func:`cluster_endpoint` of ``address``, tried about
     once a second for ``wait_s`` seconds; True at once where the address names no endpoint (Ray resolves
-    it, or refuses it at once). ``auto`` is the cluster Ray's own lookup finds (:func:`_auto_address`). A driver calls it before ``ray.init(address=...)``, which retries an absent cluster without end."""
+    it, or refuses it at once). ``auto`` is the cluster Ray's own lookup finds (:func:`_auto_address`).
+    :func:`join_cluster` calls it before ``ray.init(address=...)``, which retries an absent cluster without end."""
     if address.strip() == "auto":
         address = _auto_address()
     endpoint = cluster_endpoint(address)

@@ -47,23 +47,20 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
 
-from servetune import envs
 from servetune.backends import capabilities
 from servetune.cluster import _ray_session
 from servetune.cluster.base import MAX_INFRA_ATTEMPTS, RAY_ACCELERATOR_TYPES, NoGpusError, Runner, ray_accelerator_type
 from servetune.engines import TrialTask, run_trial
 from servetune.engines.vllm.infra import SLOT_KINDS, actor_death_unsettled, classify_actor_error, node_death_window_s
-from servetune.errors import SpecError
 from servetune.result import TrialResult, TrialStatus
 
 __all__ = ["TrialActor", "TrialPool", "Runner", "RAY_ACCELERATOR_TYPES", "ray_accelerator_type",
@@ -181,27 +178,6 @@ class _Running:
     ready: Any = None  # the actor's __ray_ready__ ref: set until Ray has placed and started the actor
 
 
-#: How many times a driver joining a cluster asks its GCS for the cluster id, each up to Ray's own ~35 s
-#: wait (``RAY_gcs_server_port_wait_time_s``, read by ``Node._init_gcs_client`` in Ray 2.60: its default of
-#: 20 tries held a driver at an address that accepts connections but never answers as a GCS for minutes; one
-#: try gave up in 46 s, 2026-12-06).
-JOIN_GCS_ATTEMPTS = 1
-
-
-@contextlib.contextmanager
-def _join_attempts_bounded() -> Iterator[None]:
-    """Ray's GCS tries of a joining driver bounded to :data:`JOIN_GCS_ATTEMPTS` for the ``ray.init``
-    inside, unless the user set ``RAY_gcs_server_port_wait_time_s``; the environment as it was after."""
-    if "RAY_gcs_server_port_wait_time_s" in os.environ:
-        yield
-        return
-    os.environ["RAY_gcs_server_port_wait_time_s"] = str(JOIN_GCS_ATTEMPTS)
-    try:
-        yield
-    finally:
-        os.environ.pop("RAY_gcs_server_port_wait_time_s", None)
-
-
 class TrialPool:
     """Dispatches trials to Ray actors while free GPUs allow, and collects their results."""
 
@@ -255,21 +231,7 @@ class TrialPool:
             kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "log_to_driver": False,
                                       "include_dashboard": False, "configure_logging": False}
             if address or os.environ.get("RAY_ADDRESS"):
-                target = address or os.environ["RAY_ADDRESS"]
-                wait_s = envs.ray_connect_wait_s()
-                if not _ray_session.wait_for_cluster(target, wait_s):  # ray.init would retry it without end
-                    raise SpecError("RAY_ADDRESS", f"no Ray cluster answers at {target} (waited {wait_s:.0f} s)",
-                                    "start the cluster's head there (`ray start --head`), or unset RAY_ADDRESS "
-                                    "to run the study on a local Ray")
-                try:
-                    with _join_attempts_bounded():
-                        ray.init(address=target, **kwargs)
-                except ConnectionError as exc:  # e.g. a cluster with token authentication and no token here
-                    cause = _ray_session.join_failure(exc)
-                    raise SpecError("RAY_ADDRESS", f"cannot join the Ray cluster at {target} ({cause})",
-                                    "check the address (`ray status` on the head prints it) and, on a cluster "
-                                    "with token authentication, give this machine its token (RAY_AUTH_TOKEN or "
-                                    "~/.ray/auth_token)") from exc
+                _ray_session.join_cluster(address or os.environ["RAY_ADDRESS"], **kwargs)
             else:
                 if gpu_type:
                     kwargs["resources"] = {accelerator_resource(gpu_type): 1}
