@@ -376,6 +376,9 @@ def _tune(args: argparse.Namespace) -> int:
     if note:
         print(f"servetune: note: {note}")
     print(f"servetune: run it with:\n  {outcome.best_command}")
+    if outcome.best_flags and outcome.best_flags.get("load_format") == "dummy":
+        print("servetune: note: the trials ran on random weights (load_format: dummy), with the checkpoint's memory "
+              "and speed; the command above loads the checkpoint")
     for line in (outcome.headroom or {}).get("text", []):  # the winner's headroom (search.headroom)
         print(f"servetune: {line}")
     print(f"servetune: compare trials in MLflow: {_mlflow_hint(outcome)}")

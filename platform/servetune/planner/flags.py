@@ -28,7 +28,7 @@ from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import load_json, load_yaml, shown
 
 __all__ = ["FlagSpec", "FLAGS", "NOT_MODELLED", "validate_flags", "validate_flag", "gpus_needed", "to_cli_args", "to_config_yaml",
-           "to_command_line", "parse_set_option", "flags_key", "argv_value", "MAX_ARGV_VALUE"]
+           "to_command_line", "serving_flags", "parse_set_option", "flags_key", "argv_value", "MAX_ARGV_VALUE"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +78,10 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
     _F("scheduling_policy", str, "queue order", choices=("fcfs", "priority")),
     _F("async_scheduling", bool, "schedule one step ahead"),
     _F("enable_logging_iteration_details", bool, "log every engine step's batch (observability only: no memory or speed model)"),
+    _F("load_format", str, "how vLLM loads the weights; dummy: random weights built from config.json on the GPU, "
+       "nothing read from disk (the same memory and speed as the checkpoint: capacity and speed tests before "
+       "the checkpoint is downloaded; the text is meaningless, so the workload ignores EOS)",
+       choices=("auto", "safetensors", "pt", "dummy")),
     _F("dtype", str, "model dtype", choices=("auto", "bfloat16", "float16", "half", "float32")),
     _F("quantization", str, "weight quantization method", choices=("fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes", "mxfp4", "nvfp4")),
 )}
@@ -251,26 +255,45 @@ def to_cli_args(flags: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+#: Flags set only to measure, never to serve: ``load_format: dummy`` builds random weights, with the
+#: checkpoint's memory and speed, so a study may run on them; the command it recommends loads the checkpoint.
+_MEASURE_ONLY: Mapping[str, Any] = {"load_format": "dummy"}
+_UNSET = object()
+
+
+def serving_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """``flags`` as the recommended ``vllm serve`` gets them: without the measure-only ones.
+
+    Example:
+        >>> serving_flags({"load_format": "dummy", "max_num_seqs": 64})
+        {'max_num_seqs': 64}
+    """
+    return {k: v for k, v in flags.items() if _MEASURE_ONLY.get(str(k), _UNSET) != v}
+
+
 def to_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
-    """A ``vllm serve --config`` file: keys are flag names with dashes, ``model`` included.
+    """A ``vllm serve --config`` file to serve with: keys are flag names with dashes, ``model``
+    included, the measure-only flags (:func:`serving_flags`) left out.
 
     vLLM turns the file's keys and values into command-line arguments, so the model passes
     :func:`argv_value` and the flags :func:`validate_flag`, as on the command line (SpecError).
     """
     doc: dict[str, Any] = {"model": argv_value(model, "serve_model")}
-    doc.update({k.replace("_", "-"): validate_flag(str(k), v, f"flags.{k}") for k, v in flags.items() if v is not None})
+    doc.update({k.replace("_", "-"): validate_flag(str(k), v, f"flags.{k}")
+                for k, v in serving_flags(flags).items() if v is not None})
     return yaml.safe_dump(doc, sort_keys=False)
 
 
 def to_command_line(model: str, flags: Mapping[str, Any]) -> str:
-    """The full ``vllm serve`` command line, shell-quoted for copy and paste (display only: servetune
-    itself launches with the argv list of :func:`to_cli_args`).
+    """The ``vllm serve`` command line to serve with, shell-quoted for copy and paste: the measure-only
+    flags (:func:`serving_flags`) left out (display only: servetune itself launches a trial with the
+    argv list of :func:`to_cli_args`, every flag included).
 
     Example:
-        >>> to_command_line("a b/m", {"max_model_len": 4096})
+        >>> to_command_line("a b/m", {"max_model_len": 4096, "load_format": "dummy"})
         "vllm serve 'a b/m' --max-model-len 4096"
     """
-    return shlex.join(["vllm", "serve", argv_value(model, "serve_model"), *to_cli_args(flags)])
+    return shlex.join(["vllm", "serve", argv_value(model, "serve_model"), *to_cli_args(serving_flags(flags))])
 
 
 def flags_key(flags: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
