@@ -41,6 +41,8 @@ from servetune.planner.gpus import get_gpu  # noqa: E402
 from servetune.planner.memory import resolve_engine_config  # noqa: E402
 from servetune.planner.modelinfo import load_model  # noqa: E402
 from servetune.sim import PerfModel, calibration_for, perf_classes  # noqa: E402
+# The modules that hold the constants the fits below set for a run: a constant is read where it is defined.
+from servetune.sim import _moe_shape, _moe_tiles  # noqa: E402
 
 PROBE = ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_h100.json"
 GPT_OSS_BF16 = str(ROOT / "tests" / "fixtures" / "published_runs" / "models" / "gpt-oss-120b-bf16")
@@ -132,13 +134,14 @@ BLOCK_FP8_GRID = tuple(round(1.0 + 0.05 * i, 2) for i in range(21))
 
 @contextlib.contextmanager
 def _block_fp8_rate(scale: float) -> Iterator[None]:
-    """``perf_classes.BLOCK_FP8_MOE_RATE_SCALE`` set to ``scale`` while the block."""
-    kept = perf_classes.BLOCK_FP8_MOE_RATE_SCALE
-    perf_classes.BLOCK_FP8_MOE_RATE_SCALE = scale
+    """``perf_classes.BLOCK_FP8_MOE_RATE_SCALE`` set to ``scale`` while the block, on ``_moe_shape``, where
+    ``moe_shape`` reads it."""
+    kept = _moe_shape.BLOCK_FP8_MOE_RATE_SCALE
+    _moe_shape.BLOCK_FP8_MOE_RATE_SCALE = scale
     try:
         yield
     finally:
-        perf_classes.BLOCK_FP8_MOE_RATE_SCALE = kept
+        _moe_shape.BLOCK_FP8_MOE_RATE_SCALE = kept
 
 
 def block_fp8_ratios(probe: dict, scale: float, shape: str) -> list[tuple[int, float]]:
@@ -170,13 +173,14 @@ WIDE_TILE_GRID = tuple(round(1.5 + 0.05 * i, 2) for i in range(27))
 
 @contextlib.contextmanager
 def _wide_tile_rate(rate: float) -> Iterator[None]:
-    """``perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE`` set to ``rate`` and applied to the step while the block."""
-    kept = perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE, perf_classes.MOE_BY_BATCH_WIDE_TILE_APPLIED
-    perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE, perf_classes.MOE_BY_BATCH_WIDE_TILE_APPLIED = rate, True
+    """``perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE`` set to ``rate`` and applied to the step while the block, on
+    ``_moe_tiles``, where ``by_batch_tile_rate`` and the step read them."""
+    kept = _moe_tiles.MOE_BY_BATCH_WIDE_TILE_RATE, _moe_tiles.MOE_BY_BATCH_WIDE_TILE_APPLIED
+    _moe_tiles.MOE_BY_BATCH_WIDE_TILE_RATE, _moe_tiles.MOE_BY_BATCH_WIDE_TILE_APPLIED = rate, True
     try:
         yield
     finally:
-        perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE, perf_classes.MOE_BY_BATCH_WIDE_TILE_APPLIED = kept
+        _moe_tiles.MOE_BY_BATCH_WIDE_TILE_RATE, _moe_tiles.MOE_BY_BATCH_WIDE_TILE_APPLIED = kept
 
 
 def wide_tile_rows(probe: dict, rate: float, shapes: tuple[str, ...]) -> list[dict]:

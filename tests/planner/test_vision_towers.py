@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from servetune.errors import SpecError
+from servetune.planner._vision_towers import _formatted_video
 from servetune.planner.engine_config import resolve_engine_config
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory
-from servetune.planner.modelclass import _formatted_video, deepstack_buffer_bytes, qwen3_vl_encoder_profile
+from servetune.planner.modelclass import deepstack_buffer_bytes, qwen3_vl_encoder_profile
 from servetune.planner.modelinfo import load_model
 from servetune.planner.vllm_rules import memory_rules, parse_vllm_version
 

@@ -9,7 +9,7 @@ import json
 import moe_vs_sim
 import pytest
 
-from servetune.sim import perf_classes
+from servetune.sim import _moe_tiles, perf_classes
 
 PROBE = json.loads(moe_vs_sim.PROBE.read_text())
 
@@ -180,7 +180,21 @@ def test_the_wide_tile_rate_is_its_fit_and_holds_on_the_shapes_it_was_not_fitted
 
 def test_the_wide_tile_rate_is_not_applied_to_the_step() -> None:
     """Not taken (the real vLLM 0.26 windows did not improve end to end): the step keeps the tile model's 1.8."""
-    assert perf_classes.MOE_BY_BATCH_WIDE_TILE_APPLIED is False
+    assert _moe_tiles.MOE_BY_BATCH_WIDE_TILE_APPLIED is False and _moe_tiles.MOE_BY_BATCH_WIDE_TILE_RATE == 2.25
     rows = {r["tokens"]: r["ratio"] for r in moe_vs_sim.compare_layer(PROBE)
             if r["shape"] == "qwen3-30b-a3b_tp1" and r["mode"] == "vllm"}
     assert all(rows[t] < 0.85 for t in (2048, 4096, 8192)), rows
+
+
+def test_the_wide_tile_rate_is_the_probes_fit_and_the_fit_reaches_the_step() -> None:
+    """MOE_BY_BATCH_WIDE_TILE_RATE is ``moe_vs_sim --wide-tile``'s fit on its two shapes. The fit sets the rate and
+    the switch on the module the step reads them from (``perf_classes`` re-exports them from ``_moe_tiles``): were it
+    set where nothing reads it, every grid point would price alike and the fit would return the grid's first, 1.5.
+    Both are restored after, and the step keeps the dense tile model (the switch off)."""
+    assert moe_vs_sim.derive_wide_tile(PROBE) == perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE == 2.25
+    at_tile_model = moe_vs_sim.compare_layer({**PROBE, "rows": [r for r in PROBE["rows"]
+                                                                if r.get("shape") == "mixtral-8x7b_tp1"]})
+    wide = [r["ratio"] for r in at_tile_model if r["mode"] == "vllm" and r["tokens"] > 512]
+    fitted = [r["ratio"] for r in moe_vs_sim.wide_tile_rows(PROBE, 2.25, ("mixtral-8x7b_tp1",))]
+    assert len(wide) == len(fitted) == 4 and all(f > w * 1.1 for f, w in zip(fitted, wide)), (wide, fitted)
+    assert _moe_tiles.MOE_BY_BATCH_WIDE_TILE_APPLIED is False and _moe_tiles.MOE_BY_BATCH_WIDE_TILE_RATE == 2.25

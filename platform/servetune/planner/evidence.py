@@ -23,10 +23,10 @@ from typing import Any
 import yaml
 
 from servetune.errors import SpecError
+from servetune.planner._kv_layout import kv_layout
 from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV, CommEnv
 from servetune.planner.engine_config import resolve_engine_config
 from servetune.planner.gpus import get_gpu, under_wddm, with_interconnect
-from servetune.planner.modelclass import kv_layout
 from servetune.planner.memory import plan_memory
 from servetune.planner.model_memory import ACT_FIXED_GIB
 from servetune.planner.modelinfo import ModelProfile, load_model
@@ -310,7 +310,7 @@ def fit_class_constants(starts: list[PublishedStart], models: Mapping[str, Model
     torch peak - the planned peak without a vision tower) / (batched tokens x hidden x dtype bytes) over
     the fit starts of models with a vision tower, mean, to 0.01.
     """
-    from servetune.planner import modelclass
+    from servetune.planner import _moe_experts
     from servetune.planner.model_memory import activation_peak_bytes
     layer, mm = [], []
     for s in (s for s in starts if s.role == "fit"):
@@ -319,7 +319,7 @@ def fit_class_constants(starts: list[PublishedStart], models: Mapping[str, Model
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         if model.quantized_experts_only and "weights" in s.logged:
             layers = max(model.stage_layers(pp))
-            bare = model.weight_bytes_per_gpu(tp, pp) - layers * modelclass.MXFP4_LAYER_BYTES
+            bare = model.weight_bytes_per_gpu(tp, pp) - layers * _moe_experts.MXFP4_LAYER_BYTES
             layer.append((float(s.logged["weights"]) * GiB - bare) / layers)
         if model.vision_params and "activation_peak" in s.logged:
             bare = activation_peak_bytes(dataclasses.replace(model, vision_params=0), config)

@@ -32,6 +32,9 @@ import dataclasses
 import math
 from typing import Any, NamedTuple
 
+from servetune.planner._kv_layout import KVLayout, kv_layout
+from servetune.planner._moe_experts import moe_workspace_bytes
+from servetune.planner._vision_towers import deepstack_buffer_bytes
 from servetune.planner.comm import (SERVETUNE_LAUNCH_ENV, CommEnv, CommMemory, comm_memory, fused_allreduce_note,
                                     custom_all_reduce_memory_note, nccl_small_message_note)
 from servetune.planner.engine_config import (EngineConfig, batch_defaults, capture_sizes_for, compile_key,
@@ -41,8 +44,7 @@ from servetune.planner.model_memory import (ACT_FIXED_GIB, CUDAGRAPH_CALIBRATED_
                                             WARMUP_SHORTFALL_GIB,
                                             activation_peak_bytes, cudagraph_memory_bytes, effective_model,
                                             persistent_runner_bytes, sampler_profile_bytes, sampler_warmup_bytes)
-from servetune.planner.modelclass import (KVLayout, as_loaded_on, class_notes, deepstack_buffer_bytes, kv_layout,
-                                         moe_workspace_bytes)
+from servetune.planner.modelclass import as_loaded_on, class_notes
 from servetune.planner.moe_kernels import moe_kernel_note
 from servetune.planner.modelinfo import ModelProfile, local_experts
 from servetune.planner.vllm_rules import GiB, MiB, VllmMemoryRules, memory_rules, parse_vllm_version

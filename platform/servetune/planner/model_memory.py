@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from servetune.planner.modelclass import moe_workspace_bytes, multimodal_profile_bytes, qwen3_vl_encoder_profile
+from servetune.planner._moe_experts import moe_workspace_bytes
+from servetune.planner._vision_towers import multimodal_profile_bytes, qwen3_vl_encoder_profile
 from servetune.planner.modelinfo import ModelProfile
 from servetune.planner.vllm_rules import GiB, memory_rules
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import MAX_JSON_INT, finite, read_json_file, shown
-from servetune.planner import modelclass
+from servetune.planner import _moe_experts, _vision_towers, modelclass
 
 __all__ = ["ModelProfile", "load_model", "known_models", "profile_from_config", "hf_cache_dir", "local_experts"]
 
@@ -135,7 +135,7 @@ class ModelProfile:
     layer_types: tuple[str, ...] = ()  # "full" / "sliding" per layer; () when every layer is full attention
     sliding_window: int = 0  # tokens a sliding layer attends to (0: none)
     vision_params: int = 0  # a vision tower's parameters, loaded on the first stage in the model dtype
-    vision_encoder: modelclass.Qwen3VLEncoder | None = None  # a Qwen3-VL-style tower's shape (its profile pass)
+    vision_encoder: _vision_towers.Qwen3VLEncoder | None = None  # a Qwen3-VL-style tower's shape (its profile pass)
     first_k_dense_replace: int = 0  # leading dense layers of a MoE model (DeepSeek), intermediate_size wide
     quantized_experts_only: bool = False  # MXFP4 (gpt-oss): only the experts quantized, the rest in dtype
     extra_rotary_positions: int = 0  # a second rotary table (gemma-3's local layers)
@@ -172,7 +172,7 @@ class ModelProfile:
     router_score_bias: bool = False  # an fp32 ``e_score_correction_bias`` per routed expert beside the router
     moe_latent_size: int = 0  # latent MoE: the experts' hidden width behind two replicated projections (0: hidden)
     # Qwen2-MoE's shared_expert_gate (hidden x 1) beside the shared expert; DeepSeek's and GLM-4.5's have none
-    # (modelclass._moe_fields sets it from the config's naming)
+    # (_moe_experts._moe_fields sets it from the config's naming)
     shared_expert_gate: bool = True
 
     # ----------------------------------------------------------------- sizes
@@ -498,7 +498,7 @@ class ModelProfile:
         linear = self._layer_linear_params(tp, dense=dense, moe_tp=moe_tp, moe_ep=moe_ep)
         if self.quantized_experts_only and self.is_moe and not dense:
             return (plain + (linear - self._expert_params(moe_tp, ep=moe_ep)) * act
-                    + modelclass.mxfp4_expert_bytes(self, moe_tp, scale_copies,
+                    + _moe_experts.mxfp4_expert_bytes(self, moe_tp, scale_copies,
                                                     experts=local_experts(self.num_experts, moe_ep)))
         b = plain + linear * self.weight_bytes_per_param
         if self.is_moe and not dense:  # fp32 router weight (GLM-4.5) and score-correction bias: 4 bytes, not act

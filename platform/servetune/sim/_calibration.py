@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from servetune.errors import SpecError, did_you_mean
-from servetune.sim import perf_classes
+from servetune.sim import _moe_rates
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -131,7 +131,7 @@ class Calibration:
     # The fused-MoE kernel's compute and weight-streaming rates against the dense GEMMs' (MoE models
     # only; servetune.sim.perf_classes). 0: the per-architecture share fitted on published MoE runs.
     moe_compute_share: float = 0.0
-    moe_mem_share: float = perf_classes.MOE_MEM_SHARE
+    moe_mem_share: float = _moe_rates.MOE_MEM_SHARE
     # The fused-MoE path's floor per MoE layer and step, GPU seconds: its small kernels (router
     # top-k, moe_align_block_size, two fused_moe launches, the activation, the weighted sum) take
     # this long however few rows they get, so a small batch's routed experts cost at least

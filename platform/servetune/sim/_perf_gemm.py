@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from servetune.sim import perf_classes
+from servetune.sim import _class_gemms, _moe_rates, _moe_shape, _moe_tiles
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
@@ -97,7 +97,7 @@ class GemmTerms:
     _flop_rate: float
     _blend: float
     _token_tile: int
-    _moe: perf_classes.MoeShape | None
+    _moe: _moe_shape.MoeShape | None
     #: DP replicas whose tokens each MoE layer runs (``EngineConfig.data_parallel_size``; 1 without DP;
     #: ``PerfModel.__init__`` sets it).
     _moe_dp: int
@@ -124,32 +124,32 @@ class GemmTerms:
         """
         bf16_rate = gpu.bf16_tflops * 1e12 * cal.compute_efficiency
         self._flop_rate = bf16_rate
-        specs = perf_classes.class_gemms(model, gpu, tp, layers)
+        specs = _class_gemms.class_gemms(model, gpu, tp, layers)
         self._gemms = [(g.n, g.k, g.n * g.k * g.fmt.bytes_per_weight * g.layers / mem_rate,
                         2.0 * g.n * g.k * g.layers / g.fmt.rate_scale) for g in specs]
         act = sum(2.0 * (g.n + g.k) * g.layers for g in specs)
         vocab, d = self._head[0], self._head[1]
         self._head = (vocab, d, vocab * d * model.dtype_bytes / mem_rate, 2.0 * vocab * d)
-        split = 1 if ep > 1 else perf_classes.moe_parallel_size(tp, dp)
-        self._moe = perf_classes.moe_shape(model, gpu, split, layers, ep=ep)
+        split = 1 if ep > 1 else _moe_shape.moe_parallel_size(tp, dp)
+        self._moe = _moe_shape.moe_shape(model, gpu, split, layers, ep=ep)
         if self._moe is not None:
             m = self._moe
             # Each routed row reads its token (H) and writes 2I (non-gated: I), then reads I and writes H,
             # for every replica's tokens under DP (a replica's token stands for dp gathered ones).
-            moe_act = perf_classes.moe_step_tokens(1, dp) * 2.0 * m.top_k * (
+            moe_act = _moe_shape.moe_step_tokens(1, dp) * 2.0 * m.top_k * (
                 m.hidden + (m.matrices - 1) * m.inter + m.inter + m.hidden) * m.layers
             act += moe_act
             self._moe_act_token = moe_act / mem_rate
-            blackwell = perf_classes.runs_blackwell_triton_moe(gpu, m, self._version)
+            blackwell = _moe_rates.runs_blackwell_triton_moe(gpu, m, self._version)
             mem_share = cal.moe_mem_share
             if blackwell:  # the Triton kernel's own streaming rate on Blackwell, from a published benchmark
-                mem_share *= perf_classes.blackwell_moe_mem_share(gpu, cal.mem_efficiency)
+                mem_share *= _moe_rates.blackwell_moe_mem_share(gpu, cal.mem_efficiency)
             self._moe_mem_rate = mem_rate * mem_share
-            self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * perf_classes.moe_compute_share(gpu, cal.moe_compute_share,
+            self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * _moe_rates.moe_compute_share(gpu, cal.moe_compute_share,
                                                                                                 m.kernel, blackwell)
             # The matrices' FLOPs in units of an aligned one's: the down GEMM at its own rate where its K is
             # unaligned (moe_down_share); fixed by the shape and the version, so set once here.
-            self._moe_matrices = m.matrices - 1 + 1.0 / perf_classes.moe_down_share(m, self._version)
+            self._moe_matrices = m.matrices - 1 + 1.0 / _moe_tiles.moe_down_share(m, self._version)
             self._moe_floor_s = m.layers * cal.moe_layer_floor_s
             self._moe_row_blocks = cal.moe_row_blocks >= 0.5
         self._act_bytes_token = act / mem_rate
@@ -167,27 +167,27 @@ class GemmTerms:
         m = self._moe
         if m is None or tokens <= 0:
             return 0.0
-        touched = perf_classes.distinct_experts(m.experts, m.top_k, tokens)
+        touched = _moe_shape.distinct_experts(m.experts, m.top_k, tokens)
         if touched <= 0:
             return 0.0
         mem_s = touched * m.expert_bytes * m.layers / self._moe_mem_rate
         rows = tokens * m.top_k
         if self._moe_row_blocks:  # each kernel's own row block, padded per expert (perf_classes.moe_row_fill)
-            block = perf_classes.moe_block_m(m.grouped_gemm, tokens, m.experts, m.top_k, self._version, m.block_quant,
+            block = _moe_tiles.moe_block_m(m.grouped_gemm, tokens, m.experts, m.top_k, self._version, m.block_quant,
                                              m.tuned_tiles)
-            width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant, m.tuned_tiles)[1]
-            fill = perf_classes.moe_row_fill(tokens, m.experts, m.top_k, block)
+            width = _moe_tiles.moe_tile(tokens, m.experts, self._version, m.block_quant, m.tuned_tiles)[1]
+            fill = _moe_tiles.moe_row_fill(tokens, m.experts, m.top_k, block)
         else:  # the rule before: 0.11's fused_moe rows for every kernel, padding from the mean count
             if m.fused_moe:
-                block, width = perf_classes.moe_tile(tokens, m.experts, self._version, m.block_quant, m.tuned_tiles)
+                block, width = _moe_tiles.moe_tile(tokens, m.experts, self._version, m.block_quant, m.tuned_tiles)
             else:
-                block, width = perf_classes.moe_tile(tokens, m.experts, perf_classes.MOE_TILE_FITTED_VERSION)
+                block, width = _moe_tiles.moe_tile(tokens, m.experts, _moe_tiles.MOE_TILE_FITTED_VERSION)
             per_expert = rows / touched
             fill = per_expert / (-(-per_expert // block) * block)
-        new_tiles = perf_classes.prices_tile(m, self._version)
+        new_tiles = _moe_tiles.prices_tile(m, self._version)
         tile = moe_tile_share(block, width) if new_tiles else 1.0
-        if perf_classes.MOE_BY_BATCH_WIDE_TILE_APPLIED:  # the kernel's timed rate at that tile (off: not taken)
-            measured = perf_classes.by_batch_tile_rate(m, self._version, block, width)
+        if _moe_tiles.MOE_BY_BATCH_WIDE_TILE_APPLIED:  # the kernel's timed rate at that tile (off: not taken)
+            measured = _moe_tiles.by_batch_tile_rate(m, self._version, block, width)
             tile = tile if measured is None else measured
         comp_s = 2.0 * rows * self._moe_matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)
@@ -201,7 +201,7 @@ class GemmTerms:
         return self._moe_act_token * tokens if self._moe is not None and tokens > 0 else 0.0
 
     @property
-    def moe_shape(self) -> perf_classes.MoeShape | None:
+    def moe_shape(self) -> _moe_shape.MoeShape | None:
         """The routed experts :meth:`moe_seconds` prices (None for a dense model)."""
         return self._moe
 
@@ -243,5 +243,5 @@ class GemmTerms:
             total += seconds
         n, k, mem_s, flops = self._head
         if self._moe is not None:  # every DP replica's tokens (moe_step_tokens; 1 replica without DP)
-            total += self.moe_seconds(perf_classes.moe_step_tokens(tokens, self._moe_dp))
+            total += self.moe_seconds(_moe_shape.moe_step_tokens(tokens, self._moe_dp))
         return total + self._combine(mem_s, flops * rows / (rate * wave_fill(rows, n, sms, self._token_tile)))

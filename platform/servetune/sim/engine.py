@@ -33,10 +33,10 @@ from servetune.planner.gpus import unjudged_note
 from servetune.planner.memory import plan_memory
 from servetune.result import TrialResult, TrialStatus, summarize
 from servetune.sim import vllm_log
+from servetune.sim._moe_tiles import unaligned_experts_note
 from servetune.sim.client import LoadClient
 from servetune.sim.host_cpu import FRONTEND_BOUND_SHARE, frontend_bound_note
 from servetune.sim.perf import PerfModel
-from servetune.sim.perf_classes import unaligned_experts_note
 from servetune.sim.perf_hybrid import hybrid_note
 from servetune.sim.scheduler import SimScheduler, mamba_pool_note
 

@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING
 
 from servetune.planner.modelinfo import local_experts
 from servetune.planner.moe_kernels import moe_kernel_config, tuned_moe_tiles
-from servetune.sim.perf_classes import moe_parallel_size, moe_step_tokens
+from servetune.sim._moe_shape import moe_parallel_size, moe_step_tokens
 from servetune.vllm_version import version_tuple
 
 if TYPE_CHECKING:
