@@ -23,3 +23,11 @@ def test_the_parts_add_up_to_the_simulated_mean_ttft(run_id: str) -> None:
     assert row["ttft_sim"] == pytest.approx(published_runs.judge(RUNS[run_id]).sim_ttft_ms, rel=1e-9)
     assert sim_engine.SimScheduler is SimScheduler  # the recording scheduler is not left behind
 
+
+
+def test_a_burst_waits_in_the_engine_and_its_first_use_stall_is_counted() -> None:
+    row = ttft_parts.ttft_parts(RUNS["h100-gpt-oss-120b-bf16-tp8-rand1024x128-c100"])
+    # 100 prompts of 1,024 tokens at an 8,192-token budget: most wait several steps for the budget,
+    # and the fused-MoE kernel's first-use compiles (sim.moe_jit) land before most first tokens
+    assert row["queue"] > row["prefill"] > 0.0
+    assert row["stall"] > 300.0
