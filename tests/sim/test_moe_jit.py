@@ -89,13 +89,18 @@ def test_a_servers_later_runs_start_with_the_variants_its_first_run_compiled() -
     assert server_cache(other).variants  # its own server's first run, not the TP=8 server's
 
 
-def test_on_the_gpt_oss_first_bursts_the_stall_lands_on_the_last_prefill_step_throughput_not_ttft() -> None:
+def test_on_the_gpt_oss_first_bursts_the_stall_lands_before_the_first_tokens() -> None:
     # Judged on held-out runs (none was fitted): the TP=8 first bursts were simulated 24% (H100) and 36% (H200)
     # fast with the rule off, 15% and 24% since the unaligned expert width is priced (perf_classes.moe_down_share);
-    # the simulated burst reaches the unaligned variant at its last prefill step, so the stall moves the
-    # throughput and leaves the TTFT 35-45% short (the real stall came before the first tokens). Since vLLM
-    # 0.14's async-scheduling default is applied to these 0.14.1 runs (vllm_rules.async_scheduling_default) they
-    # are +6% and +13% with the rule, +28% and +40% without it.
+    # since vLLM 0.14's async-scheduling default is applied to these 0.14.1 runs (vllm_rules.async_scheduling_default)
+    # they are +6% and +13% with the rule, +28% and +40% without it. Until 2026-12-06 the simulated burst reached
+    # the unaligned variant only at its last prefill step, so the stall moved the throughput and left the TTFT
+    # -41.7% / -37.5% (the real stall came before the first tokens; the rule on or off moved it under 5 points).
+    # Since the batch after an idle engine's first one is drained after that one was scheduled and submitted
+    # (sim/_timeline.py, vLLM's engine-core loop; tests/sim/test_batch_formation.py), that second batch holds
+    # the first request's decode token and the prompts that entered meanwhile, an unaligned count above 512
+    # tokens: the compiles stall every later first token, TTFT -1.4% / +7.8% (off: -43.5% / -39.5%), the
+    # throughput +6.2% / +13.0% (was +6.1% / +12.9%).
     firsts = {r.id: r for r in MOE_RUNS if not r.workload.get("after_input_len") and r.layout["tp"] == 8}
     for run_id, low, high in (("h100-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.0, 0.09),
                               ("h200-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.08, 0.16)):
@@ -103,7 +108,7 @@ def test_on_the_gpt_oss_first_bursts_the_stall_lands_on_the_last_prefill_step_th
         assert off.headline_error is not None and off.headline_error > 0.25
         assert on.headline_error is not None and low < on.headline_error < high, on.headline_error
         assert on.ttft_error is not None and off.ttft_error is not None
-        assert abs(on.ttft_error - off.ttft_error) < 0.05 and on.ttft_error < -0.3
+        assert off.ttft_error < -0.3 and -0.1 < on.ttft_error < 0.15, (on.ttft_error, off.ttft_error)
 
 
 def test_other_fixture_paths_fall_back_to_a_cold_server() -> None:

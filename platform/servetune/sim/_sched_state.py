@@ -49,6 +49,7 @@ class SchedulerState:
     now_s: float
     _step_start: float
     _schedule_ahead: bool
+    _form_lag: float
     step_end_s: array.array[float]
     deliver_s: array.array[float]
     _on_finish: Callable[[str, float], None] | None

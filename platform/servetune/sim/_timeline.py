@@ -93,8 +93,21 @@ class StepTimeline(SchedulerState):
 
     def _enter_step(self) -> bool:
         """Admit what reached the engine core (the batch forms when the step before began, with
-        async scheduling); when idle, jump the clock to the next entry. False: no work comes."""
-        formed_at = self._step_start if self._schedule_ahead and self._running else None
+        async scheduling; after an idle engine's first step, once that step was scheduled and
+        submitted); when idle, jump the clock to the next entry. False: no work comes.
+
+        vLLM's engine core drains its input queue before every call of its step function
+        (``run_busy_loop``, ``vllm/v1/engine/core.py:954-956,980-983@v0.14.1``,
+        ``:1362-1364,1394-1396@v0.26.0``), and with a free slot in the batch queue that call
+        schedules a batch, submits it without blocking and returns (``step_with_batch_queue``,
+        ``:438-473@v0.14.1``, ``:645-679@v0.26.0``). In a busy loop the next drain follows the
+        wait for the step before's output, so a batch holds what entered by the step before's
+        start; but the batch after an idle engine's first one is drained only after that first
+        batch was scheduled and submitted: the step's engine CPU later
+        (:meth:`PerfModel.engine_cpu_s`), not at the same instant.
+        """
+        lag, self._form_lag = self._form_lag, 0.0
+        formed_at = min(self._step_start + lag, self.now_s) if self._schedule_ahead and self._running else None
         self._step_start = self.now_s
         self._admit_arrivals(formed_at)
         if not self._running and not self._waiting:
@@ -102,7 +115,10 @@ class StepTimeline(SchedulerState):
             if nxt == math.inf:
                 return False
             self.now_s = max(self.now_s, nxt)
+            self._step_start = self.now_s  # the step begins after the jump
             self._admit_arrivals()
+            if self._schedule_ahead:
+                self._form_lag = self.perf.engine_cpu_s(len(self._waiting))
         return True
 
     def _idle(self, out: SchedulerOutput, collect: bool) -> StepResult | None:

@@ -396,6 +396,22 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         return self.gpu_cost(num_reqs, num_tokens, kv_context, attn_work, decode_only, prefill_tokens,
                              prefill_context, prefill_attn_work).seconds
 
+    def engine_cpu_s(self, num_reqs: int) -> float:
+        """The engine core's CPU of one step of ``num_reqs`` requests (``step_overhead_s`` plus
+        ``seq_overhead_s`` a request: scheduling, input preparation, the sampler's bookkeeping), the
+        CPU :meth:`step_time` adds before hiding what async scheduling overlaps.
+
+        Example:
+            >>> from servetune.planner.gpus import get_gpu
+            >>> from servetune.planner.memory import resolve_engine_config
+            >>> from servetune.planner.modelinfo import load_model
+            >>> model, gpu = load_model("servetune-test-850m"), get_gpu("H200")
+            >>> perf = PerfModel(model, gpu, resolve_engine_config({}, model, gpu))
+            >>> perf.engine_cpu_s(2) > perf.engine_cpu_s(1) > 0
+            True
+        """
+        return self._step_cpu + self._seq_cpu * num_reqs
+
     def step_time(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
                   decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,
                   prefill_attn_work: int | None = None) -> float:
@@ -405,7 +421,7 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         """
         gpu = self.gpu_time(num_reqs, num_tokens, kv_context, attn_work, decode_only,
                             prefill_tokens, prefill_context, prefill_attn_work)
-        cpu = self._step_cpu + self._seq_cpu * num_reqs
+        cpu = self._step_cpu + self._seq_cpu * num_reqs  # engine_cpu_s, inline (the hot path)
         # Under enforce_eager the thread that schedules and prepares the next step is the one
         # launching this step's kernels: none of it hides.
         hidden = 0.0 if self.enforce_eager and self._eager_cpu_bound else cpu * self._overlap

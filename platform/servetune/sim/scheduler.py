@@ -163,6 +163,9 @@ class SimScheduler(StepTimeline, BulkDecode, Admission):
         # A preempted request resumes on its own blocks still cached (Calibration.resume_hits).
         self._resume_hits = self.perf.resume_hits
         self._step_start = 0.0  # start of the step before the one being formed
+        # After an idle engine's first step: how long after its start the next batch is drained
+        # (the step's engine CPU to schedule and submit it; _timeline._enter_step).
+        self._form_lag = 0.0
         # run_until_idle's bulk decode: the first _dec_n running requests each decode one token a
         # step (SimRequest.dec), counted together: sum of (computed - dec), how many need a new
         # block at a step k (by (dec - computed) % block_size == k % block_size), their prompt
