@@ -1,0 +1,108 @@
+"""A real tune of a MoE model on one H200 (vLLM 0.26.0, 2026-12-06), kept as evidence and rechecked in CI.
+
+``real_h200_classes/2026-12-06_q3moe_tune`` (its README): `servetune tune
+benchmarks/real_vllm/h200_q3moe_tune.yaml`, the Qwen3-30B-A3B shape (48 layers, 128 experts, top-8)
+with random bf16 weights vLLM built at load (``load_format: dummy``), the memory pair, two trials (the
+informed start and vLLM's defaults) and the winner measured at its predicted headroom edge. The planner
+and the simulator were never fitted on these starts: their figures here were fixed before the run.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from servetune.engines import TrialTask, run_trial
+from servetune.engines.vllm.logs import classify, parse_log
+from servetune.planner.gpus import get_gpu
+from servetune.planner.memory import plan_memory, resolve_engine_config
+from servetune.planner.modelinfo import load_model
+from servetune.records import dataset
+from servetune.result import TrialStatus
+from servetune.search.informed import informed_starts
+from servetune.spec.schema import StudySpec
+from servetune.workload import Workload
+
+TUNE = Path(__file__).parent / "fixtures" / "real_h200_classes" / "2026-12-06_q3moe_tune"
+SPEC = Path(__file__).parents[1] / "benchmarks" / "real_vllm" / "h200_q3moe_tune.yaml"
+MODEL, GPU = load_model("qwen3-30b-a3b"), get_gpu("H200")
+ROWS = dataset.read_trials(TUNE / "dataset").sort_values("timestamp").to_dict("records")
+
+
+def _log(folder: str) -> str:
+    return gzip.decompress((TUNE / "trials" / folder / "server.log.gz").read_bytes()).decode()
+
+
+def _spec() -> StudySpec:
+    """The spec that ran, with the host's model folder read as the shipped config it was copied from."""
+    data = yaml.safe_load(SPEC.read_text())
+    data["model"] = "qwen3-30b-a3b"
+    del data["serve_model"]
+    return StudySpec.from_dict(data, SPEC.parent)
+
+
+def test_the_study_served_both_trials_on_random_weights_and_recommends_the_checkpoint() -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="h200-q3moe-tune", storage=f"sqlite:///{TUNE / 'optuna.db'}")
+    assert [t.user_attrs["status"] for t in study.trials] == ["ok", "ok"]
+    assert [(r["origin"], r["completed"], r["preemptions"]) for r in ROWS] == [("informed", 384, 0), ("baseline", 384, 0)]
+    assert {r["flag_load_format"] for r in ROWS} == {"dummy"}
+    for folder in ("0000", "0001", "0000-edge"):
+        log = _log(folder)
+        assert "load_format=dummy" in log
+    for folder in ("0000", "0001"):
+        assert classify(_log(folder), exit_code=None, healthy=True).status is TrialStatus.OK
+    log = (TUNE / "study.log").read_text()
+    command = log.split("servetune: run it with:\n", 1)[1].splitlines()[0].strip()
+    assert command == "vllm serve /root/q3 --max-model-len 2048 --gpu-memory-utilization 0.95 --max-num-seqs 128"
+    assert "ran on random weights (load_format: dummy)" in log
+
+
+def test_the_first_trial_is_the_informed_start_and_the_second_vllms_defaults() -> None:
+    spec = _spec()
+    starts = informed_starts(spec.search_space, spec.fixed_flags, MODEL, GPU, spec.workload, spec.vllm_version)
+    first, baseline = ROWS
+    assert starts[0] == {"gpu_memory_utilization": first["flag_gpu_memory_utilization"],
+                         "max_num_seqs": int(first["flag_max_num_seqs"])} == {"gpu_memory_utilization": 0.95,
+                                                                               "max_num_seqs": 128}
+    assert (baseline["flag_gpu_memory_utilization"], baseline["flag_max_num_seqs"]) == (0.9, 512)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['trial_number']}-{r['origin']}")
+def test_each_start_matches_its_log_and_the_planner_held_out(row: dict) -> None:
+    """The planner's KV, recorded by the study before each start (814,224 and 726,880 tokens), against
+    vLLM's 813,744 and 725,264: +0.06% and +0.22%, on cold compile caches (the two starts capture other
+    graph sizes). Weights as loaded, 56.88 GiB on both."""
+    parsed = parse_log(_log(dataset.row_trial_dir_name(row)))
+    assert parsed.kv_cache_tokens == row["kv_cache_tokens"] and not parsed.compile_cache_hit
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name="h200-q3moe-tune", storage=f"sqlite:///{TUNE / 'optuna.db'}")
+    recorded = study.trials[int(row["trial_number"])].user_attrs["predicted_kv_cache_tokens"]
+    plan = plan_memory(MODEL, GPU, resolve_engine_config(dataset.row_flags(row), MODEL, GPU, "0.26.0"))
+    for predicted in (recorded, plan.kv_cache_tokens):
+        assert 0 <= (predicted - row["kv_cache_tokens"]) / row["kv_cache_tokens"] < 0.003
+
+
+def test_the_simulator_predicts_both_trials_out_of_sample() -> None:
+    """Simulated 3,967 output tok/s for both (128 clients fill neither 128 nor 512 sequences) against
+    3,825 and 3,639 real: +3.7% and +9.0%, neither preempting, as real."""
+    spec = _spec()
+    workload = Workload.from_dict(yaml.safe_load(SPEC.read_text())["workload"])
+    for row in ROWS:
+        flags = dataset.row_flags(row)
+        sim = run_trial(TrialTask("qwen3-30b-a3b", "H200", flags, workload, vllm_version=spec.vllm_version), "sim")
+        assert sim.ok and sim.preemptions == 0 and sim.output_throughput is not None
+        assert abs(sim.output_throughput / row["output_throughput"] - 1) < 0.10
+
+
+def test_the_winner_broke_serving_at_its_predicted_prompt_edge() -> None:
+    """The headroom search said the winner's requests fail at 2x the prompt length (2,048-token prompts
+    and 256 outputs do not fit max_model_len 2,048); the real engine, started again, refused them."""
+    edge = json.loads((TUNE / "headroom.json").read_text())["edge_window"]
+    assert (edge["axis"], edge["scale"], edge["criterion"], edge["confirmed"]) == ("prompt_len", 2.0, "serving", True)
+    assert edge["metrics"]["output_throughput"] == 0.0
