@@ -100,12 +100,14 @@ def test_on_the_gpt_oss_first_bursts_the_stall_lands_before_the_first_tokens() -
     # (sim/_timeline.py, vLLM's engine-core loop; tests/sim/test_batch_formation.py), that second batch holds
     # the first request's decode token and the prompts that entered meanwhile, an unaligned count above 512
     # tokens: the compiles stall every later first token, TTFT -1.4% / +7.8% (off: -43.5% / -39.5%), the
-    # throughput +6.2% / +13.0% (was +6.1% / +12.9%).
+    # throughput +6.2% / +13.0% (was +6.1% / +12.9%). Since the unaligned width's down matrix streams at its per-SM
+    # cap (_moe_tiles.MOE_UNALIGNED_DOWN_GBPS, 2026-12-06): throughput -6.5% / -5.4% (off: +9.8% / +13.0%, was
+    # above +25%), TTFT -0.9% / +8.3%.
     firsts = {r.id: r for r in MOE_RUNS if not r.workload.get("after_input_len") and r.layout["tp"] == 8}
-    for run_id, low, high in (("h100-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.0, 0.09),
-                              ("h200-gpt-oss-120b-bf16-tp8-rand1024x128-c100", 0.08, 0.16)):
+    for run_id, low, high in (("h100-gpt-oss-120b-bf16-tp8-rand1024x128-c100", -0.09, 0.0),
+                              ("h200-gpt-oss-120b-bf16-tp8-rand1024x128-c100", -0.09, 0.0)):
         on, off = judge(firsts[run_id]), judge(firsts[run_id], triton_cache=TritonCache(complete=True))
-        assert off.headline_error is not None and off.headline_error > 0.25
+        assert off.headline_error is not None and off.headline_error > 0.08
         assert on.headline_error is not None and low < on.headline_error < high, on.headline_error
         assert on.ttft_error is not None and off.ttft_error is not None
         assert off.ttft_error < -0.3 and -0.1 < on.ttft_error < 0.15, (on.ttft_error, off.ttft_error)

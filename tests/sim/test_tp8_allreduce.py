@@ -128,11 +128,12 @@ def test_the_moe_tp8_runs_already_right_stay_within_10_percent() -> None:
     """The held-out MoE runs at TP=8 on Hopper that the rule also moves: DeepSeek-R1-0528 on 8 x H200 (classes.yaml)
     stays 3 of 4 within 10% (+4.9 / +2.8 / +3.6 / +10.4% -> +9.2 / +7.2 / +8.4 / +12.1%: faster, as every TP=8
     run gets), gpt-oss-120b bf16 on 8 x H100 and 8 x H200 (nvlink_moe.yaml) 10 of 10, 7 of 10 since vLLM 0.14's
-    async-scheduling default is applied to those 0.14.1 runs (all seven too fast: +5.9 to +19.5%; H100 5 of 5)."""
+    async-scheduling default is applied to those 0.14.1 runs (all seven too fast: +5.9 to +19.5%; H100 5 of 5), 10 of
+    10 again since the unaligned width's down matrix streams at its per-SM cap (2026-12-06, -6.5 to +3.2%)."""
     r1 = [r.id for r in RUNS if r.model == "deepseek-r1" and r.gpu == "H200" and r.layout["tp"] == 8]
     assert len(r1) == 4
     n, errors = _within(r1)
     assert n == 3 and all(e > 0 for e in errors)
     oss = [r.id for r in RUNS if r.file == "nvlink_moe.yaml" and r.gpu != "B200" and r.layout["tp"] == 8]
     n, errors = _within(oss)
-    assert len(oss) == 10 and n == 7 and all(e > 0 for e in errors)
+    assert len(oss) == 10 and n == 10

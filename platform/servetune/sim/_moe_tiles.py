@@ -27,9 +27,10 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["MOE_BY_BATCH_WIDE_TILE_APPLIED", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_TILE_BY_BATCH_SINCE",
-           "MOE_TILE_FITTED_VERSION", "MOE_UNALIGNED_DOWN_SHARE", "by_batch_tile_rate", "expected_row_blocks",
+           "MOE_TILE_FITTED_VERSION", "MOE_UNALIGNED_DOWN_GBPS", "MOE_UNALIGNED_DOWN_SHARE", "SM_CLOCK_MHZ",
+           "by_batch_tile_rate", "expected_row_blocks",
            "moe_block_m", "moe_down_share", "moe_row_fill", "moe_tile", "prices_tile", "tuned_tile",
-           "unaligned_experts_note"]
+           "unaligned_down_bytes_per_s", "unaligned_experts_note"]
 
 #: The rate of ``fused_moe_kernel``'s down GEMM, whose K is one expert's intermediate width on the
 #: rank, when that width is not a multiple of 16 elements, against the layer's rate at an aligned width.
@@ -48,6 +49,20 @@ __all__ = ["MOE_BY_BATCH_WIDE_TILE_APPLIED", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE
 #: width 200), a miss the rule does not price; fp8 checkpoints' widths are multiples of their
 #: 128-wide quantization blocks.
 MOE_UNALIGNED_DOWN_SHARE: dict[str, float] = {"v0.11_default": 0.398, "by_batch": 0.178}
+#: The same down GEMM's weight streaming rate (GB/s) where few rows reach each expert (16-256 tokens),
+#: on a GH100 die (132 SMs at 1,980 MHz: the H100 SXM and the H200). Its unvectorized loads are bound by
+#: load instructions per SM, not by HBM: the H200, with the H100's SMs and clock and 1.43x its bandwidth,
+#: streamed it at the H100's rate (1.43 / 1.37 / 1.08 TB/s at 16 / 64 / 256 tokens under 0.11's tiles,
+#: against 1.31 / 1.37 / 1.07; 0.95 / 0.74 / 0.89 against 0.87 / 0.72 / 0.89 under 0.26's) while its aligned
+#: neighbours streamed 1.28-1.35x faster (``tests/fixtures/real_h200_classes/kernels/moe_probe_align_h200.json``,
+#: 2026-12-06, the outcome written down before its rows were read; its README). **Read off the H100's rows**
+#: (``moe_probe_align_h100.json``, K = 360 at 16, 64 and 256 tokens, the gate/up GEMM at the neighbours' rate:
+#: the mean of the three), judged on the H200's. Scaled to other GPUs by SMs x clock (:data:`SM_CLOCK_MHZ`);
+#: a GPU not listed there keeps HBM streaming (no cap). The mechanism was first suspected from the published
+#: gpt-oss-120b TP=8 runs' H100 / H200 / B200 ratios (held out), so those are not blind to it.
+MOE_UNALIGNED_DOWN_GBPS: dict[str, float] = {"v0.11_default": 1250.0, "by_batch": 830.0}
+#: SMs x boost clock (MHz), datasheets: the H100 SXM and the H200 132 x 1,980; the B200 148 x 1,965.
+SM_CLOCK_MHZ: dict[str, float] = {"H100-80GB": 132 * 1980.0, "H200": 132 * 1980.0, "B200": 148 * 1965.0}
 #: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM 0.11's fused_moe.py
 #: get_default_config, bf16 / fp8 without a tuned config file: 16x32 and 64x64 tiles).
 _MOE_BLOCK_M_SMALL, _MOE_BLOCK_M_LARGE = 16, 64
@@ -177,11 +192,36 @@ def moe_down_share(shape: MoeShape, version: tuple[int, int, int]) -> float:
         >>> moe_down_share(dataclasses.replace(oss_tp8, inter=720), (0, 14, 1))
         1.0
     """
+    key = _unaligned_key(shape, version)
+    return 1.0 if key is None else MOE_UNALIGNED_DOWN_SHARE[key]
+
+
+def _unaligned_key(shape: MoeShape, version: tuple[int, int, int]) -> str | None:
+    """Which tile set an unaligned down GEMM runs under; None where the width is aligned or not ``fused_moe``."""
     if not shape.fused_moe or shape.inter % 16 == 0:
-        return 1.0
+        return None
     if tuple(version) < MOE_TILE_BY_BATCH_SINCE and not shape.tuned_tiles:
-        return MOE_UNALIGNED_DOWN_SHARE["v0.11_default"]
-    return MOE_UNALIGNED_DOWN_SHARE["by_batch"]
+        return "v0.11_default"
+    return "by_batch"
+
+
+def unaligned_down_bytes_per_s(shape: MoeShape, version: tuple[int, int, int], gpu_name: str) -> float | None:
+    """The down GEMM's weight streaming cap (bytes/s) for an unaligned expert width on ``gpu_name``
+    (:data:`MOE_UNALIGNED_DOWN_GBPS` x its SMs x clock over the GH100's); None where none applies.
+
+    Example:
+        >>> from servetune.sim.perf_classes import WeightFormat
+        >>> oss_tp8 = MoeShape(128, 4, 2880, 360, 36, WeightFormat(2.0, 1.0), fused_moe=True)
+        >>> [round(unaligned_down_bytes_per_s(oss_tp8, (0, 14, 1), g) / 1e9) for g in ("H100-80GB", "H200", "B200")]
+        [1250, 1250, 1391]
+        >>> unaligned_down_bytes_per_s(oss_tp8, (0, 14, 1), "A100-80GB") is None
+        True
+    """
+    key = _unaligned_key(shape, version)
+    scale = SM_CLOCK_MHZ.get(gpu_name)
+    if key is None or scale is None:
+        return None
+    return MOE_UNALIGNED_DOWN_GBPS[key] * 1e9 * scale / SM_CLOCK_MHZ["H100-80GB"]
 
 
 def unaligned_experts_note(model: ModelProfile, gpu: GpuSpec, tp: int, version: tuple[int, int, int],

@@ -150,6 +150,9 @@ class GemmTerms:
             # The matrices' FLOPs in units of an aligned one's: the down GEMM at its own rate where its K is
             # unaligned (moe_down_share); fixed by the shape and the version, so set once here.
             self._moe_matrices = m.matrices - 1 + 1.0 / _moe_tiles.moe_down_share(m, self._version)
+            # The unaligned down GEMM's weights at its own streaming cap (moe_seconds).
+            cap = _moe_tiles.unaligned_down_bytes_per_s(m, self._version, gpu.name)
+            self._moe_down_rate = self._moe_mem_rate if cap is None else min(self._moe_mem_rate, cap)
             self._moe_floor_s = m.layers * cal.moe_layer_floor_s
             self._moe_row_blocks = cal.moe_row_blocks >= 0.5
         self._act_bytes_token = act / mem_rate
@@ -170,7 +173,8 @@ class GemmTerms:
         touched = _moe_shape.distinct_experts(m.experts, m.top_k, tokens)
         if touched <= 0:
             return 0.0
-        mem_s = touched * m.expert_bytes * m.layers / self._moe_mem_rate
+        down = m.expert_bytes / m.matrices  # the down matrix's bytes; its own rate where unaligned
+        mem_s = touched * m.layers * ((m.expert_bytes - down) / self._moe_mem_rate + down / self._moe_down_rate)
         rows = tokens * m.top_k
         if self._moe_row_blocks:  # each kernel's own row block, padded per expert (perf_classes.moe_row_fill)
             block = _moe_tiles.moe_block_m(m.grouped_gemm, tokens, m.experts, m.top_k, self._version, m.block_quant,
