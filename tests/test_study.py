@@ -17,10 +17,11 @@ from typing import Any
 
 import optuna
 import pytest
+import sqlalchemy
 import yaml
 from mlflow.tracking import MlflowClient
 
-from servetune.records import dataset
+from servetune.records import dataset, open_storage_read_only
 from servetune.result import LatencySummary, TrialResult, TrialStatus
 from servetune.spec.schema import StudySpec
 from servetune.records.trial_attrs import set_trial_attrs
@@ -260,10 +261,13 @@ def test_sigkilled_driver_then_resume_keeps_every_finished_trial_once(tmp_path: 
         while time.monotonic() < deadline:
             time.sleep(0.5)
             try:
-                if len(optuna.load_study(study_name="kill-study", storage=storage).get_trials(
+                # read-only, as `servetune best` reads: a poll that opened the storage for writing could
+                # race the driver creating the database (both stamping its schema version: "UNIQUE
+                # constraint failed: alembic_version.version_num" on one side)
+                if len(optuna.load_study(study_name="kill-study", storage=open_storage_read_only(storage)).get_trials(
                         deepcopy=False, states=(complete,))) >= 4:
                     break
-            except KeyError:
+            except (KeyError, sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError):  # none yet: again
                 continue
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
