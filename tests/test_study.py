@@ -267,8 +267,8 @@ def test_sigkilled_driver_then_resume_keeps_every_finished_trial_once(tmp_path: 
                 if len(optuna.load_study(study_name="kill-study", storage=open_storage_read_only(storage)).get_trials(
                         deepcopy=False, states=(complete,))) >= 4:
                     break
-            except (KeyError, sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError):  # none yet: again
-                continue
+            except (KeyError, sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError):
+                continue  # no database or study yet: look again
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
