@@ -17,11 +17,11 @@ from typing import Any
 
 import optuna
 import pytest
-import sqlalchemy
 import yaml
+from _study_procs import completed_trials
 from mlflow.tracking import MlflowClient
 
-from servetune.records import dataset, open_storage_read_only
+from servetune.records import dataset
 from servetune.result import LatencySummary, TrialResult, TrialStatus
 from servetune.spec.schema import StudySpec
 from servetune.records.trial_attrs import set_trial_attrs
@@ -260,15 +260,10 @@ def test_sigkilled_driver_then_resume_keeps_every_finished_trial_once(tmp_path: 
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             time.sleep(0.5)
-            try:
-                # read-only, as `servetune best` reads: a poll that opened the storage for writing could
-                # race the driver creating the database (both stamping its schema version: "UNIQUE
-                # constraint failed: alembic_version.version_num" on one side)
-                if len(optuna.load_study(study_name="kill-study", storage=open_storage_read_only(storage)).get_trials(
-                        deepcopy=False, states=(complete,))) >= 4:
-                    break
-            except (KeyError, sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError):
-                continue  # no database or study yet: look again
+            # read-only: a poll that opened the storage for writing could race the driver creating the
+            # database (both stamping its schema version: "UNIQUE constraint failed: alembic_version")
+            if completed_trials(tmp_path / "optuna.db") >= 4:
+                break
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:

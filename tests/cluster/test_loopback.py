@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-import optuna
 import yaml
+from _study_procs import completed_trials
 from _sockets import is_loopback, listening_sockets, process_tree
 
 from servetune.cluster._ray_session import reap_leftovers, record_path, session_processes
@@ -43,13 +43,6 @@ def _spec(tmp: Path) -> dict:
     }
 
 
-def _told(storage: str) -> int:
-    try:
-        return len(optuna.load_study(study_name=NAME, storage=storage).get_trials(
-            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    except KeyError:
-        return 0
-
 
 def test_the_socket_reader_sees_an_all_interfaces_bind() -> None:
     """The check below can fail: a socket on 0.0.0.0 in this process is listed, and not as loopback."""
@@ -70,7 +63,6 @@ def test_a_running_study_listens_on_loopback_only(tmp_path: Path) -> None:
     spec_path.write_text(yaml.safe_dump(_spec(tmp_path)))
     env = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin", "RAY_AUTH_MODE": "disabled",
            "SERVETUNE_POOL": "ray", "HOME": str(tmp_path), "MLFLOW_DISABLE_TELEMETRY": "true"}
-    storage = f"sqlite:///{tmp_path}/optuna.db"
     driver = subprocess.Popen([sys.executable, "-m", "servetune", "tune", str(spec_path)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     seen: dict[tuple[str, str, int], int] = {}  # (command, address, port) -> pid, over the whole run
@@ -83,11 +75,11 @@ def test_a_running_study_listens_on_loopback_only(tmp_path: Path) -> None:
             pids = process_tree(driver.pid) | set(session_processes(record) if record else ())
             for pid, comm, addr, port in listening_sockets(pids):
                 seen[(comm, addr, port)] = pid
-            if record and _told(storage) >= 1:
+            if record and completed_trials(tmp_path / "optuna.db") >= 1:
                 break
             time.sleep(0.5)
         assert driver.poll() is None, "the study ended before its sockets were read"
-        assert record and _told(storage) >= 1, "the study finished no trial within 180 s"
+        assert record and completed_trials(tmp_path / "optuna.db") >= 1, "the study finished no trial within 180 s"
         commands = {comm for comm, _, _ in seen}
         assert {"gcs_server", "raylet"} <= commands, f"Ray's own servers were not seen: {sorted(seen)}"
         # Ray's dashboard (its web UI, default port 8265) is off unless SERVETUNE_RAY_DASHBOARD asks for it.

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import optuna
 import yaml
+from _study_procs import completed_trials
 
 from servetune.cluster._ray_session import record_path, session_processes
 
@@ -51,13 +52,6 @@ def _kill_session(sid: int) -> None:
             continue
 
 
-def _told(storage: str) -> int:
-    try:
-        return len(optuna.load_study(study_name="leftovers", storage=storage).get_trials(
-            deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)))
-    except KeyError:
-        return 0
-
 
 def test_resume_stops_the_killed_drivers_ray_and_leaves_none_of_its_own(tmp_path: Path) -> None:
     spec_path = tmp_path / "study.yaml"
@@ -71,9 +65,9 @@ def test_resume_stops_the_killed_drivers_ray_and_leaves_none_of_its_own(tmp_path
     record_file = record_path(tmp_path, "leftovers")
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and _told(storage) < 2:
+        while time.monotonic() < deadline and completed_trials(tmp_path / "optuna.db") < 2:
             time.sleep(0.5)
-        assert _told(storage) >= 2, "the first driver told no trials"
+        assert completed_trials(tmp_path / "optuna.db") >= 2, "the first driver told no trials"
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         record = json.loads(record_file.read_text())
@@ -83,7 +77,7 @@ def test_resume_stops_the_killed_drivers_ray_and_leaves_none_of_its_own(tmp_path
         assert left, "the SIGKILLed driver left no Ray process behind (nothing to test)"
         print(f"left by the SIGKILLed driver: {len(left)} processes of {record['session_dir']}")
 
-        resumed = subprocess.run([*cmd, "--resume", "--trials", str(_told(storage) + 2)], capture_output=True,
+        resumed = subprocess.run([*cmd, "--resume", "--trials", str(completed_trials(tmp_path / "optuna.db") + 2)], capture_output=True,
                                  text=True, env=env, timeout=300)
         assert resumed.returncode in (0, 1), resumed.stderr[-2000:]
         assert "stopped" in resumed.stdout and "left by the earlier driver's local Ray" in resumed.stdout, \
