@@ -150,9 +150,12 @@ class GemmTerms:
             # The matrices' FLOPs in units of an aligned one's: the down GEMM at its own rate where its K is
             # unaligned (moe_down_share); fixed by the shape and the version, so set once here.
             self._moe_matrices = m.matrices - 1 + 1.0 / _moe_tiles.moe_down_share(m, self._version)
-            # The unaligned down GEMM's weights at its own streaming cap (moe_seconds).
+            # Seconds to stream one touched expert's weights: the down matrix at its own cap where its width is
+            # unaligned (_moe_tiles.unaligned_down_bytes_per_s), the rest at the experts' rate.
             cap = _moe_tiles.unaligned_down_bytes_per_s(m, self._version, gpu.name)
-            self._moe_down_rate = self._moe_mem_rate if cap is None else min(self._moe_mem_rate, cap)
+            down = m.expert_bytes / m.matrices
+            self._moe_expert_s = ((m.expert_bytes - down) / self._moe_mem_rate
+                                  + down / (self._moe_mem_rate if cap is None else min(self._moe_mem_rate, cap)))
             self._moe_floor_s = m.layers * cal.moe_layer_floor_s
             self._moe_row_blocks = cal.moe_row_blocks >= 0.5
         self._act_bytes_token = act / mem_rate
@@ -160,7 +163,8 @@ class GemmTerms:
     def moe_seconds(self, tokens: int) -> float:
         """The routed experts' grouped GEMMs for ``tokens`` rows over the stage's MoE layers.
 
-        Weight bytes: the touched experts' (:func:`~servetune.sim.perf_classes.distinct_experts`);
+        Weight bytes: the touched experts' (:func:`~servetune.sim.perf_classes.distinct_experts`), an
+        unaligned width's down matrix at its per-SM cap (:func:`~servetune.sim._moe_tiles.unaligned_down_bytes_per_s`);
         FLOPs: ``2 x tokens x top_k x 3 H I``, at the share of the tile rows the kernel's
         per-expert padding to ``BLOCK_SIZE_M`` leaves busy, and from vLLM 0.17 (whose default tile
         grows with the batch, :func:`~servetune.sim.perf_classes.moe_tile`) at that tile's rate
@@ -173,8 +177,7 @@ class GemmTerms:
         touched = _moe_shape.distinct_experts(m.experts, m.top_k, tokens)
         if touched <= 0:
             return 0.0
-        down = m.expert_bytes / m.matrices  # the down matrix's bytes; its own rate where unaligned
-        mem_s = touched * m.layers * ((m.expert_bytes - down) / self._moe_mem_rate + down / self._moe_down_rate)
+        mem_s = touched * m.layers * self._moe_expert_s
         rows = tokens * m.top_k
         if self._moe_row_blocks:  # each kernel's own row block, padded per expert (perf_classes.moe_row_fill)
             block = _moe_tiles.moe_block_m(m.grouped_gemm, tokens, m.experts, m.top_k, self._version, m.block_quant,
