@@ -421,7 +421,7 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         """
         gpu = self.gpu_time(num_reqs, num_tokens, kv_context, attn_work, decode_only,
                             prefill_tokens, prefill_context, prefill_attn_work)
-        cpu = self._step_cpu + self._seq_cpu * num_reqs  # engine_cpu_s, inline (the hot path)
+        cpu = self.engine_cpu_s(num_reqs)
         # Under enforce_eager the thread that schedules and prepares the next step is the one
         # launching this step's kernels: none of it hides.
         hidden = 0.0 if self.enforce_eager and self._eager_cpu_bound else cpu * self._overlap
