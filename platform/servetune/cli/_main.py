@@ -328,6 +328,7 @@ def _tune(args: argparse.Namespace) -> int:
     # The driver (Ray, MLflow, the dataset) only once the spec and its stores passed: a refusal
     # costs the spec's imports alone (0.7 CPU-s, against 1.7 with the driver's).
     from servetune.cli._logs import libraries_to_file
+    from servetune.planner.flags import measure_only_notes
     from servetune.records.trial_record import figure as _figure
     from servetune.result import api_server_note
     from servetune.study import run_study
@@ -376,9 +377,8 @@ def _tune(args: argparse.Namespace) -> int:
     if note:
         print(f"servetune: note: {note}")
     print(f"servetune: run it with:\n  {outcome.best_command}")
-    if outcome.best_flags and outcome.best_flags.get("load_format") == "dummy":
-        print("servetune: note: the trials ran on random weights (load_format: dummy), with the checkpoint's memory "
-              "and speed; the command above loads the checkpoint")
+    for line in measure_only_notes(outcome.best_flags or {}):  # flags the command above leaves out (flags.serving_flags)
+        print(f"servetune: note: {line}")
     for line in (outcome.headroom or {}).get("text", []):  # the winner's headroom (search.headroom)
         print(f"servetune: {line}")
     print(f"servetune: compare trials in MLflow: {_mlflow_hint(outcome)}")

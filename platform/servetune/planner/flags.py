@@ -28,7 +28,7 @@ from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import load_json, load_yaml, shown
 
 __all__ = ["FlagSpec", "FLAGS", "NOT_MODELLED", "validate_flags", "validate_flag", "gpus_needed", "to_cli_args", "to_config_yaml",
-           "to_command_line", "serving_flags", "parse_set_option", "flags_key", "argv_value", "MAX_ARGV_VALUE"]
+           "to_command_line", "serving_flags", "measure_only_notes", "parse_set_option", "flags_key", "argv_value", "MAX_ARGV_VALUE"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,10 +255,18 @@ def to_cli_args(flags: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-#: Flags set only to measure, never to serve: ``load_format: dummy`` builds random weights, with the
-#: checkpoint's memory and speed, so a study may run on them; the command it recommends loads the checkpoint.
-_MEASURE_ONLY: Mapping[str, Any] = {"load_format": "dummy"}
-_UNSET = object()
+#: Flags set only to measure, never to serve: name -> (value, what the study's output says of them).
+#: ``load_format: dummy`` builds random weights, with the checkpoint's memory and speed, so a study may run
+#: on them; the command it recommends loads the checkpoint.
+_MEASURE_ONLY: Mapping[str, tuple[Any, str]] = {
+    "load_format": ("dummy", "the trials ran on random weights (load_format: dummy), with the checkpoint's memory "
+                             "and speed; the command above loads the checkpoint"),
+}
+
+
+def _measure_only(name: str, value: Any) -> bool:
+    entry = _MEASURE_ONLY.get(name)
+    return entry is not None and entry[0] == value
 
 
 def serving_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -268,7 +276,19 @@ def serving_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
         >>> serving_flags({"load_format": "dummy", "max_num_seqs": 64})
         {'max_num_seqs': 64}
     """
-    return {k: v for k, v in flags.items() if _MEASURE_ONLY.get(str(k), _UNSET) != v}
+    return {k: v for k, v in flags.items() if not _measure_only(str(k), v)}
+
+
+def measure_only_notes(flags: Mapping[str, Any]) -> list[str]:
+    """What to tell the user of each measure-only flag in ``flags`` (:func:`serving_flags` leaves them out).
+
+    Example:
+        >>> measure_only_notes({"load_format": "dummy"})[0][:38]
+        'the trials ran on random weights (load'
+        >>> measure_only_notes({"load_format": "safetensors"})
+        []
+    """
+    return [_MEASURE_ONLY[str(k)][1] for k, v in flags.items() if _measure_only(str(k), v)]
 
 
 def to_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
