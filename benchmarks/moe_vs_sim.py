@@ -12,8 +12,10 @@ a tuned file vLLM 0.26 ships (the simulator prices 0.26's default tiles), or a 0
 Nothing the step uses is fitted here. ``perf_classes.MOE_UNALIGNED_DOWN_SHARE`` is read off a second probe of the
 same kernel on another H100 (``moe_probe_align_h100.json``, ``moe_probe_align2_h100.json``): unaligned
 expert widths against their aligned neighbours; ``--derive`` prints its two figures, read off the
-gpt-oss-120b TP=8 width, and judges them on the other widths. In the first probe the gpt-oss-120b
-TP=8 rows are labelled ``fit`` (the same layer), every other row is evidence.
+gpt-oss-120b TP=8 width, and judges them on the other widths; it prints too the same layer's down matrix's
+streaming cap at 16-256 tokens (``_moe_tiles.MOE_UNALIGNED_DOWN_GBPS``) and the H200 probe's rates it is
+judged on. In the first probe the gpt-oss-120b TP=8 rows are labelled ``fit`` (the same layer), every other
+row is evidence.
 
 ``perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE`` is fitted here (``--wide-tile``): on the vLLM 0.26 rows of
 :data:`WIDE_TILE_FIT` at the 128 x 128 default tile, judged on :data:`WIDE_TILE_JUDGED`'s.
@@ -268,6 +270,38 @@ def derive_unaligned(probes: tuple[dict, ...]) -> dict[str, float]:
     return shares
 
 
+#: The token counts the unaligned down matrix's streaming cap is read at: few rows per expert, weight-bound.
+CAP_TOKENS = (16, 64, 256)
+#: The H200 probe the cap is judged on (the H100's SMs and clock, 1.43x its HBM), measured after it was read.
+ALIGN_PROBE_H200 = ROOT / "tests" / "fixtures" / "real_h200_classes" / "kernels" / "moe_probe_align_h200.json"
+
+
+def down_streaming_gbps(probes: tuple[dict, ...], mode: str,
+                        tokens: tuple[int, ...] = CAP_TOKENS) -> dict[int, tuple[float, float]]:
+    """Per token count: the aligned neighbours' weight streaming rate and the unaligned layer's down matrix's
+    (GB/s), for the first group of :data:`ALIGN_GROUPS` (gpt-oss-120b's TP=8 layer, bf16 weights) with uniform
+    routing's touched experts; the unaligned layer's gate/up GEMM streams at the neighbours' rate, the rest of
+    its time is the down matrix's."""
+    rows = _align_rows(probes)
+    unaligned, aligned = ALIGN_GROUPS[0]
+    out = {}
+    for t in tokens:
+        row = rows[(unaligned, mode, t)]
+        touched = perf_classes.distinct_experts(row["experts"], row["top_k"], t)
+        rate = sum(touched * 3 * rows[(a, mode, t)]["hidden"] * rows[(a, mode, t)]["intermediate"] * 2
+                   / rows[(a, mode, t)]["us"] for a in aligned) / len(aligned)  # bytes per microsecond
+        down = touched * row["hidden"] * row["intermediate"] * 2
+        out[t] = (rate * 1e-3, down / (row["us"] - 2 * down / rate) * 1e-3)
+    return out
+
+
+def derive_unaligned_cap(probes: tuple[dict, ...]) -> dict[str, float]:
+    """``_moe_tiles.MOE_UNALIGNED_DOWN_GBPS``: the mean of :func:`down_streaming_gbps`' down rates at
+    :data:`CAP_TOKENS`, per kernel configuration, to 10 GB/s."""
+    return {key: round(sum(down for _, down in down_streaming_gbps(probes, mode).values()) / len(CAP_TOKENS), -1)
+            for mode, key in PROBE_MODES.items()}
+
+
 def judge_unaligned(probes: tuple[dict, ...], shares: dict[str, float]) -> list[dict]:
     """Every group's unaligned layer at 1,024-8,192 tokens against the rule's prediction; the first
     group is the fit, the rest held out."""
@@ -310,6 +344,10 @@ def main() -> int:
         probes = tuple(json.loads(path.read_text()) for path in ALIGN_PROBES)
         shares = derive_unaligned(probes)
         print(json.dumps(shares))
+        print(json.dumps({"down_gbps_cap": derive_unaligned_cap(probes)}))
+        h200 = (json.loads(ALIGN_PROBE_H200.read_text()),)
+        for mode in PROBE_MODES:
+            print(json.dumps({"h200": mode, "aligned_and_down_gbps": down_streaming_gbps(h200, mode)}))
         for row in judge_unaligned(probes, shares):
             print(json.dumps(row))
         return 0

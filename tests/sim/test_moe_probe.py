@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 import moe_vs_sim
 import pytest
 
 from servetune.sim import _moe_tiles, perf_classes
 from servetune.sim._moe_tiles import unaligned_down_bytes_per_s
-from servetune.sim.perf_classes import MoeShape, WeightFormat, distinct_experts
+from servetune.sim.perf_classes import MoeShape, WeightFormat
 
 PROBE = json.loads(moe_vs_sim.PROBE.read_text())
 
@@ -203,30 +202,17 @@ def test_the_wide_tile_rate_is_the_probes_fit_and_the_fit_reaches_the_step() -> 
     assert _moe_tiles.MOE_BY_BATCH_WIDE_TILE_APPLIED is False and _moe_tiles.MOE_BY_BATCH_WIDE_TILE_RATE == 2.25
 
 
-def _down_streaming_tbps(path: Path, mode: str) -> dict[int, tuple[float, float]]:
-    """Per token count: the aligned neighbours' layer streaming rate and the K = 360 down matrix's (TB/s), the
-    gate/up GEMM of the unaligned layer taken at the neighbours' rate (the rule's decomposition)."""
-    rows = {(r["shape"], r["tokens"]): r for r in json.loads(path.read_text())["rows"] if r["mode"] == mode and r["us"]}
-    out = {}
-    for tokens in (16, 64, 256):
-        touched = distinct_experts(128, 4, tokens)
-        aligned = [touched * 3 * 2880 * rows[(a, tokens)]["intermediate"] * 2 / rows[(a, tokens)]["us"] / 1e6
-                   for a in ("a_h2880_i352", "a_h2880_i368")]
-        rate = sum(aligned) / 2
-        gate_up_us = touched * 2 * 2880 * 360 * 2 / (rate * 1e6)
-        out[tokens] = (rate, touched * 2880 * 360 * 2 / ((rows[("ua_h2880_i360", tokens)]["us"] - gate_up_us) * 1e6))
-    return out
-
-
 def test_the_unaligned_down_matrix_streams_at_the_per_sm_rate_on_the_h200_too() -> None:
-    """The rule's cap (``_moe_tiles.MOE_UNALIGNED_DOWN_GBPS``) was read off the H100's rows; the H200's rows (the
-    H100's SMs and clock, 1.43x its HBM) were measured after, and are judged here: its unaligned down matrix streams
-    within 15% of the cap at 16-256 tokens under both tile sets, while its aligned layers stream well above it."""
+    """The rule's cap (``_moe_tiles.MOE_UNALIGNED_DOWN_GBPS``) is read off the H100's rows (``moe_vs_sim --derive``);
+    the H200's rows (the H100's SMs and clock, 1.43x its HBM) were measured after, and are judged here: its unaligned
+    down matrix streams within 15% of the cap at 16-256 tokens under both tile sets, while its aligned layers stream
+    well above it."""
+    assert moe_vs_sim.derive_unaligned_cap(ALIGN) == _moe_tiles.MOE_UNALIGNED_DOWN_GBPS
     shape = MoeShape(128, 4, 2880, 360, 36, WeightFormat(2.0, 1.0), fused_moe=True)
-    h200 = Path(__file__).parents[1] / "fixtures" / "real_h200_classes" / "kernels" / "moe_probe_align_h200.json"
+    h200 = (json.loads(moe_vs_sim.ALIGN_PROBE_H200.read_text()),)
     for mode, version in (("v0.11_default", (0, 14, 1)), ("vllm", (0, 26, 0))):
         cap = unaligned_down_bytes_per_s(shape, version, "H200")
         assert cap is not None
-        for tokens, (aligned, down) in _down_streaming_tbps(h200, mode).items():
-            assert abs(down * 1e12 / cap - 1) < 0.15, (mode, tokens, down)
-            assert aligned * 1e12 > 1.8 * cap
+        for tokens, (aligned, down) in moe_vs_sim.down_streaming_gbps(h200, mode).items():
+            assert abs(down * 1e9 / cap - 1) < 0.15, (mode, tokens, down)
+            assert aligned * 1e9 > 1.8 * cap

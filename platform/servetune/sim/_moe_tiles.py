@@ -57,7 +57,8 @@ MOE_UNALIGNED_DOWN_SHARE: dict[str, float] = {"v0.11_default": 0.398, "by_batch"
 #: neighbours streamed 1.28-1.35x faster (``tests/fixtures/real_h200_classes/kernels/moe_probe_align_h200.json``,
 #: 2026-12-06, the outcome written down before its rows were read; its README). **Read off the H100's rows**
 #: (``moe_probe_align_h100.json``, K = 360 at 16, 64 and 256 tokens, the gate/up GEMM at the neighbours' rate:
-#: the mean of the three), judged on the H200's. Scaled to other GPUs by SMs x clock (:data:`SM_CLOCK_MHZ`);
+#: the mean of the three; ``benchmarks/moe_vs_sim.py --derive``), judged on the H200's. Scaled to other GPUs by
+#: SMs x clock (:data:`SM_CLOCK_MHZ`);
 #: a GPU not listed there keeps HBM streaming (no cap). The mechanism was first suspected from the published
 #: gpt-oss-120b TP=8 runs' H100 / H200 / B200 ratios (held out), so those are not blind to it.
 MOE_UNALIGNED_DOWN_GBPS: dict[str, float] = {"v0.11_default": 1250.0, "by_batch": 830.0}
