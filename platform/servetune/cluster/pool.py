@@ -137,6 +137,14 @@ def _node_accelerator(node_id: str) -> str | None:
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+class _ProbeActor:
+    """Runs one :meth:`TrialPool.on_worker` question on a GPU node, holding a sliver of its resources."""
+
+    def run(self, fn: Callable[[], T]) -> T:
+        return fn()
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class TrialActor:
     """Holds the GPUs of one trial for its lifetime and runs the engine there."""
 
@@ -301,15 +309,20 @@ class TrialPool:
         self.bind_gpu_type(gpu_type)
         if self.offered_gpus == 0:  # no live node offers a GPU: nothing to ask before the first trial is placed
             return None
-        options: dict[str, Any] = {"num_cpus": 0, "num_gpus": _ACCEL_SLIVER, "max_retries": 0}
+        options: dict[str, Any] = {"num_gpus": _ACCEL_SLIVER}
         if self.accelerator:
             options["resources"] = {self.accelerator: _ACCEL_SLIVER}
-        ref = ray.remote(fn).options(**options).remote()
+        # An actor, ended by ray.kill, not a task ended by ray.cancel: Ray 2.60's driver aborts (a failed
+        # RAY_CHECK, "Tried to complete task that was not pending", task_manager.cc:1329) where a cancel
+        # crosses the task's own reply (the race ray-project/ray#54738 names); a probe that timed out or
+        # failed is exactly one that may be answering at that moment.
+        actor = _ProbeActor.options(**options).remote()  # type: ignore[attr-defined]  # added by @ray.remote
         try:
-            return ray.get(ref, timeout=timeout_s)  # type: ignore[no-any-return]
+            return ray.get(actor.run.remote(fn), timeout=timeout_s)  # type: ignore[no-any-return]
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
-            ray.cancel(ref, force=True)
             return None
+        finally:
+            ray.kill(actor, no_restart=True)
 
     def submit(self, trial_number: int, task: TrialTask, backend: str, gpus: int) -> None:
         self.bind_gpu_type(task.gpu)
