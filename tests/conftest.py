@@ -15,7 +15,7 @@
 Several workers (pytest-xdist, README's test command ``-n 3 --dist loadfile``): each test file runs
 whole on one worker (its module fixtures start once, its tests keep their order), the files that
 bring up multi-node ``ray start`` clusters run one after another on one worker
-(:data:`SERIAL_GROUPS`). Every worker starts its own servers (the fixtures above, once per process)
+(:data:`_xdist_units.SERIAL_GROUPS`). Every worker starts its own servers (the fixtures above, once per process)
 on free ports, in its own ``tmp_path`` tree; a local Ray is per process, so each worker's is its own.
 """
 
@@ -41,50 +41,17 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 _MLFLOW_START_TIMEOUT_S = 90.0
 
-#: Test files that must not overlap one another on several workers: each brings up a Ray cluster of
-#: several ``ray start`` nodes (3-4 raylets, a GCS, a dashboard, agents) or a whole local stack;
-#: two of them at once on 2 cores push node start-ups past their deadlines. Under ``--dist loadfile``
-#: the files of one group are one unit of work, run in turn on one worker (:func:`pytest_xdist_make_scheduler`).
-SERIAL_GROUPS: dict[str, str] = {
-    "tests/cluster/test_multinode.py": "ray-cluster",
-    "tests/cluster/test_node_loss.py": "ray-cluster",
-    "tests/cluster/test_readme_job.py": "ray-cluster",
-    "tests/infra/test_local_stack.py": "ray-cluster",
-}
-
-
-def work_unit(nodeid: str) -> str:
-    """The unit of work a test belongs to under ``--dist loadfile``: its file, or its file's
-    :data:`SERIAL_GROUPS` group.
-
-    >>> work_unit("tests/test_study.py::test_grid[a::b]"), work_unit("tests/cluster/test_node_loss.py::test_x")
-    ('tests/test_study.py', 'ray-cluster')
-    """
-    path = nodeid.split("::", 1)[0]
-    return SERIAL_GROUPS.get(path, path)
-
-
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's; a plain `pytest` never calls it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile`` with :data:`SERIAL_GROUPS` merged: each file (or group) runs whole on one
-    worker. (xdist's ``--dist loadgroup`` marks do not group under pytest 9.2: xdist writes the group
-    into ``item._nodeid``, which pytest 9.2's ``nodeid`` no longer reads.)"""
+    """``--dist loadfile`` with :data:`_xdist_units.SERIAL_GROUPS` merged: each file (or group) runs whole on
+    one worker, and a crashed worker costs its one test (:class:`_xdist_units.FileOrGroupScheduling`).
+    (xdist's ``--dist loadgroup`` marks do not group under pytest 9.2: xdist writes the group into
+    ``item._nodeid``, which pytest 9.2's ``nodeid`` no longer reads.)"""
     if config.getvalue("dist") != "loadfile":
         return None
-    from xdist.scheduler import LoadFileScheduling
+    from _xdist_units import FileOrGroupScheduling
 
-    class _FileOrGroup(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
-
-        def _assign_work_unit(self, node: Any) -> None:
-            # The groups first: each is the longest unit (~4 min on 2 cores), so the other worker
-            # runs the rest meanwhile and no group is left to run alone at the end.
-            for group in sorted(set(SERIAL_GROUPS.values()) & set(self.workqueue), reverse=True):
-                self.workqueue.move_to_end(group, last=False)
-            super()._assign_work_unit(node)
-
-    return _FileOrGroup(config, log)
+    return FileOrGroupScheduling(config, log)
 
 
 def _free_port() -> int:
