@@ -8,7 +8,9 @@ Contract:
   ``pool_pre_ping`` (a pooled connection that died with a server restart is replaced before use,
   instead of failing the next call) and, for PostgreSQL, a 10 s connect timeout unless the URL
   sets one (an unreachable host fails and is retried instead of hanging for the TCP timeout).
-  Opening it connects and creates the tables, so call it inside :func:`servetune.records._retry.retry_call`.
+  Opening it connects and creates the tables, so call it inside :func:`servetune.records._retry.retry_call`;
+  a driver that loses the race to stamp a new database's schema version to another one opening it at
+  the same moment opens it again.
 * :class:`RetryingStorage` runs every storage call through :func:`servetune.records._retry.retry_call`:
   a locked SQLite file or a PostgreSQL restart delays the call (capped exponential backoff, 60 s
   deadline) instead of ending the study. Each call is one transaction in Optuna's RDB storage,
@@ -127,8 +129,16 @@ def open_storage(url: str | None) -> RetryingStorage | None:
     """The study's storage for ``url`` (``None``: in memory). Connects: retry it as a whole."""
     if url is None:
         return None
+    import sqlalchemy.exc
+
     url = postgres_url(url)
-    rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs_for(url))
+    try:
+        rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs_for(url))
+    except sqlalchemy.exc.IntegrityError:
+        # Two drivers creating the same new database at once both stamp its schema version (Optuna's
+        # RDBStorage inserts the alembic_version row after create_all): one of them loses with "UNIQUE
+        # constraint failed: alembic_version.version_num". The schema is there now; opening again finds it.
+        rdb = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs_for(url))
     return RetryingStorage(optuna.storages._CachedStorage(rdb))
 
 
