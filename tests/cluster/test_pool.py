@@ -44,7 +44,8 @@ def _available_gpus(expected: float, timeout_s: float = 30.0) -> float:
 
 def test_a_probe_answers_from_a_gpu_node_before_any_trial_and_holds_no_gpu(local_ray: None) -> None:
     """What the study driver asks a GPU worker before its first trial (vLLM's has_flashinfer() there, which decides
-    the FlashInfer all-reduce fusion workspace its plans charge): answered, or None when the task fails."""
+    the FlashInfer all-reduce fusion workspace its plans charge): answered, or None when the question fails or does
+    not answer in time; either way its actor ends and gives its sliver of a GPU back."""
     import importlib.util
 
     from servetune.engines.vllm.host import probe_has_flashinfer
@@ -52,9 +53,16 @@ def test_a_probe_answers_from_a_gpu_node_before_any_trial_and_holds_no_gpu(local
     def broken() -> bool:
         raise RuntimeError("no answer")
 
+    def stuck() -> bool:
+        time.sleep(600)
+        return True
+
     pool = TrialPool.start(num_gpus=2, num_cpus=2)
     assert pool.on_worker(probe_has_flashinfer, "H200") is (importlib.util.find_spec("flashinfer") is not None)
     assert pool.on_worker(broken, "H200", timeout_s=30.0) is None
+    started = time.monotonic()
+    assert pool.on_worker(stuck, "H200", timeout_s=3.0) is None  # given up, and its actor (and GPU sliver) ended
+    assert time.monotonic() - started < 30
     assert _available_gpus(2) == 2 and pool.free_gpus == 2
 
 
