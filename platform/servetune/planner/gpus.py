@@ -205,11 +205,11 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                          "there) and published vLLM 0.10.1.1 starts (dennislee22/vLLM-benchmarking: Qwen2-7B at "
                          "TP=1 and at TP=2 without GPU P2P, -2.5% to +0.6%; gpt-oss-120b at TP=4 over Ray, -0.3%)",
             sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1 on PCIe cards "
-                         "(PCIE_CARD_FIGURES), TP=1 held out 7.8% (20 bursts), TP=2 on a host without GPU P2P "
-                         "(interconnect pcie-no-p2p) held out 14.2% (23 bursts; +80.6% when priced as NVLink); "
-                         "TTFT 39% / 68% with the server's logged "
-                         "prefix-cache hits of re-sent prompts taken as cached; Qwen3-14B bursts at 0.11.0 fit "
-                         "its attention rate"),
+                         "(PCIE_CARD_FIGURES), TP=1 held out 3.2% (20 bursts), TP=2 on a host without GPU P2P "
+                         "(interconnect pcie-no-p2p) held out 8.0% (23 bursts; +80.6% when priced as NVLink); "
+                         "TTFT 24.4% / 22.5% with the re-sent prompts the server's log lines show taken as "
+                         "cached (2026-12-06, after GpuSpec.sm_count; 7.8% / 14.2%, TTFT 39% / 68% when first "
+                         "judged); Qwen3-14B bursts at 0.11.0 fit its attention and KV-read rates"),
     GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0, sm_count=108,
             source=f"{_NV} A800 SXM4 80GB (the A100's export part: NVLink 400 GB/s); memory as A100-80GB, "
                    "estimated. vLLM names it 'NVIDIA A800-SXM4-80GB', without 'a100', so its serve defaults are "
@@ -227,7 +227,8 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                          "Qwen2.5-72B start at TP=4 over PCIe (5.11 GiB left for KV: the planner is 5.4% high), a "
                          "vLLM 0.11.2 Qwen2.5-Coder-14B start at TP=1 (-0.9%)",
             sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight under a request rate, held "
-                         "out: -1.6% and -4.2% throughput, TTFT +5.5% and +15.8%)"),
+                         "out: -1.3% and -3.8% throughput, TTFT +4.2% and +13.7%; -1.6%, -4.2%, +5.5% and +15.8% "
+                         "before GpuSpec.sm_count, 2026-12-06)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9, sm_count=142,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
     GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, sm_count=58, source=f"{_NV} L4",
@@ -264,9 +265,10 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             wddm_memory_gib=12.0,
             sim_evidence="published vLLM 0.15.1 runs (docs/accuracy.md; WSL 2, an open loop at 1 request/s, "
                          "4,096/512-token prompts, six max_num_seqs / max_num_batched_tokens settings): Qwen3-0.6B "
-                         "held out, mean TPOT 4.0% (-3.8%, 6 of 6 within 10%), TTFT 6.6% (6 of 6 within 25%) with "
+                         "held out, mean TPOT 3.1% (-1.8%, 6 of 6 within 10%), TTFT 5.1% (6 of 6 within 25%; 4.0% and "
+                         "6.6% before GpuSpec.sm_count, 2026-12-06) with "
                          "each run's seeded requests replayed and FlashAttention-2's prefill rate; Qwen2.5-3B, "
-                         "nothing fitted on it either, 4.8% and 25.6%"),
+                         "nothing fitted on it either, 4.5% and 23.8% (4.8% and 25.6% before)"),
     GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6, sm_count=82,
             source=f"{_NV} GA102 whitepaper (71 TFLOPS bf16 with fp32 accumulate, dense); memory from torch OOM "
                    "messages ('23.69 GiB total capacity'); under Windows / WSL 2 24.00 GiB, the whole 24,576 MiB "
