@@ -49,6 +49,21 @@ def test_what_the_gpu_changes_in_vllm_follows_its_compute_capability():
     assert any("fp16" in n for n in t4.vllm_notes()) and not any("fp16" in n for n in h100.vllm_notes())
 
 
+@pytest.mark.parametrize(("name", "sms"), [
+    ("H100-80GB", 132), ("H100-PCIe", 114), ("H200", 132), ("H20", 78), ("A100-80GB", 108), ("A100-40GB", 108),
+    ("L40S", 142), ("L4", 58), ("A10G", 80), ("T4", 40), ("V100-16GB", 80), ("RTX-3060", 28), ("RTX-4090", 128),
+    ("RTX-5090", 170), ("B200", 148), ("MI300X", 304),
+])
+def test_each_gpu_has_its_datasheet_sm_count(name, sms):
+    """GpuSpec.sm_count, the grid the simulator's GEMM wave model fills (sim._perf_gemm.wave_fill); MI300X:
+    compute units."""
+    assert get_gpu(name).sm_count == sms
+
+
+def test_every_builtin_gpu_has_an_sm_count():
+    assert all(get_gpu(n).sm_count > 0 for n in (*REQUIRED, "A100-80GB", "A100-40GB", "A800-80GB"))
+
+
 def test_the_rtx_3060_is_a_ga10x_at_a_third_of_the_3090s_sms_with_360_gbps():
     """28 SMs at 1.78 GHz against the 3090's 82 at 1.70 (the GA10x SM rate), 192-bit GDDR6 at 15 Gbps;
     under WSL 2 torch sees the whole 12 GB. (Only the 12 GB board's names: an 8 GB RTX 3060 exists.)"""
@@ -56,7 +71,9 @@ def test_the_rtx_3060_is_a_ga10x_at_a_third_of_the_3090s_sms_with_360_gbps():
 
     r3060, r3090 = get_gpu("RTX 3060 12GB"), get_gpu("RTX-3090")
     assert r3060.hbm_gbps == 360.0 and r3060.compute_capability == r3090.compute_capability == 8.6
-    assert r3060.bf16_tflops == pytest.approx(r3090.bf16_tflops * (28 * 1.777) / (82 * 1.695), rel=0.01)
+    assert (r3060.sm_count, r3090.sm_count) == (28, 82)
+    assert r3060.bf16_tflops == pytest.approx(r3090.bf16_tflops * (r3060.sm_count * 1.777) / (r3090.sm_count * 1.695),
+                                              rel=0.01)
     assert under_wddm(r3060).memory_gib == 12.0 and r3060.memory_gib < 12.0
 
 
@@ -96,10 +113,13 @@ def test_register_from_yaml(tmp_path):
         "    fp8_tflops: 364\n"
         "    interconnect_gbps: 32\n"
         "    compute_capability: 8.9\n"
-        "    calibration: {decode_overhead_ms: 0.3}\n")
-    assert register_gpus_from_yaml(path) == ["RTX-6000-Ada-test"]
+        "    sm_count: 142\n"
+        "    calibration: {decode_overhead_ms: 0.3}\n"
+        "  - {name: no-sms-test, memory_gib: 10, hbm_gbps: 1, bf16_tflops: 1, fp8_tflops: 1, interconnect_gbps: 1}\n")
+    assert register_gpus_from_yaml(path) == ["RTX-6000-Ada-test", "no-sms-test"]
     g = get_gpu("rtx-6000-ada-test")
     assert isinstance(g, GpuSpec) and g.memory_gib == 47.5 and g.calibration["decode_overhead_ms"] == 0.3
+    assert g.sm_count == 142 and get_gpu("no-sms-test").sm_count == 0  # 0: not known (the simulator takes 132)
     assert "RTX-6000-Ada-test" in known_gpus()
 
 
@@ -112,6 +132,8 @@ def test_register_from_yaml(tmp_path):
     ("{memory_gib: 10, hbm_gbps: 1, bf16_tflops: 1, fp8_tflops: 1, interconnect_gbps: 1}", "gpus[0].name"),
     ("{name: bad4, memory_gb: 10, hbm_gbps: 1, bf16_tflops: 1, fp8_tflops: 1, interconnect_gbps: 1}",
      "gpus[0].memory_gb"),
+    *((f"{{name: bad5, memory_gib: 10, hbm_gbps: 1, bf16_tflops: 1, fp8_tflops: 1, interconnect_gbps: 1, sm_count: {v}}}",
+       "gpus[0].sm_count") for v in ("1.5", "-1", "true", "many")),
 ])
 def test_yaml_errors_name_the_field(tmp_path, entry, field):
     path = tmp_path / "g.yaml"

@@ -9,6 +9,7 @@ import json
 import moe_vs_sim
 import pytest
 
+from servetune.planner.gpus import get_gpu
 from servetune.sim import _moe_tiles, perf_classes
 from servetune.sim._moe_tiles import unaligned_down_bytes_per_s
 from servetune.sim.perf_classes import MoeShape, WeightFormat
@@ -79,7 +80,6 @@ def test_held_out_shapes_are_mostly_within_15_percent_at_prefill_sizes() -> None
 def test_simulate_names_an_unaligned_expert_width_and_the_sizes_that_avoid_it() -> None:
     """The rule reaches the user: a trial whose experts are 360 wide on a GPU says so, with the
     tensor-parallel sizes that keep them aligned; TP=4 (720 wide) and a dense model say nothing."""
-    from servetune.planner.gpus import get_gpu
     from servetune.planner.memory import resolve_engine_config
     from servetune.planner.modelinfo import load_model
     from servetune.sim.engine import figure_notes
@@ -211,8 +211,20 @@ def test_the_unaligned_down_matrix_streams_at_the_per_sm_rate_on_the_h200_too() 
     shape = MoeShape(128, 4, 2880, 360, 36, WeightFormat(2.0, 1.0), fused_moe=True)
     h200 = (json.loads(moe_vs_sim.ALIGN_PROBE_H200.read_text()),)
     for mode, version in (("v0.11_default", (0, 14, 1)), ("vllm", (0, 26, 0))):
-        cap = unaligned_down_bytes_per_s(shape, version, "H200")
+        cap = unaligned_down_bytes_per_s(shape, version, get_gpu("H200"))
         assert cap is not None
         for tokens, (aligned, down) in moe_vs_sim.down_streaming_gbps(h200, mode).items():
             assert abs(down * 1e9 / cap - 1) < 0.15, (mode, tokens, down)
             assert aligned * 1e9 > 1.8 * cap
+
+
+def test_the_unaligned_down_cap_scales_by_the_gpu_tables_sm_count() -> None:
+    """One SM count, the GPU table's (``GpuSpec.sm_count``, 2026-12-06; the cap's own SM x clock table before):
+    the B200's 148 SMs at 1,965 MHz over the H100's 132 at 1,980, half that on half the SMs, and no cap where the
+    GPU's SM count (0) or clock is not known."""
+    shape = MoeShape(128, 4, 2880, 360, 36, WeightFormat(2.0, 1.0), fused_moe=True)
+    b200 = get_gpu("B200")
+    cap = unaligned_down_bytes_per_s(shape, (0, 14, 1), b200)
+    assert cap == pytest.approx(1250e9 * 148 * 1965 / (132 * 1980))
+    assert unaligned_down_bytes_per_s(shape, (0, 14, 1), dataclasses.replace(b200, sm_count=74)) == pytest.approx(cap / 2)
+    assert unaligned_down_bytes_per_s(shape, (0, 14, 1), dataclasses.replace(b200, sm_count=0)) is None

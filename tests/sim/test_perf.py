@@ -95,6 +95,23 @@ def test_gemm_efficiency_comes_from_the_tile_grid() -> None:
     assert wave_fill(8192, 4096, 132) > wave_fill(1536, 4096, 132) + 0.05
 
 
+def test_the_wave_model_fills_the_gpus_own_sms_not_an_h100s() -> None:
+    """GpuSpec.sm_count (2026-12-06; before it every GPU took an H100's 132): 1,024 tokens against a 4,096-wide
+    output are 128 tiles of 128 x 256, one wave on 132 SMs but two on an A100's 108, where 128 x 128 tiles
+    (three waves) do best at 0.71. A GPU with no SM count takes DEFAULT_SMS."""
+    from servetune.sim._perf_gemm import DEFAULT_SMS
+
+    assert DEFAULT_SMS == 132 and wave_fill(1024, 4096, 132) == 1.0
+    assert wave_fill(1024, 4096, 108) == pytest.approx(0.9 * 256 / 324)
+    a100 = get_gpu("A100-80GB")
+    assert a100.sm_count == 108
+    config = resolve_engine_config({}, LLAMA8B, a100)
+    own, h100_grid = (PerfModel(LLAMA8B, g, config) for g in (a100, dataclasses.replace(a100, sm_count=0)))
+    o_proj = 1  # qkv, o, gate_up, down: o is 4,096 wide on one GPU
+    assert own.layer_gemm_shapes[o_proj][0] == 4096
+    assert own.layer_gemm_seconds(1024)[o_proj] > 1.3 * h100_grid.layer_gemm_seconds(1024)[o_proj]
+
+
 def test_token_side_tiles_cover_a_batch_off_the_128_row_grid() -> None:
     """gemm_token_tile (0 by default: the 64/128-row grid alone): vLLM's cuBLAS kernels covered 166
     tokens with tiles 72-176 wide, not two 128-row tiles, 35% of them idle."""

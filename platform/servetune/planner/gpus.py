@@ -100,6 +100,10 @@ class GpuSpec:
     sim_evidence: str = ""
     #: One of :data:`INTERCONNECTS`, or "" for the part's usual host (:attr:`link`).
     interconnect: str = ""
+    #: Streaming multiprocessors (AMD: compute units), from the vendor's datasheet or whitepaper: the grid a
+    #: GEMM's output tiles fill in waves (``servetune.sim._perf_gemm.wave_fill``); 0 where not known (the
+    #: simulator then takes an H100 SXM's 132).
+    sm_count: int = 0
 
     @property
     def link(self) -> str:
@@ -167,7 +171,7 @@ _NV = "NVIDIA datasheet"
 #: V100 SXM2 300 = 150, NVLink bridges (A6000 112.5, H100/H200 NVL 600) halved; PCIe 4.0 x16 32,
 #: PCIe 5.0 x16 64. nvlink_multicast: HGX/DGX boards with NVSwitch (NVLS), never PCIe or bridged parts.
 _BUILTIN: tuple[GpuSpec, ...] = (
-    GpuSpec("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
+    GpuSpec("H100-80GB", 79.19, 3350.0, 989.0, 1979.0, 450.0, compute_capability=9.0, sm_count=132, nvlink_multicast=True,
             source=f"{_NV} H100 SXM5; memory from llm-d-benchmark's H100 logs",
             log_evidence="published vLLM 0.11.0 startup logs (llm-d, TP 1-2, no FlashInfer fusion at 0.11), a vLLM 0.19.1 "
                          "start at TP=1 (qBraid/evolving-quantum-compilers, SXM or PCIe not stated: +0.5%) and "
@@ -177,82 +181,83 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             sim_evidence="servetune's own vLLM 0.26.0 windows (8B, TP=1, 2026-12-05, held out: 8.6% "
                          "throughput) and published vLLM 0.11.0 runs (gpustack: Qwen3-8B at 1-8 in flight, held "
                          "out: 4.1%; Qwen3-14B bursts, fit half: +75%, the host unexplained)"),
-    GpuSpec("H100-PCIe", 79.19, 2039.0, 756.0, 1513.0, 64.0, compute_capability=9.0,
+    GpuSpec("H100-PCIe", 79.19, 2039.0, 756.0, 1513.0, 64.0, compute_capability=9.0, sm_count=114,
             source=f"{_NV} H100 PCIe (HBM2e 2.0 TB/s); memory as the SXM part (same 80 GB), estimated"),
-    GpuSpec("H100-NVL", 93.1, 3938.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
+    GpuSpec("H100-NVL", 93.1, 3938.0, 835.0, 1671.0, 300.0, compute_capability=9.0, sm_count=132,
             source=f"{_NV} H100 NVL (94 GB, NVLink bridge 600 GB/s); memory estimated (nvidia-smi 95830 MiB less ~0.5 GiB)"),
-    GpuSpec("H800", 79.19, 3350.0, 989.0, 1979.0, 200.0, compute_capability=9.0, nvlink_multicast=True,
+    GpuSpec("H800", 79.19, 3350.0, 989.0, 1979.0, 200.0, compute_capability=9.0, sm_count=132, nvlink_multicast=True,
             source=f"{_NV} H800 SXM5 (NVLink 400 GB/s); memory as H100 SXM, estimated"),
-    GpuSpec("H20", 95.0, 4000.0, 148.0, 296.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
+    GpuSpec("H20", 95.0, 4000.0, 148.0, 296.0, 450.0, compute_capability=9.0, sm_count=78, nvlink_multicast=True,
             source=f"{_NV} H20 (96 GB HBM3, 4.0 TB/s, 148 TFLOPS bf16); memory from vLLM issue #51041 ('H20 (95 GiB)')"),
-    GpuSpec("GH200-96GB", 94.5, 4000.0, 989.0, 1979.0, 450.0, compute_capability=9.0,
+    GpuSpec("GH200-96GB", 94.5, 4000.0, 989.0, 1979.0, 450.0, compute_capability=9.0, sm_count=132,
             source=f"{_NV} GH200 (96 GB HBM3); one GPU per superchip, so no intra-node multicast; memory estimated"),
-    GpuSpec("H200", 139.8, 4800.0, 989.0, 1979.0, 450.0, compute_capability=9.0, nvlink_multicast=True,
+    GpuSpec("H200", 139.8, 4800.0, 989.0, 1979.0, 450.0, compute_capability=9.0, sm_count=132, nvlink_multicast=True,
             source=f"{_NV} H200 SXM; memory from servetune's own vLLM 0.26 logs",
             log_evidence="servetune's own vLLM 0.26.0 startup logs (TP 1-2, PP 2, NVLS off) and a published vLLM "
                          "0.11.2 startup log (faradawn/bench3, TP=1: the planner is +0.03% there)",
             sim_evidence="servetune's own vLLM 0.26.0 windows (0.85B-24B, TP=1-2, held out: "
                          "docs/accuracy.md)"),
-    GpuSpec("H200-NVL", 139.8, 4800.0, 835.0, 1671.0, 300.0, compute_capability=9.0,
+    GpuSpec("H200-NVL", 139.8, 4800.0, 835.0, 1671.0, 300.0, compute_capability=9.0, sm_count=132,
             source=f"{_NV} H200 NVL (NVLink bridge 900 GB/s 2/4-way, PCIe 5.0); memory as H200 SXM, estimated"),
-    GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0,
+    GpuSpec("A100-80GB", 79.25, 2039.0, 312.0, 312.0, 300.0, compute_capability=8.0, sm_count=108,
             source=f"{_NV} A100 SXM4 80GB",
             log_evidence="a published vLLM 0.17.1 startup log at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
                          "there) and published vLLM 0.10.1.1 starts (dennislee22/vLLM-benchmarking: Qwen2-7B at "
                          "TP=1 and at TP=2 without GPU P2P, -2.5% to +0.6%; gpt-oss-120b at TP=4 over Ray, -0.3%)",
             sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1 on PCIe cards "
-                         "(PCIE_CARD_FIGURES), TP=1 held out 7.8% (20 bursts), TP=2 on a host without GPU P2P "
-                         "(interconnect pcie-no-p2p) held out 14.2% (23 bursts; +80.6% when priced as NVLink); "
-                         "TTFT 39% / 68% with the server's logged "
-                         "prefix-cache hits of re-sent prompts taken as cached; Qwen3-14B bursts at 0.11.0 fit "
-                         "its attention rate"),
-    GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0,
+                         "(PCIE_CARD_FIGURES), TP=1 held out 3.2% (20 bursts), TP=2 on a host without GPU P2P "
+                         "(interconnect pcie-no-p2p) held out 8.0% (23 bursts; +80.6% when priced as NVLink); "
+                         "TTFT 24.4% / 22.5% with the re-sent prompts the server's log lines show taken as "
+                         "cached (2026-12-06, after GpuSpec.sm_count; 7.8% / 14.2%, TTFT 39% / 68% when first "
+                         "judged); Qwen3-14B bursts at 0.11.0 fit its attention and KV-read rates"),
+    GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0, sm_count=108,
             source=f"{_NV} A800 SXM4 80GB (the A100's export part: NVLink 400 GB/s); memory as A100-80GB, "
                    "estimated. vLLM names it 'NVIDIA A800-SXM4-80GB', without 'a100', so its serve defaults are "
                    "the H100 tier (8192 tokens / 1024 sequences), not the A100's 2048 / 256",
             log_evidence="a published vLLM 0.13.0 startup log at TP=4 over NVLink (emocat17/GraphRAG: compute "
                          "capability 8.0 with the 8192-token default logged)"),
-    GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0,
+    GpuSpec("A100-40GB", 39.39, 1555.0, 312.0, 312.0, 300.0, compute_capability=8.0, sm_count=108,
             source=f"{_NV} A100 SXM4 40GB",
             log_evidence="published vLLM startup logs at TP=1: 0.19.1 (dariustanrd/tokenkaki: the planner is "
                          "+0.1% there), 0.11.0 (qweewqq/EnergyLLM: -0.8%) and 0.10.1.1 (Llama-3.1-8B fp16 without "
                          "FlashInfer: -0.9%), and at TP=2 over Ray on two nodes (0.10.1.1, dennislee22: +0.7%)"),
-    GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9, source=f"{_NV} L40S",
+    GpuSpec("L40S", 44.39, 864.0, 362.0, 733.0, 32.0, compute_capability=8.9, sm_count=142, source=f"{_NV} L40S",
             log_evidence="published vLLM 0.11.2 startup logs (natoscott/benchmarks, TP=2 over PCIe: the planner "
                          "is -0.5% to 0.0% there), a start stated as vLLM 0.28.0 (TP=1: -1.6%) and a vLLM 0.19.0 "
                          "Qwen2.5-72B start at TP=4 over PCIe (5.11 GiB left for KV: the planner is 5.4% high), a "
                          "vLLM 0.11.2 Qwen2.5-Coder-14B start at TP=1 (-0.9%)",
             sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight under a request rate, held "
-                         "out: -1.6% and -4.2% throughput, TTFT +5.5% and +15.8%)"),
-    GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9,
+                         "out: -1.3% and -3.8% throughput, TTFT +4.2% and +13.7%; -1.6%, -4.2%, +5.5% and +15.8% "
+                         "before GpuSpec.sm_count, 2026-12-06)"),
+    GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9, sm_count=142,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
-    GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, source=f"{_NV} L4",
+    GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, sm_count=58, source=f"{_NV} L4",
             log_evidence="a published vLLM 0.11.0 startup log (abinavChandar/demo_env_l4, Colab, TP=1, 4.75 GiB "
                          "left for KV: the planner is 5.5% low there, unexplained)",
             sim_evidence="published vLLM 0.23.0 runs (Qwen2.5-0.5B-Instruct at 1-32 in flight, sampling with its "
                          "generation config, held out: -8% to +16% throughput, 5 of 6 within 10%)"),
-    GpuSpec("A10G", 22.19, 600.0, 70.0, 70.0, 32.0, compute_capability=8.6,
+    GpuSpec("A10G", 22.19, 600.0, 70.0, 70.0, 32.0, compute_capability=8.6, sm_count=80,
             source="AWS g5 (A10G, 24 GB GDDR6, 600 GB/s; ~70 TFLOPS bf16 dense, estimated from AWS's 250 TOPS "
                    "int8 sparse); memory from torch OOM messages on g5 ('total capacity of 22.19 GiB')"),
-    GpuSpec("A10", 22.19, 600.0, 125.0, 125.0, 32.0, compute_capability=8.6,
+    GpuSpec("A10", 22.19, 600.0, 125.0, 125.0, 32.0, compute_capability=8.6, sm_count=72,
             source=f"{_NV} A10 (125 TFLOPS bf16 dense); memory as A10G (same 24 GB board), estimated"),
-    GpuSpec("T4", 14.58, 320.0, 65.0, 65.0, 16.0, compute_capability=7.5,
+    GpuSpec("T4", 14.58, 320.0, 65.0, 65.0, 16.0, compute_capability=7.5, sm_count=40,
             source=f"{_NV} T4 (65 TFLOPS fp16 mixed precision; no bf16); memory from torch OOM messages "
                    "('total capacity of 14.58 GiB'); PCIe 3.0 x16",
             log_evidence="published vLLM startup logs at TP=1, fp16: 0.11.0 (ray-project/kuberay#4366, DP=2: "
                          "the planner is -1.3% there) and two 0.30.0 starts (eslam-ahmed43/llm-lab, V2 runner: "
                          "-0.04%)"),
-    GpuSpec("V100-16GB", 15.77, 900.0, 125.0, 125.0, 150.0, compute_capability=7.0,
+    GpuSpec("V100-16GB", 15.77, 900.0, 125.0, 125.0, 150.0, compute_capability=7.0, sm_count=80,
             source=f"{_NV} V100 SXM2 (125 TFLOPS fp16 tensor; no bf16; NVLink 300 GB/s); memory from torch OOM "
                    "messages ('15.77 GiB total capacity')"),
-    GpuSpec("V100-32GB", 31.74, 900.0, 125.0, 125.0, 150.0, compute_capability=7.0,
+    GpuSpec("V100-32GB", 31.74, 900.0, 125.0, 125.0, 150.0, compute_capability=7.0, sm_count=80,
             source=f"{_NV} V100 SXM2 32GB; memory from torch OOM messages ('31.74 GiB total capacity')"),
-    GpuSpec("A6000", 47.54, 768.0, 155.0, 155.0, 32.0, compute_capability=8.6,
+    GpuSpec("A6000", 47.54, 768.0, 155.0, 155.0, 32.0, compute_capability=8.6, sm_count=84,
             source=f"{_NV} RTX A6000 (309.7 TFLOPS bf16 sparse); memory from torch OOM messages "
                    "('47.54 GiB total capacity'); PCIe 4.0 (NVLink bridge 112.5 GB/s optional)"),
-    GpuSpec("RTX-6000-Ada", 47.5, 960.0, 364.0, 728.0, 32.0, compute_capability=8.9,
+    GpuSpec("RTX-6000-Ada", 47.5, 960.0, 364.0, 728.0, 32.0, compute_capability=8.9, sm_count=142,
             source=f"{_NV} RTX 6000 Ada (1,457 TFLOPS fp8 sparse); memory estimated (48 GB GDDR6 ECC)"),
-    GpuSpec("RTX-3060", 11.76, 360.0, 25.4, 25.4, 32.0, compute_capability=8.6,
+    GpuSpec("RTX-3060", 11.76, 360.0, 25.4, 25.4, 32.0, compute_capability=8.6, sm_count=28,
             source=f"{_NV} GeForce RTX 3060 (12 GB GDDR6, 192-bit at 15 Gbps: 360 GB/s; 28 SMs, 1.78 GHz boost) "
                    "with the GA102 whitepaper's GA10x SM rate (RTX 3090: 71 TFLOPS fp16/bf16 with fp32 accumulate, "
                    "dense, on 82 SMs at 1.70 GHz: 511 FLOPs per SM per clock) -> 25.4 TFLOPS; memory from torch "
@@ -260,28 +265,29 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             wddm_memory_gib=12.0,
             sim_evidence="published vLLM 0.15.1 runs (docs/accuracy.md; WSL 2, an open loop at 1 request/s, "
                          "4,096/512-token prompts, six max_num_seqs / max_num_batched_tokens settings): Qwen3-0.6B "
-                         "held out, mean TPOT 4.0% (-3.8%, 6 of 6 within 10%), TTFT 6.6% (6 of 6 within 25%) with "
+                         "held out, mean TPOT 3.1% (-1.8%, 6 of 6 within 10%), TTFT 5.1% (6 of 6 within 25%; 4.0% and "
+                         "6.6% before GpuSpec.sm_count, 2026-12-06) with "
                          "each run's seeded requests replayed and FlashAttention-2's prefill rate; Qwen2.5-3B, "
-                         "nothing fitted on it either, 4.8% and 25.6%"),
-    GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6,
+                         "nothing fitted on it either, 4.5% and 23.8% (4.8% and 25.6% before)"),
+    GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6, sm_count=82,
             source=f"{_NV} GA102 whitepaper (71 TFLOPS bf16 with fp32 accumulate, dense); memory from torch OOM "
                    "messages ('23.69 GiB total capacity'); under Windows / WSL 2 24.00 GiB, the whole 24,576 MiB "
                    "(sdbds/TRELLIS-for-windows#7: 'NVIDIA GeForce RTX 3090' on Windows, 'total capacity of 24.00 GiB')",
             log_evidence="a published vLLM 0.19.1 startup log (sridhar1804/local-ai, WSL 2, TP=1: -1.0% with the "
                          "WSL total; it was -3.0% with the Linux one)",
             wddm_memory_gib=24.0),
-    GpuSpec("RTX-4090", 23.65, 1008.0, 165.0, 330.0, 32.0, compute_capability=8.9,
+    GpuSpec("RTX-4090", 23.65, 1008.0, 165.0, 330.0, 32.0, compute_capability=8.9, sm_count=128,
             source=f"{_NV} Ada whitepaper (165.2 TFLOPS bf16, 330.3 fp8, fp32 accumulate, dense); memory from "
                    "torch OOM messages ('23.65 GiB total capacity'); under WSL 2 23.99 GiB, the whole 24,564 MiB "
                    "(vLLM's own check on an RTX 4090 under WSL 2: 'Free memory on device cuda:0 (22.45/23.99 GiB)', "
                    "a WSL setup script and a lab note, search-tool copies 66296924232 and 61815222665)",
             wddm_memory_gib=23.99),
-    GpuSpec("RTX-5090", 31.36, 1792.0, 209.0, 419.0, 64.0, compute_capability=12.0,
+    GpuSpec("RTX-5090", 31.36, 1792.0, 209.0, 419.0, 64.0, compute_capability=12.0, sm_count=170,
             source=f"{_NV} Blackwell GB202 whitepaper (209.5 TFLOPS bf16, 419 fp8, dense); memory from torch OOM "
                    "messages ('31.36 GiB total capacity'); PCIe 5.0"),
-    GpuSpec("B200", 178.4, 8000.0, 2250.0, 4500.0, 900.0, compute_capability=10.0, nvlink_multicast=True,
+    GpuSpec("B200", 178.4, 8000.0, 2250.0, 4500.0, 900.0, compute_capability=10.0, sm_count=148, nvlink_multicast=True,
             source=f"{_NV} HGX B200"),
-    GpuSpec("MI300X", 191.98, 5300.0, 1307.0, 2615.0, 64.0, compute_capability=9.4, platform="rocm",
+    GpuSpec("MI300X", 191.98, 5300.0, 1307.0, 2615.0, 64.0, compute_capability=9.4, sm_count=304, platform="rocm",
             source="AMD Instinct MI300X datasheet (192 GB HBM3, 5.3 TB/s, 1,307 TFLOPS bf16 dense; Infinity "
                    "Fabric 64 GB/s per link and direction); memory estimated; vLLM's ROCm build"),
 )
@@ -414,12 +420,12 @@ def _spec_from_mapping(entry: Any, field: str) -> GpuSpec:
     if not isinstance(entry, Mapping):
         raise SpecError(field, f"expected a mapping, got {shown(entry)}", "write name: ..., memory_gib: ...")
     unknown = set(entry) - {"name", "compute_capability", "calibration", "nvlink_multicast", "platform", "source",
-                            "interconnect", *_NUMERIC_FIELDS}
+                            "interconnect", "sm_count", *_NUMERIC_FIELDS}
     if unknown:
         bad = sorted(map(str, unknown))[0]
         raise SpecError(f"{field}.{bad}", f"unknown GPU field{did_you_mean(bad, _NUMERIC_FIELDS)}",
                         f"use: name, {', '.join(_NUMERIC_FIELDS)}, compute_capability, calibration, "
-                        "nvlink_multicast, platform, source, interconnect")
+                        "nvlink_multicast, platform, source, interconnect, sm_count")
     name = entry.get("name")
     if not isinstance(name, str) or not name.strip():
         raise SpecError(f"{field}.name", f"expected a non-empty string, got {shown(name)}", "e.g. name: RTX-6000-Ada")
@@ -444,11 +450,15 @@ def _spec_from_mapping(entry: Any, field: str) -> GpuSpec:
     if not isinstance(multicast, bool):
         raise SpecError(f"{field}.nvlink_multicast", f"expected true or false, got {shown(multicast)}",
                         "true only for an NVSwitch board (HGX/DGX)")
+    sms = entry.get("sm_count", 0)
+    if isinstance(sms, bool) or not isinstance(sms, int) or not 0 <= sms < 100_000:
+        raise SpecError(f"{field}.sm_count", f"expected a whole number of SMs, got {shown(sms)}",
+                        "e.g. sm_count: 142 (the datasheet's SM count; leave it out if unknown)")
     plat = entry.get("platform", "cuda")
     if plat not in ("cuda", "rocm"):
         raise SpecError(f"{field}.platform", f"expected cuda or rocm, got {shown(plat)}", "write platform: cuda")
     spec = GpuSpec(name=name.strip(), calibration=types.MappingProxyType({k: float(v) for k, v in calib.items()}),
-                   compute_capability=float(cc), nvlink_multicast=multicast, platform=plat,
+                   compute_capability=float(cc), nvlink_multicast=multicast, platform=plat, sm_count=sms,
                    source=str(entry.get("source") or f"user GPU file ({field})"),
                    memory_gib=values["memory_gib"], hbm_gbps=values["hbm_gbps"], bf16_tflops=values["bf16_tflops"],
                    fp8_tflops=values["fp8_tflops"], interconnect_gbps=values["interconnect_gbps"])

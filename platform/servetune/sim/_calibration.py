@@ -300,7 +300,12 @@ GPU_FAMILY_OVERRIDES: dict[str, dict[str, float]] = {
     # Both were fitted while a preempted request recomputed whole (resume_hits 0); refitted with it
     # on (2026-12-06): kv_read_efficiency 0.402 (at its bound), attn_efficiency 0.546, not adopted
     # (docs/accuracy.md, "Resumed requests hit their own blocks").
-    "A100-80GB": {"attn_efficiency": 0.5077, "kv_read_efficiency": 0.5646},
+    # Refit 2026-12-06 after GpuSpec.sm_count (the GEMM wave model on the A100's own 108 SMs, not an H100's
+    # 132), the same fit runs and procedure (resume_hits 0, kv_read_efficiency first, then attn_efficiency
+    # under it, until neither moves): kv_read_efficiency 0.5646 -> 0.4879, attn_efficiency 0.5077 -> 0.5063
+    # (a second round moved neither; taken the other way round, attn_efficiency first, the rounds end at
+    # 0.5002 and 0.4919).
+    "A100-80GB": {"attn_efficiency": 0.5063, "kv_read_efficiency": 0.4879},
 }
 
 #: Published single-node ``all_reduce_perf`` bus bandwidths at large messages, GB/s, 8 GPUs over

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["MOE_BY_BATCH_WIDE_TILE_APPLIED", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_TILE_BY_BATCH_SINCE",
-           "MOE_TILE_FITTED_VERSION", "MOE_UNALIGNED_DOWN_GBPS", "MOE_UNALIGNED_DOWN_SHARE", "SM_CLOCK_MHZ",
+           "MOE_TILE_FITTED_VERSION", "MOE_UNALIGNED_DOWN_GBPS", "MOE_UNALIGNED_DOWN_SHARE", "BOOST_CLOCK_MHZ",
            "by_batch_tile_rate", "expected_row_blocks",
            "moe_block_m", "moe_down_share", "moe_row_fill", "moe_tile", "prices_tile", "tuned_tile",
            "unaligned_down_bytes_per_s", "unaligned_experts_note"]
@@ -58,12 +58,14 @@ MOE_UNALIGNED_DOWN_SHARE: dict[str, float] = {"v0.11_default": 0.398, "by_batch"
 #: 2026-12-06, the outcome written down before its rows were read; its README). **Read off the H100's rows**
 #: (``moe_probe_align_h100.json``, K = 360 at 16, 64 and 256 tokens, the gate/up GEMM at the neighbours' rate:
 #: the mean of the three; ``benchmarks/moe_vs_sim.py --derive``), judged on the H200's. Scaled to other GPUs by
-#: SMs x clock (:data:`SM_CLOCK_MHZ`);
+#: SMs (``GpuSpec.sm_count``) x boost clock (:data:`BOOST_CLOCK_MHZ`);
 #: a GPU not listed there keeps HBM streaming (no cap). The mechanism was first suspected from the published
 #: gpt-oss-120b TP=8 runs' H100 / H200 / B200 ratios (held out), so those are not blind to it.
 MOE_UNALIGNED_DOWN_GBPS: dict[str, float] = {"v0.11_default": 1250.0, "by_batch": 830.0}
-#: SMs x boost clock (MHz), datasheets: the H100 SXM and the H200 132 x 1,980; the B200 148 x 1,965.
-SM_CLOCK_MHZ: dict[str, float] = {"H100-80GB": 132 * 1980.0, "H200": 132 * 1980.0, "B200": 148 * 1965.0}
+#: Boost clock (MHz) of the GPUs the cap is scaled to, datasheets: the H100 SXM and the H200 1,980; the B200 1,965.
+BOOST_CLOCK_MHZ: dict[str, float] = {"H100-80GB": 1980.0, "H200": 1980.0, "B200": 1965.0}
+#: The GPU the cap was read on: an H100 SXM's 132 SMs at 1,980 MHz.
+_CAP_SM_MHZ = 132 * 1980.0
 #: fused_moe's BLOCK_SIZE_M when the batch has at most E tokens, and above (vLLM 0.11's fused_moe.py
 #: get_default_config, bf16 / fp8 without a tuned config file: 16x32 and 64x64 tiles).
 _MOE_BLOCK_M_SMALL, _MOE_BLOCK_M_LARGE = 16, 64
@@ -206,23 +208,25 @@ def _unaligned_key(shape: MoeShape, version: tuple[int, int, int]) -> str | None
     return "by_batch"
 
 
-def unaligned_down_bytes_per_s(shape: MoeShape, version: tuple[int, int, int], gpu_name: str) -> float | None:
-    """The down GEMM's weight streaming cap (bytes/s) for an unaligned expert width on ``gpu_name``
-    (:data:`MOE_UNALIGNED_DOWN_GBPS` x its SMs x clock over the GH100's); None where none applies.
+def unaligned_down_bytes_per_s(shape: MoeShape, version: tuple[int, int, int], gpu: GpuSpec) -> float | None:
+    """The down GEMM's weight streaming cap (bytes/s) for an unaligned expert width on ``gpu``
+    (:data:`MOE_UNALIGNED_DOWN_GBPS` x its SMs x clock over the GH100's); None where none applies (an aligned
+    width, or a GPU whose clock or SM count is not known here).
 
     Example:
+        >>> from servetune.planner.gpus import get_gpu
         >>> from servetune.sim.perf_classes import WeightFormat
         >>> oss_tp8 = MoeShape(128, 4, 2880, 360, 36, WeightFormat(2.0, 1.0), fused_moe=True)
-        >>> [round(unaligned_down_bytes_per_s(oss_tp8, (0, 14, 1), g) / 1e9) for g in ("H100-80GB", "H200", "B200")]
+        >>> [round(unaligned_down_bytes_per_s(oss_tp8, (0, 14, 1), get_gpu(g)) / 1e9) for g in ("H100-80GB", "H200", "B200")]
         [1250, 1250, 1391]
-        >>> unaligned_down_bytes_per_s(oss_tp8, (0, 14, 1), "A100-80GB") is None
+        >>> unaligned_down_bytes_per_s(oss_tp8, (0, 14, 1), get_gpu("A100-80GB")) is None
         True
     """
     key = _unaligned_key(shape, version)
-    scale = SM_CLOCK_MHZ.get(gpu_name)
-    if key is None or scale is None:
+    clock = BOOST_CLOCK_MHZ.get(gpu.name)
+    if key is None or clock is None or not gpu.sm_count:
         return None
-    return MOE_UNALIGNED_DOWN_GBPS[key] * 1e9 * scale / SM_CLOCK_MHZ["H100-80GB"]
+    return MOE_UNALIGNED_DOWN_GBPS[key] * 1e9 * gpu.sm_count * clock / _CAP_SM_MHZ
 
 
 def unaligned_experts_note(model: ModelProfile, gpu: GpuSpec, tp: int, version: tuple[int, int, int],

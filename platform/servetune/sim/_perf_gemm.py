@@ -152,7 +152,7 @@ class GemmTerms:
             self._moe_matrices = m.matrices - 1 + 1.0 / _moe_tiles.moe_down_share(m, self._version)
             # Seconds to stream one touched expert's weights: the down matrix at its own cap where its width is
             # unaligned (_moe_tiles.unaligned_down_bytes_per_s), the rest at the experts' rate.
-            cap = _moe_tiles.unaligned_down_bytes_per_s(m, self._version, gpu.name)
+            cap = _moe_tiles.unaligned_down_bytes_per_s(m, self._version, gpu)
             down = m.expert_bytes / m.matrices
             self._moe_expert_s = ((m.expert_bytes - down) / self._moe_mem_rate
                                   + down / (self._moe_mem_rate if cap is None else min(self._moe_mem_rate, cap)))
