@@ -256,6 +256,14 @@ class VllmMemoryRules:
     #: lru_cache(...)``, as 0.26 still does). Read in the released source of 0.10.2, 0.11.0, 0.11.1,
     #: 0.11.2 and 0.12.0. gpt-oss's chat (Harmony, ``use_harmony``) never renders a Jinja template.
     chat_template_parsed_per_request: bool
+    #: ``vllm serve --data-parallel-size D`` without ``--api-server-count`` starts one API server process per
+    #: DP rank (internal load balancing): 0.15.0+, whose ``entrypoints/cli/serve.py:82-103`` sets
+    #: ``api_server_count = data_parallel_size`` ("Defaulting api_server_count to data_parallel_size") from an
+    #: ``--api-server-count`` default of None (``entrypoints/openai/cli_args.py:286-291@0.15.0``); through 0.14.1
+    #: the default is 1 (``cli_args.py:283-287@0.14.1``): one API server's loop serves every replica. Read in the
+    #: released 0.14.1, 0.15.0, 0.15.1, 0.16.0, 0.18.0 and 0.20.0 wheels (and 0.26.0's ``serve.py:104-121``),
+    #: 2026-12-06, after the published 0.14.1 DP=2 runs had been judged with one API server per replica.
+    api_server_per_dp_rank: bool
     #: On Hopper (compute capability 9.0) a 4-bit checkpoint with zero points (AWQ) is served by
     #: Machete, the first mixed-precision kernel vLLM tries there (``kernels/linear/__init__.py``
     #: ``_POSSIBLE_KERNELS``), whose ``process_weights_after_loading`` (``mixed_precision/machete.py``,
@@ -605,6 +613,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         sliding_reserves_in_flight=v >= V2_RUNNER,
         mxfp4_keeps_loaded_scales=v < V2_RUNNER,
         chat_template_parsed_per_request=v == (0, 11, 0),
+        api_server_per_dp_rank=v >= (0, 15, 0),
         machete_float_zero_points=v >= (0, 26, 0),
         prefix_stats_count_preempted=v < (0, 11, 1),
         hybrid_align_to_block_size=v >= (0, 20, 0),

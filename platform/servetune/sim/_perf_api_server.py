@@ -19,11 +19,28 @@ if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
     from servetune.sim._calibration import Calibration
 
-__all__ = ["HARMONY_ARCHITECTURES", "ApiServerCosts"]
+__all__ = ["HARMONY_ARCHITECTURES", "ApiServerCosts", "replicas_per_api_server"]
 
 #: Models whose chat vLLM renders with Harmony (``OpenAIServingChat.use_harmony``: model type
 #: gpt_oss), never with a Jinja chat template.
 HARMONY_ARCHITECTURES: frozenset[str] = frozenset({"GptOssForCausalLM"})
+
+
+def replicas_per_api_server(config: EngineConfig) -> int:
+    """How many DP replicas' requests and streams one API server process handles: 1 where vLLM starts one
+    per DP rank (``VllmMemoryRules.api_server_per_dp_rank``, 0.15.0+), else all ``data_parallel_size`` of them
+    (through 0.14.1 ``vllm serve`` runs one API server unless ``--api-server-count`` says otherwise).
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.memory import resolve_engine_config
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, g = load_model("servetune-test-850m"), get_gpu("H100-80GB")
+        >>> [replicas_per_api_server(resolve_engine_config({"data_parallel_size": 2}, m, g, v)) for v in ("0.14.1", "0.15.0")]
+        [2, 1]
+    """
+    dp = config.data_parallel_size
+    return 1 if dp <= 1 or memory_rules(config.version).api_server_per_dp_rank else dp
 
 
 class ApiServerCosts:
@@ -32,7 +49,11 @@ class ApiServerCosts:
 
     def _init_api_server(self, model: ModelProfile, config: EngineConfig, cal: Calibration) -> None:
         """The API server's and the client's CPU costs (sim/frontend.py), at the host's ``api_cpu_factor``."""
-        self.api_cpu_factor = host = cal.api_cpu_factor
+        self.api_cpu_factor = cal.api_cpu_factor
+        #: Replicas whose work one API server loop does (:func:`replicas_per_api_server`): a simulated replica's
+        #: loop pays its own work that many times over, the other replicas' share of the same loop.
+        self.api_replicas = replicas_per_api_server(config)
+        host = cal.api_cpu_factor * self.api_replicas
         self.request_overhead_s = cal.request_overhead_s * host
         #: Loop CPU a chat request adds to :attr:`request_overhead_s` (0 where vLLM's chat endpoint
         #: does not parse the template per request, or the model chats through Harmony), scaled to
@@ -45,5 +66,5 @@ class ApiServerCosts:
         self.stream_prompt_token_s = cal.stream_prompt_token_s * host
         self.api_chunk_share = cal.api_chunk_share
         self.api_intake_passes = int(cal.api_intake_passes)  # a whole number >= 1 (Calibration.with_overrides)
-        self.client_chunk_s = cal.client_chunk_s * host
+        self.client_chunk_s = cal.client_chunk_s * cal.api_cpu_factor
         self.api_output_slice = int(cal.api_output_slice)

@@ -150,9 +150,10 @@ def simulate_data_parallel(model: ModelProfile, gpu: GpuSpec, config: EngineConf
                            triton_cache: TritonCache | None = None, comm_env: CommEnv | None = None) -> TrialResult:
     """``config.data_parallel_size`` replicas as one server: one replica runs :func:`replica_share` of ``workload``
     and, the replicas being alike, the server's counts and throughputs are that replica's times D; its
-    latencies, KV usage, request records and API-server CPU are the replica's (each replica's API server: vLLM 0.26
-    starts one per DP rank by default, "Defaulting api_server_count to data_parallel_size",
-    ``entrypoints/cli/serve.py:104-121@0.26.0``; where one API server serves every replica its CPU is understated). A MoE replica's layers already run every
+    latencies, KV usage, request records and API-server CPU are the replica's. From 0.15.0 vLLM starts one API server
+    per DP rank ("Defaulting api_server_count to data_parallel_size", ``entrypoints/cli/serve.py:104-121@0.26.0``);
+    through 0.14.1 one API server serves every replica, and the replica's API-server work costs D times its own
+    (``sim._perf_api_server.replicas_per_api_server``, ``VllmMemoryRules.api_server_per_dp_rank``). A MoE replica's layers already run every
     replica's tokens on experts split over ``tp x dp`` (:func:`~servetune.sim.perf_classes.moe_step_tokens`).
 
     Example:
