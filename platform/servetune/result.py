@@ -395,8 +395,8 @@ def api_server_note(metrics: Mapping[str, float]) -> str | None:
     if busy is None or busy < API_SERVER_SATURATED:
         return None
     return (f"vLLM's API server was {100 * busy:.0f}% busy on one core in this trial: the host's CPU, not the "
-            "GPU, set its pace. A host with faster cores, or several API server processes (vllm serve "
-            "--api-server-count), may serve more with the same flags")
+            "GPU, set its pace. A host with faster cores, or several API server processes (the flag "
+            "api_server_count, vllm serve --api-server-count), may serve more with the same flags")
 
 
 #: The per-worker memory parts (GiB) kept in :attr:`TrialResult.worker_memory`.

@@ -50,3 +50,24 @@ def test_a_front_end_bound_dp2_load_serves_less_behind_one_api_server() -> None:
         assert result.ok and result.completed == 512
         got[version] = result.output_throughput
     assert got["0.14.1"] < 0.9 * got["0.15.0"], got
+
+
+def test_api_server_count_is_a_flag_that_reaches_vllm_serve_and_the_simulator() -> None:
+    """``api_server_count`` (``vllm serve --api-server-count``), what the simulator's front-end note tells a
+    front-end-bound user to try: validated as a flag, written to the command line, and on a front-end-bound load
+    two API servers serve more than vLLM 0.14.1's one, for one replica and for two."""
+    from servetune.errors import SpecError
+    from servetune.planner.flags import to_command_line, validate_flag
+
+    assert validate_flag("api_server_count", 2) == 2
+    with pytest.raises(SpecError, match="api_server_count"):
+        validate_flag("api_server_count", 0)
+    assert "--api-server-count 2" in to_command_line("org/m", {"api_server_count": 2})
+    w = Workload.from_dict({"input_len": 64, "output_len": 256, "num_requests": 512, "concurrency": 256})
+    for dp in (1, 2):
+        flags = {"data_parallel_size": dp}
+        one = simulate(MODEL, GPU, resolve_engine_config(flags, MODEL, GPU, "0.14.1"), w)
+        config = resolve_engine_config({**flags, "api_server_count": 2}, MODEL, GPU, "0.14.1")
+        assert config.api_server_count == 2 and replicas_per_api_server(config) == dp / 2
+        two = simulate(MODEL, GPU, config, w)
+        assert one.ok and two.ok and two.output_throughput > 1.1 * one.output_throughput, (dp, one, two)

@@ -114,6 +114,9 @@ class EngineConfig:
     #: are completely independent, so treat like DP=1"), a MoE model's share their routed experts, split over
     #: ``tp x dp`` GPUs, and each MoE layer runs every replica's tokens (:meth:`expert_data_parallel`).
     data_parallel_size: int = 1
+    #: ``--api-server-count``: API server processes in front of the replicas; None leaves vLLM's default (one
+    #: through 0.14.1, one per DP replica from 0.15.0: ``VllmMemoryRules.api_server_per_dp_rank``).
+    api_server_count: int | None = None
     #: ``--enable-expert-parallel``: a MoE model's routed experts split whole over ``tp x dp`` ranks
     #: (:meth:`expert_parallel_size`) instead of each expert sliced over them; refused for a dense model, as vLLM
     #: refuses it (:func:`resolve_engine_config`).
@@ -274,6 +277,8 @@ class EngineConfig:
             out["disable_custom_all_reduce"] = True  # vLLM's default (False) is not written out
         if self.data_parallel_size > 1:
             out["data_parallel_size"] = self.data_parallel_size
+        if self.api_server_count is not None:
+            out["api_server_count"] = self.api_server_count
         if self.enable_expert_parallel:
             out["enable_expert_parallel"] = True  # vLLM's default (False) is not written out
         if self.mamba_cache_mode != "none" and self.version >= MAMBA_CACHE_MODE_FLAG:
@@ -469,6 +474,7 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         mamba_block_size=mamba_block,
         disable_custom_all_reduce=bool(f.get("disable_custom_all_reduce", False)),
         data_parallel_size=int(f.get("data_parallel_size", 1)),
+        api_server_count=int(f["api_server_count"]) if f.get("api_server_count") is not None else None,
         enable_expert_parallel=_expert_parallel(f, model),
     )
 

@@ -62,6 +62,8 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
     _F("pipeline_parallel_size", int, "pipeline stages", 1, 64),
     _F("data_parallel_size", int, "replicas of the TP x PP engine behind one API server (a MoE model's experts split "
        "over TP x DP GPUs)", 1, 64),
+    _F("api_server_count", int, "API server processes in front of the engine(s) (vLLM's default: one through 0.14.1, "
+       "one per DP replica from 0.15.0); several share a front end that one core cannot keep up with", 1, 64),
     _F("enable_expert_parallel", bool, "a MoE model's routed experts split whole over the TP x DP ranks (expert "
        "parallelism) instead of each expert sliced over them"),
     _F("disable_custom_all_reduce", bool, "TP all-reduces through NCCL only, without vLLM's custom all-reduce kernel"),

@@ -26,10 +26,11 @@ __all__ = ["HARMONY_ARCHITECTURES", "ApiServerCosts", "replicas_per_api_server"]
 HARMONY_ARCHITECTURES: frozenset[str] = frozenset({"GptOssForCausalLM"})
 
 
-def replicas_per_api_server(config: EngineConfig) -> int:
-    """How many DP replicas' requests and streams one API server process handles: 1 where vLLM starts one
-    per DP rank (``VllmMemoryRules.api_server_per_dp_rank``, 0.15.0+), else all ``data_parallel_size`` of them
-    (through 0.14.1 ``vllm serve`` runs one API server unless ``--api-server-count`` says otherwise).
+def replicas_per_api_server(config: EngineConfig) -> float:
+    """How many DP replicas' requests and streams one API server process handles: ``data_parallel_size`` over the
+    API servers, ``api_server_count`` where the flag is set, else vLLM's default: one per DP rank from 0.15.0
+    (``VllmMemoryRules.api_server_per_dp_rank``), one for all of them through 0.14.1. Under 1 where several API
+    servers share one engine's load (each takes its share of the requests).
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
@@ -37,10 +38,15 @@ def replicas_per_api_server(config: EngineConfig) -> int:
         >>> from servetune.planner.modelinfo import load_model
         >>> m, g = load_model("servetune-test-850m"), get_gpu("H100-80GB")
         >>> [replicas_per_api_server(resolve_engine_config({"data_parallel_size": 2}, m, g, v)) for v in ("0.14.1", "0.15.0")]
-        [2, 1]
+        [2.0, 1.0]
+        >>> replicas_per_api_server(resolve_engine_config({"api_server_count": 2}, m, g, "0.26.0"))
+        0.5
     """
     dp = config.data_parallel_size
-    return 1 if dp <= 1 or memory_rules(config.version).api_server_per_dp_rank else dp
+    servers = config.api_server_count
+    if servers is None:
+        servers = dp if memory_rules(config.version).api_server_per_dp_rank else 1
+    return dp / servers
 
 
 class ApiServerCosts:
@@ -51,7 +57,8 @@ class ApiServerCosts:
         """The API server's and the client's CPU costs (sim/frontend.py), at the host's ``api_cpu_factor``."""
         self.api_cpu_factor = cal.api_cpu_factor
         #: Replicas whose work one API server loop does (:func:`replicas_per_api_server`): a simulated replica's
-        #: loop pays its own work that many times over, the other replicas' share of the same loop.
+        #: loop pays its own work that many times over (the other replicas' share of the same loop), or that
+        #: fraction of it where several API servers split one replica's requests.
         self.api_replicas = replicas_per_api_server(config)
         host = cal.api_cpu_factor * self.api_replicas
         self.request_overhead_s = cal.request_overhead_s * host
