@@ -1,6 +1,6 @@
 """README's test command over a tree in which workers die: the run ends, with each dead worker's test failed once
 and every other test run (``_xdist_units.FileOrGroupScheduling``; pytest-xdist 3.8.0's own file scheduling
-hangs there for ever)."""
+hangs there for ever). A test stuck past pyproject.toml's ``faulthandler_timeout`` ends its worker the same way."""
 
 from __future__ import annotations
 
@@ -44,3 +44,22 @@ def test_a_dead_worker_costs_its_one_test_and_the_run_ends(tmp_path: Path) -> No
     assert re.search(r"\b2 failed, 10 passed\b", out), out[-3000:]
     crashed = sorted(set(re.findall(r"worker 'gw\d+' crashed while running '([^'\n]+)'", out)))
     assert crashed == ["test_b.py::test_dies", "test_d.py::test_dies_alone"], out[-3000:]
+
+
+def test_a_test_stuck_past_the_faulthandler_timeout_ends_its_worker_and_the_run_goes_on(tmp_path: Path) -> None:
+    """pyproject.toml's ``faulthandler_timeout`` with ``faulthandler_exit_on_timeout`` (900 s there, 3 s here): a test
+    blocked in a call pytest-timeout's signal would not interrupt has its stacks dumped and its worker ended; the
+    scheduler reports it failed and the other files run."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\nfaulthandler_timeout = 3\nfaulthandler_exit_on_timeout = true\n")
+    (tmp_path / "conftest.py").write_text(_CONFTEST)
+    (tmp_path / "test_a.py").write_text(_FILES["test_a.py"])
+    (tmp_path / "test_c.py").write_text(_FILES["test_c.py"])
+    (tmp_path / "test_stuck.py").write_text("import time\ndef test_stuck(): time.sleep(120)\ndef test_after(): pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = str(TESTS)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadfile", "-p", "no:cacheprovider",
+                           "-p", "no:timeout"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert re.search(r"\b1 failed, 8 passed\b", out), out[-3000:]
+    assert "crashed while running 'test_stuck.py::test_stuck'" in out and "Timeout" in out, out[-3000:]
