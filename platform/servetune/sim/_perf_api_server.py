@@ -56,11 +56,9 @@ class ApiServerCosts:
     def _init_api_server(self, model: ModelProfile, config: EngineConfig, cal: Calibration) -> None:
         """The API server's and the client's CPU costs (sim/frontend.py), at the host's ``api_cpu_factor``."""
         self.api_cpu_factor = cal.api_cpu_factor
-        #: Replicas whose work one API server loop does (:func:`replicas_per_api_server`): a simulated replica's
-        #: loop pays its own work that many times over (the other replicas' share of the same loop), or that
-        #: fraction of it where several API servers split one replica's requests.
-        self.api_replicas = replicas_per_api_server(config)
-        host = cal.api_cpu_factor * self.api_replicas
+        # A simulated replica's loop pays its own work once per replica that loop serves (the other replicas'
+        # share of it), or that fraction of it where several API servers split one replica's requests.
+        host = cal.api_cpu_factor * replicas_per_api_server(config)
         self.request_overhead_s = cal.request_overhead_s * host
         #: Loop CPU a chat request adds to :attr:`request_overhead_s` (0 where vLLM's chat endpoint
         #: does not parse the template per request, or the model chats through Harmony), scaled to
