@@ -440,8 +440,8 @@ def test_a_010_run_is_planned_at_its_own_version_and_simulated_at_0110s_step_rul
 
 def test_which_runs_sample_beyond_greedy_follows_their_client_version() -> None:
     """``vllm bench serve`` from 0.15.0 sends no temperature, so its runs sample with the model's
-    generation config (each stated, with the reason in ``assumed``); older clients and
-    benchmark_serving.py sent temperature 0. Only the L4's path (vLLM 0.23.0, Qwen2's V1 runner,
+    generation config (each stated, with the reason in ``assumed``), less the repetition penalty its
+    completions requests set to 1.0 themselves; older clients and benchmark_serving.py sent temperature 0. Only the L4's path (vLLM 0.23.0, Qwen2's V1 runner,
     FlashInfer top-k/top-p) is counted and priced; the RTX 3060's (0.15.1: PyTorch's sort) and the
     L40S's (0.28.0, Qwen3 on the V2 runner) are stated but not priced."""
     for run in DENSE:
@@ -451,7 +451,10 @@ def test_which_runs_sample_beyond_greedy_follows_their_client_version() -> None:
         assert not sampled or any("pull request 32723" in a for a in run.assumed), run.id
         assert workload_of(run).sampling == run.sampling and workload_of(run, as_sent=False).sampling.greedy
     l4 = next(r for r in DENSE if r.gpu == "L4")
-    assert (l4.sampling.top_k, l4.sampling.top_p, l4.sampling.penalties) == (20, 0.8, True)
+    # Qwen2.5's generation config asks for repetition penalty 1.1, but the completions request of
+    # vllm bench serve sends 1.0 itself, which the server takes over the config: no penalties.
+    assert l4.client["generation_config"]["repetition_penalty"] == 1.1 and not l4.chat
+    assert (l4.sampling.top_k, l4.sampling.top_p, l4.sampling.penalties) == (20, 0.8, False)
     assert published_runs.step_breakdown(l4)["decode 8"]["sampler"] > 0
     for gpu in ("RTX-3060", "L40S"):
         run = next(r for r in DENSE if r.gpu == gpu)
