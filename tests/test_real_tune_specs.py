@@ -1,7 +1,6 @@
 """The real-GPU tune specs of benchmarks/real_vllm/ load, and their first trials are planned to start.
 
-Each names the host folder its model was built in (`/root/NAME`: a shipped config and a covering
-tokenizer); here it is read as the shipped config it was copied from. A spec that no longer loads, or
+Each names the GPU host's folder its model was built in (a shipped config and a covering tokenizer); here it is read as the shipped config it was copied from. A spec that no longer loads, or
 whose informed start the planner no longer expects to start, is found here rather than on a lent GPU
 host, where a refused spec costs the device time of the commands that carried the payload.
 """
@@ -22,7 +21,7 @@ from servetune.spec.schema import StudySpec
 FOLDER = Path(__file__).parents[1] / "benchmarks" / "real_vllm"
 #: The shipped config each host folder was made from (benchmarks/real_vllm/classes_host.sh keep1).
 HOST_MODELS = {"/root/m8b": "llama-3.1-8b", "/root/l8": "llama-3.1-8b", "/root/q3": "qwen3-30b-a3b",
-               "/root/mixtral-8x7b": "mixtral-8x7b", "/root/gemma-2-27b": "gemma-2-27b"}
+               "/root/mx": "mixtral-8x7b", "/root/g2": "gemma-2-27b"}
 SPECS = sorted(FOLDER.glob("*_tune.yaml"))
 
 

@@ -1,40 +1,42 @@
 #!/bin/bash
 # Host-side steps of a model-class run (a `servetune tune` or a collection) on a lent GPU host, three
 # commands back to back, each sent from the repository root with what it carries:
-#   1. bash benchmarks/real_vllm/classes_host.sh keep1 MODEL...   carry .carry/part1
-#      keeps payload chunk 1, writes /root/NAME/config.json from MODEL (a shipped model name or a folder
-#      in the tree holding a config.json; NAME is its last part) with a covering tokenizer, and host facts.
+#   1. bash benchmarks/real_vllm/classes_host.sh keep1 NAME=MODEL...   carry .carry/part1
+#      keeps payload chunk 1, writes the folder NAME under the host's home (HOST_HOME, default the host's
+#      /root) with MODEL's config.json (a shipped model name, or a folder of the tree holding one) and a
+#      covering tokenizer, and the host's facts.
 #   2. bash benchmarks/real_vllm/classes_host.sh keep2            carry .carry/part2
 #   3. bash benchmarks/real_vllm/classes_host.sh run COMMAND...   carry .carry/part3 (and .gpuwheels for a study)
 #      joins and unpacks the payload once (classes_payload.sh), sets the environment a GPU host needs
 #      (shared NVLink multicast off, offline, no usage stats), then runs COMMAND, e.g.
 #      env SPEC=benchmarks/real_vllm/h100_l8b_fp8_tune.yaml STUDY_TIMEOUT_S=420 bash benchmarks/real_vllm/run_study_on_gpu.sh
-# The host keeps /root and /tmp only while it is held (30 s after a command): send the next command at once.
+# The host keeps its home and /tmp only while it is held (30 s after a command): send the next command at once.
 set -u
 OUT=${OUT:-/tmp/servetune-out}; mkdir -p "$OUT"
+H=${HOST_HOME:-/root}
 step=${1:-}; shift || true
 case "$step" in
   keep1)
-    mkdir -p /root/stash && cp .carry/part1/* /root/stash/ || exit 3
+    mkdir -p "$H/stash" && cp .carry/part1/* "$H/stash/" || exit 3
     { date -u +%FT%TZ; nproc; grep MemTotal /proc/meminfo; nvidia-smi
       nvidia-smi --query-gpu=name,pci.bus_id,memory.total,driver_version,power.limit,clocks.max.sm,clocks.max.memory,compute_cap --format=csv
       python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_properties(0))"
-      df -h /root; } > "$OUT/host_gpu.txt" 2>&1
-    for model in "$@"; do
-      name=$(basename "$model")
+      df -h "$H"; } > "$OUT/host_gpu.txt" 2>&1
+    for pair in "$@"; do
+      name=${pair%%=*}; model=${pair#*=}
       src=$model/config.json; [ -f "$src" ] || src=platform/servetune/data/models/$model/config.json
-      mkdir -p "/root/$name" && cp "$src" "/root/$name/config.json" \
-        && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 benchmarks/real_vllm/full_vocab_tokenizer.py "/root/$name" >> "$OUT/tokenizers.txt" 2>&1 \
+      mkdir -p "$H/$name" && cp "$src" "$H/$name/config.json" \
+        && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 benchmarks/real_vllm/full_vocab_tokenizer.py "$H/$name" >> "$OUT/tokenizers.txt" 2>&1 \
         || echo "tokenizer for $model failed" >> "$OUT/tokenizers.txt"
     done
-    cat "$OUT/tokenizers.txt" 2>/dev/null; ls -la /root/stash ;;
+    cat "$OUT/tokenizers.txt" 2>/dev/null; ls -la "$H/stash" ;;
   keep2)
-    [ -f /root/stash/payload.tar.xz.00 ] || { echo "chunk 1 is not on this machine (was it given back?)"; exit 3; }
-    cp .carry/part2/* /root/stash/ && ls -la /root/stash ;;
+    [ -f "$H/stash/payload.tar.xz.00" ] || { echo "chunk 1 is not on this machine (was it given back?)"; exit 3; }
+    cp .carry/part2/* "$H/stash/" && ls -la "$H/stash" ;;
   run)
     if [ ! -d /tmp/site/vllm ]; then
-      [ -f /root/stash/payload.tar.xz.01 ] || { echo "chunks 1-2 are not on this machine (was it given back?)"; exit 3; }
-      cp .carry/part3/* /root/stash/ && cat /root/stash/payload.tar.xz.* | tar -C /tmp -xJf - || { echo "unpack failed"; exit 3; }
+      [ -f "$H/stash/payload.tar.xz.01" ] || { echo "chunks 1-2 are not on this machine (was it given back?)"; exit 3; }
+      cp .carry/part3/* "$H/stash/" && cat "$H"/stash/payload.tar.xz.* | tar -C /tmp -xJf - || { echo "unpack failed"; exit 3; }
       mkdir -p /tmp/site/bin && printf '#!/bin/sh\nexec python3 -m vllm.entrypoints.cli.main "$@"\n' > /tmp/site/bin/vllm \
         && chmod +x /tmp/site/bin/vllm
     fi
@@ -43,5 +45,5 @@ case "$step" in
       VLLM_USE_FLASHINFER_SAMPLER=0 \
       NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_ALLREDUCE_USE_SYMM_MEM=0
     exec "$@" ;;
-  *) echo "usage: classes_host.sh keep1 MODEL... | keep2 | run COMMAND..."; exit 2 ;;
+  *) echo "usage: classes_host.sh keep1 NAME=MODEL... | keep2 | run COMMAND..."; exit 2 ;;
 esac
