@@ -9,7 +9,6 @@ were never fitted on these starts: their figures here were fixed before the run.
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
 import optuna
@@ -26,27 +25,25 @@ from servetune.search.informed import informed_starts
 from servetune.spec.schema import StudySpec
 from servetune.workload import Workload
 
+from _real_tune import server_log, shipped_spec, tune_rows, tune_study
+
 TUNE = Path(__file__).parent / "fixtures" / "real_h100_classes" / "2026-12-07_l8b_fp8_tune"
 SPEC = Path(__file__).parents[1] / "benchmarks" / "real_vllm" / "h100_l8b_fp8_tune.yaml"
 MODEL, GPU = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
-ROWS = dataset.read_trials(TUNE / "dataset").sort_values("timestamp").to_dict("records")
+ROWS = tune_rows(TUNE)
 
 
 def _log(folder: str) -> str:
-    return gzip.decompress((TUNE / "trials" / folder / "server.log.gz").read_bytes()).decode()
+    return server_log(TUNE, folder)
 
 
 def _spec() -> StudySpec:
     """The spec that ran, with the host's model folder read as the shipped config it was copied from."""
-    data = yaml.safe_load(SPEC.read_text())
-    data["model"] = "llama-3.1-8b"
-    del data["serve_model"]
-    return StudySpec.from_dict(data, SPEC.parent)
+    return shipped_spec(SPEC, "llama-3.1-8b")
 
 
 def _study() -> optuna.Study:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna.load_study(study_name="h100-l8b-fp8-tune", storage=f"sqlite:///{TUNE / 'optuna.db'}")
+    return tune_study(TUNE, "h100-l8b-fp8-tune")
 
 
 def test_the_study_served_three_fp8_trials_on_random_weights_and_recommends_the_checkpoint() -> None:

@@ -9,11 +9,9 @@ and the simulator were never fitted on these starts: their figures here were fix
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
-import optuna
 import pytest
 import yaml
 
@@ -28,27 +26,25 @@ from servetune.search.informed import informed_starts
 from servetune.spec.schema import StudySpec
 from servetune.workload import Workload
 
+from _real_tune import server_log, shipped_spec, tune_rows, tune_study
+
 TUNE = Path(__file__).parent / "fixtures" / "real_h200_classes" / "2026-12-06_q3moe_tune"
 SPEC = Path(__file__).parents[1] / "benchmarks" / "real_vllm" / "h200_q3moe_tune.yaml"
 MODEL, GPU = load_model("qwen3-30b-a3b"), get_gpu("H200")
-ROWS = dataset.read_trials(TUNE / "dataset").sort_values("timestamp").to_dict("records")
+ROWS = tune_rows(TUNE)
 
 
 def _log(folder: str) -> str:
-    return gzip.decompress((TUNE / "trials" / folder / "server.log.gz").read_bytes()).decode()
+    return server_log(TUNE, folder)
 
 
 def _spec() -> StudySpec:
     """The spec that ran, with the host's model folder read as the shipped config it was copied from."""
-    data = yaml.safe_load(SPEC.read_text())
-    data["model"] = "qwen3-30b-a3b"
-    del data["serve_model"]
-    return StudySpec.from_dict(data, SPEC.parent)
+    return shipped_spec(SPEC, "qwen3-30b-a3b")
 
 
 def test_the_study_served_both_trials_on_random_weights_and_recommends_the_checkpoint() -> None:
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name="h200-q3moe-tune", storage=f"sqlite:///{TUNE / 'optuna.db'}")
+    study = tune_study(TUNE, "h200-q3moe-tune")
     assert [t.user_attrs["status"] for t in study.trials] == ["ok", "ok"]
     assert [(r["origin"], r["completed"], r["preemptions"]) for r in ROWS] == [("informed", 384, 0), ("baseline", 384, 0)]
     assert {r["flag_load_format"] for r in ROWS} == {"dummy"}
@@ -80,8 +76,7 @@ def test_each_start_matches_its_log_and_the_planner_held_out(row: dict) -> None:
     graph sizes). Weights as loaded, 56.88 GiB on both."""
     parsed = parse_log(_log(dataset.row_trial_dir_name(row)))
     assert parsed.kv_cache_tokens == row["kv_cache_tokens"] and not parsed.compile_cache_hit
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name="h200-q3moe-tune", storage=f"sqlite:///{TUNE / 'optuna.db'}")
+    study = tune_study(TUNE, "h200-q3moe-tune")
     recorded = study.trials[int(row["trial_number"])].user_attrs["predicted_kv_cache_tokens"]
     plan = plan_memory(MODEL, GPU, resolve_engine_config(dataset.row_flags(row), MODEL, GPU, "0.26.0"))
     for predicted in (recorded, plan.kv_cache_tokens):

@@ -16,7 +16,8 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.search.informed import informed_starts
-from servetune.spec.schema import StudySpec
+
+from _real_tune import shipped_spec
 
 FOLDER = Path(__file__).parents[1] / "benchmarks" / "real_vllm"
 #: The shipped config each host folder was made from (benchmarks/real_vllm/classes_host.sh keep1).
@@ -33,10 +34,8 @@ def test_every_tune_spec_is_checked() -> None:
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
 def test_the_spec_loads_and_its_informed_start_is_planned_to_start(path: Path) -> None:
     data = yaml.safe_load(path.read_text())
-    data["model"] = HOST_MODELS[data["model"]]
-    data.pop("serve_model", None)
-    spec = StudySpec.from_dict(data, path.parent)
-    model, gpu = load_model(data["model"]), get_gpu(data["gpu"]["type"])
+    spec = shipped_spec(path, HOST_MODELS[data["model"]])
+    model, gpu = load_model(HOST_MODELS[data["model"]]), get_gpu(data["gpu"]["type"])
     (first, *_) = informed_starts(spec.search_space, spec.fixed_flags, model, gpu, spec.workload, spec.vllm_version)
     plan = plan_memory(model, gpu, resolve_engine_config({**spec.fixed_flags, **first}, model, gpu, spec.vllm_version))
     assert plan.fits and plan.kv_cache_tokens > 0, plan.verdict
