@@ -441,9 +441,10 @@ def test_a_010_run_is_planned_at_its_own_version_and_simulated_at_0110s_step_rul
 def test_which_runs_sample_beyond_greedy_follows_their_client_version() -> None:
     """``vllm bench serve`` from 0.15.0 sends no temperature, so its runs sample with the model's
     generation config (each stated, with the reason in ``assumed``), less the repetition penalty its
-    completions requests set to 1.0 themselves; older clients and benchmark_serving.py sent temperature 0. Only the L4's path (vLLM 0.23.0, Qwen2's V1 runner,
-    FlashInfer top-k/top-p) is counted and priced; the RTX 3060's (0.15.1: PyTorch's sort) and the
-    L40S's (0.28.0, Qwen3 on the V2 runner) are stated but not priced."""
+    completions requests set to 1.0 themselves; older clients and benchmark_serving.py sent
+    temperature 0. Only the L4's path (vLLM 0.23.0, Qwen2's V1 runner, FlashInfer top-k/top-p) is
+    counted and priced; the RTX 3060's (0.15.1: PyTorch's sort) and the L40S's (0.28.0, Qwen3 on the
+    V2 runner) are stated but not priced."""
     for run in DENSE:
         sampled = not run.sampling.greedy
         new_client = run.client["tool"] == "vllm bench serve" and parse_vllm_version(run.vllm_version) >= (0, 15, 0)
