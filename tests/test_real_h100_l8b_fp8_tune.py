@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import optuna
 import pytest
-import yaml
 
 from servetune.engines import TrialTask, run_trial
 from servetune.engines.vllm.logs import parse_log
@@ -22,8 +20,6 @@ from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
 from servetune.search.informed import informed_starts
-from servetune.spec.schema import StudySpec
-from servetune.workload import Workload
 
 from _real_tune import server_log, shipped_spec, tune_rows, tune_study
 
@@ -32,27 +28,17 @@ SPEC = Path(__file__).parents[1] / "benchmarks" / "real_vllm" / "h100_l8b_fp8_tu
 MODEL, GPU = load_model("llama-3.1-8b"), get_gpu("H100-80GB")
 ROWS = tune_rows(TUNE)
 
-
-def _log(folder: str) -> str:
-    return server_log(TUNE, folder)
-
-
-def _spec() -> StudySpec:
-    """The spec that ran, with the host's model folder read as the shipped config it was copied from."""
-    return shipped_spec(SPEC, "llama-3.1-8b")
-
-
-def _study() -> optuna.Study:
-    return tune_study(TUNE, "h100-l8b-fp8-tune")
+#: The spec that ran, with the host's model folder read as the shipped config it was copied from.
+SPEC_RAN = shipped_spec(SPEC, "llama-3.1-8b")
 
 
 def test_the_study_served_three_fp8_trials_on_random_weights_and_recommends_the_checkpoint() -> None:
-    assert [t.user_attrs["status"] for t in _study().trials] == ["ok", "ok", "ok"]
+    assert [t.user_attrs["status"] for t in tune_study(TUNE, "h100-l8b-fp8-tune").trials] == ["ok", "ok", "ok"]
     assert [(r["origin"], r["completed"], r["preemptions"]) for r in ROWS] == [
         ("informed", 512, 0), ("baseline", 512, 0), ("sampler", 512, 0)]
     assert {(r["flag_quantization"], r["flag_load_format"]) for r in ROWS} == {("fp8", "dummy")}
     for row in ROWS:
-        log = _log(dataset.row_trial_dir_name(row))
+        log = server_log(TUNE, dataset.row_trial_dir_name(row))
         assert "quantization=fp8" in log and "load_format=dummy" in log
         assert parse_log(log).weights_gib == pytest.approx(8.54)  # FP8 linear layers, bf16 embeddings and head
     log = (TUNE / "study.log").read_text()
@@ -63,7 +49,7 @@ def test_the_study_served_three_fp8_trials_on_random_weights_and_recommends_the_
 
 
 def test_the_first_trial_is_the_informed_start_and_the_second_vllms_defaults() -> None:
-    spec = _spec()
+    spec = SPEC_RAN
     starts = informed_starts(spec.search_space, spec.fixed_flags, MODEL, GPU, spec.workload, spec.vllm_version)
     first, baseline, _ = ROWS
     assert starts[0] == {"gpu_memory_utilization": first["flag_gpu_memory_utilization"],
@@ -78,9 +64,10 @@ def test_each_start_matches_its_log_and_the_planner_held_out(row: dict) -> None:
     against vLLM's 535,072, 505,920 and 340,480: +0.22%, -0.03%, +0.34%. The second start found the
     first's compile cache (its smaller activation peak, 0.73 GiB against 1.13, was planned); planned
     without that knowledge it is -0.42%."""
-    parsed = parse_log(_log(dataset.row_trial_dir_name(row)))
+    parsed = parse_log(server_log(TUNE, dataset.row_trial_dir_name(row)))
     assert parsed.kv_cache_tokens == row["kv_cache_tokens"]
-    recorded = _study().trials[int(row["trial_number"])].user_attrs["predicted_kv_cache_tokens"]
+    trial = tune_study(TUNE, "h100-l8b-fp8-tune").trials[int(row["trial_number"])]
+    recorded = trial.user_attrs["predicted_kv_cache_tokens"]
     assert abs(recorded / row["kv_cache_tokens"] - 1) < 0.004
     cold = plan_memory(MODEL, GPU, resolve_engine_config(dataset.row_flags(row), MODEL, GPU, "0.26.0"))
     assert abs(cold.kv_cache_tokens / row["kv_cache_tokens"] - 1) < 0.005
@@ -92,8 +79,8 @@ def test_the_simulator_predicts_each_trial_out_of_sample() -> None:
     and 7,035 for the third (189 sequences) against 7,334, 7,385 and 6,691 real: +0.5%, -0.2%, +5.1%,
     none preempting, as real. The real pair of the first two differ by 0.7%, within a window's noise;
     the simulator calls them equal, so the recommendation between them is a coin toss either way."""
-    spec = _spec()
-    workload = Workload.from_dict(yaml.safe_load(SPEC.read_text())["workload"])
+    spec = SPEC_RAN
+    workload = spec.workload
     simulated = []
     for row in ROWS:
         sim = run_trial(TrialTask("llama-3.1-8b", "H100-80GB", dataset.row_flags(row), workload,

@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from servetune.engines import TrialTask, run_trial
 from servetune.engines.vllm.logs import classify, parse_log
@@ -23,8 +22,6 @@ from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
 from servetune.result import TrialStatus
 from servetune.search.informed import informed_starts
-from servetune.spec.schema import StudySpec
-from servetune.workload import Workload
 
 from _real_tune import server_log, shipped_spec, tune_rows, tune_study
 
@@ -33,14 +30,8 @@ SPEC = Path(__file__).parents[1] / "benchmarks" / "real_vllm" / "h200_q3moe_tune
 MODEL, GPU = load_model("qwen3-30b-a3b"), get_gpu("H200")
 ROWS = tune_rows(TUNE)
 
-
-def _log(folder: str) -> str:
-    return server_log(TUNE, folder)
-
-
-def _spec() -> StudySpec:
-    """The spec that ran, with the host's model folder read as the shipped config it was copied from."""
-    return shipped_spec(SPEC, "qwen3-30b-a3b")
+#: The spec that ran, with the host's model folder read as the shipped config it was copied from.
+SPEC_RAN = shipped_spec(SPEC, "qwen3-30b-a3b")
 
 
 def test_the_study_served_both_trials_on_random_weights_and_recommends_the_checkpoint() -> None:
@@ -49,10 +40,10 @@ def test_the_study_served_both_trials_on_random_weights_and_recommends_the_check
     assert [(r["origin"], r["completed"], r["preemptions"]) for r in ROWS] == [("informed", 384, 0), ("baseline", 384, 0)]
     assert {r["flag_load_format"] for r in ROWS} == {"dummy"}
     for folder in ("0000", "0001", "0000-edge"):
-        log = _log(folder)
+        log = server_log(TUNE, folder)
         assert "load_format=dummy" in log
     for folder in ("0000", "0001"):
-        assert classify(_log(folder), exit_code=None, healthy=True).status is TrialStatus.OK
+        assert classify(server_log(TUNE, folder), exit_code=None, healthy=True).status is TrialStatus.OK
     log = (TUNE / "study.log").read_text()
     command = log.split("servetune: run it with:\n", 1)[1].splitlines()[0].strip()
     assert command == "vllm serve /root/q3 --max-model-len 2048 --gpu-memory-utilization 0.95 --max-num-seqs 128"
@@ -60,7 +51,7 @@ def test_the_study_served_both_trials_on_random_weights_and_recommends_the_check
 
 
 def test_the_first_trial_is_the_informed_start_and_the_second_vllms_defaults() -> None:
-    spec = _spec()
+    spec = SPEC_RAN
     starts = informed_starts(spec.search_space, spec.fixed_flags, MODEL, GPU, spec.workload, spec.vllm_version)
     first, baseline = ROWS
     assert starts[0] == {"gpu_memory_utilization": first["flag_gpu_memory_utilization"],
@@ -74,7 +65,7 @@ def test_each_start_matches_its_log_and_the_planner_held_out(row: dict) -> None:
     """The planner's KV, recorded by the study before each start (814,224 and 726,880 tokens), against
     vLLM's 813,744 and 725,264: +0.06% and +0.22%, on cold compile caches (the two starts capture other
     graph sizes). Weights as loaded, 56.88 GiB on both."""
-    parsed = parse_log(_log(dataset.row_trial_dir_name(row)))
+    parsed = parse_log(server_log(TUNE, dataset.row_trial_dir_name(row)))
     assert parsed.kv_cache_tokens == row["kv_cache_tokens"] and not parsed.compile_cache_hit
     study = tune_study(TUNE, "h200-q3moe-tune")
     recorded = study.trials[int(row["trial_number"])].user_attrs["predicted_kv_cache_tokens"]
@@ -86,8 +77,8 @@ def test_each_start_matches_its_log_and_the_planner_held_out(row: dict) -> None:
 def test_the_simulator_predicts_both_trials_out_of_sample() -> None:
     """Simulated 3,967 output tok/s for both (128 clients fill neither 128 nor 512 sequences) against
     3,825 and 3,639 real: +3.7% and +9.0%, neither preempting, as real."""
-    spec = _spec()
-    workload = Workload.from_dict(yaml.safe_load(SPEC.read_text())["workload"])
+    spec = SPEC_RAN
+    workload = spec.workload
     for row in ROWS:
         flags = dataset.row_flags(row)
         sim = run_trial(TrialTask("qwen3-30b-a3b", "H200", flags, workload, vllm_version=spec.vllm_version), "sim")

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.search.informed import informed_starts
@@ -33,9 +32,9 @@ def test_every_tune_spec_is_checked() -> None:
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
 def test_the_spec_loads_and_its_informed_start_is_planned_to_start(path: Path) -> None:
-    data = yaml.safe_load(path.read_text())
-    spec = shipped_spec(path, HOST_MODELS[data["model"]])
-    model, gpu = load_model(HOST_MODELS[data["model"]]), get_gpu(data["gpu"]["type"])
+    shipped = HOST_MODELS[yaml.safe_load(path.read_text())["model"]]
+    spec = shipped_spec(path, shipped)
+    model, gpu = load_model(shipped), spec.gpu_spec()
     (first, *_) = informed_starts(spec.search_space, spec.fixed_flags, model, gpu, spec.workload, spec.vllm_version)
     plan = plan_memory(model, gpu, resolve_engine_config({**spec.fixed_flags, **first}, model, gpu, spec.vllm_version))
     assert plan.fits and plan.kv_cache_tokens > 0, plan.verdict
