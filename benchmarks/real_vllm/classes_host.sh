@@ -17,6 +17,13 @@ H=${HOST_HOME:-/root}
 step=${1:-}; shift || true
 case "$step" in
   keep1)
+    # Every NAME=MODEL is checked before anything is copied: a wrong one costs no device time.
+    for pair in "$@"; do
+      model=${pair#*=}
+      case "$pair" in ?*=?*) ;; *) echo "keep1: '$pair' is not NAME=MODEL (e.g. g2=gemma-2-27b)"; exit 2 ;; esac
+      [ -f "$model/config.json" ] || [ -f "platform/servetune/data/models/$model/config.json" ] \
+        || { echo "keep1: no config.json for '$model': name a shipped model (platform/servetune/data/models) or a folder of the tree holding one"; exit 2; }
+    done
     mkdir -p "$H/stash" && cp .carry/part1/* "$H/stash/" || exit 3
     { date -u +%FT%TZ; nproc; grep MemTotal /proc/meminfo; nvidia-smi
       nvidia-smi --query-gpu=name,pci.bus_id,memory.total,driver_version,power.limit,clocks.max.sm,clocks.max.memory,compute_cap --format=csv
@@ -27,9 +34,9 @@ case "$step" in
       src=$model/config.json; [ -f "$src" ] || src=platform/servetune/data/models/$model/config.json
       mkdir -p "$H/$name" && cp "$src" "$H/$name/config.json" \
         && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 benchmarks/real_vllm/full_vocab_tokenizer.py "$H/$name" >> "$OUT/tokenizers.txt" 2>&1 \
-        || echo "tokenizer for $model failed" >> "$OUT/tokenizers.txt"
+        || { echo "tokenizer for $model failed" >> "$OUT/tokenizers.txt"; failed=1; }
     done
-    cat "$OUT/tokenizers.txt" 2>/dev/null; ls -la "$H/stash" ;;
+    cat "$OUT/tokenizers.txt" 2>/dev/null; ls -la "$H/stash"; [ -z "${failed:-}" ] || exit 3 ;;
   keep2)
     [ -f "$H/stash/payload.tar.xz.00" ] || { echo "chunk 1 is not on this machine (was it given back?)"; exit 3; }
     cp .carry/part2/* "$H/stash/" && ls -la "$H/stash" ;;
