@@ -1,9 +1,13 @@
 """Read-only commands never write (``best`` on an empty database, a missing study, a real one, on
-SQLite and PostgreSQL), and a double Ctrl-C on ``servetune tune`` exits 130 without a traceback."""
+SQLite and PostgreSQL), and a double Ctrl-C on ``servetune tune`` exits 130 without a traceback, at
+once even where it cut an Optuna write half-way."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import io
+import logging
 import signal
 import subprocess
 import sys
@@ -14,8 +18,11 @@ from typing import Any
 import optuna
 import pytest
 import yaml
+from sqlalchemy.engine import default
 
 from _study_procs import completed_trials
+from servetune.spec.schema import StudySpec
+from servetune.study import run_study
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"}
@@ -96,6 +103,46 @@ def test_a_double_ctrl_c_exits_130_without_a_traceback(tmp_path: Path) -> None:
             proc.kill()
     assert proc.returncode == 130, (out[-2000:], err[-2000:])
     assert "Traceback" not in out + err
+
+
+def test_a_second_signal_that_cuts_an_optuna_write_leaves_no_trial_running_and_no_wait(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # The Ctrl-C lands between SQLite's write and SQLAlchemy's reading of its result: the cursor, in a reference
+    # cycle, keeps the file's write lock. While the interrupt's traceback was alive (the driver failed the running
+    # trials inside its except block) no collection could free it: every closing write waited out 60 s of retries.
+    db = tmp_path / "optuna.db"
+    spec = StudySpec.from_dict({
+        "name": "cut", "model": "llama-3.1-8b", "gpu": {"type": "A100-40GB", "count": 1},
+        "workload": {"input_len": 256, "output_len": 64, "num_requests": 16, "concurrency": 8, "seed": 1},
+        "objective": {"metric": "output_throughput"},
+        "search_space": {"params": {"max_num_seqs": {"type": "int", "low": 8, "high": 256}}},
+        "budget": {"trials": 40, "parallel": 1}, "backend": "sim", "prescreen": False, "seed": 1,
+        "tracking": {"experiment": "cut"}, "storage": {"optuna_url": f"sqlite:///{db}"},
+        "output": {"runs_dir": str(tmp_path / "runs"), "dataset_dir": str(tmp_path / "dataset")},
+    })
+    read_result = default.DefaultExecutionContext._setup_result_proxy
+    armed: list[bool] = []
+
+    def cut_once(self: default.DefaultExecutionContext) -> object:
+        if armed == [True] and self.root_connection.engine.url.database == str(db):
+            armed.append(False)
+            raise KeyboardInterrupt  # where a second Ctrl-C lands inside an Optuna commit
+        return read_result(self)
+
+    monkeypatch.setattr(default.DefaultExecutionContext, "_setup_result_proxy", cut_once)
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection may free the cursor by chance
+    try:
+        with caplog.at_level(logging.WARNING, logger="servetune.records._retry"):
+            outcome = run_study(spec, out=io.StringIO(), on_result=lambda *_: armed.append(True) if not armed else None)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert armed == [True, False] and outcome.interrupted
+    retries = [r for r in caplog.records if r.name == "servetune.records._retry"]
+    assert len(retries) <= 1, [r.getMessage() for r in retries]  # one wait for the lock, not 60 s of them
+    states = {t.state for t in optuna.load_study(study_name="cut", storage=f"sqlite:///{db}").get_trials()}
+    assert optuna.trial.TrialState.RUNNING not in states
 
 
 def test_a_second_signal_a_library_turned_into_its_own_error_still_exits_130(monkeypatch, capsys) -> None:

@@ -18,6 +18,10 @@ Contract:
   (:func:`servetune.records.diskspace.is_disk_full`): those fail at once, naming the cause.
 * Every retry is logged at WARNING on ``servetune.records._retry`` with what was being done, so an outage
   shows up in the driver's log.
+* Before each retry the garbage collector runs once: a statement that a Ctrl-C cut between SQLite's
+  write and SQLAlchemy's result keeps its cursor in a reference cycle, and that cursor holds the
+  database's write lock until it is collected (a full collection may not come for minutes), so every
+  retry would find the file "locked" by this very process.
 
 Example:
     >>> calls = []
@@ -35,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import sqlite3
@@ -131,4 +136,5 @@ def retry_call(fn: Callable[[], _T], *, what: str, deadline_s: float = 60.0, bas
                          what, attempt, delay, str(exc).splitlines()[0][:300])
             if on_retry is not None:
                 on_retry(exc)
+            gc.collect()  # a cursor an interrupt left in a cycle releases the lock it holds
             time.sleep(delay)

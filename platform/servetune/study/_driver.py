@@ -106,6 +106,22 @@ def probed_trial_env(pool: Pool, backend: str, gpu_type: str) -> CommEnv:
     return trial_env(True, pool.on_worker(probe_has_flashinfer, gpu_type))
 
 
+def _cut_short(step: Callable[[], None]) -> bool:
+    """Run ``step``; True when a second signal cut it (``KeyboardInterrupt``).
+
+    The interrupt ends here, so the frames it cut become garbage before the driver marks the running
+    trials failed. One of them may hold a SQLite cursor, in a reference cycle, that keeps the
+    database's write lock (the statement ran, its result was never read): garbage, the storage's
+    retry collects it (:func:`servetune.records._retry.retry_call`); reachable from a live
+    traceback, it kept every write of the closing steps waiting out the retry's 60 s.
+    """
+    try:
+        step()
+    except KeyboardInterrupt:
+        return True
+    return False
+
+
 class _Driver:
     """One run of the driver over one study: the state the steps of :func:`run_study` share."""
 
@@ -178,7 +194,8 @@ class _Driver:
         full: BaseException | None = None
         try:
             # Inside the try: the FlashInfer probe may wait for a GPU node, and a Ctrl-C then closes the pool too.
-            self._steps(self._open_run(pool), Dispatcher(pool, self.backend, self.stop))
+            if _cut_short(lambda: self._steps(self._open_run(pool), Dispatcher(pool, self.backend, self.stop))):
+                raise KeyboardInterrupt  # a fresh one, with no frame of the cut step behind it
         except KeyboardInterrupt:
             status = "KILLED"
             self.outcome.interrupted = True
