@@ -14,7 +14,7 @@ import yaml
 
 from servetune.cost import calibration_evidence, cost_per_mtok, goodput, load_prices, slo_figures
 from servetune.errors import SpecError
-from servetune.planner.gpus import get_gpu
+from servetune.planner.gpus import get_gpu, sim_evidence_text
 from servetune.planner.target import resolve_target
 from servetune.result import RequestRecord, TrialResult, TrialStatus
 from servetune.sim import simulate
@@ -178,7 +178,7 @@ def test_capacity_end_to_end_on_the_simulated_engine(small_workload: Path) -> No
 
 def test_calibration_evidence_names_the_judged_gpus() -> None:
     assert calibration_evidence(get_gpu("H100-80GB"))[0] and not calibration_evidence(get_gpu("A100-40GB"))[0]
-    assert calibration_evidence(get_gpu("L4"))[1].endswith(get_gpu("L4").sim_evidence)  # simulate's own note
+    assert calibration_evidence(get_gpu("L4"))[1].endswith(sim_evidence_text(get_gpu("L4")))
 
 
 def test_capacity_shows_the_real_trials_of_a_dataset(small_workload: Path) -> None:

@@ -17,7 +17,8 @@ The contract:
   type's list price, :mod:`servetune.cost`); the report ranks the GPU types of each model and
   workload by it.
 - Judged GPUs only: a cell simulated on a GPU type whose simulator calibration no real vLLM run has
-  judged (``GpuSpec.sim_evidence`` empty, :func:`~servetune.planner.gpus.unjudged_note`) still runs
+  judged, or the published runs held out on it judged below the target (fewer than 80% within 10%:
+  :func:`~servetune.planner.gpus.calibration_note`), still runs
   (its regressions still count), but the report says so beside it and leaves it out of the cost
   ranking across GPU types: comparing such a type's simulated cost with a judged one's would rest on
   the H200's constants at another GPU's datasheet rates. Cells measured on real GPUs (backend
@@ -310,8 +311,8 @@ class NightlyOutcome:
 
 def calibration_warning(gpu: gpus.GpuSpec, backend: str) -> str:
     """The report's warning for a cell on ``gpu`` run by ``backend``: "" where the simulator's
-    calibration on that GPU type has been judged on real runs, or where no simulator ran the trials
-    (``vllm``, ``replay``); else :func:`~servetune.planner.gpus.unjudged_note`'s line. Pure.
+    calibration on that GPU type has been judged on real runs to the target, or where no simulator ran the trials
+    (``vllm``, ``replay``); else :func:`~servetune.planner.gpus.calibration_note`'s line. Pure.
 
     Example:
         >>> calibration_warning(gpus.get_gpu("H200"), "sim"), calibration_warning(gpus.get_gpu("A10G"), "vllm")
@@ -322,7 +323,7 @@ def calibration_warning(gpu: gpus.GpuSpec, backend: str) -> str:
     can = capabilities(backend)
     if can.real_gpus or can.reads_landscape:  # measured on real GPUs, or a recorded landscape: no simulator
         return ""
-    return gpus.unjudged_note(gpu) or ""
+    return gpus.calibration_note(gpu) or ""
 
 
 def rank_by_cost(nights: Sequence[CellNight]) -> dict[str, list[CellNight]]:

@@ -110,8 +110,8 @@ def test_a_gpu_files_impossible_api_server_knob_exits_2_with_the_field(
 
 def test_a_gpu_no_real_run_has_judged_says_so_in_one_line_and_a_judged_one_does_not(
         workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """GpuSpec.sim_evidence is the rule: the A10G has none (one note line), the H200 and the
-    A100-80GB have own or published runs judged held out (no note)."""
+    """planner.gpus.calibration_note is the rule: the A10G has no run judged (one note line), the H200 and
+    the A100-80GB have own or published runs judged held out to the target (no note)."""
     base = ["--model", "servetune-test-850m", "--workload", str(workload_file)]
     assert not get_gpu("A10G").sim_evidence and get_gpu("A100-80GB").sim_evidence
     assert run_cli([*base, "--gpu", "A10G"]) == 0

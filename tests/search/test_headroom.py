@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from servetune.errors import SpecError
-from servetune.planner.gpus import get_gpu
+from servetune.planner.gpus import get_gpu, sim_evidence_text
 from servetune.search import headroom as hr
 from servetune.spec.schema import StudySpec
 
@@ -158,7 +158,7 @@ def test_the_error_band_is_the_accuracy_table() -> None:
     assert moe.checked and {moe.throughput.rstrip("%"), moe.tpot.rstrip("%"), moe.ttft.rstrip("%")} <= set(
         re.findall(r"\d+\.\d", moe_row.split("|")[4]))
     l4 = hr.error_band("L4")
-    assert l4.checked and get_gpu("L4").sim_evidence in l4.text()
+    assert l4.checked and sim_evidence_text(get_gpu("L4")) in l4.text()
     assert not hr.error_band("H100-PCIe").checked
     # README's short table, one row per GPU and model group, carries the same throughput figures.
     short = [line.split("|") for line in (REPO / "README.md").read_text().splitlines()

@@ -14,7 +14,7 @@ import pytest
 
 from _study_procs import a100_sim_study
 
-from servetune.planner.gpus import get_gpu, unjudged_note
+from servetune.planner.gpus import calibration_note, get_gpu
 from servetune.result import TrialResult, TrialStatus
 from servetune.search.screen import (UNJUDGED_CLEAR_PREEMPTION_SHARE, UNJUDGED_MIN_TOLERANCE, UNJUDGED_TIGHT_TOLERANCE,
                                      SimScreen, learn, screen_for, simulate_flags)
@@ -61,7 +61,7 @@ def _calibrated(gpu: str) -> tuple[SimScreen, TrialResult, float]:
 def test_on_an_unjudged_gpu_type_a_proposal_the_judged_margin_prunes_is_kept() -> None:
     """The A10G: no real run judged its simulator. A proposal predicted 1/1.4 of the best so far is
     pruned on the H200 (at most 1.3x with the 30% margin) and dispatched on the A10G (1.5x with 50%)."""
-    assert unjudged_note(get_gpu("A10G")) is not None and unjudged_note(get_gpu("H200")) is None
+    assert calibration_note(get_gpu("A10G")) is not None and calibration_note(get_gpu("H200")) is None
     judged, proposal, best = _calibrated("H200")
     reason = _twice(judged, proposal, best)
     assert reason is not None and reason.startswith("sim_screen: throughput") and "with the 30% margin" in reason
@@ -102,7 +102,16 @@ def test_a_judged_gpu_types_screen_keeps_the_default_margins_and_says_nothing() 
         assert (screen.min_tolerance, screen.tight_tolerance, screen.clear_preemption_share) == (0.3, 0.15, 0.25)
     note = screen_for(_spec("A10G"), "vllm").margin_note  # type: ignore[union-attr]
     assert note is not None and note.startswith("the simulator screen runs with wider margins (throughput 50% until")
-    assert note.endswith(unjudged_note(get_gpu("A10G")) or "-")
+    assert note.endswith(calibration_note(get_gpu("A10G")) or "-")
+
+
+def test_a_gpu_type_whose_published_runs_judged_it_below_the_target_gets_the_wider_margins() -> None:
+    """The B200: judged on published runs held out, 1 of 5 within 10% (``data/published_judgement.json``)."""
+    screen = screen_for(_spec("B200"), "vllm")
+    assert screen is not None
+    assert (screen.min_tolerance, screen.tight_tolerance) == (UNJUDGED_MIN_TOLERANCE, UNJUDGED_TIGHT_TOLERANCE)
+    note = screen.margin_note
+    assert note is not None and note.endswith(calibration_note(get_gpu("B200")) or "-") and "1 of 5" in note
 
 
 class _Margins(StudyProgress):
@@ -119,7 +128,7 @@ def test_a_study_on_an_unjudged_gpu_type_says_once_that_its_screen_runs_with_wid
     """A real simulated study with the screen on (``multi_fidelity: true``): the A100-40GB has startup
     logs judged (``log_evidence``) but no run judged its simulator, so the line comes once, naming it;
     the A100-80GB's published runs judged it, so none."""
-    assert (unjudged_note(get_gpu(gpu)) is not None) == bool(said)
+    assert (calibration_note(get_gpu(gpu)) is not None) == bool(said)
     data: dict[str, Any] = a100_sim_study(f"margins-{said}", 2, tmp_path, {"experiment": f"exp-margins-{said}"})
     data["gpu"] = {**data["gpu"], "type": gpu}
     data["workload"] = {**data["workload"], "num_requests": 16, "concurrency": 16}
@@ -129,7 +138,7 @@ def test_a_study_on_an_unjudged_gpu_type_says_once_that_its_screen_runs_with_wid
     assert outcome.trials_done == 2
     assert len(progress.lines) == said
     if said:
-        assert "wider margins" in progress.lines[0] and progress.lines[0].endswith(unjudged_note(get_gpu(gpu)) or "-")
+        assert "wider margins" in progress.lines[0] and progress.lines[0].endswith(calibration_note(get_gpu(gpu)) or "-")
 
 
 def test_the_terminal_says_the_wider_margins_in_one_servetune_line() -> None:

@@ -336,7 +336,7 @@ def test_the_rtx_3060_runs_are_open_loops_judged_on_tpot_held_out_and_nothing_is
     sent at 1 request/s, so judged on mean TPOT; no knob of ``FITTED_HERE`` is the RTX 3060's, so
     the split's fit half is judged with nothing fitted too. Every run within 20% on TPOT and 55% on
     TTFT, and the GPU table says it was judged."""
-    from servetune.planner.gpus import get_gpu
+    from servetune.planner.gpus import get_gpu, sim_evidence_text
 
     runs = [r for r in DENSE if r.gpu == "RTX-3060"]
     assert len(runs) == 12 and {r.model for r in runs} == {"qwen3-0.6b", "qwen2.5-3b"}
@@ -346,7 +346,7 @@ def test_the_rtx_3060_runs_are_open_loops_judged_on_tpot_held_out_and_nothing_is
         assert run.headline[0] == "tpot_ms" and judged.headline_error is not None, run.id
         assert abs(judged.headline_error) < 0.2, run.id
         assert judged.ttft_error is not None and abs(judged.ttft_error) < 0.55, run.id
-    assert "held out" in get_gpu("RTX-3060").sim_evidence
+    assert "held out: 6 of 6 within 10%" in sim_evidence_text(get_gpu("RTX-3060"))
 
 
 #: aerlabsAI/nano-vllm f244d5f, docs/data/vllm-gpu/qwen3-0.6b/openai-1.0qps-Qwen3-0.6B-20260223-211942.json

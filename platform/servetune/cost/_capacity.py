@@ -40,7 +40,7 @@ from servetune.cost._goodput import cost_per_mtok, goodput
 from servetune.cost._prices import GpuPrice, PriceTable, load_prices
 from servetune.errors import SpecError
 from servetune.planner.engine_config import resolve_engine_config
-from servetune.planner.gpus import GpuSpec, get_gpu
+from servetune.planner.gpus import GpuSpec, get_gpu, sim_evidence_text
 from servetune.planner.memory import plan_memory
 from servetune.planner.modelinfo import ModelProfile, load_model
 from servetune.planner.prior import preemption_bound
@@ -59,14 +59,16 @@ _UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization
 
 def calibration_evidence(gpu: GpuSpec) -> tuple[bool, str]:
     """``(judged, what)``: whether real vLLM runs of this GPU type judged the simulator's step times
-    (the GPU table's ``sim_evidence``, what ``servetune simulate`` also prints), and in words.
+    (the GPU table's ``sim_evidence`` and the published runs held out on it,
+    :func:`~servetune.planner.gpus.sim_evidence_text`), and in words.
 
     Example:
         >>> calibration_evidence(get_gpu("H200"))[0], calibration_evidence(get_gpu("T4"))[0]
         (True, False)
     """
-    if gpu.sim_evidence:
-        return True, f"simulator judged on the {gpu.name}: {gpu.sim_evidence}"
+    evidence = sim_evidence_text(gpu)
+    if evidence:
+        return True, f"simulator judged on the {gpu.name}: {evidence}"
     return False, (f"simulator not judged on the {gpu.name}: the H200's fitted constants at the {gpu.name}'s "
                    "datasheet rates; an estimate")
 

@@ -29,17 +29,21 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
 import os
 import types
 from collections.abc import Mapping
+from importlib import resources
 from typing import Any
 
 from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import load_yaml, read_text, shown
 
-__all__ = ["GpuSpec", "INTERCONNECTS", "PCIE_CARD_FIGURES", "get_gpu", "known_gpus", "register_gpus_from_yaml", "register_gpu", "under_wddm",
-           "unjudged_note", "with_interconnect"]
+__all__ = ["GpuSpec", "INTERCONNECTS", "PCIE_CARD_FIGURES", "PublishedJudgement", "calibration_note", "get_gpu",
+           "known_gpus", "published_judgement", "register_gpus_from_yaml", "register_gpu", "sim_evidence_text",
+           "under_wddm", "with_interconnect"]
 
 #: How the GPUs of one host reach each other, as the TP all-reduce sees it
 #: (:func:`servetune.planner.comm.allreduce_cost` prices each): ``nvlink`` (NVLink / NVSwitch, or
@@ -179,8 +183,7 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                          "11 of 12 within 0.4%, Qwen2.5-72B at TP=2 +5.6% with 3 GiB of KV), and a vLLM 0.10.2 "
                          "start at TP=1 (benyucong/neo4j-graphrag-python, Qwen3-4B without FlashInfer: +0.0%)",
             sim_evidence="servetune's own vLLM 0.26.0 windows (8B, TP=1, 2026-12-05, held out: 8.6% "
-                         "throughput) and published vLLM 0.11.0 runs (gpustack: Qwen3-8B at 1-8 in flight, held "
-                         "out: 4.1%; Qwen3-14B bursts, fit half: +75%, the host unexplained)"),
+                         "throughput)"),
     GpuSpec("H100-PCIe", 79.19, 2039.0, 756.0, 1513.0, 64.0, compute_capability=9.0, sm_count=114,
             source=f"{_NV} H100 PCIe (HBM2e 2.0 TB/s); memory as the SXM part (same 80 GB), estimated"),
     GpuSpec("H100-NVL", 93.1, 3938.0, 835.0, 1671.0, 300.0, compute_capability=9.0, sm_count=132,
@@ -204,12 +207,10 @@ _BUILTIN: tuple[GpuSpec, ...] = (
             log_evidence="a published vLLM 0.17.1 startup log at TP=1 (LzyFischer/MemSuit: the planner is -1.5% "
                          "there) and published vLLM 0.10.1.1 starts (dennislee22/vLLM-benchmarking: Qwen2-7B at "
                          "TP=1 and at TP=2 without GPU P2P, -2.5% to +0.6%; gpt-oss-120b at TP=4 over Ray, -0.3%)",
-            sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B at 0.10.1.1 on PCIe cards "
-                         "(PCIE_CARD_FIGURES), TP=1 held out 3.2% (20 bursts), TP=2 on a host without GPU P2P "
-                         "(interconnect pcie-no-p2p) held out 8.0% (23 bursts; +80.6% when priced as NVLink); "
-                         "TTFT 24.4% / 22.5% with the re-sent prompts the server's log lines show taken as "
-                         "cached (2026-12-06, after GpuSpec.sm_count; 7.8% / 14.2%, TTFT 39% / 68% when first "
-                         "judged); Qwen3-14B bursts at 0.11.0 fit its attention and KV-read rates"),
+            sim_evidence="published vLLM runs (docs/accuracy.md): Qwen2-7B bursts at 0.10.1.1 on PCIe cards "
+                         "(PCIE_CARD_FIGURES), TP=1 and TP=2 on a host without GPU P2P (interconnect "
+                         "pcie-no-p2p), MoE bursts at 0.11.0; Qwen3-14B bursts at 0.11.0 fit its attention and "
+                         "KV-read rates"),
     GpuSpec("A800-80GB", 79.25, 2039.0, 312.0, 312.0, 200.0, compute_capability=8.0, sm_count=108,
             source=f"{_NV} A800 SXM4 80GB (the A100's export part: NVLink 400 GB/s); memory as A100-80GB, "
                    "estimated. vLLM names it 'NVIDIA A800-SXM4-80GB', without 'a100', so its serve defaults are "
@@ -226,16 +227,14 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                          "is -0.5% to 0.0% there), a start stated as vLLM 0.28.0 (TP=1: -1.6%) and a vLLM 0.19.0 "
                          "Qwen2.5-72B start at TP=4 over PCIe (5.11 GiB left for KV: the planner is 5.4% high), a "
                          "vLLM 0.11.2 Qwen2.5-Coder-14B start at TP=1 (-0.9%)",
-            sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight under a request rate, held "
-                         "out: -1.3% and -3.8% throughput, TTFT +4.2% and +13.7%; -1.6%, -4.2%, +5.5% and +15.8% "
-                         "before GpuSpec.sm_count, 2026-12-06)"),
+            sim_evidence="published vLLM 0.28.0 runs (Qwen3-14B at 10 in flight under a request rate)"),
     GpuSpec("L40", 44.39, 864.0, 181.0, 362.0, 32.0, compute_capability=8.9, sm_count=142,
             source=f"{_NV} L40 (181 TFLOPS bf16 dense); memory as L40S (same 48 GB GDDR6)"),
     GpuSpec("L4", 22.05, 300.0, 121.0, 242.0, 32.0, compute_capability=8.9, sm_count=58, source=f"{_NV} L4",
             log_evidence="a published vLLM 0.11.0 startup log (abinavChandar/demo_env_l4, Colab, TP=1, 4.75 GiB "
                          "left for KV: the planner is 5.5% low there, unexplained)",
             sim_evidence="published vLLM 0.23.0 runs (Qwen2.5-0.5B-Instruct at 1-32 in flight, sampling with its "
-                         "generation config, held out: -8% to +16% throughput, 5 of 6 within 10%)"),
+                         "generation config)"),
     GpuSpec("A10G", 22.19, 600.0, 70.0, 70.0, 32.0, compute_capability=8.6, sm_count=80,
             source="AWS g5 (A10G, 24 GB GDDR6, 600 GB/s; ~70 TFLOPS bf16 dense, estimated from AWS's 250 TOPS "
                    "int8 sparse); memory from torch OOM messages on g5 ('total capacity of 22.19 GiB')"),
@@ -264,11 +263,8 @@ _BUILTIN: tuple[GpuSpec, ...] = (
                    "OOM messages of 12 GB cards ('11.76 GiB total capacity'); under WSL 2 the whole 12,288 MiB",
             wddm_memory_gib=12.0,
             sim_evidence="published vLLM 0.15.1 runs (docs/accuracy.md; WSL 2, an open loop at 1 request/s, "
-                         "4,096/512-token prompts, six max_num_seqs / max_num_batched_tokens settings): Qwen3-0.6B "
-                         "held out, mean TPOT 3.1% (-1.8%, 6 of 6 within 10%), TTFT 5.1% (6 of 6 within 25%; 4.0% and "
-                         "6.6% before GpuSpec.sm_count, 2026-12-06) with "
-                         "each run's seeded requests replayed and FlashAttention-2's prefill rate; Qwen2.5-3B, "
-                         "nothing fitted on it either, 4.5% and 23.8% (4.8% and 25.6% before)"),
+                         "4,096/512-token prompts, six max_num_seqs / max_num_batched_tokens settings, each run's "
+                         "seeded requests replayed): Qwen3-0.6B and Qwen2.5-3B"),
     GpuSpec("RTX-3090", 23.69, 936.0, 71.0, 71.0, 32.0, compute_capability=8.6, sm_count=82,
             source=f"{_NV} GA102 whitepaper (71 TFLOPS bf16 with fp32 accumulate, dense); memory from torch OOM "
                    "messages ('23.69 GiB total capacity'); under Windows / WSL 2 24.00 GiB, the whole 24,576 MiB "
@@ -370,14 +366,90 @@ def with_interconnect(gpu: GpuSpec, interconnect: Any, field: str = "gpu.interco
     return dataclasses.replace(gpu, interconnect=link, **card)
 
 
-def unjudged_note(gpu: GpuSpec) -> str | None:
-    """One line for figures simulated on a GPU whose simulated step times no real vLLM run has judged
-    (``GpuSpec.sim_evidence`` empty); None where some have (``simulate`` and the nightly print it).
+@dataclasses.dataclass(frozen=True)
+class PublishedJudgement:
+    """How the simulator did on one GPU type's published vLLM runs held out (``data/published_judgement.json``,
+    written by ``benchmarks/published_judgement.py``): the headline figure (closed loops: output throughput;
+    open loops: TPOT) within ``within_pct`` on ``within`` of ``runs``, its signed error's median and range (%)."""
+
+    gpu: str
+    runs: int
+    within: int
+    within_pct: float
+    target_share: float
+    median_error_pct: float | None
+    lowest_error_pct: float | None
+    highest_error_pct: float | None
+    layouts: tuple[str, ...]
+
+    @property
+    def meets_target(self) -> bool:
+        """At least :attr:`target_share` of the runs within :attr:`within_pct`."""
+        return self.within >= self.target_share * self.runs
+
+
+@functools.lru_cache(maxsize=1)
+def _published_table() -> Mapping[str, Any]:
+    return json.loads(resources.files("servetune").joinpath("data/published_judgement.json").read_text())
+
+
+def published_judgement(gpu_name: str) -> PublishedJudgement | None:
+    """The simulator's judgement by the published runs held out on ``gpu_name``; None where none ran on it.
 
     Example:
-        >>> unjudged_note(get_gpu("H200")) is None, unjudged_note(get_gpu("A10G")).startswith("A10G:")
+        >>> j = published_judgement("B200")
+        >>> (j.runs, j.within, j.meets_target), published_judgement("A10G") is None
+        ((5, 1, False), True)
+    """
+    table = _published_table()
+    row = table["gpus"].get(gpu_name)
+    if row is None:
+        return None
+    target = table["target"]
+    return PublishedJudgement(gpu_name, int(row["runs"]), int(row["headline_within_10pct"]),
+                              float(target["headline_within_pct"]), float(target["share"]), row["median_error_pct"],
+                              row["lowest_error_pct"], row["highest_error_pct"], tuple(row["layouts"]))
+
+
+def sim_evidence_text(gpu: GpuSpec) -> str:
+    """What judged the simulator on ``gpu``, in words: the GPU table's own note (``GpuSpec.sim_evidence``) and
+    the published runs held out on it (:func:`published_judgement`); "" where nothing did.
+
+    Example:
+        >>> sim_evidence_text(get_gpu("B200"))
+        'published vLLM runs held out: 1 of 5 within 10% (median error +20.9%)'
+        >>> sim_evidence_text(get_gpu("A10G"))
+        ''
+    """
+    judged = published_judgement(gpu.name)
+    published = "" if judged is None else (
+        f"published vLLM runs held out: {judged.within} of {judged.runs} within {judged.within_pct:g}% "
+        f"(median error {judged.median_error_pct:+.1f}%)")
+    return "; ".join(part for part in (gpu.sim_evidence, published) if part)
+
+
+def calibration_note(gpu: GpuSpec) -> str | None:
+    """One line for figures simulated on a GPU type whose simulated step times are not judged to the target:
+    no real vLLM run judged them (``GpuSpec.sim_evidence`` empty and no published run), or the published runs
+    held out on it put fewer than 80% of their headline figures within 10% (:func:`published_judgement`).
+    None elsewhere. ``simulate`` and the nightly print it; the simulator screen widens its margins for it.
+
+    Example:
+        >>> calibration_note(get_gpu("H200")) is None, calibration_note(get_gpu("A10G")).startswith("A10G: no")
+        (True, True)
+        >>> note = calibration_note(get_gpu("B200")) or ""
+        >>> note.startswith("B200: the simulator put 1 of 5 published vLLM runs held out"), "median error +20.9%" in note
         (True, True)
     """
+    judged = published_judgement(gpu.name)
+    if judged is not None:
+        if judged.meets_target:
+            return None
+        return (f"{gpu.name}: the simulator put {judged.within} of {judged.runs} published vLLM runs held out on "
+                f"this GPU within {judged.within_pct:g}% of their throughput or TPOT (layouts "
+                f"{', '.join(judged.layouts)}; median error {judged.median_error_pct:+.1f}%, from "
+                f"{judged.lowest_error_pct:+.1f}% to {judged.highest_error_pct:+.1f}%): read its figures with that "
+                "spread (docs/accuracy.md)")
     if gpu.sim_evidence:
         return None
     return (f"{gpu.name}: no real vLLM run on this GPU has judged the simulator; its step times are the H200's "

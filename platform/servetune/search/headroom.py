@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from servetune.errors import SpecError
 from servetune.planner.flags import gpus_needed
-from servetune.planner.gpus import get_gpu
+from servetune.planner.gpus import get_gpu, sim_evidence_text
 from servetune.result import TrialResult
 from servetune.workload import Workload
 
@@ -203,14 +203,14 @@ def error_band(gpu_type: str, gpus_per_engine: int = 1, moe: bool = False) -> Er
         return ErrorBand(True, "on H100 SXM, vLLM 0.26.0, TP=1, 8B (8 windows, docs/evidence-h100.md)",
                          throughput="8.6%", tpot="9.2%", ttft="9.8%", preemption="not judged on the H100")
     evidence = _sim_evidence(gpu_type)
-    if evidence:  # published runs of this GPU type (the GPU table's note, what `simulate` prints)
+    if evidence:  # the GPU table's note and the published runs held out on this GPU type
         return ErrorBand(True, evidence)
     return ErrorBand(False, f"{gpu_type}: no real run of this GPU type judged the simulator")
 
 
 def _sim_evidence(gpu_type: str) -> str:
     try:
-        return get_gpu(gpu_type).sim_evidence
+        return sim_evidence_text(get_gpu(gpu_type))
     except SpecError:
         return ""
 

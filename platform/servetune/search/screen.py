@@ -28,9 +28,9 @@ the calibrated prediction is clear:
 * ``throughput``: ``sim x ratio x (1 + tolerance)`` is below the best feasible throughput so far
   (needs at least one real trial to calibrate, and a throughput objective, maximised).
 
-On a GPU type no real vLLM run has judged the simulator on (``GpuSpec.sim_evidence`` empty,
-:func:`servetune.planner.gpus.unjudged_note`: its step times are the H200's calibration at its
-datasheet rates), :func:`screen_for` widens the margins (:func:`wider_margins`): the throughput
+On a GPU type no real vLLM run has judged the simulator on (its step times are the H200's calibration
+at its datasheet rates), or whose published runs held out put fewer than 80% of their headline figures
+within 10% (:func:`servetune.planner.gpus.calibration_note` says which), :func:`screen_for` widens the margins (:func:`wider_margins`): the throughput
 margin :data:`UNJUDGED_MIN_TOLERANCE` before 3 real trials agree and :data:`UNJUDGED_TIGHT_TOLERANCE`
 at least after, and the unconfirmed preemption share :data:`UNJUDGED_CLEAR_PREEMPTION_SHARE`; the
 study says so once when it starts (:attr:`SimScreen.margin_note`).
@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from servetune.engines import TrialTask, run_trial
 from servetune.planner.flags import flags_key
-from servetune.planner.gpus import unjudged_note
+from servetune.planner.gpus import calibration_note
 from servetune.records.trial_record import SCREEN_PREFIX
 from servetune.result import TrialResult, TrialStatus
 from servetune.sim import host_api_cpu_factor
@@ -234,8 +234,8 @@ def wider_margins(screen: SimScreen, why: str) -> SimScreen:
 
 def screen_for(spec: StudySpec, backend: str, comm_env: CommEnv | None = None) -> SimScreen | None:
     """A fresh screen for a study on ``backend``, or None when multi-fidelity is off for it or the
-    spec has no model profile for the simulator. On a GPU type whose simulator no real run has judged
-    (:func:`~servetune.planner.gpus.unjudged_note`) its margins are wider (:func:`wider_margins`).
+    spec has no model profile for the simulator. On a GPU type whose simulator no real run has judged to
+    the target (:func:`~servetune.planner.gpus.calibration_note`) its margins are wider (:func:`wider_margins`).
     ``comm_env``: the real trials' environment (:attr:`SimScreen.comm_env`)."""
     if not spec.multi_fidelity_on(backend) or spec.model_profile is None:
         return None
@@ -244,8 +244,8 @@ def screen_for(spec: StudySpec, backend: str, comm_env: CommEnv | None = None) -
                        num_requests=len(spec.workload.requests()),
                        throughput_objective=first == "output_throughput" and spec.objective.directions[0] == "maximize",
                        comm_env=comm_env)
-    unjudged = unjudged_note(spec.gpu_spec())
-    return screen if unjudged is None else wider_margins(screen, unjudged)
+    why = calibration_note(spec.gpu_spec())
+    return screen if why is None else wider_margins(screen, why)
 
 
 def simulated(screen: SimScreen, spec: StudySpec, flags: Mapping[str, Any]) -> TrialResult:

@@ -29,7 +29,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from servetune.planner.comm import nccl_small_message_note
-from servetune.planner.gpus import unjudged_note
+from servetune.planner.gpus import calibration_note
 from servetune.planner.memory import plan_memory
 from servetune.result import TrialResult, TrialStatus, summarize
 from servetune.sim import vllm_log
@@ -208,5 +208,5 @@ def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_se
         notes.append(frontend_bound_note(api_server_busy, api_cpu_factor))
     notes.append(unaligned_experts_note(model, gpu, config.tensor_parallel_size, config.version,
                                         config.data_parallel_size))
-    notes += [unjudged_note(gpu), hybrid_note(model), mamba_pool_note(model, config)]
+    notes += [calibration_note(gpu), hybrid_note(model), mamba_pool_note(model, config)]
     return [n for n in notes if n]

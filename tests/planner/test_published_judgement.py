@@ -1,0 +1,93 @@
+"""The simulator's judgement per GPU type that servetune ships (``data/published_judgement.json``), and the
+line and the wider screen it gives a GPU type judged below the target (``planner.gpus.calibration_note``).
+
+The shipped table is made by ``benchmarks/published_judgement.py --write``, which simulates every published
+run; here it is checked against the recorded comparisons in ``benchmarks/results`` (what
+``tests/sim/test_published_runs*.py`` hold the simulator to), so a table left stale after a change to the
+simulator and its recorded results fails here."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servetune.planner.gpus import PublishedJudgement, calibration_note, get_gpu, published_judgement
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+TABLE = REPO / "platform" / "servetune" / "data" / "published_judgement.json"
+#: (recorded file, its committed headline error key, its TTFT error key): every published fixture file's results.
+RECORDED = (("published_runs_heldout_pcie_card.json", "error_pct", "ttft_error_pct"),
+            ("published_runs_nvlink.json", "error_pct", "ttft_error_pct"),
+            ("published_runs_nvlink_moe.json", "error_pct", "ttft_error_pct"),
+            ("published_runs_classes.json", "error_after_pct", "ttft_error_after_pct"))
+
+
+def _recorded_held_out() -> dict[str, tuple[str, float | None, float | None]]:
+    rows: dict[str, tuple[str, float | None, float | None]] = {}
+    for name, head, ttft in RECORDED:
+        data = json.loads((RESULTS / name).read_text())
+        for run in (data["committed"] if "committed" in data else data)["runs"]:
+            if run["split"] == "held_out":
+                rows.setdefault(run["id"], (run["gpu"], run.get(head), run.get(ttft)))
+    return rows
+
+
+def _count(errors: list[float | None], limit: float) -> tuple[int, int]:
+    """Within ``limit`` by the recorded (0.1%-rounded) errors, and how many sit on the rounded boundary
+    (either side of it unrounded)."""
+    known = [abs(e) for e in errors if e is not None]
+    return sum(e < limit for e in known), sum(e == limit for e in known)
+
+
+def test_the_shipped_table_is_the_recorded_held_out_results_per_gpu() -> None:
+    table = json.loads(TABLE.read_text())
+    rows = _recorded_held_out()
+    assert sum(r["runs"] for r in table["gpus"].values()) == len(rows) >= 130
+    for gpu in {g for g, _, _ in rows.values()}:
+        mine = [r for r in rows.values() if r[0] == gpu]
+        shipped = table["gpus"][gpu]
+        assert shipped["runs"] == len(mine), gpu
+        for key, index, limit in (("headline_within_10pct", 1, 10.0), ("ttft_within_25pct", 2, 25.0)):
+            inside, edge = _count([r[index] for r in mine], limit)
+            assert inside <= shipped[key] <= inside + edge, (gpu, key)
+        errors = [r[1] for r in mine if r[1] is not None]
+        assert shipped["median_error_pct"] == pytest.approx(statistics.median(errors), abs=0.11), gpu
+        assert (shipped["lowest_error_pct"], shipped["highest_error_pct"]) == pytest.approx(
+            (min(errors), max(errors)), abs=0.11), gpu
+
+
+def test_a_gpu_type_meets_the_target_at_eight_runs_in_ten_within_ten_percent() -> None:
+    def judged(within: int) -> PublishedJudgement:
+        return PublishedJudgement("X", 10, within, 10.0, 0.8, 1.0, -5.0, 12.0, ("TP1",))
+
+    assert judged(8).meets_target and not judged(7).meets_target
+
+
+def test_only_gpu_types_judged_below_the_target_or_not_at_all_get_a_line() -> None:
+    for name in ("H200", "A100-80GB", "L4", "L40S", "RTX-3060"):
+        j = published_judgement(name)
+        assert j is not None and j.meets_target and calibration_note(get_gpu(name)) is None, name
+    b200 = published_judgement("B200")
+    assert b200 is not None and not b200.meets_target and b200.median_error_pct is not None
+    note = calibration_note(get_gpu("B200"))
+    assert note is not None and note.startswith(f"B200: the simulator put {b200.within} of {b200.runs} published")
+    assert f"median error {b200.median_error_pct:+.1f}%" in note and "no real vLLM run" not in note
+    # No published run and no run of servetune's own: the unjudged line, as before.
+    assert published_judgement("A10G") is None
+    assert (calibration_note(get_gpu("A10G")) or "").startswith("A10G: no real vLLM run on this GPU has judged")
+
+
+def test_simulate_on_a_gpu_judged_below_the_target_prints_its_judgement_beside_the_figure(tmp_path: Path) -> None:
+    workload = tmp_path / "w.yaml"
+    workload.write_text("input_len: 256\noutput_len: 32\nnum_requests: 8\nconcurrency: 4\n")
+    proc = subprocess.run([sys.executable, "-m", "servetune", "simulate", "--model", "llama-3.1-8b", "--gpu", "B200",
+                           "--workload", str(workload)], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"note: {calibration_note(get_gpu('B200'))}" in proc.stdout.splitlines()
