@@ -21,16 +21,23 @@ from servetune.planner.gpus import PublishedJudgement, calibration_note, get_gpu
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 TABLE = REPO / "platform" / "servetune" / "data" / "published_judgement.json"
-#: (recorded file, its committed headline error key, its TTFT error key): every published fixture file's results.
-RECORDED = (("published_runs_heldout_pcie_card.json", "error_pct", "ttft_error_pct"),
-            ("published_runs_nvlink.json", "error_pct", "ttft_error_pct"),
-            ("published_runs_nvlink_moe.json", "error_pct", "ttft_error_pct"),
-            ("published_runs_classes.json", "error_after_pct", "ttft_error_after_pct"))
+FIXTURES = REPO / "tests" / "fixtures" / "published_runs"
+#: Each published fixture file's recorded results (benchmarks/results), its committed headline error key and TTFT
+#: error key.
+RECORDED = {"dense.yaml": ("published_runs_heldout_pcie_card.json", "error_pct", "ttft_error_pct"),
+            "nvlink.yaml": ("published_runs_nvlink.json", "error_pct", "ttft_error_pct"),
+            "nvlink_moe.yaml": ("published_runs_nvlink_moe.json", "error_pct", "ttft_error_pct"),
+            "classes.yaml": ("published_runs_classes.json", "error_after_pct", "ttft_error_after_pct")}
+
+
+def test_every_published_fixture_file_has_its_recorded_results_here() -> None:
+    assert sorted(p.name for p in FIXTURES.glob("*.yaml")) == sorted(RECORDED), \
+        "a published fixture file was added: name its recorded results in RECORDED"
 
 
 def _recorded_held_out() -> dict[str, tuple[str, float | None, float | None]]:
     rows: dict[str, tuple[str, float | None, float | None]] = {}
-    for name, head, ttft in RECORDED:
+    for name, head, ttft in RECORDED.values():
         data = json.loads((RESULTS / name).read_text())
         for run in (data["committed"] if "committed" in data else data)["runs"]:
             if run["split"] == "held_out":
