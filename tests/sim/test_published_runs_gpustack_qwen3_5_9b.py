@@ -1,0 +1,42 @@
+"""GPUStack's Qwen3.5-9B runs on an H100 (tests/fixtures/published_runs/gpustack_qwen3_5_9b.yaml): a hybrid
+model (gated delta-net linear attention and full attention layers) served by vLLM 0.17.1, judged blind.
+
+The file's runs are one sweep of one page (docs/performance-lab/qwen3.5-9b/h100.md at gpustack commit
+6ceec5b), so the split rule holds them all out. Recorded on 2026-12-07 with nothing changed for them
+(benchmarks/results/published_runs_gpustack_qwen3_5_9b.json): output throughput +63% to +86% on the 13
+ShareGPT runs, +1.2% and -6.2% on the two random 1024x128 runs; TTFT within 25% on 13 of 15.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from published_runs import FIXTURES, judge, load_runs, split_of
+
+FILE = FIXTURES / "gpustack_qwen3_5_9b.yaml"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_gpustack_qwen3_5_9b.json"
+RUNS = load_runs([FILE])
+
+
+def test_the_file_loads_and_every_run_is_held_out_by_the_rule() -> None:
+    """One source page and one model on one GPU: one sweep, larger than half the GPU's runs, so held out."""
+    assert len(RUNS) == 15
+    assert split_of(RUNS) == {r.id: r.split for r in RUNS}
+    assert {r.split for r in RUNS} == {"held_out"}
+    assert {(r.gpu, r.model, r.vllm_version) for r in RUNS} == {("H100-80GB", "qwen3.5-9b", "0.17.1")}
+    assert all(r.closed_loop for r in RUNS)  # 1000 requests at 1000/s against guidellm's cap of 512 in flight
+
+
+def test_the_recorded_held_out_errors_still_hold_on_the_quick_runs() -> None:
+    """The recorded ``--compare --json`` against the simulator today, headline and TTFT, on every run
+    (each simulates in well under a second)."""
+    recorded = {r["id"]: r for r in json.loads(RESULTS.read_text())["committed"]["runs"]}
+    assert set(recorded) == {r.id for r in RUNS}
+    for run in RUNS:
+        judged = judge(run)
+        assert judged.failure is None, run.id
+        assert judged.headline_error is not None and judged.ttft_error is not None
+        assert 100 * judged.headline_error == pytest.approx(recorded[run.id]["error_pct"], abs=1.0), run.id
+        assert 100 * judged.ttft_error == pytest.approx(recorded[run.id]["ttft_error_pct"], abs=1.0), run.id
