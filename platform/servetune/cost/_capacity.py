@@ -40,7 +40,7 @@ from servetune.cost._goodput import cost_per_mtok, goodput
 from servetune.cost._prices import GpuPrice, PriceTable, load_prices
 from servetune.errors import SpecError
 from servetune.planner.engine_config import resolve_engine_config
-from servetune.planner.gpus import GpuSpec, get_gpu, sim_evidence_text
+from servetune.planner.gpus import GpuSpec, calibration_note, get_gpu, sim_evidence_text
 from servetune.planner.memory import plan_memory
 from servetune.planner.modelinfo import ModelProfile, load_model
 from servetune.planner.prior import preemption_bound
@@ -58,17 +58,22 @@ _UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization
 
 
 def calibration_evidence(gpu: GpuSpec) -> tuple[bool, str]:
-    """``(judged, what)``: whether real vLLM runs of this GPU type judged the simulator's step times
+    """``(judged, what)``: whether real vLLM runs of this GPU type judged the simulator's step times to the
+    target (:func:`~servetune.planner.gpus.calibration_note` has no line for it), and in words what judged them
     (the GPU table's ``sim_evidence`` and the published runs held out on it,
-    :func:`~servetune.planner.gpus.sim_evidence_text`), and in words.
+    :func:`~servetune.planner.gpus.sim_evidence_text`).
 
     Example:
-        >>> calibration_evidence(get_gpu("H200"))[0], calibration_evidence(get_gpu("T4"))[0]
-        (True, False)
+        >>> [calibration_evidence(get_gpu(g))[0] for g in ("H200", "B200", "T4")]
+        [True, False, False]
+        >>> calibration_evidence(get_gpu("B200"))[1][:60]
+        'simulator judged below its target on the B200 (published vLL'
     """
     evidence = sim_evidence_text(gpu)
-    if evidence:
+    if evidence and calibration_note(gpu) is None:
         return True, f"simulator judged on the {gpu.name}: {evidence}"
+    if evidence:
+        return False, f"simulator judged below its target on the {gpu.name} ({evidence}): an estimate"
     return False, (f"simulator not judged on the {gpu.name}: the H200's fitted constants at the {gpu.name}'s "
                    "datasheet rates; an estimate")
 
