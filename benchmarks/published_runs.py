@@ -350,24 +350,26 @@ SIM_OLDEST_VERSION = (0, 11, 0)
 def _sim_version(where: str, entry: Mapping[str, Any]) -> tuple[str, str]:
     """``(simulated, planned)``: the version a run is simulated at, its own or, where that predates
     the simulator's oldest step rules (0.11.0), the ``sim_vllm_version`` it names (and says so in
-    ``assumed``); and the version its startup memory is planned at, its own wherever the planner
-    accepts it (0.10.0 on)."""
+    ``assumed``); and the version its startup memory is planned at, its own. A run older than the planner's
+    rules (0.10.0) is refused: vLLM's V0 engine (0.4-0.9 by default) is not what servetune models, so such a
+    run would judge a server the product never plans."""
     stated = str(entry["vllm_version"])
     # Releases with a fourth part (0.10.1.1) are read by their first three.
     if not _STATED_VERSION.fullmatch(stated.strip()):
         raise _fail(where, "vllm_version", f"cannot read {stated!r} as a vLLM version", "write e.g. 0.11.0")
     three = ".".join(stated.strip().split(".")[:3])
     try:
-        version: tuple[int, int, int] | None = parse_vllm_version(three)
-    except SpecError:
-        version = None  # older than the planner's rules too
-    if version is None or version < SIM_OLDEST_VERSION:
+        version = parse_vllm_version(three)
+    except SpecError:  # older than the planner's rules (0.10.0): vLLM's V0 engine, which servetune does not model
+        raise _fail(where, "vllm_version", f"{stated} predates the oldest version servetune plans (0.10.0), whose "
+                    "engine the planner and the simulator model", "leave the run out") from None
+    if version < SIM_OLDEST_VERSION:
         if "sim_vllm_version" not in entry:
             raise _fail(where, "vllm_version", f"{stated} predates the oldest version servetune simulates (0.11.0)",
                         "add sim_vllm_version: 0.11.0 and say so in assumed, or leave the run out") from None
         sim = str(entry["sim_vllm_version"])
         parse_vllm_version(sim)
-        return sim, three if version is not None else sim
+        return sim, three
     if "sim_vllm_version" in entry:
         raise _fail(where, "sim_vllm_version", "only for a run whose vllm_version predates 0.11.0",
                     "remove it: the run is simulated at its own version")

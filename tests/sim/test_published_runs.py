@@ -67,6 +67,7 @@ def _write(tmp_path: Path, edit: dict) -> Path:
     ({"workload.input_len": 0}, "workload.input_len"),
     ({"workload.burst": 1}, "workload.burst"),
     ({"vllm_version": "0.6.3"}, "vllm_version"),                # before the V1 engine's profiler
+    ({"vllm_version": "0.5.5", "sim_vllm_version": "0.11.0"}, "vllm_version"),   # V0: not simulated at 0.11's rules
     ({"split": "fit"}, "split"),                                # one run alone on its GPU is held out
     ({"raw": None}, "raw"),
     ({"flags": {"tensor_parallel_size": 2}}, "flags"),
