@@ -138,7 +138,8 @@ def test_a_study_on_an_unjudged_gpu_type_says_once_that_its_screen_runs_with_wid
     assert outcome.trials_done == 2
     assert len(progress.lines) == said
     if said:
-        assert "wider margins" in progress.lines[0] and progress.lines[0].endswith(calibration_note(get_gpu(gpu)) or "-")
+        line = progress.lines[0]
+        assert "wider margins" in line and line.endswith(calibration_note(get_gpu(gpu)) or "-")
 
 
 def test_the_terminal_says_the_wider_margins_in_one_servetune_line() -> None:

@@ -438,7 +438,7 @@ def calibration_note(gpu: GpuSpec) -> str | None:
         >>> calibration_note(get_gpu("H200")) is None, calibration_note(get_gpu("A10G")).startswith("A10G: no")
         (True, True)
         >>> note = calibration_note(get_gpu("B200")) or ""
-        >>> note.startswith("B200: the simulator put 1 of 5 published vLLM runs held out"), "median error +20.9%" in note
+        >>> note.startswith("B200: the simulator put 1 of 5 published vLLM runs"), "median error +20.9%" in note
         (True, True)
     """
     judged = published_judgement(gpu.name)

@@ -30,10 +30,10 @@ the calibrated prediction is clear:
 
 On a GPU type no real vLLM run has judged the simulator on (its step times are the H200's calibration
 at its datasheet rates), or whose published runs held out put fewer than 80% of their headline figures
-within 10% (:func:`servetune.planner.gpus.calibration_note` says which), :func:`screen_for` widens the margins (:func:`wider_margins`): the throughput
-margin :data:`UNJUDGED_MIN_TOLERANCE` before 3 real trials agree and :data:`UNJUDGED_TIGHT_TOLERANCE`
-at least after, and the unconfirmed preemption share :data:`UNJUDGED_CLEAR_PREEMPTION_SHARE`; the
-study says so once when it starts (:attr:`SimScreen.margin_note`).
+within 10% (:func:`servetune.planner.gpus.calibration_note` says which), :func:`screen_for` widens the
+margins (:func:`wider_margins`): the throughput margin :data:`UNJUDGED_MIN_TOLERANCE` before 3 real trials
+agree and :data:`UNJUDGED_TIGHT_TOLERANCE` at least after, and the unconfirmed preemption share
+:data:`UNJUDGED_CLEAR_PREEMPTION_SHARE`; the study says so once when it starts (:attr:`SimScreen.margin_note`).
 
 Bounds: nothing is screened before :attr:`SimScreen.min_real` real trials finished except on the
 clear preemption verdict, and never more than :attr:`SimScreen.max_share` of the proposals seen
