@@ -515,6 +515,13 @@ def split_of(runs: Sequence[PublishedRun]) -> dict[str, str]:
     return out
 
 
+def recorded_runs(path: Path) -> dict[str, dict[str, Any]]:
+    """The committed runs of a recorded comparison, by id: ``--compare --json``'s ``committed`` report, or
+    ``published_runs_classes.py --json``'s runs (which it writes at the top level)."""
+    data = json.loads(path.read_text())
+    return {r["id"]: r for r in (data["committed"] if "committed" in data else data)["runs"]}
+
+
 def load_runs(paths: Iterable[Path] | None = None) -> list[PublishedRun]:
     """Every run of the fixture files (all of :data:`FIXTURES` by default), validated: a
     :class:`SpecError` names the file, the run and the field at the first fault, and a ``split``

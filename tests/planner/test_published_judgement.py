@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from published_runs import recorded_runs
 
 from servetune.planner.gpus import PublishedJudgement, calibration_note, get_gpu, published_judgement
 
@@ -41,8 +42,7 @@ def test_every_published_fixture_file_has_its_recorded_results_here() -> None:
 def _recorded_held_out() -> dict[str, tuple[str, float | None, float | None]]:
     rows: dict[str, tuple[str, float | None, float | None]] = {}
     for name, head, ttft in RECORDED.values():
-        data = json.loads((RESULTS / name).read_text())
-        for run in (data["committed"] if "committed" in data else data)["runs"]:
+        for run in recorded_runs(RESULTS / name).values():
             if run["split"] == "held_out":
                 rows.setdefault(run["id"], (run["gpu"], run.get(head), run.get(ttft)))
     return rows

@@ -8,7 +8,6 @@ is judged on, and the split the rule gives (at most half of a GPU's runs in a fi
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
@@ -16,8 +15,8 @@ import published_runs
 import pytest
 import yaml
 from published_runs import (FITTED_HERE, FIXTURES, Judged, ReplayedLoad, bench_serve_arrivals, bench_serve_lengths,
-                            fit_knob, h200_knobs_for, judge, load_runs, rankings, resent_requests, split_of,
-                            workload_of)
+                            fit_knob, h200_knobs_for, judge, load_runs, rankings, recorded_runs, resent_requests,
+                            split_of, workload_of)
 
 from servetune.errors import SpecError
 from servetune.planner.vllm_rules import parse_vllm_version
@@ -138,7 +137,7 @@ def test_the_recorded_held_out_errors_still_hold_on_the_quick_runs() -> None:
     """benchmarks/results/published_runs_heldout_pcie_card.json (``--compare --json``) against the simulator
     today, on the held-out runs that simulate in well under a second (a change to the step-time
     model or the scheduler that moves them shows here; the whole set is the benchmark's)."""
-    recorded = {r["id"]: r for r in json.loads(RESULTS.read_text())["committed"]["runs"]}
+    recorded = recorded_runs(RESULTS)
     quick = [r for r in DENSE if r.split == "held_out" and r.workload["num_prompts"] <= 100
              and r.workload["input_len"] + r.workload["output_len"] <= 2048]
     assert len(quick) >= 5 and len({r.gpu for r in quick}) >= 2
@@ -581,7 +580,7 @@ def test_the_nvlink_moe_runs_are_25_held_out_gpt_oss_120b_bf16_bursts_after_the_
 def test_the_recorded_nvlink_errors_still_hold_on_the_short_prompts(runs: list, results: Path, count: int) -> None:
     """benchmarks/results/published_runs_nvlink.json and _nvlink_moe.json against the simulator today on the
     1,024- and 2,048-token runs (the longer ones are the benchmark's): within 1 point of the recorded errors."""
-    recorded = {r["id"]: r for r in json.loads(results.read_text())["committed"]["runs"]}
+    recorded = recorded_runs(results)
     assert set(recorded) == {r.id for r in runs}
     short = [r for r in runs if r.workload["input_len"] <= 2048]
     assert len(short) == count

@@ -10,11 +10,10 @@ split); A100 AWQ +24.9% (TTFT -0.9%). None within 10%; every TTFT within 25%.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from published_runs import FIXTURES, judge, load_runs, split_of
+from published_runs import FIXTURES, judge, load_runs, recorded_runs, split_of
 
 FILE = FIXTURES / "gpustack_qwen3_14b.yaml"
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_gpustack_qwen3_14b.json"
@@ -34,7 +33,7 @@ def test_the_file_loads_and_splits_by_the_rule() -> None:
 def test_the_recorded_errors_still_hold() -> None:
     """Every run simulates in under a second: each recorded headline and TTFT error (within a point), none
     called impossible, and the default max_model_len (40,960) served on both GPUs, so none assumed."""
-    recorded = {r["id"]: r for r in json.loads(RESULTS.read_text())["committed"]["runs"]}
+    recorded = recorded_runs(RESULTS)
     assert set(recorded) == {r.id for r in RUNS}
     for run in RUNS:
         judged, rec = judge(run), recorded[run.id]

@@ -8,11 +8,10 @@ called impossible), TTFT 4 of 4 within 25%; A100 5 of 5 within 10% (-9.9% to -0.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from published_runs import FIXTURES, judge, load_runs, split_of
+from published_runs import FIXTURES, judge, load_runs, recorded_runs, split_of
 
 FILE = FIXTURES / "gpustack_qwen3_32b.yaml"
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_gpustack_qwen3_32b.json"
@@ -31,7 +30,7 @@ def test_the_recorded_held_out_errors_still_hold_on_the_quick_runs() -> None:
     """Every run simulates in under a second: each recorded headline and TTFT error (within a point), the
     served 32,000-token H100 burst still called impossible (its default and the assumed 32,768 both exceed
     the planned KV pool), and the default max_model_len refused wherever the run states none."""
-    recorded = {r["id"]: r for r in json.loads(RESULTS.read_text())["committed"]["runs"]}
+    recorded = recorded_runs(RESULTS)
     assert set(recorded) == {r.id for r in RUNS}
     for run in RUNS:
         judged, rec = judge(run), recorded[run.id]

@@ -9,11 +9,10 @@ ShareGPT runs, +1.2% and -6.2% on the two random 1024x128 runs; TTFT within 25% 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from published_runs import FIXTURES, judge, load_runs, split_of
+from published_runs import FIXTURES, judge, load_runs, recorded_runs, split_of
 
 FILE = FIXTURES / "gpustack_qwen3_5_9b.yaml"
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_gpustack_qwen3_5_9b.json"
@@ -32,7 +31,7 @@ def test_the_file_loads_and_every_run_is_held_out_by_the_rule() -> None:
 def test_the_recorded_held_out_errors_still_hold_on_the_quick_runs() -> None:
     """The recorded ``--compare --json`` against the simulator today, headline and TTFT, on every run
     (each simulates in well under a second)."""
-    recorded = {r["id"]: r for r in json.loads(RESULTS.read_text())["committed"]["runs"]}
+    recorded = recorded_runs(RESULTS)
     assert set(recorded) == {r.id for r in RUNS}
     for run in RUNS:
         judged = judge(run)
