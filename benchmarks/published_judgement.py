@@ -27,6 +27,8 @@ from typing import Any
 
 import published_runs
 
+from servetune.errors import SpecError
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "platform" / "servetune" / "data" / "published_judgement.json"
 HEADLINE_WITHIN = 0.10
@@ -75,15 +77,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--write", action="store_true", help=f"write the table to {TABLE.relative_to(ROOT)}")
     args = ap.parse_args(argv)
-    table = judgement_table(held_out_rows(published_runs.judge_all(published_runs.load_runs())))
+    try:
+        runs = published_runs.load_runs()
+    except SpecError as exc:  # a malformed fixture: one line, as published_runs.py says it
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    table = judgement_table(held_out_rows(published_runs.judge_all(runs)))
     text = json.dumps(table, indent=1) + "\n"
     if args.write:
         TABLE.write_text(text)
     for gpu, row in table["gpus"].items():
+        errors = ("no run simulated" if row["median_error_pct"] is None else
+                  f"median {row['median_error_pct']:+.1f}% ({row['lowest_error_pct']:+.1f}% to "
+                  f"{row['highest_error_pct']:+.1f}%)")
         print(f"{gpu:<10} {row['headline_within_10pct']:3d} / {row['runs']:3d} within 10%, TTFT "
-              f"{row['ttft_within_25pct']:3d} within 25%, median {row['median_error_pct']:+.1f}% "
-              f"({row['lowest_error_pct']:+.1f}% to {row['highest_error_pct']:+.1f}%)", file=sys.stderr if args.write
-              else sys.stdout)
+              f"{row['ttft_within_25pct']:3d} within 25%, {errors}", file=sys.stderr if args.write else sys.stdout)
     return 0
 
 

@@ -387,6 +387,26 @@ class PublishedJudgement:
         """At least :attr:`target_share` of the runs within :attr:`within_pct`."""
         return self.within >= self.target_share * self.runs
 
+    @property
+    def median_text(self) -> str:
+        """``median error +20.9%``, or, where no run simulated to a figure (every start refused), that."""
+        if self.median_error_pct is None:
+            return "no run simulated to a figure"
+        return f"median error {self.median_error_pct:+.1f}%"
+
+    @property
+    def errors_text(self) -> str:
+        """:attr:`median_text` and the range of the signed errors.
+
+        Example:
+            >>> j = PublishedJudgement("X", 4, 1, 10.0, 0.8, 12.5, -3.0, 40.0, ("TP1",))
+            >>> j.errors_text, dataclasses.replace(j, median_error_pct=None).errors_text
+            ('median error +12.5%, from -3.0% to +40.0%', 'no run simulated to a figure')
+        """
+        if self.median_error_pct is None or self.lowest_error_pct is None or self.highest_error_pct is None:
+            return self.median_text
+        return f"{self.median_text}, from {self.lowest_error_pct:+.1f}% to {self.highest_error_pct:+.1f}%"
+
 
 @functools.lru_cache(maxsize=1)
 def _published_table() -> Mapping[str, Any]:
@@ -424,7 +444,7 @@ def sim_evidence_text(gpu: GpuSpec) -> str:
     judged = published_judgement(gpu.name)
     published = "" if judged is None else (
         f"published vLLM runs held out: {judged.within} of {judged.runs} within {judged.within_pct:g}% "
-        f"(median error {judged.median_error_pct:+.1f}%)")
+        f"({judged.median_text})")
     return "; ".join(part for part in (gpu.sim_evidence, published) if part)
 
 
@@ -447,9 +467,8 @@ def calibration_note(gpu: GpuSpec) -> str | None:
             return None
         return (f"{gpu.name}: the simulator put {judged.within} of {judged.runs} published vLLM runs held out on "
                 f"this GPU within {judged.within_pct:g}% of their throughput or TPOT (layouts "
-                f"{', '.join(judged.layouts)}; median error {judged.median_error_pct:+.1f}%, from "
-                f"{judged.lowest_error_pct:+.1f}% to {judged.highest_error_pct:+.1f}%): read its figures with that "
-                "spread (docs/accuracy.md)")
+                f"{', '.join(judged.layouts)}; {judged.errors_text}): read its figures with that spread "
+                "(docs/accuracy.md)")
     if gpu.sim_evidence:
         return None
     return (f"{gpu.name}: no real vLLM run on this GPU has judged the simulator; its step times are the H200's "
