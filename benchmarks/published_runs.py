@@ -66,7 +66,9 @@ the logged rate spread over every prompt (:func:`resent_requests`). The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
 states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
-finite rate, their arrival times (:func:`bench_serve_requests`); other runs draw servetune's own. DP replicas are simulated as ``dp`` independent
+finite rate, their arrival times (:func:`bench_serve_requests`); a ``dataset: sharegpt`` run with ShareGPT's
+own per-request lengths as vLLM's benchmark samples them, rescaled to its stated means (:func:`sharegpt_requests`);
+other runs draw servetune's own. DP replicas are simulated as ``dp`` independent
 engines, each with its share of the prompts and of the load, their throughputs added; a MoE model's
 routed experts are priced as vLLM runs them under DP (:func:`engine_config`: split over ``tp x dp``
 GPUs, each MoE layer running every replica's tokens).
@@ -93,6 +95,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -127,10 +130,13 @@ from servetune.workload import GREEDY, RequestSpec, Sampling, Workload  # noqa: 
 import _fidelity  # noqa: E402
 
 __all__ = ["FIXTURES", "PublishedRun", "Judged", "ReplayedLoad", "load_runs", "split_of", "sweep_key", "workload_of",
-           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "step_breakdown", "engine_config", "judge",
+           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "SHAREGPT_LENGTHS", "sharegpt_rows",
+           "rescaled", "sharegpt_lengths", "sharegpt_requests", "step_breakdown", "engine_config", "judge",
            "judge_all", "cells", "rankings", "ratio_spread", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
 
 FIXTURES = ROOT / "tests" / "fixtures" / "published_runs"
+#: ShareGPT's per-request lengths as ``vllm bench serve`` samples them (:func:`sharegpt_rows`).
+SHAREGPT_LENGTHS = FIXTURES / "sharegpt_lengths.json"
 #: Model configs people published beside startup logs (their sources in that folder's SOURCES.md).
 LOG_MODELS = ROOT / "tests" / "fixtures" / "published_logs" / "models"
 REQUIRED = ("id", "source", "vllm_version", "gpu", "num_gpus", "model", "layout", "flags", "workload", "client",
@@ -662,6 +668,79 @@ def resent_requests(w: Mapping[str, Any]) -> list[RequestSpec] | None:
     return [RequestSpec(i, o, None, p, min(held, i)) if p < k else RequestSpec(i, o) for p in range(n)]
 
 
+@functools.lru_cache(maxsize=1)
+def sharegpt_rows() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """ShareGPT's per-request prompt and output token counts as ``vllm bench serve --dataset-name
+    sharegpt`` samples them, in the order it sends them at its default seed 0 (:data:`SHAREGPT_LENGTHS`:
+    16,384 rows, the Llama-3.1-8B tokenizer; its source, sampler and filters are written in the file)."""
+    doc = json.loads(SHAREGPT_LENGTHS.read_text())
+    return tuple(int(x) for x in doc["prompt_tokens"]), tuple(int(x) for x in doc["output_tokens"])
+
+
+def rescaled(lengths: Sequence[int], total: int) -> list[int]:
+    """``lengths`` times one factor, rounded to whole tokens that add up to ``total`` (the largest
+    remainders rounded up, each length at least 1): a sample's shape at a run's stated total.
+
+    Example:
+        >>> rescaled([10, 20, 70], 50)
+        [5, 10, 35]
+        >>> sum(rescaled([13, 25, 27, 10, 329], 700)), rescaled([1, 1, 998], 500)
+        (700, [1, 1, 498])
+    """
+    scale = total / sum(lengths)
+    exact = [x * scale for x in lengths]
+    out = [max(1, math.floor(x)) for x in exact]
+    gap = total - sum(out)
+    by_remainder = sorted(range(len(out)), key=lambda i: (out[i] - exact[i], i))  # largest remainder first
+    for i in by_remainder[:gap] if gap >= 0 else [i for i in reversed(by_remainder) if out[i] > 1][:-gap]:
+        out[i] += 1 if gap >= 0 else -1
+    return out
+
+
+def sharegpt_lengths(num_prompts: int, input_len: int, output_len: int, seed: int | None = 0) -> tuple[list[int], list[int]]:
+    """The prompt and output lengths of ``num_prompts`` ShareGPT requests, rescaled so they add up to
+    ``num_prompts`` times the stated means (:func:`rescaled`: the stated totals are the run's own
+    tokenizer's, the rows the Llama-3.1-8B tokenizer's). ``seed`` 0: :func:`sharegpt_rows` in order,
+    the requests ``vllm bench serve`` sends at its default ``--seed 0`` (vLLM 0.10+
+    ``vllm/benchmarks/datasets.py`` ``ShareGPTDataset``: ``random.seed(seed)`` then ``random.shuffle``
+    of the conversations of two turns or more, then each in turn kept unless ``is_valid_sequence``
+    drops it: prompt or output under 4 tokens, prompt over 1024, prompt plus output over 2048; the
+    rows' sampler is vLLM's older copy of the same, so the same order); any other seed, or None for
+    another client, a draw without replacement from ``np.random.default_rng(seed or 0)``.
+
+    Example:
+        >>> ins, outs = sharegpt_lengths(1000, 217, 202)
+        >>> sum(ins), sum(outs), max(outs) > 4 * 202
+        (217000, 202000, True)
+    """
+    prompts, outputs = sharegpt_rows()
+    if seed == 0:
+        picks = [i % len(prompts) for i in range(num_prompts)]
+    else:
+        rng = np.random.default_rng(seed or 0)
+        picks = [int(i) for i in rng.choice(len(prompts), size=num_prompts, replace=num_prompts > len(prompts))]
+    return (rescaled([prompts[i] for i in picks], num_prompts * input_len),
+            rescaled([outputs[i] for i in picks], num_prompts * output_len))
+
+
+def sharegpt_requests(run: PublishedRun, load: Workload) -> list[RequestSpec] | None:
+    """``load``'s requests (their pacing) with the lengths of a ShareGPT run's requests
+    (:func:`sharegpt_lengths`: a ``vllm bench serve`` run's at its seed, its default 0 where none is
+    stated; another client's a seeded draw from the same rows), for a ``dataset: sharegpt`` run of one
+    engine with no shared or re-sent prefix; None otherwise. Every length is drawn from the rows, the
+    output too: the clients here send each request's ShareGPT reply length as its ``max_tokens``
+    (GPUStack's benchmark-runner forces it, ``ignore_eos``); none sends a fixed output length.
+    Chosen after the fixed mean lengths put the 1,000-request ShareGPT bursts' throughput 25-86% high."""
+    w = run.workload
+    if (w.get("dataset") != "sharegpt" or run.layout["dp"] != 1
+            or any(w.get(k) for k in ("prefix_len", "prefix_cache_hit_rate", "after_input_len", "resent_prompts"))):
+        return None
+    seed = int(run.client.get("seed", 0)) if run.client.get("tool") == "vllm bench serve" else None
+    inputs, outputs = sharegpt_lengths(int(w["num_prompts"]), int(w["input_len"]), int(w["output_len"]), seed)
+    return [dataclasses.replace(r, prompt_tokens=i, output_tokens=o)
+            for r, i, o in zip(load.requests(), inputs, outputs)]
+
+
 def _after_prefix(w: Mapping[str, Any], special_tokens: int) -> int:
     """The tokens of each prompt the server holds from the run it served just before (``after_input_len``:
     that run's prompt i, the same seed's, less the tokenizer's special tokens), or 0."""
@@ -683,6 +762,7 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
                                sampling=run.sampling if as_sent else GREEDY)
     sent = bench_serve_requests(run) if as_sent else None
     sent = resent_requests(w) if as_sent and sent is None and run.layout["dp"] == 1 else sent
+    sent = sharegpt_requests(run, load) if as_sent and sent is None else sent
     if sent is None:
         return load
     return ReplayedLoad(**{f.name: getattr(load, f.name) for f in dataclasses.fields(Workload)}, replayed=tuple(sent))
@@ -780,6 +860,8 @@ def assumed_max_model_len(run: PublishedRun) -> int:
     """
     w = run.workload
     top = (w["input_len"] + w["output_len"]) * (1.0 + w["range_ratio"])
+    if w.get("dataset") == "sharegpt":  # its longest request as sent (sharegpt_requests), not its means
+        top = max(top, max(r.prompt_tokens + r.output_tokens for r in workload_of(run).requests()))
     return 1 << max(0, math.ceil(math.log2(top)))
 
 

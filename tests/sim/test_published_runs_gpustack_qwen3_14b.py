@@ -6,6 +6,10 @@ or changed on seeing them. The split rule holds out the H100 run and the A100 AW
 benchmarks/results/published_runs_gpustack_qwen3_14b.json (``published_runs.py --file ... --compare --json``);
 recorded 2026-12-07: H100 bf16 +37.9% output throughput (TTFT -8.6%); A100 bf16 +24.5% (TTFT +7.4%, fit
 split); A100 AWQ +24.9% (TTFT -0.9%). None within 10%; every TTFT within 25%.
+Re-recorded 2026-12-07 with ShareGPT's own per-request lengths (``published_runs.sharegpt_requests``, in
+place of every request at the stated means; docs/accuracy.md, "ShareGPT's own request lengths"): H100 bf16
++37.9% -> +35.9% (TTFT -8.6% -> -9.5%); A100 bf16 +24.5% -> +5.5% (TTFT +7.4% -> +0.8%, fit split, nothing
+refitted); A100 AWQ +24.9% -> +11.4% (TTFT -0.9% -> -6.4%).
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ split rule, judged blind: nothing was fitted or changed on seeing them. The reco
 benchmarks/results/published_runs_gpustack_qwen3_32b.json (``published_runs.py --file ... --compare --json``);
 recorded 2026-12-07: H100 1 of 4 simulated within 10% (+4.5%, +17.2%, +17.4%, +11.9%; the 32,000-token burst
 called impossible), TTFT 4 of 4 within 25%; A100 5 of 5 within 10% (-9.9% to -0.7%), TTFT 5 of 5 within 25%.
+Re-recorded 2026-12-07 with ShareGPT's own per-request lengths on the two ShareGPT bursts
+(``published_runs.sharegpt_requests``; docs/accuracy.md, "ShareGPT's own request lengths"): H100 +11.9% ->
++5.8% (TTFT +4.5% -> +5.7%; its assumed max_model_len 512 -> 2,048, the longest request as sent), A100
+-0.7% -> -2.7% (TTFT +8.4% -> +3.6%): H100 2 of 4 within 10%, A100 still 5 of 5.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ The file's runs are one sweep of one page (docs/performance-lab/qwen3.5-9b/h100.
 6ceec5b), so the split rule holds them all out. Recorded on 2026-12-07 with nothing changed for them
 (benchmarks/results/published_runs_gpustack_qwen3_5_9b.json): output throughput +63% to +86% on the 13
 ShareGPT runs, +1.2% and -6.2% on the two random 1024x128 runs; TTFT within 25% on 13 of 15.
+Re-recorded 2026-12-07 with ShareGPT's own per-request lengths (``published_runs.sharegpt_requests``, a
+seeded draw: guidellm's order is not vLLM's; docs/accuracy.md, "ShareGPT's own request lengths"): the 13
+ShareGPT runs +63% to +86% -> +23% to +30% (TTFT -39% to +27% -> -45% to -23%), the random runs unchanged;
+TTFT within 25% on 3 of 15.
 """
 
 from __future__ import annotations
