@@ -728,8 +728,9 @@ def sharegpt_requests(run: PublishedRun, load: Workload) -> list[RequestSpec] | 
     (:func:`sharegpt_lengths`: a ``vllm bench serve`` run's at its seed, its default 0 where none is
     stated; another client's a seeded draw from the same rows), for a ``dataset: sharegpt`` run of one
     engine with no shared or re-sent prefix; None otherwise. Every length is drawn from the rows, the
-    output too: the clients here send each request's ShareGPT reply length as its ``max_tokens``
-    (GPUStack's benchmark-runner forces it, ``ignore_eos``); none sends a fixed output length.
+    output too: ``vllm bench serve`` sends each request's ShareGPT reply length as its ``max_tokens``,
+    GPUStack's benchmark-runner forces it (the same 281,412 output tokens in every run of its pages);
+    none of these runs sets a fixed output length (``--sharegpt-output-len``).
     Chosen after the fixed mean lengths put the 1,000-request ShareGPT bursts' throughput 25-86% high."""
     w = run.workload
     if (w.get("dataset") != "sharegpt" or run.layout["dp"] != 1
