@@ -55,15 +55,21 @@ def test_the_gemma2_windows_held_out(rows) -> None:
     leaves the 4,096-token window, so it holds two blocks per 16 tokens (sim.blocks.KVGroups): the
     simulator preempts 20 times and reads -5.9% throughput, TTFT +0.3%, TPOT +11.3% (before the
     rule: one block per 16 tokens, no preemption, +18.9% and TTFT -50.7%).
+
+    Two more preempting windows, 2026-12-07 (the gemma-2 tune's host, ``plan_2026_12_07_g2_h100.json``,
+    judged as they came, nothing changed on seeing them): vLLM's defaults (0.9, 512 sequences), which the
+    tune's simulator screen pruned, 34 preemptions real against 40 simulated, throughput -5.5%, TTFT -1.1%,
+    TPOT +10.8%; the tune's second informed start (0.95, 54) run whole, 15 against 18, -6.0%, -3.1%, +11.3%.
     """
     g2 = [r for n, r in rows.items() if "_g2_" in n]
-    assert len(g2) == 4
-    preempting = rows["2026-12-05_g2_u09_s128_mbt8192/p1024_o256_c64"]
-    assert preempting.real.preemptions == 17 and 10 <= preempting.sim_preemptions <= 30, preempting.sim_preemptions
-    assert abs(preempting.throughput_error) < 0.10 and abs(preempting.ttft_error) < 0.10, \
-        (preempting.throughput_error, preempting.ttft_error)
-    assert abs(preempting.tpot_error) < 0.15, preempting.tpot_error
-    for r in (r for r in g2 if r is not preempting):
+    assert len(g2) == 6
+    preempting = [r for r in g2 if r.real.preemptions > 0]
+    assert sorted(r.real.preemptions for r in preempting) == [15, 17, 34]
+    for r in preempting:
+        assert abs(r.sim_preemptions / r.real.preemptions - 1) < 0.25, (r.name, r.sim_preemptions)
+        assert abs(r.throughput_error) < 0.10 and abs(r.ttft_error) < 0.10, (r.name, r.throughput_error, r.ttft_error)
+        assert abs(r.tpot_error) < 0.15, (r.name, r.tpot_error)
+    for r in (r for r in g2 if r not in preempting):
         assert r.real.preemptions == r.sim_preemptions == 0
         assert abs(r.throughput_error) < 0.10 and abs(r.tpot_error) < 0.10, (r.name, r.throughput_error, r.tpot_error)
 
