@@ -17,12 +17,16 @@ streaming cap at 16-256 tokens (``_moe_tiles.MOE_UNALIGNED_DOWN_GBPS``) and the 
 judged on. In the first probe the gpt-oss-120b TP=8 rows are labelled ``fit`` (the same layer), every other
 row is evidence.
 
+``_moe_tiles.MOE_BY_BATCH_STREAM`` is read here (``--stream``): 16-bit experts' weight streaming rate and fixed
+cost a layer under vLLM 0.26's by-batch tiles at 16-128 tokens, off four shapes of the first probe, judged on
+Mixtral's layers and on the alignment probes' aligned layers (H100 and H200).
+
 ``perf_classes.MOE_BY_BATCH_WIDE_TILE_RATE`` is fitted here (``--wide-tile``): on the vLLM 0.26 rows of
 :data:`WIDE_TILE_FIT` at the 128 x 128 default tile, judged on :data:`WIDE_TILE_JUDGED`'s.
 
 Usage::
 
-    PYTHONPATH=platform .venv/bin/python benchmarks/moe_vs_sim.py [--probe FILE] [--derive] [--layer] [--wide-tile] [--json]
+    PYTHONPATH=platform .venv/bin/python benchmarks/moe_vs_sim.py [--probe FILE] [--derive] [--layer] [--wide-tile] [--stream] [--json]
 """
 
 from __future__ import annotations
@@ -215,6 +219,60 @@ def _print_wide_tile(probe: dict) -> int:
     return 0
 
 
+#: The 16-bit layers :data:`~servetune.sim._moe_tiles.MOE_BY_BATCH_STREAM` is read off (``--stream``), the token
+#: counts where few rows reach each expert, and the rows that judge it: Mixtral-8x7B's layers (the shape whose real
+#: windows were slow, never used by the fit), the H100 alignment probes' aligned layers and the H200's.
+STREAM_FIT = ("qwen3-30b-a3b_tp1", "deepseek-v2-lite_tp1", "qwen3-235b-a22b_tp8", "gpt-oss-120b_tp4")
+STREAM_JUDGED = ("mixtral-8x7b_tp1", "mixtral-8x7b_tp2")
+STREAM_TOKENS = (16, 32, 64, 128)
+H100_HBM_GBPS = 3350.0
+
+
+def stream_points(probe: dict, shapes: tuple[str, ...] | None) -> list[tuple[str, int, float, float]]:
+    """(shape, tokens, bytes, seconds) of ``probe``'s 16-bit rows under vLLM 0.26's configuration at
+    :data:`STREAM_TOKENS` (``shapes``: those named; None: the aligned ``a_`` layers): the bytes of the experts
+    uniform routing touches (``distinct_experts``)."""
+    out = []
+    for r in probe["rows"]:
+        name = r.get("shape", "")
+        wanted = name in shapes if shapes is not None else name.startswith("a_")
+        if not wanted or r.get("us") is None or r.get("mode") != "vllm" or r["tokens"] not in STREAM_TOKENS \
+                or r.get("weights", "bf16") != "bf16":
+            continue
+        touched = _moe_shape.distinct_experts(r["experts"], r["top_k"], r["tokens"])
+        out.append((name, r["tokens"], touched * 3 * r["hidden"] * r["intermediate"] * 2.0, r["us"] * 1e-6))
+    return out
+
+
+def derive_stream(probe: dict) -> dict[str, float]:
+    """Least squares of seconds = ``call_s`` + bytes / (``hbm_share`` x the H100's 3,350 GB/s) over
+    :data:`STREAM_FIT`'s rows (:func:`stream_points`)."""
+    pts = stream_points(probe, STREAM_FIT)
+    n = len(pts)
+    mean_b, mean_t = sum(p[2] for p in pts) / n, sum(p[3] for p in pts) / n
+    slope = (sum((p[2] - mean_b) * (p[3] - mean_t) for p in pts) / sum((p[2] - mean_b) ** 2 for p in pts))
+    return {"hbm_share": round(1.0 / slope / (H100_HBM_GBPS * 1e9), 3),
+            "call_s": round((mean_t - slope * mean_b) * 1e6, 1) * 1e-6}
+
+
+def _print_stream(probe: dict) -> int:
+    """``--stream``: the fit, and real / predicted on the rows fitted and the rows judged (the H200's at its own
+    4,800 GB/s)."""
+    fit = derive_stream(probe)
+    print(f"16-bit experts under vLLM 0.26's by-batch tiles at {', '.join(map(str, STREAM_TOKENS))} tokens, read off "
+          f"{', '.join(STREAM_FIT)}: {fit['hbm_share']} of the datasheet bandwidth "
+          f"({fit['hbm_share'] * H100_HBM_GBPS:.0f} GB/s on the H100) + {fit['call_s'] * 1e6:.1f} us a layer")
+    groups = [("fit", 1.0, stream_points(probe, STREAM_FIT)), ("judged", 1.0, stream_points(probe, STREAM_JUDGED))]
+    groups += [("judged H100 aligned", 1.0, stream_points(json.loads(p.read_text()), None)) for p in ALIGN_PROBES]
+    groups.append(("judged H200 aligned", 4800.0 / H100_HBM_GBPS, stream_points(json.loads(ALIGN_PROBE_H200.read_text()), None)))
+    for role, scale, pts in groups:
+        for name, tokens, nbytes, seconds in pts:
+            predicted = fit["call_s"] + nbytes / (fit["hbm_share"] * H100_HBM_GBPS * 1e9 * scale)
+            print(f"  {role:<20}{name:<24}{tokens:>5} tokens: real {seconds * 1e6:7.1f} us, predicted "
+                  f"{predicted * 1e6:7.1f}, real/predicted {seconds / predicted:.3f}")
+    return 0
+
+
 ALIGN_PROBES = (ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_align_h100.json",
                 ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_align2_h100.json")
 #: The alignment probe's groups: an expert width that is not a multiple of 16 and its aligned neighbours
@@ -333,9 +391,14 @@ def main() -> int:
     parser.add_argument("--wide-tile", action="store_true",
                         help="print the 16-bit experts' rate at vLLM 0.17+'s 128 x 128 default tile, fitted on two "
                              "shapes and judged on the others, and stop")
+    parser.add_argument("--stream", action="store_true",
+                        help="print the 16-bit experts' streaming rate and fixed cost under vLLM 0.26's tiles, fitted "
+                             "on four shapes and judged on Mixtral's and the alignment probes' aligned layers, and stop")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     probe = json.loads(args.probe.read_text())
+    if args.stream:
+        return _print_stream(probe)
     if args.wide_tile:
         return _print_wide_tile(probe)
     if args.block_fp8:

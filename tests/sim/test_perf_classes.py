@@ -41,18 +41,43 @@ def test_distinct_experts_runs_from_top_k_to_all() -> None:
 
 
 def test_moe_decode_reads_the_active_experts_at_batch_one_and_all_of_them_at_a_large_batch() -> None:
-    p = PerfModel(QWEN_MOE, H100, resolve_engine_config({}, QWEN_MOE, H100),
+    config = resolve_engine_config({}, QWEN_MOE, H100)
+    p = PerfModel(QWEN_MOE, H100, config,
                   Calibration().with_overrides({"moe_layer_floor_s": 0.0}))  # the bytes alone, no kernel floor
     shape = perf_classes.moe_shape(QWEN_MOE, H100, 1, QWEN_MOE.num_layers)
     assert shape is not None
-    rate = weight_rate(p) * p.calibration.moe_mem_share
-    active = QWEN_MOE.num_experts_per_tok * shape.expert_bytes * shape.layers / rate
-    every = QWEN_MOE.num_experts * shape.expert_bytes * shape.layers / rate
+    # 16-bit experts on an H100 at vLLM 0.17+: the fused-MoE kernel's measured streaming rate and its fixed cost a
+    # layer (perf_classes.by_batch_stream, 2026-12-07); the dense streaming rate and no fixed cost before 0.17.
+    stream = perf_classes.by_batch_stream(shape, config.version, H100)
+    assert stream is not None
+    rate, call = stream[0] * p.calibration.moe_mem_share, stream[1] * shape.layers
+    active = QWEN_MOE.num_experts_per_tok * shape.expert_bytes * shape.layers / rate + call
+    every = QWEN_MOE.num_experts * shape.expert_bytes * shape.layers / rate + call
     assert p.moe_seconds(1) == pytest.approx(active, rel=0.02)
     # At 256 tokens every expert is touched: at least all the experts' bytes, and the step is not
     # priced at the active experts' (the rule before, which read top-k experts at any batch).
     assert p.moe_seconds(256) >= every
     assert p.moe_seconds(256) > 10 * p.moe_seconds(1)
+
+
+def test_16_bit_experts_on_hopper_stream_at_the_kernels_measured_rate_from_vllm_0_17() -> None:
+    """vLLM 0.26.0's fused_experts timed on an H100 (tests/fixtures/real_h100/kernels/moe_probe_h100.json): 16-bit
+    experts at 16-128 tokens stream at 0.896 of the datasheet bandwidth plus 18.8 us a layer (read off four shapes,
+    ``benchmarks/moe_vs_sim.py --stream``); Mixtral's layer, judged, at 0.96-1.00 of that. Before 0.17 (0.11's
+    64 x 64 x 32 tile), fp8 experts and GPUs other than Hopper keep the dense rate."""
+    shape = perf_classes.moe_shape(load_model("mixtral-8x7b"), H100, 1, 32)
+    assert shape is not None
+    rate, call = perf_classes.by_batch_stream(shape, (0, 26, 0), H100)
+    assert round(rate / 1e9) == 3002 and call == pytest.approx(18.8e-6)
+    assert perf_classes.by_batch_stream(shape, (0, 26, 0), get_gpu("H200"))[0] == pytest.approx(0.896 * 4800e9, rel=0.01)
+    assert perf_classes.by_batch_stream(shape, (0, 16, 0), H100) is None
+    assert perf_classes.by_batch_stream(shape, (0, 26, 0), A100) is None
+    fp8 = dataclasses.replace(shape, fmt=perf_classes.WeightFormat(1.0, 2.0))
+    assert perf_classes.by_batch_stream(fp8, (0, 26, 0), H100) is None
+    # The step's layer at 64 tokens against the kernel's 935 us (1,101 us at the dense rate before this rule).
+    mixtral = perf(load_model("mixtral-8x7b"), max_model_len=4096)
+    layer_us = mixtral.moe_seconds(64) / mixtral.moe_shape.layers * 1e6
+    assert 950 < layer_us < 1010, layer_us
 
 
 def test_a_small_batchs_experts_cost_at_least_the_fused_moe_floor() -> None:

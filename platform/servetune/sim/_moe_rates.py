@@ -132,6 +132,8 @@ BLACKWELL_TRITON_MOE_UNTIL: tuple[int, int, int] = (0, 20, 0)
 #: Share of the dense GEMMs' weight-streaming rate (``Calibration.mem_efficiency``) the fused-MoE
 #: kernel reaches reading the touched experts at small batches. Not fitted: every published MoE run
 #: collected is prefill-bound (bursts of long prompts), so none measures it; 1.0 (the dense rate).
+#: 16-bit experts on Hopper under vLLM 0.17+'s by-batch tiles take the kernel's rate timed on an H100
+#: instead (``_moe_tiles.MOE_BY_BATCH_STREAM``, 2026-12-07), which this knob scales.
 MOE_MEM_SHARE: float = 1.0
 
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["MOE_BY_BATCH_WIDE_TILE_APPLIED", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_TILE_BY_BATCH_SINCE",
            "MOE_TILE_FITTED_VERSION", "MOE_UNALIGNED_DOWN_GBPS", "MOE_UNALIGNED_DOWN_SHARE", "BOOST_CLOCK_MHZ",
-           "by_batch_tile_rate", "expected_row_blocks",
+           "MOE_BY_BATCH_STREAM", "MOE_BY_BATCH_STREAM_APPLIED", "by_batch_stream", "by_batch_tile_rate", "expected_row_blocks",
            "moe_block_m", "moe_down_share", "moe_row_fill", "moe_tile", "prices_tile", "tuned_tile",
            "unaligned_down_bytes_per_s", "unaligned_experts_note"]
 
@@ -62,6 +62,27 @@ MOE_UNALIGNED_DOWN_SHARE: dict[str, float] = {"v0.11_default": 0.398, "by_batch"
 #: a GPU not listed there keeps HBM streaming (no cap). The mechanism was first suspected from the published
 #: gpt-oss-120b TP=8 runs' H100 / H200 / B200 ratios (held out), so those are not blind to it.
 MOE_UNALIGNED_DOWN_GBPS: dict[str, float] = {"v0.11_default": 1250.0, "by_batch": 830.0}
+#: How vLLM's ``fused_experts`` streams 16-bit experts under the by-batch default tiles (from
+#: :data:`MOE_TILE_BY_BATCH_SINCE`) on Hopper where few rows reach each expert: ``hbm_share`` of the datasheet
+#: bandwidth for the touched experts' bytes, plus ``call_s`` a layer (the call's fixed cost: ``moe_align_block_size``,
+#: two kernel launches and their tails, the activation and the top-k sum). **Measured on kernels, not fitted on
+#: runs**: least squares of time = ``call_s`` + bytes / (``hbm_share`` x 3,350 GB/s) over vLLM 0.26.0's timings on
+#: an H100 SXM (``tests/fixtures/real_h100/kernels/moe_probe_h100.json``, configuration ``vllm``) at 16-128 tokens,
+#: bytes the expected touched experts' under uniform routing, of four 16-bit layers: Qwen3-30B-A3B and
+#: DeepSeek-V2-Lite at TP=1, Qwen3-235B-A22B at TP=8, gpt-oss-120b at TP=4 (16 rows, within 0.97-1.05;
+#: ``benchmarks/moe_vs_sim.py --stream``): 3,002 GB/s (0.896) and 18.8 us, where the step priced these experts at
+#: the dense GEMMs' streaming rate (``Calibration.mem_efficiency`` 0.7884 of 3,350: 2,641 GB/s) and no fixed cost.
+#: Judged on the rows not fitted (the same command): Mixtral-8x7B at TP=1 and TP=2 (E=8, I=14,336 and 7,168) 0.96-1.00
+#: of the prediction, the H100 alignment probes' aligned layers above 100 us 0.97-1.12 (below it, where the step's
+#: 60.7 us floor a layer takes over, 1.05-1.22), and the H200's aligned
+#: layers (``moe_probe_align_h200.json``, the share of its 4,800 GB/s) 0.98-1.14. cuBLAS streams the dense layers'
+#: large matrices at 2.5-3.0 TB/s at 1-64 tokens (``gemm_probe_graph_h100_tp1.json``), which the dense rate keeps.
+#: Not for fp8 experts: per-tensor and block fp8 layers streamed 2.3-2.8 TB/s on the same probe (they keep the
+#: dense rate), nor before 0.17 (0.11's 64 x 64 x 32 tile streamed Mixtral's experts at 2.1-2.3 TB/s).
+MOE_BY_BATCH_STREAM: dict[str, float] = {"hbm_share": 0.896, "call_s": 18.8e-6}
+#: Whether the step prices :data:`MOE_BY_BATCH_STREAM` (True, from 2026-12-07) or the dense streaming rate with no
+#: fixed cost (False, the rule before); ``benchmarks/moe_vs_sim.py --stream`` judges both.
+MOE_BY_BATCH_STREAM_APPLIED: bool = True
 #: Boost clock (MHz) of the GPUs the cap is scaled to, datasheets: the H100 SXM and the H200 1,980; the B200 1,965.
 BOOST_CLOCK_MHZ: dict[str, float] = {"H100-80GB": 1980.0, "H200": 1980.0, "B200": 1965.0}
 #: The GPU the cap was read on: an H100 SXM's 132 SMs at 1,980 MHz.
@@ -227,6 +248,29 @@ def unaligned_down_bytes_per_s(shape: MoeShape, version: tuple[int, int, int], g
     if key is None or clock is None or not gpu.sm_count:
         return None
     return MOE_UNALIGNED_DOWN_GBPS[key] * 1e9 * gpu.sm_count * clock / _CAP_SM_MHZ
+
+
+def by_batch_stream(shape: MoeShape, version: tuple[int, int, int], gpu: GpuSpec) -> tuple[float, float] | None:
+    """(bytes/s, seconds a layer) at which ``shape``'s touched experts stream under vLLM ``version`` on ``gpu``
+    (:data:`MOE_BY_BATCH_STREAM`): 16-bit experts on ``fused_moe``'s by-batch default tiles on a Hopper part
+    (compute capability 9.x) while :data:`MOE_BY_BATCH_STREAM_APPLIED`; None elsewhere (the dense GEMMs'
+    streaming rate, no fixed cost).
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.sim.perf_classes import WeightFormat
+        >>> mixtral = MoeShape(8, 2, 4096, 14336, 32, WeightFormat(2.0, 1.0), fused_moe=True)
+        >>> rate, call = by_batch_stream(mixtral, (0, 26, 0), get_gpu("H100-80GB"))
+        >>> round(rate / 1e9), round(call * 1e6, 1)
+        (3002, 18.8)
+        >>> by_batch_stream(mixtral, (0, 11, 0), get_gpu("H100-80GB")), by_batch_stream(mixtral, (0, 26, 0), get_gpu("A100-80GB"))
+        (None, None)
+    """
+    if not MOE_BY_BATCH_STREAM_APPLIED or not shape.fused_moe or shape.block_quant or shape.fmt.bytes_per_weight < 2.0:
+        return None
+    if tuple(version) < MOE_TILE_BY_BATCH_SINCE or gpu.platform != "cuda" or not 9.0 <= gpu.compute_capability < 10.0:
+        return None
+    return MOE_BY_BATCH_STREAM["hbm_share"] * gpu.hbm_gbps * 1e9, MOE_BY_BATCH_STREAM["call_s"]
 
 
 def unaligned_experts_note(model: ModelProfile, gpu: GpuSpec, tp: int, version: tuple[int, int, int],

@@ -106,6 +106,8 @@ class GemmTerms:
     #: Seconds of the routed experts' activation traffic per step token, in ``_act_bytes_token`` too
     #: (:meth:`moe_activation_seconds`).
     _moe_act_token: float = 0.0
+    #: Seconds a step's MoE layers pay beside their weights' streaming (``_moe_tiles.by_batch_stream``; 0 elsewhere).
+    _moe_call_s: float = 0.0
     _version: Version
     _gemm_memo: dict[tuple[int, int], float]
 
@@ -145,6 +147,12 @@ class GemmTerms:
             if blackwell:  # the Triton kernel's own streaming rate on Blackwell, from a published benchmark
                 mem_share *= _moe_rates.blackwell_moe_mem_share(gpu, cal.mem_efficiency)
             self._moe_mem_rate = mem_rate * mem_share
+            # 16-bit experts on Hopper under the by-batch tiles: the kernel's own measured streaming rate and
+            # fixed cost a layer (_moe_tiles.by_batch_stream; Calibration.moe_mem_share scales the rate).
+            stream = None if blackwell else _moe_tiles.by_batch_stream(m, self._version, gpu)
+            if stream is not None:
+                self._moe_mem_rate = stream[0] * cal.moe_mem_share
+            self._moe_call_s = 0.0 if stream is None else stream[1] * m.layers
             self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * _moe_rates.moe_compute_share(gpu, cal.moe_compute_share,
                                                                                                 m.kernel, blackwell)
             # The matrices' FLOPs in units of an aligned one's: the down GEMM at its own rate where its K is
@@ -165,6 +173,8 @@ class GemmTerms:
 
         Weight bytes: the touched experts' (:func:`~servetune.sim.perf_classes.distinct_experts`), an
         unaligned width's down matrix at its per-SM cap (:func:`~servetune.sim._moe_tiles.unaligned_down_bytes_per_s`);
+        16-bit experts on Hopper under the by-batch tiles at the kernel's measured rate plus its fixed cost a layer
+        (:func:`~servetune.sim._moe_tiles.by_batch_stream`);
         FLOPs: ``2 x tokens x top_k x 3 H I``, at the share of the tile rows the kernel's
         per-expert padding to ``BLOCK_SIZE_M`` leaves busy, and from vLLM 0.17 (whose default tile
         grows with the batch, :func:`~servetune.sim.perf_classes.moe_tile`) at that tile's rate
@@ -177,7 +187,7 @@ class GemmTerms:
         touched = _moe_shape.distinct_experts(m.experts, m.top_k, tokens)
         if touched <= 0:
             return 0.0
-        mem_s = touched * m.layers * self._moe_expert_s
+        mem_s = touched * m.layers * self._moe_expert_s + self._moe_call_s
         rows = tokens * m.top_k
         if self._moe_row_blocks:  # each kernel's own row block, padded per expert (perf_classes.moe_row_fill)
             block = _moe_tiles.moe_block_m(m.grouped_gemm, tokens, m.experts, m.top_k, self._version, m.block_quant,
