@@ -76,7 +76,11 @@ def test_the_simulator_predicts_both_trials_out_of_sample() -> None:
     """Fixed in the spec before the run: 3,177 output tok/s for both (128 clients fill neither 128 nor 512
     sequences), no preemption; real 3,689 and 3,680 (-13.9%, -13.7%), none. Slow as on the 2026-12-05
     windows of the same shape (bf16 -11.2% at 256 clients, -14.3% at 64): within the model-class target
-    (15%), not the GPU's (10%). The real pair differ by 0.3%; the simulator calls them equal."""
+    (15%), not the GPU's (10%). The real pair differ by 0.3%; the simulator calls them equal.
+
+    Since 16-bit experts on Hopper stream at the fused-MoE kernel's rate timed on an H100
+    (``_moe_tiles.MOE_BY_BATCH_STREAM``, 2026-12-07, read off other shapes' kernel rows; this tune held out):
+    3,302 tok/s for both, -10.5% and -10.3% (3,177, -13.9% and -13.7% before)."""
     simulated = []
     for row in ROWS:
         sim = run_trial(TrialTask(MX16, "H100-80GB", dataset.row_flags(row), SPEC_RAN.workload,
@@ -84,5 +88,5 @@ def test_the_simulator_predicts_both_trials_out_of_sample() -> None:
         assert sim.ok and sim.preemptions == 0 and sim.output_throughput is not None
         simulated.append(sim.output_throughput)
     errors = [s / r["output_throughput"] - 1 for s, r in zip(simulated, ROWS)]
-    assert all(-0.16 < e < -0.10 for e in errors), errors
+    assert all(-0.14 < e < -0.07 for e in errors), errors
     assert simulated[0] == pytest.approx(simulated[1], rel=0.01)

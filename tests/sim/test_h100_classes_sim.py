@@ -32,8 +32,11 @@ def test_the_held_out_moe_windows(rows) -> None:
     assert len(judged) == 8
     errors = sorted(abs(r.throughput_error) for r in judged.values())
     # Measured: 7 of 8 within 10% (mean 6.0%; 5.6% before vLLM 0.26's tiles, moe_tile), +16.2% for
-    # the 4-client decode; the one-client window -5.1% (+34.7% before the floor).
-    assert sum(e <= 0.10 for e in errors) >= 6 and errors[-1] < 0.20, errors
+    # the 4-client decode; the one-client window -5.1% (+34.7% before the floor). At 8acadf3 -5.0, -2.3, -4.4,
+    # -2.2, +7.6, -4.2, +1.1, +16.5% (7 of 8, mean 5.4%); since 16-bit experts stream at the kernel's timed
+    # rate (_moe_tiles.MOE_BY_BATCH_STREAM, 2026-12-07) -4.9, +2.5, +0.7, +1.9, +12.8 (the Poisson window,
+    # TPOT -13.9% -> -18.3%), +1.9, +6.4, +12.0% (4 clients): 6 of 8 within 10%, all within 13%, mean 5.4%.
+    assert sum(e <= 0.10 for e in errors) >= 6 and errors[-1] < 0.15, errors
     one_client = rows["2026-12-05_q3moe_u09_s256_mbt8192/p256_o256_c1"]
     assert abs(one_client.tpot_error) < 0.10
 
@@ -75,7 +78,12 @@ def test_the_gemma2_windows_held_out(rows) -> None:
 
 
 def test_the_mixtral_windows_held_out(rows) -> None:
-    """Mixtral-8x7B cut to 16 layers (8 experts of 14,336, top-2). One client: -6.3% (TPOT +7.5%).
+    """Mixtral-8x7B cut to 16 layers (8 experts of 14,336, top-2). Since 16-bit experts on Hopper stream at the
+    fused-MoE kernel's rate timed on an H100 (_moe_tiles.MOE_BY_BATCH_STREAM, 2026-12-07; read off four other
+    shapes' kernel rows, never these windows): one client -2.4% (TPOT +3.2%), bf16 -11.0% at 256 clients (TPOT
+    +16.4%) and -9.7% at 64 (TPOT +7.3%); at 8acadf3, before it, -6.1% (+7.3%), -12.8% (+20.0%) and -16.6%
+    (+16.8%). FP8 (the dense rate kept) +14.9% and +5.7% at both. The figures when first judged follow.
+    One client: -6.3% (TPOT +7.5%).
     Batched, priced at vLLM 0.26's default fused-MoE tiles (perf_classes.moe_tile: 128 x 128 above
     512 tokens, 32 x 64 at 64) by the dense tile model (perf.moe_tile_share): bf16 -11.2% at 256
     clients and -14.3% at 64 (-42.0% and -28.5% at 0.11's 64 x 64 tile, TPOT +18% and +17%, from +72%
@@ -87,7 +95,7 @@ def test_the_mixtral_windows_held_out(rows) -> None:
     one = rows["2026-12-05_mx16_u09_s256_mbt8192/p256_o256_c1"]
     assert abs(one.throughput_error) < 0.10 and abs(one.tpot_error) < 0.10
     bf16 = [r for n, r in mx.items() if n.startswith("2026-12-05_mx16_u09_") and r is not one]
-    assert all(-0.20 < r.throughput_error < -0.10 and 0.10 < r.tpot_error < 0.30 for r in bf16), \
+    assert all(-0.15 < r.throughput_error < -0.05 and 0.0 < r.tpot_error < 0.20 for r in bf16), \
         [(r.name, r.throughput_error, r.tpot_error) for r in bf16]
     fp8 = [r for n, r in mx.items() if n.startswith("2026-12-05_mx16_fp8_")]
     assert all(0.05 < r.throughput_error < 0.20 for r in fp8), [(r.name, r.throughput_error) for r in fp8]
@@ -113,7 +121,8 @@ def test_the_gemma3_windows_held_out(rows) -> None:
 def test_the_deepseek_v2_lite_windows_held_out(rows) -> None:
     """MLA + 64 experts top-6 (FlashAttention-3 MLA, Triton experts). Measured: -13.2% at 256 clients,
     +14.5% at one client, and -60.8% at 64 clients of 1,024-token outputs (TPOT 13.7 ms simulated
-    against 5.25 real). That real TPOT is below what reading every routed expert of the 26 MoE layers
+    against 5.25 real); -11.5%, +14.6% and -58.5% (TPOT +147%, from +162%) since 16-bit experts stream at the
+    kernel's timed rate (_moe_tiles.MOE_BY_BATCH_STREAM, 2026-12-07). That real TPOT is below what reading every routed expert of the 26 MoE layers
     once a step takes at the H100's 3.35 TB/s (uniform routing of 64 x 6 picks touches ~64 of 64
     experts a layer): with vLLM's random weights (``--load-format dummy``) the router sends the batch
     to fewer experts than a trained model's would, so this window cannot judge the MoE decode."""

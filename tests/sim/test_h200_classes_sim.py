@@ -9,7 +9,10 @@ is the simulator's own (``benchmarks/sim_fidelity.py --h200-classes``). Throughp
   -10.2%, -46.7% (TPOT +151%), +4.9%;
 - under the per-kernel MoE row blocks (``perf_classes.moe_row_fill``, a rule made on published runs
   before these windows were read with it): bf16 +8.6%, -5.8%, -13.3%; FP8 +22.6%, **-41.7%**, -5.4%;
-  gpt-oss-20b +2.8%, **+35.1%** (TPOT -4.7%), +5.6%.
+  gpt-oss-20b +2.8%, **+35.1%** (TPOT -4.7%), +5.6%;
+- since 16-bit experts on Hopper stream at the fused-MoE kernel's rate timed on an H100, scaled to the H200's
+  4.8 TB/s (``_moe_tiles.MOE_BY_BATCH_STREAM``, 2026-12-07): bf16 +10.3%, -1.9%, -13.3% (TPOT -9.5%, +2.1%,
+  +16.0%, from -7.8%, +6.4%, +16.0%); nothing else moves.
 
 The two misses. FP8 MoE at 64 clients: real TPOT 6.4 ms, where reading all 29 GB of FP8 experts once
 a step (uniform routing over 64 rows touches ~126 of 128 experts) takes 6.0 ms at the datasheet's
