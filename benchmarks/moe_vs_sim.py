@@ -26,7 +26,8 @@ Mixtral's layers and on the alignment probes' aligned layers (H100 and H200).
 
 Usage::
 
-    PYTHONPATH=platform .venv/bin/python benchmarks/moe_vs_sim.py [--probe FILE] [--derive] [--layer] [--wide-tile] [--stream] [--json]
+    PYTHONPATH=platform .venv/bin/python benchmarks/moe_vs_sim.py [--probe FILE] [--derive] [--layer] [--wide-tile] \
+        [--stream] [--json]
 """
 
 from __future__ import annotations
@@ -264,7 +265,8 @@ def _print_stream(probe: dict) -> int:
           f"({fit['hbm_share'] * H100_HBM_GBPS:.0f} GB/s on the H100) + {fit['call_s'] * 1e6:.1f} us a layer")
     groups = [("fit", 1.0, stream_points(probe, STREAM_FIT)), ("judged", 1.0, stream_points(probe, STREAM_JUDGED))]
     groups += [("judged H100 aligned", 1.0, stream_points(json.loads(p.read_text()), None)) for p in ALIGN_PROBES]
-    groups.append(("judged H200 aligned", 4800.0 / H100_HBM_GBPS, stream_points(json.loads(ALIGN_PROBE_H200.read_text()), None)))
+    h200_aligned = stream_points(json.loads(ALIGN_PROBE_H200.read_text()), None)
+    groups.append(("judged H200 aligned", 4800.0 / H100_HBM_GBPS, h200_aligned))
     for role, scale, pts in groups:
         for name, tokens, nbytes, seconds in pts:
             predicted = fit["call_s"] + nbytes / (fit["hbm_share"] * H100_HBM_GBPS * 1e9 * scale)
@@ -393,7 +395,8 @@ def main() -> int:
                              "shapes and judged on the others, and stop")
     parser.add_argument("--stream", action="store_true",
                         help="print the 16-bit experts' streaming rate and fixed cost under vLLM 0.26's tiles, fitted "
-                             "on four shapes and judged on Mixtral's and the alignment probes' aligned layers, and stop")
+                             "on four shapes and judged on Mixtral's and the alignment probes' aligned layers, "
+                             "and stop")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     probe = json.loads(args.probe.read_text())

@@ -121,9 +121,10 @@ def test_the_gemma3_windows_held_out(rows) -> None:
 def test_the_deepseek_v2_lite_windows_held_out(rows) -> None:
     """MLA + 64 experts top-6 (FlashAttention-3 MLA, Triton experts). Measured: -13.2% at 256 clients,
     +14.5% at one client, and -60.8% at 64 clients of 1,024-token outputs (TPOT 13.7 ms simulated
-    against 5.25 real); -11.5%, +14.6% and -58.5% (TPOT +147%, from +162%) since 16-bit experts stream at the
-    kernel's timed rate (_moe_tiles.MOE_BY_BATCH_STREAM, 2026-12-07). That real TPOT is below what reading every routed expert of the 26 MoE layers
-    once a step takes at the H100's 3.35 TB/s (uniform routing of 64 x 6 picks touches ~64 of 64
+    against 5.25 real); -11.5%, +14.6% and -58.5% (TPOT +147%, from +162%) since 16-bit experts stream
+    at the kernel's timed rate (_moe_tiles.MOE_BY_BATCH_STREAM, 2026-12-07). That real TPOT is below what
+    reading every routed expert of the 26 MoE layers once a step
+    takes at the H100's 3.35 TB/s (uniform routing of 64 x 6 picks touches ~64 of 64
     experts a layer): with vLLM's random weights (``--load-format dummy``) the router sends the batch
     to fewer experts than a trained model's would, so this window cannot judge the MoE decode."""
     ds = _third(rows, "dsv2")

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MOE_BY_BATCH_WIDE_TILE_APPLIED", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_TILE_BY_BATCH_SINCE",
            "MOE_TILE_FITTED_VERSION", "MOE_UNALIGNED_DOWN_GBPS", "MOE_UNALIGNED_DOWN_SHARE", "BOOST_CLOCK_MHZ",
-           "MOE_BY_BATCH_STREAM", "MOE_BY_BATCH_STREAM_APPLIED", "by_batch_stream", "by_batch_tile_rate", "expected_row_blocks",
+           "MOE_BY_BATCH_STREAM", "MOE_BY_BATCH_STREAM_APPLIED", "by_batch_stream", "by_batch_tile_rate",
+           "expected_row_blocks",
            "moe_block_m", "moe_down_share", "moe_row_fill", "moe_tile", "prices_tile", "tuned_tile",
            "unaligned_down_bytes_per_s", "unaligned_experts_note"]
 
@@ -263,8 +264,8 @@ def by_batch_stream(shape: MoeShape, version: tuple[int, int, int], gpu: GpuSpec
         >>> rate, call = by_batch_stream(mixtral, (0, 26, 0), get_gpu("H100-80GB"))
         >>> round(rate / 1e9), round(call * 1e6, 1)
         (3002, 18.8)
-        >>> by_batch_stream(mixtral, (0, 11, 0), get_gpu("H100-80GB")), by_batch_stream(mixtral, (0, 26, 0), get_gpu("A100-80GB"))
-        (None, None)
+        >>> by_batch_stream(mixtral, (0, 11, 0), get_gpu("H100-80GB"))  # 0.11's 64 x 64 tile: the dense rate
+        >>> by_batch_stream(mixtral, (0, 26, 0), get_gpu("A100-80GB"))  # not Hopper
     """
     if not MOE_BY_BATCH_STREAM_APPLIED or not shape.fused_moe or shape.block_quant or shape.fmt.bytes_per_weight < 2.0:
         return None

@@ -76,17 +76,21 @@ from servetune.sim._moe_rates import (B200_FUSED_MOE_DEFAULT_US, BLACKWELL_TRITO
                                       moe_compute_share, runs_blackwell_triton_moe)
 from servetune.sim._moe_shape import (BLOCK_FP8_MOE_KERNEL_RATE, BLOCK_FP8_MOE_RATE_SCALE, MoeShape, distinct_experts,
                                       moe_kernel, moe_parallel_size, moe_shape, moe_step_tokens)
-from servetune.sim._moe_tiles import (MOE_BY_BATCH_STREAM, MOE_BY_BATCH_STREAM_APPLIED, MOE_BY_BATCH_WIDE_TILE_APPLIED, MOE_BY_BATCH_WIDE_TILE_RATE, MOE_TILE_BY_BATCH_SINCE,
-                                      MOE_TILE_FITTED_VERSION, MOE_UNALIGNED_DOWN_SHARE, by_batch_stream, by_batch_tile_rate,
-                                      expected_row_blocks, moe_block_m, moe_down_share, moe_row_fill, moe_tile,
-                                      prices_tile, tuned_tile, unaligned_experts_note)
+from servetune.sim._moe_tiles import (MOE_BY_BATCH_STREAM, MOE_BY_BATCH_STREAM_APPLIED,
+                                      MOE_BY_BATCH_WIDE_TILE_APPLIED, MOE_BY_BATCH_WIDE_TILE_RATE,
+                                      MOE_TILE_BY_BATCH_SINCE, MOE_TILE_FITTED_VERSION, MOE_UNALIGNED_DOWN_SHARE,
+                                      by_batch_stream, by_batch_tile_rate, expected_row_blocks, moe_block_m,
+                                      moe_down_share, moe_row_fill, moe_tile, prices_tile, tuned_tile,
+                                      unaligned_experts_note)
 
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL", "BLOCK_FP8_MOE_RATE_SCALE", "BLOCK_FP8_MOE_KERNEL_RATE", "B200_FUSED_MOE_DEFAULT_US", "DATASHEET_BF16_TFLOPS", "TRITON_BF16_MATMUL_TFLOPS", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "unaligned_experts_note", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
-           "expected_row_blocks", "is_class_model", "moe_block_m", "moe_parallel_size", "moe_row_fill", "moe_step_tokens", "MOE_TILE_BY_BATCH_SINCE", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_BY_BATCH_WIDE_TILE_APPLIED", "MOE_BY_BATCH_STREAM", "MOE_BY_BATCH_STREAM_APPLIED", "by_batch_stream", "by_batch_tile_rate", "MOE_TILE_FITTED_VERSION", "moe_compute_share", "moe_kernel", "moe_shape",
+           "expected_row_blocks", "is_class_model", "moe_block_m", "moe_parallel_size", "moe_row_fill", "moe_step_tokens", "MOE_TILE_BY_BATCH_SINCE", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_BY_BATCH_WIDE_TILE_APPLIED", "by_batch_tile_rate",
+           "MOE_BY_BATCH_STREAM", "MOE_BY_BATCH_STREAM_APPLIED", "by_batch_stream", "MOE_TILE_FITTED_VERSION",
+           "moe_compute_share", "moe_kernel", "moe_shape",
            "blackwell_moe_mem_share", "fused_moe_marginal_gbps", "moe_tile", "prices_tile", "runs_blackwell_triton_moe", "runs_triton_attention", "tuned_tile",
            "sliding_kv_share", "weight_format"]
 
