@@ -12,6 +12,7 @@ import optuna
 import yaml
 
 from servetune.records import dataset
+from servetune.search.informed import informed_starts
 from servetune.spec.schema import StudySpec
 
 
@@ -37,3 +38,28 @@ def shipped_spec(spec: Path, model: str) -> StudySpec:
     data["model"] = model
     data.pop("serve_model", None)
     return StudySpec.from_dict(data, spec.parent)
+
+
+def recommended_command(tune: Path) -> str:
+    """The ``vllm serve`` command the study printed as its recommendation (``study.log``)."""
+    log = (tune / "study.log").read_text()
+    return log.split("servetune: run it with:\n", 1)[1].splitlines()[0].strip()
+
+
+def memory_pair(row: dict[str, Any]) -> dict[str, float | int]:
+    """A dataset row's memory-pair flags, named as :func:`servetune.search.informed.informed_starts` names them."""
+    return {"gpu_memory_utilization": float(row["flag_gpu_memory_utilization"]),
+            "max_num_seqs": int(row["flag_max_num_seqs"])}
+
+
+#: A trial's memory-pair flags (:func:`memory_pair`).
+MemoryPair = dict[str, float | int]
+
+
+def informed_then_defaults(spec: StudySpec, model: Any, gpu: Any,
+                           rows: list[dict[str, Any]]) -> tuple[dict[str, Any], MemoryPair, MemoryPair]:
+    """The planner's first informed start for ``spec`` today, and the memory pairs of the study's first two
+    trials (which ran the informed start, then vLLM's defaults)."""
+    starts = informed_starts(spec.search_space, spec.fixed_flags, model, gpu, spec.workload, spec.vllm_version)
+    return starts[0], memory_pair(rows[0]), memory_pair(rows[1])
+

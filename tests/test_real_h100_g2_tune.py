@@ -29,7 +29,7 @@ from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
 from servetune.search.informed import informed_starts
 
-from _real_tune import server_log, shipped_spec, tune_rows, tune_study
+from _real_tune import recommended_command, server_log, shipped_spec, tune_rows, tune_study
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real_h100_classes"
 TUNE = FIXTURES / "2026-12-07_g2_tune"
@@ -61,10 +61,9 @@ def test_the_study_served_the_informed_start_and_recommends_it() -> None:
     assert (ROWS[0]["completed"], ROWS[0]["preemptions"]) == (192, 0)
     # The second informed start preempted and was stopped there: infeasible under max_preemptions 0.
     assert ROWS[1]["preemptions"] > 0 and study.trials[1].constraints["preemptions"] > 0
-    log = (TUNE / "study.log").read_text()
-    command = log.split("servetune: run it with:\n", 1)[1].splitlines()[0].strip()
-    assert command == "vllm serve /root/g2 --max-model-len 4096 --gpu-memory-utilization 0.95 --max-num-seqs 48"
-    assert "ran on random weights (load_format: dummy)" in log
+    assert recommended_command(TUNE) == ("vllm serve /root/g2 --max-model-len 4096 --gpu-memory-utilization 0.95 "
+                                         "--max-num-seqs 48")
+    assert "ran on random weights (load_format: dummy)" in (TUNE / "study.log").read_text()
 
 
 def test_the_informed_starts_sit_on_the_preemption_bound_and_the_real_starts_agree() -> None:

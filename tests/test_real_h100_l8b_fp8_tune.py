@@ -19,9 +19,8 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
-from servetune.search.informed import informed_starts
 
-from _real_tune import server_log, shipped_spec, tune_rows, tune_study
+from _real_tune import informed_then_defaults, recommended_command, server_log, shipped_spec, tune_rows, tune_study
 
 TUNE = Path(__file__).parent / "fixtures" / "real_h100_classes" / "2026-12-07_l8b_fp8_tune"
 SPEC = Path(__file__).parents[1] / "benchmarks" / "real_vllm" / "h100_l8b_fp8_tune.yaml"
@@ -42,20 +41,16 @@ def test_the_study_served_three_fp8_trials_on_random_weights_and_recommends_the_
         assert "quantization=fp8" in log and "load_format=dummy" in log
         assert parse_log(log).weights_gib == pytest.approx(8.54)  # FP8 linear layers, bf16 embeddings and head
     log = (TUNE / "study.log").read_text()
-    command = log.split("servetune: run it with:\n", 1)[1].splitlines()[0].strip()
+    command = recommended_command(TUNE)
     assert command == ("vllm serve /root/l8 --max-model-len 4096 --quantization fp8 "
                        "--gpu-memory-utilization 0.9 --max-num-seqs 512")
     assert "ran on random weights (load_format: dummy)" in log
 
 
 def test_the_first_trial_is_the_informed_start_and_the_second_vllms_defaults() -> None:
-    spec = SPEC_RAN
-    starts = informed_starts(spec.search_space, spec.fixed_flags, MODEL, GPU, spec.workload, spec.vllm_version)
-    first, baseline, _ = ROWS
-    assert starts[0] == {"gpu_memory_utilization": first["flag_gpu_memory_utilization"],
-                         "max_num_seqs": int(first["flag_max_num_seqs"])} == {"gpu_memory_utilization": 0.95,
-                                                                               "max_num_seqs": 256}
-    assert (baseline["flag_gpu_memory_utilization"], baseline["flag_max_num_seqs"]) == (0.9, 512)
+    planned, first, baseline = informed_then_defaults(SPEC_RAN, MODEL, GPU, ROWS)
+    assert planned == first == {"gpu_memory_utilization": 0.95, "max_num_seqs": 256}
+    assert baseline == {"gpu_memory_utilization": 0.9, "max_num_seqs": 512}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['trial_number']}-{r['origin']}")

@@ -20,9 +20,8 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import plan_memory, resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.records import dataset
-from servetune.search.informed import informed_starts
 
-from _real_tune import server_log, shipped_spec, tune_rows, tune_study
+from _real_tune import informed_then_defaults, recommended_command, server_log, shipped_spec, tune_rows, tune_study
 
 FIXTURES = Path(__file__).parent / "fixtures" / "real_h100_classes"
 TUNE = FIXTURES / "2026-12-07_mx16_tune"
@@ -40,20 +39,15 @@ def test_the_study_served_both_trials_and_recommends_the_informed_start() -> Non
     assert [t.user_attrs["status"] for t in tune_study(TUNE, "h100-mx16-tune").trials] == ["ok", "ok"]
     assert [(r["origin"], r["completed"], r["preemptions"]) for r in ROWS] == [
         ("informed", 384, 0), ("baseline", 384, 0)]
-    log = (TUNE / "study.log").read_text()
-    command = log.split("servetune: run it with:\n", 1)[1].splitlines()[0].strip()
-    assert command == "vllm serve /root/mx16 --max-model-len 4096 --gpu-memory-utilization 0.95 --max-num-seqs 128"
-    assert "ran on random weights (load_format: dummy)" in log
+    assert recommended_command(TUNE) == ("vllm serve /root/mx16 --max-model-len 4096 --gpu-memory-utilization 0.95 "
+                                         "--max-num-seqs 128")
+    assert "ran on random weights (load_format: dummy)" in (TUNE / "study.log").read_text()
 
 
 def test_the_first_trial_is_the_informed_start_and_the_second_vllms_defaults() -> None:
-    spec = SPEC_RAN
-    starts = informed_starts(spec.search_space, spec.fixed_flags, MODEL, GPU, spec.workload, spec.vllm_version)
-    first, baseline = ROWS
-    assert starts[0] == {"gpu_memory_utilization": first["flag_gpu_memory_utilization"],
-                         "max_num_seqs": int(first["flag_max_num_seqs"])} == {"gpu_memory_utilization": 0.95,
-                                                                               "max_num_seqs": 128}
-    assert (baseline["flag_gpu_memory_utilization"], baseline["flag_max_num_seqs"]) == (0.9, 512)
+    planned, first, baseline = informed_then_defaults(SPEC_RAN, MODEL, GPU, ROWS)
+    assert planned == first == {"gpu_memory_utilization": 0.95, "max_num_seqs": 128}
+    assert baseline == {"gpu_memory_utilization": 0.9, "max_num_seqs": 512}
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['trial_number']}-{r['origin']}")
