@@ -31,7 +31,8 @@ RECORDED = {"dense.yaml": ("published_runs_heldout_pcie_card.json", "error_pct",
             "classes.yaml": ("published_runs_classes.json", "error_after_pct", "ttft_error_after_pct"),
             "gpustack_qwen3_32b.yaml": ("published_runs_gpustack_qwen3_32b.json", "error_pct", "ttft_error_pct"),
             "gpustack_qwen3_5_9b.yaml": ("published_runs_gpustack_qwen3_5_9b.json", "error_pct", "ttft_error_pct"),
-            "gpustack_qwen3_14b.yaml": ("published_runs_gpustack_qwen3_14b.json", "error_pct", "ttft_error_pct")}
+            "gpustack_qwen3_14b.yaml": ("published_runs_gpustack_qwen3_14b.json", "error_pct", "ttft_error_pct"),
+            "pegainfer_qwen3_4b.yaml": ("published_runs_pegainfer_qwen3_4b.json", "error_pct", "ttft_error_pct")}
 
 
 def test_every_published_fixture_file_has_its_recorded_results_here() -> None:

@@ -1,0 +1,43 @@
+"""pegainfer's vLLM runs of Qwen3-4B on one RTX 5090 (tests/fixtures/published_runs/pegainfer_qwen3_4b.yaml):
+vLLM 0.22.1, the page's Test 1, a Poisson QPS sweep (QPS 1-16) of ``vllm bench serve`` random 1024 / 128, greedy,
+--ignore-eos, seed 42, prefix caching off. All held out by the split rule, judged blind: nothing was fitted or
+changed on seeing them. The recorded errors are benchmarks/results/published_runs_pegainfer_qwen3_4b.json
+(``published_runs.py --file ... --compare --json``); recorded 2026-12-07: median TPOT 0 of 7 within 10% (+12.5%,
++15.5%, +21.3%, +78.0%, +186.8%, +328.4%, +11.6% at QPS 1, 2, 4, 8, 10, 12, 16: simulated slow, the simulated
+server saturating near QPS 8 where the real one held to QPS 12), median TTFT 0 of 7 within 25% (+44.4% to
++1,231.7%).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from published_runs import FIXTURES, judge, load_runs, recorded_runs, split_of
+
+FILE = FIXTURES / "pegainfer_qwen3_4b.yaml"
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_pegainfer_qwen3_4b.json"
+RUNS = load_runs([FILE])
+
+
+def test_the_file_loads_and_every_run_is_held_out_by_the_rule() -> None:
+    """Seven runs, one sweep (one page, one model) on the RTX 5090's only runs: over half of them, so held out."""
+    assert len(RUNS) == 7 and {r.gpu for r in RUNS} == {"RTX-5090"}
+    assert {r.model for r in RUNS} == {"qwen3-4b"} and {r.vllm_version for r in RUNS} == {"0.22.1"}
+    assert [r.workload["request_rate"] for r in RUNS] == [1, 2, 4, 8, 10, 12, 16]
+    assert all(r.workload["num_prompts"] == 60 * r.workload["request_rate"] for r in RUNS)
+    assert split_of(RUNS) == {r.id: "held_out" for r in RUNS}
+    assert all(r.split == "held_out" for r in RUNS)
+
+
+def test_the_recorded_held_out_errors_still_hold() -> None:
+    """Every run simulates in well under a second: each recorded headline (median TPOT) and TTFT error, within a
+    point, and none of them fails."""
+    recorded = recorded_runs(RESULTS)
+    assert set(recorded) == {r.id for r in RUNS}
+    for run in RUNS:
+        judged, rec = judge(run), recorded[run.id]
+        assert judged.failure is None and rec["error_pct"] is not None, run.id
+        assert judged.headline_error is not None and judged.ttft_error is not None, run.id
+        assert 100 * judged.headline_error == pytest.approx(rec["error_pct"], abs=1.0), run.id
+        assert 100 * judged.ttft_error == pytest.approx(rec["ttft_error_pct"], abs=1.0), run.id
