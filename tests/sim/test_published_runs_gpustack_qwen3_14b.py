@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-from published_runs import FIXTURES, judge, load_runs, recorded_runs, split_of
+from _recorded import all_as_recorded
+from published_runs import FIXTURES, load_runs, split_of
 
 FILE = FIXTURES / "gpustack_qwen3_14b.yaml"
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_gpustack_qwen3_14b.json"
@@ -37,13 +37,8 @@ def test_the_file_loads_and_splits_by_the_rule() -> None:
 def test_the_recorded_errors_still_hold() -> None:
     """Every run simulates in under a second: each recorded headline and TTFT error (within a point), none
     called impossible, and the default max_model_len (40,960) served on both GPUs, so none assumed."""
-    recorded = recorded_runs(RESULTS)
-    assert set(recorded) == {r.id for r in RUNS}
+    judged_runs = all_as_recorded(RUNS, RESULTS)
     for run in RUNS:
-        judged, rec = judge(run), recorded[run.id]
-        assert judged.failure is None and rec["error_pct"] is not None, run.id
-        assert judged.headline_error is not None and judged.ttft_error is not None, run.id
-        assert 100 * judged.headline_error == pytest.approx(rec["error_pct"], abs=1.0), run.id
-        assert 100 * judged.ttft_error == pytest.approx(rec["ttft_error_pct"], abs=1.0), run.id
+        judged, rec = judged_runs[run.id]
         assert judged.default_refused is None and judged.assumed_max_model_len is None, run.id
         assert rec.get("assumed_max_model_len") is None and "max_model_len" not in run.flags, run.id
