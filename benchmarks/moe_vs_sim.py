@@ -226,7 +226,9 @@ def _print_wide_tile(probe: dict) -> int:
 STREAM_FIT = ("qwen3-30b-a3b_tp1", "deepseek-v2-lite_tp1", "qwen3-235b-a22b_tp8", "gpt-oss-120b_tp4")
 STREAM_JUDGED = ("mixtral-8x7b_tp1", "mixtral-8x7b_tp2")
 STREAM_TOKENS = (16, 32, 64, 128)
-H100_HBM_GBPS = 3350.0
+#: The datasheet bandwidths the rate is a share of (the GPU table's): the probe's H100, and the H200 it is judged on.
+H100_HBM_GBPS = get_gpu("H100-80GB").hbm_gbps
+H200_HBM_GBPS = get_gpu("H200").hbm_gbps
 
 
 def stream_points(probe: dict, shapes: tuple[str, ...] | None) -> list[tuple[str, int, float, float]]:
@@ -246,7 +248,7 @@ def stream_points(probe: dict, shapes: tuple[str, ...] | None) -> list[tuple[str
 
 
 def derive_stream(probe: dict) -> dict[str, float]:
-    """Least squares of seconds = ``call_s`` + bytes / (``hbm_share`` x the H100's 3,350 GB/s) over
+    """Least squares of seconds = ``call_s`` + bytes / (``hbm_share`` x the H100's datasheet bandwidth) over
     :data:`STREAM_FIT`'s rows (:func:`stream_points`)."""
     pts = stream_points(probe, STREAM_FIT)
     n = len(pts)
@@ -258,7 +260,7 @@ def derive_stream(probe: dict) -> dict[str, float]:
 
 def _print_stream(probe: dict) -> int:
     """``--stream``: the fit, and real / predicted on the rows fitted and the rows judged (the H200's at its own
-    4,800 GB/s)."""
+    bandwidth)."""
     fit = derive_stream(probe)
     print(f"16-bit experts under vLLM 0.26's by-batch tiles at {', '.join(map(str, STREAM_TOKENS))} tokens, read off "
           f"{', '.join(STREAM_FIT)}: {fit['hbm_share']} of the datasheet bandwidth "
@@ -266,7 +268,7 @@ def _print_stream(probe: dict) -> int:
     groups = [("fit", 1.0, stream_points(probe, STREAM_FIT)), ("judged", 1.0, stream_points(probe, STREAM_JUDGED))]
     groups += [("judged H100 aligned", 1.0, stream_points(json.loads(p.read_text()), None)) for p in ALIGN_PROBES]
     h200_aligned = stream_points(json.loads(ALIGN_PROBE_H200.read_text()), None)
-    groups.append(("judged H200 aligned", 4800.0 / H100_HBM_GBPS, h200_aligned))
+    groups.append(("judged H200 aligned", H200_HBM_GBPS / H100_HBM_GBPS, h200_aligned))
     for role, scale, pts in groups:
         for name, tokens, nbytes, seconds in pts:
             predicted = fit["call_s"] + nbytes / (fit["hbm_share"] * H100_HBM_GBPS * 1e9 * scale)

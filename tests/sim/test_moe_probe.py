@@ -25,6 +25,11 @@ def test_the_unaligned_down_share_is_the_probes_derivation() -> None:
     assert perf_classes.MOE_UNALIGNED_DOWN_SHARE == moe_vs_sim.derive_unaligned(ALIGN)
 
 
+def test_the_by_batch_streaming_rate_is_the_probes_derivation() -> None:
+    """MOE_BY_BATCH_STREAM is read off four shapes of the H100 probe (``moe_vs_sim.py --stream``), not chosen."""
+    assert _moe_tiles.MOE_BY_BATCH_STREAM == pytest.approx(moe_vs_sim.derive_stream(PROBE))
+
+
 def test_the_rule_holds_on_the_unaligned_widths_it_was_not_read_off() -> None:
     """Held out: four other unaligned widths (16-bit experts), both tile sets, 1,024-8,192 tokens."""
     judged = [r for r in moe_vs_sim.judge_unaligned(ALIGN, perf_classes.MOE_UNALIGNED_DOWN_SHARE)
