@@ -146,12 +146,10 @@ class GemmTerms:
             mem_share = cal.moe_mem_share
             if blackwell:  # the Triton kernel's own streaming rate on Blackwell, from a published benchmark
                 mem_share *= _moe_rates.blackwell_moe_mem_share(gpu, cal.mem_efficiency)
-            self._moe_mem_rate = mem_rate * mem_share
             # 16-bit experts on Hopper under the by-batch tiles: the kernel's own measured streaming rate and
-            # fixed cost a layer (_moe_tiles.by_batch_stream; Calibration.moe_mem_share scales the rate).
-            stream = None if blackwell else _moe_tiles.by_batch_stream(m, self._version, gpu)
-            if stream is not None:
-                self._moe_mem_rate = stream[0] * cal.moe_mem_share
+            # fixed cost a layer (_moe_tiles.by_batch_stream, None off Hopper; Calibration.moe_mem_share scales it).
+            stream = _moe_tiles.by_batch_stream(m, self._version, gpu)
+            self._moe_mem_rate = (mem_rate if stream is None else stream[0]) * mem_share
             self._moe_call_s = 0.0 if stream is None else stream[1] * m.layers
             self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * _moe_rates.moe_compute_share(gpu, cal.moe_compute_share,
                                                                                                 m.kernel, blackwell)
