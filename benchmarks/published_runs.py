@@ -697,7 +697,8 @@ def rescaled(lengths: Sequence[int], total: int) -> list[int]:
     return out
 
 
-def sharegpt_lengths(num_prompts: int, input_len: int, output_len: int, seed: int | None = 0) -> tuple[list[int], list[int]]:
+def sharegpt_lengths(num_prompts: int, input_len: int, output_len: int,
+                     seed: int | None = 0) -> tuple[list[int], list[int]]:
     """The prompt and output lengths of ``num_prompts`` ShareGPT requests, rescaled so they add up to
     ``num_prompts`` times the stated means (:func:`rescaled`: the stated totals are the run's own
     tokenizer's, the rows the Llama-3.1-8B tokenizer's). ``seed`` 0: :func:`sharegpt_rows` in order,
