@@ -25,7 +25,9 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
                seed: 42, special_tokens: 0}   # optional: a stated --seed (random dataset: with the tokenizer's
                                               # num_special_tokens_to_add()); the requests it drew are replayed
                                               # an endpoint of /v1/chat/completions: chat requests
-                                              # (Workload.chat: vLLM 0.11.0 parses the template each)
+                                              # (Workload.chat: vLLM 0.11.0 parses the template each);
+                                              # template_tokens: the tokens its chat template adds to
+                                              # each prompt (template_tokens(); stated where counted)
                                               # sampling: greedy | default (required for vllm bench serve
                                               # from 0.15.0, which sends no temperature unless told);
                                               # default: generation_config: {temperature: 0.7, top_k: 20,
@@ -62,7 +64,8 @@ file's order; a run without ``after_input_len`` starts a server). ``resent_promp
 ``resent_len`` where the earlier prompts were shorter) is for a random-dataset burst whose server's
 earlier runs of the same seed its log lines show: its first that many prompts were held whole (the
 client's test request holds prompt 0 in every run) and are simulated so, the rest new, in place of
-the logged rate spread over every prompt (:func:`resent_requests`). The headline
+the logged rate spread over every prompt (:func:`resent_requests`; in a seeded ``vllm bench serve`` replay, its
+leading prompts: :func:`bench_serve_requests`). The headline
 figure is the output throughput for a closed loop and the mean TPOT (the median where no mean was
 published) for an open one; TTFT is judged too. A ``vllm bench serve`` run of the random dataset that
 states its ``seed`` is simulated with the very requests that seed drew, their lengths and, at a
@@ -130,7 +133,8 @@ from servetune.workload import GREEDY, RequestSpec, Sampling, Workload  # noqa: 
 import _fidelity  # noqa: E402
 
 __all__ = ["FIXTURES", "PublishedRun", "Judged", "ReplayedLoad", "load_runs", "split_of", "sweep_key", "workload_of",
-           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "SHAREGPT_LENGTHS", "sharegpt_rows",
+           "bench_serve_lengths", "bench_serve_arrivals", "bench_serve_requests", "template_tokens",
+           "SHAREGPT_LENGTHS", "sharegpt_rows",
            "rescaled", "sharegpt_lengths", "sharegpt_requests", "step_breakdown", "engine_config", "judge",
            "judge_all", "cells", "rankings", "ratio_spread", "format_cells", "format_comparison", "FITTED_HERE", "h200_knobs_for", "fit_loss", "golden_section", "fit_knob", "main"]
 
@@ -434,6 +438,17 @@ def _client_sampling(where: str, client: Mapping[str, Any], version: str) -> Non
         Sampling.from_dict(config, f"{where}: client.generation_config")
 
 
+def _client_template(where: str, client: Mapping[str, Any]) -> None:
+    """A stated ``client.template_tokens`` (:func:`template_tokens`) is a whole number, for a chat run only."""
+    extra = client.get("template_tokens")
+    if extra is None:
+        return
+    chat = str(client.get("endpoint", "")).rstrip("/").endswith("/chat/completions")
+    if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0 or not chat:
+        raise _fail(where, "client.template_tokens", f"expected a whole number >= 0 for a chat run, got {extra!r}",
+                    "write the tokens the model's chat template adds around one user message (endpoint /v1/chat/completions)")
+
+
 def resolve_model(name: str, fixture_dir: Path = FIXTURES) -> ModelProfile:
     """A run's ``model``: servetune's shipped model of that name, else the config.json in
     ``models/<name>/`` beside the fixture file, else in :data:`LOG_MODELS`."""
@@ -478,6 +493,7 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
         raise _fail(where, "workload.after_input_len", "needs a seeded vllm bench serve run of the random dataset",
                     "state client.seed and dataset: random, or drop after_input_len")
     _client_sampling(where, entry["client"], str(entry["vllm_version"]))
+    _client_template(where, entry["client"])
     resolve_model(str(entry["model"]), fixture_dir)
     flashinfer = _flashinfer(where, entry.get("flashinfer"))
     return PublishedRun(
@@ -628,12 +644,31 @@ def bench_serve_requests(run: PublishedRun) -> list[RequestSpec] | None:
     times: list[float | None] = [None] * len(inputs)
     if rate is not None and not math.isinf(rate):
         times = list(bench_serve_arrivals(int(c["seed"]), w["num_prompts"], rate, float(c.get("burstiness", 1.0))))
+    extra = template_tokens(run)
+    inputs = [i + extra for i in inputs]
     cached = _after_prefix(w, int(c["special_tokens"]))
-    if not cached:
-        return [RequestSpec(i, o, t) for i, o, t in zip(inputs, outputs, times)]
-    # Each prompt its own group: its first tokens are the earlier run's prompt of the same index.
-    return [RequestSpec(i, o, t, prefix_group=k, prefix_tokens=min(cached, i))
-            for k, (i, o, t) in enumerate(zip(inputs, outputs, times))]
+    if cached:  # each prompt its own group: its first tokens are the earlier run's prompt of the same index
+        return [RequestSpec(i, o, t, prefix_group=k, prefix_tokens=min(cached + extra, i))
+                for k, (i, o, t) in enumerate(zip(inputs, outputs, times))]
+    held, k = _resent_held(w, int(c["special_tokens"]), extra), int(w.get("resent_prompts") or 0)
+    return [RequestSpec(i, o, t, p, min(held, i)) if p < k else RequestSpec(i, o, t)
+            for p, (i, o, t) in enumerate(zip(inputs, outputs, times))]
+
+
+def template_tokens(run: PublishedRun) -> int:
+    """The tokens the server's chat template adds to each prompt of a chat run (``client.template_tokens``,
+    read from the model's template and tokenizer: the turn markers and any default system turn around the
+    client's text), 0 where none is stated or the run sent completions. ``vllm bench serve`` counts the
+    drawn prompt's tokens; the server prefills these too."""
+    return int(run.client.get("template_tokens") or 0) if run.chat else 0
+
+
+def _resent_held(w: Mapping[str, Any], special_tokens: int = 0, template: int = 0) -> int:
+    """How many tokens of each re-sent prompt the server holds (``resent_len`` less the tokenizer's
+    special tokens, plus the chat template's, or the whole prompt)."""
+    if w.get("resent_len"):
+        return max(0, int(w["resent_len"]) - special_tokens) + template
+    return int(w["input_len"]) + template
 
 
 def resent_requests(w: Mapping[str, Any]) -> list[RequestSpec] | None:
@@ -663,7 +698,7 @@ def resent_requests(w: Mapping[str, Any]) -> list[RequestSpec] | None:
     k = w.get("resent_prompts")
     if not k:
         return None
-    held = int(w.get("resent_len") or w["input_len"])
+    held = _resent_held(w)
     n, i, o = int(w["num_prompts"]), int(w["input_len"]), int(w["output_len"])
     return [RequestSpec(i, o, None, p, min(held, i)) if p < k else RequestSpec(i, o) for p in range(n)]
 
@@ -756,7 +791,8 @@ def workload_of(run: PublishedRun, dp_share: bool = True, as_sent: bool = True) 
     w, dp = run.workload, run.layout["dp"] if dp_share else 1
     def length(mean: int) -> Any:
         return {"mean": mean, "range_ratio": w["range_ratio"]} if w["range_ratio"] > 0 else mean
-    spec: dict[str, Any] = {"input_len": length(w["input_len"]), "output_len": length(w["output_len"]),
+    spec: dict[str, Any] = {"input_len": length(w["input_len"] + template_tokens(run)),
+                            "output_len": length(w["output_len"]),
                             "num_requests": max(1, w["num_prompts"] // dp), "seed": 0}
     if w.get("prefix_len"):
         spec.update(prefix_len=w["prefix_len"], num_prefix_groups=w.get("num_prefix_groups", 1))
