@@ -254,12 +254,13 @@ def test_calibration_lookup_and_overrides() -> None:
 
 
 def test_every_flashattention_2_part_takes_the_a100s_fitted_prefill_rate_and_hopper_keeps_fa3s() -> None:
-    """vLLM runs FlashAttention-2 on compute capability 8.x (fa_utils.get_flash_attn_version: FA3
-    only on 9.x): those parts price prefill attention at the A100's fitted FA2 share of their own
-    peak; Hopper keeps the H200's FA3 value, and a part below 8.0 (no FLASH_ATTN backend) the default."""
+    """vLLM runs FlashAttention-2 on compute capability 8.x and 12.x (fa_utils.get_flash_attn_version:
+    FA3 only on 9.x, FA4 on 10.x, whose backend list puts FlashInfer first): those parts price prefill
+    attention at the A100's fitted FA2 share of their own peak; Hopper keeps the H200's FA3 value, and a
+    part below 8.0 (no FLASH_ATTN backend) the default. The RTX 5090 (12.0) joined 2026-12-07."""
     fa2 = GPU_FAMILY_OVERRIDES["A100-80GB"]["attn_efficiency"]
     assert FA2_KNOBS == {"attn_efficiency": fa2} and fa2 > GPU_CALIBRATION["H200"]["attn_efficiency"]
-    for name in ("A100-40GB", "A800-80GB", "A10", "L4", "L40S", "RTX-3060", "RTX-3090", "RTX-4090"):
+    for name in ("A100-40GB", "A800-80GB", "A10", "L4", "L40S", "RTX-3060", "RTX-3090", "RTX-4090", "RTX-5090"):
         assert runs_flash_attention_2(get_gpu(name)), name
         assert calibration_for(get_gpu(name)).attn_efficiency == pytest.approx(fa2), name
     for name in ("H200", "H100-80GB", "H100-PCIe", "T4", "V100-16GB", "B200", "MI300X"):

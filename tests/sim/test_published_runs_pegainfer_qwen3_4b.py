@@ -5,7 +5,11 @@ changed on seeing them. The recorded errors are benchmarks/results/published_run
 (``published_runs.py --file ... --compare --json``); recorded 2026-12-07: median TPOT 0 of 7 within 10% (+12.5%,
 +15.5%, +21.3%, +78.0%, +186.8%, +328.4%, +11.6% at QPS 1, 2, 4, 8, 10, 12, 16: simulated slow, the simulated
 server saturating near QPS 8 where the real one held to QPS 12), median TTFT 0 of 7 within 25% (+44.4% to
-+1,231.7%).
++1,231.7%). Re-recorded 2026-12-07 once the RTX 5090 (compute capability 12.0) prices prefill attention at
+FlashAttention-2's share, as vLLM runs it there (sim._calibration.FA2_COMPUTE_CAPABILITY, read from vLLM's
+source after these errors were seen; nothing fitted): median TPOT 1 of 7 within 10% (+12.2%, +14.7%, +18.9%,
++67.0%, +152.2%, +289.1%, +8.1%), TTFT 0 of 7 within 25% (+39.3%, +54.9%, +71.0%, +129.5%, +197.9%, +726.7%,
++161.6%; were +44.4%, +62.1%, +78.3%, +146.9%, +231.7%, +1,231.7%, +196.1%).
 """
 
 from __future__ import annotations

@@ -340,21 +340,25 @@ GPU_FAMILY_OVERRIDES["B200"] = {"interconnect_efficiency": B200_INTERCONNECT_EFF
 #: and Ada part (8.0-8.9: A100, A10, L4, L40S, the RTX 30 and 40 series) runs the FA2 kernels whose
 #: prefill rate was fitted on the A100 (``GPU_FAMILY_OVERRIDES["A100-80GB"]``), so they take that
 #: share of their own dense peak instead of the H200's FA3 one. Applied to the other 8.x parts on
-#: 2026-12-05 after their held-out published runs had been seen (docs/accuracy.md says so).
-FA2_COMPUTE_CAPABILITY = (8.0, 9.0)
+#: 2026-12-05 after their held-out published runs had been seen (docs/accuracy.md says so). The
+#: GeForce and RTX PRO Blackwell parts (12.x: the RTX 5090) run FA2 too: FLASH_ATTN heads the
+#: backend list of every major but 10 (``platforms/cuda.py`` ``_get_backend_priorities``, lines
+#: 140-147 of 0.23.0, 157-164 of 0.28.0) and ``get_flash_attn_version`` falls back to FA2 off majors
+#: 9 and 10 (lines 78-86 of 0.23.0, 92-100 of 0.28.0). Read 2026-12-07 after the held-out RTX 5090
+#: runs' errors had been seen; nothing fitted.
+FA2_COMPUTE_CAPABILITY: tuple[tuple[float, float], ...] = ((8.0, 9.0), (12.0, 13.0))
 FA2_KNOBS: dict[str, float] = {"attn_efficiency": GPU_FAMILY_OVERRIDES["A100-80GB"]["attn_efficiency"]}
 
 
 def runs_flash_attention_2(gpu: GpuSpec) -> bool:
-    """Whether vLLM runs FlashAttention-2 on ``gpu`` (an NVIDIA part of compute capability 8.x).
+    """Whether vLLM runs FlashAttention-2 on ``gpu`` (an NVIDIA part of compute capability 8.x or 12.x).
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
-        >>> [runs_flash_attention_2(get_gpu(n)) for n in ("A100-40GB", "L4", "RTX-3060", "H200", "T4")]
-        [True, True, True, False, False]
+        >>> [runs_flash_attention_2(get_gpu(n)) for n in ("A100-40GB", "L4", "RTX-3060", "RTX-5090", "H200", "B200", "T4")]
+        [True, True, True, True, False, False, False]
     """
-    low, high = FA2_COMPUTE_CAPABILITY
-    return gpu.platform != "rocm" and low <= gpu.compute_capability < high
+    return gpu.platform != "rocm" and any(low <= gpu.compute_capability < high for low, high in FA2_COMPUTE_CAPABILITY)
 
 
 def calibration_for(gpu: GpuSpec) -> Calibration:
