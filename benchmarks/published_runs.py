@@ -852,6 +852,9 @@ class Judged:
     #: run was simulated at instead (:func:`assumed_max_model_len`), and the plan's refusal at the default.
     assumed_max_model_len: int | None = None
     default_refused: str | None = None
+    #: The simulated latency percentiles (ms) the load generator would print, by figure ("ttft_ms",
+    #: "itl_ms", "tpot_ms": {"mean", "median", "p99"}), beside ``run.measured``'s (:func:`latency_pairs`).
+    sim_latency: Mapping[str, Mapping[str, float]] | None = dataclasses.field(default=None, compare=False)
 
     @property
     def headline_error(self) -> float | None:
@@ -948,9 +951,12 @@ def _judge_flags(run: PublishedRun, run_flags: Mapping[str, Any], calibration: M
     if not result.ok:
         return Judged(run, None, None, None, failure=f"{result.status.value}: {result.cause}")
     logged = _HIT_RATE.findall(result.log_text or "")
+    latency = {name: {"mean": s.mean, "median": s.p50, "p99": s.p99}
+               for name, s in (("ttft_ms", result.ttft_ms), ("itl_ms", result.itl_ms), ("tpot_ms", result.tpot_ms))
+               if s is not None}
     return Judged(run, (result.output_throughput or 0.0) * run.layout["dp"],
                   result.ttft_ms.mean if result.ttft_ms else None, result.tpot_ms.mean if result.tpot_ms else None,
-                  sim_hit_rate=float(logged[-1]) / 100 if logged else None)
+                  sim_hit_rate=float(logged[-1]) / 100 if logged else None, sim_latency=latency)
 
 
 def engine_config(run: PublishedRun, config: EngineConfig) -> EngineConfig:
@@ -1006,9 +1012,11 @@ def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
     """Where the simulator puts a run's time: one engine step's GPU milliseconds by kind of kernel
     (``PerfModel.gpu_cost``: gemm, elementwise, attention, kv_write, comm, launch, sampler) and the whole step
     with the engine CPU it leaves visible (``step_ms``), for a decode step of 1, 8, the run's
-    concurrency (one replica's share under DP) and 256 requests at the run's mean context (prompt plus half the output), and for one
-    prompt's prefill within the token budget (``prefill``). Which term dominates a miss, in one call
-    (``published_runs.py --breakdown ID``).
+    concurrency (one replica's share under DP) and 256 requests at the run's mean context (prompt plus half the
+    output), for one prompt's prefill within the token budget (``prefill``) and for a whole budget of the run's
+    prompts (``budget``, :func:`budget_step`: the step a burst's prefill runs). ``moe`` is the routed experts' share
+    of ``gemm`` (``PerfModel.moe_seconds`` plus ``moe_activation_seconds``; 0 for a dense model). Which term
+    dominates a miss, in one call (``published_runs.py --breakdown ID``).
 
     Example:
         >>> run = next(r for r in load_runs() if r.id == "a100-qwen2-7b-tp2-u025-rand1024x1024-burst1")
@@ -1024,16 +1032,37 @@ def step_breakdown(run: PublishedRun) -> dict[str, dict[str, float]]:
     context = w["input_len"] + w["output_len"] // 2
     # One engine's share under DP, as the run is judged (_paced): the replicas split the clients.
     cap = max(1, min(w.get("max_concurrency") or w["num_prompts"], w["num_prompts"]) // run.layout["dp"])
-    out: dict[str, dict[str, float]] = {}
-    for batch in sorted({1, 8, cap, 256}):
-        args = (batch, batch, batch * context, batch * context, True)
-        out[f"decode {batch}"] = {**{k: 1e3 * v for k, v in dataclasses.asdict(perf.gpu_cost(*args)).items()},
-                                  "step_ms": 1e3 * perf.step_time(*args)}
     n = min(w["input_len"], target.config.max_num_batched_tokens)
-    args = (1, n, n, n * n // 2, False)
-    out["prefill"] = {**{k: 1e3 * v for k, v in dataclasses.asdict(perf.gpu_cost(*args)).items()},
-                      "step_ms": 1e3 * perf.step_time(*args)}
+    steps: dict[str, tuple[int, int, int, int, bool]] = {
+        **{f"decode {b}": (b, b, b * context, b * context, True) for b in sorted({1, 8, cap, 256})},
+        "prefill": (1, n, n, n * n // 2, False),
+        "budget": budget_step(w["input_len"], target.config.max_num_batched_tokens)}
+    out: dict[str, dict[str, float]] = {}
+    for name, args in steps.items():
+        tokens = args[1]
+        out[name] = {**{k: 1e3 * v for k, v in dataclasses.asdict(perf.gpu_cost(*args)).items()},
+                     "step_ms": 1e3 * perf.step_time(*args),
+                     # The routed experts (grouped GEMMs and their activation traffic), a part of "gemm".
+                     "moe": 1e3 * (perf.moe_seconds(tokens) + perf.moe_activation_seconds(tokens))}
     return out
+
+
+def budget_step(input_len: int, budget: int) -> tuple[int, int, int, int, bool]:
+    """``PerfModel.gpu_cost``'s arguments (requests, tokens, KV context, attention work, decode only) for one
+    step of a burst's prefill: ``budget`` tokens of ``input_len``-token prompts, the step vLLM's chunked prefill
+    runs while a burst's prompts wait. Shorter prompts fill it whole, the last one cut (each from its first
+    token); a longer prompt gives it one chunk from the prompt's middle (the mean chunk).
+
+    Example:
+        >>> budget_step(128, 16384), budget_step(32000, 8192)
+        ((128, 16384, 16384, 1048576, False), (1, 8192, 20096, 131072000, False))
+    """
+    if input_len >= budget:
+        start = (input_len - budget) // 2
+        return 1, budget, start + budget, budget * start + budget * budget // 2, False
+    whole, cut = divmod(budget, input_len)
+    work = whole * (input_len * input_len // 2) + cut * cut // 2
+    return whole + (1 if cut else 0), budget, budget, work, False
 
 
 def judge_all(runs: Sequence[PublishedRun], before: bool = False) -> list[Judged]:
@@ -1257,6 +1286,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit", nargs=4, metavar=("GPU", "KNOB", "LOW", "HIGH"),
                     help="fit one knob for one GPU on its fit runs and print it")
     ap.add_argument("--breakdown", metavar="ID", help="one run's simulated step time by kind of kernel, and stop")
+    ap.add_argument("--latency", metavar="PART",
+                    help="real and simulated ITL, TPOT and TTFT percentiles of the runs whose id holds PART, and stop")
     ap.add_argument("--spread", action="store_true",
                     help="each sweep's real/simulated ratio around its median (the simulator screen's margin), and stop")
     ap.add_argument("--json", action="store_true")
@@ -1273,6 +1304,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = [r for r in runs if not args.gpu or r.gpu in args.gpu]
     if args.breakdown:
         return _print_breakdown(runs, args.breakdown)
+    if args.latency:
+        return _print_latency(runs, args.latency)
     if args.fit:
         gpu, knob, low, high = args.fit
         value = fit_knob(runs, gpu, knob, (float(low), float(high)))
@@ -1315,6 +1348,46 @@ def _print_breakdown(runs: Sequence[PublishedRun], run_id: str) -> int:
     print(f"{run.id} ({run.gpu}, {run.layout_label}, vLLM {run.sim_vllm_version} rules): ms per step")
     for step, kinds in step_breakdown(run).items():
         print(f"  {step:<12}" + "  ".join(f"{k} {v:.3f}" for k, v in kinds.items()))
+    return 0
+
+
+#: The latency figures :func:`latency_pairs` pairs, each as ``vllm bench serve`` prints it.
+LATENCY_FIGURES: tuple[tuple[str, str], ...] = (("itl_ms", "median"), ("itl_ms", "p99"), ("tpot_ms", "median"),
+                                                 ("ttft_ms", "median"), ("ttft_ms", "p99"))
+
+
+def latency_pairs(judged: Judged) -> dict[str, tuple[float | None, float | None]]:
+    """(real, simulated) milliseconds of each of :data:`LATENCY_FIGURES` the run published, keyed
+    ``"itl_ms median"`` and so on. In a burst the median inter-token gap is a decode step's and the p99 one a step
+    that carries prefill chunks: the step times a run's own streams show, beside the throughput a KV pool or a
+    front end can set (``published_runs.py --latency ID``).
+
+    Example:
+        >>> run = next(r for r in load_runs() if r.id == "h100-qwen3-235b-a22b-2507-tp8-rand128x4-burst1000")
+        >>> real, sim = latency_pairs(judge(run))["itl_ms median"]
+        >>> real, 0.8 < sim / real < 1.2
+        (235.21, True)
+    """
+    out: dict[str, tuple[float | None, float | None]] = {}
+    for figure, stat in LATENCY_FIGURES:
+        real = (judged.run.measured.get(figure) or {}).get(stat)
+        if real is None:
+            continue
+        sim = (judged.sim_latency or {}).get(figure, {}).get(stat)
+        out[f"{figure} {stat}"] = (float(real), sim)
+    return out
+
+
+def _print_latency(runs: Sequence[PublishedRun], pattern: str) -> int:
+    """``--latency``: :func:`latency_pairs` of every run whose id holds ``pattern``, a line each."""
+    mine = [r for r in runs if pattern in r.id]
+    if not mine:
+        print(f"error: --latency: no run id holds {pattern!r} (fix: use part of an id from --runs)", file=sys.stderr)
+        return 2
+    for run in mine:
+        pairs = latency_pairs(judge(run))
+        cells = "  ".join(f"{k} {real:.1f}/{'-' if sim is None else f'{sim:.1f}'}" for k, (real, sim) in pairs.items())
+        print(f"{run.id} ({run.split}): real/simulated ms  {cells}")
     return 0
 
 

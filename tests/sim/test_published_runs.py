@@ -418,16 +418,32 @@ def test_a_runs_step_breakdown_names_where_the_simulated_time_goes(capsys: pytes
     tp2 = next(r for r in DENSE if r.id == "a100-qwen2-7b-tp2-u025-rand1024x1024-burst1")
     tp1 = next(r for r in DENSE if r.id == "a100-qwen2-7b-tp1-u025-rand1024x1024-burst1")
     two, one = published_runs.step_breakdown(tp2), published_runs.step_breakdown(tp1)
-    assert set(two) == {"decode 1", "decode 8", "decode 256", "prefill"}
+    assert set(two) == {"decode 1", "decode 8", "decode 256", "prefill", "budget"}
     kinds = {"gemm", "elementwise", "attention", "kv_write", "comm", "launch", "sampler", "recurrent"}
     for step in two.values():
-        assert step["recurrent"] == 0  # a Mamba hybrid's recurrent layers only (sim.perf_hybrid)
-        assert set(step) == kinds | {"step_ms"} and step["step_ms"] >= sum(step[k] for k in kinds)
+        assert step["recurrent"] == 0 and step["moe"] == 0  # a hybrid's recurrent layers, a MoE's experts only
+        assert set(step) == kinds | {"step_ms", "moe"} and step["step_ms"] >= sum(step[k] for k in kinds)
+    # A burst's prefill step is the whole token budget of its 1,024-token prompts: more tokens than one prompt's.
+    assert two["budget"]["gemm"] > two["prefill"]["gemm"]
     assert all(s["comm"] > 0 for s in two.values()) and all(s["comm"] == 0 for s in one.values())
     assert two["decode 1"]["gemm"] == pytest.approx(one["decode 1"]["gemm"] / 2, rel=0.05)  # weights split
     assert published_runs.main(["--breakdown", tp2.id]) == 0 and "comm" in capsys.readouterr().out
     assert published_runs.main(["--breakdown", "no-such-run"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_moe_runs_breakdown_separates_its_experts_and_its_streams_show_its_steps() -> None:
+    """The routed experts' share of a MoE burst's prefill step (``moe``, within ``gemm``), and the latency
+    percentiles the run published beside the simulated ones (``--latency``): the bf16 Qwen3-235B TP=8 burst of
+    1,000 x 128 tokens, whose median inter-token gap is a full 8,192-token step, real 235 ms."""
+    run = next(r for r in RUNS if r.id == "h100-qwen3-235b-a22b-2507-tp8-rand128x4-burst1000")
+    budget = published_runs.step_breakdown(run)["budget"]
+    assert 0 < budget["moe"] < budget["gemm"]
+    pairs = published_runs.latency_pairs(judge(run))
+    assert set(pairs) == {f"{f} {s}" for f, s in published_runs.LATENCY_FIGURES}
+    real, sim = pairs["itl_ms median"]
+    assert real == 235.21 and sim is not None and abs(sim / real - 1) < 0.1
+    assert published_runs.main(["--latency", "no-such-run"]) == 2
 
 
 def test_a_010_run_is_planned_at_its_own_version_and_simulated_at_0110s_step_rules() -> None:
