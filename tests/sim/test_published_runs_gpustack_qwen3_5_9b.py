@@ -9,6 +9,13 @@ Re-recorded 2026-12-07 with ShareGPT's own per-request lengths (``published_runs
 seeded draw: guidellm's order is not vLLM's; docs/accuracy.md, "ShareGPT's own request lengths"): the 13
 ShareGPT runs +63% to +86% -> +23% to +30% (TTFT -39% to +27% -> -45% to -23%), the random runs unchanged;
 TTFT within 25% on 3 of 15.
+Re-recorded 2026-12-07 with vLLM's gated-delta-net mixed steps before 0.23.0
+(``VllmMemoryRules.gdn_mixed_batch_chunked``: a step with a prefill runs its decoding requests through the
+chunked path, each SSM state gathered and scattered; read in vLLM's source after these errors): the 13 ShareGPT
+runs +23.1% to +30.3% -> +1.7% to +15.1% (TTFT -45.4% to -23.4% -> -32.4% to -15.9%); the random runs +1.2% and
+-6.2% -> -10.5% and -11.2% (TTFT +5.4%, -10.1% -> +15.2%, -10.0%), which against their generated tokens over
+their duration (guidellm's published rate is 10-16% above it) go +11.7% and +8.8% -> -1.2% and +3.0%; TTFT
+within 25% on 4 of 15.
 """
 
 from __future__ import annotations

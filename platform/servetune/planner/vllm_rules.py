@@ -294,6 +294,21 @@ class VllmMemoryRules:
     #: "float32"`` at line 410 of 0.20.0 and 0.21.0, 398 of 0.22.0, 606 of 0.26.0). 0.11.0 has no such class:
     #: ``auto``, the model dtype (and ignores the config's field). 0.12 not read.
     nemotron_h_ssm_default: str
+    #: A gated-delta-net layer runs a step that holds any (non-speculative) prefill through its chunked path for
+    #: every non-speculative request of the step, the decoding ones too: before 0.23.0. The layer's ``_forward_core``
+    #: sends the whole non-spec batch to ``chunk_gated_delta_rule`` when ``attn_metadata.num_prefills > 0``, after
+    #: gathering each request's SSM state into a new tensor (``ssm_state[non_spec_state_indices_tensor].contiguous()``)
+    #: and before scattering the final states back (``ssm_state[non_spec_state_indices_tensor] = ...``); only a
+    #: decode-only step updates the states in place (``fused_recurrent_gated_delta_rule``, ``inplace_final_state``):
+    #: ``models/qwen3_next.py`` lines 547-569 of 0.11.0 and 774-806 of 0.17.1, ``layers/mamba/gdn_linear_attn.py``
+    #: lines 948-975 of 0.20.0, ``layers/mamba/gdn/qwen_gdn_linear_attn.py`` lines 1463-1487 of 0.22.1 (the
+    #: non-spec state indices are ``block_table_tensor[:, 0]``, every request: ``v1/attention/backends/gdn_attn.py``
+    #: line 199 of 0.17.1). 0.23.0 peels the decodes off to the in-place update (``split_non_spec``: line 1395 of
+    #: 0.23.0; 0.26.0's lines 1315-1319 and 1400-1421). Read in the 0.11.0, 0.17.1, 0.20.0, 0.22.1 and 0.26.0 wheels;
+    #: ``split_non_spec`` searched for in 0.21.0 and 0.22.0 (absent) and 0.23.0, 0.24.0, 0.25.0 (present); 2026-12-07,
+    #: after the published 0.17.1 Qwen3.5-9B ShareGPT bursts were seen simulated fast. Mamba2 layers split decodes
+    #: from prefills (``layers/mamba/mamba_mixer2.py`` lines 606-616 of 0.17.1): not this rule.
+    gdn_mixed_batch_chunked: bool
     #: What ``--enable-prefix-caching`` does to a Mamba hybrid, one of :data:`HYBRID_PREFIX_CACHING` (read per release
     #: in ``model_executor/models/config.py``, ``MambaModelConfig.verify_and_update_config``; see
     #: :func:`hybrid_prefix_caching_mode`).
@@ -618,6 +633,7 @@ def memory_rules(v: Version) -> VllmMemoryRules:
         prefix_stats_count_preempted=v < (0, 11, 1),
         hybrid_align_to_block_size=v >= (0, 20, 0),
         nemotron_h_ssm_default="float32" if v >= (0, 20, 0) else "float16" if v >= (0, 13, 0) else "auto",
+        gdn_mixed_batch_chunked=v < (0, 23, 0),
         hybrid_prefix_caching=("off" if v < (0, 11, 1) else "all_or_off" if v < (0, 15, 0) else
                                "all_or_align" if v < (0, 28, 0) else "align" if v < (0, 29, 0) else "unread"),
         mamba_align_block_within_batch=(0, 17, 0) <= v < (0, 27, 0),

@@ -32,18 +32,25 @@ class RecurrentTerms:
                      mem_rate: float, cal: Calibration) -> perf_hybrid.HybridShape | None:
         """A Mamba / gated-delta-net hybrid's recurrent terms (:mod:`servetune.sim.perf_hybrid`; None and
         zeros for other models): per decoding request its state read and written in every Mamba layer,
-        per prefilling request its initial state read and final state written, per decode token the
+        per prefilling request its initial state read and final state written (a gated delta net's SSM state
+        also gathered and scattered around its chunked kernel), per decode token the
         mixer's activations, per prefill token conv1d, the gated norm and the chunked scan's kernels,
         each a roofline of its bytes (``mem_efficiency``) and FLOPs (the dense rate, ``compute_efficiency``).
         The element-wise kernels are the dense rule's per layer, the MLP's share on the layers with one."""
-        self._t_state = self._t_mamba_decode_token = self._t_mamba_prefill_token = 0.0
-        hybrid = perf_hybrid.hybrid_shape(model, tp, layers, mamba_ssm_dtype_bytes(
-            model, memory_rules(config.version).nemotron_h_ssm_default))
+        self._t_state = self._t_mamba_decode_token = self._t_mamba_prefill_token = self._t_chunk_copies = 0.0
+        self._mixed_all_chunked = False
+        rules = memory_rules(config.version)
+        hybrid = perf_hybrid.hybrid_shape(model, tp, layers, mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default))
         if hybrid is None:
             return None
         n = hybrid.mamba_layers
         flop_rate = gpu.bf16_tflops * 1e12 * cal.compute_efficiency
         self._t_state = 2.0 * hybrid.state_bytes * n / mem_rate
+        if hybrid.kind == "gdn":
+            # The chunked path's copies of each request's SSM state: gathered into a new tensor and scattered
+            # back (read and written twice more), around the kernel's own read and write (perf_hybrid).
+            self._t_chunk_copies = 4.0 * hybrid.ssm_state_bytes * n / mem_rate
+            self._mixed_all_chunked = rules.gdn_mixed_batch_chunked
         self._t_mamba_decode_token = hybrid.decode_token_bytes * n / mem_rate
         scan = sum(max(k.bytes / mem_rate, k.flops / flop_rate) for k in hybrid.scan)
         self._t_mamba_prefill_token = (hybrid.prefill_token_bytes / mem_rate + scan) * n
@@ -60,8 +67,25 @@ class RecurrentTerms:
     def recurrent_seconds(self, decode_reqs: int, prefill_reqs: int, prefill_tokens: int) -> float:
         """A hybrid's Mamba / gated-delta-net layers beyond their GEMMs for one step (0 for other models):
         ``decode_reqs`` requests decoding one token each, ``prefill_reqs`` requests prefilling
-        ``prefill_tokens`` tokens together (:meth:`_init_hybrid`)."""
+        ``prefill_tokens`` tokens together (:meth:`_init_hybrid`). A gated delta net's prefilling
+        requests also pay their SSM state's gather and scatter; before vLLM 0.23.0 a step with a prefill
+        runs its decoding requests through that chunked path too, as one-token prefills
+        (``VllmMemoryRules.gdn_mixed_batch_chunked``).
+
+        Example (Qwen3-Next at TP=4 on an H200: 256 decoding requests alone, then beside one 512-token prefill):
+            >>> from servetune.planner.gpus import get_gpu
+            >>> from servetune.planner.memory import resolve_engine_config
+            >>> from servetune.planner.modelinfo import load_model
+            >>> from servetune.sim.perf import PerfModel
+            >>> m, g = load_model("qwen3-next-80b-a3b"), get_gpu("H200")
+            >>> tp4 = {"tensor_parallel_size": 4}
+            >>> perf = [PerfModel(m, g, resolve_engine_config(tp4, m, g, v)) for v in ("0.22.1", "0.23.0")]
+            >>> [tuple(round(1e3 * p.recurrent_seconds(256, *pre), 2) for pre in ((0, 0), (1, 512))) for p in perf]
+            [(1.39, 4.31), (1.39, 1.67)]
+        """
         if not self._t_state:
             return 0.0
+        if prefill_reqs and self._mixed_all_chunked:
+            prefill_reqs, prefill_tokens, decode_reqs = prefill_reqs + decode_reqs, prefill_tokens + decode_reqs, 0
         return (self._t_state * (decode_reqs + prefill_reqs) + self._t_mamba_decode_token * decode_reqs
-                + self._t_mamba_prefill_token * prefill_tokens)
+                + self._t_mamba_prefill_token * prefill_tokens + self._t_chunk_copies * prefill_reqs)

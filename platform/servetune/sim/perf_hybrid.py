@@ -23,7 +23,12 @@ GEMMs' ``compute_efficiency`` of the dense peak for FLOPs).
   ``_bmm_chunk_fwd``, ``_chunk_scan_fwd``) on ``chunk_size`` chunks (:func:`ssd_scan_kernels`), or
   FLA's ``chunk_gated_delta_rule`` on 64-token chunks (:func:`gdn_scan_kernels`). Each kernel is a
   roofline of its HBM bytes and its FLOPs; the prefilling request reads its initial state and writes
-  its final one.
+  its final one. A gated delta net's chunked path also copies each of its requests' SSM state twice:
+  gathered into a new tensor before the kernel (``ssm_state[indices]``) and scattered back after it
+  (``ssm_state[indices] = ...``), ``models/qwen3_next.py`` lines 774-793 of 0.17.1,
+  ``layers/mamba/gdn/qwen_gdn_linear_attn.py`` lines 1433-1452 of 0.26.0. Before vLLM 0.23.0 every
+  decoding request of a step that holds a prefill takes that path too
+  (``VllmMemoryRules.gdn_mixed_batch_chunked``).
 * **Fixed costs.** One mixer's kernels pay ``Calibration.attn_layer_s`` a step, as an attention
   layer's do (an assumption: the Mamba kernels' own fixed cost is not measured); a mixed batch's
   PIECEWISE graph is split at every mixer (vLLM's ``splitting_ops`` hold ``vllm::mamba_mixer2`` and
@@ -83,6 +88,7 @@ class HybridShape:
     attention_layers: int  # layers with attention (full or parallel)
     ffn_layers: int  # layers with an MLP or MoE block
     state_bytes: int  # one request's state in one Mamba layer (conv + SSM): hybrid.mamba_state_bytes
+    ssm_state_bytes: int  # its SSM part alone (heads x head_dim x d_state in the SSM dtype)
     decode_token_bytes: float  # per decode token and layer: the mixer's activations outside its GEMMs
     prefill_token_bytes: float  # per prefill token and layer: conv1d and the gated norm
     scan: tuple[ScanKernel, ...]  # the chunked scan's kernels, per prefill token and layer
@@ -166,6 +172,7 @@ def hybrid_shape(model: ModelProfile, tp: int, layers: int, ssm_dtype_bytes: int
     return HybridShape(
         kind=model.mamba_kind, mamba_layers=mamba, attention_layers=attention, ffn_layers=ffn,
         state_bytes=mamba_state_bytes(model, tp, ssm_dtype_bytes),
+        ssm_state_bytes=(model.mamba_heads // tp) * model.mamba_head_dim * model.mamba_d_state * ssm_dtype_bytes,
         # conv update (reads x B C, writes them), the state update (reads x B C, writes y), gated norm (y, z -> out)
         decode_token_bytes=float((3 * conv_dim + 4 * inner) * a),
         # causal_conv1d_fn (reads x B C, writes them) and the gated norm; the scan's own traffic is in ``scan``
