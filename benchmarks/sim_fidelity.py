@@ -113,7 +113,8 @@ def grid_ranking(rows) -> str:  # type: ignore[no-untyped-def]
 
 def _windows_report(rows: list[Any], as_json: bool) -> int:
     """Real windows against the simulator: the table and each start's errors, or (``as_json``) the same as JSON."""
-    starts = {start: error_summary([r for r in rows if r.name.startswith(start + "/")])
+    # A row is named <start>/<window>, or <start> alone where a start served one window (the hybrid benches).
+    starts = {start: error_summary([r for r in rows if r.name.split("/")[0] == start])
               for start in sorted({r.name.split("/")[0] for r in rows})}
     if as_json:
         print(json.dumps({"rows": _rows_json(rows), "errors": error_summary(rows), "by_start": starts}, indent=1))
