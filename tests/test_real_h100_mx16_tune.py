@@ -74,7 +74,9 @@ def test_the_simulator_predicts_both_trials_out_of_sample() -> None:
 
     Since 16-bit experts on Hopper stream at the fused-MoE kernel's rate timed on an H100
     (``_moe_tiles.MOE_BY_BATCH_STREAM``, 2026-12-07, read off other shapes' kernel rows; this tune held out):
-    3,302 tok/s for both, -10.5% and -10.3% (3,177, -13.9% and -13.7% before)."""
+    3,302 tok/s for both, -10.5% and -10.3% (3,177, -13.9% and -13.7% before). Since the router's kernels,
+    timed in vLLM's profiler, replace the fitted floor there (``_moe_tiles.MOE_ROUTER_KERNELS_S``, 2026-12-07):
+    3,290, -10.8% and -10.6%."""
     simulated = []
     for row in ROWS:
         sim = run_trial(TrialTask(MX16, "H100-80GB", dataset.row_flags(row), SPEC_RAN.workload,

@@ -74,7 +74,9 @@ def test_the_simulator_predicts_both_trials_out_of_sample() -> None:
     3,825 and 3,639 real: +3.7% and +9.0%, neither preempting, as real. Since 16-bit experts on Hopper
     stream at the fused-MoE kernel's timed rate (``_moe_tiles.MOE_BY_BATCH_STREAM``, 2026-12-07, read off
     kernel timings; this tune held out): 4,058, +6.1% and +11.5%. The kernel runs this model's experts
-    faster than the step priced them before, so the tune's excess is elsewhere in the step (not settled)."""
+    faster than the step priced them before, so the tune's excess is elsewhere in the step (not settled).
+    Since the router's kernels, timed in vLLM's profiler, replace the fitted floor where that rate prices the
+    experts (``_moe_tiles.MOE_ROUTER_KERNELS_S``, 2026-12-07): 4,006, +4.7% and +10.1%."""
     spec = SPEC_RAN
     workload = spec.workload
     for row in ROWS:

@@ -130,22 +130,25 @@ def test_both_windows_ran_no_warm_up_and_stalled_on_the_first_request() -> None:
 
 
 def test_granite_4_0_h_tiny_window(rows) -> None:
-    """Measured: output tok/s +50.8% (3,616 against 2,398.71), TPOT -14.8%, mean TTFT -78.6% (+61.5 /
-    -19.5 / -82.3% before the simulator priced its MoE experts' first-use Triton compiles, ``sim.moe_jit``:
-    0.3 s per fused-MoE kernel variant, none of the Mamba kernels'). The real window lost ~3 s to the JIT
+    """Measured: output tok/s +41.8% (3,401 against 2,398.71), TPOT -8.7%, mean TTFT -79.1% since the router's
+    measured kernels replaced the fitted MoE floor where the experts stream at the kernel's measured rate
+    (``_moe_tiles.MOE_ROUTER_KERNELS_S``, 2026-12-07); +47.0 / -12.4 / -78.5% before it (under the fused-MoE
+    streaming rule); +50.8 / -14.8 / -78.6% before that; +61.5 / -19.5 / -82.3% before the simulator priced its
+    MoE experts' first-use Triton compiles, ``sim.moe_jit``: 0.3 s per fused-MoE kernel variant, none of the
+    Mamba kernels'. The real window lost ~3 s to the JIT
     stall of its first wave (its later waves ran every ~2.7 s: about 3,030 tok/s, against which the
     simulator is ~+19%); the decode steps run fast, and the real median TTFT (470 ms) sits above the
     simulated mean too."""
     r = rows[HYBRID_BENCH_STARTS[0]]
     assert r.real.preemptions == r.sim_preemptions == 0
-    assert 0.45 < r.throughput_error < 0.56, r.throughput_error
-    assert -0.20 < r.tpot_error < -0.10, r.tpot_error
+    assert 0.36 < r.throughput_error < 0.47, r.throughput_error
+    assert -0.14 < r.tpot_error < -0.04, r.tpot_error
     assert -0.84 < r.ttft_error < -0.73, r.ttft_error
 
 
 def test_nemotron_h_8b_window(rows) -> None:
-    """Measured: output tok/s +8.9% (2,478 against 2,274.45), TPOT +13.8% (11.14 ms against 9.79),
-    mean TTFT -58.4% (458 ms against 1,100.9). Its later waves ran every ~3.1 s (about 2,640 tok/s):
+    """Measured: output tok/s +9.0% (2,479 against 2,274.45), TPOT +12.3% (11.00 ms against 9.79),
+    mean TTFT -55.1% (495 ms against 1,100.9) as of 2026-12-07 (+8.9 / +13.8 / -58.4% when first judged). Its later waves ran every ~3.1 s (about 2,640 tok/s):
     the simulator ~-6% there, its decode steps ~14% slow, the JIT stall hiding that in the headline."""
     r = rows[HYBRID_BENCH_STARTS[1]]
     assert r.real.preemptions == r.sim_preemptions == 0

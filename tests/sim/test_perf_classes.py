@@ -13,7 +13,7 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner import moe_kernels
 from servetune.planner.modelinfo import ModelProfile, load_model
-from servetune.sim import perf_classes
+from servetune.sim import _moe_tiles, perf_classes
 from servetune.sim.perf import Calibration, PerfModel, calibration_for
 
 H100 = get_gpu("H100-80GB")
@@ -81,17 +81,32 @@ def test_16_bit_experts_on_hopper_stream_at_the_kernels_measured_rate_from_vllm_
     assert 950 < layer_us < 1010, layer_us
 
 
-def test_a_small_batchs_experts_cost_at_least_the_fused_moe_floor() -> None:
+def test_a_small_batchs_experts_cost_at_least_the_fused_moe_floor_where_no_kernel_rate_prices_them() -> None:
     # Real H100 Qwen3-30B-A3B shape (2026-12-05): one client decoded at 4.7-4.8 ms a token with bf16
     # and with FP8 experts alike, where the active experts' bytes take well under 1 ms: the fused-MoE
-    # path's small kernels set a floor per MoE layer (Calibration.moe_layer_floor_s).
-    p = perf(QWEN_MOE)
-    floor = QWEN_MOE.num_layers * p.calibration.moe_layer_floor_s
-    assert p.calibration.moe_layer_floor_s > 0
-    assert p.moe_seconds(1) == pytest.approx(floor)
-    assert perf(QWEN_MOE, quantization="fp8").moe_seconds(1) == pytest.approx(floor)  # half the bytes, same floor
-    assert p.moe_seconds(256) > floor  # a large batch is priced by its work
+    # path's small kernels set a floor per MoE layer (Calibration.moe_layer_floor_s), fitted on the FP8 start.
+    fp8 = perf(QWEN_MOE, quantization="fp8")
+    floor = QWEN_MOE.num_layers * fp8.calibration.moe_layer_floor_s
+    assert fp8.calibration.moe_layer_floor_s > 0
+    assert fp8.moe_seconds(1) == pytest.approx(floor)  # fp8 experts keep the dense streaming rate, and the floor
+    assert perf_at(QWEN_MOE, "0.11.0").moe_seconds(1) == pytest.approx(floor)  # 0.11's tiles: no measured rate
+    assert fp8.moe_seconds(256) > floor  # a large batch is priced by its work
     assert perf(LLAMA8B).moe_seconds(1) == 0.0  # no experts, no floor
+
+
+def test_where_the_kernels_rate_prices_the_experts_the_routers_kernels_replace_the_floor() -> None:
+    # bf16 experts under vLLM 0.17+'s by-batch tiles on Hopper stream at the kernel's measured rate plus its fixed
+    # cost a layer (_moe_tiles.MOE_BY_BATCH_STREAM); the profiler traces of 2026-12-07 time the experts' kernels
+    # at 1.72 ms a one-sequence step (35.9 us a layer) and the router's GEMM and top-k at 8.3 us a layer.
+    p = perf(QWEN_MOE)
+    layers = QWEN_MOE.num_layers
+    stream_share, call_s = _moe_tiles.MOE_BY_BATCH_STREAM["hbm_share"], _moe_tiles.MOE_BY_BATCH_STREAM["call_s"]
+    experts_bytes = QWEN_MOE.num_experts_per_tok * 3 * QWEN_MOE.hidden_size * QWEN_MOE.moe_intermediate_size * 2
+    one = experts_bytes / (stream_share * H100.hbm_gbps * 1e9 * p.calibration.moe_mem_share) + call_s
+    assert p.moe_seconds(1) == pytest.approx(layers * one, rel=0.01)  # no floor: 44 us a layer (its FLOPs blended in)
+    assert p.moe_seconds(1) < layers * p.calibration.moe_layer_floor_s
+    # The router's kernels ride on every step's GEMMs: a one-token step costs them beside the experts.
+    assert p._gemm_roofline(1, 1) - p.moe_seconds(1) >= layers * _moe_tiles.MOE_ROUTER_KERNELS_S
 
 
 def perf_at(model: ModelProfile, version: str, gpu=H100) -> PerfModel:

@@ -80,21 +80,22 @@ def test_the_simulated_experts_against_their_kernels_in_real_steps(rows: dict) -
     """Where the experts' price stands inside real steps (median simulated / real, held out):
 
     - 4 and 256 decoding sequences: 1.02 and 0.91, the streaming rule (``_moe_tiles.MOE_BY_BATCH_STREAM``) at work;
-    - 1 sequence: 1.70 (2.92 ms priced against 1.72): ``moe_layer_floor_s`` (60.7 us a layer, fitted end to end on
-      the 2026-12-05 FP8 start) binds there, and covers the step's small kernels the simulator prices near zero
-      (element-wise 0.63 ms real against 0.00, the dense GEMMs 1.37 against 0.93, KV writes 0.10 against 0.00);
+    - 1 sequence: 1.23 (2.12 ms priced against 1.72) since the router's measured kernels replace the fitted floor
+      where that rule prices the experts (``_moe_tiles.MOE_ROUTER_KERNELS_S``, read off these traces); 1.70 before,
+      when ``moe_layer_floor_s`` (60.7 us a layer) bound there and stood in for the step's small kernels;
     - 8,192-token mixed steps: 1.23 (240 ms against 195), as the kernel probe's 2,048-8,192-token rows of this layer
       (0.82-0.84 real / simulated): the wide tile's measured rate (``MOE_BY_BATCH_WIDE_TILE_RATE``) is not applied.
     """
     assert 0.9 <= _ratio(rows[("p256_o1024_c16_prof", False)]) <= 1.1
     assert 0.85 <= _ratio(rows[("p1024_o256_c256_prof", False)]) <= 1.0
-    assert 1.5 <= _ratio(rows[("p256_o256_c1_prof", False)]) <= 1.9
+    assert 1.1 <= _ratio(rows[("p256_o256_c1_prof", False)]) <= 1.35
     assert 1.15 <= _ratio(rows[("p1024_o256_c256_prof", True)]) <= 1.35
 
 
 def test_a_step_is_priced_within_a_quarter_of_its_gpu_busy_time(rows: dict) -> None:
-    """The simulated GPU time of a step against the union of its kernels: 4.69 / 4.38 ms (1 sequence), 7.20 / 8.07
-    (4), 26.18 / 28.01 (256), 281.4 / 225.9 (8,192-token mixed steps: +24.5%, the experts above)."""
+    """The simulated GPU time of a step against the union of its kernels: 4.29 / 4.38 ms (1 sequence), 7.60 / 8.07
+    (4), 26.32 / 28.01 (256), 281.5 / 225.9 (8,192-token mixed steps: +24.6%, the experts above); before the router's
+    kernels replaced the floor, 4.69 and 7.20 at 1 and 4 sequences."""
     for group in rows.values():
         sim = statistics.median(r.sim.seconds for r in group)
         busy = statistics.median(r.real["busy"] for r in group)

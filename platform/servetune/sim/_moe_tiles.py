@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MOE_BY_BATCH_WIDE_TILE_APPLIED", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_TILE_BY_BATCH_SINCE",
            "MOE_TILE_FITTED_VERSION", "MOE_UNALIGNED_DOWN_GBPS", "MOE_UNALIGNED_DOWN_SHARE", "BOOST_CLOCK_MHZ",
-           "MOE_BY_BATCH_STREAM", "MOE_BY_BATCH_STREAM_APPLIED", "by_batch_stream", "by_batch_tile_rate",
+           "MOE_BY_BATCH_STREAM", "MOE_BY_BATCH_STREAM_APPLIED", "MOE_ROUTER_KERNELS_APPLIED",
+           "MOE_ROUTER_KERNELS_S", "by_batch_stream", "by_batch_tile_rate",
            "expected_row_blocks",
            "moe_block_m", "moe_down_share", "moe_row_fill", "moe_tile", "prices_tile", "tuned_tile",
            "unaligned_down_bytes_per_s", "unaligned_experts_note"]
@@ -84,6 +85,22 @@ MOE_BY_BATCH_STREAM: dict[str, float] = {"hbm_share": 0.896, "call_s": 18.8e-6}
 #: Whether the step prices :data:`MOE_BY_BATCH_STREAM` (True, from 2026-12-07) or the dense streaming rate with no
 #: fixed cost (False, the rule before); ``benchmarks/moe_vs_sim.py --stream`` judges both.
 MOE_BY_BATCH_STREAM_APPLIED: bool = True
+#: What an MoE layer's router costs a step beside its experts where :data:`MOE_BY_BATCH_STREAM` prices them: the gate
+#: GEMM at its kernel floor (cuBLAS ``nvjet_sm90_tst_64x8`` on [tokens, hidden] x [hidden, experts]) and vLLM's
+#: ``topkGating`` kernel. **Read off vLLM 0.26.0's own profiler inside real engine steps, not fitted on runs**:
+#: the Qwen3-30B-A3B shape on an H100 SXM decoding 1 and 4 sequences
+#: (``tests/fixtures/real_h100_classes/2026-12-07_q3moe_prof_*``, ``benchmarks/steps_vs_sim.py --classes``): 4.84
+#: and 5.01 us for the GEMM, 3.47 and 3.64 us for the top-k, per layer and step (the step prices the GEMM by its
+#: bytes, 0.2 us, and the top-k not at all). There the fitted ``Calibration.moe_layer_floor_s`` (60.7 us a layer,
+#: fitted end to end on the 2026-12-05 FP8 start's windows) had stood in for these kernels and more at one
+#: sequence, charging the experts 1.70x their kernels' 1.72 ms; the stream rule prices those kernels at 44 us a
+#: layer (35.9 timed in the step), so where it applies the floor gives way to this measured cost
+#: (:data:`MOE_ROUTER_KERNELS_APPLIED`). Elsewhere (fp8 experts, before 0.17, off Hopper) the floor, fitted with
+#: these kernels inside it, stays. Judged on the held-out windows (docs/model-classes.md, "Inside the MoE step").
+MOE_ROUTER_KERNELS_S: float = 8.3e-6
+#: Whether experts priced by :data:`MOE_BY_BATCH_STREAM` pay :data:`MOE_ROUTER_KERNELS_S` a layer instead of the
+#: fitted floor (True, from 2026-12-07) or the floor as before (False).
+MOE_ROUTER_KERNELS_APPLIED: bool = True
 #: Boost clock (MHz) of the GPUs the cap is scaled to, datasheets: the H100 SXM and the H200 1,980; the B200 1,965.
 BOOST_CLOCK_MHZ: dict[str, float] = {"H100-80GB": 1980.0, "H200": 1980.0, "B200": 1965.0}
 #: The GPU the cap was read on: an H100 SXM's 132 SMs at 1,980 MHz.

@@ -108,6 +108,9 @@ class GemmTerms:
     _moe_act_token: float = 0.0
     #: Seconds a step's MoE layers pay beside their weights' streaming (``_moe_tiles.by_batch_stream``; 0 elsewhere).
     _moe_call_s: float = 0.0
+    #: Seconds a step's MoE layers pay for their routers (``_moe_tiles.MOE_ROUTER_KERNELS_S``; 0 where the fitted
+    #: floor stands in for them), in every step that runs the experts.
+    _moe_router_s: float = 0.0
     _version: Version
     _gemm_memo: dict[tuple[int, int], float]
 
@@ -162,7 +165,11 @@ class GemmTerms:
             down = m.expert_bytes / m.matrices
             self._moe_expert_s = ((m.expert_bytes - down) / self._moe_mem_rate
                                   + down / (self._moe_mem_rate if cap is None else min(self._moe_mem_rate, cap)))
-            self._moe_floor_s = m.layers * cal.moe_layer_floor_s
+            # Where the kernel's measured stream prices the experts, the router's measured kernels replace the
+            # end-to-end fitted floor (_moe_tiles.MOE_ROUTER_KERNELS_S); elsewhere the floor stands.
+            measured = stream is not None and _moe_tiles.MOE_ROUTER_KERNELS_APPLIED
+            self._moe_floor_s = 0.0 if measured else m.layers * cal.moe_layer_floor_s
+            self._moe_router_s = m.layers * _moe_tiles.MOE_ROUTER_KERNELS_S if measured else 0.0
             self._moe_row_blocks = cal.moe_row_blocks >= 0.5
         self._act_bytes_token = act / mem_rate
 
@@ -258,5 +265,5 @@ class GemmTerms:
             total += seconds
         n, k, mem_s, flops = self._head
         if self._moe is not None:  # every DP replica's tokens (moe_step_tokens; 1 replica without DP)
-            total += self.moe_seconds(_moe_shape.moe_step_tokens(tokens, self._moe_dp))
+            total += self.moe_seconds(_moe_shape.moe_step_tokens(tokens, self._moe_dp)) + self._moe_router_s
         return total + self._combine(mem_s, flops * rows / (rate * wave_fill(rows, n, sms, self._token_tile)))
