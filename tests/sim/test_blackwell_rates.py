@@ -4,7 +4,9 @@ Three constants, each next to its source in the code: the Triton fused-MoE kerne
 data-center Blackwell (``perf_classes.BLACKWELL_TRITON_MOE_SHARE``: a Triton matmul timed on an H100
 and a B200, tile-ai/tilelang#1787), its weight-streaming share there (``perf_classes.blackwell_moe_mem_share``:
 vLLM's ``benchmark_moe.py`` on a B200, vllm-project/vllm#31448) and the B200's all-reduce share of its
-NVLink (``_calibration.B200_INTERCONNECT_EFFICIENCY``: nccl-tests on 8 x H200 and 8 x B200).
+NVLink (``_calibration.B200_INTERCONNECT_EFFICIENCY``: nccl-tests on 8 x H200 and 8 x B200). Since 2026-12-07 a
+fourth: the B200's dense GEMMs at cuBLAS's published sustained rate (``perf_classes.B200_CUBLAS_SHARE``: torch.matmul
+at 8192^3 on a B200, pytorch/ao#2427), the Triton MoE share taken against it so that kernel's rate is unchanged.
 """
 
 from __future__ import annotations
@@ -35,8 +37,14 @@ def test_the_published_rates_behind_the_share_hold_the_gpu_tables_peaks() -> Non
     # Triton's matmul keeps 0.745 of the datasheet ratio from H100 to B200 (1.694 of 2.275).
     kept = (triton["B200"] / triton["H100-80GB"]) / (B200.bf16_tflops / H100.bf16_tflops)
     assert kept == pytest.approx(0.7446, abs=1e-4)
-    assert perf_classes.BLACKWELL_TRITON_MOE_SHARE == pytest.approx(HOPPER * kept, rel=1e-12)
-    assert 0.22 < perf_classes.BLACKWELL_TRITON_MOE_SHARE < HOPPER
+    dense = perf_classes.HOPPER_COMPUTE_EFFICIENCY / perf_classes.B200_CUBLAS_SHARE  # against the B200's own cuBLAS rate
+    assert perf_classes.BLACKWELL_TRITON_MOE_SHARE == pytest.approx(HOPPER * kept * dense, rel=1e-12)
+    assert 0.27 < perf_classes.BLACKWELL_TRITON_MOE_SHARE < HOPPER
+    # The Triton kernel's own rate: Hopper's fitted MoE rate times the Triton matmul's H100 -> B200 ratio, 389 TFLOP/s.
+    b200_rate = B200.bf16_tflops * calibration_for(B200).compute_efficiency * perf_classes.BLACKWELL_TRITON_MOE_SHARE
+    hopper_rate = H100.bf16_tflops * calibration_for(H100).compute_efficiency * HOPPER
+    assert b200_rate == pytest.approx(hopper_rate * triton["B200"] / triton["H100-80GB"], rel=1e-9)
+    assert b200_rate == pytest.approx(389.5, abs=0.5)
     # A sourced figure, not a fitted cell: the fit half's table has no Blackwell entry.
     assert all("blackwell" not in cells for cells in perf_classes.MOE_COMPUTE_SHARE.values())
 
@@ -47,7 +55,8 @@ def test_bf16_experts_on_a_b200_at_vllm_0_14_compute_at_the_sourced_share() -> N
     at_sourced = perf_at(QWEN_MOE, B200, "0.14.1", {"moe_compute_share": perf_classes.BLACKWELL_TRITON_MOE_SHARE})
     at_hopper = perf_at(QWEN_MOE, B200, "0.14.1", {"moe_compute_share": HOPPER})
     assert b200.moe_seconds(tokens) == pytest.approx(at_sourced.moe_seconds(tokens), rel=1e-12)
-    assert b200.moe_seconds(tokens) > 1.15 * at_hopper.moe_seconds(tokens)
+    # 0.274 against Hopper's 0.3 of the B200's own (cuBLAS) dense rate; 1.15x before that rate, 2026-12-07.
+    assert b200.moe_seconds(tokens) > 1.05 * at_hopper.moe_seconds(tokens)
     shape = perf_classes.moe_shape(QWEN_MOE, B200, 1, QWEN_MOE.num_layers)
     assert shape is not None and perf_classes.runs_blackwell_triton_moe(B200, shape, (0, 14, 1))
     # The Hopper parts keep their fitted share.
@@ -90,6 +99,21 @@ def test_the_b200_fused_moe_streams_weights_at_its_published_marginal_rate() -> 
     assert b200.moe_seconds(1) > 1.05 * perf_at(QWEN_MOE, B200, "0.20.0", no_floor).moe_seconds(1)
 
 
+def test_the_b200_dense_gemms_run_at_cublas_published_sustained_rate() -> None:
+    # pytorch/ao#2427: torch.matmul bf16 at 8192^3 on a B200, 1.42e15 FLOP/s (pct_peak 0.631).
+    assert perf_classes.CUBLAS_BF16_MATMUL_TFLOPS == {"B200": 1420.0}
+    assert perf_classes.B200_CUBLAS_SHARE == pytest.approx(1420.0 / B200.bf16_tflops) == pytest.approx(0.6311, abs=1e-4)
+    assert calibration_for(B200).compute_efficiency == perf_classes.B200_CUBLAS_SHARE
+    # Hopper's calibrated share, which the fitted MoE share is a share of, is the one the module names.
+    assert (calibration_for(H200).compute_efficiency == calibration_for(H100).compute_efficiency
+            == Calibration().compute_efficiency == perf_classes.HOPPER_COMPUTE_EFFICIENCY)
+    # A dense model's 8,192-token prefill GEMMs on a B200: compute-bound, so about 0.775 / 0.631 = 1.23x the H200's share.
+    dense = load_model("qwen3-32b")
+    at_h200_share = perf_at(dense, B200, "0.14.1", {"compute_efficiency": Calibration().compute_efficiency})
+    ratio = sum(perf_at(dense, B200, "0.14.1").layer_gemm_seconds(8192)) / sum(at_h200_share.layer_gemm_seconds(8192))
+    assert 1.15 < ratio < 1.23
+
+
 def test_the_b200_all_reduce_share_comes_from_published_nccl_tests() -> None:
     table = _calibration.NCCL_ALLREDUCE_BUSBW_GBPS
     assert {g: link for g, (_, link) in table.items()} == {"H200": H200.interconnect_gbps, "B200": B200.interconnect_gbps}
@@ -101,4 +125,4 @@ def test_the_b200_all_reduce_share_comes_from_published_nccl_tests() -> None:
     assert calibration_for(H200).interconnect_efficiency == calibration_for(H100).interconnect_efficiency == 0.7
     # Every other B200 knob stays the H200's.
     b200, h200 = calibration_for(B200), calibration_for(H200)
-    assert {k for k in vars(b200) if getattr(b200, k) != getattr(h200, k)} == {"interconnect_efficiency"}
+    assert {k for k in vars(b200) if getattr(b200, k) != getattr(h200, k)} == {"interconnect_efficiency", "compute_efficiency"}

@@ -330,9 +330,12 @@ def _busbw_share(gpu: str) -> float:
 #: been read, none of whose figures chose it.
 B200_INTERCONNECT_EFFICIENCY: float = Calibration().interconnect_efficiency * _busbw_share("B200") / _busbw_share("H200")
 
-#: B200 (HGX, NVLink 5): the all-reduce's share of its link from published nccl-tests figures; its
-#: MoE kernel's rates are :mod:`servetune.sim.perf_classes`' Blackwell ones. Nothing fitted on a B200 run.
-GPU_FAMILY_OVERRIDES["B200"] = {"interconnect_efficiency": B200_INTERCONNECT_EFFICIENCY}
+#: B200 (HGX, NVLink 5): the all-reduce's share of its link from published nccl-tests figures; its dense
+#: GEMMs at cuBLAS's published sustained rate (``_moe_rates.B200_CUBLAS_SHARE``, 0.631 of the peak, pytorch/ao#2427;
+#: since 2026-12-07, the H200's 0.775 before); its MoE kernel's rates are :mod:`servetune.sim.perf_classes`'
+#: Blackwell ones. Nothing fitted on a B200 run.
+GPU_FAMILY_OVERRIDES["B200"] = {"interconnect_efficiency": B200_INTERCONNECT_EFFICIENCY,
+                                "compute_efficiency": _moe_rates.B200_CUBLAS_SHARE}
 
 #: The FlashAttention generation vLLM's FLASH_ATTN backend runs on an NVIDIA GPU, by compute
 #: capability (vLLM 0.26 ``v1/attention/backends/fa_utils.get_flash_attn_version``: FA3 on major 9,

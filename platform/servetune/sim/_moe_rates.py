@@ -18,8 +18,9 @@ from servetune.sim._moe_shape import MoeShape, distinct_experts
 if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
 
-__all__ = ["B200_FUSED_MOE_DEFAULT_US", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL",
-           "DATASHEET_BF16_TFLOPS", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE",
+__all__ = ["B200_CUBLAS_SHARE", "B200_FUSED_MOE_DEFAULT_US", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL",
+           "CUBLAS_BF16_MATMUL_TFLOPS", "DATASHEET_BF16_TFLOPS", "HOPPER_COMPUTE_EFFICIENCY", "MOE_COMPUTE_SHARE",
+           "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE",
            "TRITON_BF16_MATMUL_TFLOPS", "blackwell_moe_mem_share", "fused_moe_marginal_gbps", "moe_compute_share",
            "runs_blackwell_triton_moe"]
 
@@ -82,18 +83,36 @@ TRITON_BF16_MATMUL_TFLOPS: dict[str, float] = {"H100-80GB": 523.0, "B200": 885.9
 #: The datasheet dense bf16 peaks those rates are held against (``planner.gpus``: NVIDIA H100 SXM5
 #: 989 TFLOP/s, HGX B200 2,250 TFLOP/s; a test holds them equal to the GPU table).
 DATASHEET_BF16_TFLOPS: dict[str, float] = {"H100-80GB": 989.0, "B200": 2250.0}
+#: cuBLAS's sustained bf16 rate on a B200, TFLOP/s: ``torch.matmul`` at M = N = K = 8192 in torchao's
+#: ``benchmarks/float8/bench_matmul.py`` on "NVIDIA B200" (pytorch/ao#2427, https://github.com/pytorch/ao/pull/2427,
+#: 2025-06-23: "torch.bfloat16 time_sec 7.74E-04, tops/sec 1.42E+15, pct_peak 0.631"; 0.627 at 4096, 0.646 at
+#: 6144). The H100's published counterpart, 797.5 at 8192 (0.806 of 989; zzc0721/torch-performance-test-data#79,
+#: PyTorch 2.7.0), sits beside the H200's measured 0.775 (``Calibration.compute_efficiency``, servetune's own
+#: cuBLAS probes), so Hopper's calibrated share is its sustained cuBLAS rate and the B200's is this one.
+CUBLAS_BF16_MATMUL_TFLOPS: dict[str, float] = {"B200": 1420.0}
+#: The B200's dense GEMMs' share of its datasheet peak (``Calibration.compute_efficiency`` on the B200,
+#: ``_calibration.GPU_FAMILY_OVERRIDES``): 1,420 / 2,250 = 0.631, where the H200's 0.775 would price cuBLAS at
+#: 1,744 TFLOP/s, 23% above the published sustained rate. **Read from a published kernel benchmark, not
+#: fitted**; looked for on 2026-12-07 after the five held-out B200 runs were seen fast (no figure chosen on them).
+B200_CUBLAS_SHARE: float = CUBLAS_BF16_MATMUL_TFLOPS["B200"] / DATASHEET_BF16_TFLOPS["B200"]
+#: The dense GEMMs' share of the datasheet peak that Hopper's fitted :data:`MOE_COMPUTE_SHARE` is a share of:
+#: ``Calibration.compute_efficiency`` (the H200's, which every Hopper part takes; a test holds them equal).
+HOPPER_COMPUTE_EFFICIENCY: float = 0.775
 #: :data:`MOE_COMPUTE_SHARE`'s ``triton`` cell on data-center Blackwell (compute capability 10.x),
 #: **derived from published kernel rates, not fitted**: Hopper's fitted share times the share of the
 #: datasheet ratio Triton's matmul keeps from H100 to B200 (:data:`TRITON_BF16_MATMUL_TFLOPS` over
 #: :data:`DATASHEET_BF16_TFLOPS`: 885.9 / 523.0 = 1.694 of 2,250 / 989 = 2.275, i.e. 0.745), so
-#: 0.3 x 0.745 = 0.223 (0.269 at the 8,192 pair). The dense (cuBLAS) rate keeps the H200's share:
-#: only the Triton kernel's rate is scaled. Applies where vLLM runs 16-bit experts on Triton's
+#: 0.3 x 0.745 = 0.223 (0.269 at the 8,192 pair) of the B200's peak at Hopper's dense share; since
+#: 2026-12-07 taken against the B200's own dense rate (:data:`B200_CUBLAS_SHARE`, 0.631 where Hopper's is
+#: 0.775), so 0.223 x 0.775 / 0.631 = 0.274 and the Triton rate itself (389 TFLOP/s) is unchanged: only the
+#: Triton kernel's rate is scaled from the H100's. Applies where vLLM runs 16-bit experts on Triton's
 #: ``fused_moe_kernel`` there (:func:`runs_blackwell_triton_moe`); the five held-out B200 gpt-oss-120b
 #: bf16 runs (``tests/fixtures/published_runs/nvlink_moe.yaml``) were read before this rule was
 #: written (they motivated looking) but no figure here was chosen on them.
 BLACKWELL_TRITON_MOE_SHARE: float = (MOE_COMPUTE_SHARE["triton"]["hopper"]
                                      * (TRITON_BF16_MATMUL_TFLOPS["B200"] / TRITON_BF16_MATMUL_TFLOPS["H100-80GB"])
-                                     / (DATASHEET_BF16_TFLOPS["B200"] / DATASHEET_BF16_TFLOPS["H100-80GB"]))
+                                     / (DATASHEET_BF16_TFLOPS["B200"] / DATASHEET_BF16_TFLOPS["H100-80GB"])
+                                     * HOPPER_COMPUTE_EFFICIENCY / B200_CUBLAS_SHARE)
 #: vLLM's ``benchmark_moe.py`` on one B200, bf16 Qwen3-30B-A3B experts (E=128, top-8, H=2,048,
 #: I=768) at the default 16 x 32 x 64 tile, microseconds for 1, 2 and 4 tokens (vllm-project/vllm#31448,
 #: https://github.com/vllm-project/vllm/pull/31448, 2025-12-28, "with default config": 39.61, 51.87,

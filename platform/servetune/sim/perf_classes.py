@@ -70,8 +70,9 @@ from typing import TYPE_CHECKING
 
 from servetune.sim._class_gemms import (MXFP4_BYTES, W4A16_COMPUTE_SHARE, ClassGemm, WeightFormat, class_gemms,
                                         weight_format)
-from servetune.sim._moe_rates import (B200_FUSED_MOE_DEFAULT_US, BLACKWELL_TRITON_MOE_SHARE, BLACKWELL_TRITON_MOE_UNTIL,
-                                      DATASHEET_BF16_TFLOPS, MOE_COMPUTE_SHARE, MOE_MEM_SHARE, MOE_UNFITTED_SHARE,
+from servetune.sim._moe_rates import (B200_CUBLAS_SHARE, B200_FUSED_MOE_DEFAULT_US, BLACKWELL_TRITON_MOE_SHARE,
+                                      BLACKWELL_TRITON_MOE_UNTIL, CUBLAS_BF16_MATMUL_TFLOPS, DATASHEET_BF16_TFLOPS,
+                                      HOPPER_COMPUTE_EFFICIENCY, MOE_COMPUTE_SHARE, MOE_MEM_SHARE, MOE_UNFITTED_SHARE,
                                       TRITON_BF16_MATMUL_TFLOPS, blackwell_moe_mem_share, fused_moe_marginal_gbps,
                                       moe_compute_share, runs_blackwell_triton_moe)
 from servetune.sim._moe_shape import (BLOCK_FP8_MOE_KERNEL_RATE, BLOCK_FP8_MOE_RATE_SCALE, MoeShape, distinct_experts,
@@ -87,7 +88,8 @@ if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["ATTENTION_SINK_ARCHITECTURES", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL", "BLOCK_FP8_MOE_RATE_SCALE", "BLOCK_FP8_MOE_KERNEL_RATE", "B200_FUSED_MOE_DEFAULT_US", "DATASHEET_BF16_TFLOPS", "TRITON_BF16_MATMUL_TFLOPS", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "unaligned_experts_note", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
+__all__ = ["ATTENTION_SINK_ARCHITECTURES", "B200_CUBLAS_SHARE", "CUBLAS_BF16_MATMUL_TFLOPS", "HOPPER_COMPUTE_EFFICIENCY",
+           "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL", "BLOCK_FP8_MOE_RATE_SCALE", "BLOCK_FP8_MOE_KERNEL_RATE", "B200_FUSED_MOE_DEFAULT_US", "DATASHEET_BF16_TFLOPS", "TRITON_BF16_MATMUL_TFLOPS", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "unaligned_experts_note", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
            "expected_row_blocks", "is_class_model", "moe_block_m", "moe_parallel_size", "moe_row_fill", "moe_step_tokens", "MOE_TILE_BY_BATCH_SINCE", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_BY_BATCH_WIDE_TILE_APPLIED", "by_batch_tile_rate",
            "MOE_BY_BATCH_STREAM", "MOE_BY_BATCH_STREAM_APPLIED", "by_batch_stream", "MOE_TILE_FITTED_VERSION",
            "moe_compute_share", "moe_kernel", "moe_shape",
