@@ -43,9 +43,11 @@ KINDS: dict[str, tuple[str, ...]] = {"gemm": ("gemm",), "attention": ("attention
                                      "elementwise": ("triton", "other", "copy")}
 
 
-#: The kernels of vLLM's ``fused_experts`` (0.26.0, Triton path): both grouped GEMMs, the gated activation
-#: between them, the routed rows' alignment to the tile and the top-k sum; the kernel probe times the same call.
-EXPERT_KERNELS = re.compile(r"fused_moe_kernel|moe_align_block_size|moe_sum|act_and_mul_kernel")
+#: The kernels of vLLM's ``fused_experts`` (0.26.0, Triton path) that ``moe_seconds`` prices: both grouped GEMMs,
+#: the routed rows' alignment to the tile and the top-k sum. The gated activation between the GEMMs
+#: (``act_and_mul_kernel``) stays with the element-wise kind, where the step prices it (SiLU-and-mul of the active
+#: experts' width).
+EXPERT_KERNELS = re.compile(r"fused_moe_kernel|moe_align_block_size|moe_sum")
 #: The collections whose windows were profiled, by folder, and the GPU each ran on.
 COLLECTION_GPUS: dict[str, str] = {"real_h200": "H200", "real_h100_classes": "H100-80GB"}
 CLASSES = FIXTURES.parent / "real_h100_classes"

@@ -97,7 +97,7 @@ def test_a_small_batchs_experts_cost_at_least_the_fused_moe_floor_where_no_kerne
 def test_where_the_kernels_rate_prices_the_experts_the_routers_kernels_replace_the_floor() -> None:
     # bf16 experts under vLLM 0.17+'s by-batch tiles on Hopper stream at the kernel's measured rate plus its fixed
     # cost a layer (_moe_tiles.MOE_BY_BATCH_STREAM); the profiler traces of 2026-12-07 time the experts' kernels
-    # at 1.72 ms a one-sequence step (35.9 us a layer) and the router's GEMM and top-k at 8.3 us a layer.
+    # at 1.64 ms a one-sequence step (34.2 us a layer) and the router's GEMM and top-k at 8.3 us a layer.
     p = perf(QWEN_MOE)
     layers = QWEN_MOE.num_layers
     stream_share, call_s = _moe_tiles.MOE_BY_BATCH_STREAM["hbm_share"], _moe_tiles.MOE_BY_BATCH_STREAM["call_s"]

@@ -93,8 +93,8 @@ MOE_BY_BATCH_STREAM_APPLIED: bool = True
 #: and 5.01 us for the GEMM, 3.47 and 3.64 us for the top-k, per layer and step (the step prices the GEMM by its
 #: bytes, 0.2 us, and the top-k not at all). There the fitted ``Calibration.moe_layer_floor_s`` (60.7 us a layer,
 #: fitted end to end on the 2026-12-05 FP8 start's windows) had stood in for these kernels and more at one
-#: sequence, charging the experts 1.70x their kernels' 1.72 ms; the stream rule prices those kernels at 44 us a
-#: layer (35.9 timed in the step), so where it applies the floor gives way to this measured cost
+#: sequence, charging the experts 1.78x their kernels' 1.64 ms; the stream rule prices those kernels at 44 us a
+#: layer (34.2 timed in the step), so where it applies the floor gives way to this measured cost
 #: (:data:`MOE_ROUTER_KERNELS_APPLIED`). Elsewhere (fp8 experts, before 0.17, off Hopper) the floor, fitted with
 #: these kernels inside it, stays. Judged on the held-out windows (docs/model-classes.md, "Inside the MoE step").
 MOE_ROUTER_KERNELS_S: float = 8.3e-6
