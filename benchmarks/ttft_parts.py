@@ -85,11 +85,11 @@ class RecordingScheduler(SimScheduler):
             self.first_scheduled_s.setdefault(req.rid, self.now_s)
         return scheduled, sampled
 
-    def _duration(self, out: Any) -> float:
-        duration = super()._duration(out)
+    def _duration(self, out: Any, gpu_idle: bool = False) -> float:
+        duration = super()._duration(out, gpu_idle)
         kernels = self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
                                       out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
-                                      out.prefill_attn)
+                                      out.prefill_attn, gpu_idle)
         if duration - kernels > 1e-9:
             self.step_stall_s.append((self.now_s, duration - kernels))
         return duration

@@ -15,10 +15,12 @@ TTFTs were seen (their real first-use compile stall came before the first tokens
 
 from __future__ import annotations
 
+import pytest
+
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim import SimScheduler
+from servetune.sim import SimScheduler, with_calibration
 
 GPU = get_gpu("H200")
 MODEL = load_model("servetune-test-850m")
@@ -67,3 +69,26 @@ def test_without_async_scheduling_the_next_batch_takes_what_entered_by_its_own_s
     s2.add_request("b", 64, 4, arrival_s=first.start_s + 0.75 * first.duration_s)
     steps = scheduled_in(s2, 2)
     assert steps[0] == {"a"} and "b" in steps[1], steps
+
+
+def test_an_idle_gpus_first_step_pays_its_whole_engine_cpu_with_async_scheduling() -> None:
+    """The step scheduled while the GPU has none of its own hides none of its engine CPU: vLLM 0.26.0's
+    ``step_with_batch_queue`` schedules and submits it on the core's thread before its kernels start
+    (``v1/engine/core.py:644-679``; ``UniProcExecutor.collective_rpc`` runs ``execute_model`` inline,
+    ``v1/executor/uniproc_executor.py:97-106``) and updates from its output after they end (``:688-705``).
+    A step behind another keeps hiding ``async_overlap`` of it; without async scheduling nothing changes.
+    Read after the one-request windows' TTFT misses (Calibration.idle_step_cpu); nothing fitted."""
+    def two_steps(async_scheduling: bool, rule: float) -> list[float]:
+        gpu = with_calibration(GPU, {"idle_step_cpu": rule})
+        cfg = resolve_engine_config({"max_num_batched_tokens": 4096, "max_num_seqs": 16,
+                                     "async_scheduling": async_scheduling}, MODEL, gpu)
+        s = SimScheduler(MODEL, gpu, cfg, num_gpu_blocks=4000)
+        s.add_request("a", 4000, 3, arrival_s=0.0)  # a prefill longer than the step's CPU
+        return [s.step().duration_s, s.step().duration_s]
+
+    perf = scheduler().perf
+    hidden = perf.engine_cpu_s(1) * perf.calibration.async_overlap
+    (idle, behind), (before, behind_before) = two_steps(True, 1.0), two_steps(True, 0.0)
+    assert idle - before == pytest.approx(hidden, abs=1e-12) and 0.002 < hidden < 0.0021
+    assert behind == behind_before  # a step behind another hides as before
+    assert two_steps(False, 1.0) == two_steps(False, 0.0)

@@ -16,6 +16,11 @@ runs +23.1% to +30.3% -> +1.7% to +15.1% (TTFT -45.4% to -23.4% -> -32.4% to -15
 -6.2% -> -10.5% and -11.2% (TTFT +5.4%, -10.1% -> +15.2%, -10.0%), which against their generated tokens over
 their duration (guidellm's published rate is 10-16% above it) go +11.7% and +8.8% -> -1.2% and +3.0%; TTFT
 within 25% on 4 of 15.
+Re-recorded 2026-12-07 with an idle GPU's first step paying its whole engine CPU under async scheduling
+(``Calibration.idle_step_cpu``, read in vLLM's source after the low-load TTFT misses; nothing fitted): the 13
+ShareGPT runs +1.7% to +15.1% -> +2.5% to +15.9% (TTFT -32.4% to -15.9% -> -32.6% to -16.0%; its first step
+follows an idle GPU and the timing after it moves); the random runs -10.5% and -11.2% unchanged
+(TTFT +15.2%, -10.0%); TTFT within 25% on 3 of 15 (the mbt49152-seqs768 run -24.0% -> -25.0%).
 """
 
 from __future__ import annotations

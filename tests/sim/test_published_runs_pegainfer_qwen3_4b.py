@@ -10,6 +10,12 @@ FlashAttention-2's share, as vLLM runs it there (sim._calibration.FA2_COMPUTE_CA
 source after these errors were seen; nothing fitted): median TPOT 1 of 7 within 10% (+12.2%, +14.7%, +18.9%,
 +67.0%, +152.2%, +289.1%, +8.1%), TTFT 0 of 7 within 25% (+39.3%, +54.9%, +71.0%, +129.5%, +197.9%, +726.7%,
 +161.6%; were +44.4%, +62.1%, +78.3%, +146.9%, +231.7%, +1,231.7%, +196.1%).
+Re-recorded 2026-12-07 with an idle GPU's first step paying its whole engine CPU under async scheduling
+(``Calibration.idle_step_cpu``, read in vLLM's source after other runs' low-load TTFT misses; nothing fitted):
+median TPOT +12.2%, +14.7%, +18.9%, +67.0%, +152.2%, +289.1%, +8.1% -> +12.2%, +14.7%, +19.2%, +67.6%,
++153.0%, +291.8%, +8.1%; TTFT +39.3%, +54.9%, +71.0%, +129.5%, +197.9%, +726.7%, +161.6% -> +41.1%, +55.3%,
++71.7%, +129.5%, +197.8%, +741.1%, +161.6% (a Poisson arrival to an idle server pays the step's CPU; these
+prefills were simulated slow before it).
 """
 
 from __future__ import annotations

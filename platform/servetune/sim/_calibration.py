@@ -117,6 +117,15 @@ class Calibration:
     # receives mid-step joins the batch after next (vLLM's design, not fitted); 0: at the step's
     # start, the simulator before 2026-12-03 (the folds replay with 0).
     schedule_ahead: float = 1.0
+    # 1: with async scheduling, a step the engine core schedules while the GPU has no step of its
+    # own (the engine was idle, or every running request had finished) pays its whole engine CPU
+    # (step_overhead_s, seq_overhead_s): async_overlap hides a step's CPU behind the step before's
+    # GPU work, and there is none. vLLM 0.26.0's step_with_batch_queue schedules and submits a
+    # batch on the core's own thread (v1/engine/core.py:644-679; UniProcExecutor.collective_rpc runs
+    # execute_model inline, v1/executor/uniproc_executor.py:97-106) before its kernels start, and
+    # processes its output after they end (:688-705). Read after the low-load TTFT misses were seen,
+    # nothing fitted. 0: every step hides async_overlap of its CPU (the rule before 2026-12-07).
+    idle_step_cpu: float = 1.0
     # 1 (vLLM's V1 engine, every version simulated): a preempted request resumes on its own full
     # blocks still cached. vLLM frees a victim's blocks tail first onto the free queue's tail with
     # their hashes kept (0.10.1.1 v1/core/sched/scheduler.py 263-265, single_type_kv_cache_manager.py
@@ -186,6 +195,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "attn_long_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of the dense peak, at most 1 (0: off)"),
     "attn_fit_context": (lambda v: v > 0.0, "tokens of context: above 0"),
     "moe_row_blocks": (lambda v: v in (0.0, 1.0), "1 (each kernel's row block, binomial padding) or 0 (the rule before)"),
+    "idle_step_cpu": (lambda v: v in (0.0, 1.0), "1 (an idle GPU's first step pays its whole engine CPU) or 0 (the rule before)"),
 }
 
 

@@ -76,11 +76,12 @@ class StepTimeline(SchedulerState):
             if self._dec_n and self._step_decoding():
                 return None
             self._dissolve()
+        gpu_idle = not self._running  # no step of its own on the GPU while this one is scheduled
         out = self.schedule()
         if out.num_tokens == 0:
             return self._idle(out, collect)
         start = self.now_s
-        duration = self._duration(out)
+        duration = self._duration(out, gpu_idle)
         finished = self.update_from_output(out, duration)
         if not collect:
             if self.bulk_decode:
@@ -130,12 +131,13 @@ class StepTimeline(SchedulerState):
             return StepResult(self.now_s, 0.0, {}, [], [r.rid for r in out.preempted], 0, 0) if collect else None
         raise RuntimeError("simulated engine is stuck: waiting requests can never fit the KV cache")
 
-    def _duration(self, out: SchedulerOutput | Tally) -> float:
-        """The step's time: its kernels and engine CPU, and any fused-MoE kernel variant it is the
+    def _duration(self, out: SchedulerOutput | Tally, gpu_idle: bool = False) -> float:
+        """The step's time: its kernels and engine CPU (all of it visible after an idle GPU under
+        async scheduling, ``PerfModel.step_time``), and any fused-MoE kernel variant it is the
         first to launch on this server (``sim.moe_jit.first_use_s``)."""
         return self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
                                    out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
-                                   out.prefill_attn) + first_use_s(self.moe_jit, self.triton_cache, out.num_tokens)
+                                   out.prefill_attn, gpu_idle) + first_use_s(self.moe_jit, self.triton_cache, out.num_tokens)
 
     def update_from_output(self, out: SchedulerOutput, duration: float, decoding: int = 0) -> list[SimRequest]:
         """The step ran for ``duration``: sample its tokens, hand them to the API server, finish the

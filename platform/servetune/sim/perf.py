@@ -288,6 +288,9 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         self._eager_floor = cal.eager_layer_overhead_s * layers * (cal.api_cpu_factor if self._eager_cpu_bound else 1.0)
         self._overlap = cal.async_overlap if config.async_scheduling else cal.sync_overlap
         self.schedule_ahead = bool(cal.schedule_ahead >= 0.5 and config.async_scheduling)
+        # Under async scheduling a step after an idle GPU has nothing to hide its CPU behind
+        # (Calibration.idle_step_cpu); without it every step's CPU is serial alike.
+        self.idle_step_cpu = bool(cal.idle_step_cpu >= 0.5 and config.async_scheduling)
         self.resume_hits = cal.resume_hits >= 0.5
         self._step_cpu, self._seq_cpu = cal.step_overhead_s, cal.seq_overhead_s
         self._init_api_server(model, config, cal)
@@ -414,17 +417,20 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
 
     def step_time(self, num_reqs: int, num_tokens: int, kv_context: int, attn_work: int,
                   decode_only: bool, prefill_tokens: int | None = None, prefill_context: int = 0,
-                  prefill_attn_work: int | None = None) -> float:
+                  prefill_attn_work: int | None = None, gpu_idle: bool = False) -> float:
         """Seconds of one engine step: GPU time plus the engine CPU that async scheduling leaves visible.
 
-        Arguments as :meth:`gpu_time`.
+        Arguments as :meth:`gpu_time`; ``gpu_idle``: the GPU had no step of its own when this one
+        was scheduled, so under async scheduling none of its CPU hides (``Calibration.idle_step_cpu``).
         """
         gpu = self.gpu_time(num_reqs, num_tokens, kv_context, attn_work, decode_only,
                             prefill_tokens, prefill_context, prefill_attn_work)
         cpu = self.engine_cpu_s(num_reqs)
         # Under enforce_eager the thread that schedules and prepares the next step is the one
-        # launching this step's kernels: none of it hides.
-        hidden = 0.0 if self.enforce_eager and self._eager_cpu_bound else cpu * self._overlap
+        # launching this step's kernels: none of it hides. After an idle GPU there is no step
+        # before whose kernels it could hide behind.
+        exposed = (self.enforce_eager and self._eager_cpu_bound) or (gpu_idle and self.idle_step_cpu)
+        hidden = 0.0 if exposed else cpu * self._overlap
         if hidden > gpu:
             hidden = gpu
         return gpu + cpu - hidden
