@@ -189,19 +189,19 @@ def error_band(gpu_type: str, gpus_per_engine: int = 1, moe: bool = False) -> Er
     if moe:
         if gpu_type == "H100-80GB":
             return ErrorBand(True, "MoE on H100 SXM, vLLM 0.26.0, TP=1, a Qwen3-30B-A3B shape in bf16 (8 windows, "
-                             "docs/model-classes.md)", throughput="5.4%", tpot="6.4%", ttft="22.8%",
+                             "docs/model-classes.md)", throughput="3.4%", tpot="4.1%", ttft="23.5%",
                              preemption="right on all 8 windows", source="docs/model-classes.md")
         if gpu_type == "H200":
             return ErrorBand(True, "MoE on H200, vLLM 0.26.0, TP=1, a Qwen3-30B-A3B shape in bf16 and FP8 and "
-                             "gpt-oss-20b (9 windows, docs/model-classes.md)", throughput="15.7%", tpot="16.0%",
-                             ttft="31.8%", preemption="right on all 9 windows", source="docs/model-classes.md")
+                             "gpt-oss-20b (9 windows, docs/model-classes.md)", throughput="14.3%", tpot="14.4%",
+                             ttft="29.2%", preemption="right on all 9 windows", source="docs/model-classes.md")
         return ErrorBand(False, f"MoE models on the {gpu_type}")
     if gpu_type == "H200":
         return ErrorBand(True, "on H200, vLLM 0.26.0, TP=1, dense 8B/14B/24B (66 windows)", throughput="1.6-5.5%",
-                         tpot="1.5-7.0%", ttft="4.1-14.1%", preemption="right on all 77 windows")
+                         tpot="1.5-7.0%", ttft="4.1-13.9%", preemption="right on all 77 windows")
     if gpu_type == "H100-80GB":
         return ErrorBand(True, "on H100 SXM, vLLM 0.26.0, TP=1, 8B (8 windows, docs/evidence-h100.md)",
-                         throughput="8.6%", tpot="9.2%", ttft="9.8%", preemption="not judged on the H100")
+                         throughput="8.6%", tpot="9.2%", ttft="8.8%", preemption="not judged on the H100")
     evidence = _sim_evidence(gpu_type)
     if evidence:  # the GPU table's note and the published runs held out on this GPU type
         return ErrorBand(True, evidence)
