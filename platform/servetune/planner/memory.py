@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from servetune.planner._kv_layout import KVLayout, kv_layout
 from servetune.planner._moe_experts import moe_workspace_bytes
@@ -209,6 +209,10 @@ class _Accounting:
         return self.weights[self.bind] + self.act + self.non_torch + (self.cudagraph if self.subtract_cg else 0)
 
 
+#: The largest ``max_num_seqs`` whose sampler warm-up margin is at least the given bytes (:func:`_warmup_seqs`).
+SeqsFor = Callable[[float], "int | None"]
+
+
 class _Verdict(NamedTuple):
     failure: TrialStatus | None
     cause: str | None
@@ -253,7 +257,11 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
                        version=config.version, compiled=not config.enforce_eager,
                        flashinfer=config.flashinfer_available is not False)
     acc = _account(model, gpu, config, rules, comm, compile_cache_warm)
-    verdict = _verdict(model, config, rules, acc)
+
+    def seqs_for(margin: float) -> int | None:
+        return _warmup_seqs(model, gpu, config, comm, compile_cache_warm, margin)
+
+    verdict = _verdict(model, config, rules, acc, seqs_for)
     kv_tokens, concurrency = _kv_capacity(rules, acc.num_blocks, config, acc.layout, acc.blocks_per_seq)
     kv_cache_bytes = acc.available
     if config.num_gpu_blocks_override is not None and rules.null_block_first:
@@ -263,7 +271,7 @@ def plan_memory(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, *, cold
         activation_peak=acc.act / GiB, non_torch=acc.non_torch / GiB, cudagraph=acc.cudagraph / GiB,
         kv_cache=kv_cache_bytes / GiB)
     ok = verdict.failure is None
-    warmup_warning = warmup_note(config, acc) if ok else ()
+    warmup_warning = warmup_note(config, acc, seqs_for) if ok else ()
     return MemoryPlan(
         fits=ok, failure=verdict.failure, cause=verdict.cause, memory=memory,
         num_gpu_blocks=acc.num_blocks if ok else 0,
@@ -407,7 +415,8 @@ def _account(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, rules: Vll
         warmup_rows=rows, warmup_need=need, warmup_free=int(warmup_free))
 
 
-def _verdict(model: ModelProfile, config: EngineConfig, rules: VllmMemoryRules, acc: _Accounting) -> _Verdict:
+def _verdict(model: ModelProfile, config: EngineConfig, rules: VllmMemoryRules, acc: _Accounting,
+             seqs_for: SeqsFor | None = None) -> _Verdict:
     """Whether the engine starts, and if not: the failure, vLLM's own text, and the fix."""
     total, context, budget = acc.total, acc.context, acc.budget
     if max(acc.weights) > total - context:
@@ -435,10 +444,11 @@ def _verdict(model: ModelProfile, config: EngineConfig, rules: VllmMemoryRules, 
         return _Verdict(TrialStatus.STARTUP_OOM, rules.no_memory_text(),
                         f"raise gpu_memory_utilization to >= {math.ceil(util * 100) / 100:.2f}, or shard the model "
                         "over more GPUs", None, False)
-    return _runtime_verdict(config, rules, acc)
+    return _runtime_verdict(config, rules, acc, seqs_for)
 
 
-def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Accounting) -> _Verdict:
+def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Accounting,
+                     seqs_for: SeqsFor | None = None) -> _Verdict:
     """The profile left memory for KV blocks: does one sequence fit, the override, the graphs?"""
     block_bytes, available, headroom = acc.block_bytes, acc.available, acc.headroom
     override = config.num_gpu_blocks_override
@@ -483,27 +493,92 @@ def _runtime_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Account
             return _Verdict(TrialStatus.CUDAGRAPH_OOM, _cuda_oom_text(cg, acc.total, free_for_graphs),
                             f"lower gpu_memory_utilization to <= {math.floor(util * 100) / 100:.2f}, lower "
                             "max_num_seqs / max_cudagraph_capture_size, or set enforce_eager", None, False)
-    return _warmup_verdict(config, rules, acc)
+    return _warmup_verdict(config, rules, acc, seqs_for)
 
 
-def _warmup_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Accounting) -> _Verdict:
+def _warmup_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Accounting,
+                    seqs_for: SeqsFor | None = None) -> _Verdict:
     """The V1 runner's sampler warm-up after graph capture: do its tensors fit in what is left?
 
     vLLM's own check, not a margin: ``_dummy_sampler_run`` raises its RuntimeError when the
     allocation fails (``rules.sampler_warmup_oom_text``); the product reports it as ``cudagraph_oom``
-    (the engine dies after sizing its KV cache, in the warm-up that follows graph capture).
+    (the engine dies after sizing its KV cache, in the warm-up that follows graph capture). The fix names
+    the ``max_num_seqs`` and the ``gpu_memory_utilization`` that leave the warm-up the whole shortfall band
+    real starts measured (:func:`_warmup_fixes`), so that the fixed start is not warned either.
+
+    Example:
+        >>> from servetune.planner.gpus import get_gpu
+        >>> from servetune.planner.modelinfo import load_model
+        >>> m, g = load_model("gpt-oss-20b"), get_gpu("H100-80GB")
+        >>> p = plan_memory(m, g, resolve_engine_config({"gpu_memory_utilization": 0.99, "max_model_len": 8192},
+        ...                                               m, g, "0.19.0"))
+        >>> p.failure.value, p.fix[:97]
+        ('cudagraph_oom', 'fails in the sampler warm-up after CUDA-graph capture (1024 rows: 1.31 GiB short of its 2.78 GiB)')
+        >>> p.fix[99:].split(", or ")[:2]  # 1.31 + the band's 1.89 GiB off the budget
+        ["lower max_num_seqs to <= 32 (it then fits by vLLM's count, inside the band: warned)", 'lower gpu_memory_utilization to <= 0.94']
+        >>> p = plan_memory(m, g, resolve_engine_config({"gpu_memory_utilization": 0.97, "max_model_len": 8192,
+        ...                                               "max_num_batched_tokens": 16384}, m, g, "0.19.0"))
+        >>> p.fits, [n[n.index("); ") + 3:] for n in p.notes if n.startswith("sampler warm-up")]  # where the forward sets it
+        (True, ['max_num_seqs <= 135 or gpu_memory_utilization <= 0.94 leaves that much'])
     """
     need, free = acc.warmup_need, acc.warmup_free
     if not need or free >= need or acc.headroom < 0:  # an over-asked budget is vLLM's free-memory check (a note)
         return _Verdict(None, None, None, None, False)
-    # Where the sampler sets the profiled peak, fewer rows shrink the KV budget's deduction as much as the
-    # warm-up's need: what frees room is a smaller budget, fewer or smaller graphs, or none.
-    fix = "shrink the CUDA graphs captured before it (max_cudagraph_capture_size, max_num_seqs) or set enforce_eager"
-    if config.kv_cache_memory_bytes is None:
-        util = (acc.budget - (need - free)) / acc.total
-        fix = f"lower gpu_memory_utilization to <= {math.floor(util * 100) / 100:.2f}, or " + fix
+    fix = (f"fails in the sampler warm-up after CUDA-graph capture ({acc.warmup_rows} rows: "
+           f"{(need - free) / GiB:.2f} GiB short of its {need / GiB:.2f} GiB): "
+           + ", or ".join((*_warmup_fixes(config, acc, seqs_for, failing=True),
+                           "shrink the CUDA graphs captured before it (max_cudagraph_capture_size) or set enforce_eager")))
     return _Verdict(TrialStatus.CUDAGRAPH_OOM, "RuntimeError: " + rules.sampler_warmup_oom_text(acc.warmup_rows),
                     fix, None, False)
+
+
+def _warmup_fixes(config: EngineConfig, acc: _Accounting, seqs_for: SeqsFor | None,
+                  failing: bool = False) -> tuple[str, ...]:
+    """The flags that leave the sampler warm-up its need plus the measured shortfall band's top
+    (:data:`~servetune.planner.model_memory.WARMUP_SHORTFALL_GIB`; only where graphs are captured, the starts
+    it was measured on): a lower ``max_num_seqs`` (found by re-planning, :func:`_warmup_seqs`; none where the
+    sampler sets the profiled peak down to the rows where the forward does: there fewer rows shrink the KV
+    budget's deduction as much as the warm-up's need) and a lower ``gpu_memory_utilization`` (the KV cache
+    gives back what the budget loses). ``failing``: for a start vLLM's own count fails, the ``max_num_seqs``
+    that passes that count is named where none keeps the band."""
+    target = WARMUP_SHORTFALL_GIB[1] * GiB if acc.cudagraph else 0.0
+    lack = target - (acc.warmup_free - acc.warmup_need)
+    out: list[str] = []
+    seqs = seqs_for(target) if seqs_for is not None else None
+    if seqs is not None:
+        out.append(f"lower max_num_seqs to <= {seqs}")
+    elif failing and target and seqs_for is not None and (seqs := seqs_for(0.0)) is not None:
+        out.append(f"lower max_num_seqs to <= {seqs} (it then fits by vLLM's count, inside the band: warned)")
+    if config.kv_cache_memory_bytes is None:
+        util = math.floor((acc.budget - lack) / acc.total * 100) / 100
+        if util > 0:
+            out.append(f"lower gpu_memory_utilization to <= {util:.2f}")
+    return tuple(out)
+
+
+def _warmup_seqs(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, comm: CommMemory,
+                 compile_cache_warm: bool, margin: float) -> int | None:
+    """The largest ``max_num_seqs`` below the plan's whose sampler warm-up leaves at least ``margin`` bytes past
+    its need, other flags as planned; None where none does (or the rows are capped by the token budget).
+
+    The capture sizes are kept as planned: vLLM's default would capture fewer graphs for fewer sequences, which
+    leaves more. The margin does not grow with the rows (the sampler's need and its share of the profiled
+    peak fall together, then only the need falls), so a bisection finds it.
+    """
+    rows = min(config.max_num_seqs, config.max_num_batched_tokens)
+
+    def ok(n: int) -> bool:
+        c = dataclasses.replace(config, max_num_seqs=n)
+        a = _account(model, gpu, c, c.rules, comm, compile_cache_warm)
+        return a.warmup_free - a.warmup_need >= margin
+
+    if rows < config.max_num_seqs or rows <= 1 or not ok(1):
+        return None
+    lo, hi = 1, rows - 1  # ok(lo) holds
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid - 1)
+    return lo
 
 
 def _moe_kernel_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -> tuple[str, ...]:
@@ -551,14 +626,18 @@ def _notes(gpu: GpuSpec, config: EngineConfig, env: CommEnv, comm: CommMemory, a
     return tuple(notes)
 
 
-def warmup_note(config: EngineConfig, acc: _Accounting) -> tuple[str, ...]:
+def warmup_note(config: EngineConfig, acc: _Accounting, seqs_for: SeqsFor | None = None) -> tuple[str, ...]:
     """A warning where the sampler warm-up after graph capture may fail though the plan leaves it room.
 
-    Where vLLM takes its profiled CUDA-graph estimate off the KV budget on the V1 runner (0.20 up to the
-    V2 runner; on 0.26 MoE and other V1-runner models), real starts found less free there than the plan by
-    :data:`~servetune.planner.model_memory.WARMUP_SHORTFALL_GIB` (0.41-1.89 GiB on the starts measured):
-    a plan whose margin is under the band's top is warned, with the ``gpu_memory_utilization`` that keeps
-    the whole band. The verdict is not changed: a margin inside the band has gone both ways.
+    Wherever the V1 runner warms its sampler up after capturing CUDA graphs (every release to 0.21; MoE and
+    other V1-runner models after), real starts found less free there than the plan: up to
+    :data:`~servetune.planner.model_memory.WARMUP_SHORTFALL_GIB`'s top, 1.89 GiB (read off the first three
+    vLLM 0.26.0 starts measured; judged on the other five and on the published vLLM 0.19.0 starts, whose two
+    gpt-oss-20b deaths lacked 1.90 and 1.91 GiB). A plan whose margin is under that top is warned, with the
+    ``max_num_seqs`` and the ``gpu_memory_utilization`` that keep it. The verdict is not changed: a margin
+    inside the band has gone both ways (0.77 and 1.17 GiB served for one model and died for another), and
+    what decides it, the free allocator blocks compilation and loading strand and the graph pool's own size,
+    is not in vLLM's source. Without graphs (``enforce_eager``) nothing was measured and nothing is warned.
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
@@ -573,17 +652,17 @@ def warmup_note(config: EngineConfig, acc: _Accounting) -> tuple[str, ...]:
     """
     low, high = WARMUP_SHORTFALL_GIB
     margin = acc.warmup_free - acc.warmup_need
-    if not acc.warmup_need or not (acc.subtract_cg and config.v1_runner) or margin >= high * GiB or margin < 0:
+    if not acc.warmup_need or not acc.cudagraph or margin >= high * GiB or margin < 0:
         return ()
-    keep = ""
-    if config.kv_cache_memory_bytes is None:
-        util = math.floor((acc.budget - (high * GiB - margin)) / acc.total * 100) / 100
-        keep = f"; gpu_memory_utilization <= {util:.2f} leaves that much"
+    fixes = _warmup_fixes(config, acc, seqs_for)
+    keep = f"; {' or '.join(f.removeprefix('lower ').replace(' to <= ', ' <= ') for f in fixes)} leaves that much" \
+        if fixes else ""
     return (f"sampler warm-up after CUDA-graph capture: this plan leaves {margin / GiB:.2f} GiB past its "
-            f"{acc.warmup_need / GiB:.2f} GiB, and real vLLM 0.26 starts found {low:.2f}-{high:.2f} GiB less free "
-            "there than planned (the graph pool beyond vLLM's estimate, the runner's buffers, allocator blocks "
-            "compilation leaves: most on a cold compile cache): this start may fail there (\"CUDA out of memory "
-            f"occurred when warming up sampler with {acc.warmup_rows} dummy requests\"){keep}",)
+            f"{acc.warmup_need / GiB:.2f} GiB, and real starts found {low:.2f}-{high:.2f} GiB less free there than "
+            "planned (vLLM 0.26.0: the graph pool beyond vLLM's estimate, the runner's buffers, allocator blocks "
+            "compilation leaves, most on a cold compile cache; the published vLLM 0.19.0 gpt-oss-20b deaths: 1.90 "
+            "and 1.91): this start may fail in the sampler warm-up (\"CUDA out of memory occurred when warming up "
+            f"sampler with {acc.warmup_rows} dummy requests\"){keep}",)
 
 
 def _kv_capacity(rules: VllmMemoryRules, num_blocks: int, config: EngineConfig, layout: KVLayout,

@@ -123,14 +123,22 @@ SAMPLER_V1_FLASHINFER_FP32_COPIES = 3
 SAMPLER_V1_TRITON_MIN_ROWS = 8
 SAMPLER_V1_TRITON_BUFFER_ROWS = 128
 #: What the V1 runner's sampler warm-up after graph capture found free on real vLLM 0.26.0 starts, below
-#: the planner's figure for it (``memory._Accounting.warmup_free``), in GiB: 0.41 and 0.54 (the
-#: Qwen3-30B-A3B shape, warm and cold compile cache), 0.98 and 1.89 (gpt-oss-20b, warm and cold). Read off
-#: the allocator probe (``benchmarks/real_vllm/alloc_probe``) of the six 2026-12-06 H100 SXM starts in
-#: ``tests/fixtures/real_h100_classes`` (README, "Fourth set"): the graph pool captured beyond vLLM's
-#: profiled estimate, which is what the KV budget takes off (0.16 / 0.46 GiB), blocks the caching allocator
-#: keeps free that the sampler's ``[rows, vocab]`` tensors do not fit in (0.06-0.29 GiB warm; 0.19-1.21
-#: cold: compilation leaves them), and the runner's buffers. Measured on two models, not a rule of vLLM's
-#: source: the band a plan is warned by, never a verdict (``memory.warmup_note``).
+#: the planner's figure for it (``memory._Accounting.warmup_free``), in GiB. Read off the allocator probe
+#: (``benchmarks/real_vllm/alloc_probe``) of the eight 2026-12-06 H100 SXM starts in
+#: ``tests/fixtures/real_h100_classes`` (README, "Fourth set"). The top, the only figure a rule uses (the
+#: warning, ``memory.warmup_note``), is read off the first machine's three gpt-oss-20b starts (0.98 warm twice,
+#: 1.89 cold); the other five, judged on it, lacked 0.41-1.89 (none more), and the published vLLM 0.19.0
+#: gpt-oss-20b deaths 1.90 and 1.91 (their OOM lines). The bottom, 0.41 (the Qwen3-30B-A3B shape, warm), is
+#: the least over all eight, a description only: read off the first three it would have been 0.98, which
+#: three of the five others undercut, so no margin is called a failure on it. What it is: the graph pool
+#: captured beyond vLLM's profiled estimate, which is what the KV budget takes off (0.16 / 0.46 GiB), blocks
+#: the caching allocator keeps free that the sampler's ``[rows, vocab]`` fp32 tensors do not fit in (0.06-0.29
+#: GiB warm; 0.19-1.21 cold: compilation leaves them), and the runner's buffers; at 0.19.0 (graphs outside
+#: the budget) the 1.78 / 1.62 GiB "reserved by PyTorch but unallocated". ``capture_model`` empties the cache
+#: before and after capture (``gpu_model_runner.py`` 6008 and 6036 of 0.19.0, 6804 and 6834 of 0.26.0), and
+#: ``_dummy_sampler_run`` follows it (``gpu_worker.py`` 588 -> 686 of 0.19.0), so only blocks split
+#: off a segment that still holds a live tensor stay reserved and free: which ones is the load's and the
+#: compiler's history, not in vLLM's source. Measured, never a verdict.
 WARMUP_SHORTFALL_GIB = (0.41, 1.89)
 #: Non-torch growth and the memory in use before the init snapshot (CUDA context, NCCL and
 #: all-reduce buffers) depend on the parallel layout and on the environment the server runs with
