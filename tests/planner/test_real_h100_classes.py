@@ -41,9 +41,13 @@ WARMUP_FAILED = ("2026-12-06_gptoss20_u0985_nopc_default", "2026-12-06_gptoss20_
                  "2026-12-06_q3moe_u099_nopc_default")
 FOURTH_SET = sorted(p.parent.name for p in FIXTURES.glob("2026-12-06_*_nopc_default*/server.log.gz"))
 #: The two starts of the third machine (``plan_2026_12_06_warmup_h100_b.json``), predicted from the band
-#: read off the other six before they ran: judged, not fitted.
+#: read off the other six before they ran.
 BAND_HELD_OUT = ("2026-12-06_gptoss20_u097_nopc_default_cold", "2026-12-06_q3moe_u099_nopc_default")
-BAND_FIT = [s for s in FOURTH_SET if s not in BAND_HELD_OUT]
+#: The band's top (``WARMUP_SHORTFALL_GIB[1]``, the warning's threshold) is read off the first machine's three
+#: gpt-oss-20b starts only (``2026-12-06_h100_host_b``), under half of the eight; the other five judge it.
+BAND_FIT = ("2026-12-06_gptoss20_u095_nopc_default", "2026-12-06_gptoss20_u0985_nopc_default",
+            "2026-12-06_gptoss20_u097_nopc_default")
+BAND_JUDGED = [s for s in FOURTH_SET if s not in BAND_FIT]
 #: 2026-12-06 (README, "Fifth set"): Mamba2 / gated-delta-net hybrids, planned from vLLM's source before
 #: any of them ran; the two Nemotron-H starts at vLLM's default 1,024 sequences were predicted in
 #: ``plan_2026_12_06_hybrid_h100.json`` before they ran.
@@ -249,14 +253,39 @@ def test_the_fourth_sets_verdicts_and_warm_up_warnings(name: str) -> None:
 
 
 def test_the_warm_up_shortfall_band_is_what_the_probe_measured() -> None:
-    """``WARMUP_SHORTFALL_GIB`` recomputed from the fixtures: the planner's free memory at the warm-up less
-    what the allocator probe read (``torch.cuda.mem_get_info`` just before ``_dummy_sampler_run``), over the
-    six starts it was read off, rounded as the constant is."""
-    shortfalls = []
-    for name in BAND_FIT:
+    """``WARMUP_SHORTFALL_GIB`` recomputed from the fixtures: the planner's free memory at the warm-up less what
+    the allocator probe read (``torch.cuda.mem_get_info`` just before ``_dummy_sampler_run``). Its top is the
+    most of the three it was read off (1.89, gpt-oss-20b on a cold compile cache; 0.98 twice warm); its bottom
+    the least over all eight (a description, used by no rule)."""
+    fitted = [_shortfall(*_start(name)) for name in BAND_FIT]
+    everything = fitted + [_shortfall(*_start(name)) for name in BAND_JUDGED]
+    assert [round(f, 2) for f in fitted] == [1.89, 0.98, 0.98]
+    assert (round(min(everything), 2), round(max(fitted), 2)) == WARMUP_SHORTFALL_GIB
+
+
+def test_the_band_top_judged_on_the_five_it_was_not_read_off() -> None:
+    """Held out, the five starts of the second and third machines: none lacked more than the top (Qwen3 shape
+    0.54, 0.41, 0.52; gpt-oss-20b cold 1.88 twice), every death among them is warned (margins 1.17 and 0.37)
+    and the served ones are fits (two warned, margins 0.77 and 1.17; one not, 1.96). The three fitted
+    starts' bottom, 0.98, is undercut by three of the five, so no margin is called a failure on it."""
+    shortfalls, warned = {}, {}
+    for name in BAND_JUDGED:
         summary, text = _start(name)
-        shortfalls.append(_shortfall(summary, text))
-    assert (round(min(shortfalls), 2), round(max(shortfalls), 2)) == WARMUP_SHORTFALL_GIB
+        _, plan = _plan(summary, text)
+        shortfalls[name] = round(_shortfall(summary, text), 2)
+        warned[name] = (plan.fits, plan.warmup_at_risk, round(plan.warmup_margin, 2))
+    assert shortfalls == {"2026-12-06_gptoss20_u097_nopc_default_cold": 1.88, "2026-12-06_gptoss20_u098_nopc_default": 1.88,
+                          "2026-12-06_q3moe_u0985_nopc_default": 0.54, "2026-12-06_q3moe_u098_nopc_default": 0.41,
+                          "2026-12-06_q3moe_u099_nopc_default": 0.52}
+    assert max(shortfalls.values()) <= WARMUP_SHORTFALL_GIB[1]
+    assert sum(v < 0.98 for v in shortfalls.values()) == 3
+    assert warned == {"2026-12-06_gptoss20_u097_nopc_default_cold": (True, False, 1.96),
+                      "2026-12-06_gptoss20_u098_nopc_default": (True, True, 1.17),
+                      "2026-12-06_q3moe_u0985_nopc_default": (True, True, 0.77),
+                      "2026-12-06_q3moe_u098_nopc_default": (True, True, 1.17),
+                      "2026-12-06_q3moe_u099_nopc_default": (True, True, 0.37)}
+    assert {n for n in BAND_JUDGED if n in WARMUP_FAILED} == {"2026-12-06_gptoss20_u098_nopc_default",
+                                                             "2026-12-06_q3moe_u099_nopc_default"}
 
 
 def _need_gib(summary: dict, config) -> float:
