@@ -437,7 +437,7 @@ def sim_evidence_text(gpu: GpuSpec) -> str:
 
     Example:
         >>> sim_evidence_text(get_gpu("B200"))
-        'published vLLM runs held out: 1 of 5 within 10% (median error +20.6%)'
+        'published vLLM runs held out: 1 of 5 within 10% (median error +20.5%)'
         >>> sim_evidence_text(get_gpu("A10G"))
         ''
     """
@@ -458,7 +458,7 @@ def calibration_note(gpu: GpuSpec) -> str | None:
         >>> calibration_note(get_gpu("H200")) is None, calibration_note(get_gpu("A10G")).startswith("A10G: no")
         (True, True)
         >>> note = calibration_note(get_gpu("B200")) or ""
-        >>> note.startswith("B200: the simulator put 1 of 5 published vLLM runs"), "median error +20.6%" in note
+        >>> note.startswith("B200: the simulator put 1 of 5 published vLLM runs"), "median error +20.5%" in note
         (True, True)
     """
     judged = published_judgement(gpu.name)
