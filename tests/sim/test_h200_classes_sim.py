@@ -12,12 +12,17 @@ is the simulator's own (``benchmarks/sim_fidelity.py --h200-classes``). Throughp
   gpt-oss-20b +2.8%, **+35.1%** (TPOT -4.7%), +5.6%;
 - since 16-bit experts on Hopper stream at the fused-MoE kernel's rate timed on an H100, scaled to the H200's
   4.8 TB/s (``_moe_tiles.MOE_BY_BATCH_STREAM``, 2026-12-07): bf16 +10.3%, -1.9%, -13.3% (TPOT -9.5%, +2.1%,
-  +16.0%, from -7.8%, +6.4%, +16.0%); nothing else moves.
+  +16.0%, from -7.8%, +6.4%, +16.0%); nothing else moves;
+- since the router's kernels, timed in vLLM's profiler on an H100, replace the fitted floor where that rate
+  prices the experts (``_moe_tiles.MOE_ROUTER_KERNELS_S``, 2026-12-07): bf16 +9.3%, -3.9%, +2.9% (TPOT -8.5%,
+  +4.2%, -2.7%).
 
 The two misses. FP8 MoE at 64 clients: real TPOT 6.4 ms, where reading all 29 GB of FP8 experts once
 a step (uniform routing over 64 rows touches ~126 of 128 experts) takes 6.0 ms at the datasheet's
 4.8 TB/s and the KV another ~1 ms, so those steps touched fewer experts than uniform routing says
-(random weights; the H100's 128-client window showed the same). gpt-oss-20b at 64 clients: the TPOT
+(random weights; the H100's 128-client window showed the same). Confirmed on 2026-12-07 by vLLM's profiler
+in the same H100 start's 128- and 256-sequence decodes: its expert kernels ran at under a seventh of what the
+kernel probe times under uniform routing (``tests/sim/test_steps_moe.py``). gpt-oss-20b at 64 clients: the TPOT
 is right, but real TTFT averaged 2.3 s for 256-token prompts, a first-use stall (the MXFP4 Triton
 kernels' first shapes) the simulator does not have, and the window is 12 s long.
 A change that moves these figures is to update the figures and docs/model-classes.md together.
