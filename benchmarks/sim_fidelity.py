@@ -72,7 +72,7 @@ for _p in (ROOT / "platform", ROOT / "benchmarks"):
 from _fidelity import (FOLDS, H100_CLASSES_FIXTURES, H100_FIXTURES, H200_CLASSES_FIXTURES, fit_moe_floor, H100_GPU, HOST_MODELS, UNSEEN_STARTS, UNSEEN_STUDIES,  # noqa: E402
                        calibration_host_factors, error_summary, fidelity_rows, fit, fit_eager_floor, fit_fp8_kv_read,
                        fit_frontend, fit_h100_kv_read, format_table, h100_check, h200_knobs_on, in_h100_fit, held_out, held_out_cells, host_checks,
-                       in_calibration_fit, replay_fold, serving_flags,
+                       in_calibration_fit, replay_fold, routes_uniformly, serving_flags,
                        load_calibration_runs, load_evidence, load_h100_runs, load_hybrid_runs, load_study_runs, load_unseen_runs, read_knobs)
 
 
@@ -123,6 +123,12 @@ def _windows_report(rows: list[Any], as_json: bool) -> int:
     for start, e in starts.items():
         print(f"  {start}: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
               f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} windows)")
+    uniform = [r for r in rows if routes_uniformly(r.name)]
+    if 0 < len(uniform) < len(rows):
+        e = error_summary(uniform)
+        print(f"without the windows of random-weight FP8 experts routed to few experts (_fidelity.FEW_EXPERTS_STARTS): "
+              f"throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
+              f"TTFT {100 * e['ttft_mae']:.1f}% ({len(uniform)} windows)")
     return 0
 
 

@@ -193,8 +193,8 @@ def error_band(gpu_type: str, gpus_per_engine: int = 1, moe: bool = False) -> Er
                              preemption="right on all 8 windows", source="docs/model-classes.md")
         if gpu_type == "H200":
             return ErrorBand(True, "MoE on H200, vLLM 0.26.0, TP=1, a Qwen3-30B-A3B shape in bf16 and FP8 and "
-                             "gpt-oss-20b (9 windows, docs/model-classes.md)", throughput="14.3%", tpot="14.4%",
-                             ttft="29.2%", preemption="right on all 9 windows", source="docs/model-classes.md")
+                             "gpt-oss-20b (7 windows, docs/model-classes.md)", throughput="9.2%", tpot="6.6%",
+                             ttft="26.9%", preemption="right on all 9 windows", source="docs/model-classes.md")
         return ErrorBand(False, f"MoE models on the {gpu_type}")
     if gpu_type == "H200":
         return ErrorBand(True, "on H200, vLLM 0.26.0, TP=1, dense 8B/14B/24B (66 windows)", throughput="1.6-5.5%",
