@@ -33,6 +33,9 @@ Fixtures: ``tests/fixtures/published_runs/*.yaml``, each a list of runs. One run
                                               # default: generation_config: {temperature: 0.7, top_k: 20,
                                               # top_p: 0.8, repetition_penalty: 1.1}, the model's, which
                                               # the server applied (Workload.sampling, sim.sampling)
+                                              # output_rate: duration (default) | token_span (guidellm:
+                                              # judged on measured.generated_tokens / duration_s;
+                                              # OUTPUT_RATES)
       measured: {output_throughput: 9876.5, request_throughput: 12.3,
                  ttft_ms: {mean: 1, median: 1, p99: 1}, tpot_ms: {mean: 1, median: 1, p99: 1},
                  itl_ms: {mean: 1, median: 1, p99: 1}}
@@ -152,7 +155,21 @@ WORKLOAD_KEYS = ("dataset", "input_len", "output_len", "num_prompts", "request_r
                  "range_ratio", "prefix_len", "num_prefix_groups", "loop", "prefix_cache_hit_rate", "after_input_len",
                  "resent_prompts", "resent_len")
 MEASURED_KEYS = ("output_throughput", "request_throughput", "total_token_throughput", "ttft_ms", "tpot_ms",
-                 "itl_ms", "e2el_ms", "duration_s", "completed")
+                 "itl_ms", "e2el_ms", "duration_s", "completed", "generated_tokens")
+#: What a client's published "Output token throughput" divides (``client.output_rate``). ``duration``
+#: (the default; ``vllm bench serve``): generated tokens / benchmark duration, as the simulator reports it.
+#: ``token_span``: guidellm's ``output_tokens_per_second``, the duration-weighted mean of rates between
+#: successive token timestamps of the successful requests with no window passed, i.e. their tokens over
+#: the first to the last token timestamp (guidellm 0.5.3, ``benchmark/schemas/generative/metrics.py`` lines
+#: 886-891 against ``requests_per_second``'s measure window at 804-811; ``schemas/statistics.py`` lines
+#: 313-388; a response with one token iteration is one stamp at its end, ``schemas/request_stats.py``
+#: lines 290-310; the same code at 0.7.1), while its "Benchmark duration" is the measure window, first
+#: request sent to last finished (``benchmark.py`` lines 88-94, ``accumulator.py`` lines 185 and 211: GPUStack
+#: passes no --warmup / --cooldown, ``gpustack/worker/benchmark/runner.py`` ``_build_command_args`` at
+#: gpustack 6ceec5b). GPUStack's pages print both (``hack/perf/perf_doc_common.py``
+#: ``render_benchmark_result_block`` at 6ceec5b, lines 247-291), so such a run is judged on its printed
+#: ``generated_tokens`` / ``duration_s``, the simulator's own definition. Read after seeing the errors.
+OUTPUT_RATES = ("duration", "token_span")
 STAT_KEYS = ("mean", "median", "p90", "p99", "std")
 _STATED_VERSION = re.compile(r"v?\d+\.\d+(\.\d+){0,2}((rc|\.post|\.dev)\d+)?")
 
@@ -230,10 +247,19 @@ class PublishedRun:
         return None if value is None else float(value)
 
     @property
+    def output_rate(self) -> float:
+        """The published output tok/s as the simulator defines it (generated tokens / duration): the
+        printed figure, or for a ``client.output_rate: token_span`` client (:data:`OUTPUT_RATES`) the
+        page's generated tokens over its duration."""
+        if self.client.get("output_rate") == "token_span":
+            return float(self.measured["generated_tokens"]) / float(self.measured["duration_s"])
+        return float(self.measured["output_throughput"])
+
+    @property
     def headline(self) -> tuple[str, float]:
-        """The figure a run is judged on: closed-loop output tok/s, open-loop TPOT ms."""
+        """The figure a run is judged on: closed-loop output tok/s (:attr:`output_rate`), open-loop TPOT ms."""
         if self.closed_loop:
-            return "output_throughput", float(self.measured["output_throughput"])
+            return "output_throughput", self.output_rate
         value = self.stat("tpot_ms")
         assert value is not None  # the loader requires it
         return "tpot_ms", value
@@ -449,6 +475,21 @@ def _client_template(where: str, client: Mapping[str, Any]) -> None:
                     "write the tokens the model's chat template adds around one user message (endpoint /v1/chat/completions)")
 
 
+def _client_output_rate(where: str, client: Mapping[str, Any], measured: Mapping[str, Any]) -> None:
+    """``client.output_rate`` is one of :data:`OUTPUT_RATES`; a guidellm client states it (its rate is
+    not tokens / duration), and ``token_span`` comes with the printed ``generated_tokens`` and ``duration_s``."""
+    rate = client.get("output_rate", "duration")
+    if rate not in OUTPUT_RATES:
+        raise _fail(where, "client.output_rate", f"expected one of {', '.join(OUTPUT_RATES)}, got {rate!r}",
+                    "duration: tokens / benchmark duration; token_span: guidellm's first-to-last token stamp")
+    if "guidellm" in str(client["tool"]) and "output_rate" not in client:
+        raise _fail(where, "client.output_rate", "missing: guidellm's output tok/s is over its token stamps' span",
+                    "write output_rate: token_span with measured.generated_tokens and duration_s")
+    if rate == "token_span" and not {"generated_tokens", "duration_s"} <= set(measured):
+        raise _fail(where, "measured.generated_tokens", "missing beside output_rate: token_span",
+                    "write the page's 'Total generated tokens' and 'Benchmark duration (s)'")
+
+
 def resolve_model(name: str, fixture_dir: Path = FIXTURES) -> ModelProfile:
     """A run's ``model``: servetune's shipped model of that name, else the config.json in
     ``models/<name>/`` beside the fixture file, else in :data:`LOG_MODELS`."""
@@ -494,6 +535,7 @@ def _run(where: str, entry: Any, file: str, fixture_dir: Path) -> PublishedRun:
                     "state client.seed and dataset: random, or drop after_input_len")
     _client_sampling(where, entry["client"], str(entry["vllm_version"]))
     _client_template(where, entry["client"])
+    _client_output_rate(where, entry["client"], entry["measured"] if isinstance(entry["measured"], Mapping) else {})
     resolve_model(str(entry["model"]), fixture_dir)
     flashinfer = _flashinfer(where, entry.get("flashinfer"))
     return PublishedRun(
@@ -1172,7 +1214,7 @@ def _per_run(judged: Sequence[Judged]) -> list[dict[str, Any]]:
         name, real = j.run.headline
         sim = j.sim_output_throughput if name == "output_throughput" else j.sim_tpot_ms
         rows.append({"id": j.run.id, "split": j.run.split, "gpu": j.run.gpu, "layout": j.run.layout_label,
-                     "shape": j.run.shape, "headline": name, "real": real, "sim": None if sim is None else round(sim, 2),
+                     "shape": j.run.shape, "headline": name, "real": round(real, 2), "sim": None if sim is None else round(sim, 2),
                      "error_pct": None if j.headline_error is None else round(100 * j.headline_error, 1),
                      "ttft_real": j.run.stat("ttft_ms"), "ttft_sim": None if j.sim_ttft_ms is None else round(j.sim_ttft_ms, 1),
                      "ttft_error_pct": None if j.ttft_error is None else round(100 * j.ttft_error, 1),
