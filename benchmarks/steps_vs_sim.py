@@ -7,10 +7,10 @@ worker trace, reduced to ``steps.json.gz`` (``trace_steps.py --window``): each s
 and generation tokens, the KV they attend to) and its GPU kernels. :func:`compare` prices the same
 batch with ``PerfModel.gpu_cost`` and returns both, kind by kind: GEMMs, attention, KV-cache writes
 and the element-wise rest (Inductor's fused kernels, the sampler, copies). The GPU's busy time of the
-step is set against the simulated GPU time. For an MoE model the routed experts' kernels (:data:`EXPERT_KERNELS`,
-what vLLM's ``fused_experts`` launches) are set apart against ``PerfModel.moe_seconds`` plus
-``moe_activation_seconds``, the layer ``benchmarks/moe_vs_sim.py --layer`` holds against the kernel probe. The CPU gaps between steps are not compared: the profiler
-slows the CPU side.
+step is set against the simulated GPU time. For an MoE model the routed experts' kernels
+(:data:`EXPERT_KERNELS`, what vLLM's ``fused_experts`` launches) are set apart against ``PerfModel.moe_seconds`` plus
+``moe_activation_seconds``, the layer ``benchmarks/moe_vs_sim.py --layer`` holds against the kernel probe.
+The CPU gaps between steps are not compared: the profiler slows the CPU side.
 
     PYTHONPATH=platform:benchmarks .venv/bin/python benchmarks/steps_vs_sim.py [--classes] [--knob NAME=VALUE ...]
 """
