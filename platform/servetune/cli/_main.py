@@ -377,7 +377,8 @@ def _tune(args: argparse.Namespace) -> int:
     if note:
         print(f"servetune: note: {note}")
     print(f"servetune: run it with:\n  {outcome.best_command}")
-    for line in measure_only_notes(outcome.best_flags or {}):  # flags the command above leaves out (flags.serving_flags)
+    # Flags the command above leaves out (flags.serving_flags), and what random weights do to a quantized MoE.
+    for line in measure_only_notes(outcome.best_flags or {}, moe=_is_moe(spec.model)):
         print(f"servetune: note: {line}")
     for line in (outcome.headroom or {}).get("text", []):  # the winner's headroom (search.headroom)
         print(f"servetune: {line}")
@@ -385,6 +386,17 @@ def _tune(args: argparse.Namespace) -> int:
     if outcome.interrupted:
         print(f"servetune: continue the study with: {resume}")
     return stopped or 0
+
+
+def _is_moe(model: str) -> bool:
+    """Whether the study's model routes experts (False where its config cannot be read here)."""
+    from servetune.errors import SpecError
+    from servetune.planner.modelinfo import load_model
+
+    try:
+        return bool(load_model(model).is_moe)
+    except (SpecError, OSError, ValueError):
+        return False
 
 
 def _best(args: argparse.Namespace) -> int:

@@ -281,16 +281,34 @@ def serving_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flags.items() if not _measure_only(str(k), v)}
 
 
-def measure_only_notes(flags: Mapping[str, Any]) -> list[str]:
-    """What to tell the user of each measure-only flag in ``flags`` (:func:`serving_flags` leaves them out).
+#: What random weights do to an MoE model quantized online: vLLM's profiler inside a real vLLM 0.26.0 start on an
+#: H100 SXM (the Qwen3-30B-A3B shape, ``--load-format dummy --quantization fp8``, 2026-12-07;
+#: ``tests/fixtures/real_h100_classes/2026-12-07_q3moe_fp8_prof_*``) timed its expert kernels at under a seventh of
+#: what uniform routing costs: its batches went to few experts. The same shape's bf16 random weights routed as
+#: uniform routing does.
+_FEW_EXPERTS_NOTE = ("random weights quantized online route an MoE model's batches to few experts (vLLM's profiler, "
+                     "2026-12-07): above one sequence these trials ran faster than the checkpoint will; measure "
+                     "the winner on the real weights before relying on its throughput")
+
+
+def measure_only_notes(flags: Mapping[str, Any], moe: bool = False) -> list[str]:
+    """What to tell the user of each measure-only flag in ``flags`` (:func:`serving_flags` leaves them out), and
+    for an MoE model (``moe``) quantized online on random weights, that its trials' speed is not the checkpoint's.
 
     Example:
         >>> measure_only_notes({"load_format": "dummy"})[0][:38]
         'the trials ran on random weights (load'
         >>> measure_only_notes({"load_format": "safetensors"})
         []
+        >>> [n[:31] for n in measure_only_notes({"load_format": "dummy", "quantization": "fp8"}, moe=True)][1:]
+        ['random weights quantized online']
+        >>> len(measure_only_notes({"load_format": "dummy", "quantization": "fp8"}))  # a dense model routes nothing
+        1
     """
-    return [_MEASURE_ONLY[str(k)][1] for k, v in flags.items() if _measure_only(str(k), v)]
+    notes = [_MEASURE_ONLY[str(k)][1] for k, v in flags.items() if _measure_only(str(k), v)]
+    if moe and _measure_only("load_format", flags.get("load_format")) and flags.get("quantization"):
+        notes.append(_FEW_EXPERTS_NOTE)
+    return notes
 
 
 def to_config_yaml(model: str, flags: Mapping[str, Any]) -> str:
