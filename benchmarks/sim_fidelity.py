@@ -164,7 +164,8 @@ def h100_report() -> None:
             print(format_table(factored))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of :func:`main`."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", type=int, metavar="TRIALS", help="search the knobs on every run first")
     parser.add_argument("--knobs", type=Path, metavar="FILE",
@@ -207,141 +208,105 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the result as JSON to this file")
     parser.add_argument("--json", action="store_true", help="print rows and errors as JSON")
-    args = parser.parse_args(argv)
-    for name, given, needs, mode in (("--knobs", args.knobs, args.unseen, "--unseen"),
-                                     ("--kernels", args.kernels, args.fit, "--fit N"),
-                                     ("--start", args.start, args.fit, "--fit N")):
-        if given and not needs:  # before any simulation: an option its mode would silently ignore
-            print(f"{name} works with {mode} only: add {mode}", file=sys.stderr)
-            return 2
-    t0 = time.perf_counter()
-    if args.published:
-        import published_runs
+    return parser
 
-        return published_runs.main(["--compare", *(["--json"] if args.json else [])])
-    if args.h100:
-        if args.json:  # a report of several tables and the planner's lines: text only
-            print("--json does not go with --h100 (a text report): leave --json out", file=sys.stderr)
-            return 2
-        h100_report()
-        return 0
-    if args.hybrid:
-        return _windows_report(fidelity_rows(None, load_hybrid_runs(), gpu=H100_GPU), args.json)
-    if args.h100_classes or args.h200_classes:
-        rows = fidelity_rows(None, load_h100_runs(H100_CLASSES_FIXTURES), gpu=H100_GPU) if args.h100_classes \
-            else fidelity_rows(None, load_h100_runs(H200_CLASSES_FIXTURES), gpu="H200")
-        return _windows_report(rows, args.json)
-    if args.fit_moe_floor:
-        print(json.dumps({"moe_layer_floor_s": float(f"{fit_moe_floor():.3g}")}))
-        return 0
-    if args.fit_h100:
-        print(json.dumps({"kv_read_efficiency": float(f"{fit_h100_kv_read():.4g}")}))
-        return 0
-    if args.held_out:
-        folds = {k: v for k, v in FOLDS.items() if not args.fold or k in args.fold}
-        result = {}
-        for name, (knobs, rows) in held_out(args.held_out, args.seed, folds=folds).items():
-            print(f"\n== held out: {name} (fitted on the other runs, {args.held_out} trials)")
-            print("knobs:", json.dumps({k: float(f"{v:.4g}") for k, v in knobs.items()}))
-            print(format_table(rows))
-            for shape, e in _by_shape(rows).items():
-                print(f"  {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
-                      f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
-            tested = {r.name for r in rows}
-            result[name] = {"knobs": knobs, "fitted_on": [r.name for r in load_evidence() if r.name not in tested],
-                            "rows": _rows_json(rows), "errors": error_summary(rows), "by_shape": _by_shape(rows)}
-        print(f"\n{time.perf_counter() - t0:.0f} s")
-        if args.out:
-            # Merge into an existing file: folds are fitted in separate processes (one per core).
-            old = json.loads(args.out.read_text()) if args.out.exists() else {"folds": {}}
-            old["folds"].update(result)
-            old.update(trials=args.held_out, seed=args.seed)
-            args.out.write_text(json.dumps(old, indent=1))
-        return 0
-    if args.replay_folds:
-        # Re-simulate the recorded folds under today's engine: each fold's knobs as fitted, its
-        # API-server loop triple chosen on its own training windows (_fidelity.replay_fold).
-        path = ROOT / "benchmarks" / "results" / "sim_heldout_h200.json"
-        recorded = json.loads(path.read_text())
-        evidence = load_evidence()
-        for name, fold in recorded["folds"].items():
-            if args.fold and name not in args.fold:
-                continue
-            fitted_on = set(fold["fitted_on"])
-            train = [r for r in evidence if r.name in fitted_on]
-            test = [r for r in evidence if FOLDS[name](r)]
-            knobs, rows = replay_fold(fold["knobs"], train, test)
-            print(f"\n== replayed: {name}: api_chunk_share {knobs['api_chunk_share']}, "
-                  f"api_intake_passes {knobs['api_intake_passes']:g}, client_chunk_s {knobs['client_chunk_s']:g}")
-            print(format_table(rows))
-            fold.update(knobs=knobs, rows=_rows_json(rows), errors=error_summary(rows), by_shape=_by_shape(rows))
-        if args.out:
-            args.out.write_text(json.dumps(recorded, indent=1))
-        print(f"\n{time.perf_counter() - t0:.0f} s")
-        return 0
-    if args.grid:
-        recorded = json.loads((ROOT / "benchmarks" / "results" / "sim_heldout_h200.json").read_text())
-        rows = fidelity_rows(recorded["folds"]["size 8B"]["knobs"], load_study_runs())
+
+def _held_out_report(args: argparse.Namespace, t0: float) -> int:
+    """``--held-out TRIALS``: fit per fold, print the held-out runs, merge them into ``--out``."""
+    folds = {k: v for k, v in FOLDS.items() if not args.fold or k in args.fold}
+    result = {}
+    for name, (knobs, rows) in held_out(args.held_out, args.seed, folds=folds).items():
+        print(f"\n== held out: {name} (fitted on the other runs, {args.held_out} trials)")
+        print("knobs:", json.dumps({k: float(f"{v:.4g}") for k, v in knobs.items()}))
         print(format_table(rows))
-        print(grid_ranking(rows))
-        return 0
-    if args.unseen:
-        candidate = None
-        if args.knobs:
-            candidate = read_knobs("--knobs", args.knobs)
-            if candidate is None:
-                return 2
-        rows = fidelity_rows(candidate, load_unseen_runs())
-        print(format_table(rows))
-        for folder in (*UNSEEN_STUDIES, *(f"scale/{start}" for start in UNSEEN_STARTS)):
-            group = [r for r in rows if r.real.name.startswith(folder + "/")]
-            if not group:
-                continue  # a start whose windows were all profiled (2026-12-04e_l8b_u09_s256_eager)
-            e = error_summary(group)
-            mark = "in the committed fit" if all(in_calibration_fit(r.name) for r in group) else "never fitted"
-            print(f"  {folder} ({mark}): throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
+        for shape, e in _by_shape(rows).items():
+            print(f"  {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
                   f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
-            if folder in UNSEEN_STUDIES and len(group) > 1:
-                print("  " + grid_ranking(group))
-        # Only the never-fitted rows are fidelity figures; the others are the fit's own.
-        for label, group in (("never fitted (held-out hosts)", [r for r in rows if not in_calibration_fit(r.name)]),
-                             ("in the committed fit (not a fidelity figure)",
-                              [r for r in rows if in_calibration_fit(r.name)])):
-            print(f"  {label}:")
-            for shape, e in _by_shape(group).items():
-                print(f"    {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
+        tested = {r.name for r in rows}
+        result[name] = {"knobs": knobs, "fitted_on": [r.name for r in load_evidence() if r.name not in tested],
+                        "rows": _rows_json(rows), "errors": error_summary(rows), "by_shape": _by_shape(rows)}
+    print(f"\n{time.perf_counter() - t0:.0f} s")
+    if args.out:
+        # Merge into an existing file: folds are fitted in separate processes (one per core).
+        old = json.loads(args.out.read_text()) if args.out.exists() else {"folds": {}}
+        old["folds"].update(result)
+        old.update(trials=args.held_out, seed=args.seed)
+        args.out.write_text(json.dumps(old, indent=1))
+    return 0
+
+
+def _replay_folds_report(args: argparse.Namespace, t0: float) -> int:
+    """``--replay-folds``: the recorded folds re-simulated under today's engine."""
+    # Re-simulate the recorded folds under today's engine: each fold's knobs as fitted, its
+    # API-server loop triple chosen on its own training windows (_fidelity.replay_fold).
+    path = ROOT / "benchmarks" / "results" / "sim_heldout_h200.json"
+    recorded = json.loads(path.read_text())
+    evidence = load_evidence()
+    for name, fold in recorded["folds"].items():
+        if args.fold and name not in args.fold:
+            continue
+        fitted_on = set(fold["fitted_on"])
+        train = [r for r in evidence if r.name in fitted_on]
+        test = [r for r in evidence if FOLDS[name](r)]
+        knobs, rows = replay_fold(fold["knobs"], train, test)
+        print(f"\n== replayed: {name}: api_chunk_share {knobs['api_chunk_share']}, "
+              f"api_intake_passes {knobs['api_intake_passes']:g}, client_chunk_s {knobs['client_chunk_s']:g}")
+        print(format_table(rows))
+        fold.update(knobs=knobs, rows=_rows_json(rows), errors=error_summary(rows), by_shape=_by_shape(rows))
+    if args.out:
+        args.out.write_text(json.dumps(recorded, indent=1))
+    print(f"\n{time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def _unseen_report(args: argparse.Namespace) -> int:
+    """``--unseen``: the committed (or ``--knobs``) calibration on the studies measured after it was fitted."""
+    candidate = None
+    if args.knobs:
+        candidate = read_knobs("--knobs", args.knobs)
+        if candidate is None:
+            return 2
+    rows = fidelity_rows(candidate, load_unseen_runs())
+    print(format_table(rows))
+    for folder in (*UNSEEN_STUDIES, *(f"scale/{start}" for start in UNSEEN_STARTS)):
+        group = [r for r in rows if r.real.name.startswith(folder + "/")]
+        if not group:
+            continue  # a start whose windows were all profiled (2026-12-04e_l8b_u09_s256_eager)
+        e = error_summary(group)
+        mark = "in the committed fit" if all(in_calibration_fit(r.name) for r in group) else "never fitted"
+        print(f"  {folder} ({mark}): throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
+              f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
+        if folder in UNSEEN_STUDIES and len(group) > 1:
+            print("  " + grid_ranking(group))
+    # Only the never-fitted rows are fidelity figures; the others are the fit's own.
+    for label, group in (("never fitted (held-out hosts)", [r for r in rows if not in_calibration_fit(r.name)]),
+                         ("in the committed fit (not a fidelity figure)",
+                          [r for r in rows if in_calibration_fit(r.name)])):
+        print(f"  {label}:")
+        for shape, e in _by_shape(group).items():
+            print(f"    {shape}-heavy: throughput {100 * e['throughput_mae']:.1f}%, TPOT {100 * e['tpot_mae']:.1f}%, "
+                  f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
+    checks = host_checks(calibration=candidate)
+    print("\nheld out, per size and load shape (each held-out host at its factor; never-fitted windows):")
+    for cell, group in held_out_cells(checks).items():
+        e = error_summary(group)
+        print(f"  {cell:<22} {e['runs']:3.0f} windows: throughput {100 * e['throughput_mae']:.1f}% "
+              f"(max {100 * e['throughput_max']:.1f}%), TPOT {100 * e['tpot_mae']:.1f}%, "
+              f"TTFT {100 * e['ttft_mae']:.1f}%, preempting or not right on {e['preemption_class_agree']:.0%}")
+    print("\nthe host's API-server CPU factor, read off one window per host, on the host's other windows:")
+    for check in checks:
+        print(f"  {check.host}: factor {check.api_cpu_factor:.2f} from {check.calibrating_window}")
+        plain = "committed calibration" if candidate is None else "candidate calibration"
+        for label, group in ((plain, check.plain), ("with the host factor", check.with_factor)):
+            for shape, e in {"all": error_summary(group), **_by_shape(group)}.items():
+                print(f"    {label:<22} {shape:>8}: throughput {100 * e['throughput_mae']:.1f}% "
+                      f"(max {100 * e['throughput_max']:.1f}%), TPOT {100 * e['tpot_mae']:.1f}%, "
                       f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
-        checks = host_checks(calibration=candidate)
-        print("\nheld out, per size and load shape (each held-out host at its factor; never-fitted windows):")
-        for cell, group in held_out_cells(checks).items():
-            e = error_summary(group)
-            print(f"  {cell:<22} {e['runs']:3.0f} windows: throughput {100 * e['throughput_mae']:.1f}% "
-                  f"(max {100 * e['throughput_max']:.1f}%), TPOT {100 * e['tpot_mae']:.1f}%, "
-                  f"TTFT {100 * e['ttft_mae']:.1f}%, preempting or not right on {e['preemption_class_agree']:.0%}")
-        print("\nthe host's API-server CPU factor, read off one window per host, on the host's other windows:")
-        for check in checks:
-            print(f"  {check.host}: factor {check.api_cpu_factor:.2f} from {check.calibrating_window}")
-            plain = "committed calibration" if candidate is None else "candidate calibration"
-            for label, group in ((plain, check.plain), ("with the host factor", check.with_factor)):
-                for shape, e in {"all": error_summary(group), **_by_shape(group)}.items():
-                    print(f"    {label:<22} {shape:>8}: throughput {100 * e['throughput_mae']:.1f}% "
-                          f"(max {100 * e['throughput_max']:.1f}%), TPOT {100 * e['tpot_mae']:.1f}%, "
-                          f"TTFT {100 * e['ttft_mae']:.1f}% ({e['runs']:.0f} runs)")
-        return 0
-    if args.fit_fp8:
-        print("fitted knobs:", json.dumps({"fp8_kv_read_efficiency": float(f"{fit_fp8_kv_read():.4g}")}))
-        return 0
-    if args.fit_eager:
-        print("fitted knobs:", json.dumps({"eager_layer_overhead_s": float(f"{fit_eager_floor():.4g}")}))
-        return 0
-    if args.fit_frontend:
-        best, losses = fit_frontend()
-        for (share, passes, client), value in sorted(losses.items()):
-            print(f"  api_chunk_share {share:.2f}  api_intake_passes {passes}  client_chunk_s {client:.0e}: "
-                  f"loss {value:.4f}")
-        print("fitted knobs:", json.dumps({"api_chunk_share": best[0], "api_intake_passes": best[1],
-                                           "client_chunk_s": best[2]}))
-        return 0
+    return 0
+
+
+def _fit_and_report(args: argparse.Namespace) -> int:
+    """The default mode: the committed knobs (or, with ``--fit N``, knobs searched first) on every run."""
     knobs = None
     if args.fit:
         # The committed calibration's runs: every host but the held-out ones, each at its own factor.
@@ -377,6 +342,67 @@ def main(argv: list[str] | None = None) -> int:
         print(format_table(rows))
     return 0
 
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for name, given, needs, mode in (("--knobs", args.knobs, args.unseen, "--unseen"),
+                                     ("--kernels", args.kernels, args.fit, "--fit N"),
+                                     ("--start", args.start, args.fit, "--fit N")):
+        if given and not needs:  # before any simulation: an option its mode would silently ignore
+            print(f"{name} works with {mode} only: add {mode}", file=sys.stderr)
+            return 2
+    t0 = time.perf_counter()
+    if args.published:
+        import published_runs
+
+        return published_runs.main(["--compare", *(["--json"] if args.json else [])])
+    if args.h100:
+        if args.json:  # a report of several tables and the planner's lines: text only
+            print("--json does not go with --h100 (a text report): leave --json out", file=sys.stderr)
+            return 2
+        h100_report()
+        return 0
+    if args.hybrid:
+        return _windows_report(fidelity_rows(None, load_hybrid_runs(), gpu=H100_GPU), args.json)
+    if args.h100_classes or args.h200_classes:
+        rows = fidelity_rows(None, load_h100_runs(H100_CLASSES_FIXTURES), gpu=H100_GPU) if args.h100_classes \
+            else fidelity_rows(None, load_h100_runs(H200_CLASSES_FIXTURES), gpu="H200")
+        return _windows_report(rows, args.json)
+    if args.fit_moe_floor:
+        print(json.dumps({"moe_layer_floor_s": float(f"{fit_moe_floor():.3g}")}))
+        return 0
+    if args.fit_h100:
+        print(json.dumps({"kv_read_efficiency": float(f"{fit_h100_kv_read():.4g}")}))
+        return 0
+    if args.held_out:
+        return _held_out_report(args, t0)
+    if args.replay_folds:
+        return _replay_folds_report(args, t0)
+    if args.grid:
+        recorded = json.loads((ROOT / "benchmarks" / "results" / "sim_heldout_h200.json").read_text())
+        rows = fidelity_rows(recorded["folds"]["size 8B"]["knobs"], load_study_runs())
+        print(format_table(rows))
+        print(grid_ranking(rows))
+        return 0
+    if args.unseen:
+        return _unseen_report(args)
+    if args.fit_fp8:
+        print("fitted knobs:", json.dumps({"fp8_kv_read_efficiency": float(f"{fit_fp8_kv_read():.4g}")}))
+        return 0
+    if args.fit_eager:
+        print("fitted knobs:", json.dumps({"eager_layer_overhead_s": float(f"{fit_eager_floor():.4g}")}))
+        return 0
+    if args.fit_frontend:
+        best, losses = fit_frontend()
+        for (share, passes, client), value in sorted(losses.items()):
+            print(f"  api_chunk_share {share:.2f}  api_intake_passes {passes}  client_chunk_s {client:.0e}: "
+                  f"loss {value:.4f}")
+        print("fitted knobs:", json.dumps({"api_chunk_share": best[0], "api_intake_passes": best[1],
+                                           "client_chunk_s": best[2]}))
+        return 0
+    return _fit_and_report(args)
 
 if __name__ == "__main__":
     raise SystemExit(main())
