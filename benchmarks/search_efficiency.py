@@ -468,11 +468,8 @@ def format_accuracy(rows: Sequence[Mapping[str, Any]]) -> str:
 
 # -- main -----------------------------------------------------------------------------------------
 
-def write_doc(path: Path, table: str, mf_table: str, accuracy: str, stops: str, seeds: int, max_trials: int,
-              elapsed_s: float, real_stops: str = "") -> None:
-    margin = EarlyStop().margin
-    cells = "\n".join(f"- `{c.name}`: {c.model} on {c.gpu}, {c.note}" for c in CELLS)
-    text = f"""# Search efficiency: GPU time to the best configuration
+#: docs/search-efficiency.md as :func:`write_doc` fills it (``str.format`` fields: the run's tables and figures).
+_DOC_TEMPLATE = """# Search efficiency: GPU time to the best configuration
 
 The goal: reach at least 98% of the grid's best preemption-free throughput with at most 25% of
 the grid's GPU time, and spend under 2% of a study's GPU time on trials that fail at startup.
@@ -692,6 +689,16 @@ for the same flags); it is ~0.06 GiB, so the verdict can only be wrong within ~0
 
 _Generated in {elapsed_s:.0f} s._
 """
+
+
+def write_doc(path: Path, table: str, mf_table: str, accuracy: str, stops: str, seeds: int, max_trials: int,
+              elapsed_s: float, real_stops: str = "") -> None:
+    """docs/search-efficiency.md from :data:`_DOC_TEMPLATE` and this run's tables (:func:`write_doc_text`)."""
+    cells = "\n".join(f"- `{c.name}`: {c.model} on {c.gpu}, {c.note}" for c in CELLS)
+    text = _DOC_TEMPLATE.format(cells=cells, table=table, mf_table=mf_table, accuracy=accuracy, stops=stops,
+                                seeds=seeds, max_trials=max_trials, elapsed_s=elapsed_s, real_stops=real_stops,
+                                margin=EarlyStop().margin, MISMATCH_FACTOR=MISMATCH_FACTOR,
+                                MISMATCH_NOISE=MISMATCH_NOISE, STUDY_TRIALS=STUDY_TRIALS)
     write_doc_text(path, text)
 
 
