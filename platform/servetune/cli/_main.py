@@ -25,10 +25,13 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servetune import envs
 from servetune.errors import SpecError
+
+if TYPE_CHECKING:  # the planner's import stays out of the CLI's start-up
+    from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["main", "build_parser"]
 
@@ -378,7 +381,7 @@ def _tune(args: argparse.Namespace) -> int:
         print(f"servetune: note: {note}")
     print(f"servetune: run it with:\n  {outcome.best_command}")
     # Flags the command above leaves out (flags.serving_flags), and what random weights do to a quantized MoE.
-    for line in measure_only_notes(outcome.best_flags or {}, moe=_is_moe(spec.model)):
+    for line in measure_only_notes(outcome.best_flags or {}, moe=_is_moe(spec.model_profile, spec.model_ref)):
         print(f"servetune: note: {line}")
     for line in (outcome.headroom or {}).get("text", []):  # the winner's headroom (search.headroom)
         print(f"servetune: {line}")
@@ -388,13 +391,15 @@ def _tune(args: argparse.Namespace) -> int:
     return stopped or 0
 
 
-def _is_moe(model: str) -> bool:
-    """Whether the study's model routes experts (False where its config cannot be read here)."""
-    from servetune.errors import SpecError
+def _is_moe(profile: ModelProfile | None, model_ref: str) -> bool:
+    """Whether the study's model routes experts: its loaded ``profile``, else ``model_ref``'s config (False where
+    that cannot be read here)."""
     from servetune.planner.modelinfo import load_model
 
+    if profile is not None:
+        return bool(profile.is_moe)
     try:
-        return bool(load_model(model).is_moe)
+        return bool(load_model(model_ref).is_moe)
     except (SpecError, OSError, ValueError):
         return False
 
