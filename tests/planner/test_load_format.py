@@ -40,13 +40,18 @@ def test_a_trial_is_launched_with_it_and_the_recommendation_is_not() -> None:
 
 
 @pytest.mark.slow
-def test_a_study_on_random_weights_records_them_and_recommends_the_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("model", "extra", "few_experts"), [("llama-3.1-8b", {}, False),
+                                                          ("qwen3-30b-a3b", {"quantization": "fp8"}, True)],
+                         ids=["dense", "moe-fp8"])
+def test_a_study_on_random_weights_records_them_and_recommends_the_checkpoint(
+        tmp_path: Path, model: str, extra: dict, few_experts: bool) -> None:
     """The quickstart study, shortened, with ``load_format: dummy`` pinned: the dataset keeps the flag on
     every trial, the printed command, best_command.txt and best_config.yaml leave it out, and the output
-    says why."""
+    says why; for an MoE model quantized online it adds that random weights route to few experts (vLLM's
+    profiler, 2026-12-07), for a dense one it does not."""
     spec = yaml.safe_load((REPO / "jobs" / "quickstart.yaml").read_text())
-    spec["fixed_flags"] = {**(spec.get("fixed_flags") or {}), "load_format": "dummy"}
-    spec["model"] = "llama-3.1-8b"
+    spec["fixed_flags"] = {**(spec.get("fixed_flags") or {}), "load_format": "dummy", **extra}
+    spec["model"] = model
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO / "platform"), "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled",
@@ -57,6 +62,7 @@ def test_a_study_on_random_weights_records_them_and_recommends_the_checkpoint(tm
     command = proc.stdout.split("run it with:\n", 1)[1].splitlines()[0]
     assert command.strip().startswith("vllm serve ") and "--load-format" not in command
     assert "ran on random weights (load_format: dummy)" in proc.stdout
+    assert ("route an MoE model's batches to few experts" in proc.stdout) is few_experts
     trials = read_trials(tmp_path / "servetune-runs" / "dataset")
     assert len(trials) == 3 and set(trials["flag_load_format"]) == {"dummy"}
     files = {p.name: p.read_text() for p in (tmp_path / "servetune-runs").rglob("best_*")}
