@@ -526,14 +526,23 @@ def _warmup_verdict(config: EngineConfig, rules: VllmMemoryRules, acc: _Accounti
         return _Verdict(None, None, None, None, False)
     fix = (f"fails in the sampler warm-up after CUDA-graph capture ({acc.warmup_rows} rows: "
            f"{(need - free) / GiB:.2f} GiB short of its {need / GiB:.2f} GiB): "
-           + ", or ".join((*_warmup_fixes(config, acc, seqs_for, failing=True),
+           + ", or ".join((*(f"lower {f.flag} to <= {f.bound}{f.why}" for f in _warmup_fixes(config, acc, seqs_for,
+                                                                                              failing=True)),
                            "shrink the CUDA graphs captured before it (max_cudagraph_capture_size) or set enforce_eager")))
     return _Verdict(TrialStatus.CUDAGRAPH_OOM, "RuntimeError: " + rules.sampler_warmup_oom_text(acc.warmup_rows),
                     fix, None, False)
 
 
+class _Fix(NamedTuple):
+    """One flag the sampler warm-up's fix lowers: its name, the bound (as printed) and why, where it says more."""
+
+    flag: str
+    bound: str
+    why: str = ""
+
+
 def _warmup_fixes(config: EngineConfig, acc: _Accounting, seqs_for: SeqsFor | None,
-                  failing: bool = False) -> tuple[str, ...]:
+                  failing: bool = False) -> tuple[_Fix, ...]:
     """The flags that leave the sampler warm-up its need plus the measured shortfall band's top
     (:data:`~servetune.planner.model_memory.WARMUP_SHORTFALL_GIB`; only where graphs are captured, the starts
     it was measured on): a lower ``max_num_seqs`` (found by re-planning, :func:`_warmup_seqs`; none where the
@@ -543,16 +552,16 @@ def _warmup_fixes(config: EngineConfig, acc: _Accounting, seqs_for: SeqsFor | No
     that passes that count is named where none keeps the band."""
     target = WARMUP_SHORTFALL_GIB[1] * GiB if acc.cudagraph else 0.0
     lack = target - (acc.warmup_free - acc.warmup_need)
-    out: list[str] = []
+    out: list[_Fix] = []
     seqs = seqs_for(target) if seqs_for is not None else None
     if seqs is not None:
-        out.append(f"lower max_num_seqs to <= {seqs}")
+        out.append(_Fix("max_num_seqs", str(seqs)))
     elif failing and target and seqs_for is not None and (seqs := seqs_for(0.0)) is not None:
-        out.append(f"lower max_num_seqs to <= {seqs} (it then fits by vLLM's count, inside the band: warned)")
+        out.append(_Fix("max_num_seqs", str(seqs), " (it then fits by vLLM's count, inside the band: warned)"))
     if config.kv_cache_memory_bytes is None:
         util = math.floor((acc.budget - lack) / acc.total * 100) / 100
         if util > 0:
-            out.append(f"lower gpu_memory_utilization to <= {util:.2f}")
+            out.append(_Fix("gpu_memory_utilization", f"{util:.2f}"))
     return tuple(out)
 
 
@@ -655,8 +664,7 @@ def warmup_note(config: EngineConfig, acc: _Accounting, seqs_for: SeqsFor | None
     if not acc.warmup_need or not acc.cudagraph or margin >= high * GiB or margin < 0:
         return ()
     fixes = _warmup_fixes(config, acc, seqs_for)
-    keep = f"; {' or '.join(f.removeprefix('lower ').replace(' to <= ', ' <= ') for f in fixes)} leaves that much" \
-        if fixes else ""
+    keep = f"; {' or '.join(f'{f.flag} <= {f.bound}' for f in fixes)} leaves that much" if fixes else ""
     return (f"sampler warm-up after CUDA-graph capture: this plan leaves {margin / GiB:.2f} GiB past its "
             f"{acc.warmup_need / GiB:.2f} GiB, and real starts found {low:.2f}-{high:.2f} GiB less free there than "
             "planned (vLLM 0.26.0: the graph pool beyond vLLM's estimate, the runner's buffers, allocator blocks "
