@@ -45,7 +45,7 @@ from typing import Any
 
 from servetune.errors import SpecError
 
-__all__ = ["hybrid_kinds", "mamba_state_bytes", "hybrid_block_size", "mamba_ssm_dtype_bytes",
+__all__ = ["hybrid_kinds", "mamba_state_bytes", "mamba_ssm_state_bytes", "hybrid_block_size", "mamba_ssm_dtype_bytes",
            "supports_mamba_prefix_caching", "mamba_group_block_size", "nemotron_moe_fields"]
 
 #: The layer kinds of ``ModelProfile.layer_types`` (and the KV groups' names) a hybrid's layers take; the
@@ -287,8 +287,18 @@ def mamba_state_bytes(model: Any, tp: int, ssm_dtype_bytes: int) -> int:
         806400
     """
     conv = (model.mamba_d_conv - 1) * (model.mamba_conv_dim(tp) // tp) * model.dtype_bytes
-    ssm = (model.mamba_heads // tp) * model.mamba_head_dim * model.mamba_d_state * ssm_dtype_bytes
-    return conv + ssm
+    return conv + mamba_ssm_state_bytes(model, tp, ssm_dtype_bytes)
+
+
+def mamba_ssm_state_bytes(model: Any, tp: int, ssm_dtype_bytes: int) -> int:
+    """The SSM part of :func:`mamba_state_bytes`: ``heads / tp x head_dim x d_state`` in ``ssm_dtype_bytes``.
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> mamba_ssm_state_bytes(load_model("granite-4.0-h-tiny"), 1, 2)   # 48 x 64 x 128 x 2
+        786432
+    """
+    return (model.mamba_heads // tp) * model.mamba_head_dim * model.mamba_d_state * ssm_dtype_bytes
 
 
 _STATE_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

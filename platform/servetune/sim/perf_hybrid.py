@@ -51,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from servetune.planner.hybrid import mamba_state_bytes
+from servetune.planner.hybrid import mamba_ssm_state_bytes, mamba_state_bytes
 
 if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
@@ -172,7 +172,7 @@ def hybrid_shape(model: ModelProfile, tp: int, layers: int, ssm_dtype_bytes: int
     return HybridShape(
         kind=model.mamba_kind, mamba_layers=mamba, attention_layers=attention, ffn_layers=ffn,
         state_bytes=mamba_state_bytes(model, tp, ssm_dtype_bytes),
-        ssm_state_bytes=(model.mamba_heads // tp) * model.mamba_head_dim * model.mamba_d_state * ssm_dtype_bytes,
+        ssm_state_bytes=mamba_ssm_state_bytes(model, tp, ssm_dtype_bytes),
         # conv update (reads x B C, writes them), the state update (reads x B C, writes y), gated norm (y, z -> out)
         decode_token_bytes=float((3 * conv_dim + 4 * inner) * a),
         # causal_conv1d_fn (reads x B C, writes them) and the gated norm; the scan's own traffic is in ``scan``
