@@ -26,6 +26,11 @@ Re-recorded 2026-12-07 judging every run on its page's generated tokens over its
 span of its token stamps, read in guidellm's and GPUStack's source after these errors; nothing simulated
 moves): the 13 ShareGPT runs +2.5% to +15.9% -> +3.9% to +17.8% (11 of 13 above 10% either way); the random
 runs -10.5% and -11.2% -> -1.2% and +3.0%; headline within 10% on 2 -> 4 of 15; TTFT unchanged.
+Re-recorded 2026-12-07 with the requests sampling as the server's generation config says (``client.sampling:
+default``: guidellm sends no sampling parameters) and vLLM 0.17-0.20's Triton top-k / top-p mask priced
+(``sim.sampling.triton_mask_seconds``, from vLLM pull request 33538's published kernel timings; read after these
+errors, nothing fitted): the 13 ShareGPT runs +3.9% to +17.8% -> +0.7% to +13.7%; the random runs -1.2% and
++3.0% -> -2.9% and +1.1%; headline within 10% on 4 -> 10 of 15; TTFT within 25% on 4 of 15.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from _recorded import all_as_recorded
 from published_runs import FIXTURES, load_runs, split_of
 
 from servetune.errors import SpecError
+from servetune.sim.sampling import sampler_pass
 
 FILE = FIXTURES / "gpustack_qwen3_5_9b.yaml"
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "published_runs_gpustack_qwen3_5_9b.json"
@@ -57,6 +63,15 @@ def test_the_recorded_held_out_errors_still_hold_on_the_quick_runs() -> None:
     """The recorded ``--compare --json`` against the simulator today, headline and TTFT, on every run
     (each simulates in well under a second)."""
     assert len(all_as_recorded(RUNS, RESULTS)) == len(RUNS)
+
+
+def test_every_run_samples_with_top_k_and_top_p_on_the_triton_mask() -> None:
+    """guidellm sends no sampling parameters, so vLLM 0.17.1 samples with the model's generation config
+    (top-k and top-p both on), and at 8 rows or more masks them with its Triton kernel."""
+    for run in RUNS:
+        sampling = run.sampling
+        assert not sampling.greedy and sampling.uses_top_k and sampling.uses_top_p
+        assert sampler_pass(sampling, (0, 17, 1), 9.0, v2_runner=False).triton_mask
 
 
 def test_each_run_is_judged_on_its_generated_tokens_over_its_duration() -> None:

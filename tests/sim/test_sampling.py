@@ -11,8 +11,9 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.sim import PerfModel
-from servetune.sim.sampling import (FLASHINFER_TOPK_TOPP_BYTES, GREEDY_BYTES, PENALTY_BYTES, TEMPERATURE_BYTES,
-                                    runs_v2_sampler, sampler_pass)
+from servetune.sim.sampling import (FLASHINFER_TOPK_TOPP_BYTES, GREEDY_BYTES, PENALTY_BYTES, PLAIN_DRAW_BYTES,
+                                    TEMPERATURE_BYTES, TRITON_MIN_ROWS, runs_v2_sampler, sampler_pass,
+                                    triton_mask_seconds)
 from servetune.workload import GREEDY, Sampling, Workload
 
 QWEN25_INSTRUCT = Sampling(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.1)
@@ -34,10 +35,15 @@ def test_the_counted_bytes_add_up_stage_by_stage() -> None:
 
 
 def test_only_the_paths_read_are_priced() -> None:
-    """Greedy costs nothing; the V1 runner before 0.21.0 (FlashInfer's sampler off by default: sort or
-    Triton), a GPU FlashInfer does not support, top-k or top-p alone and the V2 runner are not counted."""
+    """Greedy costs nothing; the V1 runner before 0.17.0 (PyTorch's sort, or FlashInfer where it imports),
+    a GPU FlashInfer does not support, top-k or top-p alone and the V2 runner are not counted; 0.17.0-0.20.x
+    take the Triton mask and the native draw, 0.21.0 on FlashInfer's sampler."""
     assert sampler_pass(GREEDY, (0, 15, 1), 8.6, v2_runner=False).bytes_per_logit == 0.0
-    assert sampler_pass(QWEN25_INSTRUCT, (0, 20, 0), 8.9, v2_runner=False) is None
+    assert sampler_pass(QWEN25_INSTRUCT, (0, 16, 0), 8.9, v2_runner=False) is None
+    triton = sampler_pass(QWEN25_INSTRUCT, (0, 20, 0), 8.9, v2_runner=False)
+    assert triton is not None and triton.triton_mask and "Triton" in triton.path
+    assert sampler_pass(QWEN3, (0, 17, 0), 9.0, v2_runner=False).triton_mask
+    assert not sampler_pass(QWEN25_INSTRUCT, (0, 21, 0), 8.9, v2_runner=False).triton_mask
     assert sampler_pass(QWEN25_INSTRUCT, (0, 21, 0), 8.9, v2_runner=False) is not None
     assert sampler_pass(QWEN25_INSTRUCT, (0, 23, 0), 7.0, v2_runner=False) is None
     assert sampler_pass(Sampling(temperature=0.7, top_p=0.9), (0, 23, 0), 8.9, v2_runner=False) is None
@@ -79,3 +85,35 @@ def test_the_sampler_is_priced_per_row_over_the_whole_vocabulary_at_the_tables_b
     old = resolve_engine_config({"max_model_len": 4096}, model, gpu, "0.15.1")
     unread = PerfModel(model, gpu, old, sampling=QWEN25_INSTRUCT)
     assert unread.sampler_row_s == 0.0 and "not counted" in unread.sampler_path
+
+
+def test_the_triton_mask_runs_in_waves_of_one_row_an_sm() -> None:
+    """vLLM's Triton top-k / top-p mask launches min(SMs, rows) programs, one row each: a full wave of
+    132 rows on an H100 costs what one row does, a 133rd row a second wave; below 8 rows vLLM sorts
+    (not priced); a longer vocabulary sweeps longer; a slower SM clock sweeps slower."""
+    vocab = 151_936
+    one = triton_mask_seconds(TRITON_MIN_ROWS, vocab, 132, 1980.0)
+    assert one > 0.0 and triton_mask_seconds(TRITON_MIN_ROWS - 1, vocab, 132, 1980.0) == 0.0
+    assert triton_mask_seconds(132, vocab, 132, 1980.0) == pytest.approx(one)
+    assert triton_mask_seconds(133, vocab, 132, 1980.0) == pytest.approx(2 * one)
+    assert triton_mask_seconds(512, vocab, 132, 1980.0) == pytest.approx(4 * one)
+    assert triton_mask_seconds(512, 248_320, 132, 1980.0) > triton_mask_seconds(512, vocab, 132, 1980.0)
+    assert triton_mask_seconds(512, vocab, 108, 1410.0) == pytest.approx(5 * one * 1980.0 / 1410.0)
+
+
+def test_a_017_step_pays_the_draw_per_row_and_the_mask_per_wave() -> None:
+    """Qwen3-8B on an H100 at vLLM 0.17.1 sampling as its generation config says: each row moves the
+    draw's bytes (temperature 8 + softmax, noise, divide, argmax 36 + the fp32 cast 6, less greedy's 10)
+    over the vocabulary at the table's bandwidth, and the step adds the mask's waves; at 4 rows only the
+    draw is priced (vLLM sorts there)."""
+    model, gpu = load_model("qwen3-8b"), get_gpu("H100-80GB")
+    cfg = resolve_engine_config({"max_model_len": 4096}, model, gpu, "0.17.1")
+    greedy, sampled = PerfModel(model, gpu, cfg), PerfModel(model, gpu, cfg, sampling=QWEN3)
+    row = (TEMPERATURE_BYTES + PLAIN_DRAW_BYTES + 6 - GREEDY_BYTES) * model.vocab_size / (gpu.hbm_gbps * 1e9)
+    assert sampled.sampler_row_s == pytest.approx(row)
+    for rows in (4, 256):
+        args = (rows, rows, rows * 512, rows * 512, True)
+        mask = triton_mask_seconds(rows, model.vocab_size, 132, 1980.0)
+        assert (mask == 0.0) == (rows < TRITON_MIN_ROWS)
+        assert sampled.gpu_cost(*args).sampler == pytest.approx(rows * row + sampled.sampler_step_s + mask)
+        assert greedy.gpu_cost(*args).sampler == 0.0

@@ -135,6 +135,7 @@ from typing import TYPE_CHECKING
 
 from servetune.planner.model_memory import effective_model
 from servetune.sim import perf_classes
+from servetune.sim._moe_tiles import BOOST_CLOCK_MHZ
 from servetune.sim._calibration import (FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, calibration_for,
                                         runs_flash_attention_2, with_calibration)
 from servetune.sim._perf_api_server import ApiServerCosts
@@ -142,7 +143,7 @@ from servetune.sim._perf_attention import AttentionTerms
 from servetune.sim._perf_comm import CommTerms
 from servetune.sim._perf_gemm import DEFAULT_SMS, GemmTerms, moe_tile_share, wave_fill
 from servetune.sim._perf_recurrent import RecurrentTerms
-from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_pass
+from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_pass, triton_mask_seconds
 from servetune.workload import GREEDY, Sampling
 
 if TYPE_CHECKING:
@@ -317,6 +318,8 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
             f"{'V2' if v2 else 'V1'} runner at vLLM {config.vllm_version}: not counted, not priced")
         self.sampler_row_s = spass.bytes_per_logit * model.vocab_size / (gpu.hbm_gbps * 1e9) if spass else 0.0
         self.sampler_step_s = spass.kernels * cal.compiled_layer_overhead_s / KERNELS_PER_LAYER if spass else 0.0
+        self._sampler_triton = bool(spass and spass.triton_mask)
+        self._sampler_gpu = (model.vocab_size, gpu.sm_count or DEFAULT_SMS, BOOST_CLOCK_MHZ.get(gpu.name))
 
     def padded(self, num_tokens: int) -> int:
         """The CUDA graph size a batch of ``num_tokens`` runs as (itself above the largest size)."""
@@ -386,6 +389,8 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         # The sampler: every scheduled request's row (a partial prefill's too: V1 samples and discards it),
         # once per micro-batch on the last stage.
         sampler = self.sampler_row_s * rows * micro + self.sampler_step_s * micro if self.sampler_row_s else 0.0
+        if self._sampler_triton:
+            sampler += triton_mask_seconds(rows, *self._sampler_gpu) * micro
         return StepCost(gemm * scale, elementwise * scale, attention * scale, kv_write * scale, comm * scale,
                         launch * scale, sampler * scale, recurrent * scale)
 

@@ -43,9 +43,18 @@ sampler may take more rounds (8 bytes each; data-dependent), and the softmax and
 one thread block per row, so a few rows may not reach the GPU's bandwidth: the count is a floor
 in rounds and prices every byte at the weights' streaming rate (``PerfModel``).
 
-Not counted (``sampler_pass`` returns None and nothing is priced): the V1 runner before 0.21.0
-(PyTorch's sort below 8 rows, the Triton top-k/top-p mask from 0.18 at 8 or more: their passes
-live in cub's radix sort and a Triton kernel not read here), the V2 model runner (its own sampler,
+* top-k and top-p together on the V1 runner from 0.17.0 to 0.20.x at 8 rows or more
+  (``apply_top_k_top_p``: ``HAS_TRITON and logits.shape[0] >= 8``, in the 0.17.1 and 0.20.0 wheels,
+  not in 0.16.0's): vLLM's Triton mask (``topk_topp_triton.py``), then the native draw (softmax,
+  exponential noise, divide, argmax: the 36 bytes above). The mask runs one program per row on at
+  most one program an SM, and each program sweeps its row's logits several times from its SM, so
+  it is priced in waves, not bytes: ``ceil(rows / SMs)`` waves of :data:`TRITON_WAVE_S` plus
+  :data:`TRITON_WAVE_LOGIT_S` a vocabulary entry (:func:`triton_mask_seconds`).
+
+Not counted (``sampler_pass`` returns None and nothing is priced): the V1 runner before 0.17.0 (PyTorch's
+sort of every row, or FlashInfer's sampler where it imports up to 0.11.0), and PyTorch's sort below 8 rows
+from 0.17.0 (:attr:`SamplerPass.triton_mask` prices the steps of 8 rows or more only); the V2 model
+runner (its own sampler,
 ``v1/worker/gpu/sample``; the default for Qwen3ForCausalLM from 0.22.0, for Llama and Mistral too
 from 0.23.0, for every dense model from 0.25.0, by ``VllmConfig.use_v2_model_runner``: the planner's
 ``vllm_rules.V2_RUNNER_DEFAULTS``), and top-k or top-p alone.
@@ -58,9 +67,10 @@ import dataclasses
 from servetune.planner.vllm_rules import memory_rules, runs_v2_runner
 from servetune.workload import GREEDY, Sampling
 
-__all__ = ["SamplerPass", "sampler_pass", "runs_v2_sampler", "GREEDY_BYTES",
+__all__ = ["SamplerPass", "sampler_pass", "runs_v2_sampler", "triton_mask_seconds", "GREEDY_BYTES",
            "PENALTY_BYTES", "TEMPERATURE_BYTES", "FLASHINFER_TOPK_TOPP_BYTES", "PLAIN_DRAW_BYTES",
-           "FLASHINFER_SAMPLER_DEFAULT", "KERNELS_PER_LAYER"]
+           "FLASHINFER_SAMPLER_DEFAULT", "KERNELS_PER_LAYER", "TRITON_TOPK_TOPP_SINCE", "TRITON_MIN_ROWS",
+           "TRITON_WAVE_S", "TRITON_WAVE_LOGIT_S"]
 
 #: Bytes per vocabulary entry of one row (module docstring): what greedy's sampler moves (in the
 #: calibration), and what each stage of a random one moves.
@@ -78,6 +88,21 @@ PLAIN_DRAW_KERNELS = 3  # softmax, exponential, div; argmax as greedy's
 #: First vLLM release whose ``VLLM_USE_FLASHINFER_SAMPLER`` defaults to on (``envs.py``: None in
 #: 0.15.1, 0.18.0 and 0.20.0, "opt in explicitly"; True in 0.21.0, 0.22.0 and 0.23.0).
 FLASHINFER_SAMPLER_DEFAULT = (0, 21, 0)
+#: First vLLM release whose V1 sampler masks top-k / top-p with its Triton kernel at
+#: :data:`TRITON_MIN_ROWS` rows or more (module docstring; vLLM pull request 33538).
+TRITON_TOPK_TOPP_SINCE = (0, 17, 0)
+TRITON_MIN_ROWS = 8
+#: One wave of the Triton mask (top-k and top-p both on): seconds, and seconds a vocabulary entry, on a
+#: GH100 die (132 SMs at 1,980 MHz); other GPUs by boost clock (:func:`triton_mask_seconds`). **Read off
+#: published kernel timings, nothing fitted on a run**: least squares over the four ``topk_topp_whole``
+#: rows of vLLM pull request 33538's benchmark table (the kernel as merged; its author's predecessor,
+#: pull request 25824, was timed on an H100): 0.333 / 0.629 ms at 512 / 1,024 rows of 32,768 and
+#: 0.760 / 1.488 ms of 131,072, i.e. 4 and 8 waves; the fit gives 0.318 / 0.636 / 0.747 / 1.494 ms.
+#: The 0.20.0 wheel's kernel carries a later top-p search (pull request 42191), not timed apart here.
+TRITON_WAVE_S = 43.8e-6
+TRITON_WAVE_LOGIT_S = 1.091e-9
+#: The die the wave constants were timed on, and its SM clock (``_moe_tiles.BOOST_CLOCK_MHZ``'s H100).
+TRITON_REFERENCE_MHZ = 1980.0
 #: ``FlashInferBackend.supports_compute_capability``: 7.5 to 12.1 in 0.21.0-0.23.0
 #: (``v1/attention/backends/flashinfer.py`` 407-410 of 0.23.0); from 0.24.0 8.0 to 12.1 (426-434: SM75
 #: "currently broken"), where a T4 keeps the PyTorch-native path (:data:`FLASHINFER_CAPABILITY_FROM_024`).
@@ -93,6 +118,28 @@ class SamplerPass:
     bytes_per_logit: float
     kernels: int
     path: str
+    #: The Triton top-k / top-p mask runs at :data:`TRITON_MIN_ROWS` rows or more, priced in waves
+    #: (:func:`triton_mask_seconds`) on top of ``bytes_per_logit`` (the draw after it).
+    triton_mask: bool = False
+
+
+def triton_mask_seconds(rows: int, vocab: int, sm_count: int, sm_clock_mhz: float | None) -> float:
+    """GPU seconds of vLLM's Triton top-k / top-p mask over ``rows`` rows of ``vocab`` logits: one program
+    a row, at most one an SM, so ``ceil(rows / SMs)`` waves of one row sweep each (module docstring); 0
+    below :data:`TRITON_MIN_ROWS` rows, where vLLM sorts instead (not priced). A GPU of unknown clock
+    takes the reference die's.
+
+    Example:
+        >>> round(triton_mask_seconds(512, 151936, 132, 1980.0) / triton_mask_seconds(132, 151936, 132, 1980.0), 6)
+        4.0
+        >>> triton_mask_seconds(4, 151936, 132, 1980.0)
+        0.0
+    """
+    if rows < TRITON_MIN_ROWS or vocab <= 0:
+        return 0.0
+    waves = -(-rows // max(1, sm_count or 1))
+    clock = TRITON_REFERENCE_MHZ / sm_clock_mhz if sm_clock_mhz else 1.0
+    return waves * (TRITON_WAVE_S + TRITON_WAVE_LOGIT_S * vocab) * clock
 
 
 def runs_v2_sampler(version: tuple[int, int, int], architecture: str, *, v1_runner: bool, dense: bool) -> bool:
@@ -122,9 +169,12 @@ def sampler_pass(sampling: Sampling, version: tuple[int, int, int], compute_capa
 
     Example:
         >>> qwen = Sampling(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.1)
-        >>> sampler_pass(qwen, (0, 23, 0), 8.9, v2_runner=False)
-        SamplerPass(bytes_per_logit=117.0, kernels=20, path='V1 runner, penalties, FlashInfer top-k/top-p')
+        >>> flashinfer = sampler_pass(qwen, (0, 23, 0), 8.9, v2_runner=False)
+        >>> flashinfer.bytes_per_logit, flashinfer.kernels, flashinfer.path
+        (117.0, 20, 'V1 runner, penalties, FlashInfer top-k/top-p')
         >>> sampler_pass(qwen, (0, 15, 1), 8.6, v2_runner=False) is None
+        True
+        >>> sampler_pass(qwen, (0, 17, 1), 9.0, v2_runner=False).triton_mask
         True
     """
     if sampling.greedy:
@@ -139,6 +189,10 @@ def sampler_pass(sampling: Sampling, version: tuple[int, int, int], compute_capa
         kernels += PENALTY_KERNELS
         parts.append("penalties")
     if sampling.uses_top_k and sampling.uses_top_p:
+        if TRITON_TOPK_TOPP_SINCE <= version < FLASHINFER_SAMPLER_DEFAULT:
+            parts.append("Triton top-k/top-p mask, softmax and exponential draw")
+            return SamplerPass(nbytes + PLAIN_DRAW_BYTES, kernels + PLAIN_DRAW_KERNELS + 1 + 1, ", ".join(parts),
+                               triton_mask=True)
         low, high = FLASHINFER_CAPABILITY if version < (0, 24, 0) else FLASHINFER_CAPABILITY_FROM_024
         if version < FLASHINFER_SAMPLER_DEFAULT or not low <= compute_capability <= high:
             return None
