@@ -31,6 +31,10 @@ default``: guidellm sends no sampling parameters) and vLLM 0.17-0.20's Triton to
 (``sim.sampling.triton_mask_seconds``, from vLLM pull request 33538's published kernel timings; read after these
 errors, nothing fitted): the 13 ShareGPT runs +3.9% to +17.8% -> +0.7% to +13.7%; the random runs -1.2% and
 +3.0% -> -2.9% and +1.1%; headline within 10% on 4 -> 10 of 15; TTFT within 25% on 4 of 15.
+Re-recorded 2026-12-07 with the planner's Triton sampler warm-up from vLLM 0.17.0 (``vllm_rules.TRITON_TOPK_TOPP``,
+0.18.0 before; read in the 0.16.0, 0.17.0 and 0.17.1 wheels): a larger KV pool; the ShareGPT runs stay +0.7% to
++13.7% (three 2-3 points up), the random runs -2.9% and +1.1% -> +6.5% and +2.1%; within 10% on 10 -> 7 of 15;
+TTFT within 25% on 4 -> 5 of 15.
 """
 
 from __future__ import annotations

@@ -101,10 +101,10 @@ SAMPLER_BYTES_PER_LOGIT = 10
 #: sampler, opt-in from vLLM PR #26859, keeps ~14), and the held-out 0.11.0 T4 start, whose log
 #: says it fell back to the PyTorch-native path, is within 1.3%.
 SAMPLER_BYTES_PER_LOGIT_V1 = 37.95
-#: From vLLM 0.18 the V1 runner's top-k/top-p is a Triton kernel for batches of 8 rows or more
+#: From vLLM 0.17 the V1 runner's top-k/top-p is a Triton kernel for batches of 8 rows or more
 #: (``vllm/v1/sample/ops/topk_topp_sampler.py: apply_top_k_top_p`` -> ``apply_top_k_top_p_triton``
-#: in ``topk_topp_triton.py``; first seen in the 0.18.0 wheel, absent from 0.11.2, 0.12-0.17 not
-#: read), which masks the fp32 logits in place instead of sorting them. The dummy sampler run
+#: in ``topk_topp_triton.py``; in the 0.17.0, 0.17.1 and 0.18.0 wheels, absent from 0.11.2, 0.15.1 and
+#: 0.16.0), which masks the fp32 logits in place instead of sorting them. The dummy sampler run
 #: (``gpu_model_runner.py: _dummy_sampler_run``, v0.19.1) then peaks in ``random_sample`` with four
 #: [num_reqs, vocab] tensors alive, none of them a sort's workspace: the model-dtype logits that
 #: ``_dummy_sampler_run`` holds, their fp32 copy (``sampler.py: logits.to(torch.float32)``), the
@@ -229,7 +229,7 @@ def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: i
     The dummy sampler asks for top-k (vocab - 1) and top-p (0.9) on every row, so what decides the
     peak is how that version applies them: the V1 runner up to 0.17 sorts the fp32 logits
     (fitted: SAMPLER_BYTES_PER_LOGIT_V1) where 0.10.x runs FlashInfer's (counted:
-    SAMPLER_V1_FLASHINFER_FP32_COPIES), the V1 runner from 0.18 masks them in place with a Triton
+    SAMPLER_V1_FLASHINFER_FP32_COPIES), the V1 runner from 0.17 masks them in place with a Triton
     kernel (counted from the source: SAMPLER_V1_TRITON_*; from 0.21 FlashInfer's call runs first and
     the native call still peaks: ``VllmMemoryRules.flashinfer_sampler_default``), the V2 runner (the
     default for some models from 0.22) skips top-k/top-p in its dummy run (SAMPLER_BYTES_PER_LOGIT, an

@@ -72,8 +72,13 @@ V2_RUNNER_DEFAULT: Version = (0, 22, 0)
 #: 716-720 read None, opt-in). See :attr:`VllmMemoryRules.flashinfer_sampler_default`.
 FLASHINFER_SAMPLER_DEFAULT: Version = (0, 21, 0)
 #: First version whose V1 runner masks top-k/top-p with the Triton kernel (see the sampler
-#: constants of :mod:`servetune.planner.model_memory`).
-TRITON_TOPK_TOPP: Version = (0, 18, 0)
+#: constants of :mod:`servetune.planner.model_memory`): ``apply_top_k_top_p`` takes
+#: ``apply_top_k_top_p_triton`` at 8 rows or more in the 0.17.0 and 0.17.1 wheels (the same
+#: ``topk_topp_triton.py``; vLLM pull request 33538), not in 0.16.0's. Read 2026-12-07; 0.18.0 until then
+#: (0.12-0.17 had not been read), which planned the held-out vLLM 0.17.1 A100 start with the sort's
+#: warm-up (-1.50% KV; -0.30% now). The simulator prices the same kernel's time from this release
+#: (:mod:`servetune.sim.sampling`).
+TRITON_TOPK_TOPP: Version = (0, 17, 0)
 #: First version whose default optimization level (-O2) turns on the FlashInfer all-reduce + RMSNorm fusion pass
 #: where it can run; see :attr:`VllmMemoryRules.allreduce_rms_fusion_default`.
 ALLREDUCE_RMS_FUSION_DEFAULT: Version = (0, 17, 0)
@@ -143,7 +148,7 @@ class VllmMemoryRules:
     #: model on it by default; which models do is :func:`runs_v2_runner`, and the others get
     #: :func:`v1_runner_rules`.
     v2_runner: bool
-    #: The V1 runner's Triton top-k/top-p (0.18+), for batches of 8 rows or more: the call that peaks
+    #: The V1 runner's Triton top-k/top-p (0.17+), for batches of 8 rows or more: the call that peaks
     #: in the dummy sampler run, FlashInfer's default (0.21+) notwithstanding
     #: (:attr:`flashinfer_sampler_default`).
     triton_topk_topp: bool
@@ -158,7 +163,7 @@ class VllmMemoryRules:
     #: dummy sampler (``v1/worker/gpu_model_runner.py: _dummy_sampler_run``, "Also warm
     #: forward_native", line 5746 of 0.21.0, 5954 of 0.22.0, 6018 of 0.23.0, 6089 of 0.24.0, 6140 of
     #: 0.25.0) calls the sampler a second time with a per-request generator, which ``forward_cuda``
-    #: hands to ``forward_native``: the Triton top-k/top-p of 0.18-0.20. FlashInfer's call holds the
+    #: hands to ``forward_native``: the Triton top-k/top-p of 0.17-0.20. FlashInfer's call holds the
     #: model-dtype logits, their fp32 copy, the top-k-masked fp32 copy and its softmax
     #: (SAMPLER_V1_FLASHINFER_FP32_COPIES: dtype + 12 B a logit); the native call the same three fp32
     #: tensors (the copy masked in place, the probabilities, the exponential noise) plus the Triton
@@ -580,7 +585,7 @@ def hybrid_prefix_caching_mode(rules: VllmMemoryRules, *, supports_all: bool, re
 def v1_runner_rules(rules: VllmMemoryRules) -> VllmMemoryRules:
     """``rules`` for a model that version runs on the V1 model runner (see :func:`runs_v2_runner`).
 
-    The V1 runner profiles with its own sampler (Triton top-k/top-p from 0.18), subtracts its
+    The V1 runner profiles with its own sampler (Triton top-k/top-p from 0.17), subtracts its
     CUDA-graph estimate from the KV budget (on by default from 0.20), and holds none of the V2
     runner's persistent sampler state. Every other rule is the version's.
 

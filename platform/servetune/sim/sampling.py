@@ -64,12 +64,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from servetune.planner.vllm_rules import memory_rules, runs_v2_runner
+from servetune.planner.model_memory import SAMPLER_V1_TRITON_MIN_ROWS
+from servetune.planner.vllm_rules import FLASHINFER_SAMPLER_DEFAULT, TRITON_TOPK_TOPP, memory_rules, runs_v2_runner
 from servetune.workload import GREEDY, Sampling
 
 __all__ = ["SamplerPass", "sampler_pass", "runs_v2_sampler", "triton_mask_seconds", "GREEDY_BYTES",
            "PENALTY_BYTES", "TEMPERATURE_BYTES", "FLASHINFER_TOPK_TOPP_BYTES", "PLAIN_DRAW_BYTES",
-           "FLASHINFER_SAMPLER_DEFAULT", "KERNELS_PER_LAYER", "TRITON_TOPK_TOPP_SINCE", "TRITON_MIN_ROWS",
+           "FLASHINFER_SAMPLER_DEFAULT", "KERNELS_PER_LAYER", "TRITON_MIN_ROWS",
            "TRITON_WAVE_S", "TRITON_WAVE_LOGIT_S"]
 
 #: Bytes per vocabulary entry of one row (module docstring): what greedy's sampler moves (in the
@@ -85,13 +86,11 @@ PENALTY_KERNELS = 16
 TEMPERATURE_KERNELS = 1
 FLASHINFER_TOPK_TOPP_KERNELS = 3  # top-k mask, softmax, top-p sampler; + .long() - argmax
 PLAIN_DRAW_KERNELS = 3  # softmax, exponential, div; argmax as greedy's
-#: First vLLM release whose ``VLLM_USE_FLASHINFER_SAMPLER`` defaults to on (``envs.py``: None in
-#: 0.15.1, 0.18.0 and 0.20.0, "opt in explicitly"; True in 0.21.0, 0.22.0 and 0.23.0).
-FLASHINFER_SAMPLER_DEFAULT = (0, 21, 0)
-#: First vLLM release whose V1 sampler masks top-k / top-p with its Triton kernel at
-#: :data:`TRITON_MIN_ROWS` rows or more (module docstring; vLLM pull request 33538).
-TRITON_TOPK_TOPP_SINCE = (0, 17, 0)
-TRITON_MIN_ROWS = 8
+#: The V1 sampler's paths by release are the planner's rules (one reading of vLLM's source for both):
+#: FlashInfer's sampler on by default from :data:`FLASHINFER_SAMPLER_DEFAULT` (0.21.0), the Triton top-k /
+#: top-p mask from :data:`~servetune.planner.vllm_rules.TRITON_TOPK_TOPP` (0.17.0) at
+#: :data:`TRITON_MIN_ROWS` rows or more (``planner.model_memory.SAMPLER_V1_TRITON_MIN_ROWS``).
+TRITON_MIN_ROWS = SAMPLER_V1_TRITON_MIN_ROWS
 #: One wave of the Triton mask (top-k and top-p both on): seconds, and seconds a vocabulary entry, on a
 #: GH100 die (132 SMs at 1,980 MHz); other GPUs by boost clock (:func:`triton_mask_seconds`). **Read off
 #: published kernel timings, nothing fitted on a run**: least squares over the four ``topk_topp_whole``
@@ -189,7 +188,7 @@ def sampler_pass(sampling: Sampling, version: tuple[int, int, int], compute_capa
         kernels += PENALTY_KERNELS
         parts.append("penalties")
     if sampling.uses_top_k and sampling.uses_top_p:
-        if TRITON_TOPK_TOPP_SINCE <= version < FLASHINFER_SAMPLER_DEFAULT:
+        if TRITON_TOPK_TOPP <= version < FLASHINFER_SAMPLER_DEFAULT:
             parts.append("Triton top-k/top-p mask, softmax and exponential draw")
             return SamplerPass(nbytes + PLAIN_DRAW_BYTES, kernels + PLAIN_DRAW_KERNELS + 1 + 1, ", ".join(parts),
                                triton_mask=True)
