@@ -24,7 +24,7 @@ from servetune.planner.gpus import get_gpu
 from servetune.search.warmstart import warm_start_flags
 
 REPO = Path(__file__).resolve().parent.parent
-H200_CELL, A100_CELL = "servetune-test-850m.H200.chat", "servetune-test-850m.A100-40GB.chat"
+JUDGED_CELL, A100_CELL = "servetune-test-850m.L40S.chat", "servetune-test-850m.A100-40GB.chat"
 
 
 def test_compare_flags_only_drops_beyond_noise_and_floor() -> None:
@@ -123,7 +123,7 @@ def _matrix(tmp: Path, mlflow_uri: str) -> Path:
             "budget": {"trials": 4, "parallel": 1}, "backend": "sim", "seed": 0, "prescreen": False,
         },
         "models": ["servetune-test-850m"],
-        "gpus": [{"type": "H200", "count": 1}, {"type": "A100-40GB", "count": 1}],
+        "gpus": [{"type": "L40S", "count": 1}, {"type": "A100-40GB", "count": 1}],
         "workloads": {"chat": {"input_len": 256, "output_len": 64, "num_requests": 64, "concurrency": 32, "seed": 0}},
         "noise": {"repeats": 3, "sigmas": 3, "min_relative": 0.03},
         "output": {"dir": str(tmp / "nightly")},
@@ -139,24 +139,24 @@ def _matrix(tmp: Path, mlflow_uri: str) -> Path:
 def test_two_nights_detect_a_planted_regression(tmp_path: Path, mlflow_server: str) -> None:
     matrix = _matrix(tmp_path, mlflow_server)
     first = run_nightly(matrix, "20261101", out=io.StringIO(), cwd=tmp_path)
-    assert [c.cell for c in first.cells] == [H200_CELL, A100_CELL]
+    assert [c.cell for c in first.cells] == [JUDGED_CELL, A100_CELL]
     assert not first.regressions and all(c.best and c.best > 0 for c in first.cells)
     assert all(len(c.repeats) == 3 for c in first.cells)
 
-    # Night two, as the job runs it, with the H200 cell's engine at half speed.
+    # Night two, as the job runs it, with the L40S cell's engine at half speed.
     env = {**os.environ, "PYTHONPATH": str(REPO / "platform"), "RAY_ADDRESS": "", "MLFLOW_DISABLE_TELEMETRY": "true"}
     env.pop("RAY_ADDRESS")
     proc = subprocess.run([sys.executable, str(REPO / "jobs" / "nightly.py"), str(matrix), "--date", "20261102",
-                           "--inject-regression", f"{H200_CELL}:0.5"], cwd=tmp_path, env=env,
+                           "--inject-regression", f"{JUDGED_CELL}:0.5"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"{H200_CELL}: REGRESSION" in proc.stdout and f"{A100_CELL}: ok" in proc.stdout
+    assert f"{JUDGED_CELL}: REGRESSION" in proc.stdout and f"{A100_CELL}: ok" in proc.stdout
 
     report = (tmp_path / "nightly" / "reports" / "20261102" / "report.md").read_text()
     assert "**1 regression(s)** in 2 cell(s)." in report
-    h200_line = next(line for line in report.splitlines() if line.startswith(f"| {H200_CELL} |"))
+    judged_line = next(line for line in report.splitlines() if line.startswith(f"| {JUDGED_CELL} |"))
     a100_line = next(line for line in report.splitlines() if line.startswith(f"| {A100_CELL} |"))
-    assert h200_line.endswith("| REGRESSION |") and a100_line.endswith("| ok |")
+    assert judged_line.endswith("| REGRESSION |") and a100_line.endswith("| ok |")
     assert "Planted regression: the simulated engine ran at 0.5 x its speed." in report
     assert "Warm start from earlier nights" in report
     # GPU types ranked by cost per million good output tokens: only the judged ones. The A100-40GB's
@@ -164,26 +164,26 @@ def test_two_nights_detect_a_planted_regression(tmp_path: Path, mlflow_server: s
     # and its cost is shown, not ranked.
     ranking = report.split("## GPU types by cost per million output tokens at the SLO")[1].split("\n## ")[0]
     ranked = [line.split(" | ")[1] for line in ranking.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
-    night2_cost = {"H200": float(next(line for line in ranking.splitlines()
-                                      if line.startswith("| 1 | H200 |")).split(" | ")[2].replace(",", ""))}
-    assert ranked == ["H200"]
+    night2_cost = {"L40S": float(next(line for line in ranking.splitlines()
+                                      if line.startswith("| 1 | L40S |")).split(" | ")[2].replace(",", ""))}
+    assert ranked == ["L40S"]
     assert f"Not ranked (calibration not judged): {A100_CELL} " in ranking
     assert "**Warning: calibration not judged** on A100-40GB" in report
     a100_section = report.split(f"## {A100_CELL}")[1]
     assert "**Warning:** A100-40GB: no real vLLM run on this GPU has judged the simulator" in a100_section
-    assert "**Warning:**" not in report.split(f"## {H200_CELL}")[1].split(f"## {A100_CELL}")[0]
+    assert "**Warning:**" not in report.split(f"## {JUDGED_CELL}")[1].split(f"## {A100_CELL}")[0]
     assert f"cell {A100_CELL}: warning: A100-40GB" in proc.stdout
-    assert (tmp_path / "nightly" / "reports" / "20261102" / f"{H200_CELL}.png").stat().st_size > 1000
+    assert (tmp_path / "nightly" / "reports" / "20261102" / f"{JUDGED_CELL}.png").stat().st_size > 1000
 
     history = pd.read_parquet(tmp_path / "nightly" / "nightly_history.parquet")
     assert len(history) == 4
     night2 = history[history["date"] == "20261102"].set_index("cell")
-    assert bool(night2.loc[H200_CELL, "regressed"]) and not bool(night2.loc[A100_CELL, "regressed"])
-    h200 = history[history["cell"] == H200_CELL].set_index("date")["best"]
-    assert h200["20261102"] < 0.7 * h200["20261101"]  # half speed shows as a large drop
-    h200_cost = history[history["cell"] == H200_CELL].set_index("date")["cost_per_mtok"]
-    assert h200_cost["20261102"] > 1.3 * h200_cost["20261101"]  # and as a higher cost per token
-    assert night2_cost["H200"] == pytest.approx(h200_cost["20261102"], abs=5e-4)  # the report shows 3 decimals
+    assert bool(night2.loc[JUDGED_CELL, "regressed"]) and not bool(night2.loc[A100_CELL, "regressed"])
+    judged = history[history["cell"] == JUDGED_CELL].set_index("date")["best"]
+    assert judged["20261102"] < 0.7 * judged["20261101"]  # half speed shows as a large drop
+    judged_cost = history[history["cell"] == JUDGED_CELL].set_index("date")["cost_per_mtok"]
+    assert judged_cost["20261102"] > 1.3 * judged_cost["20261101"]  # and as a higher cost per token
+    assert night2_cost["L40S"] == pytest.approx(judged_cost["20261102"], abs=5e-4)  # the report shows 3 decimals
     # The warm start enqueued night one's best as night two's first trial.
     trials = dataset.read_trials(tmp_path / "nightly" / "dataset", study=f"{A100_CELL}-20261102")
     best1 = json.loads(history[(history["cell"] == A100_CELL) & (history["date"] == "20261101")]["flags"].iloc[0])
@@ -197,9 +197,9 @@ def test_two_nights_detect_a_planted_regression(tmp_path: Path, mlflow_server: s
     assert set(runs) == {"nightly-20261101", "nightly-20261102"}
     run2 = runs["nightly-20261102"]
     assert run2.data.tags["servetune.regressions"] == "1"
-    assert run2.data.metrics[f"{H200_CELL}.cost_per_mtok"] == pytest.approx(h200_cost["20261102"])
+    assert run2.data.metrics[f"{JUDGED_CELL}.cost_per_mtok"] == pytest.approx(judged_cost["20261102"])
     names = {a.path for a in client.list_artifacts(run2.info.run_id, "report")}
-    assert {"report/report.md", f"report/{H200_CELL}.png", f"report/{A100_CELL}.png"} <= names
+    assert {"report/report.md", f"report/{JUDGED_CELL}.png", f"report/{A100_CELL}.png"} <= names
 
 
 SECRET = "hf_nightlysecret123"
@@ -213,11 +213,11 @@ def test_a_planted_token_appears_nowhere_a_night_writes(tmp_path: Path, mlflow_s
     cells' trials: a token in the environment, the spec and the price table's source is nowhere."""
     monkeypatch.setenv("HF_TOKEN", SECRET)  # before the night's Ray starts (fresh_ray): its workers see it too
     prices = tmp_path / "prices.yaml"  # the report prints each ranked GPU type's price with its source
-    prices.write_text(yaml.safe_dump({"prices": [{"gpu": "H200", "usd_per_gpu_hour": 4.54, "as_of": "2026-03-17",
+    prices.write_text(yaml.safe_dump({"prices": [{"gpu": "L40S", "usd_per_gpu_hour": 4.54, "as_of": "2026-03-17",
                                                   "source": f"https://buyer:{SECRET}@prices.example/list"}]}))
     data = yaml.safe_load(_matrix(tmp_path, mlflow_server).read_text())
     data["tracking"]["experiment"] = "nightly-secret"
-    data["gpus"] = [{"type": "H200", "count": 1}]
+    data["gpus"] = [{"type": "L40S", "count": 1}]
     data["noise"]["repeats"] = 2
     data["template"].update({"budget": {"trials": 2, "parallel": 1}, "prices": str(prices),
                              "description": f"pulled with {SECRET}",
@@ -225,7 +225,7 @@ def test_a_planted_token_appears_nowhere_a_night_writes(tmp_path: Path, mlflow_s
     matrix = tmp_path / "nightly.yaml"
     matrix.write_text(yaml.safe_dump(data))
     night = run_nightly(matrix, "20261101", out=io.StringIO(), cwd=tmp_path)
-    assert [c.cell for c in night.cells] == [H200_CELL] and night.cells[0].cost_per_mtok is not None
+    assert [c.cell for c in night.cells] == [JUDGED_CELL] and night.cells[0].cost_per_mtok is not None
     report = night.report.read_text()
     assert "https://***@prices.example/list" in report  # the price's source, redacted: it was there to leak
 
@@ -241,7 +241,7 @@ def test_a_planted_token_appears_nowhere_a_night_writes(tmp_path: Path, mlflow_s
             assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
     nightly_run = next(r for r in runs if r.data.tags.get("servetune.role") == "nightly")
     names = {a.path for a in client.list_artifacts(nightly_run.info.run_id, "report")}
-    assert {"report/report.md", f"report/{H200_CELL}.png"} <= names
+    assert {"report/report.md", f"report/{JUDGED_CELL}.png"} <= names
     files = [p for p in (tmp_path / "nightly").rglob("*") if p.is_file()]  # history, report, dataset, Optuna
     assert {"nightly_history.parquet", "report.md", "optuna.db"} <= {p.name for p in files}
     assert [str(p) for p in files if SECRET.encode() in p.read_bytes()] == []

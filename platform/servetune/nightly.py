@@ -315,7 +315,7 @@ def calibration_warning(gpu: gpus.GpuSpec, backend: str) -> str:
     (``vllm``, ``replay``); else :func:`~servetune.planner.gpus.calibration_note`'s line. Pure.
 
     Example:
-        >>> calibration_warning(gpus.get_gpu("H200"), "sim"), calibration_warning(gpus.get_gpu("A10G"), "vllm")
+        >>> calibration_warning(gpus.get_gpu("L40S"), "sim"), calibration_warning(gpus.get_gpu("A10G"), "vllm")
         ('', '')
         >>> calibration_warning(gpus.get_gpu("A10G"), "sim").startswith("A10G: no real vLLM run")
         True

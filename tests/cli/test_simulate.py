@@ -110,14 +110,14 @@ def test_a_gpu_files_impossible_api_server_knob_exits_2_with_the_field(
 
 def test_a_gpu_no_real_run_has_judged_says_so_in_one_line_and_a_judged_one_does_not(
         workload_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """planner.gpus.calibration_note is the rule: the A10G has no run judged (one note line), the H200 and
-    the A100-80GB have own or published runs judged held out to the target (no note)."""
+    """planner.gpus.calibration_note is the rule: the A10G has no run judged (one note line), the L40S and
+    the A100-80GB have published runs judged held out to the target (no note)."""
     base = ["--model", "servetune-test-850m", "--workload", str(workload_file)]
     assert not get_gpu("A10G").sim_evidence and get_gpu("A100-80GB").sim_evidence
     assert run_cli([*base, "--gpu", "A10G"]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if "no real vLLM run" in line]
     assert len(notes) == 1 and notes[0].startswith("note: A10G:")
-    for judged in ("H200", "A100-80GB"):
+    for judged in ("L40S", "A100-80GB"):
         assert run_cli([*base, "--gpu", judged]) == 0
         assert "no real vLLM run" not in capsys.readouterr().out
 
@@ -162,7 +162,7 @@ def test_json_carries_the_notes_the_text_prints_from_the_engines_result(
     assert notes == text and len(notes) == 3
     assert notes[0].startswith("A10G: no real vLLM run") and "unjudged beyond them" in notes[1]
     assert "one KV block per Mamba group" in notes[2]
-    assert run_cli(["--model", "servetune-test-850m", "--gpu", "H200", "--workload", str(workload_file), "--json"]) == 0
+    assert run_cli(["--model", "servetune-test-850m", "--gpu", "L40S", "--workload", str(workload_file), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["notes"] == []
 
 

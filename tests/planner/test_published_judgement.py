@@ -32,6 +32,8 @@ RECORDED = {"dense.yaml": ("published_runs_heldout_pcie_card.json", "error_pct",
             "gpustack_qwen3_32b.yaml": ("published_runs_gpustack_qwen3_32b.json", "error_pct", "ttft_error_pct"),
             "gpustack_qwen3_5_9b.yaml": ("published_runs_gpustack_qwen3_5_9b.json", "error_pct", "ttft_error_pct"),
             "gpustack_qwen3_14b.yaml": ("published_runs_gpustack_qwen3_14b.json", "error_pct", "ttft_error_pct"),
+            "gpustack_qwen3_5_35b_a3b.yaml": ("published_runs_gpustack_qwen3_5_35b_a3b.json", "error_pct",
+                                              "ttft_error_pct"),
             "pegainfer_qwen3_4b.yaml": ("published_runs_pegainfer_qwen3_4b.json", "error_pct", "ttft_error_pct")}
 
 
@@ -81,9 +83,13 @@ def test_a_gpu_type_meets_the_target_at_eight_runs_in_ten_within_ten_percent() -
 
 
 def test_only_gpu_types_judged_below_the_target_or_not_at_all_get_a_line() -> None:
-    for name in ("H200", "A100-80GB", "L4", "L40S", "RTX-3060"):
+    for name in ("A100-80GB", "L4", "L40S", "RTX-3060"):
         j = published_judgement(name)
         assert j is not None and j.meets_target and calibration_note(get_gpu(name)) is None, name
+    # The H200 met it (21 of 24) until GPUStack's Qwen3.5-35B-A3B runs were added blind (2026-12-07): 21 of 28.
+    h200 = published_judgement("H200")
+    assert h200 is not None and (h200.within, h200.runs) == (21, 28) and not h200.meets_target
+    assert (calibration_note(get_gpu("H200")) or "").startswith("H200: the simulator put 21 of 28 published")
     b200 = published_judgement("B200")
     assert b200 is not None and not b200.meets_target and b200.median_error_pct is not None
     note = calibration_note(get_gpu("B200"))

@@ -60,9 +60,9 @@ def _calibrated(gpu: str) -> tuple[SimScreen, TrialResult, float]:
 
 def test_on_an_unjudged_gpu_type_a_proposal_the_judged_margin_prunes_is_kept() -> None:
     """The A10G: no real run judged its simulator. A proposal predicted 1/1.4 of the best so far is
-    pruned on the H200 (at most 1.3x with the 30% margin) and dispatched on the A10G (1.5x with 50%)."""
-    assert calibration_note(get_gpu("A10G")) is not None and calibration_note(get_gpu("H200")) is None
-    judged, proposal, best = _calibrated("H200")
+    pruned on the L40S (at most 1.3x with the 30% margin) and dispatched on the A10G (1.5x with 50%)."""
+    assert calibration_note(get_gpu("A10G")) is not None and calibration_note(get_gpu("L40S")) is None
+    judged, proposal, best = _calibrated("L40S")
     reason = _twice(judged, proposal, best)
     assert reason is not None and reason.startswith("sim_screen: throughput") and "with the 30% margin" in reason
     unjudged, proposal, best = _calibrated("A10G")
@@ -78,7 +78,7 @@ def test_on_an_unjudged_gpu_type_the_margin_floor_and_the_unconfirmed_preemption
     preemption verdict needs half the requests preempted (the judged GPU's quarter), and once a real
     trial confirmed it the confirmed share applies as on any GPU."""
     screen = screen_for(_spec("A10G"), "vllm")
-    judged = screen_for(_spec("H200"), "vllm")
+    judged = screen_for(_spec("L40S"), "vllm")
     assert screen is not None and judged is not None
     for s in (screen, judged):
         s.ratios = [0.8, 0.8, 0.81]
@@ -96,7 +96,7 @@ def test_on_an_unjudged_gpu_type_the_margin_floor_and_the_unconfirmed_preemption
 
 
 def test_a_judged_gpu_types_screen_keeps_the_default_margins_and_says_nothing() -> None:
-    for gpu in ("H200", "A100-80GB", "L40S"):
+    for gpu in ("A100-80GB", "L40S", "RTX-3060"):
         screen = screen_for(_spec(gpu), "vllm")
         assert screen is not None and screen.margin_note is None and screen.widened_for is None
         assert (screen.min_tolerance, screen.tight_tolerance, screen.clear_preemption_share) == (0.3, 0.15, 0.25)

@@ -24,9 +24,9 @@ Example:
     >>> from servetune.workload import Workload
     >>> w = Workload.from_dict({"input_len": 256, "output_len": 64, "num_requests": 60, "concurrency": 1})
     >>> rows = capacity_table("servetune-test-850m", w, 5.0, {"ttft_p99_ms": 2000.0, "preemptions": 0.0},
-    ...                       ["H200"], load_prices(), tp_sizes=(1,))
+    ...                       ["L40S"], load_prices(), tp_sizes=(1,))
     >>> rows[0].gpu, rows[0].tp, rows[0].replicas >= 1, rows[0].judged
-    ('H200', 1, True, True)
+    ('L40S', 1, True, True)
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def calibration_evidence(gpu: GpuSpec) -> tuple[bool, str]:
     :func:`~servetune.planner.gpus.sim_evidence_text`).
 
     Example:
-        >>> [calibration_evidence(get_gpu(g))[0] for g in ("H200", "B200", "T4")]
+        >>> [calibration_evidence(get_gpu(g))[0] for g in ("L40S", "B200", "T4")]
         [True, False, False]
         >>> calibration_evidence(get_gpu("B200"))[1][:60]
         'simulator judged below its target on the B200 (published vLL'

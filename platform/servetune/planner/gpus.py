@@ -455,7 +455,7 @@ def calibration_note(gpu: GpuSpec) -> str | None:
     None elsewhere. ``simulate`` and the nightly print it; the simulator screen widens its margins for it.
 
     Example:
-        >>> calibration_note(get_gpu("H200")) is None, calibration_note(get_gpu("A10G")).startswith("A10G: no")
+        >>> calibration_note(get_gpu("L40S")) is None, calibration_note(get_gpu("A10G")).startswith("A10G: no")
         (True, True)
         >>> note = calibration_note(get_gpu("B200")) or ""
         >>> note.startswith("B200: the simulator put 1 of 5 published vLLM runs"), "median error +20.5%" in note

@@ -197,10 +197,10 @@ def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_se
         >>> from servetune.planner.gpus import get_gpu
         >>> from servetune.planner.memory import resolve_engine_config
         >>> from servetune.planner.modelinfo import load_model
-        >>> model, a10g, h200 = load_model("servetune-test-850m"), get_gpu("A10G"), get_gpu("H200")
+        >>> model, a10g, l40s = load_model("servetune-test-850m"), get_gpu("A10G"), get_gpu("L40S")
         >>> [n[:5] for n in figure_notes(model, a10g, resolve_engine_config({}, model, a10g), 0.1, 1.0)]
         ['A10G:']
-        >>> figure_notes(model, h200, resolve_engine_config({}, model, h200), 0.1, 1.0)
+        >>> figure_notes(model, l40s, resolve_engine_config({}, model, l40s), 0.1, 1.0)
         []
     """
     notes = [nccl_small_message_note(gpu, config.tensor_parallel_size, config.disable_custom_all_reduce)]
