@@ -9,7 +9,10 @@ recorded 2026-12-07: output throughput 0 of 4 within 10% (+35.4% ShareGPT, +32.9
 32,000-token burst, -15.3% the 2,000-token decode burst), TTFT 2 of 4 within 25% (-71.3%, -48.5%, +0.9%, +15.8%).
 For information, the same runs sampled greedy (the mask not priced; a scratch copy, not committed): +39.3%, +35.6%,
 +13.1%, -12.6%: the mask takes 0.3-3.9 points off the three runs simulated fast and adds 2.7 to the one simulated
-slow.
+slow. Re-recorded 2026-12-07 with the planner's vLLM 0.17 sampler warm-up (``vllm_rules.TRITON_TOPK_TOPP``): the
+random run +32.9% -> +33.9% (TTFT -47.3%), the others unchanged; and with the mask's constants read off vLLM
+0.17.1's kernel timed on an H100 (tests/fixtures/real_h100/kernels/sampler_probe_h100.json): +32.8%, +32.1%,
++12.5%, -17.1%, still 0 of 4 (the sampler is not what is off).
 """
 
 from __future__ import annotations

@@ -92,14 +92,18 @@ PLAIN_DRAW_KERNELS = 3  # softmax, exponential, div; argmax as greedy's
 #: :data:`TRITON_MIN_ROWS` rows or more (``planner.model_memory.SAMPLER_V1_TRITON_MIN_ROWS``).
 TRITON_MIN_ROWS = SAMPLER_V1_TRITON_MIN_ROWS
 #: One wave of the Triton mask (top-k and top-p both on): seconds, and seconds a vocabulary entry, on a
-#: GH100 die (132 SMs at 1,980 MHz); other GPUs by boost clock (:func:`triton_mask_seconds`). **Read off
-#: published kernel timings, nothing fitted on a run**: least squares over the four ``topk_topp_whole``
-#: rows of vLLM pull request 33538's benchmark table (the kernel as merged; its author's predecessor,
-#: pull request 25824, was timed on an H100): 0.333 / 0.629 ms at 512 / 1,024 rows of 32,768 and
-#: 0.760 / 1.488 ms of 131,072, i.e. 4 and 8 waves; the fit gives 0.318 / 0.636 / 0.747 / 1.494 ms.
-#: The 0.20.0 wheel's kernel carries a later top-p search (pull request 42191), not timed apart here.
-TRITON_WAVE_S = 43.8e-6
-TRITON_WAVE_LOGIT_S = 1.091e-9
+#: GH100 die (132 SMs at 1,980 MHz); other GPUs by boost clock (:func:`triton_mask_seconds`). **Measured on the
+#: kernel, nothing fitted on a run**: vLLM 0.17.1's own ``topk_topp_triton.py`` timed on an H100 SXM with top-k
+#: 20, top-p 0.95 and temperature 0.6 over Gaussian logits (``tests/fixtures/real_h100/kernels/
+#: sampler_probe_h100.json``, ``benchmarks/real_vllm/sampler_probe.py``, 2026-12-07): the whole sampler less
+#: greedy's at 8-1,024 rows of 32,000, 151,936 and 248,320 logits, less the counted draw (40 B a logit at the
+#: table's bandwidth) and the priced launches (``PerfModel.sampler_step_s``), least squares over ``ceil(rows /
+#: 132)`` waves: the model is within -14% to +14% of the timed sampler, within 5% from 256 rows. The 0.20.0
+#: wheel's kernel (a later top-p search, vLLM pull request 42191) timed within a few percent of it there. First
+#: read off vLLM pull request 33538's published table (43.8 us, 1.091 ns: its own benchmark's logits and k / p),
+#: which the probe's rows came out 1.5x above in whole-sampler time.
+TRITON_WAVE_S = 32.8e-6
+TRITON_WAVE_LOGIT_S = 2.663e-9
 #: The die the wave constants were timed on, and its SM clock (``_moe_tiles.BOOST_CLOCK_MHZ``'s H100).
 TRITON_REFERENCE_MHZ = 1980.0
 #: ``FlashInferBackend.supports_compute_capability``: 7.5 to 12.1 in 0.21.0-0.23.0
