@@ -366,15 +366,16 @@ def test_to_json_keys():
     assert bad.to_json()["failure"] == "startup_oom"
 
 
-def test_v1_sampler_profile_sorts_until_018_then_masks_in_place_with_triton():
+def test_v1_sampler_profile_sorts_until_017_then_masks_in_place_with_triton():
     """The dummy sampler's peak by version (vllm/v1/sample/ops/topk_topp_sampler.py): the sort path's
-    fitted 37.95 B/logit up to 0.17; from 0.18, for 8 rows or more, four [rows, vocab] tensors
-    (model-dtype logits, fp32 copy, probabilities, noise) plus the Triton kernel's 128-row buffer."""
+    fitted 37.95 B/logit up to 0.16; from 0.17 (the 0.17.0 wheel calls the Triton kernel, 0.16.0's has none),
+    for 8 rows or more, four [rows, vocab] tensors (model-dtype logits, fp32 copy, probabilities, noise) plus
+    the Triton kernel's 128-row buffer."""
     from servetune.planner.memory import SAMPLER_BYTES_PER_LOGIT_V1, sampler_profile_bytes
     m, g = load_model("llama-3.1-8b"), get_gpu("A100-40GB")
     v = m.vocab_size
-    old = resolve_engine_config({}, m, g, "0.17.1")
-    new = resolve_engine_config({}, m, g, "0.18.0")
+    old = resolve_engine_config({}, m, g, "0.16.0")
+    new = resolve_engine_config({}, m, g, "0.17.0")
     assert sampler_profile_bytes(m, old, 256) == int(256 * v * SAMPLER_BYTES_PER_LOGIT_V1)
     assert sampler_profile_bytes(m, new, 256) == 256 * v * (2 + 3 * 4) + 128 * v * 4
     assert sampler_profile_bytes(m, new, 8) == 8 * v * 14 + 8 * v * 4  # buffer: next_pow2(min(SMs, rows)) rows
@@ -384,12 +385,12 @@ def test_v1_sampler_profile_sorts_until_018_then_masks_in_place_with_triton():
 
 
 def test_the_sampler_rule_moves_the_019_kv_budget_by_what_it_saves():
-    """Same flags on 0.17 and 0.19: 0.19's plan has exactly the sampler's saving more KV memory (A100-40GB
+    """Same flags on 0.16 and 0.19: 0.19's plan has exactly the sampler's saving more KV memory (A100-40GB
     defaults: 256 rows, where the sampler, not the 2048-token forward, sets the activation peak)."""
     from servetune.planner.memory import ACT_FIXED_GIB, sampler_profile_bytes
     m, g = load_model("llama-3.1-8b"), get_gpu("A100-40GB")
     flags = {"max_model_len": 8192}
-    c17, c19 = (resolve_engine_config(flags, m, g, v) for v in ("0.17.1", "0.19.1"))
+    c17, c19 = (resolve_engine_config(flags, m, g, v) for v in ("0.16.0", "0.19.1"))
     p17, p19 = plan_memory(m, g, c17), plan_memory(m, g, c19)
     saved = sampler_profile_bytes(m, c17, 256) - sampler_profile_bytes(m, c19, 256)
     assert p19.memory.activation_peak * 2**30 == pytest.approx(ACT_FIXED_GIB * 2**30 + sampler_profile_bytes(m, c19, 256), abs=1)
