@@ -227,7 +227,7 @@ def sampler_profile_bytes(model: ModelProfile, config: EngineConfig, num_reqs: i
     """Peak torch memory of the profile run's dummy sampler over ``num_reqs`` rows, by runner and version.
 
     The dummy sampler asks for top-k (vocab - 1) and top-p (0.9) on every row, so what decides the
-    peak is how that version applies them: the V1 runner up to 0.17 sorts the fp32 logits
+    peak is how that version applies them: the V1 runner up to 0.16 sorts the fp32 logits
     (fitted: SAMPLER_BYTES_PER_LOGIT_V1) where 0.10.x runs FlashInfer's (counted:
     SAMPLER_V1_FLASHINFER_FP32_COPIES), the V1 runner from 0.17 masks them in place with a Triton
     kernel (counted from the source: SAMPLER_V1_TRITON_*; from 0.21 FlashInfer's call runs first and

@@ -135,9 +135,9 @@ from typing import TYPE_CHECKING
 
 from servetune.planner.model_memory import effective_model
 from servetune.sim import perf_classes
-from servetune.sim._moe_tiles import BOOST_CLOCK_MHZ
 from servetune.sim._calibration import (FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_OVERRIDES, Calibration, calibration_for,
                                         runs_flash_attention_2, with_calibration)
+from servetune.sim._moe_tiles import BOOST_CLOCK_MHZ
 from servetune.sim._perf_api_server import ApiServerCosts
 from servetune.sim._perf_attention import AttentionTerms
 from servetune.sim._perf_comm import CommTerms
