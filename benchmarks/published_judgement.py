@@ -36,33 +36,47 @@ TTFT_WITHIN = 0.25
 TARGET_SHARE = 0.8
 
 
+def model_class(run: published_runs.PublishedRun) -> str:
+    """The run's model's judgement group (:attr:`~servetune.planner.modelinfo.ModelProfile.judgement_class`);
+    a dense model served quantized online (``flags.quantization``) counts with the model classes."""
+    model = published_runs.resolve_model(run.model, published_runs.FIXTURES)
+    return "model classes" if run.flags.get("quantization") else model.judgement_class
+
+
 def held_out_rows(judged: Sequence[published_runs.Judged]) -> list[dict[str, Any]]:
-    """The held-out runs' GPU, layout and unrounded headline and TTFT errors (fractions; None: not judged)."""
-    return [{"id": j.run.id, "gpu": j.run.gpu, "layout": j.run.layout_label, "error": j.headline_error,
-             "ttft_error": j.ttft_error} for j in judged if j.run.split == "held_out"]
+    """The held-out runs' GPU, layout, model class and unrounded headline and TTFT errors (fractions; None: not
+    judged)."""
+    return [{"id": j.run.id, "gpu": j.run.gpu, "layout": j.run.layout_label, "class": model_class(j.run),
+             "error": j.headline_error, "ttft_error": j.ttft_error} for j in judged if j.run.split == "held_out"]
 
 
 def _within(errors: Sequence[float | None], limit: float) -> int:
     return sum(1 for e in errors if e is not None and abs(e) <= limit)
 
 
+def _counts(group: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    errors = [100 * r["error"] for r in group if r["error"] is not None]
+    return {
+        "runs": len(group),
+        "headline_within_10pct": _within([r["error"] for r in group], HEADLINE_WITHIN),
+        "ttft_within_25pct": _within([r["ttft_error"] for r in group], TTFT_WITHIN),
+        "median_error_pct": round(statistics.median(errors), 1) if errors else None,
+        "lowest_error_pct": round(min(errors), 1) if errors else None,
+        "highest_error_pct": round(max(errors), 1) if errors else None,
+        "layouts": sorted({r["layout"] for r in group}),
+    }
+
+
 def judgement_table(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Per GPU type: runs, headline within 10%, TTFT within 25% (``published_runs``' rule: at most the limit),
-    median / lowest / highest signed headline error (%), layouts. A run the simulator could not judge (no
-    headline error) counts as a miss."""
+    median / lowest / highest signed headline error (%), layouts; the same per model class under ``by_class``
+    (:func:`model_class`). A run the simulator could not judge (no headline error) counts as a miss."""
     gpus: dict[str, dict[str, Any]] = {}
     for gpu in sorted({r["gpu"] for r in rows}):
         group = [r for r in rows if r["gpu"] == gpu]
-        errors = [100 * r["error"] for r in group if r["error"] is not None]
-        gpus[gpu] = {
-            "runs": len(group),
-            "headline_within_10pct": _within([r["error"] for r in group], HEADLINE_WITHIN),
-            "ttft_within_25pct": _within([r["ttft_error"] for r in group], TTFT_WITHIN),
-            "median_error_pct": round(statistics.median(errors), 1) if errors else None,
-            "lowest_error_pct": round(min(errors), 1) if errors else None,
-            "highest_error_pct": round(max(errors), 1) if errors else None,
-            "layouts": sorted({r["layout"] for r in group}),
-        }
+        gpus[gpu] = {**_counts(group),
+                     "by_class": {c: _counts([r for r in group if r["class"] == c])
+                                  for c in sorted({r["class"] for r in group})}}
     return {
         "what": "the simulator's headline error on the published vLLM runs held out, per GPU type (closed loops: "
                 "output throughput; open loops: TPOT), under the committed calibration",

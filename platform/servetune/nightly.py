@@ -64,6 +64,7 @@ from servetune.backends import capabilities
 from servetune.cluster.pool import TrialPool
 from servetune.errors import SpecError, did_you_mean
 from servetune.planner import gpus
+from servetune.planner.modelinfo import ModelProfile
 from servetune.records import dataset
 from servetune.records import open_storage, retry_call
 from servetune.search.warmstart import warm_start_flags
@@ -309,7 +310,7 @@ class NightlyOutcome:
         return [c for c in self.cells if c.verdict.regressed]
 
 
-def calibration_warning(gpu: gpus.GpuSpec, backend: str) -> str:
+def calibration_warning(gpu: gpus.GpuSpec, backend: str, model: ModelProfile | None = None) -> str:
     """The report's warning for a cell on ``gpu`` run by ``backend``: "" where the simulator's
     calibration on that GPU type has been judged on real runs to the target, or where no simulator ran the trials
     (``vllm``, ``replay``); else :func:`~servetune.planner.gpus.calibration_note`'s line. Pure.
@@ -323,7 +324,7 @@ def calibration_warning(gpu: gpus.GpuSpec, backend: str) -> str:
     can = capabilities(backend)
     if can.real_gpus or can.reads_landscape:  # measured on real GPUs, or a recorded landscape: no simulator
         return ""
-    return gpus.calibration_note(gpu) or ""
+    return gpus.calibration_note(gpu, model) or ""
 
 
 def rank_by_cost(nights: Sequence[CellNight]) -> dict[str, list[CellNight]]:
@@ -564,7 +565,7 @@ def _run_cell(night: _Night, cell: Any) -> CellNight:
     try:
         spec = StudySpec.from_dict(data, night.matrix_file.parent, cwd=night.here)
         # Read before a planted table replaces the GPU (its sim_evidence is the real type's).
-        judged_note = calibration_warning(original or spec.gpu_spec(), spec.backend)
+        judged_note = calibration_warning(original or spec.gpu_spec(), spec.backend, spec.model_profile)
         if judged_note:
             out.write(f"nightly {date}: cell {cell.name}: warning: {judged_note}\n")
         objective, direction = spec.objective.metrics[0], spec.objective.directions[0]

@@ -108,3 +108,28 @@ def test_simulate_on_a_gpu_judged_below_the_target_prints_its_judgement_beside_t
                           env={"PYTHONPATH": str(REPO / "platform"), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"note: {calibration_note(get_gpu('B200'))}" in proc.stdout.splitlines()
+
+
+def test_a_model_class_with_enough_runs_on_a_gpu_is_judged_by_its_own_runs() -> None:
+    """The shipped table counts each GPU type's held-out runs by model class too (``by_class``, summing to the
+    GPU's row); ``calibration_note`` judges a model by its class's runs where at least ``MIN_CLASS_RUNS`` were
+    held out there: on the H200 a dense model meets the target (9 of 10) and a MoE does not (12 of 18), on the
+    A100 the other way round for the MoE (7 of 13 against 49 of 61 as a whole); with fewer, the GPU's count."""
+    from servetune.planner.gpus import MIN_CLASS_RUNS
+    from servetune.planner.modelinfo import load_model
+
+    table = json.loads(TABLE.read_text())
+    for gpu, row in table["gpus"].items():
+        classes = row["by_class"].values()
+        assert sum(c["runs"] for c in classes) == row["runs"], gpu
+        assert sum(c["headline_within_10pct"] for c in classes) == row["headline_within_10pct"], gpu
+    dense, moe = load_model("llama-3.1-8b"), load_model("qwen3-30b-a3b")
+    assert (dense.judgement_class, moe.judgement_class) == ("dense", "model classes")
+    h200, a100 = get_gpu("H200"), get_gpu("A100-80GB")
+    assert calibration_note(h200) is not None and calibration_note(h200, dense) is None
+    note = calibration_note(h200, moe) or ""
+    assert note.startswith("H200: the simulator put 12 of 18 published vLLM runs of model classes models"), note
+    assert calibration_note(a100) is None and calibration_note(a100, dense) is None
+    assert "7 of 13" in (calibration_note(a100, moe) or "")
+    few = table["gpus"]["B200"]["by_class"]["model classes"]["runs"]
+    assert few < MIN_CLASS_RUNS and published_judgement("B200", "model classes").model_class == ""

@@ -57,7 +57,7 @@ _GROW_STEPS = 3  # rates tried above the closed loop's while the targets hold
 _UTILIZATION = 0.9  # vLLM's default gpu_memory_utilization
 
 
-def calibration_evidence(gpu: GpuSpec) -> tuple[bool, str]:
+def calibration_evidence(gpu: GpuSpec, model: ModelProfile | None = None) -> tuple[bool, str]:
     """``(judged, what)``: whether real vLLM runs of this GPU type judged the simulator's step times to the
     target (:func:`~servetune.planner.gpus.calibration_note` has no line for it), and in words what judged them
     (the GPU table's ``sim_evidence`` and the published runs held out on it,
@@ -70,7 +70,7 @@ def calibration_evidence(gpu: GpuSpec) -> tuple[bool, str]:
         'simulator judged below its target on the B200 (published vLL'
     """
     evidence = sim_evidence_text(gpu)
-    if evidence and calibration_note(gpu) is None:
+    if evidence and calibration_note(gpu, model) is None:
         return True, f"simulator judged on the {gpu.name}: {evidence}"
     if evidence:
         return False, f"simulator judged below its target on the {gpu.name} ({evidence}): an estimate"
@@ -201,8 +201,9 @@ def replica_capacity(model: ModelProfile, gpu: GpuSpec, flags: Mapping[str, Any]
     return ReplicaCapacity(flags, best[0], best[1], best[2], runs)
 
 
-def _row(gpu: GpuSpec, tp: int, cap: ReplicaCapacity, rate: float, price: GpuPrice, runs: int) -> CapacityRow:
-    judged, evidence = calibration_evidence(gpu)
+def _row(gpu: GpuSpec, model: ModelProfile, tp: int, cap: ReplicaCapacity, rate: float, price: GpuPrice,
+         runs: int) -> CapacityRow:
+    judged, evidence = calibration_evidence(gpu, model)
     if cap.rate <= 0 or cap.goodput_tok_s <= 0:
         return CapacityRow(gpu.name, tp, cap.flags, 0.0, 0.0, None, None, None, None, None, price, judged, evidence, runs,
                            note="no rate tried met the targets")
@@ -236,6 +237,6 @@ def capacity_table(model: str | ModelProfile, workload: Workload, rate: float, l
             caps = [replica_capacity(profile, gpu, {**flags, "max_num_seqs": s}, workload, limits, vllm_version)
                     for s in candidates]
             best = max(caps, key=lambda c: (c.goodput_tok_s, c.rate))
-            rows.append(_row(gpu, tp, best, rate, price, sum(c.simulations for c in caps)))
+            rows.append(_row(gpu, profile, tp, best, rate, price, sum(c.simulations for c in caps)))
     rows.sort(key=lambda r: (r.usd_per_mtok is None, r.usd_per_mtok or 0.0, r.replica_usd_per_mtok or 0.0, r.gpu, r.tp))
     return rows

@@ -36,10 +36,13 @@ import os
 import types
 from collections.abc import Mapping
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from servetune.errors import SpecError, did_you_mean
 from servetune.inputs import load_yaml, read_text, shown
+
+if TYPE_CHECKING:
+    from servetune.planner.modelinfo import ModelProfile
 
 __all__ = ["GpuSpec", "INTERCONNECTS", "PCIE_CARD_FIGURES", "PublishedJudgement", "calibration_note", "get_gpu",
            "known_gpus", "published_judgement", "register_gpus_from_yaml", "register_gpu", "sim_evidence_text",
@@ -381,6 +384,8 @@ class PublishedJudgement:
     lowest_error_pct: float | None
     highest_error_pct: float | None
     layouts: tuple[str, ...]
+    #: The model class the runs were counted for (``ModelProfile.judgement_class``); "" for every run on the GPU.
+    model_class: str = ""
 
     @property
     def meets_target(self) -> bool:
@@ -413,22 +418,38 @@ def _published_table() -> Mapping[str, Any]:
     return json.loads(resources.files("servetune").joinpath("data/published_judgement.json").read_text())
 
 
-def published_judgement(gpu_name: str) -> PublishedJudgement | None:
+#: Held-out runs a model class needs on a GPU type before its own count judges that class there
+#: (:func:`published_judgement`); with fewer, the GPU type's whole count does.
+MIN_CLASS_RUNS = 10
+
+
+def published_judgement(gpu_name: str, model_class: str | None = None) -> PublishedJudgement | None:
     """The simulator's judgement by the published runs held out on ``gpu_name``; None where none ran on it.
+    With ``model_class`` (``ModelProfile.judgement_class``), the runs of that class alone where at least
+    :data:`MIN_CLASS_RUNS` of them were held out there, else every run on the GPU type.
 
     Example:
         >>> j = published_judgement("B200")
         >>> (j.runs, j.within, j.meets_target), published_judgement("A10G") is None
         ((5, 1, False), True)
+        >>> dense, classes = published_judgement("H200", "dense"), published_judgement("H200", "model classes")
+        >>> (dense.model_class, dense.meets_target), (classes.model_class, classes.meets_target)
+        (('dense', True), ('model classes', False))
     """
     table = _published_table()
     row = table["gpus"].get(gpu_name)
     if row is None:
         return None
+    by_class = row.get("by_class", {}).get(model_class or "")
+    if by_class is not None and int(by_class["runs"]) >= MIN_CLASS_RUNS:
+        row = by_class
+    else:
+        model_class = ""
     target = table["target"]
     return PublishedJudgement(gpu_name, int(row["runs"]), int(row["headline_within_10pct"]),
                               float(target["headline_within_pct"]), float(target["share"]), row["median_error_pct"],
-                              row["lowest_error_pct"], row["highest_error_pct"], tuple(row["layouts"]))
+                              row["lowest_error_pct"], row["highest_error_pct"], tuple(row["layouts"]),
+                              model_class or "")
 
 
 def sim_evidence_text(gpu: GpuSpec) -> str:
@@ -448,10 +469,11 @@ def sim_evidence_text(gpu: GpuSpec) -> str:
     return "; ".join(part for part in (gpu.sim_evidence, published) if part)
 
 
-def calibration_note(gpu: GpuSpec) -> str | None:
+def calibration_note(gpu: GpuSpec, model: ModelProfile | None = None) -> str | None:
     """One line for figures simulated on a GPU type whose simulated step times are not judged to the target:
     no real vLLM run judged them (``GpuSpec.sim_evidence`` empty and no published run), or the published runs
-    held out on it put fewer than 80% of their headline figures within 10% (:func:`published_judgement`).
+    held out on it put fewer than 80% of their headline figures within 10% (:func:`published_judgement`; for
+    ``model``, a ``ModelProfile``, the runs of its class where enough of them were held out there).
     None elsewhere. ``simulate`` and the nightly print it; the simulator screen widens its margins for it.
 
     Example:
@@ -461,12 +483,13 @@ def calibration_note(gpu: GpuSpec) -> str | None:
         >>> note.startswith("B200: the simulator put 1 of 5 published vLLM runs"), "median error +20.5%" in note
         (True, True)
     """
-    judged = published_judgement(gpu.name)
+    judged = published_judgement(gpu.name, model.judgement_class if model is not None else None)
     if judged is not None:
         if judged.meets_target:
             return None
-        return (f"{gpu.name}: the simulator put {judged.within} of {judged.runs} published vLLM runs held out on "
-                f"this GPU within {judged.within_pct:g}% of their throughput or TPOT (layouts "
+        of_class = f" of {judged.model_class} models" if judged.model_class else ""
+        return (f"{gpu.name}: the simulator put {judged.within} of {judged.runs} published vLLM runs{of_class} held "
+                f"out on this GPU within {judged.within_pct:g}% of their throughput or TPOT (layouts "
                 f"{', '.join(judged.layouts)}; {judged.errors_text}): read its figures with that spread "
                 "(docs/accuracy.md)")
     if gpu.sim_evidence:

@@ -185,6 +185,21 @@ class ModelProfile:
         """A Mamba2 / attention hybrid (vLLM's ``ModelConfig.is_hybrid``): some layer is a Mamba layer."""
         return "mamba" in self.layer_types or "parallel" in self.layer_types
 
+    @property
+    def judgement_class(self) -> str:
+        """The group of models the simulator's published judgement counts this one in (``data/published_judgement.json``,
+        :func:`servetune.planner.gpus.published_judgement`): ``dense`` for a plain dense transformer in 16-bit
+        weights with full attention on every layer, ``model classes`` for the rest (MoE, quantized, sliding-window
+        or hybrid layers, MLA, a vision tower), whose step times rest on rules of their own.
+
+        Example:
+            >>> load_model("llama-3.1-8b").judgement_class, load_model("qwen3-30b-a3b").judgement_class
+            ('dense', 'model classes')
+        """
+        plain = (not self.is_moe and not self.quantization and not self.layer_types and not self.mla_kv_lora_rank
+                 and not self.vision_params)
+        return "dense" if plain else "model classes"
+
     def _hybrid_layer_elems(self, kind: str, tp: int = 1, active_only: bool = False,
                             moe_tp: int = 0, moe_ep: int = 1) -> tuple[int, int, int]:
         """``(linear, plain, fp32)`` elements of one hybrid layer on one TP rank, as vLLM builds it (routed experts

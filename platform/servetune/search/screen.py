@@ -244,7 +244,7 @@ def screen_for(spec: StudySpec, backend: str, comm_env: CommEnv | None = None) -
                        num_requests=len(spec.workload.requests()),
                        throughput_objective=first == "output_throughput" and spec.objective.directions[0] == "maximize",
                        comm_env=comm_env)
-    why = calibration_note(spec.gpu_spec())
+    why = calibration_note(spec.gpu_spec(), spec.model_profile)
     return screen if why is None else wider_margins(screen, why)
 
 

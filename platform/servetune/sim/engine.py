@@ -208,5 +208,5 @@ def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_se
         notes.append(frontend_bound_note(api_server_busy, api_cpu_factor))
     notes.append(unaligned_experts_note(model, gpu, config.tensor_parallel_size, config.version,
                                         config.data_parallel_size))
-    notes += [calibration_note(gpu), hybrid_note(model), mamba_pool_note(model, config)]
+    notes += [calibration_note(gpu, model), hybrid_note(model), mamba_pool_note(model, config)]
     return [n for n in notes if n]
