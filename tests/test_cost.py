@@ -182,7 +182,8 @@ def test_calibration_evidence_names_the_judged_gpus() -> None:
     assert calibration_evidence(get_gpu("L40S"))[0] and not calibration_evidence(get_gpu("A100-40GB"))[0]
     assert not calibration_evidence(get_gpu("H200"))[0]  # 21 of 28 published runs within 10% since 2026-12-07
     # by the model's class: a dense model on the H200 is judged (9 of 10), a MoE not (12 of 18)
-    assert calibration_evidence(get_gpu("H200"), load_model("llama-3.1-8b"))[0]
+    judged, what = calibration_evidence(get_gpu("H200"), load_model("llama-3.1-8b"))
+    assert judged and "published vLLM runs of dense models held out: 9 of 10 within 10%" in what
     assert not calibration_evidence(get_gpu("H200"), load_model("qwen3-30b-a3b"))[0]
     # judged by published runs, below the target (fewer than 80% within 10%): an estimate, with its figures
     below = calibration_evidence(get_gpu("B200"))

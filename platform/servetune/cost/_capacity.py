@@ -69,7 +69,7 @@ def calibration_evidence(gpu: GpuSpec, model: ModelProfile | None = None) -> tup
         >>> calibration_evidence(get_gpu("B200"))[1][:60]
         'simulator judged below its target on the B200 (published vLL'
     """
-    evidence = sim_evidence_text(gpu)
+    evidence = sim_evidence_text(gpu, model)
     if evidence and calibration_note(gpu, model) is None:
         return True, f"simulator judged on the {gpu.name}: {evidence}"
     if evidence:

@@ -452,9 +452,10 @@ def published_judgement(gpu_name: str, model_class: str | None = None) -> Publis
                               model_class or "")
 
 
-def sim_evidence_text(gpu: GpuSpec) -> str:
+def sim_evidence_text(gpu: GpuSpec, model: ModelProfile | None = None) -> str:
     """What judged the simulator on ``gpu``, in words: the GPU table's own note (``GpuSpec.sim_evidence``) and
-    the published runs held out on it (:func:`published_judgement`); "" where nothing did.
+    the published runs held out on it (:func:`published_judgement`, those of ``model``'s class where enough of
+    them were); "" where nothing did.
 
     Example:
         >>> sim_evidence_text(get_gpu("B200"))
@@ -462,9 +463,10 @@ def sim_evidence_text(gpu: GpuSpec) -> str:
         >>> sim_evidence_text(get_gpu("A10G"))
         ''
     """
-    judged = published_judgement(gpu.name)
+    judged = published_judgement(gpu.name, model.judgement_class if model is not None else None)
+    of_class = f" of {judged.model_class} models" if judged is not None and judged.model_class else ""
     published = "" if judged is None else (
-        f"published vLLM runs held out: {judged.within} of {judged.runs} within {judged.within_pct:g}% "
+        f"published vLLM runs{of_class} held out: {judged.within} of {judged.runs} within {judged.within_pct:g}% "
         f"({judged.median_text})")
     return "; ".join(part for part in (gpu.sim_evidence, published) if part)
 
