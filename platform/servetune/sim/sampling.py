@@ -86,6 +86,7 @@ PENALTY_KERNELS = 16
 TEMPERATURE_KERNELS = 1
 FLASHINFER_TOPK_TOPP_KERNELS = 3  # top-k mask, softmax, top-p sampler; + .long() - argmax
 PLAIN_DRAW_KERNELS = 3  # softmax, exponential, div; argmax as greedy's
+TRITON_TOPK_TOPP_KERNELS = 1  # the mask's one kernel, before the native draw
 #: The V1 sampler's paths by release are the planner's rules (one reading of vLLM's source for both):
 #: FlashInfer's sampler on by default from :data:`FLASHINFER_SAMPLER_DEFAULT` (0.21.0), the Triton top-k /
 #: top-p mask from :data:`~servetune.planner.vllm_rules.TRITON_TOPK_TOPP` (0.17.0) at
@@ -191,21 +192,22 @@ def sampler_pass(sampling: Sampling, version: tuple[int, int, int], compute_capa
         nbytes += PENALTY_BYTES
         kernels += PENALTY_KERNELS
         parts.append("penalties")
+    triton = False
     if sampling.uses_top_k and sampling.uses_top_p:
-        if TRITON_TOPK_TOPP <= version < FLASHINFER_SAMPLER_DEFAULT:
-            parts.append("Triton top-k/top-p mask, softmax and exponential draw")
-            return SamplerPass(nbytes + PLAIN_DRAW_BYTES, kernels + PLAIN_DRAW_KERNELS + 1 + 1, ", ".join(parts),
-                               triton_mask=True)
-        low, high = FLASHINFER_CAPABILITY if version < (0, 24, 0) else FLASHINFER_CAPABILITY_FROM_024
-        if version < FLASHINFER_SAMPLER_DEFAULT or not low <= compute_capability <= high:
-            return None
-        nbytes += FLASHINFER_TOPK_TOPP_BYTES
-        kernels += FLASHINFER_TOPK_TOPP_KERNELS + 1
-        parts.append("FlashInfer top-k/top-p")
+        triton = TRITON_TOPK_TOPP <= version < FLASHINFER_SAMPLER_DEFAULT
+        if not triton:
+            low, high = FLASHINFER_CAPABILITY if version < (0, 24, 0) else FLASHINFER_CAPABILITY_FROM_024
+            if version < FLASHINFER_SAMPLER_DEFAULT or not low <= compute_capability <= high:
+                return None
+            parts.append("FlashInfer top-k/top-p")
+            return SamplerPass(nbytes + FLASHINFER_TOPK_TOPP_BYTES, kernels + FLASHINFER_TOPK_TOPP_KERNELS + 1,
+                               ", ".join(parts))
+        # The Triton mask (priced in waves, triton_mask_seconds), then the same native draw as temperature alone.
+        kernels += TRITON_TOPK_TOPP_KERNELS
+        parts.append("Triton top-k/top-p mask")
     elif sampling.uses_top_k or sampling.uses_top_p:
         return None
-    else:
-        nbytes += PLAIN_DRAW_BYTES
-        kernels += PLAIN_DRAW_KERNELS + 1
-        parts.append("softmax and exponential draw")
-    return SamplerPass(nbytes, kernels, ", ".join(parts))
+    nbytes += PLAIN_DRAW_BYTES
+    kernels += PLAIN_DRAW_KERNELS + 1
+    parts.append("softmax and exponential draw")
+    return SamplerPass(nbytes, kernels, ", ".join(parts), triton_mask=triton)
