@@ -37,10 +37,9 @@ TARGET_SHARE = 0.8
 
 
 def model_class(run: published_runs.PublishedRun) -> str:
-    """The run's model's judgement group (:attr:`~servetune.planner.modelinfo.ModelProfile.judgement_class`);
-    a dense model served quantized online (``flags.quantization``) counts with the model classes."""
-    model = published_runs.resolve_model(run.model, published_runs.FIXTURES)
-    return "model classes" if run.flags.get("quantization") else model.judgement_class
+    """The run's model's judgement group (:attr:`~servetune.planner.modelinfo.ModelProfile.judgement_class`), as
+    ``calibration_note`` classes the model it is given: by its profile."""
+    return published_runs.resolve_model(run.model, published_runs.FIXTURES).judgement_class
 
 
 def held_out_rows(judged: Sequence[published_runs.Judged]) -> list[dict[str, Any]]:

@@ -388,6 +388,11 @@ class PublishedJudgement:
     model_class: str = ""
 
     @property
+    def runs_label(self) -> str:
+        """``published vLLM runs``, and ``of <class> models`` where the runs were counted for one model class."""
+        return "published vLLM runs" + (f" of {self.model_class} models" if self.model_class else "")
+
+    @property
     def meets_target(self) -> bool:
         """At least :attr:`target_share` of the runs within :attr:`within_pct`."""
         return self.within >= self.target_share * self.runs
@@ -452,6 +457,11 @@ def published_judgement(gpu_name: str, model_class: str | None = None) -> Publis
                               model_class or "")
 
 
+def _judgement_for(gpu: GpuSpec, model: ModelProfile | None) -> PublishedJudgement | None:
+    """:func:`published_judgement` for ``gpu``, by ``model``'s class where a model is given."""
+    return published_judgement(gpu.name, model.judgement_class if model is not None else None)
+
+
 def sim_evidence_text(gpu: GpuSpec, model: ModelProfile | None = None) -> str:
     """What judged the simulator on ``gpu``, in words: the GPU table's own note (``GpuSpec.sim_evidence``) and
     the published runs held out on it (:func:`published_judgement`, those of ``model``'s class where enough of
@@ -463,10 +473,9 @@ def sim_evidence_text(gpu: GpuSpec, model: ModelProfile | None = None) -> str:
         >>> sim_evidence_text(get_gpu("A10G"))
         ''
     """
-    judged = published_judgement(gpu.name, model.judgement_class if model is not None else None)
-    of_class = f" of {judged.model_class} models" if judged is not None and judged.model_class else ""
+    judged = _judgement_for(gpu, model)
     published = "" if judged is None else (
-        f"published vLLM runs{of_class} held out: {judged.within} of {judged.runs} within {judged.within_pct:g}% "
+        f"{judged.runs_label} held out: {judged.within} of {judged.runs} within {judged.within_pct:g}% "
         f"({judged.median_text})")
     return "; ".join(part for part in (gpu.sim_evidence, published) if part)
 
@@ -485,12 +494,11 @@ def calibration_note(gpu: GpuSpec, model: ModelProfile | None = None) -> str | N
         >>> note.startswith("B200: the simulator put 1 of 5 published vLLM runs"), "median error +20.5%" in note
         (True, True)
     """
-    judged = published_judgement(gpu.name, model.judgement_class if model is not None else None)
+    judged = _judgement_for(gpu, model)
     if judged is not None:
         if judged.meets_target:
             return None
-        of_class = f" of {judged.model_class} models" if judged.model_class else ""
-        return (f"{gpu.name}: the simulator put {judged.within} of {judged.runs} published vLLM runs{of_class} held "
+        return (f"{gpu.name}: the simulator put {judged.within} of {judged.runs} {judged.runs_label} held "
                 f"out on this GPU within {judged.within_pct:g}% of their throughput or TPOT (layouts "
                 f"{', '.join(judged.layouts)}; {judged.errors_text}): read its figures with that spread "
                 "(docs/accuracy.md)")
