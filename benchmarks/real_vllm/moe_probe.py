@@ -9,6 +9,9 @@ which random-weight served models do not give), for two kernel configurations:
 
 * ``vllm``: what the installed vLLM picks (its tuned file for this GPU where it ships one, else its
   default; ``try_get_optimal_moe_config``), recorded per row;
+* ``default``: the installed vLLM's own default, the config it runs where it ships no tuned file for the
+  GPU (``get_default_config``, called as ``try_get_optimal_moe_config`` calls it; the by-batch tiles
+  from 0.17.0): what a GPU without a tuned file runs, timed on one that has one;
 * ``v0.11_default``: vLLM 0.11.0's default (``fused_moe.py get_default_config@v0.11.0``: 16 x 32 x 64
   tiles, group 1, up to E tokens, else 64 x 64 x 32, group 8; block-quantized fp8 64 x 128 x 128,
   group 32, 4 warps, 3 stages), as the published 0.11-0.14 runs ran without a tuned file. The installed
@@ -131,6 +134,15 @@ def time_layer(copies: list, m: int, experts: int, hidden: int, top_k: int,  # t
     return sorted(times)[len(times) // 2]
 
 
+def _installed_default(w1: torch.Tensor, w2: torch.Tensor, top_k: int, weights: str, m: int) -> dict:  # type: ignore[type-arg]
+    """The installed vLLM's ``get_default_config`` for this layer at ``m`` tokens (no tuned file)."""
+    from vllm.model_executor.layers.fused_moe.fused_moe import get_default_config
+
+    dtype = {"bf16": None, "fp8": "fp8_w8a8", "fp8_block": "fp8_w8a8"}[weights]
+    block = BLOCK if weights == "fp8_block" else None
+    return dict(get_default_config(m, w2.shape[0], w2.shape[2], w1.shape[2], top_k, dtype, block))
+
+
 def _picked(w1: torch.Tensor, w2: torch.Tensor, top_k: int, weights: str, m: int) -> dict:  # type: ignore[type-arg]
     from vllm.model_executor.layers.fused_moe.fused_moe import try_get_optimal_moe_config
 
@@ -139,7 +151,8 @@ def _picked(w1: torch.Tensor, w2: torch.Tensor, top_k: int, weights: str, m: int
     return dict(try_get_optimal_moe_config(tuple(w1.shape), tuple(w2.shape), top_k, dtype, m, block_shape=block))
 
 
-def probe_shape(shape: tuple, tokens: tuple[int, ...], deadline: float, rows: list) -> None:  # type: ignore[type-arg]
+def probe_shape(shape: tuple, tokens: tuple[int, ...], deadline: float, rows: list,  # type: ignore[type-arg]
+                modes: tuple[str, ...] = ("vllm", "v0.11_default")) -> None:
     """Append one row per (mode, tokens) of ``shape`` to ``rows`` until ``deadline``."""
     name, experts, hidden, inter, top_k, weights = shape
     first = _layer(experts, hidden, inter, weights)
@@ -147,10 +160,11 @@ def probe_shape(shape: tuple, tokens: tuple[int, ...], deadline: float, rows: li
     copies = [first] + [_layer(experts, hidden, inter, weights) for _ in range(max(0, -(-COPY_BYTES // layer_bytes) - 1))]
     copies = copies[:CALLS]
     for m in tokens:
-        for mode in ("vllm", "v0.11_default"):
+        for mode in modes:
             if time.monotonic() > deadline:
                 return
-            config = None if mode == "vllm" else _v011_default(m, experts, weights)
+            config = None if mode == "vllm" else _v011_default(m, experts, weights) if mode == "v0.11_default" \
+                else _installed_default(first[0], first[1], top_k, weights, m)
             shown = _picked(first[0], first[1], top_k, weights, m) if config is None else config
             try:
                 us = time_layer(copies, m, experts, hidden, top_k, config)
@@ -172,6 +186,8 @@ def main() -> None:
     parser.add_argument("--deadline-s", type=float, default=420.0)
     parser.add_argument("--custom", default="", help="extra shapes NAME:E:HIDDEN:INTER:TOPK:WEIGHTS,... (then only "
                                                       "those and --shapes' are timed)")
+    parser.add_argument("--modes", default="vllm,v0.11_default",
+                        help="comma-separated kernel configurations: vllm, default, v0.11_default")
     parser.add_argument("--tokens", type=token_counts, default=TOKENS,
                         help="comma-separated token counts, each 1 or more (default: 1-8,192)")
     args = parser.parse_args()
@@ -183,6 +199,9 @@ def main() -> None:
             parser.error(f"--custom: {text!r} is not NAME:E:HIDDEN:INTER:TOPK:bf16|fp8|fp8_block")
         custom.append((parts[0], *(int(p) for p in parts[1:5]), parts[5]))
     tokens = tuple(args.tokens)
+    modes = tuple(m for m in args.modes.split(",") if m)
+    if not modes or set(modes) - {"vllm", "default", "v0.11_default"}:
+        parser.error(f"--modes: {args.modes!r}: name one or more of vllm, default, v0.11_default")
     unknown = sorted(set(wanted) - {s[0] for s in SHAPES})
     if unknown:
         parser.error(f"--shapes: unknown {unknown}; known: {[s[0] for s in SHAPES]}")
@@ -198,7 +217,7 @@ def main() -> None:
         if (wanted or custom) and shape[0] not in wanted and shape not in custom:
             continue
         try:
-            probe_shape(shape, tokens, deadline, rows)
+            probe_shape(shape, tokens, deadline, rows, modes)
         except Exception as exc:  # one shape that cannot be built or run leaves the others standing
             rows.append({"shape": shape[0], "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
             print(json.dumps(rows[-1]), flush=True)
