@@ -31,8 +31,9 @@ def perf_at(model: ModelProfile, gpu: object, version: str, knobs: dict[str, flo
 
 
 def test_the_published_rates_behind_the_share_hold_the_gpu_tables_peaks() -> None:
-    assert perf_classes.DATASHEET_BF16_TFLOPS == {"H100-80GB": H100.bf16_tflops, "B200": B200.bf16_tflops}
-    assert set(perf_classes.TRITON_BF16_MATMUL_TFLOPS) == set(perf_classes.DATASHEET_BF16_TFLOPS)
+    assert perf_classes.DATASHEET_BF16_TFLOPS == {name: get_gpu(name).bf16_tflops
+                                                  for name in perf_classes.DATASHEET_BF16_TFLOPS}
+    assert set(perf_classes.TRITON_BF16_MATMUL_TFLOPS) == {"H100-80GB", "B200"}
     triton = perf_classes.TRITON_BF16_MATMUL_TFLOPS
     # Triton's matmul keeps 0.745 of the datasheet ratio from H100 to B200 (1.694 of 2.275).
     kept = (triton["B200"] / triton["H100-80GB"]) / (B200.bf16_tflops / H100.bf16_tflops)
@@ -101,7 +102,7 @@ def test_the_b200_fused_moe_streams_weights_at_its_published_marginal_rate() -> 
 
 def test_the_b200_dense_gemms_run_at_cublas_published_sustained_rate() -> None:
     # pytorch/ao#2427: torch.matmul bf16 at 8192^3 on a B200, 1.42e15 FLOP/s (pct_peak 0.631).
-    assert perf_classes.CUBLAS_BF16_MATMUL_TFLOPS == {"B200": 1420.0}
+    assert perf_classes.CUBLAS_BF16_MATMUL_TFLOPS["B200"] == 1420.0
     assert perf_classes.B200_CUBLAS_SHARE == pytest.approx(1420.0 / B200.bf16_tflops) == pytest.approx(0.6311, abs=1e-4)
     assert calibration_for(B200).compute_efficiency == perf_classes.B200_CUBLAS_SHARE
     # Hopper's calibrated share, which the fitted MoE share is a share of, is the one the module names.
@@ -126,3 +127,27 @@ def test_the_b200_all_reduce_share_comes_from_published_nccl_tests() -> None:
     # Every other B200 knob stays the H200's.
     b200, h200 = calibration_for(B200), calibration_for(H200)
     assert {k for k in vars(b200) if getattr(b200, k) != getattr(h200, k)} == {"interconnect_efficiency", "compute_efficiency"}
+
+
+def test_the_rtx_5090s_dense_gemms_run_at_cublas_published_sustained_rate_and_nothing_else_moves() -> None:
+    """The GeForce RTX 5090 prices its dense GEMMs at the median of four published torch.matmul timings
+    (234.8 TFLOP/s at 8192^3, 1.123 of the datasheet's 209: its cards run above the rated boost clock); its
+    memory-bound kernels and FlashAttention-2 prefill keep their rates, and no other GPU's calibration moves."""
+    rtx = get_gpu("RTX-5090")
+    share = perf_classes.CUBLAS_BF16_MATMUL_TFLOPS["RTX-5090"] / perf_classes.DATASHEET_BF16_TFLOPS["RTX-5090"]
+    assert _calibration.GPU_FAMILY_OVERRIDES["RTX-5090"] == {"compute_efficiency": pytest.approx(share)}
+    cal = calibration_for(rtx)
+    assert cal.compute_efficiency == pytest.approx(1.1234, abs=1e-4)
+    assert rtx.bf16_tflops * cal.compute_efficiency == pytest.approx(234.8)
+    base = calibration_for(get_gpu("RTX-4090"))  # another FlashAttention-2 GeForce part: the shared rule
+    assert (cal.mem_efficiency, cal.attn_efficiency) == (base.mem_efficiency, base.attn_efficiency)
+    assert base.compute_efficiency == Calibration().compute_efficiency
+    # A 4,096-token prefill of an 8B: the GEMMs 1.45x faster than at the H200's share; one-token decode unmoved.
+    model = load_model("llama-3.1-8b")
+    config = resolve_engine_config({}, model, rtx, vllm_version="0.22.1")
+    now = PerfModel(model, rtx, config, cal)
+    before = PerfModel(model, rtx, config, cal.with_overrides({"compute_efficiency": Calibration().compute_efficiency}))
+    n = 4096
+    assert before.gpu_cost(1, n, n, n * n // 2, False).gemm / now.gpu_cost(1, n, n, n * n // 2, False).gemm \
+        == pytest.approx(share / Calibration().compute_efficiency, rel=0.02)
+    assert now.gpu_cost(1, 1, 0, 0, True).gemm == pytest.approx(before.gpu_cost(1, 1, 0, 0, True).gemm, rel=0.01)

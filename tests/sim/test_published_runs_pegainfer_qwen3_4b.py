@@ -16,6 +16,11 @@ median TPOT +12.2%, +14.7%, +18.9%, +67.0%, +152.2%, +289.1%, +8.1% -> +12.2%, +
 +153.0%, +291.8%, +8.1%; TTFT +39.3%, +54.9%, +71.0%, +129.5%, +197.9%, +726.7%, +161.6% -> +41.1%, +55.3%,
 +71.7%, +129.5%, +197.8%, +741.1%, +161.6% (a Poisson arrival to an idle server pays the step's CPU; these
 prefills were simulated slow before it).
+Re-recorded 2026-12-07 with the RTX 5090's dense GEMMs at cuBLAS's published sustained rate (1.123 of the
+datasheet peak, ``_moe_rates.RTX5090_CUBLAS_SHARE``: four published torch.matmul timings, looked for after these
+errors; nothing fitted): median TPOT +12.2%, +14.7%, +19.2%, +67.6%, +153.0%, +291.8%, +8.1% -> +9.8%, +9.3%,
++6.0%, +16.3%, +32.1%, +47.8%, -13.9% (3 of 7 within 10%); TTFT +41.1% ... +741.1% -> +9.0%, +19.6%, +25.7%,
++49.1%, +63.1%, +40.4%, -52.5% (2 of 7 within 25%).
 """
 
 from __future__ import annotations

@@ -346,6 +346,11 @@ B200_INTERCONNECT_EFFICIENCY: float = Calibration().interconnect_efficiency * _b
 #: Blackwell ones. Nothing fitted on a B200 run.
 GPU_FAMILY_OVERRIDES["B200"] = {"interconnect_efficiency": B200_INTERCONNECT_EFFICIENCY,
                                 "compute_efficiency": _moe_rates.B200_CUBLAS_SHARE}
+#: GeForce RTX 5090 (GB202): its dense GEMMs at cuBLAS's published sustained rate (``_moe_rates.RTX5090_CUBLAS_SHARE``,
+#: 1.123 of the datasheet peak, zzc0721/torch-performance-test-data; since 2026-12-07, the H200's 0.775 before).
+#: Its memory-bound kernels keep the H200's ``mem_efficiency``: no published bandwidth figure was found. Nothing
+#: fitted on an RTX 5090 run.
+GPU_FAMILY_OVERRIDES["RTX-5090"] = {"compute_efficiency": _moe_rates.RTX5090_CUBLAS_SHARE}
 
 #: The FlashAttention generation vLLM's FLASH_ATTN backend runs on an NVIDIA GPU, by compute
 #: capability (vLLM 0.26 ``v1/attention/backends/fa_utils.get_flash_attn_version``: FA3 on major 9,

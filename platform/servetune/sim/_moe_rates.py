@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = ["B200_CUBLAS_SHARE", "B200_FUSED_MOE_DEFAULT_US", "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL",
            "CUBLAS_BF16_MATMUL_TFLOPS", "DATASHEET_BF16_TFLOPS", "HOPPER_COMPUTE_EFFICIENCY", "MOE_COMPUTE_SHARE",
+           "RTX5090_CUBLAS_SHARE",
            "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE",
            "TRITON_BF16_MATMUL_TFLOPS", "blackwell_moe_mem_share", "fused_moe_marginal_gbps", "moe_compute_share",
            "runs_blackwell_triton_moe"]
@@ -81,20 +82,32 @@ MOE_UNFITTED_SHARE: dict[str, float] = {"ampere": 0.35}
 #: expert's GEMM (gpt-oss-120b at TP=8: ~256 rows an expert in an 8,192-token step, N 720, K 2,880).
 TRITON_BF16_MATMUL_TFLOPS: dict[str, float] = {"H100-80GB": 523.0, "B200": 885.9}
 #: The datasheet dense bf16 peaks those rates are held against (``planner.gpus``: NVIDIA H100 SXM5
-#: 989 TFLOP/s, HGX B200 2,250 TFLOP/s; a test holds them equal to the GPU table).
-DATASHEET_BF16_TFLOPS: dict[str, float] = {"H100-80GB": 989.0, "B200": 2250.0}
+#: 989 TFLOP/s, HGX B200 2,250 TFLOP/s, GeForce RTX 5090 209 TFLOP/s with fp32 accumulate; a test holds
+#: them equal to the GPU table).
+DATASHEET_BF16_TFLOPS: dict[str, float] = {"H100-80GB": 989.0, "B200": 2250.0, "RTX-5090": 209.0}
 #: cuBLAS's sustained bf16 rate on a B200, TFLOP/s: ``torch.matmul`` at M = N = K = 8192 in torchao's
 #: ``benchmarks/float8/bench_matmul.py`` on "NVIDIA B200" (pytorch/ao#2427, https://github.com/pytorch/ao/pull/2427,
 #: 2025-06-23: "torch.bfloat16 time_sec 7.74E-04, tops/sec 1.42E+15, pct_peak 0.631"; 0.627 at 4096, 0.646 at
 #: 6144). The H100's published counterpart, 797.5 at 8192 (0.806 of 989; zzc0721/torch-performance-test-data#79,
 #: PyTorch 2.7.0), sits beside the H200's measured 0.775 (``Calibration.compute_efficiency``, servetune's own
 #: cuBLAS probes), so Hopper's calibrated share is its sustained cuBLAS rate and the B200's is this one.
-CUBLAS_BF16_MATMUL_TFLOPS: dict[str, float] = {"B200": 1420.0}
+#: The GeForce RTX 5090's, 234.8: the median of four published ``torch.matmul`` bf16 timings at
+#: M = N = K = 8192 on "NVIDIA GeForce RTX 5090" cards (zzc0721/torch-performance-test-data, the benchmark
+#: whose H100 row is quoted above: #15 236.03, #96 234.89, #124 234.66, #200 174.68 TFLOP/s; PyTorch 2.7-2.8,
+#: CUDA 12.8, four machines; 235.3-240.1 at 10,240 on the first three). Above the datasheet's 209: the
+#: datasheet rates the tensor cores at the 2.41 GHz rated boost clock, which GeForce cards run above under
+#: load (the memory clock, and so the bandwidth, is fixed).
+CUBLAS_BF16_MATMUL_TFLOPS: dict[str, float] = {"B200": 1420.0, "RTX-5090": 234.8}
 #: The B200's dense GEMMs' share of its datasheet peak (``Calibration.compute_efficiency`` on the B200,
 #: ``_calibration.GPU_FAMILY_OVERRIDES``): 1,420 / 2,250 = 0.631, where the H200's 0.775 would price cuBLAS at
 #: 1,744 TFLOP/s, 23% above the published sustained rate. **Read from a published kernel benchmark, not
 #: fitted**; looked for on 2026-12-07 after the five held-out B200 runs were seen fast (no figure chosen on them).
 B200_CUBLAS_SHARE: float = CUBLAS_BF16_MATMUL_TFLOPS["B200"] / DATASHEET_BF16_TFLOPS["B200"]
+#: The RTX 5090's dense GEMMs' share of its datasheet peak, the same way: 234.8 / 209 = 1.123, where the H200's
+#: 0.775 would price cuBLAS at 162 TFLOP/s, 31% under the published sustained rate. **Read from published kernel
+#: benchmarks, not fitted**; looked for on 2026-12-07 after the seven held-out RTX 5090 runs
+#: (``tests/fixtures/published_runs/pegainfer_qwen3_4b.yaml``) were seen slow (no figure chosen on them).
+RTX5090_CUBLAS_SHARE: float = CUBLAS_BF16_MATMUL_TFLOPS["RTX-5090"] / DATASHEET_BF16_TFLOPS["RTX-5090"]
 #: The dense GEMMs' share of the datasheet peak that Hopper's fitted :data:`MOE_COMPUTE_SHARE` is a share of:
 #: ``Calibration.compute_efficiency`` (the H200's, which every Hopper part takes; a test holds them equal).
 HOPPER_COMPUTE_EFFICIENCY: float = 0.775
