@@ -7,6 +7,11 @@ errors are benchmarks/results/published_runs_gpustack_glm_4_5_air.json (``publis
 --compare --json``); recorded 2026-12-07: H100 ShareGPT burst +13.1% (TTFT +14.2%): 0 of 1 within 10%, TTFT 1
 of 1 within 25%; A100 3 of 5 within 10% (ShareGPT +3.8%, random 32,000 x 100 -2.3%, 4,000 x 200 +20.2%, 2,000 x
 100 +0.8%, 128 x 4 -25.2%), TTFT 4 of 5 within 25% (+2.6%, +3.9%, -13.4%, +2.4%, +32.6%).
+Re-recorded 2026-12-07 once vLLM 0.11.0's per-request chat-template parse is priced at GLM-4.5's own template
+(``sim.chat_templates.CHAT_TEMPLATE_PARSE_SHARE``: 0.89 of the fitted Qwen3 template's parse, timed; nothing
+fitted): H100 +13.1% -> +16.8% (TTFT +14.2% -> +6.5%); A100 +3.8%, -2.3%, +20.2%, +0.8%, -25.2% -> +5.5%, -2.2%,
++20.6%, +1.4%, -21.1% (TTFT +2.6%, +3.9%, -13.4%, +2.4%, +32.6% -> -1.4%, +3.8%, -13.9%, +1.1%, +20.5%): still 3
+of 6 within 10%, TTFT 6 of 6 within 25%.
 """
 
 from __future__ import annotations

@@ -40,10 +40,16 @@ REFERENCE_CHAT_TEMPLATE = "Qwen3 (hybrid thinking)"
 #: 0.52 (0.51-0.54 over three timings). Source of its text: a verbatim copy of Qwen3-4B-Instruct-2507's
 #: in a public test file (the Hugging Face hub is not reachable here); the 235B and 30B Instruct 2507
 #: models are taken to ship the same one.
+#: GLM-4.5-Air's (3,805 characters: tools, a ``visible_text`` macro, ``<think>`` splitting, tool calls as
+#: ``<arg_key>`` / ``<arg_value>`` pairs): 0.89 (0.887-0.902 over three timings, 2026-12-07, against the
+#: first-release Qwen3 template at 10.8 ms a parse). Source of its text: llama.cpp's
+#: ``models/templates/glm_4_5.jinja`` at 623f3dd (two of its comments name llama.cpp's polyfills; comments
+#: lex as one token each).
 CHAT_TEMPLATE_PARSE_SHARE: dict[str, float] = {
     "qwen3-235b-a22b-2507": 0.52,
     "qwen3-235b-a22b-2507-fp8": 0.52,
     "qwen3-30b-a3b-instruct-2507": 0.52,
+    "glm-4.5-air": 0.89,
 }
 
 
