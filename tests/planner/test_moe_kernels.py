@@ -59,3 +59,29 @@ def test_plan_says_so_only_where_the_file_is_missing() -> None:
     assert len(notes("H100-80GB")) == 1 and "E=128,N=768" in notes("H100-80GB")[0]
     assert notes("H200") == []
     assert notes("H100-80GB", tensor_parallel_size=2) == []
+
+
+def test_a_release_before_0_17_is_checked_against_vllm_0_11s_files_where_they_are_kept() -> None:
+    """Asked about vLLM 0.11-0.16, the note checks vLLM 0.11.0's tuned files (the ones the simulator prices there);
+    from 0.17, and for per-tensor fp8 experts the 0.11 table does not keep, vLLM 0.26.0's list. GLM-4.5-Air's experts
+    at TP=4 on A100s (E=128, N=352) have no tuned A100 file in either; Qwen3-30B-A3B's at TP=1 on an H100 (N=768)
+    have none in 0.11.0 either; at TP=2 on an H200 (N=384) 0.11.0 ships one."""
+    from servetune.planner.moe_kernels import TILE_TABLE_UNTIL
+    from servetune.sim._moe_tiles import MOE_TILE_BY_BATCH_SINCE
+
+    assert TILE_TABLE_UNTIL == MOE_TILE_BY_BATCH_SINCE
+    m = load_model("qwen3-30b-a3b")
+    old, new = (0, 11, 0), (0, 26, 0)
+    k = moe_kernel_config(m, "H100-80GB", tp=1, version=old)
+    assert (k.vllm_version, k.tuned) == ("0.11.0", False)
+    assert moe_kernel_config(m, "H200", tp=2, version=old).tuned
+    assert moe_kernel_config(m, "H100-80GB", tp=1, version=(0, 17, 0)).vllm_version == "0.26.0"
+    assert moe_kernel_config(m, "H100-80GB", tp=1, quantization="fp8", version=old).vllm_version == "0.26.0"
+    a100 = get_gpu("A100-80GB")
+    glm = load_model(str(FIXTURES.parent / "published_runs" / "models" / "glm-4.5-air"))
+    for version, release in ((old, "0.11.0"), (new, "0.26.0")):
+        config = resolve_engine_config({"tensor_parallel_size": 4, "max_model_len": 4096}, glm, a100,
+                                       ".".join(map(str, version)))
+        said = [n for n in plan_memory(glm, a100, config).notes if n.startswith("fused-MoE kernel")]
+        assert len(said) == 1 and said[0].startswith(f"fused-MoE kernel: vLLM {release} ships no tuned config "
+                                                     "E=128,N=352,device_name=NVIDIA_A100-SXM4-80GB.json"), said

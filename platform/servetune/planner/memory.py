@@ -595,7 +595,7 @@ def _moe_kernel_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig) -
     # parallelism the whole width and the rank's own experts)
     ep = config.expert_parallel_size(model.is_moe)
     note = moe_kernel_note(model, gpu.name, config.expert_tensor_parallel_size(model.is_moe), config.quantization,
-                           experts=local_experts(model.num_experts, ep) if ep > 1 else None)
+                           experts=local_experts(model.num_experts, ep) if ep > 1 else None, version=config.version)
     return (note,) if note else ()
 
 

@@ -11,7 +11,9 @@ bf16 experts on the default tile served 2.5-3x fewer output tokens per second th
 FP8 experts (also on a default tile: no ``dtype=fp8_w8a8`` file either) at 128-256 clients, and about
 as many at one client.
 
-The list of files is vLLM 0.26.0's (``data/vllm_moe_configs.json``, with its source); a tuned file
+The list of files is vLLM 0.26.0's (``data/vllm_moe_configs.json``, with its source); for a release before
+:data:`TILE_TABLE_UNTIL` asked about by version, vLLM 0.11.0's (``data/vllm_moe_tiles.json``: its unquantized and
+block-quantized fp8 files, the ones the simulator prices there), the nearer of the two lists kept. A tuned file
 of one's own (``VLLM_TUNED_CONFIG_FOLDER``, vLLM's ``benchmarks/kernels/benchmark_moe.py --tune``)
 is not seen here.
 
@@ -34,7 +36,7 @@ import json
 from importlib import resources
 from typing import Any
 
-__all__ = ["MoeKernelConfig", "TORCH_DEVICE_NAMES", "moe_kernel_config", "moe_kernel_note", "tuned_config_files",
+__all__ = ["MoeKernelConfig", "TILE_TABLE_UNTIL", "TORCH_DEVICE_NAMES", "moe_kernel_config", "moe_kernel_note", "tuned_config_files",
            "tuned_moe_tiles", "tuned_tile_table"]
 
 #: servetune GPU name -> ``torch.cuda.get_device_name()`` with spaces as underscores (what vLLM's
@@ -47,6 +49,13 @@ TORCH_DEVICE_NAMES: dict[str, str] = {
     "L40S": "NVIDIA_L40S", "L4": "NVIDIA_L4", "RTX-4090": "NVIDIA_GeForce_RTX_4090", "B200": "NVIDIA_B200",
     "MI300X": "AMD_Instinct_MI300X",
 }
+
+
+#: Releases before this one are checked against vLLM 0.11.0's tuned files (``data/vllm_moe_tiles.json``) where that
+#: table keeps the experts' format, later ones against 0.26.0's list: the release from which the simulator prices
+#: the by-batch default tiles instead of 0.11's tuned ones (``sim._moe_tiles.MOE_TILE_BY_BATCH_SINCE``; a test
+#: holds the two equal).
+TILE_TABLE_UNTIL: tuple[int, int, int] = (0, 17, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,10 +115,19 @@ def _dtype_selector(model: Any, quantization: str | None) -> str | None:
 
 
 def moe_kernel_config(model: Any, gpu_name: str, tp: int, quantization: str | None = None,
-                      experts: int | None = None) -> MoeKernelConfig | None:
+                      experts: int | None = None, version: tuple[int, int, int] | None = None) -> MoeKernelConfig | None:
     """The fused-MoE tuned config vLLM would look for at ``tp``, or None where the model has no routed experts,
     its experts run another kernel, or the GPU's torch name is not known. ``experts``: the experts a rank holds
-    under expert parallelism (``tp`` 1): vLLM names the file by the layer's local ``E = w1.size(0)``; None: all."""
+    under expert parallelism (``tp`` 1): vLLM names the file by the layer's local ``E = w1.size(0)``; None: all.
+    ``version``: the vLLM release asked about; before :data:`TILE_TABLE_UNTIL`, 0.11.0's files where they are kept
+    for the experts' format (None: 0.26.0's list).
+
+    Example:
+        >>> from servetune.planner.modelinfo import load_model
+        >>> [(k.vllm_version, k.tuned) for k in (moe_kernel_config(load_model("qwen3-30b-a3b"), "H100-80GB", 4, version=v)
+        ...                                      for v in ((0, 11, 0), (0, 26, 0)))]  # E=128,N=192
+        [('0.11.0', True), ('0.26.0', True)]
+    """
     device = TORCH_DEVICE_NAMES.get(gpu_name)
     selector = _dtype_selector(model, quantization) if model.is_moe else None
     if device is None or selector is None or model.quantized_experts_only:
@@ -117,20 +135,25 @@ def moe_kernel_config(model: Any, gpu_name: str, tp: int, quantization: str | No
     n = model.expert_intermediate_size // tp
     e = model.num_experts if experts is None else experts
     name = f"E={e},N={n},device_name={device}{selector}.json"
-    version, files = tuned_config_files()
-    return MoeKernelConfig(name, name in files, version)
+    kept = not model.quantization or bool(model.quant_block_k)  # the formats data/vllm_moe_tiles.json keeps
+    if version is not None and tuple(version) < TILE_TABLE_UNTIL and kept and not quantization:
+        release, tiles = tuned_tile_table()
+        return MoeKernelConfig(name, name.removesuffix(".json") in tiles, release)
+    release, files = tuned_config_files()
+    return MoeKernelConfig(name, name in files, release)
 
 
 def moe_kernel_note(model: Any, gpu_name: str, tp: int, quantization: str | None = None,
-                    experts: int | None = None) -> str | None:
-    """``plan``'s line when vLLM will run this model's experts on its default (untuned) tile, else None.
+                    experts: int | None = None, version: tuple[int, int, int] | None = None) -> str | None:
+    """``plan``'s line when vLLM will run this model's experts on its default (untuned) tile, else None
+    (``version``: as :func:`moe_kernel_config` takes it).
 
     Example:
         >>> from servetune.planner.modelinfo import load_model
         >>> print(moe_kernel_note(load_model("qwen3-30b-a3b"), "H100-80GB", 1))  # doctest: +ELLIPSIS
         fused-MoE kernel: vLLM 0.26.0 ships no tuned config E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3.json...
     """
-    k = moe_kernel_config(model, gpu_name, tp, quantization, experts=experts)
+    k = moe_kernel_config(model, gpu_name, tp, quantization, experts=experts, version=version)
     if k is None or k.tuned:
         return None
     return (f"fused-MoE kernel: vLLM {k.vllm_version} ships no tuned config {k.file_name}, so it runs the default "
