@@ -52,7 +52,16 @@ from servetune.sim import PerfModel, calibration_for, perf_classes  # noqa: E402
 from servetune.sim import _moe_shape, _moe_tiles  # noqa: E402
 
 PROBE = ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / "moe_probe_h100.json"
+#: The later probes of expert shapes no simulator rule was read off (2026-12-07, another H100 SXM, vLLM 0.26.0, modes
+#: ``vllm`` and ``default``: the installed release's own no-tuned-file config): Qwen3.5-35B-A3B's layer (E=256,
+#: N=512, top-8), GLM-4.5-Air's at TP=4 (E=128, H=4,096, N=352) and Qwen3-Next-80B-A3B's at TP=4 (E=512, N=128,
+#: top-10); the first shape's plan, with the price written before it ran, is
+#: ``benchmarks/real_vllm/plan_2026_12_07_q35moe_probe.json``.
+UNSEEN_PROBES = tuple(ROOT / "tests" / "fixtures" / "real_h100" / "kernels" / name
+                      for name in ("moe_probe_q35moe_h100.json", "moe_probe_glm_qnext_h100.json"))
 GPT_OSS_BF16 = str(ROOT / "tests" / "fixtures" / "published_runs" / "models" / "gpt-oss-120b-bf16")
+QWEN35_MOE = str(ROOT / "tests" / "fixtures" / "published_runs" / "models" / "qwen3.5-35b-a3b")
+GLM45_AIR = str(ROOT / "tests" / "fixtures" / "published_runs" / "models" / "glm-4.5-air")
 #: The probe's shape name -> (servetune model, TP, extra flags): the layer the probe timed is one TP rank's.
 SHAPES: dict[str, tuple[str, int, dict[str, str]]] = {
     "qwen3-30b-a3b_tp1": ("qwen3-30b-a3b", 1, {}),
@@ -65,9 +74,12 @@ SHAPES: dict[str, tuple[str, int, dict[str, str]]] = {
     "deepseek-v2-lite_tp1": ("deepseek-v2-lite", 1, {}),
     "mixtral-8x7b_tp1": ("mixtral-8x7b", 1, {}),
     "mixtral-8x7b_tp2": ("mixtral-8x7b", 2, {}),
+    "qwen3.5-35b-a3b_tp1": (QWEN35_MOE, 1, {}),
+    "glm-4.5-air_tp4": (GLM45_AIR, 4, {}),
+    "qwen3-next-80b-a3b_tp4": ("qwen3-next-80b-a3b", 4, {}),
 }
 #: The vLLM release each probe configuration stands for.
-MODE_VERSION = {"vllm": "0.26.0", "v0.11_default": "0.11.0"}
+MODE_VERSION = {"vllm": "0.26.0", "v0.11_default": "0.11.0", "default": "0.26.0"}
 #: The shapes :data:`servetune.sim.perf_classes.MOE_UNALIGNED_DOWN_SHARE` was read off.
 FIT_SHAPES = frozenset({"gpt-oss-120b_tp8"})
 RANGES = ((1, 64), (128, 1024), (2048, 8192))

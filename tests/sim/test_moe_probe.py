@@ -44,7 +44,8 @@ def test_the_rule_holds_on_the_unaligned_widths_it_was_not_read_off() -> None:
 
 def test_the_probe_timed_every_shape_the_benchmark_prices_with_the_host_it_names() -> None:
     shapes = {row["shape"] for row in PROBE["rows"]}
-    assert shapes == set(moe_vs_sim.SHAPES)
+    later = {row["shape"] for path in moe_vs_sim.UNSEEN_PROBES for row in json.loads(path.read_text())["rows"]}
+    assert shapes | later == set(moe_vs_sim.SHAPES) and not shapes & later
     assert "H100 80GB HBM3" in PROBE["gpu"] and PROBE["vllm"] == "0.26.0"
     assert all(row["us"] and row["us"] > 0 and row["error"] is None for row in PROBE["rows"])
 
@@ -233,3 +234,23 @@ def test_the_unaligned_down_cap_scales_by_the_gpu_tables_sm_count() -> None:
     assert cap == pytest.approx(1250e9 * 148 * 1965 / (132 * 1980))
     assert unaligned_down_bytes_per_s(shape, (0, 14, 1), dataclasses.replace(b200, sm_count=74)) == pytest.approx(cap / 2)
     assert unaligned_down_bytes_per_s(shape, (0, 14, 1), dataclasses.replace(b200, sm_count=0)) is None
+
+
+def test_the_expert_shapes_no_rule_was_read_off_are_priced_within_15_percent_at_the_default_tile() -> None:
+    """The later probes (another H100 SXM, 2026-12-07): Qwen3.5-35B-A3B's layer (E=256, N=512), GLM-4.5-Air's at
+    TP=4 (N=352) and Qwen3-Next-80B-A3B's at TP=4 (E=512, N=128), under vLLM 0.26's own no-tuned-file config. Against
+    the whole layer a step prices, 31 of 35 rows are within 15% and all within 0.84-1.17: the routed experts of the
+    Qwen3.5-35B-A3B page on an H200 (gpustack_qwen3_5_35b_a3b.yaml, simulated 32% fast at 512 in flight) are not
+    priced fast at the kernel (0.86-0.95 there: the kernel ran a little faster than priced)."""
+    rows = []
+    for path in moe_vs_sim.UNSEEN_PROBES:
+        probe = json.loads(path.read_text())
+        assert "H100 80GB HBM3" in probe["gpu"] and probe["vllm"] == "0.26.0"
+        assert all(row["us"] and row["error"] is None for row in probe["rows"])
+        rows += [r for r in moe_vs_sim.compare_layer(probe) if r["mode"] == "default"]
+    assert {r["shape"] for r in rows} == {"qwen3.5-35b-a3b_tp1", "glm-4.5-air_tp4", "qwen3-next-80b-a3b_tp4"}
+    assert len(rows) >= 30
+    assert sum(abs(r["ratio"] - 1.0) <= 0.15 for r in rows) / len(rows) >= 0.85
+    assert all(0.8 <= r["ratio"] <= 1.2 for r in rows)
+    q35 = [r["ratio"] for r in rows if r["shape"] == "qwen3.5-35b-a3b_tp1" and r["tokens"] >= 512]
+    assert q35 and max(q35) < 1.0
