@@ -75,8 +75,10 @@ HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b"
                "/root/q3next12": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host_e" / "q3next12")}
 #: Flags the collector passed for its own evidence that change nothing vLLM serves or allocates
 #: (``--profiler-config``: the worker's profiler is built on the first /start_profile; ``--load-format
-#: dummy``: random weights made on the GPU, as many bytes as the checkpoint's).
-DIAGNOSTIC_FLAGS: tuple[str, ...] = ("profiler_config", "load_format")
+#: dummy``: random weights made on the GPU, as many bytes as the checkpoint's; ``--gdn-prefill-backend
+#: triton``: the gated-delta-net prefill kernel where the host's vLLM lacks FlashInfer's, which the simulator
+#: prices from counted bytes and FLOPs whatever the backend, ``sim.perf_hybrid``).
+DIAGNOSTIC_FLAGS: tuple[str, ...] = ("profiler_config", "load_format", "gdn_prefill_backend")
 
 
 def serving_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
@@ -607,7 +609,10 @@ def read_knobs(option: str, path: Path) -> dict[str, float] | None:
 #: The Mamba2 hybrid starts of 2026-12-06 (one H100 SXM, vLLM 0.26.0, random weights) measured by one
 #: ``vllm bench serve`` window each (``bench.txt.gz``, /metrics before and after): granite-4.0-h-tiny and
 #: Nemotron-H-8B-Base-8K. They judge the hybrid step time (``sim.perf_hybrid``), which is fitted on nothing.
-HYBRID_BENCH_STARTS: tuple[str, ...] = ("2026-12-06_ghtiny_u09_s256_mbt8192", "2026-12-06_nemh8b_u09_s256_mbt8192")
+HYBRID_BENCH_STARTS: tuple[str, ...] = ("2026-12-06_ghtiny_u09_s256_mbt8192", "2026-12-06_nemh8b_u09_s256_mbt8192",
+                                         # the Qwen3-Next 12-layer shape (gated delta nets, 512 experts), served on
+                                         # 2026-12-07 with vLLM 0.26's Triton gated-delta-net prefill
+                                         "2026-12-07_q3next12tri_u09_s256_mbt8192")
 
 
 def _bench_field(text: str, pattern: str, where: Path) -> str:
