@@ -196,8 +196,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="the real H200 windows of the model-class starts (Qwen3-MoE bf16 and FP8, gpt-oss-20b; "
                              "in no fit), per start")
     parser.add_argument("--hybrid", action="store_true",
-                        help="the real H100 vllm bench serve windows of the Mamba2 hybrid starts (granite-4.0-h-tiny, "
-                             "Nemotron-H-8B; in no fit)")
+                        help="the real H100 vllm bench serve windows of the hybrid starts (granite-4.0-h-tiny, "
+                             "Nemotron-H-8B, the Qwen3-Next 12-layer shape; in no fit)")
     parser.add_argument("--fit-moe-floor", action="store_true",
                         help="fit moe_layer_floor_s alone on the real H100 FP8 MoE start and print it")
     parser.add_argument("--replay-folds", action="store_true",
