@@ -72,7 +72,9 @@ HOST_MODELS = {"/root/model": "servetune-test-850m", "/root/m8b": "llama-3.1-8b"
                # Qwen3-Next-80B-A3B shape at 12 of its 48 layers, as served (configs kept with the evidence).
                "/root/ghtiny": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host_e" / "ghtiny"),
                "/root/nemh8b": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host_e" / "nemh8b"),
-               "/root/q3next12": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host_e" / "q3next12")}
+               "/root/q3next12": str(FIXTURES.parent / "real_h100_classes" / "2026-12-06_h100_host_e" / "q3next12"),
+               # the Qwen3.5-35B-A3B shape at 20 of its 40 layers, served with --language-model-only
+               "/root/q35moe20": str(FIXTURES.parent / "real_h100_classes" / "2026-12-07_h100_host_d" / "q35moe20")}
 #: Flags the collector passed for its own evidence that change nothing vLLM serves or allocates
 #: (``--profiler-config``: the worker's profiler is built on the first /start_profile; ``--load-format
 #: dummy``: random weights made on the GPU, as many bytes as the checkpoint's; ``--gdn-prefill-backend
@@ -612,7 +614,9 @@ def read_knobs(option: str, path: Path) -> dict[str, float] | None:
 HYBRID_BENCH_STARTS: tuple[str, ...] = ("2026-12-06_ghtiny_u09_s256_mbt8192", "2026-12-06_nemh8b_u09_s256_mbt8192",
                                          # the Qwen3-Next 12-layer shape (gated delta nets, 512 experts), served on
                                          # 2026-12-07 with vLLM 0.26's Triton gated-delta-net prefill
-                                         "2026-12-07_q3next12tri_u09_s256_mbt8192")
+                                         "2026-12-07_q3next12tri_u09_s256_mbt8192",
+                                         # the Qwen3.5-35B-A3B shape at 20 layers (256 experts), 512 in flight
+                                         "2026-12-07_q35moe20tri_lmo_u09_default")
 
 
 def _bench_field(text: str, pattern: str, where: Path) -> str:

@@ -197,7 +197,7 @@ def _parser() -> argparse.ArgumentParser:
                              "in no fit), per start")
     parser.add_argument("--hybrid", action="store_true",
                         help="the real H100 vllm bench serve windows of the hybrid starts (granite-4.0-h-tiny, "
-                             "Nemotron-H-8B, the Qwen3-Next 12-layer shape; in no fit)")
+                             "Nemotron-H-8B, the Qwen3-Next 12-layer and Qwen3.5-35B-A3B 20-layer shapes; in no fit)")
     parser.add_argument("--fit-moe-floor", action="store_true",
                         help="fit moe_layer_floor_s alone on the real H100 FP8 MoE start and print it")
     parser.add_argument("--replay-folds", action="store_true",

@@ -35,7 +35,7 @@ A line fails on any of these (``WORD_RULES``, case-insensitive):
   same line.
 * ``path outside the repository``: ``/work/...`` anywhere (the developers' machines); ``/root/...``
   unless it is the GPU host's own layout that its command lines and recorded runs name
-  (``/root/model``, ``/root/m8b``, ``/root/m14b``, ``/root/m24b``, ``/root/q3``, ``/root/l8``, ``/root/g2``, ``/root/mx16``, ``/root/go20``, ``/root/g3t``, ``/root/dsv2``, ``/root/awq8``, ``/root/ghtiny``, ``/root/nemh8b``, ``/root/q3next12``, ``/root/mx``, ``/root/prof/...``,
+  (``/root/model``, ``/root/m8b``, ``/root/m14b``, ``/root/m24b``, ``/root/q3``, ``/root/l8``, ``/root/g2``, ``/root/mx16``, ``/root/go20``, ``/root/g3t``, ``/root/dsv2``, ``/root/awq8``, ``/root/ghtiny``, ``/root/nemh8b``, ``/root/q3next12``, ``/root/q35moe20``, ``/root/mx``, ``/root/prof/...``,
   ``/root/gpu/...``, ``/root/.pyenv/...``, ``/root/.cache/...``).
 
 ``ALLOWED`` lists files not cleaned yet (none today).
@@ -73,7 +73,7 @@ WORD_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("ordinal possessive", re.compile(rf"\b({_ORD_HIGH})'s\b", re.I)),
     ("tracker issue", re.compile(r"\bissues?\s+\d+", re.I)),
     (_PATH_RULE, re.compile(
-        r"(?<![\w.~-])(/work/|/root/(?!(model|m8b|m14b|m24b|q3|l8|g2|go20|g3t|dsv2|awq8|ghtiny|nemh8b|q3next12|mx16|mx|prof|gpu|\.pyenv|\.cache)\b))")),
+        r"(?<![\w.~-])(/work/|/root/(?!(model|m8b|m14b|m24b|q3|l8|g2|go20|g3t|dsv2|awq8|ghtiny|nemh8b|q3next12|q35moe20|mx16|mx|prof|gpu|\.pyenv|\.cache)\b))")),
 )
 _SOURCE_ISSUE = re.compile(r"\bissues?\s+#\d+", re.I)
 _REPO_BEFORE = re.compile(_REPO_NAME + r"\b[^.;]{0,30}$")

@@ -51,7 +51,7 @@ BAND_JUDGED = [s for s in FOURTH_SET if s not in BAND_FIT]
 #: 2026-12-06 (README, "Fifth set"): Mamba2 / gated-delta-net hybrids, planned from vLLM's source before
 #: any of them ran; the two Nemotron-H starts at vLLM's default 1,024 sequences were predicted in
 #: ``plan_2026_12_06_hybrid_h100.json`` before they ran.
-HYBRID = sorted(s for s in STARTS if any(f"_{m}_" in s for m in ("ghtiny", "nemh8b", "q3next12", "q3next12tri")))
+HYBRID = sorted(s for s in STARTS if any(f"_{m}_" in s for m in ("ghtiny", "nemh8b", "q3next12", "q3next12tri", "q35moe20tri")))
 MAMBA_BLOCKS_REFUSED = "2026-12-06_nemh8b_u042_default"
 #: Healthy and sized, then its first prefill died: the GDN kernel vLLM 0.26 calls at prefill imports
 #: FlashInfer, which the GPU host's vLLM lacks (README, "Fifth set"); its window is not evidence.
@@ -93,9 +93,9 @@ def test_the_evidence_is_all_there() -> None:
                       "2026-12-06_nemh8b_u09_s256_mbt8192", "2026-12-06_q3moe_u0985_nopc_default",
                       "2026-12-06_q3moe_u098_nopc_default", "2026-12-06_q3moe_u099_nopc_default",
                       "2026-12-06_q3next12_u09_s256_mbt8192", "2026-12-07_g2_u095_s54", "2026-12-07_g2_u09_s512",
-                      "2026-12-07_mx16_prof_u09_s256_mbt8192", "2026-12-07_q3moe_fp8_prof_u09_s256_mbt8192",
-                      "2026-12-07_q3moe_prof_b_u09_s256_mbt8192", "2026-12-07_q3moe_prof_u09_s256_mbt8192",
-                      "2026-12-07_q3next12tri_u09_s256_mbt8192"]
+                      "2026-12-07_mx16_prof_u09_s256_mbt8192", "2026-12-07_q35moe20tri_lmo_u09_default",
+                      "2026-12-07_q3moe_fp8_prof_u09_s256_mbt8192", "2026-12-07_q3moe_prof_b_u09_s256_mbt8192",
+                      "2026-12-07_q3moe_prof_u09_s256_mbt8192", "2026-12-07_q3next12tri_u09_s256_mbt8192"]
     windows, not_whole, size = evidence_at_a_glance(FIXTURES)
     assert windows == 45  # 38 measured, 7 profiled (2026-12-07_*_prof: steps, not pace; tests/sim/test_steps_moe.py)
     assert not_whole == []

@@ -1,8 +1,8 @@
-"""The step time of Mamba2 / gated-delta-net hybrids (``sim.perf_hybrid``), and the three real windows that judge it.
+"""The step time of Mamba2 / gated-delta-net hybrids (``sim.perf_hybrid``), and the four real windows that judge it.
 
 The model is counted from vLLM's kernels and the planner's shapes with no constant fitted on these
 windows (the H100 SXM, vLLM 0.26.0, 2026-12-06: granite-4.0-h-tiny and Nemotron-H-8B-Base-8K, one
-``vllm bench serve`` window each; 2026-12-07: the Qwen3-Next 12-layer shape; ``tests/fixtures/real_h100_classes``). The replay's bounds state
+``vllm bench serve`` window each; 2026-12-07: the Qwen3-Next 12-layer and Qwen3.5-35B-A3B 20-layer shapes; ``tests/fixtures/real_h100_classes``). The replay's bounds state
 the measured errors; a change that moves them is to update the figures here and in
 docs/model-classes.md together.
 """
@@ -10,6 +10,7 @@ docs/model-classes.md together.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import re
 import socket
@@ -111,7 +112,7 @@ def test_a_gated_delta_net_hybrid_is_priced_too() -> None:
     assert note is not None and "gated-delta-net" in note and "\n" not in note
 
 
-# -- the three real windows (judged, never fitted) -----------------------------------------------------
+# -- the four real windows (judged, never fitted) -----------------------------------------------------
 
 @pytest.fixture(scope="module")
 def rows():
@@ -125,7 +126,7 @@ def test_every_window_ran_no_warm_up_and_stalled_on_the_first_request() -> None:
     for start in HYBRID_BENCH_STARTS:
         text = gzip.decompress((H100_CLASSES_FIXTURES / start / "bench.txt.gz").read_bytes()).decode()
         assert "num_warmups=0" in text
-        first = re.search(r"\s1/128 \[00:(\d\d)<", text)
+        first = re.search(r"\s1/\d+ \[00:(\d\d)<", text)
         assert first is not None and int(first.group(1)) >= (5 if "2026-12-06" in start else 4)
 
 
@@ -173,6 +174,27 @@ def test_qwen3_next_12_layer_window_with_tritons_gated_delta_net_prefill(rows) -
     assert -0.50 < r.ttft_error < -0.38, r.ttft_error
     log = gzip.decompress((H100_CLASSES_FIXTURES / HYBRID_BENCH_STARTS[2] / "server.log.gz").read_bytes()).decode()
     assert "GPU KV cache size: 4,351,676 tokens" in log
+
+
+def test_qwen3_5_moe_20_layer_window_at_512_in_flight_is_simulated_fast(rows) -> None:
+    """The Qwen3.5-35B-A3B shape at 20 of its 40 layers (15 gated-delta-net, 5 full attention; 256 experts, top-8),
+    served 2026-12-07 on an H100 SXM with vLLM 0.26.0 (``--language-model-only``, Triton gated-delta-net prefill,
+    vLLM's default 1,024 sequences), under the published H200 page's random burst: 1,024 / 128 tokens, 1,000
+    prompts, 512 in flight. Its figures were written before it ran
+    (``benchmarks/real_vllm/plan_2026_12_07_q35moe20_h100.json``: 7,309.6 tok/s, TTFT 2,093.7 ms, TPOT 51.22 ms).
+    Measured: 4,863.03 tok/s, TTFT 3,871.01 ms, TPOT 71.24 ms, no preemption: simulated +50.3% fast, TPOT -28.1%,
+    TTFT -45.9%. The published page's miss (gpustack_qwen3_5_35b_a3b.yaml: +32.1% on this burst at vLLM 0.17.1 on
+    an H200) is reproduced on another GPU and release; its routed experts are priced within 0.84-0.95 of their
+    timed kernel (tests/sim/test_moe_probe.py), so the missing time is elsewhere in the step. KV: 2,448,663 tokens
+    logged, 2,425,576 planned (-0.94%: the planner counts the two-block vision tower vLLM did not load)."""
+    r = rows[HYBRID_BENCH_STARTS[3]]
+    assert r.real.preemptions == r.sim_preemptions == 0
+    assert 0.40 < r.throughput_error < 0.60, r.throughput_error
+    assert -0.35 < r.tpot_error < -0.20, r.tpot_error
+    assert -0.55 < r.ttft_error < -0.35, r.ttft_error
+    log = gzip.decompress((H100_CLASSES_FIXTURES / HYBRID_BENCH_STARTS[3] / "server.log.gz").read_bytes()).decode()
+    assert "GPU KV cache size: 2,448,663 tokens" in log and "--language-model-only" in " ".join(
+        json.loads((H100_CLASSES_FIXTURES / HYBRID_BENCH_STARTS[3] / "summary.json").read_text())["argv"])
 
 
 # -- the stand-in server ----------------------------------------------------------------------------
