@@ -52,7 +52,7 @@ __all__ = ["golden_section", "FIXTURES", "H100_CLASSES_FIXTURES", "H200_CLASSES_
            "format_table", "fit", "held_out", "FOLDS", "H100_FIXTURES", "H100_GPU", "H100_CALIBRATING", "load_h100_runs",
            "window_api_cpu_factor", "h100_check",
            "H100_FIT_STARTS", "H100_JUDGED_STARTS", "in_h100_fit", "h100_hbm_read_share", "fit_h100_kv_read",
-           "h200_knobs_on", "HYBRID_BENCH_STARTS", "load_bench_serve_run", "load_hybrid_runs"]
+           "h200_knobs_on", "HYBRID_BENCH_STARTS", "argv_switches", "load_bench_serve_run", "load_hybrid_runs"]
 
 #: The real-run evidence, in the repository's tests (not shipped with the package).
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "real_h200"
@@ -646,12 +646,27 @@ def load_bench_serve_run(start_dir: Path) -> RealRun:
     sampling = Sampling(temperature=1.0 if temperature == "None" else float(temperature))
     workload = dataclasses.replace(workload, sampling=sampling)
     return RealRun(name=start_dir.name, model=HOST_MODELS.get(str(s["model"]), str(s["model"])),
-                   flags=serving_flags(s["flags"]), workload=workload,
+                   flags=serving_flags({**argv_switches(s.get("argv", [])), **s["flags"]}), workload=workload,
                    output_throughput=float(field(r"Output token throughput \(tok/s\):\s+([\d.]+)")),
                    ttft_mean_ms=float(field(r"Mean TTFT \(ms\):\s+([\d.]+)")),
                    tpot_mean_ms=float(field(r"Mean TPOT \(ms\):\s+([\d.]+)")),
                    preemptions=int(round(_counter_delta(start_dir, "vllm:num_preemptions_total"))),
                    window_dir=start_dir, api_server_cpu_s=_counter_delta(start_dir, "process_cpu_seconds_total"))
+
+
+def argv_switches(argv: Iterable[str]) -> dict[str, bool]:
+    """The valueless switches of a start's ``vllm serve`` line (``--language-model-only``: an option followed by
+    another option or by nothing), as flags set to True; ``--no-...`` switches are left to the recorded flags.
+    ``benchmarks/real_vllm/start_only.sh`` wrote its ``flags`` as option / value pairs, so a switch at the end of
+    the line is in its ``argv`` only.
+
+    Example:
+        >>> argv_switches(["vllm", "serve", "/m", "--max-num-seqs", "8", "--language-model-only"])
+        {'language_model_only': True}
+    """
+    args = list(argv)
+    return {a[2:].replace("-", "_"): True for i, a in enumerate(args)
+            if a.startswith("--") and not a.startswith("--no-") and (i + 1 == len(args) or args[i + 1].startswith("--"))}
 
 
 def load_hybrid_runs(fixtures: Path | None = None) -> list[RealRun]:

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from _fidelity import HOST_MODELS, serving_flags
+from _fidelity import HOST_MODELS, argv_switches, serving_flags
 
 from servetune.engines.vllm.logs import parse_log
 from servetune.planner.gpus import get_gpu
@@ -30,7 +30,8 @@ def plan_start(summary: dict[str, Any], text: str, gpu: str, version: str = "0.2
     """The engine config and memory plan of a recorded start's flags on ``gpu`` at vLLM ``version``
     (the compile cache warm where the log says it was)."""
     model, spec = load_model(HOST_MODELS[summary["model"]]), get_gpu(gpu)
-    config = resolve_engine_config(serving_flags(summary["flags"]), model, spec, version)
+    flags = serving_flags({**argv_switches(summary.get("argv", [])), **summary["flags"]})
+    config = resolve_engine_config(flags, model, spec, version)
     return config, plan_memory(model, spec, config, compile_cache_warm=bool(parse_log(text).compile_cache_hit))
 
 

@@ -119,3 +119,35 @@ def test_a_dense_qwen3_vl_is_planned_too(tmp_path: Path):
     assert old.fits and new.fits
     # 0.12's held copy of 153,600 x 4,096 x 4 outputs (4.69 GiB) against 0.19's 16,384 rows
     assert old.memory.activation_peak - new.memory.activation_peak > 3.0
+
+
+def test_language_model_only_leaves_the_tower_out_and_plans_the_real_start_it_served() -> None:
+    """``--language-model-only`` (vLLM 0.17+, ``EngineArgs.language_model_only``): the tower is neither loaded nor run
+    in the profile, so its weights and its encoder pass leave the plan and its notes; below 0.17.0 vLLM has no such
+    flag and the planner says so in one line. The real start it served (2026-12-07, the Qwen3.5-35B-A3B shape at 20
+    layers with a two-block tower, one H100 SXM, vLLM 0.26.0: 2,448,663 KV tokens logged) is planned within 0.5% with
+    the flag (+0.18%), -0.94% without it (the tower counted)."""
+    import gzip
+    import json
+    import re
+
+    start = Path(__file__).resolve().parents[1] / "fixtures" / "real_h100_classes"
+    model = load_model(start / "2026-12-07_h100_host_d" / "q35moe20")
+    gpu = get_gpu("H100-80GB")
+    summary = json.loads((start / "2026-12-07_q35moe20tri_lmo_u09_default" / "summary.json").read_text())
+    assert "--language-model-only" in summary["argv"]
+    text = gzip.decompress((start / "2026-12-07_q35moe20tri_lmo_u09_default" / "server.log.gz").read_bytes()).decode()
+    logged = int(re.search(r"GPU KV cache size: ([\d,]+) tokens", text).group(1).replace(",", ""))
+    flags = {"max_model_len": 8192, "gpu_memory_utilization": 0.9, "enable_prefix_caching": False,
+             "max_num_batched_tokens": 8192}
+    plans = {}
+    for only in (False, True):
+        config = resolve_engine_config({**flags, "language_model_only": only}, model, gpu, "0.26.0")
+        assert config.language_model_only is only and ("language_model_only" in config.as_flags()) is only
+        plans[only] = plan_memory(model, gpu, config)
+    assert plans[True].kv_cache_tokens / logged - 1 == pytest.approx(0.0018, abs=0.002)
+    assert plans[False].kv_cache_tokens / logged - 1 == pytest.approx(-0.0094, abs=0.002)
+    assert any("vision" in n for n in plans[False].notes) and not any("vision" in n for n in plans[True].notes)
+    with pytest.raises(SpecError, match=r"^language_model_only: unrecognized arguments: --language-model-only "
+                                        r"\(vLLM 0\.16\.0 has no such flag"):
+        resolve_engine_config({"language_model_only": True}, model, gpu, "0.16.0")

@@ -186,7 +186,8 @@ def test_qwen3_5_moe_20_layer_window_at_512_in_flight_is_simulated_fast(rows) ->
     TTFT -45.9%. The published page's miss (gpustack_qwen3_5_35b_a3b.yaml: +32.1% on this burst at vLLM 0.17.1 on
     an H200) is reproduced on another GPU and release; its routed experts are priced within 0.84-0.95 of their
     timed kernel (tests/sim/test_moe_probe.py), so the missing time is elsewhere in the step. KV: 2,448,663 tokens
-    logged, 2,425,576 planned (-0.94%: the planner counts the two-block vision tower vLLM did not load)."""
+    logged, 2,425,576 planned before it ran (-0.94%: the two-block vision tower vLLM did not load counted), 2,453,131
+    with the planner's ``language_model_only`` (+0.18%, tests/planner/test_vision_towers.py)."""
     r = rows[HYBRID_BENCH_STARTS[3]]
     assert r.real.preemptions == r.sim_preemptions == 0
     assert 0.40 < r.throughput_error < 0.60, r.throughput_error

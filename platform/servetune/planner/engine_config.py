@@ -28,7 +28,7 @@ from servetune.planner.flags import validate_flags
 from servetune.planner import hybrid
 from servetune.planner.gpus import GpuSpec
 from servetune.planner.modelinfo import ModelProfile
-from servetune.planner.vllm_rules import (MAMBA_CACHE_MODE_FLAG, SORT_TOPK_TOPP_PROFILED, VllmMemoryRules, hybrid_prefix_caching_mode,
+from servetune.planner.vllm_rules import (LANGUAGE_MODEL_ONLY_FLAG, MAMBA_CACHE_MODE_FLAG, SORT_TOPK_TOPP_PROFILED, VllmMemoryRules, hybrid_prefix_caching_mode,
                                           memory_rules, parse_vllm_version, runs_v2_runner, v1_runner_rules)
 from servetune.vllm_version import DEFAULT_VLLM_VERSION, Version
 
@@ -105,6 +105,9 @@ class EngineConfig:
     #: memory), never vLLM's custom all-reduce kernel (``ParallelConfig.disable_custom_all_reduce``, 0.10-0.26;
     #: :func:`~servetune.planner.comm.custom_all_reduce_runs` says where it would run otherwise).
     disable_custom_all_reduce: bool = False
+    #: ``--language-model-only`` (vLLM 0.17+): a multimodal checkpoint served without its vision tower, which is then
+    #: neither loaded nor run in the profile (:func:`~servetune.planner.model_memory.effective_model`).
+    language_model_only: bool = False
     #: A Mamba hybrid's Mamba-group block in tokens (:func:`~servetune.planner.hybrid.mamba_group_block_size`;
     #: ``max_model_len`` without prefix caching); 0 for other models.
     mamba_block_size: int = 0
@@ -283,6 +286,8 @@ class EngineConfig:
             out["enable_expert_parallel"] = True  # vLLM's default (False) is not written out
         if self.mamba_cache_mode != "none" and self.version >= MAMBA_CACHE_MODE_FLAG:
             out["mamba_cache_mode"] = self.mamba_cache_mode  # vLLM's own default for the model, written out
+        if self.language_model_only:
+            out["language_model_only"] = True  # vLLM's default (False) is not written out
         return out
 
 
@@ -475,8 +480,19 @@ def resolve_engine_config(flags: Mapping[str, Any], model: ModelProfile, gpu: Gp
         disable_custom_all_reduce=bool(f.get("disable_custom_all_reduce", False)),
         data_parallel_size=int(f.get("data_parallel_size", 1)),
         api_server_count=int(f["api_server_count"]) if f.get("api_server_count") is not None else None,
-        enable_expert_parallel=_expert_parallel(f, model),
+        enable_expert_parallel=_expert_parallel(f, model), language_model_only=_language_model_only(f, v),
     )
+
+
+def _language_model_only(flags: Mapping[str, Any], version: Version) -> bool:
+    """``--language-model-only`` as given; SpecError below vLLM 0.17.0, which has no such flag
+    (:data:`~servetune.planner.vllm_rules.LANGUAGE_MODEL_ONLY_FLAG`)."""
+    wanted = bool(flags.get("language_model_only", False))
+    if wanted and version < LANGUAGE_MODEL_ONLY_FLAG:
+        raise SpecError("language_model_only", f"unrecognized arguments: --language-model-only (vLLM "
+                        f"{'.'.join(map(str, version))} has no such flag; it came in 0.17.0)",
+                        "leave language_model_only out below vLLM 0.17")
+    return wanted
 
 
 def _expert_parallel(flags: Mapping[str, Any], model: ModelProfile) -> bool:

@@ -86,6 +86,8 @@ FLAGS: dict[str, FlagSpec] = {f.name: f for f in (
        choices=("auto", "safetensors", "pt", "dummy")),
     _F("dtype", str, "model dtype", choices=("auto", "bfloat16", "float16", "half", "float32")),
     _F("quantization", str, "weight quantization method", choices=("fp8", "awq", "gptq", "compressed-tensors", "bitsandbytes", "mxfp4", "nvfp4")),
+    _F("language_model_only", bool, "a multimodal checkpoint's language model alone: its vision tower neither loaded "
+       "nor profiled, text requests only (vLLM 0.17+)"),
 )}
 
 _BLOCK_SIZES = (1, 8, 16, 32, 64, 128)

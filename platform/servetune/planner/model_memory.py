@@ -155,8 +155,11 @@ CUDAGRAPH_CALIBRATED_MAX_SIZE = 512
 
 
 def effective_model(model: ModelProfile, config: EngineConfig) -> ModelProfile:
-    """The model as served: ``--dtype`` and online ``--quantization fp8`` change the weight bytes."""
+    """The model as served: ``--dtype`` and online ``--quantization fp8`` change the weight bytes;
+    ``--language-model-only`` leaves a vision tower out (its weights and its pass in the profile run)."""
     changes: dict[str, Any] = {}
+    if config.language_model_only and (model.vision_params or model.vision_encoder is not None):
+        changes.update(vision_params=0, vision_encoder=None)
     if config.dtype not in ("auto", model.dtype):
         changes["dtype"] = "bfloat16" if config.dtype == "bfloat16" else config.dtype
     if config.quantization == "fp8" and model.quantization is None:

@@ -24,7 +24,8 @@ from servetune.vllm_version import VERSION_RE, Version
 __all__ = ["VllmMemoryRules", "memory_rules", "parse_vllm_version", "GiB", "MiB", "MIN_VERSION", "V2_RUNNER",
            "V2_RUNNER_DEFAULT", "V2_RUNNER_DEFAULTS", "V2RunnerDefault", "v2_runner_default", "FLASHINFER_SAMPLER_DEFAULT",
            "TRITON_TOPK_TOPP", "TOTAL_CONSUMED_ACCOUNTING", "ALLREDUCE_RMS_FUSION_DEFAULT", "SORT_TOPK_TOPP_PROFILED", "FLASHINFER_SAMPLER_OPT_IN", "V2_RUNNER_MOE_ARCHITECTURES", "runs_v2_runner",
-           "v1_runner_rules", "HYBRID_PREFIX_CACHING", "MAMBA_CACHE_MODE_FLAG", "hybrid_prefix_caching_mode"]
+           "v1_runner_rules", "HYBRID_PREFIX_CACHING", "LANGUAGE_MODEL_ONLY_FLAG", "MAMBA_CACHE_MODE_FLAG",
+           "hybrid_prefix_caching_mode"]
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -549,6 +550,9 @@ def runs_v2_runner(rules: VllmMemoryRules, *, architecture: str, is_moe: bool, i
 HYBRID_PREFIX_CACHING = ("off", "all_or_off", "all_or_align", "align", "unread")
 #: First release with ``--mamba-cache-mode`` (``config/cache.py`` line 127 of 0.15.0; absent from 0.14.1).
 MAMBA_CACHE_MODE_FLAG: Version = (0, 15, 0)
+#: ``--language-model-only`` (``EngineArgs.language_model_only``, ``MultiModalConfig.language_model_only``): in the
+#: 0.17.0 wheel's ``engine/arg_utils.py``, not in 0.16.0's.
+LANGUAGE_MODEL_ONLY_FLAG: Version = (0, 17, 0)
 
 
 def hybrid_prefix_caching_mode(rules: VllmMemoryRules, *, supports_all: bool, requested: str | None,
