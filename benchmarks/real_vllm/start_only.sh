@@ -45,9 +45,17 @@ s = {"name": name, "flags": {"max_model_len": int(mml), "gpu_memory_utilization"
      "model": model, "argv": argv, "windows": {},
      "startup_s": float(t1) - float(t0), "healthy": status == "healthy", "outcome": status,
      "exit_code": None if rc == "null" else int(rc), "stop_s": float(t2) - float(t1), "gpu_used_mib_after_stop": used}
-extra = argv[argv.index("dummy") + 1:]  # the "more vllm args" of the command line, as --flag VALUE pairs
-for flag, value in zip(extra[::2], extra[1::2]):
-    s["flags"][flag.lstrip("-").replace("-", "_")] = int(value) if value.isdigit() else value
+extra = argv[argv.index("dummy") + 1:]  # the "more vllm args" of the command line: --flag VALUE, or a --switch
+i = 0
+while i < len(extra):
+    name = extra[i].lstrip("-").replace("-", "_")
+    if i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+        value = extra[i + 1]
+        s["flags"][name] = int(value) if value.isdigit() else value
+        i += 2
+    else:
+        s["flags"][name] = True
+        i += 1
 json.dump(s, open(f"{d}/summary.json", "w"), indent=1)
 print(json.dumps({k: s[k] for k in ("name", "healthy", "outcome", "startup_s", "exit_code")}))
 PY
