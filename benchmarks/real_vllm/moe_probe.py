@@ -52,6 +52,8 @@ SHAPES = [
     ("mixtral-8x7b_tp2", 8, 4096, 7168, 2, "bf16"),
 ]
 TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: The kernel configurations a row may be timed under (the module docstring says what each is).
+MODES = ("vllm", "default", "v0.11_default")
 CALLS = 8
 COPY_BYTES = 512 << 20
 BLOCK = [128, 128]
@@ -151,6 +153,15 @@ def _picked(w1: torch.Tensor, w2: torch.Tensor, top_k: int, weights: str, m: int
     return dict(try_get_optimal_moe_config(tuple(w1.shape), tuple(w2.shape), top_k, dtype, m, block_shape=block))
 
 
+def _mode_config(mode: str, layer: tuple, m: int, experts: int, top_k: int, weights: str) -> dict | None:  # type: ignore[type-arg]
+    """The config ``mode`` forces at ``m`` tokens (None: ``vllm``, whatever the installed vLLM picks)."""
+    if mode == "vllm":
+        return None
+    if mode == "v0.11_default":
+        return _v011_default(m, experts, weights)
+    return _installed_default(layer[0], layer[1], top_k, weights, m)
+
+
 def probe_shape(shape: tuple, tokens: tuple[int, ...], deadline: float, rows: list,  # type: ignore[type-arg]
                 modes: tuple[str, ...] = ("vllm", "v0.11_default")) -> None:
     """Append one row per (mode, tokens) of ``shape`` to ``rows`` until ``deadline``."""
@@ -163,8 +174,7 @@ def probe_shape(shape: tuple, tokens: tuple[int, ...], deadline: float, rows: li
         for mode in modes:
             if time.monotonic() > deadline:
                 return
-            config = None if mode == "vllm" else _v011_default(m, experts, weights) if mode == "v0.11_default" \
-                else _installed_default(first[0], first[1], top_k, weights, m)
+            config = _mode_config(mode, first, m, experts, top_k, weights)
             shown = _picked(first[0], first[1], top_k, weights, m) if config is None else config
             try:
                 us = time_layer(copies, m, experts, hidden, top_k, config)
@@ -187,7 +197,7 @@ def main() -> None:
     parser.add_argument("--custom", default="", help="extra shapes NAME:E:HIDDEN:INTER:TOPK:WEIGHTS,... (then only "
                                                       "those and --shapes' are timed)")
     parser.add_argument("--modes", default="vllm,v0.11_default",
-                        help="comma-separated kernel configurations: vllm, default, v0.11_default")
+                        help=f"comma-separated kernel configurations: {', '.join(MODES)}")
     parser.add_argument("--tokens", type=token_counts, default=TOKENS,
                         help="comma-separated token counts, each 1 or more (default: 1-8,192)")
     args = parser.parse_args()
@@ -200,8 +210,8 @@ def main() -> None:
         custom.append((parts[0], *(int(p) for p in parts[1:5]), parts[5]))
     tokens = tuple(args.tokens)
     modes = tuple(m for m in args.modes.split(",") if m)
-    if not modes or set(modes) - {"vllm", "default", "v0.11_default"}:
-        parser.error(f"--modes: {args.modes!r}: name one or more of vllm, default, v0.11_default")
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes: {args.modes!r}: name one or more of {', '.join(MODES)}")
     unknown = sorted(set(wanted) - {s[0] for s in SHAPES})
     if unknown:
         parser.error(f"--shapes: unknown {unknown}; known: {[s[0] for s in SHAPES]}")

@@ -488,11 +488,25 @@ def _language_model_only(flags: Mapping[str, Any], version: Version) -> bool:
     """``--language-model-only`` as given; SpecError below vLLM 0.17.0, which has no such flag
     (:data:`~servetune.planner.vllm_rules.LANGUAGE_MODEL_ONLY_FLAG`)."""
     wanted = bool(flags.get("language_model_only", False))
-    if wanted and version < LANGUAGE_MODEL_ONLY_FLAG:
-        raise SpecError("language_model_only", f"unrecognized arguments: --language-model-only (vLLM "
-                        f"{'.'.join(map(str, version))} has no such flag; it came in 0.17.0)",
-                        "leave language_model_only out below vLLM 0.17")
+    if wanted:
+        _refuse_before(LANGUAGE_MODEL_ONLY_FLAG, "language_model_only", version)
     return wanted
+
+
+def _refuse_before(since: Version, name: str, version: Version) -> None:
+    """SpecError naming ``name`` where vLLM ``version`` predates ``since``, the release whose ``vllm serve`` first
+    takes the flag: vLLM's own argparse line, the release it came in, and to leave it out.
+
+    Example:
+        >>> _refuse_before((0, 15, 0), "mamba_cache_mode", (0, 14, 1))
+        Traceback (most recent call last):
+        ...
+        servetune.errors.SpecError: mamba_cache_mode: unrecognized arguments: --mamba-cache-mode (vLLM 0.14.1 has no such flag; it came in 0.15.0) (fix: leave mamba_cache_mode out below vLLM 0.15)
+    """
+    if version < since:
+        raise SpecError(name, f"unrecognized arguments: --{name.replace('_', '-')} (vLLM "
+                        f"{'.'.join(map(str, version))} has no such flag; it came in {'.'.join(map(str, since))})",
+                        f"leave {name} out below vLLM {since[0]}.{since[1]}")
 
 
 def _expert_parallel(flags: Mapping[str, Any], model: ModelProfile) -> bool:
@@ -586,10 +600,8 @@ def _prefix_caching(flags: Mapping[str, Any], model: ModelProfile, rules: VllmMe
     """
     flag = flags.get("enable_prefix_caching")
     requested = flags.get("mamba_cache_mode")
-    if requested is not None and rules.version < MAMBA_CACHE_MODE_FLAG:
-        raise SpecError("mamba_cache_mode", f"unrecognized arguments: --mamba-cache-mode (vLLM "
-                        f"{'.'.join(map(str, rules.version))} has no such flag; it came in 0.15.0)",
-                        "leave mamba_cache_mode out below vLLM 0.15")
+    if requested is not None:
+        _refuse_before(MAMBA_CACHE_MODE_FLAG, "mamba_cache_mode", rules.version)
     if not model.is_hybrid:
         return bool(True if flag is None else flag), "none"
     if flag is None and rules.hybrid_prefix_caching_default_on:  # 0.28+: on unless turned off

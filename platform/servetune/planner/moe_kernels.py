@@ -97,9 +97,15 @@ def tuned_moe_tiles(model: Any, gpu_name: str, tp: int, experts: int | None = No
         ((4096, 128, 128), ())
     """
     config = moe_kernel_config(model, gpu_name, tp, experts=experts)
-    if config is None or (model.quantization and not model.quant_block_k):  # only these two formats' files kept
+    if config is None or not _tile_table_keeps(model):
         return ()
     return tuned_tile_table()[1].get(config.file_name.removesuffix(".json"), ())
+
+
+def _tile_table_keeps(model: Any) -> bool:
+    """Whether ``data/vllm_moe_tiles.json`` keeps the files of this model's expert format: unquantized and
+    block-quantized fp8 experts only."""
+    return not model.quantization or bool(model.quant_block_k)
 
 
 def _dtype_selector(model: Any, quantization: str | None) -> str | None:
@@ -135,8 +141,7 @@ def moe_kernel_config(model: Any, gpu_name: str, tp: int, quantization: str | No
     n = model.expert_intermediate_size // tp
     e = model.num_experts if experts is None else experts
     name = f"E={e},N={n},device_name={device}{selector}.json"
-    kept = not model.quantization or bool(model.quant_block_k)  # the formats data/vllm_moe_tiles.json keeps
-    if version is not None and tuple(version) < TILE_TABLE_UNTIL and kept and not quantization:
+    if version is not None and tuple(version) < TILE_TABLE_UNTIL and _tile_table_keeps(model) and not quantization:
         release, tiles = tuned_tile_table()
         return MoeKernelConfig(name, name.removesuffix(".json") in tiles, release)
     release, files = tuned_config_files()
