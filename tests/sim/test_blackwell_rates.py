@@ -6,7 +6,9 @@ and a B200, tile-ai/tilelang#1787), its weight-streaming share there (``perf_cla
 vLLM's ``benchmark_moe.py`` on a B200, vllm-project/vllm#31448) and the B200's all-reduce share of its
 NVLink (``_calibration.B200_INTERCONNECT_EFFICIENCY``: nccl-tests on 8 x H200 and 8 x B200). Since 2026-12-07 a
 fourth: the B200's dense GEMMs at cuBLAS's published sustained rate (``perf_classes.B200_CUBLAS_SHARE``: torch.matmul
-at 8192^3 on a B200, pytorch/ao#2427), the Triton MoE share taken against it so that kernel's rate is unchanged.
+at 8192^3 on a B200, pytorch/ao#2427), the Triton MoE share taken against it so that kernel's rate is unchanged. Since
+2026-12-07 a fifth: a fused-MoE tile of at most 64 rows at the B200's 64-row UMMA ceiling, half its 128-row rate
+(``perf_classes.BLACKWELL_TRITON_MOE_NARROW_SHARE``: SemiAnalysisAI/microbench-blackwell's UMMA throughput).
 """
 
 from __future__ import annotations
@@ -51,13 +53,16 @@ def test_the_published_rates_behind_the_share_hold_the_gpu_tables_peaks() -> Non
 
 
 def test_bf16_experts_on_a_b200_at_vllm_0_14_compute_at_the_sourced_share() -> None:
+    """vLLM 0.14.1's untuned 64 x 64 tile (no B200 file for these experts in 0.11's table) runs at the 64-row
+    UMMA ceiling's share, 0.182 (since 2026-12-07; the tuned matmul's 0.274 before)."""
     tokens = 8192
     b200 = perf_at(QWEN_MOE, B200, "0.14.1")
-    at_sourced = perf_at(QWEN_MOE, B200, "0.14.1", {"moe_compute_share": perf_classes.BLACKWELL_TRITON_MOE_SHARE})
+    narrow = perf_classes.BLACKWELL_TRITON_MOE_NARROW_SHARE
+    at_sourced = perf_at(QWEN_MOE, B200, "0.14.1", {"moe_compute_share": narrow})
     at_hopper = perf_at(QWEN_MOE, B200, "0.14.1", {"moe_compute_share": HOPPER})
     assert b200.moe_seconds(tokens) == pytest.approx(at_sourced.moe_seconds(tokens), rel=1e-12)
-    # 0.274 against Hopper's 0.3 of the B200's own (cuBLAS) dense rate; 1.15x before that rate, 2026-12-07.
-    assert b200.moe_seconds(tokens) > 1.05 * at_hopper.moe_seconds(tokens)
+    # 0.182 against Hopper's 0.3 of the B200's own (cuBLAS) dense rate (0.274 before 2026-12-07's 64-row rule).
+    assert b200.moe_seconds(tokens) > 1.4 * at_hopper.moe_seconds(tokens)
     shape = perf_classes.moe_shape(QWEN_MOE, B200, 1, QWEN_MOE.num_layers)
     assert shape is not None and perf_classes.runs_blackwell_triton_moe(B200, shape, (0, 14, 1))
     # The Hopper parts keep their fitted share.
@@ -96,7 +101,8 @@ def test_the_b200_fused_moe_streams_weights_at_its_published_marginal_rate() -> 
     shape = perf_classes.moe_shape(QWEN_MOE, B200, 1, QWEN_MOE.num_layers)
     assert shape is not None
     rate = B200.hbm_gbps * 1e9 * cal.mem_efficiency * cal.moe_mem_share * share
-    assert b200.moe_seconds(1) == pytest.approx(8 * shape.expert_bytes * shape.layers / rate, rel=0.02)
+    # Within 4%: the 16-row tile's compute at the 64-row ceiling's share (2026-12-07) blends in 3.2% (1.2% before).
+    assert b200.moe_seconds(1) == pytest.approx(8 * shape.expert_bytes * shape.layers / rate, rel=0.04)
     assert b200.moe_seconds(1) > 1.05 * perf_at(QWEN_MOE, B200, "0.20.0", no_floor).moe_seconds(1)
 
 
@@ -151,3 +157,28 @@ def test_the_rtx_5090s_dense_gemms_run_at_cublas_published_sustained_rate_and_no
     assert before.gpu_cost(1, n, n, n * n // 2, False).gemm / now.gpu_cost(1, n, n, n * n // 2, False).gemm \
         == pytest.approx(share / Calibration().compute_efficiency, rel=0.02)
     assert now.gpu_cost(1, 1, 0, 0, True).gemm == pytest.approx(before.gpu_cost(1, 1, 0, 0, True).gemm, rel=0.01)
+
+
+def test_a_tile_of_64_rows_runs_at_half_the_b200s_umma_rate_and_keeps_hoppers_share_of_that_ceiling() -> None:
+    """SemiAnalysisAI/microbench-blackwell (umma_throughput/tput_results_max.csv, commit 9a068d8): a 64-row BF16
+    UMMA does 4,026 FLOPs a cycle on one SM, a 128 x 256 one 8,153; Hopper's wgmma is 64 rows at every shape. The
+    fused-MoE kernel's untuned 64 x 64 tile keeps the fitted Hopper share of that ceiling: 0.182 of the B200's dense
+    rate, 258 TFLOP/s, 1.12x the H100's 230 (the tuned Triton matmul's ratio, 1.69x, gave 389)."""
+    umma = perf_classes.BLACKWELL_UMMA_BF16_FLOPS_PER_CYCLE
+    assert umma == {64: 4026.28, 128: 8152.85} and umma[64] / umma[128] == pytest.approx(0.4939, abs=1e-4)
+    narrow = perf_classes.BLACKWELL_TRITON_MOE_NARROW_SHARE
+    dense = perf_classes.HOPPER_COMPUTE_EFFICIENCY / perf_classes.B200_CUBLAS_SHARE
+    assert narrow == pytest.approx(HOPPER * umma[64] / umma[128] * dense, rel=1e-12)
+    assert narrow == pytest.approx(0.1819, abs=1e-4)
+    b200_rate = B200.bf16_tflops * calibration_for(B200).compute_efficiency * narrow
+    hopper_rate = H100.bf16_tflops * calibration_for(H100).compute_efficiency * HOPPER
+    assert b200_rate == pytest.approx(258.3, abs=0.5) and b200_rate / hopper_rate == pytest.approx(1.124, abs=0.002)
+    # A tile of more than 64 rows keeps the tuned Triton matmul's share; 16- to 64-row tiles take the ceiling's.
+    assert [perf_classes.blackwell_triton_tile_share(m) for m in (16, 64, 128, 256)] == [
+        narrow, narrow, perf_classes.BLACKWELL_TRITON_MOE_SHARE, perf_classes.BLACKWELL_TRITON_MOE_SHARE]
+    # vLLM 0.17's by-batch default runs 8,192 tokens on a 128-row tile: priced as before the rule, at the wide share.
+    wide = perf_at(QWEN_MOE, B200, "0.17.0", {"moe_compute_share": perf_classes.BLACKWELL_TRITON_MOE_SHARE})
+    assert perf_at(QWEN_MOE, B200, "0.17.0").moe_seconds(8192) == pytest.approx(wide.moe_seconds(8192), rel=1e-12)
+    # The Hopper parts and a set moe_compute_share are untouched by the tile rule.
+    assert perf_at(QWEN_MOE, H100, "0.14.1").moe_seconds(8192) == pytest.approx(
+        perf_at(QWEN_MOE, H100, "0.14.1", {"moe_compute_share": HOPPER}).moe_seconds(8192), rel=1e-12)

@@ -23,7 +23,8 @@ __all__ = ["B200_CUBLAS_SHARE", "B200_FUSED_MOE_DEFAULT_US", "BLACKWELL_TRITON_M
            "RTX5090_CUBLAS_SHARE",
            "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE",
            "TRITON_BF16_MATMUL_TFLOPS", "blackwell_moe_mem_share", "fused_moe_marginal_gbps", "moe_compute_share",
-           "runs_blackwell_triton_moe"]
+           "runs_blackwell_triton_moe", "BLACKWELL_UMMA_BF16_FLOPS_PER_CYCLE", "BLACKWELL_NARROW_TILE_ROWS",
+           "BLACKWELL_TRITON_MOE_NARROW_SHARE", "blackwell_triton_tile_share"]
 
 #: Share of the dense GEMMs' compute rate (``Calibration.compute_efficiency`` x the GPU's peak) that
 #: vLLM's grouped MoE kernels reach on their padded tiles, by kernel (:func:`moe_kernel`) and GPU
@@ -121,11 +122,52 @@ HOPPER_COMPUTE_EFFICIENCY: float = 0.775
 #: Triton kernel's rate is scaled from the H100's. Applies where vLLM runs 16-bit experts on Triton's
 #: ``fused_moe_kernel`` there (:func:`runs_blackwell_triton_moe`); the five held-out B200 gpt-oss-120b
 #: bf16 runs (``tests/fixtures/published_runs/nvlink_moe.yaml``) were read before this rule was
-#: written (they motivated looking) but no figure here was chosen on them.
+#: written (they motivated looking) but no figure here was chosen on them. Since 2026-12-07 it prices tiles of
+#: more than 64 rows only (:func:`blackwell_triton_tile_share`): a 64-row tile takes
+#: :data:`BLACKWELL_TRITON_MOE_NARROW_SHARE` (the tilelang thread does not show the Triton matmul's tile; the
+#: TileLang configurations timed beside it are 128 and 256 rows).
 BLACKWELL_TRITON_MOE_SHARE: float = (MOE_COMPUTE_SHARE["triton"]["hopper"]
                                      * (TRITON_BF16_MATMUL_TFLOPS["B200"] / TRITON_BF16_MATMUL_TFLOPS["H100-80GB"])
                                      / (DATASHEET_BF16_TFLOPS["B200"] / DATASHEET_BF16_TFLOPS["H100-80GB"])
                                      * HOPPER_COMPUTE_EFFICIENCY / B200_CUBLAS_SHARE)
+#: BF16 ``tcgen05.mma`` (UMMA) throughput of one B200 SM in FLOPs per cycle, by the instruction's row count M
+#: (one CTA, both operands in shared memory, a saturated pipeline): SemiAnalysisAI/microbench-blackwell
+#: ``umma_throughput/tput_results_max.csv`` (https://github.com/SemiAnalysisAI/microbench-blackwell, commit
+#: 9a068d8, 2026-05-10), rows "BF16,SS,1,64,64,16,256,...,4026.28" and "BF16,SS,1,128,256,16,256,...,8152.85".
+#: A 64-row instruction reaches half of a 128-row one's at every N it lists (4,026-4,078 from N = 64 to 256).
+#: Hopper has no such loss: its ``wgmma.mma_async`` instruction is 64 rows at every shape (PTX ISA, ``.m64nNk16``
+#: for bf16), so its datasheet peak is the 64-row rate.
+BLACKWELL_UMMA_BF16_FLOPS_PER_CYCLE: dict[int, float] = {64: 4026.28, 128: 8152.85}
+#: The widest ``BLOCK_SIZE_M`` priced at the 64-row ceiling: vLLM 0.14.1's untuned fused-MoE tiles are 16 and 64
+#: rows (``get_default_config``, ``model_executor/layers/fused_moe/fused_moe.py:1270-1285@v0.14.1``), below 64 rows
+#: no 128-row instruction can be filled either.
+BLACKWELL_NARROW_TILE_ROWS: int = 64
+#: :data:`BLACKWELL_TRITON_MOE_SHARE` for a tile of at most :data:`BLACKWELL_NARROW_TILE_ROWS` rows (gpt-oss-120b
+#: bf16 at TP=8 under 0.14.1: no tuned B200 file for ``E=128,N=360``, so 64 x 64 x 32 above 128 tokens), **derived
+#: from a published microbenchmark, not fitted**: the Triton kernel keeps the share of its tile's tensor-core
+#: ceiling it keeps on Hopper (the fitted 0.3 of Hopper's dense share, a 64-row tile giving up nothing there),
+#: and on the B200 that ceiling is 4,026 / 8,153 = 0.494 of the peak (:data:`BLACKWELL_UMMA_BF16_FLOPS_PER_CYCLE`):
+#: 0.3 x 0.494 x 0.775 / 0.631 = 0.182 of the B200's dense rate, 258 TFLOP/s where the tuned matmul's ratio
+#: gives 389 (Hopper's 230: 1.12x, about the ratio of SMs x clock, 148 x 1,965 over 132 x 1,980 = 1.11).
+#: Written 2026-12-07 after the five held-out B200 gpt-oss-120b runs (``nvlink_moe.yaml``) were seen fast by a
+#: context-independent 20-23 ms in each 8,192-token prefill step (their p99 ITL); no figure was chosen on them.
+BLACKWELL_TRITON_MOE_NARROW_SHARE: float = (MOE_COMPUTE_SHARE["triton"]["hopper"]
+                                            * BLACKWELL_UMMA_BF16_FLOPS_PER_CYCLE[64] / BLACKWELL_UMMA_BF16_FLOPS_PER_CYCLE[128]
+                                            * HOPPER_COMPUTE_EFFICIENCY / B200_CUBLAS_SHARE)
+
+
+def blackwell_triton_tile_share(block_m: int) -> float:
+    """The Triton fused-MoE kernel's compute share on data-center Blackwell for a tile of ``block_m`` rows:
+    :data:`BLACKWELL_TRITON_MOE_NARROW_SHARE` up to :data:`BLACKWELL_NARROW_TILE_ROWS` rows (a 64-row UMMA runs at
+    half the 128-row rate), :data:`BLACKWELL_TRITON_MOE_SHARE` (the tuned Triton matmul's H100 -> B200 ratio) above.
+
+    Example:
+        >>> round(blackwell_triton_tile_share(64), 3), round(blackwell_triton_tile_share(128), 3)
+        (0.182, 0.274)
+    """
+    return BLACKWELL_TRITON_MOE_NARROW_SHARE if block_m <= BLACKWELL_NARROW_TILE_ROWS else BLACKWELL_TRITON_MOE_SHARE
+
+
 #: vLLM's ``benchmark_moe.py`` on one B200, bf16 Qwen3-30B-A3B experts (E=128, top-8, H=2,048,
 #: I=768) at the default 16 x 32 x 64 tile, microseconds for 1, 2 and 4 tokens (vllm-project/vllm#31448,
 #: https://github.com/vllm-project/vllm/pull/31448, 2025-12-28, "with default config": 39.61, 51.87,

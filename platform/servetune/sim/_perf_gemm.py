@@ -111,6 +111,10 @@ class GemmTerms:
     #: Seconds a step's MoE layers pay for their routers (``_moe_tiles.MOE_ROUTER_KERNELS_S``; 0 where the fitted
     #: floor stands in for them), in every step that runs the experts.
     _moe_router_s: float = 0.0
+    #: Whether the experts run Triton's fused-MoE kernel on data-center Blackwell at the sourced share (no
+    #: ``Calibration.moe_compute_share`` override): a tile of at most 64 rows then runs at the 64-row UMMA
+    #: ceiling's share (``_moe_rates.blackwell_triton_tile_share``).
+    _moe_blackwell_tiles: bool = False
     _version: Version
     _gemm_memo: dict[tuple[int, int], float]
 
@@ -156,6 +160,7 @@ class GemmTerms:
             self._moe_call_s = 0.0 if stream is None else stream[1] * m.layers
             self._moe_flop_rate = bf16_rate * m.fmt.rate_scale * _moe_rates.moe_compute_share(gpu, cal.moe_compute_share,
                                                                                                 m.kernel, blackwell)
+            self._moe_blackwell_tiles = blackwell and cal.moe_compute_share <= 0
             # The matrices' FLOPs in units of an aligned one's: the down GEMM at its own rate where its K is
             # unaligned (moe_down_share); fixed by the shape and the version, so set once here.
             self._moe_matrices = m.matrices - 1 + 1.0 / _moe_tiles.moe_down_share(m, self._version)
@@ -184,7 +189,8 @@ class GemmTerms:
         per-expert padding to ``BLOCK_SIZE_M`` leaves busy, and from vLLM 0.17 (whose default tile
         grows with the batch, :func:`~servetune.sim.perf_classes.moe_tile`) at that tile's rate
         against the 64 x 64 tile the compute share was fitted on (:func:`moe_tile_share`); the down
-        GEMM at :func:`~servetune.sim.perf_classes.moe_down_share` of that rate.
+        GEMM at :func:`~servetune.sim.perf_classes.moe_down_share` of that rate; on data-center Blackwell's Triton
+        path a tile of at most 64 rows at its 64-row UMMA ceiling's share (:func:`~servetune.sim._moe_rates.blackwell_triton_tile_share`).
         """
         m = self._moe
         if m is None or tokens <= 0:
@@ -211,6 +217,8 @@ class GemmTerms:
         if _moe_tiles.MOE_BY_BATCH_WIDE_TILE_APPLIED:  # the kernel's timed rate at that tile (off: not taken)
             measured = _moe_tiles.by_batch_tile_rate(m, self._version, block, width)
             tile = tile if measured is None else measured
+        if self._moe_blackwell_tiles:  # the tile's own UMMA ceiling on Blackwell (64 rows: half the 128-row rate)
+            tile *= _moe_rates.blackwell_triton_tile_share(block) / _moe_rates.BLACKWELL_TRITON_MOE_SHARE
         comp_s = 2.0 * rows * self._moe_matrices * m.hidden * m.inter * m.layers / (self._moe_flop_rate * fill * tile)
         return max(self._combine(mem_s, comp_s), self._moe_floor_s)
 

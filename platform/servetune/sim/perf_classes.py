@@ -30,7 +30,8 @@ byte), so the dense fidelity figures do not move.
   (``MOE_MEM_SHARE``) is the dense GEMMs' until a decode-bound MoE run measures it. On data-center
   Blackwell (10.x) Triton's fused-MoE kernel on 16-bit experts takes both rates from published kernel
   benchmarks instead, nothing fitted (:data:`BLACKWELL_TRITON_MOE_SHARE`, :func:`blackwell_moe_mem_share`,
-  :func:`runs_blackwell_triton_moe`). The router (``E x H``,
+  :func:`runs_blackwell_triton_moe`; a tile of at most 64 rows at the 64-row UMMA ceiling,
+  :data:`BLACKWELL_TRITON_MOE_NARROW_SHARE`, :func:`blackwell_triton_tile_share`). The router (``E x H``,
   bf16, replicated) and shared experts (dense, every token) are ordinary GEMMs; DeepSeek's leading
   dense layers (``first_k_dense_replace``) run the dense MLP.
   Under data parallelism without expert parallelism (``--data-parallel-size D``, ``--tensor-parallel-size
@@ -70,7 +71,9 @@ from typing import TYPE_CHECKING
 
 from servetune.sim._class_gemms import (MXFP4_BYTES, W4A16_COMPUTE_SHARE, ClassGemm, WeightFormat, class_gemms,
                                         weight_format)
-from servetune.sim._moe_rates import (B200_CUBLAS_SHARE, B200_FUSED_MOE_DEFAULT_US, BLACKWELL_TRITON_MOE_SHARE,
+from servetune.sim._moe_rates import (B200_CUBLAS_SHARE, B200_FUSED_MOE_DEFAULT_US, BLACKWELL_NARROW_TILE_ROWS,
+                                      BLACKWELL_TRITON_MOE_NARROW_SHARE, BLACKWELL_TRITON_MOE_SHARE,
+                                      BLACKWELL_UMMA_BF16_FLOPS_PER_CYCLE, blackwell_triton_tile_share,
                                       BLACKWELL_TRITON_MOE_UNTIL, CUBLAS_BF16_MATMUL_TFLOPS, DATASHEET_BF16_TFLOPS,
                                       HOPPER_COMPUTE_EFFICIENCY, MOE_COMPUTE_SHARE, MOE_MEM_SHARE, MOE_UNFITTED_SHARE,
                                       TRITON_BF16_MATMUL_TFLOPS, blackwell_moe_mem_share, fused_moe_marginal_gbps,
@@ -88,7 +91,8 @@ if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["ATTENTION_SINK_ARCHITECTURES", "B200_CUBLAS_SHARE", "CUBLAS_BF16_MATMUL_TFLOPS", "HOPPER_COMPUTE_EFFICIENCY",
+__all__ = ["ATTENTION_SINK_ARCHITECTURES", "B200_CUBLAS_SHARE", "BLACKWELL_NARROW_TILE_ROWS",
+           "BLACKWELL_TRITON_MOE_NARROW_SHARE", "BLACKWELL_UMMA_BF16_FLOPS_PER_CYCLE", "blackwell_triton_tile_share", "CUBLAS_BF16_MATMUL_TFLOPS", "HOPPER_COMPUTE_EFFICIENCY",
            "BLACKWELL_TRITON_MOE_SHARE", "BLACKWELL_TRITON_MOE_UNTIL", "BLOCK_FP8_MOE_RATE_SCALE", "BLOCK_FP8_MOE_KERNEL_RATE", "B200_FUSED_MOE_DEFAULT_US", "DATASHEET_BF16_TFLOPS", "TRITON_BF16_MATMUL_TFLOPS", "ClassGemm", "MoeShape", "MOE_COMPUTE_SHARE", "MOE_MEM_SHARE", "MOE_UNFITTED_SHARE", "MOE_UNALIGNED_DOWN_SHARE", "moe_down_share", "unaligned_experts_note", "TRITON_ATTN_EFFICIENCY", "W4A16_COMPUTE_SHARE", "MXFP4_BYTES", "WeightFormat", "class_gemms", "distinct_experts",
            "expected_row_blocks", "is_class_model", "moe_block_m", "moe_parallel_size", "moe_row_fill", "moe_step_tokens", "MOE_TILE_BY_BATCH_SINCE", "MOE_BY_BATCH_WIDE_TILE_RATE", "MOE_BY_BATCH_WIDE_TILE_APPLIED", "by_batch_tile_rate",
            "MOE_BY_BATCH_STREAM", "MOE_BY_BATCH_STREAM_APPLIED", "by_batch_stream", "MOE_TILE_FITTED_VERSION",
