@@ -64,10 +64,10 @@ def calibration_evidence(gpu: GpuSpec, model: ModelProfile | None = None) -> tup
     :func:`~servetune.planner.gpus.sim_evidence_text`).
 
     Example:
-        >>> [calibration_evidence(get_gpu(g))[0] for g in ("L40S", "B200", "T4")]
+        >>> [calibration_evidence(get_gpu(g))[0] for g in ("L40S", "RTX-5090", "T4")]
         [True, False, False]
-        >>> calibration_evidence(get_gpu("B200"))[1][:60]
-        'simulator judged below its target on the B200 (published vLL'
+        >>> calibration_evidence(get_gpu("RTX-5090"))[1][:64]
+        'simulator judged below its target on the RTX-5090 (published vLL'
     """
     evidence = sim_evidence_text(gpu, model)
     if evidence and calibration_note(gpu, model) is None:

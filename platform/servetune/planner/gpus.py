@@ -434,9 +434,9 @@ def published_judgement(gpu_name: str, model_class: str | None = None) -> Publis
     :data:`MIN_CLASS_RUNS` of them were held out there, else every run on the GPU type.
 
     Example:
-        >>> j = published_judgement("B200")
+        >>> j = published_judgement("RTX-5090")
         >>> (j.runs, j.within, j.meets_target), published_judgement("A10G") is None
-        ((5, 1, False), True)
+        ((7, 3, False), True)
         >>> dense, classes = published_judgement("H200", "dense"), published_judgement("H200", "model classes")
         >>> (dense.model_class, dense.meets_target), (classes.model_class, classes.meets_target)
         (('dense', True), ('model classes', False))
@@ -468,8 +468,8 @@ def sim_evidence_text(gpu: GpuSpec, model: ModelProfile | None = None) -> str:
     them were); "" where nothing did.
 
     Example:
-        >>> sim_evidence_text(get_gpu("B200"))
-        'published vLLM runs held out: 1 of 5 within 10% (median error +20.5%)'
+        >>> sim_evidence_text(get_gpu("RTX-5090"))
+        'published vLLM runs held out: 3 of 7 within 10% (median error +9.8%)'
         >>> sim_evidence_text(get_gpu("A10G"))
         ''
     """
@@ -490,8 +490,8 @@ def calibration_note(gpu: GpuSpec, model: ModelProfile | None = None) -> str | N
     Example:
         >>> calibration_note(get_gpu("L40S")) is None, calibration_note(get_gpu("A10G")).startswith("A10G: no")
         (True, True)
-        >>> note = calibration_note(get_gpu("B200")) or ""
-        >>> note.startswith("B200: the simulator put 1 of 5 published vLLM runs"), "median error +20.5%" in note
+        >>> note = calibration_note(get_gpu("RTX-5090")) or ""
+        >>> note.startswith("RTX-5090: the simulator put 3 of 7 published vLLM runs"), "median error +9.8%" in note
         (True, True)
     """
     judged = _judgement_for(gpu, model)
