@@ -10,7 +10,7 @@ from servetune.engines.vllm.engine import SAFE_ENV
 from servetune.errors import SpecError
 from servetune.planner.comm import (CUSTOM_ALL_REDUCE_BUFFER_BYTES, FI_ALLREDUCE_FUSION_WORKSPACE_GIB, NO_P2P_BUS_GBPS,
                                     NO_P2P_LATENCY_S, NON_TORCH_GIB_MULTI, SERVETUNE_LAUNCH_ENV, VLLM_DEFAULT_ENV,
-                                    CommEnv, allreduce_cost, comm_memory, custom_all_reduce_runs,
+                                    AllReduceCost, CommEnv, allreduce_cost, comm_memory, custom_all_reduce_runs,
                                     fused_allreduce_runs, has_flashinfer, nvls_buffer_bytes, trial_env)
 from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
 from servetune.planner.memory import plan_memory, resolve_engine_config
@@ -170,6 +170,21 @@ def test_the_all_reduce_path_follows_the_interconnect_and_vllms_custom_all_reduc
     assert shm.seconds(4, 8 << 20) == pytest.approx(6 * NO_P2P_LATENCY_S + 1.5 * (8 << 20) / 5.2e9)
     assert (shm.gather_fixed_s(2), shm.gather_fixed_s(4)) == pytest.approx((NO_P2P_LATENCY_S, 3 * NO_P2P_LATENCY_S))
     assert (nv.fixed_s(2), nv.fixed_s(4), nv.gather_fixed_s(4)) == (10e-6, 10e-6, 10e-6)
+
+
+def test_the_shm_step_is_read_off_a_measured_tp2_decode_all_reduce_at_its_hosts_own_rate() -> None:
+    """sgl-project/sglang#39605: a 10 KB TP=2 decode all-reduce through NCCL's SHM transport took 39 us on a host
+    whose 20 MB all-reduce ran at 1.9 GB/s; the bytes at that rate (5.4 us) aside, two steps of NCCL's ring are
+    the rest, 16.8 us each (11.7 us until 2026-12-07, an 8-64 B alltoall step, which put that all-reduce at
+    25.4 us). With the host's own rate the simulator's price gives back the measured 39 us; at its 5.2 GB/s it
+    prices that message at 35.6 us."""
+    assert NO_P2P_LATENCY_S == pytest.approx((39e-6 - 10_240 / 1.9e9) / 2, abs=0.05e-6)
+    there = AllReduceCost("SHM", NO_P2P_LATENCY_S, 1.9e9, per_step=True)
+    assert there.seconds(2, 10_240) == pytest.approx(39e-6, abs=0.1e-6)
+    shm = allreduce_cost(with_interconnect(get_gpu("A100-80GB"), "pcie-no-p2p"), 2, latency_s=0.0, efficiency=1.0)
+    assert shm.seconds(2, 10_240) * 1e6 == pytest.approx(35.6, abs=0.05)
+    # the logits' all-gather and a pipeline send are one step each
+    assert shm.gather_fixed_s(2) == shm.sendrecv_seconds(0) == NO_P2P_LATENCY_S
 
 
 def test_the_simulated_tp_step_slows_on_a_host_without_p2p_and_only_there() -> None:

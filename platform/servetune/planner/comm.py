@@ -148,27 +148,37 @@ FI_ALLREDUCE_FUSION_WORKSPACE_GIB = 1.5
 #: rank-count-free figure (nccl-tests doc/PERFORMANCE.md: busbw = algbw x 2(n-1)/n for all-reduce),
 #: so it is taken for TP=2 as well. Not fitted.
 NO_P2P_BUS_GBPS = 5.2
-#: The same path's fixed cost per send/recv step: tinygrad/open-gpu-kernel-modules#17, nccl-tests on
-#: two RTX 4090s with P2P disabled, 8-64 B messages: 11.3-11.9 us a collective (alltoall_perf at two
-#: ranks: one send/recv step through host memory, each rank to its one peer at once). A collective
-#: pays it once per step of NCCL's ring (:attr:`AllReduceCost.per_step`): an all-reduce is a
-#: reduce-scatter and an all-gather, 2 (n-1) steps one after the other (NCCL src/device/all_reduce.h
-#: ``runRing``: directSend, then recvReduceCopySend, then recv at n = 2: two transfers in a row;
-#: NCCL's own tuning model, src/graph/tuning.cc, takes ``nsteps`` 2 (n-1) for an all-reduce and
-#: n-1 for an all-gather), an all-gather n-1, a pipeline send one. Until
-#: 2026-12-06 one step priced a whole all-reduce (11.7 us at TP=2, now 23.4; a rule read after the
-#: held-out A100 TP=2 runs of tests/fixtures/published_runs/dense.yaml were seen to run 1-3 ms a
-#: decode step fast, docs/accuracy.md). The step still holds the measured collective's launch
-#: (a few us), so 2 (n-1) x 11.7 is an upper reading. NCCL's tuning constants (Ring/LL base 6.6 us
-#: + 1.0 us per PCI step) give 8.6 us at TP=2, a P2P figure, not the SHM path's. Not fitted.
-#: How far the host moves these (a sensitivity, not a choice): noonghunna/club-3090,
+#: The same path's fixed cost per send/recv step, from a measured TP=2 decode all-reduce through it:
+#: sgl-project/sglang#39605 (2026-09-15), two RTX 5070 Ti without P2P (PCIe 4.0 x16, ``nvidia-smi topo``
+#: ``SYS``, custom all-reduce off, NCCL's SHM transport with its default direct loads and stores,
+#: ``NCCL_SHM_USE_CUDA_MEMCPY`` 0 as in NCCL 2.26.2's ``src/transport/shm.cc:66``, the release vLLM 0.10.1.1's
+#: published A100 TP=2 starts load): "the 10 KB decode all-reduces (39 -> 81 us, 130 per token)", 39 us with
+#: the default path (10 KB: one token of the model's 5,120-wide bf16 hidden state, its decode batches run
+#: in CUDA graphs, which the PR leaves on NCCL's path). On that host a
+#: 20 MB all-reduce ran at 1.9 GB/s ("10.9 ms, 1.9 GB/s, under NCCL_PROTO=LL, Simple and LL128 alike"), so
+#: 10,240 B of the 39 us are 5.4 us of bytes there and 33.6 us fixed: two steps of NCCL's ring of 16.8 us
+#: (:attr:`AllReduceCost.per_step`: an all-reduce is a reduce-scatter and an all-gather, 2 (n-1) steps one
+#: after the other, NCCL ``src/device/all_reduce.h`` ``runRing``; NCCL's tuning model,
+#: ``src/graph/tuning.cc``, takes ``nsteps`` 2 (n-1) for an all-reduce and n-1 for an all-gather; a
+#: pipeline send is one). The fixed cost is split off at that host's own rate because the rate is the
+#: host's (its GPUs' reads of host memory, 1.9 GB/s there, 5.2 GB/s on the server above: taken at 1.9 GB/s
+#: the held-out A100 TP=2 runs of tests/fixtures/published_runs/dense.yaml come out about 50% slow), while
+#: the fixed cost is NCCL's flag round trips through host memory. Read at the simulator's 5.2 GB/s instead,
+#: the same 39 us gives 18.5 us a step (a sensitivity, not taken: docs/accuracy.md). Not fitted; looked for
+#: after those held-out runs were seen to run 11-22% fast at 10-30 requests in flight (2026-12-07).
+#: Until then 11.7 us a step: tinygrad/open-gpu-kernel-modules#17, nccl-tests ``alltoall_perf`` on two
+#: RTX 4090s with P2P disabled, 8-64 B messages, 11.3-11.9 us (one send/recv step each way at once), a
+#: message of no size, which prices a 10 KB TP=2 all-reduce at 25.4 us against the 39 measured. (Until
+#: 2026-12-06 one such step priced a whole all-reduce, 11.7 us at TP=2.) NCCL's tuning constants (Ring/LL
+#: base 6.6 us + 1.0 us per PCI step) give 8.6 us at TP=2, a P2P figure, not the SHM path's.
+#: How far the host moves the bandwidth (a sensitivity, not a choice): noonghunna/club-3090,
 #: docs/PCIE_P2P.md, p2pBandwidthLatencyTest on two RTX 3090s (PCIe 4.0 x16, P2P off): 11.28 GB/s
 #: one way, 15.23 us a copy. Taken for the bandwidth (11.28 GB/s) with two 11.7 us steps per TP=2
 #: all-reduce, the held-out A100 TP=2 runs of tests/fixtures/published_runs/dense.yaml came out
 #: 31.5% off on throughput (+24.1% bias) and 80.2% on TTFT, against 19.3% (-1.8%) and 152.8% with
 #: the 5.2 GB/s above (docs/accuracy.md, before the logits' all-gather and the PCIe card): the
 #: bandwidth first taken stays.
-NO_P2P_LATENCY_S = 11.7e-6
+NO_P2P_LATENCY_S = 16.8e-6
 
 # ====================================================================== NCCL / vLLM source figures
 #: ``src/transport/nvls.cc`` (NCCL 2.27-2.30): NVLS_NCHANNELS_SM90 16, NVLS_NCHANNELS_SM100_NVL 24
@@ -661,7 +671,7 @@ def allreduce_cost(gpu: GpuSpec, tp: int, *, latency_s: float, efficiency: float
         >>> nv = allreduce_cost(a100, 2, latency_s=10e-6, efficiency=0.7)
         >>> shm = allreduce_cost(with_interconnect(a100, "pcie-no-p2p"), 2, latency_s=10e-6, efficiency=0.7)
         >>> round(nv.seconds(2, 7168 * 256) * 1e6, 1), round(shm.seconds(2, 7168 * 256) * 1e6, 1)
-        (18.7, 376.3)
+        (18.7, 386.5)
         >>> shm.path
         'NCCL SHM through host memory (no GPU P2P: custom all-reduce off)'
         >>> allreduce_cost(a100, 2, latency_s=10e-6, efficiency=0.7, custom_all_reduce=False).path
