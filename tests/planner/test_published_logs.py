@@ -453,16 +453,18 @@ def _warm_up_plans() -> dict[str, tuple[bool, memory.MemoryPlan]]:
 def test_the_warm_up_warning_judged_on_the_published_starts():
     """The warning's threshold (``WARMUP_SHORTFALL_GIB[1]``, 1.89 GiB, read off three vLLM 0.26.0 starts of
     servetune's own) on every published start with a sampler warm-up after graph capture (0.10-0.19 all models,
-    later ones on the V1 runner): both warm-up deaths warned, no served start refused by it, 17 served starts
+    later ones on the V1 runner): both warm-up deaths warned, no served start refused by it, 15 served starts
     warned (every one at 0.11-0.19 with graphs and a margin under 1.89 GiB: Llama-3.3-70B FP8 at TP=2 1.08,
     Qwen2.5-0.5B on a T4 0.77, ...). A warning, not a verdict: served margins from 0.77 to 1.87 GiB surround
-    the deaths' 0.84 and 1.85."""
+    the deaths' 0.84 and 1.85. 17 warned until 2026-12-07, when GPUs linked by PCIe took their own context
+    (``comm.CONTEXT_GIB_PCIE_EXTRA`` in place of the NVLink figure): the Qwen3-14B and Qwen3-32B-AWQ starts at
+    TP=2 on two L40S (natoscott, served) went from 1.64 to 2.57 GiB past the warm-up's need."""
     plans = _warm_up_plans()
     served = {sid: p for sid, (failed, p) in plans.items() if not failed}
     assert len(served) >= 80
     assert not [sid for sid, p in served.items() if p.failure is memory.TrialStatus.CUDAGRAPH_OOM]
     warned = sorted(round(p.warmup_margin, 2) for p in served.values() if p.warmup_at_risk)
-    assert len(warned) == 17 and warned[0] == 0.77 and warned[-1] == 1.87
+    assert len(warned) == 15 and warned[0] == 0.77 and warned[-1] == 1.87
     assert all(plans[sid][1].warmup_at_risk for sid in WARMUP_DEATHS)
 
 

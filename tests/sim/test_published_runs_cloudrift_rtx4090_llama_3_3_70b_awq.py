@@ -6,24 +6,27 @@ tokens with an fp8 KV cache and max_model_len 8,192. The split rule holds the PP
 (a sweep of its own: its own result page) in the fit half; nothing was fitted on either. Judged blind: nothing was
 fitted or changed on seeing them. The recorded judgement is
 benchmarks/results/published_runs_cloudrift_rtx4090_llama_3_3_70b_awq.json (``published_runs.py --file ...
---compare --json``); recorded 2026-12-07: neither run simulated: the planner refuses both starts (the sampler's
-warm-up with 256 dummy requests after CUDA-graph capture, 0.44 GiB short on each card by its count: weights 18.55
-GiB, activation peak 1.25, CUDA graphs 1.44, KV 1.42 of a 21.29 GiB budget), while the real servers served every
-request (233.95 and 449.26 output tok/s). A served start called impossible: a miss on the RTX 4090, 0 of 1 held
-out within 10%.
+--compare --json``). Recorded blind 2026-12-07: neither run simulated: the planner refused both starts (the
+sampler's warm-up with 256 dummy requests after CUDA-graph capture, 0.44 GiB short on each card by its count:
+weights 18.55 GiB, activation peak 1.25, CUDA graphs 1.44, KV 1.42 of a 21.29 GiB budget, and 1.46 GiB in use
+before vLLM's init snapshot, the NVLink figure), while the real servers served every request (233.95 and 449.26
+output tok/s). Re-recorded the same day once GPUs linked by PCIe took their own context
+(``comm.CONTEXT_GIB_PCIE_EXTRA``: 0.53 GiB, a rule read after this refusal, checked against published starts that
+show it): both start (0.49 GiB past the warm-up's need, warned) and are simulated slow, -31.5% (held out) and
+-28.6% (fit half), TTFT +47.9% and +52.6%: still a miss on the RTX 4090, 0 of 1 held out within 10%.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from published_runs import FIXTURES, judge, load_runs, recorded_runs, resolve_model, split_of
+from _recorded import all_as_recorded
+from published_runs import FIXTURES, load_runs, resolve_model, split_of
 
 FILE = FIXTURES / "cloudrift_rtx4090_llama_3_3_70b_awq.yaml"
 RESULTS = (Path(__file__).resolve().parents[2] / "benchmarks" / "results"
            / "published_runs_cloudrift_rtx4090_llama_3_3_70b_awq.json")
 RUNS = load_runs([FILE])
-REFUSAL = "cudagraph_oom: RuntimeError: CUDA out of memory occurred when warming up sampler with 256 dummy requests."
 
 
 def test_the_file_loads_and_splits_by_the_rule() -> None:
@@ -41,14 +44,10 @@ def test_the_fixture_model_is_llama_3_3_70b_in_autoawq_4_bit() -> None:
     assert m.quantization == "awq" and m.num_layers == 80 and round(m.param_count / 1e9, 2) == 70.55
 
 
-def test_the_recorded_refusals_still_hold() -> None:
-    """Both starts are still refused as recorded (the sampler warm-up after CUDA-graph capture), though the
-    published servers served every request: the blind judgement, kept in view until a rule read from vLLM's
-    source, judged on other runs, moves it."""
-    recorded = recorded_runs(RESULTS)
-    assert set(recorded) == {r.id for r in RUNS}
+def test_the_recorded_errors_still_hold() -> None:
+    """Both starts simulate to the recorded figures (within a point): slow, as recorded, every request served."""
+    judged_runs = all_as_recorded(RUNS, RESULTS)
     for run in RUNS:
-        judged, rec = judge(run), recorded[run.id]
-        assert rec["error_pct"] is None and rec["failure"].startswith(REFUSAL), run.id
-        assert judged.failure is not None and judged.failure.startswith(REFUSAL), run.id
+        judged, rec = judged_runs[run.id]
+        assert rec["error_pct"] < -25 and rec["ttft_error_pct"] > 40, run.id
         assert run.measured["completed"] == run.workload["num_prompts"] == 1200, run.id

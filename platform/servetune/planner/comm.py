@@ -60,7 +60,7 @@ from servetune.planner.vllm_rules import V2_RUNNER, memory_rules
 __all__ = ["AllReduceCost", "CommEnv", "CommMemory", "allreduce_cost", "comm_memory", "nvls_buffer_bytes", "sendrecv_cost",
            "fused_allreduce_runs", "fused_allreduce_note", "FI_ALLREDUCE_FUSION_WORKSPACE_GIB",
            "symm_mem_buffer_bytes", "SERVETUNE_LAUNCH_ENV", "VLLM_DEFAULT_ENV", "has_flashinfer", "trial_env",
-           "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S",
+           "NO_P2P_BUS_GBPS", "NO_P2P_LATENCY_S", "CONTEXT_GIB_PCIE_EXTRA",
            "CUSTOM_ALL_REDUCE_BUFFER_BYTES", "custom_all_reduce_runs", "custom_all_reduce_memory_note",
            "nccl_small_message_note", "AllReduceTable", "allreduce_table", "HOPPER_TP8_ALLREDUCE_MS"]
 
@@ -104,6 +104,20 @@ PCIE_MAX_GBPS = 64.0
 #: at TP=1, (138.34/139.8) at TP=2 on the H200 (NVLS off).
 CONTEXT_GIB_SINGLE = 0.51
 CONTEXT_GIB_MULTI = 1.46
+#: The same for GPUs linked only by PCIe (:attr:`GpuSpec.link` ``pcie`` or ``pcie-no-p2p``): the CUDA context and
+#: what NCCL's PCIe transports put on the device, not :data:`CONTEXT_GIB_MULTI`'s NVLink figure. Counted from NCCL's
+#: defaults as :data:`NON_TORCH_GIB_MULTI_V1_PCIE` is: the P2P transport's FIFOs, ~9.2 MiB a channel on a ring of
+#: NCCL's minimum 2 channels, and none without P2P (the SHM transport keeps them in pinned host memory); vLLM's
+#: custom all-reduce adds :data:`CUSTOM_ALL_REDUCE_BUFFER_BYTES` where it runs (:func:`custom_all_reduce_runs`:
+#: two PCIe GPUs with P2P). 0.02 GiB. Agrees with the published starts that show it: vLLM 0.10.1.1's A100 TP=2
+#: starts without P2P, whose communicators (built after that release's init snapshot) are within 1% of their KV
+#: with nothing charged (:func:`_communicators_charged`), and vLLM 0.10.2's 8 x L40S start, whose non-torch
+#: memory after its communicators were built was 0.21 GiB in all ("Free memory on device (43.93/44.42 GiB) on
+#: startup ... 0.21 GiB for non-torch memory", ``tests/fixtures/published_logs/logs``); the 1.46 GiB NVLink figure
+#: would have put either a GiB lower. Written 2026-12-07 after CloudRift's two RTX 4090 PP=2 starts (vLLM 0.11.0,
+#: no P2P, ``tests/fixtures/published_runs/cloudrift_rtx4090_llama_3_3_70b_awq.yaml``) were planned to die in the
+#: sampler warm-up 0.44 GiB short though they served: the NVLink context left that warm-up 0.95 GiB less.
+CONTEXT_GIB_PCIE_EXTRA = 0.02
 #: vLLM's custom all-reduce buffers per GPU, inside :data:`CONTEXT_GIB_MULTI` (its H200 TP=2 runs had the custom
 #: all-reduce on). vLLM 0.26.0 ``custom_all_reduce.py`` (``CustomAllreduce.__init__``, set up in the TP group's
 #: ``CudaCommunicator`` at init, before the snapshot): a meta buffer of ``meta_size() + max_size`` (the signal
@@ -492,7 +506,8 @@ def comm_memory(gpu: GpuSpec, *, tp: int, pp: int, env: CommEnv, version: tuple[
         return CommMemory(int(CONTEXT_GIB_SINGLE * GiB),
                           int((NON_TORCH_GIB_SINGLE if v2 else NON_TORCH_GIB_SINGLE_V1) * GiB), False,
                           "one GPU: no communicator", True)
-    context = int(CONTEXT_GIB_MULTI * GiB)
+    context = int(CONTEXT_GIB_MULTI * GiB) if gpu.link == "nvlink" else int(
+        (CONTEXT_GIB_SINGLE + CONTEXT_GIB_PCIE_EXTRA) * GiB)
     # VLLM_ALLREDUCE_USE_SYMM_MEM defaults to 1 from 0.11 (envs.py:1411@0.11.0), 0 in 0.10.2 (envs.py:1221), absent
     # before: a 0.10.x start is taken without the symmetric-memory communicator.
     symm_on = env.symm_mem and tp >= 2 and tuple(version) >= (0, 11, 0)
