@@ -30,7 +30,8 @@ from servetune.planner.hybrid import mamba_state_bytes
 from servetune.planner.modelinfo import load_model
 from servetune.sim import PerfModel, calibration_for, hybrid_note
 from servetune.sim.perf_classes import class_gemms, moe_shape
-from servetune.sim.perf_hybrid import gdn_scan_kernels, hybrid_shape, ssd_scan_kernels
+from servetune.sim.perf_hybrid import (FLA_CHUNK, gdn_partial_chunk_bytes, gdn_scan_kernels, hybrid_shape,
+                                       ssd_scan_kernels)
 
 H100 = get_gpu(H100_GPU)
 GRANITE = load_model("granite-4.0-h-tiny")
@@ -112,6 +113,36 @@ def test_a_gated_delta_net_hybrid_is_priced_too() -> None:
     assert note is not None and "gated-delta-net" in note and "\n" not in note
 
 
+
+def test_a_prefilling_sequence_pays_its_last_partial_chunks_state_tile() -> None:
+    """FLA's ``fwd_h`` stores one ``H x V x K`` tile per chunk of every sequence and ``fwd_o`` reads it back
+    (``h = k.new_empty(B, NT, H, V, K)``, ``NT`` = each sequence's ``cdiv(T_i, 64)``; vLLM 0.17.1's
+    ``layers/fla/ops/chunk_delta_h.py`` lines 297-320): the per-token scan counts ``1/64`` of a tile a token,
+    so a one-token sequence (a decode in a pre-0.23 mixed batch) misses ``63/64`` of one, written and read.
+    Qwen3-Next at TP 4 on the H100 (8 value heads of 128 x 128, bf16): 256 KiB a tile, 504 KiB a sequence and
+    layer; 36 gated-delta-net layers; in a mixed step of vLLM 0.22.1 each decoding request pays it, in 0.23.0's
+    only the prefilling ones do."""
+    model = load_model("qwen3-next-80b-a3b")
+    shape = hybrid_shape(model, 4, model.num_layers, 2)
+    assert shape is not None and shape.chunk_state_bytes == 8 * 128 * 128 * 2
+    assert gdn_partial_chunk_bytes(shape.chunk_state_bytes) == 2 * 8 * 128 * 128 * 2 * 63 / 64
+    assert gdn_partial_chunk_bytes(shape.chunk_state_bytes, chunk=1) == 0.0  # a 1-token chunk: nothing missed
+    assert FLA_CHUNK == 64
+    assert hybrid_shape(GRANITE, 1, GRANITE.num_layers, 2).chunk_state_bytes == 0  # Mamba2: not this rule
+    rate = H100.hbm_gbps * 1e9 * calibration_for(H100).mem_efficiency
+    tile = gdn_partial_chunk_bytes(shape.chunk_state_bytes) * shape.mamba_layers / rate
+    tp4 = {"tensor_parallel_size": 4}
+    old, new = (PerfModel(model, H100, resolve_engine_config(tp4, model, H100, v)) for v in ("0.22.1", "0.23.0"))
+    # 256 decoding requests beside one 512-token prefill: 257 sequences through the chunked path before 0.23.0
+    assert old.recurrent_seconds(256, 1, 512) - old.recurrent_seconds(256, 0, 0) > 257 * tile
+    with_one = new.recurrent_seconds(256, 1, 512) - new.recurrent_seconds(256, 0, 0)
+    assert with_one - new.recurrent_seconds(0, 1, 512) == pytest.approx(0.0, abs=1e-12)
+    # a prefilling sequence with no tokens of its own: its state read and written, gathered and scattered,
+    # and the tile
+    copies = (2 * shape.state_bytes + 4 * shape.ssm_state_bytes) * shape.mamba_layers / rate
+    assert new.recurrent_seconds(0, 1, 0) == pytest.approx(copies + tile, rel=1e-9)
+
+
 # -- the four real windows (judged, never fitted) -----------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -183,7 +214,8 @@ def test_qwen3_5_moe_20_layer_window_at_512_in_flight_is_simulated_fast(rows) ->
     prompts, 512 in flight. Its figures were written before it ran
     (``benchmarks/real_vllm/plan_2026_12_07_q35moe20_h100.json``: 7,309.6 tok/s, TTFT 2,093.7 ms, TPOT 51.22 ms).
     Measured: 4,863.03 tok/s, TTFT 3,871.01 ms, TPOT 71.24 ms, no preemption: simulated +50.3% fast, TPOT -28.1%,
-    TTFT -45.9%. The published page's miss (gpustack_qwen3_5_35b_a3b.yaml: +32.1% on this burst at vLLM 0.17.1 on
+    TTFT -45.9% (+50.2%, TPOT and TTFT unchanged, since a prefilling sequence's partial FLA chunk is priced:
+    ``perf_hybrid.gdn_partial_chunk_bytes``; at 0.26.0 no decode takes the chunked path). The published page's miss (gpustack_qwen3_5_35b_a3b.yaml: +32.1% on this burst at vLLM 0.17.1 on
     an H200) is reproduced on another GPU and release; its routed experts are priced within 0.84-0.95 of their
     timed kernel (tests/sim/test_moe_probe.py), so the missing time is elsewhere in the step. KV: 2,448,663 tokens
     logged, 2,425,576 planned before it ran (-0.94%: the two-block vision tower vLLM did not load counted), 2,453,131

@@ -13,6 +13,11 @@ slow. Re-recorded 2026-12-07 with the planner's vLLM 0.17 sampler warm-up (``vll
 random run +32.9% -> +33.9% (TTFT -47.3%), the others unchanged; and with the mask's constants read off vLLM
 0.17.1's kernel timed on an H100 (tests/fixtures/real_h100/kernels/sampler_probe_h100.json): +32.8%, +32.1%,
 +12.5%, -17.1%, still 0 of 4 (the sampler is not what is off).
+Re-recorded 2026-12-07 with each prefilling sequence's last, partial chunk of FLA's chunked gated-delta-net kernels
+priced (``perf_hybrid.gdn_partial_chunk_bytes``, read in vLLM 0.17.1's source after these errors; nothing fitted):
++32.8 / +32.1 / +12.5 / -17.1% -> +30.0 / +28.7 / +12.3 / -17.2%, still 0 of 4 (TTFT -71.1 / -47.1 / +1.1 / +16.1%
+-> -70.5 / -45.9 / +1.3 / +16.9%, 2 of 4 within 25%). The recurrent state's decode read and write was checked against
+published kernel timings and left as priced (docs/accuracy.md, "A prefilling sequence's partial chunk").
 """
 
 from __future__ import annotations

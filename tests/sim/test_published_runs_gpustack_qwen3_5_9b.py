@@ -39,6 +39,12 @@ Re-recorded 2026-12-07 with the Triton mask's constants read off vLLM 0.17.1's k
 (tests/fixtures/real_h100/kernels/sampler_probe_h100.json; pull request 33538's table before): the ShareGPT runs
 +0.7% to +13.7% -> -1.1% to +11.4%, the random runs +6.5% and +2.1% -> +5.5% and +1.0%; within 10% on 7 -> 14
 of 15; TTFT within 25% on 5 -> 6 of 15.
+Re-recorded 2026-12-07 with each prefilling sequence's last, partial chunk of FLA's chunked gated-delta-net
+kernels priced (``perf_hybrid.gdn_partial_chunk_bytes``: ``fwd_h`` stores one state tile per chunk of every
+sequence and ``fwd_o`` reads it, so a decode a mixed step sends through the chunked path pays a whole tile, not
+1/64 of one; read in vLLM 0.17.1's source after these errors, nothing fitted): the ShareGPT runs -1.1% to +11.4%
+-> -4.8% to +8.6%, the random runs +5.5% and +1.0% -> +3.1% and -0.1%; within 10% on 14 -> 15 of 15 (mean
+|error| 6.8% -> 4.7%); TTFT within 25% on 5 -> 6 of 15 (the file recorded 5 before).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ class RecurrentTerms:
         each a roofline of its bytes (``mem_efficiency``) and FLOPs (the dense rate, ``compute_efficiency``).
         The element-wise kernels are the dense rule's per layer, the MLP's share on the layers with one."""
         self._t_state = self._t_mamba_decode_token = self._t_mamba_prefill_token = self._t_chunk_copies = 0.0
+        self._t_partial_chunk = 0.0
         self._mixed_all_chunked = False
         rules = memory_rules(config.version)
         hybrid = perf_hybrid.hybrid_shape(model, tp, layers, mamba_ssm_dtype_bytes(model, rules.nemotron_h_ssm_default))
@@ -50,6 +51,10 @@ class RecurrentTerms:
             # The chunked path's copies of each request's SSM state: gathered into a new tensor and scattered
             # back (read and written twice more), around the kernel's own read and write (perf_hybrid).
             self._t_chunk_copies = 4.0 * hybrid.ssm_state_bytes * n / mem_rate
+            # The last, partial chunk's state tile that fwd_h stores and fwd_o reads (perf_hybrid).
+            self._t_partial_chunk = (perf_hybrid.gdn_partial_chunk_bytes(hybrid.chunk_state_bytes,
+                                                                         model.mamba_chunk_size or perf_hybrid.FLA_CHUNK)
+                                     * n / mem_rate)
             self._mixed_all_chunked = rules.gdn_mixed_batch_chunked
         self._t_mamba_decode_token = hybrid.decode_token_bytes * n / mem_rate
         scan = sum(max(k.bytes / mem_rate, k.flops / flop_rate) for k in hybrid.scan)
@@ -68,7 +73,8 @@ class RecurrentTerms:
         """A hybrid's Mamba / gated-delta-net layers beyond their GEMMs for one step (0 for other models):
         ``decode_reqs`` requests decoding one token each, ``prefill_reqs`` requests prefilling
         ``prefill_tokens`` tokens together (:meth:`_init_hybrid`). A gated delta net's prefilling
-        requests also pay their SSM state's gather and scatter; before vLLM 0.23.0 a step with a prefill
+        requests also pay their SSM state's gather and scatter and their last, partial chunk's state tile
+        (``perf_hybrid.gdn_partial_chunk_bytes``); before vLLM 0.23.0 a step with a prefill
         runs its decoding requests through that chunked path too, as one-token prefills
         (``VllmMemoryRules.gdn_mixed_batch_chunked``).
 
@@ -81,11 +87,12 @@ class RecurrentTerms:
             >>> tp4 = {"tensor_parallel_size": 4}
             >>> perf = [PerfModel(m, g, resolve_engine_config(tp4, m, g, v)) for v in ("0.22.1", "0.23.0")]
             >>> [tuple(round(1e3 * p.recurrent_seconds(256, *pre), 2) for pre in ((0, 0), (1, 512))) for p in perf]
-            [(1.39, 4.31), (1.39, 1.67)]
+            [(1.39, 5.57), (1.39, 1.68)]
         """
         if not self._t_state:
             return 0.0
         if prefill_reqs and self._mixed_all_chunked:
             prefill_reqs, prefill_tokens, decode_reqs = prefill_reqs + decode_reqs, prefill_tokens + decode_reqs, 0
         return (self._t_state * (decode_reqs + prefill_reqs) + self._t_mamba_decode_token * decode_reqs
-                + self._t_mamba_prefill_token * prefill_tokens + self._t_chunk_copies * prefill_reqs)
+                + self._t_mamba_prefill_token * prefill_tokens
+                + (self._t_chunk_copies + self._t_partial_chunk) * prefill_reqs)

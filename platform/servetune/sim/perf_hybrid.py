@@ -56,8 +56,8 @@ from servetune.planner.hybrid import mamba_ssm_state_bytes, mamba_state_bytes
 if TYPE_CHECKING:
     from servetune.planner.modelinfo import ModelProfile
 
-__all__ = ["FLA_CHUNK", "HybridShape", "ScanKernel", "SSD_STATE_BYTES", "gdn_scan_kernels", "hybrid_note",
-           "hybrid_shape", "ssd_scan_kernels"]
+__all__ = ["FLA_CHUNK", "HybridShape", "ScanKernel", "SSD_STATE_BYTES", "gdn_partial_chunk_bytes",
+           "gdn_scan_kernels", "hybrid_note", "hybrid_shape", "ssd_scan_kernels"]
 
 #: Bytes of one element of the SSD scan's chunk states and of ``CB``: fp32. ``_chunk_state_fwd(...,
 #: states_in_fp32=True)`` and ``_bmm_chunk_fwd(..., output_dtype=torch.float32)`` in
@@ -92,6 +92,9 @@ class HybridShape:
     decode_token_bytes: float  # per decode token and layer: the mixer's activations outside its GEMMs
     prefill_token_bytes: float  # per prefill token and layer: conv1d and the gated norm
     scan: tuple[ScanKernel, ...]  # the chunked scan's kernels, per prefill token and layer
+    # a gated delta net's per-chunk state tile (heads x K x V in the activations' dtype; 0 for Mamba2),
+    # which ``fwd_h`` stores and ``fwd_o`` reads once per chunk of every sequence (:func:`gdn_partial_chunk_bytes`)
+    chunk_state_bytes: int = 0
 
     @property
     def mixer_layers(self) -> int:
@@ -144,6 +147,27 @@ def gdn_scan_kernels(heads: int, head_v: int, head_k: int, act_bytes: int,
             ScanKernel("fwd_o", h * ((2 * k + 2 * v) * a + k * v * a / t), h * (2.0 * k * v + 2.0 * t * (k + v))))
 
 
+def gdn_partial_chunk_bytes(chunk_state_bytes: int, chunk: int = FLA_CHUNK) -> float:
+    """HBM bytes one prefilling sequence adds in one gated-delta-net layer beyond :func:`gdn_scan_kernels`'
+    per-token share: its last, partial chunk's state tile, written by ``fwd_h`` and read by ``fwd_o``.
+
+    FLA's ``chunk_gated_delta_rule_fwd_h`` allocates ``h = k.new_empty(B, NT, H, V, K)`` with ``NT`` the
+    chunks of all sequences, ``cdiv(T_i, 64)`` each (``prepare_chunk_indices``), and stores one tile per
+    chunk that ``chunk_fwd_o`` reads back (``layers/fla/ops/chunk_delta_h.py`` lines 297-320 and
+    ``chunk.py`` lines 35-64 of vLLM 0.17.1). :func:`gdn_scan_kernels` spreads that tile over the
+    chunk's ``T`` tokens (``K V a / T`` a token), which is exact for full chunks and misses
+    ``(T - 1) / T`` of a tile for a one-token sequence: a decode that a mixed batch sends through the
+    chunked path (vLLM before 0.23.0, ``VllmMemoryRules.gdn_mixed_batch_chunked``). Counted once per
+    prefilling sequence, it is exact for those and at most that much over for a longer prefill.
+    Read from vLLM's source after the held-out Qwen3.5-35B-A3B H200 runs were seen fast; nothing fitted.
+
+    Example (Qwen3.5-35B-A3B at TP=1: 32 value heads of 128 x 128, bf16): about 2 MB a sequence and layer.
+        >>> round(gdn_partial_chunk_bytes(32 * 128 * 128 * 2) / 2**20, 3)
+        1.969
+    """
+    return 2.0 * chunk_state_bytes * (chunk - 1) / chunk
+
+
 def hybrid_shape(model: ModelProfile, tp: int, layers: int, ssm_dtype_bytes: int) -> HybridShape | None:
     """The recurrent layers among the first ``layers`` of ``model`` on one TP rank (None: not a hybrid).
 
@@ -177,7 +201,8 @@ def hybrid_shape(model: ModelProfile, tp: int, layers: int, ssm_dtype_bytes: int
         decode_token_bytes=float((3 * conv_dim + 4 * inner) * a),
         # causal_conv1d_fn (reads x B C, writes them) and the gated norm; the scan's own traffic is in ``scan``
         prefill_token_bytes=float((2 * conv_dim + 3 * inner) * a),
-        scan=scan)
+        scan=scan,
+        chunk_state_bytes=heads * model.mamba_head_dim * model.mamba_d_state * a if model.mamba_kind == "gdn" else 0)
 
 
 def hybrid_note(model: ModelProfile) -> str | None:
