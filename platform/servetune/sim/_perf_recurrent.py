@@ -52,9 +52,7 @@ class RecurrentTerms:
             # back (read and written twice more), around the kernel's own read and write (perf_hybrid).
             self._t_chunk_copies = 4.0 * hybrid.ssm_state_bytes * n / mem_rate
             # The last, partial chunk's state tile that fwd_h stores and fwd_o reads (perf_hybrid).
-            self._t_partial_chunk = (perf_hybrid.gdn_partial_chunk_bytes(hybrid.chunk_state_bytes,
-                                                                         model.mamba_chunk_size or perf_hybrid.FLA_CHUNK)
-                                     * n / mem_rate)
+            self._t_partial_chunk = hybrid.partial_chunk_bytes * n / mem_rate
             self._mixed_all_chunked = rules.gdn_mixed_batch_chunked
         self._t_mamba_decode_token = hybrid.decode_token_bytes * n / mem_rate
         scan = sum(max(k.bytes / mem_rate, k.flops / flop_rate) for k in hybrid.scan)

@@ -95,6 +95,13 @@ class HybridShape:
     # a gated delta net's per-chunk state tile (heads x K x V in the activations' dtype; 0 for Mamba2),
     # which ``fwd_h`` stores and ``fwd_o`` reads once per chunk of every sequence (:func:`gdn_partial_chunk_bytes`)
     chunk_state_bytes: int = 0
+    chunk: int = FLA_CHUNK  # the chunked scan's chunk, tokens (``scan`` is priced on it)
+
+    @property
+    def partial_chunk_bytes(self) -> float:
+        """HBM bytes one prefilling sequence adds in one layer for its last, partial chunk's state tile
+        (:func:`gdn_partial_chunk_bytes` on :attr:`chunk`; 0 for Mamba2)."""
+        return gdn_partial_chunk_bytes(self.chunk_state_bytes, self.chunk)
 
     @property
     def mixer_layers(self) -> int:
@@ -187,12 +194,13 @@ def hybrid_shape(model: ModelProfile, tp: int, layers: int, ssm_dtype_bytes: int
     inner = model.mamba_inner // tp
     heads = model.mamba_heads // tp
     if model.mamba_kind == "gdn":
-        scan = gdn_scan_kernels(heads, model.mamba_head_dim, model.mamba_d_state, a, model.mamba_chunk_size)
+        chunk = model.mamba_chunk_size
+        scan = gdn_scan_kernels(heads, model.mamba_head_dim, model.mamba_d_state, a, chunk)
     else:
         # A Nemotron-H config without chunk_size: vLLM's own NemotronHConfig default, 256
         # (transformers_utils/configs/nemotron_h.py line 189 of 0.26.0), the planner's 0 meaning "not named".
-        scan = ssd_scan_kernels(heads, model.mamba_head_dim, model.mamba_d_state, max(1, groups // tp),
-                                model.mamba_chunk_size or 256, a)
+        chunk = model.mamba_chunk_size or 256
+        scan = ssd_scan_kernels(heads, model.mamba_head_dim, model.mamba_d_state, max(1, groups // tp), chunk, a)
     return HybridShape(
         kind=model.mamba_kind, mamba_layers=mamba, attention_layers=attention, ffn_layers=ffn,
         state_bytes=mamba_state_bytes(model, tp, ssm_dtype_bytes),
@@ -202,7 +210,8 @@ def hybrid_shape(model: ModelProfile, tp: int, layers: int, ssm_dtype_bytes: int
         # causal_conv1d_fn (reads x B C, writes them) and the gated norm; the scan's own traffic is in ``scan``
         prefill_token_bytes=float((2 * conv_dim + 3 * inner) * a),
         scan=scan,
-        chunk_state_bytes=heads * model.mamba_head_dim * model.mamba_d_state * a if model.mamba_kind == "gdn" else 0)
+        chunk_state_bytes=heads * model.mamba_head_dim * model.mamba_d_state * a if model.mamba_kind == "gdn" else 0,
+        chunk=chunk)
 
 
 def hybrid_note(model: ModelProfile) -> str | None:
