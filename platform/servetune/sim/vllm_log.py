@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from servetune.result import TrialStatus
 from servetune.vllm_version import version_tuple
 
-from servetune.planner.comm import CONTEXT_GIB_MULTI, CONTEXT_GIB_SINGLE, SERVETUNE_LAUNCH_ENV, comm_memory
+from servetune.planner.comm import CONTEXT_GIB_SINGLE, SERVETUNE_LAUNCH_ENV, comm_memory
 
 if TYPE_CHECKING:  # the planner's types; only their attributes are read here
     from servetune.planner.gpus import GpuSpec
@@ -472,8 +472,9 @@ class _StartupWriter:
         context_gib = comm.context_bytes / _GIB
         if "cuda_context_gib" in gpu.calibration or "nccl_buffers_gib" in gpu.calibration:
             context_gib = float(gpu.calibration.get("cuda_context_gib", CONTEXT_GIB_SINGLE))
-            if world > 1:
-                context_gib += float(gpu.calibration.get("nccl_buffers_gib", CONTEXT_GIB_MULTI - CONTEXT_GIB_SINGLE))
+            if world > 1:  # the communicators' share: the planner's multi-GPU context beyond the CUDA context
+                context_gib += float(gpu.calibration.get("nccl_buffers_gib",
+                                                         comm.context_bytes / _GIB - CONTEXT_GIB_SINGLE))
         free_gib = mem.total - context_gib - max(0.0, held_gib)
         util = config.gpu_memory_utilization
         if self.stage is None and free_gib < mem.budget:
