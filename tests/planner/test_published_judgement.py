@@ -103,10 +103,12 @@ def test_only_gpu_types_judged_below_the_target_or_not_at_all_get_a_line() -> No
     # all-reduce (planner.comm.NO_P2P_LATENCY_S, 11.7 -> 16.8 us; the TP=2 runs without P2P 17 -> 20 of 23).
     a100 = published_judgement("A100-80GB")
     assert a100 is not None and (a100.within, a100.runs) == (55, 66) and a100.meets_target
-    # The H200 met it (21 of 24) until GPUStack's Qwen3.5-35B-A3B runs were added blind (2026-12-07): 21 of 28.
+    # The H200 met it (21 of 24) until GPUStack's Qwen3.5-35B-A3B runs were added blind (2026-12-07): 21 of 28; 22
+    # of 28 since a gated delta net's steps outside a FULL CUDA graph pay their forward's CPU (the same day,
+    # PerfModel.forward_cpu_s, read off a traced H100 start of that model's shape).
     h200 = published_judgement("H200")
-    assert h200 is not None and (h200.within, h200.runs) == (21, 28) and not h200.meets_target
-    assert (calibration_note(get_gpu("H200")) or "").startswith("H200: the simulator put 21 of 28 published")
+    assert h200 is not None and (h200.within, h200.runs) == (22, 28) and not h200.meets_target
+    assert (calibration_note(get_gpu("H200")) or "").startswith("H200: the simulator put 22 of 28 published")
     rtx = published_judgement("RTX-5090")
     assert rtx is not None and not rtx.meets_target and rtx.median_error_pct is not None
     note = calibration_note(get_gpu("RTX-5090"))
@@ -137,7 +139,8 @@ def test_simulate_on_a_gpu_judged_below_the_target_prints_its_judgement_beside_t
 def test_a_model_class_with_enough_runs_on_a_gpu_is_judged_by_its_own_runs() -> None:
     """The shipped table counts each GPU type's held-out runs by model class too (``by_class``, summing to the
     GPU's row); ``calibration_note`` judges a model by its class's runs where at least ``MIN_CLASS_RUNS`` were
-    held out there: on the H200 a dense model meets the target (9 of 10) and a MoE does not (12 of 18), on the
+    held out there: on the H200 a dense model meets the target (9 of 10) and a MoE does not (13 of 18; 12 before
+    the forward's CPU of a gated delta net's steps, 2026-12-07), on the
     A100 likewise (dense 45 of 48, MoE and other classes 10 of 18; 7 of 13 before gpustack's GLM-4.5-Air runs
     were added blind, 2026-12-07, when the A100 met the target as a whole, 49 of 61; then 52 of 66, dense 42 of
     48, below it as a whole; 55 of 66 since the SHM all-reduce's measured step, 2026-12-07, meeting it again, so
@@ -155,7 +158,7 @@ def test_a_model_class_with_enough_runs_on_a_gpu_is_judged_by_its_own_runs() -> 
     h200, a100 = get_gpu("H200"), get_gpu("A100-80GB")
     assert calibration_note(h200) is not None and calibration_note(h200, dense) is None
     note = calibration_note(h200, moe) or ""
-    assert note.startswith("H200: the simulator put 12 of 18 published vLLM runs of model classes models"), note
+    assert note.startswith("H200: the simulator put 13 of 18 published vLLM runs of model classes models"), note
     assert calibration_note(a100) is None and calibration_note(a100, dense) is None
     assert "10 of 18" in (calibration_note(a100, moe) or "")
     a100_dense = published_judgement("A100-80GB", "dense")

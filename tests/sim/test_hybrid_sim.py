@@ -162,7 +162,10 @@ def test_every_window_ran_no_warm_up_and_stalled_on_the_first_request() -> None:
 
 
 def test_granite_4_0_h_tiny_window(rows) -> None:
-    """Measured: output tok/s +41.8% (3,401 against 2,398.71), TPOT -8.7%, mean TTFT -79.1% since the router's
+    """Measured: output tok/s +29.1% (3,097 against 2,398.71), TPOT -3.7%, mean TTFT -67.4% since its compiled
+    steps above the largest capture size pay the CPU of its MoE pieces with a shared expert
+    (``PerfModel.forward_cpu_s``, read off the Qwen3.5 shape's trace, 2026-12-07; the Mamba2 mixers' own CPU is
+    not timed, not priced); +41.8 / -8.7 / -79.1% since the router's
     measured kernels replaced the fitted MoE floor where the experts stream at the kernel's measured rate
     (``_moe_tiles.MOE_ROUTER_KERNELS_S``, 2026-12-07); +47.0 / -12.4 / -78.5% before it (under the fused-MoE
     streaming rule); +50.8 / -14.8 / -78.6% before that; +61.5 / -19.5 / -82.3% before the simulator priced its
@@ -173,9 +176,9 @@ def test_granite_4_0_h_tiny_window(rows) -> None:
     simulated mean too."""
     r = rows[HYBRID_BENCH_STARTS[0]]
     assert r.real.preemptions == r.sim_preemptions == 0
-    assert 0.36 < r.throughput_error < 0.47, r.throughput_error
-    assert -0.14 < r.tpot_error < -0.04, r.tpot_error
-    assert -0.84 < r.ttft_error < -0.73, r.ttft_error
+    assert 0.24 < r.throughput_error < 0.34, r.throughput_error
+    assert -0.09 < r.tpot_error < 0.01, r.tpot_error
+    assert -0.73 < r.ttft_error < -0.62, r.ttft_error
 
 
 def test_nemotron_h_8b_window(rows) -> None:
@@ -197,17 +200,18 @@ def test_qwen3_next_12_layer_window_with_tritons_gated_delta_net_prefill(rows) -
     (``benchmarks/real_vllm/plan_2026_12_07_q3next12_triton_h100.json``: 2,842.5 tok/s, TTFT 352.7 ms, TPOT
     9.91 ms). Measured: 2,954.73 tok/s, TTFT 631.17 ms (p99 2,301.51: the first request's 4 s JIT stall), TPOT
     8.38 ms, no preemption; so -3.8% on throughput, +18.2% on TPOT (its decode steps priced slow), -44.1% on
-    TTFT. The KV pool as the 2026-12-06 start's: 4,351,676 tokens logged, 4,343,053 planned (-0.20%)."""
+    TTFT; -6.5 / +20.4 / -38.1% since a gated delta net's steps outside a FULL CUDA graph pay their forward's CPU
+    (``PerfModel.forward_cpu_s``, read off the 20-layer Qwen3.5 shape's trace, 2026-12-07). The KV pool as the 2026-12-06 start's: 4,351,676 tokens logged, 4,343,053 planned (-0.20%)."""
     r = rows[HYBRID_BENCH_STARTS[2]]
     assert r.real.preemptions == r.sim_preemptions == 0
-    assert -0.09 < r.throughput_error < 0.01, r.throughput_error
-    assert 0.13 < r.tpot_error < 0.23, r.tpot_error
-    assert -0.50 < r.ttft_error < -0.38, r.ttft_error
+    assert -0.11 < r.throughput_error < -0.02, r.throughput_error
+    assert 0.15 < r.tpot_error < 0.25, r.tpot_error
+    assert -0.44 < r.ttft_error < -0.32, r.ttft_error
     log = gzip.decompress((H100_CLASSES_FIXTURES / HYBRID_BENCH_STARTS[2] / "server.log.gz").read_bytes()).decode()
     assert "GPU KV cache size: 4,351,676 tokens" in log
 
 
-def test_qwen3_5_moe_20_layer_window_at_512_in_flight_is_simulated_fast(rows) -> None:
+def test_qwen3_5_moe_20_layer_window_at_512_in_flight_is_simulated_fast_by_less_since_its_trace(rows) -> None:
     """The Qwen3.5-35B-A3B shape at 20 of its 40 layers (15 gated-delta-net, 5 full attention; 256 experts, top-8),
     served 2026-12-07 on an H100 SXM with vLLM 0.26.0 (``--language-model-only``, Triton gated-delta-net prefill,
     vLLM's default 1,024 sequences), under the published H200 page's random burst: 1,024 / 128 tokens, 1,000
@@ -215,16 +219,20 @@ def test_qwen3_5_moe_20_layer_window_at_512_in_flight_is_simulated_fast(rows) ->
     (``benchmarks/real_vllm/plan_2026_12_07_q35moe20_h100.json``: 7,309.6 tok/s, TTFT 2,093.7 ms, TPOT 51.22 ms).
     Measured: 4,863.03 tok/s, TTFT 3,871.01 ms, TPOT 71.24 ms, no preemption: simulated +50.3% fast, TPOT -28.1%,
     TTFT -45.9% (+50.2%, TPOT and TTFT unchanged, since a prefilling sequence's partial FLA chunk is priced:
-    ``perf_hybrid.gdn_partial_chunk_bytes``; at 0.26.0 no decode takes the chunked path). The published page's miss (gpustack_qwen3_5_35b_a3b.yaml: +32.1% on this burst at vLLM 0.17.1 on
+    ``perf_hybrid.gdn_partial_chunk_bytes``; at 0.26.0 no decode takes the chunked path). Since the same start's
+    flags were traced (``2026-12-07_q35moe20tri_prof_u09_default``) and a step outside a FULL CUDA graph pays its
+    forward's CPU (``PerfModel.forward_cpu_s``, read off that trace: not held out from this window's shape and load):
+    +28.7%, TPOT -16.3%, TTFT -35.1%; its mixed steps are priced 103 ms against 95-107 ms unprofiled, and the rest
+    of the miss is the real window's stalls (its progress lines: 3 s with 5 completions at 21-24 s). The published page's miss (gpustack_qwen3_5_35b_a3b.yaml: +32.1% on this burst at vLLM 0.17.1 on
     an H200) is reproduced on another GPU and release; its routed experts are priced within 0.84-0.95 of their
     timed kernel (tests/sim/test_moe_probe.py), so the missing time is elsewhere in the step. KV: 2,448,663 tokens
     logged, 2,425,576 planned before it ran (-0.94%: the two-block vision tower vLLM did not load counted), 2,453,131
     with the planner's ``language_model_only`` (+0.18%, tests/planner/test_vision_towers.py)."""
     r = rows[HYBRID_BENCH_STARTS[3]]
     assert r.real.preemptions == r.sim_preemptions == 0
-    assert 0.40 < r.throughput_error < 0.60, r.throughput_error
-    assert -0.35 < r.tpot_error < -0.20, r.tpot_error
-    assert -0.55 < r.ttft_error < -0.35, r.ttft_error
+    assert 0.23 < r.throughput_error < 0.34, r.throughput_error
+    assert -0.22 < r.tpot_error < -0.11, r.tpot_error
+    assert -0.41 < r.ttft_error < -0.29, r.ttft_error
     log = gzip.decompress((H100_CLASSES_FIXTURES / HYBRID_BENCH_STARTS[3] / "server.log.gz").read_bytes()).decode()
     assert "GPU KV cache size: 2,448,663 tokens" in log and "--language-model-only" in " ".join(
         json.loads((H100_CLASSES_FIXTURES / HYBRID_BENCH_STARTS[3] / "summary.json").read_text())["argv"])

@@ -27,8 +27,8 @@ from servetune.planner.modelinfo import load_model
 
 CLASSES = Path(__file__).resolve().parents[1] / "fixtures" / "real_h100_classes"
 PROFILED = sorted(p for p in class_windows(CLASSES) if p.parent.name.startswith("2026-12-07_"))
-#: MoE layers of each shape: 48 (Qwen3-30B-A3B), 16 (the cut Mixtral).
-LAYERS = {"q3moe": 48, "mx16": 16}
+#: MoE layers of each shape: 48 (Qwen3-30B-A3B), 16 (the cut Mixtral), 20 (the cut Qwen3.5-35B-A3B).
+LAYERS = {"q3moe": 48, "mx16": 16, "q35moe20tri": 20}
 #: The kernel probe's time of one Qwen3-30B-A3B FP8 layer at 128 tokens under uniform random routing
 #: (``tests/fixtures/real_h100/kernels/moe_probe_h100.json``, ``qwen3-30b-a3b_tp1_fp8``, configuration ``vllm``).
 FP8_LAYER_128_US = 245.9
@@ -57,9 +57,9 @@ def _ratio(group: list[StepRow]) -> float:
     return statistics.median(r.experts[1] for r in group) / statistics.median(r.experts[0] for r in group)
 
 
-def test_the_seven_profiled_windows_ran_on_an_h100_and_each_step_runs_two_expert_gemms_a_layer() -> None:
+def test_the_eight_profiled_windows_ran_on_an_h100_and_each_step_runs_two_expert_gemms_a_layer() -> None:
     assert sorted(_key(w) for w in PROFILED) == [
-        "mx16/p1024_o256_c256_prof", "q3moe/p1024_o256_c256_prof", "q3moe/p256_o1024_c128_prof",
+        "mx16/p1024_o256_c256_prof", "q35moe20tri/p1024_o128_c512_prof", "q3moe/p1024_o256_c256_prof", "q3moe/p256_o1024_c128_prof",
         "q3moe/p256_o1024_c16_prof", "q3moe/p256_o256_c1_prof", "q3moe_fp8/p1024_o256_c256_prof",
         "q3moe_fp8/p256_o1024_c128_prof"]
     for window in PROFILED:

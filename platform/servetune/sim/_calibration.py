@@ -107,6 +107,27 @@ class Calibration:
     piecewise_layer_s: float = 0.0001  # per layer of a mixed batch run as PIECEWISE graphs
     compiled_layer_overhead_s: float = 1.728e-05  # per layer of a batch above the largest capture size
     eager_layer_overhead_s: float = 0.0003786  # launch floor per layer, enforce_eager (Python launches)
+    # The engine thread's CPU of a step's forward outside a FULL CUDA graph, where the GPU work does not
+    # cover it (PerfModel.forward_cpu_s): vLLM launches a gated delta net's mixer (a graph-splitting op)
+    # eagerly, and a step above the largest capture size launches every compiled piece from Python. Read
+    # off vLLM's torch profiler on an H100 SXM, vLLM 0.26.0, the Qwen3.5-35B-A3B shape at 20 layers under
+    # 512 clients of 1,024 / 128 tokens (tests/fixtures/real_h100_classes/2026-12-07_q35moe20tri_prof_u09_default,
+    # 31 mixed steps of 8,192 tokens, medians; the unprofiled start of the same window ran such steps in
+    # 95-107 ms, the profiled ones in 109 ms); nothing fitted. Judged on the published Qwen3.5 and GLM-4.5-Air
+    # pages (docs/accuracy.md, "a hybrid's CPU-bound mixed steps").
+    gdn_mixer_cpu_s: float = 1.766e-3  # one gated-delta-net mixer call (vllm::qwen_gdn_attention_core)
+    # One compiled piece holding a MoE block with a shared expert (vllm::moe_forward_shared: routing,
+    # moe_align_block_size, two Triton fused_moe launches, the shared expert and its gate) in a step above
+    # the largest capture size; MoE blocks without a shared expert run another op, not timed: 0 for them.
+    shared_moe_piece_cpu_s: float = 2.364e-3
+    # A gated-delta-net hybrid's step with a prefill: its CPU before and after the forward (input and
+    # metadata preparation, sampling, the scheduler) ran 17.0 ms + 31.4 us a request over the trace's 31
+    # steps (239-512 requests), against engine_cpu_s's 2.4 ms + 11.2 us: the rest, per request, and the
+    # fixed 14.6 ms per prefill token of the steps' 7,827 (every traced step carried a full budget, so a
+    # fixed cost per step is not told apart from one per prefill token: this charges the prefill's tokens,
+    # which leaves small steps as they were).
+    gdn_prefill_request_cpu_s: float = 20.2e-6
+    gdn_prefill_token_cpu_s: float = 1.865e-6
     # 1: an enforce_eager step is CPU-bound (the rule since 2026-12-04's eager change: attention
     # adds to the launch floor, no engine CPU hides, the floor scales with api_cpu_factor); 0: the
     # step's whole GPU work hides the launches and the engine CPU hides as with CUDA graphs (the

@@ -151,6 +151,7 @@ if TYPE_CHECKING:
     from servetune.planner.gpus import GpuSpec
     from servetune.planner.engine_config import EngineConfig
     from servetune.planner.modelinfo import ModelProfile
+    from servetune.sim import perf_hybrid
 
 __all__ = ["Calibration", "FA2_KNOBS", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES", "PerfModel", "runs_flash_attention_2", "StepCost", "calibration_for", "moe_tile_share",
            "with_calibration", "wave_fill"]
@@ -284,6 +285,7 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         self._graph_s = cal.graph_launch_s + cal.full_graph_layer_s * layers
         self._piecewise_floor = cal.piecewise_layer_s * mixer_layers
         self._compiled_floor = cal.compiled_layer_overhead_s * layers
+        self._init_forward_cpu(model, hybrid, cal, tp * pp)
         self._eager_cpu_bound = cal.eager_cpu_bound >= 0.5
         # Launching is CPU work on the host, as the API server's is: the same factor.
         self._eager_floor = cal.eager_layer_overhead_s * layers * (cal.api_cpu_factor if self._eager_cpu_bound else 1.0)
@@ -320,6 +322,46 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         self.sampler_step_s = spass.kernels * cal.compiled_layer_overhead_s / KERNELS_PER_LAYER if spass else 0.0
         self._sampler_triton = bool(spass and spass.triton_mask)
         self._sampler_gpu = (model.vocab_size, gpu.sm_count or DEFAULT_SMS, BOOST_CLOCK_MHZ.get(gpu.name))
+
+    def _init_forward_cpu(self, model: ModelProfile, hybrid: perf_hybrid.HybridShape | None, cal: Calibration,
+                          workers: int) -> None:
+        """The terms of :meth:`forward_cpu_s` (all 0 but for gated-delta-net hybrids and MoE blocks with a
+        shared expert)."""
+        gdn = hybrid is not None and hybrid.kind == "gdn"
+        self._gdn_mixer_cpu = cal.gdn_mixer_cpu_s * hybrid.mamba_layers if gdn else 0.0
+        self._prefill_request_cpu = cal.gdn_prefill_request_cpu_s if gdn else 0.0
+        self._prefill_token_cpu = cal.gdn_prefill_token_cpu_s if gdn else 0.0
+        shared = self._moe is not None and model.shared_expert_intermediate_size > 0
+        self._moe_piece_cpu = cal.shared_moe_piece_cpu_s * self._moe.layers if shared else 0.0
+        # One GPU: vLLM's UniProcExecutor runs the forward on the engine core's own thread, after its
+        # scheduling (Calibration.idle_step_cpu); with several, each worker launches in its own process.
+        self._forward_on_core = workers == 1
+
+    def forward_cpu_s(self, num_reqs: int, num_tokens: int, prefill_tokens: int, decode_only: bool) -> float:
+        """The engine thread's CPU that a step's own forward needs outside a FULL CUDA graph, beyond the
+        launch floors the step's GPU time holds: a gated delta net's mixers run eagerly (graph-splitting ops),
+        a step above the largest capture size launches its MoE pieces from Python, and a hybrid's step with
+        ``prefill_tokens`` of prefill prepares more around its forward than the engine CPU charges
+        (``Calibration.gdn_mixer_cpu_s`` and the terms beside it). 0 for a decode batch replayed as one
+        graph, under ``enforce_eager`` (its own launch floor) and for the models none of these concern.
+        :meth:`step_time` lasts at least this, plus the engine CPU where one GPU runs the forward on the
+        engine core's thread.
+
+        Example (Qwen3-Next on one H200: 512 decodes in a graph, then 8 prefills filling an 8,192-token budget):
+            >>> from servetune.planner.gpus import get_gpu
+            >>> from servetune.planner.memory import resolve_engine_config
+            >>> from servetune.planner.modelinfo import load_model
+            >>> m, g = load_model("qwen3-next-80b-a3b"), get_gpu("H200")
+            >>> perf = PerfModel(m, g, resolve_engine_config({"max_num_batched_tokens": 8192}, m, g))
+            >>> round(1e3 * perf.forward_cpu_s(512, 512, 0, True), 1), round(1e3 * perf.forward_cpu_s(8, 8192, 8192, False), 1)
+            (0.0, 192.5)
+        """
+        if self.enforce_eager or (decode_only and num_tokens <= self.max_capture):
+            return 0.0
+        cpu = self._gdn_mixer_cpu + (self._moe_piece_cpu if num_tokens > self.max_capture else 0.0)
+        if prefill_tokens:
+            cpu += self._prefill_request_cpu * num_reqs + self._prefill_token_cpu * prefill_tokens
+        return cpu
 
     def padded(self, num_tokens: int) -> int:
         """The CUDA graph size a batch of ``num_tokens`` runs as (itself above the largest size)."""
@@ -438,4 +480,12 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         hidden = 0.0 if exposed else cpu * self._overlap
         if hidden > gpu:
             hidden = gpu
-        return gpu + cpu - hidden
+        step = gpu + cpu - hidden
+        forward = self.forward_cpu_s(num_reqs, num_tokens, (0 if decode_only else num_tokens) if prefill_tokens is None
+                                     else prefill_tokens, decode_only)
+        if forward:
+            # A forward whose launches outlast its GPU work sets the step (forward_cpu_s).
+            floor = forward + cpu if self._forward_on_core else forward
+            if floor > step:
+                return floor
+        return step
