@@ -50,6 +50,12 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   steps of that batch); a 24B decode step at 128 in flight with short contexts, GEMM-bound,
   22.6 ms against 16.6 ms of GPU work (the ``2026-12-04g`` host's trace of that load). The whole step's work
   hiding the launches (the rule until then) ran that host's prefill-heavy eager windows 12-28% fast.
+  Outside a FULL graph the engine thread also launches what no graph holds, and a gated-delta-net
+  hybrid's or a shared-expert MoE's forward can outlast its kernels: a step lasts at least
+  :meth:`PerfModel.forward_cpu_s` (its mixers run eagerly, its MoE pieces above the largest capture
+  size, a hybrid prefill's preparation; read off a profiler trace of the Qwen3.5-35B-A3B shape on an
+  H100, whose 8,192-token mixed steps ran 77 ms of kernels in a ~109 ms period), plus the engine CPU
+  where one GPU runs the forward on the engine core's thread.
 * TP adds two all-reduces per layer: ``latency + 2 (tp-1)/tp * activation bytes / bandwidth``, both
   by the host's interconnect (:func:`servetune.planner.comm.allreduce_cost`: NVLink and PCIe with
   P2P at the calibrated knobs and the link's rate; without GPU P2P, NCCL's SHM path through host
