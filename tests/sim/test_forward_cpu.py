@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from _fidelity import HOST_MODELS, serving_flags  # noqa: E402
-from real_vllm.trace_steps import window_steps  # noqa: E402
-from steps_vs_sim import step_batch  # noqa: E402
+from _fidelity import HOST_MODELS, serving_flags
+from real_vllm.trace_steps import window_steps
+from steps_vs_sim import step_batch
 
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
