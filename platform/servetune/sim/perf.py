@@ -333,13 +333,12 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
                           workers: int) -> None:
         """The terms of :meth:`forward_cpu_s` (all 0 but for gated-delta-net hybrids and MoE blocks with a
         shared expert)."""
-        gdn = hybrid is not None and hybrid.kind == "gdn"
-        self._gdn_mixer_cpu = cal.gdn_mixer_cpu_s * hybrid.mamba_layers if hybrid is not None and gdn else 0.0
+        gdn = hybrid if hybrid is not None and hybrid.kind == "gdn" else None
+        self._gdn_mixer_cpu = cal.gdn_mixer_cpu_s * gdn.mamba_layers if gdn else 0.0
         self._prefill_request_cpu = cal.gdn_prefill_request_cpu_s if gdn else 0.0
         self._prefill_token_cpu = cal.gdn_prefill_token_cpu_s if gdn else 0.0
-        moe = self._moe
-        shared = moe is not None and model.shared_expert_intermediate_size > 0
-        self._moe_piece_cpu = cal.shared_moe_piece_cpu_s * moe.layers if moe is not None and shared else 0.0
+        shared = self._moe if self._moe is not None and model.shared_expert_intermediate_size > 0 else None
+        self._moe_piece_cpu = cal.shared_moe_piece_cpu_s * shared.layers if shared else 0.0
         # One GPU: vLLM's UniProcExecutor runs the forward on the engine core's own thread, after its
         # scheduling (Calibration.idle_step_cpu); with several, each worker launches in its own process.
         self._forward_on_core = workers == 1
