@@ -16,7 +16,9 @@ from steps_vs_sim import step_batch
 from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
-from servetune.sim import PerfModel
+from servetune.sim import FORWARD_BOUND_SHARE, PerfModel, SimScheduler, simulate, with_calibration
+from servetune.sim.moe_jit import TritonCache
+from servetune.workload import Workload
 
 WINDOW = (Path(__file__).resolve().parents[1] / "fixtures" / "real_h100_classes"
           / "2026-12-07_q35moe20tri_prof_u09_default" / "p1024_o128_c512_prof")
@@ -104,3 +106,52 @@ def test_one_gpu_adds_the_engine_cpu_and_several_do_not() -> None:
     assert forward > two.gpu_time(**args)  # the forward's launches outlast the TP=2 GPU work
     assert one.step_time(**args) == pytest.approx(forward + one.engine_cpu_s(300))
     assert two.step_time(**args) == pytest.approx(two.forward_cpu_s(300, 8192, 7892, False))
+
+
+def _prefill_heavy() -> Workload:
+    return Workload.from_dict({"input_len": 1024, "output_len": 16, "num_requests": 256, "concurrency": 256})
+
+
+def test_a_simulation_counts_the_steps_its_forward_cpu_paced_and_says_so() -> None:
+    """Qwen3-Next at TP=2 on H200s, prefill-heavy: most of the engine's time goes to 8,192-token mixed steps whose
+    launches outlast their kernels (``PerfModel.forward_floor_s``). The simulation counts those steps' time
+    (``SimScheduler.forward_bound_s``) and its result carries one note saying the host's CPU moves the figure; with
+    the forward's CPU priced at nothing, no step is counted and no note is printed."""
+    model, gpu = load_model("qwen3-next-80b-a3b"), get_gpu("H200")
+    config = resolve_engine_config({"tensor_parallel_size": 2, "max_num_batched_tokens": 8192}, model, gpu)
+    result = simulate(model, gpu, config, _prefill_heavy())
+    paced = [n for n in result.notes if n.startswith("The forward's CPU paced")]
+    assert result.ok and len(paced) == 1, result.notes
+    share = int(paced[0].split("paced ")[1].split("%")[0])
+    assert 100 * FORWARD_BOUND_SHARE <= share <= 100
+    free = with_calibration(gpu, {"gdn_mixer_cpu_s": 0.0, "gdn_prefill_request_cpu_s": 0.0,
+                                  "gdn_prefill_token_cpu_s": 0.0, "shared_moe_piece_cpu_s": 0.0})
+    unpaced = simulate(model, free, config, _prefill_heavy())
+    assert not any(n.startswith("The forward's CPU paced") for n in unpaced.notes)
+    assert unpaced.duration_s < result.duration_s  # the paced steps were longer than their GPU work
+
+
+def test_the_tally_is_the_steps_that_last_exactly_their_forward_floor() -> None:
+    """The scheduler's tally against the rule, step by step: a step counts where it lasts its forward's floor
+    (no fused-MoE variant compiled on first use: a complete Triton cache), and the tally never exceeds the
+    engine's step time. A dense model's forward needs no CPU beyond its launch floors: nothing is counted."""
+    model, gpu = load_model("qwen3-next-80b-a3b"), get_gpu("H200")
+    config = resolve_engine_config({"tensor_parallel_size": 2, "max_num_batched_tokens": 8192}, model, gpu)
+    perf = PerfModel(model, gpu, config)
+    sched = SimScheduler(model, gpu, config, 20_000, perf=perf, triton_cache=TritonCache(complete=True))
+    for i in range(24):
+        sched.add_request(f"r{i}", 1024, 16, 0.0)
+    paced = total = 0.0
+    while sched.has_work():
+        step = sched.step()
+        if not step.duration_s:
+            continue
+        floor = perf.forward_floor_s(len(step.new_tokens), step.prefill_tokens + step.decode_tokens,
+                                     step.prefill_tokens, step.prefill_tokens == 0)
+        total += step.duration_s
+        paced += step.duration_s if floor and step.duration_s == floor else 0.0
+    assert 0 < paced <= total
+    assert sched.forward_bound_s == pytest.approx(paced)
+    dense = load_model("qwen3-8b")
+    result = simulate(dense, gpu, resolve_engine_config({}, dense, gpu), _prefill_heavy())
+    assert result.ok and not any(n.startswith("The forward's CPU paced") for n in result.notes)

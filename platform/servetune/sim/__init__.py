@@ -18,7 +18,8 @@ from servetune.sim._calibration import (FA2_KNOBS, GPU_CALIBRATION, GPU_FAMILY_O
 from servetune.sim.chat_templates import CHAT_TEMPLATE_PARSE_SHARE, chat_template_parse_share
 from servetune.sim.client import LoadClient
 from servetune.sim.engine import simulate
-from servetune.sim.host_cpu import FRONTEND_BOUND_SHARE, api_cpu_factor_for_token_cost, frontend_bound_note, host_api_cpu_factor
+from servetune.sim.host_cpu import (FORWARD_BOUND_SHARE, FRONTEND_BOUND_SHARE, api_cpu_factor_for_token_cost, forward_bound_note,
+                                    frontend_bound_note, host_api_cpu_factor)
 from servetune.sim.perf import PerfModel, StepCost
 from servetune.sim.perf_hybrid import hybrid_note
 from servetune.sim.request import RequestState
@@ -26,5 +27,5 @@ from servetune.sim.scheduler import SchedulerOutput, SimScheduler, StepResult
 
 __all__ = ["simulate", "SimScheduler", "SchedulerOutput", "StepResult", "RequestState", "LoadClient",
            "PerfModel", "Calibration", "FA2_KNOBS", "GPU_CALIBRATION", "GPU_FAMILY_OVERRIDES", "StepCost", "calibration_for", "runs_flash_attention_2", "with_calibration",
-           "FRONTEND_BOUND_SHARE", "frontend_bound_note", "CHAT_TEMPLATE_PARSE_SHARE", "chat_template_parse_share", "host_api_cpu_factor", "api_cpu_factor_for_token_cost",
+           "FORWARD_BOUND_SHARE", "forward_bound_note", "FRONTEND_BOUND_SHARE", "frontend_bound_note", "CHAT_TEMPLATE_PARSE_SHARE", "chat_template_parse_share", "host_api_cpu_factor", "api_cpu_factor_for_token_cost",
            "hybrid_note"]

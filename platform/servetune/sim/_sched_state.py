@@ -65,6 +65,8 @@ class SchedulerState:
     kv_usage_peak: float
     _kv_area: float
     _kv_time: float
+    forward_bound_s: float
+    _forward_priced: bool
     # The bulk decoders.
     bulk_decode: bool
     num_bulk_steps: int

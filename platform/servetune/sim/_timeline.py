@@ -134,10 +134,15 @@ class StepTimeline(SchedulerState):
     def _duration(self, out: SchedulerOutput | Tally, gpu_idle: bool = False) -> float:
         """The step's time: its kernels and engine CPU (all of it visible after an idle GPU under
         async scheduling, ``PerfModel.step_time``), and any fused-MoE kernel variant it is the
-        first to launch on this server (``sim.moe_jit.first_use_s``)."""
-        return self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work,
-                                   out.prefill_tokens == 0, out.prefill_tokens, out.prefill_context,
-                                   out.prefill_attn, gpu_idle) + first_use_s(self.moe_jit, self.triton_cache, out.num_tokens)
+        first to launch on this server (``sim.moe_jit.first_use_s``). A step its forward's CPU paced adds its
+        time to ``forward_bound_s``."""
+        decode_only = out.prefill_tokens == 0
+        step = self.perf.step_time(out.num_reqs, out.num_tokens, out.kv_context, out.attn_work, decode_only,
+                                   out.prefill_tokens, out.prefill_context, out.prefill_attn, gpu_idle)
+        if self._forward_priced and step == self.perf.forward_floor_s(out.num_reqs, out.num_tokens, out.prefill_tokens,
+                                                                       decode_only):
+            self.forward_bound_s += step  # the forward's CPU set this step (PerfModel.forward_floor_s)
+        return step + first_use_s(self.moe_jit, self.triton_cache, out.num_tokens)
 
     def update_from_output(self, out: SchedulerOutput, duration: float, decoding: int = 0) -> list[SimRequest]:
         """The step ran for ``duration``: sample its tokens, hand them to the API server, finish the

@@ -35,7 +35,7 @@ from servetune.result import TrialResult, TrialStatus, summarize
 from servetune.sim import vllm_log
 from servetune.sim._moe_tiles import unaligned_experts_note
 from servetune.sim.client import LoadClient
-from servetune.sim.host_cpu import FRONTEND_BOUND_SHARE, frontend_bound_note
+from servetune.sim.host_cpu import FORWARD_BOUND_SHARE, FRONTEND_BOUND_SHARE, forward_bound_note, frontend_bound_note
 from servetune.sim.perf import PerfModel
 from servetune.sim.perf_hybrid import hybrid_note
 from servetune.sim.scheduler import SimScheduler, mamba_pool_note
@@ -111,7 +111,8 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         kv_cache_usage_peak=sched.kv_usage_peak, kv_cache_usage_mean=sched.kv_usage_mean,
         requests=records, api_server_cpu_s=sched.frontend_busy_s - client.busy_at_t0,
     )
-    result.notes = figure_notes(model, gpu, config, result.api_server_busy or 0.0, perf.api_cpu_factor)
+    result.notes = figure_notes(model, gpu, config, result.api_server_busy or 0.0, perf.api_cpu_factor,
+                                sched.forward_bound_share)
     # The rate vLLM logs at the window's end: its most recent 1000 lookups, the warm-up's left out
     hit_rate = 100.0 * (sched.logged_hit_rate(client.lookups_at_t0) or 0.0)
     result.log_text = startup_log + vllm_log.run_log_text(
@@ -186,10 +187,11 @@ def simulate_data_parallel(model: ModelProfile, gpu: GpuSpec, config: EngineConf
 
 
 def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_server_busy: float,
-                 api_cpu_factor: float) -> list[str]:
+                 api_cpu_factor: float, forward_bound: float = 0.0) -> list[str]:
     """Where a served trial's simulated figures are least sure, one line each, in the order ``servetune
     simulate`` prints them (:attr:`TrialResult.notes`; the one place that produces them): an
-    all-reduce priced as the calibrated custom kernel, an API server that set the pace, MoE experts
+    all-reduce priced as the calibrated custom kernel, an API server that set the pace, a forward whose
+    CPU paced ``forward_bound`` of the steps' time (``SimScheduler.forward_bound_share``), MoE experts
     of a width the fused-MoE kernel runs slowly, a GPU no real vLLM run has judged, a Mamba / gated-delta-net hybrid's recurrent layers, a Mamba pool
     counted short under prefix caching.
 
@@ -206,6 +208,8 @@ def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_se
     notes = [nccl_small_message_note(gpu, config.tensor_parallel_size, config.disable_custom_all_reduce)]
     if api_server_busy >= FRONTEND_BOUND_SHARE:
         notes.append(frontend_bound_note(api_server_busy, api_cpu_factor))
+    if forward_bound >= FORWARD_BOUND_SHARE:
+        notes.append(forward_bound_note(forward_bound))
     notes.append(unaligned_experts_note(model, gpu, config.tensor_parallel_size, config.version,
                                         config.data_parallel_size))
     notes += [calibration_note(gpu, model), hybrid_note(model), mamba_pool_note(model, config)]

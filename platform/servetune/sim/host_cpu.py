@@ -1,21 +1,44 @@
-"""What a simulated figure says about the host's CPU: the API server's share, and the host's factor.
+"""What a simulated figure says about the host's CPU: the API server's share, the engine thread's, and the host's factor.
 
 vLLM's API server is one process; from half busy the modelled CPU bounds the figure, so the
 result says so (:func:`frontend_bound_note`), and one real window gives the host's own factor
-(:func:`host_api_cpu_factor`) to simulate the rest with.
+(:func:`host_api_cpu_factor`) to simulate the rest with. Where the engine thread's launches of a
+forward outlast its kernels (``PerfModel.forward_floor_s``) for a good share of the steps' time, the
+result says that too (:func:`forward_bound_note`).
 """
 
 from __future__ import annotations
 
 from servetune.result import TrialResult
 
-__all__ = ["FRONTEND_BOUND_SHARE", "frontend_bound_note", "host_api_cpu_factor", "api_cpu_factor_for_token_cost"]
+__all__ = ["FORWARD_BOUND_SHARE", "FRONTEND_BOUND_SHARE", "forward_bound_note", "frontend_bound_note", "host_api_cpu_factor",
+           "api_cpu_factor_for_token_cost"]
 
 #: The modelled API server's busy share of the measured window from which a simulated figure is
 #: flagged as hostage to the host's CPU. Real H200 hosts paid 1.0-2.1x the modelled CPU per streamed
 #: token (56-116 us against 54; the 2.1x in five decode-heavy 8B windows of 2026-12-02, in no fit,
 #: which ran the API server 97-100% busy), so from half busy here a slow host's API server bounds it.
 FRONTEND_BOUND_SHARE = 0.5
+
+
+#: The share of the engine's step time spent in steps its forward's CPU paced (``SimScheduler.forward_bound_share``)
+#: from which a simulated figure says it depends on the host's CPU: from a quarter, a host whose cores run the
+#: forward's Python 10% slower or faster than the traced one moves the figure by a few percent.
+FORWARD_BOUND_SHARE = 0.25
+
+
+def forward_bound_note(share: float) -> str:
+    """What a simulated result whose forward's CPU paced ``share`` of its engine's step time says about itself.
+
+    Example:
+        >>> forward_bound_note(0.6)[:48]
+        "The forward's CPU paced 60% of the engine's step"
+    """
+    return (f"The forward's CPU paced {100 * share:.0f}% of the engine's step time: on those steps the GPU waited "
+            "for the engine thread, which launches a gated-delta-net hybrid's mixers eagerly and, above the largest "
+            "CUDA-graph capture size, a shared-expert MoE block's pieces from Python. That CPU was read off one "
+            "H100 SXM host at vLLM 0.26.0 (docs/accuracy.md): a host with faster cores serves this load faster, "
+            "a slower one slower; decode steps within the capture sizes replay as graphs and pay none of it")
 
 
 def frontend_bound_note(busy: float, api_cpu_factor: float = 1.0) -> str:

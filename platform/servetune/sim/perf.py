@@ -487,11 +487,24 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         if hidden > gpu:
             hidden = gpu
         step = gpu + cpu - hidden
-        forward = self.forward_cpu_s(num_reqs, num_tokens, (0 if decode_only else num_tokens) if prefill_tokens is None
-                                     else prefill_tokens, decode_only)
-        if forward:
-            # A forward whose launches outlast its GPU work sets the step (forward_cpu_s).
-            floor = forward + cpu if self._forward_on_core else forward
-            if floor > step:
-                return floor
-        return step
+        # A forward whose launches outlast its GPU work sets the step (forward_cpu_s).
+        floor = self.forward_floor_s(num_reqs, num_tokens, prefill_tokens, decode_only)
+        return floor if floor > step else step
+
+    def forward_floor_s(self, num_reqs: int, num_tokens: int, prefill_tokens: int | None, decode_only: bool) -> float:
+        """The least a step lasts by its forward's CPU: :meth:`forward_cpu_s`, plus the engine CPU where one GPU
+        runs the forward on the engine core's thread; 0 where the forward needs no CPU beyond its launch floors.
+        :meth:`step_time` is the larger of this and the step's GPU time with its visible engine CPU, so a step
+        lasting exactly this long was paced by the CPU (``SimScheduler.forward_bound_s`` counts those).
+        ``prefill_tokens`` None: every token of a step that is not ``decode_only`` (as :meth:`gpu_cost`)."""
+        if prefill_tokens is None:
+            prefill_tokens = 0 if decode_only else num_tokens
+        forward = self.forward_cpu_s(num_reqs, num_tokens, prefill_tokens, decode_only)
+        if not forward:
+            return 0.0
+        return forward + self.engine_cpu_s(num_reqs) if self._forward_on_core else forward
+
+    @property
+    def forward_priced(self) -> bool:
+        """Whether any step of this model can be paced by its forward's CPU (:meth:`forward_cpu_s` not always 0)."""
+        return bool(self._gdn_mixer_cpu or self._moe_piece_cpu or self._prefill_token_cpu) and not self.enforce_eager

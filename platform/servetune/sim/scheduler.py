@@ -141,6 +141,9 @@ class SimScheduler(StepTimeline, BulkDecode, Admission):
         self.kv_usage_peak = 0.0
         self._kv_area = 0.0  # integral of usage over time, for the time-weighted mean
         self._kv_time = 0.0
+        #: Seconds of steps whose forward's CPU, not the GPU, set their length (PerfModel.forward_floor_s).
+        self.forward_bound_s = 0.0
+        self._forward_priced = self.perf.forward_priced
         self.step_end_s = array.array("d")  # end time of every step, by index
         # When clients receive each step's tokens (NaN until the API server has delivered them).
         self.deliver_s = array.array("d")
@@ -198,6 +201,11 @@ class SimScheduler(StepTimeline, BulkDecode, Admission):
     @property
     def kv_usage_mean(self) -> float:
         return self._kv_area / self._kv_time if self._kv_time > 0 else 0.0
+
+    @property
+    def forward_bound_share(self) -> float:
+        """The share of the engine's step time spent in steps its forward's CPU paced (:attr:`forward_bound_s`)."""
+        return self.forward_bound_s / self._kv_time if self._kv_time > 0 else 0.0
 
     @property
     def frontend_busy_s(self) -> float:
