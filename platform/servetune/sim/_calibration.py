@@ -125,7 +125,7 @@ class Calibration:
     # steps (239-512 requests), against engine_cpu_s's 2.4 ms + 11.2 us: the rest, per request, and the
     # fixed 14.6 ms spread over the steps' 7,827 prefill tokens (every traced step carried a full budget, so
     # a cost per step is not told apart from one per prefill token: this charges the prefill's tokens, which
-    # leaves small steps as they were; benchmarks/real_vllm/plan_2026_12_07_cpu_prof_h100.json would tell).
+    # leaves small steps as they were; benchmarks/real_vllm/plan_2026_12_07_q35_prof.json would tell).
     gdn_prefill_request_cpu_s: float = 20.2e-6
     gdn_prefill_token_cpu_s: float = 1.865e-6
     # 1: an enforce_eager step is CPU-bound (the rule since 2026-12-04's eager change: attention
