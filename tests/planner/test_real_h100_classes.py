@@ -94,11 +94,12 @@ def test_the_evidence_is_all_there() -> None:
                       "2026-12-06_q3moe_u098_nopc_default", "2026-12-06_q3moe_u099_nopc_default",
                       "2026-12-06_q3next12_u09_s256_mbt8192", "2026-12-07_g2_u095_s54", "2026-12-07_g2_u09_s512",
                       "2026-12-07_mx16_prof_u09_s256_mbt8192", "2026-12-07_q35moe20tri_lmo_u09_default",
-                      "2026-12-07_q35moe20tri_prof_u09_default",
+                      "2026-12-07_q35moe20tri_prof_small_u09_default", "2026-12-07_q35moe20tri_prof_u09_default",
                       "2026-12-07_q3moe_fp8_prof_u09_s256_mbt8192", "2026-12-07_q3moe_prof_b_u09_s256_mbt8192",
+                      "2026-12-07_q3moe_prof_c_u09_s256_mbt8192",
                       "2026-12-07_q3moe_prof_u09_s256_mbt8192", "2026-12-07_q3next12tri_u09_s256_mbt8192"]
     windows, not_whole, size = evidence_at_a_glance(FIXTURES)
-    assert windows == 46  # 38 measured, 8 profiled (2026-12-07_*_prof: steps, not pace; tests/sim/test_steps_moe.py)
+    assert windows == 50  # 38 measured, 12 profiled (2026-12-07_*_prof: steps, not pace; tests/sim/test_steps_moe.py)
     assert not_whole == []
     assert size < 22 << 20, size
 

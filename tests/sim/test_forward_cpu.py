@@ -155,3 +155,53 @@ def test_the_tally_is_the_steps_that_last_exactly_their_forward_floor() -> None:
     dense = load_model("qwen3-8b")
     result = simulate(dense, gpu, resolve_engine_config({}, dense, gpu), _prefill_heavy())
     assert result.ok and not any(n.startswith("The forward's CPU paced") for n in result.notes)
+
+
+SMALL = WINDOW.parents[1] / "2026-12-07_q35moe20tri_prof_small_u09_default"
+
+
+def _traced(window: Path) -> tuple[PerfModel, list[dict]]:
+    summary = json.loads((window / "summary.json").read_text())
+    model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H100-80GB")
+    return PerfModel(model, gpu, resolve_engine_config(serving_flags(summary["flags"]), model, gpu)), \
+        window_steps(window)["steps"]
+
+
+def test_small_mixed_steps_above_the_capture_size_pay_the_preparation_per_token_not_per_step() -> None:
+    """The plan that asked it (benchmarks/real_vllm/plan_2026_12_07_q35_prof.json, its prices written before the run):
+    the same shape's small mixed steps, traced on another H100 SXM. Two were caught above the largest capture size,
+    1,537 tokens (4 prefills, 1 decode) and 4,229 (11 prefills, 5 decodes): 68.1 and 70.2 ms from start to start,
+    22.1 and 40.8 ms of it kernels. Priced 79.2 and 84.5 ms (+16%, +20%: their mixers and MoE pieces ran 1.37-1.43 and
+    1.73-1.83 ms of CPU where the full budgets' ran 1.766 and 2.364); a preparation charged per step (14.6 ms) instead
+    of per prefill token would price them about 11 and 7 ms higher still, so the per-token charge stands."""
+    perf, steps = _traced(SMALL / "p384_o64_c16_prof")
+    caught = [(s, (after["cpu_ts_us"] - s["cpu_ts_us"]) / 1e3) for s, after in zip(steps, steps[1:])
+              if s["ctx_tokens"] and s["tokens"] > perf.max_capture]
+    assert [s["tokens"] for s, _ in caught] == [1537, 4229]
+    for step, period_ms in caught:
+        batch = step_batch(step)
+        priced = 1e3 * perf.step_time(**batch)
+        per_token = 1e3 * perf._prefill_token_cpu * batch["prefill_tokens"]
+        per_step = priced - per_token + 14.6
+        assert 1.1 < priced / period_ms < 1.25, (step["tokens"], priced, period_ms)
+        assert per_step > priced + 5.0
+
+
+def test_decodes_of_200_the_gdn_state_and_the_experts_against_their_kernels() -> None:
+    """40 decode steps of 200 at ~1,000-1,250 tokens of context on the same H100 (the load of the H200's held-out
+    Qwen3.5 burst of 200, whose decode step is priced 33.0 ms for the whole model): 18.45 ms of kernels in a ~18.8 ms
+    period (GPU-bound), priced 19.63 ms of GPU (+6.4%). The gated-delta-net decode kernel ran 4.24 ms over the 15
+    layers, 1.41 us a request and layer, as at 512 decodes in the full-budget window (10.85 ms); the simulator's
+    state traffic 4.97 ms (+17%). The routed experts' kernels 10.93 ms, priced 12.11 (+10.8%)."""
+    perf, steps = _traced(SMALL / "p1000_o256_c200_prof")
+    decodes = [s for s in steps if s["tokens"] == 200 and not s["ctx_tokens"]]
+    assert len(decodes) == 40
+    names = window_steps(SMALL / "p1000_o256_c200_prof")["names"]
+    gdn = statistics.median(sum(k[2] for k in s["kernels"] if names[k[0]].startswith("fused_recurrent_gated_delta"))
+                            for s in decodes) / 1e3
+    assert gdn / (200 * 15) * 1e3 == pytest.approx(1.41, abs=0.02)
+    busy = statistics.median(s["gpu_busy_us"] for s in decodes) / 1e3
+    priced = 1e3 * statistics.median(perf.gpu_time(**step_batch(s)) for s in decodes)
+    assert 1.03 < priced / busy < 1.1, (priced, busy)
+    state = 1e3 * perf.recurrent_seconds(200, 0, 0)
+    assert 1.1 < state / gdn < 1.25, (state, gdn)
