@@ -18,6 +18,12 @@ priced (``perf_hybrid.gdn_partial_chunk_bytes``, read in vLLM 0.17.1's source af
 +32.8 / +32.1 / +12.5 / -17.1% -> +30.0 / +28.7 / +12.3 / -17.2%, still 0 of 4 (TTFT -71.1 / -47.1 / +1.1 / +16.1%
 -> -70.5 / -45.9 / +1.3 / +16.9%, 2 of 4 within 25%). The recurrent state's decode read and write was checked against
 published kernel timings and left as priced (docs/accuracy.md, "A prefilling sequence's partial chunk").
+Re-recorded 2026-12-07 with the forward's CPU outside a FULL CUDA graph (``PerfModel.forward_cpu_s``, read off a
+profiler trace of the 20-layer shape on an H100 after these errors): +30.0 / +28.7 / +12.3 / -17.2% -> +13.3 / +22.4 /
++7.8 / -18.5%, 1 of 4. Re-recorded 2026-12-07 with a decoding request's gated-delta-net state at the share of HBM
+vLLM's packed decode kernel was timed at on an H100 (``Calibration.gdn_decode_state_efficiency`` 0.888, the same
+shape's decodes of 200 and 512; nothing fitted on a run): +13.3 / +22.4 / +7.8 / -18.5% -> +14.8 / +23.5 / +7.8 /
+-16.7%, still 1 of 4, TTFT unchanged.
 """
 
 from __future__ import annotations

@@ -45,6 +45,9 @@ sequence and ``fwd_o`` reads it, so a decode a mixed step sends through the chun
 1/64 of one; read in vLLM 0.17.1's source after these errors, nothing fitted): the ShareGPT runs -1.1% to +11.4%
 -> -4.8% to +8.6%, the random runs +5.5% and +1.0% -> +3.1% and -0.1%; within 10% on 14 -> 15 of 15 (mean
 |error| 6.8% -> 4.7%); TTFT within 25% on 5 -> 6 of 15 (the file recorded 5 before).
+Re-recorded 2026-12-07 with a decoding request's gated-delta-net state at the share of HBM vLLM's packed decode
+kernel was timed at (``Calibration.gdn_decode_state_efficiency``, an H100 trace of the Qwen3.5-35B-A3B shape; nothing
+fitted on a run): 15 of 15 within 10% still, -5.6% .. +6.6% -> -4.5% .. +8.4% (each run +0.9 to +1.9 points).
 """
 
 from __future__ import annotations

@@ -126,6 +126,14 @@ class Calibration:
     # fixed 14.6 ms spread over the steps' 7,827 prefill tokens (every traced step carried a full budget, so
     # a cost per step is not told apart from one per prefill token: this charges the prefill's tokens, which
     # leaves small steps as they were; benchmarks/real_vllm/plan_2026_12_07_q35_prof.json would tell).
+    # A gated delta net's decoding request: its SSM state read and written by vLLM's packed decode kernel
+    # (fused_recurrent_gated_delta_rule_packed_decode_kernel, vLLM 0.26.0), as a share of the GPU's HBM bandwidth.
+    # Timed on an H100 SXM in the 20-layer Qwen3.5-35B-A3B shape, 1.41 us a request and layer (2 MiB of fp32 state
+    # each way: 2.97 TB/s) at 200 decodes and at 512 alike
+    # (tests/fixtures/real_h100_classes/2026-12-07_q35moe20tri_prof_small_u09_default/p1000_o256_c200_prof and
+    # 2026-12-07_q35moe20tri_prof_u09_default/p1024_o128_c512_prof, medians over 40 and 3 steps); nothing fitted on a
+    # run. Other GPUs take the same share, not timed there. 0: mem_efficiency (the rule before 2026-12-07).
+    gdn_decode_state_efficiency: float = 0.888
     gdn_prefill_request_cpu_s: float = 20.2e-6
     gdn_prefill_token_cpu_s: float = 1.865e-6
     # 1: an enforce_eager step is CPU-bound (the rule since 2026-12-04's eager change: attention
@@ -208,6 +216,7 @@ _CHECKED_KNOBS: dict[str, tuple[Callable[[float], bool], str]] = {
     "attn_layer_s": (lambda v: v >= 0.0, "seconds per layer: 0 or more"),
     "gemm_token_tile": (lambda v: 0 <= v <= 256 and v == int(v), "a whole number of tokens, 0 (off) to 256"),
     "kv_write_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of HBM bandwidth between 0 and 1 (0: mem_efficiency)"),
+    "gdn_decode_state_efficiency": (lambda v: 0.0 <= v <= 1.0, "a share of HBM bandwidth between 0 and 1 (0: mem_efficiency)"),
     "moe_compute_share": (lambda v: 0.0 <= v <= 1.0, "a share of the dense GEMM rate, at most 1 (0: the fitted one)"),
     "moe_mem_share": (lambda v: 0.0 < v <= 1.0, "a share of the dense weight-streaming rate: above 0, at most 1"),
     "class_rules": (lambda v: v in (0.0, 1.0), "1 (the model-class rules) or 0 (the rule before them)"),

@@ -35,9 +35,11 @@ class RecurrentTerms:
         per prefilling request its initial state read and final state written (a gated delta net's SSM state
         also gathered and scattered around its chunked kernel), per decode token the
         mixer's activations, per prefill token conv1d, the gated norm and the chunked scan's kernels,
-        each a roofline of its bytes (``mem_efficiency``) and FLOPs (the dense rate, ``compute_efficiency``).
+        each a roofline of its bytes (``mem_efficiency``) and FLOPs (the dense rate, ``compute_efficiency``); a
+        gated delta net's decoding request's state at ``gdn_decode_state_efficiency``, where that kernel was timed.
         The element-wise kernels are the dense rule's per layer, the MLP's share on the layers with one."""
-        self._t_state = self._t_mamba_decode_token = self._t_mamba_prefill_token = self._t_chunk_copies = 0.0
+        self._t_state = self._t_decode_state = self._t_mamba_decode_token = self._t_mamba_prefill_token = 0.0
+        self._t_chunk_copies = 0.0
         self._t_partial_chunk = 0.0
         self._mixed_all_chunked = False
         rules = memory_rules(config.version)
@@ -46,8 +48,12 @@ class RecurrentTerms:
             return None
         n = hybrid.mamba_layers
         flop_rate = gpu.bf16_tflops * 1e12 * cal.compute_efficiency
-        self._t_state = 2.0 * hybrid.state_bytes * n / mem_rate
+        self._t_state = self._t_decode_state = 2.0 * hybrid.state_bytes * n / mem_rate
         if hybrid.kind == "gdn":
+            # A decoding request's state through vLLM's packed decode kernel, at the share of HBM it was timed
+            # streaming (Calibration.gdn_decode_state_efficiency; 0: mem_efficiency, as every other state).
+            if cal.gdn_decode_state_efficiency:
+                self._t_decode_state = 2.0 * hybrid.state_bytes * n / (gpu.hbm_gbps * 1e9 * cal.gdn_decode_state_efficiency)
             # The chunked path's copies of each request's SSM state: gathered into a new tensor and scattered
             # back (read and written twice more), around the kernel's own read and write (perf_hybrid).
             self._t_chunk_copies = 4.0 * hybrid.ssm_state_bytes * n / mem_rate
@@ -85,12 +91,12 @@ class RecurrentTerms:
             >>> tp4 = {"tensor_parallel_size": 4}
             >>> perf = [PerfModel(m, g, resolve_engine_config(tp4, m, g, v)) for v in ("0.22.1", "0.23.0")]
             >>> [tuple(round(1e3 * p.recurrent_seconds(256, *pre), 2) for pre in ((0, 0), (1, 512))) for p in perf]
-            [(1.39, 5.57), (1.39, 1.68)]
+            [(1.24, 5.57), (1.24, 1.53)]
         """
         if not self._t_state:
             return 0.0
         if prefill_reqs and self._mixed_all_chunked:
             prefill_reqs, prefill_tokens, decode_reqs = prefill_reqs + decode_reqs, prefill_tokens + decode_reqs, 0
-        return (self._t_state * (decode_reqs + prefill_reqs) + self._t_mamba_decode_token * decode_reqs
+        return (self._t_decode_state * decode_reqs + self._t_state * prefill_reqs + self._t_mamba_decode_token * decode_reqs
                 + self._t_mamba_prefill_token * prefill_tokens
                 + (self._t_chunk_copies + self._t_partial_chunk) * prefill_reqs)
