@@ -125,7 +125,9 @@ class Calibration:
     # steps (239-512 requests), against engine_cpu_s's 2.4 ms + 11.2 us: the rest, per request, and the
     # fixed 14.6 ms spread over the steps' 7,827 prefill tokens (every traced step carried a full budget, so
     # a cost per step is not told apart from one per prefill token: this charges the prefill's tokens, which
-    # leaves small steps as they were; benchmarks/real_vllm/plan_2026_12_07_q35_prof.json would tell).
+    # leaves small steps as they were). The same shape's small steps above the capture size confirmed it
+    # (2026-12-07_q35moe20tri_prof_small_u09_default: 6.5 and 8.2 ms around the forward at 1,537 and 4,229 tokens,
+    # priced 5.5 and 10.8 with the engine CPU, where a per-step 14.6 ms would not be).
     # A gated delta net's decoding request: its SSM state read and written by vLLM's packed decode kernel
     # (fused_recurrent_gated_delta_rule_packed_decode_kernel, vLLM 0.26.0), as a share of the GPU's HBM bandwidth.
     # Timed on an H100 SXM in the 20-layer Qwen3.5-35B-A3B shape, 1.41 us a request and layer (2 MiB of fp32 state
