@@ -19,7 +19,10 @@ A window with ``profile_after_s`` is profiled by vLLM's own torch profiler (the 
 Its summary says ``"profiled": true``; the worker's raw trace lands beside the packed evidence as
 ``OUT/trace_<start>_<window>.json.gz`` and its engine steps (``trace_steps.py``) as the window's
 ``steps.json.gz``: the fixtures keep the steps, what every reader of a trace reads (the raw traces,
-0.6-3.7 MB each, were reduced to them with ``trace_steps.py --window``).
+0.6-3.7 MB each, were reduced to them with ``trace_steps.py --window``). The profiler records its first step
+seconds after /start_profile returns (2-6 s on the H100 SXM hosts of 2026-12-07, vLLM 0.26.0): a window of under
+~15 s of work caught only its tail there (``real_h100_classes/2026-12-07_q35moe20tri_prof_small_u09_default``,
+``p1024_o64_c16_prof``), so give a profiled window twice the requests its 40 steps need, or a steady load.
 
 Usage on the GPU host, inside its ``stage2.sh`` (vLLM's payload first on the
 path) and with the study bundle of ``build_study_payload.sh`` unpacked at ``/tmp/studysite`` (by
