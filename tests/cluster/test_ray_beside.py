@@ -55,8 +55,10 @@ def test_a_real_trials_pool_starts_its_own_ray_beside_a_ray_start_cluster_and_sa
     log = tmp_path / "head.log"
     head: subprocess.Popen[bytes] | None = None
     try:
-        head = start_ray_node(command, env, log, lambda: "Ray runtime started" in log.read_text(errors="replace"),
-                              timeout_s=60)
+        # `ray start` prints its banner before it writes the record (ray/scripts/scripts.py: "Ray runtime started."
+        # at lines 1083 and 1249, write_ray_address at 1259): wait for both, or the read below races it.
+        head = start_ray_node(command, env, log, lambda: "Ray runtime started" in log.read_text(errors="replace")
+                              and record.exists(), timeout_s=60)
         recorded = record.read_text().strip()
         proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120)
     finally:
