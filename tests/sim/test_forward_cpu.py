@@ -122,6 +122,7 @@ def test_a_simulation_counts_the_steps_its_forward_cpu_paced_and_says_so() -> No
     result = simulate(model, gpu, config, _prefill_heavy())
     paced = [n for n in result.notes if n.startswith("The forward's CPU paced")]
     assert result.ok and len(paced) == 1, result.notes
+    assert "gated-delta-net mixers eagerly" in paced[0] and "shared-expert MoE blocks" in paced[0]  # what Qwen3-Next has
     share = int(paced[0].split("paced ")[1].split("%")[0])
     assert 100 * FORWARD_BOUND_SHARE <= share <= 100
     free = with_calibration(gpu, {"gdn_mixer_cpu_s": 0.0, "gdn_prefill_request_cpu_s": 0.0,
@@ -134,7 +135,9 @@ def test_a_simulation_counts_the_steps_its_forward_cpu_paced_and_says_so() -> No
 def test_the_tally_is_the_steps_that_last_exactly_their_forward_floor() -> None:
     """The scheduler's tally against the rule, step by step: a step counts where it lasts its forward's floor
     (no fused-MoE variant compiled on first use: a complete Triton cache), and the tally never exceeds the
-    engine's step time. A dense model's forward needs no CPU beyond its launch floors: nothing is counted."""
+    engine's step time. A dense model's forward needs no CPU beyond its launch floors: nothing is counted. The note
+    names what the model's forward launches: granite-4.0-h-tiny's Mamba2 mixers are not priced, its shared-expert
+    MoE pieces are, so its note speaks of those alone."""
     model, gpu = load_model("qwen3-next-80b-a3b"), get_gpu("H200")
     config = resolve_engine_config({"tensor_parallel_size": 2, "max_num_batched_tokens": 8192}, model, gpu)
     perf = PerfModel(model, gpu, config)
@@ -155,6 +158,11 @@ def test_the_tally_is_the_steps_that_last_exactly_their_forward_floor() -> None:
     dense = load_model("qwen3-8b")
     result = simulate(dense, gpu, resolve_engine_config({}, dense, gpu), _prefill_heavy())
     assert result.ok and not any(n.startswith("The forward's CPU paced") for n in result.notes)
+    granite = load_model("granite-4.0-h-tiny")  # Mamba2 mixers, not priced; shared experts, priced above the capture
+    h100 = get_gpu("H100-80GB")
+    notes = simulate(granite, h100, resolve_engine_config({}, granite, h100), _prefill_heavy()).notes
+    paced = [n for n in notes if n.startswith("The forward's CPU paced")]
+    assert len(paced) == 1 and "shared-expert MoE blocks" in paced[0] and "gated-delta-net" not in paced[0]
 
 
 SMALL = WINDOW.parents[1] / "2026-12-07_q35moe20tri_prof_small_u09_default"

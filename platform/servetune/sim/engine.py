@@ -112,7 +112,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         requests=records, api_server_cpu_s=sched.frontend_busy_s - client.busy_at_t0,
     )
     result.notes = figure_notes(model, gpu, config, result.api_server_busy or 0.0, perf.api_cpu_factor,
-                                sched.forward_bound_share)
+                                sched.forward_bound_share, perf.forward_cpu_parts)
     # The rate vLLM logs at the window's end: its most recent 1000 lookups, the warm-up's left out
     hit_rate = 100.0 * (sched.logged_hit_rate(client.lookups_at_t0) or 0.0)
     result.log_text = startup_log + vllm_log.run_log_text(
@@ -187,11 +187,12 @@ def simulate_data_parallel(model: ModelProfile, gpu: GpuSpec, config: EngineConf
 
 
 def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_server_busy: float,
-                 api_cpu_factor: float, forward_bound: float = 0.0) -> list[str]:
+                 api_cpu_factor: float, forward_bound: float = 0.0, forward_parts: tuple[str, ...] = ()) -> list[str]:
     """Where a served trial's simulated figures are least sure, one line each, in the order ``servetune
     simulate`` prints them (:attr:`TrialResult.notes`; the one place that produces them): an
     all-reduce priced as the calibrated custom kernel, an API server that set the pace, a forward whose
-    CPU paced ``forward_bound`` of the steps' time (``SimScheduler.forward_bound_share``), MoE experts
+    CPU paced ``forward_bound`` of the steps' time (``SimScheduler.forward_bound_share``; ``forward_parts``: what it
+    launches, ``PerfModel.forward_cpu_parts``), MoE experts
     of a width the fused-MoE kernel runs slowly, a GPU no real vLLM run has judged, a Mamba / gated-delta-net hybrid's recurrent layers, a Mamba pool
     counted short under prefix caching.
 
@@ -209,7 +210,7 @@ def figure_notes(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, api_se
     if api_server_busy >= FRONTEND_BOUND_SHARE:
         notes.append(frontend_bound_note(api_server_busy, api_cpu_factor))
     if forward_bound >= FORWARD_BOUND_SHARE:
-        notes.append(forward_bound_note(forward_bound))
+        notes.append(forward_bound_note(forward_bound, forward_parts))
     notes.append(unaligned_experts_note(model, gpu, config.tensor_parallel_size, config.version,
                                         config.data_parallel_size))
     notes += [calibration_note(gpu, model), hybrid_note(model), mamba_pool_note(model, config)]

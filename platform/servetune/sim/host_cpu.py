@@ -27,18 +27,24 @@ FRONTEND_BOUND_SHARE = 0.5
 FORWARD_BOUND_SHARE = 0.25
 
 
-def forward_bound_note(share: float) -> str:
-    """What a simulated result whose forward's CPU paced ``share`` of its engine's step time says about itself.
+def forward_bound_note(share: float, parts: tuple[str, ...] = ("gated-delta-net mixers", "shared-expert MoE pieces")) -> str:
+    """What a simulated result whose forward's CPU paced ``share`` of its engine's step time says about itself;
+    ``parts``: what that CPU launches for the model (``PerfModel.forward_cpu_parts``).
 
     Example:
-        >>> forward_bound_note(0.6)[:48]
+        >>> forward_bound_note(0.6, ("shared-expert MoE pieces",))[:48]
         "The forward's CPU paced 60% of the engine's step"
+        >>> "eagerly" in forward_bound_note(0.6, ("shared-expert MoE pieces",))
+        False
     """
+    launches = {"gated-delta-net mixers": "its gated-delta-net mixers eagerly",
+                "shared-expert MoE pieces": "its shared-expert MoE blocks' compiled pieces from Python above the "
+                                            "largest CUDA-graph capture size"}
+    what = " and ".join(launches[p] for p in parts if p in launches) or "its forward's layers"
     return (f"The forward's CPU paced {100 * share:.0f}% of the engine's step time: on those steps the GPU waited "
-            "for the engine thread, which launches a gated-delta-net hybrid's mixers eagerly and, above the largest "
-            "CUDA-graph capture size, a shared-expert MoE block's pieces from Python. That CPU was read off one "
-            "H100 SXM host at vLLM 0.26.0 (docs/accuracy.md): a host with faster cores serves this load faster, "
-            "a slower one slower; decode steps within the capture sizes replay as graphs and pay none of it")
+            f"for the engine thread, which launches {what}. That CPU was read off one H100 SXM host at vLLM 0.26.0 "
+            "(docs/accuracy.md): a host with faster cores serves this load faster, a slower one slower; decode "
+            "steps within the capture sizes replay as graphs and pay none of it")
 
 
 def frontend_bound_note(busy: float, api_cpu_factor: float = 1.0) -> str:

@@ -507,4 +507,14 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
     @property
     def forward_priced(self) -> bool:
         """Whether any step of this model can be paced by its forward's CPU (:meth:`forward_cpu_s` not always 0)."""
-        return bool(self._gdn_mixer_cpu or self._moe_piece_cpu or self._prefill_token_cpu) and not self.enforce_eager
+        return bool(self.forward_cpu_parts)
+
+    @property
+    def forward_cpu_parts(self) -> tuple[str, ...]:
+        """What :meth:`forward_cpu_s` charges this model for, in words (empty: nothing): ``"gated-delta-net mixers"``
+        (launched eagerly in every step outside a FULL graph, with the prefill's preparation) and ``"shared-expert MoE
+        pieces"`` (launched from Python above the largest capture size)."""
+        if self.enforce_eager:
+            return ()
+        return tuple(name for name, cpu in (("gated-delta-net mixers", self._gdn_mixer_cpu),
+                                            ("shared-expert MoE pieces", self._moe_piece_cpu)) if cpu)
