@@ -22,14 +22,20 @@ from servetune.workload import Workload
 
 WINDOW = (Path(__file__).resolve().parents[1] / "fixtures" / "real_h100_classes"
           / "2026-12-07_q35moe20tri_prof_u09_default" / "p1024_o128_c512_prof")
+SMALL = WINDOW.parents[1] / "2026-12-07_q35moe20tri_prof_small_u09_default"
+
+
+def _traced(window: Path) -> tuple[PerfModel, list[dict]]:
+    """A profiled window's simulator (its start's flags, on the H100 it ran on) and its traced steps."""
+    summary = json.loads((window / "summary.json").read_text())
+    model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H100-80GB")
+    return PerfModel(model, gpu, resolve_engine_config(serving_flags(summary["flags"]), model, gpu)), \
+        window_steps(window)["steps"]
 
 
 @pytest.fixture(scope="module")
 def traced() -> tuple[PerfModel, list[dict]]:
-    summary = json.loads((WINDOW / "summary.json").read_text())
-    model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H100-80GB")
-    perf = PerfModel(model, gpu, resolve_engine_config(serving_flags(summary["flags"]), model, gpu))
-    return perf, window_steps(WINDOW)["steps"]
+    return _traced(WINDOW)
 
 
 def _periods(steps: list[dict]) -> list[tuple[dict, float]]:
@@ -165,14 +171,6 @@ def test_the_tally_is_the_steps_that_last_exactly_their_forward_floor() -> None:
     assert len(paced) == 1 and "shared-expert MoE blocks" in paced[0] and "gated-delta-net" not in paced[0]
 
 
-SMALL = WINDOW.parents[1] / "2026-12-07_q35moe20tri_prof_small_u09_default"
-
-
-def _traced(window: Path) -> tuple[PerfModel, list[dict]]:
-    summary = json.loads((window / "summary.json").read_text())
-    model, gpu = load_model(HOST_MODELS[summary["model"]]), get_gpu("H100-80GB")
-    return PerfModel(model, gpu, resolve_engine_config(serving_flags(summary["flags"]), model, gpu)), \
-        window_steps(window)["steps"]
 
 
 def test_small_mixed_steps_above_the_capture_size_pay_the_preparation_per_token_not_per_step() -> None:
@@ -189,7 +187,7 @@ def test_small_mixed_steps_above_the_capture_size_pay_the_preparation_per_token_
     for step, period_ms in caught:
         batch = step_batch(step)
         priced = 1e3 * perf.step_time(**batch)
-        per_token = 1e3 * perf._prefill_token_cpu * batch["prefill_tokens"]
+        per_token = 1e3 * perf.calibration.gdn_prefill_token_cpu_s * batch["prefill_tokens"]
         per_step = priced - per_token + 14.6
         assert 1.1 < priced / period_ms < 1.25, (step["tokens"], priced, period_ms)
         assert per_step > priced + 5.0
