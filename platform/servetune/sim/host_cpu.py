@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from servetune.result import TrialResult
 
-__all__ = ["FORWARD_BOUND_SHARE", "FRONTEND_BOUND_SHARE", "forward_bound_note", "frontend_bound_note", "host_api_cpu_factor",
-           "api_cpu_factor_for_token_cost"]
+__all__ = ["FORWARD_BOUND_SHARE", "FORWARD_CPU_LAUNCHES", "FRONTEND_BOUND_SHARE", "GDN_MIXERS", "SHARED_MOE_PIECES",
+           "forward_bound_note", "frontend_bound_note", "host_api_cpu_factor", "api_cpu_factor_for_token_cost"]
 
 #: The modelled API server's busy share of the measured window from which a simulated figure is
 #: flagged as hostage to the host's CPU. Real H200 hosts paid 1.0-2.1x the modelled CPU per streamed
@@ -27,20 +27,27 @@ FRONTEND_BOUND_SHARE = 0.5
 FORWARD_BOUND_SHARE = 0.25
 
 
-def forward_bound_note(share: float, parts: tuple[str, ...] = ("gated-delta-net mixers", "shared-expert MoE pieces")) -> str:
+#: The parts of a forward whose CPU the simulator prices (``PerfModel.forward_cpu_parts`` names them), and how
+#: :func:`forward_bound_note` says what the engine thread launches for each.
+GDN_MIXERS = "gated-delta-net mixers"
+SHARED_MOE_PIECES = "shared-expert MoE pieces"
+FORWARD_CPU_LAUNCHES: dict[str, str] = {
+    GDN_MIXERS: "its gated-delta-net mixers eagerly",
+    SHARED_MOE_PIECES: "its shared-expert MoE blocks' compiled pieces from Python above the largest CUDA-graph capture size",
+}
+
+
+def forward_bound_note(share: float, parts: tuple[str, ...] = tuple(FORWARD_CPU_LAUNCHES)) -> str:
     """What a simulated result whose forward's CPU paced ``share`` of its engine's step time says about itself;
-    ``parts``: what that CPU launches for the model (``PerfModel.forward_cpu_parts``).
+    ``parts``: what that CPU launches for the model (``PerfModel.forward_cpu_parts``, keys of :data:`FORWARD_CPU_LAUNCHES`).
 
     Example:
-        >>> forward_bound_note(0.6, ("shared-expert MoE pieces",))[:48]
+        >>> forward_bound_note(0.6, (SHARED_MOE_PIECES,))[:48]
         "The forward's CPU paced 60% of the engine's step"
-        >>> "eagerly" in forward_bound_note(0.6, ("shared-expert MoE pieces",))
+        >>> "eagerly" in forward_bound_note(0.6, (SHARED_MOE_PIECES,))
         False
     """
-    launches = {"gated-delta-net mixers": "its gated-delta-net mixers eagerly",
-                "shared-expert MoE pieces": "its shared-expert MoE blocks' compiled pieces from Python above the "
-                                            "largest CUDA-graph capture size"}
-    what = " and ".join(launches[p] for p in parts if p in launches) or "its forward's layers"
+    what = " and ".join(FORWARD_CPU_LAUNCHES[p] for p in parts)
     return (f"The forward's CPU paced {100 * share:.0f}% of the engine's step time: on those steps the GPU waited "
             f"for the engine thread, which launches {what}. That CPU was read off one H100 SXM host at vLLM 0.26.0 "
             "(docs/accuracy.md): a host with faster cores serves this load faster, a slower one slower; decode "

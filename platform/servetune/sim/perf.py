@@ -149,6 +149,7 @@ from servetune.sim._perf_attention import AttentionTerms
 from servetune.sim._perf_comm import CommTerms
 from servetune.sim._perf_gemm import DEFAULT_SMS, GemmTerms, moe_tile_share, wave_fill
 from servetune.sim._perf_recurrent import RecurrentTerms
+from servetune.sim.host_cpu import GDN_MIXERS, SHARED_MOE_PIECES
 from servetune.sim.sampling import KERNELS_PER_LAYER, runs_v2_sampler, sampler_pass, triton_mask_seconds
 from servetune.workload import GREEDY, Sampling
 
@@ -511,10 +512,10 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
 
     @property
     def forward_cpu_parts(self) -> tuple[str, ...]:
-        """What :meth:`forward_cpu_s` charges this model for, in words (empty: nothing): ``"gated-delta-net mixers"``
-        (launched eagerly in every step outside a FULL graph, with the prefill's preparation) and ``"shared-expert MoE
-        pieces"`` (launched from Python above the largest capture size)."""
+        """What :meth:`forward_cpu_s` charges this model for (empty: nothing): ``host_cpu.GDN_MIXERS`` (launched
+        eagerly in every step outside a FULL graph, with the prefill's preparation) and ``host_cpu.SHARED_MOE_PIECES``
+        (launched from Python above the largest capture size)."""
         if self.enforce_eager:
             return ()
-        return tuple(name for name, cpu in (("gated-delta-net mixers", self._gdn_mixer_cpu),
-                                            ("shared-expert MoE pieces", self._moe_piece_cpu)) if cpu)
+        return tuple(name for name, cpu in ((GDN_MIXERS, self._gdn_mixer_cpu),
+                                            (SHARED_MOE_PIECES, self._moe_piece_cpu)) if cpu)
