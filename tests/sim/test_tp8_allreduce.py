@@ -1,10 +1,12 @@
-"""The TP=8 all-reduce on Hopper priced by message size (``planner.comm.allreduce_table``).
+"""The TP all-reduce on Hopper priced by message size (``planner.comm.allreduce_table``).
 
 vLLM 0.14.1 picks the backend of a TP all-reduce by its size (``cuda_communicator.py:126-166@0.14.1``): the
 custom all-reduce below its ``max_size``, then torch's symmetric-memory all-reduce below its own, then NCCL. At
 TP=8 on compute capability 9.0 those sizes are 256 KiB and 64 MiB (``all_reduce_utils.py:38,53@0.14.1``), and
-vllm-project/vllm#42324 (2026-05-11) published the H100's timings of both larger backends. The rule was looked for
-after the held-out TP=8 NVLink runs' errors were read (docs/accuracy.md); nothing in it is fitted.
+vllm-project/vllm#42324 (2026-05-11) published the H100's timings of both larger backends. At TP=4 and TP=2 NCCL
+takes the messages from 32 and 64 MiB, priced at the TP=8 NCCL timings' bus bandwidth. The TP=8 rule was looked
+for after the held-out TP=8 NVLink runs' errors were read, the TP 2-4 one after the TP=4 runs' (docs/accuracy.md);
+nothing in either is fitted.
 """
 
 from __future__ import annotations
@@ -57,8 +59,10 @@ def test_the_table_is_the_published_one_row_for_row() -> None:
     ("H100-80GB", 8, VLLM_DEFAULT_ENV.with_nvls(False), V0141),
     ("H100-80GB", 8, dataclasses.replace(VLLM_DEFAULT_ENV, torch_multicast=False), V0141),
     ("H100-80GB", 8, VLLM_DEFAULT_ENV, (0, 10, 2)),  # symmetric memory off by default before 0.11
-    ("H100-80GB", 4, VLLM_DEFAULT_ENV, V0141),  # no published table past 4 MiB at TP=4
-    ("H100-80GB", 2, VLLM_DEFAULT_ENV, V0141),
+    ("H100-80GB", 4, SERVETUNE_LAUNCH_ENV, V0141),
+    ("H100-80GB", 4, VLLM_DEFAULT_ENV, (0, 10, 2)),
+    ("H100-80GB", 6, VLLM_DEFAULT_ENV, V0141),  # TP=6: no rule taken
+    ("A100-80GB", 4, VLLM_DEFAULT_ENV, V0141),
     ("A100-80GB", 8, VLLM_DEFAULT_ENV, V0141),  # no multicast before compute capability 9.0
     ("B200", 8, VLLM_DEFAULT_ENV, V0141),  # SM 10.0: its own sizes, no table taken
     ("H100-PCIe", 8, VLLM_DEFAULT_ENV, V0141),
@@ -91,7 +95,9 @@ def _perf(gpu: str, tp: int, env: object) -> PerfModel:
 def test_a_prefill_step_at_tp8_is_priced_from_the_table_and_a_small_decode_step_is_not() -> None:
     """Qwen3-32B (hidden 5,120: 10 KiB a token): an 8,192-token step all-reduces 80 MiB, NCCL's 377 us
     (between #42324's 64 and 128 MiB) where the calibrated ring gives 476 us, 128 times a step; a 16-row decode
-    step (160 KiB) stays on the calibrated custom all-reduce. TP=4 and servetune's launch environment move not."""
+    step (160 KiB) stays on the calibrated custom all-reduce. Servetune's launch environment moves not. At TP=4 the
+    80 MiB go through NCCL too, at 6/7 of the TP=8 time (323 us where the calibrated price is 410); a 2,048-token
+    step's 20 MiB stay on the calibrated symmetric-memory price."""
     on, off = _perf("H100-80GB", 8, VLLM_DEFAULT_ENV), _perf("H100-80GB", 8, SERVETUNE_LAUNCH_ENV)
     prefill = (1, 8192, 8192, 8192 * 4096, False)
     decode = (16, 16, 16 * 2048, 16 * 2048, True)
@@ -100,7 +106,31 @@ def test_a_prefill_step_at_tp8_is_priced_from_the_table_and_a_small_decode_step_
     assert on.gpu_cost(*decode) == off.gpu_cost(*decode)
     assert "symmetric-memory" in on.allreduce_path and "symmetric" not in off.allreduce_path
     tp4_on, tp4_off = _perf("H100-80GB", 4, VLLM_DEFAULT_ENV), _perf("H100-80GB", 4, SERVETUNE_LAUNCH_ENV)
-    assert tp4_on.gpu_cost(*prefill) == tp4_off.gpu_cost(*prefill)
+    assert tp4_on.gpu_cost(*prefill).comm == pytest.approx(128 * 377.25e-6 * 6 / 7, rel=1e-6)
+    assert tp4_off.gpu_cost(*prefill).comm == pytest.approx(128 * 410e-6, rel=0.01)
+    small = (1, 2048, 2048, 2048 * 1024, False)
+    assert tp4_on.gpu_cost(*small) == tp4_off.gpu_cost(*small) and tp4_on.gpu_cost(*decode) == tp4_off.gpu_cost(*decode)
+    assert "NCCL from there" in tp4_on.allreduce_path
+
+
+def test_at_tp2_and_tp4_nccl_takes_vllms_sizes_at_tp8s_bus_bandwidth() -> None:
+    """vLLM 0.11.0-0.26.0 on SM 9.0 (``all_reduce_utils.py``, ``custom_all_reduce.py:129-133``, ``symm_mem.py``):
+    the custom all-reduce below min(64 / 32 MiB, its 8 MiB default), torch's symmetric memory below 64 MiB at TP=2
+    (two-shot) and 32 MiB at TP=4 (multimem), NCCL from there. NCCL's time is the TP=8 table's scaled by nccl-tests'
+    bus-bandwidth factor 2 (n - 1) / n; #24111's H100 tables time pynccl at TP=4 at 0.74 of TP=8 at 4 MB (0.037 /
+    0.050 ms), so the scaling (0.857) prices TP=4 no faster than the published figures."""
+    h100 = get_gpu("H100-80GB")
+    for tp, nccl_from in ((2, 64 * MiB), (4, 32 * MiB)):
+        table = allreduce_table(h100, tp, env=VLLM_DEFAULT_ENV, version=V0141)
+        assert table is not None and table.custom_max == table.symm_max == nccl_from
+        assert table.seconds(nccl_from - 16) is None  # vLLM's custom and symmetric-memory all-reduces: calibrated
+        scale = (2 * (tp - 1) / tp) / (2 * 7 / 8)
+        assert table.seconds(64 * MiB) == pytest.approx(316e-6 * scale)
+        assert table.seconds(128 * MiB) == pytest.approx(561e-6 * scale)
+    tp4 = allreduce_table(h100, 4, env=VLLM_DEFAULT_ENV, version=V0141)
+    assert tp4 is not None and tp4.seconds(32 * MiB) == pytest.approx(195e-6 * 6 / 7)
+    assert 6 / 7 >= 0.037 / 0.050
+    assert allreduce_table(get_gpu("H200"), 4, env=VLLM_DEFAULT_ENV, version=V0141) == tp4
 
 
 RUNS = load_runs()

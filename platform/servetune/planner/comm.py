@@ -723,6 +723,22 @@ HOPPER_TP8_ALLREDUCE_MS: tuple[tuple[float, float, float], ...] = (
 #: (``cuda_communicator.py:146-166@0.14.1``). The same sizes at 0.11.0, 0.19.0 and 0.26.0 (docs/accuracy.md).
 _TP8_SM90_CUSTOM_MAX = 256 * 1024
 _TP8_SM90_SYMM_MAX = 64 * MiB
+#: The same rule at TP=2 and TP=4 (the same lines, 0.11.0-0.26.0): the custom all-reduce below 8 MiB (its default,
+#: under the 64 and 32 MiB of ``CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"]``), torch's symmetric-memory all-reduce below
+#: ``SYMM_MEM_ALL_REDUCE_MAX_SIZES["9.0"]`` (two-shot at TP=2, multimem at TP=4: ``_WORLD_SIZES_MULTIMEM["9.0"]`` is
+#: [4, 6, 8]), NCCL from there. Only NCCL's share is priced from published timings there (:func:`allreduce_table`).
+_SM90_NCCL_FROM = {2: 64 * MiB, 4: 32 * MiB}
+
+
+def _busbw_factor(tp: int) -> float:
+    """What a ring all-reduce moves over each GPU's links per byte of message, ``2 (tp - 1) / tp``: nccl-tests'
+    bus-bandwidth factor, by which NCCL's time at another rank count on the same NVSwitch board is scaled.
+
+    Example:
+        >>> round(_busbw_factor(4) / _busbw_factor(8), 4)
+        0.8571
+    """
+    return 2.0 * (tp - 1) / tp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -769,13 +785,16 @@ def allreduce_table(gpu: GpuSpec, tp: int, *, env: CommEnv, version: tuple[int, 
     TP=8 on compute capability 9.0 over NVSwitch (H100, H200, H800) with vLLM's symmetric-memory communicator
     live (``VLLM_ALLREDUCE_USE_SYMM_MEM`` on, its default from 0.11, ``envs.py:1488-1490@0.14.1``; CUDA multicast,
     without which it disables itself, ``symm_mem.py:106-111@0.14.1``; NVLS, which NCCL's large messages use in the
-    published timings). None elsewhere: the calibrated :func:`allreduce_cost` prices every size, as it does in
-    servetune's own launches (multicast off, :data:`SERVETUNE_LAUNCH_ENV`), at TP 2-4 (no published table past
-    4 MiB found) and on other GPUs (the B200: vLLM 0.14.1's SM 10.0 sizes at TP=8 are 1 MiB and 128 MiB,
-    ``all_reduce_utils.py:40-45,55-60@0.14.1``, but no published B200 timings by size were found;
-    ``tests/sim/test_b200_allreduce.py``). The sizes: :data:`_TP8_SM90_CUSTOM_MAX`, :data:`_TP8_SM90_SYMM_MAX`; the
-    times: :data:`HOPPER_TP8_ALLREDUCE_MS`. This rule was looked for after the held-out TP=8 NVLink runs'
-    errors were read (docs/accuracy.md); nothing in it is fitted.
+    published timings). At TP=2 and TP=4 on the same hosts only the messages vLLM sends through NCCL
+    (:data:`_SM90_NCCL_FROM`: from 64 and 32 MiB) are priced so: at the TP=8 NCCL timings' bus bandwidth, their time
+    scaled by :func:`_busbw_factor` (x0.857 at TP=4; #24111's H100 tables time pynccl at TP=4 at 0.74 of TP=8 at
+    4 MB, so the scaling errs slow), below it the calibrated price (no published TP 2-4 table past 4 MiB found).
+    None elsewhere: the calibrated :func:`allreduce_cost` prices every size, as it does in servetune's own launches
+    (multicast off, :data:`SERVETUNE_LAUNCH_ENV`), and on other GPUs (the B200: vLLM 0.14.1's SM 10.0 sizes at TP=8
+    are 1 MiB and 128 MiB, ``all_reduce_utils.py:40-45,55-60@0.14.1``, but no published B200 timings by size were
+    found; ``tests/sim/test_b200_allreduce.py``). The sizes: :data:`_TP8_SM90_CUSTOM_MAX`, :data:`_TP8_SM90_SYMM_MAX`;
+    the times: :data:`HOPPER_TP8_ALLREDUCE_MS`. The TP=8 rule was looked for after the held-out TP=8 NVLink runs'
+    errors were read, the TP 2-4 one after the TP=4 runs' (docs/accuracy.md); nothing in either is fitted.
 
     Example:
         >>> from servetune.planner.gpus import get_gpu
@@ -785,17 +804,25 @@ def allreduce_table(gpu: GpuSpec, tp: int, *, env: CommEnv, version: tuple[int, 
         >>> t = allreduce_table(h100, 8, env=VLLM_DEFAULT_ENV, version=(0, 14, 1))
         >>> round(t.seconds(80 * MiB) * 1e6)  # an 8,192-token step of a 5,120-wide model: NCCL
         377
-        >>> allreduce_table(h100, 4, env=VLLM_DEFAULT_ENV, version=(0, 14, 1)) is None
-        True
+        >>> t4 = allreduce_table(h100, 4, env=VLLM_DEFAULT_ENV, version=(0, 14, 1))
+        >>> t4.seconds(16 * MiB) is None, round(t4.seconds(80 * MiB) * 1e6)  # the calibrated price; NCCL
+        (True, 323)
     """
     symm_live = env.symm_mem and env.torch_multicast and tuple(version) >= (0, 11, 0)
     live, _ = _multicast_reason(gpu, tp, env)
-    if tp != 8 or gpu.link != "nvlink" or not (9.0 <= gpu.compute_capability < 10.0) or not (symm_live and live):
+    if tp not in (2, 4, 8) or gpu.link != "nvlink" or not (9.0 <= gpu.compute_capability < 10.0) \
+            or not (symm_live and live):
         return None
     rows = HOPPER_TP8_ALLREDUCE_MS
-    return AllReduceTable(_TP8_SM90_CUSTOM_MAX, _TP8_SM90_SYMM_MAX,
-                          tuple((mib, multimem * 1e-3) for mib, _, multimem in rows),
-                          tuple((mib, nccl * 1e-3) for mib, nccl, _ in rows if mib * MiB >= _TP8_SM90_SYMM_MAX))
+    if tp == 8:
+        return AllReduceTable(_TP8_SM90_CUSTOM_MAX, _TP8_SM90_SYMM_MAX,
+                              tuple((mib, multimem * 1e-3) for mib, _, multimem in rows),
+                              tuple((mib, nccl * 1e-3) for mib, nccl, _ in rows if mib * MiB >= _TP8_SM90_SYMM_MAX))
+    # TP 2 / 4: below NCCL's size the calibrated price (custom_max = symm_max: no symmetric-memory points); from it
+    # the TP=8 NCCL timings at the same bus bandwidth, from 32 MiB on (the points that size interpolates between).
+    nccl_from, scale = _SM90_NCCL_FROM[tp], _busbw_factor(tp) / _busbw_factor(8)
+    nccl = tuple((mib, ms * 1e-3 * scale) for mib, ms, _ in rows if mib * MiB >= 32 * MiB)
+    return AllReduceTable(nccl_from, nccl_from, nccl, nccl)
 
 
 def sendrecv_cost(gpu: GpuSpec, *, latency_s: float, efficiency: float) -> AllReduceCost:

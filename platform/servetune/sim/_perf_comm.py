@@ -79,7 +79,9 @@ class CommTerms:
                 self._ar_small_fixed, self._ar_small_token = self._t_ar_fixed, self._t_ar_token
                 self._t_ar_fixed = self._t_ar_token = 0.0
                 self.allreduce_path = ("custom all-reduce below 256 KiB, symmetric-memory multimem below 64 MiB, "
-                                       "NCCL above (vLLM's TP=8 rule on SM 9.0; published timings)")
+                                       "NCCL above (vLLM's TP=8 rule on SM 9.0; published timings)") if tp == 8 else (
+                    f"custom / symmetric-memory all-reduce below {table.symm_max // (1 << 20)} MiB, NCCL from there "
+                    f"(vLLM's TP={tp} rule on SM 9.0; NCCL at the published TP=8 timings' bus bandwidth)")
         else:
             self._t_ar_fixed = self._t_ar_token = 0.0
         self._t_gather_fixed = self._t_gather_row = 0.0

@@ -66,7 +66,8 @@ shapes, so the same handful of constants serve 0.85B to 14B and beyond. One stag
   vLLM's symmetric memory and multicast live (vLLM's defaults, ``comm_env``; not servetune's launches), each
   micro-batch's all-reduces are priced by their message from published timings instead
   (:func:`servetune.planner.comm.allreduce_table`: the custom all-reduce below 256 KiB, multimem below 64 MiB,
-  NCCL above).
+  NCCL above); at TP=2 and TP=4 there only the messages vLLM sends through NCCL (from 64 and 32 MiB), at the
+  TP=8 timings' bus bandwidth.
 * The sampler beyond greedy (:mod:`servetune.sim.sampling`): a request that samples (a published
   ``vllm bench serve`` from 0.15.0 sends no temperature, so the model's generation config holds)
   moves its counted bytes per vocabulary entry over the whole vocabulary, each step, at the GPU
