@@ -744,9 +744,10 @@ def _busbw_factor(tp: int) -> float:
 @dataclasses.dataclass(frozen=True)
 class AllReduceTable:
     """One TP all-reduce priced by message size from published timings, where vLLM picks its backend by size
-    (:func:`allreduce_table`). ``custom_max``: below it the custom all-reduce runs, priced by the caller's
-    calibrated :class:`AllReduceCost` (:meth:`seconds` returns None there); ``symm_max``: below it (and from
-    ``custom_max``) the symmetric-memory points, from it NCCL's. Between points the time is interpolated
+    (:func:`allreduce_table`). ``custom_max``: below it the all-reduces priced by the caller's calibrated
+    :class:`AllReduceCost` (:meth:`seconds` returns None there): the custom all-reduce, and at TP 2-4 torch's
+    symmetric memory too; ``symm_max``: below it (and from ``custom_max``) the symmetric-memory points, from it
+    NCCL's. Between points the time is interpolated
     linearly, past the last point extended along the last segment, below the first held at it.
 
     Example:
