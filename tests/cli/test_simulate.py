@@ -77,6 +77,8 @@ def test_the_hosts_api_cpu_factor_is_applied_and_reported(workload_file: Path,
     (["--set", "gpu_memory_utilization=2"], "gpu_memory_utilization"),
     (["--gpu", "H201"], "gpu"),
     (["--model", "no-such-model"], "model"),
+    (["--env", "CUDA_VISIBLE_DEVICES=0"], "--env"),
+    (["--env", "NCCL_NVLS_ENABLE"], "--env"),
 ])
 def test_bad_input_exits_2(workload_file: Path, capsys: pytest.CaptureFixture[str], argv: list[str], field: str) -> None:
     base = {"--model": "servetune-test-850m", "--gpu": "H200", "--workload": str(workload_file)}
@@ -176,3 +178,28 @@ def test_the_unjudged_gpu_note_comes_at_a_measured_token_cost_too(
     assert run_cli(argv) == 0
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert [n.split(":")[0] for n in notes] == ["A10G", "host CPU"]
+
+
+def test_vllm_defaults_run_the_server_as_vllm_serve_alone_starts_it(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3-32B at TP=4 on H100s, 4,096-token prompts: servetune's launch environment (multicast off) by default;
+    ``--vllm-defaults`` plans NCCL's NVLS buffers (a smaller KV pool) and prices the prefill steps' all-reduces through
+    NCCL from published timings (a shorter run), and says which environment in one note; ``--env NCCL_NVLS_ENABLE=0``
+    turns multicast off again, so the steps cost what they cost by default."""
+    load = tmp_path / "long.yaml"
+    load.write_text("input_len: 4096\noutput_len: 16\nnum_requests: 64\nconcurrency: 32\n")
+    base = ["--model", "qwen3-32b", "--gpu", "H100-80GB", "--workload", str(load), "--set", "tensor_parallel_size=4",
+            "--json"]
+    results = []
+    for extra in ([], ["--vllm-defaults"], ["--env", "NCCL_NVLS_ENABLE=0"]):
+        assert run_cli(base + extra) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    launch, defaults, nvls_off = results
+    assert defaults["kv_cache_tokens"] < launch["kv_cache_tokens"]
+    assert defaults["duration_s"] < launch["duration_s"]
+    assert nvls_off["duration_s"] == pytest.approx(launch["duration_s"])
+    assert not any(n.startswith("environment:") for n in launch["notes"])
+    assert [n for n in defaults["notes"] if n.startswith("environment:")] == [
+        "environment: NCCL_NVLS_ENABLE unset (NCCL default: on where supported), VLLM_ALLREDUCE_USE_SYMM_MEM=1 "
+        "(vLLM's and NCCL's defaults: none of the settings is set here)"]
+    assert any("NCCL_NVLS_ENABLE=0" in n for n in nvls_off["notes"])

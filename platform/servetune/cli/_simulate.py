@@ -25,13 +25,16 @@ from typing import Any
 from servetune.errors import SpecError
 from servetune.inputs import load_yaml, missing, read_text
 from servetune.planner.flags import parse_set_option
+from servetune.cli._plan import comm_env_for
+from servetune.planner.comm import CommEnv
 from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
+from servetune.planner.memory import plan_memory
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim import api_cpu_factor_for_token_cost, simulate, with_calibration
 from servetune.workload import Workload
 
-__all__ = ["add_parser", "run", "check_work", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
+__all__ = ["add_parser", "run", "check_work", "server_env", "EXAMPLE_WORKLOADS", "DEFAULT_MAX_TOKENS"]
 
 #: The most tokens (prompt + output) ``simulate`` serves unless ``--max-tokens`` says more: about half a
 #: minute of simulation (3,840 requests x 1,536 tokens, 5.9M tokens, took 8 s on one core).
@@ -71,6 +74,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--interconnect", default=None, metavar="LINK",
                    help="how the GPUs reach each other: nvlink, pcie or pcie-no-p2p (a host without GPU P2P); "
                         "default: the GPU type's usual host (SXM parts NVLink, L4/L40S PCIe)")
+    p.add_argument("--vllm-defaults", action="store_true",
+                   help="simulate a server started as vllm serve alone starts it: vLLM's and NCCL's defaults, "
+                        "NVLink multicast live where the board has it (its NVLS buffers in the plan, the TP "
+                        "all-reduce priced by message size where published timings cover the layout); default: "
+                        "servetune's launch environment, multicast off, as its trials run")
+    p.add_argument("--env", dest="env_sets", action="append", default=[], metavar="NAME=VALUE",
+                   help="one of those defaults changed, as for servetune plan (implies --vllm-defaults; "
+                        "repeatable), e.g. --env NCCL_NVLS_ENABLE=0")
     p.add_argument("--api-cpu-factor", type=float, default=None, metavar="X",
                    help="this host's vLLM API-server CPU cost against the calibration's (default 1.0): "
                         "a real trial's api_server_cpu_s (MLflow / the dataset) divided by the "
@@ -132,19 +143,43 @@ def _simulate(args: argparse.Namespace) -> TrialResult:
                         "give the us a token that `servetune workload from-metrics` printed (e.g. 95), alone")
     workload = _load_workload(args.workload)
     check_work(workload, args.max_tokens)  # before a request is drawn
+    env = server_env(list(getattr(args, "env_sets", None) or ()), bool(getattr(args, "vllm_defaults", False)))
     link = with_interconnect(get_gpu(args.gpu), getattr(args, "interconnect", None), "--interconnect")
     target = resolve_target(args.model, link, flags, args.vllm_version)
     if us is not None:
-        result = _simulate_at_token_cost(us, target, workload, args.seed)
+        result = _simulate_at_token_cost(us, target, workload, args.seed, env)
     else:
         gpu = with_calibration(target.gpu, {"api_cpu_factor": factor} if factor is not None else {})
-        result = simulate(target.model, gpu, target.config, workload, seed=args.seed)
+        result = _simulate_in(env, target.model, gpu, target.config, workload, args.seed)
+    if env is not None:
+        result.notes.append(f"environment: {env.describe()}")
     return result  # its notes (an unjudged GPU, a hybrid, ...) are the engine's: TrialResult.notes
 
 
-def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: int) -> TrialResult:
+def server_env(env_sets: list[str], vllm_defaults: bool) -> CommEnv | None:
+    """The environment the simulated server runs with: None (servetune's launch environment, multicast off)
+    unless ``--vllm-defaults`` or ``--env`` asks for vLLM's and NCCL's defaults, overlaid by ``--env``.
+
+    Example:
+        >>> server_env([], False) is None, server_env([], True).nvls, server_env(["NCCL_NVLS_ENABLE=0"], False).nvls
+        (True, 'auto', 'off')
+    """
+    if not (env_sets or vllm_defaults):
+        return None
+    return comm_env_for(env_sets, False, {})
+
+
+def _simulate_in(env: CommEnv | None, model: Any, gpu: Any, config: Any, workload: Workload, seed: int) -> TrialResult:
+    """:func:`simulate` with the memory plan and the TP all-reduce's price in ``env`` (None: servetune's launch
+    environment), as the simulated engine backend runs a study's trial in its environment."""
+    plan = None if env is None else plan_memory(model, gpu, config, env=env)
+    return simulate(model, gpu, config, workload, plan=plan, seed=seed, comm_env=env)
+
+
+def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: int,
+                            env: CommEnv | None = None) -> TrialResult:
     """Simulate at the API-CPU factor that makes the simulated API server spend ``us`` a generated token."""
-    first = simulate(target.model, target.gpu, target.config, workload, seed=seed)
+    first = _simulate_in(env, target.model, target.gpu, target.config, workload, seed)
     base = target.gpu.calibration.get("api_cpu_factor", 1.0) if target.gpu.calibration else 1.0
     factor = api_cpu_factor_for_token_cost(us, first, base)
     if factor is None:
@@ -152,8 +187,8 @@ def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: in
     if not 0.05 <= factor <= 20.0:
         raise SpecError("--api-cpu-us-per-token", f"{us:g} us a token is {factor:.3g}x the simulated API server's "
                         "cost, outside 0.05-20", "check the readings were of this server under load")
-    result = simulate(target.model, with_calibration(target.gpu, {"api_cpu_factor": factor}), target.config,
-                      workload, seed=seed)
+    result = _simulate_in(env, target.model, with_calibration(target.gpu, {"api_cpu_factor": factor}), target.config,
+                          workload, seed)
     result.notes.append(f"host CPU: {us:g} us a generated token measured; simulated at --api-cpu-factor "
                            f"{factor:.3g} (the simulated API server spent {base * us / factor:.0f} us a token at {base:g})")
     return result
