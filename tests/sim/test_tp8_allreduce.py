@@ -117,8 +117,8 @@ def test_at_tp2_and_tp4_nccl_takes_vllms_sizes_at_tp8s_bus_bandwidth() -> None:
     """vLLM 0.11.0-0.26.0 on SM 9.0 (``all_reduce_utils.py``, ``custom_all_reduce.py:129-133``, ``symm_mem.py``):
     the custom all-reduce below min(64 / 32 MiB, its 8 MiB default), torch's symmetric memory below 64 MiB at TP=2
     (two-shot) and 32 MiB at TP=4 (multimem), NCCL from there. NCCL's time is the TP=8 table's scaled by nccl-tests'
-    bus-bandwidth factor 2 (n - 1) / n; #24111's H100 tables time pynccl at TP=4 at 0.74 of TP=8 at 4 MB (0.037 /
-    0.050 ms), so the scaling (0.857) prices TP=4 no faster than the published figures."""
+    bus-bandwidth factor 2 (n - 1) / n, an assumption: #24111's H100 tables time pynccl at TP=4 at 0.74 of TP=8 at
+    4 MB (0.037 / 0.050 ms), NVIDIA/nccl#1863 its symmetric-memory all-reduce slower on 4 GPUs than on 8 at 128 MB."""
     h100 = get_gpu("H100-80GB")
     for tp, nccl_from in ((2, 64 * MiB), (4, 32 * MiB)):
         table = allreduce_table(h100, tp, env=VLLM_DEFAULT_ENV, version=V0141)
@@ -129,7 +129,6 @@ def test_at_tp2_and_tp4_nccl_takes_vllms_sizes_at_tp8s_bus_bandwidth() -> None:
         assert table.seconds(128 * MiB) == pytest.approx(561e-6 * scale)
     tp4 = allreduce_table(h100, 4, env=VLLM_DEFAULT_ENV, version=V0141)
     assert tp4 is not None and tp4.seconds(32 * MiB) == pytest.approx(195e-6 * 6 / 7)
-    assert 6 / 7 >= 0.037 / 0.050
     assert allreduce_table(get_gpu("H200"), 4, env=VLLM_DEFAULT_ENV, version=V0141) == tp4
 
 

@@ -788,8 +788,9 @@ def allreduce_table(gpu: GpuSpec, tp: int, *, env: CommEnv, version: tuple[int, 
     without which it disables itself, ``symm_mem.py:106-111@0.14.1``; NVLS, which NCCL's large messages use in the
     published timings). At TP=2 and TP=4 on the same hosts only the messages vLLM sends through NCCL
     (:data:`_SM90_NCCL_FROM`: from 64 and 32 MiB) are priced so: at the TP=8 NCCL timings' bus bandwidth, their time
-    scaled by :func:`_busbw_factor` (x0.857 at TP=4; #24111's H100 tables time pynccl at TP=4 at 0.74 of TP=8 at
-    4 MB, so the scaling errs slow), below it the calibrated price (no published TP 2-4 table past 4 MiB found).
+    scaled by :func:`_busbw_factor` (x0.857 at TP=4: an assumption; #24111's H100 tables time pynccl at TP=4 at 0.74
+    of TP=8 at 4 MB, NVIDIA/nccl#1863 its symmetric-memory all-reduce slower on 4 GPUs than on 8 at 128 MB), below it
+    the calibrated price (no published TP 2-4 table past 4 MiB found).
     None elsewhere: the calibrated :func:`allreduce_cost` prices every size, as it does in servetune's own launches
     (multicast off, :data:`SERVETUNE_LAUNCH_ENV`), and on other GPUs (the B200: vLLM 0.14.1's SM 10.0 sizes at TP=8
     are 1 MiB and 128 MiB, ``all_reduce_utils.py:40-45,55-60@0.14.1``, but no published B200 timings by size were
