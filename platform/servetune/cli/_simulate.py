@@ -22,13 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from servetune.cli._plan import comm_env_for
 from servetune.errors import SpecError
 from servetune.inputs import load_yaml, missing, read_text
-from servetune.planner.flags import parse_set_option
-from servetune.cli._plan import comm_env_for
 from servetune.planner.comm import CommEnv
+from servetune.planner.flags import parse_set_option
 from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
-from servetune.planner.memory import plan_memory
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim import api_cpu_factor_for_token_cost, simulate, with_calibration
@@ -150,7 +149,7 @@ def _simulate(args: argparse.Namespace) -> TrialResult:
         result = _simulate_at_token_cost(us, target, workload, args.seed, env)
     else:
         gpu = with_calibration(target.gpu, {"api_cpu_factor": factor} if factor is not None else {})
-        result = _simulate_in(env, target.model, gpu, target.config, workload, args.seed)
+        result = simulate(target.model, gpu, target.config, workload, seed=args.seed, comm_env=env)
     if env is not None:
         result.notes.append(f"environment: {env.describe()}")
     return result  # its notes (an unjudged GPU, a hybrid, ...) are the engine's: TrialResult.notes
@@ -169,17 +168,10 @@ def server_env(env_sets: list[str], vllm_defaults: bool) -> CommEnv | None:
     return comm_env_for(env_sets, False, {})
 
 
-def _simulate_in(env: CommEnv | None, model: Any, gpu: Any, config: Any, workload: Workload, seed: int) -> TrialResult:
-    """:func:`simulate` with the memory plan and the TP all-reduce's price in ``env`` (None: servetune's launch
-    environment), as the simulated engine backend runs a study's trial in its environment."""
-    plan = None if env is None else plan_memory(model, gpu, config, env=env)
-    return simulate(model, gpu, config, workload, plan=plan, seed=seed, comm_env=env)
-
-
 def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: int,
                             env: CommEnv | None = None) -> TrialResult:
     """Simulate at the API-CPU factor that makes the simulated API server spend ``us`` a generated token."""
-    first = _simulate_in(env, target.model, target.gpu, target.config, workload, seed)
+    first = simulate(target.model, target.gpu, target.config, workload, seed=seed, comm_env=env)
     base = target.gpu.calibration.get("api_cpu_factor", 1.0) if target.gpu.calibration else 1.0
     factor = api_cpu_factor_for_token_cost(us, first, base)
     if factor is None:
@@ -187,8 +179,8 @@ def _simulate_at_token_cost(us: float, target: Any, workload: Workload, seed: in
     if not 0.05 <= factor <= 20.0:
         raise SpecError("--api-cpu-us-per-token", f"{us:g} us a token is {factor:.3g}x the simulated API server's "
                         "cost, outside 0.05-20", "check the readings were of this server under load")
-    result = _simulate_in(env, target.model, with_calibration(target.gpu, {"api_cpu_factor": factor}), target.config,
-                          workload, seed)
+    result = simulate(target.model, with_calibration(target.gpu, {"api_cpu_factor": factor}), target.config,
+                      workload, seed=seed, comm_env=env)
     result.notes.append(f"host CPU: {us:g} us a generated token measured; simulated at --api-cpu-factor "
                            f"{factor:.3g} (the simulated API server spent {base * us / factor:.0f} us a token at {base:g})")
     return result

@@ -5,7 +5,6 @@ from __future__ import annotations
 from servetune.backends import CAPABILITIES
 from servetune.engines.base import Engine, TrialTask
 from servetune.planner.gpus import get_gpu, register_gpus_from_yaml, with_interconnect
-from servetune.planner.memory import plan_memory
 from servetune.planner.target import resolve_target
 from servetune.result import TrialResult
 from servetune.sim import simulate, with_calibration
@@ -28,7 +27,5 @@ class SimEngine(Engine):
         host = with_interconnect(get_gpu(task.gpu), task.interconnect, "gpu.interconnect")
         target = resolve_target(task.model, host, task.flags, task.vllm_version)
         gpu = with_calibration(target.gpu, task.sim_calibration)
-        plan = None if task.comm_env is None else plan_memory(target.model, gpu, target.config, env=task.comm_env)
-        # The same environment prices the TP all-reduce's backends (planner.comm.allreduce_table).
-        return simulate(target.model, gpu, target.config, task.workload, plan=plan, seed=task.seed,
-                        comm_env=task.comm_env)
+        # The trial's environment plans its memory and prices the TP all-reduce's backends (planner.comm).
+        return simulate(target.model, gpu, target.config, task.workload, seed=task.seed, comm_env=task.comm_env)

@@ -65,7 +65,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
     several loads on one server and carries it from run to run (it is updated in place); None, a
     freshly started server. ``comm_env``: the environment the server runs with, which decides the TP
     all-reduce's backends (:func:`servetune.planner.comm.allreduce_table`); None, servetune's launch environment
-    (multicast off). The memory plan is the caller's (``plan``) or planned in servetune's launch environment.
+    (multicast off). The memory plan is the caller's (``plan``) or planned in the same environment.
 
     Warm-up requests run first and are excluded; the measured window runs from the first measured
     send to the last completion (:class:`~servetune.sim.client.LoadClient`). Deterministic: the
@@ -86,7 +86,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         return simulate_data_parallel(model, gpu, config, workload, plan=plan, seed=seed, triton_cache=triton_cache,
                                       comm_env=comm_env)
     if plan is None:
-        plan = plan_memory(model, gpu, config)
+        plan = plan_memory(model, gpu, config) if comm_env is None else plan_memory(model, gpu, config, env=comm_env)
     base: dict[str, Any] = dict(backend="sim", vllm_version=config.vllm_version, memory=plan.memory,
                                 kv_cache_tokens=plan.kv_cache_tokens, num_gpu_blocks=plan.num_gpu_blocks,
                                 max_concurrency=plan.max_concurrency, startup_s=plan.startup_s)
