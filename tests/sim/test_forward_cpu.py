@@ -17,6 +17,7 @@ from servetune.planner.gpus import get_gpu
 from servetune.planner.memory import resolve_engine_config
 from servetune.planner.modelinfo import load_model
 from servetune.sim import FORWARD_BOUND_SHARE, PerfModel, SimScheduler, simulate, with_calibration
+from servetune.sim.host_cpu import GDN_MIXERS
 from servetune.sim.moe_jit import TritonCache
 from servetune.workload import Workload
 
@@ -215,3 +216,14 @@ def test_decodes_of_200_the_gdn_state_and_the_experts_against_their_kernels() ->
     assert 1.01 < priced / busy < 1.06, (priced, busy)
     state = 1e3 * perf.recurrent_seconds(200, 0, 0)
     assert state / (gdn + kernel_ms("_causal_conv1d_update")) == pytest.approx(1.0, abs=0.03), (state, gdn)
+
+
+def test_the_parts_named_are_the_ones_charged_even_with_the_mixers_cpu_at_zero() -> None:
+    """``forward_cpu_parts`` names what ``forward_cpu_s`` charges: a calibration that prices a gated delta net's
+    mixers at nothing but keeps its prefill's preparation still charges a prefilling step, so the step is still
+    counted (``forward_priced``) and its note names the gated-delta-net part."""
+    model, gpu = load_model("qwen3-next-80b-a3b"), get_gpu("H200")
+    config = resolve_engine_config({"max_num_batched_tokens": 8192}, model, gpu)
+    perf = PerfModel(model, with_calibration(gpu, {"gdn_mixer_cpu_s": 0.0, "shared_moe_piece_cpu_s": 0.0}), config)
+    assert perf.forward_cpu_s(8, 8192, 8192, False) > 0.0
+    assert perf.forward_priced and perf.forward_cpu_parts == (GDN_MIXERS,)

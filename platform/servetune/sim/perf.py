@@ -518,5 +518,5 @@ class PerfModel(GemmTerms, AttentionTerms, CommTerms, RecurrentTerms, ApiServerC
         (launched from Python above the largest capture size)."""
         if self.enforce_eager:
             return ()
-        return tuple(name for name, cpu in ((GDN_MIXERS, self._gdn_mixer_cpu),
-                                            (SHARED_MOE_PIECES, self._moe_piece_cpu)) if cpu)
+        gdn = self._gdn_mixer_cpu or self._prefill_request_cpu or self._prefill_token_cpu  # the prefill's preparation too
+        return tuple(name for name, cpu in ((GDN_MIXERS, gdn), (SHARED_MOE_PIECES, self._moe_piece_cpu)) if cpu)
