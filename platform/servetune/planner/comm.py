@@ -820,7 +820,8 @@ def allreduce_table(gpu: GpuSpec, tp: int, *, env: CommEnv, version: tuple[int, 
         return AllReduceTable(_TP8_SM90_CUSTOM_MAX, _TP8_SM90_SYMM_MAX,
                               tuple((mib, multimem * 1e-3) for mib, _, multimem in rows),
                               tuple((mib, nccl * 1e-3) for mib, nccl, _ in rows if mib * MiB >= _TP8_SM90_SYMM_MAX))
-    # TP 2 / 4: below NCCL's size the calibrated price (custom_max = symm_max: no symmetric-memory points); from it
+    # TP 2 / 4: below NCCL's size the calibrated price (custom_max = symm_max: the symmetric-memory points are never
+    # read, so NCCL's stand in); from it
     # the TP=8 NCCL timings at the same bus bandwidth, from 32 MiB on (the points that size interpolates between).
     nccl_from, scale = _SM90_NCCL_FROM[tp], _busbw_factor(tp) / _busbw_factor(8)
     nccl = tuple((mib, ms * 1e-3 * scale) for mib, ms, _ in rows if mib * MiB >= 32 * MiB)

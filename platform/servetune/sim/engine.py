@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from servetune.planner.comm import nccl_small_message_note
+from servetune.planner.comm import SERVETUNE_LAUNCH_ENV, nccl_small_message_note
 from servetune.planner.gpus import calibration_note
 from servetune.planner.memory import plan_memory
 from servetune.result import TrialResult, TrialStatus, summarize
@@ -86,7 +86,7 @@ def simulate(model: ModelProfile, gpu: GpuSpec, config: EngineConfig, workload: 
         return simulate_data_parallel(model, gpu, config, workload, plan=plan, seed=seed, triton_cache=triton_cache,
                                       comm_env=comm_env)
     if plan is None:
-        plan = plan_memory(model, gpu, config) if comm_env is None else plan_memory(model, gpu, config, env=comm_env)
+        plan = plan_memory(model, gpu, config, env=comm_env or SERVETUNE_LAUNCH_ENV)
     base: dict[str, Any] = dict(backend="sim", vllm_version=config.vllm_version, memory=plan.memory,
                                 kv_cache_tokens=plan.kv_cache_tokens, num_gpu_blocks=plan.num_gpu_blocks,
                                 max_concurrency=plan.max_concurrency, startup_s=plan.startup_s)
